@@ -1,0 +1,215 @@
+"""REST endpoints for the signed-in person, their API keys, and the organisation tree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.utils.translation import gettext_lazy as _
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts import services
+from apps.accounts.access import IsStaffReader
+from apps.accounts.authentication import request_api_key
+from apps.accounts.models import ApiKey, Membership, Organization, Project, Team, User
+
+__all__ = ["ApiKeyViewSet", "MeView", "OrganizationViewSet", "ProjectViewSet", "TeamViewSet"]
+
+
+def client_address(request: Any) -> str | None:
+    return request.META.get("REMOTE_ADDR") or None
+
+
+# The signed-in person ------------------------------------------------------------------
+
+class MembershipSerializer(serializers.ModelSerializer[Membership]):
+    organization = serializers.CharField(source="organization.slug")
+    team = serializers.CharField(source="team.slug", default=None)
+    project = serializers.CharField(source="project.slug", default=None)
+
+    class Meta:
+        model = Membership
+        fields = ["organization", "team", "project", "role"]
+
+
+class MeSerializer(serializers.ModelSerializer[User]):
+    memberships = MembershipSerializer(many=True, read_only=True)
+    auth = serializers.SerializerMethodField()
+
+    class Meta:
+        model = User
+        fields = ["id", "email", "name", "staff_role", "is_superuser", "memberships", "auth"]
+
+    def get_auth(self, user: User) -> dict[str, Any]:
+        key = request_api_key(self.context["request"])
+        if key is None:
+            return {"method": "session"}
+        return {"method": "api_key", "key_id": key.pk, "key_name": key.name, "key_prefix": key.prefix}
+
+
+class MeView(APIView):
+    """Who the caller is: account, staff role, memberships and how they signed in."""
+
+    @extend_schema(responses=MeSerializer)
+    def get(self, request: Request) -> Response:
+        user = User.objects.prefetch_related(
+            "memberships__organization", "memberships__team", "memberships__project"
+        ).get(pk=request.user.pk)
+        return Response(MeSerializer(user, context={"request": request}).data)
+
+
+# API keys ------------------------------------------------------------------------------
+
+class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
+    state = serializers.SerializerMethodField()
+    project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.all(), required=False, allow_null=True)
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id", "name", "prefix", "project", "allowed_models", "created_at", "expires_at", "revoked_at",
+            "last_used_at", "state",
+        ]
+        read_only_fields = ["id", "prefix", "created_at", "revoked_at", "last_used_at", "state"]
+
+    def get_state(self, key: ApiKey) -> str:
+        return key.state()
+
+    def validate_project(self, project: Project | None) -> Project | None:
+        user = self.context["request"].user
+        if project is None or user.is_admin:
+            return project
+        if not Membership.objects.filter(user=user, organization=project.team.organization).filter(
+            team__isnull=True
+        ).exists() and not Membership.objects.filter(user=user, team=project.team, project__isnull=True).exists() \
+                and not Membership.objects.filter(user=user, project=project).exists():
+            raise serializers.ValidationError(_("You are not a member of this project."))
+        return project
+
+    def validate_allowed_models(self, value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            raise serializers.ValidationError(_("Expected a list of model names."))
+        return value
+
+
+class NewApiKeySerializer(ApiKeySerializer):
+    key = serializers.CharField(read_only=True, help_text="The whole key. Shown once; only its hash is stored.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+
+class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[ApiKey]):
+    """Your own API keys: create (the key is shown once), list, revoke."""
+
+    serializer_class = ApiKeySerializer
+
+    def get_queryset(self) -> QuerySet[ApiKey]:
+        return ApiKey.objects.filter(user=self.request.user, is_session_key=False).select_related("project")
+
+    @extend_schema(request=ApiKeySerializer, responses={201: NewApiKeySerializer})
+    def create(self, request: Request) -> Response:
+        serializer = ApiKeySerializer(data=request.data, context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        new = services.create_api_key(
+            request.user,  # type: ignore[arg-type]
+            actor=request.user,  # type: ignore[arg-type]
+            address=client_address(request),
+            **serializer.validated_data,
+        )
+        data = NewApiKeySerializer(new.key, context={"request": request}).data
+        data["key"] = new.secret
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=ApiKeySerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str | None = None) -> Response:
+        key = services.revoke_api_key(self.get_object(), actor=request.user,  # type: ignore[arg-type]
+                                      address=client_address(request))
+        return Response(ApiKeySerializer(key, context={"request": request}).data)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, pk: str | None = None) -> Response:
+        services.revoke_api_key(self.get_object(), actor=request.user,  # type: ignore[arg-type]
+                                address=client_address(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# The organisation tree (staff) ----------------------------------------------------------
+
+class OrganizationSerializer(serializers.ModelSerializer[Organization]):
+    slug = serializers.SlugField(required=False, allow_blank=True, max_length=100)
+
+    class Meta:
+        model = Organization
+        fields = ["id", "name", "slug", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class TeamSerializer(serializers.ModelSerializer[Team]):
+    slug = serializers.SlugField(required=False, allow_blank=True, max_length=100)
+
+    class Meta:
+        model = Team
+        fields = ["id", "organization", "name", "slug", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list[Any] = []
+
+
+class ProjectSerializer(serializers.ModelSerializer[Project]):
+    slug = serializers.SlugField(required=False, allow_blank=True, max_length=100)
+
+    class Meta:
+        model = Project
+        fields = ["id", "team", "name", "slug", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list[Any] = []
+
+
+class OrganizationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Organization]):
+    queryset = Organization.objects.all()
+    serializer_class = OrganizationSerializer
+    permission_classes = [IsStaffReader]
+
+    def perform_create(self, serializer: serializers.BaseSerializer[Organization]) -> None:
+        data = serializer.validated_data
+        if data.get("slug") and Organization.objects.filter(slug=data["slug"]).exists():
+            raise serializers.ValidationError({"slug": [_("An organisation with this slug exists.")]})
+        serializer.instance = services.create_organization(
+            name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+        )
+
+
+class TeamViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Team]):
+    queryset = Team.objects.select_related("organization")
+    serializer_class = TeamSerializer
+    permission_classes = [IsStaffReader]
+
+    def perform_create(self, serializer: serializers.BaseSerializer[Team]) -> None:
+        data = serializer.validated_data
+        if data.get("slug") and Team.objects.filter(organization=data["organization"], slug=data["slug"]).exists():
+            raise serializers.ValidationError({"slug": [_("A team with this slug exists in the organisation.")]})
+        serializer.instance = services.create_team(
+            data["organization"], name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+        )
+
+
+class ProjectViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Project]):
+    queryset = Project.objects.select_related("team__organization")
+    serializer_class = ProjectSerializer
+    permission_classes = [IsStaffReader]
+
+    def perform_create(self, serializer: serializers.BaseSerializer[Project]) -> None:
+        data = serializer.validated_data
+        if data.get("slug") and Project.objects.filter(team=data["team"], slug=data["slug"]).exists():
+            raise serializers.ValidationError({"slug": [_("A project with this slug exists in the team.")]})
+        serializer.instance = services.create_project(
+            data["team"], name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+        )
+
+

@@ -1,0 +1,8 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class ClusterConfig(AppConfig):
+    name = "apps.cluster"
+    label = "cluster"

@@ -1,0 +1,55 @@
+"""The one ASGI application: the /v1 gateway, the agent websocket, and Django for the rest.
+
+    /v1/*       the gateway (apps.gateway.asgi): plain ASGI, mounted ahead of Django so a
+                model request never passes through Django's middleware or the ORM
+    websocket   Channels routes (/ws/agent/ for node agents)
+    the rest    Django: console, /api/v1, /django-admin, /metrics, /healthz, /readyz
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from apps.gateway.asgi import gateway_app  # noqa: E402
+from llmgw.routing import websocket_urlpatterns  # noqa: E402
+
+GATEWAY_PREFIX = "/v1/"
+
+
+async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    path: str = scope.get("path", "")
+    if path.startswith(GATEWAY_PREFIX) or path == GATEWAY_PREFIX.rstrip("/"):
+        await gateway_app(scope, receive, send)
+    else:
+        await django_app(scope, receive, send)
+
+
+async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answer uvicorn's lifespan protocol; the gateway starts its background refresh here."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await gateway_app.startup()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await gateway_app.shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_app,
+        "websocket": URLRouter(websocket_urlpatterns),
+        "lifespan": lifespan_app,
+    }
+)

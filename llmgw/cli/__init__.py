@@ -1,0 +1,136 @@
+"""The `llmgw` command.
+
+    llmgw up        everything on one machine (web, worker with beat, a local agent)
+    llmgw web       the ASGI server (console, API, gateway, agent websockets)
+    llmgw worker    a Celery worker (--beat to embed the scheduler)
+    llmgw beat      the Celery beat scheduler (run exactly one)
+    llmgw agent     the node agent
+    llmgw manage    Django management commands
+    llmgw ctl       a client for the REST API
+    llmgw version
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _django_setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        import django
+
+        django.setup()
+    except ImproperlyConfigured as exc:
+        sys.exit(f"llmgw: configuration error: {exc}")
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    import llmgw
+
+    print(f"llmgw {llmgw.__version__}")
+    return 0
+
+
+def cmd_manage(args: argparse.Namespace) -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["llmgw manage", *args.rest])
+    return 0
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from llmgw.cli import serve
+
+    return serve.run_web(args)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from llmgw.cli import serve
+
+    return serve.run_worker(args)
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    from llmgw.cli import serve
+
+    return serve.run_beat(args)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from llmgw.cli import up
+
+    return up.run(args)
+
+
+def cmd_ctl(args: argparse.Namespace) -> int:
+    from llmgw.cli import ctl
+
+    return ctl.run(args)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    try:
+        from agent.main import run as run_agent
+    except ImportError:
+        sys.exit("llmgw: the agent is not part of this installation")
+    return run_agent(args.config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmgw", description="A private LLM service over your own servers.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("up", help="run everything on this machine (web, worker with beat, local agent)")
+    p.add_argument("--listen", help="host:port (default LLMGW_LISTEN or 127.0.0.1:8000)")
+    p.add_argument("--no-agent", action="store_true", help="do not start a local agent")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("web", help="run the ASGI server")
+    p.add_argument("--listen", help="host:port (default LLMGW_LISTEN or 127.0.0.1:8000)")
+    p.add_argument("--workers", type=int, default=1, help="number of web processes (default 1)")
+    p.set_defaults(func=cmd_web)
+
+    p = sub.add_parser("worker", help="run a Celery worker")
+    p.add_argument("--beat", action="store_true", help="embed the beat scheduler (one per installation)")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("beat", help="run the Celery beat scheduler (exactly one per installation)")
+    p.set_defaults(func=cmd_beat)
+
+    p = sub.add_parser("agent", help="run the node agent")
+    p.add_argument("--config", default=os.environ.get("LLMGW_AGENT_CONFIG", "agent.yaml"),
+                   help="path of agent.yaml (default ./agent.yaml or LLMGW_AGENT_CONFIG)")
+    p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("manage", help="Django management commands", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_manage)
+
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=cmd_version)
+
+    from llmgw.cli import ctl
+
+    ctl.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""`llmgw web`, `llmgw worker`, `llmgw beat`: the production processes."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+__all__ = ["check_port", "preflight", "run_beat", "run_web", "run_worker"]
+
+
+def check_port(host: str, port: int) -> str | None:
+    """None when host:port can be listened on, else the one-line reason."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is already in use by another program"
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None
+
+
+def preflight(*, listen: tuple[str, int] | None) -> list[str]:
+    """Reasons not to start: the port is taken, or a configured service does not answer."""
+    from django.conf import settings
+
+    from llmgw import readiness
+
+    problems: list[str] = []
+    if listen is not None:
+        reason = check_port(*listen)
+        if reason:
+            problems.append(reason)
+    database = readiness.check_database()
+    if database != "ok":
+        where = settings.DATABASE.host or settings.DATABASE.name
+        problems.append(f"the database at {where} does not answer ({database})")
+    if settings.REDIS_URL:
+        broker = readiness.check_broker()
+        if broker != "ok":
+            problems.append(f"Redis at {settings.REDIS_URL} does not answer ({broker})")
+    return problems
+
+
+def _setup() -> None:
+    from llmgw.cli import _django_setup
+
+    _django_setup()
+
+
+def _listen(args: argparse.Namespace) -> tuple[str, int]:
+    from django.conf import settings
+
+    from llmgw.env import parse_listen
+
+    if getattr(args, "listen", None):
+        try:
+            return parse_listen("--listen", args.listen)
+        except Exception as exc:
+            sys.exit(f"llmgw: {exc}")
+    host, port = settings.LISTEN
+    return host, port
+
+
+def prepare_metrics_dir(data_dir: Path) -> None:
+    """Give this web server's processes one folder for their counters, emptied at start."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    folder = data_dir / "prometheus"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+
+
+def run_web(args: argparse.Namespace) -> int:
+    _setup()
+    import uvicorn
+    from django.conf import settings
+
+    host, port = _listen(args)
+    problems = preflight(listen=(host, port))
+    if problems:
+        sys.exit(f"llmgw web: cannot start: {problems[0]}")
+    prepare_metrics_dir(settings.DATA_DIR)
+    uvicorn.run(
+        "llmgw.asgi:application",
+        host=host,
+        port=port,
+        workers=max(1, args.workers),
+        lifespan="on",
+        proxy_headers=True,
+        forwarded_allow_ips=os.environ.get("LLMGW_FORWARDED_ALLOW_IPS", "127.0.0.1"),
+        log_level=os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
+        timeout_graceful_shutdown=10,
+        ws_max_size=4 * 1024 * 1024,
+    )
+    return 0
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    _setup()
+    from llmgw.celery import app, ensure_queue_folders
+
+    problems = preflight(listen=None)
+    if problems:
+        sys.exit(f"llmgw worker: cannot start: {problems[0]}")
+    ensure_queue_folders()
+    argv = ["worker", "--loglevel", os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
+            "--concurrency", str(max(1, args.concurrency)), "--without-gossip", "--without-mingle"]
+    if args.beat:
+        from django.conf import settings
+
+        argv += ["--beat", "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME]
+    app.worker_main(argv)
+    return 0
+
+
+def run_beat(args: argparse.Namespace) -> int:
+    _setup()
+    from django.conf import settings
+
+    from llmgw.celery import app, ensure_queue_folders
+
+    problems = preflight(listen=None)
+    if problems:
+        sys.exit(f"llmgw beat: cannot start: {problems[0]}")
+    ensure_queue_folders()
+    app.start(["beat", "--loglevel", os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
+               "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME])
+    return 0

@@ -1,0 +1,72 @@
+"""Readiness checks: each service answers "ok" or says what went wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.db import connection
+
+__all__ = ["check_broker", "check_channel_layer", "check_database", "run_checks"]
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def check_database() -> str:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:
+        return _error(exc)
+    return "ok"
+
+
+def check_broker() -> str:
+    if settings.REDIS_URL:
+        import redis
+
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+            client.ping()
+            client.close()
+        except Exception as exc:
+            return _error(exc)
+        return "ok"
+    folder = settings.CELERY_QUEUE_DIR / "messages"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return _error(exc)
+    return "ok"
+
+
+def check_channel_layer() -> str:
+    from channels.layers import get_channel_layer
+
+    try:
+        layer = get_channel_layer()
+        if layer is None:
+            return "not configured"
+
+        async def roundtrip() -> None:
+            channel = await layer.new_channel()
+            await layer.send(channel, {"type": "readiness.probe"})
+            await asyncio.wait_for(layer.receive(channel), timeout=2)
+
+        async_to_sync(roundtrip)()
+    except Exception as exc:
+        return _error(exc)
+    return "ok"
+
+
+def run_checks() -> dict[str, str]:
+    return {"database": check_database(), "broker": check_broker(), "channel_layer": check_channel_layer()}

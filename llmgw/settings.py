@@ -1,0 +1,237 @@
+"""Django settings for llmgw, read from LLMGW_* environment variables.
+
+Every default works on one machine (SQLite and in-process layers in the data directory);
+production sets LLMGW_DATABASE_URL (PostgreSQL) and LLMGW_REDIS_URL.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext_lazy as _
+
+from llmgw.env import (
+    env_bool,
+    env_int,
+    env_list,
+    env_listen,
+    env_secret,
+    env_str,
+    parse_database_url,
+    secret_key,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# Data directory -----------------------------------------------------------------------
+
+DATA_DIR = Path(env_str("LLMGW_DATA_DIR") or "var").expanduser().resolve()
+try:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+except OSError as exc:
+    raise ImproperlyConfigured(f"LLMGW_DATA_DIR={str(DATA_DIR)!r}: cannot create the directory ({exc.strerror})") from None
+
+SECRET_KEY = secret_key(DATA_DIR)
+DEBUG = env_bool("LLMGW_DEBUG", False)
+LISTEN = env_listen("LLMGW_LISTEN", "127.0.0.1:8000")
+ALLOWED_HOSTS = env_list("LLMGW_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("LLMGW_CSRF_TRUSTED_ORIGINS", [])
+# Where people reach this service (shown in connection instructions); else the request's host.
+PUBLIC_URL = env_str("LLMGW_PUBLIC_URL") or ""
+
+# Applications -------------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "channels",
+    "tailwind",
+    "llmgw.theme",
+    "llmgw.console",
+    "apps.accounts",
+    "apps.quotas",
+    "apps.catalog",
+    "apps.cluster",
+    "apps.fabrics",
+    "apps.facility",
+    "apps.gateway",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "llmgw.urls"
+ASGI_APPLICATION = "llmgw.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.template.context_processors.i18n",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "llmgw.console.context_processors.console",
+            ],
+        },
+    }
+]
+
+# Database -----------------------------------------------------------------------------
+
+DATABASE_URL = env_str("LLMGW_DATABASE_URL") or f"sqlite:///{DATA_DIR / 'llmgw.sqlite3'}"
+DATABASE = parse_database_url("LLMGW_DATABASE_URL", DATABASE_URL)
+DATABASES = {"default": DATABASE.django()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Redis, Celery, Channels --------------------------------------------------------------
+
+REDIS_URL = env_str("LLMGW_REDIS_URL") or ""
+if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(f"LLMGW_REDIS_URL={REDIS_URL!r}: expected a URL starting with redis:// or rediss://")
+
+CELERY_QUEUE_DIR = DATA_DIR / "queue"
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("LLMGW_REDIS_PREFIX") or "llmgw"},
+        }
+    }
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(CELERY_QUEUE_DIR / "messages"),
+        "data_folder_out": str(CELERY_QUEUE_DIR / "messages"),
+        "control_folder": str(CELERY_QUEUE_DIR / "control"),
+        "store_processed": False,
+    }
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# The one beat schedule: task names as strings, intervals in seconds.
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+
+# Authentication -----------------------------------------------------------------------
+
+AUTH_USER_MODEL = "accounts.User"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "landing"
+LOGOUT_REDIRECT_URL = "login"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = env_bool("LLMGW_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# Internationalisation -----------------------------------------------------------------
+
+LANGUAGE_CODE = env_str("LLMGW_LANGUAGE") or "en"
+LANGUAGES = [("en", _("English")), ("tr", _("Turkish"))]
+if LANGUAGE_CODE not in dict(LANGUAGES):
+    raise ImproperlyConfigured(f"LLMGW_LANGUAGE={LANGUAGE_CODE!r}: expected one of en, tr")
+LOCALE_PATHS = [BASE_DIR / "locale"]
+LANGUAGE_COOKIE_NAME = "llmgw_language"
+USE_I18N = True
+USE_TZ = True
+TIME_ZONE = env_str("LLMGW_TIME_ZONE") or "UTC"
+
+# Static files -------------------------------------------------------------------------
+
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+TAILWIND_APP_NAME = "llmgw.theme"
+
+# REST API -----------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.accounts.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 200,
+    "EXCEPTION_HANDLER": "llmgw.api.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "llmgw API",
+    "DESCRIPTION": "Manage llmgw: keys, organisations, nodes, models and usage.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}
+
+# Metrics ------------------------------------------------------------------------------
+
+# Set by `llmgw web` before anything imports prometheus_client, so that several web
+# processes share one view of their counters.
+PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+
+# Logging ------------------------------------------------------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LLMGW_LOG_LEVEL") or "INFO"},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# Security -----------------------------------------------------------------------------
+
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+if env_bool("LLMGW_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+API_KEY_PREFIX = "llmgw_"
+FIRST_ADMIN_EMAIL = env_str("LLMGW_ADMIN_EMAIL") or "admin@localhost"
+OIDC_RP_CLIENT_SECRET = env_secret("LLMGW_OIDC_CLIENT_SECRET")
