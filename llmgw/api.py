@@ -17,7 +17,9 @@ from llmgw import readiness
 
 __all__ = ["StatusView", "exception_handler", "router"]
 
-router = DefaultRouter(trailing_slash="/?")
+router = DefaultRouter()
+# Accept /api/v1/keys and /api/v1/keys/ alike: scripts rarely agree on the slash.
+router.trailing_slash = "/?"
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -136,10 +136,13 @@ class DatabaseConfig:
 
 
 def parse_database_url(name: str, url: str) -> DatabaseConfig:
-    """Understand sqlite:///absolute/path and postgres[ql]://user:pass@host:port/db?sslmode=..."""
+    """Understand sqlite:////absolute/path and postgres[ql]://user:pass@host:port/db?sslmode=..."""
     parts = urlsplit(url.strip())
     if parts.scheme == "sqlite":
-        path = unquote(parts.path)
+        # sqlite:////abs/path is absolute, sqlite:///rel/path relative to the working directory.
+        path = unquote(parts.path)[1:]
+        if path and not path.startswith("/"):
+            path = str(Path(path).resolve())
         if not path or path == "/":
             raise ImproperlyConfigured(f"{name}={url!r}: expected sqlite:////absolute/path/to/file.sqlite3")
         return DatabaseConfig(engine="sqlite", name=path)

@@ -14,7 +14,6 @@ from django.utils.translation import gettext_lazy as _
 
 from llmgw.env import (
     env_bool,
-    env_int,
     env_list,
     env_listen,
     env_secret,
@@ -31,7 +30,9 @@ DATA_DIR = Path(env_str("LLMGW_DATA_DIR") or "var").expanduser().resolve()
 try:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
 except OSError as exc:
-    raise ImproperlyConfigured(f"LLMGW_DATA_DIR={str(DATA_DIR)!r}: cannot create the directory ({exc.strerror})") from None
+    raise ImproperlyConfigured(
+        f"LLMGW_DATA_DIR={str(DATA_DIR)!r}: cannot create the directory ({exc.strerror})"
+    ) from None
 
 SECRET_KEY = secret_key(DATA_DIR)
 DEBUG = env_bool("LLMGW_DEBUG", False)
@@ -176,6 +177,7 @@ TIME_ZONE = env_str("LLMGW_TIME_ZONE") or "UTC"
 
 STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},

@@ -56,7 +56,8 @@ def parse_po(text: str) -> list[dict[str, object]]:
 
 
 def _unescape(text: str) -> str:
-    return text.encode("raw_unicode_escape").decode("unicode_escape").encode("latin-1").decode("utf-8")
+    escapes = {"n": "\n", "t": "\t", '"': '"', "\\": "\\"}
+    return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(1)), text)
 
 
 def placeholders(text: str) -> list[str]:
@@ -79,10 +80,10 @@ def check_catalogue(po: Path) -> list[str]:
         plural = entry.get("msgid_plural")
         for text in translations:
             got = placeholders(text)
-            if got != english and not (plural and got == placeholders(str(plural))):
-                # a plural form may leave out the count
-                if not (plural and set(got) <= set(english) | set(placeholders(str(plural)))):
-                    problems.append(f"{po}: placeholders differ for {msgid!r}: {english} vs {got}")
+            # a plural form may use the plural's placeholders, or leave out the count
+            plural_ok = bool(plural) and set(got) <= set(english) | set(placeholders(str(plural)))
+            if got != english and not plural_ok:
+                problems.append(f"{po}: placeholders differ for {msgid!r}: {english} vs {got}")
     return problems
 
 

@@ -40,7 +40,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_manage(args: argparse.Namespace) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
+    _django_setup()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(["llmgw manage", *args.rest])

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import signal
@@ -82,26 +83,20 @@ class Supervisor:
         deadline = time.monotonic() + grace
         for process in self.children.values():
             remaining = max(0.0, deadline - time.monotonic())
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=remaining)
-            except subprocess.TimeoutExpired:
-                pass
         # Whatever is still there, and anything a child forked into its group, goes now.
         for process in self.children.values():
             _signal_group(process, signal.SIGKILL)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         for thread in self._threads:
             thread.join(timeout=2)
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _wait_ready(url: str, stop: threading.Event, timeout: float = 90.0) -> bool:

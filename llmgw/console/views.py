@@ -65,7 +65,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             messages.success(request, _("Key “%(name)s” revoked.") % {"name": key.name})
             return HttpResponseRedirect(reverse("api-keys"))
         name = request.POST.get("name", "").strip()
-        days = EXPIRY_CHOICES.get(request.POST.get("expires", ""), None)
+        days = EXPIRY_CHOICES.get(request.POST.get("expires", ""))
         if not name:
             messages.error(request, _("Give the key a name, so you can tell it apart later."))
         else:

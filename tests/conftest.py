@@ -1,0 +1,70 @@
+"""Shared fixtures: people with each role, API clients, and a temporary data directory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from apps.accounts import services
+from apps.accounts.choices import StaffRole
+from apps.accounts.models import User
+
+BACKEND = os.environ.get("LLMGW_TEST_BACKEND", "")
+
+
+@pytest.fixture(autouse=True)
+def _plain_static_storage(settings: Any) -> None:
+    # Content-hashed static files need collectstatic; pages in tests use plain names.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def make_user(email: str, *, role: str = StaffRole.NONE, password: str = "correct horse battery", **extra: Any) -> User:
+    if role == StaffRole.ADMIN:
+        return User.objects.create_superuser(email, password, **extra)
+    return User.objects.create_user(email, password, staff_role=role, **extra)
+
+
+@pytest.fixture
+def alice(db: Any) -> User:
+    """An administrator."""
+    return make_user("alice@example.com", role=StaffRole.ADMIN, name="Alice")
+
+
+@pytest.fixture
+def bob(db: Any) -> User:
+    """A person with no staff role."""
+    return make_user("bob@example.com", name="Bob")
+
+
+@pytest.fixture
+def charlie(db: Any) -> User:
+    """Another person with no staff role: an outsider to Bob's things."""
+    return make_user("charlie@example.com", name="Charlie")
+
+
+@pytest.fixture
+def viola(db: Any) -> User:
+    """A viewer."""
+    return make_user("viola@example.com", role=StaffRole.VIEWER, name="Viola")
+
+
+@pytest.fixture
+def key_for() -> Any:
+    def make(user: User, **kwargs: Any) -> str:
+        return services.create_api_key(user, name=kwargs.pop("name", "test"), actor=user, **kwargs).secret
+
+    return make
+
+
+@pytest.fixture
+def api() -> Iterator[Any]:
+    from rest_framework.test import APIClient
+
+    yield APIClient()

@@ -1,0 +1,175 @@
+"""Helpers for tests that start llmgw processes for real."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below pid, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen[str]
+    url: str
+    env: dict[str, str]
+    lines: list[str] = field(default_factory=list)
+
+    def wait_for_line(self, pattern: str, timeout: float = 120) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            while seen < len(self.lines):
+                match = re.search(pattern, self.lines[seen])
+                seen += 1
+                if match:
+                    return match
+            if self.process.poll() is not None and seen >= len(self.lines):
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no line matching {pattern!r}; output:\n" + "".join(self.lines[-80:]))
+
+
+def pg_database_url() -> str | None:
+    """A fresh PostgreSQL database for one llmgw process when the suite runs on PostgreSQL."""
+    base = os.environ.get("LLMGW_DATABASE_URL", "")
+    if not base.startswith("postgres"):
+        return None
+    import psycopg
+
+    parts = urllib.parse.urlsplit(base)
+    name = f"llmgw_e2e_{uuid.uuid4().hex[:10]}"
+    admin = parts._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return parts._replace(path=f"/{name}").geturl()
+
+
+def drop_pg_database(url: str) -> None:
+    import psycopg
+
+    parts = urllib.parse.urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = parts._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def llmgw_env(data_dir: Path, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_", "PROMETHEUS_"))}
+    env.update({"LLMGW_DATA_DIR": str(data_dir), "LLMGW_LISTEN": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"})
+    if os.environ.get("LLMGW_REDIS_URL"):
+        env["LLMGW_REDIS_URL"] = os.environ["LLMGW_REDIS_URL"]
+        env["LLMGW_REDIS_PREFIX"] = f"llmgw-e2e-{uuid.uuid4().hex[:8]}"
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def llmgw_up(tmp_path: Path, *args: str, **extra_env: str) -> Iterator[Running]:
+    """Start `llmgw up` for real (PostgreSQL and Redis when the suite runs on them)."""
+    port = free_port()
+    database = pg_database_url()
+    env = llmgw_env(tmp_path / "data", port, **({"LLMGW_DATABASE_URL": database} if database else {}), **extra_env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "up", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    running = Running(process=process, url=f"http://127.0.0.1:{port}", env=env)
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            running.lines.append(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        yield running
+    finally:
+        if process.poll() is None:
+            for pid in descendants(process.pid):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+            process.kill()
+        process.wait(timeout=30)
+        if database:
+            drop_pg_database(database)
+
+
+class Browser:
+    """Just enough of a browser: cookies, forms with CSRF tokens, redirects."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+        request = urllib.request.Request(self.base + path, headers=headers or {})
+        try:
+            with self.opener.open(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def post_form(self, path: str, fields: dict[str, Any]) -> tuple[int, str]:
+        status, page = self.get(path)
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert token, f"no CSRF token on {path} ({status})"
+        data = urllib.parse.urlencode({**fields, "csrfmiddlewaretoken": token.group(1)}).encode()
+        request = urllib.request.Request(self.base + path, data=data, headers={"Referer": self.base + path})
+        try:
+            with self.opener.open(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()

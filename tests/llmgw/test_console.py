@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+
+from apps.accounts.models import ApiKey
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_console_asks_strangers_to_sign_in(client: Client) -> None:
+    response = client.get("/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/")
+
+
+def test_signing_in_through_the_form_shows_the_counts(bob) -> None:
+    client = Client(enforce_csrf_checks=True)
+    page = client.get("/login/")
+    token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content).group(1).decode()
+    response = client.post("/login/", {"username": "bob@example.com", "password": "correct horse battery",
+                                       "csrfmiddlewaretoken": token})
+    assert response.status_code == 302
+    landing = client.get("/")
+    assert landing.status_code == 200
+    for name in ("nodes", "models", "replicas"):
+        assert f'data-count="{name}">0<'.encode() in landing.content
+
+
+def test_a_wrong_password_says_so_without_naming_the_account(client: Client, bob) -> None:
+    response = client.post("/login/", {"username": "bob@example.com", "password": "nope"})
+    assert response.status_code == 200
+    assert b"do not match an active account" in response.content
+
+
+def test_a_forged_sign_in_without_the_csrf_token_is_refused(bob) -> None:
+    client = Client(enforce_csrf_checks=True)
+    response = client.post("/login/", {"username": "bob@example.com", "password": "correct horse battery"})
+    assert response.status_code == 403
+
+
+def test_the_keys_page_creates_shows_once_and_revokes(client: Client, bob) -> None:
+    client.force_login(bob)
+    response = client.post("/account/keys/", {"name": "laptop", "expires": "30"})
+    assert response.status_code == 200
+    secret = re.search(rb'id="new-key">(llmgw_[^<]+)<', response.content).group(1).decode()
+    key = ApiKey.objects.get(user=bob)
+    assert key.expires_at is not None
+    again = client.get("/account/keys/")
+    assert secret.encode() not in again.content
+    assert key.prefix.encode() in again.content
+    client.post("/account/keys/", {"revoke": key.pk})
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+
+
+def test_nobody_revokes_another_persons_key_from_the_page(client: Client, bob, charlie, key_for) -> None:
+    key_for(bob)
+    key = ApiKey.objects.get(user=bob)
+    client.force_login(charlie)
+    assert client.post("/account/keys/", {"revoke": key.pk}).status_code == 404
+
+
+def test_the_language_switch_sets_a_cookie_and_turkish_follows(client: Client, bob) -> None:
+    client.force_login(bob)
+    response = client.get("/_lang/tr?next=/")
+    assert response.status_code == 302
+    assert response.cookies["llmgw_language"].value == "tr"
+    page = client.get("/")
+    assert b'<html lang="tr">' in page.content
+    assert "Genel bakış".encode() in page.content
+
+
+def test_accept_language_is_followed_without_a_cookie(client: Client, bob) -> None:
+    client.force_login(bob)
+    page = client.get("/", HTTP_ACCEPT_LANGUAGE="tr-TR,tr;q=0.9")
+    assert b'<html lang="tr">' in page.content
+
+
+def test_an_unknown_language_falls_back_to_the_default(client: Client, bob) -> None:
+    client.force_login(bob)
+    client.get("/_lang/tr")
+    response = client.get("/_lang/xx?next=/")
+    assert response.status_code == 302
+    page = client.get("/")
+    assert b'<html lang="en">' in page.content
+
+
+def test_the_language_switch_never_redirects_off_site(client: Client) -> None:
+    response = client.get("/_lang/en?next=https://evil.example/")
+    assert response["Location"] == "/"
+
+
+def test_every_page_has_the_language_switch_at_its_foot(client: Client, bob) -> None:
+    for path in ("/login/",):
+        assert b"/_lang/tr" in client.get(path).content
+    client.force_login(bob)
+    for path in ("/", "/account/keys/"):
+        assert b"/_lang/tr" in client.get(path).content
+
+
+def test_the_schema_and_its_docs_page_are_served(client: Client, bob) -> None:
+    client.force_login(bob)
+    schema = client.get("/api/v1/schema", HTTP_ACCEPT="application/json")
+    assert schema.status_code == 200
+    assert b"/api/v1/keys" in schema.content
+    docs = client.get("/api/v1/docs")
+    assert docs.status_code == 200
+    assert b"swagger" in docs.content.lower()
+
+
+def test_the_django_admin_lists_every_model(client: Client, alice) -> None:
+    client.force_login(alice)
+    index = client.get("/django-admin/")
+    assert index.status_code == 200
+    for path in ("accounts/user", "accounts/organization", "accounts/team", "accounts/project",
+                 "accounts/membership", "accounts/apikey", "accounts/auditevent"):
+        assert client.get(f"/django-admin/{path}/").status_code == 200, path

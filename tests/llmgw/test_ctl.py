@@ -1,0 +1,51 @@
+"""`llmgw ctl` against a live server."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.cli import main
+from llmgw.cli.ctl import format_table
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_tables_print_a_dash_for_unknown() -> None:
+    table = format_table(["NAME", "MEM"], [["gpu1", None], ["cpu1", 64]])
+    assert table.splitlines() == ["NAME  MEM", "gpu1  -", "cpu1  64"]
+
+
+def test_whoami_and_status(live_server, bob, key_for, capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    secret = key_for(bob, name="cli")
+    assert main(["ctl", "--server", live_server.url, "--key", secret, "whoami"]) == 0
+    out = capsys.readouterr().out
+    assert "bob@example.com" in out
+    assert "key cli" in out
+    assert main(["ctl", "--server", live_server.url, "--key", secret, "status"]) == 0
+    out = capsys.readouterr().out
+    assert "nodes" in out and "database" in out
+
+
+def test_the_key_can_come_from_the_config_file(live_server, bob, key_for, capsys, monkeypatch, tmp_path) -> None:
+    secret = key_for(bob)
+    config = tmp_path / ".config" / "llmgw" / "ctl.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f"server: {live_server.url}\nkey: {secret}\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("LLMGW_API_KEY", raising=False)
+    monkeypatch.delenv("LLMGW_SERVER", raising=False)
+    assert main(["ctl", "whoami"]) == 0
+    assert "bob@example.com" in capsys.readouterr().out
+
+
+def test_a_revoked_key_gets_the_reason(live_server, bob, key_for, capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["ctl", "--server", live_server.url, "--key", "llmgw_nothing", "whoami"]) == 1
+    assert "error 401: Invalid API key." in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_one_line(capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["ctl", "--server", "http://127.0.0.1:1", "--key", "x", "whoami"]) == 1
+    assert "cannot reach http://127.0.0.1:1" in capsys.readouterr().err
