@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from django.urls import path
 
-websocket_urlpatterns: list[Any] = []
+from apps.cluster.consumers import AgentConsumer
+
+websocket_urlpatterns = [
+    path("ws/agent/", AgentConsumer.as_asgi()),
+]

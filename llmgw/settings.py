@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from llmgw.env import (
     env_bool,
+    env_int,
     env_list,
     env_listen,
     env_secret,
@@ -144,7 +145,16 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # The one beat schedule: task names as strings, intervals in seconds.
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "mark-unreachable-nodes": {"task": "apps.cluster.tasks.mark_unreachable_nodes", "schedule": 5.0},
+}
+
+# Agents ------------------------------------------------------------------------------
+
+AGENT_HEARTBEAT_INTERVAL = env_int("LLMGW_AGENT_HEARTBEAT_SECONDS", 10, minimum=1, maximum=300)
+# A node is unreachable after this many heartbeats in a row went missing.
+AGENT_MISSED_HEARTBEATS = env_int("LLMGW_AGENT_MISSED_HEARTBEATS", 3, minimum=1, maximum=100)
+AGENT_ENROLLMENT_TTL = env_int("LLMGW_AGENT_ENROLLMENT_SECONDS", 3600, minimum=60)
 
 # Authentication -----------------------------------------------------------------------
 

@@ -1,0 +1,134 @@
+"""agent.yaml: what an operator writes on each node.
+
+server: https://llm.example.com        # the control plane (required)
+token: llmgwe_...                      # one-time enrollment token (first start only)
+state_dir: /var/lib/llmgw-agent        # keeps the node credential (0600)
+labels: {llmgw.io/rack: r12}
+model_dirs: [/models, /mnt/filer/models]
+heartbeat_interval: 10                 # seconds; the server's value wins once registered
+root: /                                # where /proc and /sys are read (tests point it elsewhere)
+tools: {nvidia-smi: /usr/bin/nvidia-smi, dmesg: dmesg}
+fabrics: []                            # declared fabrics, used by placement later
+engines: {llama.cpp: /opt/llama/llama-server}
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AgentConfig", "ConfigError", "load_config", "parse_config"]
+
+DEFAULT_TOOLS = {"nvidia-smi": "nvidia-smi", "dmesg": "dmesg"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class AgentConfig:
+    server: str
+    state_dir: Path
+    token: str | None = None
+    name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    model_dirs: list[str] = field(default_factory=list)
+    heartbeat_interval: float = 10.0
+    root: str = "/"
+    tools: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_TOOLS))
+    fabrics: list[dict[str, Any]] = field(default_factory=list)
+    engines: dict[str, str] = field(default_factory=dict)
+    hostname: str | None = None
+
+    @property
+    def credential_file(self) -> Path:
+        return self.state_dir / "credential"
+
+    @property
+    def websocket_url(self) -> str:
+        base = self.server.rstrip("/")
+        if base.startswith("https://"):
+            base = "wss://" + base[len("https://") :]
+        elif base.startswith("http://"):
+            base = "ws://" + base[len("http://") :]
+        return base + "/ws/agent/"
+
+
+def _expect(data: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = data.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(f"{key}: expected {what}, got {type(value).__name__}")
+    return value
+
+
+def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("agent.yaml must be a mapping of settings")
+    known = {
+        "server",
+        "token",
+        "state_dir",
+        "name",
+        "labels",
+        "model_dirs",
+        "heartbeat_interval",
+        "root",
+        "tools",
+        "fabrics",
+        "engines",
+        "hostname",
+    }
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    server = _expect(data, "server", str, "a URL")
+    if not server or not server.startswith(("http://", "https://")):
+        raise ConfigError("server: required, a URL starting with http:// or https://")
+    state_dir = Path(_expect(data, "state_dir", str, "a directory path") or "/var/lib/llmgw-agent")
+    if base_dir is not None and not state_dir.is_absolute():
+        state_dir = base_dir / state_dir
+    labels = _expect(data, "labels", dict, "a mapping of label names to values") or {}
+    model_dirs = _expect(data, "model_dirs", list, "a list of directories") or []
+    interval = _expect(data, "heartbeat_interval", (int, float), "a number of seconds")
+    if interval is not None and not 1 <= interval <= 300:
+        raise ConfigError(f"heartbeat_interval: expected 1 to 300 seconds, got {interval}")
+    tools = dict(DEFAULT_TOOLS)
+    tools.update(
+        {str(k): str(v) for k, v in (_expect(data, "tools", dict, "a mapping of tool names to paths") or {}).items()}
+    )
+    fabrics = _expect(data, "fabrics", list, "a list of fabrics") or []
+    for i, fabric in enumerate(fabrics):
+        if not isinstance(fabric, dict) or not fabric.get("name"):
+            raise ConfigError(f"fabrics[{i}]: expected a mapping with a name")
+    return AgentConfig(
+        server=server,
+        state_dir=state_dir,
+        token=_expect(data, "token", str, "an enrollment token"),
+        name=_expect(data, "name", str, "a node name"),
+        labels={str(k): str(v) for k, v in labels.items()},
+        model_dirs=[str(d) for d in model_dirs],
+        heartbeat_interval=float(interval or 10),
+        root=_expect(data, "root", str, "a directory path") or "/",
+        tools=tools,
+        fabrics=fabrics,
+        engines={str(k): str(v) for k, v in (_expect(data, "engines", dict, "a mapping") or {}).items()},
+        hostname=_expect(data, "hostname", str, "a host name"),
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> AgentConfig:
+    import yaml
+
+    target = Path(path)
+    try:
+        text = target.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {target}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{target} is not valid YAML: {exc}") from None
+    return parse_config(data, base_dir=target.parent)

@@ -1,0 +1,203 @@
+"""`llmgw agent`: hold one websocket to the control plane, register, heartbeat, converge.
+
+1. Load agent.yaml. Without a credential in state_dir, trade the enrollment token for one.
+2. Connect to /ws/agent/ with the credential; register with the node's hardware.
+3. Send a heartbeat every interval with a fresh sample (taken at most every 10 s).
+4. On any disconnect, reconnect with exponential backoff and full jitter, for ever.
+A bad message from the server is answered with an error and logged; it never ends the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from agent import protocol
+from agent.config import AgentConfig, ConfigError, load_config
+from agent.sampler import Sampler
+
+__all__ = ["AGENT_VERSION", "Agent", "run"]
+
+AGENT_VERSION = "0.1.0"
+FEATURES = ["heartbeat.v1"]
+log = logging.getLogger("llmgw.agent")
+
+
+class EnrollmentError(Exception):
+    pass
+
+
+def enroll(config: AgentConfig) -> str:
+    """Trade the one-time token for a node credential and keep it in state_dir (mode 0600)."""
+    if not config.token:
+        raise EnrollmentError(f"no node credential in {config.credential_file} and no enrollment token in agent.yaml; "
+                              "make one with `llmgw ctl node add NAME`")
+    body = json.dumps({"token": config.token}).encode()
+    request = urllib.request.Request(config.server.rstrip("/") + "/api/v1/agent/enroll", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - the operator's server URL
+            answer = json.load(response)
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.load(exc).get("detail")
+        except ValueError:
+            detail = exc.reason
+        raise EnrollmentError(f"enrollment refused ({exc.code}): {detail}") from None
+    except urllib.error.URLError as exc:
+        raise EnrollmentError(f"cannot reach {config.server}: {exc.reason}") from None
+    credential = str(answer["credential"])
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(config.credential_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(credential)
+    log.info("enrolled as node %s", answer.get("node"))
+    return credential
+
+
+def read_credential(config: AgentConfig) -> str | None:
+    try:
+        return config.credential_file.read_text().strip() or None
+    except OSError:
+        return None
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, sampler: Sampler | None = None) -> None:
+        self.config = config
+        self.sampler = sampler or Sampler(config)
+        self.interval = config.heartbeat_interval
+        self.stopping = asyncio.Event()
+        self.registered = asyncio.Event()
+        self.node_name: str | None = None
+        self.last_close: tuple[int | None, str] | None = None
+
+    async def run(self) -> None:
+        attempt = 0
+        while not self.stopping.is_set():
+            credential = read_credential(self.config)
+            if credential is None:
+                try:
+                    credential = await asyncio.to_thread(enroll, self.config)
+                except EnrollmentError as exc:
+                    log.error("%s", exc)
+                    if "refused" in str(exc) or "no enrollment token" in str(exc):
+                        raise
+            if credential is not None:
+                try:
+                    if await self.session(credential):
+                        attempt = 0
+                except Exception as exc:  # connection refused, reset, bad handshake ...
+                    log.warning("connection to %s failed: %s", self.config.websocket_url, exc)
+            attempt += 1
+            delay = random.uniform(0, min(60.0, 2.0 ** min(attempt, 6)))  # noqa: S311 - jitter, not secrets
+            log.info("reconnecting in %.1f s", delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), delay)
+
+    async def session(self, credential: str) -> bool:
+        """One connection, from handshake to close. True when it got as far as registering."""
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import ConnectionClosed
+
+        self.registered.clear()
+        async with connect(self.config.websocket_url, additional_headers={"Authorization": f"Bearer {credential}"},
+                           max_size=protocol.MAX_MESSAGE_BYTES, proxy=None, open_timeout=15) as ws:
+            hardware, warnings = await self.sampler.hardware()
+            sample = await self.sampler.sample(force=True)
+            await ws.send(protocol.encode("register", {
+                "agent_version": AGENT_VERSION, "features": FEATURES, "labels": self.config.labels,
+                "hardware": hardware, "sample": sample, "warnings": warnings,
+            }))
+            heartbeats = asyncio.create_task(self.heartbeats(ws))
+            stop = asyncio.create_task(self.stopping.wait())
+            try:
+                receiver = asyncio.create_task(self.receive(ws))
+                done, _ = await asyncio.wait({receiver, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if receiver in done and receiver.exception() and not isinstance(receiver.exception(),
+                                                                                 ConnectionClosed):
+                    raise receiver.exception()  # type: ignore[misc]
+            finally:
+                heartbeats.cancel()
+                stop.cancel()
+            code, reason = ws.close_code, ws.close_reason or ""
+            self.last_close = (code, reason)
+            if code in {protocol.CLOSE_BAD_CREDENTIAL, protocol.CLOSE_REVOKED}:
+                log.error("the server refused this node: %s (%s)", reason, code)
+            elif code is not None:
+                log.info("connection closed: %s %s", code, reason)
+        return self.registered.is_set()
+
+    async def receive(self, ws: Any) -> None:
+        async for raw in ws:
+            try:
+                message = protocol.parse_message(raw, expect="server")
+            except protocol.ProtocolError as exc:
+                log.warning("bad message from the server: %s: %s", exc.code, exc.message)
+                await ws.send(protocol.error_message(exc))
+                continue
+            try:
+                await self.handle(ws, message)
+            except Exception:
+                log.exception("handling %s failed", message.type)
+
+    async def handle(self, ws: Any, message: protocol.Message) -> None:
+        if message.type == "registered":
+            self.node_name = message.body["node"]
+            self.interval = float(message.body["heartbeat_interval"])
+            self.registered.set()
+            log.info("registered as node %s; heartbeat every %.0f s", self.node_name, self.interval)
+        elif message.type == "error":
+            log.warning("the server could not use a message: %s: %s", message.body.get("code"),
+                        message.body.get("message"))
+        elif message.type == "replaced":
+            log.warning("another agent connected as this node; this connection ends")
+        elif message.type == "request":
+            await ws.send(protocol.encode("response", {
+                "request_id": message.body["request_id"], "ok": False,
+                "error": f"this agent cannot answer {message.body['kind']!r} requests",
+            }))
+
+    async def heartbeats(self, ws: Any) -> None:
+        await self.registered.wait()
+        while True:
+            await asyncio.sleep(self.interval)
+            sample = await self.sampler.sample()
+            await ws.send(protocol.encode("heartbeat", {"sample": sample}))
+
+
+def run(config_path: str) -> int:
+    logging.basicConfig(level=os.environ.get("LLMGW_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(f"llmgw agent: {config_path}: {exc}", file=sys.stderr)
+        return 2
+    agent = Agent(config)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, agent.stopping.set)
+        await agent.run()
+
+    try:
+        asyncio.run(main())
+    except EnrollmentError as exc:
+        print(f"llmgw agent: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1] if len(sys.argv) > 1 else "agent.yaml"))

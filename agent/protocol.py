@@ -1,0 +1,308 @@
+"""Messages between the control plane and node agents (no Django import; Python 3.11+).
+
+Every message is one JSON object on the websocket:
+
+    {"v": 1, "type": "<type>", "id": "<optional correlation id>", ...fields}
+
+Agent to server:
+    register    hardware, agent version, features (requests it can answer), labels
+    heartbeat   a sample of what the node measures now
+    report      the state of each shard the agent runs (used by the models issue)
+    response    the answer to a server request (used later)
+    error       a message the agent could not use
+
+Server to agent:
+    registered  the node's name and the heartbeat interval to use
+    desired     the whole list of shards the node should run
+    request     a question only the node can answer (used later)
+    error       a message the server could not use
+
+Both sides validate with `parse_message()`; a bad message raises ProtocolError, whose
+code and text go back to the sender in an "error" message. Neither side ever dies of one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "PROTOCOL_VERSION",
+    "ProtocolError",
+    "encode",
+    "error_message",
+    "parse_message",
+]
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 1024 * 1024
+AGENT_TO_SERVER = frozenset({"register", "heartbeat", "report", "response", "error"})
+SERVER_TO_AGENT = frozenset({"registered", "desired", "request", "error", "replaced"})
+
+# Close codes the server uses (4000-4999 are for applications).
+CLOSE_BAD_CREDENTIAL = 4401
+CLOSE_REVOKED = 4403
+CLOSE_REPLACED = 4409
+CLOSE_TOO_MANY_ERRORS = 4429
+
+
+class ProtocolError(ValueError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+Check = Callable[[Any, str], None]
+
+
+def _fail(path: str, expected: str, value: Any) -> None:
+    shown = json.dumps(value)[:60] if not isinstance(value, str) else repr(value[:60])
+    raise ProtocolError("invalid", f"{path}: expected {expected}, got {shown}")
+
+
+def string(max_len: int = 1000) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, str):
+            _fail(path, "a string", value)
+        if len(value) > max_len:
+            raise ProtocolError("invalid", f"{path}: longer than {max_len} characters")
+
+    return check
+
+
+def number(value: Any, path: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        _fail(path, "a number", value)
+
+
+def integer(value: Any, path: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(path, "a whole number", value)
+
+
+def boolean(value: Any, path: str) -> None:
+    if not isinstance(value, bool):
+        _fail(path, "true or false", value)
+
+
+def nullable(inner: Check) -> Check:
+    def check(value: Any, path: str) -> None:
+        if value is not None:
+            inner(value, path)
+
+    return check
+
+
+def array(inner: Check, max_items: int = 4096) -> Check:
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, list):
+            _fail(path, "a list", value)
+        if len(value) > max_items:
+            raise ProtocolError("invalid", f"{path}: more than {max_items} items")
+        for i, item in enumerate(value):
+            inner(item, f"{path}[{i}]")
+
+    return check
+
+
+def mapping(inner: Check | None = None, max_items: int = 4096) -> Check:
+    """A JSON object with free keys (values checked by `inner` when given)."""
+
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, dict):
+            _fail(path, "an object", value)
+        if len(value) > max_items:
+            raise ProtocolError("invalid", f"{path}: more than {max_items} keys")
+        if inner is not None:
+            for key, item in value.items():
+                inner(item, f"{path}.{key}")
+
+    return check
+
+
+def obj(required: Mapping[str, Check], optional: Mapping[str, Check] | None = None) -> Check:
+    """A JSON object with known fields; unknown fields are allowed (newer peers add them)."""
+    optional = optional or {}
+
+    def check(value: Any, path: str) -> None:
+        if not isinstance(value, dict):
+            _fail(path, "an object", value)
+        for name, inner in required.items():
+            if name not in value:
+                raise ProtocolError("invalid", f"{path}.{name}: missing")
+            inner(value[name], f"{path}.{name}")
+        for name, inner in optional.items():
+            if name in value:
+                inner(value[name], f"{path}.{name}")
+
+    return check
+
+
+NUM = nullable(number)
+INT = nullable(integer)
+STR = nullable(string())
+
+GPU = obj(
+    {"index": integer},
+    {
+        "uuid": STR,
+        "name": STR,
+        "gpu_class": STR,
+        "pci_bus_id": STR,
+        "memory_total_mib": INT,
+        "memory_used_mib": INT,
+        "utilization_gpu_pct": NUM,
+        "utilization_memory_pct": NUM,
+        "sm_clock_mhz": NUM,
+        "temperature_gpu_c": NUM,
+        "temperature_memory_c": NUM,
+        "power_draw_w": NUM,
+        "power_limit_w": NUM,
+        "throttle_reasons": nullable(array(string(100), 64)),
+        "ecc_uncorrected_volatile": INT,
+        "ecc_uncorrected_aggregate": INT,
+        "retired_pages_pending": nullable(boolean),
+        "remapped_rows_pending": nullable(boolean),
+        "remapped_rows_failure": nullable(boolean),
+        "remapped_rows_uncorrectable": INT,
+        "pcie_replay_count": INT,
+        "mig_mode": STR,
+        "processes": nullable(array(obj({}, {"pid": INT, "name": STR, "used_memory_mib": INT}), 1024)),
+        "fabric": nullable(obj({}, {"state": STR, "status": STR, "clique_id": INT, "cluster_uuid": STR})),
+        "xids": nullable(mapping(integer, 256)),
+        "nvlink_errors": nullable(mapping(integer, 64)),
+        "foreign_processes": INT,
+    },
+)
+
+STORAGE = obj(
+    {"mount_point": string(4096)},
+    {
+        "fstype": STR,
+        "shared": nullable(boolean),
+        "total_bytes": INT,
+        "free_bytes": INT,
+        "directories": array(string(4096), 256),
+        "weights": nullable(array(string(1000), 4096)),
+    },
+)
+
+HARDWARE = obj(
+    {},
+    {
+        "hostname": STR,
+        "cpu_model": STR,
+        "cpus": INT,
+        "sockets": INT,
+        "cpu_flags": nullable(array(string(64), 2048)),
+        "has_avx2": nullable(boolean),
+        "has_avx512": nullable(boolean),
+        "os": STR,
+        "kernel": STR,
+        "arch": STR,
+        "memory_total_bytes": INT,
+        "driver_version": STR,
+        "cuda_version": STR,
+        "gpus": array(GPU, 256),
+    },
+)
+
+SAMPLE = obj(
+    {},
+    {
+        "taken_at": NUM,
+        "cpu_utilization_pct": NUM,
+        "cpus": INT,
+        "load": nullable(array(number, 3)),
+        "memory_total_bytes": INT,
+        "memory_available_bytes": INT,
+        "memory_used_bytes": INT,
+        "cpu_package_temp_c": NUM,
+        "inlet_temp_c": NUM,
+        "cpu_package_power_w": NUM,
+        "gpus": array(GPU, 256),
+        "storage": array(STORAGE, 256),
+        "shards": array(obj({"shard": string(200)}, {"cpu_cores": NUM, "memory_bytes": INT}), 1024),
+        "warnings": array(string(2000), 256),
+    },
+)
+
+SHARD_STATE = obj(
+    {"shard": string(200), "state": string(32)},
+    {"pid": INT, "exit_code": INT, "log_tail": nullable(array(string(4000), 50)), "endpoint": STR, "message": STR},
+)
+
+SCHEMAS: dict[str, Check] = {
+    # agent to server
+    "register": obj(
+        {"agent_version": string(64), "hardware": HARDWARE},
+        {
+            "features": array(string(64), 256),
+            "labels": mapping(string(256), 256),
+            "sample": SAMPLE,
+            "warnings": array(string(2000), 256),
+        },
+    ),
+    "heartbeat": obj({"sample": SAMPLE}),
+    "report": obj({"shards": array(SHARD_STATE, 1024)}),
+    "response": obj({"request_id": string(64), "ok": boolean}, {"result": lambda v, p: None, "error": STR}),
+    "error": obj({"code": string(64), "message": string(2000)}, {"in_reply_to": STR}),
+    # server to agent
+    "registered": obj({"node": string(200), "heartbeat_interval": number}),
+    "desired": obj({"shards": array(obj({"shard": string(200)}, {}), 1024)}, {"generation": INT}),
+    "request": obj({"request_id": string(64), "kind": string(64)}, {"params": mapping()}),
+    "replaced": obj({}, {"message": STR}),
+}
+
+
+@dataclass(frozen=True)
+class Message:
+    type: str
+    body: dict[str, Any]
+    id: str | None = None
+
+
+def parse_message(raw: str | bytes, *, expect: str) -> Message:
+    """Decode and validate one message. `expect` is "agent" (from agents) or "server"."""
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("too_large", f"message of {len(raw)} bytes is over the limit of {MAX_MESSAGE_BYTES}")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("malformed", f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("malformed", "a message must be a JSON object")
+    version = data.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "version", f"protocol version {version!r} is not supported (this side speaks {PROTOCOL_VERSION})"
+        )
+    kind = data.get("type")
+    allowed = AGENT_TO_SERVER if expect == "agent" else SERVER_TO_AGENT
+    if not isinstance(kind, str) or kind not in allowed:
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r}; expected one of {sorted(allowed)}")
+    message_id = data.get("id")
+    if message_id is not None and not isinstance(message_id, str):
+        raise ProtocolError("invalid", "id: expected a string")
+    SCHEMAS[kind](data, kind)
+    body = {k: v for k, v in data.items() if k not in {"v", "type", "id"}}
+    return Message(type=kind, body=body, id=message_id)
+
+
+def encode(kind: str, body: Mapping[str, Any] | None = None, *, id: str | None = None) -> str:
+    payload: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": kind}
+    if id is not None:
+        payload["id"] = id
+    payload.update(body or {})
+    return json.dumps(payload, separators=(",", ":"))
+
+
+def error_message(exc: ProtocolError, in_reply_to: str | None = None) -> str:
+    body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if in_reply_to:
+        body["in_reply_to"] = in_reply_to
+    return encode("error", body)

@@ -1,0 +1,244 @@
+"""What a node is and how busy it is, from the probes.
+
+Every probe runs on its own: one that fails or meets output it does not understand adds
+a warning and leaves its figures out. Nothing here raises, because a dead agent tells the
+operator less than a partial sample with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.config import AgentConfig
+from agent.probes import hwmon, nvidia, procfs, rapl, storage, xid
+from agent.runner import CommandRunner
+
+__all__ = ["Sampler"]
+
+log = logging.getLogger("llmgw.agent")
+
+GPU_INTERVAL_S = 10.0  # a sample is taken at most this often, however often it is asked for
+SLOW_INTERVAL_S = 60.0  # NVLink counters and kernel XIDs: once a minute
+
+
+def _read(root: str, relative: str) -> str | None:
+    try:
+        with open(os.path.join(root, relative.lstrip("/")), encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _gpu_dict(gpu: nvidia.GpuInfo) -> dict[str, Any]:
+    data = dataclasses.asdict(gpu)
+    # Keep the message small and free of Nones the server would only store.
+    return {key: value for key, value in data.items() if value is not None}
+
+
+class Sampler:
+    def __init__(
+        self,
+        config: AgentConfig,
+        runner: CommandRunner | None = None,
+        managed_pids: Callable[[], set[int]] | None = None,
+    ) -> None:
+        self.config = config
+        self.root = config.root
+        self.runner = runner or CommandRunner(config.tools)
+        self.managed_pids = managed_pids or (lambda: set())
+        self._prev_stat: procfs.CpuTimes | None = None
+        self._prev_rapl: rapl.RaplSample | None = None
+        self._last_sample: dict[str, Any] | None = None
+        self._last_sample_at = 0.0
+        self._slow_at = 0.0
+        self._nvlink: dict[int, dict[str, int]] = {}
+        self._xids: dict[str, dict[int, int]] = {}
+        self._has_nvidia: bool | None = None
+
+    # Registration ---------------------------------------------------------------------
+
+    async def hardware(self) -> tuple[dict[str, Any], list[str]]:
+        warnings: list[str] = []
+        cpu = procfs.parse_cpuinfo(_read(self.root, "proc/cpuinfo") or "")
+        warnings += cpu.warnings
+        avx = procfs.avx_warning(cpu)
+        if avx:
+            warnings.append(avx)
+        mem = procfs.parse_meminfo(_read(self.root, "proc/meminfo") or "")
+        hardware: dict[str, Any] = {
+            "hostname": self.config.hostname or socket.gethostname(),
+            "cpu_model": cpu.model,
+            "cpus": cpu.logical_cpus,
+            "sockets": cpu.sockets,
+            "cpu_flags": sorted(cpu.flags) if cpu.flags else None,
+            "has_avx2": cpu.has_avx2,
+            "has_avx512": cpu.has_avx512,
+            "os": self._os_name(),
+            "kernel": (_read(self.root, "proc/sys/kernel/osrelease") or "").strip() or None,
+            "arch": cpu.architecture if self.root != "/" and cpu.architecture else platform.machine() or None,
+            "memory_total_bytes": mem.total_bytes,
+        }
+        report = await self._gpu_report(warnings)
+        hardware["driver_version"] = report.driver_version if report else None
+        hardware["cuda_version"] = report.cuda_version if report else None
+        hardware["gpus"] = [_gpu_dict(g) for g in report.gpus] if report else []
+        return {k: v for k, v in hardware.items() if v is not None or k == "gpus"}, warnings
+
+    def _os_name(self) -> str | None:
+        text = _read(self.root, "etc/os-release") or ""
+        for line in text.splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"') or None
+        return None
+
+    # Heartbeats -------------------------------------------------------------------------
+
+    async def sample(self, *, force: bool = False) -> dict[str, Any]:
+        now = time.monotonic()
+        if not force and self._last_sample is not None and now - self._last_sample_at < GPU_INTERVAL_S:
+            return self._last_sample
+        warnings: list[str] = []
+        sample: dict[str, Any] = {"taken_at": time.time()}
+        self._cpu_and_memory(sample, warnings)
+        self._temperatures(sample, warnings)
+        self._storage(sample, warnings)
+        report = await self._gpu_report(warnings)
+        if report is not None:
+            if now - self._slow_at >= SLOW_INTERVAL_S:
+                self._slow_at = now
+                await self._slow_gpu_checks(report, warnings)
+            sample["gpus"] = self._gpus(report)
+        sample["warnings"] = warnings
+        self._last_sample, self._last_sample_at = sample, now
+        return sample
+
+    def _cpu_and_memory(self, sample: dict[str, Any], warnings: list[str]) -> None:
+        try:
+            stat = procfs.parse_proc_stat(_read(self.root, "proc/stat") or "")
+            if stat.per_cpu:
+                sample["cpus"] = stat.per_cpu
+            if self._prev_stat is not None:
+                util = procfs.cpu_utilisation(self._prev_stat, stat)
+                if util is not None:
+                    sample["cpu_utilization_pct"] = round(util, 2)
+            self._prev_stat = stat
+            load = procfs.parse_loadavg(_read(self.root, "proc/loadavg") or "")
+            if load is not None:
+                sample["load"] = list(load)
+            mem = procfs.parse_meminfo(_read(self.root, "proc/meminfo") or "")
+            if mem.total_bytes is not None:
+                sample["memory_total_bytes"] = mem.total_bytes
+            if mem.available_bytes is not None:
+                sample["memory_available_bytes"] = mem.available_bytes
+                if mem.total_bytes is not None:
+                    sample["memory_used_bytes"] = mem.total_bytes - mem.available_bytes
+        except Exception as exc:  # a parser bug must cost a figure, not the agent
+            log.exception("reading /proc failed")
+            warnings.append(f"/proc could not be read: {exc}")
+
+    def _temperatures(self, sample: dict[str, Any], warnings: list[str]) -> None:
+        try:
+            temps = hwmon.read_hwmon(self.root)
+            if temps.cpu_package_c is not None:
+                sample["cpu_package_temp_c"] = temps.cpu_package_c
+            if temps.inlet_c is not None:
+                sample["inlet_temp_c"] = temps.inlet_c
+        except Exception as exc:
+            log.exception("reading hwmon failed")
+            warnings.append(f"hwmon could not be read: {exc}")
+        try:
+            current = rapl.read_rapl(self.root)
+            if self._prev_rapl is not None:
+                watts = rapl.package_power_w(self._prev_rapl, current)
+                if watts:
+                    sample["cpu_package_power_w"] = round(sum(watts.values()), 2)
+            self._prev_rapl = current
+        except Exception as exc:
+            log.exception("reading RAPL failed")
+            warnings.append(f"RAPL could not be read: {exc}")
+
+    def _storage(self, sample: dict[str, Any], warnings: list[str]) -> None:
+        if not self.config.model_dirs:
+            return  # told to look nowhere: report nothing, which reads as unknown
+        try:
+            mounts = storage.parse_mountinfo(_read(self.root, "proc/self/mountinfo") or "")
+            pools = storage.storage_pools(self.config.model_dirs, mounts)
+            sample["storage"] = [
+                {
+                    "mount_point": pool.mount_point or "",
+                    "fstype": pool.fstype,
+                    "shared": pool.shared,
+                    "total_bytes": pool.total_bytes,
+                    "free_bytes": pool.free_bytes,
+                    "directories": pool.directories,
+                    "weights": sorted({name for d in pool.directories for name in storage.weights_present(d)}),
+                }
+                for pool in pools
+            ]
+        except Exception as exc:
+            log.exception("reading storage failed")
+            warnings.append(f"storage could not be read: {exc}")
+
+    # GPUs --------------------------------------------------------------------------------
+
+    async def _gpu_report(self, warnings: list[str]) -> nvidia.GpuReport | None:
+        if self._has_nvidia is False:
+            return None
+        result = await self.runner.run("nvidia-smi", "-q", "-x")
+        if result.returncode is None and "No such file" in result.stderr:
+            self._has_nvidia = False  # no NVIDIA driver here: a CPU node, nothing to warn about
+            return None
+        report: nvidia.GpuReport | None = None
+        try:
+            if result.stdout.strip():
+                report = nvidia.parse_nvidia_smi_xml(result.stdout)
+            if report is None or (not report.gpus and report.warnings):
+                text = await self.runner.run("nvidia-smi", "-q")
+                if text.stdout.strip():
+                    report = nvidia.parse_nvidia_smi_text(text.stdout)
+        except Exception as exc:
+            log.exception("parsing nvidia-smi failed")
+            warnings.append(f"nvidia-smi output could not be read: {exc}")
+            return None
+        if report is None:
+            warnings.append(f"nvidia-smi gave no report: {(result.stderr or 'no output').strip()[:200]}")
+            return None
+        self._has_nvidia = True
+        warnings += [f"nvidia-smi: {w}" for w in report.warnings]
+        return report
+
+    async def _slow_gpu_checks(self, report: nvidia.GpuReport, warnings: list[str]) -> None:
+        try:
+            result = await self.runner.run("nvidia-smi", "nvlink", "-e")
+            if result.ok:
+                self._nvlink = nvidia.parse_nvlink_errors(result.stdout)
+        except Exception as exc:
+            warnings.append(f"nvidia-smi nvlink -e could not be read: {exc}")
+        try:
+            result = await self.runner.run("dmesg")
+            if result.ok:
+                self._xids = xid.count_xids(xid.parse_xid_lines(result.stdout))
+        except Exception as exc:
+            warnings.append(f"kernel log could not be read for XIDs: {exc}")
+
+    def _gpus(self, report: nvidia.GpuReport) -> list[dict[str, Any]]:
+        managed = self.managed_pids()
+        gpus = []
+        for gpu in report.gpus:
+            data = _gpu_dict(gpu)
+            if gpu.processes is not None:
+                data["foreign_processes"] = sum(1 for p in gpu.processes if p.pid not in managed)
+            pci = xid.bus_id_to_xid_pci(gpu.pci_bus_id)
+            if pci and pci in self._xids:
+                data["xids"] = {str(code): count for code, count in self._xids[pci].items()}
+            if gpu.index in self._nvlink:
+                data["nvlink_errors"] = self._nvlink[gpu.index]
+            gpus.append(data)
+        return gpus

@@ -1,0 +1,112 @@
+"""The websocket every agent holds to the control plane (/ws/agent/)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from agent import protocol
+from apps.cluster import services
+from apps.cluster.metrics import PROTOCOL_ERRORS, PROTOCOL_MESSAGES
+
+__all__ = ["AgentConsumer"]
+
+log = logging.getLogger(__name__)
+
+
+def _bearer(scope: dict[str, Any]) -> str:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"authorization":
+            parts = value.decode("latin-1").split()
+            if len(parts) == 2 and parts[0].lower() == "bearer":
+                return parts[1]
+    return ""
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    """One per connected agent. A newer connection of the same node replaces this one.
+
+    Messages are validated with agent.protocol; a bad one is answered with an error
+    message, counted and logged, and the connection goes on.
+    """
+
+    node_id: int | None = None
+    node_name: str = ""
+    gpu_health: dict[int, tuple[bool, int]] | None = None
+
+    async def connect(self) -> None:
+        node = await database_sync_to_async(services.authenticate_node)(_bearer(self.scope))
+        await self.accept()
+        if node is None:
+            await self.close(code=protocol.CLOSE_BAD_CREDENTIAL, reason="unknown, revoked or missing node credential")
+            return
+        self.node_id = node.pk
+        self.node_name = node.name
+        group = services.node_group(node.pk)
+        # Tell an older connection of this node to go, before joining the group ourselves.
+        await self.channel_layer.group_send(group, {"type": "agent.replace", "channel": self.channel_name})
+        await self.channel_layer.group_add(group, self.channel_name)
+        log.info("agent of node %s connected", node.name)
+
+    async def disconnect(self, code: int) -> None:
+        if self.node_id is not None:
+            await self.channel_layer.group_discard(services.node_group(self.node_id), self.channel_name)
+            log.info("agent of node %s disconnected (%s)", self.node_name, code)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.node_id is None:
+            return
+        raw = text_data if text_data is not None else bytes_data or b""
+        try:
+            message = protocol.parse_message(raw, expect="agent")
+        except protocol.ProtocolError as exc:
+            PROTOCOL_ERRORS.labels(code=exc.code).inc()
+            log.warning("node %s sent a bad message: %s: %s", self.node_name, exc.code, exc.message)
+            await self.send(protocol.error_message(exc))
+            return
+        PROTOCOL_MESSAGES.labels(type=message.type).inc()
+        try:
+            await self.dispatch_message(message)
+        except Exception:
+            # A message that passes the schema but still breaks a service must not end the
+            # connection: log it, tell the agent, go on.
+            PROTOCOL_ERRORS.labels(code="server").inc()
+            log.exception("handling %s from node %s failed", message.type, self.node_name)
+            await self.send(protocol.error_message(
+                protocol.ProtocolError("server", f"the server could not handle this {message.type}"), message.id
+            ))
+
+    async def dispatch_message(self, message: protocol.Message) -> None:
+        assert self.node_id is not None
+        if message.type == "register":
+            node = await database_sync_to_async(services.register_node)(self.node_id, message.body)
+            self.gpu_health = None
+            await self.send(protocol.encode("registered", {
+                "node": node.name, "heartbeat_interval": settings.AGENT_HEARTBEAT_INTERVAL,
+            }, id=message.id))
+        elif message.type == "heartbeat":
+            self.gpu_health = await database_sync_to_async(services.record_heartbeat)(
+                self.node_id, message.body["sample"], known_health=self.gpu_health
+            )
+        elif message.type == "error":
+            log.warning("node %s reports an error: %s: %s", self.node_name, message.body.get("code"),
+                        message.body.get("message"))
+        else:
+            log.info("node %s sent %s, which this server does not use yet", self.node_name, message.type)
+
+    # Messages from the channel layer -------------------------------------------------------
+
+    async def agent_replace(self, event: dict[str, Any]) -> None:
+        if event.get("channel") != self.channel_name:
+            await self.send(protocol.encode("replaced", {"message": "a newer connection of this node took over"}))
+            await self.close(code=protocol.CLOSE_REPLACED, reason="replaced by a newer connection")
+
+    async def agent_revoke(self, event: dict[str, Any]) -> None:
+        await self.close(code=protocol.CLOSE_REVOKED, reason=f"node credential {event.get('reason', 'revoked')}")
+
+    async def agent_send(self, event: dict[str, Any]) -> None:
+        await self.send(event["text"])

@@ -1,0 +1,124 @@
+"""Nodes, their GPUs and the tokens that let an agent join."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from apps.cluster.choices import NodeStatus
+
+__all__ = ["EnrollmentToken", "Gpu", "Node"]
+
+
+class Node(models.Model):
+    """A server running the llmgw agent.
+
+    `hardware` is what the agent said at registration (CPU, OS, memory, driver); `sample`
+    is its latest heartbeat, written as one row update per heartbeat. Unknown values are
+    absent or null in both, never 0.
+    """
+
+    name = models.CharField(_("name"), max_length=200, unique=True)
+    labels = models.JSONField(_("labels"), default=dict, blank=True)
+    status = models.CharField(_("status"), max_length=16, choices=NodeStatus.choices, default=NodeStatus.PENDING)
+    cordoned = models.BooleanField(_("cordoned"), default=False)
+    cordon_reason = models.CharField(_("cordon reason"), max_length=500, blank=True)
+    agent_version = models.CharField(_("agent version"), max_length=64, blank=True)
+    features = models.JSONField(_("features"), default=list, blank=True)
+    hardware = models.JSONField(_("hardware"), default=dict, blank=True)
+    warnings = models.JSONField(_("warnings"), default=list, blank=True)
+    sample = models.JSONField(_("latest sample"), null=True, blank=True)
+    sampled_at = models.DateTimeField(_("sampled"), null=True, blank=True)
+    credential_hash = models.CharField(_("credential hash"), max_length=64, unique=True, null=True, blank=True)
+    created_at = models.DateTimeField(_("created"), default=timezone.now)
+    registered_at = models.DateTimeField(_("registered"), null=True, blank=True)
+    last_seen_at = models.DateTimeField(_("last seen"), null=True, blank=True)
+    revoked_at = models.DateTimeField(_("revoked"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("node")
+        verbose_name_plural = _("nodes")
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def fresh_sample(self, now: datetime | None = None, max_age: timedelta = timedelta(minutes=1)) -> dict[str, Any] | None:
+        """The latest sample if it is recent enough to stand for now, else None."""
+        if self.sample is None or self.sampled_at is None:
+            return None
+        if (now or timezone.now()) - self.sampled_at > max_age:
+            return None
+        return self.sample
+
+    @property
+    def cpus(self) -> int | None:
+        value = (self.sample or {}).get("cpus") or self.hardware.get("cpus")
+        return int(value) if value else None
+
+    @property
+    def memory_total_bytes(self) -> int | None:
+        value = (self.sample or {}).get("memory_total_bytes") or self.hardware.get("memory_total_bytes")
+        return int(value) if value else None
+
+
+class Gpu(models.Model):
+    """One GPU of a node, as its agent last registered it."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus", verbose_name=_("node"))
+    index = models.PositiveSmallIntegerField(_("index"))
+    uuid = models.CharField(_("UUID"), max_length=100, blank=True)
+    name = models.CharField(_("name"), max_length=200, blank=True)
+    gpu_class = models.CharField(_("GPU class"), max_length=100, blank=True)
+    pci_bus_id = models.CharField(_("PCI bus id"), max_length=32, blank=True)
+    memory_total_mib = models.PositiveIntegerField(_("memory (MiB)"), null=True, blank=True)
+    mig_mode = models.CharField(_("MIG mode"), max_length=32, blank=True)
+    # Health that decides whether the card may be given out; rewritten only when it changes.
+    ecc_fault = models.BooleanField(_("uncorrected ECC errors"), default=False)
+    foreign_processes = models.PositiveIntegerField(_("processes not started by llmgw"), default=0)
+
+    class Meta:
+        verbose_name = _("GPU")
+        verbose_name_plural = _("GPUs")
+        ordering = ["node__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="%(app_label)s_%(class)s_unique_node_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index} {self.gpu_class or self.name}"
+
+    @property
+    def healthy(self) -> bool:
+        return not self.ecc_fault and self.foreign_processes == 0
+
+
+class EnrollmentToken(models.Model):
+    """A one-time secret an agent trades for its node credential. Only the hash is kept."""
+
+    node_name = models.CharField(_("node name"), max_length=200)
+    labels = models.JSONField(_("labels"), default=dict, blank=True)
+    token_hash = models.CharField(_("token hash"), max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+        verbose_name=_("created by"),
+    )
+    created_at = models.DateTimeField(_("created"), default=timezone.now)
+    expires_at = models.DateTimeField(_("expires"))
+    used_at = models.DateTimeField(_("used"), null=True, blank=True)
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", verbose_name=_("node")
+    )
+
+    class Meta:
+        verbose_name = _("enrollment token")
+        verbose_name_plural = _("enrollment tokens")
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} ({self.created_at:%Y-%m-%d %H:%M})"

@@ -1,0 +1,344 @@
+"""Every change to nodes goes through here: enrollment, registration, heartbeats, cordons."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from apps.accounts import audit
+from apps.accounts.models import User
+from apps.cluster.choices import NodeStatus
+from apps.cluster.models import EnrollmentToken, Gpu, Node
+
+__all__ = [
+    "EnrollmentRefused",
+    "authenticate_node",
+    "cordon_node",
+    "create_enrollment",
+    "enroll_node",
+    "gpu_health",
+    "mark_unreachable_nodes",
+    "record_heartbeat",
+    "register_node",
+    "revoke_node",
+    "sample_history",
+    "uncordon_node",
+]
+
+log = logging.getLogger(__name__)
+
+CREDENTIAL_PREFIX = "llmgwn_"
+TOKEN_PREFIX = "llmgwe_"
+NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+HISTORY_SECONDS = 3600
+HISTORY_POINTS = 400  # an hour of 10-second heartbeats, with room for a faster interval
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def node_group(node_id: int) -> str:
+    return f"agent.node.{node_id}"
+
+
+# Enrollment ----------------------------------------------------------------------------
+
+class EnrollmentRefused(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class NewEnrollment:
+    token: EnrollmentToken
+    secret: str
+
+
+def validate_node_name(name: str) -> str:
+    name = name.strip().lower()
+    if not NODE_NAME.match(name):
+        raise ValueError(_("A node name is 1 to 63 lower-case letters, digits, dots and dashes, "
+                           "starting and ending with a letter or digit; got “%(name)s”.") % {"name": name})
+    return name
+
+
+@transaction.atomic
+def create_enrollment(
+    name: str, *, labels: dict[str, str] | None = None, expires_in: timedelta = timedelta(hours=1),
+    actor: User | None,
+) -> NewEnrollment:
+    name = validate_node_name(name)
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = EnrollmentToken.objects.create(
+        node_name=name, labels=dict(labels or {}), token_hash=_hash(secret), created_by=actor,
+        expires_at=timezone.now() + expires_in,
+    )
+    audit.record(actor, "node.enrollment_create", token, node=name, labels=labels or {},
+                 expires_at=token.expires_at.isoformat())
+    return NewEnrollment(token=token, secret=secret)
+
+
+@transaction.atomic
+def enroll_node(secret: str, *, address: str | None = None) -> tuple[Node, str]:
+    """Trade a one-time enrollment token for a node credential (returned once, stored hashed)."""
+    now = timezone.now()
+    token = EnrollmentToken.objects.select_for_update().filter(token_hash=_hash(secret)).first()
+    if token is None or not hmac.compare_digest(token.token_hash, _hash(secret)):
+        raise EnrollmentRefused(_("Unknown enrollment token."))
+    if token.used_at is not None:
+        raise EnrollmentRefused(_("This enrollment token was already used at %(when)s; make a new one with "
+                                  "`llmgw ctl node add`.") % {"when": token.used_at.isoformat(timespec="seconds")})
+    if token.expires_at <= now:
+        minutes = int((now - token.expires_at).total_seconds() // 60)
+        raise EnrollmentRefused(_("This enrollment token expired at %(when)s (%(minutes)s minutes ago); make a new "
+                                  "one with `llmgw ctl node add`.")
+                                % {"when": token.expires_at.isoformat(timespec="seconds"), "minutes": minutes})
+    if EnrollmentToken.objects.filter(pk=token.pk, used_at__isnull=True).update(used_at=now) != 1:
+        raise EnrollmentRefused(_("This enrollment token was already used."))
+    credential = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+    node, created = Node.objects.get_or_create(name=token.node_name, defaults={"labels": token.labels})
+    node.credential_hash = _hash(credential)
+    node.revoked_at = None
+    node.status = NodeStatus.PENDING
+    node.labels = {**node.labels, **token.labels}
+    node.save(update_fields=["credential_hash", "revoked_at", "status", "labels"])
+    EnrollmentToken.objects.filter(pk=token.pk).update(node=node)
+    audit.record(None, "node.enroll", node, address=address, token=token.pk, created=created)
+    if not created:
+        transaction.on_commit(lambda: _tell_agent(node.pk, {"type": "agent.revoke", "reason": "re-enrolled"}))
+    return node, credential
+
+
+def issue_credential(name: str, *, labels: dict[str, str] | None = None) -> tuple[Node, str]:
+    """A credential without a token, for the agent `llmgw up` starts on its own machine."""
+    token = create_enrollment(name, labels=labels, expires_in=timedelta(minutes=5), actor=None)
+    return enroll_node(token.secret)
+
+
+def authenticate_node(secret: str) -> Node | None:
+    if not secret.startswith(CREDENTIAL_PREFIX):
+        return None
+    digest = _hash(secret)
+    node = Node.objects.filter(credential_hash=digest, revoked_at__isnull=True).first()
+    if node is None or not hmac.compare_digest(node.credential_hash or "", digest):
+        return None
+    return node
+
+
+# Registration and heartbeats -------------------------------------------------------------
+
+def gpu_health(gpu: dict[str, Any]) -> tuple[bool, int]:
+    """(ECC fault, processes not started by llmgw) for one GPU of a sample or registration."""
+    ecc = gpu.get("ecc_uncorrected_volatile")
+    fault = bool(ecc) or gpu.get("remapped_rows_failure") is True or gpu.get("remapped_rows_pending") is True
+    foreign = gpu.get("foreign_processes")
+    if foreign is None:
+        foreign = len(gpu.get("processes") or [])
+    return fault, int(foreign)
+
+
+@transaction.atomic
+def register_node(node_id: int, body: dict[str, Any]) -> Node:
+    """Record what the agent says it is. A registration never clears an operator's cordon."""
+    node = Node.objects.select_for_update().get(pk=node_id)
+    hardware = dict(body["hardware"])
+    gpus = hardware.pop("gpus", []) or []
+    hardware["labels"] = body.get("labels") or {}
+    hardware["gpu_count"] = len(gpus)
+    before = {"agent_version": node.agent_version, "gpus": len(node.hardware.get("gpus_summary", []) or []),
+              "memory": node.hardware.get("memory_total_bytes")}
+    hardware["gpus_summary"] = [g.get("gpu_class") or g.get("name") for g in gpus]
+    now = timezone.now()
+    node.hardware = hardware
+    node.agent_version = body["agent_version"]
+    node.features = sorted(set(body.get("features") or []))
+    node.warnings = list(body.get("warnings") or [])
+    node.status = NodeStatus.READY
+    node.registered_at = now
+    node.last_seen_at = now
+    fields = ["hardware", "agent_version", "features", "warnings", "status", "registered_at", "last_seen_at"]
+    sample = body.get("sample")
+    if sample:
+        node.sample = sample
+        node.sampled_at = now
+        fields += ["sample", "sampled_at"]
+    node.save(update_fields=fields)
+    _sync_gpus(node, gpus, (sample or {}).get("gpus") or [])
+    after = {"agent_version": node.agent_version, "gpus": len(gpus), "memory": hardware.get("memory_total_bytes")}
+    if before != after:
+        audit.record(None, "node.register", node, changes=audit.diff(before, after))
+    if sample:
+        _append_history(node.pk, sample)
+    return node
+
+
+def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> None:
+    live = {g.get("index"): g for g in sampled}
+    seen = []
+    for gpu in gpus:
+        index = int(gpu["index"])
+        seen.append(index)
+        fault, foreign = gpu_health({**gpu, **live.get(index, {})})
+        Gpu.objects.update_or_create(
+            node=node, index=index,
+            defaults={
+                "uuid": gpu.get("uuid") or "", "name": gpu.get("name") or "", "gpu_class": gpu.get("gpu_class") or "",
+                "pci_bus_id": gpu.get("pci_bus_id") or "", "memory_total_mib": gpu.get("memory_total_mib"),
+                "mig_mode": gpu.get("mig_mode") or "", "ecc_fault": fault, "foreign_processes": foreign,
+            },
+        )
+    Gpu.objects.filter(node=node).exclude(index__in=seen).delete()
+
+
+def record_heartbeat(node_id: int, sample: dict[str, Any], *, known_health: dict[int, tuple[bool, int]] | None = None
+                     ) -> dict[int, tuple[bool, int]]:
+    """Store the latest sample with one row update; GPU health rows only when health changed.
+
+    Returns the GPU health now, for the caller to pass back next time.
+    """
+    now = timezone.now()
+    Node.objects.filter(pk=node_id).exclude(status=NodeStatus.REVOKED).update(
+        sample=sample, sampled_at=now, last_seen_at=now, status=NodeStatus.READY
+    )
+    health = {int(g["index"]): gpu_health(g) for g in sample.get("gpus") or []}
+    if known_health is not None and health != known_health:
+        for index, (fault, foreign) in health.items():
+            if known_health.get(index) != (fault, foreign):
+                Gpu.objects.filter(node_id=node_id, index=index).update(ecc_fault=fault, foreign_processes=foreign)
+    _append_history(node_id, sample)
+    return health
+
+
+def _history_key(node_id: int) -> str:
+    return f"cluster:history:{node_id}"
+
+
+def _history_point(sample: dict[str, Any]) -> dict[str, Any]:
+    total = sample.get("memory_total_bytes")
+    used = sample.get("memory_used_bytes")
+    load = sample.get("load") or [None]
+    return {
+        "t": sample.get("taken_at") or timezone.now().timestamp(),
+        "cpu": sample.get("cpu_utilization_pct"),
+        "mem": (used / total * 100) if used is not None and total else None,
+        "load": load[0],
+        "gpus": {str(g["index"]): [g.get("utilization_gpu_pct"), g.get("temperature_gpu_c"), g.get("power_draw_w"),
+                                   (g["memory_used_mib"] / g["memory_total_mib"] * 100)
+                                   if g.get("memory_used_mib") is not None and g.get("memory_total_mib") else None]
+                 for g in sample.get("gpus") or []},
+    }
+
+
+def _append_history(node_id: int, sample: dict[str, Any]) -> None:
+    """Keep the last hour of points in the cache (Redis in production), not in the database."""
+    try:
+        key = _history_key(node_id)
+        points = cache.get(key) or []
+        points.append(_history_point(sample))
+        cutoff = timezone.now().timestamp() - HISTORY_SECONDS
+        points = [p for p in points[-HISTORY_POINTS:] if (p.get("t") or 0) >= cutoff]
+        cache.set(key, points, timeout=HISTORY_SECONDS)
+    except Exception:  # the history is a convenience; a cache outage must not lose the heartbeat
+        log.warning("could not keep the sample history of node %s", node_id, exc_info=True)
+
+
+def sample_history(node_id: int) -> list[dict[str, Any]]:
+    return list(cache.get(_history_key(node_id)) or [])
+
+
+def mark_unreachable_nodes(grace: timedelta) -> int:
+    """Nodes whose agent missed its heartbeats for longer than the grace become unreachable."""
+    cutoff = timezone.now() - grace
+    return Node.objects.filter(status=NodeStatus.READY, last_seen_at__lt=cutoff).update(
+        status=NodeStatus.UNREACHABLE
+    )
+
+
+# Operator actions --------------------------------------------------------------------------
+
+@transaction.atomic
+def cordon_node(node: Node, *, reason: str, actor: User | None, address: str | None = None) -> Node:
+    before = {"cordoned": node.cordoned, "reason": node.cordon_reason}
+    node.cordoned = True
+    node.cordon_reason = reason.strip()[:500]
+    node.save(update_fields=["cordoned", "cordon_reason"])
+    audit.record(actor, "node.cordon", node, changes=audit.diff(before, {"cordoned": True, "reason": node.cordon_reason}),
+                 address=address)
+    return node
+
+
+@transaction.atomic
+def uncordon_node(node: Node, *, actor: User | None, address: str | None = None) -> Node:
+    before = {"cordoned": node.cordoned, "reason": node.cordon_reason}
+    node.cordoned = False
+    node.cordon_reason = ""
+    node.save(update_fields=["cordoned", "cordon_reason"])
+    audit.record(actor, "node.uncordon", node, changes=audit.diff(before, {"cordoned": False, "reason": ""}),
+                 address=address)
+    return node
+
+
+@transaction.atomic
+def revoke_node(node: Node, *, actor: User | None, address: str | None = None) -> Node:
+    """Cut a node off: its credential stops working and its websocket is closed at once."""
+    node.credential_hash = None
+    node.revoked_at = timezone.now()
+    node.status = NodeStatus.REVOKED
+    node.save(update_fields=["credential_hash", "revoked_at", "status"])
+    audit.record(actor, "node.revoke", node, address=address)
+    node_id = node.pk
+    transaction.on_commit(lambda: _tell_agent(node_id, {"type": "agent.revoke", "reason": "revoked"}))
+    return node
+
+
+def _tell_agent(node_id: int, message: dict[str, Any]) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(node_group(node_id), message)
+    except Exception:
+        log.warning("could not reach the connection of node %s", node_id, exc_info=True)
+
+
+# The local agent of `llmgw up` -----------------------------------------------------------------
+
+def local_agent_config(data_dir: Path, base_url: str) -> Path:
+    """Write the agent.yaml (and credential) of this machine's own agent, once."""
+    import yaml
+
+    folder = data_dir / "agent"
+    folder.mkdir(parents=True, exist_ok=True)
+    credential_file = folder / "credential"
+    config_path = folder / "agent.yaml"
+    name = validate_node_name(re.sub(r"[^a-z0-9.-]", "-", socket.gethostname().lower()).strip("-.") or "local")
+    existing = credential_file.read_text().strip() if credential_file.exists() else ""
+    if not existing or authenticate_node(existing) is None:
+        _node, credential = issue_credential(name, labels={"llmgw.io/local": "true"})
+        credential_file.write_text(credential)
+        credential_file.chmod(0o600)
+    config = {
+        "server": base_url,
+        "state_dir": str(folder),
+        "model_dirs": [str(data_dir / "models")],
+        "labels": {},
+    }
+    (data_dir / "models").mkdir(exist_ok=True)
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return config_path
