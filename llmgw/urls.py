@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.accounts import api as accounts_api
+from apps.cluster import api as cluster_api
 from llmgw import ops
 from llmgw.api import StatusView, router
 from llmgw.console import views as console
@@ -14,10 +15,13 @@ router.register("keys", accounts_api.ApiKeyViewSet, basename="apikey")
 router.register("organizations", accounts_api.OrganizationViewSet, basename="organization")
 router.register("teams", accounts_api.TeamViewSet, basename="team")
 router.register("projects", accounts_api.ProjectViewSet, basename="project")
+router.register("nodes", cluster_api.NodeViewSet, basename="node")
 
 api_urlpatterns = [
     path("me", accounts_api.MeView.as_view(), name="api-me"),
     path("status", StatusView.as_view(), name="api-status"),
+    path("nodes/enrollments", cluster_api.NodeEnrollmentView.as_view(), name="api-node-enrollments"),
+    path("agent/enroll", cluster_api.AgentEnrollView.as_view(), name="api-agent-enroll"),
     path("schema", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include(router.urls)),

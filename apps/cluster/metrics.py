@@ -81,7 +81,8 @@ class NodeCollector(Collector):
                     gpu.get("utilization_memory_pct"))
                 mib = 1024 * 1024
                 used, total = gpu.get("memory_used_mib"), gpu.get("memory_total_mib")
-                put("llmgw_gpu_memory_used_bytes", "GPU memory in use", labels, used * mib if used is not None else None)
+                put("llmgw_gpu_memory_used_bytes", "GPU memory in use", labels,
+                    used * mib if used is not None else None)
                 put("llmgw_gpu_memory_total_bytes", "GPU memory", labels, total * mib if total is not None else None)
                 put("llmgw_gpu_temperature_celsius", "GPU temperature", labels, gpu.get("temperature_gpu_c"))
                 put("llmgw_gpu_memory_temperature_celsius", "HBM temperature", labels, gpu.get("temperature_memory_c"))

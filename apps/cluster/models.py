@@ -48,7 +48,9 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def fresh_sample(self, now: datetime | None = None, max_age: timedelta = timedelta(minutes=1)) -> dict[str, Any] | None:
+    def fresh_sample(
+        self, now: datetime | None = None, max_age: timedelta = timedelta(minutes=1)
+    ) -> dict[str, Any] | None:
         """The latest sample if it is recent enough to stand for now, else None."""
         if self.sample is None or self.sampled_at is None:
             return None

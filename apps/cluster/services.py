@@ -275,8 +275,8 @@ def cordon_node(node: Node, *, reason: str, actor: User | None, address: str | N
     node.cordoned = True
     node.cordon_reason = reason.strip()[:500]
     node.save(update_fields=["cordoned", "cordon_reason"])
-    audit.record(actor, "node.cordon", node, changes=audit.diff(before, {"cordoned": True, "reason": node.cordon_reason}),
-                 address=address)
+    after = {"cordoned": True, "reason": node.cordon_reason}
+    audit.record(actor, "node.cordon", node, changes=audit.diff(before, after), address=address)
     return node
 
 

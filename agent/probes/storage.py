@@ -1,0 +1,390 @@
+"""Mount tables, storage pools for model directories, and "are the weights there" checks.
+
+* :func:`parse_mountinfo` / :func:`parse_findmnt_json` are pure parsers.
+* :func:`storage_pools` and :func:`weights_present` look at the file system (``os.path``,
+  ``os.listdir``, an injectable ``statvfs``) and never raise for a missing or unreadable path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "PARTIAL_SUFFIXES",
+    "SHARED_FS_TYPES",
+    "Mount",
+    "StoragePool",
+    "is_shared",
+    "mount_for_path",
+    "parse_findmnt_json",
+    "parse_mountinfo",
+    "storage_pools",
+    "weights_present",
+]
+
+
+@dataclass
+class Mount:
+    """One mounted file system.  Fields a source did not give are None."""
+
+    mount_id: int | None
+    parent_id: int | None
+    #: ``"253:0"``; for network file systems an anonymous ``"0:59"``.
+    major_minor: str | None
+    #: The directory of the file system that is mounted here (``/`` unless a bind mount of a subtree).
+    root: str | None
+    mount_point: str
+    fstype: str | None
+    source: str | None
+    options: str | None = None
+
+
+def _unescape(field_text: str) -> str:
+    """Undo the kernel's octal escapes in mountinfo (``\\040`` space, ``\\011`` tab, ``\\012``, ``\\134``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_text)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Parse ``/proc/<pid>/mountinfo``; malformed lines are skipped.
+
+    Format: ``id parent major:minor root mount_point options [optional fields...] - fstype source super_options``.
+    """
+    mounts: list[Mount] = []
+    for raw in (text or "").lstrip("\ufeff").splitlines():
+        parts = raw.split()
+        if len(parts) < 7:
+            continue
+        try:
+            separator = parts.index("-", 6)
+        except ValueError:
+            continue
+        if not (parts[0].isdigit() and parts[1].isdigit()):
+            continue
+        tail = parts[separator + 1 :]
+        mounts.append(
+            Mount(
+                mount_id=int(parts[0]),
+                parent_id=int(parts[1]),
+                major_minor=parts[2] if re.fullmatch(r"\d+:\d+", parts[2]) else None,
+                root=_unescape(parts[3]),
+                mount_point=_unescape(parts[4]),
+                fstype=_unescape(tail[0]) if tail else None,
+                source=_unescape(tail[1]) if len(tail) > 1 else None,
+                options=parts[5],
+            )
+        )
+    return mounts
+
+
+_BIND_SUFFIX_RE = re.compile(r"^(?P<source>.*?)\[(?P<root>/[^\]]*)\]$")
+
+
+def _findmnt_entries(node: Any) -> Iterable[dict[str, Any]]:
+    if isinstance(node, dict):
+        if "target" in node:
+            yield node
+        for key in ("filesystems", "children"):
+            children = node.get(key)
+            if isinstance(children, list):
+                for child in children:
+                    yield from _findmnt_entries(child)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _findmnt_entries(child)
+
+
+def _json_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def parse_findmnt_json(text: str) -> list[Mount]:
+    """Parse ``findmnt --json`` (flat or ``--tree`` with ``children``).
+
+    ``source`` like ``/dev/mapper/vg-data[/kubelet]`` is split into the device and the bind-mounted
+    ``root``.  IDs and device numbers are only set when findmnt was asked for them
+    (``--output ID,PARENT,MAJ:MIN,...``).  Unparsable JSON gives ``[]``.
+    """
+    try:
+        data = json.loads((text or "").lstrip("\ufeff"))
+    except ValueError:
+        return []
+    mounts: list[Mount] = []
+    for entry in _findmnt_entries(data):
+        target = entry.get("target")
+        if not isinstance(target, str):
+            continue
+        source = entry.get("source")
+        root: str | None = None
+        if isinstance(source, str):
+            m = _BIND_SUFFIX_RE.match(source)
+            if m:
+                source, root = m.group("source"), m.group("root")
+        else:
+            source = None
+        if root is None and isinstance(entry.get("fsroot"), str):
+            root = entry["fsroot"]
+        major_minor = entry.get("maj:min")
+        mounts.append(
+            Mount(
+                mount_id=_json_int(entry.get("id")),
+                parent_id=_json_int(entry.get("parent")),
+                major_minor=major_minor if isinstance(major_minor, str) else None,
+                root=root,
+                mount_point=target,
+                fstype=entry.get("fstype") if isinstance(entry.get("fstype"), str) else None,
+                source=source,
+                options=entry.get("options") if isinstance(entry.get("options"), str) else None,
+            )
+        )
+    return mounts
+
+
+#: File systems that are (or are usually) shared between hosts: a model stored there once is
+#: visible to every node that mounts it.
+SHARED_FS_TYPES = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "lustre",
+        "beegfs",
+        "fhgfs",
+        "gpfs",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "cephfs",
+        "ceph",
+        "fuse.ceph",
+        "fuse.ceph-fuse",
+        "glusterfs",
+        "fuse.glusterfs",
+        "fuse.sshfs",
+        "9p",
+        "fuse.juicefs",
+        "juicefs",
+        "wekafs",
+        "fuse.weka",
+        "ocfs2",
+        "gfs2",
+        "orangefs",
+        "pvfs2",
+        "afs",
+        "panfs",
+        "quobyte",
+        "fuse.quobyte",
+        "fuse.moosefs",
+        "fuse.mfs",
+        "fuse.lizardfs",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.rclone",
+        "fuse.goofys",
+        "fuse.mountpoint-s3",
+        "fuse.blobfuse",
+        "fuse.blobfuse2",
+        "fuse.alluxio-fuse",
+        "dvs",
+    }
+)
+
+
+def is_shared(fstype: str | None) -> bool:
+    """Whether a file system type is a network / cluster file system."""
+    if not fstype:
+        return False
+    return fstype.lower() in SHARED_FS_TYPES
+
+
+def _is_under(path: str, mount_point: str) -> bool:
+    if mount_point == "/":
+        return path.startswith("/")
+    return path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+
+
+def mount_for_path(mounts: Iterable[Mount], path: str) -> Mount | None:
+    """The mount a path lives on: the longest mount point that is a prefix of it (on whole
+    components).  When several mounts share that mount point the last one (the top of the stack)
+    wins.  ``path`` is normalised but symlinks are not resolved here."""
+    if not path:
+        return None
+    path = os.path.normpath(path)
+    best: Mount | None = None
+    for mount in mounts:
+        if not _is_under(path, mount.mount_point):
+            continue
+        if best is None or len(mount.mount_point.rstrip("/")) >= len(best.mount_point.rstrip("/")):
+            best = mount
+    return best
+
+
+@dataclass
+class StoragePool:
+    """One file system holding one or more model directories."""
+
+    mount_point: str | None
+    fstype: str | None
+    shared: bool
+    total_bytes: int | None
+    free_bytes: int | None
+    directories: list[str] = field(default_factory=list)
+    source: str | None = None
+
+
+def storage_pools(
+    dirs: list[str],
+    mounts: list[Mount],
+    statvfs: Callable[[str], Any] = os.statvfs,
+) -> list[StoragePool]:
+    """Group model directories by the file system they live on.
+
+    Directories that do not exist (a filer that is not mounted) are skipped.  Directories on the
+    same device (``major:minor``, else the same mount point) share a pool.  Sizes come from
+    ``statvfs``: total ``f_blocks * f_frsize``, free ``f_bavail * f_frsize`` (what an unprivileged
+    writer can use); they stay None if statvfs fails for every directory of the pool.
+    """
+    pools: dict[str, StoragePool] = {}
+    for directory in dirs:
+        if not directory or not os.path.isdir(directory):
+            continue
+        resolved = os.path.realpath(directory)
+        mount = mount_for_path(mounts, resolved)
+        if mount is not None:
+            key = f"dev:{mount.major_minor}" if mount.major_minor else f"mnt:{mount.mount_point}"
+        else:
+            key = f"dir:{resolved}"
+        pool = pools.get(key)
+        if pool is None:
+            fstype = mount.fstype if mount else None
+            pool = StoragePool(
+                mount_point=mount.mount_point if mount else None,
+                fstype=fstype,
+                shared=is_shared(fstype),
+                total_bytes=None,
+                free_bytes=None,
+                source=mount.source if mount else None,
+            )
+            pools[key] = pool
+        if directory not in pool.directories:
+            pool.directories.append(directory)
+        if pool.total_bytes is None:
+            try:
+                st = statvfs(directory)
+                pool.total_bytes = int(st.f_blocks) * int(st.f_frsize)
+                pool.free_bytes = int(st.f_bavail) * int(st.f_frsize)
+            except (OSError, AttributeError, TypeError, ValueError):
+                pass
+    return list(pools.values())
+
+
+#: Suffixes of files that are still being downloaded.
+PARTIAL_SUFFIXES = (".part", ".partial", ".tmp", ".download", ".incomplete", ".aria2", ".crdownload")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+_SPLIT_GGUF_RE = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+_MAX_WALK_ENTRIES = 10000
+
+
+def _is_partial(name: str) -> bool:
+    lowered = name.lower()
+    return lowered.endswith(PARTIAL_SUFFIXES) or lowered.startswith(".~lock")
+
+
+def _size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size  # follows symlinks (Hugging Face snapshots link into blobs/)
+    except OSError:
+        return None
+
+
+def _complete_gguf(directory: str, name: str, names: set[str]) -> bool:
+    if any(name + suffix in names for suffix in PARTIAL_SUFFIXES):
+        return False
+    if not (_size(os.path.join(directory, name)) or 0) > 0:
+        return False
+    split = _SPLIT_GGUF_RE.match(name)
+    if split:
+        count = int(split.group("count"))
+        if int(split.group("part")) != 1:
+            return False  # the first shard stands for the whole model
+        for part in range(2, count + 1):
+            shard = f"{split.group('stem')}-{part:05d}-of-{split.group('count')}.gguf"
+            if shard not in names or not (_size(os.path.join(directory, shard)) or 0) > 0:
+                return False
+            if any(shard + suffix in names for suffix in PARTIAL_SUFFIXES):
+                return False
+    return True
+
+
+def _complete_model_dir(path: str) -> bool:
+    """config.json + at least one non-empty weight file, no partial download anywhere below,
+    and every shard a ``*.safetensors.index.json`` names present."""
+    try:
+        top = os.listdir(path)
+    except OSError:
+        return False
+    if "config.json" not in top:
+        return False
+    has_weights = False
+    seen = 0
+    for current, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for filename in filenames:
+            seen += 1
+            if seen > _MAX_WALK_ENTRIES:
+                return has_weights
+            if _is_partial(filename):
+                return False
+            if filename.lower().endswith(_WEIGHT_SUFFIXES) and (_size(os.path.join(current, filename)) or 0) > 0:
+                has_weights = True
+    if not has_weights:
+        return False
+    for name in top:
+        if not name.endswith(".index.json"):
+            continue
+        try:
+            with open(os.path.join(path, name), encoding="utf-8") as handle:
+                weight_map = json.load(handle).get("weight_map", {})
+        except (OSError, ValueError, AttributeError):
+            return False
+        if not isinstance(weight_map, dict):
+            return False
+        for shard in set(weight_map.values()):
+            if not isinstance(shard, str) or not (_size(os.path.join(path, shard)) or 0) > 0:
+                return False
+    return True
+
+
+def weights_present(directory: str) -> list[str]:
+    """Names (relative to ``directory``) of complete model entries in it, sorted.
+
+    An entry is complete when it is a non-empty ``*.gguf`` file with no partial-download sibling
+    (for split GGUFs ``x-00001-of-0000N.gguf``: the first shard, once all N are there), or a
+    subdirectory holding ``config.json`` plus at least one non-empty ``*.safetensors``/``*.bin``/
+    ``*.gguf`` and no partial files.  A missing or unreadable directory gives ``[]``.
+    """
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    name_set = set(names)
+    found: list[str] = []
+    for name in names:
+        if name.startswith(".") or _is_partial(name):
+            continue
+        path = os.path.join(directory, name)
+        if os.path.isdir(path):
+            if _complete_model_dir(path):
+                found.append(name)
+        elif name.lower().endswith(".gguf") and os.path.isfile(path) and _complete_gguf(directory, name, name_set):
+            found.append(name)
+    return found

@@ -1,0 +1,201 @@
+"""REST endpoints for nodes and agent enrollment."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import AnonRateThrottle
+from rest_framework.views import APIView
+
+from apps.accounts.access import IsOperator
+from apps.cluster import services
+from apps.cluster.models import Gpu, Node
+
+__all__ = ["AgentEnrollView", "NodeEnrollmentView", "NodeViewSet", "node_summary"]
+
+
+def local_disk(sample: dict[str, Any] | None) -> tuple[int | None, int | None]:
+    """(free, total) over local filesystems; shared ones belong to everybody and are left out."""
+    if not sample or not sample.get("storage"):
+        return None, None
+    free = total = 0
+    known = False
+    for pool in sample["storage"]:
+        if pool.get("shared"):
+            continue
+        if pool.get("free_bytes") is not None and pool.get("total_bytes") is not None:
+            free += pool["free_bytes"]
+            total += pool["total_bytes"]
+            known = True
+    return (free, total) if known else (None, None)
+
+
+def node_summary(node: Node, now: Any = None) -> dict[str, Any]:
+    """The figures `ctl nodes` and the API list show; None for whatever is unknown."""
+    sample = node.fresh_sample(now)
+    gpus = list(node.gpus.all())
+    free, total = local_disk(sample)
+    return {
+        "cpus": (sample or {}).get("cpus") or node.hardware.get("cpus"),
+        "cpu_utilization_pct": (sample or {}).get("cpu_utilization_pct"),
+        "memory_total_bytes": (sample or {}).get("memory_total_bytes") or node.hardware.get("memory_total_bytes"),
+        "memory_used_bytes": (sample or {}).get("memory_used_bytes"),
+        "gpu_count": len(gpus),
+        "gpu_classes": sorted({g.gpu_class or g.name for g in gpus if g.gpu_class or g.name}),
+        "gpus_free": sum(1 for g in gpus if g.healthy),
+        "disk_free_bytes": free,
+        "disk_total_bytes": total,
+    }
+
+
+class GpuSerializer(serializers.ModelSerializer[Gpu]):
+    class Meta:
+        model = Gpu
+        fields = ["index", "uuid", "name", "gpu_class", "pci_bus_id", "memory_total_mib", "mig_mode", "ecc_fault",
+                  "foreign_processes"]
+
+
+class NodeSerializer(serializers.ModelSerializer[Node]):
+    summary = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = ["name", "labels", "status", "cordoned", "cordon_reason", "agent_version", "features", "warnings",
+                  "created_at", "registered_at", "last_seen_at", "summary"]
+
+    def get_summary(self, node: Node) -> dict[str, Any]:
+        return node_summary(node)
+
+
+class NodeDetailSerializer(NodeSerializer):
+    gpus = GpuSerializer(many=True, read_only=True)
+    sample = serializers.SerializerMethodField()
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "hardware", "gpus", "sample", "sampled_at"]
+
+    def get_sample(self, node: Node) -> dict[str, Any] | None:
+        return node.fresh_sample()
+
+
+class CordonSerializer(serializers.Serializer[Any]):
+    reason = serializers.CharField(max_length=500)
+
+
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Node]):
+    """Nodes and what their agents last said. Unknown figures are null."""
+
+    permission_classes = [IsOperator]
+    lookup_field = "name"
+    lookup_value_regex = "[a-z0-9.-]+"
+
+    def get_queryset(self) -> QuerySet[Node]:
+        return Node.objects.prefetch_related("gpus")
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer[Node]]:
+        return NodeDetailSerializer if self.action == "retrieve" else NodeSerializer
+
+    def _address(self) -> str | None:
+        return self.request.META.get("REMOTE_ADDR")
+
+    @extend_schema(request=CordonSerializer, responses=NodeDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request: Request, name: str | None = None) -> Response:
+        data = CordonSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.cordon_node(self.get_object(), reason=data.validated_data["reason"], actor=request.user,  # type: ignore[arg-type]
+                                    address=self._address())
+        return Response(NodeDetailSerializer(node).data)
+
+    @extend_schema(request=None, responses=NodeDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request: Request, name: str | None = None) -> Response:
+        node = services.uncordon_node(self.get_object(), actor=request.user, address=self._address())  # type: ignore[arg-type]
+        return Response(NodeDetailSerializer(node).data)
+
+    @extend_schema(request=None, responses=NodeDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, name: str | None = None) -> Response:
+        node = services.revoke_node(self.get_object(), actor=request.user, address=self._address())  # type: ignore[arg-type]
+        return Response(NodeDetailSerializer(node).data)
+
+
+class EnrollmentRequestSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField(max_length=63)
+    labels = serializers.DictField(child=serializers.CharField(max_length=256), required=False)
+    expires_in_seconds = serializers.IntegerField(min_value=60, max_value=7 * 24 * 3600, required=False)
+
+    def validate_name(self, value: str) -> str:
+        try:
+            return services.validate_node_name(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+def agent_yaml(server: str, secret: str, labels: dict[str, str]) -> str:
+    import yaml
+
+    return yaml.safe_dump({"server": server, "token": secret, "state_dir": "/var/lib/llmgw-agent",
+                           "labels": labels, "model_dirs": []}, sort_keys=False)
+
+
+class NodeEnrollmentView(APIView):
+    """Make a one-time token that lets one agent join as the named node."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=EnrollmentRequestSerializer, responses=inline_serializer("Enrollment", {
+        "node": serializers.CharField(), "token": serializers.CharField(), "expires_at": serializers.DateTimeField(),
+        "agent_yaml": serializers.CharField(), "command": serializers.CharField()}))
+    def post(self, request: Request) -> Response:
+        data = EnrollmentRequestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        seconds = data.validated_data.get("expires_in_seconds") or settings.AGENT_ENROLLMENT_TTL
+        labels = data.validated_data.get("labels") or {}
+        new = services.create_enrollment(data.validated_data["name"], labels=labels,
+                                         expires_in=timedelta(seconds=seconds), actor=request.user)  # type: ignore[arg-type]
+        server = settings.PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
+        return Response({
+            "node": new.token.node_name,
+            "token": new.secret,
+            "expires_at": new.token.expires_at,
+            "agent_yaml": agent_yaml(server, new.secret, labels),
+            "command": "llmgw agent --config /etc/llmgw/agent.yaml",
+        }, status=status.HTTP_201_CREATED)
+
+
+class EnrollThrottle(AnonRateThrottle):
+    rate = "30/min"
+
+
+class AgentEnrollView(APIView):
+    """An agent trades its one-time token for the node credential. No session or key."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    throttle_classes = [EnrollThrottle]
+
+    @extend_schema(request=inline_serializer("EnrollRequest", {"token": serializers.CharField()}),
+                   responses=inline_serializer("EnrollAnswer", {"node": serializers.CharField(),
+                                                                "credential": serializers.CharField()}))
+    def post(self, request: Request) -> Response:
+        token = request.data.get("token") if isinstance(request.data, dict) else None
+        if not isinstance(token, str) or not token:
+            return Response({"detail": _("Send the enrollment token as {\"token\": \"llmgwe_...\"}.")},
+                            status=status.HTTP_400_BAD_REQUEST)
+        try:
+            node, credential = services.enroll_node(token, address=request.META.get("REMOTE_ADDR"))
+        except services.EnrollmentRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
+        return Response({"node": node.name, "credential": credential, "enrolled_at": timezone.now()})

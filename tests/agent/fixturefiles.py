@@ -1,0 +1,59 @@
+"""Locating the shared real-output fixtures for the agent probe tests.
+
+The fixtures live outside the repository: ``$LLMGW_FIXTURES_DIR`` if set, else
+``<repo root>/../shared/fixtures``.  Parametrised tests glob a fixture folder at collection
+time, so a file dropped into the folder is tested without code changes; when the folder is
+missing they collect a single skipped case that says why.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def fixtures_root() -> Path:
+    env = os.environ.get("LLMGW_FIXTURES_DIR")
+    if env:
+        return Path(env)
+    return REPO_ROOT.parent / "shared" / "fixtures"
+
+
+def fixture_files(folder: str, pattern: str = "*") -> list:
+    """``pytest.param(path, id=name)`` for every file of ``folder`` matching ``pattern``
+    (``SOURCES.md`` and other notes excluded), or one skipped param when the folder is absent."""
+    directory = fixtures_root() / folder
+    if not directory.is_dir():
+        return [
+            pytest.param(
+                None,
+                id=f"{folder}-missing",
+                marks=pytest.mark.skip(reason=f"fixtures folder {directory} not found (set LLMGW_FIXTURES_DIR)"),
+            )
+        ]
+    files = sorted(p for p in directory.glob(pattern) if p.is_file() and p.name not in ("SOURCES.md", "README.md"))
+    if not files:
+        return [
+            pytest.param(
+                None, id=f"{folder}-empty", marks=pytest.mark.skip(reason=f"no files in {directory} match {pattern}")
+            )
+        ]
+    return [pytest.param(p, id=p.name) for p in files]
+
+
+def read_text(path: Path) -> str:
+    """The file's text exactly as stored: CRLF and a BOM are kept for the parsers to handle."""
+    with open(path, encoding="utf-8", errors="replace", newline="") as handle:
+        return handle.read()
+
+
+def fixture_text(folder: str, name: str) -> str:
+    """Text of one named fixture; skips the calling test when it is not there."""
+    path = fixtures_root() / folder / name
+    if not path.is_file():
+        pytest.skip(f"fixture {path} not found (set LLMGW_FIXTURES_DIR)")
+    return read_text(path)
