@@ -110,6 +110,13 @@ DATABASE = parse_database_url("LLMGW_DATABASE_URL", DATABASE_URL)
 DATABASES = {"default": DATABASE.django()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Agents ------------------------------------------------------------------------------
+
+AGENT_HEARTBEAT_INTERVAL = env_int("LLMGW_AGENT_HEARTBEAT_SECONDS", 10, minimum=1, maximum=300)
+# A node is unreachable after this many heartbeats in a row went missing.
+AGENT_MISSED_HEARTBEATS = env_int("LLMGW_AGENT_MISSED_HEARTBEATS", 3, minimum=1, maximum=100)
+AGENT_ENROLLMENT_TTL = env_int("LLMGW_AGENT_ENROLLMENT_SECONDS", 3600, minimum=60)
+
 # Redis, Celery, Channels --------------------------------------------------------------
 
 REDIS_URL = env_str("LLMGW_REDIS_URL") or ""
@@ -146,15 +153,12 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # The one beat schedule: task names as strings, intervals in seconds.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
-    "mark-unreachable-nodes": {"task": "apps.cluster.tasks.mark_unreachable_nodes", "schedule": 5.0},
+    "mark-unreachable-nodes": {
+        "task": "apps.cluster.tasks.mark_unreachable_nodes",
+        "schedule": float(min(5, AGENT_HEARTBEAT_INTERVAL)),
+    },
 }
 
-# Agents ------------------------------------------------------------------------------
-
-AGENT_HEARTBEAT_INTERVAL = env_int("LLMGW_AGENT_HEARTBEAT_SECONDS", 10, minimum=1, maximum=300)
-# A node is unreachable after this many heartbeats in a row went missing.
-AGENT_MISSED_HEARTBEATS = env_int("LLMGW_AGENT_MISSED_HEARTBEATS", 3, minimum=1, maximum=100)
-AGENT_ENROLLMENT_TTL = env_int("LLMGW_AGENT_ENROLLMENT_SECONDS", 3600, minimum=60)
 
 # Authentication -----------------------------------------------------------------------
 

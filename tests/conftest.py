@@ -25,6 +25,15 @@ def _plain_static_storage(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _empty_cache() -> Iterator[None]:
+    # Row ids repeat between tests, so anything cached by id must not outlive its test.
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
 def make_user(email: str, *, role: str = StaffRole.NONE, password: str = "correct horse battery", **extra: Any) -> User:
     if role == StaffRole.ADMIN:
         return User.objects.create_superuser(email, password, **extra)

@@ -1,0 +1,129 @@
+"""The agent websocket, through the real ASGI application."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from tests.wscomm import WebsocketCommunicator
+
+from agent import protocol
+from apps.cluster import services
+from apps.cluster.choices import NodeStatus
+from apps.cluster.models import Gpu, Node
+from llmgw.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HARDWARE = {
+    "hostname": "gpu1", "cpu_model": "Xeon", "cpus": 64, "memory_total_bytes": 512 * 1024**3,
+    "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "gpu_class": "H100-80GB", "memory_total_mib": 81559}
+             for i in range(2)],
+}
+
+
+def enrolled(name: str = "gpu1") -> tuple[Node, str]:
+    token = services.create_enrollment(name, actor=None)
+    return services.enroll_node(token.secret)
+
+
+async def connect(credential: str) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, "/ws/agent/",
+                                         headers=[(b"authorization", f"Bearer {credential}".encode())])
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+async def register(communicator: WebsocketCommunicator, **extra: Any) -> dict[str, Any]:
+    await communicator.send_to(text_data=protocol.encode("register", {
+        "agent_version": "0.1.0", "hardware": HARDWARE, "features": ["heartbeat.v1"], **extra}))
+    return json.loads(await communicator.receive_from(timeout=5))
+
+
+async def test_a_registered_agent_heartbeats_and_the_node_is_ready() -> None:
+    node, credential = await database_sync(enrolled)
+    ws = await connect(credential)
+    answer = await register(ws)
+    assert answer["type"] == "registered" and answer["node"] == "gpu1"
+    await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {
+        "cpus": 64, "cpu_utilization_pct": 12.5, "gpus": [{"index": 0, "temperature_gpu_c": 41}]}}))
+    await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {"cpus": 64}}))
+    await ws.disconnect()
+    node = await database_sync(lambda: Node.objects.get(pk=node.pk))
+    assert node.status == NodeStatus.READY
+    assert node.sample == {"cpus": 64}
+    assert await database_sync(lambda: Gpu.objects.filter(node=node).count()) == 2
+
+
+async def test_a_bad_credential_closes_with_a_reason_code() -> None:
+    communicator = WebsocketCommunicator(application, "/ws/agent/",
+                                         headers=[(b"authorization", b"Bearer llmgwn_nope")])
+    await communicator.connect()
+    closed = await communicator.receive_output(timeout=5)
+    assert closed["type"] == "websocket.close"
+    assert closed["code"] == protocol.CLOSE_BAD_CREDENTIAL
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        ("{not json", "malformed"),
+        (json.dumps({"v": 1, "type": "teleport"}), "unknown_type"),
+        (json.dumps({"v": 99, "type": "heartbeat"}), "version"),
+        (json.dumps({"v": 1, "type": "heartbeat", "sample": {"cpus": "many"}}), "invalid"),
+        ("x" * (protocol.MAX_MESSAGE_BYTES + 1), "too_large"),
+    ],
+)
+async def test_a_bad_message_gets_an_error_and_the_connection_goes_on(raw: str, code: str) -> None:
+    _node, credential = await database_sync(enrolled)
+    ws = await connect(credential)
+    await ws.send_to(text_data=raw)
+    error = json.loads(await ws.receive_from(timeout=5))
+    assert error["type"] == "error" and error["code"] == code
+    answer = await register(ws)
+    assert answer["type"] == "registered"
+    await ws.disconnect()
+
+
+async def test_a_newer_connection_replaces_the_older() -> None:
+    _node, credential = await database_sync(enrolled)
+    old = await connect(credential)
+    await register(old)
+    new = await connect(credential)
+    replaced = json.loads(await old.receive_from(timeout=5))
+    assert replaced["type"] == "replaced"
+    closed = await old.receive_output(timeout=5)
+    assert closed["code"] == protocol.CLOSE_REPLACED
+    assert (await register(new))["type"] == "registered"
+    await new.disconnect()
+
+
+async def test_revoking_a_node_closes_its_socket_at_once() -> None:
+    node, credential = await database_sync(enrolled)
+    ws = await connect(credential)
+    await register(ws)
+    await database_sync(lambda: services.revoke_node(Node.objects.get(pk=node.pk), actor=None))
+    closed = await ws.receive_output(timeout=5)
+    assert closed["type"] == "websocket.close" and closed["code"] == protocol.CLOSE_REVOKED
+    again = WebsocketCommunicator(application, "/ws/agent/",
+                                  headers=[(b"authorization", f"Bearer {credential}".encode())])
+    await again.connect()
+    assert (await again.receive_output(timeout=5))["code"] == protocol.CLOSE_BAD_CREDENTIAL
+
+
+async def test_registration_never_clears_a_cordon() -> None:
+    node, credential = await database_sync(enrolled)
+    await database_sync(lambda: services.cordon_node(Node.objects.get(pk=node.pk), reason="bad fan", actor=None))
+    ws = await connect(credential)
+    await register(ws)
+    await ws.disconnect()
+    node = await database_sync(lambda: Node.objects.get(pk=node.pk))
+    assert node.cordoned and node.cordon_reason == "bad fan"
+
+
+async def database_sync(fn: Any) -> Any:
+    from channels.db import database_sync_to_async
+
+    return await database_sync_to_async(fn)()

@@ -1,0 +1,281 @@
+"""Start a real control plane and any number of real agents, each on its own fixture hardware.
+
+    with ControlPlane(tmp_path) as plane:            # `llmgw up` on PostgreSQL+Redis or SQLite
+        gpu = plane.add_agent("gpu1", HOSTS["h100x8"])
+        gpu.wait_registered()
+        plane.ctl("nodes")
+
+Each agent is the real `llmgw agent` process. Its /proc and /sys are a folder built from the
+captured files in ../shared/fixtures, and its nvidia-smi and dmesg are scripts that print
+captured output, so one CPU machine can stand in for a rack of GPU servers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.helpers import REPO, Browser, Running, descendants, llmgw_up
+
+FIXTURES = Path(os.environ.get("LLMGW_FIXTURES_DIR") or REPO.parent / "shared" / "fixtures")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """Which captured files make up one fake host (paths relative to the fixtures folder)."""
+
+    cpuinfo: str
+    meminfo: str
+    stat: str
+    loadavg: str = "0.52 0.58 0.59 1/467 12345\n"
+    nvidia_text: str | None = None  # `nvidia-smi -q`
+    nvidia_xml: str | None = None  # `nvidia-smi -q -x`
+    nvlink_errors: str | None = None
+    dmesg: str | None = None
+    hwmon_tree: str | None = None  # a `grep -r .` listing of /sys/class/hwmon
+    rapl_tree: str | None = None  # a `grep -r .` listing of /sys/class/powercap
+    os_release: str = 'PRETTY_NAME="Ubuntu 22.04.4 LTS"\n'
+    kernel: str = "5.15.0-105-generic\n"
+
+
+HOSTS = {
+    "h100x8": HostSpec(
+        cpuinfo="proc-cpuinfo/telegraf-xeon-platinum-8480plus-sapphire-rapids-avx512-amx-4cpu-trimmed.txt",
+        meminfo="proc-meminfo/procfs-fixture-16gb-with-zswap.txt",
+        stat="proc-stat/procfs-fixture-8cpu-laptop-huge-intr-line.txt",
+        nvidia_text="nvidia-smi-q/h100-80gb-hbm3-x8-drv535.161-fabric-completed.txt",
+        nvlink_errors="nvidia-smi-nvlink/e-h100-error-counters-abridged.txt",
+        dmesg="xid/xid48-dbe-xid63-rowremap-xid94-contained.log.txt",
+        hwmon_tree="hwmon-sensors/sysfs-coretemp-2socket-node-exporter-fixture-grep-r.txt",
+        rapl_tree="rapl-powercap/sysfs-intel-rapl-package-core-node-exporter-fixture-grep-r.txt",
+    ),
+    "cpu": HostSpec(
+        cpuinfo="proc-cpuinfo/procfs-fixture-i7-8650u-8cpu-avx2.txt",
+        meminfo="proc-meminfo/sysstat-root1-8gb-desktop-memavailable.txt",
+        stat="proc-stat/sysstat-root1-i7-2600-8cpu.txt",
+    ),
+    "rtx3090": HostSpec(
+        cpuinfo="proc-cpuinfo/sysstat-root1-i7-2600-avx.txt",
+        meminfo="proc-meminfo/sysstat-root1-8gb-desktop-memavailable.txt",
+        stat="proc-stat/sysstat-root1-i7-2600-8cpu.txt",
+        nvidia_xml="nvidia-smi-q-xml/rtx3090-drv590-schema-v13.xml",
+    ),
+}
+
+
+def fixtures_available() -> bool:
+    return FIXTURES.is_dir()
+
+
+def _materialise_tree(listing: str, root: Path, anchor: str, target: str) -> None:
+    """Write a `grep -r .` listing as real files: everything from `anchor` on goes under target."""
+    for line in listing.splitlines():
+        path, sep, value = line.partition(":")
+        # Directory names such as intel-rapl:0 hold colons: split at the colon before the file's value.
+        match = re.match(r"^(.*?/[^/:]+(?::\d+)*/[^/:]+):(.*)$", line)
+        if match:
+            path, value = match.group(1), match.group(2)
+        elif not sep:
+            continue
+        index = path.find(anchor)
+        if index < 0:
+            continue
+        destination = root / target / path[index:]
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_text(value + "\n")
+
+
+def build_host(spec: HostSpec, root: Path) -> dict[str, str]:
+    """Lay out a fake host under root; return the agent's tools mapping."""
+    def fixture(name: str) -> str:
+        return (FIXTURES / name).read_text(encoding="utf-8", errors="replace")
+
+    proc = root / "proc"
+    (proc / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
+    (proc / "self").mkdir(parents=True, exist_ok=True)
+    (proc / "cpuinfo").write_text(fixture(spec.cpuinfo))
+    (proc / "meminfo").write_text(fixture(spec.meminfo))
+    (proc / "stat").write_text(fixture(spec.stat))
+    (proc / "loadavg").write_text(spec.loadavg)
+    (proc / "sys" / "kernel" / "osrelease").write_text(spec.kernel)
+    (proc / "self" / "mountinfo").write_text("22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc" / "os-release").write_text(spec.os_release)
+    if spec.hwmon_tree:
+        _materialise_tree(fixture(spec.hwmon_tree), root, "hwmon", "sys/class/hwmon-src")
+        # hwmonN directories sit directly under /sys/class/hwmon on a live host
+        src = root / "sys" / "class" / "hwmon-src"
+        dest = root / "sys" / "class" / "hwmon"
+        dest.mkdir(parents=True, exist_ok=True)
+        for folder in src.rglob("hwmon[0-9]*"):
+            if folder.is_dir() and not (dest / folder.name).exists():
+                folder.rename(dest / folder.name)
+    if spec.rapl_tree:
+        _materialise_tree(fixture(spec.rapl_tree), root, "intel-rapl", "sys/class/powercap")
+
+    bin_dir = root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tools = {}
+    cases = []
+    if spec.nvidia_xml:
+        cases.append(f'  "-q -x") cat {shlex.quote(str(FIXTURES / spec.nvidia_xml))} ;;')
+    else:
+        cases.append('  "-q -x") echo "Invalid combination of input arguments." >&2; exit 2 ;;')
+    if spec.nvidia_text:
+        cases.append(f'  "-q") cat {shlex.quote(str(FIXTURES / spec.nvidia_text))} ;;')
+    if spec.nvlink_errors:
+        cases.append(f'  "nvlink -e") cat {shlex.quote(str(FIXTURES / spec.nvlink_errors))} ;;')
+    if spec.nvidia_text or spec.nvidia_xml:
+        script = bin_dir / "nvidia-smi"
+        script.write_text("#!/bin/sh\ncase \"$*\" in\n" + "\n".join(cases) + '\n  *) exit 2 ;;\nesac\n')
+        script.chmod(0o755)
+        tools["nvidia-smi"] = str(script)
+    else:
+        tools["nvidia-smi"] = str(bin_dir / "no-nvidia-smi-here")
+    dmesg = bin_dir / "dmesg"
+    dmesg.write_text(f"#!/bin/sh\ncat {shlex.quote(str(FIXTURES / spec.dmesg))}\n" if spec.dmesg
+                     else "#!/bin/sh\nexit 0\n")
+    dmesg.chmod(0o755)
+    tools["dmesg"] = str(dmesg)
+    return tools
+
+
+@dataclass
+class FleetAgent:
+    name: str
+    config_path: Path
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> FleetAgent:
+        handle = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", "agent", "--config", str(self.config_path)], cwd=REPO, env=self.env,
+            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class ControlPlane:
+    """`llmgw up` for real, with an administrator signed in and an API key for ctl."""
+
+    tmp: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    local_agent: bool = True
+    agents: list[FleetAgent] = field(default_factory=list)
+    running: Running | None = None
+    key: str = ""
+    password: str = ""
+    email: str = ""
+    browser: Browser | None = None
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def __enter__(self) -> ControlPlane:
+        args = [] if self.local_agent else ["--no-agent"]
+        self.running = self._stack.enter_context(llmgw_up(self.tmp, *args, **self.extra_env))
+        match = self.running.wait_for_line(r"created the first administrator (\S+) with password (\S+)")
+        self.email, self.password = match.group(1), match.group(2)
+        self.running.wait_for_line(r"llmgw up: ready at ")
+        self.browser = Browser(self.url)
+        status, page = self.browser.post_form("/login/", {"username": self.email, "password": self.password})
+        assert status == 200, page[:300]
+        status, page = self.browser.post_form("/account/keys/", {"name": "fleet", "expires": "7"})
+        self.key = re.search(r'id="new-key">(llmgw_[^<]+)<', page).group(1)  # type: ignore[union-attr]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for agent in self.agents:
+            agent.stop(signal.SIGKILL)
+        self._stack.close()
+
+    @property
+    def url(self) -> str:
+        assert self.running is not None
+        return self.running.url
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.url}/api/v1/{path}", data=data, method=method, headers={
+            "Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.load(response)
+
+    def ctl(self, *args: str) -> tuple[int, str, str]:
+        from llmgw.cli import main
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["ctl", "--server", self.url, "--key", self.key, *args])
+        return code, out.getvalue(), err.getvalue()
+
+    def add_agent(self, name: str, spec: HostSpec, *, labels: dict[str, str] | None = None,
+                  heartbeat: float = 1.0, start: bool = True) -> FleetAgent:
+        answer = self.api("POST", "nodes/enrollments", {"name": name, "labels": labels or {}})
+        root = self.tmp / "hosts" / name
+        root.mkdir(parents=True)
+        tools = build_host(spec, root)
+        config = {
+            "server": self.url, "token": answer["token"], "state_dir": str(root / "state"),
+            "root": str(root), "tools": tools, "heartbeat_interval": heartbeat, "hostname": name,
+            "model_dirs": [], "labels": {},
+        }
+        config_path = root / "agent.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_"))}
+        agent = FleetAgent(name=name, config_path=config_path, env=env, log_path=root / "agent.log")
+        self.agents.append(agent)
+        return agent.start() if start else agent
+
+    def wait_for(self, predicate: Any, timeout: float = 60, what: str = "") -> Any:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(0.3)
+        logs = "\n".join(f"--- {a.name}\n{a.log()[-3000:]}" for a in self.agents)
+        output = "".join(self.running.lines[-60:]) if self.running else ""
+        raise AssertionError(f"timed out waiting for {what or predicate}: {last!r}\n{logs}\n--- up\n{output}")
+
+    def node(self, name: str) -> dict[str, Any]:
+        """The node as the API shows it; {} while it does not exist yet."""
+        try:
+            return self.api("GET", f"nodes/{name}")  # type: ignore[no-any-return]
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return {}
+            raise
+
+    def children(self) -> set[int]:
+        assert self.running is not None
+        return descendants(self.running.process.pid)
