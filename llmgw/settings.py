@@ -236,7 +236,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LLMGW_LOG_LEVEL") or "INFO"},
+    "root": {"handlers": ["console"], "level": (env_str("LLMGW_LOG_LEVEL") or "INFO").upper()},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 

@@ -34,6 +34,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("_lang/<str:code>", console.set_language, name="set-language"),
     path("account/keys/", console.api_keys, name="api-keys"),
+    path("nodes/", include("apps.cluster.urls")),
     path("api/v1/", include(api_urlpatterns)),
     path("django-admin/", admin.site.urls),
     path("metrics", ops.metrics, name="metrics"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -11,7 +12,7 @@ from django.conf import settings
 
 from agent import protocol
 from apps.cluster import services
-from apps.cluster.metrics import PROTOCOL_ERRORS, PROTOCOL_MESSAGES
+from apps.cluster.metrics import MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
 
 __all__ = ["AgentConsumer"]
 
@@ -61,6 +62,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node_id is None:
             return
         raw = text_data if text_data is not None else bytes_data or b""
+        started = time.perf_counter()
         try:
             message = protocol.parse_message(raw, expect="agent")
         except protocol.ProtocolError as exc:
@@ -71,6 +73,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         PROTOCOL_MESSAGES.labels(type=message.type).inc()
         try:
             await self.dispatch_message(message)
+            MESSAGE_SECONDS.labels(type=message.type).observe(time.perf_counter() - started)
         except Exception:
             # A message that passes the schema but still breaks a service must not end the
             # connection: log it, tell the agent, go on.

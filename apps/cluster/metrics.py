@@ -11,13 +11,17 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from django.utils import timezone
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["NodeCollector", "PROTOCOL_ERRORS", "PROTOCOL_MESSAGES"]
+__all__ = ["MESSAGE_SECONDS", "NodeCollector", "PROTOCOL_ERRORS", "PROTOCOL_MESSAGES"]
 
 PROTOCOL_MESSAGES = Counter("llmgw_agent_messages", "Agent messages handled, by type", ["type"])
+MESSAGE_SECONDS = Histogram(
+    "llmgw_agent_message_seconds", "Time the control plane took to handle one agent message, by type", ["type"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
 PROTOCOL_ERRORS = Counter("llmgw_agent_protocol_errors", "Agent messages refused or failed, by reason", ["code"])
 
 FRESH = timedelta(minutes=1)

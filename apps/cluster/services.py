@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import re
 import secrets
@@ -13,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 
 CREDENTIAL_PREFIX = "llmgwn_"
 TOKEN_PREFIX = "llmgwe_"
+RESERVED_NODE_NAMES = frozenset({"add"})  # /nodes/add/ is the console's form
 NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
 HISTORY_SECONDS = 3600
 HISTORY_POINTS = 400  # an hour of 10-second heartbeats, with room for a faster interval
@@ -69,7 +72,7 @@ class NewEnrollment:
 
 def validate_node_name(name: str) -> str:
     name = name.strip().lower()
-    if not NODE_NAME.match(name):
+    if not NODE_NAME.match(name) or name in RESERVED_NODE_NAMES:
         raise ValueError(_("A node name is 1 to 63 lower-case letters, digits, dots and dashes, "
                            "starting and ending with a letter or digit; got “%(name)s”.") % {"name": name})
     return name
@@ -223,7 +226,7 @@ def record_heartbeat(node_id: int, sample: dict[str, Any], *, known_health: dict
 
 
 def _history_key(node_id: int) -> str:
-    return f"cluster:history:{node_id}"
+    return f"llmgw:cluster:history:{node_id}"
 
 
 def _history_point(sample: dict[str, Any]) -> dict[str, Any]:
@@ -242,21 +245,55 @@ def _history_point(sample: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_redis_client: Any = None
+
+
+def _redis() -> Any:
+    """A Redis client when one is configured (shared by every web process), else None."""
+    global _redis_client
+    if not settings.REDIS_URL:
+        return None
+    if _redis_client is None:
+        import redis
+
+        _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    return _redis_client
+
+
 def _append_history(node_id: int, sample: dict[str, Any]) -> None:
-    """Keep the last hour of points in the cache (Redis in production), not in the database."""
+    """Keep the last hour of points outside the database: a capped Redis list, or the local cache."""
+    point = _history_point(sample)
+    key = _history_key(node_id)
     try:
-        key = _history_key(node_id)
+        client = _redis()
+        if client is not None:
+            pipe = client.pipeline(transaction=False)
+            pipe.rpush(key, json.dumps(point, separators=(",", ":")))
+            pipe.ltrim(key, -HISTORY_POINTS, -1)
+            pipe.expire(key, HISTORY_SECONDS)
+            pipe.execute()
+            return
         points = cache.get(key) or []
-        points.append(_history_point(sample))
-        cutoff = timezone.now().timestamp() - HISTORY_SECONDS
-        points = [p for p in points[-HISTORY_POINTS:] if (p.get("t") or 0) >= cutoff]
-        cache.set(key, points, timeout=HISTORY_SECONDS)
+        points.append(point)
+        cache.set(key, points[-HISTORY_POINTS:], timeout=HISTORY_SECONDS)
     except Exception:  # the history is a convenience; a cache outage must not lose the heartbeat
         log.warning("could not keep the sample history of node %s", node_id, exc_info=True)
 
 
 def sample_history(node_id: int) -> list[dict[str, Any]]:
-    return list(cache.get(_history_key(node_id)) or [])
+    """Points of the last hour, oldest first."""
+    key = _history_key(node_id)
+    try:
+        client = _redis()
+        if client is not None:
+            points = [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+        else:
+            points = list(cache.get(key) or [])
+    except Exception:
+        log.warning("could not read the sample history of node %s", node_id, exc_info=True)
+        return []
+    cutoff = timezone.now().timestamp() - HISTORY_SECONDS
+    return [p for p in points if (p.get("t") or 0) >= cutoff]
 
 
 def mark_unreachable_nodes(grace: timedelta) -> int:

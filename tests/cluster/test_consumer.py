@@ -6,13 +6,13 @@ import json
 from typing import Any
 
 import pytest
-from tests.wscomm import WebsocketCommunicator
 
 from agent import protocol
 from apps.cluster import services
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import Gpu, Node
 from llmgw.asgi import application
+from tests.wscomm import WebsocketCommunicator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

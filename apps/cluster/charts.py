@@ -1,0 +1,134 @@
+"""Line charts drawn on the server as inline SVG: no JavaScript, no chart library.
+
+Unknown values (None) break the line instead of dropping it to 0, so a missed heartbeat or a
+GPU that did not answer shows as a gap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from django.utils import formats, timezone
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext as _
+
+__all__ = ["line_chart"]
+
+# Room around the plot for the axis labels, in SVG units.
+PAD_LEFT = 44
+PAD_RIGHT = 8
+PAD_TOP = 8
+PAD_BOTTOM = 18
+FONT_SIZE = 10
+
+
+def _number(value: float) -> str:
+    digits = 0 if abs(value) >= 10 or float(value).is_integer() else 1
+    return str(formats.number_format(round(value, digits), digits))
+
+
+def _clock(epoch: float) -> str:
+    return timezone.localtime(datetime.fromtimestamp(epoch, tz=UTC)).strftime("%H:%M")
+
+
+def _svg_open(width: int, height: int, label: str) -> str:
+    text = escape(label)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+            f'height="{height}" class="h-auto max-w-full" role="img" aria-label="{text}">'
+            f"<title>{text}</title>")
+
+
+def _empty(width: int, height: int, label: str) -> SafeString:
+    return mark_safe(  # noqa: S308 - every text in it went through escape()
+        _svg_open(width, height, label)
+        + f'<rect x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" fill="none" stroke="#cbd5e1"/>'
+        + f'<text x="{width / 2:.1f}" y="{height / 2:.1f}" text-anchor="middle" dominant-baseline="middle" '
+        f'font-size="{FONT_SIZE + 2}" fill="#64748b">{escape(_("no data"))}</text></svg>'
+    )
+
+
+def line_chart(
+    series: Sequence[tuple[float, float | None]],
+    *,
+    width: int = 480,
+    height: int = 120,
+    y_max: float | None = None,
+    label: str = "",
+    unit: str = "",
+    gap_seconds: float | None = None,
+) -> SafeString:
+    """An SVG line of (epoch seconds, value or None) points, with min/max labels on both axes.
+
+    The y axis runs from 0 (or the lowest value, if negative) to `y_max`, or to the highest value
+    when `y_max` is None; values outside are clipped to the box. A None value, or two points more
+    than `gap_seconds` apart, breaks the line.
+    """
+    points = sorted((float(t), v) for t, v in series if t is not None and math.isfinite(float(t)))
+    points = [(t, float(v) if v is not None and math.isfinite(float(v)) else None) for t, v in points]
+    values = [v for _t, v in points if v is not None]
+    if not values:
+        return _empty(width, height, label)
+
+    left, right = PAD_LEFT, width - PAD_RIGHT
+    top, bottom = PAD_TOP, height - PAD_BOTTOM
+    low = min(0.0, min(values))
+    high = float(y_max) if y_max is not None else max(values)
+    if high <= low:
+        high = low + 1.0
+    t_first, t_last = points[0][0], points[-1][0]
+
+    def x_of(t: float) -> float:
+        if t_last == t_first:
+            return (left + right) / 2
+        return left + (t - t_first) / (t_last - t_first) * (right - left)
+
+    def y_of(v: float) -> float:
+        v = min(max(v, low), high)
+        return bottom - (v - low) / (high - low) * (bottom - top)
+
+    segments: list[list[tuple[float, float]]] = []
+    current: list[tuple[float, float]] = []
+    previous_t: float | None = None
+    for t, v in points:
+        broken = v is None or (gap_seconds is not None and previous_t is not None and t - previous_t > gap_seconds)
+        if broken and current:
+            segments.append(current)
+            current = []
+        if v is not None:
+            current.append((x_of(t), y_of(v)))
+            previous_t = t
+        else:
+            previous_t = None
+    if current:
+        segments.append(current)
+
+    paths = []
+    dots = []
+    for segment in segments:
+        if len(segment) == 1:
+            x, y = segment[0]
+            dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.5" fill="currentColor"/>')
+        else:
+            paths.append("M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in segment))
+
+    suffix = escape(unit)
+    parts = [
+        _svg_open(width, height, label),
+        f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#e2e8f0"/>',
+        f'<g font-size="{FONT_SIZE}" fill="#64748b">',
+        f'<text x="{left - 4}" y="{top + FONT_SIZE - 2}" text-anchor="end">{escape(_number(high))}{suffix}</text>',
+        f'<text x="{left - 4}" y="{bottom}" text-anchor="end">{escape(_number(low))}{suffix}</text>',
+        f'<text x="{left}" y="{height - 4}" text-anchor="start">{escape(_clock(t_first))}</text>',
+        f'<text x="{right}" y="{height - 4}" text-anchor="end">{escape(_clock(t_last))}</text>',
+        "</g>",
+        '<g class="text-indigo-700">',
+    ]
+    if paths:
+        parts.append(f'<path d="{" ".join(paths)}" fill="none" stroke="currentColor" stroke-width="1.5" '
+                     'stroke-linejoin="round" stroke-linecap="round"/>')
+    parts.extend(dots)
+    parts.append("</g></svg>")
+    return mark_safe("".join(parts))  # noqa: S308 - every text in it went through escape()

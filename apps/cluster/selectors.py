@@ -1,0 +1,404 @@
+"""Read-side queries and the figures the console's node pages show.
+
+Every figure is None when it is unknown (no sample, a sample older than a minute, a probe that
+did not answer); the templates print "-" for None, never 0.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db.models import Prefetch
+from django.http import Http404
+from django.utils import timezone
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+
+from apps.accounts.access import can_change_cluster, can_read_everything
+from apps.cluster import services
+from apps.cluster.charts import line_chart
+from apps.cluster.models import Gpu, Node
+
+__all__ = [
+    "Chart",
+    "Disk",
+    "GpuCard",
+    "NodeDetail",
+    "NodeRow",
+    "get_node_for_user",
+    "list_node_rows",
+    "node_charts",
+    "node_detail",
+]
+
+HISTORY_GAP_SECONDS = 60  # heartbeats come every 10 s; a minute without one is a hole in the line
+
+
+def _nodes() -> Any:
+    return Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
+
+
+def get_node_for_user(user: Any, name: str, *, perm: str = "view") -> Node:
+    """The node called `name` if `user` may see it (perm "view") or change it (perm "change").
+
+    The permission is checked first, so an outsider cannot tell which node names exist.
+    """
+    allowed = can_change_cluster(user) if perm == "change" else can_read_everything(user)
+    if not allowed:
+        raise PermissionDenied
+    node = _nodes().filter(name=name).first()
+    if node is None:
+        raise Http404
+    return node
+
+
+# Figures ------------------------------------------------------------------------------
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _integer(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Disk:
+    """Free and total bytes of the local pools, and of the shared ones apart."""
+
+    local_free: int | None = None
+    local_total: int | None = None
+    shared_free: int | None = None
+    shared_total: int | None = None
+
+
+def disk_summary(sample: dict[str, Any] | None) -> Disk:
+    """Sum the storage pools of a sample. A pool whose `shared` is unknown counts as local."""
+    sums: dict[bool, list[int]] = {}
+    for pool in (sample or {}).get("storage") or []:
+        free, total = _integer(pool.get("free_bytes")), _integer(pool.get("total_bytes"))
+        if free is None or total is None:
+            continue
+        bucket = sums.setdefault(pool.get("shared") is True, [0, 0])
+        bucket[0] += free
+        bucket[1] += total
+    local, shared = sums.get(False), sums.get(True)
+    return Disk(
+        local_free=local[0] if local else None, local_total=local[1] if local else None,
+        shared_free=shared[0] if shared else None, shared_total=shared[1] if shared else None,
+    )
+
+
+def _percent(part: float | None, whole: float | None) -> float | None:
+    if part is None or not whole:
+        return None
+    return part / whole * 100
+
+
+def _warnings(node: Node, sample: dict[str, Any] | None) -> list[str]:
+    seen: dict[str, None] = {}
+    for text in [*(node.warnings or []), *((sample or {}).get("warnings") or [])]:
+        seen.setdefault(str(text), None)
+    return list(seen)
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One line of the nodes page."""
+
+    node: Node
+    cpu_pct: float | None
+    cpus: int | None
+    memory_used: int | None
+    memory_total: int | None
+    gpu_groups: list[tuple[int, str]]
+    gpu_count: int | None
+    disk: Disk
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def memory_pct(self) -> float | None:
+        return _percent(self.memory_used, self.memory_total)
+
+    @property
+    def warnings_text(self) -> str:
+        return "\n".join(self.warnings)
+
+
+def _gpu_groups(gpus: list[Gpu]) -> list[tuple[int, str]]:
+    counts = Counter(g.gpu_class or g.name or "?" for g in gpus)
+    return sorted(((n, name) for name, n in counts.items()), key=lambda item: (-item[0], item[1]))
+
+
+def _row(node: Node, now: datetime) -> NodeRow:
+    sample = node.fresh_sample(now)
+    live = sample or {}
+    gpus = list(node.gpus.all())
+    if gpus:
+        gpu_count: int | None = len(gpus)
+    else:
+        # A node that never registered has not said; one that did and lists none has none.
+        gpu_count = _integer(node.hardware.get("gpu_count")) if node.hardware else None
+    memory_used = _integer(live.get("memory_used_bytes"))
+    return NodeRow(
+        node=node,
+        cpu_pct=_number(live.get("cpu_utilization_pct")),
+        cpus=node.cpus,
+        memory_used=memory_used,
+        memory_total=node.memory_total_bytes if memory_used is not None else None,
+        gpu_groups=_gpu_groups(gpus),
+        gpu_count=gpu_count,
+        disk=disk_summary(sample),
+        warnings=_warnings(node, sample),
+    )
+
+
+def list_node_rows(now: datetime | None = None) -> list[NodeRow]:
+    """Every node with its current figures, in two queries (nodes, then their GPUs)."""
+    now = now or timezone.now()
+    return [_row(node, now) for node in _nodes().order_by("name")]
+
+
+# One node -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pool:
+    mount_point: str
+    fstype: str | None
+    shared: bool | None
+    free: int | None
+    total: int | None
+    weights: list[str]
+
+
+@dataclass(frozen=True)
+class GpuCard:
+    """One GPU as its latest fresh sample and its database row describe it."""
+
+    index: int
+    label: str
+    row: Gpu | None
+    live: dict[str, Any]
+
+    def _num(self, key: str) -> float | None:
+        return _number(self.live.get(key))
+
+    def _int(self, key: str) -> int | None:
+        return _integer(self.live.get(key))
+
+    @property
+    def utilization(self) -> float | None:
+        return self._num("utilization_gpu_pct")
+
+    @property
+    def memory_used_mib(self) -> int | None:
+        return self._int("memory_used_mib")
+
+    @property
+    def memory_total_mib(self) -> int | None:
+        return self._int("memory_total_mib") or (self.row.memory_total_mib if self.row else None)
+
+    @property
+    def memory_pct(self) -> float | None:
+        return _percent(self.memory_used_mib, self.memory_total_mib)
+
+    @property
+    def temperature(self) -> float | None:
+        return self._num("temperature_gpu_c")
+
+    @property
+    def temperature_memory(self) -> float | None:
+        return self._num("temperature_memory_c")
+
+    @property
+    def power_draw(self) -> float | None:
+        return self._num("power_draw_w")
+
+    @property
+    def power_limit(self) -> float | None:
+        return self._num("power_limit_w")
+
+    @property
+    def sm_clock(self) -> float | None:
+        return self._num("sm_clock_mhz")
+
+    @property
+    def throttle_reasons(self) -> list[str] | None:
+        value = self.live.get("throttle_reasons")
+        return [str(v) for v in value] if isinstance(value, list) else None
+
+    @property
+    def ecc_uncorrected(self) -> int | None:
+        return self._int("ecc_uncorrected_volatile")
+
+    @property
+    def xids(self) -> list[tuple[str, int]] | None:
+        value = self.live.get("xids")
+        if not isinstance(value, dict):
+            return None
+        return sorted((str(k), int(v)) for k, v in value.items() if _integer(v) is not None)
+
+    @property
+    def remapped_uncorrectable(self) -> int | None:
+        return self._int("remapped_rows_uncorrectable")
+
+    @property
+    def remapped_pending(self) -> bool | None:
+        value = self.live.get("remapped_rows_pending")
+        return value if isinstance(value, bool) else None
+
+    @property
+    def remapped_failure(self) -> bool | None:
+        value = self.live.get("remapped_rows_failure")
+        return value if isinstance(value, bool) else None
+
+    @property
+    def pcie_replays(self) -> int | None:
+        return self._int("pcie_replay_count")
+
+    @property
+    def nvlink_errors(self) -> list[tuple[str, int]] | None:
+        value = self.live.get("nvlink_errors")
+        if not isinstance(value, dict):
+            return None
+        return sorted((str(k), int(v)) for k, v in value.items() if _integer(v) is not None)
+
+    @property
+    def foreign_processes(self) -> int | None:
+        if "foreign_processes" in self.live or "processes" in self.live:
+            return services.gpu_health(self.live)[1]
+        return self.row.foreign_processes if self.row else None
+
+    @property
+    def healthy(self) -> bool | None:
+        return self.row.healthy if self.row else None
+
+
+@dataclass(frozen=True)
+class NodeDetail:
+    """What the node page shows about one node now."""
+
+    node: Node
+    sample: dict[str, Any] | None
+    sampled_at: datetime | None
+    cpu_pct: float | None
+    cpus: int | None
+    memory_used: int | None
+    memory_total: int | None
+    load: list[float | None] | None
+    cpu_temperature: float | None
+    inlet_temperature: float | None
+    cpu_power: float | None
+    pools: list[Pool]
+    disk: Disk
+    gpus: list[GpuCard]
+    warnings: list[str]
+
+    @property
+    def memory_pct(self) -> float | None:
+        return _percent(self.memory_used, self.memory_total)
+
+    @property
+    def hardware(self) -> dict[str, Any]:
+        return self.node.hardware or {}
+
+
+def _pools(sample: dict[str, Any] | None) -> list[Pool]:
+    pools = []
+    for pool in (sample or {}).get("storage") or []:
+        shared = pool.get("shared")
+        pools.append(Pool(
+            mount_point=str(pool.get("mount_point") or ""),
+            fstype=pool.get("fstype") or None,
+            shared=shared if isinstance(shared, bool) else None,
+            free=_integer(pool.get("free_bytes")),
+            total=_integer(pool.get("total_bytes")),
+            weights=[str(w) for w in pool.get("weights") or []],
+        ))
+    return pools
+
+
+def _gpu_cards(node: Node, sample: dict[str, Any] | None) -> list[GpuCard]:
+    rows = {g.index: g for g in node.gpus.all()}
+    live = {int(g["index"]): g for g in (sample or {}).get("gpus") or [] if _integer(g.get("index")) is not None}
+    cards = []
+    for index in sorted(set(rows) | set(live)):
+        row, data = rows.get(index), live.get(index, {})
+        label = data.get("gpu_class") or data.get("name") or (row.gpu_class or row.name if row else "") or "?"
+        cards.append(GpuCard(index=index, label=str(label), row=row, live=data))
+    return cards
+
+
+def node_detail(node: Node, now: datetime | None = None) -> NodeDetail:
+    sample = node.fresh_sample(now or timezone.now())
+    live = sample or {}
+    load = live.get("load")
+    memory_used = _integer(live.get("memory_used_bytes"))
+    return NodeDetail(
+        node=node,
+        sample=sample,
+        sampled_at=node.sampled_at if sample is not None else None,
+        cpu_pct=_number(live.get("cpu_utilization_pct")),
+        cpus=node.cpus,
+        memory_used=memory_used,
+        memory_total=node.memory_total_bytes,
+        load=[_number(v) for v in load][:3] if isinstance(load, list) and load else None,
+        cpu_temperature=_number(live.get("cpu_package_temp_c")),
+        inlet_temperature=_number(live.get("inlet_temp_c")),
+        cpu_power=_number(live.get("cpu_package_power_w")),
+        pools=_pools(sample),
+        disk=disk_summary(sample),
+        gpus=_gpu_cards(node, sample),
+        warnings=_warnings(node, sample),
+    )
+
+
+# Last hour -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    svg: SafeString
+
+
+def node_charts(node: Node) -> list[Chart]:
+    """The last hour of CPU, memory, load and per-GPU figures, from the heartbeat history."""
+    points = services.sample_history(node.pk)
+
+    def series(pick: Any) -> list[tuple[float, float | None]]:
+        out = []
+        for point in points:
+            t = _number(point.get("t"))
+            if t is not None:
+                out.append((t, _number(pick(point))))
+        return out
+
+    def chart(title: str, values: list[tuple[float, float | None]], **kwargs: Any) -> Chart:
+        return Chart(title, line_chart(values, label=title, gap_seconds=HISTORY_GAP_SECONDS, **kwargs))
+
+    charts = [
+        chart(_("CPU utilisation"), series(lambda p: p.get("cpu")), y_max=100, unit="%"),
+        chart(_("Memory used"), series(lambda p: p.get("mem")), y_max=100, unit="%"),
+        chart(_("Load (1 minute)"), series(lambda p: p.get("load"))),
+    ]
+    indexes = sorted({int(k) for p in points for k in (p.get("gpus") or {}) if str(k).isdigit()}
+                     | {g.index for g in node.gpus.all()})
+
+    def gpu_value(point: dict[str, Any], index: int, position: int) -> Any:
+        values = (point.get("gpus") or {}).get(str(index))
+        return values[position] if isinstance(values, list) and len(values) > position else None
+
+    for index in indexes:
+        charts.append(chart(_("GPU %(index)s utilisation") % {"index": index},
+                            series(lambda p, i=index: gpu_value(p, i, 0)), y_max=100, unit="%"))
+        charts.append(chart(_("GPU %(index)s temperature") % {"index": index},
+                            series(lambda p, i=index: gpu_value(p, i, 1)), unit="°C"))
+    return charts

@@ -1,0 +1,171 @@
+"""Console pages for nodes: the list, one node, adding one, and cordoning."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import yaml
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.middleware import HtmxDetails
+
+from apps.accounts.access import can_change_cluster, can_read_everything
+from apps.accounts.models import User
+from apps.cluster import selectors, services
+from apps.cluster.models import Node
+
+__all__ = ["node_add", "node_cordon", "node_detail", "node_uncordon", "nodes"]
+
+AGENT_CONFIG_PATH = "/etc/llmgw/agent.yaml"
+AGENT_STATE_DIR = "/var/lib/llmgw-agent"
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def _fragment(request: HtmxHttpRequest) -> bool:
+    """True when htmx asks for a piece of the page rather than the page (a boosted link wants it all)."""
+    return bool(request.htmx) and not request.htmx.boosted
+
+
+@login_required
+@require_GET
+def nodes(request: HtmxHttpRequest) -> HttpResponse:
+    if not can_read_everything(request.user):
+        raise PermissionDenied
+    template = "cluster/nodes.html"
+    if _fragment(request):
+        template += "#node-table"
+    return render(request, template, {
+        "rows": selectors.list_node_rows(),
+        "can_change": can_change_cluster(request.user),
+    })
+
+
+@login_required
+@require_GET
+def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    node = selectors.get_node_for_user(request.user, name)
+    context: dict[str, Any] = {"detail": selectors.node_detail(node), "node": node,
+                               "can_change": can_change_cluster(request.user)}
+    if _fragment(request):
+        return render(request, "cluster/node_detail.html#node-live", context)
+    context["charts"] = selectors.node_charts(node)
+    return render(request, "cluster/node_detail.html", context)
+
+
+def _after_cordon(request: HtmxHttpRequest, node: Node, error: str | None = None) -> HttpResponse:
+    if _fragment(request):
+        return render(request, "cluster/node_detail.html#node-cordon",
+                      {"node": node, "can_change": True, "cordon_error": error})
+    if error:
+        messages.error(request, error)
+    return HttpResponseRedirect(reverse("cluster:node", args=[node.name]))
+
+
+@login_required
+@require_POST
+def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Keep new work off a node; what runs there stays. The reason is required and audited."""
+    node = selectors.get_node_for_user(request.user, name, perm="change")
+    reason = request.POST.get("reason", "").strip()
+    if not reason:
+        return _after_cordon(request, node, _("Say why the node is cordoned, so others know when to lift it."))
+    user: User = request.user  # type: ignore[assignment]
+    node = services.cordon_node(node, reason=reason, actor=user, address=request.META.get("REMOTE_ADDR"))
+    if not _fragment(request):
+        messages.success(request, _("Node “%(name)s” cordoned.") % {"name": node.name})
+    return _after_cordon(request, node)
+
+
+@login_required
+@require_POST
+def node_uncordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    node = selectors.get_node_for_user(request.user, name, perm="change")
+    user: User = request.user  # type: ignore[assignment]
+    node = services.uncordon_node(node, actor=user, address=request.META.get("REMOTE_ADDR"))
+    if not _fragment(request):
+        messages.success(request, _("Node “%(name)s” uncordoned.") % {"name": node.name})
+    return _after_cordon(request, node)
+
+
+def _default_hours() -> int:
+    return max(1, round(settings.AGENT_ENROLLMENT_TTL / 3600))
+
+
+class NodeAddForm(forms.Form):
+    name = forms.CharField(label=gettext_lazy("Name"), max_length=63)
+    labels = forms.CharField(
+        label=gettext_lazy("Labels"), required=False, widget=forms.Textarea(attrs={"rows": 3}),
+        help_text=gettext_lazy("One key=value per line, for example rack=r12."),
+    )
+    expires_hours = forms.IntegerField(label=gettext_lazy("Token expires after (hours)"), min_value=1,
+                                       max_value=7 * 24, initial=_default_hours)
+
+    def clean_labels(self) -> dict[str, str]:
+        labels: dict[str, str] = {}
+        for number, line in enumerate(self.cleaned_data.get("labels", "").splitlines(), start=1):
+            line = line.strip()
+            if not line:
+                continue
+            key, sep, value = line.partition("=")
+            if not sep or not key.strip():
+                raise ValidationError(
+                    gettext_lazy("Line %(line)s: write each label as key=value; got “%(text)s”."),
+                    code="label", params={"line": number, "text": line},
+                )
+            labels[key.strip()] = value.strip()
+        return labels
+
+
+def agent_yaml(server: str, secret: str, labels: dict[str, str]) -> str:
+    return yaml.safe_dump({"server": server, "token": secret, "state_dir": AGENT_STATE_DIR, "labels": labels,
+                           "model_dirs": []}, sort_keys=False, allow_unicode=True)
+
+
+@never_cache  # the page that shows a token must not linger in a cache
+@login_required
+@require_http_methods(["GET", "POST"])
+def node_add(request: HtmxHttpRequest) -> HttpResponse:
+    """Make a one-time enrollment token and show, once, the agent.yaml and command that use it."""
+    if not can_change_cluster(request.user):
+        raise PermissionDenied
+    enrollment = None
+    if request.method == "POST":
+        form = NodeAddForm(request.POST)
+        if form.is_valid():
+            user: User = request.user  # type: ignore[assignment]
+            labels = form.cleaned_data["labels"]
+            try:
+                new = services.create_enrollment(
+                    form.cleaned_data["name"], labels=labels,
+                    expires_in=timedelta(hours=form.cleaned_data["expires_hours"]), actor=user,
+                )
+            except ValueError as exc:
+                form.add_error("name", str(exc))
+            else:
+                server = (settings.PUBLIC_URL or request.build_absolute_uri("/")).rstrip("/")
+                enrollment = {
+                    "name": new.token.node_name,
+                    "expires_at": new.token.expires_at,
+                    "secret": new.secret,
+                    "agent_yaml": agent_yaml(server, new.secret, labels),
+                    "config_path": AGENT_CONFIG_PATH,
+                    "command": f"llmgw agent --config {AGENT_CONFIG_PATH}",
+                }
+                form = NodeAddForm()
+    else:
+        form = NodeAddForm()
+    return render(request, "cluster/node_add.html", {"form": form, "enrollment": enrollment})

@@ -1,0 +1,298 @@
+"""Agent heartbeats against a real `llmgw web` on loopback.
+
+    .venv/bin/python bench/heartbeats.py [--agents 2000] [--interval 10] [--duration 40]
+
+N lightweight simulated agents (one asyncio process, realistic registrations and
+heartbeats: a quarter 8-GPU nodes, the rest CPU nodes) each hold a websocket to llmgw
+web and heartbeat every interval. The same load is sent, in the same run, to a bare
+uvicorn websocket server that only reads each message, as the baseline of what the
+transport itself costs on this machine.
+
+Prints heartbeats/s handled, the server's own p50/p99 time per heartbeat (from the
+llmgw_agent_message_seconds histogram), PostgreSQL row writes per heartbeat (from
+pg_stat_database), the web process's CPU per heartbeat, and the ratios to the baseline.
+Target: 2,000 agents at 10 s with p99 under 50 ms and at most one write per heartbeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS = "redis://127.0.0.1:6379/13"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree_cpu(pid: int) -> float:
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if int(entry) == pid or ppid == pid:
+                total += cpu_seconds(int(entry))
+    return total
+
+
+def gpu(index: int) -> dict[str, object]:
+    return {
+        "index": index, "uuid": f"GPU-{uuid.uuid4()}", "name": "NVIDIA H100 80GB HBM3", "gpu_class": "H100-80GB",
+        "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0", "memory_total_mib": 81559,
+        "memory_used_mib": random.randint(0, 81559), "utilization_gpu_pct": random.randint(0, 100),
+        "utilization_memory_pct": random.randint(0, 100), "sm_clock_mhz": 1980, "temperature_gpu_c": 45,
+        "temperature_memory_c": 52, "power_draw_w": 312.5, "power_limit_w": 700.0, "throttle_reasons": [],
+        "ecc_uncorrected_volatile": 0, "remapped_rows_pending": False, "remapped_rows_failure": False,
+        "pcie_replay_count": 0, "mig_mode": "Disabled", "processes": [], "foreign_processes": 0,
+        "fabric": {"state": "Completed", "status": "Success", "clique_id": 0, "cluster_uuid": None},
+    }
+
+
+def sample(gpus: int) -> dict[str, object]:
+    return {
+        "taken_at": time.time(), "cpus": 128, "cpu_utilization_pct": 23.4, "load": [4.1, 3.9, 3.7],
+        "memory_total_bytes": 2 * 1024**4, "memory_available_bytes": 1024**4, "memory_used_bytes": 1024**4,
+        "cpu_package_temp_c": 61.0, "inlet_temp_c": 24.0, "cpu_package_power_w": 210.3,
+        "gpus": [gpu(i) for i in range(gpus)],
+        "storage": [{"mount_point": "/models", "fstype": "ext4", "shared": False, "total_bytes": 7 * 1024**4,
+                     "free_bytes": 3 * 1024**4, "directories": ["/models"], "weights": ["qwen2.5-7b"]}],
+        "warnings": [],
+    }
+
+
+def messages(gpus: int) -> tuple[str, str]:
+    from agent import protocol
+
+    hardware = {"hostname": "n", "cpu_model": "Intel Xeon Platinum 8480+", "cpus": 128, "sockets": 2,
+                "has_avx2": True, "has_avx512": True, "os": "Ubuntu 22.04", "kernel": "5.15", "arch": "x86_64",
+                "memory_total_bytes": 2 * 1024**4, "driver_version": "565.57.01", "cuda_version": "12.7",
+                "gpus": [gpu(i) for i in range(gpus)]}
+    register = protocol.encode("register", {"agent_version": "bench", "features": ["heartbeat.v1"],
+                                            "hardware": hardware, "sample": sample(gpus)})
+    heartbeat = protocol.encode("heartbeat", {"sample": sample(gpus)})
+    return register, heartbeat
+
+
+async def run_agents(url: str, credentials: list[str], interval: float, duration: float,
+                     with_register: bool) -> dict[str, float]:
+    from websockets.asyncio.client import connect
+
+    sent = 0
+    failures = 0
+    connected = 0
+    start_at = time.monotonic() + 0.0
+    deadline = None
+
+    async def one(i: int, credential: str) -> None:
+        nonlocal sent, failures, connected
+        gpus = 8 if i % 4 == 0 else 0
+        register, heartbeat = MESSAGES[gpus]
+        try:
+            async with connect(url, additional_headers={"Authorization": f"Bearer {credential}"}, proxy=None,
+                               open_timeout=60, max_size=2**20, ping_interval=None, compression=None) as ws:
+                connected += 1
+                if with_register:
+                    await ws.send(register)
+                    await asyncio.wait_for(ws.recv(), 60)
+                await asyncio.sleep(random.uniform(0, interval))
+                while deadline is None or time.monotonic() < deadline:
+                    await ws.send(heartbeat)
+                    sent += 1
+                    await asyncio.sleep(interval)
+        except Exception:
+            failures += 1
+
+    tasks = []
+    for i, credential in enumerate(credentials):
+        tasks.append(asyncio.create_task(one(i, credential)))
+        if i % 50 == 49:
+            await asyncio.sleep(0.05)  # don't open 2,000 sockets in one burst
+    await asyncio.sleep(2)
+    deadline = time.monotonic() + duration
+    measured_from = sent
+    t0 = time.monotonic()
+    await asyncio.sleep(duration)
+    elapsed = time.monotonic() - t0
+    measured = sent - measured_from
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {"sent": measured, "per_second": measured / elapsed, "failures": failures, "connected": connected,
+            "start": start_at}
+
+
+MESSAGES: dict[int, tuple[str, str]] = {}
+
+
+def histogram_quantiles(metrics: str, name: str, label: str) -> tuple[float, float, float]:
+    buckets: list[tuple[float, float]] = []
+    count = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(f"{name}_bucket{{") and label in line:
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+        elif line.startswith(f"{name}_count{{") and label in line:
+            count = float(line.rsplit(" ", 1)[1])
+    buckets.sort()
+
+    def quantile(q: float) -> float:
+        target = q * count
+        previous_le, previous_count = 0.0, 0.0
+        for le, cumulative in buckets:
+            if cumulative >= target:
+                if le == float("inf"):
+                    return previous_le
+                share = (target - previous_count) / max(cumulative - previous_count, 1e-9)
+                return previous_le + (le - previous_le) * share
+            previous_le, previous_count = le, cumulative
+        return previous_le
+
+    return quantile(0.5), quantile(0.99), count
+
+
+ECHO_APP = '''
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"}); return
+    if scope["type"] != "websocket":
+        return
+    await receive()
+    await send({"type": "websocket.accept"})
+    while True:
+        message = await receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        if message.get("text", "").startswith('{"v":1,"type":"register"'):
+            await send({"type": "websocket.send", "text": '{"v":1,"type":"registered"}'})
+'''
+
+
+def pg_writes(database: str) -> float:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        row = conn.execute("SELECT tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname = %s",
+                           (database,)).fetchone()
+    return float(row[0]) if row else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--agents", type=int, default=2000)
+    parser.add_argument("--interval", type=float, default=10.0)
+    parser.add_argument("--duration", type=float, default=40.0)
+    args = parser.parse_args()
+
+    import psycopg
+
+    for gpus in (0, 8):
+        MESSAGES[gpus] = messages(gpus)
+    database = f"llmgw_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    env.update({"LLMGW_DATA_DIR": str(tmp), "LLMGW_DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}",
+                "LLMGW_REDIS_URL": REDIS, "LLMGW_REDIS_PREFIX": f"bench-{uuid.uuid4().hex[:6]}",
+                "LLMGW_LOG_LEVEL": "warning", "DJANGO_SETTINGS_MODULE": "llmgw.settings"})
+    python = sys.executable
+    web = echo = None
+    try:
+        subprocess.run([python, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, check=True, cwd=REPO)
+        make = (
+            "import sys,secrets,hashlib\n"
+            "import django; django.setup()\n"
+            "from apps.cluster.models import Node\n"
+            f"n={args.agents}\n"
+            "creds=['llmgwn_'+secrets.token_urlsafe(32) for _ in range(n)]\n"
+            "Node.objects.bulk_create([Node(name=f'bench-{i:05d}', credential_hash=hashlib.sha256(c.encode())"
+            ".hexdigest()) for i,c in enumerate(creds)], batch_size=500)\n"
+            "print('\\n'.join(creds))\n"
+        )
+        credentials = subprocess.run([python, "-c", make], env=env, check=True, cwd=REPO, capture_output=True,
+                                     text=True).stdout.split()
+
+        # Baseline: the same load to a websocket server that only reads.
+        echo_port = free_port()
+        (tmp / "echo.py").write_text(ECHO_APP)
+        echo = subprocess.Popen([python, "-m", "uvicorn", "echo:app", "--port", str(echo_port), "--log-level",
+                                 "warning", "--ws-max-size", str(2**20)], cwd=tmp, env=env)
+        time.sleep(2)
+        cpu0 = process_tree_cpu(echo.pid)
+        base = asyncio.run(run_agents(f"ws://127.0.0.1:{echo_port}/", credentials, args.interval, args.duration,
+                                      True))
+        base_cpu = process_tree_cpu(echo.pid) - cpu0
+        echo.terminate()
+        echo.wait()
+
+        port = free_port()
+        web = subprocess.Popen([python, "-m", "llmgw", "web", "--listen", f"127.0.0.1:{port}"], env=env, cwd=REPO)
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        writes0 = pg_writes(database)
+        cpu0 = process_tree_cpu(web.pid)
+        result = asyncio.run(run_agents(f"ws://127.0.0.1:{port}/ws/agent/", credentials, args.interval,
+                                        args.duration, True))
+        web_cpu = process_tree_cpu(web.pid) - cpu0
+        time.sleep(2)  # let PostgreSQL flush its statistics
+        writes = pg_writes(database) - writes0
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        p50, p99, handled = histogram_quantiles(metrics, "llmgw_agent_message_seconds", 'type="heartbeat"')
+        registers = histogram_quantiles(metrics, "llmgw_agent_message_seconds", 'type="register"')[2]
+        total_sent = handled
+        print(f"agents: {args.agents} ({result['connected']:.0f} connected, {result['failures']:.0f} failed), "
+              f"interval {args.interval:.0f} s, measured {args.duration:.0f} s")
+        print(f"heartbeats handled: {result['per_second']:.1f}/s (target {args.agents / args.interval:.0f}/s); "
+              f"baseline transport {base['per_second']:.1f}/s; ratio {result['per_second'] / base['per_second']:.2f}")
+        print(f"server time per heartbeat: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms (target p99 < 50 ms)")
+        per_beat_cpu = web_cpu / max(result["sent"], 1) * 1000
+        base_cpu_beat = base_cpu / max(base["sent"], 1) * 1000
+        print(f"web CPU per heartbeat: {per_beat_cpu:.2f} ms; baseline transport {base_cpu_beat:.2f} ms; "
+              f"ratio {per_beat_cpu / max(base_cpu_beat, 1e-9):.1f}")
+        print(f"database row writes per heartbeat: {(writes - registers * 1) / max(total_sent, 1):.2f} "
+              f"(target <= 1; {writes:.0f} writes for {total_sent:.0f} heartbeats and {registers:.0f} registrations)")
+    finally:
+        for process in (web, echo):
+            if process and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=20)
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
