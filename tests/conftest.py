@@ -31,6 +31,12 @@ def _empty_cache() -> Iterator[None]:
     from django.core.cache import cache
 
     cache.clear()
+    from apps.cluster import services
+
+    client = services._redis()
+    if client is not None:
+        for key in client.scan_iter("llmgw:cluster:history:*"):
+            client.delete(key)
     yield
 
 
