@@ -130,7 +130,12 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("LLMGW_REDIS_PREFIX") or "llmgw"},
+            # redis-py 8 reads with a 5 s socket timeout by default, the same as the layer's
+            # blocking pop: a quiet connection would then time out and kill its consumer.
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+                "prefix": env_str("LLMGW_REDIS_PREFIX") or "llmgw",
+            },
         }
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}

@@ -48,7 +48,12 @@ def cmd_manage(args: argparse.Namespace) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from llmgw.cli import serve
+
+    # Before Django imports any metric: several web processes must share one folder of counters.
+    serve.prepare_metrics_dir(Path(os.environ.get("LLMGW_DATA_DIR") or "var").expanduser().resolve())
 
     return serve.run_web(args)
 

@@ -75,6 +75,7 @@ def prepare_metrics_dir(data_dir: Path) -> None:
         return
     folder = data_dir / "prometheus"
     shutil.rmtree(folder, ignore_errors=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
 
@@ -82,13 +83,11 @@ def prepare_metrics_dir(data_dir: Path) -> None:
 def run_web(args: argparse.Namespace) -> int:
     _setup()
     import uvicorn
-    from django.conf import settings
 
     host, port = _listen(args)
     problems = preflight(listen=(host, port))
     if problems:
         sys.exit(f"llmgw web: cannot start: {problems[0]}")
-    prepare_metrics_dir(settings.DATA_DIR)
     uvicorn.run(
         "llmgw.asgi:application",
         host=host,
