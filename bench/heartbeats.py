@@ -277,8 +277,14 @@ def main() -> None:
         marks: dict[str, Any] = {}
 
         def window(edge: str) -> None:
-            time.sleep(1.5)  # PostgreSQL publishes its statistics at most once a second
-            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+            # Read the web process's histogram from its metrics folder rather than asking it for
+            # /metrics, which would load it (2,000 nodes' samples) in the middle of the measurement.
+            from prometheus_client import CollectorRegistry, generate_latest
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=str(tmp / "prometheus"))
+            metrics = generate_latest(registry).decode()
             marks[edge] = (pg_writes(database), process_tree_cpu(web.pid), metrics)
 
         result = asyncio.run(run_agents(f"ws://127.0.0.1:{port}/ws/agent/", credentials, args.interval,

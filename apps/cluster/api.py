@@ -19,43 +19,29 @@ from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from apps.accounts.access import IsOperator
-from apps.cluster import services
+from apps.cluster import selectors, services
 from apps.cluster.models import Gpu, Node
 
 __all__ = ["AgentEnrollView", "NodeEnrollmentView", "NodeViewSet", "node_summary"]
 
 
-def local_disk(sample: dict[str, Any] | None) -> tuple[int | None, int | None]:
-    """(free, total) over local filesystems; shared ones belong to everybody and are left out."""
-    if not sample or not sample.get("storage"):
-        return None, None
-    free = total = 0
-    known = False
-    for pool in sample["storage"]:
-        if pool.get("shared"):
-            continue
-        if pool.get("free_bytes") is not None and pool.get("total_bytes") is not None:
-            free += pool["free_bytes"]
-            total += pool["total_bytes"]
-            known = True
-    return (free, total) if known else (None, None)
-
-
 def node_summary(node: Node, now: Any = None) -> dict[str, Any]:
     """The figures `ctl nodes` and the API list show; None for whatever is unknown."""
-    sample = node.fresh_sample(now)
-    gpus = list(node.gpus.all())
-    free, total = local_disk(sample)
+    row = selectors.node_row(node, now or timezone.now())
     return {
-        "cpus": (sample or {}).get("cpus") or node.hardware.get("cpus"),
-        "cpu_utilization_pct": (sample or {}).get("cpu_utilization_pct"),
-        "memory_total_bytes": (sample or {}).get("memory_total_bytes") or node.hardware.get("memory_total_bytes"),
-        "memory_used_bytes": (sample or {}).get("memory_used_bytes"),
-        "gpu_count": len(gpus),
-        "gpu_classes": sorted({g.gpu_class or g.name for g in gpus if g.gpu_class or g.name}),
-        "gpus_free": sum(1 for g in gpus if g.healthy),
-        "disk_free_bytes": free,
-        "disk_total_bytes": total,
+        "cpus": row.cpus,
+        "cpu_utilization_pct": row.cpu_pct,
+        "memory_total_bytes": node.memory_total_bytes,
+        "memory_used_bytes": row.memory_used,
+        "gpu_count": row.gpu_count,
+        "gpu_classes": sorted({name for _count, name in row.gpu_groups}),
+        "gpus_healthy": sum(1 for gpu in node.gpus.all() if gpu.healthy),
+        # local filesystems only; shared space belongs to every node that mounts it
+        "disk_free_bytes": row.disk.local_free,
+        "disk_total_bytes": row.disk.local_total,
+        "shared_disk_free_bytes": row.disk.shared_free,
+        "shared_disk_total_bytes": row.disk.shared_total,
+        "warnings": row.warnings,
     }
 
 

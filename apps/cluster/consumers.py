@@ -92,7 +92,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "node": node.name, "heartbeat_interval": settings.AGENT_HEARTBEAT_INTERVAL,
             }, id=message.id))
         elif message.type == "heartbeat":
-            self.gpu_health = await database_sync_to_async(services.record_heartbeat)(
+            # Heartbeats of different nodes touch different rows: let them run side by side
+            # in the thread pool rather than queue behind one another on Django's one thread.
+            self.gpu_health = await database_sync_to_async(services.record_heartbeat, thread_sensitive=False)(
                 self.node_id, message.body["sample"], known_health=self.gpu_health
             )
         elif message.type == "error":

@@ -33,6 +33,7 @@ __all__ = [
     "list_node_rows",
     "node_charts",
     "node_detail",
+    "node_row",
 ]
 
 HISTORY_GAP_SECONDS = 60  # heartbeats come every 10 s; a minute without one is a hole in the line
@@ -138,7 +139,7 @@ def _gpu_groups(gpus: list[Gpu]) -> list[tuple[int, str]]:
     return sorted(((n, name) for name, n in counts.items()), key=lambda item: (-item[0], item[1]))
 
 
-def _row(node: Node, now: datetime) -> NodeRow:
+def node_row(node: Node, now: datetime) -> NodeRow:
     sample = node.fresh_sample(now)
     live = sample or {}
     gpus = list(node.gpus.all())
@@ -164,7 +165,7 @@ def _row(node: Node, now: datetime) -> NodeRow:
 def list_node_rows(now: datetime | None = None) -> list[NodeRow]:
     """Every node with its current figures, in two queries (nodes, then their GPUs)."""
     now = now or timezone.now()
-    return [_row(node, now) for node in _nodes().order_by("name")]
+    return [node_row(node, now) for node in _nodes().order_by("name")]
 
 
 # One node -------------------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""The agent's sampler on fixture hosts: partial results and warnings, never an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import protocol
+from agent.config import ConfigError, parse_config
+from agent.main import Agent
+from agent.sampler import Sampler
+from tests.fleet import FIXTURES, HOSTS, build_host, fixtures_available
+
+pytestmark = pytest.mark.skipif(not fixtures_available(), reason=f"no captured fixtures at {FIXTURES}")
+
+
+def sampler_for(tmp_path: Path, host: str, **config: Any) -> Sampler:
+    tools = build_host(HOSTS[host], tmp_path)
+    cfg = parse_config({"server": "http://127.0.0.1:1", "state_dir": str(tmp_path / "state"), "root": str(tmp_path),
+                        "tools": tools, **config})
+    return Sampler(cfg)
+
+
+def test_an_h100_host_registers_eight_cards_with_figures(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "h100x8")
+    hardware, warnings = asyncio.run(sampler.hardware())
+    assert len(hardware["gpus"]) == 8
+    assert {g["gpu_class"] for g in hardware["gpus"]} == {"H100-80GB"}
+    assert hardware["driver_version"] == "535.161.08"
+    assert hardware["os"] == "Ubuntu 22.04.4 LTS"
+    sample = asyncio.run(sampler.sample())
+    assert len(sample["gpus"]) == 8
+    assert all("temperature_gpu_c" in g and "power_draw_w" in g for g in sample["gpus"])
+    assert sample["cpu_package_temp_c"] is not None
+    # Both messages pass the protocol's schema as the server will check them.
+    protocol.parse_message(protocol.encode("register", {"agent_version": "t", "hardware": hardware,
+                                                        "sample": sample}), expect="agent")
+    protocol.parse_message(protocol.encode("heartbeat", {"sample": sample}), expect="agent")
+
+
+def test_cpu_utilisation_is_unknown_until_two_samples_differ(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "cpu")
+    first = asyncio.run(sampler.sample(force=True))
+    assert "cpu_utilization_pct" not in first  # one reading of /proc/stat says nothing about busy
+    assert "gpus" not in first  # no nvidia-smi: a CPU node, and no warning about it
+    assert first["warnings"] == []
+
+
+def test_a_host_without_model_directories_reports_no_storage(tmp_path: Path) -> None:
+    sample = asyncio.run(sampler_for(tmp_path, "cpu").sample())
+    assert "storage" not in sample
+
+
+def test_storage_is_reported_per_filesystem_with_weights_present(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    (models / "tiny").mkdir(parents=True)
+    (models / "tiny.gguf").write_bytes(b"GGUF" + b"\0" * 100)
+    (models / "half.gguf.part").write_bytes(b"GGUF")
+    (models / "empty").mkdir()
+    missing = tmp_path / "filer-not-mounted"
+    sampler = sampler_for(tmp_path, "cpu", model_dirs=[str(models), str(models / "tiny"), str(missing)])
+    sample = asyncio.run(sampler.sample())
+    assert len(sample["storage"]) == 1  # two directories on one disk are one pool; the missing one is skipped
+    pool = sample["storage"][0]
+    assert pool["total_bytes"] > 0 and pool["free_bytes"] > 0
+    assert pool["weights"] == ["tiny.gguf"]
+
+
+def test_output_the_parser_has_not_met_is_a_warning_not_a_crash(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "cpu")
+    script = tmp_path / "bin" / "nvidia-smi"
+    script.write_text("#!/bin/sh\necho '<nvidia_smi_log><gpu id=\"0\"><product_name>X'\n")
+    script.chmod(0o755)
+    sampler.runner.tools["nvidia-smi"] = str(script)
+    hardware, warnings = asyncio.run(sampler.hardware())
+    assert hardware["gpus"] == [] or all("index" in g for g in hardware["gpus"])
+    assert any("nvidia-smi" in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({}, "server: required"),
+        ({"server": "ftp://x"}, "server: required"),
+        ({"server": "http://x", "heartbeat_interval": 0}, "heartbeat_interval: expected 1 to 300"),
+        ({"server": "http://x", "fabrics": [{"rate_gbps": 400}]}, "fabrics[0]: expected a mapping with a name"),
+        ({"server": "http://x", "colour": "blue"}, "unknown setting(s): colour"),
+    ],
+)
+def test_agent_yaml_errors_name_the_setting(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config(data)
+    assert message in str(error.value)
+
+
+def test_the_shipped_agent_example_loads() -> None:
+    import yaml
+
+    example = Path(__file__).resolve().parents[2] / "deploy" / "agent.example.yaml"
+    config = parse_config(yaml.safe_load(example.read_text()))
+    assert config.server.startswith("https://")
+
+
+class FakeSocket:
+    def __init__(self, incoming: list[str]) -> None:
+        self.incoming = incoming
+        self.sent: list[str] = []
+
+    def __aiter__(self) -> FakeSocket:
+        return self
+
+    async def __anext__(self) -> str:
+        if not self.incoming:
+            raise StopAsyncIteration
+        return self.incoming.pop(0)
+
+    async def send(self, text: str) -> None:
+        self.sent.append(text)
+
+
+def test_a_bad_message_from_the_server_is_answered_and_the_agent_goes_on(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "cpu")
+    agent = Agent(sampler.config, sampler)
+    ws = FakeSocket(["{oops", json.dumps({"v": 1, "type": "warp"}),
+                     protocol.encode("registered", {"node": "cpu1", "heartbeat_interval": 3})])
+    asyncio.run(agent.receive(ws))
+    errors = [json.loads(text) for text in ws.sent]
+    assert [e["code"] for e in errors] == ["malformed", "unknown_type"]
+    assert agent.registered.is_set() and agent.node_name == "cpu1" and agent.interval == 3
