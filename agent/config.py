@@ -42,6 +42,9 @@ class AgentConfig:
     fabrics: list[dict[str, Any]] = field(default_factory=list)
     engines: dict[str, str] = field(default_factory=dict)
     hostname: str | None = None
+    # The address the control plane and gateway reach this node's engines at (else the address
+    # its websocket comes from).
+    advertise_address: str | None = None
 
     @property
     def credential_file(self) -> Path:
@@ -116,6 +119,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         fabrics=fabrics,
         engines={str(k): str(v) for k, v in (_expect(data, "engines", dict, "a mapping") or {}).items()},
         hostname=_expect(data, "hostname", str, "a host name"),
+        advertise_address=_expect(data, "advertise_address", str, "an address"),
     )
 
 

@@ -23,12 +23,15 @@ from typing import Any
 
 from agent import protocol
 from agent.config import AgentConfig, ConfigError, load_config
+from agent.engines import parse_shard
 from agent.sampler import Sampler
+from agent.supervisor import Supervisor
 
 __all__ = ["AGENT_VERSION", "Agent", "run"]
 
 AGENT_VERSION = "0.1.0"
-FEATURES = ["heartbeat.v1"]
+FEATURES = ["heartbeat.v1", "engines.v1"]
+REPORT_EVERY = 6  # heartbeats between full reports (besides one on every change)
 log = logging.getLogger("llmgw.agent")
 
 
@@ -72,9 +75,16 @@ def read_credential(config: AgentConfig) -> str | None:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, sampler: Sampler | None = None) -> None:
+    def __init__(self, config: AgentConfig, sampler: Sampler | None = None,
+                 supervisor: Supervisor | None = None) -> None:
         self.config = config
-        self.sampler = sampler or Sampler(config)
+        self.supervisor = supervisor or Supervisor(config.state_dir, config.engines,
+                                                   advertise_host=config.advertise_address,
+                                                   on_change=self.engines_changed)
+        self.sampler = sampler or Sampler(config, managed_pids=self.supervisor.managed_pids)
+        self.ws: Any = None
+        self.invalid_shards: list[dict[str, Any]] = []
+        self.converging: asyncio.Task[None] | None = None
         self.interval = config.heartbeat_interval
         self.stopping = asyncio.Event()
         self.registered = asyncio.Event()
@@ -113,11 +123,16 @@ class Agent:
         async with connect(self.config.websocket_url, additional_headers={"Authorization": f"Bearer {credential}"},
                            max_size=protocol.MAX_MESSAGE_BYTES, proxy=None, open_timeout=15) as ws:
             hardware, warnings = await self.sampler.hardware()
+            hardware["engines"] = self.available_engines()
+            if self.config.advertise_address:
+                hardware["advertise_address"] = self.config.advertise_address
+            await self.supervisor.adopt()
             sample = await self.sampler.sample(force=True)
             await ws.send(protocol.encode("register", {
                 "agent_version": AGENT_VERSION, "features": FEATURES, "labels": self.config.labels,
                 "hardware": hardware, "sample": sample, "warnings": warnings,
             }))
+            self.ws = ws
             heartbeats = asyncio.create_task(self.heartbeats(ws))
             stop = asyncio.create_task(self.stopping.wait())
             try:
@@ -127,6 +142,7 @@ class Agent:
                                                                                  ConnectionClosed):
                     raise receiver.exception()  # type: ignore[misc]
             finally:
+                self.ws = None
                 heartbeats.cancel()
                 stop.cancel()
             code, reason = ws.close_code, ws.close_reason or ""
@@ -161,6 +177,8 @@ class Agent:
                         message.body.get("message"))
         elif message.type == "replaced":
             log.warning("another agent connected as this node; this connection ends")
+        elif message.type == "desired":
+            await self.desired(message.body["shards"])
         elif message.type == "request":
             await ws.send(protocol.encode("response", {
                 "request_id": message.body["request_id"], "ok": False,
@@ -169,10 +187,63 @@ class Agent:
 
     async def heartbeats(self, ws: Any) -> None:
         await self.registered.wait()
+        count = 0
         while True:
             await asyncio.sleep(self.interval)
-            sample = await self.sampler.sample()
+            sample = dict(await self.sampler.sample())
+            usage = self.supervisor.process_usage()
+            if usage:
+                sample["shards"] = usage
             await ws.send(protocol.encode("heartbeat", {"sample": sample}))
+            count += 1
+            if count % REPORT_EVERY == 0:
+                await self.report()
+
+    # Engines -----------------------------------------------------------------------------
+
+    def available_engines(self) -> list[str]:
+        """Engines whose binary this node has (named in agent.yaml and executable)."""
+        import shutil
+
+        return sorted(name for name, path in self.config.engines.items()
+                      if shutil.which(path) is not None or os.access(path, os.X_OK))
+
+    async def desired(self, shards: list[dict[str, Any]]) -> None:
+        """Converge on the server's whole shard list, in the background (engines take time)."""
+        specs, invalid = [], []
+        for item in shards:
+            try:
+                specs.append(parse_shard(item))
+            except ValueError as exc:
+                invalid.append({"shard": str(item.get("shard", "?"))[:200], "state": "failed",
+                                "message": f"the agent cannot use this shard: {exc}"})
+        self.invalid_shards = invalid
+        previous = self.converging
+
+        async def run() -> None:
+            if previous is not None and not previous.done():
+                await asyncio.gather(previous, return_exceptions=True)
+            try:
+                await self.supervisor.converge(specs)
+            except Exception:
+                log.exception("converging on the desired shards failed")
+            await self.report()
+
+        self.converging = asyncio.create_task(run())
+
+    def engines_changed(self) -> None:
+        if self.ws is not None:
+            asyncio.get_running_loop().create_task(self.report())
+
+    async def report(self) -> None:
+        ws = self.ws
+        if ws is None:
+            return
+        states = [{k: v for k, v in state.items() if v is not None} for state in self.supervisor.states()]
+        try:
+            await ws.send(protocol.encode("report", {"shards": states + self.invalid_shards}))
+        except Exception:
+            log.debug("could not send a report", exc_info=True)
 
 
 def run(config_path: str) -> int:
@@ -189,7 +260,10 @@ def run(config_path: str) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, agent.stopping.set)
-        await agent.run()
+        try:
+            await agent.run()
+        finally:
+            await agent.supervisor.close()  # the engines keep running, to be adopted next time
 
     try:
         asyncio.run(main())

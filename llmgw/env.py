@@ -120,7 +120,9 @@ class DatabaseConfig:
                     "transaction_mode": "IMMEDIATE",
                     "timeout": 20,
                 },
-                "TEST": {"NAME": None},
+                # A file, not the shared in-memory database: that one locks whole tables and
+                # ignores the busy timeout, which is not how llmgw runs.
+                "TEST": {"NAME": f"{self.name}.test"},
             }
         return {
             "ENGINE": "django.db.backends.postgresql",

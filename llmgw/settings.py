@@ -162,7 +162,16 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "apps.cluster.tasks.mark_unreachable_nodes",
         "schedule": float(min(5, AGENT_HEARTBEAT_INTERVAL)),
     },
+    "reconcile": {"task": "apps.cluster.tasks.reconcile", "schedule": 5.0},
+    # Messages are notifications, never the only copy: resend every node its shard list.
+    "push-desired-state": {"task": "apps.cluster.tasks.push_desired_state", "schedule": 60.0},
 }
+
+# Engines -----------------------------------------------------------------------------
+
+ENGINE_PORT_MIN = env_int("LLMGW_ENGINE_PORT_MIN", 20000, minimum=1024, maximum=65000)
+ENGINE_PORT_MAX = env_int("LLMGW_ENGINE_PORT_MAX", 29999, minimum=1024, maximum=65535)
+ENGINE_STOP_GRACE = env_int("LLMGW_ENGINE_STOP_GRACE_SECONDS", 10, minimum=1, maximum=600)
 
 
 # Authentication -----------------------------------------------------------------------

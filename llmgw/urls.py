@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.accounts import api as accounts_api
+from apps.catalog import api as catalog_api
 from apps.cluster import api as cluster_api
 from llmgw import ops
 from llmgw.api import StatusView, router
@@ -16,6 +17,8 @@ router.register("organizations", accounts_api.OrganizationViewSet, basename="org
 router.register("teams", accounts_api.TeamViewSet, basename="team")
 router.register("projects", accounts_api.ProjectViewSet, basename="project")
 router.register("nodes", cluster_api.NodeViewSet, basename="node")
+router.register("models", catalog_api.ModelViewSet, basename="model")
+router.register("replicas", catalog_api.ReplicaViewSet, basename="replica")
 
 api_urlpatterns = [
     path("me", accounts_api.MeView.as_view(), name="api-me"),
@@ -35,6 +38,7 @@ urlpatterns = [
     path("_lang/<str:code>", console.set_language, name="set-language"),
     path("account/keys/", console.api_keys, name="api-keys"),
     path("nodes/", include("apps.cluster.urls")),
+    path("models/", include("apps.catalog.urls")),
     path("api/v1/", include(api_urlpatterns)),
     path("django-admin/", admin.site.urls),
     path("metrics", ops.metrics, name="metrics"),

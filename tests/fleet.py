@@ -191,6 +191,9 @@ class ControlPlane:
     tmp: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     local_agent: bool = True
+    # To start again on an earlier plane's state: its data directory, database and administrator.
+    reuse: ControlPlane | None = None
+    keep_database: bool = False
     agents: list[FleetAgent] = field(default_factory=list)
     running: Running | None = None
     key: str = ""
@@ -201,9 +204,16 @@ class ControlPlane:
 
     def __enter__(self) -> ControlPlane:
         args = [] if self.local_agent else ["--no-agent"]
-        self.running = self._stack.enter_context(llmgw_up(self.tmp, *args, **self.extra_env))
-        match = self.running.wait_for_line(r"created the first administrator (\S+) with password (\S+)")
-        self.email, self.password = match.group(1), match.group(2)
+        earlier = self.reuse
+        self.running = self._stack.enter_context(llmgw_up(
+            self.tmp, *args, data_dir=Path(earlier.running.env["LLMGW_DATA_DIR"]) if earlier and earlier.running
+            else None, database=earlier.running.database if earlier and earlier.running else None,
+            keep_database=self.keep_database, **self.extra_env))
+        if earlier is not None:
+            self.email, self.password = earlier.email, earlier.password
+        else:
+            match = self.running.wait_for_line(r"created the first administrator (\S+) with password (\S+)")
+            self.email, self.password = match.group(1), match.group(2)
         self.running.wait_for_line(r"llmgw up: ready at ")
         self.browser = Browser(self.url)
         status, page = self.browser.post_form("/login/", {"username": self.email, "password": self.password})
@@ -211,6 +221,12 @@ class ControlPlane:
         status, page = self.browser.post_form("/account/keys/", {"name": "fleet", "expires": "7"})
         self.key = re.search(r'id="new-key">(llmgw_[^<]+)<', page).group(1)  # type: ignore[union-attr]
         return self
+
+    def stop(self, timeout: float = 60) -> int:
+        """Stop `llmgw up` as an operator would (SIGTERM), leaving what it does not own running."""
+        assert self.running is not None
+        self.running.process.send_signal(signal.SIGTERM)
+        return self.running.process.wait(timeout=timeout)
 
     def __exit__(self, *exc: object) -> None:
         for agent in self.agents:

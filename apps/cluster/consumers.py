@@ -13,6 +13,8 @@ from django.conf import settings
 from agent import protocol
 from apps.cluster import services
 from apps.cluster.metrics import MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
+from apps.cluster.models import Node
+from apps.cluster.reconciler import desired_shards
 
 __all__ = ["AgentConsumer"]
 
@@ -38,6 +40,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     node_id: int | None = None
     node_name: str = ""
     gpu_health: dict[int, tuple[bool, int]] | None = None
+    desired_sent: int | None = None
 
     async def connect(self) -> None:
         node = await database_sync_to_async(services.authenticate_node)(_bearer(self.scope))
@@ -86,22 +89,39 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def dispatch_message(self, message: protocol.Message) -> None:
         assert self.node_id is not None
         if message.type == "register":
-            node = await database_sync_to_async(services.register_node)(self.node_id, message.body)
+            client = self.scope.get("client") or (None, None)
+            node = await database_sync_to_async(services.register_node)(self.node_id, message.body,
+                                                                         address=client[0])
             self.gpu_health = None
             await self.send(protocol.encode("registered", {
                 "node": node.name, "heartbeat_interval": settings.AGENT_HEARTBEAT_INTERVAL,
             }, id=message.id))
+            await self.send_desired(node.desired_version)
+        elif message.type == "report":
+            await database_sync_to_async(services.record_report)(self.node_id, message.body["shards"])
         elif message.type == "heartbeat":
             # Heartbeats of different nodes touch different rows: let them run side by side
             # in the thread pool rather than queue behind one another on Django's one thread.
             self.gpu_health = await database_sync_to_async(services.record_heartbeat, thread_sensitive=False)(
                 self.node_id, message.body["sample"], known_health=self.gpu_health
             )
+            # Level-triggered: if the shard list changed since we last sent it (in whatever
+            # process), send it again. A read, not a write.
+            version = await database_sync_to_async(services.desired_version, thread_sensitive=False)(self.node_id)
+            if version is not None and version != self.desired_sent:
+                await self.send_desired(version)
         elif message.type == "error":
             log.warning("node %s reports an error: %s: %s", self.node_name, message.body.get("code"),
                         message.body.get("message"))
         else:
             log.info("node %s sent %s, which this server does not use yet", self.node_name, message.type)
+
+    async def send_desired(self, version: int) -> None:
+        assert self.node_id is not None
+        node = await database_sync_to_async(Node.objects.get)(pk=self.node_id)
+        shards = await database_sync_to_async(desired_shards)(node)
+        await self.send(protocol.encode("desired", {"shards": shards, "generation": version}))
+        self.desired_sent = version
 
     # Messages from the channel layer -------------------------------------------------------
 

@@ -10,9 +10,9 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from apps.cluster.choices import NodeStatus
+from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 
-__all__ = ["EnrollmentToken", "Gpu", "Node"]
+__all__ = ["ControlLock", "EnrollmentToken", "Gpu", "Node", "Replica", "Shard"]
 
 
 class Node(models.Model):
@@ -39,6 +39,12 @@ class Node(models.Model):
     registered_at = models.DateTimeField(_("registered"), null=True, blank=True)
     last_seen_at = models.DateTimeField(_("last seen"), null=True, blank=True)
     revoked_at = models.DateTimeField(_("revoked"), null=True, blank=True)
+    # Where the gateway reaches this node's engines: the agent's advertised address, else
+    # the address its websocket came from.
+    address = models.CharField(_("address"), max_length=255, blank=True)
+    # Bumped whenever the node's shard list changes, so its connection notices and resends it
+    # even when the change was made in another process and no channel layer links them.
+    desired_version = models.PositiveIntegerField(_("desired state version"), default=0)
 
     class Meta:
         verbose_name = _("node")
@@ -124,3 +130,84 @@ class EnrollmentToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_name} ({self.created_at:%Y-%m-%d %H:%M})"
+
+
+class Replica(models.Model):
+    """One running copy of a model: one shard per node it spans. Placed and released whole."""
+
+    model = models.ForeignKey("catalog.Model", on_delete=models.CASCADE, related_name="replicas",
+                              verbose_name=_("model"))
+    profile = models.ForeignKey("catalog.Profile", on_delete=models.SET_NULL, null=True, blank=True,
+                                related_name="replicas", verbose_name=_("profile"))
+    state = models.CharField(_("state"), max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING)
+    # Kept running beyond the model's minimum (under load); preemptible within its class.
+    above_minimum = models.BooleanField(_("above its minimum"), default=False)
+    # The refusals placement met, shown by explain: every node that could not take it, and why.
+    rejections = models.JSONField(_("placement refusals"), default=list, blank=True)
+    failures = models.PositiveIntegerField(_("failures in a row"), default=0)
+    next_attempt_at = models.DateTimeField(_("next attempt"), null=True, blank=True)
+    message = models.TextField(_("message"), blank=True)
+    created_at = models.DateTimeField(_("created"), default=timezone.now)
+    placed_at = models.DateTimeField(_("placed"), null=True, blank=True)
+    ready_at = models.DateTimeField(_("ready since"), null=True, blank=True)
+    stop_requested_at = models.DateTimeField(_("stop requested"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("replica")
+        verbose_name_plural = _("replicas")
+        ordering = ["model__name", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}#{self.pk}"
+
+
+class Shard(models.Model):
+    """The part of a replica on one node: the GPUs, memory and cores it claims there."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards", verbose_name=_("replica"))
+    rank = models.PositiveSmallIntegerField(_("rank"), default=0)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="shards", verbose_name=_("node"))
+    gpu_indices = models.JSONField(_("GPUs"), default=list, blank=True)
+    memory_bytes = models.BigIntegerField(_("memory claimed"), default=0)
+    cpu_cores = models.FloatField(_("cores claimed"), default=0)
+    port = models.PositiveIntegerField(_("port"))
+    # The engine is started with this key, so only the gateway can use it.
+    secret = models.CharField(_("engine key"), max_length=64)
+    state = models.CharField(_("state"), max_length=16, choices=ShardState.choices, default=ShardState.ASSIGNED)
+    pid = models.PositiveIntegerField(_("process id"), null=True, blank=True)
+    exit_code = models.IntegerField(_("exit code"), null=True, blank=True)
+    log_tail = models.JSONField(_("last log lines"), default=list, blank=True)
+    message = models.TextField(_("message"), blank=True)
+    reported_at = models.DateTimeField(_("reported"), null=True, blank=True)
+    # What the engine's process group uses, from the node's heartbeats (None until measured).
+    cores_used = models.FloatField(_("cores used"), null=True, blank=True)
+    memory_used_bytes = models.BigIntegerField(_("memory used"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("shard")
+        verbose_name_plural = _("shards")
+        ordering = ["replica_id", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["replica", "rank"], name="%(app_label)s_%(class)s_unique_replica_rank"),
+            models.UniqueConstraint(fields=["node", "port"], name="%(app_label)s_%(class)s_unique_node_port"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.replica}/{self.rank}@{self.node.name}"
+
+    @property
+    def shard_id(self) -> str:
+        return f"r{self.replica_id}s{self.rank}"
+
+
+class ControlLock(models.Model):
+    """A row to lock, so that one reconciler pass runs at a time across all workers."""
+
+    name = models.CharField(_("name"), max_length=64, primary_key=True)
+
+    class Meta:
+        verbose_name = _("control lock")
+        verbose_name_plural = _("control locks")
+
+    def __str__(self) -> str:
+        return self.name

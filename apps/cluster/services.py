@@ -154,7 +154,7 @@ def gpu_health(gpu: dict[str, Any]) -> tuple[bool, int]:
 
 
 @transaction.atomic
-def register_node(node_id: int, body: dict[str, Any]) -> Node:
+def register_node(node_id: int, body: dict[str, Any], *, address: str | None = None) -> Node:
     """Record what the agent says it is. A registration never clears an operator's cordon."""
     node = Node.objects.select_for_update().get(pk=node_id)
     hardware = dict(body["hardware"])
@@ -172,7 +172,9 @@ def register_node(node_id: int, body: dict[str, Any]) -> Node:
     node.status = NodeStatus.READY
     node.registered_at = now
     node.last_seen_at = now
-    fields = ["hardware", "agent_version", "features", "warnings", "status", "registered_at", "last_seen_at"]
+    node.address = str(hardware.get("advertise_address") or address or "")[:255]
+    fields = ["hardware", "agent_version", "features", "warnings", "status", "registered_at", "last_seen_at",
+              "address"]
     sample = body.get("sample")
     if sample:
         node.sample = sample
@@ -212,6 +214,15 @@ def record_heartbeat(node_id: int, sample: dict[str, Any], *, known_health: dict
 
     Returns the GPU health now, for the caller to pass back next time.
     """
+    return _heartbeat(node_id, sample, known_health)
+
+
+def desired_version(node_id: int) -> int | None:
+    return Node.objects.filter(pk=node_id).values_list("desired_version", flat=True).first()
+
+
+def _heartbeat(node_id: int, sample: dict[str, Any], known_health: dict[int, tuple[bool, int]] | None
+               ) -> dict[int, tuple[bool, int]]:
     now = timezone.now()
     Node.objects.filter(pk=node_id).exclude(status=NodeStatus.REVOKED).update(
         sample=sample, sampled_at=now, last_seen_at=now, status=NodeStatus.READY
@@ -356,6 +367,20 @@ def _tell_agent(node_id: int, message: dict[str, Any]) -> None:
 
 # The local agent of `llmgw up` -----------------------------------------------------------------
 
+def find_llama_server() -> str | None:
+    """A llama.cpp server for this machine's own agent: LLMGW_LLAMA_SERVER, PATH, or a local build."""
+    import os
+    import shutil
+
+    candidates = [os.environ.get("LLMGW_LLAMA_SERVER"), shutil.which("llama-server"),
+                  str(settings.BASE_DIR.parent / "shared" / "bin" / "llama-server")]
+    candidates += sorted(str(p) for p in Path("~/.cache/llmgw/llama-server").expanduser().glob("*/llama-server"))
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 def local_agent_config(data_dir: Path, base_url: str) -> Path:
     """Write the agent.yaml (and credential) of this machine's own agent, once."""
     import yaml
@@ -370,12 +395,84 @@ def local_agent_config(data_dir: Path, base_url: str) -> Path:
         _node, credential = issue_credential(name, labels={"llmgw.io/local": "true"})
         credential_file.write_text(credential)
         credential_file.chmod(0o600)
-    config = {
+    config: dict[str, Any] = {
         "server": base_url,
         "state_dir": str(folder),
         "model_dirs": [str(data_dir / "models")],
         "labels": {},
     }
+    engine = find_llama_server()
+    if engine:
+        config["engines"] = {"llama.cpp": engine}
     (data_dir / "models").mkdir(exist_ok=True)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     return config_path
+
+
+# Reports of what the engines are doing -----------------------------------------------------------
+
+SHARD_ID = re.compile(r"^r(\d+)s(\d+)$")
+
+
+@transaction.atomic
+def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
+    """Take the agent's word for its shards and move their replicas on: ready when every shard
+    is, failed (with backoff) when one failed, released when a stopping one has stopped.
+    Returns the ids of replicas whose state changed."""
+    from apps.cluster.choices import ReplicaState, ShardState
+    from apps.cluster.models import Replica, Shard
+    from apps.cluster.reconciler import backoff, request_reconcile
+
+    now = timezone.now()
+    reported: dict[tuple[int, int], dict[str, Any]] = {}
+    for state in states:
+        match = SHARD_ID.match(str(state.get("shard", "")))
+        if match:
+            reported[(int(match.group(1)), int(match.group(2)))] = state
+    shards = {(s.replica_id, s.rank): s for s in Shard.objects.filter(node_id=node_id).select_related("replica")}
+    touched: set[int] = set()
+    for key, shard in shards.items():
+        state = reported.get(key)
+        if state is None:
+            # Not running there. For a stopping replica that is what we wanted.
+            if shard.replica.state == ReplicaState.STOPPING and shard.state != ShardState.STOPPED:
+                shard.state = ShardState.STOPPED
+                shard.save(update_fields=["state"])
+                touched.add(shard.replica_id)
+            continue
+        new_state = state.get("state") if state.get("state") in ShardState.values else shard.state
+        fields = {"state": new_state, "pid": state.get("pid"), "exit_code": state.get("exit_code"),
+                  "log_tail": list(state.get("log_tail") or [])[-50:], "message": str(state.get("message") or "")}
+        if any(getattr(shard, k) != v for k, v in fields.items()):
+            for k, v in fields.items():
+                setattr(shard, k, v)
+            shard.reported_at = now
+            shard.save(update_fields=[*fields, "reported_at"])
+            touched.add(shard.replica_id)
+    for replica in Replica.objects.filter(pk__in=touched).prefetch_related("shards"):
+        parts = list(replica.shards.all())
+        if replica.state == ReplicaState.STOPPING:
+            if all(s.state in (ShardState.STOPPED, ShardState.FAILED) for s in parts):
+                request_reconcile()
+            continue
+        failed = [s for s in parts if s.state == ShardState.FAILED]
+        if failed:
+            if replica.state != ReplicaState.FAILED:
+                replica.state = ReplicaState.FAILED
+                replica.failures += 1
+                replica.next_attempt_at = now + backoff(replica.failures)
+                first = failed[0]
+                replica.message = _("An engine exited with code %(code)s: %(message)s") % {
+                    "code": first.exit_code if first.exit_code is not None else "-",
+                    "message": first.message or (first.log_tail[-1] if first.log_tail else "")}
+                replica.ready_at = None
+                replica.save(update_fields=["state", "failures", "next_attempt_at", "message", "ready_at"])
+                audit.record(None, "replica.failed", replica, changes={"failures": replica.failures,
+                                                                         "exit_code": first.exit_code})
+        elif all(s.state == ShardState.READY for s in parts) and replica.state != ReplicaState.READY:
+            replica.state = ReplicaState.READY
+            replica.ready_at = now
+            replica.failures = 0
+            replica.message = ""
+            replica.save(update_fields=["state", "ready_at", "failures", "message"])
+    return touched

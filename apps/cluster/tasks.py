@@ -12,3 +12,23 @@ from apps.cluster import services
 def mark_unreachable_nodes() -> int:
     grace = timedelta(seconds=settings.AGENT_HEARTBEAT_INTERVAL * settings.AGENT_MISSED_HEARTBEATS)
     return services.mark_unreachable_nodes(grace)
+
+
+@shared_task(ignore_result=True)
+def reconcile() -> None:
+    from apps.cluster.reconciler import reconcile as run
+
+    report = run()
+    if report.ran and (report.placed or report.stopping or report.released or report.preempted):
+        import logging
+
+        logging.getLogger(__name__).info(
+            "reconciler: placed %s, stopping %s, released %s, preempted %s, pending %s", report.placed,
+            report.stopping, report.released, report.preempted, report.pending)
+
+
+@shared_task(ignore_result=True)
+def push_desired_state() -> None:
+    from apps.cluster.reconciler import push_desired_state as push
+
+    push()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,9 +56,9 @@ def _pair(used: int | None, total: int | None) -> str | None:
 
 def _gpus(node: dict[str, Any]) -> str | None:
     summary = node["summary"]
-    if node.get("registered_at") is None:
+    count = summary.get("gpu_count")
+    if count is None:
         return None  # never heard from: unknown, not zero
-    count = summary.get("gpu_count") or 0
     classes = summary.get("gpu_classes") or []
     if not count:
         return "0"
@@ -189,3 +190,160 @@ def add_all(ctl_sub: Any) -> None:
     p = node_sub.add_parser("revoke", help="cut a node off: its credential stops working at once")
     p.add_argument("name")
     p.set_defaults(ctl_func=_action("revoke"))
+    add_model_commands(ctl_sub)
+
+
+# Models ----------------------------------------------------------------------------------------
+
+def cmd_models(client: Client, args: argparse.Namespace) -> int:
+    models = client.get("models")["results"]
+    if args.json:
+        print(json.dumps(models, indent=2))
+        return 0
+    rows = []
+    for m in models:
+        s = m["status"]
+        where = "external" if m.get("external_url") else (",".join(s["nodes"]) or None)
+        rows.append([m["name"], m["capacity_class"], f"{s['ready']}/{s['wanted']}", s["starting"] or None,
+                     s["pending"] or None, s["failed"] or None, where])
+    print(format_table(["NAME", "CLASS", "READY", "STARTING", "PENDING", "FAILED", "NODES"], rows))
+    return 0
+
+
+def cmd_model_apply(client: Client, args: argparse.Namespace) -> int:
+    import yaml
+
+    try:
+        with open(args.file) as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        raise SystemExit(f"llmgw ctl: cannot read {args.file}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SystemExit(f"llmgw ctl: {args.file} is not valid YAML: {exc}") from None
+    from llmgw.cli.ctl import ApiError
+
+    try:
+        answer = client.post("models/apply", data if isinstance(data, dict) else {"models": data})
+    except ApiError as exc:
+        if exc.status == 400:
+            print(f"llmgw ctl: {args.file}: {exc.detail}", file=sys.stderr)
+            return 1
+        raise
+    for result in answer["results"]:
+        print(f"model {result['name']}: {result['outcome']}")
+    return 0
+
+
+def cmd_model_show(client: Client, args: argparse.Namespace) -> int:
+    model = client.get(f"models/{args.name}")
+    if args.json:
+        print(json.dumps(model, indent=2))
+        return 0
+    s = model["status"]
+    rows = [("name", model["name"]), ("class", model["capacity_class"]),
+            ("replicas", f"{s['ready']} ready of {s['wanted']} always-running (up to {model['max_replicas']})"),
+            ("source", model.get("source")), ("fallbacks", model.get("fallbacks")),
+            ("external", model.get("external_url")), ("held until", model.get("held_until")),
+            ("message", s.get("message"))]
+    print(format_table(["FIELD", "VALUE"], rows))
+    if model.get("profiles"):
+        print()
+        print(format_table(["PROFILE", "PRIORITY", "ENGINE", "ACCELERATOR", "GPUS", "NODES", "MEMORY", "CORES"], [
+            [p["name"], p["priority"], p["engine"], p["accelerator"], p["gpus_per_shard"] or None,
+             p["nodes_per_replica"], human_bytes(p["memory_bytes"]) if p["memory_bytes"] else None,
+             p["cpu_cores"] or None] for p in model["profiles"]]))
+    if model.get("replicas"):
+        print()
+        print(format_table(["REPLICA", "STATE", "PROFILE", "NODES", "PORTS", "AGE", "MESSAGE"], [
+            [r["id"], r["state"], r.get("profile"), ",".join(sh["node"] for sh in r["shards"]) or None,
+             ",".join(str(sh["port"]) for sh in r["shards"]) or None, human_age(r.get("created_at")),
+             r.get("message")] for r in model["replicas"]]))
+    return 0
+
+
+def cmd_model_explain(client: Client, args: argparse.Namespace) -> int:
+    answer = client.get(f"models/{args.name}/explain")
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    for profile in answer["profiles"]:
+        verdict = "fits" if profile["fits"] else "fits nowhere"
+        print(f"profile {profile['profile']} (priority {profile['priority']}): {verdict}")
+        for node in profile["nodes"]:
+            if node["fits"]:
+                score = f" (score {node['score']:.2f})" if node.get("score") is not None else ""
+                print(f"  {node['node']}: fits{score}")
+            for reason in node["reasons"]:
+                print(f"  {node['node']}: {reason}")
+    placed = [r for r in answer["replicas"] if r["rejections"]]
+    for replica in placed:
+        print(f"replica {replica['id']} ({replica['state']}) was refused by:")
+        for rejection in replica["rejections"]:
+            print(f"  {rejection['node'] or '-'} [{rejection['profile']}]: {rejection['reason']}")
+    return 0
+
+
+def cmd_model_target(client: Client, args: argparse.Namespace) -> int:
+    body = {k: v for k, v in (("min", args.min), ("max", args.max)) if v is not None}
+    model = client.post(f"models/{args.name}/target", body)
+    print(f"model {model['name']}: {model['min_replicas']} always-running, up to {model['max_replicas']}")
+    return 0
+
+
+def cmd_model_resources(client: Client, args: argparse.Namespace) -> int:
+    body = {k: v for k, v in (("memory", args.memory), ("cores", args.cores), ("profile", args.profile))
+            if v is not None}
+    for profile in client.post(f"models/{args.name}/resources", body):
+        print(f"profile {profile['name']}: memory {human_bytes(profile['memory_bytes']) or '-'}, "
+              f"cores {profile['cpu_cores'] or '-'}")
+    return 0
+
+
+def cmd_model_class(client: Client, args: argparse.Namespace) -> int:
+    model = client.post(f"models/{args.name}/class", {"capacity_class": args.capacity_class})
+    print(f"model {model['name']}: class {model['capacity_class']}")
+    return 0
+
+
+def cmd_replicas(client: Client, args: argparse.Namespace) -> int:
+    replicas = client.get("replicas")["results"]
+    if args.json:
+        print(json.dumps(replicas, indent=2))
+        return 0
+    print(format_table(["ID", "MODEL", "STATE", "PROFILE", "NODES", "AGE", "MESSAGE"], [
+        [r["id"], r["model"], r["state"], r.get("profile"), ",".join(s["node"] for s in r["shards"]) or None,
+         human_age(r.get("created_at")), r.get("message")] for r in replicas]))
+    return 0
+
+
+def add_model_commands(ctl_sub: Any) -> None:
+    p = ctl_sub.add_parser("models", help="list models: ready of wanted, starting, nodes")
+    p.set_defaults(ctl_func=cmd_models)
+    p = ctl_sub.add_parser("replicas", help="list replicas")
+    p.set_defaults(ctl_func=cmd_replicas)
+    model = ctl_sub.add_parser("model", help="one model: apply, show, explain, target, resources, class")
+    sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    p = sub.add_parser("apply", help="create or update models from a YAML file (idempotent)")
+    p.add_argument("-f", "--file", required=True)
+    p.set_defaults(ctl_func=cmd_model_apply)
+    p = sub.add_parser("show", help="a model, its profiles and replicas")
+    p.add_argument("name")
+    p.set_defaults(ctl_func=cmd_model_show)
+    p = sub.add_parser("explain", help="where the model fits, and why every other node was refused")
+    p.add_argument("name")
+    p.set_defaults(ctl_func=cmd_model_explain)
+    p = sub.add_parser("target", help="set always-running (--min) and under-load (--max) replicas")
+    p.add_argument("name")
+    p.add_argument("--min", type=int)
+    p.add_argument("--max", type=int)
+    p.set_defaults(ctl_func=cmd_model_target)
+    p = sub.add_parser("resources", help="set the memory and cores a model's profiles claim")
+    p.add_argument("name")
+    p.add_argument("--memory", help="e.g. 24GB")
+    p.add_argument("--cores", type=float)
+    p.add_argument("--profile", help="only this profile")
+    p.set_defaults(ctl_func=cmd_model_resources)
+    p = sub.add_parser("class", help="set the capacity class: critical, standard, opportunistic")
+    p.add_argument("name")
+    p.add_argument("capacity_class", choices=["critical", "standard", "opportunistic", ""])
+    p.set_defaults(ctl_func=cmd_model_class)

@@ -39,7 +39,11 @@ async def connect(credential: str) -> WebsocketCommunicator:
 async def register(communicator: WebsocketCommunicator, **extra: Any) -> dict[str, Any]:
     await communicator.send_to(text_data=protocol.encode("register", {
         "agent_version": "0.1.0", "hardware": HARDWARE, "features": ["heartbeat.v1"], **extra}))
-    return json.loads(await communicator.receive_from(timeout=5))
+    answer = json.loads(await communicator.receive_from(timeout=5))
+    if answer["type"] == "registered":
+        desired = json.loads(await communicator.receive_from(timeout=5))
+        assert desired["type"] == "desired"  # a registered agent is told at once what to run
+    return answer
 
 
 async def test_a_registered_agent_heartbeats_and_the_node_is_ready() -> None:

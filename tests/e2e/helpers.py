@@ -63,6 +63,7 @@ class Running:
     process: subprocess.Popen[str]
     url: str
     env: dict[str, str]
+    database: str | None = None
     lines: list[str] = field(default_factory=list)
 
     def wait_for_line(self, pattern: str, timeout: float = 120) -> re.Match[str]:
@@ -116,16 +117,22 @@ def llmgw_env(data_dir: Path, port: int, **extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def llmgw_up(tmp_path: Path, *args: str, **extra_env: str) -> Iterator[Running]:
-    """Start `llmgw up` for real (PostgreSQL and Redis when the suite runs on them)."""
+def llmgw_up(tmp_path: Path, *args: str, data_dir: Path | None = None, database: str | None = None,
+             keep_database: bool = False, **extra_env: str) -> Iterator[Running]:
+    """Start `llmgw up` for real (PostgreSQL and Redis when the suite runs on them).
+
+    Pass the data_dir and database of an earlier run to start again on the same state.
+    """
     port = free_port()
-    database = pg_database_url()
-    env = llmgw_env(tmp_path / "data", port, **({"LLMGW_DATABASE_URL": database} if database else {}), **extra_env)
+    owned = database is None
+    database = database or pg_database_url()
+    env = llmgw_env(data_dir or tmp_path / "data", port, **({"LLMGW_DATABASE_URL": database} if database else {}),
+                    **extra_env)
     process = subprocess.Popen(
         [sys.executable, "-m", "llmgw", "up", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    running = Running(process=process, url=f"http://127.0.0.1:{port}", env=env)
+    running = Running(process=process, url=f"http://127.0.0.1:{port}", env=env, database=database)
 
     def pump() -> None:
         assert process.stdout is not None
@@ -142,7 +149,7 @@ def llmgw_up(tmp_path: Path, *args: str, **extra_env: str) -> Iterator[Running]:
                     os.kill(pid, 9)
             process.kill()
         process.wait(timeout=30)
-        if database:
+        if database and owned and not keep_database:
             drop_pg_database(database)
 
 

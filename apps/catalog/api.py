@@ -1,0 +1,228 @@
+"""REST endpoints for models: declare (apply), inspect, explain, headroom, and change targets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.access import IsOperator
+from apps.catalog import selectors, services
+from apps.catalog.choices import CapacityClass
+from apps.catalog.models import Model, Profile
+from apps.cluster.models import Replica, Shard
+
+__all__ = ["ModelViewSet", "ReplicaViewSet", "explain_model", "headroom"]
+
+
+class ProfileSerializer(serializers.ModelSerializer[Profile]):
+    class Meta:
+        model = Profile
+        fields = ["name", "priority", "engine", "accelerator", "gpus_per_shard", "nodes_per_replica", "parallel",
+                  "context_size", "memory_bytes", "cpu_cores", "node_selector", "extra_args", "env"]
+
+
+class ShardSerializer(serializers.ModelSerializer[Shard]):
+    node = serializers.CharField(source="node.name")
+
+    class Meta:
+        model = Shard
+        fields = ["rank", "node", "gpu_indices", "memory_bytes", "cpu_cores", "port", "state", "pid", "exit_code",
+                  "log_tail", "message", "reported_at"]
+
+
+class ReplicaSerializer(serializers.ModelSerializer[Replica]):
+    model = serializers.CharField(source="model.name")
+    profile = serializers.CharField(source="profile.name", default=None)
+    shards = ShardSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = ["id", "model", "profile", "state", "above_minimum", "failures", "next_attempt_at", "message",
+                  "created_at", "placed_at", "ready_at", "shards", "rejections"]
+
+
+class ModelSerializer(serializers.ModelSerializer[Model]):
+    status = serializers.SerializerMethodField()
+    capacity_class = serializers.CharField(source="effective_class")
+    owner = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Model
+        fields = ["name", "capacity_class", "min_replicas", "max_replicas", "source", "fallbacks", "external_url",
+                  "external_model", "owner", "held_until", "status"]
+
+    def get_status(self, model: Model) -> dict[str, Any]:
+        return selectors.model_status(model)
+
+    def get_owner(self, model: Model) -> dict[str, str | None]:
+        return {"organization": model.organization.slug if model.organization else None,
+                "team": model.team.slug if model.team else None,
+                "project": model.project.slug if model.project else None}
+
+
+class ModelDetailSerializer(ModelSerializer):
+    profiles = ProfileSerializer(many=True, read_only=True)
+    replicas = ReplicaSerializer(many=True, read_only=True)
+
+    class Meta(ModelSerializer.Meta):
+        fields = [*ModelSerializer.Meta.fields, "external_api_key_file", "profiles", "replicas"]
+
+
+def _errors(exc: ValidationError) -> dict[str, list[str]]:
+    return exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
+
+
+def explain_model(model: Model) -> list[dict[str, Any]]:
+    """For each profile, each node and every reason it was refused; plus what placed replicas met."""
+    from apps.cluster import placement
+    from apps.cluster.inventory import build_inventory, replica_request
+
+    out = []
+    for verdict in placement.explain(build_inventory(), replica_request(model)):
+        out.append({
+            "profile": verdict.profile.name, "priority": verdict.profile.priority, "fits": verdict.fits,
+            "nodes": [{"node": n.node_name, "fits": n.fits, "score": n.score,
+                       "reasons": [selectors.translate_reason(_rejection(r)) for r in n.reasons]}
+                      for n in verdict.nodes],
+        })
+    return out
+
+
+def _rejection(rejection: Any) -> dict[str, Any]:
+    return rejection.to_dict()  # type: ignore[no-any-return]
+
+
+def headroom(model: Model) -> dict[str, int]:
+    from apps.cluster import placement
+    from apps.cluster.inventory import build_inventory, replica_request
+
+    inventory = build_inventory()
+    request = replica_request(model)
+    return {"without_preemption": placement.headroom(inventory, request),
+            "with_preemption": placement.headroom(inventory, request, preempt=True)}
+
+
+class TargetSerializer(serializers.Serializer[Any]):
+    min = serializers.IntegerField(min_value=0, required=False)
+    max = serializers.IntegerField(min_value=0, required=False)
+
+
+class ResourcesSerializer(serializers.Serializer[Any]):
+    memory = serializers.CharField(required=False, help_text="e.g. 24GB, 512MiB, or a number of gigabytes")
+    cores = serializers.FloatField(min_value=0, required=False)
+    profile = serializers.CharField(required=False)
+
+
+class ClassSerializer(serializers.Serializer[Any]):
+    capacity_class = serializers.ChoiceField(choices=CapacityClass.choices, source="class")
+
+
+class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Model]):
+    """Models and how they run. Staff read; administrators and operators change."""
+
+    permission_classes = [IsOperator]
+    lookup_field = "name"
+    lookup_value_regex = "[A-Za-z0-9][A-Za-z0-9._:-]*"
+
+    def get_queryset(self) -> QuerySet[Model]:
+        return selectors.models_with_replicas()
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer[Model]]:
+        return ModelDetailSerializer if self.action == "retrieve" else ModelSerializer
+
+    @extend_schema(request=inline_serializer("ApplyRequest", {"models": serializers.ListField(
+        child=serializers.DictField())}), responses=inline_serializer("ApplyAnswer", {
+            "results": serializers.ListField(child=serializers.DictField())}))
+    @action(detail=False, methods=["post"])
+    def apply(self, request: Request) -> Response:
+        """Create or update models from specs (as in models.yaml). Idempotent; all or nothing."""
+        try:
+            results = services.apply_models(request.data, actor=request.user)  # type: ignore[arg-type]
+        except services.SpecError as exc:
+            return Response({"detail": "Invalid model spec.", "errors": exc.errors},
+                            status=status.HTTP_400_BAD_REQUEST)
+        return Response({"results": [{"name": r.name, "outcome": r.outcome, "changes": r.changes}
+                                     for r in results]})
+
+    @extend_schema(request=TargetSerializer, responses=ModelSerializer)
+    @action(detail=True, methods=["post"])
+    def target(self, request: Request, name: str | None = None) -> Response:
+        data = TargetSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        model = self.get_object()
+        if data.validated_data.get("min") is not None:
+            room = headroom(model)
+            running = model.replicas.exclude(state="stopping").exclude(state="pending").count()
+            need = data.validated_data["min"] - running
+            if need > room["with_preemption"]:
+                return Response({"detail": f"Only {room['with_preemption']} more replicas of {model.name} fit "
+                                           f"({room['without_preemption']} without preemption); "
+                                           f"{data.validated_data['min']} always-running would need {need} more."},
+                                status=status.HTTP_409_CONFLICT)
+        try:
+            services.set_target(model, min_replicas=data.validated_data.get("min"),
+                                max_replicas=data.validated_data.get("max"), actor=request.user)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            return Response({"detail": "Invalid target.", "errors": _errors(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(ModelSerializer(self.get_queryset().get(pk=model.pk)).data)
+
+    @extend_schema(request=ResourcesSerializer, responses=ProfileSerializer(many=True))
+    @action(detail=True, methods=["post"])
+    def resources(self, request: Request, name: str | None = None) -> Response:
+        data = ResourcesSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        memory = None
+        if data.validated_data.get("memory") is not None:
+            try:
+                memory = services.parse_memory(data.validated_data["memory"])
+            except ValueError:
+                return Response({"detail": "Invalid input.", "errors": {"memory": [
+                    "Expected a size such as 24GB, 512MiB or a number of gigabytes."]}}, status=400)
+        try:
+            profiles = services.set_resources(self.get_object(), memory_bytes=memory,
+                                              cpu_cores=data.validated_data.get("cores"),
+                                              profile_name=data.validated_data.get("profile"),
+                                              actor=request.user)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            return Response({"detail": "Invalid resources.", "errors": _errors(exc)}, status=400)
+        return Response(ProfileSerializer(profiles, many=True).data)
+
+    @extend_schema(request=ClassSerializer, responses=ModelSerializer)
+    @action(detail=True, methods=["post"], url_path="class")
+    def capacity_class(self, request: Request, name: str | None = None) -> Response:
+        data = ClassSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        model = services.set_class(self.get_object(), data.validated_data["class"], actor=request.user)  # type: ignore[arg-type]
+        return Response(ModelSerializer(self.get_queryset().get(pk=model.pk)).data)
+
+    @extend_schema(responses=inline_serializer("Explain", {"profiles": serializers.ListField(
+        child=serializers.DictField()), "replicas": serializers.ListField(child=serializers.DictField())}))
+    @action(detail=True, methods=["get"])
+    def explain(self, request: Request, name: str | None = None) -> Response:
+        model = self.get_object()
+        replicas = [{"id": r.pk, "state": r.state, "message": r.message,
+                     "rejections": [{"profile": x.get("profile"), "node": x.get("node"),
+                                     "reason": selectors.translate_reason(x)} for x in r.rejections]}
+                    for r in model.replicas.all()]
+        return Response({"model": model.name, "profiles": explain_model(model), "replicas": replicas})
+
+    @extend_schema(responses=inline_serializer("Headroom", {"without_preemption": serializers.IntegerField(),
+                                                            "with_preemption": serializers.IntegerField()}))
+    @action(detail=True, methods=["get"])
+    def headroom(self, request: Request, name: str | None = None) -> Response:
+        return Response(headroom(self.get_object()))
+
+
+class ReplicaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Replica]):
+    permission_classes = [IsOperator]
+    serializer_class = ReplicaSerializer
+
+    def get_queryset(self) -> QuerySet[Replica]:
+        return Replica.objects.select_related("model", "profile").prefetch_related("shards__node")

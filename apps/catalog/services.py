@@ -1,0 +1,310 @@
+"""Declaring models: from YAML, the API or the console, all through apply_models()."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from apps.accounts import audit
+from apps.accounts.models import Organization, Project, Team, User
+from apps.catalog.models import Model, Profile
+
+__all__ = ["ApplyResult", "SpecError", "apply_models", "parse_memory", "set_class", "set_resources", "set_target"]
+
+MODEL_FIELDS = ("capacity_class", "min_replicas", "max_replicas", "source", "fallbacks", "external_url",
+                "external_model", "external_api_key_file", "organization_id", "team_id", "project_id")
+PROFILE_FIELDS = ("priority", "engine", "accelerator", "gpus_per_shard", "nodes_per_replica", "parallel",
+                  "context_size", "memory_bytes", "cpu_cores", "node_selector", "extra_args", "env")
+# Memory is counted as operators and the kernel count RAM: a GB is 1024^3 bytes, as in "64 GB of RAM".
+UNITS = {"b": 1, "k": 1024, "kb": 1024, "ki": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mi": 1024**2,
+         "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gi": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4,
+         "ti": 1024**4, "tib": 1024**4}
+
+
+class SpecError(Exception):
+    """Field errors keyed by their path in the spec, e.g. models[0].profiles[1].memory."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    name: str
+    outcome: str  # created, changed, unchanged
+    changes: dict[str, Any]
+
+
+def parse_memory(value: Any) -> int:
+    """Bytes from 24, "24GB", "24 GiB", "1.5G" (a bare number is gigabytes; a GB is 1024^3 bytes)."""
+    if isinstance(value, bool):
+        raise ValueError
+    if isinstance(value, int | float):
+        return int(value * 1024**3)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+    unit = (match.group(2).lower() or "gb") if match else ""
+    if not match or unit not in UNITS:
+        raise ValueError
+    return int(float(match.group(1)) * UNITS[unit])
+
+
+def _owner(spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> dict[str, Any]:
+    owner = spec.get("owner") or {}
+    if not isinstance(owner, dict):
+        errors.setdefault(f"{path}.owner", []).append(_("Expected organization, team and project slugs."))
+        return {}
+    found: dict[str, Any] = {"organization_id": None, "team_id": None, "project_id": None}
+    org = team = None
+    if owner.get("organization"):
+        org = Organization.objects.filter(slug=owner["organization"]).first()
+        if org is None:
+            errors.setdefault(f"{path}.owner.organization", []).append(
+                _("No organisation “%(slug)s”.") % {"slug": owner["organization"]})
+            return found
+        found["organization_id"] = org.pk
+    if owner.get("team"):
+        team = Team.objects.filter(slug=owner["team"], **({"organization": org} if org else {})).first()
+        if team is None:
+            errors.setdefault(f"{path}.owner.team", []).append(_("No team “%(slug)s”.") % {"slug": owner["team"]})
+            return found
+        found["team_id"] = team.pk
+    if owner.get("project"):
+        project = Project.objects.filter(slug=owner["project"], **({"team": team} if team else {})).first()
+        if project is None:
+            errors.setdefault(f"{path}.owner.project", []).append(
+                _("No project “%(slug)s”.") % {"slug": owner["project"]})
+            return found
+        found["project_id"] = project.pk
+    return found
+
+
+def _model_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> dict[str, Any]:
+    replicas = spec.get("replicas", {})
+    values: dict[str, Any] = {
+        "capacity_class": spec.get("class", "") or "",
+        "source": spec.get("source", "") or "",
+        "fallbacks": spec.get("fallbacks", []) or [],
+    }
+    if isinstance(replicas, int) and not isinstance(replicas, bool):
+        values["min_replicas"] = values["max_replicas"] = replicas
+    elif isinstance(replicas, dict):
+        values["min_replicas"] = replicas.get("min", 1)
+        values["max_replicas"] = replicas.get("max", max(1, values["min_replicas"]))
+    else:
+        errors.setdefault(f"{path}.replicas", []).append(_("Expected a number or {min: N, max: M}."))
+    external = spec.get("external") or {}
+    if not isinstance(external, dict):
+        errors.setdefault(f"{path}.external", []).append(_("Expected url, model and api_key_file."))
+        external = {}
+    values.update({"external_url": external.get("url", "") or "", "external_model": external.get("model", "") or "",
+                   "external_api_key_file": external.get("api_key_file", "") or ""})
+    values.update(_owner(spec, path, errors))
+    for key in ("min_replicas", "max_replicas"):
+        value = values.get(key)
+        if key in values and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            errors.setdefault(f"{path}.replicas", []).append(_("Expected a whole number of replicas, 0 or more."))
+            values.pop(key)
+    if not isinstance(values["fallbacks"], list) or not all(isinstance(f, str) for f in values["fallbacks"]):
+        errors.setdefault(f"{path}.fallbacks", []).append(_("Expected a list of model names."))
+        values["fallbacks"] = []
+    return values
+
+
+def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    simple = {"priority": int, "engine": str, "accelerator": str, "gpus_per_shard": int, "nodes_per_replica": int,
+              "parallel": int, "context_size": int, "node_selector": dict, "extra_args": list, "env": dict}
+    defaults = {"priority": 0, "engine": "llama.cpp", "accelerator": "cpu", "gpus_per_shard": 0,
+                "nodes_per_replica": 1, "parallel": 4, "context_size": None, "node_selector": {}, "extra_args": [],
+                "env": {}}
+    for key, kind in simple.items():
+        value = spec.get(key, defaults[key])
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            errors.setdefault(f"{path}.{key}", []).append(_("Expected a %(kind)s.") % {"kind": kind.__name__})
+            continue
+        values[key] = value
+    if values.get("accelerator", "cpu") != "cpu" and "gpus_per_shard" not in spec:
+        values["gpus_per_shard"] = 1
+    memory = spec.get("memory", spec.get("memory_gb"))
+    try:
+        values["memory_bytes"] = parse_memory(memory) if memory is not None else 0
+    except ValueError:
+        errors.setdefault(f"{path}.memory", []).append(
+            _("Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”.") % {"value": memory})
+    cores = spec.get("cpu_cores", 0)
+    if isinstance(cores, bool) or not isinstance(cores, int | float) or cores < 0:
+        errors.setdefault(f"{path}.cpu_cores", []).append(_("Expected a number of cores, 0 or more."))
+    else:
+        values["cpu_cores"] = float(cores)
+    return values
+
+
+@transaction.atomic
+def apply_models(specs: Any, *, actor: User | None) -> list[ApplyResult]:
+    """Create or update models and their profiles from specs; only what changed is written.
+
+    Everything is validated before anything is written: one bad field leaves the whole
+    catalogue as it was.
+    """
+    if isinstance(specs, dict) and "models" in specs:
+        specs = specs["models"]
+    if not isinstance(specs, list):
+        raise SpecError({"models": [_("Expected a list of models.")]})
+    errors: dict[str, list[str]] = {}
+    plans: list[tuple[Model, dict[str, Any], list[tuple[Profile, dict[str, Any]]], bool]] = []
+    names: set[str] = set()
+    for i, spec in enumerate(specs):
+        path = f"models[{i}]"
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            errors.setdefault(f"{path}.name", []).append(_("Each model needs a name."))
+            continue
+        if spec["name"] in names:
+            errors.setdefault(f"{path}.name", []).append(_("“%(name)s” appears twice.") % {"name": spec["name"]})
+        names.add(spec["name"])
+        model = Model.objects.filter(name=spec["name"]).first()
+        created = model is None
+        model = model or Model(name=spec["name"])
+        values = _model_values(spec, path, errors)
+        before = {f: getattr(model, f) for f in MODEL_FIELDS}
+        for key, value in values.items():
+            setattr(model, key, value)
+        try:
+            model.full_clean(exclude=["organization", "team", "project"], validate_unique=False)
+        except ValidationError as exc:
+            for field, messages in exc.message_dict.items():
+                errors.setdefault(f"{path}.{field}", []).extend(messages)
+        profiles_spec = spec.get("profiles", []) or []
+        if not isinstance(profiles_spec, list):
+            errors.setdefault(f"{path}.profiles", []).append(_("Expected a list of profiles."))
+            profiles_spec = []
+        if model.is_external and profiles_spec:
+            errors.setdefault(f"{path}.profiles", []).append(
+                _("A model served by an external provider has no profiles."))
+        if not model.is_external and not profiles_spec:
+            errors.setdefault(f"{path}.profiles", []).append(
+                _("Give at least one profile, or an external provider."))
+        profiles: list[tuple[Profile, dict[str, Any]]] = []
+        for j, pspec in enumerate(profiles_spec):
+            ppath = f"{path}.profiles[{j}]"
+            if not isinstance(pspec, dict) or not isinstance(pspec.get("name"), str) or not pspec["name"]:
+                errors.setdefault(f"{ppath}.name", []).append(_("Each profile needs a name."))
+                continue
+            existing = Profile.objects.filter(model=model, name=pspec["name"]).first() if model.pk else None
+            profile = existing or Profile(name=pspec["name"])
+            pvalues = _profile_values(pspec, ppath, errors)
+            pbefore = {f: getattr(profile, f) for f in PROFILE_FIELDS}
+            for key, value in pvalues.items():
+                setattr(profile, key, value)
+            try:
+                profile.full_clean(exclude=["model"], validate_unique=False)
+            except ValidationError as exc:
+                for field, messages in exc.message_dict.items():
+                    key = "memory" if field == "memory_bytes" else field
+                    errors.setdefault(f"{ppath}.{key}", []).extend(messages)
+            profiles.append((profile, {k: [pbefore[k], getattr(profile, k)] for k in PROFILE_FIELDS
+                                       if pbefore[k] != getattr(profile, k) or existing is None}))
+        changes = {k: [before[k], getattr(model, k)] for k in MODEL_FIELDS if before[k] != getattr(model, k)}
+        plans.append((model, changes, profiles, created))
+    if errors:
+        raise SpecError(errors)
+
+    results = []
+    for model, changes, profiles, created in plans:
+        profile_changes = {p.name: diff for p, diff in profiles if diff}
+        keep = {p.name for p, _diff in profiles}
+        removed = [] if created else list(model.profiles.exclude(name__in=keep).values_list("name", flat=True))
+        if created or changes or profile_changes or removed:
+            model.updated_at = timezone.now()
+            model.save()
+            for profile, diff in profiles:
+                if diff or profile.pk is None:
+                    profile.model = model
+                    profile.save()
+            if removed:
+                model.profiles.filter(name__in=removed).delete()
+            outcome = "created" if created else "changed"
+            all_changes = {**changes, **({"profiles": profile_changes} if profile_changes else {}),
+                           **({"profiles_removed": removed} if removed else {})}
+            audit.record(actor, f"model.{'create' if created else 'update'}", model,
+                         changes=_jsonable(all_changes))
+            from apps.cluster.reconciler import request_reconcile
+
+            request_reconcile()
+        else:
+            outcome, all_changes = "unchanged", {}
+        results.append(ApplyResult(model.name, outcome, _jsonable(all_changes)))
+    return results
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+@transaction.atomic
+def set_target(model: Model, *, min_replicas: int | None = None, max_replicas: int | None = None,
+               actor: User | None) -> Model:
+    """Change the always-running and under-load replica counts (only what is given)."""
+    before = {"min_replicas": model.min_replicas, "max_replicas": model.max_replicas}
+    if min_replicas is not None:
+        model.min_replicas = min_replicas
+    if max_replicas is not None:
+        model.max_replicas = max_replicas
+    if min_replicas is not None and max_replicas is None and model.max_replicas < model.min_replicas:
+        model.max_replicas = model.min_replicas
+    model.full_clean(exclude=["organization", "team", "project"], validate_unique=False)
+    after = {"min_replicas": model.min_replicas, "max_replicas": model.max_replicas}
+    if after != before:
+        model.updated_at = timezone.now()
+        model.save(update_fields=["min_replicas", "max_replicas", "updated_at"])
+        audit.record(actor, "model.target", model, changes=audit.diff(before, after))
+        from apps.cluster.reconciler import request_reconcile
+
+        request_reconcile()
+    return model
+
+
+@transaction.atomic
+def set_class(model: Model, capacity_class: str, *, actor: User | None) -> Model:
+    before = {"capacity_class": model.capacity_class}
+    model.capacity_class = capacity_class
+    model.full_clean(exclude=["organization", "team", "project"], validate_unique=False)
+    if before["capacity_class"] != capacity_class:
+        model.save(update_fields=["capacity_class"])
+        audit.record(actor, "model.class", model, changes=audit.diff(before, {"capacity_class": capacity_class}))
+    return model
+
+
+@transaction.atomic
+def set_resources(model: Model, *, memory_bytes: int | None = None, cpu_cores: float | None = None,
+                  profile_name: str | None = None, actor: User | None) -> list[Profile]:
+    """Change the memory and cores claimed by a model's profiles (all, or the one named)."""
+    profiles = list(model.profiles.all())
+    if profile_name:
+        profiles = [p for p in profiles if p.name == profile_name]
+        if not profiles:
+            raise ValidationError({"profile": [_("No profile “%(name)s”.") % {"name": profile_name}]})
+    for profile in profiles:
+        before = {"memory_bytes": profile.memory_bytes, "cpu_cores": profile.cpu_cores}
+        if memory_bytes is not None:
+            profile.memory_bytes = memory_bytes
+        if cpu_cores is not None:
+            profile.cpu_cores = cpu_cores
+        profile.full_clean(exclude=["model"], validate_unique=False)
+        after = {"memory_bytes": profile.memory_bytes, "cpu_cores": profile.cpu_cores}
+        if after != before:
+            profile.save(update_fields=["memory_bytes", "cpu_cores"])
+            audit.record(actor, "profile.resources", profile, changes=audit.diff(before, after))
+    return profiles

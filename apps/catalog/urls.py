@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from apps.catalog import views
+
+app_name = "catalog"
+
+urlpatterns = [
+    path("", views.models, name="models"),
+    path("<str:name>/", views.model_detail, name="model"),
+    path("<str:name>/explain", views.model_explain, name="model-explain"),
+    path("<str:name>/target", views.model_target, name="model-target"),
+    path("<str:name>/class", views.model_class, name="model-class"),
+    path("<str:name>/resources", views.model_resources, name="model-resources"),
+]

@@ -1,0 +1,68 @@
+"""The database's view of the cluster as placement's plain snapshot (and back)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from apps.catalog.models import Model, Profile
+from apps.cluster.choices import NodeStatus, ReplicaState
+from apps.cluster.models import Node, Replica, Shard
+from apps.cluster.placement import CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ProfileSpec, ReplicaRequest
+from apps.quotas.models import CapacityQuota as QuotaRow
+
+__all__ = ["CLAIMING_STATES", "build_inventory", "profile_spec", "replica_request"]
+
+# Replicas whose shards hold their claims: a stopping replica still occupies its node until it stopped.
+CLAIMING_STATES = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING, ReplicaState.FAILED)
+
+
+def _snapshot(node: Node) -> NodeSnapshot:
+    gpus = [GpuSlot(index=g.index, gpu_class=g.gpu_class or g.name or "unknown", healthy=g.healthy,
+                    nvlink_group=None) for g in node.gpus.all()]
+    engines = node.hardware.get("engines")
+    weights = frozenset(w for pool in (node.sample or {}).get("storage") or [] for w in pool.get("weights") or [])
+    return NodeSnapshot(
+        id=node.pk, name=node.name, ready=node.status == NodeStatus.READY, cordoned=node.cordoned,
+        cordon_reason=node.cordon_reason,
+        labels={**(node.hardware.get("labels") or {}), **(node.labels or {})},
+        memory_total_bytes=node.memory_total_bytes, cpus=node.cpus, gpus=gpus,
+        engines=frozenset(engines) if isinstance(engines, list) else None,
+        fabric=None, weights=weights, extra={"status": node.status},
+    )
+
+
+def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:
+    excluded = set(exclude_replicas)
+    nodes = {n.pk: _snapshot(n) for n in Node.objects.exclude(status=NodeStatus.REVOKED).prefetch_related("gpus")}
+    claims = []
+    shards = Shard.objects.filter(replica__state__in=CLAIMING_STATES).select_related(
+        "replica__model__organization", "replica__model__team__organization", "replica__model__project__team")
+    for shard in shards:
+        if shard.replica_id in excluded or shard.node_id not in nodes:
+            continue
+        replica = shard.replica
+        claims.append(Claim(
+            replica=str(replica.pk), shard=shard.rank, node_id=shard.node_id,
+            gpu_indices=tuple(shard.gpu_indices or ()), memory_bytes=shard.memory_bytes, cpu_cores=shard.cpu_cores,
+            owner=replica.model.owner_keys(), capacity_class=replica.model.effective_class,
+            model=replica.model.name, above_minimum=replica.above_minimum,
+        ))
+    quotas = {row.owner_key: CapacityQuota(gpus=row.gpus, cpu_cores=row.cpu_cores, memory_bytes=row.memory_bytes,
+                                           replicas=row.replicas) for row in QuotaRow.objects.all()}
+    inventory = Inventory(nodes=nodes, claims=claims, quotas=quotas)
+    return inventory
+
+
+def profile_spec(profile: Profile) -> ProfileSpec:
+    return ProfileSpec(
+        id=profile.pk, name=profile.name, priority=profile.priority, engine=profile.engine,
+        accelerator=profile.accelerator, gpus_per_shard=profile.gpus_per_shard,
+        nodes_per_replica=profile.nodes_per_replica, memory_bytes=profile.memory_bytes, cpu_cores=profile.cpu_cores,
+        node_selector=dict(profile.node_selector or {}),
+    )
+
+
+def replica_request(model: Model, replica: Replica | None = None) -> ReplicaRequest:
+    profiles = sorted((profile_spec(p) for p in model.profiles.all()), key=lambda p: (-p.priority, p.name))
+    return ReplicaRequest(model=model.name, profiles=profiles, owner=model.owner_keys(),
+                          capacity_class=model.effective_class, replica_id=str(replica.pk) if replica else "")

@@ -1,0 +1,84 @@
+"""Placement: which nodes and GPUs a replica gets, and why every other node was refused.
+
+Pure Python (no Django): the caller builds an `Inventory` snapshot, asks `place`, `explain`,
+`headroom` or `plan_preemption`, and stores what it decides. Importing this package registers
+the built-in filters, scorers and checks; other apps add theirs with the register_* functions.
+"""
+
+from __future__ import annotations
+
+from . import filters as filters
+from . import scorers as scorers
+from .context import PlacementContext
+from .dryrun import DEFAULT_CAPACITY_RANK, headroom, plan_preemption, preemption_candidates
+from .gpus import choose_gpus
+from .model import (
+    CPU,
+    CapacityQuota,
+    Claim,
+    GpuSlot,
+    Inventory,
+    NodeSnapshot,
+    NodeVerdict,
+    Placement,
+    PlacementConflict,
+    PlacementResult,
+    PreemptionPlan,
+    ProfileExplain,
+    ProfileSpec,
+    Rejection,
+    ReplicaRequest,
+    ShardPlan,
+    Usage,
+)
+from .pipeline import explain, ordered_profiles, place
+from .reasons import Reason, gettext_noop
+from .registry import (
+    REGISTRY,
+    Registry,
+    register_check,
+    register_filter,
+    register_scorer,
+    register_snapshot_field,
+    snapshot_field,
+)
+
+__all__ = [
+    "CPU",
+    "DEFAULT_CAPACITY_RANK",
+    "REGISTRY",
+    "CapacityQuota",
+    "Claim",
+    "GpuSlot",
+    "Inventory",
+    "NodeSnapshot",
+    "NodeVerdict",
+    "Placement",
+    "PlacementConflict",
+    "PlacementContext",
+    "PlacementResult",
+    "PreemptionPlan",
+    "ProfileExplain",
+    "ProfileSpec",
+    "Reason",
+    "Registry",
+    "Rejection",
+    "ReplicaRequest",
+    "ShardPlan",
+    "Usage",
+    "choose_gpus",
+    "explain",
+    "filters",
+    "gettext_noop",
+    "headroom",
+    "ordered_profiles",
+    "place",
+    "plan_preemption",
+    "preemption_candidates",
+    "register_check",
+    "register_filter",
+    "register_scorer",
+    "register_snapshot_field",
+    "scorers",
+    "snapshot_field",
+]

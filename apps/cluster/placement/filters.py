@@ -1,0 +1,135 @@
+"""Built-in filters (hard constraints on a node) and checks (on the whole replica).
+
+Each returns the reason, with its numbers, or None. Registered on import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from . import reasons
+from .context import PlacementContext
+from .model import CORE_EPSILON, NodeSnapshot
+from .reasons import Reason
+from .registry import REGISTRY
+
+
+def ready(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    if node.ready:
+        return None
+    return reasons.not_ready(node.name, node.status or str(node.extra.get("status") or "unknown"))
+
+
+def not_cordoned(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    if not node.cordoned:
+        return None
+    return reasons.cordoned(node.name, node.cordon_reason or "no reason given")
+
+
+def node_selector(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    selector = ctx.profile.node_selector
+    if not selector:
+        return None
+    labels = node.labels
+    for key in sorted(selector):
+        if labels.get(key) != selector[key]:
+            return reasons.missing_label(node.name, key, selector[key], labels.get(key))
+    return None
+
+
+def gpu_class(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """Only GPUs of the profile's class are ever considered; a CPU profile needs none."""
+    cls = ctx.gpu_class
+    if cls is None:
+        return None
+    classes = ctx.inventory.gpu_classes(node.id)
+    if cls in classes:
+        return None
+    return reasons.no_gpu_class(node.name, cls, classes)
+
+
+def free_gpus(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """Enough healthy, unclaimed GPUs of the class (a node without the class is gpu_class's refusal)."""
+    cls = ctx.gpu_class
+    if cls is None or not ctx.gpus:
+        return None
+    inventory = ctx.inventory
+    if cls not in inventory.gpu_classes(node.id):
+        return None
+    free = inventory.free_count(node.id, cls)
+    if free >= ctx.gpus:
+        return None
+    of_class = [g for g in node.gpus if g.gpu_class == cls]
+    unhealthy = sum(1 for g in of_class if not g.healthy)
+    return reasons.too_few_gpus(node.name, cls, free, ctx.gpus, len(of_class), unhealthy)
+
+
+def memory(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """The claim against the node's total less what it already owes; 0 claims nothing, and a node
+    that reports no memory stays usable."""
+    need = ctx.memory
+    total = node.memory_total_bytes
+    if not need or total is None:
+        return None
+    claimed = ctx.inventory.memory_claimed(node.id)
+    if claimed + need <= total:
+        return None
+    return reasons.too_little_memory(node.name, max(total - claimed, 0), total, need)
+
+
+def cpu_cores(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """Cores reserved out of the node's CPUs, as memory is; a node that reports no CPUs stays usable."""
+    need = ctx.cores
+    cpus = node.cpus
+    if not need or cpus is None:
+        return None
+    claimed = ctx.inventory.cores_claimed(node.id)
+    if claimed + need <= cpus + CORE_EPSILON:
+        return None
+    return reasons.too_few_cores(node.name, max(cpus - claimed, 0.0), cpus, need)
+
+
+def engine(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    engines = node.engines
+    if engines is None or ctx.profile.engine in engines:
+        return None
+    return reasons.no_engine(node.name, ctx.profile.engine, engines)
+
+
+def fabric(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """A replica across nodes needs every node on one fabric, so a node on none cannot take a shard."""
+    if not ctx.multi_node or node.fabric is not None:
+        return None
+    return reasons.no_fabric(node.name, ctx.nodes)
+
+
+def quota(ctx: PlacementContext) -> Iterator[Reason]:
+    """Every owner key the replica counts against must have room for the whole replica."""
+    inventory = ctx.inventory
+    n = ctx.nodes
+    gpus, cores, mem = ctx.gpus * n, ctx.cores * n, ctx.memory * n
+    for key in ctx.request.owner:
+        limit = inventory.quotas.get(key)
+        if limit is None:
+            continue
+        used = inventory.usage(key)
+        if limit.gpus is not None and gpus and used.gpus + gpus > limit.gpus:
+            yield reasons.quota_gpus(key, used.gpus, limit.gpus, gpus)
+        if limit.cpu_cores is not None and cores and used.cores + cores > limit.cpu_cores + CORE_EPSILON:
+            yield reasons.quota_cores(key, used.cores, limit.cpu_cores, cores)
+        if limit.memory_bytes is not None and mem and used.memory + mem > limit.memory_bytes:
+            yield reasons.quota_memory(key, used.memory, limit.memory_bytes, mem)
+        if limit.replicas is not None and used.replicas + 1 > limit.replicas:
+            yield reasons.quota_replicas(key, used.replicas, limit.replicas)
+
+
+REGISTRY.register_filter(ready, name="ready", order=10)
+REGISTRY.register_filter(not_cordoned, name="cordon", order=11)
+REGISTRY.register_filter(node_selector, name="node_selector", order=20)
+REGISTRY.register_filter(gpu_class, name="gpu_class", order=30)
+REGISTRY.register_filter(free_gpus, name="free_gpus", order=40)
+REGISTRY.register_filter(memory, name="memory", order=50)
+REGISTRY.register_filter(cpu_cores, name="cpu_cores", order=60)
+REGISTRY.register_filter(engine, name="engine", order=70)
+REGISTRY.register_filter(fabric, name="fabric", order=80)
+REGISTRY.register_check(quota, name="quota", order=10)

@@ -1,0 +1,29 @@
+"""Which GPUs of a node a shard takes."""
+
+from __future__ import annotations
+
+from .model import GpuSlot, Inventory
+
+
+def choose_gpus(inventory: Inventory, node_id: int, gpu_class: str, need: int) -> tuple[int, ...] | None:
+    """`need` free healthy GPUs of the class, or None if the node has fewer.
+
+    Where the NVLink topology is known, the shard stays inside one NVLink group when one has
+    room, taking the group that fits with the fewest free cards left over so that big groups
+    stay whole for big shards (ties: the group with the lowest index). Otherwise the lowest
+    free indices.
+    """
+    if need <= 0:
+        return ()
+    free = inventory.free_gpus(node_id, gpu_class)
+    if len(free) < need:
+        return None
+    groups: dict[str, list[GpuSlot]] = {}
+    for slot in free:
+        if slot.nvlink_group is not None:
+            groups.setdefault(slot.nvlink_group, []).append(slot)
+    fitting = [(len(slots) - need, slots[0].index, key) for key, slots in groups.items() if len(slots) >= need]
+    if fitting:
+        key = min(fitting)[2]
+        return tuple(slot.index for slot in groups[key][:need])
+    return tuple(slot.index for slot in free[:need])

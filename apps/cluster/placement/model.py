@@ -1,0 +1,501 @@
+"""The placement snapshot and its results, as plain dataclasses (no Django).
+
+Nodes and their GPU slots are read-only once an `Inventory` holds them: placing, applying
+and releasing change only the inventory's claims and its indexes, which is why
+`Inventory.copy()` can share the node objects and stay cheap.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+CPU = "cpu"
+# Cores are fractional and summed; a claim this close to the limit still fits.
+CORE_EPSILON = 1e-9
+
+
+@dataclass(slots=True)
+class GpuSlot:
+    index: int
+    gpu_class: str
+    healthy: bool = True
+    # Something outside the claims list holds it (a replica id, or another process).
+    claimed_by: str | None = None
+    # Cards sharing an NVLink/NVSwitch domain inside the node share an id; None = topology unknown.
+    nvlink_group: str | None = None
+
+
+@dataclass(slots=True)
+class NodeSnapshot:
+    id: int
+    name: str
+    ready: bool = True
+    cordoned: bool = False
+    cordon_reason: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    memory_total_bytes: int | None = None  # None: the agent did not say; the node stays usable
+    cpus: int | None = None  # None: the agent did not say; the node stays usable
+    gpus: list[GpuSlot] = field(default_factory=list)
+    engines: frozenset[str] | None = None  # None: the agent did not say, do not filter
+    fabric: str | None = None  # physical fabric identity; None: on no fabric
+    weights: frozenset[str] = frozenset()  # model names whose weights this node can read
+    extra: dict[str, Any] = field(default_factory=dict)  # contributed by other apps' snapshot fields
+    status: str = ""  # why it is not ready, in words, for the reason shown
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    replica: str
+    shard: int
+    node_id: int
+    gpu_indices: tuple[int, ...] = ()
+    memory_bytes: int = 0
+    cpu_cores: float = 0.0
+    owner: tuple[str, ...] = ()
+    capacity_class: str = "standard"
+    model: str = ""
+    above_minimum: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityQuota:
+    gpus: int | None = None
+    cpu_cores: float | None = None
+    memory_bytes: int | None = None
+    replicas: int | None = None
+
+
+class Usage(NamedTuple):
+    gpus: int
+    cores: float
+    memory: int
+    replicas: int
+
+
+@dataclass(slots=True)
+class ProfileSpec:
+    id: int
+    name: str
+    priority: int  # the larger number is tried first
+    engine: str
+    accelerator: str  # "cpu" or a GPU class such as "H100-80GB"
+    gpus_per_shard: int = 0
+    nodes_per_replica: int = 1
+    memory_bytes: int = 0  # per shard; 0 claims nothing
+    cpu_cores: float = 0  # per shard; 0 claims nothing
+    node_selector: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.accelerator == CPU
+
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs per shard; a CPU profile claims none whatever gpus_per_shard says."""
+        return 0 if self.is_cpu else max(self.gpus_per_shard, 0)
+
+    @property
+    def nodes_needed(self) -> int:
+        return max(self.nodes_per_replica, 1)
+
+
+@dataclass(slots=True)
+class ReplicaRequest:
+    model: str
+    profiles: list[ProfileSpec]
+    owner: tuple[str, ...] = ()
+    capacity_class: str = "standard"
+    replica_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    profile_id: int
+    profile_name: str
+    node_id: int | None
+    node_name: str | None
+    code: str
+    message: str
+    params: dict[str, Any]
+    # The English msgid behind `message`, for translation on the Django side.
+    template: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile_id": self.profile_id, "profile": self.profile_name, "node_id": self.node_id,
+                "node": self.node_name, "code": self.code, "message": self.message, "template": self.template,
+                "params": dict(self.params)}
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    rank: int
+    node_id: int
+    node_name: str
+    gpu_indices: tuple[int, ...]
+    memory_bytes: int
+    cpu_cores: float
+
+
+@dataclass(slots=True)
+class Placement:
+    profile: ProfileSpec
+    shards: list[ShardPlan]
+    rejections: list[Rejection] = field(default_factory=list)
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [s.node_id for s in self.shards]
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(s.gpu_indices) for s in self.shards)
+
+
+@dataclass(slots=True)
+class PlacementResult:
+    placement: Placement | None
+    rejections: list[Rejection]
+
+    @property
+    def placed(self) -> bool:
+        return self.placement is not None
+
+
+@dataclass(slots=True)
+class NodeVerdict:
+    node_id: int
+    node_name: str
+    reasons: list[Rejection]
+    fits: bool
+    score: float | None
+
+
+@dataclass(slots=True)
+class ProfileExplain:
+    profile: ProfileSpec
+    fits: bool
+    nodes: list[NodeVerdict]
+    # Refusals that concern the profile rather than one node: quota, fabric, "no node fits".
+    reasons: list[Rejection] = field(default_factory=list)
+    placement: Placement | None = None
+
+
+@dataclass(slots=True)
+class PreemptionPlan:
+    victims: list[str]  # replica ids to stop, cheapest first
+    placement: Placement  # where the request goes once they are stopped
+
+
+class PlacementConflict(ValueError):
+    """apply() was asked to hand out a GPU, memory or cores that are not there."""
+
+
+class _Owned:
+    __slots__ = ("cores", "gpus", "memory", "replicas")
+
+    def __init__(self) -> None:
+        self.gpus = 0
+        self.cores = 0.0
+        self.memory = 0
+        self.replicas: dict[str, int] = {}  # replica -> claims counted
+
+    def copy(self) -> _Owned:
+        other = _Owned()
+        other.gpus, other.cores, other.memory, other.replicas = self.gpus, self.cores, self.memory, dict(self.replicas)
+        return other
+
+
+class Inventory:
+    """Nodes, the claims against them and the capacity quotas, indexed for placement.
+
+    Change claims only through `apply`, `add_claim` and `release`: they keep the indexes
+    (claimed GPUs, memory and cores owed per node, free GPUs per class, usage per owner) in step.
+    Claims are kept oldest first; preemption takes the newest of equal cost first.
+    """
+
+    def __init__(self, nodes: dict[int, NodeSnapshot], claims: list[Claim] | None = None,
+                 quotas: dict[str, CapacityQuota] | None = None) -> None:
+        self.nodes = nodes
+        self.claims: list[Claim] = []
+        self.quotas: dict[str, CapacityQuota] = dict(quotas or {})
+        # Static: never changes after construction, shared by copies.
+        ordered = sorted(nodes.values(), key=lambda n: (n.name, n.id))
+        self._order: list[int] = [n.id for n in ordered]
+        self._rank: dict[int, int] = {n.id: i for i, n in enumerate(ordered)}
+        self._slots: dict[int, dict[int, GpuSlot]] = {n.id: {g.index: g for g in n.gpus} for n in ordered}
+        self._classes: dict[int, frozenset[str]] = {n.id: frozenset(g.gpu_class for g in n.gpus) for n in ordered}
+        self._gpuless: list[int] = [n.id for n in ordered if not n.gpus]  # in rank order
+        self._gpu_nodes: list[int] = [n.id for n in ordered if n.gpus]
+        self._weights: dict[str, list[int]] = {}
+        for n in ordered:
+            for model in n.weights:
+                self._weights.setdefault(model, []).append(n.id)
+        self._class_nodes: dict[str, list[int]] = {}
+        for n in ordered:
+            for cls in sorted(self._classes[n.id]):
+                self._class_nodes.setdefault(cls, []).append(n.id)
+        self._fabrics: tuple[str, ...] = tuple(sorted({n.fabric for n in ordered if n.fabric is not None}))
+        self._class_fabrics: dict[str, tuple[str, ...]] = {
+            cls: tuple(sorted({f for i in ids if (f := nodes[i].fabric) is not None}))
+            for cls, ids in self._class_nodes.items()}
+        # Mutable: claims and what follows from them.
+        self._owner: dict[int, dict[int, str]] = {n.id: {} for n in ordered}
+        self._mem: dict[int, int] = dict.fromkeys(nodes, 0)
+        self._cores: dict[int, float] = dict.fromkeys(nodes, 0.0)
+        self._replicas: dict[str, list[Claim]] = {}
+        self._slot_claims: dict[str, list[tuple[int, int]]] = {}
+        self._usage: dict[str, _Owned] = {}
+        self._seq: dict[str, int] = {}  # replica -> order it first claimed in (higher is newer)
+        self._next_seq = 0
+        for n in ordered:
+            for g in n.gpus:
+                if g.claimed_by is not None:
+                    self._owner[n.id][g.index] = g.claimed_by
+                    self._slot_claims.setdefault(g.claimed_by, []).append((n.id, g.index))
+        for claim in claims or ():
+            self._add(claim, check=False)
+        # free[node][class] and buckets[class][k] = ranks (sorted) of nodes with k free GPUs of class.
+        self._free: dict[int, dict[str, int]] = {}
+        self._buckets: dict[str, list[list[int]]] = {}
+        for n in ordered:
+            counts = dict.fromkeys(self._classes[n.id], 0)
+            owned = self._owner[n.id]
+            for g in n.gpus:
+                if g.healthy and g.index not in owned:
+                    counts[g.gpu_class] += 1
+            self._free[n.id] = counts
+            for cls, k in counts.items():
+                self._bucket(cls, k).append(self._rank[n.id])  # appended in rank order: sorted
+
+    # -- copying -------------------------------------------------------------------------------
+
+    def copy(self) -> Inventory:
+        """A copy to place on (dry runs): claims and indexes are copied, nodes are shared."""
+        other = Inventory.__new__(Inventory)
+        other.nodes = self.nodes
+        other.claims = list(self.claims)
+        other.quotas = dict(self.quotas)
+        for name in ("_order", "_rank", "_slots", "_classes", "_gpuless", "_gpu_nodes", "_weights", "_class_nodes",
+                     "_fabrics", "_class_fabrics"):
+            setattr(other, name, getattr(self, name))
+        other._owner = {k: dict(v) for k, v in self._owner.items()}
+        other._mem = dict(self._mem)
+        other._cores = dict(self._cores)
+        other._replicas = {k: list(v) for k, v in self._replicas.items()}
+        other._slot_claims = {k: list(v) for k, v in self._slot_claims.items()}
+        other._usage = {k: v.copy() for k, v in self._usage.items()}
+        other._seq = dict(self._seq)
+        other._next_seq = self._next_seq
+        other._free = {k: dict(v) for k, v in self._free.items()}
+        other._buckets = {k: [list(b) for b in v] for k, v in self._buckets.items()}
+        return other
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def memory_claimed(self, node_id: int) -> int:
+        return self._mem[node_id]
+
+    def cores_claimed(self, node_id: int) -> float:
+        return self._cores[node_id]
+
+    def memory_free(self, node_id: int) -> int | None:
+        total = self.nodes[node_id].memory_total_bytes
+        return None if total is None else max(total - self._mem[node_id], 0)
+
+    def cores_free(self, node_id: int) -> float | None:
+        cpus = self.nodes[node_id].cpus
+        return None if cpus is None else max(cpus - self._cores[node_id], 0.0)
+
+    def is_claimed(self, node_id: int, index: int) -> bool:
+        return index in self._owner[node_id]
+
+    def gpu_owner(self, node_id: int, index: int) -> str | None:
+        return self._owner[node_id].get(index)
+
+    def free_gpus(self, node_id: int, gpu_class: str | None = None) -> list[GpuSlot]:
+        """Healthy, unclaimed GPUs of the node (of one class if given), lowest index first."""
+        owned = self._owner[node_id]
+        slots = self._slots[node_id]
+        return [slots[i] for i in sorted(slots) if slots[i].healthy and i not in owned
+                and (gpu_class is None or slots[i].gpu_class == gpu_class)]
+
+    def free_count(self, node_id: int, gpu_class: str) -> int:
+        return self._free[node_id].get(gpu_class, 0)
+
+    def gpu_classes(self, node_id: int) -> frozenset[str]:
+        return self._classes[node_id]
+
+    def rank(self, node_id: int) -> int:
+        """The node's position by (name, id): the final tie-break."""
+        return self._rank[node_id]
+
+    def replica_claims(self, replica_id: str) -> list[Claim]:
+        return list(self._replicas.get(replica_id, ()))
+
+    def replica_ids(self) -> list[str]:
+        return list(self._replicas)
+
+    def replica_seq(self, replica_id: str) -> int:
+        return self._seq.get(replica_id, -1)
+
+    def usage(self, owner_key: str) -> Usage:
+        u = self._usage.get(owner_key)
+        if u is None:
+            return Usage(0, 0.0, 0, 0)
+        return Usage(u.gpus, u.cores, u.memory, len(u.replicas))
+
+    def weights_nodes(self, model: str) -> list[int]:
+        """Nodes that hold the model's weights, in name order."""
+        return self._weights.get(model, [])
+
+    # The capacity index the pipeline walks (read-only views; do not change them).
+
+    @property
+    def order(self) -> list[int]:
+        """Node ids by (name, id); a node's rank is its position here."""
+        return self._order
+
+    def free_buckets(self, gpu_class: str) -> list[list[int]]:
+        """[k] = ranks, ascending, of the nodes with exactly k free healthy GPUs of the class."""
+        return self._buckets.get(gpu_class, [])
+
+    def gpuless_nodes(self) -> list[int]:
+        return self._gpuless
+
+    def gpu_nodes(self) -> list[int]:
+        return self._gpu_nodes
+
+    def fabrics(self, gpu_class: str | None = None) -> tuple[str, ...]:
+        """The fabric identities of all nodes, or of the nodes that have GPUs of a class."""
+        if gpu_class is None:
+            return self._fabrics
+        return self._class_fabrics.get(gpu_class, ())
+
+    # -- changing ------------------------------------------------------------------------------
+
+    def apply(self, placement: Placement, replica_id: str, *, model: str = "", owner: tuple[str, ...] = (),
+              capacity_class: str = "standard", above_minimum: bool = False) -> list[Claim]:
+        """Claim what a placement chose, as replica `replica_id`; raises PlacementConflict, claiming
+        nothing, when a GPU is taken or unhealthy, or memory or cores would be over-committed."""
+        if replica_id in self._replicas:
+            raise PlacementConflict(f"replica {replica_id} already holds claims")
+        claims = [Claim(replica_id, s.rank, s.node_id, tuple(s.gpu_indices), s.memory_bytes, s.cpu_cores,
+                        tuple(owner), capacity_class, model, above_minimum) for s in placement.shards]
+        if len({c.node_id for c in claims}) != len(claims):
+            raise PlacementConflict(f"replica {replica_id} has two shards on one node")
+        for claim in claims:
+            self._check(claim)
+        for claim in claims:
+            self._add(claim, check=False)
+        return claims
+
+    def apply_request(self, placement: Placement, request: ReplicaRequest, replica_id: str | None = None, *,
+                      above_minimum: bool = False) -> list[Claim]:
+        return self.apply(placement, replica_id or request.replica_id, model=request.model, owner=request.owner,
+                          capacity_class=request.capacity_class, above_minimum=above_minimum)
+
+    def add_claim(self, claim: Claim) -> None:
+        """Record one existing claim (checked like apply)."""
+        self._add(claim, check=True)
+
+    def release(self, replica_id: str) -> list[Claim]:
+        """Drop every claim of a replica (replicas fail, and are released, whole), and free any GPU
+        slot the snapshot marked as claimed by it."""
+        claims = self._replicas.pop(replica_id, [])
+        self._seq.pop(replica_id, None)
+        if claims:
+            gone = {id(c) for c in claims}
+            self.claims = [c for c in self.claims if id(c) not in gone]
+        for claim in claims:
+            owned = self._owner.get(claim.node_id)
+            if owned is not None:
+                for index in claim.gpu_indices:
+                    if owned.get(index) == replica_id:
+                        del owned[index]
+                        self._freed(claim.node_id, index, +1)
+                self._mem[claim.node_id] -= claim.memory_bytes
+                self._cores[claim.node_id] -= claim.cpu_cores
+            for key in claim.owner:
+                u = self._usage[key]
+                u.gpus -= len(claim.gpu_indices)
+                u.cores -= claim.cpu_cores
+                u.memory -= claim.memory_bytes
+                u.replicas.pop(replica_id, None)
+        for node_id, index in self._slot_claims.pop(replica_id, []):
+            owned = self._owner[node_id]
+            if owned.get(index) == replica_id:
+                del owned[index]
+                self._freed(node_id, index, +1)
+        return claims
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _bucket(self, cls: str, k: int) -> list[int]:
+        buckets = self._buckets.setdefault(cls, [])
+        while len(buckets) <= k:
+            buckets.append([])
+        return buckets[k]
+
+    def _freed(self, node_id: int, index: int, delta: int) -> None:
+        slot = self._slots[node_id].get(index)
+        if slot is None or not slot.healthy:
+            return
+        cls = slot.gpu_class
+        counts = self._free[node_id]
+        before = counts[cls]
+        counts[cls] = before + delta
+        rank = self._rank[node_id]
+        old = self._buckets[cls][before]
+        del old[bisect.bisect_left(old, rank)]
+        bisect.insort(self._bucket(cls, before + delta), rank)
+
+    def _check(self, claim: Claim) -> None:
+        node = self.nodes.get(claim.node_id)
+        if node is None:
+            raise PlacementConflict(f"no node {claim.node_id}")
+        slots = self._slots[claim.node_id]
+        owned = self._owner[claim.node_id]
+        if len(set(claim.gpu_indices)) != len(claim.gpu_indices):
+            raise PlacementConflict(f"{node.name}: a GPU is listed twice in {claim.gpu_indices}")
+        for index in claim.gpu_indices:
+            slot = slots.get(index)
+            if slot is None or not slot.healthy:
+                raise PlacementConflict(f"{node.name}: GPU {index} is missing or unhealthy")
+            if index in owned:
+                raise PlacementConflict(f"{node.name}: GPU {index} is claimed by {owned[index]}")
+        total = node.memory_total_bytes
+        if claim.memory_bytes and total is not None and self._mem[claim.node_id] + claim.memory_bytes > total:
+            raise PlacementConflict(f"{node.name}: memory would be over-committed")
+        cpus = node.cpus
+        if claim.cpu_cores and cpus is not None and self._cores[claim.node_id] + claim.cpu_cores > cpus + CORE_EPSILON:
+            raise PlacementConflict(f"{node.name}: CPU cores would be over-committed")
+
+    def _add(self, claim: Claim, *, check: bool) -> None:
+        if check:
+            self._check(claim)
+        indexed = hasattr(self, "_free")  # during __init__ the free counts are built afterwards
+        self.claims.append(claim)
+        self._replicas.setdefault(claim.replica, []).append(claim)
+        if claim.replica not in self._seq:
+            self._seq[claim.replica] = self._next_seq
+            self._next_seq += 1
+        owned = self._owner.get(claim.node_id)
+        if owned is not None:  # a claim on a node outside the snapshot still counts against quotas
+            for index in claim.gpu_indices:
+                if index in owned:
+                    continue  # a snapshot that claims a GPU twice: it stays claimed by the first
+                owned[index] = claim.replica
+                if indexed and index in self._slots[claim.node_id]:
+                    self._freed(claim.node_id, index, -1)
+            self._mem[claim.node_id] += claim.memory_bytes
+            self._cores[claim.node_id] += claim.cpu_cores
+        for key in claim.owner:
+            u = self._usage.get(key)
+            if u is None:
+                u = self._usage[key] = _Owned()
+            u.gpus += len(claim.gpu_indices)
+            u.cores += claim.cpu_cores
+            u.memory += claim.memory_bytes
+            u.replicas[claim.replica] = u.replicas.get(claim.replica, 0) + 1

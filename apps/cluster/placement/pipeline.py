@@ -1,0 +1,493 @@
+"""place() and explain(): run the registered filters and scorers over an inventory.
+
+Profiles are tried by `priority`, the LARGER number first (as the catalog orders them: "the
+highest priority that fits wins"; ties by name, then id). The first profile that fits wins;
+the refusals met on the way (earlier profiles' and this one's) are kept on the placement.
+
+A node's score is the weighted sum of the scorers (each clamped to [0, 1]). The best node
+has the highest score; ties go to the higher built-in score, then the node name (then id).
+
+How place() stays fast on thousands of nodes without changing the answer: the inventory
+keeps, per GPU class, the nodes bucketed by how many free GPUs of the class they have. The
+built-in scorers (binpack, weights, spare_gpus) depend only on that count, on whether the
+node holds the weights and on whether it has GPUs, so the nodes can be walked in descending
+order of their built-in score K (a lazy merge over buckets and segments, see _Stream).
+Filters run only on the nodes walked. Every other scorer adds at most its weight, so once
+the next node's K plus those weights cannot beat the best node found, the walk stops. With
+only the built-in scorers the first node that passes every filter in the best bucket wins.
+Nodes the index skips (wrong class, too few free GPUs, memory or cores short for a CPU
+profile, no fabric for a multi-node replica) are exactly nodes a built-in filter refuses
+(gpu_class, free_gpus, memory, cpu_cores, fabric: these five are assumed registered; the
+others may be replaced or removed freely). explain() does not use the index at all.
+
+Multi-node replicas (nodes_per_replica > 1) take one shard per node, all on one fabric: the
+nodes must share the same non-None `fabric` identity (a node on no fabric never takes a
+shard of one), and one GPU class (the profile's). Per fabric the best N nodes are taken;
+the fabric whose N nodes score highest in sum wins (ties: fabric name).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections.abc import Callable, Iterable, Iterator
+from typing import cast
+
+from . import reasons
+from .context import PlacementContext
+from .gpus import choose_gpus
+from .model import (
+    CORE_EPSILON,
+    Inventory,
+    NodeSnapshot,
+    NodeVerdict,
+    Placement,
+    PlacementConflict,
+    PlacementResult,
+    ProfileExplain,
+    ProfileSpec,
+    Rejection,
+    ReplicaRequest,
+    ShardPlan,
+)
+from .reasons import Reason
+from .registry import REGISTRY, Registry
+from .scorers import INDEXED, binpack, spare_gpus, weights
+
+Item = tuple[float, int, int]  # (built-in score K, rank, node id)
+
+_LAZY = 0
+_ITER = 1
+
+
+def ordered_profiles(profiles: Iterable[ProfileSpec]) -> list[ProfileSpec]:
+    """The order profiles are tried in: larger priority first, then name, then id."""
+    return sorted(profiles, key=lambda p: (-p.priority, p.name, p.id))
+
+
+def _clamp(value: float) -> float:
+    if not value > 0.0:  # also NaN
+        return 0.0
+    if value >= 1.0:
+        return 1.0
+    return value
+
+
+def _item_order(item: Item) -> tuple[float, int]:
+    return (-item[0], item[1])
+
+
+class _Evaluator:
+    """The registered plugins bound to one profile's context."""
+
+    __slots__ = ("ctx", "filters", "indexed", "nodes", "plugins", "pmax")
+
+    def __init__(self, ctx: PlacementContext) -> None:
+        registry = ctx.registry
+        self.ctx = ctx
+        self.nodes = ctx.inventory.nodes
+        self.filters = tuple(e.fn for e in registry.filters())
+        scorers = registry.scorers()
+        self.indexed = tuple((e.fn, e.weight) for e in scorers if e.fn in INDEXED)
+        self.plugins = tuple((e.fn, e.weight) for e in scorers if e.fn not in INDEXED)
+        pmax = 0.0
+        for _, weight in self.plugins:
+            pmax += weight
+        self.pmax = pmax
+
+    def first_reason(self, node: NodeSnapshot) -> Reason | None:
+        ctx = self.ctx
+        for fn in self.filters:
+            reason = fn(ctx, node)
+            if reason is not None:
+                return reason
+        return None
+
+    def all_reasons(self, node: NodeSnapshot) -> list[Reason]:
+        ctx = self.ctx
+        found = []
+        for fn in self.filters:
+            reason = fn(ctx, node)
+            if reason is not None:
+                found.append(reason)
+        return found
+
+    def key(self, node: NodeSnapshot) -> float:
+        """K: the built-in (indexed) part of the score."""
+        ctx = self.ctx
+        total = 0.0
+        for fn, weight in self.indexed:
+            total += weight * _clamp(fn(ctx, node))
+        return total
+
+    def extra(self, node: NodeSnapshot) -> float:
+        """The other scorers' part, at most pmax."""
+        ctx = self.ctx
+        total = 0.0
+        for fn, weight in self.plugins:
+            total += weight * _clamp(fn(ctx, node))
+        return total
+
+    def score(self, node: NodeSnapshot) -> float:
+        key = self.key(node)
+        return key + self.extra(node) if self.plugins else key
+
+    def bound(self, *, holds_weights: bool, gpuless: bool) -> float:
+        """The highest K any node of a segment can have."""
+        total = 0.0
+        for fn, weight in self.indexed:
+            if fn is binpack:
+                top = 1.0
+            elif fn is weights:
+                top = 1.0 if holds_weights else 0.0
+            elif fn is spare_gpus:
+                top = 1.0 if gpuless and self.ctx.gpu_class is None else 0.0
+            else:  # pragma: no cover - INDEXED holds only the three above
+                top = 1.0
+            total += weight * top
+        return total
+
+    def reject(self, node: NodeSnapshot, reason: Reason) -> Rejection:
+        profile = self.ctx.profile
+        return Rejection(profile.id, profile.name, node.id, node.name, reason.code, reason.template % reason.params,
+                         reason.params, reason.template)
+
+    def reject_profile(self, reason: Reason) -> Rejection:
+        profile = self.ctx.profile
+        return Rejection(profile.id, profile.name, None, None, reason.code, reason.template % reason.params,
+                         reason.params, reason.template)
+
+    def check(self) -> list[Reason]:
+        ctx = self.ctx
+        return [reason for entry in ctx.registry.checks() for reason in entry.fn(ctx)]
+
+
+class _Stream:
+    """Nodes in descending (K, then ascending rank) order, merged lazily from sorted segments.
+
+    A lazy segment sits in the heap at its upper bound and is only computed when nothing
+    left can score above that bound, so the CPU-profile walk never scores GPU nodes while a
+    node without GPUs can take the replica.
+    """
+
+    __slots__ = ("heap", "seq")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, int, int, object]] = []
+        self.seq = 0
+
+    def _push(self, neg_key: float, rank: int, kind: int, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (neg_key, rank, self.seq, kind, payload))
+
+    def add_sorted(self, items: Iterator[Item]) -> None:
+        first = next(items, None)
+        if first is not None:
+            self._push(-first[0], first[1], _ITER, (first, items))
+
+    def add_lazy(self, bound: float, produce: Callable[[], list[Item]]) -> None:
+        self._push(-bound, -1, _LAZY, produce)
+
+    def bound(self) -> float | None:
+        return -self.heap[0][0] if self.heap else None
+
+    def pop(self) -> Item | None:
+        heap = self.heap
+        while heap:
+            _, _, _, kind, payload = heapq.heappop(heap)
+            if kind == _LAZY:
+                items = cast(Callable[[], list[Item]], payload)()
+                items.sort(key=_item_order)
+                self.add_sorted(iter(items))
+                continue
+            item, rest = cast(tuple[Item, Iterator[Item]], payload)
+            following = next(rest, None)
+            if following is not None:
+                self._push(-following[0], following[1], _ITER, (following, rest))
+            return item
+        return None
+
+
+def _walk_buckets(ev: _Evaluator, buckets: list[list[int]], ks: Iterable[int], skip: set[int],
+                  need_fabric: bool) -> Iterator[Item]:
+    inventory = ev.ctx.inventory
+    order = inventory.order
+    nodes = ev.nodes
+    for k in ks:
+        for rank in buckets[k]:
+            node_id = order[rank]
+            if node_id in skip:
+                continue
+            node = nodes[node_id]
+            if need_fabric and node.fabric is None:
+                continue
+            yield (ev.key(node), rank, node_id)
+
+
+def _stream(ev: _Evaluator) -> _Stream:
+    ctx = ev.ctx
+    inventory = ctx.inventory
+    nodes = ev.nodes
+    stream = _Stream()
+    multi = ctx.multi_node
+    holders = inventory.weights_nodes(ctx.request.model)
+    skip = set(holders)
+    cls = ctx.gpu_class
+    if cls is not None:
+        need = ctx.gpus
+        held = [(ev.key(nodes[i]), inventory.rank(i), i) for i in holders
+                if inventory.free_count(i, cls) >= need and cls in inventory.gpu_classes(i)
+                and not (multi and nodes[i].fabric is None)]
+        held.sort(key=_item_order)
+        stream.add_sorted(iter(held))
+        buckets = inventory.free_buckets(cls)
+        ks = range(len(buckets) - 1, need - 1, -1) if multi else range(need, len(buckets))
+        stream.add_sorted(_walk_buckets(ev, buckets, ks, skip, multi))
+        return stream
+
+    memory, cores = ctx.memory, ctx.cores
+
+    def room(node_id: int) -> bool:
+        node = nodes[node_id]
+        if multi and node.fabric is None:
+            return False
+        total = node.memory_total_bytes
+        if memory and total is not None and inventory.memory_claimed(node_id) + memory > total:
+            return False
+        cpus = node.cpus
+        return not (cores and cpus is not None and inventory.cores_claimed(node_id) + cores > cpus + CORE_EPSILON)
+
+    def segment(ids: list[int]) -> Callable[[], list[Item]]:
+        def produce() -> list[Item]:
+            return [(ev.key(nodes[i]), inventory.rank(i), i) for i in ids if i not in skip and room(i)]
+        return produce
+
+    held = [(ev.key(nodes[i]), inventory.rank(i), i) for i in holders if room(i)]
+    held.sort(key=_item_order)
+    stream.add_sorted(iter(held))
+    stream.add_lazy(ev.bound(holds_weights=False, gpuless=True), segment(inventory.gpuless_nodes()))
+    stream.add_lazy(ev.bound(holds_weights=False, gpuless=False), segment(inventory.gpu_nodes()))
+    return stream
+
+
+def _pick_single(ev: _Evaluator, stream: _Stream, rejections: list[Rejection] | None,
+                 seen: set[int] | None) -> list[int] | None:
+    nodes = ev.nodes
+    pmax = ev.pmax
+    has_plugins = bool(ev.plugins)
+    best_score = 0.0
+    best: int | None = None
+    while True:
+        bound = stream.bound()
+        if bound is None or (best is not None and bound + pmax <= best_score):
+            break
+        item = stream.pop()
+        if item is None:
+            break
+        key, _, node_id = item
+        node = nodes[node_id]
+        if seen is not None:
+            seen.add(node_id)
+        reason = ev.first_reason(node)
+        if reason is not None:
+            if rejections is not None:
+                rejections.append(ev.reject(node, reason))
+            continue
+        score = key + ev.extra(node) if has_plugins else key
+        # Walked in (-K, rank) order, so an equal score found later loses the tie.
+        if best is None or score > best_score:
+            best, best_score = node_id, score
+    return None if best is None else [best]
+
+
+Entry = tuple[float, float, int, int]  # (-score, -K, rank, node id): ascending is best first
+
+
+def _sum(top: list[Entry]) -> float:
+    total = 0.0
+    for entry in top:
+        total -= entry[0]
+    return total
+
+
+def _best_fabric(tops: dict[str, list[Entry]], need: int) -> str | None:
+    best: str | None = None
+    best_sum = 0.0
+    for fabric in sorted(tops):
+        top = tops[fabric]
+        if len(top) < need:
+            continue
+        total = _sum(top)
+        if best is None or total > best_sum:
+            best, best_sum = fabric, total
+    return best
+
+
+def _settled(tops: dict[str, list[Entry]], fabrics: Iterable[str], need: int, cap: float) -> bool:
+    """Whether no node still to come (each scoring at most `cap`) can change the chosen fabric or nodes."""
+    best = _best_fabric(tops, need)
+    if best is None:
+        return False
+    top = tops[best]
+    if cap > -top[-1][0]:
+        return False
+    best_sum = _sum(top)
+    for fabric in fabrics:
+        if fabric == best:
+            continue
+        values = sorted([-e[0] for e in tops.get(fabric, ())] + [cap] * need, reverse=True)[:need]
+        bound = 0.0
+        for value in values:
+            bound += value
+        if bound > best_sum or (bound == best_sum and fabric < best):
+            return False
+    return True
+
+
+def _pick_multi(ev: _Evaluator, stream: _Stream, rejections: list[Rejection] | None,
+                seen: set[int] | None) -> tuple[list[int] | None, dict[str, int]]:
+    ctx = ev.ctx
+    nodes = ev.nodes
+    need = ctx.nodes
+    pmax = ev.pmax
+    fabrics = ctx.inventory.fabrics(ctx.gpu_class)
+    tops: dict[str, list[Entry]] = {}
+    counts: dict[str, int] = {}
+    while True:
+        bound = stream.bound()
+        if bound is None or (tops and _settled(tops, fabrics, need, bound + pmax)):
+            break
+        item = stream.pop()
+        if item is None:
+            break
+        key, rank, node_id = item
+        node = nodes[node_id]
+        if seen is not None:
+            seen.add(node_id)
+        reason = ev.first_reason(node)
+        if reason is not None:
+            if rejections is not None:
+                rejections.append(ev.reject(node, reason))
+            continue
+        fabric = node.fabric
+        if fabric is None:  # only if the built-in fabric filter was unregistered
+            continue
+        counts[fabric] = counts.get(fabric, 0) + 1
+        score = key + ev.extra(node)
+        top = tops.setdefault(fabric, [])
+        insort(top, (-score, -key, rank, node_id))
+        if len(top) > need:
+            top.pop()
+    best = _best_fabric(tops, need)
+    if best is None:
+        return None, counts
+    return [entry[3] for entry in tops[best]], counts
+
+
+def _place_profile(inventory: Inventory, request: ReplicaRequest, profile: ProfileSpec, registry: Registry,
+                   collect: bool) -> tuple[Placement | None, list[Rejection]]:
+    ctx = PlacementContext(inventory, request, profile, registry)
+    ev = _Evaluator(ctx)
+    refused = ev.check()
+    if refused:
+        return None, [ev.reject_profile(reason) for reason in refused]
+    rejections: list[Rejection] | None = [] if collect else None
+    seen: set[int] | None = set() if collect else None
+    stream = _stream(ev)
+    counts: dict[str, int] = {}
+    if ctx.multi_node:
+        chosen, counts = _pick_multi(ev, stream, rejections, seen)
+    else:
+        chosen = _pick_single(ev, stream, rejections, seen)
+    if chosen is None:
+        if rejections is None or seen is None:
+            return None, []
+        nodes = inventory.nodes
+        for node_id in inventory.order:
+            if node_id in seen:
+                continue
+            node = nodes[node_id]
+            reason = ev.first_reason(node)
+            if reason is not None:
+                rejections.append(ev.reject(node, reason))
+        _summarise(ev, rejections, counts, len(rejections))
+        return None, rejections
+    shards = []
+    for rank, node_id in enumerate(chosen):
+        node = inventory.nodes[node_id]
+        gpus: tuple[int, ...] = ()
+        if ctx.gpu_class is not None:
+            chosen_gpus = choose_gpus(inventory, node_id, ctx.gpu_class, ctx.gpus)
+            if chosen_gpus is None:
+                raise PlacementConflict(f"{node.name} passed every filter without {ctx.gpus} free GPUs")
+            gpus = chosen_gpus
+        shards.append(ShardPlan(rank, node_id, node.name, gpus, ctx.memory, ctx.cores))
+    found = rejections or []
+    return Placement(profile, shards, list(found)), found
+
+
+def _summarise(ev: _Evaluator, rejections: list[Rejection], counts: dict[str, int], refused: int) -> None:
+    ctx = ev.ctx
+    if ctx.multi_node:
+        for fabric in sorted(counts):
+            if counts[fabric] < ctx.nodes:
+                rejections.append(ev.reject_profile(reasons.fabric_count(fabric, counts[fabric], ctx.nodes)))
+        fabrics = ctx.inventory.fabrics(ctx.gpu_class)
+        rejections.append(ev.reject_profile(reasons.no_fabric_fits(ctx.profile.name, ctx.nodes, len(fabrics))))
+    else:
+        rejections.append(ev.reject_profile(reasons.no_fit(ctx.profile.name, refused, len(ctx.inventory.nodes))))
+
+
+def place(inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None,
+          collect: bool = True) -> PlacementResult:
+    """Where one replica of the request goes, or None, with the refusals met.
+
+    Nothing is claimed: pass the placement to `inventory.apply_request` (or `apply`) to claim it.
+    `collect=False` skips building the refusals of nodes (dry runs that only need the answer).
+    """
+    registry = registry or REGISTRY
+    found: list[Rejection] = []
+    for profile in ordered_profiles(request.profiles):
+        placement, rejections = _place_profile(inventory, request, profile, registry, collect)
+        found.extend(rejections)
+        if placement is not None:
+            placement.rejections = list(found)
+            return PlacementResult(placement, found)
+    return PlacementResult(None, found)
+
+
+def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None
+            ) -> list[ProfileExplain]:
+    """For each profile (in the order place() tries them), every node with every reason it is refused
+    (all filters run, not just the first), the score of each node that passes, and whether the profile
+    fits (with the placement it would get). Nodes that fit come first, best first; then the rest by name."""
+    registry = registry or REGISTRY
+    nodes = inventory.nodes
+    out = []
+    for profile in ordered_profiles(request.profiles):
+        ctx = PlacementContext(inventory, request, profile, registry)
+        ev = _Evaluator(ctx)
+        profile_reasons = [ev.reject_profile(reason) for reason in ev.check()]
+        fitting: list[tuple[float, float, int, NodeVerdict]] = []
+        refused: list[NodeVerdict] = []
+        counts: dict[str, int] = {}
+        for node_id in inventory.order:
+            node = nodes[node_id]
+            found = ev.all_reasons(node)
+            if found:
+                refused.append(NodeVerdict(node_id, node.name, [ev.reject(node, r) for r in found], False, None))
+                continue
+            key = ev.key(node)
+            score = key + ev.extra(node) if ev.plugins else key
+            fitting.append((-score, -key, inventory.rank(node_id), NodeVerdict(node_id, node.name, [], True, score)))
+            if node.fabric is not None:
+                counts[node.fabric] = counts.get(node.fabric, 0) + 1
+        fitting.sort(key=lambda entry: entry[:3])
+        placement = None
+        if not profile_reasons:
+            placement, _ = _place_profile(inventory, request, profile, registry, collect=False)
+            if placement is None:
+                _summarise(ev, profile_reasons, counts, len(refused))
+        verdicts = [entry[3] for entry in fitting] + refused
+        out.append(ProfileExplain(profile, placement is not None, verdicts, profile_reasons, placement))
+    return out

@@ -1,0 +1,145 @@
+"""The plugins placement runs: filters, scorers, profile checks and snapshot fields.
+
+Built-in plugins register themselves when `apps.cluster.placement` is imported; other apps
+(fabrics, facility) register theirs from their AppConfig.ready(). Registering a name again
+replaces the earlier entry, so a ready() that runs twice does no harm.
+
+- A filter is `fn(ctx, node) -> Reason | None`: a hard constraint; None lets the node through.
+  Filters run in ascending `order` (then name). `place` stops at a node's first reason;
+  `explain` runs every filter and shows every reason.
+- A scorer is `fn(ctx, node) -> float` in [0, 1] (clamped), higher is better; a node's score
+  is the weighted sum. Scorers only order the nodes every filter let through.
+- A check is `fn(ctx) -> Iterable[Reason]`: a constraint on the whole replica (quotas), run
+  once per profile before any node is looked at.
+- A snapshot field is a named entry of `NodeSnapshot.extra` with its default, read with
+  `snapshot_field(node, name)`; the Django side fills the registered fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import PlacementContext
+    from .model import NodeSnapshot
+    from .reasons import Reason
+
+FilterFn = Callable[["PlacementContext", "NodeSnapshot"], "Reason | None"]
+ScorerFn = Callable[["PlacementContext", "NodeSnapshot"], float]
+CheckFn = Callable[["PlacementContext"], "Iterable[Reason]"]
+
+
+@dataclass(frozen=True, slots=True)
+class FilterEntry:
+    name: str
+    fn: FilterFn
+    order: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScorerEntry:
+    name: str
+    fn: ScorerFn
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class CheckEntry:
+    name: str
+    fn: CheckFn
+    order: int
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._filters: dict[str, FilterEntry] = {}
+        self._scorers: dict[str, ScorerEntry] = {}
+        self._checks: dict[str, CheckEntry] = {}
+        self._fields: dict[str, Any] = {}
+        self._cache: dict[str, tuple[Any, ...]] = {}
+
+    def copy(self) -> Registry:
+        other = Registry()
+        other._filters = dict(self._filters)
+        other._scorers = dict(self._scorers)
+        other._checks = dict(self._checks)
+        other._fields = dict(self._fields)
+        return other
+
+    def register_filter(self, fn: FilterFn, *, name: str, order: int) -> FilterFn:
+        self._filters[name] = FilterEntry(name, fn, order)
+        self._cache.clear()
+        return fn
+
+    def register_scorer(self, fn: ScorerFn, *, name: str, weight: float) -> ScorerFn:
+        if weight < 0:
+            raise ValueError(f"scorer {name}: a weight cannot be negative (score low instead)")
+        self._scorers[name] = ScorerEntry(name, fn, float(weight))
+        self._cache.clear()
+        return fn
+
+    def register_check(self, fn: CheckFn, *, name: str, order: int) -> CheckFn:
+        self._checks[name] = CheckEntry(name, fn, order)
+        self._cache.clear()
+        return fn
+
+    def register_snapshot_field(self, name: str, default: Any) -> None:
+        self._fields[name] = default
+
+    def unregister(self, name: str) -> None:
+        """Remove a filter, scorer or check of that name (tests, or an app replacing a built-in)."""
+        self._filters.pop(name, None)
+        self._scorers.pop(name, None)
+        self._checks.pop(name, None)
+        self._cache.clear()
+
+    def filters(self) -> tuple[FilterEntry, ...]:
+        cached = self._cache.get("filters")
+        if cached is None:
+            cached = self._cache["filters"] = tuple(sorted(self._filters.values(), key=lambda e: (e.order, e.name)))
+        return cached
+
+    def scorers(self) -> tuple[ScorerEntry, ...]:
+        cached = self._cache.get("scorers")
+        if cached is None:
+            cached = self._cache["scorers"] = tuple(self._scorers.values())
+        return cached
+
+    def checks(self) -> tuple[CheckEntry, ...]:
+        cached = self._cache.get("checks")
+        if cached is None:
+            cached = self._cache["checks"] = tuple(sorted(self._checks.values(), key=lambda e: (e.order, e.name)))
+        return cached
+
+    def snapshot_fields(self) -> dict[str, Any]:
+        return dict(self._fields)
+
+    def snapshot_field(self, node: NodeSnapshot, name: str) -> Any:
+        if name in node.extra:
+            return node.extra[name]
+        return self._fields[name]
+
+
+REGISTRY = Registry()
+
+
+def register_filter(fn: FilterFn, *, name: str, order: int) -> FilterFn:
+    return REGISTRY.register_filter(fn, name=name, order=order)
+
+
+def register_scorer(fn: ScorerFn, *, name: str, weight: float) -> ScorerFn:
+    return REGISTRY.register_scorer(fn, name=name, weight=weight)
+
+
+def register_check(fn: CheckFn, *, name: str, order: int) -> CheckFn:
+    return REGISTRY.register_check(fn, name=name, order=order)
+
+
+def register_snapshot_field(name: str, default: Any) -> None:
+    REGISTRY.register_snapshot_field(name, default)
+
+
+def snapshot_field(node: NodeSnapshot, name: str) -> Any:
+    return REGISTRY.snapshot_field(node, name)

@@ -1,0 +1,288 @@
+"""The reconciler: compare what is wanted with what runs, and move one step closer.
+
+Level-triggered and idempotent: every pass reads the whole desired and actual state
+from the database and acts on the difference, so a lost message or a crashed worker
+costs a pass, never correctness. One pass runs at a time across all workers (a locked
+row). A pass:
+
+1. Releases replicas that finished stopping (every shard stopped, or its node gone).
+2. Retries failed replicas whose backoff has passed: their claims are released and
+   they are placed again.
+3. For each model, highest class first: stops replicas beyond its wanted count (newest
+   first), adds pending replicas up to it, and places each pending replica with the
+   highest-priority profile that fits, keeping the refusals it met.
+4. A model below its minimum that fits nowhere may preempt: a lower class for a higher,
+   within a class only what grew above its own minimum. Victims are chosen on a copy of
+   the inventory and stopped only if that makes the room; their models are held back.
+5. After the commit, every node whose shard list changed is sent its desired state.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Prefetch
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from apps.catalog.models import Model
+from apps.cluster import placement
+from apps.cluster.choices import ReplicaState, ShardState
+from apps.cluster.inventory import build_inventory, replica_request
+from apps.cluster.models import ControlLock, Node, Replica, Shard
+
+__all__ = ["PassReport", "backoff", "reconcile", "request_reconcile"]
+
+log = logging.getLogger(__name__)
+
+PREEMPT_HOLD = timedelta(minutes=5)
+
+
+def backoff(failures: int) -> timedelta:
+    """10 s, 20 s, 40 s ... up to 10 minutes: a crashing engine is retried, never in a hot loop."""
+    return timedelta(seconds=min(600, 10 * 2 ** max(0, failures - 1)))
+
+
+@dataclass
+class PassReport:
+    ran: bool = True
+    placed: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    stopping: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    nodes_changed: set[int] = field(default_factory=set)
+
+
+def request_reconcile() -> None:
+    """Kick a pass once the current transaction commits (beat runs one every few seconds anyway)."""
+    def kick() -> None:
+        try:
+            from apps.cluster.tasks import reconcile as task
+
+            task.delay()
+        except Exception:  # the broker being down must not fail the change that asked for a pass
+            log.warning("could not queue a reconciler pass; beat will run one", exc_info=True)
+
+    transaction.on_commit(kick)
+
+
+def _lock() -> bool:
+    """Take the reconciler lock for this transaction; False when another pass holds it."""
+    ControlLock.objects.get_or_create(name="reconciler")
+    try:
+        ControlLock.objects.select_for_update(nowait=True).get(name="reconciler")
+    except Exception:  # DatabaseError: another pass holds it (PostgreSQL); SQLite serialises writers anyway
+        return False
+    return True
+
+
+def _allocate_port(node_id: int, taken: dict[int, set[int]]) -> int:
+    used = taken.setdefault(node_id, set(Shard.objects.filter(node_id=node_id).values_list("port", flat=True)))
+    for port in range(settings.ENGINE_PORT_MIN, settings.ENGINE_PORT_MAX + 1):
+        if port not in used:
+            used.add(port)
+            return port
+    raise RuntimeError(f"node {node_id} has no free engine port between {settings.ENGINE_PORT_MIN} and "
+                       f"{settings.ENGINE_PORT_MAX}")
+
+
+def reconcile(now: Any = None) -> PassReport:
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not _lock():
+            return PassReport(ran=False)
+        report = _pass(now)
+        changed = set(report.nodes_changed)
+        if changed:
+            Node.objects.filter(pk__in=changed).update(desired_version=F("desired_version") + 1)
+        transaction.on_commit(lambda: push_desired_state(changed))
+    return report
+
+
+def _pass(now: Any) -> PassReport:
+    report = PassReport()
+
+    # 1. Release replicas that finished stopping.
+    for replica in Replica.objects.filter(state=ReplicaState.STOPPING).prefetch_related("shards__node"):
+        shards = list(replica.shards.all())
+        grace_over = replica.stop_requested_at and now - replica.stop_requested_at > timedelta(
+            seconds=settings.ENGINE_STOP_GRACE * 3)
+        if all(s.state in (ShardState.STOPPED, ShardState.FAILED) or s.node.revoked_at for s in shards) or (
+                grace_over and all(s.node.status != "ready" for s in shards)):
+            report.released.append(str(replica))
+            report.nodes_changed.update(s.node_id for s in shards)
+            replica.delete()
+
+    # 2. Failed replicas past their backoff go back to pending, their claims released.
+    for replica in Replica.objects.filter(state=ReplicaState.FAILED, next_attempt_at__lte=now):
+        report.nodes_changed.update(replica.shards.values_list("node_id", flat=True))
+        replica.shards.all().delete()
+        replica.state = ReplicaState.PENDING
+        replica.save(update_fields=["state"])
+
+    inventory = build_inventory()
+    ports: dict[int, set[int]] = {}
+    models = (Model.objects.exclude(external_url__gt="")
+              .select_related("organization", "team__organization", "project__team__organization")
+              .prefetch_related("profiles", Prefetch("replicas", queryset=Replica.objects.order_by("created_at"))))
+    for model in sorted(models, key=lambda m: (-m.class_rank, m.name)):
+        _reconcile_model(model, inventory, ports, now, report)
+    return report
+
+
+def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,
+                     report: PassReport) -> None:
+    replicas = [r for r in model.replicas.all() if r.state != ReplicaState.STOPPING]
+    wanted = model.min_replicas
+
+    # 3a. Too many: stop the newest first (pending ones before running ones).
+    extra = len(replicas) - wanted
+    if extra > 0:
+        order = sorted(replicas, key=lambda r: (r.state != ReplicaState.PENDING, r.created_at), reverse=False)
+        victims = [r for r in order if r.state == ReplicaState.PENDING][:extra]
+        running = sorted((r for r in replicas if r.state != ReplicaState.PENDING), key=lambda r: r.created_at,
+                         reverse=True)
+        victims += running[: extra - len(victims)]
+        for replica in victims:
+            _stop(replica, now, report, inventory)
+        replicas = [r for r in replicas if r not in victims]
+
+    # 3b. Too few: add pending replicas.
+    for _i in range(wanted - len(replicas)):
+        replicas.append(Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now))
+
+    if model.held_until and model.held_until > now:
+        return
+    if not model.profiles.all():
+        return
+    for replica in replicas:
+        if replica.state != ReplicaState.PENDING:
+            continue
+        if replica.next_attempt_at and replica.next_attempt_at > now:
+            continue
+        _place(model, replica, inventory, ports, now, report)
+
+
+def _place(model: Model, replica: Replica, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,
+           report: PassReport) -> None:
+    request = replica_request(model, replica)
+    result = placement.place(inventory, request)
+    rejections = [_rejection_json(r) for r in result.rejections]
+    if result.placement is None:
+        running = Replica.objects.filter(model=model).exclude(state=ReplicaState.PENDING).exclude(
+            state=ReplicaState.STOPPING).count()
+        message = _("No node can take it now; see the reasons.")
+        if running < model.min_replicas:
+            plan = placement.plan_preemption(inventory, request)
+            if plan is not None and plan.victims:
+                victims = list(Replica.objects.filter(pk__in=[int(v) for v in plan.victims]).select_related("model"))
+                for victim in victims:
+                    _stop(victim, now, report, inventory, preempted_by=model)
+                message = _("Waiting for %(count)s preempted replicas to stop.") % {"count": len(victims)}
+        if replica.rejections != rejections or replica.message != message:
+            replica.rejections = rejections
+            replica.message = message
+            replica.save(update_fields=["rejections", "message"])
+        report.pending.append(str(replica))
+        return
+
+    plan = result.placement
+    replica.profile_id = plan.profile.id
+    replica.state = ReplicaState.STARTING
+    replica.rejections = rejections
+    replica.placed_at = now
+    replica.message = ""
+    replica.above_minimum = False
+    replica.save(update_fields=["profile", "state", "rejections", "placed_at", "message", "above_minimum"])
+    for shard in plan.shards:
+        Shard.objects.create(
+            replica=replica, rank=shard.rank, node_id=shard.node_id, gpu_indices=list(shard.gpu_indices),
+            memory_bytes=shard.memory_bytes, cpu_cores=shard.cpu_cores, port=_allocate_port(shard.node_id, ports),
+            secret=secrets.token_urlsafe(24),
+        )
+        report.nodes_changed.add(shard.node_id)
+    inventory.apply(plan, str(replica.pk), owner=request.owner, capacity_class=request.capacity_class,
+                    model=model.name, above_minimum=False)
+    report.placed.append(str(replica))
+    if model.held_until:
+        Model.objects.filter(pk=model.pk).update(held_until=None)
+
+
+def _stop(replica: Replica, now: Any, report: PassReport, inventory: placement.Inventory,
+          preempted_by: Model | None = None) -> None:
+    if replica.state == ReplicaState.PENDING:
+        replica.delete()
+        return
+    replica.state = ReplicaState.STOPPING
+    replica.stop_requested_at = now
+    replica.message = (_("Preempted for %(model)s.") % {"model": preempted_by.name}) if preempted_by else ""
+    replica.save(update_fields=["state", "stop_requested_at", "message"])
+    report.nodes_changed.update(replica.shards.values_list("node_id", flat=True))
+    report.stopping.append(str(replica))
+    if preempted_by is not None:
+        report.preempted.append(str(replica))
+        Model.objects.filter(pk=replica.model_id).update(held_until=now + PREEMPT_HOLD)
+
+
+def _rejection_json(rejection: placement.Rejection) -> dict[str, Any]:
+    data = rejection.to_dict()
+    data["params"] = {k: v for k, v in data["params"].items() if isinstance(v, str | int | float | bool) or v is None}
+    return data
+
+
+# Desired state ---------------------------------------------------------------------------------
+
+def desired_shards(node: Node) -> list[dict[str, Any]]:
+    """The whole list of shards a node should run, in the shape the agent's supervisor reads."""
+    shards = (Shard.objects.filter(node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))
+              .select_related("replica__model", "replica__profile").order_by("replica_id", "rank"))
+    host = "127.0.0.1" if node.address in {"", "127.0.0.1", "::1", "localhost"} else "0.0.0.0"  # noqa: S104
+    out = []
+    for shard in shards:
+        replica, model, profile = shard.replica, shard.replica.model, shard.replica.profile
+        if profile is None:
+            continue
+        peers = list(replica.shards.order_by("rank").select_related("node")) if profile.nodes_per_replica > 1 else []
+        master = peers[0] if peers else None
+        out.append({
+            "shard": shard.shard_id, "model": model.name, "served_name": model.name, "engine": profile.engine,
+            "source": model.source, "gpu_indices": list(shard.gpu_indices or []), "cpu_cores": shard.cpu_cores,
+            "memory_bytes": shard.memory_bytes, "context_size": profile.context_size, "parallel": profile.parallel,
+            "extra_args": list(profile.extra_args or []), "env": dict(profile.env or {}), "api_key": shard.secret,
+            "port": shard.port, "host": host, "nodes_per_replica": profile.nodes_per_replica, "rank": shard.rank,
+            "master_addr": master.node.address if master else None, "master_port": (master.port + 1000) if master
+            else None, "tensor_parallel": profile.gpus_per_shard or None,
+            "pipeline_parallel": profile.nodes_per_replica if profile.nodes_per_replica > 1 else None,
+            "generation": replica.pk,
+        })
+    return out
+
+
+def push_desired_state(node_ids: set[int] | None = None) -> None:
+    """Send each node (or the ones named) its whole shard list over its websocket."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from agent import protocol
+    from apps.cluster.services import node_group
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    nodes = Node.objects.filter(revoked_at__isnull=True)
+    if node_ids is not None:
+        nodes = nodes.filter(pk__in=node_ids)
+    for node in nodes:
+        text = protocol.encode("desired", {"shards": desired_shards(node),
+                                           "generation": int(timezone.now().timestamp())})
+        try:
+            async_to_sync(layer.group_send)(node_group(node.pk), {"type": "agent.send", "text": text})
+        except Exception:
+            log.warning("could not send node %s its desired state", node.name, exc_info=True)

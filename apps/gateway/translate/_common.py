@@ -1,0 +1,210 @@
+"""What the Anthropic and Responses translators share: building chat messages, SSE framing and
+assembling streamed tool calls. Pure and stdlib-only, like the rest of the package."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import TranslationError
+
+__all__ = [
+    "Event",
+    "ToolCall",
+    "ToolCallTracker",
+    "as_dict",
+    "dumps",
+    "finalize_messages",
+    "first_choice",
+    "push_message",
+    "require",
+    "sse",
+    "stream_fields",
+]
+
+#: One server-sent event: (event name, JSON data). The event name is the data's "type".
+type Event = tuple[str, dict[str, Any]]
+
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, UTF-8 kept as is (what the upstream APIs send)."""
+    return _encoder.encode(value)
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event: `event: X\\ndata: {...}\\n\\n`."""
+    return f"event: {event}\ndata: {_encoder.encode(data)}\n\n".encode()
+
+
+def require(value: Any, kind: type | tuple[type, ...], param: str, what: str) -> Any:
+    """`value` if it is of `kind` (a bool is never an int here), else a TranslationError naming `param`."""
+    if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    if value is None:
+        raise TranslationError(f"{param}: {what} is required.", param)
+    raise TranslationError(f"{param}: expected {what}, got {_json_type(value)}.", param)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def stream_fields(chat: dict[str, Any]) -> None:
+    """Ask for a stream that ends with a usage chunk, so tokens are the engine's own count."""
+    chat["stream"] = True
+    chat["stream_options"] = {"include_usage": True}
+
+
+# Messages -----------------------------------------------------------------------------------------------
+#
+# While a conversation is built, a user message's content is a list of chat content parts and an
+# assistant's a string; `finalize_messages` turns text-only user content into one string, the form
+# every engine and chat template accepts.
+
+
+def push_message(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """Append `message`, merging it into the previous one when both are user turns, both assistant
+    turns, or both system turns. Chat templates that insist on alternating roles (Gemma, Mistral)
+    refuse two user turns in a row; Anthropic merges consecutive turns of one role itself, and an
+    assistant's text and the tool calls that follow it are one chat turn."""
+    if messages:
+        last = messages[-1]
+        role = message["role"]
+        if last["role"] == role:
+            if role == "user":
+                last["content"].extend(message["content"])
+                return
+            if role == "assistant" and not last.get("tool_calls"):
+                # Text after tool calls stays a turn of its own: nothing in chat puts it after them.
+                text = message.get("content")
+                if text:
+                    last["content"] = (last.get("content") or "") + text
+                if message.get("tool_calls"):
+                    last["tool_calls"] = message["tool_calls"]
+                return
+            if role == "assistant" and not message.get("content") and message.get("tool_calls"):
+                last["tool_calls"].extend(message["tool_calls"])
+                return
+            if role == "system":
+                last["content"] = f"{last['content']}\n\n{message['content']}"
+                return
+    messages.append(message)
+
+
+def finalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Text-only user content becomes one string (parts joined by newlines); content with images
+    stays a list of parts. An assistant turn with tool calls and no text gets `content: null`."""
+    for message in messages:
+        role = message["role"]
+        if role == "user":
+            parts = message["content"]
+            if all(part.get("type") == "text" for part in parts):
+                message["content"] = "\n".join(part["text"] for part in parts)
+        elif role == "assistant" and not message.get("content") and message.get("tool_calls"):
+            message["content"] = None
+    return messages
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """`value` if it is an object, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def first_choice(resp: dict[str, Any]) -> dict[str, Any]:
+    """Choice 0 of a chat completion (or of a chunk); `{}` when there is none. Only choice 0 is
+    translated: neither Anthropic nor Responses has `n`."""
+    choices = resp.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                return choice
+    return {}
+
+
+# Streamed tool calls ------------------------------------------------------------------------------------
+
+
+class ToolCall:
+    """One tool call as it streams in: OpenAI sends `id` and `function.name` in its first delta and
+    `function.arguments` in pieces after; some engines send the name later, or repeat it."""
+
+    __slots__ = ("arguments", "call_id", "index", "name", "opened", "slot")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.call_id: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []
+        self.opened = False
+        #: Where the client-side protocol put it: an Anthropic block index, a Responses output index.
+        self.slot = -1
+
+    @property
+    def text(self) -> str:
+        return "".join(self.arguments)
+
+
+class ToolCallTracker:
+    """Assembles `delta.tool_calls` across chunks. `update` returns what happened, in order:
+    `("open", call, arguments so far)` once the call's name is known, then `("args", call, piece)`."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self) -> None:
+        self.calls: dict[int, ToolCall] = {}
+
+    def update(self, deltas: Any) -> list[tuple[str, ToolCall, str]]:
+        happened: list[tuple[str, ToolCall, str]] = []
+        if not isinstance(deltas, list):
+            return happened
+        for delta in deltas:
+            if not isinstance(delta, dict):
+                continue
+            index = delta.get("index")
+            if not isinstance(index, int):
+                # No index (a few providers): a new id starts a call, anything else continues the last.
+                if delta.get("id") and all(c.call_id != delta["id"] for c in self.calls.values()):
+                    index = len(self.calls)
+                else:
+                    index = max(self.calls, default=0)
+            call = self.calls.get(index)
+            if call is None:
+                call = self.calls[index] = ToolCall(index)
+            if delta.get("id") and call.call_id is None:
+                call.call_id = str(delta["id"])
+            function = delta.get("function")
+            if not isinstance(function, dict):
+                continue
+            name = function.get("name")
+            if name and call.name is None:
+                call.name = str(name)
+            piece = function.get("arguments")
+            if not isinstance(piece, str):
+                piece = dumps(piece) if isinstance(piece, dict) else ""
+            if piece:
+                call.arguments.append(piece)
+            if not call.opened:
+                if call.name is not None:
+                    call.opened = True
+                    happened.append(("open", call, call.text))
+            elif piece:
+                happened.append(("args", call, piece))
+        return happened
+
+    def unopened(self) -> list[ToolCall]:
+        """Calls whose name never came, in index order: opened anyway at the end, with an empty name."""
+        return [self.calls[i] for i in sorted(self.calls) if not self.calls[i].opened]

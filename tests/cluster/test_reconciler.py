@@ -1,0 +1,186 @@
+"""The reconciler against the database: place, stop, retry, preempt, and never double-claim."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from apps.catalog.models import Model, Profile
+from apps.cluster import services
+from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
+from apps.cluster.models import Gpu, Node, Replica, Shard
+from apps.cluster.reconciler import desired_shards, reconcile
+
+GB = 1024**3
+
+
+def make_node(name: str = "gpu1", gpus: int = 8, memory_gb: int = 512, cpus: int = 64,
+              gpu_class: str = "H100-80GB") -> Node:
+    node = Node.objects.create(name=name, status=NodeStatus.READY, hardware={"cpus": cpus,
+                               "memory_total_bytes": memory_gb * GB, "engines": ["llama.cpp", "vllm"]},
+                               sample={"cpus": cpus, "memory_total_bytes": memory_gb * GB}, sampled_at=timezone.now(),
+                               last_seen_at=timezone.now(), address="10.0.0.1")
+    Gpu.objects.bulk_create([Gpu(node=node, index=i, gpu_class=gpu_class, memory_total_mib=81559)
+                             for i in range(gpus)])
+    return node
+
+
+def make_model(name: str, *, replicas: int = 1, gpus: int = 0, memory_gb: float = 0, cores: float = 0,
+               capacity_class: str = "", engine: str = "vllm") -> Model:
+    model = Model.objects.create(name=name, min_replicas=replicas, max_replicas=max(replicas, 1),
+                                 capacity_class=capacity_class, source=f"/models/{name}")
+    Profile.objects.create(model=model, name="default", engine=engine, accelerator="H100-80GB" if gpus else "cpu",
+                           gpus_per_shard=gpus, memory_bytes=int(memory_gb * GB), cpu_cores=cores)
+    return model
+
+
+def claimed_gpus() -> list[tuple[int, int]]:
+    return [(s.node_id, i) for s in Shard.objects.exclude(replica__state=ReplicaState.PENDING) for i in s.gpu_indices]
+
+
+@pytest.mark.django_db
+def test_it_places_the_wanted_replicas_on_distinct_gpus() -> None:
+    node = make_node()
+    make_model("big", replicas=3, gpus=2)
+    report = reconcile()
+    assert len(report.placed) == 3
+    gpus = claimed_gpus()
+    assert len(gpus) == 6 and len(set(gpus)) == 6
+    assert set(Replica.objects.values_list("state", flat=True)) == {ReplicaState.STARTING}
+    shards = desired_shards(node)
+    assert len(shards) == 3 and all(len(s["gpu_indices"]) == 2 and s["api_key"] for s in shards)
+    assert len({s["port"] for s in shards}) == 3
+
+
+@pytest.mark.django_db
+def test_a_model_that_fits_nowhere_stays_pending_with_reasons_and_costs_nothing_next_pass() -> None:
+    make_node(gpus=0, memory_gb=8)
+    make_model("huge", memory_gb=24, cores=1, engine="llama.cpp")
+    reconcile()
+    replica = Replica.objects.get()
+    assert replica.state == ReplicaState.PENDING
+    reasons = " ".join(r["message"] for r in replica.rejections)
+    assert "gpu1" in reasons and "24" in reasons and "8" in reasons
+    with CaptureQueriesContext(connection) as queries:
+        reconcile()
+    writes = [q["sql"] for q in queries.captured_queries
+              if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))
+              and "control_lock" not in q["sql"].lower() and "controllock" not in q["sql"].lower()]
+    assert writes == []
+
+
+@pytest.mark.django_db
+def test_lowering_the_target_stops_the_newest_and_releases_it_once_stopped() -> None:
+    node = make_node()
+    model = make_model("m", replicas=2, gpus=1)
+    reconcile()
+    model.min_replicas = 1
+    model.save(update_fields=["min_replicas"])
+    reconcile()
+    stopping = Replica.objects.get(state=ReplicaState.STOPPING)
+    assert len(desired_shards(node)) == 1
+    # The agent no longer runs it: its report leaves it out.
+    kept = Replica.objects.exclude(pk=stopping.pk).get()
+    services.record_report(node.pk, [{"shard": f"r{kept.pk}s0", "state": "ready"}])
+    reconcile()
+    assert list(Replica.objects.values_list("pk", flat=True)) == [kept.pk]
+    assert Replica.objects.get().state == ReplicaState.READY
+
+
+@pytest.mark.django_db
+def test_a_failed_engine_is_retried_after_a_growing_backoff() -> None:
+    node = make_node()
+    make_model("crashy", gpus=1)
+    reconcile()
+    replica = Replica.objects.get()
+    services.record_report(node.pk, [{"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1,
+                                      "log_tail": ["error: cannot open model"]}])
+    replica.refresh_from_db()
+    assert replica.state == ReplicaState.FAILED and replica.failures == 1
+    assert "code 1" in replica.message
+    first_wait = replica.next_attempt_at - timezone.now()
+    reconcile()  # too early: nothing moves
+    assert Replica.objects.get().state == ReplicaState.FAILED
+    reconcile(now=replica.next_attempt_at + timedelta(seconds=1))
+    replica.refresh_from_db()
+    assert replica.state == ReplicaState.STARTING
+    services.record_report(node.pk, [{"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1}])
+    replica.refresh_from_db()
+    assert replica.failures == 2
+    assert replica.next_attempt_at - timezone.now() > first_wait
+
+
+@pytest.mark.django_db
+def test_a_critical_model_preempts_an_opportunistic_one_and_holds_it_back() -> None:
+    node = make_node(gpus=2)
+    make_model("spare", replicas=1, gpus=2, capacity_class="opportunistic")
+    reconcile()
+    make_model("vital", replicas=1, gpus=2, capacity_class="critical")
+    reconcile()
+    victim = Replica.objects.get(model__name="spare")
+    assert victim.state == ReplicaState.STOPPING
+    assert Model.objects.get(name="spare").held_until is not None
+    assert Replica.objects.get(model__name="vital").state == ReplicaState.PENDING
+    services.record_report(node.pk, [])  # the agent stopped it
+    reconcile()
+    reconcile()
+    assert Replica.objects.get(model__name="vital").state == ReplicaState.STARTING
+    assert not Replica.objects.filter(model__name="spare").exclude(state=ReplicaState.PENDING).exists()
+
+
+@pytest.mark.django_db
+def test_a_standard_model_at_its_minimum_is_never_preempted_by_its_own_class() -> None:
+    make_node(gpus=2)
+    make_model("first", replicas=1, gpus=2, capacity_class="standard")
+    reconcile()
+    make_model("second", replicas=1, gpus=2, capacity_class="standard")
+    reconcile()
+    assert Replica.objects.get(model__name="first").state == ReplicaState.STARTING
+    assert Replica.objects.get(model__name="second").state == ReplicaState.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_reconcilers_racing_never_double_claim() -> None:
+    make_node(gpus=8)
+    make_model("a", replicas=3, gpus=2)
+    make_model("b", replicas=3, gpus=2)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in range(3):
+                reconcile()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    gpus = claimed_gpus()
+    assert len(gpus) == len(set(gpus)) == 8
+    placed = Replica.objects.exclude(state=ReplicaState.PENDING).count()
+    assert placed == 4 and Replica.objects.count() == 6
+
+
+@pytest.mark.django_db
+def test_reports_move_replicas_to_ready_and_keep_the_log_tail() -> None:
+    node = make_node()
+    make_model("m", gpus=1)
+    reconcile()
+    replica = Replica.objects.get()
+    services.record_report(node.pk, [{"shard": f"r{replica.pk}s0", "state": "ready", "pid": 4242}])
+    replica.refresh_from_db()
+    assert replica.state == ReplicaState.READY and replica.ready_at is not None
+    assert Shard.objects.get().pid == 4242 and Shard.objects.get().state == ShardState.READY
+
+

@@ -1,0 +1,112 @@
+"""A tiny model declared on `llmgw up`, served by the real llama.cpp engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.helpers import alive, drop_pg_database
+from tests.fleet import ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+
+def llama_server() -> str | None:
+    try:
+        from tests.enginebin import llama_server_path
+    except ImportError:
+        return None
+    path = llama_server_path()
+    return str(path) if path else None
+
+
+def chat(endpoint: str, key: str | None) -> tuple[int, dict]:
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(endpoint + "/v1/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, {}
+
+
+@pytest.mark.skipif(llama_server() is None, reason="no llama-server binary (run scripts/ensure-llama-server)")
+def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restart(tmp_path: Path) -> None:
+    from tests.ggufgen import make_tiny_gguf
+
+    weights = make_tiny_gguf(tmp_path / "tiny.gguf")
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": [{
+        "name": "tiny", "source": str(weights), "replicas": 1,
+        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1,
+                      "parallel": 2, "context_size": 512}],
+    }, {
+        "name": "huge", "source": str(weights), "replicas": 1,
+        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "100TB",
+                      "cpu_cores": 1}],
+    }]}))
+    engine_pid = None
+    plane = None
+    env = {"LLMGW_LLAMA_SERVER": llama_server() or ""}
+    try:
+        with ControlPlane(tmp_path, extra_env=env, keep_database=True) as plane:
+            assert plane.ctl("model", "apply", "-f", str(models))[0] == 0
+            assert plane.ctl("model", "apply", "-f", str(models))[1].count("unchanged") == 2  # idempotent
+            ready = plane.wait_for(lambda: (lambda m: m if m["status"]["ready"] == 1 else None)(
+                plane.api("GET", "models/tiny")), timeout=90, what="tiny ready")
+            shard = ready["replicas"][0]["shards"][0]
+            engine_pid = shard["pid"]
+            node = plane.node(shard["node"])
+            endpoint = f"http://{node.get('address') or '127.0.0.1'}:{shard['port']}"
+            secret = _secret(plane, ready["replicas"][0]["id"])
+            status, answer = chat(endpoint, secret)
+            assert status == 200 and answer["usage"]["completion_tokens"] > 0
+            assert chat(endpoint, None)[0] == 401
+            assert chat(endpoint, "wrong")[0] == 401
+
+            # Too big for the node: explain names the node, the memory it has and the memory needed.
+            code, out, _err = plane.ctl("model", "explain", "huge")
+            assert code == 0
+            assert f"{shard['node']}:" in out and "needs 102400" in out and "GB of memory" in out
+            assert plane.api("GET", "models/huge")["status"]["pending"] == 1
+            assert plane.stop() == 0
+
+        # The control plane (web, worker, agent) stopped; the engine did not.
+        assert engine_pid and alive(engine_pid)
+        with ControlPlane(tmp_path / "again", extra_env=env, reuse=plane) as again:
+            model = again.wait_for(lambda: (lambda m: m if m["status"]["ready"] == 1 and
+                                            m["replicas"][0]["shards"][0]["state"] == "ready" else None)(
+                again.api("GET", "models/tiny")), timeout=90, what="tiny adopted")
+            assert model["replicas"][0]["shards"][0]["pid"] == engine_pid
+            assert chat(endpoint, secret)[0] == 200
+    finally:
+        if engine_pid and alive(engine_pid):
+            os.killpg(engine_pid, signal.SIGKILL)
+            time.sleep(0.2)
+        if plane is not None and plane.running is not None and plane.running.database:
+            drop_pg_database(plane.running.database)
+
+
+def _secret(plane: ControlPlane, replica_id: int) -> str:
+    """The engine's key, as the gateway will read it (the API never shows it)."""
+    import subprocess
+    import sys
+
+    code = ("import django; django.setup(); from apps.cluster.models import Shard; "
+            f"print(Shard.objects.get(replica_id={replica_id}, rank=0).secret)")
+    assert plane.running is not None
+    result = subprocess.run([sys.executable, "-c", code], env={**plane.running.env,
+                            "DJANGO_SETTINGS_MODULE": "llmgw.settings"}, capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[2], check=True)
+    return result.stdout.strip().splitlines()[-1]
