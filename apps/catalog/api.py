@@ -88,6 +88,8 @@ def explain_model(model: Model) -> list[dict[str, Any]]:
     for verdict in placement.explain(build_inventory(), replica_request(model)):
         out.append({
             "profile": verdict.profile.name, "priority": verdict.profile.priority, "fits": verdict.fits,
+            # refusals of the whole profile: capacity quotas, no fabric with enough nodes, no node fits
+            "reasons": [selectors.translate_reason(_rejection(r)) for r in verdict.reasons],
             "nodes": [{"node": n.node_name, "fits": n.fits, "score": n.score,
                        "reasons": [selectors.translate_reason(_rejection(r)) for r in n.reasons]}
                       for n in verdict.nodes],

@@ -269,6 +269,8 @@ def cmd_model_explain(client: Client, args: argparse.Namespace) -> int:
     for profile in answer["profiles"]:
         verdict = "fits" if profile["fits"] else "fits nowhere"
         print(f"profile {profile['profile']} (priority {profile['priority']}): {verdict}")
+        for reason in profile.get("reasons") or []:
+            print(f"  {reason}")
         for node in profile["nodes"]:
             if node["fits"]:
                 score = f" (score {node['score']:.2f})" if node.get("score") is not None else ""
