@@ -46,6 +46,8 @@ class Model(models.Model):
     external_api_key_file = models.CharField(_("provider key file"), max_length=1000, blank=True)
     # Set when the model's replicas were preempted: nothing is placed for it until then.
     held_until = models.DateTimeField(_("held back until"), null=True, blank=True)
+    # A request arrived for a model kept at zero replicas: run one until then.
+    demand_until = models.DateTimeField(_("wanted on demand until"), null=True, blank=True)
     created_at = models.DateTimeField(_("created"), default=timezone.now)
     updated_at = models.DateTimeField(_("updated"), default=timezone.now)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -15,7 +16,8 @@ from apps.accounts import audit
 from apps.accounts.models import Organization, Project, Team, User
 from apps.catalog.models import Model, Profile
 
-__all__ = ["ApplyResult", "SpecError", "apply_models", "parse_memory", "set_class", "set_resources", "set_target"]
+__all__ = ["ApplyResult", "SpecError", "apply_models", "parse_memory", "record_demand", "set_class", "set_resources",
+           "set_target"]
 
 MODEL_FIELDS = ("capacity_class", "min_replicas", "max_replicas", "source", "fallbacks", "external_url",
                 "external_model", "external_api_key_file", "organization_id", "team_id", "project_id")
@@ -308,3 +310,16 @@ def set_resources(model: Model, *, memory_bytes: int | None = None, cpu_cores: f
             profile.save(update_fields=["memory_bytes", "cpu_cores"])
             audit.record(actor, "profile.resources", profile, changes=audit.diff(before, after))
     return profiles
+
+
+ON_DEMAND_KEEP = timedelta(minutes=15)
+
+
+def record_demand(name: str) -> None:
+    """A request is waiting for a model kept at zero replicas: keep one running for a while."""
+    until = timezone.now() + ON_DEMAND_KEEP
+    if Model.objects.filter(name=name, min_replicas=0).update(demand_until=until):
+        from apps.cluster.reconciler import request_reconcile
+
+        with transaction.atomic():
+            request_reconcile()

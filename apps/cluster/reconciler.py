@@ -141,6 +141,8 @@ def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[i
                      report: PassReport) -> None:
     replicas = [r for r in model.replicas.all() if r.state != ReplicaState.STOPPING]
     wanted = model.min_replicas
+    if model.demand_until and model.demand_until > now:
+        wanted = max(wanted, 1)  # started on demand; kept while requests keep coming
 
     # 3a. Too many: stop the newest first (pending ones before running ones).
     extra = len(replicas) - wanted

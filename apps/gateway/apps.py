@@ -6,3 +6,8 @@ from django.apps import AppConfig
 class GatewayConfig(AppConfig):
     name = "apps.gateway"
     label = "gateway"
+
+    def ready(self) -> None:
+        from apps.gateway import signals
+
+        signals.connect()

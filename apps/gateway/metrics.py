@@ -1,0 +1,32 @@
+"""The gateway's own Prometheus figures, kept cheap on the hot path."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = ["IN_FLIGHT", "QUEUE_DEPTH", "observe"]
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+REQUESTS = Counter("llmgw_gateway_requests", "Requests answered by the gateway, by model and status",
+                   ["model", "status"])
+DURATION = Histogram("llmgw_gateway_request_duration_seconds", "Time from request to last byte", ["model"],
+                     buckets=BUCKETS)
+FIRST_TOKEN = Histogram("llmgw_gateway_first_token_seconds", "Time from request to the first token", ["model"],
+                        buckets=BUCKETS)
+TOKENS = Counter("llmgw_gateway_tokens", "Tokens served, by model and kind", ["model", "kind"])
+IN_FLIGHT = Gauge("llmgw_gateway_in_flight", "Requests being served now", multiprocess_mode="livesum")
+QUEUE_DEPTH = Gauge("llmgw_gateway_queue_depth", "Requests waiting for a replica slot, by model", ["model"],
+                    multiprocess_mode="livesum")
+
+
+def observe(model: str, status: int, seconds: float, first_token: float | None, prompt: int | None,
+            completion: int | None) -> None:
+    REQUESTS.labels(model=model, status=str(status)).inc()
+    DURATION.labels(model=model).observe(seconds)
+    if first_token is not None:
+        FIRST_TOKEN.labels(model=model).observe(first_token)
+    if prompt:
+        TOKENS.labels(model=model, kind="prompt").inc(prompt)
+    if completion:
+        TOKENS.labels(model=model, kind="completion").inc(completion)

@@ -1,0 +1,57 @@
+"""Tell the gateways to reload their tables after a change to keys, limits, models or replicas.
+
+This is cache invalidation of derived data (the gateway's in-memory tables), the one use of
+signals here: whatever path changes these rows, the gateway must hear of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.signals import post_delete, post_save
+
+__all__ = ["bump", "connect"]
+
+
+def bump() -> None:
+    from apps.gateway.models import TableVersion
+
+    def run() -> None:
+        if TableVersion.objects.filter(pk=1).update(version=F("version") + 1) == 0:
+            TableVersion.objects.get_or_create(pk=1, defaults={"version": 1})
+
+    transaction.on_commit(run)
+
+
+def _changed(sender: Any, **kwargs: Any) -> None:
+    update_fields = kwargs.get("update_fields")
+    # last-used stamps and heartbeat figures do not change what the gateway routes
+    if update_fields is not None and set(update_fields) <= {"last_used_at", "cores_used", "memory_used_bytes"}:
+        return
+    bump()
+
+
+def connect() -> None:
+    from apps.accounts.models import ApiKey, User
+    from apps.catalog.models import Model, Profile
+    from apps.cluster.models import Node, Replica, Shard
+
+    senders: list[Any] = [ApiKey, User, Model, Profile, Replica, Shard]
+    try:
+        from apps.quotas.models import RateLimit
+
+        senders.append(RateLimit)
+    except ImportError:
+        pass
+    for sender in senders:
+        post_save.connect(_changed, sender=sender, dispatch_uid=f"gateway-{sender.__name__}-save")
+        post_delete.connect(_changed, sender=sender, dispatch_uid=f"gateway-{sender.__name__}-delete")
+
+    def node_changed(sender: Any, **kwargs: Any) -> None:
+        fields = kwargs.get("update_fields")
+        if fields is None or {"address", "status", "revoked_at", "credential_hash"} & set(fields):
+            bump()
+
+    post_save.connect(node_changed, sender=Node, dispatch_uid="gateway-Node-save")

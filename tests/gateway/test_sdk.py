@@ -1,0 +1,206 @@
+"""The official OpenAI and Anthropic SDKs against `llmgw up` serving the real tiny llama.cpp engine."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from tests.fleet import ControlPlane
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+pytestmark = pytest.mark.e2e
+
+
+def _llama() -> str | None:
+    from tests.enginebin import llama_server_path
+
+    path = llama_server_path()
+    return str(path) if path else None
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    if _llama() is None:
+        pytest.skip("no llama-server binary (run scripts/ensure-llama-server)")
+    from tests.ggufgen import make_tiny_gguf
+
+    tmp = tmp_path_factory.mktemp("gateway")
+    weights = make_tiny_gguf(tmp / "tiny.gguf")
+    spec = tmp / "models.yaml"
+    spec.write_text(yaml.safe_dump({"models": [
+        {"name": "tiny", "source": str(weights), "replicas": 1,
+         "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1,
+                       "parallel": 2, "context_size": 512}]},
+        {"name": "alias", "replicas": 0, "fallbacks": ["tiny"], "source": str(weights),
+         "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "100TB"}]},
+    ]}))
+    with ControlPlane(tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "",
+                                      "LLMGW_GATEWAY_COLD_START_TIMEOUT": "3"}) as running:
+        assert running.ctl("model", "apply", "-f", str(spec))[0] == 0
+        running.wait_for(lambda: _models(running), timeout=90, what="tiny served by the gateway")
+        yield running
+        engine = running.api("GET", "models/tiny")["replicas"][0]["shards"][0]["pid"]
+    import contextlib
+    import os
+    import signal
+
+    if engine:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(engine, signal.SIGKILL)
+
+
+def _models(plane: ControlPlane) -> bool:
+    request = urllib.request.Request(plane.url + "/v1/models", headers={"Authorization": f"Bearer {plane.key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            data = json.load(response)["data"]
+    except urllib.error.HTTPError:
+        return False  # the new key has not reached the gateway's table yet
+    return any(m["id"] == "tiny" and m["llmgw"]["ready_replicas"] for m in data)
+
+
+def oai(plane: ControlPlane, key: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=plane.url + "/v1", api_key=key or plane.key, max_retries=0)
+
+
+def claude(plane: ControlPlane, key: str | None = None) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=plane.url, api_key=key or plane.key, max_retries=0)
+
+
+def test_openai_chat_answers_with_usage_and_llmgw_headers(plane: ControlPlane) -> None:
+    raw = oai(plane).chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "Say hello"}], max_tokens=6)
+    completion = raw.parse()
+    assert completion.model == "tiny"
+    assert isinstance(completion.choices[0].message.content, str)
+    assert completion.usage is not None and completion.usage.completion_tokens > 0
+    assert raw.headers["x-llmgw-hardware"] == "cpu"
+    assert raw.headers["x-llmgw-request-id"].startswith("req_")
+    assert raw.headers["x-llmgw-replica"].startswith("tiny/")
+
+
+def test_openai_chat_streams_with_usage_at_the_end(plane: ControlPlane) -> None:
+    stream = oai(plane).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Count"}], max_tokens=8, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+
+
+def test_openai_chat_with_tools_is_accepted(plane: ControlPlane) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
+    completion = oai(plane).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Weather in Ankara?"}], tools=tools, max_tokens=6)
+    assert completion.choices[0].finish_reason in {"stop", "length", "tool_calls"}
+
+
+def test_anthropic_messages_plain_and_streamed(plane: ControlPlane) -> None:
+    client = claude(plane)
+    message = client.messages.create(model="tiny", max_tokens=6, system="Be brief.",
+                                     messages=[{"role": "user", "content": "Hello"}])
+    assert message.type == "message" and message.role == "assistant"
+    assert message.stop_reason in {"max_tokens", "end_turn"}
+    assert message.usage.output_tokens > 0
+    with client.messages.stream(model="tiny", max_tokens=8,
+                                messages=[{"role": "user", "content": "Hello again"}]) as stream:
+        final = stream.get_final_message()
+    assert final.usage.output_tokens == 8
+    assert final.content and final.content[0].type == "text"
+
+
+def test_anthropic_tool_results_go_through(plane: ControlPlane) -> None:
+    message = claude(plane).messages.create(
+        model="tiny", max_tokens=4,
+        tools=[{"name": "lookup", "description": "Look up", "input_schema": {"type": "object", "properties": {}}}],
+        messages=[{"role": "user", "content": "Look it up"},
+                  {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "lookup",
+                                                     "input": {}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                "content": "42"}]}])
+    assert message.usage.output_tokens > 0
+
+
+def test_a_codex_style_responses_request_with_a_custom_tool(plane: ControlPlane) -> None:
+    client = oai(plane)
+    tools = [{"type": "custom", "name": "apply_patch", "description": "Apply a patch to the workspace"},
+             {"type": "function", "name": "shell", "description": "Run a command",
+              "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    response = client.responses.create(model="tiny", instructions="You are a coding agent.",
+                                       input=[{"role": "user", "content": [{"type": "input_text",
+                                                                            "text": "Fix the bug"}]}],
+                                       tools=tools, max_output_tokens=6)
+    assert response.object == "response"
+    assert response.usage is not None and response.usage.output_tokens > 0
+    events = [event.type for event in client.responses.create(model="tiny", input="hi", max_output_tokens=4,
+                                                                   stream=True)]
+    assert events[0] == "response.created" and events[-1] in {"response.completed", "response.incomplete"}
+    assert "response.output_text.delta" in events
+
+
+def test_bad_keys_unknown_models_and_bad_bodies_get_errors_in_the_callers_style(plane: ControlPlane) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        oai(plane, key="llmgw_wrong").chat.completions.create(model="tiny", messages=[])
+    with pytest.raises(anthropic.AuthenticationError):
+        claude(plane, key="llmgw_wrong").messages.create(model="tiny", max_tokens=1, messages=[])
+    with pytest.raises(openai.NotFoundError) as not_found:
+        oai(plane).chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert "no-such-model" in str(not_found.value)
+    with pytest.raises(anthropic.BadRequestError):
+        claude(plane).messages.create(model="tiny", max_tokens=1, messages="not a list")  # type: ignore[arg-type]
+
+
+def test_a_model_with_no_replica_falls_back_in_order(plane: ControlPlane) -> None:
+    raw = oai(plane).chat.completions.with_raw_response.create(
+        model="alias", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert raw.headers["x-llmgw-replica"].startswith("tiny/")
+
+
+def test_a_revoked_key_stops_working_within_seconds(plane: ControlPlane) -> None:
+    created = plane.api("POST", "keys/", {"name": "short-lived"})
+    client = oai(plane, key=created["key"])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the new key reaches the gateway's table first
+        try:
+            client.models.list()
+            break
+        except openai.AuthenticationError:
+            time.sleep(0.2)
+    plane.api("POST", f"keys/{created['id']}/revoke")
+    revoked_at = time.monotonic()
+    while True:
+        try:
+            client.models.list()
+        except openai.AuthenticationError:
+            break
+        assert time.monotonic() - revoked_at < 5, "a revoked key still worked after 5 s"
+        time.sleep(0.1)
+
+
+def test_a_key_limited_to_other_models_is_refused(plane: ControlPlane) -> None:
+    created = plane.api("POST", "keys/", {"name": "narrow", "allowed_models": ["alias"]})
+    client = oai(plane, key=created["key"])
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            ids = [m.id for m in client.models.list()]
+            break
+        except openai.AuthenticationError:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    assert ids == ["alias"]
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+
+
