@@ -206,15 +206,14 @@ async def app(scope, receive, send):
 '''
 
 
-def pg_writes(database: str) -> float:
-    """Rows inserted, updated or deleted in the database's own tables (TOAST chunks of a large
-    JSON value are storage detail, not writes the application made)."""
+def pg_writes(database: str) -> dict[str, float]:
+    """Rows inserted, updated or deleted per table of the database (TOAST chunks of a large JSON
+    value are storage detail, not writes the application made)."""
     import psycopg
 
     with psycopg.connect(PG_ADMIN.rsplit("/", 1)[0] + f"/{database}", autocommit=True) as conn:
-        row = conn.execute("SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
-                           ).fetchone()
-    return float(row[0]) if row else 0.0
+        rows = conn.execute("SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables").fetchall()
+    return {name: float(count) for name, count in rows}
 
 
 def main() -> None:
@@ -289,7 +288,8 @@ def main() -> None:
 
         result = asyncio.run(run_agents(f"ws://127.0.0.1:{port}/ws/agent/", credentials, args.interval,
                                         args.duration, True, window))
-        writes = marks["end"][0] - marks["start"][0]
+        per_table = {t: marks["end"][0].get(t, 0.0) - marks["start"][0].get(t, 0.0) for t in marks["end"][0]}
+        writes = sum(per_table.values())
         web_cpu = marks["end"][1] - marks["start"][1]
         p50, p99, handled = histogram_window(marks["start"][2], marks["end"][2], "llmgw_agent_message_seconds",
                                              'type="heartbeat"')
@@ -304,7 +304,8 @@ def main() -> None:
         print(f"web CPU per heartbeat: {per_beat_cpu:.2f} ms; baseline transport {base_cpu_beat:.2f} ms; "
               f"ratio {per_beat_cpu / max(base_cpu_beat, 1e-9):.1f}")
         print(f"database row writes per heartbeat: {writes / max(total_sent, 1):.2f} "
-              f"(target <= 1; {writes:.0f} row writes for {total_sent:.0f} heartbeats in the window)")
+              f"(target <= 1; {writes:.0f} row writes for {total_sent:.0f} heartbeats in the window: "
+              + ", ".join(f"{t} {n:.0f}" for t, n in sorted(per_table.items(), key=lambda i: -i[1]) if n) + ")")
     finally:
         for process in (web, echo):
             if process and process.poll() is None:

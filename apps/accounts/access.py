@@ -9,8 +9,10 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from apps.accounts.choices import StaffRole
 
 __all__ = [
+    "CanChangeLimits",
     "IsStaffReader",
     "can_change_cluster",
+    "can_change_limits",
     "can_read_everything",
     "is_administrator",
 ]
@@ -37,6 +39,11 @@ def can_read_everything(user: Any) -> bool:
     return _role(user) in {StaffRole.ADMIN, StaffRole.OPERATOR, StaffRole.VIEWER, StaffRole.BILLING}
 
 
+def can_change_limits(user: Any) -> bool:
+    """Rate limits and token budgets: administrators and billing."""
+    return _role(user) in {StaffRole.ADMIN, StaffRole.BILLING}
+
+
 class IsStaffReader(BasePermission):
     """Staff may read; only administrators may change."""
 
@@ -53,3 +60,12 @@ class IsOperator(BasePermission):
         if request.method in SAFE_METHODS:
             return can_read_everything(request.user)
         return can_change_cluster(request.user)
+
+
+class CanChangeLimits(BasePermission):
+    """Staff may read; administrators and billing may change."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        if request.method in SAFE_METHODS:
+            return can_read_everything(request.user)
+        return can_change_limits(request.user)

@@ -143,19 +143,12 @@ class GatewayApp:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5,
                                           sock_read=_env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600)))
         self.tables = await sync_to_async(load_tables, thread_sensitive=False)(None)
-        try:
-            from apps.quotas.limiter import make_limiter
+        from apps.quotas.limiter import make_limiter
+        from apps.quotas.usage import UsageWriter
 
-            self.limiter = make_limiter()
-        except ImportError:
-            self.limiter = None
-        try:
-            from apps.quotas.usage import UsageWriter
-
-            self.usage = UsageWriter()
-            await self.usage.start()
-        except ImportError:
-            self.usage = None
+        self.limiter = make_limiter()
+        self.usage = UsageWriter()
+        await self.usage.start()
         self._refresh = asyncio.create_task(self._refresh_loop(), name="gateway-refresh")
 
     async def shutdown(self) -> None:
@@ -165,6 +158,8 @@ class GatewayApp:
                 await self._refresh
         if self.usage is not None:
             await self.usage.stop()
+        if self.limiter is not None and hasattr(self.limiter, "close"):
+            await self.limiter.close()
         if self.session is not None:
             await self.session.close()
         self._started = None
@@ -206,7 +201,8 @@ class GatewayApp:
         route = ROUTES.get((method, path))
         if route is None:
             style = "messages" if path.startswith("/v1/messages") else "chat"
-            await self.send_error(send, style, 404, f"No route for {method} {path}", request_id=None)
+            # Every answer carries a request id, this one too (it was sent without one).
+            await self.send_error(send, style, 404, f"No route for {method} {path}", request_id=Call(style).request_id)
             return
         await self.handle(route[0], route[1], scope, receive, send)
 
@@ -281,6 +277,10 @@ class GatewayApp:
         try:
             await self.forward(call, endpoint, upstream_path, receive, send)
         finally:
+            # forward() may move the request to another replica when this one cannot be reached: it gives
+            # this one's slot back itself and holds one on the other (call.endpoint), which is the slot to
+            # release here. (Releasing `endpoint` again left it at -1 and the other one a slot short for good.)
+            endpoint = call.endpoint or endpoint
             endpoint.outstanding -= 1
             self.admission.released(endpoint.model)
 
@@ -389,6 +389,23 @@ class GatewayApp:
     # Upstream ------------------------------------------------------------------------------------
 
     async def forward(self, call: Call, endpoint: Endpoint, upstream_path: str, receive: Receive, send: Send) -> None:
+        """Call the upstream and relay its answer; a client that goes away at any point (waiting for
+        the answer, or mid-stream) cancels the upstream request, which ends the engine's work."""
+        watcher = asyncio.create_task(self._watch_disconnect(receive))
+        work = asyncio.create_task(self._forward(call, endpoint, upstream_path, send))
+        try:
+            done, _pending = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+                call.status, call.error = 499, "the client went away; the upstream request was cancelled"
+                return
+            work.result()
+        finally:
+            watcher.cancel()
+
+    async def _forward(self, call: Call, endpoint: Endpoint, upstream_path: str, send: Send) -> None:
         import aiohttp
 
         tried: set[str] = set()
@@ -419,23 +436,11 @@ class GatewayApp:
                 call.endpoint = other
                 continue
             break
-        watcher = asyncio.create_task(self._watch_disconnect(receive))
-        try:
-            async with response:
-                if call.stream and response.status == 200:
-                    relay = asyncio.create_task(self.relay_stream(call, endpoint, response, send))
-                    done, _pending = await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                    if relay not in done:
-                        relay.cancel()  # the client went away: stop reading, which ends the engine's work
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await relay
-                        call.status, call.error = 499, "the client went away; the upstream request was cancelled"
-                        return
-                    relay.result()
-                else:
-                    await self.relay_whole(call, endpoint, response, send)
-        finally:
-            watcher.cancel()
+        async with response:
+            if call.stream and response.status == 200:
+                await self.relay_stream(call, endpoint, response, send)
+            else:
+                await self.relay_whole(call, endpoint, response, send)
 
     @staticmethod
     async def _watch_disconnect(receive: Receive) -> None:
@@ -602,6 +607,8 @@ class GatewayApp:
                 self.limiter.record_tokens(list(call.entry.limits), tokens, time.time()))
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
         endpoint = call.endpoint
+        if call.status == 429:
+            call.prompt_tokens = call.completion_tokens = 0  # refused by a limit: recorded, free of charge
         self.usage.emit({
             "request_id": call.request_id, "user_id": call.entry.user_id, "api_key_id": call.entry.key_id,
             "organization_id": call.entry.org_id, "team_id": call.entry.team_id, "project_id": call.entry.project_id,

@@ -75,10 +75,6 @@ def key_hash(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def _limits(all_limits: dict[str, Any], *scopes: str) -> tuple[Any, ...]:
-    return tuple(all_limits[s] for s in scopes if s in all_limits)
-
-
 def load_tables(previous: Tables | None = None) -> Tables:
     """Read keys, limits and ready replicas. Keeps in-flight counts of endpoints that remain."""
     from django.db.models import Prefetch
@@ -90,12 +86,9 @@ def load_tables(previous: Tables | None = None) -> Tables:
     from apps.gateway.models import TableVersion
 
     version = TableVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
-    try:
-        from apps.quotas.limiter import load_all_limits
+    from apps.quotas.limiter import load_all_limits, pick_limits
 
-        all_limits: dict[str, Any] = load_all_limits()
-    except ImportError:
-        all_limits = {}
+    all_limits = load_all_limits()
 
     keys: dict[str, KeyEntry] = {}
     for key in ApiKey.objects.active().filter(user__is_active=True).select_related("project__team"):
@@ -106,10 +99,8 @@ def load_tables(previous: Tables | None = None) -> Tables:
             key_id=key.pk, user_id=key.user_id, project_id=key.project_id, team_id=team_id, org_id=org_id,
             allowed_models=frozenset(key.allowed_models) if key.allowed_models else None,
             expires_at=key.expires_at.timestamp() if key.expires_at else None,
-            limits=_limits(all_limits, *(s for s in (f"org:{org_id}" if org_id else "",
-                                                      f"team:{team_id}" if team_id else "",
-                                                      f"project:{key.project_id}" if key.project_id else "",
-                                                      f"key:{key.pk}") if s)),
+            limits=tuple(pick_limits(all_limits, key_id=key.pk, project_id=key.project_id, team_id=team_id,
+                                     org_id=org_id)),
         )
 
     old: dict[str, Endpoint] = {}

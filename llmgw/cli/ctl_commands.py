@@ -191,6 +191,7 @@ def add_all(ctl_sub: Any) -> None:
     p.add_argument("name")
     p.set_defaults(ctl_func=_action("revoke"))
     add_model_commands(ctl_sub)
+    add_usage_commands(ctl_sub)
 
 
 # Models ----------------------------------------------------------------------------------------
@@ -349,3 +350,66 @@ def add_model_commands(ctl_sub: Any) -> None:
     p.add_argument("name")
     p.add_argument("capacity_class", choices=["critical", "standard", "opportunistic", ""])
     p.set_defaults(ctl_func=cmd_model_class)
+
+
+# Usage -----------------------------------------------------------------------------------------
+
+def _since(text: str, now: datetime | None = None) -> str:
+    """A duration back from now (30m, 6h, 7d) or an ISO time, as an ISO time in UTC."""
+    from datetime import timedelta
+
+    match = re.fullmatch(r"(\d+)([smhd]?)", text.strip())
+    if match:
+        seconds = int(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+        moment = (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+    else:
+        try:
+            moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise SystemExit(f"llmgw ctl: --since {text!r}: expected a duration such as 1h or 7d, "
+                             "or an ISO time") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _ms(value: float | None) -> str | None:
+    return None if value is None else f"{value:.0f}"
+
+
+def cmd_usage(client: Client, args: argparse.Namespace) -> int:
+    from urllib.parse import urlencode
+
+    answer = client.get("usage?" + urlencode({"group_by": args.by, "since": _since(args.since)}))
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    rows = [[r["label"], r["requests"], r["errors"], r["refusals"], r["prompt_tokens"], r["completion_tokens"],
+             _ms(r["first_token_ms_p50"]), _ms(r["first_token_ms_p95"]), _ms(r["first_token_ms_p99"]),
+             _ms(r["latency_ms_p50"]), _ms(r["latency_ms_p95"]), _ms(r["latency_ms_p99"])]
+            for r in answer["results"]]
+    print(format_table(["GROUP", "REQUESTS", "ERRORS", "429", "PROMPT", "COMPLETION", "TTFT_P50", "TTFT_P95",
+                        "TTFT_P99", "LAT_P50", "LAT_P95", "LAT_P99"], rows))
+    return 0
+
+
+def cmd_request(client: Client, args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    record = client.get(f"requests/{quote(args.id, safe='')}")
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    print(format_table(["FIELD", "VALUE"], [(name, value) for name, value in record.items()]))
+    return 0
+
+
+def add_usage_commands(ctl_sub: Any) -> None:
+    p = ctl_sub.add_parser("usage", help="usage per group: requests, errors, 429s, tokens, TTFT and latency in ms")
+    p.add_argument("--by", default="model", choices=["organization", "team", "project", "key", "model", "user"],
+                   help="what to group by (default model)")
+    p.add_argument("--since", default="24h", help="how far back: 1h, 7d or an ISO time (default 24h)")
+    p.set_defaults(ctl_func=cmd_usage)
+    p = ctl_sub.add_parser("request", help="every field of one request through the gateway")
+    p.add_argument("id", help="the request id (x-request-id)")
+    p.set_defaults(ctl_func=cmd_request)

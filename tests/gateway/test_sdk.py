@@ -204,3 +204,51 @@ def test_a_key_limited_to_other_models_is_refused(plane: ControlPlane) -> None:
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=1)
 
 
+
+
+def test_a_key_over_its_limit_gets_429_naming_the_limit_and_is_recorded_free(plane: ControlPlane) -> None:
+    created = plane.api("POST", "keys/", {"name": "rationed"})
+    plane.api("POST", "limits/", {"api_key": created["id"], "requests_per_minute": 2})
+    client = oai(plane, key=created["key"])
+    deadline = time.monotonic() + 5
+    statuses: list[int] = []
+    while time.monotonic() < deadline:
+        try:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+            statuses.append(200)
+        except openai.RateLimitError as exc:
+            assert "requests per minute" in str(exc) and "2" in str(exc)
+            assert int(exc.response.headers["retry-after"]) >= 1
+            request_id = exc.response.headers["x-llmgw-request-id"]
+            break
+        except openai.AuthenticationError:
+            time.sleep(0.2)  # the new key and its limit reach the gateway's tables
+    else:
+        raise AssertionError(f"no 429 after {statuses}")
+    record = plane.wait_for(lambda: _request(plane, request_id), timeout=10, what="the refusal's usage record")
+    assert record["status"] == 429
+    assert record["prompt_tokens"] == 0 and record["completion_tokens"] == 0
+
+
+def _request(plane: ControlPlane, request_id: str) -> dict | None:
+    try:
+        return plane.api("GET", f"requests/{request_id}")  # type: ignore[no-any-return]
+    except urllib.error.HTTPError:
+        return None
+
+
+def test_usage_shows_each_request_with_percentiles(plane: ControlPlane) -> None:
+    raw = oai(plane).chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "usage please"}], max_tokens=3)
+    request_id = raw.headers["x-llmgw-request-id"]
+    record = plane.wait_for(lambda: _request(plane, request_id), timeout=10, what="the usage record")
+    assert record["model"] == "tiny" and record["hardware"] == "cpu" and record["status"] == 200
+    assert record["completion_tokens"] == 3 and record["first_token_ms"] is not None
+    def tiny_row() -> dict | None:
+        rows = plane.api("GET", "usage?group_by=model")["results"]
+        return next((r for r in rows if "tiny" in json.dumps(r) and r["requests"]), None)
+
+    row = plane.wait_for(tiny_row, timeout=10, what="tiny in the usage summary")
+    assert row["latency_ms_p50"] is not None and row["latency_ms_p99"] is not None
+    assert row["first_token_ms_p95"] is not None
+    assert row["latency_ms_p50"] <= row["latency_ms_p99"]

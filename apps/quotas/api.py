@@ -1,0 +1,190 @@
+"""REST endpoints for usage, single requests and rate limits."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status, viewsets
+from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.access import CanChangeLimits
+from apps.quotas import selectors, services
+from apps.quotas.choices import UsageGroup
+from apps.quotas.models import LIMIT_FIELDS, RateLimit, UsageRecord
+
+__all__ = ["RateLimitViewSet", "RequestView", "UsageView"]
+
+DEFAULT_RANGE = timedelta(hours=24)
+
+
+def client_address(request: Any) -> str | None:
+    return request.META.get("REMOTE_ADDR") or None
+
+
+# Usage ----------------------------------------------------------------------------------
+
+class UsageQuerySerializer(serializers.Serializer[Any]):
+    group_by = serializers.ChoiceField(choices=UsageGroup.choices, default=UsageGroup.MODEL)
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs["until"] = attrs.get("until") or timezone.now()
+        attrs["since"] = attrs.get("since") or attrs["until"] - DEFAULT_RANGE
+        if attrs["since"] >= attrs["until"]:
+            raise serializers.ValidationError({"since": [_("The start must be before the end.")]})
+        return attrs
+
+
+# Only for the schema: "errors" and "label" cannot be attributes of a serializer class.
+USAGE_ROW = inline_serializer("UsageRow", {
+    "group": serializers.CharField(help_text="The group's id, or the model's name"),
+    "label": serializers.CharField(),
+    "requests": serializers.IntegerField(),
+    "errors": serializers.IntegerField(help_text="status 500 and above, or an answer that broke after it began"),
+    "refusals": serializers.IntegerField(help_text="status 429: refused by a limit"),
+    "prompt_tokens": serializers.IntegerField(allow_null=True, help_text="null when no request had token counts"),
+    "completion_tokens": serializers.IntegerField(allow_null=True),
+    "requests_without_tokens": serializers.IntegerField(help_text="requests missing from the token sums"),
+    **{f"{name}_ms_{q}": serializers.FloatField(allow_null=True)
+       for name in ("first_token", "latency") for q in ("p50", "p95", "p99")},
+})
+
+
+class UsageView(APIView):
+    """Usage per group over a range (default the last 24 hours): requests, errors, refusals,
+    tokens and time-to-first-token and latency percentiles. Staff see everyone's, managers
+    their branch's, everyone else their own."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("group_by", str, enum=list(UsageGroup.values)),
+            OpenApiParameter("since", str, description="ISO 8601; default 24 hours before `until`"),
+            OpenApiParameter("until", str, description="ISO 8601; default now"),
+        ],
+        responses=inline_serializer("Usage", {
+            "group_by": serializers.CharField(), "since": serializers.DateTimeField(),
+            "until": serializers.DateTimeField(), "period": serializers.CharField(),
+            "results": serializers.ListField(child=USAGE_ROW),
+        }),
+    )
+    def get(self, request: Request) -> Response:
+        query = UsageQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        period = selectors.period_for(params["since"], params["until"])
+        rows = selectors.usage_summary(request.user, group_by=params["group_by"],  # type: ignore[arg-type]
+                                       since=params["since"], until=params["until"], period=period)
+        return Response({
+            "group_by": params["group_by"], "since": params["since"], "until": params["until"], "period": period,
+            "results": [row.as_dict() for row in rows],
+        })
+
+
+class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
+    user = serializers.CharField(source="user.email", default=None)
+    api_key = serializers.SerializerMethodField()
+    organization = serializers.CharField(source="organization.name", default=None)
+    team = serializers.CharField(source="team.name", default=None)
+    project = serializers.CharField(source="project.name", default=None)
+
+    class Meta:
+        model = UsageRecord
+        fields = [
+            "request_id", "created_at", "user_id", "user", "api_key_id", "api_key", "organization_id",
+            "organization", "team_id", "team", "project_id", "project", "model", "endpoint", "replica", "hardware",
+            "stream", "prompt_tokens", "completion_tokens", "tokens_estimated", "first_token_ms", "total_ms",
+            "status", "error",
+        ]
+
+    def get_api_key(self, record: UsageRecord) -> str | None:
+        key = record.api_key
+        return f"{key.name} ({key.prefix}…)" if key is not None else None
+
+
+class RequestView(APIView):
+    """One request through the gateway, for its owner and for staff."""
+
+    @extend_schema(responses=UsageRecordSerializer)
+    def get(self, request: Request, request_id: str) -> Response:
+        record = selectors.get_request_for_user(request.user, request_id)  # type: ignore[arg-type]
+        if record is None:
+            raise NotFound(_("No such request."))
+        return Response(UsageRecordSerializer(record).data)
+
+
+# Rate limits ------------------------------------------------------------------------------
+
+class RateLimitSerializer(serializers.ModelSerializer[RateLimit]):
+    scope = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = RateLimit
+        fields = ["id", "scope", "organization", "team", "project", "api_key", *LIMIT_FIELDS, "updated_at"]
+        read_only_fields = ["id", "scope", "updated_at"]
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        if self.instance is not None:  # the owner is fixed once the limit exists
+            for name in ("organization", "team", "project", "api_key"):
+                fields[name].read_only = True
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The model's own rules, so the API and the console refuse the same input.
+        candidate = RateLimit()
+        if self.instance is not None:
+            for name in ("id", "organization_id", "team_id", "project_id", "api_key_id", *LIMIT_FIELDS):
+                setattr(candidate, name, getattr(self.instance, name))
+            candidate._state.adding = False  # so unique checks leave the row itself out
+        for name, value in attrs.items():
+            setattr(candidate, name, value)
+        try:
+            candidate.full_clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(serializers.as_serializer_error(exc)) from None
+        return attrs
+
+
+class RateLimitViewSet(viewsets.ModelViewSet[RateLimit]):
+    """Rate limits and token budgets of organisations, teams, projects and keys.
+    Staff may read; administrators and billing may change."""
+
+    serializer_class = RateLimitSerializer
+    permission_classes = [CanChangeLimits]
+
+    def get_queryset(self) -> QuerySet[RateLimit]:
+        limits = RateLimit.objects.order_by("pk")
+        for name in ("organization", "team", "project", "api_key"):
+            value = self.request.query_params.get(f"{name}_id")
+            if value is not None and value.isdigit():
+                limits = limits.filter(**{f"{name}_id": int(value)})
+        return limits
+
+    def perform_create(self, serializer: serializers.BaseSerializer[RateLimit]) -> None:
+        serializer.instance = services.create_rate_limit(
+            actor=self.request.user, address=client_address(self.request),  # type: ignore[arg-type]
+            **serializer.validated_data,
+        )
+
+    def perform_update(self, serializer: serializers.BaseSerializer[RateLimit]) -> None:
+        assert serializer.instance is not None
+        changes = {k: v for k, v in serializer.validated_data.items() if k in LIMIT_FIELDS}
+        serializer.instance = services.update_rate_limit(
+            serializer.instance, actor=self.request.user, address=client_address(self.request),  # type: ignore[arg-type]
+            **changes,
+        )
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.delete_rate_limit(self.get_object(), actor=request.user,  # type: ignore[arg-type]
+                                   address=client_address(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,405 @@
+"""Rate limits for the gateway: admit a request or say which limit refused it, with the numbers.
+
+The gateway holds each key's limits in memory (`Limit`, loaded from `RateLimit` rows by
+its background key-table refresh through `load_all_limits()` / `limits_for()`) and asks a
+limiter per request. At request time this module is pure asyncio: no ORM, no blocking I/O.
+
+Windows are fixed and named by their start: the current minute (requests and tokens),
+the UTC day (tokens) and the UTC calendar month (the token budget). A refusal's
+`retry_after_s` is the time until the window that refused rolls over.
+
+`admit()` is atomic: one Lua script in Redis (`RedisLimiter`), one lock-protected pass
+over a dict without any await in between (`MemoryLimiter`). It checks every limit of
+every scope and only if none is used up counts the request in each scope's per-minute
+request window, so a refused request counts nothing and request limits are exact, even
+for requests racing each other across gateway processes.
+
+Tokens are only known after a request ends (`record_tokens()`), and `admit()` compares
+the tokens already recorded with the limit. Requests that are in flight when the last
+tokens under the limit are used still finish, so a token limit can be overshot by at
+most (requests of that scope in flight at once) × (their max_tokens plus prompt); the
+next request after the overshoot is refused. Request limits are not overshot.
+
+A Redis failure must not take the gateway down: `admit()` then fails open (admits,
+returning None) and `record_tokens()` drops the count, logging at most once a minute.
+Limits are a fairness tool here, not a security boundary, and a refused request is
+worse for an internal service than an uncounted one. After a failure the limiter does
+not ask Redis again for `backoff_s` (2 s), so a Redis that hangs costs each request at
+most the short socket timeout once, not on every request.
+
+`MemoryLimiter` counts per process; with several gateway processes each one allows
+the whole limit. It is the default when no LLMGW_REDIS_URL is set (one machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils.translation import gettext
+
+__all__ = [
+    "Limit",
+    "MemoryLimiter",
+    "RedisLimiter",
+    "Refusal",
+    "limits_for",
+    "load_all_limits",
+    "make_limiter",
+    "pick_limits",
+]
+
+log = logging.getLogger(__name__)
+
+REQUESTS_PER_MINUTE = "requests per minute"
+TOKENS_PER_MINUTE = "tokens per minute"
+TOKENS_PER_DAY = "tokens per day"
+MONTHLY_TOKEN_BUDGET = "monthly token budget"
+
+# Narrowest first: a refusal names the narrowest scope that is over a limit.
+SCOPE_ORDER = {"key": 0, "project": 1, "team": 2, "org": 3}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One scope's limits as the gateway holds them. None is no limit."""
+
+    scope: str  # "org:1", "team:3", "project:7", "key:12"
+    label: str  # "team Vision", for messages
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    monthly_token_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request was refused: which limit of which scope, how much was used, and when to retry."""
+
+    limit: str  # "requests per minute" | "tokens per minute" | "tokens per day" | "monthly token budget"
+    scope: str
+    label: str
+    used: int
+    allowed: int
+    retry_after_s: int
+
+    @property
+    def message(self) -> str:
+        values = {"label": self.label, "allowed": self.allowed, "used": self.used, "retry": self.retry_after_s}
+        if self.limit == REQUESTS_PER_MINUTE:
+            text = gettext("%(label)s is over its limit of %(allowed)s requests per minute (%(used)s used); "
+                           "retry in %(retry)s s")
+        elif self.limit == TOKENS_PER_MINUTE:
+            text = gettext("%(label)s is over its limit of %(allowed)s tokens per minute (%(used)s used); "
+                           "retry in %(retry)s s")
+        elif self.limit == TOKENS_PER_DAY:
+            text = gettext("%(label)s is over its limit of %(allowed)s tokens per day (%(used)s used); "
+                           "retry in %(retry)s s")
+        else:
+            text = gettext("%(label)s is over its monthly budget of %(allowed)s tokens (%(used)s used); "
+                           "retry in %(retry)s s")
+        return text % values
+
+
+# Windows -------------------------------------------------------------------------------
+
+def _minute(now: float) -> tuple[str, float]:
+    start = math.floor(now / 60) * 60
+    return f"m{int(start)}", start + 60
+
+
+def _day(now: float) -> tuple[str, float]:
+    start = math.floor(now / 86400) * 86400
+    return f"d{int(start)}", start + 86400
+
+
+def _month(now: float) -> tuple[str, float]:
+    moment = datetime.fromtimestamp(now, UTC)
+    year, month = (moment.year + 1, 1) if moment.month == 12 else (moment.year, moment.month + 1)
+    return f"M{moment.year:04d}{moment.month:02d}", datetime(year, month, 1, tzinfo=UTC).timestamp()
+
+
+def _retry_after(window_end: float, now: float) -> int:
+    return max(1, math.ceil(window_end - now))
+
+
+@dataclass(frozen=True)
+class _Check:
+    limit: Limit
+    kind: str
+    key: str  # counter name, without the limiter's prefix
+    allowed: int
+    window_end: float
+    counts_request: bool
+
+
+def _ordered(limits: list[Limit]) -> list[Limit]:
+    return sorted(limits, key=lambda limit: SCOPE_ORDER.get(limit.scope.split(":", 1)[0], 9))
+
+
+def _checks(limits: list[Limit], now: float) -> list[_Check]:
+    """Every limit to check, narrowest scope first; in a scope the longest window first.
+
+    Windows nest (a month holds the day, the day the minute), so when several limits of
+    one scope are used up the one named is the one whose retry time is real.
+    """
+    minute, minute_end = _minute(now)
+    day, day_end = _day(now)
+    month, month_end = _month(now)
+    checks = []
+    for limit in _ordered(limits):
+        if limit.monthly_token_budget is not None:
+            checks.append(_Check(limit, MONTHLY_TOKEN_BUDGET, f"{limit.scope}:tok:{month}",
+                                 limit.monthly_token_budget, month_end, False))
+        if limit.tokens_per_day is not None:
+            checks.append(_Check(limit, TOKENS_PER_DAY, f"{limit.scope}:tok:{day}", limit.tokens_per_day,
+                                 day_end, False))
+        if limit.tokens_per_minute is not None:
+            checks.append(_Check(limit, TOKENS_PER_MINUTE, f"{limit.scope}:tok:{minute}",
+                                 limit.tokens_per_minute, minute_end, False))
+        if limit.requests_per_minute is not None:
+            checks.append(_Check(limit, REQUESTS_PER_MINUTE, f"{limit.scope}:req:{minute}",
+                                 limit.requests_per_minute, minute_end, True))
+    return checks
+
+
+def _token_counters(limits: list[Limit], now: float) -> list[tuple[str, float]]:
+    """(counter, window end) for every token window of every scope with a token limit."""
+    minute, minute_end = _minute(now)
+    day, day_end = _day(now)
+    month, month_end = _month(now)
+    counters = []
+    for limit in limits:
+        if limit.tokens_per_minute is None and limit.tokens_per_day is None and limit.monthly_token_budget is None:
+            continue
+        # All three windows, so a limit added later in the day or month starts from what was used.
+        counters += [(f"{limit.scope}:tok:{minute}", minute_end), (f"{limit.scope}:tok:{day}", day_end),
+                     (f"{limit.scope}:tok:{month}", month_end)]
+    return counters
+
+
+def _refusal(check: _Check, used: int, now: float) -> Refusal:
+    return Refusal(limit=check.kind, scope=check.limit.scope, label=check.limit.label, used=int(used),
+                   allowed=check.allowed, retry_after_s=_retry_after(check.window_end, now))
+
+
+# In process ----------------------------------------------------------------------------
+
+class MemoryLimiter:
+    """Counters in a dict, for one process. See the module docstring."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._ends: dict[str, float] = {}
+        # A thread lock held with no await inside: atomic against other tasks and threads alike.
+        self._lock = threading.Lock()
+        self._swept_at = 0.0
+
+    async def admit(self, limits: list[Limit], now: float) -> Refusal | None:
+        checks = _checks(limits, now)
+        if not checks:
+            return None
+        with self._lock:
+            self._sweep(now)
+            for check in checks:
+                used = self._counts.get(check.key, 0)
+                if used >= check.allowed:
+                    return _refusal(check, used, now)
+            for check in checks:
+                if check.counts_request:
+                    self._counts[check.key] = self._counts.get(check.key, 0) + 1
+                    self._ends[check.key] = check.window_end
+        return None
+
+    async def record_tokens(self, limits: list[Limit], tokens: int, now: float) -> None:
+        if tokens <= 0:
+            return
+        with self._lock:
+            for key, end in _token_counters(limits, now):
+                self._counts[key] = self._counts.get(key, 0) + int(tokens)
+                self._ends[key] = end
+
+    async def close(self) -> None:
+        return None
+
+    def _sweep(self, now: float) -> None:
+        # Forget windows that ended more than a minute ago, at most once a minute.
+        if now - self._swept_at < 60:
+            return
+        self._swept_at = now
+        for key in [key for key, end in self._ends.items() if end < now - 60]:
+            self._counts.pop(key, None)
+            self._ends.pop(key, None)
+
+
+# Redis ---------------------------------------------------------------------------------
+
+# KEYS: every counter to check, in order. ARGV[1]: how many; then for each counter its
+# allowed amount, whether it counts the request (1/0) and its TTL in seconds.
+# Returns {0, 0} when admitted, else {index (1-based), used}.
+ADMIT_SCRIPT = """
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local used = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if used >= tonumber(ARGV[1 + (i - 1) * 3 + 1]) then
+    return {i, used}
+  end
+end
+for i = 1, n do
+  if ARGV[1 + (i - 1) * 3 + 2] == '1' then
+    redis.call('INCR', KEYS[i])
+    redis.call('EXPIRE', KEYS[i], tonumber(ARGV[1 + (i - 1) * 3 + 3]))
+  end
+end
+return {0, 0}
+"""
+
+# Windows are kept a little past their end so a clock slightly behind still finds them.
+TTL_GRACE_S = 120
+
+
+class RedisLimiter:
+    """Counters in Redis, shared by every gateway process. See the module docstring.
+
+    `timeout` is the socket timeout for each call (redis-py's default of 5 s would hold
+    every request that long when Redis hangs); `backoff_s` how long to leave Redis alone
+    after a failure.
+    """
+
+    def __init__(self, url: str, prefix: str = "llmgw:rl", *, timeout: float = 0.5, backoff_s: float = 2.0,
+                 max_connections: int = 64) -> None:
+        from redis.asyncio import BlockingConnectionPool, Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.prefix = prefix
+        self.backoff_s = backoff_s
+        # A blocking pool: under a burst, requests wait (at most `timeout`) for one of a few
+        # connections instead of failing with "Too many connections" and being waved through.
+        # No retries: a second try doubles the wait of a request that is admitted anyway.
+        pool = BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=timeout, socket_timeout=timeout,
+            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
+        )
+        self._redis: Any = Redis(connection_pool=pool)
+        self._admit = self._redis.register_script(ADMIT_SCRIPT)
+        self._down_until = 0.0
+        self._logged_at = -math.inf
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        moment = time.monotonic()
+        self._down_until = moment + self.backoff_s
+        if moment - self._logged_at >= 60:
+            self._logged_at = moment
+            log.warning("rate limits: Redis failed during %s (%s: %s); admitting requests without counting them",
+                        what, type(exc).__name__, exc)
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    async def admit(self, limits: list[Limit], now: float) -> Refusal | None:
+        checks = _checks(limits, now)
+        if not checks or not self._available():
+            return None
+        args: list[Any] = [len(checks)]
+        for check in checks:
+            args += [check.allowed, 1 if check.counts_request else 0,
+                     max(1, math.ceil(check.window_end - now)) + TTL_GRACE_S]
+        try:
+            index, used = await self._admit(keys=[self._key(c.key) for c in checks], args=args)
+        except Exception as exc:  # any Redis or network error: fail open
+            self._failed("admit", exc)
+            return None
+        if not index:
+            return None
+        return _refusal(checks[int(index) - 1], int(used), now)
+
+    async def record_tokens(self, limits: list[Limit], tokens: int, now: float) -> None:
+        counters = _token_counters(limits, now)
+        if tokens <= 0 or not counters or not self._available():
+            return
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for name, end in counters:
+                pipe.incrby(self._key(name), int(tokens))
+                pipe.expire(self._key(name), max(1, math.ceil(end - now)) + TTL_GRACE_S)
+            await pipe.execute()
+        except Exception as exc:
+            self._failed("record_tokens", exc)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+        await self._redis.connection_pool.disconnect()
+
+
+def make_limiter() -> RedisLimiter | MemoryLimiter:
+    """Redis when LLMGW_REDIS_URL is set (shared by all gateway processes), else in process."""
+    from django.conf import settings
+
+    if settings.REDIS_URL:
+        return RedisLimiter(settings.REDIS_URL)
+    return MemoryLimiter()
+
+
+# Loading limits (background refresh, not per request) ------------------------------------
+
+def _limit_from_row(row: Any) -> Limit:
+    if row.api_key_id:
+        label = gettext("API key %(name)s (%(prefix)s…)") % {"name": row.api_key.name, "prefix": row.api_key.prefix}
+    elif row.project_id:
+        label = gettext("project %(name)s") % {"name": row.project.name}
+    elif row.team_id:
+        label = gettext("team %(name)s") % {"name": row.team.name}
+    else:
+        label = gettext("organisation %(name)s") % {"name": row.organization.name}
+    return Limit(scope=row.scope, label=label, requests_per_minute=row.requests_per_minute,
+                 tokens_per_minute=row.tokens_per_minute, tokens_per_day=row.tokens_per_day,
+                 monthly_token_budget=row.monthly_token_budget)
+
+
+def _rows() -> Any:
+    from apps.quotas.models import RateLimit
+
+    return RateLimit.objects.select_related("organization", "team", "project", "api_key").only(
+        "organization__name", "team__name", "project__name", "api_key__name", "api_key__prefix",
+        "requests_per_minute", "tokens_per_minute", "tokens_per_day", "monthly_token_budget",
+    )
+
+
+def load_all_limits() -> dict[str, Limit]:
+    """Every rate limit, keyed by scope ("team:3"), in one query. For the gateway's key-table refresh."""
+    return {limit.scope: limit for limit in map(_limit_from_row, _rows())}
+
+
+def pick_limits(table: dict[str, Limit], *, key_id: int | None, project_id: int | None = None,
+                team_id: int | None = None, org_id: int | None = None) -> list[Limit]:
+    """The limits that apply to one key, narrowest first, from a `load_all_limits()` table."""
+    scopes = [f"key:{key_id}" if key_id else None, f"project:{project_id}" if project_id else None,
+              f"team:{team_id}" if team_id else None, f"org:{org_id}" if org_id else None]
+    return [table[scope] for scope in scopes if scope is not None and scope in table]
+
+
+def limits_for(key_id: int | None, user_id: int | None, project_id: int | None, team_id: int | None,
+               org_id: int | None) -> list[Limit]:
+    """The limits that apply to one key, narrowest first, read from the database.
+
+    `user_id` is accepted for the gateway's call but unused: limits belong to keys and to
+    branches of the tree, not to people.
+    """
+    from django.db.models import Q
+
+    wanted = Q(pk__in=[])
+    for field, value in (("api_key_id", key_id), ("project_id", project_id), ("team_id", team_id),
+                         ("organization_id", org_id)):
+        if value:
+            wanted |= Q(**{field: value})
+    table = {limit.scope: limit for limit in map(_limit_from_row, _rows().filter(wanted))}
+    return pick_limits(table, key_id=key_id, project_id=project_id, team_id=team_id, org_id=org_id)

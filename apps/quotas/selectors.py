@@ -1,0 +1,174 @@
+"""Reading usage: sums and percentiles per group, and single requests, as each person may see them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q
+from django.utils.translation import gettext as _
+
+from apps.accounts.access import can_read_everything
+from apps.accounts.choices import MembershipRole
+from apps.accounts.models import ApiKey, Membership, Organization, Project, Team, User
+from apps.quotas import histograms
+from apps.quotas.choices import RollupPeriod, UsageGroup
+from apps.quotas.models import UsageRecord, UsageRollup
+
+__all__ = [
+    "MINUTE_ROLLUPS_UP_TO",
+    "UsageRow",
+    "get_request_for_user",
+    "period_for",
+    "usage_summary",
+    "visible_rollups",
+]
+
+# Ranges up to this long are read from minute rollups, longer ones from hour rollups.
+MINUTE_ROLLUPS_UP_TO = timedelta(hours=6)
+PERIOD_LENGTH = {RollupPeriod.MINUTE: timedelta(minutes=1), RollupPeriod.HOUR: timedelta(hours=1)}
+GROUP_COLUMNS = {
+    UsageGroup.ORGANIZATION: "organization_id",
+    UsageGroup.TEAM: "team_id",
+    UsageGroup.PROJECT: "project_id",
+    UsageGroup.KEY: "api_key_id",
+    UsageGroup.MODEL: "model",
+    UsageGroup.USER: "user_id",
+}
+
+
+@dataclass
+class UsageRow:
+    """One group's usage over a range. Token sums are None when no request in the group had counts;
+    percentiles (milliseconds) are None when nothing was timed."""
+
+    group: int | str
+    label: str
+    requests: int = 0
+    errors: int = 0
+    refusals: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    requests_without_tokens: int = 0
+    first_token_ms_p50: float | None = None
+    first_token_ms_p95: float | None = None
+    first_token_ms_p99: float | None = None
+    latency_ms_p50: float | None = None
+    latency_ms_p95: float | None = None
+    latency_ms_p99: float | None = None
+    first_token_hist: list[int] = field(default_factory=histograms.empty, repr=False)
+    latency_hist: list[int] = field(default_factory=histograms.empty, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in (
+            "group", "label", "requests", "errors", "refusals", "prompt_tokens", "completion_tokens",
+            "requests_without_tokens", "first_token_ms_p50", "first_token_ms_p95", "first_token_ms_p99",
+            "latency_ms_p50", "latency_ms_p95", "latency_ms_p99",
+        )}
+
+
+def period_for(since: datetime, until: datetime) -> str:
+    return RollupPeriod.MINUTE if until - since <= MINUTE_ROLLUPS_UP_TO else RollupPeriod.HOUR
+
+
+def _visibility(user: User) -> Q | None:
+    """None: everything. Otherwise the rollups/records the person may see: their own, and
+    every branch they manage."""
+    if can_read_everything(user):
+        return None
+    if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
+        return Q(pk__in=[])
+    visible = Q(user_id=user.pk)
+    for org_id, team_id, project_id in Membership.objects.filter(user=user, role=MembershipRole.MANAGER) \
+            .values_list("organization_id", "team_id", "project_id"):
+        if project_id:
+            visible |= Q(project_id=project_id)
+        elif team_id:
+            visible |= Q(team_id=team_id)
+        else:
+            visible |= Q(organization_id=org_id)
+    return visible
+
+
+def visible_rollups(user: User) -> Any:
+    visible = _visibility(user)
+    rollups = UsageRollup.objects.all()
+    return rollups if visible is None else rollups.filter(visible)
+
+
+def _labels(group_by: str, ids: Iterable[Any]) -> dict[Any, str]:
+    wanted = {i for i in ids if i}
+    if group_by == UsageGroup.MODEL:
+        return {name: name for name in wanted}
+    if group_by == UsageGroup.ORGANIZATION:
+        return {o.pk: o.name for o in Organization.objects.filter(pk__in=wanted)}
+    if group_by == UsageGroup.TEAM:
+        return {t.pk: str(t) for t in Team.objects.filter(pk__in=wanted).select_related("organization")}
+    if group_by == UsageGroup.PROJECT:
+        return {p.pk: str(p) for p in Project.objects.filter(pk__in=wanted).select_related("team__organization")}
+    if group_by == UsageGroup.KEY:
+        return {k.pk: f"{k.name} ({k.prefix}…)" for k in ApiKey.objects.filter(pk__in=wanted).only("name", "prefix")}
+    return {u.pk: u.email for u in User.objects.filter(pk__in=wanted).only("email")}
+
+
+def usage_summary(
+    user: User,
+    *,
+    group_by: str = UsageGroup.MODEL,
+    since: datetime,
+    until: datetime,
+    period: str | None = None,
+) -> list[UsageRow]:
+    """Requests, errors, refusals, tokens and time percentiles per group, busiest group first.
+
+    Reads minute rollups for ranges up to six hours and hour rollups beyond, so the range
+    is widened to whole buckets: every bucket that overlaps [since, until) counts.
+    """
+    if group_by not in GROUP_COLUMNS:
+        raise ValueError(f"cannot group usage by {group_by!r}")
+    period = period or period_for(since, until)
+    column = GROUP_COLUMNS[UsageGroup(group_by)]
+    rollups = visible_rollups(user).filter(
+        period=period, bucket_start__gt=since - PERIOD_LENGTH[RollupPeriod(period)], bucket_start__lt=until
+    )
+    groups: dict[Any, UsageRow] = {}
+    known_tokens: dict[Any, bool] = {}
+    for row in rollups.values_list(column, "requests", "errors", "refusals", "prompt_tokens", "completion_tokens",
+                                   "requests_without_tokens", "first_token_hist", "latency_hist").iterator():
+        group, requests, errors, refusals, prompt, completion, without, first_hist, latency_hist = row
+        summary = groups.setdefault(group, UsageRow(group=group, label=""))
+        summary.requests += requests
+        summary.errors += errors
+        summary.refusals += refusals
+        summary.prompt_tokens = (summary.prompt_tokens or 0) + prompt
+        summary.completion_tokens = (summary.completion_tokens or 0) + completion
+        summary.requests_without_tokens += without
+        known_tokens[group] = known_tokens.get(group, False) or without < requests
+        summary.first_token_hist = histograms.merge(summary.first_token_hist, first_hist)
+        summary.latency_hist = histograms.merge(summary.latency_hist, latency_hist)
+    labels = _labels(group_by, groups)
+    for group, summary in groups.items():
+        if not group:
+            summary.label = _("(none)")
+        else:
+            summary.label = labels.get(group) or _("#%(id)s (deleted)") % {"id": group}
+        if not known_tokens[group]:  # every request's counts unknown: unknown, not zero
+            summary.prompt_tokens = summary.completion_tokens = None
+        for q, suffix in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+            setattr(summary, f"first_token_ms_{suffix}", histograms.percentile(summary.first_token_hist, q))
+            setattr(summary, f"latency_ms_{suffix}", histograms.percentile(summary.latency_hist, q))
+    return sorted(groups.values(), key=lambda s: (-s.requests, s.label))
+
+
+def get_request_for_user(user: User, request_id: str) -> UsageRecord | None:
+    """One request, for its owner and for staff who read everything; None for anyone else."""
+    record = UsageRecord.objects.filter(request_id=request_id).select_related(
+        "api_key", "organization", "team", "project", "user"
+    ).first()
+    if record is None:
+        return None
+    if can_read_everything(user) or (record.user_id is not None and record.user_id == getattr(user, "pk", None)):
+        return record
+    return None

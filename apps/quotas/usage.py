@@ -1,0 +1,492 @@
+"""Usage records: queued by the gateway, written in batches with their minute and hour rollups.
+
+The gateway calls `writer.emit(record)` once per request, after the answer is sent. It
+never blocks and never raises: the record goes into a bounded in-memory queue, and a
+background task writes the queue in batches (every 0.5 s, or sooner once 500 records
+wait) in a worker thread of its own, so the event loop never waits on the database.
+
+A record is a dict with UsageRecord's fields and ids rather than objects:
+
+    {"request_id": "req_…", "created_at": datetime | epoch seconds, "user_id": 3, "api_key_id": 12,
+     "organization_id": 1, "team_id": 3, "project_id": 7, "model": "llama-3-8b",
+     "endpoint": "chat.completions", "replica": "r42", "hardware": "H100", "stream": True,
+     "prompt_tokens": 12, "completion_tokens": None, "tokens_estimated": False,
+     "first_token_ms": 85.0, "total_ms": 950.0, "status": 200, "error": ""}
+
+Unknown keys are ignored; missing ones take the model's defaults (tokens and times
+unknown). Writing a batch is one transaction (`write_records_sync`):
+
+1. drop records whose request_id is already stored (a batch retried after its commit
+   was lost is not counted twice) or repeated in the batch;
+2. clear references to rows deleted meanwhile (a key revoked and deleted a second ago);
+3. bulk-insert the records;
+4. add them into the minute and hour rollups: read the affected rows under a row lock
+   (SELECT … FOR UPDATE, so writers in several gateway processes never lose each
+   other's sums), add, bulk-update, and bulk-create the new ones; when another process
+   created the same new row first, the transaction is run again at once (up to 3 times);
+5. move ApiKey.last_used_at forward, one UPDATE per key and at most once a minute per key.
+
+A batch that fails is kept and retried first on the next flush, with the flush interval
+doubling up to 30 s while the database is failing; after `max_attempts` tries it is
+written record by record so one bad record loses only itself, and what still fails is
+dropped and counted in llmgw_usage_dropped_total. While a batch waits, new records
+queue up to `max_queue`; past that, emit drops them (counted and logged, never blocking).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client import Counter
+
+from apps.quotas import histograms
+
+__all__ = ["USAGE_DROPPED", "UsageWriter", "rollup_key", "write_records_sync"]
+
+log = logging.getLogger(__name__)
+
+USAGE_DROPPED = Counter("llmgw_usage_dropped", "Usage records the gateway could not keep, by reason", ["reason"])
+USAGE_WRITTEN = Counter("llmgw_usage_written", "Usage records written to the database")
+
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+RECORD_FIELDS = {
+    "request_id", "created_at", "user_id", "api_key_id", "organization_id", "team_id", "project_id", "model",
+    "endpoint", "replica", "hardware", "stream", "prompt_tokens", "completion_tokens", "tokens_estimated",
+    "first_token_ms", "total_ms", "status", "error",
+}
+REFERENCES = {  # record field -> (app label, model name)
+    "user_id": ("accounts", "User"),
+    "api_key_id": ("accounts", "ApiKey"),
+    "organization_id": ("accounts", "Organization"),
+    "team_id": ("accounts", "Team"),
+    "project_id": ("accounts", "Project"),
+}
+
+
+# Writing --------------------------------------------------------------------------------
+
+def _moment(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float) and math.isfinite(value):
+        return datetime.fromtimestamp(value, UTC)
+    return datetime.now(UTC)
+
+
+def _number(value: Any, kind: type[int] | type[float]) -> Any:
+    """A non-negative finite number, or None for unknown (or nonsense)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _clean(record: dict[str, Any]) -> dict[str, Any]:
+    """The record's known fields, typed, with strings cut to their columns' lengths.
+
+    Done before writing so one odd record cannot make its whole batch fail.
+    """
+    from apps.quotas.models import UsageRecord
+
+    clean = {key: value for key, value in record.items() if key in RECORD_FIELDS}
+    clean["request_id"] = str(clean.get("request_id") or "")[:40]
+    clean["created_at"] = _moment(clean.get("created_at"))
+    for name in ("model", "endpoint", "replica", "hardware", "error"):
+        value = clean.get(name)
+        clean[name] = "" if value is None else str(value)
+        if name != "error":
+            clean[name] = clean[name][: UsageRecord._meta.get_field(name).max_length]  # type: ignore[union-attr]
+    for name in ("user_id", "api_key_id", "organization_id", "team_id", "project_id"):
+        clean[name] = _number(clean.get(name), int) or None
+    for name in ("prompt_tokens", "completion_tokens"):
+        tokens = _number(clean.get(name), int)
+        clean[name] = min(tokens, 2**31 - 1) if tokens is not None else None
+    for name in ("first_token_ms", "total_ms"):
+        clean[name] = _number(clean.get(name), float)
+    clean["status"] = min(_number(clean.get("status"), int) or 0, 32767)
+    clean["stream"] = bool(clean.get("stream"))
+    clean["tokens_estimated"] = bool(clean.get("tokens_estimated"))
+    return clean
+
+
+def _existing_ids(records: list[dict[str, Any]]) -> dict[str, set[int]]:
+    from django.apps import apps
+
+    found = {}
+    for field, (app_label, model_name) in REFERENCES.items():
+        wanted = {r[field] for r in records if r.get(field)}
+        model = apps.get_model(app_label, model_name)
+        found[field] = set(model._default_manager.filter(pk__in=wanted).values_list("pk", flat=True)) if wanted \
+            else set()
+    return found
+
+
+def rollup_key(period: str, bucket_start: datetime, record: dict[str, Any]) -> tuple[Any, ...]:
+    """The unique key of the rollup row a record adds into (0 for "none")."""
+    return (period, bucket_start, record.get("organization_id") or 0, record.get("team_id") or 0,
+            record.get("project_id") or 0, record.get("api_key_id") or 0, record.get("user_id") or 0,
+            record.get("model") or "")
+
+
+ROLLUP_KEY_FIELDS = ("period", "bucket_start", "organization_id", "team_id", "project_id", "api_key_id", "user_id",
+                     "model")
+ROLLUP_SUMS = ("requests", "errors", "refusals", "prompt_tokens", "completion_tokens", "requests_without_tokens")
+
+
+def _buckets(moment: datetime) -> list[tuple[str, datetime]]:
+    moment = moment.astimezone(UTC)
+    minute = moment.replace(second=0, microsecond=0)
+    return [("minute", minute), ("hour", minute.replace(minute=0))]
+
+
+def is_error(status: int, error: str) -> bool:
+    """A server-side failure: status 500 and above, or an answer that broke after it began."""
+    return status >= 500 or (status < 400 and bool(error))
+
+
+def _add_record(sums: dict[str, Any], record: dict[str, Any]) -> None:
+    status = record["status"]
+    sums["requests"] += 1
+    sums["refusals"] += status == 429
+    sums["errors"] += is_error(status, record.get("error") or "")
+    prompt, completion = record.get("prompt_tokens"), record.get("completion_tokens")
+    # Unknown is not zero: only known counts are summed, and the rest are counted apart.
+    sums["prompt_tokens"] += prompt or 0
+    sums["completion_tokens"] += completion or 0
+    sums["requests_without_tokens"] += prompt is None or completion is None
+    if status != 429:  # a refusal takes no time worth a percentile
+        histograms.observe(sums["first_token_hist"], record.get("first_token_ms"))
+        histograms.observe(sums["latency_hist"], record.get("total_ms"))
+
+
+def _new_sums() -> dict[str, Any]:
+    sums: dict[str, Any] = dict.fromkeys(ROLLUP_SUMS, 0)
+    sums["first_token_hist"] = histograms.empty()
+    sums["latency_hist"] = histograms.empty()
+    return sums
+
+
+def _write_rollups(records: list[dict[str, Any]]) -> None:
+    from django.db.models import Q
+
+    from apps.quotas.models import UsageRollup
+
+    added: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for record in records:
+        for period, start in _buckets(record["created_at"]):
+            _add_record(added.setdefault(rollup_key(period, start, record), _new_sums()), record)
+    wanted = Q(pk__in=[])
+    for period in ("minute", "hour"):
+        starts = {key[1] for key in added if key[0] == period}
+        if starts:
+            wanted |= Q(period=period, bucket_start__in=starts)
+    keys = {key[5] for key in added}
+    existing = {
+        tuple(getattr(row, name) for name in ROLLUP_KEY_FIELDS): row
+        for row in UsageRollup.objects.filter(wanted, api_key_id__in=keys).order_by("pk").select_for_update()
+    }
+    changed, created = [], []
+    for key, sums in added.items():
+        row = existing.get(key)
+        if row is None:
+            created.append(UsageRollup(**dict(zip(ROLLUP_KEY_FIELDS, key, strict=True)), **sums))
+            continue
+        for name in ROLLUP_SUMS:
+            setattr(row, name, getattr(row, name) + sums[name])
+        row.first_token_hist = histograms.merge(row.first_token_hist, sums["first_token_hist"])
+        row.latency_hist = histograms.merge(row.latency_hist, sums["latency_hist"])
+        changed.append(row)
+    if changed:
+        UsageRollup.objects.bulk_update(changed, [*ROLLUP_SUMS, "first_token_hist", "latency_hist"], batch_size=500)
+    if created:
+        UsageRollup.objects.bulk_create(created, batch_size=500)
+
+
+def _touch_keys(records: list[dict[str, Any]], touched: dict[int, datetime] | None) -> dict[int, datetime]:
+    from django.db.models import Q
+
+    from apps.accounts.models import ApiKey
+
+    latest: dict[int, datetime] = {}
+    for record in records:
+        key_id = record.get("api_key_id")
+        if key_id and (key_id not in latest or record["created_at"] > latest[key_id]):
+            latest[key_id] = record["created_at"]
+    written = {}
+    for key_id, moment in sorted(latest.items()):
+        if touched is not None and key_id in touched and moment - touched[key_id] < LAST_USED_RESOLUTION:
+            continue
+        ApiKey.objects.filter(pk=key_id).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lte=moment - LAST_USED_RESOLUTION)
+        ).update(last_used_at=moment)
+        written[key_id] = moment
+    return written
+
+
+def write_records_sync(records: Iterable[dict[str, Any]], *, touched: dict[int, datetime] | None = None) -> int:
+    """Write usage records, their rollups and their keys' last use in one transaction.
+
+    Returns how many records were new. `touched` (key id -> last_used_at written) lets a
+    long-lived writer skip keys it moved forward less than a minute ago; it is updated
+    only once the transaction committed. When another process created the same new
+    rollup row first, the transaction is tried again at once (it then adds to that row).
+    """
+    from django.db import IntegrityError
+
+    batch: dict[str, dict[str, Any]] = {}
+    for record in records:
+        clean = _clean(record)
+        if clean["request_id"]:
+            batch.setdefault(clean["request_id"], clean)
+    if not batch:
+        return 0
+    for attempt in range(3):
+        try:
+            count, written = _write_batch(batch, touched)
+            break
+        except IntegrityError:
+            if attempt == 2:
+                raise
+    if touched is not None:
+        touched.update(written)
+    return count
+
+
+def _write_batch(batch: dict[str, dict[str, Any]],
+                 touched: dict[int, datetime] | None = None) -> tuple[int, dict[int, datetime]]:
+    from django.db import transaction
+
+    from apps.quotas.models import UsageRecord
+
+    with transaction.atomic():
+        stored = set(UsageRecord.objects.filter(request_id__in=list(batch)).values_list("request_id", flat=True))
+        fresh = [dict(record) for request_id, record in batch.items() if request_id not in stored]
+        if not fresh:
+            return 0, {}
+        existing = _existing_ids(fresh)
+        for record in fresh:
+            for field in REFERENCES:
+                if record.get(field) and record[field] not in existing[field]:
+                    record[field] = None
+        UsageRecord.objects.bulk_create([UsageRecord(**record) for record in fresh], batch_size=500)
+        _write_rollups(fresh)
+        return len(fresh), _touch_keys(fresh, touched)
+
+
+# The writer -------------------------------------------------------------------------------
+
+class UsageWriter:
+    """Queues usage records from the gateway and writes them in batches. See the module docstring.
+
+    `write` is the function that writes one batch in the worker thread (tests swap it).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_queue: int = 100_000,
+        batch_size: int = 500,
+        interval: float = 0.5,
+        max_interval: float = 30.0,
+        max_attempts: int = 10,
+        write: Callable[..., int] | None = None,
+    ) -> None:
+        self.max_queue = max_queue
+        self.batch_size = batch_size
+        self.interval = interval
+        self.max_interval = max_interval
+        self.max_attempts = max_attempts
+        self._write = write or write_records_sync
+        self._queue: deque[dict[str, Any]] = deque()
+        self._failed: list[dict[str, Any]] = []  # the batch that failed, tried first next time
+        self._attempts = 0
+        self._touched: dict[int, datetime] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._backing_off = False
+        self._flushing = asyncio.Lock()
+        self._in_flight = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._dropped_logged_at = -math.inf
+        self.dropped = 0
+
+    # Request path -------------------------------------------------------------------------
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """Queue one record. Never blocks, never raises; drops (counted) when the queue is full."""
+        try:
+            if len(self._queue) >= self.max_queue:
+                self._drop(1, "queue_full")
+                return
+            self._queue.append(record)
+            if len(self._queue) >= self.batch_size and self._wake is not None and not self._backing_off:
+                self._wake.set()
+        except Exception:  # the request path must not fail because of bookkeeping
+            log.exception("usage: could not queue a record")
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + len(self._failed) + self._in_flight
+
+    def _drop(self, count: int, reason: str) -> None:
+        self.dropped += count
+        USAGE_DROPPED.labels(reason).inc(count)
+        moment = time.monotonic()
+        if moment - self._dropped_logged_at >= 60:
+            self._dropped_logged_at = moment
+            log.warning("usage: dropped %d record(s) (%s); %d dropped since start, %d waiting",
+                        count, reason, self.dropped, self.pending)
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the background task in the running event loop."""
+        if self._task is not None:
+            return
+        self._wake = asyncio.Event()
+        # One thread of its own: one database connection, and the loop's default
+        # executor stays free for everything else.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-usage")
+        self._task = asyncio.create_task(self._run(), name="llmgw-usage-writer")
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop the background task and write everything still queued (one try per batch).
+
+        A write in progress is let finish (up to `timeout`) rather than cancelled.
+        """
+        task, self._task = self._task, None
+        if task is not None:
+            self._stopping = True
+            if self._wake is not None:
+                self._wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout=timeout)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.flush(final=True)
+        if self._executor is not None:
+            await self._in_thread(_close_connections)  # in the worker thread: its own connection
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._stopping = False
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        delay = self.interval
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):  # every interval, or once a whole batch waits
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                ok = await self.flush()
+            except Exception:  # never let the task die; flush keeps what failed
+                log.exception("usage: flush failed")
+                ok = False
+            # While the database fails, back off however much queues up (emit does not wake us).
+            delay = self.interval if ok else min(self.max_interval, delay * 2)
+            self._backing_off = not ok
+
+    # Writing ------------------------------------------------------------------------------
+
+    async def _in_thread(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from asgiref.sync import sync_to_async
+
+        if self._executor is None:
+            return await sync_to_async(func, thread_sensitive=False)(*args, **kwargs)
+        return await sync_to_async(func, thread_sensitive=False, executor=self._executor)(*args, **kwargs)
+
+    def _write_in_thread(self, batch: list[dict[str, Any]]) -> int:
+        from django.db import close_old_connections
+
+        # A connection the database dropped (restart, idle timeout) is replaced, not reused.
+        close_old_connections()
+        return self._write(batch, touched=self._touched)
+
+    async def flush(self, *, final: bool = False) -> bool:
+        """Write everything queued now, batch by batch. False when a batch failed and is kept for later.
+
+        With `final` (on stop) every batch gets one try, then one try record by record.
+        """
+        async with self._flushing:
+            return await self._flush(final)
+
+    async def _flush(self, final: bool) -> bool:
+        while self._failed or self._queue:
+            if self._failed:
+                batch = self._failed
+            else:
+                batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
+            self._failed, self._in_flight = [], len(batch)
+            try:
+                written = await self._in_thread(self._write_in_thread, batch)
+            except asyncio.CancelledError:
+                # Stopped mid-write: keep the batch. If the thread still commits it, the
+                # final flush finds its request ids stored and skips them.
+                self._failed, self._in_flight = batch, 0
+                raise
+            except Exception as exc:
+                self._attempts += 1
+                self._in_flight = 0
+                if self._attempts < self.max_attempts and not final:
+                    self._failed = batch
+                    log.warning("usage: writing %d record(s) failed (try %d of %d), will retry: %s",
+                                len(batch), self._attempts, self.max_attempts, exc)
+                    return False
+                log.error("usage: writing %d record(s) failed %d time(s): %s; writing them one by one",
+                          len(batch), self._attempts, exc)
+                self._attempts = 0
+                outage = await self._write_one_by_one(batch)
+                if outage and final and self._queue:
+                    self._drop(len(self._queue), "write_failed")
+                    self._queue.clear()
+                continue
+            self._attempts = self._in_flight = 0
+            USAGE_WRITTEN.inc(written)
+        return True
+
+    async def _write_one_by_one(self, batch: list[dict[str, Any]]) -> bool:
+        """Write each record on its own; True when the database itself is away."""
+        lost = 0
+        outage = False
+        for index, record in enumerate(batch):
+            try:
+                await self._in_thread(self._write_in_thread, [record])
+            except Exception as exc:
+                if _is_outage(exc):
+                    # The database is away, not the data bad: do not try the rest one by one.
+                    lost, outage = lost + len(batch) - index, True
+                    break
+                lost += 1
+        if lost:
+            self._drop(lost, "write_failed")
+        return outage
+
+
+def _close_connections() -> None:
+    from django.db import connections
+
+    connections.close_all()
+
+
+def _is_outage(exc: BaseException) -> bool:
+    from django.db import InterfaceError, OperationalError
+
+    return isinstance(exc, OperationalError | InterfaceError)

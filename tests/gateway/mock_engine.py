@@ -1,0 +1,151 @@
+"""A scriptable stand-in for an engine speaking OpenAI chat completions, for faults a real engine
+will not produce on demand.
+
+It is an aiohttp.web server on 127.0.0.1 (a free port) in the test's own event loop. Each test sets
+what it does (`mode` and friends) and reads what it saw (`seen`, `closed`, `arrived`):
+
+- "ok" (the default): a chat completion with usage, or when the request says "stream": `chunks`
+  content chunks, a finish chunk, a usage chunk (unless `stream_usage` is False), then `data: [DONE]`.
+- "error": `error_status` with an OpenAI error body whose message is `error_message`.
+- "die": `chunks` content chunks, then the connection is dropped (no finish, no [DONE], no last chunk).
+- "hang": `chunks` content chunks, then nothing until the client goes away (`closed` is then set).
+
+`require_key` makes every request without `Authorization: Bearer <require_key>` get a 401; `gate`
+(an asyncio.Event) holds every request until it is set, to keep a replica's slots full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["MockEngine", "Seen", "closed_port"]
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+class MockEngine:
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.chunks = 3
+        self.stream_usage = True
+        self.prompt_tokens = 7
+        self.error_status = 400
+        self.error_message = "the engine did not like this"
+        self.require_key: str | None = None
+        self.gate: asyncio.Event | None = None
+        self.seen: list[Seen] = []
+        self.arrived = asyncio.Event()  # set on every request (clear it to wait for the next)
+        self.closed = asyncio.Event()  # a streaming handler found its client gone
+        self.active = 0
+        self.max_active = 0
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # Life cycle -------------------------------------------------------------------------------
+
+    async def start(self) -> MockEngine:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        # handler_cancellation: a client that goes away cancels the handler, which is how we see it.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # Answers ------------------------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen.append(Seen(request.path, dict(request.headers), body))
+        self.arrived.set()
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            if self.require_key is not None and request.headers.get("Authorization") != f"Bearer {self.require_key}":
+                return _error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.mode == "error":
+                return _error(self.error_status, self.error_message,
+                              "server_error" if self.error_status >= 500 else "invalid_request_error")
+            if self.mode == "ok" and not body.get("stream"):
+                return web.json_response(self._completion(body))
+            return await self._stream(request, body)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.closed.set()  # the client (the gateway) went away before we were done
+            raise
+        finally:
+            self.active -= 1
+
+    def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": body.get("model"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": 2,
+                      "total_tokens": self.prompt_tokens + 2},
+        }
+
+    def _chunk(self, body: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> bytes:
+        data = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+    async def _stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for i in range(self.chunks):
+            delta: dict[str, Any] = {"content": f"t{i} "}
+            if i == 0:
+                delta["role"] = "assistant"
+            await response.write(self._chunk(body, delta))
+        if self.mode == "die":
+            # Drop the connection without the last chunk of the chunked body: the client sees a
+            # payload that was never completed.
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        if self.mode == "hang":
+            await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
+        await response.write(self._chunk(body, {}, "stop"))
+        if self.stream_usage:
+            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.chunks,
+                     "total_tokens": self.prompt_tokens + self.chunks}
+            data = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+                    "model": body.get("model"), "choices": [], "usage": usage}
+            await response.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": code}},
+                             status=status)
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,727 @@
+"""Edge cases of the /v1 gateway's protocol handling, against a scriptable mock engine.
+
+The gateway runs for real (uvicorn, on a free port, in the test's event loop) with its tables set
+in memory instead of loaded from the database, a fake usage writer that keeps the records it is
+given, and a fake limiter. Clients are aiohttp and the official OpenAI and Anthropic SDKs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import time
+import types
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import uvicorn
+
+from apps.gateway import asgi
+from apps.gateway.routing import affinity_key, choose
+from apps.gateway.tables import Endpoint, KeyEntry, ModelRoute, Tables, key_hash
+from tests.gateway.mock_engine import MockEngine, closed_port
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+KEY = "llmgw_edge_test_key"
+OTHER_KEY = "llmgw_edge_other_key"
+WAIT = 5.0  # a bound on waiting for an event that should come at once; never reached when all is well
+HELLO = [{"role": "user", "content": "Say hello"}]
+
+
+# Fakes --------------------------------------------------------------------------------------------
+
+
+class UsageLog:
+    """Stands in for apps.quotas.usage.UsageWriter: keeps every record the gateway emits."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self._changed = asyncio.Event()
+
+    def emit(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        self._changed.set()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def wait(self, count: int = 1) -> dict[str, Any]:
+        """The `count`th record, once it has been emitted (records come after the answer is sent)."""
+        async with asyncio.timeout(WAIT):
+            while len(self.records) < count:
+                self._changed.clear()
+                await self._changed.wait()
+        return self.records[count - 1]
+
+
+@dataclass
+class FakeRefusal:
+    message: str
+    retry_after_s: float
+
+
+@dataclass
+class FakeLimiter:
+    refusal: FakeRefusal | None = None
+    admitted: list[list[Any]] = field(default_factory=list)
+    recorded: list[int] = field(default_factory=list)
+    tokens_recorded: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def admit(self, limits: list[Any], now: float) -> FakeRefusal | None:
+        self.admitted.append(limits)
+        return self.refusal
+
+    async def record_tokens(self, limits: list[Any], tokens: int, now: float) -> None:
+        self.recorded.append(tokens)
+        self.tokens_recorded.set()
+
+    async def close(self) -> None:
+        pass
+
+
+# The gateway under test ------------------------------------------------------------------------
+
+
+def entry(key_id: int = 1, **kwargs: Any) -> KeyEntry:
+    values: dict[str, Any] = {"key_id": key_id, "user_id": 10, "project_id": 20, "team_id": 30, "org_id": 40,
+                              "allowed_models": None, "expires_at": None}
+    values.update(kwargs)
+    return KeyEntry(**values)
+
+
+def endpoint(url: str, id: str = "1", *, model: str = "m", slots: int = 2, **kwargs: Any) -> Endpoint:
+    values: dict[str, Any] = {"secret": "s", "hardware": "cpu", "node": "n1", "upstream_model": model}
+    values.update(kwargs)
+    return Endpoint(id=id, url=url, slots=slots, model=model, **values)
+
+
+def route(name: str, endpoints: list[Endpoint], **kwargs: Any) -> ModelRoute:
+    values: dict[str, Any] = {"fallbacks": [], "min_replicas": 1, "hardware": ["cpu"]}
+    values.update(kwargs)
+    return ModelRoute(name=name, endpoints=endpoints, **values)
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: Any
+    text: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+@dataclass
+class Gateway:
+    app: asgi.GatewayApp
+    url: str
+    usage: UsageLog
+    limiter: FakeLimiter
+    client: aiohttp.ClientSession
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The one replica of model "m" the gateway starts with."""
+        return self.app.tables.models["m"].endpoints[0]
+
+    def set_models(self, *routes: ModelRoute) -> None:
+        self.app.tables = Tables(keys=self.app.tables.keys, models={r.name: r for r in routes},
+                                 version=self.app.tables.version + 1)
+
+    def set_key(self, raw: str, key: KeyEntry) -> None:
+        self.app.tables.keys[key_hash(raw)] = key
+
+    async def post(self, path: str, body: Any = None, *, data: bytes | None = None, key: str | None = KEY,
+                   headers: dict[str, str] | None = None) -> Answer:
+        sent = dict(headers or {})
+        if key is not None:
+            sent["Authorization"] = f"Bearer {key}"
+        if data is None:
+            data = json.dumps(body).encode()
+            sent.setdefault("Content-Type", "application/json")
+        async with self.client.post(self.url + path, data=data, headers=sent) as response:
+            return Answer(response.status, response.headers, await response.text())
+
+    async def chat(self, *, key: str | None = KEY, **body: Any) -> Answer:
+        return await self.post("/v1/chat/completions", {"model": "m", "messages": HELLO, **body}, key=key)
+
+    async def get(self, path: str, *, key: str | None = KEY) -> Answer:
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        async with self.client.get(self.url + path, headers=headers) as response:
+            return Answer(response.status, response.headers, await response.text())
+
+    def openai(self, key: str = KEY) -> Any:
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+    def anthropic(self, key: str = KEY) -> Any:
+        return anthropic.AsyncAnthropic(base_url=self.url, api_key=key, max_retries=0)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[MockEngine]:
+    mock = await MockEngine().start()
+    yield mock
+    if mock.gate is not None:
+        mock.gate.set()  # let a held request go, so nothing is left running
+    await mock.stop()
+
+
+@pytest.fixture
+async def gw(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
+    tables = Tables(keys={key_hash(KEY): entry()}, models={"m": route("m", [endpoint(engine.url)])}, version=1)
+    usage = UsageLog()
+    limiter = FakeLimiter()
+
+    # GatewayApp._start runs as in production, except that nothing comes from the database: the
+    # tables are ours, the usage writer and limiter are fakes, and the refresh loop never reloads.
+    monkeypatch.setattr(asgi, "load_tables", lambda previous=None: tables)
+    fake_limiter = types.ModuleType("apps.quotas.limiter")
+    fake_limiter.make_limiter = lambda: limiter  # type: ignore[attr-defined]
+    fake_usage = types.ModuleType("apps.quotas.usage")
+    fake_usage.UsageWriter = lambda: usage  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "apps.quotas.limiter", fake_limiter)
+    monkeypatch.setitem(sys.modules, "apps.quotas.usage", fake_usage)
+
+    app = asgi.GatewayApp()
+
+    async def never_refresh() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(app, "_refresh_loop", never_refresh)
+    await app.ensure_started()
+    assert app.tables is tables and app.usage is usage and app.limiter is limiter
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    async with asyncio.timeout(WAIT):
+        while not server.started:
+            assert not serving.done(), "uvicorn did not start"
+            await asyncio.sleep(0.005)
+    client = aiohttp.ClientSession()
+    try:
+        yield Gateway(app, f"http://127.0.0.1:{port}", usage, limiter, client)
+    finally:
+        await client.close()
+        server.should_exit = True
+        await serving
+        await app.shutdown()
+        sock.close()
+
+
+def sse_events(text: str) -> list[tuple[str | None, str]]:
+    """(event name or None, data) for each server-sent event of a stream's text."""
+    events: list[tuple[str | None, str]] = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        name: str | None = None
+        data: list[str] = []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+        events.append((name, "\n".join(data)))
+    return events
+
+
+async def until(condition: Any) -> None:
+    """Wait (bounded) for a condition on the gateway's state that no event announces."""
+    async with asyncio.timeout(WAIT):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+# Requests the gateway refuses itself ---------------------------------------------------------
+
+
+async def test_malformed_json_is_a_400_openai_error(gw: Gateway) -> None:
+    answer = await gw.post("/v1/chat/completions", data=b'{"model": "m", "messages": [', headers={
+        "Content-Type": "application/json"})
+    assert answer.status == 400
+    error = answer.json["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("The body is not valid JSON")
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (await gw.usage.wait())["status"] == 400
+
+
+async def test_malformed_json_on_messages_is_a_400_anthropic_error(gw: Gateway) -> None:
+    answer = await gw.post("/v1/messages", data=b"not json at all")
+    assert answer.status == 400
+    assert answer.json["type"] == "error"
+    assert answer.json["error"]["type"] == "invalid_request_error"
+    assert "not valid JSON" in answer.json["error"]["message"]
+
+
+async def test_a_body_that_is_not_an_object_is_a_400(gw: Gateway) -> None:
+    answer = await gw.post("/v1/chat/completions", ["m"])
+    assert answer.status == 400
+    assert answer.json["error"]["message"] == "The body must be a JSON object."
+
+
+async def test_a_body_without_a_model_is_a_400_naming_the_field(gw: Gateway) -> None:
+    answer = await gw.post("/v1/chat/completions", {"messages": HELLO})
+    assert answer.status == 400
+    assert answer.json["error"]["code"] == "missing_model"
+    assert "model" in answer.json["error"]["message"]
+
+
+async def test_an_unknown_model_is_a_404_in_each_style(gw: Gateway, engine: MockEngine) -> None:
+    chat = await gw.post("/v1/chat/completions", {"model": "nope", "messages": HELLO})
+    assert chat.status == 404
+    assert chat.json["error"]["code"] == "model_not_found"
+    assert chat.json["error"]["type"] == "invalid_request_error"
+    messages = await gw.post("/v1/messages", {"model": "nope", "max_tokens": 5, "messages": HELLO})
+    assert messages.status == 404
+    assert messages.json["error"]["type"] == "not_found_error"
+    with pytest.raises(openai.NotFoundError):
+        await gw.openai().chat.completions.create(model="nope", messages=HELLO)
+    assert engine.seen == []
+
+
+async def test_an_unknown_route_is_a_404(gw: Gateway) -> None:
+    answer = await gw.post("/v1/nothing/here", {"model": "m"})
+    assert answer.status == 404
+    assert answer.json["error"]["message"] == "No route for POST /v1/nothing/here"
+
+
+async def test_a_body_over_max_body_is_a_413(gw: Gateway, engine: MockEngine) -> None:
+    gw.app.max_body = 200
+    answer = await gw.chat(padding="x" * 1000)
+    assert answer.status == 413
+    assert "200 bytes" in answer.json["error"]["message"]
+    assert (await gw.usage.wait())["status"] == 413
+    assert engine.seen == []
+
+
+async def test_a_wrong_key_is_a_401_in_the_style_of_the_endpoint(gw: Gateway, engine: MockEngine) -> None:
+    chat = await gw.chat(key="llmgw_wrong")
+    assert chat.status == 401
+    assert chat.json["error"]["type"] == "authentication_error"
+    assert chat.json["error"]["code"] == "invalid_api_key"
+    messages = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO}, key="llmgw_wrong")
+    assert messages.status == 401
+    assert messages.json == {"type": "error", "error": {"type": "authentication_error",
+                                                        "message": "Invalid, revoked or expired API key."}}
+    missing = await gw.chat(key=None)
+    assert missing.status == 401
+    assert missing.json["error"]["code"] == "missing_api_key"
+    models = await gw.get("/v1/models", key="llmgw_wrong")
+    assert models.status == 401
+    with pytest.raises(openai.AuthenticationError):
+        await gw.openai("llmgw_wrong").chat.completions.create(model="m", messages=HELLO)
+    with pytest.raises(anthropic.AuthenticationError):
+        await gw.anthropic("llmgw_wrong").messages.create(model="m", max_tokens=5, messages=HELLO)
+    assert engine.seen == []
+    assert gw.usage.records == []  # nobody to charge
+
+
+async def test_an_expired_key_is_a_401(gw: Gateway) -> None:
+    gw.set_key(OTHER_KEY, entry(2, expires_at=time.time() - 1))
+    answer = await gw.chat(key=OTHER_KEY)
+    assert answer.status == 401
+    assert answer.json["error"]["message"] == "API key expired."
+
+
+async def test_a_key_limited_to_other_models_is_a_403(gw: Gateway, engine: MockEngine) -> None:
+    gw.set_key(OTHER_KEY, entry(2, allowed_models=frozenset({"other"})))
+    answer = await gw.chat(key=OTHER_KEY)
+    assert answer.status == 403
+    assert answer.json["error"]["code"] == "model_not_allowed"
+    assert engine.seen == []
+
+
+# Upstream errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_400_is_passed_on_with_its_message_and_recorded(gw: Gateway, engine: MockEngine,
+                                                                          stream: bool) -> None:
+    engine.mode, engine.error_status, engine.error_message = "error", 400, "max_tokens is too large"
+    answer = await gw.chat(stream=stream)
+    assert answer.status == 400
+    assert answer.json["error"]["message"] == "max_tokens is too large"
+    assert answer.json["error"]["type"] == "invalid_request_error"
+    record = await gw.usage.wait()
+    assert record["status"] == 400
+    assert record["error"] == "max_tokens is too large"
+    assert record["replica"] == "n1/1"
+    assert gw.endpoint.outstanding == 0
+
+
+async def test_an_upstream_500_is_passed_on_to_the_openai_sdk_and_recorded(gw: Gateway, engine: MockEngine) -> None:
+    engine.mode, engine.error_status, engine.error_message = "error", 500, "CUDA out of memory"
+    with pytest.raises(openai.InternalServerError) as raised:
+        await gw.openai().chat.completions.create(model="m", messages=HELLO)
+    assert raised.value.status_code == 500
+    assert "CUDA out of memory" in raised.value.message
+    record = await gw.usage.wait()
+    assert (record["status"], record["error"]) == (500, "CUDA out of memory")
+
+
+async def test_an_upstream_error_on_messages_is_an_anthropic_error(gw: Gateway, engine: MockEngine) -> None:
+    engine.mode, engine.error_status, engine.error_message = "error", 400, "context length exceeded"
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        await gw.anthropic().messages.create(model="m", max_tokens=5, messages=HELLO)
+    assert raised.value.body["error"] == {"type": "invalid_request_error", "message": "context length exceeded"}
+    record = await gw.usage.wait()
+    assert (record["status"], record["endpoint"]) == (400, "messages")
+
+
+async def test_an_upstream_that_dies_mid_stream_ends_a_chat_stream_with_an_error_line(
+        gw: Gateway, engine: MockEngine) -> None:
+    engine.mode, engine.chunks = "die", 3
+    answer = await gw.chat(stream=True)
+    assert answer.status == 200
+    events = sse_events(answer.text)
+    assert [json.loads(d)["choices"][0]["delta"]["content"] for _n, d in events[:3]] == ["t0 ", "t1 ", "t2 "]
+    last = json.loads(events[-1][1])
+    assert last["error"]["type"] == "api_error"
+    assert "the upstream" in last["error"]["message"]
+    assert "[DONE]" not in answer.text
+    record = await gw.usage.wait()
+    assert record["status"] == 502
+    assert record["error"].startswith("the upstream")
+    assert record["completion_tokens"] == 3 and record["tokens_estimated"] is True
+    assert gw.endpoint.outstanding == 0
+
+
+async def test_an_upstream_that_dies_mid_stream_ends_a_messages_stream_with_an_error_event(
+        gw: Gateway, engine: MockEngine) -> None:
+    engine.mode = "die"
+    answer = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO, "stream": True})
+    assert answer.status == 200
+    names = [name for name, _d in sse_events(answer.text)]
+    assert names[0] == "message_start"
+    assert "content_block_delta" in names
+    assert names[-1] == "error"
+    assert "message_stop" not in names
+    error = json.loads(sse_events(answer.text)[-1][1])
+    assert error["type"] == "error" and error["error"]["type"] == "api_error"
+    record = await gw.usage.wait()
+    assert record["status"] == 502 and record["error"]
+
+
+async def test_an_upstream_that_dies_mid_stream_ends_a_responses_stream_with_response_failed(
+        gw: Gateway, engine: MockEngine) -> None:
+    engine.mode = "die"
+    answer = await gw.post("/v1/responses", {"model": "m", "input": "Say hello", "stream": True})
+    assert answer.status == 200
+    events = sse_events(answer.text)
+    assert events[0][0] == "response.created"
+    assert events[-1][0] == "response.failed"
+    assert "response.completed" not in [name for name, _d in events]
+    failed = json.loads(events[-1][1])["response"]
+    assert failed["status"] == "failed" and failed["error"]["message"]
+    record = await gw.usage.wait()
+    assert (record["status"], record["endpoint"]) == (502, "responses")
+
+
+# Streams -----------------------------------------------------------------------------------------------
+
+
+async def test_a_stream_with_usage_is_passed_on_and_its_reported_usage_recorded(gw: Gateway,
+                                                                               engine: MockEngine) -> None:
+    engine.chunks = 4
+    answer = await gw.chat(stream=True)
+    assert answer.status == 200
+    assert answer.headers["content-type"] == "text/event-stream"
+    events = sse_events(answer.text)
+    assert events[-1] == (None, "[DONE]")
+    assert json.loads(events[-2][1])["usage"]["completion_tokens"] == 4
+    record = await gw.usage.wait()
+    assert (record["status"], record["stream"]) == (200, True)
+    assert (record["prompt_tokens"], record["completion_tokens"], record["tokens_estimated"]) == (7, 4, False)
+    assert record["first_token_ms"] is not None
+
+
+async def test_a_stream_without_usage_is_counted_from_its_chunks(gw: Gateway, engine: MockEngine) -> None:
+    engine.chunks, engine.stream_usage = 5, False
+    answer = await gw.chat(stream=True)
+    assert answer.status == 200
+    assert sse_events(answer.text)[-1] == (None, "[DONE]")
+    # The gateway asks for usage whatever the client said...
+    assert engine.seen[0].body["stream_options"] == {"include_usage": True}
+    # ...and counts one token a chunk when the engine sends none.
+    record = await gw.usage.wait()
+    assert record["status"] == 200
+    assert record["completion_tokens"] == 5
+    assert record["prompt_tokens"] is None
+    assert record["tokens_estimated"] is True
+
+
+async def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request_and_is_recorded_as_499(
+        gw: Gateway, engine: MockEngine) -> None:
+    engine.mode, engine.chunks = "hang", 2
+    response = await gw.client.post(gw.url + "/v1/chat/completions", json={
+        "model": "m", "messages": HELLO, "stream": True}, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status == 200
+    first = await response.content.readuntil(b"\n\n")
+    assert first.startswith(b"data: ")
+    response.close()  # drop the connection mid-stream
+    async with asyncio.timeout(WAIT):
+        await engine.closed.wait()
+    record = await gw.usage.wait()
+    assert record["status"] == 499
+    assert "went away" in record["error"]
+    assert gw.endpoint.outstanding == 0
+
+
+async def test_a_client_that_goes_away_before_the_upstream_answers_cancels_the_upstream_request(
+        gw: Gateway, engine: MockEngine) -> None:
+    engine.gate = asyncio.Event()
+    request = asyncio.create_task(gw.chat())
+    async with asyncio.timeout(WAIT):
+        await engine.arrived.wait()
+    request.cancel()  # the client gives up while the engine is still working on the whole answer
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    try:
+        async with asyncio.timeout(0.5):
+            await engine.closed.wait()
+    finally:
+        engine.gate.set()
+
+
+# Slots and the queue ------------------------------------------------------------------------------------
+
+
+async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_first(gw: Gateway,
+                                                                                    engine: MockEngine) -> None:
+    gw.endpoint.slots = 1
+    engine.gate = asyncio.Event()
+    first = asyncio.create_task(gw.chat())
+    async with asyncio.timeout(WAIT):
+        await engine.arrived.wait()
+    second = asyncio.create_task(gw.chat())
+    await until(lambda: gw.app.admission.waiting.get("m") == 1)
+    assert len(engine.seen) == 1  # the second is queued in the gateway, not at the engine
+    engine.gate.set()
+    answers = await asyncio.gather(first, second)
+    assert [a.status for a in answers] == [200, 200]
+    assert len(engine.seen) == 2
+    assert engine.max_active == 1
+    await gw.usage.wait(2)
+    assert gw.endpoint.outstanding == 0
+    assert gw.app.admission.waiting["m"] == 0
+
+
+async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway, engine: MockEngine) -> None:
+    gw.endpoint.slots = 1
+    gw.app.admission.max_waiting = 0
+    engine.gate = asyncio.Event()
+    first = asyncio.create_task(gw.chat())
+    async with asyncio.timeout(WAIT):
+        await engine.arrived.wait()
+    refused = await gw.chat()
+    assert refused.status == 503
+    assert refused.headers["retry-after"] == "5"
+    assert "Too many requests are waiting" in refused.json["error"]["message"]
+    assert refused.json["error"]["type"] == "server_error"
+    assert (await gw.usage.wait())["status"] == 503
+    engine.gate.set()
+    assert (await first).status == 200
+
+
+async def test_a_request_that_waits_past_the_queue_timeout_gets_503_with_retry_after(
+        gw: Gateway, engine: MockEngine) -> None:
+    gw.endpoint.slots = 1
+    gw.app.queue_timeout = 0.05
+    engine.gate = asyncio.Event()
+    first = asyncio.create_task(gw.chat())
+    async with asyncio.timeout(WAIT):
+        await engine.arrived.wait()
+    refused = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO})
+    assert refused.status == 503
+    assert refused.headers["retry-after"] == "10"
+    assert refused.json["error"]["type"] == "overloaded_error"
+    assert refused.json["error"]["message"].startswith("No capacity")
+    engine.gate.set()
+    assert (await first).status == 200
+    assert gw.app.admission.waiting["m"] == 0
+
+
+# Routing ---------------------------------------------------------------------------------------------------
+
+
+async def test_an_unreachable_replica_is_marked_failed_and_the_request_retried_on_another(
+        gw: Gateway, engine: MockEngine) -> None:
+    bad = endpoint(f"http://127.0.0.1:{closed_port()}", "bad")
+    good = endpoint(engine.url, "good")
+    gw.set_models(route("m", [bad, good]))
+    # A prompt whose home on the affinity ring is the unreachable replica, so that it is tried first.
+    prompt = next(f"hello {i}" for i in range(1000)
+                  if choose([bad, good], affinity_key({"messages": [{"role": "user", "content": f"hello {i}"}]}))
+                  is bad)
+    answer = await gw.chat(messages=[{"role": "user", "content": prompt}])
+    assert answer.status == 200
+    assert answer.headers["x-llmgw-replica"] == "m/good"
+    assert bad.failed_until > time.monotonic()
+    record = await gw.usage.wait()
+    assert record["replica"] == "n1/good"
+    # Both slots are given back: the retried replica's, and the one it moved to.
+    assert (bad.outstanding, good.outstanding) == (0, 0)
+
+
+async def test_an_only_replica_that_is_unreachable_is_a_502(gw: Gateway) -> None:
+    bad = endpoint(f"http://127.0.0.1:{closed_port()}", "bad")
+    gw.set_models(route("m", [bad]))
+    answer = await gw.chat()
+    assert answer.status == 502
+    assert "could not be reached" in answer.json["error"]["message"]
+    assert bad.failed_until > time.monotonic()
+    assert (await gw.usage.wait())["status"] == 502
+    assert bad.outstanding == 0
+
+
+async def test_a_fallback_model_serves_when_the_primary_has_no_endpoints(gw: Gateway, engine: MockEngine) -> None:
+    fallback = endpoint(engine.url, "7", model="f")
+    gw.set_models(route("m", [], fallbacks=["f"]), route("f", [fallback]))
+    answer = await gw.chat()
+    assert answer.status == 200
+    assert answer.headers["x-llmgw-replica"] == "f/7"
+    assert engine.seen[0].body["model"] == "f"
+    assert answer.json["model"] == "m"
+    record = await gw.usage.wait()
+    assert (record["model"], record["replica"]) == ("m", "n1/7")
+    assert fallback.outstanding == 0
+
+
+@pytest.mark.parametrize(("asked", "sent"), [(5, 2.0), (-1, 0.0), (0.7, 0.7), (2, 2.0)])
+async def test_the_temperature_is_clamped_before_it_reaches_the_engine(gw: Gateway, engine: MockEngine,
+                                                                       asked: float, sent: float) -> None:
+    assert (await gw.chat(temperature=asked)).status == 200
+    assert engine.seen[0].body["temperature"] == sent
+
+
+async def test_an_external_endpoint_gets_its_upstream_model_and_key_and_answers_name_the_callers_model(
+        gw: Gateway, engine: MockEngine) -> None:
+    external = endpoint(engine.url, "external:m", secret="sk-provider", hardware="external", node="",
+                        upstream_model="provider-model-v2", slots=1_000_000)
+    gw.set_models(route("m", [external], external=True, hardware=["external"]))
+    engine.require_key = "sk-provider"
+    whole = await gw.chat()
+    assert whole.status == 200
+    assert whole.json["model"] == "m"
+    assert whole.headers["x-llmgw-hardware"] == "external"
+    streamed = await gw.chat(stream=True)
+    chunks = [json.loads(d) for _n, d in sse_events(streamed.text) if d != "[DONE]"]
+    assert chunks and {c["model"] for c in chunks} == {"m"}
+    for seen in engine.seen:
+        assert seen.body["model"] == "provider-model-v2"
+        assert seen.headers["Authorization"] == "Bearer sk-provider"  # never the caller's own key
+    message = await gw.anthropic().messages.create(model="m", max_tokens=5, messages=HELLO)
+    assert message.model == "m"
+    assert message.content[0].text == "Hello there"
+
+
+async def test_an_endpoints_key_file_is_read_on_every_request(gw: Gateway, engine: MockEngine,
+                                                              tmp_path: Path) -> None:
+    key_file = tmp_path / "provider.key"
+    key_file.write_text("sk-one\n")
+    gw.set_models(route("m", [endpoint(engine.url, "external:m", secret=None, key_file=str(key_file))]))
+    engine.require_key = "sk-one"
+    assert (await gw.chat()).status == 200
+    key_file.write_text("sk-two\n")
+    engine.require_key = "sk-two"
+    assert (await gw.chat()).status == 200
+
+
+# Headers, listing, limits -------------------------------------------------------------------------------
+
+
+async def test_every_answer_carries_a_request_id_and_successes_name_the_replica_and_hardware(
+        gw: Gateway, engine: MockEngine) -> None:
+    for answer in (await gw.chat(), await gw.chat(stream=True)):
+        assert answer.status == 200
+        assert answer.headers["x-llmgw-request-id"].startswith("req_")
+        assert answer.headers["x-llmgw-replica"] == "m/1"
+        assert answer.headers["x-llmgw-hardware"] == "cpu"
+    engine.mode, engine.error_status = "error", 500
+    gw.app.max_body = 500
+    errors = [
+        await gw.chat(),  # the upstream's error
+        await gw.chat(key="llmgw_wrong"),
+        await gw.post("/v1/chat/completions", data=b"{"),
+        await gw.post("/v1/messages", {"model": "nope", "max_tokens": 5, "messages": HELLO}),
+        await gw.chat(padding="x" * 1000),
+        await gw.post("/v1/nothing", {}),
+        await gw.get("/v1/models", key="llmgw_wrong"),
+    ]
+    assert [e.status for e in errors] == [500, 401, 400, 404, 413, 404, 401]
+    ids = [e.headers.get("x-llmgw-request-id", "") for e in errors]
+    assert all(i.startswith("req_") for i in ids), ids
+    assert len(set(ids)) == len(ids)
+    usage_ids = {r["request_id"] for r in await _all_records(gw, 6)}
+    assert ids[0] in usage_ids  # the id a caller sees is the one its usage record has
+
+
+async def _all_records(gw: Gateway, count: int) -> list[dict[str, Any]]:
+    await gw.usage.wait(count)
+    return gw.usage.records
+
+
+async def test_models_lists_only_the_models_a_key_may_use(gw: Gateway, engine: MockEngine) -> None:
+    gw.set_models(route("m", [endpoint(engine.url)]), route("other", [], min_replicas=0))
+    gw.set_key(OTHER_KEY, entry(2, allowed_models=frozenset({"m"})))
+    limited = await gw.get("/v1/models", key=OTHER_KEY)
+    assert limited.status == 200
+    assert limited.headers["x-llmgw-request-id"].startswith("req_")
+    assert [m["id"] for m in limited.json["data"]] == ["m"]
+    everything = await gw.get("/v1/models")
+    assert [(m["id"], m["llmgw"]["ready_replicas"]) for m in everything.json["data"]] == [("m", 1), ("other", 0)]
+    listed = await gw.openai(OTHER_KEY).models.list()
+    assert [m.id for m in listed.data] == ["m"]
+
+
+async def test_a_limiter_refusal_is_a_429_with_retry_after_and_the_limits_message(
+        gw: Gateway, engine: MockEngine) -> None:
+    gw.set_key(OTHER_KEY, entry(2, limits=("key:2",)))
+    gw.limiter.refusal = FakeRefusal("Key “test” is over its limit of 5 requests per minute", 7.6)
+    answer = await gw.chat(key=OTHER_KEY)
+    assert answer.status == 429
+    assert answer.headers["retry-after"] == "7"
+    assert answer.json["error"]["message"] == "Key “test” is over its limit of 5 requests per minute"
+    assert answer.json["error"]["type"] == "rate_limit_error"
+    assert gw.limiter.admitted == [["key:2"]]
+    record = await gw.usage.wait()
+    assert record["status"] == 429 and record["error"].startswith("Key “test”")
+    with pytest.raises(anthropic.RateLimitError):
+        await gw.anthropic(OTHER_KEY).messages.create(model="m", max_tokens=5, messages=HELLO)
+    assert engine.seen == []
+
+
+async def test_a_success_counts_its_tokens_against_the_keys_limits(gw: Gateway) -> None:
+    gw.set_key(OTHER_KEY, entry(2, limits=("key:2",)))
+    assert (await gw.chat(key=OTHER_KEY)).status == 200
+    async with asyncio.timeout(WAIT):
+        await gw.limiter.tokens_recorded.wait()
+    assert gw.limiter.recorded == [9]  # 7 prompt + 2 completion
+
+
+async def test_a_whole_answer_reaches_the_openai_sdk_with_its_usage_recorded(gw: Gateway) -> None:
+    completion = await gw.openai().chat.completions.create(model="m", messages=HELLO, max_tokens=5)
+    assert completion.choices[0].message.content == "Hello there"
+    assert completion.model == "m"
+    record = await gw.usage.wait()
+    assert (record["status"], record["endpoint"], record["stream"]) == (200, "chat.completions", False)
+    assert (record["prompt_tokens"], record["completion_tokens"], record["tokens_estimated"]) == (7, 2, False)
+    assert (record["api_key_id"], record["user_id"], record["project_id"], record["team_id"],
+            record["organization_id"]) == (1, 10, 20, 30, 40)

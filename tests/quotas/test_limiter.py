@@ -1,0 +1,200 @@
+"""Rate limiting, for the in-process limiter and the Redis one alike (no database)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from apps.quotas.limiter import Limit, MemoryLimiter, RedisLimiter, Refusal
+
+REDIS_TEST_URL = "redis://127.0.0.1:6379/12"
+
+# 2026-10-03 12:00:48 UTC: 12 s before the minute rolls over.
+NOW = datetime(2026, 10, 3, 12, 0, 48, tzinfo=UTC).timestamp()
+
+
+def _redis_reachable() -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(REDIS_TEST_URL, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
+    except Exception:
+        return False
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def limiter(request: Any) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryLimiter()
+        return
+    if not _redis_reachable():
+        pytest.skip(f"Redis is not reachable at {REDIS_TEST_URL}")
+    prefix = f"llmgw:test:{uuid.uuid4().hex[:12]}"
+    redis_limiter = RedisLimiter(REDIS_TEST_URL, prefix=prefix)
+    yield redis_limiter
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(REDIS_TEST_URL)
+    keys = [key async for key in client.scan_iter(f"{prefix}:*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+    await redis_limiter.close()
+
+
+def team(**limits: int) -> Limit:
+    return Limit(scope="team:3", label="team Vision", **limits)
+
+
+async def test_the_request_over_the_limit_is_refused_with_the_numbers(limiter: Any) -> None:
+    limits = [team(requests_per_minute=3)]
+    for _ in range(3):
+        assert await limiter.admit(limits, NOW) is None
+    refusal = await limiter.admit(limits, NOW)
+    assert refusal == Refusal(limit="requests per minute", scope="team:3", label="team Vision", used=3, allowed=3,
+                              retry_after_s=12)
+    assert refusal.message == "team Vision is over its limit of 3 requests per minute (3 used); retry in 12 s"
+
+
+async def test_a_refused_request_counts_nothing(limiter: Any) -> None:
+    key = Limit(scope="key:12", label="API key ci", requests_per_minute=2)
+    org = Limit(scope="org:1", label="organisation Acme", requests_per_minute=5)
+    assert await limiter.admit([key, org], NOW) is None
+    assert await limiter.admit([key, org], NOW) is None
+    for _ in range(5):
+        refusal = await limiter.admit([key, org], NOW)
+        assert refusal is not None and refusal.scope == "key:12"
+    # The organisation counted only the two admitted requests: three more fit through another key.
+    other = Limit(scope="key:13", label="API key other", requests_per_minute=100)
+    for _ in range(3):
+        assert await limiter.admit([other, org], NOW) is None
+    refusal = await limiter.admit([other, org], NOW)
+    assert refusal is not None and (refusal.scope, refusal.used) == ("org:1", 5)
+
+
+async def test_token_limits_refuse_once_recorded_tokens_reach_them(limiter: Any) -> None:
+    limits = [team(tokens_per_minute=1000)]
+    assert await limiter.admit(limits, NOW) is None
+    await limiter.record_tokens(limits, 600, NOW)
+    assert await limiter.admit(limits, NOW) is None
+    await limiter.record_tokens(limits, 600, NOW)
+    refusal = await limiter.admit(limits, NOW)
+    assert refusal is not None
+    assert (refusal.limit, refusal.used, refusal.allowed) == ("tokens per minute", 1200, 1000)
+    assert refusal.retry_after_s == 12
+
+
+async def test_the_daily_and_monthly_windows_refuse_until_they_roll_over(limiter: Any) -> None:
+    daily = [team(tokens_per_day=100)]
+    await limiter.record_tokens(daily, 100, NOW)
+    refusal = await limiter.admit(daily, NOW)
+    assert refusal is not None and refusal.limit == "tokens per day"
+    assert refusal.retry_after_s == 12 * 3600 - 48
+    assert await limiter.admit(daily, datetime(2026, 10, 4, tzinfo=UTC).timestamp()) is None
+
+    monthly = [Limit(scope="org:1", label="organisation Acme", monthly_token_budget=1000)]
+    await limiter.record_tokens(monthly, 1000, NOW)
+    refusal = await limiter.admit(monthly, NOW)
+    assert refusal is not None and refusal.limit == "monthly token budget"
+    assert refusal.retry_after_s == int(datetime(2026, 11, 1, tzinfo=UTC).timestamp() - NOW)
+    assert "monthly budget of 1000 tokens (1000 used)" in refusal.message
+    assert await limiter.admit(monthly, datetime(2026, 11, 1, 0, 0, 1, tzinfo=UTC).timestamp()) is None
+
+
+async def test_the_minute_window_rolls_over(limiter: Any) -> None:
+    limits = [team(requests_per_minute=1)]
+    assert await limiter.admit(limits, NOW) is None
+    assert await limiter.admit(limits, NOW + 11) is not None
+    assert await limiter.admit(limits, NOW + 12) is None  # 12:01:00, a new minute
+
+
+async def test_december_rolls_over_into_january(limiter: Any) -> None:
+    late = datetime(2026, 12, 31, 23, 59, 30, tzinfo=UTC).timestamp()
+    limits = [team(monthly_token_budget=10)]
+    await limiter.record_tokens(limits, 10, late)
+    refusal = await limiter.admit(limits, late)
+    assert refusal is not None and refusal.retry_after_s == 30
+    assert await limiter.admit(limits, late + 30) is None
+
+
+async def test_the_narrowest_scope_over_a_limit_is_named(limiter: Any) -> None:
+    org = Limit(scope="org:1", label="organisation Acme", requests_per_minute=1)
+    project = Limit(scope="project:7", label="project Search", requests_per_minute=1)
+    key = Limit(scope="key:12", label="API key ci", requests_per_minute=10)
+    assert await limiter.admit([org, project, key], NOW) is None
+    refusal = await limiter.admit([org, project, key], NOW)  # order given does not matter
+    assert refusal is not None and refusal.scope == "project:7" and refusal.label == "project Search"
+
+
+async def test_in_one_scope_the_longest_window_is_named(limiter: Any) -> None:
+    limits = [team(requests_per_minute=1, tokens_per_day=10)]
+    assert await limiter.admit(limits, NOW) is None
+    await limiter.record_tokens(limits, 50, NOW)
+    refusal = await limiter.admit(limits, NOW)
+    assert refusal is not None and refusal.limit == "tokens per day"
+
+
+async def test_no_limits_admit_everything(limiter: Any) -> None:
+    assert await limiter.admit([], NOW) is None
+    assert await limiter.admit([team()], NOW) is None
+    await limiter.record_tokens([team()], 10, NOW)
+
+
+async def test_concurrent_requests_are_admitted_exactly_up_to_the_limit(limiter: Any) -> None:
+    limits = [team(requests_per_minute=50)]
+    answers = await asyncio.gather(*(limiter.admit(limits, NOW) for _ in range(200)))
+    assert sum(answer is None for answer in answers) == 50
+    assert {answer.used for answer in answers if answer is not None} == {50}
+
+
+async def test_redis_down_fails_open_and_logs_once(caplog: Any) -> None:
+    limiter = RedisLimiter("redis://127.0.0.1:1/0", prefix="llmgw:test:down", backoff_s=0)
+    limits = [team(requests_per_minute=1)]
+    with caplog.at_level(logging.WARNING, logger="apps.quotas.limiter"):
+        for _ in range(3):
+            assert await limiter.admit(limits, NOW) is None
+        await limiter.record_tokens(limits, 10, NOW)
+    assert len([r for r in caplog.records if "Redis failed" in r.getMessage()]) == 1
+    await limiter.close()
+
+
+async def test_after_a_redis_failure_redis_is_left_alone_for_a_while() -> None:
+    limiter = RedisLimiter("redis://127.0.0.1:1/0", prefix="llmgw:test:down", backoff_s=60)
+    calls = 0
+    original = limiter._admit
+
+    async def counting(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await original(**kwargs)
+
+    limiter._admit = counting
+    for _ in range(5):
+        assert await limiter.admit([team(requests_per_minute=1)], NOW) is None
+    assert calls == 1
+    await limiter.close()
+
+
+def test_make_limiter_follows_the_redis_setting(settings: Any) -> None:
+    from apps.quotas.limiter import make_limiter
+
+    settings.REDIS_URL = ""
+    assert isinstance(make_limiter(), MemoryLimiter)
+    settings.REDIS_URL = REDIS_TEST_URL
+    assert isinstance(make_limiter(), RedisLimiter)
+
+
+def test_the_limiter_imports_no_models() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; import apps.quotas.limiter; "
+            "assert not [m for m in sys.modules if m.endswith('.models') or m == 'django.db.models'], "
+            "sorted(m for m in sys.modules if 'models' in m)")
+    subprocess.run([sys.executable, "-c", code], check=True)

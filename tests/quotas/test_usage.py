@@ -1,0 +1,323 @@
+"""Usage records: the batching writer, rollups, percentiles and unknown token counts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.accounts.models import ApiKey
+from apps.quotas import selectors
+from apps.quotas.models import UsageRecord, UsageRollup
+from apps.quotas.usage import USAGE_DROPPED, UsageWriter, write_records_sync
+from tests.quotas.conftest import make_key, recent_minute, record
+
+
+def summary(user: Any, group_by: str = "model", **kwargs: Any) -> list[selectors.UsageRow]:
+    until = kwargs.pop("until", datetime.now(UTC))
+    since = kwargs.pop("since", until - timedelta(hours=1))
+    return selectors.usage_summary(user, group_by=group_by, since=since, until=until, **kwargs)
+
+
+def dropped(reason: str) -> float:
+    return USAGE_DROPPED.labels(reason)._value.get()
+
+
+class SpyWrite:
+    """Writes like the real writer and notes each batch and its INSERTs into the record table."""
+
+    def __init__(self, fail_times: int = 0, error: Exception | None = None) -> None:
+        self.batches: list[int] = []
+        self.inserts: list[int] = []
+        self.fail_times = fail_times
+        self.error = error or OperationalError("the database went away")
+
+    def __call__(self, batch: list[dict[str, Any]], *, touched: Any = None) -> int:
+        self.batches.append(len(batch))
+        if self.fail_times:
+            self.fail_times -= 1
+            raise self.error
+        with CaptureQueriesContext(connection) as queries:
+            written = write_records_sync(batch, touched=touched)
+        self.inserts.append(sum('INSERT INTO "quotas_usagerecord"' in q["sql"] for q in queries.captured_queries))
+        return written
+
+
+# Writing records and rollups ----------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_records_are_stored_with_minute_and_hour_rollups(alice, bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    assert write_records_sync([record(key), record(key, status=503, error="upstream timed out", total_ms=None)]) == 2
+    stored = UsageRecord.objects.get(request_id__isnull=False, status=503)
+    assert (stored.api_key_id, stored.team_id, stored.organization_id) == (key.pk, tree.team.pk, tree.org.pk)
+    rollups = {r.period: r for r in UsageRollup.objects.all()}
+    assert set(rollups) == {"minute", "hour"}
+    minute = rollups["minute"]
+    assert minute.bucket_start == recent_minute()
+    assert rollups["hour"].bucket_start == recent_minute().replace(minute=0)
+    assert (minute.requests, minute.errors, minute.refusals) == (2, 1, 0)
+    assert (minute.prompt_tokens, minute.completion_tokens) == (20, 40)
+    assert (minute.api_key_id, minute.user_id, minute.project_id) == (key.pk, bob.pk, tree.project.pk)
+    assert sum(minute.latency_hist) == 1  # the failed request was never timed
+    assert sum(minute.first_token_hist) == 2
+
+
+@pytest.mark.django_db
+def test_rollups_add_up_across_batches(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    write_records_sync([record(key, total_ms=5.0), record(key, total_ms=15.0)])
+    write_records_sync([record(key, total_ms=30.0), record(key, status=429, total_ms=1.0, prompt_tokens=0,
+                                                           completion_tokens=0)])
+    minute = UsageRollup.objects.get(period="minute")
+    assert (minute.requests, minute.refusals, minute.errors) == (4, 1, 0)
+    assert (minute.prompt_tokens, minute.completion_tokens) == (30, 60)
+    assert minute.latency_hist[:3] == [1, 1, 1] and sum(minute.latency_hist) == 3  # the 429 is not timed
+    assert UsageRollup.objects.get(period="hour").requests == 4
+
+
+@pytest.mark.django_db
+def test_percentiles_from_rollups_match_a_hand_computation(alice, bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    # Two batches and two minutes, so the histograms are merged on write and on read.
+    write_records_sync([record(key, total_ms=5.0), record(key, total_ms=15.0)])
+    write_records_sync([record(key, total_ms=30.0, created_at=recent_minute(3)),
+                        record(key, total_ms=200.0, created_at=recent_minute(3))])
+    (row,) = summary(alice)
+    # Buckets 0-10, 10-25, 25-50 and 100-250 hold one each: rank 2 ends the 10-25 bucket,
+    # ranks 3.8 and 3.96 fall 80 % and 96 % of the way through 100-250.
+    assert row.latency_ms_p50 == pytest.approx(25.0)
+    assert row.latency_ms_p95 == pytest.approx(220.0)
+    assert row.latency_ms_p99 == pytest.approx(244.0)
+    assert row.first_token_ms_p50 == pytest.approx(25 + 25 * 0.5)  # four values at 40 ms: inside 25-50
+    hour = summary(alice, since=datetime.now(UTC) - timedelta(hours=12))
+    assert hour[0].latency_ms_p95 == pytest.approx(220.0)  # the hour rollups say the same
+
+
+@pytest.mark.django_db
+def test_unknown_token_counts_stay_unknown(alice, bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    write_records_sync([record(key, model="a", prompt_tokens=None, completion_tokens=None),
+                        record(key, model="b", prompt_tokens=None, completion_tokens=None),
+                        record(key, model="b", prompt_tokens=7, completion_tokens=3)])
+    stored = UsageRecord.objects.filter(model="a").get()
+    assert stored.prompt_tokens is None and stored.completion_tokens is None
+    rows = {row.group: row for row in summary(alice)}
+    assert (rows["a"].prompt_tokens, rows["a"].completion_tokens, rows["a"].requests_without_tokens) == (None, None, 1)
+    assert (rows["b"].prompt_tokens, rows["b"].completion_tokens, rows["b"].requests_without_tokens) == (7, 3, 1)
+
+
+@pytest.mark.django_db
+def test_a_group_with_nothing_timed_has_no_percentiles(alice, bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    write_records_sync([record(key, status=429, first_token_ms=None, total_ms=None)])
+    (row,) = summary(alice)
+    assert row.refusals == 1
+    assert row.latency_ms_p50 is None and row.first_token_ms_p99 is None
+
+
+@pytest.mark.django_db
+def test_a_retried_batch_is_not_counted_twice(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    batch = [record(key), record(key)]
+    assert write_records_sync(batch) == 2
+    assert write_records_sync([*batch, record(key)]) == 1
+    assert UsageRecord.objects.count() == 3
+    assert UsageRollup.objects.get(period="minute").requests == 3
+
+
+@pytest.mark.django_db
+def test_a_deleted_key_is_left_out_rather_than_failing_the_batch(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    gone = make_key(bob, tree.project, name="gone")
+    rec = record(gone)
+    ApiKey.objects.filter(pk=gone.pk).delete()
+    assert write_records_sync([record(key), rec]) == 2
+    assert UsageRecord.objects.get(request_id=rec["request_id"]).api_key_id is None
+
+
+@pytest.mark.django_db
+def test_last_used_moves_forward_at_most_once_a_minute_per_key(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    start = recent_minute(10)
+    touched: dict[int, datetime] = {}
+    write_records_sync([record(key, created_at=start)], touched=touched)
+    key.refresh_from_db(fields=["last_used_at"])
+    assert key.last_used_at == start
+    with CaptureQueriesContext(connection) as queries:
+        write_records_sync([record(key, created_at=start + timedelta(seconds=30))], touched=touched)
+    assert not any('UPDATE "accounts_apikey"' in q["sql"] for q in queries.captured_queries)
+    write_records_sync([record(key, created_at=start + timedelta(seconds=61))], touched=touched)
+    key.refresh_from_db(fields=["last_used_at"])
+    assert key.last_used_at == start + timedelta(seconds=61)
+
+
+@pytest.mark.django_db
+def test_odd_values_are_stored_as_unknown_rather_than_failing_the_batch(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    odd = record(key, model="m" * 500, prompt_tokens="12", completion_tokens=-3, total_ms=float("nan"),
+                 first_token_ms="soon", replica=None, created_at=1_790_000_000.0, unknown_field=1)
+    assert write_records_sync([odd]) == 1
+    stored = UsageRecord.objects.get()
+    assert len(stored.model) == 200 and stored.replica == ""
+    assert (stored.prompt_tokens, stored.completion_tokens) == (12, None)
+    assert stored.total_ms is None and stored.first_token_ms is None
+    assert stored.created_at == datetime.fromtimestamp(1_790_000_000, UTC)
+
+
+# The writer ---------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_the_writer_writes_many_emits_in_one_bulk_insert(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    spy = SpyWrite()
+    writer = UsageWriter(write=spy, interval=0.05)
+
+    async def scenario() -> None:
+        await writer.start()
+        for _ in range(120):
+            writer.emit(record(key))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if not writer.pending and spy.batches:
+                break
+        await writer.stop()
+
+    asyncio.run(scenario())
+    assert spy.batches == [120]
+    assert spy.inserts == [1]
+    assert UsageRecord.objects.count() == 120
+    assert UsageRollup.objects.get(period="minute").requests == 120
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_full_batch_is_written_before_the_interval(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    spy = SpyWrite()
+    writer = UsageWriter(write=spy, interval=60, batch_size=10)
+
+    async def scenario() -> None:
+        await writer.start()
+        for _ in range(10):
+            writer.emit(record(key))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if spy.batches:
+                break
+        await writer.stop()
+
+    asyncio.run(scenario())
+    assert spy.batches == [10]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stop_writes_what_is_still_queued(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    writer = UsageWriter(interval=60)
+
+    async def scenario() -> None:
+        await writer.start()
+        for _ in range(1201):
+            writer.emit(record(key))
+        await writer.stop()
+
+    asyncio.run(scenario())
+    assert UsageRecord.objects.count() == 1201
+    assert writer.pending == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_batch_is_retried_on_the_next_flush(bob, tree, caplog) -> None:
+    key = make_key(bob, tree.project)
+    spy = SpyWrite(fail_times=1)
+    writer = UsageWriter(write=spy)
+    for _ in range(3):
+        writer.emit(record(key))
+
+    async def scenario() -> tuple[bool, bool]:
+        first = await writer.flush()
+        second = await writer.flush()
+        await writer.stop()
+        return first, second
+
+    with caplog.at_level(logging.WARNING, logger="apps.quotas.usage"):
+        assert asyncio.run(scenario()) == (False, True)
+    assert spy.batches == [3, 3]
+    assert UsageRecord.objects.count() == 3
+    assert UsageRollup.objects.get(period="minute").requests == 3
+    assert "will retry" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_failing_for_good_loses_only_its_bad_records(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    before = dropped("write_failed")
+    good, bad = record(key), record(key)
+
+    def write(batch: list[dict[str, Any]], *, touched: Any = None) -> int:
+        if any(r["request_id"] == bad["request_id"] for r in batch):
+            raise ValueError("a record the database refuses")
+        return write_records_sync(batch, touched=touched)
+
+    writer = UsageWriter(write=write, max_attempts=2)
+    writer.emit(good)
+    writer.emit(bad)
+
+    async def scenario() -> None:
+        assert await writer.flush() is False
+        assert await writer.flush() is True  # second and last try: one by one
+        await writer.stop()
+
+    asyncio.run(scenario())
+    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [good["request_id"]]
+    assert dropped("write_failed") == before + 1
+
+
+def test_emit_never_blocks_and_counts_what_it_drops(caplog) -> None:
+    before = dropped("queue_full")
+    writer = UsageWriter(max_queue=3)
+    with caplog.at_level(logging.WARNING, logger="apps.quotas.usage"):
+        for index in range(5):
+            writer.emit({"request_id": f"r{index}"})
+    assert writer.pending == 3
+    assert writer.dropped == 2
+    assert dropped("queue_full") == before + 2
+    assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == 1  # logged once, not per record
+
+
+@pytest.mark.django_db(transaction=True)
+def test_writers_in_several_processes_add_into_the_same_rollups(bob, tree) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers need a database that takes concurrent writes")
+    import threading
+
+    from django.db import connections
+
+    key = make_key(bob, tree.project)
+    barrier = threading.Barrier(8)
+    failures: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            batch = [record(key) for _ in range(5)]
+            barrier.wait()
+            write_records_sync(batch)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert UsageRecord.objects.count() == 40
+    assert list(UsageRollup.objects.values_list("period", "requests").order_by("period")) == [("hour", 40),
+                                                                                             ("minute", 40)]
