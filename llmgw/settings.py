@@ -40,6 +40,8 @@ DEBUG = env_bool("LLMGW_DEBUG", False)
 LISTEN = env_listen("LLMGW_LISTEN", "127.0.0.1:8000")
 ALLOWED_HOSTS = env_list("LLMGW_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("LLMGW_CSRF_TRUSTED_ORIGINS", [])
+# Operator-edited declarations (models: ...), applied when a worker starts.
+SERVER_CONFIG = env_str("LLMGW_SERVER_CONFIG") or str(DATA_DIR / "server.yaml")
 # Where people reach this service (shown in connection instructions); else the request's host.
 PUBLIC_URL = env_str("LLMGW_PUBLIC_URL") or ""
 

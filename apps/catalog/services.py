@@ -16,8 +16,17 @@ from apps.accounts import audit
 from apps.accounts.models import Organization, Project, Team, User
 from apps.catalog.models import Model, Profile
 
-__all__ = ["ApplyResult", "SpecError", "apply_models", "parse_memory", "record_demand", "set_class", "set_resources",
-           "set_target"]
+__all__ = [
+    "ApplyResult",
+    "SpecError",
+    "apply_models",
+    "apply_server_config",
+    "parse_memory",
+    "record_demand",
+    "set_class",
+    "set_resources",
+    "set_target",
+]
 
 MODEL_FIELDS = ("capacity_class", "min_replicas", "max_replicas", "source", "fallbacks", "external_url",
                 "external_model", "external_api_key_file", "organization_id", "team_id", "project_id")
@@ -323,3 +332,22 @@ def record_demand(name: str) -> None:
 
         with transaction.atomic():
             request_reconcile()
+
+
+def apply_server_config(path: str) -> list[ApplyResult]:
+    """Apply the `models:` of an operator's server.yaml (idempotent), as the worker starts."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+    except OSError as exc:
+        raise SpecError({"server.yaml": [_("Cannot read %(path)s: %(error)s") % {"path": path,
+                                                                                 "error": exc.strerror}]}) from None
+    except yaml.YAMLError as exc:
+        raise SpecError({"server.yaml": [_("This is not valid YAML: %(error)s") % {"error": exc}]}) from None
+    if not isinstance(data, dict):
+        raise SpecError({"server.yaml": [_("Expected a mapping with a “models” list.")]})
+    if "models" not in data:
+        return []
+    return apply_models(data["models"], actor=None)

@@ -8,6 +8,7 @@ app_name = "catalog"
 
 urlpatterns = [
     path("", views.models, name="models"),
+    path("apply", views.model_apply, name="model-apply"),
     path("<str:name>/", views.model_detail, name="model"),
     path("<str:name>/explain", views.model_explain, name="model-explain"),
     path("<str:name>/target", views.model_target, name="model-target"),

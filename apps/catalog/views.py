@@ -418,3 +418,39 @@ def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
         for replica in model.replicas.all()
     ]
     return render(request, "catalog/model_explain.html", {"model": model, "verdicts": verdicts, "replicas": replicas})
+
+
+EXAMPLE_SPEC = """models:
+  - name: qwen2.5-1.5b
+    replicas: {min: 1, max: 2}
+    source: /models/qwen2.5-1.5b-instruct-q4_k_m.gguf
+    profiles:
+      - {name: cpu, engine: llama.cpp, accelerator: cpu, memory: 4GB, cpu_cores: 4}
+"""
+
+
+@login_required
+def model_apply(request: HtmxHttpRequest) -> HttpResponse:
+    """Declare models in the console: the same YAML as `llmgw ctl model apply -f`."""
+    import yaml
+
+    if not can_change_cluster(request.user):
+        raise PermissionDenied
+    text = EXAMPLE_SPEC
+    errors: dict[str, list[str]] = {}
+    results: list[services.ApplyResult] = []
+    if request.method == "POST":
+        text = request.POST.get("spec", "")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            errors = {"yaml": [_("This is not valid YAML: %(error)s") % {"error": exc}]}
+        else:
+            try:
+                results = services.apply_models(data if isinstance(data, dict) else {"models": data},
+                                                actor=_actor(request))
+            except services.SpecError as exc:
+                errors = exc.errors
+    elif request.method != "GET":
+        return HttpResponse(status=405)
+    return render(request, "catalog/model_apply.html", {"spec": text, "errors": errors, "results": results})

@@ -111,6 +111,7 @@ def run_worker(args: argparse.Namespace) -> int:
     if problems:
         sys.exit(f"llmgw worker: cannot start: {problems[0]}")
     ensure_queue_folders()
+    apply_server_config()
     argv = ["worker", "--loglevel", os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
             "--concurrency", str(max(1, args.concurrency)), "--without-gossip", "--without-mingle"]
     if args.beat:
@@ -119,6 +120,25 @@ def run_worker(args: argparse.Namespace) -> int:
         argv += ["--beat", "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME]
     app.worker_main(argv)
     return 0
+
+
+def apply_server_config() -> None:
+    """Models declared in server.yaml (LLMGW_SERVER_CONFIG, else <data dir>/server.yaml) are applied at start."""
+    from django.conf import settings
+
+    from apps.catalog.services import SpecError
+    from apps.catalog.services import apply_server_config as apply
+
+    path = settings.SERVER_CONFIG
+    if not path or not os.path.exists(path):
+        return
+    try:
+        results = apply(path)
+    except SpecError as exc:
+        sys.exit(f"llmgw: {path}: " + "; ".join(f"{field}: {' '.join(m)}" for field, m in exc.errors.items()))
+    for result in results:
+        if result.outcome != "unchanged":
+            print(f"llmgw: {path}: model {result.name} {result.outcome}", flush=True)
 
 
 def run_beat(args: argparse.Namespace) -> int:

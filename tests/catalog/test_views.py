@@ -436,3 +436,24 @@ def test_explain_shows_every_node_with_its_reasons_and_what_replicas_met(client:
     assert "refused" in small and "<li>" in small
     assert 'data-node="cpu-big"' in content.decode()
     assert "cpu-small: 4 GB memory, 8 GB needed" in text(row(content, "data-replica", replica.pk))
+
+
+@pytest.mark.django_db
+def test_an_operator_declares_models_in_the_console_and_a_bad_field_changes_nothing(client, alice, viola) -> None:
+    from apps.catalog.models import Model as CatalogModel
+
+    client.force_login(viola)
+    assert client.get("/models/apply").status_code == 403
+    client.force_login(alice)
+    page = client.get("/models/")
+    assert b"/models/apply" in page.content
+    spec = ("models:\n  - name: console-made\n    replicas: 0\n    source: /models/x.gguf\n"
+            "    profiles:\n      - {name: cpu, accelerator: cpu, memory: 2GB, cpu_cores: 1}\n")
+    response = client.post("/models/apply", {"spec": spec})
+    assert response.status_code == 200 and b"console-made" in response.content
+    assert CatalogModel.objects.get(name="console-made").profiles.get().memory_bytes == 2 * 1024**3
+    bad = spec.replace("memory: 2GB", "memory: lots").replace("console-made", "other")
+    response = client.post("/models/apply", {"spec": bad})
+    assert b"models[0].profiles[0].memory" in response.content
+    assert not CatalogModel.objects.filter(name="other").exists()
+    assert b"valid YAML" in client.post("/models/apply", {"spec": "models: [unclosed"}).content
