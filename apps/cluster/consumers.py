@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -41,6 +43,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     node_name: str = ""
     gpu_health: dict[int, tuple[bool, int]] | None = None
     desired_sent: int | None = None
+    poller: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         node = await database_sync_to_async(services.authenticate_node)(_bearer(self.scope))
@@ -55,8 +58,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_send(group, {"type": "agent.replace", "channel": self.channel_name})
         await self.channel_layer.group_add(group, self.channel_name)
         log.info("agent of node %s connected", node.name)
+        if type(self.channel_layer).__name__ == "InMemoryChannelLayer":
+            # One machine without Redis: a change made by the worker cannot reach this process through
+            # the channel layer, so look for it every 2 s (one node, one cheap read) instead of waiting
+            # for the next heartbeat.
+            self.poller = asyncio.create_task(self.poll_desired())
 
     async def disconnect(self, code: int) -> None:
+        if self.poller is not None:
+            self.poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.poller
         if self.node_id is not None:
             await self.channel_layer.group_discard(services.node_group(self.node_id), self.channel_name)
             log.info("agent of node %s disconnected (%s)", self.node_name, code)
@@ -115,6 +127,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
                         message.body.get("message"))
         else:
             log.info("node %s sent %s, which this server does not use yet", self.node_name, message.type)
+
+    async def poll_desired(self) -> None:
+        while True:
+            await asyncio.sleep(2)
+            if self.node_id is None or self.desired_sent is None:
+                continue
+            try:
+                version = await database_sync_to_async(services.desired_version, thread_sensitive=False)(
+                    self.node_id)
+                if version is not None and version != self.desired_sent:
+                    await self.send_desired(version)
+            except Exception:
+                log.warning("could not check the desired state of node %s", self.node_name, exc_info=True)
 
     async def send_desired(self, version: int) -> None:
         assert self.node_id is not None

@@ -7,6 +7,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -43,7 +44,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
          "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "100TB"}]},
     ]}))
     with ControlPlane(tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "",
-                                      "LLMGW_GATEWAY_COLD_START_TIMEOUT": "3"}) as running:
+                                      "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120"}) as running:
         assert running.ctl("model", "apply", "-f", str(spec))[0] == 0
         running.wait_for(lambda: _models(running), timeout=90, what="tiny served by the gateway")
         yield running
@@ -252,3 +253,26 @@ def test_usage_shows_each_request_with_percentiles(plane: ControlPlane) -> None:
     assert row["latency_ms_p50"] is not None and row["latency_ms_p99"] is not None
     assert row["first_token_ms_p95"] is not None
     assert row["latency_ms_p50"] <= row["latency_ms_p99"]
+
+
+def test_a_model_kept_at_zero_is_started_by_its_first_request(plane: ControlPlane, tmp_path: Path) -> None:
+    weights = plane.api("GET", "models/tiny")["source"]
+    spec = tmp_path / "lazy.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{
+        "name": "lazy", "replicas": {"min": 0, "max": 1}, "source": weights,
+        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "512MB",
+                      "cpu_cores": 0.5}]}]}))
+    assert plane.ctl("model", "apply", "-f", str(spec))[0] == 0
+    assert plane.api("GET", "models/lazy")["status"]["ready"] == 0
+    deadline = time.monotonic() + 10
+    while True:  # the model reaches the gateway's table within a second or two
+        try:
+            completion = openai.OpenAI(base_url=plane.url + "/v1", api_key=plane.key, max_retries=0,
+                                       timeout=150).chat.completions.create(
+                model="lazy", messages=[{"role": "user", "content": "wake up"}], max_tokens=2)
+            break
+        except openai.NotFoundError:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
+    assert plane.api("GET", "models/lazy")["status"]["ready"] == 1
