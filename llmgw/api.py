@@ -8,16 +8,25 @@ from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import APIRootView, DefaultRouter
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 import llmgw
+from apps.accounts.access import IsSignedIn
 from llmgw import readiness
 
 __all__ = ["StatusView", "exception_handler", "router"]
 
+
+class ApiRootView(APIRootView):
+    """The list of the API's collections."""
+
+    permission_classes = [IsSignedIn]
+
+
 router = DefaultRouter()
+router.APIRootView = ApiRootView
 # Accept /api/v1/keys and /api/v1/keys/ alike: scripts rarely agree on the slash.
 router.trailing_slash = "/?"
 
@@ -32,6 +41,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 class StatusView(APIView):
     """What the control plane holds and whether its services answer."""
+
+    permission_classes = [IsSignedIn]
 
     @extend_schema(
         responses=inline_serializer(

@@ -8,17 +8,20 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from apps.accounts.access import public
 from llmgw import readiness
 
 __all__ = ["healthz", "metrics", "readyz"]
 
 
+@public
 @never_cache
 @require_GET
 def healthz(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"status": "ok"})
 
 
+@public
 @never_cache
 @require_GET
 def readyz(request: HttpRequest) -> HttpResponse:
@@ -27,6 +30,7 @@ def readyz(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ready": ready, **checks}, status=200 if ready else 503)
 
 
+@public
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 from django.utils.translation import gettext_lazy as _
 
+from apps.accounts.sso_mapping import load_role_map
 from llmgw.env import (
     env_bool,
     env_int,
@@ -44,6 +47,10 @@ CSRF_TRUSTED_ORIGINS = env_list("LLMGW_CSRF_TRUSTED_ORIGINS", [])
 SERVER_CONFIG = env_str("LLMGW_SERVER_CONFIG") or str(DATA_DIR / "server.yaml")
 # Where people reach this service (shown in connection instructions); else the request's host.
 PUBLIC_URL = env_str("LLMGW_PUBLIC_URL") or ""
+# The manual at /docs is open to everyone unless this is on; its links to files outside docs/
+# go to this repository.
+DOCS_REQUIRE_SIGNIN = env_bool("LLMGW_DOCS_REQUIRE_SIGNIN", False)
+REPOSITORY_URL = (env_str("LLMGW_REPOSITORY_URL") or "https://github.com/llmgw/llmgw/blob/main").rstrip("/")
 
 # Applications -------------------------------------------------------------------------
 
@@ -73,6 +80,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
@@ -99,7 +107,9 @@ TEMPLATES = [
                 "django.template.context_processors.i18n",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "django.template.context_processors.csp",
                 "llmgw.console.context_processors.console",
+                "apps.accounts.oidc.sign_in_options",
             ],
         },
     }
@@ -169,6 +179,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "push-desired-state": {"task": "apps.cluster.tasks.push_desired_state", "schedule": 60.0},
 }
 
+# Where the gateway's usage batches are written: "worker" (a Celery task, so web processes
+# spend no time in the ORM; written in process if the broker refuses) or "web".
+USAGE_WRITER = env_str("LLMGW_USAGE_WRITER") or "worker"
+if USAGE_WRITER not in {"worker", "web"}:
+    raise ImproperlyConfigured(f"LLMGW_USAGE_WRITER={USAGE_WRITER!r}: expected worker or web")
+
 # Engines -----------------------------------------------------------------------------
 
 ENGINE_PORT_MIN = env_int("LLMGW_ENGINE_PORT_MIN", 20000, minimum=1024, maximum=65000)
@@ -186,6 +202,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# The sign-up page (/signup/) is closed unless this is on; accounts.throttle bounds both forms.
+SIGNUP_OPEN = env_bool("LLMGW_SIGNUP_OPEN", False)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = env_bool("LLMGW_SECURE_COOKIES", False)
@@ -236,6 +254,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # No validator badge: it is an image from validator.swagger.io, which the CSP blocks and
+    # which would tell that site where the schema lives.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "SCHEMA_PATH_PREFIX": "/api/v1",
 }
 
@@ -261,9 +282,76 @@ LOGGING = {
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_REFERRER_POLICY = "same-origin"
-if env_bool("LLMGW_BEHIND_TLS_PROXY", False):
+# Behind the TLS proxy, its X-Forwarded-* headers are believed (scheme, and the client address
+# that accounts.throttle counts sign-ins by); otherwise they are ignored.
+BEHIND_TLS_PROXY = env_bool("LLMGW_BEHIND_TLS_PROXY", False)
+if BEHIND_TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+CSRF_FAILURE_VIEW = "apps.accounts.views.csrf_failure"
+# Every page, the Django admin included, is served under this policy. No page has an inline
+# script, style element, style attribute or on* handler (tests/llmgw/test_csp.py reads them
+# all); htmx is a static file and its indicator <style> is turned off in base.html. A
+# template that truly needs an inline script gives it nonce="{{ csp_nonce }}": the nonce
+# appears in the header only on pages that use it. The one exception is /api/v1/docs,
+# whose Swagger UI sets inline styles (llmgw/urls.py).
+SECURE_CSP: dict[str, list[str]] = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF, CSP.NONCE],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],
+    "font-src": [CSP.SELF],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "form-action": [CSP.SELF],
+}
 
 API_KEY_PREFIX = "llmgw_"
 FIRST_ADMIN_EMAIL = env_str("LLMGW_ADMIN_EMAIL") or "admin@localhost"
+
+
+# Single sign-on (OpenID Connect) ------------------------------------------------------
+
+# On when LLMGW_OIDC_ISSUER is set. The provider's endpoints come from
+# <issuer>/.well-known/openid-configuration, fetched on first use (apps.accounts.oidc.discover),
+# so llmgw starts while the provider is down.
+OIDC_ISSUER = (env_str("LLMGW_OIDC_ISSUER") or "").rstrip("/")
+OIDC_PROVIDER_NAME = env_str("LLMGW_OIDC_NAME") or ""  # the sign-in button's; "single sign-on" when empty
+OIDC_RP_CLIENT_ID = env_str("LLMGW_OIDC_CLIENT_ID") or ""
 OIDC_RP_CLIENT_SECRET = env_secret("LLMGW_OIDC_CLIENT_SECRET")
+OIDC_RP_SCOPES = " ".join((env_str("LLMGW_OIDC_SCOPES") or "openid email profile groups").split())
+OIDC_GROUPS_CLAIM = env_str("LLMGW_OIDC_GROUPS_CLAIM") or "groups"
+# Groups to a staff role and memberships: LLMGW_OIDC_ROLE_MAP (JSON) or LLMGW_OIDC_MAPPING_FILE (YAML).
+OIDC_ROLE_MAP = load_role_map()
+# Off: no password form, and every password refused (apps.accounts.oidc.LocalSignInGate).
+LOCAL_SIGNIN = env_bool("LLMGW_LOCAL_SIGNIN", True)
+if OIDC_ISSUER:
+    if not OIDC_ISSUER.startswith(("https://", "http://")):
+        raise ImproperlyConfigured(f"LLMGW_OIDC_ISSUER={OIDC_ISSUER!r}: expected a URL starting with https://")
+    if not OIDC_RP_CLIENT_ID:
+        raise ImproperlyConfigured("LLMGW_OIDC_ISSUER is set, so LLMGW_OIDC_CLIENT_ID is required")
+    if not OIDC_RP_CLIENT_SECRET:
+        raise ImproperlyConfigured("LLMGW_OIDC_ISSUER is set, so LLMGW_OIDC_CLIENT_SECRET (or _FILE) is required")
+    if "openid" not in OIDC_RP_SCOPES.split():
+        raise ImproperlyConfigured(f"LLMGW_OIDC_SCOPES={OIDC_RP_SCOPES!r}: must include openid")
+    # Signing out POSTs to /logout/, which redirects to the provider's end-session endpoint;
+    # browsers hold that redirect to the sign-out form's form-action.
+    _issuer = urlsplit(OIDC_ISSUER)
+    SECURE_CSP["form-action"] = [CSP.SELF, f"{_issuer.scheme}://{_issuer.netloc}"]
+elif not LOCAL_SIGNIN:
+    raise ImproperlyConfigured("LLMGW_LOCAL_SIGNIN is off and LLMGW_OIDC_ISSUER is not set: nobody could sign in")
+OIDC_RP_SIGN_ALGO = "RS256"  # verified with the provider's JWKS
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True  # sent back as id_token_hint when signing out at the provider
+OIDC_TIMEOUT = 10  # seconds, for every request to the provider
+OIDC_AUTHENTICATE_CLASS = "apps.accounts.oidc.SsoAuthenticateView"
+OIDC_CALLBACK_CLASS = "apps.accounts.oidc.SsoCallbackView"
+OIDC_OP_LOGOUT_URL_METHOD = "apps.accounts.oidc.provider_logout_url"
+LOGIN_REDIRECT_URL_FAILURE = "sso-failed"
+AUTHENTICATION_BACKENDS = [
+    "apps.accounts.oidc.LocalSignInGate",
+    "django.contrib.auth.backends.ModelBackend",
+    "apps.accounts.oidc.SsoBackend",
+]

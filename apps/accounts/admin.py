@@ -2,11 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from apps.accounts import services
 from apps.accounts.models import ApiKey, AuditEvent, Membership, Organization, Project, Team, User
 
 
@@ -24,6 +26,19 @@ class UserAdmin(BaseUserAdmin):
     )
     add_fieldsets = ((None, {"classes": ("wide",), "fields": ("email", "password1", "password2")}),)
     filter_horizontal = ["groups"]
+    # Django admin access follows the staff role (accounts.services.set_staff_role).
+    readonly_fields = ["is_staff", "is_superuser"]
+
+    def save_model(self, request: HttpRequest, obj: User, form: Any, change: bool) -> None:
+        role = obj.staff_role
+        if change and "staff_role" in form.changed_data:
+            obj.staff_role = form.initial.get("staff_role", "")
+        super().save_model(request, obj, form, change)
+        try:  # a no-op when the role and the flags already agree
+            services.set_staff_role(obj, role, actor=request.user,  # type: ignore[arg-type]
+                                    address=request.META.get("REMOTE_ADDR"))
+        except ValidationError as exc:
+            self.message_user(request, " ".join(exc.messages), level=messages.ERROR)
 
 
 class TeamInline(admin.TabularInline):

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -14,11 +14,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts import services
-from apps.accounts.access import IsStaffReader
+from apps.accounts.access import IsSignedIn, IsStaffReader, StaffReadOnly
 from apps.accounts.authentication import request_api_key
-from apps.accounts.models import ApiKey, Membership, Organization, Project, Team, User
+from apps.accounts.filters import AuditFilterForm, audit_events
+from apps.accounts.models import ApiKey, AuditEvent, Membership, Organization, Project, Team, User
 
-__all__ = ["ApiKeyViewSet", "MeView", "OrganizationViewSet", "ProjectViewSet", "TeamViewSet"]
+__all__ = ["ApiKeyViewSet", "AuditEventViewSet", "MeView", "OrganizationViewSet", "ProjectViewSet", "TeamViewSet"]
 
 
 def client_address(request: Any) -> str | None:
@@ -54,6 +55,8 @@ class MeSerializer(serializers.ModelSerializer[User]):
 
 class MeView(APIView):
     """Who the caller is: account, staff role, memberships and how they signed in."""
+
+    permission_classes = [IsSignedIn]
 
     @extend_schema(responses=MeSerializer)
     def get(self, request: Request) -> Response:
@@ -108,6 +111,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     """Your own API keys: create (the key is shown once), list, revoke."""
 
     serializer_class = ApiKeySerializer
+    # Anyone signed in, viewers too: the queryset holds only the caller's own keys.
+    permission_classes = [IsSignedIn]
 
     def get_queryset(self) -> QuerySet[ApiKey]:
         return ApiKey.objects.filter(user=self.request.user, is_session_key=False).select_related("project")
@@ -213,3 +218,41 @@ class ProjectViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Proj
         )
 
 
+# The audit log (staff, read only) ----------------------------------------------------------
+
+class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
+    actor = serializers.CharField(source="actor_label", help_text="The actor's email at the time, or “system”.")
+    target = serializers.CharField(source="target_label")
+
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "created_at", "actor_id", "actor", "action", "target_type", "target_id", "target", "changes",
+                  "address"]
+        read_only_fields = fields
+
+
+class AuditEventViewSet(viewsets.ReadOnlyModelViewSet[AuditEvent]):
+    """Who changed what, newest first. Staff who read everything may read it; nobody may change
+    or delete an event (every other method is refused)."""
+
+    serializer_class = AuditEventSerializer
+    permission_classes = [StaffReadOnly]
+
+    def get_queryset(self) -> QuerySet[AuditEvent]:
+        if self.action != "list":
+            return audit_events()
+        form = AuditFilterForm(self.request.query_params)
+        if not form.is_valid():
+            raise serializers.ValidationError({name: [str(e) for e in errors] for name, errors in form.errors.items()})
+        return form.filter(audit_events())
+
+    @extend_schema(parameters=[
+        OpenApiParameter("actor", str, description="part of the actor's email, or “system”"),
+        OpenApiParameter("action", str, description="an action exactly, such as node.cordon"),
+        OpenApiParameter("target_type", str, description="such as cluster.node"),
+        OpenApiParameter("target", str, description="part of the target's name, or its id"),
+        OpenApiParameter("since", str, description="ISO 8601"),
+        OpenApiParameter("until", str, description="ISO 8601"),
+    ])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)

@@ -1,14 +1,15 @@
-"""The one way to write an audit event."""
+"""The one way to write an audit event, and the way to read its changes."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import models
 
 from apps.accounts.models import AuditEvent, User
 
-__all__ = ["diff", "record"]
+__all__ = ["change_lines", "diff", "record"]
 
 
 def diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
@@ -41,3 +42,26 @@ def record(
         changes=payload,
         address=address,
     )
+
+
+def _value(value: Any) -> str:
+    """One value as the Audit page shows it: "-" for none, JSON for the rest of what is not text."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value if value else '""'
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def change_lines(changes: Any) -> list[str]:
+    """ "field: old → new" for each changed field (as diff() writes them), "field: value" for the rest."""
+    if not isinstance(changes, dict):
+        return [_value(changes)] if changes not in (None, "", [], {}) else []
+    lines = []
+    # Sorted by field: PostgreSQL's jsonb keeps no key order, and the log must read the same on either.
+    for key, value in sorted(changes.items()):
+        if isinstance(value, list) and len(value) == 2:
+            lines.append(f"{key}: {_value(value[0])} → {_value(value[1])}")
+        else:
+            lines.append(f"{key}: {_value(value)}")
+    return lines

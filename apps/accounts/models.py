@@ -166,6 +166,9 @@ class Membership(models.Model):
         verbose_name=_("project"),
     )
     role = models.CharField(_("role"), max_length=16, choices=MembershipRole.choices, default=MembershipRole.MEMBER)
+    # Made by single sign-on from the provider's groups, and removed by it when the person
+    # leaves them; memberships made by hand are never touched by sign-in.
+    from_sso = models.BooleanField(_("from single sign-on"), default=False)
     created_at = models.DateTimeField(_("created"), default=timezone.now)
 
     class Meta:

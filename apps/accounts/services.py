@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
@@ -25,7 +25,10 @@ __all__ = [
     "create_project",
     "create_team",
     "ensure_first_admin",
+    "record_sign_in",
     "revoke_api_key",
+    "set_staff_role",
+    "sign_up",
 ]
 
 # How stale last_used_at may get before a request writes it again: one write a minute per
@@ -49,7 +52,9 @@ def create_api_key(
     allowed_models: list[str] | None = None,
     actor: User | None,
     address: str | None = None,
+    is_session_key: bool = False,
 ) -> NewKey:
+    """A new key for `user`; `is_session_key` marks the short-lived ones the console's chat page holds."""
     secret = settings.API_KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
         name=name.strip() or "key",
@@ -59,9 +64,11 @@ def create_api_key(
         key_hash=hash_key(secret),
         expires_at=expires_at,
         allowed_models=sorted(set(allowed_models or [])),
+        is_session_key=is_session_key,
     )
     audit.record(actor, "api_key.create", key, owner=user.email, project=str(project) if project else None,
-                 expires_at=expires_at.isoformat() if expires_at else None, address=address)
+                 expires_at=expires_at.isoformat() if expires_at else None, address=address,
+                 session_key=True if is_session_key else None)
     return NewKey(key=key, secret=secret)
 
 
@@ -151,3 +158,66 @@ def ensure_first_admin(email: str) -> tuple[User, str] | None:
     user = User.objects.create_superuser(email, password, name="Administrator")
     audit.record(None, "user.create_first_admin", user)
     return user, password
+
+
+def sign_up(*, email: str, name: str, password: str, address: str | None = None) -> User | None:
+    """Create the account someone asked for on the sign-up page; None when the address has one.
+
+    1. Hash the password first, so that a taken address costs the same time as a new one.
+    2. Insert, and let the unique constraint on email decide: SQLite's "UNIQUE constraint
+       failed" and PostgreSQL's unique_violation (23505) both arrive as IntegrityError, and two
+       sign-ups racing for one address cannot both win. The insert runs in its own atomic
+       block (a savepoint inside a caller's transaction), so on PostgreSQL the connection is
+       still usable after the violation.
+    3. An IntegrityError with no account at that address is some other fault: re-raised.
+
+    Older accounts may differ only in letter case, which the constraint does not see; those
+    are looked for first.
+    """
+    user = User(email=User.objects.normalize_email(email).strip().lower(), name=name.strip())
+    user.set_password(password)
+    if User.objects.filter(email__iexact=user.email).exclude(email=user.email).exists():
+        return None
+    try:
+        with transaction.atomic():
+            user.save(force_insert=True)
+            audit.record(user, "user.sign_up", user, address=address)
+    except IntegrityError:
+        if User.objects.filter(email=user.email).exists():
+            return None
+        raise
+    return user
+
+
+@transaction.atomic
+def record_sign_in(user: User, *, address: str | None) -> None:
+    """Audit a successful sign-in. Failed ones are only counted in the cache (accounts.throttle)."""
+    audit.record(user, "user.sign_in", user, address=address)
+
+
+@transaction.atomic
+def set_staff_role(user: User, role: str, *, actor: User | None, address: str | None = None) -> User:
+    """Give a person a staff role, or none, and keep Django admin access in step with it.
+
+    Only administrators reach the Django admin: is_staff, and is_superuser (which the admin
+    needs to show them anything, and which the access functions read as administrator), are
+    set for the administrator role and cleared for every other. The last active administrator
+    keeps the role, so the installation cannot lock itself out.
+    """
+    from django.core.exceptions import ValidationError
+
+    new_role = StaffRole(role)
+    admin = new_role == StaffRole.ADMIN
+    before = {"staff_role": user.staff_role, "is_staff": user.is_staff, "is_superuser": user.is_superuser}
+    after = {"staff_role": str(new_role), "is_staff": admin, "is_superuser": admin}
+    if before == after:
+        return user
+    if not admin and user.is_admin:
+        others = User.objects.filter(is_active=True).exclude(pk=user.pk)
+        if not (others.filter(is_superuser=True).exists() or others.filter(staff_role=StaffRole.ADMIN).exists()):
+            raise ValidationError(_("%(email)s is the only administrator; make someone else one first.")
+                                  % {"email": user.email}, code="last_admin")
+    user.staff_role, user.is_staff, user.is_superuser = str(new_role), admin, admin
+    user.save(update_fields=["staff_role", "is_staff", "is_superuser"])
+    audit.record(actor, "user.staff_role", user, changes=audit.diff(before, after), address=address)
+    return user

@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.forms import Form
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -16,10 +15,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from apps.accounts.access import can_change_cluster, can_read_everything
+from apps.accounts.access import can_change_cluster, can_read_everything, requires
 from apps.accounts.models import User
 from apps.catalog import api, selectors, services
 from apps.catalog.choices import CapacityClass, Engine
@@ -114,11 +112,8 @@ def _model_rows() -> list[ModelRow]:
     return rows
 
 
-@login_required
-@require_GET
+@requires("read_everything", methods=["GET"])
 def models(request: HtmxHttpRequest) -> HttpResponse:
-    if not can_read_everything(request.user):
-        raise PermissionDenied
     template = "catalog/models.html"
     if _fragment(request):
         template += "#model-table"
@@ -261,8 +256,7 @@ def _card_context(request: HtmxHttpRequest, model: Model, *, notice: str | None 
     return context
 
 
-@login_required
-@require_GET
+@requires("read_everything", methods=["GET"])
 def model_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     model = _get_model_for_user(request.user, name)
     if _fragment(request):  # the replicas refresh themselves; headroom is worked out only with the card
@@ -321,8 +315,7 @@ def target_refusal(model: Model, new_min: int) -> str | None:
                                              "now": room["without_preemption"], "min": new_min, "need": need}
 
 
-@login_required
-@require_POST
+@requires("change_cluster", methods=["POST"])
 def model_target(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Set the always-running and under-load replica counts; only what changed is applied."""
     model = _get_model_for_user(request.user, name, perm="change")
@@ -347,8 +340,7 @@ def model_target(request: HtmxHttpRequest, name: str) -> HttpResponse:
         "name": model.name, "min": model.min_replicas, "max": model.max_replicas})
 
 
-@login_required
-@require_POST
+@requires("change_cluster", methods=["POST"])
 def model_class(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Set the capacity class, which decides what may be stopped to make room for the model."""
     model = _get_model_for_user(request.user, name, perm="change")
@@ -371,8 +363,7 @@ def _profile(model: Model, name: str) -> Profile | None:
     return next((p for p in model.profiles.all() if p.name == name), None)
 
 
-@login_required
-@require_POST
+@requires("change_cluster", methods=["POST"])
 def model_resources(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Set the memory and cores one profile claims; only what changed is applied."""
     model = _get_model_for_user(request.user, name, perm="change")
@@ -405,8 +396,7 @@ def model_resources(request: HtmxHttpRequest, name: str) -> HttpResponse:
 
 # Why it runs where it does -----------------------------------------------------------------------
 
-@login_required
-@require_GET
+@requires("read_everything", methods=["GET"])
 def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Each profile against every node with all the reasons it was refused; and what each replica met."""
     model = _get_model_for_user(request.user, name)
@@ -429,13 +419,11 @@ EXAMPLE_SPEC = """models:
 """
 
 
-@login_required
+@requires("change_cluster", methods=["GET", "POST"])
 def model_apply(request: HtmxHttpRequest) -> HttpResponse:
     """Declare models in the console: the same YAML as `llmgw ctl model apply -f`."""
     import yaml
 
-    if not can_change_cluster(request.user):
-        raise PermissionDenied
     text = EXAMPLE_SPEC
     errors: dict[str, list[str]] = {}
     results: list[services.ApplyResult] = []
@@ -451,6 +439,4 @@ def model_apply(request: HtmxHttpRequest) -> HttpResponse:
                                                 actor=_actor(request))
             except services.SpecError as exc:
                 errors = exc.errors
-    elif request.method != "GET":
-        return HttpResponse(status=405)
     return render(request, "catalog/model_apply.html", {"spec": text, "errors": errors, "results": results})

@@ -9,18 +9,16 @@ import yaml
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from apps.accounts.access import can_change_cluster, can_read_everything
+from apps.accounts.access import can_change_cluster, requires
 from apps.accounts.models import User
 from apps.cluster import selectors, services
 from apps.cluster.models import Node
@@ -40,11 +38,8 @@ def _fragment(request: HtmxHttpRequest) -> bool:
     return bool(request.htmx) and not request.htmx.boosted
 
 
-@login_required
-@require_GET
+@requires("read_everything", methods=["GET"])
 def nodes(request: HtmxHttpRequest) -> HttpResponse:
-    if not can_read_everything(request.user):
-        raise PermissionDenied
     template = "cluster/nodes.html"
     if _fragment(request):
         template += "#node-table"
@@ -54,8 +49,7 @@ def nodes(request: HtmxHttpRequest) -> HttpResponse:
     })
 
 
-@login_required
-@require_GET
+@requires("read_everything", methods=["GET"])
 def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name)
     context: dict[str, Any] = {"detail": selectors.node_detail(node), "node": node,
@@ -75,8 +69,7 @@ def _after_cordon(request: HtmxHttpRequest, node: Node, error: str | None = None
     return HttpResponseRedirect(reverse("cluster:node", args=[node.name]))
 
 
-@login_required
-@require_POST
+@requires("change_cluster", methods=["POST"])
 def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Keep new work off a node; what runs there stays. The reason is required and audited."""
     node = selectors.get_node_for_user(request.user, name, perm="change")
@@ -90,8 +83,7 @@ def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     return _after_cordon(request, node)
 
 
-@login_required
-@require_POST
+@requires("change_cluster", methods=["POST"])
 def node_uncordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name, perm="change")
     user: User = request.user  # type: ignore[assignment]
@@ -136,12 +128,9 @@ def agent_yaml(server: str, secret: str, labels: dict[str, str]) -> str:
 
 
 @never_cache  # the page that shows a token must not linger in a cache
-@login_required
-@require_http_methods(["GET", "POST"])
+@requires("change_cluster", methods=["GET", "POST"])
 def node_add(request: HtmxHttpRequest) -> HttpResponse:
     """Make a one-time enrollment token and show, once, the agent.yaml and command that use it."""
-    if not can_change_cluster(request.user):
-        raise PermissionDenied
     enrollment = None
     if request.method == "POST":
         form = NodeAddForm(request.POST)

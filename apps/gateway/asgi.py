@@ -143,11 +143,18 @@ class GatewayApp:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5,
                                           sock_read=_env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600)))
         self.tables = await sync_to_async(load_tables, thread_sensitive=False)(None)
+        from django.conf import settings
+
         from apps.quotas.limiter import make_limiter
         from apps.quotas.usage import UsageWriter
 
         self.limiter = make_limiter()
-        self.usage = UsageWriter()
+        writer_kwargs: dict[str, Any] = {}
+        if getattr(settings, "USAGE_WRITER", "worker") == "worker":
+            from apps.quotas.usage import write_via_worker
+
+            writer_kwargs["write"] = write_via_worker  # the worker does the ORM work, not this process
+        self.usage = UsageWriter(**writer_kwargs)
         await self.usage.start()
         self._refresh = asyncio.create_task(self._refresh_loop(), name="gateway-refresh")
 
@@ -478,10 +485,11 @@ class GatewayApp:
         elif call.style == "responses":
             out = json.dumps(chat_to_response(data, request=call.original, response_id="resp_" + call.request_id[4:],
                                               created_at=int(time.time()))).encode()
-        else:
-            if isinstance(data, dict) and "model" in data:
-                data["model"] = call.model
+        elif isinstance(data, dict) and data.get("model", call.model) != call.model:
+            data["model"] = call.model  # the caller's name for the model, not the provider's
             out = json.dumps(data).encode()
+        else:
+            out = raw
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*self.headers(call, endpoint, b"application/json"),
                                 (b"content-length", str(len(out)).encode())]})
@@ -610,7 +618,8 @@ class GatewayApp:
         if call.status == 429:
             call.prompt_tokens = call.completion_tokens = 0  # refused by a limit: recorded, free of charge
         self.usage.emit({
-            "request_id": call.request_id, "user_id": call.entry.user_id, "api_key_id": call.entry.key_id,
+            "request_id": call.request_id, "created_at": time.time(), "user_id": call.entry.user_id,
+            "api_key_id": call.entry.key_id,
             "organization_id": call.entry.org_id, "team_id": call.entry.team_id, "project_id": call.entry.project_id,
             "model": call.model[:128], "endpoint": ENDPOINT_NAMES.get(call.style, call.style),
             "replica": f"{endpoint.node}/{endpoint.id}" if endpoint else "", "hardware": endpoint.hardware if endpoint

@@ -7,6 +7,7 @@ whole, so a request sees one consistent picture.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,13 +33,36 @@ class Endpoint:
 
     def api_key(self) -> str | None:
         if self.key_file:
-            # The provider's key is read on every request, so rotating the file takes effect at once.
-            try:
-                with open(self.key_file, encoding="utf-8") as handle:
-                    return handle.read().strip() or None
-            except OSError:
-                return None
+            return _key_file.read(self.key_file)
         return self.secret
+
+
+class _KeyFiles:
+    """Provider keys read from their files, read again whenever the file changed (a stat per
+    request, not a read), so rotating a key takes effect at once."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[float, int, str | None]] = {}
+
+    def read(self, path: str) -> str | None:
+        try:
+            info = os.stat(path)
+        except OSError:
+            self._cache.pop(path, None)
+            return None
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == info.st_mtime and cached[1] == info.st_size:
+            return cached[2]
+        try:
+            with open(path, encoding="utf-8") as handle:
+                value = handle.read().strip() or None
+        except OSError:
+            return None
+        self._cache[path] = (info.st_mtime, info.st_size, value)
+        return value
+
+
+_key_file = _KeyFiles()
 
 
 @dataclass

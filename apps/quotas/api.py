@@ -1,4 +1,4 @@
-"""REST endpoints for usage, single requests and rate limits."""
+"""REST endpoints for usage, single requests, rate limits and capacity quotas."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.access import CanChangeLimits
+from apps.accounts.access import CanChangeLimits, IsSignedIn
 from apps.quotas import selectors, services
 from apps.quotas.choices import UsageGroup
-from apps.quotas.models import LIMIT_FIELDS, RateLimit, UsageRecord
+from apps.quotas.models import LIMIT_FIELDS, CapacityQuota, RateLimit, UsageRecord
 
-__all__ = ["RateLimitViewSet", "RequestView", "UsageView"]
+__all__ = ["CapacityQuotaViewSet", "RateLimitViewSet", "RequestView", "UsageView"]
 
 DEFAULT_RANGE = timedelta(hours=24)
 
@@ -64,6 +64,8 @@ class UsageView(APIView):
     """Usage per group over a range (default the last 24 hours): requests, errors, refusals,
     tokens and time-to-first-token and latency percentiles. Staff see everyone's, managers
     their branch's, everyone else their own."""
+
+    permission_classes = [IsSignedIn]
 
     @extend_schema(
         parameters=[
@@ -113,6 +115,8 @@ class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
 
 class RequestView(APIView):
     """One request through the gateway, for its owner and for staff."""
+
+    permission_classes = [IsSignedIn]
 
     @extend_schema(responses=UsageRecordSerializer)
     def get(self, request: Request, request_id: str) -> Response:
@@ -187,4 +191,67 @@ class RateLimitViewSet(viewsets.ModelViewSet[RateLimit]):
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         services.delete_rate_limit(self.get_object(), actor=request.user,  # type: ignore[arg-type]
                                    address=client_address(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# Capacity quotas --------------------------------------------------------------------------
+
+class CapacityQuotaSerializer(serializers.ModelSerializer[CapacityQuota]):
+    owner = serializers.CharField(source="owner_key", read_only=True)
+
+    class Meta:
+        model = CapacityQuota
+        fields = ["id", "owner", "organization", "team", "project", *services.QUOTA_FIELDS]
+        read_only_fields = ["id", "owner"]
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        if self.instance is not None:  # the owner is fixed once the quota exists
+            for name in services.QUOTA_OWNER_FIELDS:
+                fields[name].read_only = True
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The model's own rules, so the API and the Django admin refuse the same input.
+        candidate = CapacityQuota()
+        if self.instance is not None:
+            for name in ("id", "organization_id", "team_id", "project_id", *services.QUOTA_FIELDS):
+                setattr(candidate, name, getattr(self.instance, name))
+            candidate._state.adding = False
+        for name, value in attrs.items():
+            setattr(candidate, name, value)
+        try:
+            candidate.full_clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(serializers.as_serializer_error(exc)) from None
+        return attrs
+
+
+class CapacityQuotaViewSet(viewsets.ModelViewSet[CapacityQuota]):
+    """The most GPUs, cores, memory and replicas an organisation, team or project may hold.
+    Staff may read; administrators and billing may change."""
+
+    serializer_class = CapacityQuotaSerializer
+    permission_classes = [CanChangeLimits]
+
+    def get_queryset(self) -> QuerySet[CapacityQuota]:
+        return CapacityQuota.objects.order_by("pk")
+
+    def perform_create(self, serializer: serializers.BaseSerializer[CapacityQuota]) -> None:
+        serializer.instance = services.create_capacity_quota(
+            actor=self.request.user, address=client_address(self.request),  # type: ignore[arg-type]
+            **serializer.validated_data,
+        )
+
+    def perform_update(self, serializer: serializers.BaseSerializer[CapacityQuota]) -> None:
+        assert serializer.instance is not None
+        changes = {k: v for k, v in serializer.validated_data.items() if k in services.QUOTA_FIELDS}
+        serializer.instance = services.update_capacity_quota(
+            serializer.instance, actor=self.request.user, address=client_address(self.request),  # type: ignore[arg-type]
+            **changes,
+        )
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.delete_capacity_quota(self.get_object(), actor=request.user,  # type: ignore[arg-type]
+                                       address=client_address(request))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,4 +1,4 @@
-"""Every change to rate limits goes through here."""
+"""Every change to rate limits and capacity quotas goes through here."""
 
 from __future__ import annotations
 
@@ -9,9 +9,16 @@ from django.utils import timezone
 
 from apps.accounts import audit
 from apps.accounts.models import User
-from apps.quotas.models import LIMIT_FIELDS, RateLimit
+from apps.quotas.models import LIMIT_FIELDS, CapacityQuota, RateLimit
 
-__all__ = ["create_rate_limit", "delete_rate_limit", "update_rate_limit"]
+__all__ = [
+    "create_capacity_quota",
+    "create_rate_limit",
+    "delete_capacity_quota",
+    "delete_rate_limit",
+    "update_capacity_quota",
+    "update_rate_limit",
+]
 
 OWNER_FIELDS = ("organization", "team", "project", "api_key")
 
@@ -58,3 +65,53 @@ def delete_rate_limit(limit: RateLimit, *, actor: User | None, address: str | No
     audit.record(actor, "rate_limit.delete", limit, changes=audit.diff(_limits(limit), {}), scope=limit.scope,
                  address=address)
     limit.delete()
+
+
+# Capacity quotas ---------------------------------------------------------------------------
+
+QUOTA_FIELDS = ("gpus", "cpu_cores", "memory_bytes", "replicas")
+QUOTA_OWNER_FIELDS = ("organization", "team", "project")
+
+
+def _quota(quota: CapacityQuota) -> dict[str, Any]:
+    return {name: getattr(quota, name) for name in QUOTA_FIELDS}
+
+
+@transaction.atomic
+def create_capacity_quota(*, actor: User | None, address: str | None = None, **fields: Any) -> CapacityQuota:
+    """A new capacity quota for one owner (organization, team or project). Placement reads it at once."""
+    unknown = set(fields) - set(QUOTA_OWNER_FIELDS) - set(QUOTA_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown capacity quota fields: {sorted(unknown)}")
+    quota = CapacityQuota(**fields)
+    quota.full_clean()
+    quota.save()
+    audit.record(actor, "capacity_quota.create", quota, changes=audit.diff({}, _quota(quota)),
+                 owner=quota.owner_key, address=address)
+    return quota
+
+
+@transaction.atomic
+def update_capacity_quota(quota: CapacityQuota, *, actor: User | None, address: str | None = None,
+                          **changes: Any) -> CapacityQuota:
+    """Change an owner's quota (None removes a limit). The owner itself does not change."""
+    unknown = set(changes) - set(QUOTA_FIELDS)
+    if unknown:
+        raise TypeError(f"only quota limits can change, not {sorted(unknown)}")
+    before = _quota(quota)
+    for name, value in changes.items():
+        setattr(quota, name, value)
+    quota.full_clean()
+    difference = audit.diff(before, _quota(quota))
+    if difference:
+        quota.save(update_fields=list(changes))
+        audit.record(actor, "capacity_quota.update", quota, changes=difference, owner=quota.owner_key,
+                     address=address)
+    return quota
+
+
+@transaction.atomic
+def delete_capacity_quota(quota: CapacityQuota, *, actor: User | None, address: str | None = None) -> None:
+    audit.record(actor, "capacity_quota.delete", quota, changes=audit.diff(_quota(quota), {}),
+                 owner=quota.owner_key, address=address)
+    quota.delete()

@@ -490,3 +490,21 @@ def _is_outage(exc: BaseException) -> bool:
     from django.db import InterfaceError, OperationalError
 
     return isinstance(exc, OperationalError | InterfaceError)
+
+
+def write_via_worker(records: list[dict[str, Any]], *, touched: dict[int, datetime] | None = None) -> int:
+    """Hand a batch to a Celery worker, so the web process spends no time in the ORM.
+
+    The batch is one broker message; the worker writes it with write_records_sync (which skips
+    request ids already stored, so a redelivered message counts nothing twice). When the broker
+    cannot take it, the batch is written here instead: usage is never lost for a broker outage.
+    """
+    from apps.quotas.tasks import write_usage
+
+    batch = [{**record, "created_at": _moment(record.get("created_at")).timestamp()} for record in records]
+    try:
+        write_usage.apply_async(args=[batch], retry=False)
+    except Exception:
+        log.warning("the broker did not take a usage batch; writing it in this process", exc_info=True)
+        return write_records_sync(records, touched=touched)
+    return len(batch)

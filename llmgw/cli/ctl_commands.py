@@ -1,4 +1,4 @@
-"""ctl subcommands for nodes (and, later, models)."""
+"""ctl subcommands for nodes, models, usage and rate limits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from llmgw.cli.ctl import Client, format_table
+from llmgw.cli.ctl import Client, cell, format_table
 
 __all__ = ["add_all", "human_age", "human_bytes"]
 
@@ -192,6 +192,7 @@ def add_all(ctl_sub: Any) -> None:
     p.set_defaults(ctl_func=_action("revoke"))
     add_model_commands(ctl_sub)
     add_usage_commands(ctl_sub)
+    add_limit_commands(ctl_sub)
 
 
 # Models ----------------------------------------------------------------------------------------
@@ -413,3 +414,77 @@ def add_usage_commands(ctl_sub: Any) -> None:
     p = ctl_sub.add_parser("request", help="every field of one request through the gateway")
     p.add_argument("id", help="the request id (x-request-id)")
     p.set_defaults(ctl_func=cmd_request)
+
+
+# Rate limits -----------------------------------------------------------------------------------
+
+LIMIT_OPTIONS = (("rpm", "requests_per_minute"), ("tpm", "tokens_per_minute"), ("tpd", "tokens_per_day"),
+                 ("budget", "monthly_token_budget"))
+# --api-key, not --key: ctl's own --key is the caller's key.
+OWNER_OPTIONS = (("org", "organization"), ("team", "team"), ("project", "project"), ("api_key", "api_key"))
+
+
+def _limit_values(args: argparse.Namespace) -> dict[str, int | None]:
+    """The limits given on the command line; 0 clears one (no limit)."""
+    return {field: (value or None) for option, field in LIMIT_OPTIONS
+            if (value := getattr(args, option)) is not None}
+
+
+def _print_limit(limit: dict[str, Any], outcome: str) -> None:
+    values = ", ".join(f"{option} {cell(limit[field])}" for option, field in LIMIT_OPTIONS)
+    print(f"limit {limit['id']} ({limit['scope']}) {outcome}: {values}")
+
+
+def cmd_limits(client: Client, args: argparse.Namespace) -> int:
+    limits = client.get("limits")["results"]
+    if args.json:
+        print(json.dumps(limits, indent=2))
+        return 0
+    print(format_table(["ID", "SCOPE", "RPM", "TPM", "TPD", "BUDGET"], [
+        [limit["id"], limit["scope"], *(limit[field] for _option, field in LIMIT_OPTIONS)] for limit in limits]))
+    return 0
+
+
+def cmd_limit_create(client: Client, args: argparse.Namespace) -> int:
+    owners = {field: value for option, field in OWNER_OPTIONS if (value := getattr(args, option)) is not None}
+    if len(owners) != 1:
+        raise SystemExit("llmgw ctl: give exactly one of --org, --team, --project or --api-key")
+    _print_limit(client.post("limits", {**owners, **_limit_values(args)}), "created")
+    return 0
+
+
+def cmd_limit_set(client: Client, args: argparse.Namespace) -> int:
+    _print_limit(client.request("PATCH", f"limits/{args.id}", _limit_values(args)), "set")
+    return 0
+
+
+def cmd_limit_delete(client: Client, args: argparse.Namespace) -> int:
+    client.request("DELETE", f"limits/{args.id}")
+    print(f"limit {args.id} deleted")
+    return 0
+
+
+def _limit_arguments(parser: argparse.ArgumentParser) -> None:
+    for option, field in LIMIT_OPTIONS:
+        parser.add_argument(f"--{option}", type=int, metavar="N", help=f"{field.replace('_', ' ')} (0: no limit)")
+
+
+def add_limit_commands(ctl_sub: Any) -> None:
+    limits = ctl_sub.add_parser("limits", help="rate limits and token budgets: list, create, set, delete")
+    limits.set_defaults(ctl_func=cmd_limits)
+    sub = limits.add_subparsers(dest="limits_command", metavar="ACTION")
+    p = sub.add_parser("list", help="every limit (the default)")
+    p.set_defaults(ctl_func=cmd_limits)
+    p = sub.add_parser("create", help="a limit for one organisation, team, project or API key (by id)")
+    for option, field in OWNER_OPTIONS:
+        p.add_argument(f"--{option.replace('_', '-')}", type=int, metavar="ID",
+                       help=f"the {field.replace('_', ' ')}'s id")
+    _limit_arguments(p)
+    p.set_defaults(ctl_func=cmd_limit_create)
+    p = sub.add_parser("set", help="change some of a limit's values")
+    p.add_argument("id", type=int)
+    _limit_arguments(p)
+    p.set_defaults(ctl_func=cmd_limit_set)
+    p = sub.add_parser("delete", help="remove a limit")
+    p.add_argument("id", type=int)
+    p.set_defaults(ctl_func=cmd_limit_delete)

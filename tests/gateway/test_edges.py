@@ -193,6 +193,9 @@ async def gw(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     fake_usage.UsageWriter = lambda: usage  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "apps.quotas.limiter", fake_limiter)
     monkeypatch.setitem(sys.modules, "apps.quotas.usage", fake_usage)
+    from django.conf import settings as django_settings
+
+    monkeypatch.setattr(django_settings, "USAGE_WRITER", "web")  # the fake log stands in for the writer
 
     app = asgi.GatewayApp()
 

@@ -1,0 +1,725 @@
+"""The /v1 gateway against the same load sent straight to the upstream and through LiteLLM.
+
+    .venv/bin/python bench/gateway.py [--pg] [--litellm | --no-litellm] [--quick]
+
+One run, on loopback, every process on its own:
+
+- a mock OpenAI-compatible upstream (bench/mock_upstream.py: raw asyncio, httptools, uvloop),
+- `llmgw web` (one worker) in a temporary data dir on SQLite with no Redis, so the
+  in-process limiter and usage writer are used; with --pg, a second llmgw on PostgreSQL
+  and Redis as well (heartbeats.py's local servers),
+- LiteLLM's proxy (`litellm[proxy]==1.108.0`, in its own venv at /tmp/llmgw-bench-litellm,
+  reused when present; no database, telemetry off), unless --no-litellm or it fails,
+- the load generator (an aiohttp client, this file with --loadgen) in a process of its own,
+  which reads each target's CPU time (utime+stime of the process and its children, from
+  /proc) right before each measured phase and after it, once the target is idle again (so
+  work it deferred, such as llmgw's batched usage writes, counts toward the phase).
+
+Each target gets the same load: 200 requests one at a time and 2,000 at 32 in flight,
+non-streamed and streamed (16 content chunks, a usage chunk and [DONE]); then 500 streams at
+32 in flight whose chunks the mock sends 1 ms apart (each chunk reaches the gateway on its
+own, the worst case for per-chunk cost); and last, 2,000 streams open at once through llmgw,
+each held ~5 s by the mock with a chunk every 0.5 s.
+
+Prints what the gateway adds over the direct path, throughput, the gateway's CPU per request,
+the llmgw/LiteLLM ratios, and the task's targets next to them. No assertions: a script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+LITELLM_VENV = Path("/tmp/llmgw-bench-litellm")
+LITELLM_VERSION = "1.108.0"
+LITELLM_INSTALL_TIMEOUT = 600
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS = "redis://127.0.0.1:6379/13"
+
+PROMPT = [{"role": "user", "content": "Say hello in a few words."}]
+C1_REQUESTS, C1_WARMUP = 200, 20
+C32_REQUESTS, C32_WARMUP = 2000, 200
+PACED_REQUESTS = 500
+OPEN_STREAMS = 2000
+
+TARGETS = {
+    "added_p50_ms": 0.5, "added_p99_ms": 2.0, "cpu_ms_request": 1.0, "cpu_ms_stream": 2.0, "ratio": 10.0,
+}
+
+
+# Processes -------------------------------------------------------------------------------------
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit it
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: its own process group, and SIGTERM when the bench dies."""
+    os.setsid()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Children:
+    """Every process the bench starts, stopped (with its process group) however the bench ends."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[Any]] = []
+
+    def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)  # noqa: PLW1509 - no threads here
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[Any] | None) -> None:
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # anything of its group left behind
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.procs)):
+            self.stop(proc)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user+system) of a process, its live descendants and their reaped children."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry))
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    wanted = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in wanted and pid not in wanted:
+                wanted.add(pid)
+                grew = True
+    return sum(ticks.get(pid, 0) for pid in wanted) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_http(url: str, *, headers: dict[str, str] | None = None, timeout: float = 60,
+              check: Any = None, proc: subprocess.Popen[Any] | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            request = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310 - loopback
+                body = response.read()
+                if check is None or check(body):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# Load generator (its own process) ---------------------------------------------------------------
+
+CONTENT = re.compile(rb'"content":\s*"[^"]')
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+async def one_request(session: Any, url: str, body: bytes, headers: dict[str, str], stream: bool,
+                      state: dict[str, Any] | None = None) -> tuple[float, float | None, str]:
+    """(seconds to the last byte, seconds to the first content chunk, error or "")."""
+    start = time.perf_counter()
+    first = None
+    error = ""
+    async with session.post(url, data=body, headers=headers) as response:
+        if not stream:
+            data = await response.read()
+            if response.status != 200 or b'"usage"' not in data:
+                error = f"{response.status} {data[:160]!r}"
+        else:
+            last = b""
+            counted = False
+            async for chunk in response.content.iter_any():
+                if first is None and CONTENT.search(last[-40:] + chunk):
+                    first = time.perf_counter() - start
+                    if state is not None:
+                        state["open"] += 1
+                        state["peak"] = max(state["peak"], state["open"])
+                        counted = True
+                if b'"error"' in chunk and not error:
+                    error = f"error event: {chunk[:200]!r}"
+                last = (last + chunk)[-200:]
+            if counted and state is not None:
+                state["open"] -= 1
+            if response.status != 200:
+                error = f"{response.status} {last[:160]!r}"
+            elif not error and b"[DONE]" not in last:
+                error = f"stream ended without [DONE]: {last[-120:]!r}"
+            elif not error and first is None:
+                error = "stream without content"
+    return time.perf_counter() - start, first, error
+
+
+async def settled_cpu(pids: list[int], limit: float = 15.0) -> float:
+    """The targets' CPU once they are quiet again: work a target deferred (a usage writer's batches,
+    a logging queue) is part of what the phase cost."""
+    last = sum(tree_cpu(pid) for pid in pids)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = sum(tree_cpu(pid) for pid in pids)
+        if now - last < 0.015:  # under ~1 tick in half a second: idle
+            return now
+        last = now
+    return last
+
+
+async def run_phase(spec: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    stream = bool(phase["stream"])
+    body = json.dumps({"model": phase["model"], "messages": PROMPT, "max_tokens": 16,
+                       **({"stream": True} if stream else {})}).encode()
+    headers = {"Content-Type": "application/json", **spec["headers"]}
+    concurrency = int(phase["concurrency"])
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, keepalive_timeout=120, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    latencies: list[float] = []
+    firsts: list[float] = []
+    errors: list[str] = []
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+
+        async def batch(count: int, record: bool) -> None:
+            left = count
+
+            async def worker() -> None:
+                nonlocal left
+                while left > 0:
+                    left -= 1
+                    try:
+                        total, first, error = await one_request(session, spec["url"], body, headers, stream)
+                    except Exception as exc:  # noqa: BLE001 - count every failure, go on
+                        total, first, error = 0.0, None, f"{type(exc).__name__}: {exc}"
+                    if not record:
+                        continue
+                    if error:
+                        errors.append(error)
+                    else:
+                        latencies.append(total)
+                        if first is not None:
+                            firsts.append(first)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+        await batch(int(phase["warmup"]), False)
+        cpu0 = await settled_cpu(spec["pids"])
+        t0 = time.perf_counter()
+        await batch(int(phase["requests"]), True)
+        elapsed = time.perf_counter() - t0
+        cpu1 = await settled_cpu(spec["pids"])
+    done = len(latencies)
+    return {
+        "name": phase["name"], "requests": phase["requests"], "ok": done, "errors": len(errors),
+        "error_samples": sorted(set(errors))[:3], "elapsed_s": elapsed, "rps": done / elapsed if elapsed else 0.0,
+        "p50_ms": quantile(latencies, 0.5) * 1000, "p99_ms": quantile(latencies, 0.99) * 1000,
+        "first_p50_ms": quantile(firsts, 0.5) * 1000, "first_p99_ms": quantile(firsts, 0.99) * 1000,
+        "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / max(phase["requests"], 1),
+    }
+
+
+async def run_open_streams(spec: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    body = json.dumps({"model": phase["model"], "messages": PROMPT, "max_tokens": 16, "stream": True}).encode()
+    headers = {"Content-Type": "application/json", **spec["headers"]}
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=120)
+    state = {"open": 0, "peak": 0}
+    errors: list[str] = []
+    durations: list[float] = []
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120),
+                                     auto_decompress=False) as session:
+
+        async def one() -> None:
+            try:
+                total, _first, error = await one_request(session, spec["url"], body, headers, True, state)
+            except Exception as exc:  # noqa: BLE001 - count every failure
+                errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            if error:
+                errors.append(error)
+            else:
+                durations.append(total)
+
+        cpu0 = await settled_cpu(spec["pids"])
+        t0 = time.perf_counter()
+        tasks = []
+        for i in range(int(phase["requests"])):
+            tasks.append(asyncio.create_task(one()))
+            if i % 250 == 249:
+                await asyncio.sleep(0.05)  # connect in bursts of 250, not 2,000 SYNs at once
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+        cpu1 = await settled_cpu(spec["pids"])
+    return {"name": phase["name"], "requests": phase["requests"], "ok": len(durations), "errors": len(errors),
+            "error_samples": sorted(set(errors))[:3], "peak_open": state["peak"], "elapsed_s": elapsed,
+            "p50_s": quantile(durations, 0.5), "max_s": max(durations) if durations else float("nan"),
+            "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / max(phase["requests"], 1)}
+
+
+async def loadgen_main(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    results = []
+    for phase in spec["phases"]:
+        if phase.get("open_streams"):
+            results.append(await run_open_streams(spec, phase))
+        else:
+            results.append(await run_phase(spec, phase))
+    return results
+
+
+def loadgen() -> None:
+    raise_nofile()
+    spec = json.loads(sys.stdin.read())
+    try:
+        import uvloop
+
+        results = uvloop.run(loadgen_main(spec))
+    except ImportError:
+        results = asyncio.run(loadgen_main(spec))
+    print(json.dumps(results))
+
+
+def drive(children: Children, url: str, headers: dict[str, str], pids: list[int],
+          phases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Run phases in a load-generator process of its own; results by phase name."""
+    spec = {"url": url, "headers": headers, "pids": pids, "phases": phases}
+    proc = children.start([PYTHON, __file__, "--loadgen"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True, cwd=REPO)
+    out, _ = proc.communicate(json.dumps(spec))
+    children.procs.remove(proc)
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed ({proc.returncode})")
+    return {r["name"]: r for r in json.loads(out)}
+
+
+def standard_phases(model: str, paced_model: str, quick: bool) -> list[dict[str, Any]]:
+    scale = 4 if quick else 1
+    return [
+        {"name": "c1", "model": model, "stream": False, "concurrency": 1, "requests": C1_REQUESTS // scale,
+         "warmup": C1_WARMUP},
+        {"name": "c1s", "model": model, "stream": True, "concurrency": 1, "requests": C1_REQUESTS // scale,
+         "warmup": C1_WARMUP},
+        {"name": "c32", "model": model, "stream": False, "concurrency": 32, "requests": C32_REQUESTS // scale,
+         "warmup": C32_WARMUP},
+        {"name": "c32s", "model": model, "stream": True, "concurrency": 32, "requests": C32_REQUESTS // scale,
+         "warmup": C32_WARMUP},
+        {"name": "paced", "model": paced_model, "stream": True, "concurrency": 32,
+         "requests": PACED_REQUESTS // scale, "warmup": 64},
+    ]
+
+
+# Targets ----------------------------------------------------------------------------------------
+
+SETUP = """
+import sys, json
+import django
+django.setup()
+from apps.accounts.models import User
+from apps.accounts.services import create_api_key
+from apps.catalog.services import apply_models
+from apps.quotas.models import RateLimit
+fast, slow, paced, key_file = sys.argv[1:5]
+user = User.objects.create_user("bench@example.com", None, name="Bench")
+new = create_api_key(user, name="bench", actor=None)
+# Generous limits, so every request goes through the limiter as a limited key's would.
+RateLimit.objects.create(api_key=new.key, requests_per_minute=10**9, tokens_per_minute=10**12,
+                         tokens_per_day=10**12, monthly_token_budget=10**13)
+spec = {"models": [
+    {"name": name, "external": {"url": url, "model": "mock", "api_key_file": key_file}, "replicas": 0}
+    for name, url in (("mock", fast), ("mock-slow", slow), ("mock-paced", paced))]}
+apply_models(spec, actor=None)
+print(new.secret)
+"""
+
+
+def start_llmgw(children: Children, tmp: Path, mock_ports: dict[str, int], env_extra: dict[str, str],
+                label: str) -> tuple[subprocess.Popen[Any], str, int]:
+    data = tmp / label
+    data.mkdir()
+    key_file = data / "upstream.key"
+    key_file.write_text("sk-mock-dummy\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "PROMETHEUS_"))}
+    env.update({"LLMGW_DATA_DIR": str(data), "LLMGW_LOG_LEVEL": "warning", "DJANGO_SETTINGS_MODULE": "llmgw.settings",
+                **env_extra})
+    subprocess.run([PYTHON, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, check=True, cwd=REPO)
+    urls = [f"http://127.0.0.1:{mock_ports[m]}/v1" for m in ("fast", "slow", "paced")]
+    secret = subprocess.run([PYTHON, "-c", SETUP, *urls, str(key_file)], env=env, check=True, cwd=REPO,
+                            capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    print(f"  {label}: API key {secret}")
+    port = free_port()
+    log = data / "web.log"
+    with log.open("w") as handle:
+        web = children.start([PYTHON, "-m", "llmgw", "web", "--listen", f"127.0.0.1:{port}"], env=env, cwd=REPO,
+                             stdout=handle, stderr=subprocess.STDOUT)
+
+    def lists_all(body: bytes) -> bool:
+        ids = {m.get("id") for m in json.loads(body).get("data", [])}
+        return {"mock", "mock-slow", "mock-paced"} <= ids
+
+    if not wait_http(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {secret}"},
+                     timeout=60, check=lists_all, proc=web):
+        raise RuntimeError(f"llmgw web did not come up or list the models:\n{tail(log)}")
+    return web, secret, port
+
+
+LITELLM_CONFIG = """\
+model_list:
+  - model_name: mock
+    litellm_params:
+      model: openai/mock
+      api_base: http://127.0.0.1:{fast}/v1
+      api_key: sk-mock-dummy
+  - model_name: mock-paced
+    litellm_params:
+      model: openai/mock
+      api_base: http://127.0.0.1:{paced}/v1
+      api_key: sk-mock-dummy
+litellm_settings:
+  telemetry: false
+general_settings:
+  master_key: {master}
+"""
+
+# Same as llmgw's: no access log lines (llmgw web runs at LLMGW_LOG_LEVEL=warning).
+UVICORN_LOG_CONFIG = {
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"default": {"format": "%(levelname)s %(name)s %(message)s"}},
+    "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "default",
+                             "stream": "ext://sys.stderr"}},
+    "loggers": {"uvicorn": {"handlers": ["default"], "level": "WARNING"},
+                "uvicorn.error": {"level": "WARNING"},
+                "uvicorn.access": {"handlers": ["default"], "level": "WARNING", "propagate": False}},
+}
+
+
+def ensure_litellm() -> str | None:
+    """None when LiteLLM is ready in its venv, else why not."""
+    python = LITELLM_VENV / "bin" / "python"
+    probe = "import importlib.metadata as m; print(m.version('litellm'))"
+    if python.exists():
+        found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+        if found.stdout.strip() == LITELLM_VERSION and (LITELLM_VENV / "bin" / "litellm").exists():
+            return None
+    print(f"  installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV} (up to "
+          f"{LITELLM_INSTALL_TIMEOUT // 60} min) ...", flush=True)
+    deadline = time.monotonic() + LITELLM_INSTALL_TIMEOUT
+    try:
+        if not python.exists():
+            subprocess.run([PYTHON, "-m", "venv", str(LITELLM_VENV)], check=True, capture_output=True, text=True,
+                           timeout=120)
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"],
+                              capture_output=True, text=True, timeout=max(30.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return f"the install took more than {LITELLM_INSTALL_TIMEOUT // 60} minutes"
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return f"could not create the venv: {exc}"
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
+        return f"pip install failed: {lines[-1] if lines else done.returncode}"
+    return None
+
+
+def start_litellm(children: Children, tmp: Path, mock_ports: dict[str, int]) -> tuple[subprocess.Popen[Any], str, int]:
+    master = "sk-bench-" + uuid.uuid4().hex
+    folder = tmp / "litellm"
+    folder.mkdir()
+    config = folder / "config.yaml"
+    config.write_text(LITELLM_CONFIG.format(fast=mock_ports["fast"], paced=mock_ports["paced"], master=master))
+    log_config = folder / "log.json"
+    log_config.write_text(json.dumps(UVICORN_LOG_CONFIG))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LLMGW_", "DATABASE_URL", "LITELLM_", "PROMETHEUS_", "REDIS_"))}
+    env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR",
+                "DISABLE_SCHEMA_UPDATE": "True", "NO_DOCS": "True", "HOME": str(folder)})
+    port = free_port()
+    log = folder / "litellm.log"
+    with log.open("w") as handle:
+        proc = children.start([str(LITELLM_VENV / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
+                               "--port", str(port), "--num_workers", "1", "--log_config", str(log_config)],
+                              env=env, cwd=folder, stdout=handle, stderr=subprocess.STDOUT)
+    if not wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout=180, proc=proc):
+        raise RuntimeError(f"LiteLLM did not start:\n{tail(log)}")
+    return proc, master, port
+
+
+# Report -----------------------------------------------------------------------------------------
+
+def fmt(value: float, digits: int = 2) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
+def report(results: dict[str, dict[str, dict[str, Any]]], open_streams: dict[str, Any] | None,
+           litellm_note: str) -> None:
+    names = list(results)
+    width = 14
+    print()
+    print("=" * 100)
+    print(f"Gateway bench: {os.cpu_count()} CPUs, loopback; load generator, mock upstream and each target in "
+          "separate processes")
+    print("=" * 100)
+    rows = [
+        ("c=1 non-streamed latency p50 (ms)", "c1", "p50_ms", 3),
+        ("c=1 non-streamed latency p99 (ms)", "c1", "p99_ms", 3),
+        ("c=1 stream first content p50 (ms)", "c1s", "first_p50_ms", 3),
+        ("c=1 stream first content p99 (ms)", "c1s", "first_p99_ms", 3),
+        ("c=1 stream last byte p50 (ms)", "c1s", "p50_ms", 3),
+        ("c=32 non-streamed req/s", "c32", "rps", 0),
+        ("c=32 streams/s (16 chunks)", "c32s", "rps", 0),
+        ("c=32 non-streamed p50 (ms)", "c32", "p50_ms", 2),
+        ("c=32 non-streamed p99 (ms)", "c32", "p99_ms", 2),
+        ("c=32 stream first content p50 (ms)", "c32s", "first_p50_ms", 2),
+        ("CPU ms / non-streamed req (c=32)", "c32", "cpu_ms_per_request", 3),
+        ("CPU ms / 16-chunk stream (c=32)", "c32s", "cpu_ms_per_request", 3),
+        ("CPU ms / non-streamed req (c=1)", "c1", "cpu_ms_per_request", 3),
+        ("CPU ms / 16-chunk stream (c=1)", "c1s", "cpu_ms_per_request", 3),
+        ("paced streams/s (1 ms apart, c=32)", "paced", "rps", 0),
+        ("CPU ms / paced 16-chunk stream", "paced", "cpu_ms_per_request", 3),
+    ]
+    print(f"{'':38}" + "".join(f"{n:>{width}}" for n in names))
+    for label, phase, field, digits in rows:
+        print(f"{label:38}" + "".join(f"{fmt(results[n][phase][field], digits):>{width}}" for n in names))
+    errors = {n: sum(r["errors"] for r in results[n].values()) for n in names}
+    print(f"{'errors (all phases)':38}" + "".join(f"{errors[n]:>{width}}" for n in names))
+    for n in names:
+        for r in results[n].values():
+            for sample in r["error_samples"]:
+                print(f"  {n} {r['name']}: {sample}")
+    print("(direct: the CPU column is the mock upstream's own; others: the gateway process tree's.)")
+    if litellm_note:
+        print(litellm_note)
+
+    direct = results["direct"]
+    print()
+    print("-" * 100)
+    for name in [n for n in names if n.startswith("llmgw")]:
+        ours = results[name]
+        add50 = ours["c1"]["p50_ms"] - direct["c1"]["p50_ms"]
+        add99 = ours["c1"]["p99_ms"] - direct["c1"]["p99_ms"]
+        f50 = ours["c1s"]["first_p50_ms"] - direct["c1s"]["first_p50_ms"]
+        f99 = ours["c1s"]["first_p99_ms"] - direct["c1s"]["first_p99_ms"]
+        cpu_req = ours["c32"]["cpu_ms_per_request"]
+        cpu_stream = ours["c32s"]["cpu_ms_per_request"]
+        cpu_paced = ours["paced"]["cpu_ms_per_request"]
+        print(f"[{name}]")
+        print(f"  latency added over direct, c=1, non-streamed: p50 +{add50:.3f} ms (target <= "
+              f"{TARGETS['added_p50_ms']} ms: {verdict(add50 <= TARGETS['added_p50_ms'])}), "
+              f"p99 +{add99:.3f} ms (target <= {TARGETS['added_p99_ms']} ms: "
+              f"{verdict(add99 <= TARGETS['added_p99_ms'])})")
+        print(f"  first-byte time added for streams, c=1: p50 +{f50:.3f} ms, p99 +{f99:.3f} ms "
+              f"(held to the same 0.5 / 2 ms: {verdict(f50 <= 0.5 and f99 <= 2.0)})")
+        print(f"  requests/s at c=32: non-streamed {ours['c32']['rps']:.0f} (direct {direct['c32']['rps']:.0f}), "
+              f"streams {ours['c32s']['rps']:.0f} (direct {direct['c32s']['rps']:.0f})")
+        print(f"  gateway CPU per non-streamed request: {cpu_req:.3f} ms (target <= {TARGETS['cpu_ms_request']} ms: "
+              f"{verdict(cpu_req <= TARGETS['cpu_ms_request'])})")
+        print(f"  gateway CPU per 16-chunk stream: {cpu_stream:.3f} ms as the mock sends it, {cpu_paced:.3f} ms "
+              f"with every chunk arriving on its own (target <= {TARGETS['cpu_ms_stream']} ms: "
+              f"{verdict(max(cpu_stream, cpu_paced) <= TARGETS['cpu_ms_stream'])})")
+        if "LiteLLM" in results:
+            lite = results["LiteLLM"]
+            for phase, what in (("c32", "non-streamed"), ("c32s", "streamed")):
+                tput = ours[phase]["rps"] / max(lite[phase]["rps"], 1e-9)
+                cpu = ours[phase]["cpu_ms_per_request"] / max(lite[phase]["cpu_ms_per_request"], 1e-9)
+                print(f"  llmgw/LiteLLM, {what}: throughput {tput:.1f}x (target >= {TARGETS['ratio']:.0f}x: "
+                      f"{verdict(tput >= TARGETS['ratio'])}); CPU per request {cpu:.3f}x "
+                      f"(LiteLLM uses {1 / max(cpu, 1e-9):.1f}x the CPU)")
+            paced = ours["paced"]["cpu_ms_per_request"] / max(lite["paced"]["cpu_ms_per_request"], 1e-9)
+            print(f"  llmgw/LiteLLM, paced streams: throughput "
+                  f"{ours['paced']['rps'] / max(lite['paced']['rps'], 1e-9):.1f}x; CPU per stream {paced:.3f}x")
+        else:
+            print("  llmgw/LiteLLM ratios: not measured (no LiteLLM in this run)")
+    if open_streams is not None:
+        r = open_streams
+        print(f"[llmgw] {r['requests']} concurrent streams (~5 s each, a chunk every 0.5 s): {r['ok']} finished "
+              f"without error, {r['errors']} errors, peak {r['peak_open']} open at once, all done in "
+              f"{r['elapsed_s']:.1f} s (stream p50 {r['p50_s']:.2f} s, max {r['max_s']:.2f} s), "
+              f"gateway CPU {r['cpu_ms_per_request']:.2f} ms per stream "
+              f"(target {r['requests']} with no error: {verdict(r['ok'] == r['requests'] and not r['errors'])})")
+        for sample in r["error_samples"]:
+            print(f"  {sample}")
+    print("-" * 100)
+
+
+# Main -------------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--pg", action="store_true", help="also run llmgw on PostgreSQL + Redis")
+    lite = parser.add_mutually_exclusive_group()
+    lite.add_argument("--litellm", dest="litellm", action="store_true", default=True,
+                      help="compare with LiteLLM (the default; skipped with the reason when it fails)")
+    lite.add_argument("--no-litellm", dest="litellm", action="store_false")
+    parser.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
+    args = parser.parse_args()
+    if args.loadgen:
+        loadgen()
+        return
+
+    raise_nofile()
+    # Ctrl-C and SIGTERM both end the run through the cleanup below (even where the shell that
+    # started the bench in the background left SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    children = Children()
+    tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))
+    database = ""
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    open_streams = None
+    litellm_note = ""
+    started = time.monotonic()
+    try:
+        litellm_reason = ensure_litellm() if args.litellm else "not asked for (--no-litellm)"
+
+        mock_ports = {"fast": free_port(), "slow": free_port(), "paced": free_port()}
+        mock = children.start([PYTHON, str(REPO / "bench" / "mock_upstream.py"), "--fast", str(mock_ports["fast"]),
+                               "--slow", str(mock_ports["slow"]), "--paced", str(mock_ports["paced"])],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+        assert mock.stdout is not None
+        if mock.stdout.readline().strip() != "ready":
+            raise RuntimeError("the mock upstream did not start")
+        phases = standard_phases("mock", "mock", args.quick)
+
+        print("direct to the mock upstream ...", flush=True)
+        direct_phases = [dict(p, model="mock") for p in phases]
+        results["direct"] = drive(children, f"http://127.0.0.1:{mock_ports['fast']}/v1/chat/completions",
+                                  {"Authorization": "Bearer sk-mock-dummy"}, [mock.pid], direct_phases[:-1])
+        results["direct"].update(drive(children, f"http://127.0.0.1:{mock_ports['paced']}/v1/chat/completions",
+                                       {"Authorization": "Bearer sk-mock-dummy"}, [mock.pid], direct_phases[-1:]))
+
+        configs: list[tuple[str, dict[str, str]]] = [("llmgw", {})]
+        if args.pg:
+            try:
+                import psycopg
+
+                database = f"llmgw_bench_{uuid.uuid4().hex[:8]}"
+                with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as conn:
+                    conn.execute(f'CREATE DATABASE "{database}"')
+                import redis
+
+                redis.Redis.from_url(REDIS, socket_connect_timeout=3).ping()
+                configs.append(("llmgw-pg", {
+                    "LLMGW_DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}",
+                    "LLMGW_REDIS_URL": REDIS, "LLMGW_REDIS_PREFIX": f"bench-{uuid.uuid4().hex[:6]}"}))
+            except Exception as exc:  # noqa: BLE001 - optional
+                print(f"llmgw on PostgreSQL+Redis: skipped ({type(exc).__name__}: {exc})")
+        for label, extra in configs:
+            print(f"{label} ({'PostgreSQL + Redis' if extra else 'SQLite, no Redis'}) ...", flush=True)
+            web, secret, port = start_llmgw(children, tmp, mock_ports, extra, label)
+            headers = {"Authorization": f"Bearer {secret}"}
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            results[label] = drive(children, url, headers, [web.pid],
+                                   standard_phases("mock", "mock-paced", args.quick))
+            if label == "llmgw":
+                print(f"  {OPEN_STREAMS} concurrent open streams through llmgw ...", flush=True)
+                open_streams = drive(children, url, headers, [web.pid], [
+                    {"name": "open", "open_streams": True, "model": "mock-slow", "requests": OPEN_STREAMS}])["open"]
+            children.stop(web)
+
+        if litellm_reason is None:
+            print("LiteLLM proxy ...", flush=True)
+            try:
+                proc, master, port = start_litellm(children, tmp, mock_ports)
+                results["LiteLLM"] = drive(children, f"http://127.0.0.1:{port}/v1/chat/completions",
+                                           {"Authorization": f"Bearer {master}"}, [proc.pid],
+                                           standard_phases("mock", "mock-paced", args.quick))
+                children.stop(proc)
+                litellm_note = f"LiteLLM {LITELLM_VERSION}: proxy, 1 worker, no database, telemetry off"
+            except Exception as exc:  # noqa: BLE001 - optional
+                litellm_note = f"LiteLLM: skipped ({exc})"
+                print(litellm_note)
+        else:
+            litellm_note = f"LiteLLM: skipped ({litellm_reason})"
+            print(litellm_note)
+
+        report(results, open_streams, litellm_note)
+        print(f"(bench took {time.monotonic() - started:.0f} s)")
+    except KeyboardInterrupt:
+        print("\ninterrupted; cleaning up", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        children.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+        if database:
+            with contextlib.suppress(Exception):
+                import psycopg
+
+                with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
