@@ -15,7 +15,6 @@ from apps.cluster import api as cluster_api
 from apps.quotas import api as quotas_api
 from llmgw import ops
 from llmgw.api import StatusView, router
-from llmgw.console import about, docs
 from llmgw.console import views as console
 
 router.register("keys", accounts_api.ApiKeyViewSet, basename="apikey")
@@ -57,9 +56,6 @@ urlpatterns = [
     path("oidc/failed/", oidc.sign_in_failed, name="sso-failed"),
     path("oidc/", include("mozilla_django_oidc.urls")),
     path("_lang/<str:code>", console.set_language, name="set-language"),
-    path("docs/", docs.docs_index, name="docs"),
-    path("docs/<str:slug>", docs.docs_page, name="docs-page"),
-    path("about", about.about, name="about"),
     path("account/", key_views.account, name="account"),
     path("account/keys/", key_views.api_keys, name="api-keys"),
     path("connect/<str:tool>.sh", key_views.connect_script, name="connect-script"),
