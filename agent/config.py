@@ -83,6 +83,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         "fabrics",
         "engines",
         "hostname",
+        "advertise_address",
     }
     unknown = sorted(set(data) - known)
     if unknown:

@@ -8,13 +8,17 @@ from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from apps.accounts import api as accounts_api
-from apps.accounts import audit_views, key_views, oidc
+from apps.accounts import audit_views, key_views, oidc, people_views
 from apps.accounts import views as accounts_views
 from apps.catalog import api as catalog_api
 from apps.cluster import api as cluster_api
+from apps.cluster import views as cluster_views
+from apps.gateway import views as chat_views
 from apps.quotas import api as quotas_api
+from apps.quotas import views as usage_views
 from llmgw import ops
 from llmgw.api import StatusView, router
+from llmgw.console import about, docs
 from llmgw.console import views as console
 
 router.register("keys", accounts_api.ApiKeyViewSet, basename="apikey")
@@ -56,10 +60,33 @@ urlpatterns = [
     path("oidc/failed/", oidc.sign_in_failed, name="sso-failed"),
     path("oidc/", include("mozilla_django_oidc.urls")),
     path("_lang/<str:code>", console.set_language, name="set-language"),
+    path("docs/", docs.docs_index, name="docs"),
+    path("docs/<str:slug>", docs.docs_page, name="docs-page"),
+    path("about", about.about, name="about"),
     path("account/", key_views.account, name="account"),
     path("account/keys/", key_views.api_keys, name="api-keys"),
     path("connect/<str:tool>.sh", key_views.connect_script, name="connect-script"),
     path("audit/", audit_views.audit, name="audit"),
+    path("chat/", chat_views.chat, name="chat"),
+    path("chat/session-key", chat_views.chat_session_key, name="chat-session-key"),
+    path("chat/render", chat_views.chat_render, name="chat-render"),
+    path("usage/", usage_views.usage, name="usage"),
+    path("cluster/", cluster_views.cluster, name="cluster"),
+    path("people/", people_views.people, name="people"),
+    path("people/members/", people_views.people_members, name="people-members"),
+    path("people/limits/", people_views.people_limits, name="people-limits"),
+    path("people/usage/", people_views.people_usage, name="people-usage"),
+    path("people/members/add", people_views.people_member_add, name="people-member-add"),
+    path("people/members/<int:pk>/remove", people_views.people_member_remove, name="people-member-remove"),
+    path("people/users/<int:pk>/suspend", people_views.people_user_suspend, name="people-user-suspend"),
+    path("people/users/<int:pk>/reactivate", people_views.people_user_reactivate, name="people-user-reactivate"),
+    path("people/teams/add", people_views.people_team_add, name="people-team-add"),
+    path("people/projects/add", people_views.people_project_add, name="people-project-add"),
+    path("people/limits/rate", people_views.people_rate_limit, name="people-rate-limit"),
+    path("people/limits/capacity", people_views.people_capacity_quota, name="people-capacity-quota"),
+    path("org/", people_views.org, name="org"),
+    path("org/limits/", people_views.org_limits, name="org-limits"),
+    path("org/usage/", people_views.org_usage, name="org-usage"),
     path("nodes/", include("apps.cluster.urls")),
     path("models/", include("apps.catalog.urls")),
     path("api/v1/", include(api_urlpatterns)),

@@ -1,4 +1,4 @@
-"""Line charts drawn on the server as inline SVG: no JavaScript, no chart library.
+"""Line and bar charts drawn on the server as inline SVG: no JavaScript, no chart library.
 
 Unknown values (None) break the line instead of dropping it to 0, so a missed heartbeat or a
 GPU that did not answer shows as a gap.
@@ -15,7 +15,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
-__all__ = ["line_chart"]
+__all__ = ["bar_chart", "line_chart"]
 
 # Room around the plot for the axis labels, in SVG units.
 PAD_LEFT = 44
@@ -132,3 +132,55 @@ def line_chart(
     parts.extend(dots)
     parts.append("</g></svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every text in it went through escape()
+
+
+BAR_ROW = 20  # height of one bar's row
+BAR_LABEL_WIDTH = 150  # room for the group names on the left
+BAR_VALUE_WIDTH = 64  # room for the figure after the longest bar
+BAR_LABEL_CHARS = 24
+
+
+def _clipped(text: str, limit: int = BAR_LABEL_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def bar_chart(
+    items: Sequence[tuple[str, float | None]],
+    *,
+    width: int = 480,
+    label: str = "",
+    unit: str = "",
+    digits: int = 0,
+) -> SafeString:
+    """Horizontal bars, one per (name, value), scaled to the largest value, each with its figure.
+
+    An unknown value (None) draws no bar and says "-", never 0. Long names are clipped, with the
+    whole name as the bar's tooltip.
+    """
+    rows = [(str(name), float(v) if v is not None and math.isfinite(float(v)) else None) for name, v in items]
+    known = [v for _name, v in rows if v is not None]
+    if not rows or not known:
+        return _empty(width, max(BAR_ROW * 2, 40), label)
+    height = PAD_TOP * 2 + BAR_ROW * len(rows)
+    left = BAR_LABEL_WIDTH
+    right = max(left + 20, width - BAR_VALUE_WIDTH)
+    high = max(max(known), 0.0) or 1.0
+    parts = [_svg_open(width, height, label), f'<g font-size="{FONT_SIZE + 1}" dominant-baseline="middle">']
+    for index, (name, value) in enumerate(rows):
+        middle = PAD_TOP + BAR_ROW * index + BAR_ROW / 2
+        shown = "-" if value is None else f"{_figure(value, digits)}{unit}"
+        parts.append(f"<g><title>{escape(name)}: {escape(shown)}</title>")
+        parts.append(f'<text x="{left - 6}" y="{middle:.1f}" text-anchor="end" fill="#334155">'
+                     f"{escape(_clipped(name))}</text>")
+        end = float(left)
+        if value is not None and value > 0:
+            end = left + max(1.0, value / high * (right - left))
+            parts.append(f'<rect x="{left}" y="{middle - BAR_ROW * 0.35:.1f}" width="{end - left:.1f}" '
+                         f'height="{BAR_ROW * 0.7:.1f}" rx="2" class="text-indigo-600" fill="currentColor"/>')
+        parts.append(f'<text x="{end + 4:.1f}" y="{middle:.1f}" fill="#64748b">{escape(shown)}</text></g>')
+    parts.append("</g></svg>")
+    return mark_safe("".join(parts))  # noqa: S308 - every text in it went through escape()
+
+
+def _figure(value: float, digits: int) -> str:
+    return str(formats.number_format(round(value, digits), digits, use_l10n=True, force_grouping=True))

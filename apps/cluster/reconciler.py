@@ -84,13 +84,18 @@ def _lock() -> bool:
 
 
 def _allocate_port(node_id: int, taken: dict[int, set[int]]) -> int:
+    """A port no shard on the node holds, searched from a random point of the range: a port some other
+    program took on the node (which only the engine's failure reveals) is then not tried again on retry."""
     used = taken.setdefault(node_id, set(Shard.objects.filter(node_id=node_id).values_list("port", flat=True)))
-    for port in range(settings.ENGINE_PORT_MIN, settings.ENGINE_PORT_MAX + 1):
+    low, high = settings.ENGINE_PORT_MIN, settings.ENGINE_PORT_MAX
+    size = high - low + 1
+    start = secrets.randbelow(size)
+    for step in range(size):
+        port = low + (start + step) % size
         if port not in used:
             used.add(port)
             return port
-    raise RuntimeError(f"node {node_id} has no free engine port between {settings.ENGINE_PORT_MIN} and "
-                       f"{settings.ENGINE_PORT_MAX}")
+    raise RuntimeError(f"node {node_id} has no free engine port between {low} and {high}")
 
 
 def reconcile(now: Any = None) -> PassReport:

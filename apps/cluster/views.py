@@ -20,10 +20,10 @@ from django_htmx.middleware import HtmxDetails
 
 from apps.accounts.access import can_change_cluster, requires
 from apps.accounts.models import User
-from apps.cluster import selectors, services
+from apps.cluster import overview, selectors, services
 from apps.cluster.models import Node
 
-__all__ = ["node_add", "node_cordon", "node_detail", "node_uncordon", "nodes"]
+__all__ = ["cluster", "node_add", "node_cordon", "node_detail", "node_uncordon", "nodes"]
 
 AGENT_CONFIG_PATH = "/etc/llmgw/agent.yaml"
 AGENT_STATE_DIR = "/var/lib/llmgw-agent"
@@ -158,3 +158,19 @@ def node_add(request: HtmxHttpRequest) -> HttpResponse:
     else:
         form = NodeAddForm()
     return render(request, "cluster/node_add.html", {"form": form, "enrollment": enrollment})
+
+
+@requires("read_everything", methods=["GET"])
+def cluster(request: HtmxHttpRequest) -> HttpResponse:
+    """The fleet at a glance: nodes, a map of every GPU (?colour=util|mem|temp), held idle cards and
+    utilisation by GPU class. htmx refreshes the live part in place."""
+    colour = request.GET.get("colour", "util")
+    template = "cluster/cluster.html"
+    if _fragment(request):
+        template += "#cluster-live"
+    return render(request, template, {"overview": overview.cluster_overview(colour),
+                                      "colours": _colours()})
+
+
+def _colours() -> list[tuple[str, str]]:
+    return [("util", _("Utilisation")), ("mem", _("Memory")), ("temp", _("Temperature"))]

@@ -8,6 +8,7 @@ class GatewayConfig(AppConfig):
     label = "gateway"
 
     def ready(self) -> None:
-        from apps.gateway import signals
+        from apps.gateway import services, signals
 
         signals.connect()
+        services.connect()

@@ -120,11 +120,13 @@ def usage_summary(
     since: datetime,
     until: datetime,
     period: str | None = None,
+    within: dict[str, int] | None = None,
 ) -> list[UsageRow]:
     """Requests, errors, refusals, tokens and time percentiles per group, busiest group first.
 
     Reads minute rollups for ranges up to six hours and hour rollups beyond, so the range
     is widened to whole buckets: every bucket that overlaps [since, until) counts.
+    `within` narrows to one branch, e.g. {"team_id": 3}.
     """
     if group_by not in GROUP_COLUMNS:
         raise ValueError(f"cannot group usage by {group_by!r}")
@@ -133,6 +135,11 @@ def usage_summary(
     rollups = visible_rollups(user).filter(
         period=period, bucket_start__gt=since - PERIOD_LENGTH[RollupPeriod(period)], bucket_start__lt=until
     )
+    if within:
+        unknown = set(within) - {"organization_id", "team_id", "project_id"}
+        if unknown:
+            raise ValueError(f"cannot narrow usage by {sorted(unknown)}")
+        rollups = rollups.filter(**within)
     groups: dict[Any, UsageRow] = {}
     known_tokens: dict[Any, bool] = {}
     for row in rollups.values_list(column, "requests", "errors", "refusals", "prompt_tokens", "completion_tokens",

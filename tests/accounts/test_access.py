@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 
 from apps.accounts import access, services
 from apps.accounts.choices import StaffRole
-from apps.accounts.models import ApiKey, AuditEvent, Organization, Project, Team, User
+from apps.accounts.models import ApiKey, AuditEvent, Membership, Organization, Project, Team, User
 from apps.catalog.models import Model, Profile
 from apps.cluster.choices import NodeStatus, ReplicaState
 from apps.cluster.models import Node, Replica
@@ -43,6 +43,8 @@ WHO: dict[str, set[str]] = {
     "change_cluster": {"operator", "administrator"},
     "change_limits": {"billing", "administrator"},
     "administrator": {"administrator"},
+    # Managers hold no staff role; what they may do is tried in tests/accounts/test_people.py.
+    "manages_branch": {"administrator"},
     "nobody": set(),
 }
 
@@ -65,6 +67,9 @@ PUBLIC: dict[str, str] = {
     "api-agent-enroll": "an agent has no account: it trades a one-time token for its credential",
     "api-schema": "describes the API; holds no data",
     "api-docs": "Swagger UI for the schema; holds no data",
+    "docs": "the manual's contents; LLMGW_DOCS_REQUIRE_SIGNIN sends strangers to sign in first",
+    "docs-page": "a page of the manual, as in the repository; LLMGW_DOCS_REQUIRE_SIGNIN sends strangers to sign in",
+    "about": "the project's page: what llmgw is and how to install it; holds no data",
 }
 PUBLIC_PREFIXES: dict[str, str] = {
     "oidc/": "single sign-on's redirects and callback run before anyone is signed in",
@@ -72,7 +77,7 @@ PUBLIC_PREFIXES: dict[str, str] = {
 
 # Personal things every signed-in person manages for themselves, viewers included: they change
 # nothing of the installation's. Everything else is refused to a viewer.
-PERSONAL = {"api-keys", "account", "apikey-list", "apikey-detail", "apikey-revoke"}
+PERSONAL = {"api-keys", "account", "apikey-list", "apikey-detail", "apikey-revoke", "chat-session-key", "chat-render"}
 
 MODEL_SPEC = {"name": "m2", "replicas": {"min": 0, "max": 1}, "source": "/models/m2.gguf",
               "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "2GB",
@@ -158,6 +163,16 @@ def pk_of(attribute: str) -> Kwargs:
     return lambda world, role: {"pk": getattr(world, attribute).pk}
 
 
+def member_user(world: World, role: str) -> dict[str, Any]:
+    return {"pk": world.users["member"].pk}  # type: ignore[union-attr]
+
+
+def org_membership(world: World, role: str) -> dict[str, Any]:
+    """The member's membership of the organisation, made when first asked for."""
+    membership, _ = Membership.objects.get_or_create(user=world.users["member"], organization=world.org, team=None)
+    return {"pk": membership.pk}
+
+
 @dataclass(frozen=True)
 class Route:
     """`rule` is what the view must declare: one rule for a console view, (read, write) for the API."""
@@ -171,9 +186,34 @@ class Route:
 MATRIX: dict[str, Route] = {
     # Console pages
     "landing": Route("signed_in"),
+    "chat": Route("signed_in"),
+    "chat-session-key": Route("signed_in"),
+    "chat-render": Route("signed_in", bodies=lambda w: {"POST": {"text": "**hi**"}}),
+    "usage": Route("signed_in"),
+    "cluster": Route("read_everything"),
     "account": Route("signed_in", bodies=lambda w: {"POST": {"tool": "continue", "model": w.model.name}}),
     "api-keys": Route("signed_in", bodies=lambda w: {"POST": {"name": "laptop", "expires": "30"}}),
     "audit": Route("read_everything"),
+    "people": Route("read_everything"),
+    "people-members": Route("read_everything"),
+    "people-limits": Route("read_everything"),
+    "people-usage": Route("read_everything"),
+    "people-member-add": Route("manages_branch", bodies=lambda w: {"POST": {
+        "branch": f"team:{w.team.pk}", "email": "member@example.com", "role": "member"}}),
+    "people-member-remove": Route("manages_branch", org_membership),
+    "people-user-suspend": Route("administrator", member_user,
+                                 bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}"}}),
+    "people-user-reactivate": Route("administrator", member_user),
+    "people-team-add": Route("administrator", bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}", "name": "Ops"}}),
+    "people-project-add": Route("administrator",
+                                bodies=lambda w: {"POST": {"branch": f"team:{w.team.pk}", "name": "Chat"}}),
+    "people-rate-limit": Route("change_limits", bodies=lambda w: {"POST": {
+        "branch": f"org:{w.org.pk}", "requests_per_minute": "30"}}),
+    "people-capacity-quota": Route("change_limits",
+                                   bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}", "gpus": "4"}}),
+    "org": Route("manages_branch"),
+    "org-limits": Route("manages_branch"),
+    "org-usage": Route("manages_branch"),
     "cluster:nodes": Route("read_everything"),
     "cluster:node-add": Route("change_cluster",
                               bodies=lambda w: {"POST": {"name": "n2", "labels": "", "expires_hours": "1"}}),

@@ -131,3 +131,8 @@ def test_a_bad_message_from_the_server_is_answered_and_the_agent_goes_on(tmp_pat
     errors = [json.loads(text) for text in ws.sent]
     assert [e["code"] for e in errors] == ["malformed", "unknown_type"]
     assert agent.registered.is_set() and agent.node_name == "cpu1" and agent.interval == 3
+
+
+def test_agent_yaml_takes_the_address_engines_are_reached_at() -> None:
+    config = parse_config({"server": "http://x", "advertise_address": "10.0.3.12"})
+    assert config.advertise_address == "10.0.3.12"

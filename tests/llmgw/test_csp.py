@@ -28,17 +28,24 @@ SKIPPED_PREFIXES = ("api/", "django-admin/")
 NOT_PAGES = {
     "logout", "set-language", "metrics", "healthz", "readyz", "connect-script",
     "oidc_authentication_init", "oidc_authentication_callback", "oidc_logout",
+    # /people/ redirects to its Members tab; /org/ sends an administrator to /people/ (checked
+    # as a manager in tests/accounts/test_people.py).
+    "people", "org", "org-limits", "org-usage",
 }
 # Views that take POST only: their answers are the fragments of pages checked here.
 POST_ONLY = {
     "cluster:node-cordon", "cluster:node-uncordon",
     "catalog:model-target", "catalog:model-class", "catalog:model-resources",
+    "people-member-add", "people-member-remove", "people-user-suspend", "people-user-reactivate",
+    "people-team-add", "people-project-add", "people-rate-limit", "people-capacity-quota",
+    "chat-session-key", "chat-render",
 }
 # Pages with arguments, opened on the objects the `fleet` fixture makes.
 ARGUMENTS: dict[str, list[dict[str, str]]] = {
     "cluster:node": [{"name": "gpu1"}, {"name": "bare"}],
     "catalog:model": [{"name": "qwen"}, {"name": "hosted"}],
     "catalog:model-explain": [{"name": "qwen"}, {"name": "hosted"}],
+    "docs-page": [{"slug": "quickstart"}, {"slug": "clients"}],
 }
 # Pages for people who are not signed in (they redirect an administrator away).
 ANONYMOUS = {"login", "signup", "signup-done", "sso-failed"}
@@ -181,7 +188,7 @@ def fleet(db: Any) -> None:
 def test_every_console_page_is_served_under_the_strict_policy(client: Client, alice: User, fleet: None) -> None:
     admin_urls, anonymous_urls = console_urls()
     assert {"/", "/account/keys/", "/nodes/", "/nodes/add/", "/models/", "/nodes/gpu1/",
-            "/models/qwen/", "/models/qwen/explain"} <= set(admin_urls)
+            "/models/qwen/", "/models/qwen/explain", "/chat/", "/usage/", "/cluster/"} <= set(admin_urls)
     assert "/login/" in anonymous_urls
 
     for url in anonymous_urls:

@@ -1,0 +1,445 @@
+"""The People page: the organisation tree with a panel per branch, in three tabs.
+
+/people/members/, /people/limits/ and /people/usage/ show the whole tree to staff who read
+everything; /org/, /org/limits/ and /org/usage/ show managers the branches they manage (an
+administrator there is sent to /people/). `?branch=org:1|team:3|project:7` chooses the branch.
+Choosing one in the tree swaps only the panel when htmx asks; without script the link loads
+the whole page. Changes post to their own routes, each with its own rule, and answer an htmx
+form with the panel again, anything else with a redirect back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django_htmx.middleware import HtmxDetails
+
+from apps.accounts import people_services
+from apps.accounts.access import can_change_limits, is_administrator, requires
+from apps.accounts.choices import MembershipRole
+from apps.accounts.models import Membership, User
+from apps.accounts.people_selectors import (
+    EVERYTHING,
+    PERIODS,
+    Branch,
+    Scope,
+    branch_limits,
+    default_branch_key,
+    get_branch,
+    get_branch_for_user,
+    member_rows,
+    scope_for,
+    tree_rows,
+    usage_tables,
+)
+from apps.catalog.services import parse_memory
+from apps.quotas.models import CapacityQuota, RateLimit
+
+__all__ = [
+    "org", "org_limits", "org_usage", "people", "people_capacity_quota", "people_limits", "people_member_add",
+    "people_member_remove", "people_members", "people_project_add", "people_rate_limit", "people_team_add",
+    "people_usage", "people_user_reactivate", "people_user_suspend",
+]
+
+TABS = ("members", "limits", "usage")
+TAB_LABELS = {"members": gettext_lazy("Members"), "limits": gettext_lazy("Limits"), "usage": gettext_lazy("Usage")}
+# The URL name of each tab, on the staff page and on the managers' page.
+AREAS = {
+    "people": {"members": "people-members", "limits": "people-limits", "usage": "people-usage"},
+    "org": {"members": "org", "limits": "org-limits", "usage": "org-usage"},
+}
+DEFAULT_PERIOD = "day"
+GIB = 1024**3
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def _fragment(request: HtmxHttpRequest) -> bool:
+    """True when htmx asks for the panel rather than the page (a boosted link wants it all)."""
+    return bool(request.htmx) and not request.htmx.boosted
+
+
+def _address(request: HttpRequest) -> str | None:
+    return request.META.get("REMOTE_ADDR") or None
+
+
+# Forms -------------------------------------------------------------------------------------
+
+class AddMemberForm(forms.Form):
+    """A person, by email address, and the role they get in the branch."""
+
+    email = forms.EmailField(label=gettext_lazy("Email address"), max_length=254, widget=forms.EmailInput(
+        attrs={"class": "field min-w-0 flex-1", "placeholder": gettext_lazy("person@example.com"),
+               "autocomplete": "off"}))
+    role = forms.ChoiceField(label=gettext_lazy("Role"), choices=MembershipRole.choices,
+                             initial=MembershipRole.MEMBER, widget=forms.Select(attrs={"class": "field w-32"}))
+
+    person: User
+
+    def clean_email(self) -> str:
+        email = self.cleaned_data["email"].strip()
+        person = User.objects.filter(email__iexact=email).first()
+        if person is None:
+            raise ValidationError(_("No account has the address %(email)s.") % {"email": email}, code="unknown")
+        self.person = person
+        return person.email
+
+
+def _limit_field(label: Any) -> forms.IntegerField:
+    return forms.IntegerField(label=label, required=False, min_value=1,
+                              widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}))
+
+
+class RateLimitForm(forms.Form):
+    """A branch's rate limit; an empty box is no limit."""
+
+    requests_per_minute = _limit_field(gettext_lazy("Requests per minute"))
+    tokens_per_minute = _limit_field(gettext_lazy("Tokens per minute"))
+    tokens_per_day = _limit_field(gettext_lazy("Tokens per day"))
+    monthly_token_budget = _limit_field(gettext_lazy("Monthly token budget"))
+
+    @classmethod
+    def for_limit(cls, limit: RateLimit | None) -> RateLimitForm:
+        fields = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "monthly_token_budget")
+        return cls(initial={name: getattr(limit, name) for name in fields} if limit else {})
+
+
+def _memory_text(value: int | None) -> str:
+    if value is None:
+        return ""
+    gib = value / GIB
+    return f"{gib:g}GB" if round(gib, 2) == gib else f"{round(gib, 2)}GB"
+
+
+class CapacityQuotaForm(forms.Form):
+    """A branch's capacity quota; an empty box is no limit. Memory as "64GB" (a bare number is GB)."""
+
+    gpus = forms.IntegerField(label=gettext_lazy("GPUs"), required=False, min_value=0,
+                              widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}))
+    cpu_cores = forms.FloatField(label=gettext_lazy("CPU cores"), required=False, min_value=0,
+                                 widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-", "step": "any"}))
+    memory = forms.CharField(label=gettext_lazy("Memory"), required=False, max_length=32,
+                             widget=forms.TextInput(attrs={"class": "field", "placeholder": "-"}))
+    replicas = forms.IntegerField(label=gettext_lazy("Replicas"), required=False, min_value=0,
+                                  widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}))
+
+    @classmethod
+    def for_quota(cls, quota: CapacityQuota | None) -> CapacityQuotaForm:
+        if quota is None:
+            return cls()
+        return cls(initial={"gpus": quota.gpus, "cpu_cores": quota.cpu_cores,
+                            "memory": _memory_text(quota.memory_bytes), "replicas": quota.replicas})
+
+    def clean_memory(self) -> int | None:
+        text = self.cleaned_data.get("memory", "").strip()
+        if not text:
+            return None
+        try:
+            return parse_memory(text)
+        except ValueError:
+            raise ValidationError(_("Write memory as 64GB, 512MB or a number of GB; got “%(text)s”.")
+                                  % {"text": text}, code="memory") from None
+
+    def values(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {"gpus": data["gpus"], "cpu_cores": data["cpu_cores"], "memory_bytes": data["memory"],
+                "replicas": data["replicas"]}
+
+
+class NameForm(forms.Form):
+    name = forms.CharField(label=gettext_lazy("Name"), max_length=200)
+
+
+# Rendering ---------------------------------------------------------------------------------
+
+def _url(area: str, tab: str, branch: Branch | str | None = None, **query: str) -> str:
+    key = branch.key if isinstance(branch, Branch) else branch
+    params = {"branch": key, **query} if key else query
+    return reverse(AREAS[area][tab]) + (f"?{urlencode(params)}" if params else "")
+
+
+def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None, **extra: Any) -> dict[str, Any]:
+    """Everything the panel of one branch and tab shows."""
+    user: User = request.user  # type: ignore[assignment]
+    admin = is_administrator(user)
+    context: dict[str, Any] = {
+        "area": area,
+        "tab": tab,
+        "branch": branch,
+        "tab_url": reverse(AREAS[area][tab]),
+        "tabs": [{"label": TAB_LABELS[name], "url": _url(area, name, branch), "current": name == tab}
+                 for name in TABS],
+        # On /org/ every branch shown is one the person manages.
+        "can_change_members": admin or area == "org",
+        "can_suspend": admin,
+        "can_change_limits": area == "people" and can_change_limits(user),
+        **extra,
+    }
+    if branch is None:
+        return context
+    if tab == "members":
+        context["members"] = member_rows(branch)
+        if context["can_change_members"]:
+            context.setdefault("add_form", AddMemberForm())
+    elif tab == "limits":
+        limit, quota = branch_limits(branch)
+        context.update(limit=limit, quota=quota)
+        if context["can_change_limits"]:
+            context.setdefault("rate_form", RateLimitForm.for_limit(limit))
+            context.setdefault("quota_form", CapacityQuotaForm.for_quota(quota))
+    else:
+        period = request.GET.get("period") or request.POST.get("period") or DEFAULT_PERIOD
+        if period not in PERIODS:
+            period = DEFAULT_PERIOD
+        total, tables = usage_tables(user, branch, period)
+        context.update(period=period, total=total, tables=tables, periods=[
+            {"label": label, "url": _url(area, "usage", branch, period=name), "current": name == period}
+            for name, (_length, label) in PERIODS.items()])
+    return context
+
+
+def _render(request: HtmxHttpRequest, area: str, tab: str, scope: Scope, branch: Branch | None,
+            rows: list[Any] | None = None, **extra: Any) -> HttpResponse:
+    context = _panel(request, area, tab, branch, **extra)
+    if _fragment(request):
+        return render(request, "accounts/people.html#panel", context)
+    admin_here = area == "people" and is_administrator(request.user)
+    context["tree"] = rows if rows is not None else tree_rows(scope, can_add=admin_here)
+    context["can_add_branches"] = admin_here
+    context["page_title"] = _("People") if area == "people" else _("My teams")
+    return render(request, "accounts/people.html", context)
+
+
+def _page(request: HtmxHttpRequest, area: str, tab: str) -> HttpResponse:
+    scope = EVERYTHING if area == "people" else scope_for(request.user)  # type: ignore[arg-type]
+    key = request.GET.get("branch")
+    rows = None
+    if key:
+        branch: Branch | None = get_branch_for_user(scope, key)
+    else:  # the first branch of the tree
+        rows = tree_rows(scope, can_add=area == "people" and is_administrator(request.user))
+        first = default_branch_key(rows)
+        branch = get_branch(first) if first else None
+    return _render(request, area, tab, scope, branch, rows)
+
+
+# Pages -------------------------------------------------------------------------------------
+
+@requires("read_everything", methods=["GET"])
+def people(request: HttpRequest) -> HttpResponse:
+    return HttpResponseRedirect(reverse("people-members") + (f"?{request.GET.urlencode()}" if request.GET else ""))
+
+
+@requires("read_everything", methods=["GET"])
+def people_members(request: HtmxHttpRequest) -> HttpResponse:
+    """A branch's members; administrators add, remove and suspend them here."""
+    return _page(request, "people", "members")
+
+
+@requires("read_everything", methods=["GET"])
+def people_limits(request: HtmxHttpRequest) -> HttpResponse:
+    """A branch's rate limit and capacity quota; administrators and billing edit them in place."""
+    return _page(request, "people", "limits")
+
+
+@requires("read_everything", methods=["GET"])
+def people_usage(request: HtmxHttpRequest) -> HttpResponse:
+    """A branch's use over the last hour, day, week or month, by child branch and by model."""
+    return _page(request, "people", "usage")
+
+
+def _org_page(request: HtmxHttpRequest, tab: str) -> HttpResponse:
+    if is_administrator(request.user):  # everything is on the People page, where it can be changed
+        query = f"?{request.GET.urlencode()}" if request.GET else ""
+        return HttpResponseRedirect(reverse(AREAS["people"][tab]) + query)
+    return _page(request, "org", tab)
+
+
+@requires("manages_branch", methods=["GET"])
+def org(request: HtmxHttpRequest) -> HttpResponse:
+    """The members of the branches a manager manages."""
+    return _org_page(request, "members")
+
+
+@requires("manages_branch", methods=["GET"])
+def org_limits(request: HtmxHttpRequest) -> HttpResponse:
+    return _org_page(request, "limits")
+
+
+@requires("manages_branch", methods=["GET"])
+def org_usage(request: HtmxHttpRequest) -> HttpResponse:
+    return _org_page(request, "usage")
+
+
+# Changes -----------------------------------------------------------------------------------
+
+def _area_of(user: Any) -> str:
+    return "people" if is_administrator(user) else "org"
+
+
+def _change_scope(user: Any) -> Scope:
+    """Administrators change any branch's members; a manager those of what they manage."""
+    return EVERYTHING if is_administrator(user) else scope_for(user)
+
+
+def _answer(request: HtmxHttpRequest, area: str, tab: str, branch: Branch, *, done: str = "", error: str = "",
+            invalid: bool = False, forms: dict[str, Any] | None = None) -> HttpResponse:
+    """The panel again for htmx; otherwise the page with the form's errors, or a redirect back."""
+    if _fragment(request) or invalid:
+        scope = EVERYTHING if area == "people" else scope_for(request.user)  # type: ignore[arg-type]
+        return _render(request, area, tab, scope, branch, panel_done=done, panel_error=error, **(forms or {}))
+    if done:
+        messages.success(request, done)
+    if error:
+        messages.error(request, error)
+    return HttpResponseRedirect(_url(area, tab, branch))
+
+
+def _membership_branch(membership: Membership) -> Branch:
+    if membership.project is not None:
+        return Branch("project", membership.project)
+    if membership.team is not None:
+        return Branch("team", membership.team)
+    return Branch("org", membership.organization)
+
+
+@requires("manages_branch", methods=["POST"])
+def people_member_add(request: HtmxHttpRequest) -> HttpResponse:
+    user: User = request.user  # type: ignore[assignment]
+    branch = get_branch_for_user(_change_scope(user), request.POST.get("branch"))
+    form = AddMemberForm(request.POST)
+    if form.is_valid():
+        try:
+            people_services.add_member(branch.obj, form.person, form.cleaned_data["role"], actor=user,
+                                       address=_address(request))
+        except ValidationError as error:
+            form.add_error("email", error)
+        else:
+            done = _("%(email)s added to %(branch)s.") % {"email": form.person.email, "branch": branch.path}
+            return _answer(request, _area_of(user), "members", branch, done=done)
+    return _answer(request, _area_of(user), "members", branch, invalid=True, forms={"add_form": form})
+
+
+@requires("manages_branch", methods=["POST"])
+def people_member_remove(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    user: User = request.user  # type: ignore[assignment]
+    membership = Membership.objects.select_related(
+        "user", "organization", "team__organization", "project__team__organization").filter(pk=pk).first()
+    if membership is None:
+        raise Http404(_("No such membership."))
+    branch = _membership_branch(membership)
+    if not _change_scope(user).covers(branch):
+        raise Http404(_("No such membership."))
+    people_services.remove_member(membership, actor=user, address=_address(request))
+    done = _("%(email)s removed from %(branch)s.") % {"email": membership.user.email, "branch": branch.path}
+    return _answer(request, _area_of(user), "members", branch, done=done)
+
+
+def _suspension(request: HtmxHttpRequest, pk: int, *, suspend: bool) -> HttpResponse:
+    user: User = request.user  # type: ignore[assignment]
+    person = get_object_or_404(User, pk=pk)
+    branch = get_branch(request.POST.get("branch"))
+    done = error = ""
+    try:
+        if suspend:
+            people_services.suspend_user(person, actor=user, address=_address(request))
+            done = _("%(email)s is suspended.") % {"email": person.email}
+        else:
+            people_services.reactivate_user(person, actor=user, address=_address(request))
+            done = _("%(email)s may sign in again.") % {"email": person.email}
+    except ValidationError as refusal:
+        error = " ".join(refusal.messages)
+    if branch is not None:
+        return _answer(request, "people", "members", branch, done=done, error=error)
+    if done:
+        messages.success(request, done)
+    if error:
+        messages.error(request, error)
+    return HttpResponseRedirect(reverse("people-members"))
+
+
+@requires("administrator", methods=["POST"])
+def people_user_suspend(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Stop a person signing in (never the last active administrator)."""
+    return _suspension(request, pk, suspend=True)
+
+
+@requires("administrator", methods=["POST"])
+def people_user_reactivate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    return _suspension(request, pk, suspend=False)
+
+
+def _new_branch(request: HtmxHttpRequest, parent_kind: str) -> HttpResponse:
+    user: User = request.user  # type: ignore[assignment]
+    parent = get_branch_for_user(EVERYTHING, request.POST.get("branch"))
+    if parent.kind != parent_kind:
+        raise Http404(_("No such organisation, team or project."))
+    form = NameForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise ValidationError([error for errors in form.errors.values() for error in errors])
+        if parent_kind == "org":
+            created: Branch = Branch("team", people_services.create_team(
+                parent.obj, name=form.cleaned_data["name"], actor=user))  # type: ignore[arg-type]
+        else:
+            created = Branch("project", people_services.create_project(
+                parent.obj, name=form.cleaned_data["name"], actor=user))  # type: ignore[arg-type]
+    except ValidationError as refusal:
+        messages.error(request, " ".join(refusal.messages))
+        return HttpResponseRedirect(_url("people", "members", parent))
+    messages.success(request, _("%(branch)s created.") % {"branch": created.path})
+    return HttpResponseRedirect(_url("people", "members", created))
+
+
+@requires("administrator", methods=["POST"])
+def people_team_add(request: HtmxHttpRequest) -> HttpResponse:
+    """A new team under the organisation `branch` names."""
+    return _new_branch(request, "org")
+
+
+@requires("administrator", methods=["POST"])
+def people_project_add(request: HtmxHttpRequest) -> HttpResponse:
+    """A new project under the team `branch` names."""
+    return _new_branch(request, "team")
+
+
+def _limits_form(request: HtmxHttpRequest, form: RateLimitForm | CapacityQuotaForm, name: str) -> HttpResponse:
+    user: User = request.user  # type: ignore[assignment]
+    branch = get_branch_for_user(EVERYTHING, request.POST.get("branch"))
+    if form.is_valid():
+        try:
+            if isinstance(form, RateLimitForm):
+                people_services.set_rate_limit(branch.owner, dict(form.cleaned_data), actor=user,
+                                               address=_address(request))
+            else:
+                people_services.set_capacity_quota(branch.owner, form.values(), actor=user,
+                                                   address=_address(request))
+        except ValidationError as refusal:
+            form.add_error(None, refusal.messages)
+        else:
+            return _answer(request, "people", "limits", branch, done=_("Limits of %(branch)s saved.")
+                           % {"branch": branch.path})
+    return _answer(request, "people", "limits", branch, invalid=True, forms={name: form})
+
+
+@requires("change_limits", methods=["POST"])
+def people_rate_limit(request: HtmxHttpRequest) -> HttpResponse:
+    """Set a branch's requests and tokens per minute, tokens per day and monthly budget."""
+    return _limits_form(request, RateLimitForm(request.POST), "rate_form")
+
+
+@requires("change_limits", methods=["POST"])
+def people_capacity_quota(request: HtmxHttpRequest) -> HttpResponse:
+    """Set the GPUs, cores, memory and replicas a branch's models may hold."""
+    return _limits_form(request, CapacityQuotaForm(request.POST), "quota_form")

@@ -1,0 +1,340 @@
+"""What the cluster page shows: the node table, a map of every GPU, idle held cards, and the
+fleet's utilisation by GPU class.
+
+Unknown figures stay unknown: a card without a fresh sample is drawn grey ("gpu-none"), a
+replica with a card whose utilisation is unknown is not called idle, and a chart with no
+points says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Prefetch
+from django.utils import formats, timezone
+from django.utils.translation import gettext as _
+
+from apps.cluster import selectors, services
+from apps.cluster.charts import line_chart
+from apps.cluster.choices import ReplicaState
+from apps.cluster.models import Gpu, Node, Replica, Shard
+
+__all__ = [
+    "COLOURS",
+    "IDLE_BELOW_PCT",
+    "FleetChart",
+    "GpuSquare",
+    "HeldIdle",
+    "NodeGpus",
+    "Overview",
+    "bucket",
+    "cluster_overview",
+    "node_prefix",
+    "short_name",
+]
+
+# The measures the map can be coloured by: ?colour=util|mem|temp.
+COLOURS = ("util", "mem", "temp")
+IDLE_BELOW_PCT = 5.0
+BUCKETS = 10
+# Temperatures are spread over 30-90 °C: 6 °C a step, from cool (gpu-0) to hot (gpu-9).
+TEMP_LOW_C = 30.0
+TEMP_HIGH_C = 90.0
+CHART_BUCKET_SECONDS = 30  # points of different nodes within this many seconds are averaged together
+SEPARATORS = "-._:"
+
+
+def node_prefix(names: list[str]) -> str:
+    """The start every node name shares, cut back to a separator ("gpu-r1-01", "gpu-r1-02" → "gpu-r1-").
+
+    As the models page does it (apps.catalog.views.node_prefix).
+    """
+    if len(set(names)) < 2:
+        return ""
+    common = os.path.commonprefix(names)
+    return common[:max(common.rfind(sep) for sep in SEPARATORS) + 1]
+
+
+def short_name(name: str, prefix: str) -> str:
+    return name[len(prefix):] if prefix and name.startswith(prefix) and len(name) > len(prefix) else name
+
+
+def bucket(value: float | None, colour: str) -> int | None:
+    """The colour step 0-9 of a figure: 10 % steps of utilisation or memory, 6 °C steps from 30 °C."""
+    if value is None or not math.isfinite(value):
+        return None
+    if colour == "temp":
+        share = (value - TEMP_LOW_C) / (TEMP_HIGH_C - TEMP_LOW_C) * 100
+    else:
+        share = value
+    return min(BUCKETS - 1, max(0, int(share // (100 / BUCKETS))))
+
+
+def _number(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else str(formats.number_format(round(value, digits), digits))
+
+
+@dataclass(frozen=True)
+class GpuSquare:
+    """One card of the map."""
+
+    node: str
+    index: int
+    gpu_class: str
+    utilization: float | None
+    memory_pct: float | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    temperature: float | None
+    held_by: str  # "model #replica", or "" when no replica holds it
+    colour: str
+
+    @property
+    def value(self) -> float | None:
+        return {"util": self.utilization, "mem": self.memory_pct, "temp": self.temperature}[self.colour]
+
+    @property
+    def bucket(self) -> int | None:
+        return bucket(self.value, self.colour)
+
+    @property
+    def css_class(self) -> str:
+        step = self.bucket
+        return "gpu-none" if step is None else f"gpu-{step}"
+
+    @property
+    def title(self) -> str:
+        memory = "-"
+        if self.memory_used_mib is not None and self.memory_total_mib:
+            memory = _("%(used)s of %(total)s GiB") % {
+                "used": _number(self.memory_used_mib / 1024, 1), "total": _number(self.memory_total_mib / 1024, 1)}
+        parts = [
+            _("%(node)s GPU %(index)s, %(gpu_class)s") % {"node": self.node, "index": self.index,
+                                                          "gpu_class": self.gpu_class},
+            _("%(value)s%% busy") % {"value": _number(self.utilization)},
+            _("memory %(memory)s") % {"memory": memory},
+            _("%(value)s °C") % {"value": _number(self.temperature)},
+        ]
+        parts.append(_("held by %(replica)s") % {"replica": self.held_by} if self.held_by else _("not held"))
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """A node's cards on the map."""
+
+    name: str
+    short: str
+    squares: list[GpuSquare]
+
+
+@dataclass(frozen=True)
+class HeldIdle:
+    """A replica whose every card is under IDLE_BELOW_PCT busy."""
+
+    model: str
+    replica_id: int
+    cards: list[tuple[str, str, list[int]]]  # (short node name, full node name, indices)
+    utilization: float  # the busiest of its cards
+
+    @property
+    def cards_text(self) -> str:
+        return "; ".join(f"{full}: {', '.join(str(i) for i in indices)}" for _short, full, indices in self.cards)
+
+
+@dataclass(frozen=True)
+class FleetChart:
+    title: str
+    gpu_class: str
+    cards: int
+    svg: Any
+
+
+@dataclass(frozen=True)
+class Overview:
+    rows: list[selectors.NodeRow]
+    prefix: str
+    columns: set[str]
+    colour: str
+    nodes: list[NodeGpus]
+    idle: list[HeldIdle]
+    charts: list[FleetChart]
+    legend: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def named_rows(self) -> list[tuple[selectors.NodeRow, str]]:
+        """Each node's row with its name less the prefix every node shares."""
+        return [(row, short_name(row.node.name, self.prefix)) for row in self.rows]
+
+    @property
+    def idle_below(self) -> str:
+        return _number(IDLE_BELOW_PCT)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(n.squares) for n in self.nodes)
+
+
+def _columns(rows: list[selectors.NodeRow]) -> set[str]:
+    """The optional columns some row has a figure for; the others are left out of the table."""
+    shown: set[str] = set()
+    for row in rows:
+        if row.cpu_pct is not None or row.cpus:
+            shown.add("cpu")
+        if row.memory_used is not None:
+            shown.add("memory")
+        if row.gpu_groups:
+            shown.add("gpus")
+        if row.disk.local_free is not None or row.disk.shared_free is not None:
+            shown.add("disk")
+        if row.node.agent_version:
+            shown.add("agent")
+        if row.warnings:
+            shown.add("warnings")
+        if row.node.labels:
+            shown.add("labels")
+    return shown
+
+
+def _holders() -> tuple[dict[tuple[int, int], Replica], list[Replica]]:
+    """(node id, card index) -> the replica holding it, and the ready replicas that hold cards."""
+    replicas = list(
+        Replica.objects.exclude(state__in=[ReplicaState.PENDING, ReplicaState.FAILED])
+        .select_related("model")
+        .prefetch_related(Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank")))
+    )
+    held: dict[tuple[int, int], Replica] = {}
+    for replica in replicas:
+        for shard in replica.shards.all():
+            for index in shard.gpu_indices or []:
+                if isinstance(index, int):
+                    held[(shard.node_id, index)] = replica
+    ready = [r for r in replicas if r.state == ReplicaState.READY
+             and any(s.gpu_indices for s in r.shards.all())]
+    return held, ready
+
+
+def _live_gpus(node: Node, now: datetime) -> dict[int, dict[str, Any]]:
+    sample = node.fresh_sample(now) or {}
+    live: dict[int, dict[str, Any]] = {}
+    for gpu in sample.get("gpus") or []:
+        index = gpu.get("index") if isinstance(gpu, dict) else None
+        if isinstance(index, int) and not isinstance(index, bool):
+            live[index] = gpu
+    return live
+
+
+def _squares(node: Node, live: dict[int, dict[str, Any]], held: dict[tuple[int, int], Replica],
+             colour: str) -> list[GpuSquare]:
+    rows = {g.index: g for g in node.gpus.all()}
+    squares = []
+    for index in sorted(set(rows) | set(live)):
+        card = selectors.GpuCard(index=index, label="", row=rows.get(index), live=live.get(index, {}))
+        row = rows.get(index)
+        gpu_class = (card.live.get("gpu_class") or card.live.get("name")
+                     or (row.gpu_class or row.name if row else "") or "?")
+        replica = held.get((node.pk, index))
+        squares.append(GpuSquare(
+            node=node.name, index=index, gpu_class=str(gpu_class), utilization=card.utilization,
+            memory_pct=card.memory_pct, memory_used_mib=card.memory_used_mib,
+            memory_total_mib=card.memory_total_mib, temperature=card.temperature,
+            held_by=f"{replica.model.name} #{replica.pk}" if replica is not None else "", colour=colour,
+        ))
+    return squares
+
+
+def _idle(ready: list[Replica], busy: dict[tuple[int, int], float | None], prefix: str) -> list[HeldIdle]:
+    idle = []
+    for replica in ready:
+        figures: list[float | None] = []
+        cards = []
+        for shard in replica.shards.all():
+            indices = [i for i in shard.gpu_indices or [] if isinstance(i, int)]
+            if not indices:
+                continue
+            cards.append((short_name(shard.node.name, prefix), shard.node.name, indices))
+            figures.extend(busy.get((shard.node_id, i)) for i in indices)
+        known = [f for f in figures if f is not None]
+        if figures and len(known) == len(figures) and max(known) < IDLE_BELOW_PCT:
+            idle.append(HeldIdle(model=replica.model.name, replica_id=replica.pk, cards=cards,
+                                 utilization=max(known)))
+    return sorted(idle, key=lambda h: (h.model, h.replica_id))
+
+
+def _fleet_charts(nodes: list[Node]) -> list[FleetChart]:
+    """Average utilisation of each GPU class over the last hour, from every node's history."""
+    classes: dict[tuple[int, str], str] = {}
+    counts: dict[str, int] = defaultdict(int)
+    for node in nodes:
+        for gpu in node.gpus.all():
+            name = gpu.gpu_class or gpu.name or "?"
+            classes[(node.pk, str(gpu.index))] = name
+            counts[name] += 1
+    sums: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for node in nodes:
+        if not any(key[0] == node.pk for key in classes):
+            continue
+        for point in services.sample_history(node.pk):
+            t = point.get("t")
+            if not isinstance(t, int | float):
+                continue
+            slot = int(t // CHART_BUCKET_SECONDS)
+            for index, values in (point.get("gpus") or {}).items():
+                gpu_class = classes.get((node.pk, str(index)))
+                value = values[0] if isinstance(values, list) and values else None
+                if gpu_class is not None and isinstance(value, int | float) and not isinstance(value, bool):
+                    sums[gpu_class][slot].append(float(value))
+    charts = []
+    for name in sorted(counts):
+        series = [(slot * CHART_BUCKET_SECONDS, sum(v) / len(v)) for slot, v in sorted(sums[name].items())]
+        title = _("%(gpu_class)s utilisation, average of %(count)s cards") % {"gpu_class": name,
+                                                                                "count": counts[name]}
+        svg = line_chart(series, label=title, y_max=100, unit="%", gap_seconds=CHART_BUCKET_SECONDS * 3)
+        charts.append(FleetChart(title=title, gpu_class=name, cards=counts[name], svg=svg))
+    return charts
+
+
+def _legend(colour: str) -> list[tuple[str, str]]:
+    steps = []
+    for step in range(BUCKETS):
+        if colour == "temp":
+            width = (TEMP_HIGH_C - TEMP_LOW_C) / BUCKETS
+            low, high = TEMP_LOW_C + step * width, TEMP_LOW_C + (step + 1) * width
+            text = _("%(low)s-%(high)s °C") % {"low": _number(low), "high": _number(high)}
+            if step == 0:
+                text = _("under %(high)s °C") % {"high": _number(high)}
+            elif step == BUCKETS - 1:
+                text = _("%(low)s °C and over") % {"low": _number(low)}
+        else:
+            text = _("%(low)s-%(high)s%%") % {"low": step * 10, "high": (step + 1) * 10}
+        steps.append((f"gpu-{step}", text))
+    steps.append(("gpu-none", _("unknown")))
+    return steps
+
+
+def cluster_overview(colour: str = "util", now: datetime | None = None, *, charts: bool = True) -> Overview:
+    """Everything the cluster page shows, in a handful of queries."""
+    now = now or timezone.now()
+    colour = colour if colour in COLOURS else "util"
+    nodes = list(Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
+                 .order_by("name"))
+    rows = [selectors.node_row(node, now) for node in nodes]
+    prefix = node_prefix([node.name for node in nodes])
+    held, ready = _holders()
+    gpu_nodes = []
+    busy: dict[tuple[int, int], float | None] = {}
+    for node in nodes:
+        squares = _squares(node, _live_gpus(node, now), held, colour)
+        for square in squares:
+            busy[(node.pk, square.index)] = square.utilization
+        if squares:
+            gpu_nodes.append(NodeGpus(name=node.name, short=short_name(node.name, prefix), squares=squares))
+    return Overview(
+        rows=rows, prefix=prefix, columns=_columns(rows), colour=colour, nodes=gpu_nodes,
+        idle=_idle(ready, busy, prefix), charts=_fleet_charts(nodes) if charts else [], legend=_legend(colour),
+    )

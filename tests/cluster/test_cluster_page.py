@@ -1,0 +1,249 @@
+"""The cluster page: the node table, the GPU map and its colours, held idle cards, fleet charts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.cache import cache
+from django.test import Client
+from django.utils import timezone
+
+from apps.accounts.choices import StaffRole
+from apps.accounts.models import User
+from apps.catalog.models import Model, Profile
+from apps.cluster import overview, services
+from apps.cluster.choices import NodeStatus, ReplicaState
+from apps.cluster.models import Gpu, Node, Replica, Shard
+from tests.conftest import make_user
+from tests.llmgw.test_csp import check_body, check_strict
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _empty_history() -> None:
+    cache.clear()
+
+
+def signed_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def card(index: int, util: float | None, *, mem: int | None = 8000, temp: float | None = 50,
+         gpu_class: str = "H100-80GB") -> dict[str, Any]:
+    return {"index": index, "gpu_class": gpu_class, "utilization_gpu_pct": util, "memory_used_mib": mem,
+            "memory_total_mib": 80000, "temperature_gpu_c": temp}
+
+
+def make_node(name: str, cards: list[dict[str, Any]], **fields: Any) -> Node:
+    node = Node.objects.create(name=name, status=NodeStatus.READY, registered_at=timezone.now(),
+                               hardware={"cpus": 64, "memory_total_bytes": 512 * 1024**3}, **fields)
+    for gpu in cards:
+        Gpu.objects.create(node=node, index=gpu["index"], gpu_class=gpu["gpu_class"], memory_total_mib=80000)
+    services.record_heartbeat(node.pk, {"taken_at": timezone.now().timestamp(), "cpu_utilization_pct": 20.0,
+                                        "memory_total_bytes": 512 * 1024**3, "memory_used_bytes": 64 * 1024**3,
+                                        "gpus": cards})
+    node.refresh_from_db()
+    return node
+
+
+def hold(model_name: str, node: Node, indices: list[int], state: str = ReplicaState.READY) -> Replica:
+    model = Model.objects.get_or_create(name=model_name, defaults={"min_replicas": 1, "max_replicas": 1,
+                                                                  "source": f"/models/{model_name}"})[0]
+    profile = Profile.objects.get_or_create(model=model, name="gpu", defaults={
+        "engine": "vllm", "accelerator": "H100-80GB", "gpus_per_shard": len(indices)})[0]
+    replica = Replica.objects.create(model=model, profile=profile, state=state)
+    Shard.objects.create(replica=replica, node=node, port=21000 + replica.pk, secret="s", gpu_indices=indices)
+    return replica
+
+
+@pytest.fixture
+def fleet(db: Any) -> dict[str, Any]:
+    """Two GPU nodes sharing the prefix "gpu-r1-", and a CPU node that does not report cards.
+
+    gpu-r1-01: cards 0 and 1 held by "idle" and barely used.
+    gpu-r1-02: card 0 held by "busy" at 45 %, card 1 held by "blind" with no utilisation figure,
+               card 2 at 100 %, 95 % of its memory and 88 °C, held by nobody.
+    """
+    one = make_node("gpu-r1-01", [card(0, 2.0), card(1, 3.0)])
+    two = make_node("gpu-r1-02", [card(0, 45.0, mem=40000, temp=61), card(1, None, mem=None, temp=None),
+                                  card(2, 100.0, mem=76000, temp=88)])
+    return {
+        "one": one, "two": two,
+        "idle": hold("idle", one, [0, 1]), "busy": hold("busy", two, [0]), "blind": hold("blind", two, [1]),
+        # A replica still starting is not "held and idle" even if its cards rest.
+        "starting": hold("starting", one, [], state=ReplicaState.STARTING),
+    }
+
+
+def squares(page: str) -> dict[tuple[str, int], str]:
+    """{(node, index): the square's classes} from the map."""
+    found = {}
+    for node, body in re.findall(r'data-map-node="([^"]+)">(.*?)</div>\s*</div>', page, re.DOTALL):
+        for classes, index in re.findall(r'<span class="gpu-cell ([^"]+)" title="[^"]*" data-gpu="(\d+)"', body):
+            found[(node, int(index))] = classes
+    return found
+
+
+def test_each_card_is_a_square_coloured_by_utilisation(alice: User, fleet: dict[str, Any]) -> None:
+    page = signed_in(alice).get("/cluster/").content.decode()
+    assert squares(page) == {
+        ("gpu-r1-01", 0): "gpu-0 gpu-held", ("gpu-r1-01", 1): "gpu-0 gpu-held",
+        ("gpu-r1-02", 0): "gpu-4 gpu-held", ("gpu-r1-02", 1): "gpu-none gpu-held", ("gpu-r1-02", 2): "gpu-9",
+    }
+    assert "5 GPUs" in page
+    assert 'style=' not in page
+
+
+def test_the_map_can_be_coloured_by_memory_or_temperature(alice: User, fleet: dict[str, Any]) -> None:
+    client = signed_in(alice)
+    memory = squares(client.get("/cluster/?colour=mem").content.decode())
+    assert [memory[("gpu-r1-02", i)].split()[0] for i in range(3)] == ["gpu-5", "gpu-none", "gpu-9"]
+    assert memory[("gpu-r1-01", 0)].split()[0] == "gpu-1"  # 8000 of 80000 MiB
+    heat = squares(client.get("/cluster/?colour=temp").content.decode())
+    assert [heat[("gpu-r1-02", i)].split()[0] for i in range(3)] == ["gpu-5", "gpu-none", "gpu-9"]
+    assert heat[("gpu-r1-01", 0)].split()[0] == "gpu-3"  # 50 °C
+    # An unknown choice colours by utilisation.
+    assert squares(client.get("/cluster/?colour=rainbow").content.decode())[("gpu-r1-02", 0)].startswith("gpu-4")
+
+
+def test_the_colour_is_chosen_with_links_that_htmx_follows(alice: User, fleet: dict[str, Any]) -> None:
+    page = signed_in(alice).get("/cluster/?colour=temp").content.decode()
+    assert re.search(r'href="\?colour=mem" hx-get="\?colour=mem" hx-target="#cluster-live"', page)
+    assert 'data-colour-link="temp" aria-current="true"' in page
+    # The live part refreshes itself every 10 s with the same colour.
+    assert 'hx-get="/cluster/?colour=temp" hx-trigger="every 10s"' in page
+
+
+@pytest.mark.parametrize(("value", "colour", "expected"), [
+    (0.0, "util", 0), (9.99, "util", 0), (10.0, "util", 1), (45.0, "util", 4), (99.9, "util", 9),
+    (100.0, "util", 9), (130.0, "mem", 9), (-3.0, "mem", 0), (None, "util", None), (float("nan"), "mem", None),
+    (20.0, "temp", 0), (30.0, "temp", 0), (36.0, "temp", 1), (61.0, "temp", 5), (84.0, "temp", 9),
+    (120.0, "temp", 9),
+])
+def test_figures_fall_into_ten_steps(value: float | None, colour: str, expected: int | None) -> None:
+    assert overview.bucket(value, colour) == expected
+
+
+def test_a_card_says_what_it_is_on_hover(alice: User, fleet: dict[str, Any]) -> None:
+    page = signed_in(alice).get("/cluster/").content.decode()
+    title = re.search(r'<span class="gpu-cell gpu-4 gpu-held" title="([^"]*)" data-gpu="0"', page).group(1)
+    assert "gpu-r1-02 GPU 0, H100-80GB" in title and "45% busy" in title and "61 °C" in title
+    assert f"held by busy #{fleet['busy'].pk}" in title
+
+
+def test_replicas_whose_every_card_rests_are_held_and_idle(alice: User, fleet: dict[str, Any]) -> None:
+    page = signed_in(alice).get("/cluster/").content.decode()
+    idle = re.findall(r'<tr data-idle-replica="(\d+)">(.*?)</tr>', page, re.DOTALL)
+    assert [int(pk) for pk, _row in idle] == [fleet["idle"].pk]
+    row = idle[0][1]
+    assert "<td class=\"clip\" title=\"idle\">idle</td>" in row
+    assert '<span title="gpu-r1-01">01</span>' in row
+    assert "<td>0, 1</td>" in row
+    # "busy" works, "blind" cannot be told, "starting" is not ready.
+    assert f'data-idle-replica="{fleet["busy"].pk}"' not in page
+    assert f'data-idle-replica="{fleet["blind"].pk}"' not in page
+
+
+def test_no_idle_replica_is_said_plainly(alice: User) -> None:
+    page = signed_in(alice).get("/cluster/").content.decode()
+    assert "No replica holds cards it leaves idle." in page
+    assert "No node has reported a GPU." in page
+
+
+def test_the_node_table_drops_the_shared_prefix_and_keeps_the_name_on_hover(alice: User,
+                                                                            fleet: dict[str, Any]) -> None:
+    page = signed_in(alice).get("/cluster/").content.decode()
+    table = page[page.index('id="cluster-node-table"'):page.index("</table>", page.index('id="cluster-node-table"'))]
+    assert re.search(r'<td class="clip" title="gpu-r1-01"><a [^>]*href="/nodes/gpu-r1-01/">01</a></td>', table)
+    assert re.search(r'<td class="clip" title="gpu-r1-02"><a [^>]*href="/nodes/gpu-r1-02/">02</a></td>', table)
+    assert "gpu-r1-…" in page
+
+
+def test_a_lone_node_or_names_without_a_shared_part_are_kept_whole() -> None:
+    assert overview.node_prefix(["gpu-r1-01"]) == ""
+    assert overview.node_prefix(["alpha", "beta"]) == ""
+    assert overview.node_prefix(["gpu1", "gpu2"]) == ""  # no separator: "1" and "2" would say nothing
+    assert overview.node_prefix(["dc1.rack2.n01", "dc1.rack2.n02", "dc1.rack3.n01"]) == "dc1."
+    assert overview.short_name("gpu-r1-", "gpu-r1-") == "gpu-r1-"
+
+
+def test_columns_empty_on_every_row_are_left_out(alice: User, fleet: dict[str, Any]) -> None:
+    page = signed_in(alice).get("/cluster/").content.decode()
+    table = page[page.index('id="cluster-node-table"'):]
+    header = table[:table.index("</thead>")]
+    assert re.findall(r'<th data-col="([\w-]+)"', header) == ["cpu", "memory", "gpus"]
+    assert 'data-col="agent"' not in table and 'data-col="warnings"' not in table and 'data-col="disk"' not in table
+
+
+def test_a_column_one_node_fills_is_shown(alice: User, fleet: dict[str, Any]) -> None:
+    Node.objects.filter(name="gpu-r1-02").update(agent_version="0.9.1", labels={"rack": "r12"},
+                                                 warnings=["fan 3 slow"])
+    page = signed_in(alice).get("/cluster/").content.decode()
+    header = page[page.index('id="cluster-node-table"'):page.index("</thead>")]
+    assert re.findall(r'<th data-col="([\w-]+)"', header) == ["cpu", "memory", "gpus", "agent", "labels", "warnings"]
+    assert '<td data-col="labels" class="clip" title="rack=r12">rack=r12</td>' in page
+    assert 'title="fan 3 slow"' in page
+
+
+def test_headers_never_wrap_and_free_text_is_clipped(alice: User, fleet: dict[str, Any]) -> None:
+    page = signed_in(alice).get("/cluster/").content.decode()
+    assert '<table class="data-table" id="cluster-node-table">' in page  # .data-table th: whitespace-nowrap
+    css = (Path(__file__).parents[2] / "llmgw/theme/static_src/src/styles.css").read_text()
+    assert re.search(r"\.data-table th \{[^}]*whitespace-nowrap", css)
+    assert re.search(r"\.clip \{[^}]*text-ellipsis[^}]*whitespace-nowrap", css)
+    for step in range(10):
+        assert f".gpu-{step} {{" in css
+
+
+def test_the_fleet_is_charted_by_gpu_class(alice: User, fleet: dict[str, Any]) -> None:
+    make_node("cpu-only", [])
+    make_node("l4-01", [card(0, 10.0, gpu_class="L4")])
+    page = signed_in(alice).get("/cluster/").content.decode()
+    charts = dict(re.findall(r'<figure class="card min-w-0" data-gpu-class="([^"]+)">(.*?)</figure>', page,
+                             re.DOTALL))
+    assert set(charts) == {"H100-80GB", "L4"}
+    assert "average of 5 cards" in charts["H100-80GB"] and "average of 1 cards" in charts["L4"]
+    assert all("<svg" in chart and "no data" not in chart for chart in charts.values())
+
+
+def test_htmx_refreshes_the_live_part_alone(alice: User, fleet: dict[str, Any]) -> None:
+    response = signed_in(alice).get("/cluster/?colour=mem", HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert body.lstrip().startswith('<div id="cluster-live"')
+    assert "<html" not in body and 'data-colour="mem"' in body
+    assert 'data-map-node="gpu-r1-01"' in body and 'id="idle-table"' in body
+
+
+def test_the_page_obeys_the_strict_policy(alice: User, fleet: dict[str, Any]) -> None:
+    client = signed_in(alice)
+    for url in ("/cluster/", "/cluster/?colour=temp"):
+        for response in (client.get(url), client.get(url, HTTP_HX_REQUEST="true")):
+            check_body(response, check_strict(response, url), url)
+
+
+def test_staff_who_read_everything_may_look(fleet: dict[str, Any]) -> None:
+    for role in (StaffRole.VIEWER, StaffRole.BILLING, StaffRole.OPERATOR):
+        assert signed_in(make_user(f"{role}@example.com", role=role)).get("/cluster/").status_code == 200
+
+
+def test_outsiders_are_refused(bob: User, fleet: dict[str, Any]) -> None:
+    assert signed_in(bob).get("/cluster/").status_code == 403
+    response = Client().get("/cluster/")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+    assert signed_in(bob).get("/").content.decode().count('href="/cluster/"') == 0
+
+
+def test_the_page_reads_in_a_fixed_number_of_queries(alice: User, fleet: dict[str, Any],
+                                                     django_assert_max_num_queries: Any) -> None:
+    client = signed_in(alice)
+    client.get("/cluster/")
+    for index in range(3):
+        make_node(f"gpu-r1-1{index}", [card(0, 50.0)])
+    with django_assert_max_num_queries(12):
+        client.get("/cluster/", HTTP_HX_REQUEST="true")
