@@ -108,11 +108,12 @@ async def run_agents(url: str, credentials: list[str], interval: float, duration
     sent = 0
     failures = 0
     connected = 0
+    registered = 0
     start_at = time.monotonic() + 0.0
     deadline = None
 
     async def one(i: int, credential: str) -> None:
-        nonlocal sent, failures, connected
+        nonlocal sent, failures, connected, registered
         gpus = 8 if i % 4 == 0 else 0
         register, heartbeat = MESSAGES[gpus]
         try:
@@ -121,7 +122,8 @@ async def run_agents(url: str, credentials: list[str], interval: float, duration
                 connected += 1
                 if with_register:
                     await ws.send(register)
-                    await asyncio.wait_for(ws.recv(), 60)
+                    await asyncio.wait_for(ws.recv(), 120)
+                    registered += 1
                 await asyncio.sleep(random.uniform(0, interval))
                 while deadline is None or time.monotonic() < deadline:
                     await ws.send(heartbeat)
@@ -135,7 +137,13 @@ async def run_agents(url: str, credentials: list[str], interval: float, duration
         tasks.append(asyncio.create_task(one(i, credential)))
         if i % 50 == 49:
             await asyncio.sleep(0.05)  # don't open 2,000 sockets in one burst
-    await asyncio.sleep(interval + 2)  # every agent registered and heartbeating
+    # Measure heartbeats only: wait until every agent registered (a fleet joining at once is another
+    # load), then one interval more so every agent is in its heartbeat rhythm.
+    waited = 0.0
+    while registered + failures < len(credentials) and waited < 180:
+        await asyncio.sleep(0.5)
+        waited += 0.5
+    await asyncio.sleep(interval + 2)
     deadline = time.monotonic() + duration + interval
     if window:
         await asyncio.to_thread(window, "start")

@@ -14,6 +14,7 @@ from django.conf import settings
 
 from agent import protocol
 from apps.cluster import services
+from apps.cluster.heartbeats import writer as heartbeat_writer
 from apps.cluster.metrics import MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
 from apps.cluster.models import Node
 from apps.cluster.reconciler import desired_shards
@@ -70,6 +71,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.poller
         if self.node_id is not None:
+            await heartbeat_writer.flush()  # what this node said last is written before it goes
             await self.channel_layer.group_discard(services.node_group(self.node_id), self.channel_name)
             log.info("agent of node %s disconnected (%s)", self.node_name, code)
 
@@ -102,9 +104,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         assert self.node_id is not None
         if message.type == "register":
             client = self.scope.get("client") or (None, None)
-            node = await database_sync_to_async(services.register_node)(self.node_id, message.body,
-                                                                         address=client[0])
-            self.gpu_health = None
+            node = await database_sync_to_async(services.register_node, thread_sensitive=False)(
+                self.node_id, message.body, address=client[0])
+            self.gpu_health = services.sample_health(message.body.get("sample") or {})
             await self.send(protocol.encode("registered", {
                 "node": node.name, "heartbeat_interval": settings.AGENT_HEARTBEAT_INTERVAL,
             }, id=message.id))
@@ -112,16 +114,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif message.type == "report":
             await database_sync_to_async(services.record_report)(self.node_id, message.body["shards"])
         elif message.type == "heartbeat":
-            # Heartbeats of different nodes touch different rows: let them run side by side
-            # in the thread pool rather than queue behind one another on Django's one thread.
-            self.gpu_health = await database_sync_to_async(services.record_heartbeat, thread_sensitive=False)(
-                self.node_id, message.body["sample"], known_health=self.gpu_health
-            )
-            # Level-triggered: if the shard list changed since we last sent it (in whatever
-            # process), send it again. A read, not a write.
-            version = await database_sync_to_async(services.desired_version, thread_sensitive=False)(self.node_id)
-            if version is not None and version != self.desired_sent:
-                await self.send_desired(version)
+            sample = message.body["sample"]
+            # The row (and the history point) are written behind, in a batch every second
+            # (apps.cluster.heartbeats). GPU health rows are written only when a card's health changed.
+            heartbeat_writer.add(self.node_id, sample)
+            health = services.sample_health(sample)
+            if self.gpu_health is not None and health != self.gpu_health:
+                await database_sync_to_async(services.write_gpu_health, thread_sensitive=False)(
+                    self.node_id, health, self.gpu_health)
+            self.gpu_health = health
         elif message.type == "error":
             log.warning("node %s reports an error: %s: %s", self.node_name, message.body.get("code"),
                         message.body.get("message"))

@@ -190,22 +190,35 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
     return node
 
 
+GPU_FIELDS = ("uuid", "name", "gpu_class", "pci_bus_id", "memory_total_mib", "mig_mode", "ecc_fault",
+              "foreign_processes")
+
+
 def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> None:
+    """Make the node's GPU rows match what its agent registered, writing only what changed
+    (an agent reconnecting with the same cards writes nothing here)."""
     live = {g.get("index"): g for g in sampled}
-    seen = []
+    existing = {g.index: g for g in Gpu.objects.filter(node=node)}
+    create, update = [], []
     for gpu in gpus:
         index = int(gpu["index"])
-        seen.append(index)
         fault, foreign = gpu_health({**gpu, **live.get(index, {})})
-        Gpu.objects.update_or_create(
-            node=node, index=index,
-            defaults={
-                "uuid": gpu.get("uuid") or "", "name": gpu.get("name") or "", "gpu_class": gpu.get("gpu_class") or "",
-                "pci_bus_id": gpu.get("pci_bus_id") or "", "memory_total_mib": gpu.get("memory_total_mib"),
-                "mig_mode": gpu.get("mig_mode") or "", "ecc_fault": fault, "foreign_processes": foreign,
-            },
-        )
-    Gpu.objects.filter(node=node).exclude(index__in=seen).delete()
+        values = {"uuid": gpu.get("uuid") or "", "name": gpu.get("name") or "", "gpu_class": gpu.get("gpu_class") or "",
+                  "pci_bus_id": gpu.get("pci_bus_id") or "", "memory_total_mib": gpu.get("memory_total_mib"),
+                  "mig_mode": gpu.get("mig_mode") or "", "ecc_fault": fault, "foreign_processes": foreign}
+        row = existing.pop(index, None)
+        if row is None:
+            create.append(Gpu(node=node, index=index, **values))
+        elif any(getattr(row, k) != v for k, v in values.items()):
+            for key, value in values.items():
+                setattr(row, key, value)
+            update.append(row)
+    if create:
+        Gpu.objects.bulk_create(create)
+    if update:
+        Gpu.objects.bulk_update(update, list(GPU_FIELDS))
+    if existing:
+        Gpu.objects.filter(pk__in=[g.pk for g in existing.values()]).delete()
 
 
 def record_heartbeat(node_id: int, sample: dict[str, Any], *, known_health: dict[int, tuple[bool, int]] | None = None
@@ -476,3 +489,51 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
             replica.message = ""
             replica.save(update_fields=["state", "ready_at", "failures", "message"])
     return touched
+
+
+def record_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> int:
+    """Store the latest sample of many nodes at once: one UPDATE statement per 500 nodes.
+
+    `samples` maps node id to (sample, time received). A node revoked meanwhile stays revoked.
+    Returns how many rows were written.
+    """
+    if not samples:
+        return 0
+    rows = [Node(pk=node_id, sample=sample, sampled_at=at, last_seen_at=at, status=NodeStatus.READY)
+            for node_id, (sample, at) in samples.items()]
+    with transaction.atomic():
+        Node.objects.bulk_update(rows, ["sample", "sampled_at", "last_seen_at", "status"], batch_size=500)
+        Node.objects.filter(pk__in=list(samples), revoked_at__isnull=False).update(status=NodeStatus.REVOKED)
+    append_histories({node_id: sample for node_id, (sample, _at) in samples.items()})
+    return len(rows)
+
+
+def sample_health(sample: dict[str, Any]) -> dict[int, tuple[bool, int]]:
+    return {int(g["index"]): gpu_health(g) for g in sample.get("gpus") or []}
+
+
+def write_gpu_health(node_id: int, health: dict[int, tuple[bool, int]], known: dict[int, tuple[bool, int]] | None
+                     ) -> None:
+    """Write the health rows of the GPUs whose health changed (rare: an ECC fault, a foreign process)."""
+    for index, (fault, foreign) in health.items():
+        if known is None or known.get(index) != (fault, foreign):
+            Gpu.objects.filter(node_id=node_id, index=index).update(ecc_fault=fault, foreign_processes=foreign)
+
+
+def append_histories(samples: dict[int, dict[str, Any]]) -> None:
+    """Add one history point per node, for many nodes at once (one Redis round trip)."""
+    try:
+        client = _redis()
+        if client is None:
+            for node_id, sample in samples.items():
+                _append_history(node_id, sample)
+            return
+        pipe = client.pipeline(transaction=False)
+        for node_id, sample in samples.items():
+            key = _history_key(node_id)
+            pipe.rpush(key, json.dumps(_history_point(sample), separators=(",", ":")))
+            pipe.ltrim(key, -HISTORY_POINTS, -1)
+            pipe.expire(key, HISTORY_SECONDS)
+        pipe.execute()
+    except Exception:  # the history is a convenience; a cache outage must not lose the heartbeats
+        log.warning("could not keep the sample history of %s nodes", len(samples), exc_info=True)

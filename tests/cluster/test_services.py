@@ -109,3 +109,14 @@ def test_register_replaces_gpus_that_went_away() -> None:
     register(node, gpus=4)
     register(node, gpus=2)
     assert list(Gpu.objects.filter(node=node).values_list("index", flat=True)) == [0, 1]
+
+
+def test_heartbeats_of_many_nodes_are_written_in_one_statement(django_assert_num_queries) -> None:
+    nodes = [enrolled(f"n{i}")[0] for i in range(20)]
+    services.revoke_node(nodes[0], actor=None)
+    now = timezone.now()
+    with django_assert_num_queries(4):  # savepoint, bulk update, the revoked check, release
+        services.record_heartbeats({n.pk: ({"cpus": 8}, now) for n in nodes})
+    assert Node.objects.get(pk=nodes[1].pk).sample == {"cpus": 8}
+    assert Node.objects.get(pk=nodes[1].pk).status == NodeStatus.READY
+    assert Node.objects.get(pk=nodes[0].pk).status == NodeStatus.REVOKED
