@@ -58,6 +58,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # Tell an older connection of this node to go, before joining the group ourselves.
         await self.channel_layer.group_send(group, {"type": "agent.replace", "channel": self.channel_name})
         await self.channel_layer.group_add(group, self.channel_name)
+        heartbeat_writer.connections[node.pk] = self
         log.info("agent of node %s connected", node.name)
         if type(self.channel_layer).__name__ == "InMemoryChannelLayer":
             # One machine without Redis: a change made by the worker cannot reach this process through
@@ -71,6 +72,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.poller
         if self.node_id is not None:
+            if heartbeat_writer.connections.get(self.node_id) is self:
+                del heartbeat_writer.connections[self.node_id]
             await heartbeat_writer.flush()  # what this node said last is written before it goes
             await self.channel_layer.group_discard(services.node_group(self.node_id), self.channel_name)
             log.info("agent of node %s disconnected (%s)", self.node_name, code)

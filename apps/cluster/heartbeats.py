@@ -27,6 +27,9 @@ FLUSH_SECONDS = 1.0
 class HeartbeatWriter:
     def __init__(self) -> None:
         self._pending: dict[int, tuple[dict[str, Any], Any]] = {}
+        # The agent connections of this process, so a changed shard list reaches its node even when no
+        # channel layer message does: each flush reads the desired-state versions of the nodes it wrote.
+        self.connections: dict[int, Any] = {}
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -45,17 +48,20 @@ class HeartbeatWriter:
     async def flush(self) -> None:
         from channels.db import database_sync_to_async
 
-        from apps.cluster.services import record_heartbeats
-
         batch, self._pending = self._pending, {}
         if not batch:
             return
         try:
-            await database_sync_to_async(record_heartbeats, thread_sensitive=False)(batch)
+            versions = await database_sync_to_async(_write, thread_sensitive=False)(batch)
         except Exception:
             log.warning("could not write %s heartbeats; they go with the next batch", len(batch), exc_info=True)
             for node_id, item in batch.items():
                 self._pending.setdefault(node_id, item)
+            return
+        for node_id, version in versions.items():
+            connection = self.connections.get(node_id)
+            if connection is not None and connection.desired_sent is not None and version != connection.desired_sent:
+                asyncio.get_running_loop().create_task(connection.send_desired(version))
 
     async def close(self) -> None:
         if self._task is not None:
@@ -63,6 +69,14 @@ class HeartbeatWriter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         await self.flush()
+
+
+def _write(batch: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:
+    from apps.cluster.models import Node
+    from apps.cluster.services import record_heartbeats
+
+    record_heartbeats(batch)
+    return dict(Node.objects.filter(pk__in=list(batch)).values_list("pk", "desired_version"))
 
 
 writer = HeartbeatWriter()
