@@ -185,7 +185,8 @@ def test_a_revoked_key_stops_working_within_seconds(plane: ControlPlane) -> None
             client.models.list()
         except openai.AuthenticationError:
             break
-        assert time.monotonic() - revoked_at < 5, "a revoked key still worked after 5 s"
+        if time.monotonic() - revoked_at > 5:
+            pytest.fail("a revoked key still worked after 5 s")
         time.sleep(0.1)
 
 
@@ -198,7 +199,8 @@ def test_a_key_limited_to_other_models_is_refused(plane: ControlPlane) -> None:
             ids = [m.id for m in client.models.list()]
             break
         except openai.AuthenticationError:
-            assert time.monotonic() < deadline
+            if time.monotonic() > deadline:
+                pytest.fail("the key did not reach the gateway's tables")
             time.sleep(0.2)
     assert ids == ["alias"]
     with pytest.raises(openai.PermissionDeniedError):
@@ -272,7 +274,8 @@ def test_a_model_kept_at_zero_is_started_by_its_first_request(plane: ControlPlan
                 model="lazy", messages=[{"role": "user", "content": "wake up"}], max_tokens=2)
             break
         except openai.NotFoundError:
-            assert time.monotonic() < deadline
+            if time.monotonic() > deadline:
+                pytest.fail("the key did not reach the gateway's tables")
             time.sleep(0.3)
     assert completion.usage is not None and completion.usage.completion_tokens == 2
     assert plane.api("GET", "models/lazy")["status"]["ready"] == 1
