@@ -350,7 +350,8 @@ def test_process_group_usage(tmp_path: Path) -> None:
     assert usage is not None
     assert usage.processes == 2
     assert usage.pids == [100, 101]
-    assert usage.cpu_seconds == pytest.approx((30 + 10 + 5 + 5) / 100)
+    cpu_time = usage.cpu_seconds
+    assert cpu_time == pytest.approx((30 + 10 + 5 + 5) / 100)
     assert usage.rss_bytes == (1000 + 500) * 4096
     nobody = process_group_usage(str(tmp_path), 999, clk_tck=100, page_size=4096)
     assert nobody is not None and nobody.processes == 0 and nobody.rss_bytes == 0

@@ -154,7 +154,8 @@ def test_last_used_moves_forward_at_most_once_a_minute_per_key(bob, tree) -> Non
     assert not any('UPDATE "accounts_apikey"' in q["sql"] for q in queries.captured_queries)
     write_records_sync([record(key, created_at=start + timedelta(seconds=61))], touched=touched)
     key.refresh_from_db(fields=["last_used_at"])
-    assert key.last_used_at == start + timedelta(seconds=61)
+    expected = start + timedelta(seconds=61)
+    assert key.last_used_at == expected
 
 
 @pytest.mark.django_db
