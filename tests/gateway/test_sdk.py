@@ -95,7 +95,8 @@ def test_openai_chat_streams_with_usage_at_the_end(plane: ControlPlane) -> None:
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    # The random-weight model may end early on its own end-of-text token: at most max_tokens.
+    assert chunks[-1].usage is not None and 1 <= chunks[-1].usage.completion_tokens <= 8
 
 
 def test_openai_chat_with_tools_is_accepted(plane: ControlPlane) -> None:
@@ -117,7 +118,7 @@ def test_anthropic_messages_plain_and_streamed(plane: ControlPlane) -> None:
     with client.messages.stream(model="tiny", max_tokens=8,
                                 messages=[{"role": "user", "content": "Hello again"}]) as stream:
         final = stream.get_final_message()
-    assert final.usage.output_tokens == 8
+    assert 1 <= final.usage.output_tokens <= 8
     assert final.content and final.content[0].type == "text"
 
 
@@ -246,7 +247,7 @@ def test_usage_shows_each_request_with_percentiles(plane: ControlPlane) -> None:
     request_id = raw.headers["x-llmgw-request-id"]
     record = plane.wait_for(lambda: _request(plane, request_id), timeout=10, what="the usage record")
     assert record["model"] == "tiny" and record["hardware"] == "cpu" and record["status"] == 200
-    assert record["completion_tokens"] == 3 and record["first_token_ms"] is not None
+    assert 1 <= record["completion_tokens"] <= 3 and record["first_token_ms"] is not None
     def tiny_row() -> dict | None:
         rows = plane.api("GET", "usage?group_by=model")["results"]
         return next((r for r in rows if "tiny" in json.dumps(r) and r["requests"]), None)
@@ -277,5 +278,5 @@ def test_a_model_kept_at_zero_is_started_by_its_first_request(plane: ControlPlan
             if time.monotonic() > deadline:
                 pytest.fail("the key did not reach the gateway's tables")
             time.sleep(0.3)
-    assert completion.usage is not None and completion.usage.completion_tokens == 2
+    assert completion.usage is not None and 1 <= completion.usage.completion_tokens <= 2
     assert plane.api("GET", "models/lazy")["status"]["ready"] == 1
