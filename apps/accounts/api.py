@@ -84,13 +84,9 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         return key.state()
 
     def validate_project(self, project: Project | None) -> Project | None:
-        user = self.context["request"].user
-        if project is None or user.is_admin:
-            return project
-        if not Membership.objects.filter(user=user, organization=project.team.organization).filter(
-            team__isnull=True
-        ).exists() and not Membership.objects.filter(user=user, team=project.team, project__isnull=True).exists() \
-                and not Membership.objects.filter(user=user, project=project).exists():
+        from apps.accounts.selectors import projects_for_user
+
+        if project is not None and not projects_for_user(self.context["request"].user).filter(pk=project.pk).exists():
             raise serializers.ValidationError(_("You are not a member of this project."))
         return project
 
