@@ -190,6 +190,11 @@ if USAGE_WRITER not in {"worker", "web"}:
 ENGINE_PORT_MIN = env_int("LLMGW_ENGINE_PORT_MIN", 20000, minimum=1024, maximum=65000)
 ENGINE_PORT_MAX = env_int("LLMGW_ENGINE_PORT_MAX", 29999, minimum=1024, maximum=65535)
 ENGINE_STOP_GRACE = env_int("LLMGW_ENGINE_STOP_GRACE_SECONDS", 10, minimum=1, maximum=600)
+# Scaling under load: a replica is added while the gateway keeps queueing requests (every
+# replica busy within the last SCALE_UP_WINDOW seconds), one at a time, and one is removed
+# after SCALE_DOWN_AFTER seconds without such a moment.
+SCALE_UP_WINDOW = env_int("LLMGW_SCALE_UP_WINDOW_SECONDS", 30, minimum=5, maximum=3600)
+SCALE_DOWN_AFTER = env_int("LLMGW_SCALE_DOWN_AFTER_SECONDS", 300, minimum=10, maximum=86400)
 
 
 # Authentication -----------------------------------------------------------------------

@@ -56,7 +56,8 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
     class Meta:
         model = Model
         fields = ["name", "capacity_class", "min_replicas", "max_replicas", "source", "fallbacks", "external_url",
-                  "external_model", "owner", "held_until", "status"]
+                  "external_model", "owner", "held_until", "load_replicas", "busy_at", "status"]
+        read_only_fields = ["load_replicas", "busy_at"]
 
     def get_status(self, model: Model) -> dict[str, Any]:
         return selectors.model_status(model)

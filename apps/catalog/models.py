@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -48,6 +49,12 @@ class Model(models.Model):
     held_until = models.DateTimeField(_("held back until"), null=True, blank=True)
     # A request arrived for a model kept at zero replicas: run one until then.
     demand_until = models.DateTimeField(_("wanted on demand until"), null=True, blank=True)
+    # Scaling under load: the gateway marks when it last had to queue a request because every
+    # replica's slots were taken; the reconciler steps `load_replicas` up towards the maximum
+    # while that keeps happening and back down after a quiet spell.
+    busy_at = models.DateTimeField(_("every replica last busy"), null=True, blank=True)
+    load_replicas = models.PositiveIntegerField(_("replicas wanted for the load"), default=0)
+    scaled_at = models.DateTimeField(_("last scaled for load"), null=True, blank=True)
     created_at = models.DateTimeField(_("created"), default=timezone.now)
     updated_at = models.DateTimeField(_("updated"), default=timezone.now)
 
@@ -76,6 +83,13 @@ class Model(models.Model):
             errors.setdefault("fallbacks", []).append(str(_("A model cannot fall back to itself.")))
         if errors:
             raise ValidationError(errors)
+
+    def wanted_replicas(self, now: Any) -> int:
+        """Always-running replicas, one while requests for an idle model keep coming, more under load."""
+        wanted = self.min_replicas
+        if self.demand_until and self.demand_until > now:
+            wanted = max(wanted, 1)
+        return max(wanted, min(self.load_replicas, self.max_replicas))
 
     @property
     def is_external(self) -> bool:

@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from apps.catalog.models import Model
@@ -30,7 +31,7 @@ def model_status(model: Model) -> dict[str, Any]:
     nodes = sorted({s.node.name for r in replicas if r.state != ReplicaState.STOPPING for s in r.shards.all()})
     pending = [r for r in replicas if r.state == ReplicaState.PENDING]
     return {
-        "wanted": model.min_replicas,
+        "wanted": model.wanted_replicas(timezone.now()),
         "ready": states.get(ReplicaState.READY, 0),
         "starting": states.get(ReplicaState.STARTING, 0),
         "pending": states.get(ReplicaState.PENDING, 0),

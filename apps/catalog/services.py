@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -332,6 +333,22 @@ def record_demand(name: str) -> None:
 
         with transaction.atomic():
             request_reconcile()
+
+
+def record_busy(name: str) -> bool:
+    """Every replica of a model was busy and a request had to wait: let the reconciler scale it.
+
+    Only a model allowed to grow (max above min, or already grown) is touched; returns whether one was.
+    """
+    now = timezone.now()
+    touched = Model.objects.filter(name=name).filter(
+        Q(max_replicas__gt=F("min_replicas")) | Q(load_replicas__gt=0)).update(busy_at=now)
+    if touched:
+        from apps.cluster.reconciler import request_reconcile
+
+        with transaction.atomic():
+            request_reconcile()
+    return bool(touched)
 
 
 def apply_server_config(path: str) -> list[ApplyResult]:

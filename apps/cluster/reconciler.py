@@ -57,6 +57,7 @@ class PassReport:
     stopping: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    scaled: list[str] = field(default_factory=list)
     nodes_changed: set[int] = field(default_factory=set)
 
 
@@ -136,7 +137,8 @@ def _pass(now: Any) -> PassReport:
     ports: dict[int, set[int]] = {}
     models = (Model.objects.exclude(external_url__gt="")
               .select_related("organization", "team__organization", "project__team__organization")
-              .prefetch_related("profiles", Prefetch("replicas", queryset=Replica.objects.order_by("created_at"))))
+              .prefetch_related("profiles",
+                                Prefetch("replicas", queryset=Replica.objects.order_by("created_at", "pk"))))
     for model in sorted(models, key=lambda m: (-m.class_rank, m.name)):
         _reconcile_model(model, inventory, ports, now, report)
     return report
@@ -145,17 +147,16 @@ def _pass(now: Any) -> PassReport:
 def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,
                      report: PassReport) -> None:
     replicas = [r for r in model.replicas.all() if r.state != ReplicaState.STOPPING]
-    wanted = model.min_replicas
-    if model.demand_until and model.demand_until > now:
-        wanted = max(wanted, 1)  # started on demand; kept while requests keep coming
+    _scale_for_load(model, replicas, now, report)
+    wanted = model.wanted_replicas(now)
 
     # 3a. Too many: stop the newest first (pending ones before running ones).
     extra = len(replicas) - wanted
     if extra > 0:
         order = sorted(replicas, key=lambda r: (r.state != ReplicaState.PENDING, r.created_at), reverse=False)
         victims = [r for r in order if r.state == ReplicaState.PENDING][:extra]
-        running = sorted((r for r in replicas if r.state != ReplicaState.PENDING), key=lambda r: r.created_at,
-                         reverse=True)
+        running = sorted((r for r in replicas if r.state != ReplicaState.PENDING),
+                         key=lambda r: (r.created_at, r.pk), reverse=True)
         victims += running[: extra - len(victims)]
         for replica in victims:
             _stop(replica, now, report, inventory)
@@ -175,6 +176,37 @@ def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[i
         if replica.next_attempt_at and replica.next_attempt_at > now:
             continue
         _place(model, replica, inventory, ports, now, report)
+
+
+def _scale_for_load(model: Model, replicas: list[Replica], now: Any, report: PassReport) -> None:
+    """Step the replicas wanted for the load: one more while every replica keeps being busy, one
+    fewer after a quiet spell. Never past max_replicas, never below min_replicas.
+
+    A step up waits until every replica is ready and the gateway was busy again after the
+    newest became ready, so a replica still loading its weights is not answered with another.
+    """
+    wanted = model.wanted_replicas(now)
+    load = model.load_replicas
+    up_window = timedelta(seconds=settings.SCALE_UP_WINDOW)
+    quiet_for = timedelta(seconds=settings.SCALE_DOWN_AFTER)
+    busy = model.busy_at is not None and now - model.busy_at <= up_window
+    newest_ready = max((r.ready_at for r in replicas if r.ready_at), default=None)
+    settled = bool(replicas) and len(replicas) >= wanted and all(r.state == ReplicaState.READY for r in replicas)
+    fresh = model.busy_at is not None and (newest_ready is None or model.busy_at > newest_ready) and (
+        model.scaled_at is None or model.busy_at > model.scaled_at)
+    if busy and settled and fresh and wanted < model.max_replicas:
+        load = wanted + 1
+    elif load and not busy:
+        moments = [t for t in (model.busy_at, model.scaled_at) if t is not None]
+        if not moments or now - max(moments) >= quiet_for:
+            step = min(load, model.max_replicas) - 1
+            load = step if step > model.min_replicas else 0
+    if load != model.load_replicas:
+        model.load_replicas = load
+        model.scaled_at = now
+        Model.objects.filter(pk=model.pk).update(load_replicas=load, scaled_at=now)
+        report.scaled.append(f"{model.name}: {wanted} → {model.wanted_replicas(now)}")
+        log.info("model %s scaled for load: %s → %s replicas", model.name, wanted, model.wanted_replicas(now))
 
 
 def _place(model: Model, replica: Replica, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -42,6 +43,8 @@ from apps.gateway.translate.usage import StreamUsage, usage_from_response
 __all__ = ["GatewayApp", "gateway_app"]
 
 log = logging.getLogger("llmgw.gateway")
+# How often one gateway process tells the reconciler that every replica of a model is busy.
+BUSY_NOTE_INTERVAL_S = 5.0
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -115,6 +118,8 @@ class GatewayApp:
         self._started: asyncio.Future[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
         self._reload_lock = asyncio.Lock()
+        self._busy_noted: dict[str, float] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # Life cycle ---------------------------------------------------------------------------
 
@@ -359,6 +364,8 @@ class GatewayApp:
                     await self.demand(route.name)
                     deadline = time.monotonic() + self.cold_start_timeout
                 if not waiting:
+                    if current.endpoints and current.max_replicas > len(current.endpoints):
+                        self.note_busy(route.name)
                     if self.admission.full(route.name):
                         raise Refused(503, f"Too many requests are waiting for “{route.name}”; try again shortly.",
                                       kind="overloaded_error", headers={"retry-after": "5"})
@@ -379,6 +386,30 @@ class GatewayApp:
             if waiting:
                 self.admission.waiting[route.name] -= 1
                 metrics.QUEUE_DEPTH.labels(model=route.name).dec()
+
+    def note_busy(self, model: str) -> None:
+        """Every replica of a model that may grow is busy: tell the reconciler, at most every few seconds
+        per model from this process, in the background (the waiting request does not wait for it)."""
+        moment = time.monotonic()
+        if moment - self._busy_noted.get(model, -math.inf) < BUSY_NOTE_INTERVAL_S:
+            return
+        self._busy_noted[model] = moment
+        task = asyncio.create_task(self._record_busy(model))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _record_busy(self, model: str) -> None:
+        from asgiref.sync import sync_to_async
+
+        def record() -> None:
+            from apps.catalog.services import record_busy
+
+            record_busy(model)
+
+        try:
+            await sync_to_async(record, thread_sensitive=False)()
+        except Exception:
+            log.warning("could not report that %s is busy", model, exc_info=True)
 
     async def demand(self, model: str) -> None:
         from asgiref.sync import sync_to_async

@@ -72,6 +72,7 @@ class ModelRoute:
     fallbacks: list[str]
     min_replicas: int
     hardware: list[str]
+    max_replicas: int = 1
     owner_keys: tuple[str, ...] = ()
     external: bool = False
 
@@ -161,7 +162,8 @@ def load_tables(previous: Tables | None = None) -> Tables:
         hardware = sorted({p.accelerator for p in model.profiles.all()}) or (["external"] if model.is_external else [])
         models[model.name] = ModelRoute(
             name=model.name, endpoints=endpoints, fallbacks=list(model.fallbacks or []),
-            min_replicas=model.min_replicas, hardware=hardware, owner_keys=model.owner_keys(),
+            min_replicas=model.min_replicas, max_replicas=max(model.max_replicas, model.load_replicas),
+            hardware=hardware, owner_keys=model.owner_keys(),
             external=model.is_external,
         )
     return Tables(keys=keys, models=models, version=version)

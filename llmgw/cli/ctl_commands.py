@@ -243,7 +243,9 @@ def cmd_model_show(client: Client, args: argparse.Namespace) -> int:
         return 0
     s = model["status"]
     rows = [("name", model["name"]), ("class", model["capacity_class"]),
-            ("replicas", f"{s['ready']} ready of {s['wanted']} always-running (up to {model['max_replicas']})"),
+            ("replicas", f"{s['ready']} ready of {s['wanted']} wanted ({model['min_replicas']} always running, "
+                         f"up to {model['max_replicas']} under load)"),
+            ("every replica last busy", model.get("busy_at")),
             ("source", model.get("source")), ("fallbacks", model.get("fallbacks")),
             ("external", model.get("external_url")), ("held until", model.get("held_until")),
             ("message", s.get("message"))]

@@ -184,3 +184,75 @@ def test_reports_move_replicas_to_ready_and_keep_the_log_tail() -> None:
     assert Shard.objects.get().pid == 4242 and Shard.objects.get().state == ShardState.READY
 
 
+
+
+def mark_ready(node: Node) -> None:
+    shards = [{"shard": f"r{r.pk}s0", "state": "ready"}
+              for r in Replica.objects.exclude(state=ReplicaState.STOPPING).exclude(state=ReplicaState.PENDING)]
+    services.record_report(node.pk, shards)
+
+
+def live_replicas() -> int:
+    return Replica.objects.exclude(state=ReplicaState.STOPPING).count()
+
+
+@pytest.mark.django_db
+def test_a_busy_model_grows_one_ready_replica_at_a_time_up_to_its_maximum() -> None:
+    from apps.catalog.services import record_busy
+
+    node = make_node()
+    model = make_model("m", replicas=1, gpus=1)
+    Model.objects.filter(pk=model.pk).update(max_replicas=3)
+    reconcile()
+    mark_ready(node)
+
+    assert record_busy("m")
+    report = reconcile()
+    assert live_replicas() == 2 and report.scaled == ["m: 1 → 2"]
+    # Still busy while the new replica loads: no second step until it is ready and busy again.
+    record_busy("m")
+    reconcile()
+    assert live_replicas() == 2
+    mark_ready(node)
+    reconcile()
+    assert live_replicas() == 2, "the moment of busyness came before the new replica was ready"
+    record_busy("m")
+    reconcile()
+    assert live_replicas() == 3
+    mark_ready(node)
+    record_busy("m")
+    reconcile()
+    assert live_replicas() == 3 and Model.objects.get().load_replicas == 3  # never past the maximum
+    assert len(set(claimed_gpus())) == 3
+
+
+@pytest.mark.django_db
+def test_a_quiet_model_shrinks_one_step_per_quiet_spell_back_to_its_minimum(settings) -> None:
+    node = make_node()
+    model = make_model("m", replicas=1, gpus=1)
+    Model.objects.filter(pk=model.pk).update(max_replicas=3, load_replicas=3, busy_at=timezone.now())
+    reconcile()
+    mark_ready(node)
+    assert live_replicas() == 3
+    long_ago = timezone.now() - timedelta(seconds=settings.SCALE_DOWN_AFTER * 2)
+    Model.objects.filter(pk=model.pk).update(busy_at=long_ago, scaled_at=long_ago)
+
+    newest = Replica.objects.order_by("-created_at", "-pk").first()
+    report = reconcile()
+    assert live_replicas() == 2 and report.scaled == ["m: 3 → 2"]
+    assert Replica.objects.get(state=ReplicaState.STOPPING).pk == newest.pk
+    reconcile()
+    assert live_replicas() == 2, "one step per quiet spell"
+    Model.objects.filter(pk=model.pk).update(scaled_at=long_ago)
+    reconcile()
+    assert live_replicas() == 1 and Model.objects.get().load_replicas == 0
+
+
+@pytest.mark.django_db
+def test_a_model_that_may_not_grow_is_never_marked_busy() -> None:
+    from apps.catalog.services import record_busy
+
+    make_model("fixed", replicas=2, gpus=1)
+    assert record_busy("fixed") is False
+    assert record_busy("no-such-model") is False
+    assert Model.objects.get().busy_at is None

@@ -526,6 +526,46 @@ async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_fi
     assert gw.app.admission.waiting["m"] == 0
 
 
+async def test_a_request_that_must_wait_tells_the_reconciler_once_that_a_growable_model_is_busy(
+        gw: Gateway, engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    import apps.catalog.services
+
+    busy: list[str] = []
+    monkeypatch.setattr(apps.catalog.services, "record_busy", lambda name: busy.append(name) or True)
+    gw.app.tables.models["m"] = route("m", [gw.endpoint], max_replicas=2)
+    gw.endpoint.slots = 1
+    engine.gate = asyncio.Event()
+    first = asyncio.create_task(gw.chat())
+    async with asyncio.timeout(WAIT):
+        await engine.arrived.wait()
+    assert busy == []  # a free slot was found: nothing to report
+    waiting = [asyncio.create_task(gw.chat()) for _ in range(3)]
+    await until(lambda: gw.app.admission.waiting.get("m") == 3)
+    await until(lambda: busy == ["m"])
+    engine.gate.set()
+    answers = await asyncio.gather(first, *waiting)
+    assert [a.status for a in answers] == [200] * 4
+    assert busy == ["m"]  # three waits within the interval make one report
+
+
+async def test_a_model_at_its_maximum_is_not_reported_busy(gw: Gateway, engine: MockEngine,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import apps.catalog.services
+
+    busy: list[str] = []
+    monkeypatch.setattr(apps.catalog.services, "record_busy", lambda name: busy.append(name) or True)
+    gw.endpoint.slots = 1  # the route's maximum is its one replica
+    engine.gate = asyncio.Event()
+    first = asyncio.create_task(gw.chat())
+    async with asyncio.timeout(WAIT):
+        await engine.arrived.wait()
+    second = asyncio.create_task(gw.chat())
+    await until(lambda: gw.app.admission.waiting.get("m") == 1)
+    engine.gate.set()
+    assert [a.status for a in await asyncio.gather(first, second)] == [200, 200]
+    assert busy == []
+
+
 async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway, engine: MockEngine) -> None:
     gw.endpoint.slots = 1
     gw.app.admission.max_waiting = 0
