@@ -69,6 +69,10 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
+class ClientGone(Exception):
+    """The client went away before its request reached a replica."""
+
+
 class Refused(Exception):
     def __init__(self, status: int, message: str, *, kind: str | None = None, headers: dict[str, str] | None = None,
                  code: str | None = None) -> None:
@@ -228,6 +232,8 @@ class GatewayApp:
             call.status, call.error = exc.status, exc.message
             await self.send_error(send, style, exc.status, exc.message, request_id=call.request_id,
                                   headers=exc.headers, kind=exc.kind, code=exc.code, endpoint=call.endpoint)
+        except ClientGone:
+            call.status, call.error = 499, "the client went away while waiting for a replica"
         except asyncio.CancelledError:
             call.status, call.error = 499, "the client went away"
             raise
@@ -285,7 +291,7 @@ class GatewayApp:
             raise Refused(403, f"This API key may not use the model “{call.model}”.", kind="permission_error",
                           code="model_not_allowed")
         await self.admit(call)
-        endpoint = await self.acquire(call, route)
+        endpoint = await self.acquire(call, route, receive)
         try:
             await self.forward(call, endpoint, upstream_path, receive, send)
         finally:
@@ -340,13 +346,15 @@ class GatewayApp:
             raise Refused(429, refusal.message, kind="rate_limit_error", code="rate_limited",
                           headers={"retry-after": str(max(1, int(refusal.retry_after_s)))})
 
-    async def acquire(self, call: Call, route: ModelRoute) -> Endpoint:
+    async def acquire(self, call: Call, route: ModelRoute, receive: Receive | None = None) -> Endpoint:
         """A replica slot for the model, or for its fallbacks in order; wait (bounded) when all are full,
-        and start a model kept at zero replicas on demand."""
+        and start a model kept at zero replicas on demand. A client that leaves while its request waits
+        gives up its place at once (ClientGone), so it never takes a slot nobody will read."""
         key = affinity_key(call.body)
         deadline = time.monotonic() + self.queue_timeout
         demanded = False
         waiting = False
+        watcher: asyncio.Task[None] | None = None
         try:
             while True:
                 for name in [route.name, *route.fallbacks]:
@@ -380,9 +388,25 @@ class GatewayApp:
                     raise Refused(503, f"No capacity: {reason}.", kind="overloaded_error",
                                   headers={"retry-after": "10"})
                 event = self.admission.event(route.name)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), min(remaining, 1.0))
+                if receive is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), min(remaining, 1.0))
+                    continue
+                if watcher is None:  # only a request that waits pays for watching its client
+                    watcher = asyncio.create_task(self._watch_disconnect(receive))
+                released = asyncio.create_task(event.wait())
+                try:
+                    await asyncio.wait({released, watcher}, timeout=min(remaining, 1.0),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    released.cancel()
+                if watcher.done():
+                    raise ClientGone
         finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watcher
             if waiting:
                 self.admission.waiting[route.name] -= 1
                 metrics.QUEUE_DEPTH.labels(model=route.name).dec()

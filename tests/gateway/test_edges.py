@@ -566,6 +566,27 @@ async def test_a_model_at_its_maximum_is_not_reported_busy(gw: Gateway, engine: 
     assert busy == []
 
 
+async def test_a_client_that_leaves_while_waiting_gives_up_its_place_and_never_reaches_the_engine(
+        gw: Gateway, engine: MockEngine) -> None:
+    gw.endpoint.slots = 1
+    engine.gate = asyncio.Event()
+    first = asyncio.create_task(gw.chat())
+    async with asyncio.timeout(WAIT):
+        await engine.arrived.wait()
+    second = asyncio.create_task(gw.chat())
+    await until(lambda: gw.app.admission.waiting.get("m") == 1)
+    second.cancel()  # the client closes its connection while its request waits in the gateway
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    await until(lambda: gw.app.admission.waiting.get("m") == 0)
+    record = await gw.usage.wait(1)  # recorded before the first request even ends
+    assert record["status"] == 499 and "waiting for a replica" in record["error"]
+    engine.gate.set()
+    assert (await first).status == 200
+    await gw.usage.wait(2)
+    assert len(engine.seen) == 1 and gw.endpoint.outstanding == 0
+
+
 async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway, engine: MockEngine) -> None:
     gw.endpoint.slots = 1
     gw.app.admission.max_waiting = 0
