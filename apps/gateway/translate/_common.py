@@ -7,8 +7,10 @@ import json
 from typing import Any
 
 from .errors import TranslationError
+from .usage import Usage, delta_has_tokens, from_chat
 
 __all__ = [
+    "ChatChunkReader",
     "Event",
     "ToolCall",
     "ToolCallTracker",
@@ -208,3 +210,85 @@ class ToolCallTracker:
     def unopened(self) -> list[ToolCall]:
         """Calls whose name never came, in index order: opened anyway at the end, with an empty name."""
         return [self.calls[i] for i in sorted(self.calls) if not self.calls[i].opened]
+
+
+class ChatChunkReader:
+    """Reads a chat-completion stream chunk by chunk, for the translations into other streams.
+
+    `feed(chunk)` (each parsed chunk, [DONE] left out) keeps the upstream's usage, finish_reason
+    and matched stop, counts the deltas that carry tokens (the output estimate when the upstream
+    reports no usage) and hands text and tool-call pieces to the subclass, which returns the
+    events they make. A chunk carrying an "error" object ends the stream through `fail`.
+    """
+
+    __slots__ = ("_done", "_started", "_tools", "finish_reason", "matched_stop", "tokens_counted", "upstream_usage")
+
+    def __init__(self) -> None:
+        #: Content and tool-argument deltas seen: the output estimate when the upstream reports no usage.
+        self.tokens_counted = 0
+        #: The upstream's usage (from its include_usage chunk), when it sent one.
+        self.upstream_usage: Usage | None = None
+        #: The upstream's finish_reason, None until it sends one (a stream cut short never does).
+        self.finish_reason: str | None = None
+        #: The stop sequence the engine matched, when it says (llama.cpp's `stop_reason`).
+        self.matched_stop: str | None = None
+        self._started = False
+        self._done = False
+        self._tools = ToolCallTracker()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, chunk: dict[str, Any]) -> list[Event]:
+        if self._done or not isinstance(chunk, dict):
+            return []
+        events = self._begin(chunk)
+        error = chunk.get("error")
+        if error:
+            message = as_dict(error).get("message")
+            events.extend(self.fail(str(message or error)))
+            return events
+        usage = from_chat(chunk.get("usage"))
+        if usage is not None:
+            self.upstream_usage = usage
+        choice = first_choice(chunk)
+        if not choice:
+            return events
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if delta_has_tokens(delta):
+                self.tokens_counted += 1
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                self._on_text(text, events)
+            if delta.get("tool_calls"):
+                for what, call, piece in self._tools.update(delta["tool_calls"]):
+                    if what == "open":
+                        self._on_tool_open(call, piece, events)
+                    else:
+                        self._on_tool_arguments(call, piece, events)
+        finish = choice.get("finish_reason")
+        if finish:
+            self.finish_reason = str(finish)
+            if isinstance(choice.get("stop_reason"), str):
+                self.matched_stop = choice["stop_reason"]
+        return events
+
+    # What each translation makes of the pieces.
+
+    def _begin(self, chunk: dict[str, Any]) -> list[Event]:
+        """The events that open the stream, on the first chunk; [] after."""
+        raise NotImplementedError
+
+    def _on_text(self, text: str, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _on_tool_open(self, call: ToolCall, arguments: str, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _on_tool_arguments(self, call: ToolCall, piece: str, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def fail(self, message: str) -> list[Event]:
+        raise NotImplementedError

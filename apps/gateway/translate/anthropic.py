@@ -43,9 +43,9 @@ import uuid
 from typing import Any
 
 from ._common import (
+    ChatChunkReader,
     Event,
     ToolCall,
-    ToolCallTracker,
     as_dict,
     finalize_messages,
     first_choice,
@@ -55,7 +55,7 @@ from ._common import (
     stream_fields,
 )
 from .errors import TranslationError, anthropic_error
-from .usage import Usage, delta_has_tokens, from_chat, stream_usage
+from .usage import Usage, from_chat, stream_usage
 
 __all__ = [
     "ChatToAnthropicStream",
@@ -469,7 +469,7 @@ def ping_event() -> Event:
     return ("ping", {"type": "ping"})
 
 
-class ChatToAnthropicStream:
+class ChatToAnthropicStream(ChatChunkReader):
     """OpenAI chat chunks in, Anthropic stream events out.
 
     `feed(chunk)` takes each parsed chunk (the JSON after "data: ", [DONE] left out) and returns
@@ -489,41 +489,18 @@ class ChatToAnthropicStream:
     which no engine we know does) are sent with that block's index, after its stop.
     """
 
-    __slots__ = (
-        "_block",
-        "_done",
-        "_next_index",
-        "_started",
-        "_tools",
-        "finish_reason",
-        "input_tokens",
-        "matched_stop",
-        "message_id",
-        "model",
-        "tokens_counted",
-        "upstream_usage",
-    )
+    __slots__ = ("_block", "_next_index", "input_tokens", "message_id", "model")
 
     def __init__(self, model: str, *, message_id: str | None = None, input_tokens: int = 0) -> None:
+        super().__init__()
         self.model = model
         self.message_id = message_id
         self.input_tokens = input_tokens
-        #: Content and tool-argument deltas seen: the output estimate when the upstream reports no usage.
-        self.tokens_counted = 0
-        #: The upstream's usage (from its include_usage chunk), when it sent one.
-        self.upstream_usage: Usage | None = None
-        #: The upstream's finish_reason, None until it sends one (a stream cut short never does).
-        self.finish_reason: str | None = None
-        self.matched_stop: str | None = None
-        self._started = False
-        self._done = False
         self._block: tuple[str, int] | None = None  # the open block: ("text", index) or ("tool", index)
         self._next_index = 0
-        self._tools = ToolCallTracker()
 
-    @property
-    def done(self) -> bool:
-        return self._done
+    def _begin(self, chunk: dict[str, Any]) -> list[Event]:
+        return self.start(chunk.get("id"))
 
     def start(self, upstream_id: Any = None) -> list[Event]:
         """message_start and a ping; sent by the first `feed` if not called before."""
@@ -544,37 +521,6 @@ class ChatToAnthropicStream:
         }
         return [("message_start", {"type": "message_start", "message": message}), ping_event()]
 
-    def feed(self, chunk: dict[str, Any]) -> list[Event]:
-        if self._done or not isinstance(chunk, dict):
-            return []
-        events = self.start(chunk.get("id")) if not self._started else []
-        error = chunk.get("error")
-        if error:
-            message = as_dict(error).get("message")
-            events.extend(self.fail(str(message or error)))
-            return events
-        usage = from_chat(chunk.get("usage"))
-        if usage is not None:
-            self.upstream_usage = usage
-        choice = first_choice(chunk)
-        if not choice:
-            return events
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            if delta_has_tokens(delta):
-                self.tokens_counted += 1
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                self._text(text, events)
-            if delta.get("tool_calls"):
-                self._tool_deltas(delta["tool_calls"], events)
-        finish = choice.get("finish_reason")
-        if finish:
-            self.finish_reason = str(finish)
-            if isinstance(choice.get("stop_reason"), str):
-                self.matched_stop = choice["stop_reason"]
-        return events
-
     def _close_block(self, events: list[Event]) -> None:
         if self._block is not None:
             events.append(("content_block_stop", {"type": "content_block_stop", "index": self._block[1]}))
@@ -588,7 +534,7 @@ class ChatToAnthropicStream:
         events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
         return index
 
-    def _text(self, text: str, events: list[Event]) -> None:
+    def _on_text(self, text: str, events: list[Event]) -> None:
         if self._block is not None and self._block[0] == "text":
             index = self._block[1]
         else:
@@ -596,14 +542,10 @@ class ChatToAnthropicStream:
         delta = {"type": "text_delta", "text": text}
         events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
 
-    def _tool_deltas(self, deltas: Any, events: list[Event]) -> None:
-        for what, call, piece in self._tools.update(deltas):
-            if what == "open":
-                self._open_tool(call, piece, events)
-            else:
-                self._json_delta(call.slot, piece, events)
+    def _on_tool_arguments(self, call: ToolCall, piece: str, events: list[Event]) -> None:
+        self._json_delta(call.slot, piece, events)
 
-    def _open_tool(self, call: ToolCall, arguments: str, events: list[Event]) -> None:
+    def _on_tool_open(self, call: ToolCall, arguments: str, events: list[Event]) -> None:
         if call.call_id is None:
             call.call_id = f"toolu_{(self.message_id or 'msg_')[4:]}_{call.index}"
         block = {"type": "tool_use", "id": call.call_id, "name": call.name or "", "input": {}}
@@ -622,7 +564,7 @@ class ChatToAnthropicStream:
         events = self.start() if not self._started else []
         for call in self._tools.unopened():
             call.opened = True
-            self._open_tool(call, call.text, events)
+            self._on_tool_open(call, call.text, events)
         self._close_block(events)
         self._done = True
         reason = stop_reason(self.finish_reason, tool_use=bool(self._tools.calls), matched_stop=self.matched_stop)

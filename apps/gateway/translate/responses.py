@@ -45,9 +45,9 @@ import json
 from typing import Any
 
 from ._common import (
+    ChatChunkReader,
     Event,
     ToolCall,
-    ToolCallTracker,
     as_dict,
     dumps,
     finalize_messages,
@@ -58,7 +58,7 @@ from ._common import (
     stream_fields,
 )
 from .errors import TranslationError, openai_error
-from .usage import Usage, delta_has_tokens, from_chat, stream_usage
+from .usage import Usage, from_chat, stream_usage
 
 __all__ = [
     "CUSTOM_TOOL_INPUT",
@@ -623,7 +623,7 @@ def _call_item(custom: bool, suffix: str, call_id: str, name: str, arguments: st
 # Streams ------------------------------------------------------------------------------------------------
 
 
-class ChatToResponsesStream:
+class ChatToResponsesStream(ChatChunkReader):
     """OpenAI chat chunks in, Responses API stream events out, each with its sequence_number.
 
     `feed(chunk)` takes each parsed chunk and returns the events it makes; `finish()` closes the
@@ -644,47 +644,22 @@ class ChatToResponsesStream:
     `tokens_counted` (one per content/argument delta) and input_tokens 0.
     """
 
-    __slots__ = (
-        "_base",
-        "_custom",
-        "_done",
-        "_open",
-        "_seq",
-        "_started",
-        "_text",
-        "_tools",
-        "created_at",
-        "finish_reason",
-        "items",
-        "request",
-        "response_id",
-        "tokens_counted",
-        "upstream_model",
-        "upstream_usage",
-    )
+    __slots__ = ("_base", "_custom", "_open", "_seq", "_text", "created_at", "items", "request", "response_id",
+                 "upstream_model")
 
     def __init__(self, request: dict[str, Any], response_id: str, created_at: int) -> None:
+        super().__init__()
         self.request = request
         self.response_id = response_id
         self.created_at = created_at
-        self.tokens_counted = 0
-        self.upstream_usage: Usage | None = None
-        self.finish_reason: str | None = None
         self.upstream_model: Any = None
         #: The output items so far (each closed item final, the open one in progress).
         self.items: list[dict[str, Any]] = []
         self._base = _item_base(response_id)
         self._custom = custom_tool_names(request)
         self._seq = 0
-        self._started = False
-        self._done = False
         self._open: int | None = None  # output index of the open item
         self._text: list[str] = []  # the open message's text so far
-        self._tools = ToolCallTracker()
-
-    @property
-    def done(self) -> bool:
-        return self._done
 
     def _event(self, kind: str, **fields: Any) -> Event:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -708,44 +683,14 @@ class ChatToResponsesStream:
             self._event("response.in_progress", response=response),
         ]
 
-    def feed(self, chunk: dict[str, Any]) -> list[Event]:
-        if self._done or not isinstance(chunk, dict):
-            return []
+    def _begin(self, chunk: dict[str, Any]) -> list[Event]:
         if self.upstream_model is None:
             self.upstream_model = chunk.get("model")
-        events = self.start()
-        error = chunk.get("error")
-        if error:
-            message = as_dict(error).get("message")
-            events.extend(self.fail(str(message or error)))
-            return events
-        usage = from_chat(chunk.get("usage"))
-        if usage is not None:
-            self.upstream_usage = usage
-        choice = first_choice(chunk)
-        if not choice:
-            return events
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            if delta_has_tokens(delta):
-                self.tokens_counted += 1
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                self._text_delta(text, events)
-            if delta.get("tool_calls"):
-                for what, call, piece in self._tools.update(delta["tool_calls"]):
-                    if what == "open":
-                        self._open_call(call, piece, events)
-                    else:
-                        self._call_delta(call, piece, events)
-        finish = choice.get("finish_reason")
-        if finish:
-            self.finish_reason = str(finish)
-        return events
+        return self.start()
 
     # Message items
 
-    def _text_delta(self, text: str, events: list[Event]) -> None:
+    def _on_text(self, text: str, events: list[Event]) -> None:
         index = self._open
         if index is None or self.items[index]["type"] != "message":
             self._close(events, "completed")
@@ -785,7 +730,7 @@ class ChatToResponsesStream:
 
     # Tool call items
 
-    def _open_call(self, call: ToolCall, arguments: str, events: list[Event]) -> None:
+    def _on_tool_open(self, call: ToolCall, arguments: str, events: list[Event]) -> None:
         self._close(events, "completed")
         index = len(self.items)
         call.slot = index
@@ -799,9 +744,9 @@ class ChatToResponsesStream:
         self._open = index
         events.append(self._event("response.output_item.added", output_index=index, item=_copy_item(item)))
         if arguments and not custom:
-            self._call_delta(call, arguments, events)
+            self._on_tool_arguments(call, arguments, events)
 
-    def _call_delta(self, call: ToolCall, piece: str, events: list[Event]) -> None:
+    def _on_tool_arguments(self, call: ToolCall, piece: str, events: list[Event]) -> None:
         item = self.items[call.slot]
         if item["type"] == "function_call":
             item["arguments"] = call.text
@@ -891,7 +836,7 @@ class ChatToResponsesStream:
         events = self.start()
         for call in self._tools.unopened():
             call.opened = True
-            self._open_call(call, call.text, events)
+            self._on_tool_open(call, call.text, events)
         status, incomplete = _status(self.finish_reason)
         self._close(events, status)
         self._done = True
