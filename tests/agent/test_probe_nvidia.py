@@ -505,3 +505,38 @@ def test_nvlink_errors_sum_over_links_and_normalise_names() -> None:
         "\t Link 6: 25 GB/s\n"
     )
     assert parse_nvlink_errors(text) == {0: {"replay": 5, "crc_flit": 1}, 3: {"recovery": 7}}
+
+
+# --------------------------------------------------------------------------- hand-checked: our own H200 capture
+
+
+@pytest.mark.parametrize("parse, name", [
+    (parse_nvidia_smi_xml, "h200-drv580-idle.xml"), (parse_nvidia_smi_text, "h200-drv580-idle.txt")])
+def test_h200_pcie_vm_driver_580_idle(parse: object, name: str) -> None:
+    folder = XML if name.endswith(".xml") else TEXT
+    report = parse(fixture_text(folder, name))  # type: ignore[operator]
+    assert report.driver_version == "580.159.04" and report.cuda_version == "13.0"
+    assert report.warnings == [] and len(report.gpus) == 1
+    gpu = report.gpus[0]
+    assert (gpu.name, gpu.gpu_class, gpu.memory_total_mib, gpu.memory_used_mib) == (
+        "NVIDIA H200", "H200-141GB", 143771, 0)
+    assert gpu.uuid == "GPU-71b8d6c8-52ee-41c1-d4ae-7007e8a9d0b5" and gpu.pci_bus_id == "00000000:00:06.0"
+    assert gpu.temperature_gpu_c == 34 and gpu.power_limit_w == 700.0 and round(gpu.power_draw_w or 0) == 79
+    assert gpu.throttle_reasons == ["gpu_idle"] and gpu.mig_mode == "Disabled"
+    assert gpu.ecc_uncorrected_volatile == 0 and gpu.remapped_rows_pending is False
+    assert gpu.processes == []
+
+
+@pytest.mark.parametrize("parse, name", [
+    (parse_nvidia_smi_xml, "h200-drv580-one-compute-process.xml"),
+    (parse_nvidia_smi_text, "h200-drv580-one-compute-process.txt")])
+def test_h200_with_a_compute_process_names_it(parse: object, name: str) -> None:
+    folder = XML if name.endswith(".xml") else TEXT
+    gpu = parse(fixture_text(folder, name)).gpus[0]  # type: ignore[operator]
+    assert gpu.memory_used_mib == 2575 and gpu.sm_clock_mhz == 1980 and gpu.throttle_reasons == []
+    assert [(p.pid, p.name, p.used_memory_mib, p.process_type) for p in gpu.processes] == [
+        (674, "python3", 2566, "C")]
+
+
+def test_nvlink_errors_of_a_card_without_nvlink_are_none() -> None:
+    assert parse_nvlink_errors(fixture_text(NVLINK, "no-links-h200-pcie-vm-drv580-e.txt")) == {}

@@ -379,3 +379,13 @@ def test_fuzzed_never_raises(text: str) -> None:
     parse_meminfo(text)
     parse_loadavg(text)
     parse_proc_pid_stat(text)
+
+
+def test_h200_vm_cpu_and_memory_from_our_capture() -> None:
+    cpu = parse_lscpu(fixture_text("lscpu", "xeon-16-vcpu-vm-h200.txt"))
+    assert (cpu.logical_cpus, cpu.sockets, cpu.cores_per_socket, cpu.threads_per_core) == (16, 1, 16, 1)
+    assert cpu.has_avx2 and cpu.has_avx512 and "amx_tile" in cpu.flags and avx_warning(cpu) is None
+    assert parse_cpuinfo(fixture_text("proc-cpuinfo", "xeon-16-vcpu-vm-h200.txt")).logical_cpus == 16
+    memory = parse_meminfo(fixture_text("proc-meminfo", "vm-128gb-h200.txt"))
+    assert (memory.total_bytes, memory.available_bytes) == (135148564480, 134594818048)
+    assert parse_proc_stat(fixture_text("proc-stat", "vm-16-vcpu-h200.txt")).per_cpu == 16
