@@ -123,6 +123,10 @@ class DatabaseConfig:
                 # A file, not the shared in-memory database: that one locks whole tables and
                 # ignores the busy timeout, which is not how llmgw runs.
                 "TEST": {"NAME": f"{self.name}.test"},
+                # Kept open like PostgreSQL's: opening one (and its PRAGMAs) per request or usage
+                # batch cost more than the write itself.
+                "CONN_MAX_AGE": 60,
+                "CONN_HEALTH_CHECKS": True,
             }
         return {
             "ENGINE": "django.db.backends.postgresql",

@@ -118,10 +118,21 @@ def _day(now: float) -> tuple[str, float]:
     return f"d{int(start)}", start + 86400
 
 
+_current_month: tuple[float, float, str] = (0.0, 0.0, "")  # start, end, key of the month last asked for
+
+
 def _month(now: float) -> tuple[str, float]:
+    global _current_month
+    start, end, key = _current_month
+    if start <= now < end:
+        return key, end
     moment = datetime.fromtimestamp(now, UTC)
     year, month = (moment.year + 1, 1) if moment.month == 12 else (moment.year, moment.month + 1)
-    return f"M{moment.year:04d}{moment.month:02d}", datetime(year, month, 1, tzinfo=UTC).timestamp()
+    key = f"M{moment.year:04d}{moment.month:02d}"
+    start = datetime(moment.year, moment.month, 1, tzinfo=UTC).timestamp()
+    end = datetime(year, month, 1, tzinfo=UTC).timestamp()
+    _current_month = (start, end, key)
+    return key, end
 
 
 def _retry_after(window_end: float, now: float) -> int:

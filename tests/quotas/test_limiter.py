@@ -202,3 +202,22 @@ def test_the_limiter_imports_no_models() -> None:
             "assert not [m for m in sys.modules if m.endswith('.models') or m == 'django.db.models'], "
             "sorted(m for m in sys.modules if 'models' in m)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_month_window_is_right_in_any_order_of_asking() -> None:
+    from datetime import UTC, datetime
+
+    from apps.quotas.limiter import _month
+
+    def at(*parts: int) -> float:
+        return datetime(*parts, tzinfo=UTC).timestamp()
+
+    cases = [
+        (at(2026, 12, 31, 23, 59, 59), "M202612", at(2027, 1, 1)),
+        (at(2027, 1, 1), "M202701", at(2027, 2, 1)),
+        (at(2026, 2, 14, 12), "M202602", at(2026, 3, 1)),
+        (at(2026, 12, 1), "M202612", at(2027, 1, 1)),
+        (at(2026, 11, 30, 23, 59, 59), "M202611", at(2026, 12, 1)),
+    ]
+    for now, key, end in cases + cases[::-1]:
+        assert _month(now) == (key, end)
