@@ -423,30 +423,30 @@ class GatewayApp:
         task.add_done_callback(self._background.discard)
 
     async def _record_busy(self, model: str) -> None:
-        from asgiref.sync import sync_to_async
-
         def record() -> None:
             from apps.catalog.services import record_busy
 
             record_busy(model)
 
-        try:
-            await sync_to_async(record, thread_sensitive=False)()
-        except Exception:
-            log.warning("could not report that %s is busy", model, exc_info=True)
+        await self._in_thread(record, f"report that {model} is busy")
 
     async def demand(self, model: str) -> None:
-        from asgiref.sync import sync_to_async
-
         def record() -> None:
             from apps.catalog.services import record_demand
 
             record_demand(model)
 
+        await self._in_thread(record, f"ask for a replica of {model}")
+
+    @staticmethod
+    async def _in_thread(func: Callable[[], object], what: str) -> None:
+        """Run a database service off the event loop; a failure is logged, never the request's."""
+        from asgiref.sync import sync_to_async
+
         try:
-            await sync_to_async(record, thread_sensitive=False)()
+            await sync_to_async(func, thread_sensitive=False)()
         except Exception:
-            log.warning("could not ask for a replica of %s", model, exc_info=True)
+            log.warning("could not %s", what, exc_info=True)
 
     # Upstream ------------------------------------------------------------------------------------
 
