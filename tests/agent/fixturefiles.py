@@ -62,7 +62,7 @@ def read_text(path: Path) -> str:
 def fixture_text(folder: str, name: str) -> str:
     """Text of one named fixture (shared, else captured); skips the calling test when it is not there."""
     path = fixtures_root() / folder / name
-    if not path.is_file():
+    if not path.is_file() and (CAPTURED / folder / name).is_file():
         path = CAPTURED / folder / name
     if not path.is_file():
         pytest.skip(f"fixture {path} not found (set LLMGW_FIXTURES_DIR)")
