@@ -561,6 +561,9 @@ class RunningProvider:
         self.accounts_file.write_text(json.dumps(accounts))
 
 
+START_WAIT = 90
+
+
 @pytest.fixture(scope="session")
 def real_provider(node_provider: str, live_server: Any, tmp_path_factory: pytest.TempPathFactory,
                   ) -> Iterator[RunningProvider]:
@@ -580,10 +583,13 @@ def real_provider(node_provider: str, live_server: Any, tmp_path_factory: pytest
         process = subprocess.Popen([node_provider, "server.mjs"], cwd=PROVIDER_DIR, env=env, stdout=out,
                                    stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
+        # Generous: on a busy 2-core machine, Node loading oidc-provider can take its time.
+        deadline = time.monotonic() + START_WAIT
         while not (found := re.search(r"^READY (\S+)$", log.read_text(), re.MULTILINE)):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the OpenID provider did not start:\n{log.read_text()[-2000:]}")
+            code = process.poll()
+            if code is not None or time.monotonic() > deadline:
+                how = f"it exited with {code}" if code is not None else f"not ready after {START_WAIT} s"
+                pytest.fail(f"the OpenID provider did not start ({how}):\n{log.read_text()[-2000:]}")
             time.sleep(0.05)
         yield RunningProvider(issuer=found.group(1), accounts_file=accounts, log=log)
     finally:
