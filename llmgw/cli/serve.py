@@ -88,6 +88,11 @@ def run_web(args: argparse.Namespace) -> int:
     problems = preflight(listen=(host, port))
     if problems:
         sys.exit(f"llmgw web: cannot start: {problems[0]}")
+    from llmgw.celery import ensure_queue_folders
+
+    # Web processes send tasks too (usage batches, reconciler kicks): without Redis the queue's
+    # folders must exist before the first, whether or not a worker has started yet.
+    ensure_queue_folders()
     uvicorn.run(
         "llmgw.asgi:application",
         host=host,
