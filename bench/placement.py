@@ -10,7 +10,7 @@ GPUs, 2 nodes x 8 GPUs, CPU with memory and cores; some requests fall back to a 
 profile). Prints the total time, per-placement p50/p99, the time to explain one model across
 every node, and, measured in the same run, a naive baseline that only iterates all nodes once
 per placement doing a dict lookup, with the ratio to it.
-Targets: 1,000 replicas under 2 s in all, explain under 50 ms.
+Targets: 1,000 replicas under 2 s in all, explain under 50 ms (the median of five).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ GIB = 1024**3
 CLASSES = ("H100-80GB", "A100-80GB", "L40S-48GB")
 FABRICS = ("ib-a", "ib-b", "ib-c", "ib-d")
 MODELS = ("llama-70b", "qwen-32b", "mistral-7b", "deepseek-v3", "coder-14b", "embed-small")
+EXPLAIN_REPEATS = 5
 
 
 def build_cluster(gpu_nodes: int, cpu_nodes: int, rng: random.Random) -> Inventory:
@@ -162,9 +163,14 @@ def main() -> None:
     placed = sum(by_profile.values())
 
     target = next(r for r in reqs if r.model == "llama-70b")
-    started = time.perf_counter()
-    verdicts = explain(inventory, target)
-    explain_s = time.perf_counter() - started
+    # Explain is timed five times and judged on the median: one sample on a shared machine is
+    # as likely to measure a neighbour or a garbage collection as the code.
+    explain_times = []
+    for _ in range(EXPLAIN_REPEATS):
+        started = time.perf_counter()
+        verdicts = explain(inventory, target)
+        explain_times.append(time.perf_counter() - started)
+    explain_s = statistics.median(explain_times)
     refusals = sum(len(v.reasons) for e in verdicts for v in e.nodes)
 
     gpus_claimed = sum(len(c.gpu_indices) for c in inventory.claims)
@@ -175,7 +181,8 @@ def main() -> None:
           f"p99 {percentile(times, 0.99) * 1e3:.3f} ms, max {max(times) * 1e3:.3f} ms "
           f"(mean {statistics.fmean(times) * 1e3:.3f} ms)")
     print(f"explain {target.model} ({len(verdicts)} profiles x {len(inventory.nodes)} nodes, "
-          f"{refusals} refusals): {explain_s * 1000:.1f} ms")
+          f"{refusals} refusals): median {explain_s * 1000:.1f} ms of {EXPLAIN_REPEATS} "
+          f"(min {min(explain_times) * 1000:.1f}, max {max(explain_times) * 1000:.1f})")
     print(f"baseline (one dict lookup per node per placement) x{len(reqs)}: {baseline_s * 1000:.0f} ms; "
           f"placement / baseline = {total_s / baseline_s:.2f}")
     started = time.perf_counter()
