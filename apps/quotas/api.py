@@ -128,6 +128,23 @@ class RequestView(APIView):
 
 # Rate limits ------------------------------------------------------------------------------
 
+
+def _model_rules(candidate: Any, instance: Any, attrs: dict[str, Any], kept: tuple[str, ...]) -> dict[str, Any]:
+    """Run the model's full_clean on the row as it would be saved: the stored row's `kept` fields
+    (when it exists) with the new values on top. Its errors become the API's field errors."""
+    if instance is not None:
+        for name in kept:
+            setattr(candidate, name, getattr(instance, name))
+        candidate._state.adding = False  # so unique checks leave the row itself out
+    for name, value in attrs.items():
+        setattr(candidate, name, value)
+    try:
+        candidate.full_clean()
+    except DjangoValidationError as exc:
+        raise serializers.ValidationError(serializers.as_serializer_error(exc)) from None
+    return attrs
+
+
 class RateLimitSerializer(serializers.ModelSerializer[RateLimit]):
     scope = serializers.CharField(read_only=True)
 
@@ -145,18 +162,8 @@ class RateLimitSerializer(serializers.ModelSerializer[RateLimit]):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # The model's own rules, so the API and the console refuse the same input.
-        candidate = RateLimit()
-        if self.instance is not None:
-            for name in ("id", "organization_id", "team_id", "project_id", "api_key_id", *LIMIT_FIELDS):
-                setattr(candidate, name, getattr(self.instance, name))
-            candidate._state.adding = False  # so unique checks leave the row itself out
-        for name, value in attrs.items():
-            setattr(candidate, name, value)
-        try:
-            candidate.full_clean()
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(serializers.as_serializer_error(exc)) from None
-        return attrs
+        return _model_rules(RateLimit(), self.instance, attrs,
+                            ("id", "organization_id", "team_id", "project_id", "api_key_id", *LIMIT_FIELDS))
 
 
 class RateLimitViewSet(viewsets.ModelViewSet[RateLimit]):
@@ -213,18 +220,8 @@ class CapacityQuotaSerializer(serializers.ModelSerializer[CapacityQuota]):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # The model's own rules, so the API and the Django admin refuse the same input.
-        candidate = CapacityQuota()
-        if self.instance is not None:
-            for name in ("id", "organization_id", "team_id", "project_id", *services.QUOTA_FIELDS):
-                setattr(candidate, name, getattr(self.instance, name))
-            candidate._state.adding = False
-        for name, value in attrs.items():
-            setattr(candidate, name, value)
-        try:
-            candidate.full_clean()
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(serializers.as_serializer_error(exc)) from None
-        return attrs
+        return _model_rules(CapacityQuota(), self.instance, attrs,
+                            ("id", "organization_id", "team_id", "project_id", *services.QUOTA_FIELDS))
 
 
 class CapacityQuotaViewSet(viewsets.ModelViewSet[CapacityQuota]):
