@@ -503,16 +503,22 @@ async def test_a_client_that_goes_away_before_the_upstream_answers_cancels_the_u
         engine.gate.set()
 
 
-# Slots and the queue ------------------------------------------------------------------------------------
-
-
-async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_first(gw: Gateway,
-                                                                                    engine: MockEngine) -> None:
+async def take_the_only_slot(gw: Gateway, engine: MockEngine) -> asyncio.Task[Answer]:
+    """Give the replica one slot and fill it with a request the engine holds until `engine.gate` is set."""
     gw.endpoint.slots = 1
     engine.gate = asyncio.Event()
     first = asyncio.create_task(gw.chat())
     async with asyncio.timeout(WAIT):
         await engine.arrived.wait()
+    return first
+
+
+# Slots and the queue ------------------------------------------------------------------------------------
+
+
+async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_first(gw: Gateway,
+                                                                                    engine: MockEngine) -> None:
+    first = await take_the_only_slot(gw, engine)
     second = asyncio.create_task(gw.chat())
     await until(lambda: gw.app.admission.waiting.get("m") == 1)
     assert len(engine.seen) == 1  # the second is queued in the gateway, not at the engine
@@ -533,11 +539,7 @@ async def test_a_request_that_must_wait_tells_the_reconciler_once_that_a_growabl
     busy: list[str] = []
     monkeypatch.setattr(apps.catalog.services, "record_busy", lambda name: busy.append(name) or True)
     gw.app.tables.models["m"] = route("m", [gw.endpoint], max_replicas=2)
-    gw.endpoint.slots = 1
-    engine.gate = asyncio.Event()
-    first = asyncio.create_task(gw.chat())
-    async with asyncio.timeout(WAIT):
-        await engine.arrived.wait()
+    first = await take_the_only_slot(gw, engine)
     assert busy == []  # a free slot was found: nothing to report
     waiting = [asyncio.create_task(gw.chat()) for _ in range(3)]
     await until(lambda: gw.app.admission.waiting.get("m") == 3)
@@ -554,11 +556,7 @@ async def test_a_model_at_its_maximum_is_not_reported_busy(gw: Gateway, engine: 
 
     busy: list[str] = []
     monkeypatch.setattr(apps.catalog.services, "record_busy", lambda name: busy.append(name) or True)
-    gw.endpoint.slots = 1  # the route's maximum is its one replica
-    engine.gate = asyncio.Event()
-    first = asyncio.create_task(gw.chat())
-    async with asyncio.timeout(WAIT):
-        await engine.arrived.wait()
+    first = await take_the_only_slot(gw, engine)  # the route's maximum is its one replica
     second = asyncio.create_task(gw.chat())
     await until(lambda: gw.app.admission.waiting.get("m") == 1)
     engine.gate.set()
@@ -568,11 +566,7 @@ async def test_a_model_at_its_maximum_is_not_reported_busy(gw: Gateway, engine: 
 
 async def test_a_client_that_leaves_while_waiting_gives_up_its_place_and_never_reaches_the_engine(
         gw: Gateway, engine: MockEngine) -> None:
-    gw.endpoint.slots = 1
-    engine.gate = asyncio.Event()
-    first = asyncio.create_task(gw.chat())
-    async with asyncio.timeout(WAIT):
-        await engine.arrived.wait()
+    first = await take_the_only_slot(gw, engine)
     second = asyncio.create_task(gw.chat())
     await until(lambda: gw.app.admission.waiting.get("m") == 1)
     second.cancel()  # the client closes its connection while its request waits in the gateway
@@ -588,12 +582,8 @@ async def test_a_client_that_leaves_while_waiting_gives_up_its_place_and_never_r
 
 
 async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway, engine: MockEngine) -> None:
-    gw.endpoint.slots = 1
     gw.app.admission.max_waiting = 0
-    engine.gate = asyncio.Event()
-    first = asyncio.create_task(gw.chat())
-    async with asyncio.timeout(WAIT):
-        await engine.arrived.wait()
+    first = await take_the_only_slot(gw, engine)
     refused = await gw.chat()
     assert refused.status == 503
     assert refused.headers["retry-after"] == "5"
@@ -606,12 +596,8 @@ async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway,
 
 async def test_a_request_that_waits_past_the_queue_timeout_gets_503_with_retry_after(
         gw: Gateway, engine: MockEngine) -> None:
-    gw.endpoint.slots = 1
     gw.app.queue_timeout = 0.05
-    engine.gate = asyncio.Event()
-    first = asyncio.create_task(gw.chat())
-    async with asyncio.timeout(WAIT):
-        await engine.arrived.wait()
+    first = await take_the_only_slot(gw, engine)
     refused = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO})
     assert refused.status == 503
     assert refused.headers["retry-after"] == "10"
