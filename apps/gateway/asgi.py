@@ -3,7 +3,7 @@
 Nothing here touches the ORM while serving a request. Keys, limits and routes live in
 memory (apps.gateway.tables), reloaded in a thread when the table version moves; limits
 are counted in Redis or in process (apps.quotas.limiter); usage is queued and written in
-batches (apps.quotas.usage). Upstream connections are pooled (aiohttp), and streams are
+batches (apps.quotas.usage). Upstream connections are pooled (apps.gateway.upstream), and streams are
 passed on chunk by chunk, read only for usage and the first token's time.
 
 Every engine is spoken to in OpenAI chat completions; Anthropic Messages and Responses
@@ -39,6 +39,7 @@ from apps.gateway.translate import (
     sse,
 )
 from apps.gateway.translate.usage import StreamUsage, usage_from_response
+from apps.gateway.upstream import ConnectError, Disconnected, Pool, ReadTimeout, UpstreamError
 
 __all__ = ["GatewayApp", "gateway_app"]
 
@@ -111,7 +112,7 @@ class Call:
 class GatewayApp:
     def __init__(self) -> None:
         self.tables = Tables()
-        self.session: Any = None
+        self.upstream: Pool | None = None
         self.limiter: Any = None
         self.usage: Any = None
         self.admission = Admission(max_waiting=int(_env_float("LLMGW_GATEWAY_QUEUE_MAX", 256)))
@@ -143,14 +144,10 @@ class GatewayApp:
         await asyncio.shield(self._started)
 
     async def _start(self) -> None:
-        import aiohttp
         from asgiref.sync import sync_to_async
 
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
-        self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5,
-                                          sock_read=_env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600)))
+        self.upstream = Pool(connect_timeout=5, read_timeout=_env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600),
+                             idle_timeout=60)
         self.tables = await sync_to_async(load_tables, thread_sensitive=False)(None)
         from django.conf import settings
 
@@ -176,8 +173,8 @@ class GatewayApp:
             await self.usage.stop()
         if self.limiter is not None and hasattr(self.limiter, "close"):
             await self.limiter.close()
-        if self.session is not None:
-            await self.session.close()
+        if self.upstream is not None:
+            await self.upstream.close()
         self._started = None
 
     async def _refresh_loop(self) -> None:
@@ -468,20 +465,18 @@ class GatewayApp:
             watcher.cancel()
 
     async def _forward(self, call: Call, endpoint: Endpoint, upstream_path: str, send: Send) -> None:
-        import aiohttp
-
+        assert self.upstream is not None
         tried: set[str] = set()
         while True:
             body = dict(call.body)
             body["model"] = endpoint.upstream_model
-            headers = {"Content-Type": "application/json", "x-llmgw-request-id": call.request_id}
+            headers = [("Content-Type", "application/json"), ("x-llmgw-request-id", call.request_id)]
             secret = endpoint.api_key()
             if secret:
-                headers["Authorization"] = f"Bearer {secret}"
+                headers.append(("Authorization", f"Bearer {secret}"))
             try:
-                response = await self.session.post(endpoint.url + upstream_path, data=json.dumps(body),
-                                                   headers=headers)
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+                response = await self.upstream.post(endpoint.url + upstream_path, json.dumps(body).encode(), headers)
+            except (ConnectError, Disconnected) as exc:
                 # A replica that cannot be reached: mark it and try another (never the same twice).
                 endpoint.failed_until = time.monotonic() + 5
                 tried.add(endpoint.id)
@@ -497,12 +492,18 @@ class GatewayApp:
                 endpoint = other
                 call.endpoint = other
                 continue
+            except UpstreamError as exc:
+                raise _upstream_refusal(call, exc) from None
             break
         async with response:
             if call.stream and response.status == 200:
                 await self.relay_stream(call, endpoint, response, send)
             else:
-                await self.relay_whole(call, endpoint, response, send)
+                try:
+                    raw = await response.read()
+                except UpstreamError as exc:
+                    raise _upstream_refusal(call, exc) from None
+                await self.relay_whole(call, endpoint, response.status, raw, send)
 
     @staticmethod
     async def _watch_disconnect(receive: Receive) -> None:
@@ -518,14 +519,13 @@ class GatewayApp:
             headers.append((b"x-llmgw-hardware", endpoint.hardware.encode()))
         return headers
 
-    async def relay_whole(self, call: Call, endpoint: Endpoint, response: Any, send: Send) -> None:
-        raw = await response.read()
+    async def relay_whole(self, call: Call, endpoint: Endpoint, status: int, raw: bytes, send: Send) -> None:
         call.first_token_at = time.perf_counter()
-        if response.status != 200:
-            call.status = response.status
-            message = _upstream_message(raw) or f"the upstream answered {response.status}"
+        if status != 200:
+            call.status = status
+            message = _upstream_message(raw) or f"the upstream answered {status}"
             call.error = message
-            raise Refused(response.status, message, kind=None)
+            raise Refused(status, message, kind=None)
         try:
             data = json.loads(raw)
         except ValueError:
@@ -565,7 +565,7 @@ class GatewayApp:
         buffer = b""
         finished = False
         try:
-            async for chunk in response.content.iter_any():
+            async for chunk in response.iter_chunks():
                 buffer += chunk
                 out: list[bytes] = []
                 while b"\n\n" in buffer:
@@ -661,7 +661,9 @@ class GatewayApp:
         """Count the request and queue its usage record (never written inline)."""
         elapsed = time.perf_counter() - call.started
         first = (call.first_token_at - call.started) if call.first_token_at is not None else None
-        metrics.observe(call.model or "-", call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
+        # Labelled by the model only when it exists: a name made up by a caller must not make a new series.
+        label = call.model if call.model in self.tables.models else "-"
+        metrics.observe(label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
         if call.entry is None or self.usage is None:
             return
         tokens = (call.prompt_tokens or 0) + (call.completion_tokens or 0)
@@ -702,6 +704,13 @@ def _has_token(chunk: Any) -> bool:
         if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") or choice.get("text"):
             return True
     return False
+
+
+def _upstream_refusal(call: Call, exc: UpstreamError) -> Refused:
+    """The answer for an upstream that was reached but whose answer could not be read."""
+    if isinstance(exc, ReadTimeout):
+        return Refused(504, f"The replica of “{call.model}” did not answer in time: {exc}.", kind="api_error")
+    return Refused(502, f"The replica of “{call.model}” failed to answer: {exc}.", kind="api_error")
 
 
 def _upstream_message(raw: bytes) -> str:
