@@ -1,6 +1,9 @@
-"""The gateway's own Prometheus figures, kept cheap on the hot path."""
+"""The gateway's own Prometheus figures, kept cheap on the hot path: each model's labelled
+children are looked up once and kept, so a request costs only the increments themselves."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -19,14 +22,29 @@ IN_FLIGHT = Gauge("llmgw_gateway_in_flight", "Requests being served now", multip
 QUEUE_DEPTH = Gauge("llmgw_gateway_queue_depth", "Requests waiting for a replica slot, by model", ["model"],
                     multiprocess_mode="livesum")
 
+# Labelled children by their labels, made on first use (a series appears only once it has a value).
+# The callers pass only models that exist (or "-"), so this stays as small as the catalog.
+_children: dict[tuple[Any, ...], Any] = {}
+_MAX_CACHED = 4096
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    key = (metric, *labels)
+    child = _children.get(key)
+    if child is None:
+        if len(_children) > _MAX_CACHED:
+            _children.clear()
+        child = _children[key] = metric.labels(*labels)
+    return child
+
 
 def observe(model: str, status: int, seconds: float, first_token: float | None, prompt: int | None,
             completion: int | None) -> None:
-    REQUESTS.labels(model=model, status=str(status)).inc()
-    DURATION.labels(model=model).observe(seconds)
+    _child(REQUESTS, model, str(status)).inc()
+    _child(DURATION, model).observe(seconds)
     if first_token is not None:
-        FIRST_TOKEN.labels(model=model).observe(first_token)
+        _child(FIRST_TOKEN, model).observe(first_token)
     if prompt:
-        TOKENS.labels(model=model, kind="prompt").inc(prompt)
+        _child(TOKENS, model, "prompt").inc(prompt)
     if completion:
-        TOKENS.labels(model=model, kind="completion").inc(completion)
+        _child(TOKENS, model, "completion").inc(completion)

@@ -775,3 +775,42 @@ async def test_a_whole_answer_reaches_the_openai_sdk_with_its_usage_recorded(gw:
     assert (record["prompt_tokens"], record["completion_tokens"], record["tokens_estimated"]) == (7, 2, False)
     assert (record["api_key_id"], record["user_id"], record["project_id"], record["team_id"],
             record["organization_id"]) == (1, 10, 20, 30, 40)
+
+
+# Metrics --------------------------------------------------------------------------------------------
+
+
+async def test_requests_are_counted_by_model_and_a_made_up_model_name_never_becomes_a_series(
+        gw: Gateway, engine: MockEngine) -> None:
+    from apps.gateway import metrics
+
+    def count(model: str, status: str) -> float:
+        return metrics.REQUESTS.labels(model=model, status=status)._value.get()
+
+    served, unknown = count("m", "200"), count("-", "404")
+    assert (await gw.chat()).status == 200
+    made_up = "no-such-model-" + str(time.time_ns())
+    assert (await gw.post("/v1/chat/completions", {"model": made_up, "messages": HELLO})).status == 404
+    await gw.usage.wait(2)
+    assert count("m", "200") == served + 1
+    assert count("-", "404") == unknown + 1
+    assert not [labels for labels in metrics.REQUESTS._metrics if labels[0] == made_up]
+
+
+async def test_an_engine_that_stays_silent_past_the_read_timeout_is_a_504_and_is_let_go(
+        gw: Gateway, engine: MockEngine) -> None:
+    assert gw.app.upstream is not None
+    gw.app.upstream.read_timeout = 0.2
+    engine.gate = asyncio.Event()
+    try:
+        answer = await gw.chat()
+        assert answer.status == 504
+        assert "did not answer in time" in answer.json["error"]["message"]
+        assert "0.2 s" in answer.json["error"]["message"]
+        async with asyncio.timeout(WAIT):
+            await engine.closed.wait()  # the connection was closed, so the engine may stop its work
+    finally:
+        engine.gate.set()
+    record = await gw.usage.wait()
+    assert record["status"] == 504
+    assert gw.endpoint.outstanding == 0
