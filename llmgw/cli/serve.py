@@ -93,15 +93,19 @@ def run_web(args: argparse.Namespace) -> int:
     # Web processes send tasks too (usage batches, reconciler kicks): without Redis the queue's
     # folders must exist before the first, whether or not a worker has started yet.
     ensure_queue_folders()
+    log_level = os.environ.get("LLMGW_LOG_LEVEL", "info").lower()
     uvicorn.run(
         "llmgw.asgi:application",
         host=host,
         port=port,
         workers=max(1, args.workers),
         lifespan="on",
+        http="llmgw.http_protocol:HttpProtocol",
         proxy_headers=True,
         forwarded_allow_ips=os.environ.get("LLMGW_FORWARDED_ALLOW_IPS", "127.0.0.1"),
-        log_level=os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
+        log_level=log_level,
+        # One line per request only where it would be shown: building it costs every request.
+        access_log=log_level in ("trace", "debug", "info"),
         timeout_graceful_shutdown=10,
         ws_max_size=4 * 1024 * 1024,
     )
