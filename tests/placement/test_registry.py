@@ -21,7 +21,7 @@ from apps.cluster.placement import (
     snapshot_field,
 )
 
-from .builders import gpu_node, gpu_profile, req
+from .builders import cpu_profile, gpu_node, gpu_profile, req
 
 
 def held(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
@@ -109,3 +109,24 @@ def test_module_level_registration() -> None:
                                                     "memory", "cpu_cores", "engine", "fabric"]
     assert [e.name for e in REGISTRY.scorers()] == ["binpack", "weights", "spare_gpus"]
     assert [e.name for e in REGISTRY.checks()] == ["quota"]
+
+
+def test_a_filter_that_does_not_apply_to_a_profile_is_never_called_for_it(registry: Registry) -> None:
+    calls: list[str] = []
+
+    def on_gpu_profiles_only(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+        calls.append(node.name)
+        return Reason("gpu_only", gettext_noop("node %(node)s is refused"), {"node": node.name})
+
+    registry.register_filter(on_gpu_profiles_only, name="facility.gpu_only", order=90,
+                             applies=lambda ctx: ctx.gpu_class is not None)
+    inventory = Inventory({1: gpu_node(1, "a")})
+    cpu = cpu_profile(2, memory_gb=1, cores=1)
+    assert place(inventory, req(cpu), registry=registry).placement is not None
+    [result] = explain(inventory, req(cpu), registry=registry)
+    assert result.fits and calls == []
+    # For a profile it applies to, it runs and refuses, in place and in explain alike.
+    assert place(inventory, req(gpu_profile()), registry=registry).placement is None
+    [result] = explain(inventory, req(gpu_profile()), registry=registry)
+    assert [r.code for v in result.nodes for r in v.reasons] == ["gpu_only"]
+    assert calls

@@ -110,7 +110,7 @@ class ReplicaRequest:
     replica_id: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rejection:
     profile_id: int
     profile_name: str

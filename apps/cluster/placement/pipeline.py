@@ -86,7 +86,7 @@ class _Evaluator:
         registry = ctx.registry
         self.ctx = ctx
         self.nodes = ctx.inventory.nodes
-        self.filters = tuple(e.fn for e in registry.filters())
+        self.filters = tuple(e.fn for e in registry.filters() if e.applies is None or e.applies(ctx))
         scorers = registry.scorers()
         self.indexed = tuple((e.fn, e.weight) for e in scorers if e.fn in INDEXED)
         self.plugins = tuple((e.fn, e.weight) for e in scorers if e.fn not in INDEXED)
@@ -102,15 +102,6 @@ class _Evaluator:
             if reason is not None:
                 return reason
         return None
-
-    def all_reasons(self, node: NodeSnapshot) -> list[Reason]:
-        ctx = self.ctx
-        found = []
-        for fn in self.filters:
-            reason = fn(ctx, node)
-            if reason is not None:
-                found.append(reason)
-        return found
 
     def key(self, node: NodeSnapshot) -> float:
         """K: the built-in (indexed) part of the score."""
@@ -471,15 +462,27 @@ def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry
         fitting: list[tuple[float, float, int, NodeVerdict]] = []
         refused: list[NodeVerdict] = []
         counts: dict[str, int] = {}
+        # The loop over every node is the whole cost of explaining: the filters and the refusals
+        # are spelled out here with locals rather than through _Evaluator's helpers.
+        filters, pid, pname, rank = ev.filters, profile.id, profile.name, inventory.rank
         for node_id in inventory.order:
             node = nodes[node_id]
-            found = ev.all_reasons(node)
-            if found:
-                refused.append(NodeVerdict(node_id, node.name, [ev.reject(node, r) for r in found], False, None))
+            found: list[Rejection] | None = None
+            for fn in filters:
+                reason = fn(ctx, node)
+                if reason is not None:
+                    rejection = Rejection(pid, pname, node_id, node.name, reason.code,
+                                          reason.template % reason.params, reason.params, reason.template)
+                    if found is None:
+                        found = [rejection]
+                    else:
+                        found.append(rejection)
+            if found is not None:
+                refused.append(NodeVerdict(node_id, node.name, found, False, None))
                 continue
             key = ev.key(node)
             score = key + ev.extra(node) if ev.plugins else key
-            fitting.append((-score, -key, inventory.rank(node_id), NodeVerdict(node_id, node.name, [], True, score)))
+            fitting.append((-score, -key, rank(node_id), NodeVerdict(node_id, node.name, [], True, score)))
             if node.fabric is not None:
                 counts[node.fabric] = counts.get(node.fabric, 0) + 1
         fitting.sort(key=lambda entry: entry[:3])

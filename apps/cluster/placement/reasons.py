@@ -7,6 +7,7 @@ makemessages extracts it; the Django side translates `template` and applies `par
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ def gettext_noop(s: str) -> str:
     return s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reason:
     code: str
     template: str
@@ -44,6 +45,12 @@ def number(value: float) -> str:
 
 
 def listing(values: Iterable[str]) -> str:
+    # Kept per set: nodes repeat the same few sets of GPU classes and engines over and over.
+    return _listing(values if isinstance(values, frozenset) else frozenset(values))
+
+
+@functools.lru_cache(maxsize=256)
+def _listing(values: frozenset[str]) -> str:
     items = sorted(values)
     return ", ".join(items) if items else gettext_noop("none")
 

@@ -6,7 +6,9 @@ replaces the earlier entry, so a ready() that runs twice does no harm.
 
 - A filter is `fn(ctx, node) -> Reason | None`: a hard constraint; None lets the node through.
   Filters run in ascending `order` (then name). `place` stops at a node's first reason;
-  `explain` runs every filter and shows every reason.
+  `explain` runs every filter and shows every reason. A filter may say with `applies(ctx)`
+  which profiles it can refuse a node for at all (a label filter only a profile with a node
+  selector); for the others it is not called, which spares a call per node.
 - A scorer is `fn(ctx, node) -> float` in [0, 1] (clamped), higher is better; a node's score
   is the weighted sum. Scorers only order the nodes every filter let through.
 - A check is `fn(ctx) -> Iterable[Reason]`: a constraint on the whole replica (quotas), run
@@ -31,11 +33,15 @@ ScorerFn = Callable[["PlacementContext", "NodeSnapshot"], float]
 CheckFn = Callable[["PlacementContext"], "Iterable[Reason]"]
 
 
+AppliesFn = Callable[["PlacementContext"], Any]
+
+
 @dataclass(frozen=True, slots=True)
 class FilterEntry:
     name: str
     fn: FilterFn
     order: int
+    applies: AppliesFn | None = None  # None: every profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +74,8 @@ class Registry:
         other._fields = dict(self._fields)
         return other
 
-    def register_filter(self, fn: FilterFn, *, name: str, order: int) -> FilterFn:
-        self._filters[name] = FilterEntry(name, fn, order)
+    def register_filter(self, fn: FilterFn, *, name: str, order: int, applies: AppliesFn | None = None) -> FilterFn:
+        self._filters[name] = FilterEntry(name, fn, order, applies)
         self._cache.clear()
         return fn
 
@@ -125,8 +131,8 @@ class Registry:
 REGISTRY = Registry()
 
 
-def register_filter(fn: FilterFn, *, name: str, order: int) -> FilterFn:
-    return REGISTRY.register_filter(fn, name=name, order=order)
+def register_filter(fn: FilterFn, *, name: str, order: int, applies: AppliesFn | None = None) -> FilterFn:
+    return REGISTRY.register_filter(fn, name=name, order=order, applies=applies)
 
 
 def register_scorer(fn: ScorerFn, *, name: str, weight: float) -> ScorerFn:
