@@ -20,6 +20,12 @@ tokens under the limit are used still finish, so a token limit can be overshot b
 most (requests of that scope in flight at once) × (their max_tokens plus prompt); the
 next request after the overshoot is refused. Request limits are not overshot.
 
+`RedisLimiter` adds a process's recorded tokens up and writes them every `flush_s`
+(0.1 s) in one pipeline, instead of one round trip per request. Until then the other
+processes do not see them, which raises that bound by the tokens of the scope's requests
+that ended in the last 0.1 s on each other gateway process. Closing the limiter writes
+what is left; a process that is killed loses at most its last 0.1 s of counts.
+
 A Redis failure must not take the gateway down: `admit()` then fails open (admits,
 returning None) and `record_tokens()` drops the count, logging at most once a minute.
 Limits are a fairness tool here, not a security boundary, and a refused request is
@@ -33,6 +39,8 @@ the whole limit. It is the default when no LLMGW_REDIS_URL is set (one machine).
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 import math
 import threading
@@ -42,6 +50,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.utils.translation import gettext
+
+from apps.quotas.resp import RedisError
 
 __all__ = [
     "Limit",
@@ -270,6 +280,8 @@ end
 return {0, 0}
 """
 
+ADMIT_SHA = hashlib.sha1(ADMIT_SCRIPT.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
+
 # Windows are kept a little past their end so a clock slightly behind still finds them.
 TTL_GRACE_S = 120
 
@@ -277,30 +289,27 @@ TTL_GRACE_S = 120
 class RedisLimiter:
     """Counters in Redis, shared by every gateway process. See the module docstring.
 
-    `timeout` is the socket timeout for each call (redis-py's default of 5 s would hold
-    every request that long when Redis hangs); `backoff_s` how long to leave Redis alone
-    after a failure.
+    `timeout` bounds each call (a Redis that hangs must not hold every request for long);
+    `backoff_s` is how long to leave Redis alone after a failure; `flush_s` how often the
+    recorded tokens are written.
     """
 
     def __init__(self, url: str, prefix: str = "llmgw:rl", *, timeout: float = 0.5, backoff_s: float = 2.0,
-                 max_connections: int = 64) -> None:
-        from redis.asyncio import BlockingConnectionPool, Redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+                 flush_s: float = 0.1) -> None:
+        from apps.quotas.resp import RedisClient
 
         self.prefix = prefix
         self.backoff_s = backoff_s
-        # A blocking pool: under a burst, requests wait (at most `timeout`) for one of a few
-        # connections instead of failing with "Too many connections" and being waved through.
-        # No retries: a second try doubles the wait of a request that is admitted anyway.
-        pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=timeout, socket_timeout=timeout,
-            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
-        )
-        self._redis: Any = Redis(connection_pool=pool)
-        self._admit = self._redis.register_script(ADMIT_SCRIPT)
+        # One pipelined connection (apps.quotas.resp): a burst of admits shares it, each call
+        # bounded by `timeout`, with no retry (a second try doubles the wait of a request
+        # that is admitted anyway).
+        self._redis = RedisClient(url, timeout=timeout)
         self._down_until = 0.0
         self._logged_at = -math.inf
+        self.flush_s = flush_s
+        self._pending: dict[str, tuple[int, int]] = {}  # counter -> (tokens to add, TTL in s)
+        self._flush_at: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}:{name}"
@@ -324,8 +333,14 @@ class RedisLimiter:
         for check in checks:
             args += [check.allowed, 1 if check.counts_request else 0,
                      max(1, math.ceil(check.window_end - now)) + TTL_GRACE_S]
+        keys = [self._key(c.key) for c in checks]
         try:
-            index, used = await self._admit(keys=[self._key(c.key) for c in checks], args=args)
+            [reply] = await self._redis.execute(("EVALSHA", ADMIT_SHA, len(keys), *keys, *args))
+            if isinstance(reply, RedisError) and str(reply).startswith("NOSCRIPT"):
+                [reply] = await self._redis.execute(("EVAL", ADMIT_SCRIPT, len(keys), *keys, *args))
+            if isinstance(reply, Exception):
+                raise reply
+            index, used = reply
         except Exception as exc:  # any Redis or network error: fail open
             self._failed("admit", exc)
             return None
@@ -334,21 +349,47 @@ class RedisLimiter:
         return _refusal(checks[int(index) - 1], int(used), now)
 
     async def record_tokens(self, limits: list[Limit], tokens: int, now: float) -> None:
+        """Add the tokens to what this process writes at its next flush (see the module docstring)."""
         counters = _token_counters(limits, now)
-        if tokens <= 0 or not counters or not self._available():
+        if tokens <= 0 or not counters:
             return
+        pending = self._pending
+        for name, end in counters:
+            key = self._key(name)
+            ttl = max(1, math.ceil(end - now)) + TTL_GRACE_S
+            held = pending.get(key)
+            pending[key] = (held[0] + int(tokens), max(held[1], ttl)) if held else (int(tokens), ttl)
+        if self.flush_s <= 0:
+            await self.flush()
+        elif self._flush_at is None:
+            self._flush_at = asyncio.get_running_loop().call_later(self.flush_s, self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.flush())
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    async def flush(self) -> None:
+        """Write the tokens recorded since the last flush, in one pipeline."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        pending, self._pending = self._pending, {}
+        if not pending or not self._available():
+            return  # Redis is down: dropped, like any count made while it is
+        commands: list[tuple[Any, ...]] = []
+        for key, (tokens, ttl) in pending.items():
+            commands += [("INCRBY", key, tokens), ("EXPIRE", key, ttl)]
         try:
-            pipe = self._redis.pipeline(transaction=False)
-            for name, end in counters:
-                pipe.incrby(self._key(name), int(tokens))
-                pipe.expire(self._key(name), max(1, math.ceil(end - now)) + TTL_GRACE_S)
-            await pipe.execute()
+            for reply in await self._redis.execute(*commands):
+                if isinstance(reply, Exception):
+                    raise reply
         except Exception as exc:
             self._failed("record_tokens", exc)
 
     async def close(self) -> None:
-        await self._redis.aclose()
-        await self._redis.connection_pool.disconnect()
+        await self.flush()
+        await self._redis.close()
 
 
 def make_limiter() -> RedisLimiter | MemoryLimiter:

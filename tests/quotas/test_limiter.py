@@ -39,7 +39,9 @@ async def limiter(request: Any) -> AsyncIterator[Any]:
     # A generous timeout: these tests are about what is counted, and a busy test machine can
     # take longer than the production half second to open a burst of connections, after
     # which the limiter would (rightly) fail open and admit without counting.
-    redis_limiter = RedisLimiter(REDIS_TEST_URL, prefix=prefix, timeout=10.0)
+    # Tokens written at once (flush_s=0): these tests read the counts right after recording them.
+    # Batched writes have a test of their own.
+    redis_limiter = RedisLimiter(REDIS_TEST_URL, prefix=prefix, timeout=10.0, flush_s=0)
     yield redis_limiter
     import redis.asyncio
 
@@ -157,6 +159,64 @@ async def test_concurrent_requests_are_admitted_exactly_up_to_the_limit(limiter:
     assert {answer.used for answer in answers if answer is not None} == {50}
 
 
+async def test_redis_tokens_are_added_up_and_written_together_after_the_flush_interval() -> None:
+    if not _redis_reachable():
+        pytest.skip(f"Redis is not reachable at {REDIS_TEST_URL}")
+    import redis.asyncio
+
+    prefix = f"llmgw:test:{uuid.uuid4().hex[:12]}"
+    limiter = RedisLimiter(REDIS_TEST_URL, prefix=prefix, timeout=10.0, flush_s=0.05)
+    client = redis.asyncio.Redis.from_url(REDIS_TEST_URL)
+    limits = [team(tokens_per_minute=1000)]
+    try:
+        for _ in range(3):
+            await limiter.record_tokens(limits, 200, NOW)
+        keys = [key async for key in client.scan_iter(f"{prefix}:*")]
+        assert keys == []  # nothing written yet: one pipeline per interval, not a round trip per request
+        assert await limiter.admit(limits, NOW) is None
+        async with asyncio.timeout(10):
+            while not [key async for key in client.scan_iter(f"{prefix}:*")]:
+                await asyncio.sleep(0.01)
+        keys = [key async for key in client.scan_iter(f"{prefix}:*")]  # the minute, day and month windows
+        assert [int(await client.get(key)) for key in keys] == [600] * len(keys)
+        assert all([await client.ttl(key) > 0 for key in keys])
+        await limiter.record_tokens(limits, 500, NOW)
+        await limiter.close()  # what is left is written on the way out
+        assert [int(await client.get(key)) for key in keys] == [1100] * len(keys)
+        other = RedisLimiter(REDIS_TEST_URL, prefix=prefix, timeout=10.0)  # another gateway process
+        refusal = await other.admit(limits, NOW)
+        await other.close()
+        assert refusal is not None and refusal.used == 1100
+    finally:
+        keys = [key async for key in client.scan_iter(f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+async def test_redis_that_lost_the_script_is_sent_it_again() -> None:
+    if not _redis_reachable():
+        pytest.skip(f"Redis is not reachable at {REDIS_TEST_URL}")
+    from apps.quotas.resp import RedisClient
+
+    prefix = f"llmgw:test:{uuid.uuid4().hex[:12]}"
+    limiter = RedisLimiter(REDIS_TEST_URL, prefix=prefix, timeout=10.0)
+    admin = RedisClient(REDIS_TEST_URL, timeout=10.0)
+    limits = [team(requests_per_minute=1)]
+    try:
+        await admin.execute(("SCRIPT", "FLUSH"))  # as after a Redis restart
+        assert await limiter.admit(limits, NOW) is None
+        refusal = await limiter.admit(limits, NOW)
+        assert refusal is not None and refusal.used == 1
+        assert limiter._down_until == 0.0  # answered by Redis, not failed open
+    finally:
+        await limiter.close()
+        [keys] = await admin.execute(("KEYS", f"{prefix}:*"))
+        if keys:
+            await admin.execute(("DEL", *keys))
+        await admin.close()
+
+
 async def test_redis_down_fails_open_and_logs_once(caplog: Any) -> None:
     limiter = RedisLimiter("redis://127.0.0.1:1/0", prefix="llmgw:test:down", backoff_s=0)
     limits = [team(requests_per_minute=1)]
@@ -171,14 +231,14 @@ async def test_redis_down_fails_open_and_logs_once(caplog: Any) -> None:
 async def test_after_a_redis_failure_redis_is_left_alone_for_a_while() -> None:
     limiter = RedisLimiter("redis://127.0.0.1:1/0", prefix="llmgw:test:down", backoff_s=60)
     calls = 0
-    original = limiter._admit
+    original = limiter._redis.execute
 
-    async def counting(**kwargs: Any) -> Any:
+    async def counting(*commands: Any) -> Any:
         nonlocal calls
         calls += 1
-        return await original(**kwargs)
+        return await original(*commands)
 
-    limiter._admit = counting
+    limiter._redis.execute = counting  # type: ignore[method-assign]
     for _ in range(5):
         assert await limiter.admit([team(requests_per_minute=1)], NOW) is None
     assert calls == 1
