@@ -94,7 +94,6 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         self.paused = False
         self.waiter: asyncio.Future[None] | None = None
-        self._header_name = b""
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
@@ -110,9 +109,6 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError(f"the upstream's answer is not valid HTTP: {exc}"))
 
-    def eof_received(self) -> bool | None:
-        return None  # close our side too; connection_lost follows
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool._forget(self)
@@ -125,21 +121,10 @@ class _Connection(asyncio.Protocol):
         detail = f": {exc}" if exc else ""
         self._fail(Disconnected(f"the upstream closed the connection {what}{detail}"))
 
-    def pause_writing(self) -> None:  # a request body bigger than the socket buffer: the kernel copes
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # httptools callbacks ---------------------------------------------------------------------
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name:
-            self._header_name = name
-            self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-        else:  # a header value split across reads
-            key = self._header_name.decode("latin-1").lower()
-            self.headers[key] += value.decode("latin-1")
+    def on_header(self, name: bytes, value: bytes) -> None:  # whole: httptools joins split reads itself
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
