@@ -9,9 +9,9 @@ out. It speaks RESP2 and knows integers, strings, errors and arrays, which is al
 EVALSHA, EVAL, INCRBY and EXPIRE answer.
 
 - redis://[[user]:password@]host[:port][/db], rediss:// (TLS) and unix:///path?db=N.
-- Every command has a deadline (`timeout`). A call that passes it gets TimeoutError and
-  the connection is dropped: its later replies would answer no one, and a Redis that is
-  that slow is treated as down by the caller.
+- Every command has a deadline (`timeout`). A call that passes it gets TimeoutError, as
+  does every call waiting on the same connection, and the connection is dropped: its
+  later replies would answer no one, and a Redis that slow is treated as down.
 - A lost connection fails every call waiting on it; the next call opens a new one.
 """
 
@@ -33,12 +33,7 @@ class RedisError(Exception):
 def encode(*args: Any) -> bytes:
     out = [b"*%d\r\n" % len(args)]
     for arg in args:
-        if isinstance(arg, bytes):
-            value = arg
-        elif isinstance(arg, str):
-            value = arg.encode()
-        else:
-            value = str(arg).encode()
+        value = arg if type(arg) is bytes else str(arg).encode()
         out.append(b"$%d\r\n%s\r\n" % (len(value), value))
     return b"".join(out)
 
@@ -209,21 +204,27 @@ class RedisClient:
 
     async def execute(self, *commands: tuple[Any, ...]) -> list[Any]:
         """Send the commands in one write and wait for their replies (error replies are returned,
-        not raised). A connection failure or a passed deadline raises."""
-        conn = await self._connection()
+        not raised). A connection failure raises RedisError, a passed deadline TimeoutError."""
+        conn = self._conn
+        if conn is None or conn.lost:
+            conn = await self._connection()
+        loop = asyncio.get_running_loop()
         if len(commands) == 1:
-            future = asyncio.get_running_loop().create_future()
+            future: asyncio.Future[Any] = loop.create_future()
             conn.waiting.append(future)
             conn.transport.write(encode(*commands[0]))  # type: ignore[union-attr]
         else:
             future = self._send(conn, list(commands))
+        deadline = loop.call_later(self.timeout, self._expire, conn, future)
         try:
-            async with asyncio.timeout(self.timeout):
-                replies = await future
-        except TimeoutError:
-            conn.fail(RedisError(f"Redis did not answer within {self.timeout:g} s"))
-            raise
+            replies = await future
+        finally:
+            deadline.cancel()
         return [replies] if len(commands) == 1 else replies
+
+    def _expire(self, conn: _Connection, future: asyncio.Future[Any]) -> None:
+        if not future.done():
+            conn.fail(TimeoutError(f"Redis did not answer within {self.timeout:g} s"))
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
