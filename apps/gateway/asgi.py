@@ -25,7 +25,7 @@ from typing import Any
 
 from apps.gateway import metrics
 from apps.gateway.routing import Admission, affinity_key, choose
-from apps.gateway.tables import Endpoint, KeyEntry, ModelRoute, Tables, key_hash, load_tables
+from apps.gateway.tables import Endpoint, KeyEntry, ModelRoute, Tables, current_version, key_hash, load_tables
 from apps.gateway.translate import (
     ChatToAnthropicStream,
     ChatToResponsesStream,
@@ -46,6 +46,9 @@ __all__ = ["GatewayApp", "gateway_app"]
 log = logging.getLogger("llmgw.gateway")
 # How often one gateway process tells the reconciler that every replica of a model is busy.
 BUSY_NOTE_INTERVAL_S = 5.0
+# A key or model the tables do not know is checked against the database's table version before
+# it is refused, at most this often (so a flood of wrong keys costs one small query per interval).
+MISS_RECHECK_S = 0.1
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -125,6 +128,8 @@ class GatewayApp:
         self._reload_lock = asyncio.Lock()
         self._busy_noted: dict[str, float] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._miss_check: asyncio.Task[None] | None = None
+        self._miss_checked_at = -math.inf
 
     # Life cycle ---------------------------------------------------------------------------
 
@@ -180,8 +185,6 @@ class GatewayApp:
     async def _refresh_loop(self) -> None:
         from asgiref.sync import sync_to_async
 
-        from apps.gateway.tables import current_version
-
         last_full = time.monotonic()
         while True:
             await asyncio.sleep(self.refresh_interval)
@@ -200,6 +203,29 @@ class GatewayApp:
             self.tables = await sync_to_async(load_tables, thread_sensitive=False)(self.tables)
         for name in self.tables.models:
             self.admission.released(name)
+
+    async def confirm_miss(self) -> None:
+        """Before a key or model the tables lack is refused: if the database has moved on since the
+        tables were read (a key made, a model applied a moment ago), read them again now rather than
+        at the next refresh. Requests that miss together wait on one check."""
+        task = self._miss_check
+        if task is None:
+            if time.monotonic() - self._miss_checked_at < MISS_RECHECK_S:
+                return
+            task = self._miss_check = asyncio.create_task(self._check_version())
+        await asyncio.shield(task)
+
+    async def _check_version(self) -> None:
+        from asgiref.sync import sync_to_async
+
+        try:
+            if await sync_to_async(current_version, thread_sensitive=False)() != self.tables.version:
+                await self.reload()
+        except Exception:
+            log.warning("could not check the gateway's tables after a miss", exc_info=True)
+        finally:
+            self._miss_checked_at = time.monotonic()
+            self._miss_check = None
 
     # ASGI --------------------------------------------------------------------------------
 
@@ -248,7 +274,7 @@ class GatewayApp:
 
     async def serve(self, call: Call, upstream_path: str, scope: dict[str, Any], receive: Receive,
                     send: Send) -> None:
-        call.entry = self.authenticate(scope, call.style)
+        call.entry = await self.authenticate(scope)
         raw = await self.read_body(receive)
         try:
             body = json.loads(raw)
@@ -281,6 +307,9 @@ class GatewayApp:
 
         route = self.tables.models.get(call.model)
         if route is None:
+            await self.confirm_miss()
+            route = self.tables.models.get(call.model)
+        if route is None:
             raise Refused(404, f"The model “{call.model}” does not exist.", kind="not_found_error",
                           code="model_not_found")
         assert call.entry is not None
@@ -299,7 +328,7 @@ class GatewayApp:
             endpoint.outstanding -= 1
             self.admission.released(endpoint.model)
 
-    def authenticate(self, scope: dict[str, Any], style: str) -> KeyEntry:
+    async def authenticate(self, scope: dict[str, Any]) -> KeyEntry:
         raw = ""
         for name, value in scope.get("headers", []):
             if name == b"authorization":
@@ -311,7 +340,11 @@ class GatewayApp:
         if not raw:
             raise Refused(401, "Send an API key: “Authorization: Bearer llmgw_...” or “x-api-key”.",
                           kind="authentication_error", code="missing_api_key")
-        entry = self.tables.keys.get(key_hash(raw))
+        hashed = key_hash(raw)
+        entry = self.tables.keys.get(hashed)
+        if entry is None:
+            await self.confirm_miss()
+            entry = self.tables.keys.get(hashed)
         if entry is None:
             raise Refused(401, "Invalid, revoked or expired API key.", kind="authentication_error",
                           code="invalid_api_key")
@@ -622,7 +655,7 @@ class GatewayApp:
     async def list_models(self, scope: dict[str, Any], send: Send) -> None:
         call = Call("chat")
         try:
-            entry = self.authenticate(scope, "chat")
+            entry = await self.authenticate(scope)
         except Refused as exc:
             await self.send_error(send, "chat", exc.status, exc.message, request_id=call.request_id, code=exc.code)
             return

@@ -130,6 +130,10 @@ class Gateway:
     usage: UsageLog
     limiter: FakeLimiter
     client: aiohttp.ClientSession
+    # What "the database" holds when a test has moved it past the gateway's tables, and how many
+    # times the gateway asked for the table version.
+    database: dict[str, Tables] = field(default_factory=dict)
+    version_checks: list[int] = field(default_factory=list)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -186,7 +190,9 @@ async def gw(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
 
     # GatewayApp._start runs as in production, except that nothing comes from the database: the
     # tables are ours, the usage writer and limiter are fakes, and the refresh loop never reloads.
-    monkeypatch.setattr(asgi, "load_tables", lambda previous=None: tables)
+    database: dict[str, Tables] = {}
+    version_checks: list[int] = []
+    monkeypatch.setattr(asgi, "load_tables", lambda previous=None: database.get("tables", tables))
     fake_limiter = types.ModuleType("apps.quotas.limiter")
     fake_limiter.make_limiter = lambda: limiter  # type: ignore[attr-defined]
     fake_usage = types.ModuleType("apps.quotas.usage")
@@ -198,6 +204,13 @@ async def gw(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     monkeypatch.setattr(django_settings, "USAGE_WRITER", "web")  # the fake log stands in for the writer
 
     app = asgi.GatewayApp()
+
+    def current_version() -> int:
+        version = database["tables"].version if "tables" in database else app.tables.version
+        version_checks.append(version)
+        return version
+
+    monkeypatch.setattr(asgi, "current_version", current_version)
 
     async def never_refresh() -> None:
         await asyncio.Event().wait()
@@ -218,7 +231,7 @@ async def gw(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
             await asyncio.sleep(0.005)
     client = aiohttp.ClientSession()
     try:
-        yield Gateway(app, f"http://127.0.0.1:{port}", usage, limiter, client)
+        yield Gateway(app, f"http://127.0.0.1:{port}", usage, limiter, client, database, version_checks)
     finally:
         await client.close()
         server.should_exit = True
@@ -775,6 +788,28 @@ async def test_a_whole_answer_reaches_the_openai_sdk_with_its_usage_recorded(gw:
     assert (record["prompt_tokens"], record["completion_tokens"], record["tokens_estimated"]) == (7, 2, False)
     assert (record["api_key_id"], record["user_id"], record["project_id"], record["team_id"],
             record["organization_id"]) == (1, 10, 20, 30, 40)
+
+
+# Keys and models made a moment ago -----------------------------------------------------------------
+
+
+async def test_a_key_and_model_made_since_the_last_refresh_are_served_not_refused(
+        gw: Gateway, engine: MockEngine) -> None:
+    fresh_key = "llmgw_made_a_moment_ago"
+    keys = {**gw.app.tables.keys, key_hash(fresh_key): entry(key_id=2)}
+    models = {**gw.app.tables.models, "new": route("new", [endpoint(engine.url, "2", model="new")])}
+    gw.database["tables"] = Tables(keys=keys, models=models, version=gw.app.tables.version + 1)
+    # The refresh loop would see this within a second; a request in that second must not be refused.
+    answer = await gw.post("/v1/chat/completions", {"model": "new", "messages": HELLO}, key=fresh_key)
+    assert answer.status == 200, answer.text
+    assert gw.app.tables.version == gw.database["tables"].version
+
+
+async def test_requests_that_miss_together_ask_for_the_table_version_once(gw: Gateway) -> None:
+    answers = await asyncio.gather(*(gw.chat(key="llmgw_no_such_key") for _ in range(20)))
+    assert {a.status for a in answers} == {401}
+    assert 1 <= len(gw.version_checks) < 20
+    assert gw.app.tables.keys.get(key_hash("llmgw_no_such_key")) is None
 
 
 # Metrics --------------------------------------------------------------------------------------------
