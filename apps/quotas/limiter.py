@@ -388,6 +388,8 @@ class RedisLimiter:
             self._failed("record_tokens", exc)
 
     async def close(self) -> None:
+        if self._flushing:  # a timed flush under way finishes on the connection before it closes
+            await asyncio.gather(*self._flushing, return_exceptions=True)
         await self.flush()
         await self._redis.close()
 
