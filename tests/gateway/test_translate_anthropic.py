@@ -77,8 +77,8 @@ def completion(message: dict[str, Any], finish: str = "stop", usage: dict[str, A
     return resp
 
 
-def to_message(resp: dict[str, Any], model: str = "claude-via-gw") -> dict[str, Any]:
-    msg = chat_to_message(resp, model)
+def to_message(resp: dict[str, Any], model: str = "claude-via-gw", **kw: Any) -> dict[str, Any]:
+    msg = chat_to_message(resp, model, **kw)
     if HAVE_SDKS:
         anthropic_types.Message.model_validate(msg)
         json.dumps(msg)
@@ -520,10 +520,53 @@ def test_stop_reasons(finish: str, expected: str) -> None:
 
 def test_a_matched_stop_string_is_a_stop_sequence() -> None:
     # vLLM names the stop string that ended the completion in the choice's stop_reason.
-    msg = to_message(completion({"content": "42"}, "stop", stop_reason="</answer>"))
+    msg = to_message(completion({"content": "42"}, "stop", stop_reason="</answer>"), stop_sequences=["</answer>"])
     assert (msg["stop_reason"], msg["stop_sequence"]) == ("stop_sequence", "</answer>")
-    eos = to_message(completion({"content": "42"}, "stop", stop_reason=None))
+    eos = to_message(completion({"content": "42"}, "stop", stop_reason=None), stop_sequences=["</answer>"])
     assert (eos["stop_reason"], eos["stop_sequence"]) == ("end_turn", None)
+
+
+@pytest.mark.parametrize(
+    ("matched", "asked"),
+    [
+        ("<|im_end|>", ["</answer>"]),  # a stop the engine or its template added, not the client
+        ("</answer>", None),  # the request asked for no stop sequences
+        ("", [""]),  # an empty string matches nothing
+        (151645, ["</answer>"]),  # vLLM's stop token id, not a string
+    ],
+)
+def test_a_stop_the_request_did_not_ask_for_is_an_end_turn(matched: Any, asked: list[str] | None) -> None:
+    resp = completion({"content": "42"}, "stop")
+    resp["choices"][0]["stop_reason"] = matched
+    msg = to_message(resp, stop_sequences=asked)
+    assert (msg["stop_reason"], msg["stop_sequence"]) == ("end_turn", None)
+
+
+def test_llama_server_verbose_names_the_stop_sequence_of_a_whole_response() -> None:
+    """llama-server asked with "verbose": true adds a top-level __verbose object (shape as seen)."""
+    resp = completion({"content": "aaa "}, "stop", usage(12, 3))
+    resp["timings"] = {"cache_n": 0, "prompt_n": 12, "predicted_n": 3}
+    resp["__verbose"] = {"content": "aaa ", "stop": True, "stop_type": "word", "stopping_word": "bbb", "tokens": []}
+    resp["system_fingerprint"] = "b1-0c1e570"
+    msg = to_message(resp, stop_sequences=["zzz", "bbb"])
+    assert (msg["stop_reason"], msg["stop_sequence"]) == ("stop_sequence", "bbb")
+    assert "__verbose" not in json.dumps(msg) and "timings" not in msg
+    resp["__verbose"] = {"stop_type": "eos", "stopping_word": ""}
+    assert to_message(resp, stop_sequences=["bbb"])["stop_reason"] == "end_turn"
+    resp["__verbose"] = {"stop_type": "limit", "stopping_word": ""}
+    assert to_message(resp, stop_sequences=["bbb"])["stop_reason"] == "end_turn"
+
+
+def test_messages_to_chat_does_not_ask_for_verbose() -> None:
+    # An external OpenAI-compatible provider refuses fields it does not know.
+    chat = to_chat(request(stop_sequences=["bbb"], stream=True))
+    assert "verbose" not in chat and chat["stop"] == ["bbb"]
+
+
+def test_llama_server_timings_give_the_usage_of_a_whole_response_without_usage() -> None:
+    resp = completion({"content": "x"})
+    resp["timings"] = {"cache_n": 30, "prompt_n": 10, "predicted_n": 7, "prompt_ms": 1.5}
+    assert to_message(resp)["usage"] == {"input_tokens": 40, "output_tokens": 7}
 
 
 def test_cached_prompt_tokens_are_cache_reads() -> None:
@@ -719,8 +762,110 @@ def test_input_tokens_given_up_front_go_in_message_start() -> None:
 def test_a_stop_string_in_a_stream() -> None:
     c = chunk({}, "stop")
     c["choices"][0]["stop_reason"] = "###"
-    _, events = run_stream([chunk({"content": "x"}), c])
+    _, events = run_stream([chunk({"content": "x"}), c], stop_sequences=["###"])
     assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "###"}
+    if HAVE_SDKS:
+        assert check_events(events).stop_sequence == "###"
+
+
+def test_a_stop_string_the_request_did_not_ask_for_ends_a_stream_as_end_turn() -> None:
+    c = chunk({}, "stop")
+    c["choices"][0]["stop_reason"] = "<|im_end|>"
+    _, events = run_stream([chunk({"content": "x"}), c], stop_sequences=["###"])
+    assert events[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+    _, events = run_stream([chunk({"content": "x"}), c])
+    assert events[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def llama_final_chunk(stop_type: str, word: str, *, with_usage: bool = False) -> dict[str, Any]:
+    """llama-server's last chunk when the request carried "verbose": true (keys as it sent them)."""
+    c: dict[str, Any] = {
+        "choices": [{"finish_reason": "stop", "index": 0, "delta": {}}],
+        "created": 1795981774,
+        "id": "chatcmpl-GHeuQe6P",
+        "model": "tiny.gguf",
+        "system_fingerprint": "b1-0c1e570",
+        "object": "chat.completion.chunk",
+        "timings": {"cache_n": 0, "prompt_n": 9, "prompt_ms": 2.1, "predicted_n": 3, "predicted_ms": 4.2},
+        "__verbose": {"content": "aaa ", "stop": True, "stop_type": stop_type, "stopping_word": word, "tokens": []},
+    }
+    if with_usage:
+        c["usage"] = usage(9, 3)
+    if HAVE_SDKS:
+        ChatCompletionChunk.model_validate(c)
+    return c
+
+
+def test_llama_server_verbose_in_the_last_chunk_gives_the_stop_sequence() -> None:
+    chunks = [chunk({"role": "assistant"}), chunk({"content": "aaa "}), llama_final_chunk("word", "bbb")]
+    stream, events = run_stream(chunks, stop_sequences=["bbb"])
+    assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "bbb"}
+    assert not any("__verbose" in json.dumps(data) or "stopping_word" in json.dumps(data) for _, data in events)
+    # No usage chunk came: the counts are llama.cpp's timings, exact, not estimated.
+    assert events[-2][1]["usage"] == {"input_tokens": 9, "output_tokens": 3}
+    assert (stream.usage.input_tokens, stream.usage.output_tokens, stream.usage.estimated) == (9, 3, False)
+
+
+def test_llama_server_verbose_on_a_usage_chunk_without_choices_is_read_too() -> None:
+    last = llama_final_chunk("word", "bbb", with_usage=True)
+    finish, tail = dict(last), dict(last)
+    del finish["__verbose"], finish["timings"], finish["usage"]
+    tail["choices"] = []
+    _, events = run_stream([chunk({"content": "aaa "}), finish, tail], stop_sequences=["bbb"])
+    assert events[-2][1]["delta"]["stop_sequence"] == "bbb"
+
+
+@pytest.mark.parametrize("stop_type", ["eos", "limit"])
+def test_llama_server_verbose_without_a_stop_word_is_no_stop_sequence(stop_type: str) -> None:
+    _, events = run_stream([chunk({"content": "a"}), llama_final_chunk(stop_type, "")], stop_sequences=["bbb"])
+    assert events[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def test_start_takes_the_prompt_count_once_it_is_known() -> None:
+    stream = ChatToAnthropicStream("m", stop_sequences=["bbb"])
+    events = stream.start(input_tokens=120)
+    assert events[0][1]["message"]["usage"] == {"input_tokens": 120, "output_tokens": 0}
+    assert stream.start(input_tokens=5) == []  # started once; the count is kept, nothing is sent again
+    events += stream.feed(chunk({"content": "x"}))
+    events += stream.feed(chunk({}, "stop"))
+    events += stream.feed(chunk(usage=usage(120, 3, cached=100)))
+    events += stream.finish()
+    # The engine's final count wins in message_delta; cache reads apart, as Anthropic reports them.
+    assert events[-2][1]["usage"] == {"input_tokens": 20, "output_tokens": 3, "cache_read_input_tokens": 100}
+    assert stream.usage.input_tokens == 120 and stream.usage.cached_input_tokens == 100
+    if HAVE_SDKS:
+        final = check_events(events).usage
+        assert (final.input_tokens, final.cache_read_input_tokens, final.output_tokens) == (20, 100, 3)
+
+
+def test_without_engine_usage_message_delta_carries_the_counted_prompt() -> None:
+    stream = ChatToAnthropicStream("m")
+    events = stream.start(input_tokens=50)
+    events += stream.feed(chunk({"content": "a"}))
+    events += stream.feed(chunk({"content": "b"}, "stop"))
+    events += stream.finish()
+    check_events(events)
+    assert events[0][1]["message"]["usage"]["input_tokens"] == 50
+    assert events[-2][1]["usage"] == {"input_tokens": 50, "output_tokens": 2}
+    assert (stream.usage.input_tokens, stream.usage.output_tokens, stream.usage.estimated) == (50, 2, True)
+
+
+def test_a_count_known_only_after_the_stream_started_still_reaches_message_delta() -> None:
+    stream = ChatToAnthropicStream("m")
+    events = stream.feed(chunk({"content": "a"}, "stop"))
+    assert events[0][1]["message"]["usage"] == {"input_tokens": 0, "output_tokens": 0}
+    assert stream.start(input_tokens=33) == []
+    events += stream.finish()
+    check_events(events)
+    assert events[-2][1]["usage"] == {"input_tokens": 33, "output_tokens": 1}
+
+
+def test_with_no_count_known_message_start_says_zero_and_message_delta_the_engines() -> None:
+    _, events = run_stream([chunk({"content": "a"}, "stop"), chunk(usage=usage(17, 1))])
+    assert events[0][1]["message"]["usage"] == {"input_tokens": 0, "output_tokens": 0}
+    assert events[-2][1]["usage"] == {"input_tokens": 17, "output_tokens": 1}
+    if HAVE_SDKS:
+        assert check_events(events).usage.input_tokens == 17
 
 
 def test_an_empty_stream_still_starts_and_stops() -> None:

@@ -8,6 +8,7 @@ is parsed with its own types, and streams run through the SDK's own stream state
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -15,7 +16,9 @@ import pytest
 from apps.gateway.translate.errors import openai_error
 from apps.gateway.translate.responses import (
     CUSTOM_TOOL_INPUT,
+    IGNORED_INPUT_ITEMS,
     ChatToResponsesStream,
+    ToolNames,
     TranslationError,
     chat_to_response,
     custom_tool_input,
@@ -64,6 +67,31 @@ APPLY_PATCH_TOOL = {
     "description": "Use the `apply_patch` tool to edit files.",
     "format": {"type": "grammar", "syntax": "lark", "definition": APPLY_PATCH_GRAMMAR},
 }
+
+
+SPAWN_PARAMETERS = {
+    "type": "object",
+    "properties": {"message": {"type": "string"}, "agent_type": {"type": "string"}},
+    "required": ["message"],
+    "additionalProperties": False,
+}
+#: A namespace tool as Codex sends it: function children, and a custom one.
+COLLABORATION_TOOL = {
+    "type": "namespace",
+    "name": "collaboration",
+    "description": "Tools for working with other agents.",
+    "tools": [
+        {
+            "type": "function",
+            "name": "spawn_agent",
+            "description": "Start a sub-agent on a task.",
+            "parameters": SPAWN_PARAMETERS,
+        },
+        {"type": "function", "name": "wait", "description": "Wait for agents.", "parameters": {"type": "object"}},
+        {"type": "custom", "name": "send_note", "description": "Send free-form text to an agent."},
+    ],
+}
+CHAT_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 # Builders and SDK checks ----------------------------------------------------------------------------------
@@ -467,6 +495,67 @@ def test_store_true_and_unknown_fields_are_noted() -> None:
     assert "metadata" not in chat and "user" not in chat
 
 
+@pytest.mark.parametrize("kind", sorted(IGNORED_INPUT_ITEMS))
+def test_server_side_and_unreadable_input_items_are_ignored_and_noted(kind: str) -> None:
+    items = [user("hi"), {"type": kind, "id": "x_1"}, user("again")]
+    chat, ignored = to_chat(request(validate=False, input=items))
+    assert chat["messages"] == [{"role": "user", "content": "hi\nagain"}]
+    assert ignored == [f"input:{kind}"]
+
+
+def test_the_ignored_input_items_are_the_listed_ones() -> None:
+    listed = {
+        "reasoning",
+        "compaction",
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "program",
+        "program_output",
+        "mcp_list_tools",
+        "mcp_call",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "computer_call",
+        "computer_call_output",
+    }
+    assert listed == IGNORED_INPUT_ITEMS
+
+
+def test_an_unknown_input_item_type_is_refused_naming_it() -> None:
+    with pytest.raises(TranslationError) as caught:
+        responses_to_chat(request(validate=False, input=[user("hi"), {"type": "hologram", "data": "..."}]))
+    assert caught.value.param == "input[1].type"
+    assert caught.value.message.startswith("input[1].type: unsupported input item type 'hologram'")
+    for odd in (7, ["message"], {"kind": "message"}):
+        with pytest.raises(TranslationError) as caught:
+            responses_to_chat(request(validate=False, input=[{"type": odd}]))
+        assert caught.value.param == "input[0].type" and repr(odd) in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "shell_call", "call_id": "c", "action": {"commands": ["ls"]}, "status": "completed"},
+        {"type": "shell_call_output", "call_id": "c", "output": []},
+        {"type": "apply_patch_call", "call_id": "c", "operation": {"type": "delete_file", "path": "a"}},
+        {"type": "apply_patch_call_output", "call_id": "c", "status": "completed"},
+        {"type": "tool_search_call", "arguments": {"query": "crm"}},
+        {"type": "tool_search_output", "tools": [SHELL_TOOL]},
+        {"type": "additional_tools", "role": "developer", "tools": [SHELL_TOOL]},
+        {"type": "configuration_update", "text": {"format": {"type": "text"}}},
+        {"type": "compaction_trigger"},
+        {"type": "item_reference", "id": "msg_1"},
+    ],
+)
+def test_input_items_that_carry_what_the_engine_cannot_be_given_are_refused(item: dict[str, Any]) -> None:
+    with pytest.raises(TranslationError) as caught:
+        responses_to_chat(request(validate=False, input=[user("hi"), item]))
+    assert caught.value.param == "input[1].type"
+    assert item["type"] in caught.value.message and "not supported" in caught.value.message
+
+
 @pytest.mark.parametrize(
     ("change", "param"),
     [
@@ -495,6 +584,15 @@ def test_store_true_and_unknown_fields_are_noted() -> None:
         ({"max_output_tokens": "5"}, "max_output_tokens"),
         ({"tools": [{"type": "function"}]}, "tools[0].name"),
         ({"tools": [{"type": "function", "name": "f", "parameters": "{}"}]}, "tools[0].parameters"),
+        ({"tools": [{"type": "namespace", "description": "d", "tools": []}]}, "tools[0].name"),
+        ({"tools": [{"type": "namespace", "name": "n", "description": "d"}]}, "tools[0].tools"),
+        ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]}, "tools[0].tools[0].type"),
+        ({"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "function"}]}]}, "tools[0].tools[0].name"),
+        (
+            {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "namespace": 3}]},
+            "input[0].namespace",
+        ),
+        ({"tool_choice": {"type": "function", "name": "f", "namespace": 3}}, "tool_choice.namespace"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": {"type": "function"}}, "tool_choice.name"),
         ({"tool_choice": {"type": "allowed_tools", "mode": "maybe", "tools": []}}, "tool_choice.mode"),
@@ -932,3 +1030,329 @@ def test_openai_error_with_everything() -> None:
             "code": "model_not_found",
         }
     }
+
+
+# Namespace tools --------------------------------------------------------------------------------------------
+
+
+def test_namespace_tools_are_offered_as_functions_named_namespace__tool() -> None:
+    chat, ignored = to_chat(request(tools=[SHELL_TOOL, COLLABORATION_TOOL]))
+    assert ignored == []
+    assert [t["function"]["name"] for t in chat["tools"]] == [
+        "shell",
+        "collaboration__spawn_agent",
+        "collaboration__wait",
+        "collaboration__send_note",
+    ]
+    spawn, wait, note = chat["tools"][1:]
+    assert spawn == {
+        "type": "function",
+        "function": {
+            "name": "collaboration__spawn_agent",
+            "description": "Tools for working with other agents.\n\nStart a sub-agent on a task.",
+            "parameters": SPAWN_PARAMETERS,
+        },
+    }
+    assert wait["function"]["description"] == "Tools for working with other agents.\n\nWait for agents."
+    # A custom child is a function of one string, as a top-level custom tool is.
+    assert note["function"]["parameters"]["required"] == [CUSTOM_TOOL_INPUT]
+    assert note["function"]["description"].endswith("Send free-form text to an agent.")
+
+
+def test_a_namespace_description_already_in_the_tools_description_is_not_repeated() -> None:
+    tool = {
+        "type": "namespace",
+        "name": "crm",
+        "description": "CRM.",
+        "tools": [
+            {"type": "function", "name": "find", "description": "CRM. Find a customer."},
+            {"type": "function", "name": "bare"},
+        ],
+    }
+    chat, _ = to_chat(request(tools=[tool]))
+    assert [t["function"].get("description") for t in chat["tools"]] == ["CRM. Find a customer.", "CRM."]
+    assert list(chat["tools"][1]["function"]) == ["name", "description", "parameters"]
+
+
+def test_a_namespaced_name_that_chat_would_refuse_is_made_valid_the_same_way_every_time() -> None:
+    long_name = "x" * 60
+    tool = {
+        "type": "namespace",
+        "name": "mcp.github-server",
+        "description": "GitHub.",
+        "tools": [
+            {"type": "function", "name": "list issues"},
+            {"type": "function", "name": long_name},
+            {"type": "function", "name": "list_issues"},
+        ],
+    }
+    chat, _ = to_chat(request(tools=[tool]))
+    offered = [t["function"]["name"] for t in chat["tools"]]
+    assert all(CHAT_NAME.match(name) for name in offered), offered
+    assert len(set(offered)) == 3
+    assert offered[0].startswith("mcp_github-server__list_issues_") and len(offered[0]) == 39
+    assert len(offered[1]) == 64
+    again, _ = to_chat(request(tools=[tool]))
+    assert [t["function"]["name"] for t in again["tools"]] == offered
+    # And back: each chat name is the child's own name in its namespace.
+    names = ToolNames([tool])
+    assert [names.back(name) for name in offered] == [
+        ("list issues", "mcp.github-server", False),
+        (long_name, "mcp.github-server", False),
+        ("list_issues", "mcp.github-server", False),
+    ]
+
+
+def test_a_joined_name_taken_by_a_top_level_tool_gets_another() -> None:
+    taken = {"type": "function", "name": "collaboration__wait"}
+    chat, _ = to_chat(request(tools=[taken, COLLABORATION_TOOL]))
+    offered = [t["function"]["name"] for t in chat["tools"]]
+    assert offered[0] == "collaboration__wait"
+    assert offered[2].startswith("collaboration__wait_") and offered[2] != offered[0]
+    names = ToolNames([taken, COLLABORATION_TOOL])
+    assert names.back(offered[0]) == ("collaboration__wait", None, False)
+    assert names.back(offered[2]) == ("wait", "collaboration", False)
+
+
+def test_a_call_to_a_namespaced_tool_comes_back_with_its_name_and_namespace() -> None:
+    req = request(tools=[SHELL_TOOL, COLLABORATION_TOOL])
+    calls = [
+        {
+            "id": "call_s",
+            "type": "function",
+            "function": {"name": "collaboration__spawn_agent", "arguments": '{"message":"review a.py"}'},
+        },
+        {
+            "id": "call_n",
+            "type": "function",
+            "function": {"name": "collaboration__send_note", "arguments": json.dumps({"input": "hurry"})},
+        },
+        {"id": "call_l", "type": "function", "function": {"name": "shell", "arguments": '{"command":["ls"]}'}},
+    ]
+    out = to_response(completion({"content": None, "tool_calls": calls}, "tool_calls"), req)
+    assert out["output"] == [
+        {
+            "id": "fc_0123abcd_0",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": "call_s",
+            "name": "spawn_agent",
+            "namespace": "collaboration",
+            "arguments": '{"message":"review a.py"}',
+        },
+        {
+            "id": "ctc_0123abcd_1",
+            "type": "custom_tool_call",
+            "call_id": "call_n",
+            "name": "send_note",
+            "namespace": "collaboration",
+            "input": "hurry",
+        },
+        {
+            "id": "fc_0123abcd_2",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": "call_l",
+            "name": "shell",
+            "arguments": '{"command":["ls"]}',
+        },
+    ]
+    assert [t["type"] for t in out["tools"]] == ["function", "namespace"]
+    if HAVE_SDK:
+        parsed = Response.model_validate(out)
+        assert [(item.name, item.namespace) for item in parsed.output] == [  # type: ignore[union-attr]
+            ("spawn_agent", "collaboration"),
+            ("send_note", "collaboration"),
+            ("shell", None),
+        ]
+
+
+def test_a_streamed_call_to_a_namespaced_tool_names_it_and_its_namespace_in_every_event() -> None:
+    args = '{"message":"review a.py"}'
+    chunks = [
+        chunk(tool_delta(0, id="call_s", name="collaboration__spawn_agent", args=args[:9])),
+        chunk(tool_delta(0, args=args[9:])),
+        chunk(tool_delta(1, id="call_n", name="collaboration__send_note", args=json.dumps({"input": "hurry"}))),
+        chunk({}, "tool_calls"),
+        chunk(usage=usage(40, 12)),
+    ]
+    req = request(tools=[COLLABORATION_TOOL], stream=True)
+    _, events = run_stream(chunks, req)
+    added = [data["item"] for name, data in events if name == "response.output_item.added"]
+    done = [data["item"] for name, data in events if name == "response.output_item.done"]
+    assert added == [
+        {
+            "id": "fc_0123abcd_0",
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": "call_s",
+            "name": "spawn_agent",
+            "namespace": "collaboration",
+            "arguments": "",
+        },
+        {
+            "id": "ctc_0123abcd_1",
+            "type": "custom_tool_call",
+            "call_id": "call_n",
+            "name": "send_note",
+            "namespace": "collaboration",
+            "input": "",
+        },
+    ]
+    assert [(item["name"], item["namespace"], item.get("status")) for item in done] == [
+        ("spawn_agent", "collaboration", "completed"),
+        ("send_note", "collaboration", None),
+    ]
+    assert done[0]["arguments"] == args and done[1]["input"] == "hurry"
+    final = events[-1][1]["response"]
+    assert final["output"] == done
+    calls = [
+        {"id": "call_s", "type": "function", "function": {"name": "collaboration__spawn_agent", "arguments": args}},
+        {
+            "id": "call_n",
+            "type": "function",
+            "function": {"name": "collaboration__send_note", "arguments": json.dumps({"input": "hurry"})},
+        },
+    ]
+    whole = to_response(completion({"content": None, "tool_calls": calls}, "tool_calls"), req)
+    assert final["output"] == whole["output"]
+    if HAVE_SDK:
+        parsed = check_events(events)
+        assert [(item.name, item.namespace) for item in parsed.output] == [
+            ("spawn_agent", "collaboration"),
+            ("send_note", "collaboration"),
+        ]
+
+
+def test_namespaced_calls_in_the_history_become_calls_to_the_offered_names() -> None:
+    items = [
+        user("review a.py with a helper"),
+        {
+            "type": "function_call",
+            "call_id": "call_s",
+            "name": "spawn_agent",
+            "namespace": "collaboration",
+            "arguments": '{"message":"review a.py"}',
+        },
+        {"type": "function_call_output", "call_id": "call_s", "output": "agent 7 started"},
+        {
+            "type": "custom_tool_call",
+            "call_id": "call_n",
+            "name": "send_note",
+            "namespace": "collaboration",
+            "input": "go",
+        },
+        {"type": "custom_tool_call_output", "call_id": "call_n", "output": "sent"},
+    ]
+    chat, _ = to_chat(request(input=items, tools=[COLLABORATION_TOOL]))
+    assert chat["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_s",
+                    "type": "function",
+                    "function": {"name": "collaboration__spawn_agent", "arguments": '{"message":"review a.py"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_s", "content": "agent 7 started"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_n",
+                    "type": "function",
+                    "function": {"name": "collaboration__send_note", "arguments": '{"input":"go"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_n", "content": "sent"},
+    ]
+
+
+def test_a_namespaced_call_round_trips_as_codex_replays_it() -> None:
+    req = request(tools=[COLLABORATION_TOOL])
+    calls = [{"id": "call_w", "type": "function", "function": {"name": "collaboration__wait", "arguments": "{}"}}]
+    out = to_response(completion({"content": None, "tool_calls": calls}, "tool_calls"), req)
+    replay = [user("wait"), *out["output"], {"type": "function_call_output", "call_id": "call_w", "output": "done"}]
+    chat, _ = to_chat(request(input=replay, tools=[COLLABORATION_TOOL]))
+    assert chat["messages"][1]["tool_calls"][0]["function"] == {"name": "collaboration__wait", "arguments": "{}"}
+
+
+def test_a_history_call_to_a_namespace_no_longer_offered_still_gets_a_valid_name() -> None:
+    items = [user("x"), {"type": "function_call", "call_id": "c", "name": "a b", "namespace": "old", "arguments": "{}"}]
+    chat, _ = to_chat(request(input=items, validate=False))
+    name = chat["messages"][1]["tool_calls"][0]["function"]["name"]
+    assert CHAT_NAME.match(name) and name.startswith("old__a_b_")
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"type": "function", "name": "spawn_agent", "namespace": "collaboration"},
+        {"type": "function", "name": "spawn_agent"},  # no top-level tool of that name, one namespace has it
+        {"type": "function", "name": "collaboration__spawn_agent"},  # the offered name itself
+    ],
+)
+def test_tool_choice_naming_a_namespaced_function_chooses_its_offered_name(choice: dict[str, Any]) -> None:
+    chat, _ = to_chat(request(validate=False, tools=[SHELL_TOOL, COLLABORATION_TOOL], tool_choice=choice))
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "collaboration__spawn_agent"}}
+
+
+def test_tool_choice_naming_a_namespaced_custom_tool_chooses_its_offered_name() -> None:
+    choice = {"type": "custom", "name": "send_note", "namespace": "collaboration"}
+    chat, _ = to_chat(request(validate=False, tools=[COLLABORATION_TOOL], tool_choice=choice))
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "collaboration__send_note"}}
+
+
+def test_a_top_level_tool_wins_a_tool_choice_without_a_namespace() -> None:
+    wait = {"type": "function", "name": "wait"}
+    chat, _ = to_chat(request(tools=[wait, COLLABORATION_TOOL], tool_choice={"type": "function", "name": "wait"}))
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "wait"}}
+
+
+def test_allowed_tools_can_name_namespaced_tools_or_a_whole_namespace() -> None:
+    tools = [SHELL_TOOL, COLLABORATION_TOOL]
+    one = {
+        "type": "allowed_tools",
+        "mode": "auto",
+        "tools": [{"type": "function", "name": "spawn_agent", "namespace": "collaboration"}],
+    }
+    chat, _ = to_chat(request(tools=tools, tool_choice=one))
+    assert [t["function"]["name"] for t in chat["tools"]] == ["collaboration__spawn_agent"]
+    whole = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "namespace", "name": "collaboration"}]}
+    chat, _ = to_chat(request(tools=tools, tool_choice=whole))
+    assert [t["function"]["name"] for t in chat["tools"]] == [
+        "collaboration__spawn_agent",
+        "collaboration__wait",
+        "collaboration__send_note",
+    ]
+    assert chat["tool_choice"] == "required"
+    listed = {
+        "type": "allowed_tools",
+        "mode": "auto",
+        "tools": [
+            {"type": "namespace", "name": "collaboration", "tools": [{"type": "function", "name": "wait"}]},
+            SHELL_TOOL,
+        ],
+    }
+    chat, _ = to_chat(request(tools=tools, tool_choice=listed))
+    assert [t["function"]["name"] for t in chat["tools"]] == ["shell", "collaboration__wait"]
+
+
+# llama.cpp's timings ----------------------------------------------------------------------------------------
+
+
+def test_llama_server_timings_give_the_usage_when_no_usage_came() -> None:
+    resp = completion({"content": "hi"})
+    resp["timings"] = {"cache_n": 100, "prompt_n": 20, "predicted_n": 2}
+    assert to_response(resp, request())["usage"]["input_tokens"] == 120
+    last = chunk({}, "stop")
+    last["timings"] = {"cache_n": 100, "prompt_n": 20, "predicted_n": 2}
+    stream, events = run_stream([chunk({"content": "h"}), chunk({"content": "i"}), last], request(stream=True))
+    final = events[-1][1]["response"]["usage"]
+    assert (final["input_tokens"], final["output_tokens"], final["total_tokens"]) == (120, 2, 122)
+    assert not stream.usage.estimated

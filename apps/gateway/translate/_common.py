@@ -1,9 +1,22 @@
-"""What the Anthropic and Responses translators share: building chat messages, SSE framing and
-assembling streamed tool calls. Pure and stdlib-only, like the rest of the package."""
+"""What the Anthropic and Responses translators share: building chat messages, SSE framing,
+assembling streamed tool calls, and reading what engines report beyond the chat schema.
+Pure and stdlib-only, like the rest of the package.
+
+Beyond the chat schema, engines report:
+- the stop string that ended a completion: vLLM (and SGLang) in the choice's `stop_reason` (a
+  string; an integer there is a stop token id, not a string), llama.cpp's llama-server, when the
+  request carries `"verbose": true`, in a top-level `__verbose` object (`stop_type` "word" and
+  `stopping_word`; "eos" or "limit" otherwise) on the last stream chunk or the whole response.
+  `matched_stop` reads either. The translators never copy `__verbose` into what they build.
+- token counts in llama-server's `timings` (`cache_n + prompt_n` prompt tokens, `predicted_n`
+  output tokens), on the last chunk or the whole response: `usage_from_timings` reads them, and
+  the translators use them when no `usage` came.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from .errors import TranslationError
@@ -18,10 +31,14 @@ __all__ = [
     "dumps",
     "finalize_messages",
     "first_choice",
+    "matched_stop",
     "push_message",
     "require",
     "sse",
     "stream_fields",
+    "usage_from_timings",
+    "whole_usage",
+    "with_timings",
 ]
 
 #: One server-sent event: (event name, JSON data). The event name is the data's "type".
@@ -137,6 +154,67 @@ def first_choice(resp: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+# What engines report beyond the chat schema ---------------------------------------------------------------
+
+
+def _count(value: Any) -> int | None:
+    """A token count: a non-negative int (never a bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def usage_from_timings(chunk: Any) -> tuple[int | None, int | None]:
+    """(prompt tokens, output tokens) from llama.cpp's `timings` object in a chunk or a whole
+    response: the prompt is `cache_n + prompt_n` (tokens read from the prompt cache plus those
+    evaluated), the output `predicted_n`. (None, None) when there is no `timings`; a count that is
+    missing or not a non-negative integer is None."""
+    timings = chunk.get("timings") if isinstance(chunk, dict) else None
+    if not isinstance(timings, dict):
+        return None, None
+    evaluated = _count(timings.get("prompt_n"))
+    cached = _count(timings.get("cache_n"))
+    prompt = None if evaluated is None else evaluated + (cached or 0)
+    return prompt, _count(timings.get("predicted_n"))
+
+
+def with_timings(reported: Usage | None, timings: tuple[int | None, int | None]) -> Usage | None:
+    """The upstream's `usage`, its missing counts taken from `timings` (`usage_from_timings`); a new
+    object, or None when neither says anything."""
+    prompt, output = timings
+    if reported is None:
+        if prompt is None and output is None:
+            return None
+        return Usage(input_tokens=prompt, output_tokens=output)
+    merged = replace(reported)
+    if merged.input_tokens is None:
+        merged.input_tokens = prompt
+    if merged.output_tokens is None:
+        merged.output_tokens = output
+    return merged
+
+
+def whole_usage(resp: dict[str, Any]) -> Usage | None:
+    """A whole chat completion's usage: its `usage`, else llama.cpp's `timings`."""
+    return with_timings(from_chat(resp.get("usage")), usage_from_timings(resp))
+
+
+def matched_stop(body: Any, choice: Any = None) -> str | None:
+    """The stop string the engine says ended the completion, or None: the choice's `stop_reason`
+    when it is a string (vLLM, SGLang), else the body's `__verbose.stopping_word` when
+    `__verbose.stop_type` is "word" (llama.cpp's llama-server asked with `"verbose": true`).
+    An empty string is no match. Whether it is one the client asked for is the caller's check."""
+    reason = choice.get("stop_reason") if isinstance(choice, dict) else None
+    if isinstance(reason, str) and reason:
+        return reason
+    verbose = body.get("__verbose") if isinstance(body, dict) else None
+    if isinstance(verbose, dict) and verbose.get("stop_type") == "word":
+        word = verbose.get("stopping_word")
+        if isinstance(word, str) and word:
+            return word
+    return None
+
+
 # Streamed tool calls ------------------------------------------------------------------------------------
 
 
@@ -215,13 +293,23 @@ class ToolCallTracker:
 class ChatChunkReader:
     """Reads a chat-completion stream chunk by chunk, for the translations into other streams.
 
-    `feed(chunk)` (each parsed chunk, [DONE] left out) keeps the upstream's usage, finish_reason
-    and matched stop, counts the deltas that carry tokens (the output estimate when the upstream
-    reports no usage) and hands text and tool-call pieces to the subclass, which returns the
-    events they make. A chunk carrying an "error" object ends the stream through `fail`.
+    `feed(chunk)` (each parsed chunk, [DONE] left out) keeps the upstream's usage (or llama.cpp's
+    `timings`), finish_reason and matched stop, counts the deltas that carry tokens (the output
+    estimate when the upstream reports no usage) and hands text and tool-call pieces to the
+    subclass, which returns the events they make. A chunk carrying an "error" object ends the
+    stream through `fail`.
     """
 
-    __slots__ = ("_done", "_started", "_tools", "finish_reason", "matched_stop", "tokens_counted", "upstream_usage")
+    __slots__ = (
+        "_done",
+        "_started",
+        "_timings",
+        "_tools",
+        "finish_reason",
+        "matched_stop",
+        "tokens_counted",
+        "upstream_usage",
+    )
 
     def __init__(self) -> None:
         #: Content and tool-argument deltas seen: the output estimate when the upstream reports no usage.
@@ -230,8 +318,10 @@ class ChatChunkReader:
         self.upstream_usage: Usage | None = None
         #: The upstream's finish_reason, None until it sends one (a stream cut short never does).
         self.finish_reason: str | None = None
-        #: The stop sequence the engine matched, when it says (llama.cpp's `stop_reason`).
+        #: The stop string the engine says it matched (`matched_stop`), whether the client asked for it or not.
         self.matched_stop: str | None = None
+        #: llama.cpp's counts from the latest `timings` (`usage_from_timings`).
+        self._timings: tuple[int | None, int | None] = (None, None)
         self._started = False
         self._done = False
         self._tools = ToolCallTracker()
@@ -239,6 +329,12 @@ class ChatChunkReader:
     @property
     def done(self) -> bool:
         return self._done
+
+    @property
+    def reported_usage(self) -> Usage | None:
+        """What the upstream reported: its usage chunk, with the counts it left out taken from
+        llama.cpp's `timings`; a new object each time, None when it reported nothing."""
+        return with_timings(self.upstream_usage, self._timings)
 
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
         if self._done or not isinstance(chunk, dict):
@@ -252,7 +348,13 @@ class ChatChunkReader:
         usage = from_chat(chunk.get("usage"))
         if usage is not None:
             self.upstream_usage = usage
+        timings = usage_from_timings(chunk)
+        if timings != (None, None):
+            self._timings = timings
         choice = first_choice(chunk)
+        stop = matched_stop(chunk, choice)
+        if stop is not None:
+            self.matched_stop = stop
         if not choice:
             return events
         delta = choice.get("delta")
@@ -271,8 +373,6 @@ class ChatChunkReader:
         finish = choice.get("finish_reason")
         if finish:
             self.finish_reason = str(finish)
-            if isinstance(choice.get("stop_reason"), str):
-                self.matched_stop = choice["stop_reason"]
         return events
 
     # What each translation makes of the pieces.

@@ -22,24 +22,36 @@ Requests: `messages_to_chat(body)` turns a /v1/messages body into a chat complet
   top-level fields.
 - Malformed input raises `TranslationError(message, param)`, answered as an Anthropic 400.
 
-Responses: `chat_to_message(resp, model)` turns a chat completion into an Anthropic message.
+Responses: `chat_to_message(resp, model, stop_sequences=...)` turns a chat completion into an
+Anthropic message.
 - The id is "msg_" + the upstream id without its "chatcmpl-" prefix.
 - Tool call arguments are parsed into `input`. Arguments that are not a JSON object (invalid
   JSON, or an array, ...) are kept, not dropped: `input` is `{"_raw_arguments": "<text>"}`, so the
   client's schema check fails and tells the model, and nothing the model wrote is lost. Empty
   arguments are `{}`.
-- finish_reason stop -> end_turn (stop_sequence, with the string, when vLLM's `stop_reason` names
-  the stop string that matched), length -> max_tokens, tool_calls/function_call -> tool_use (as is
-  "stop" with tool calls present), content_filter -> refusal.
-- usage: input_tokens leaves out cached prompt tokens, reported as cache_read_input_tokens.
+- finish_reason stop -> end_turn, length -> max_tokens, tool_calls/function_call -> tool_use (as
+  is "stop" with tool calls present), content_filter -> refusal.
+- A stop string that matched gives stop_reason "stop_sequence" and the string in `stop_sequence`,
+  when it is one of the request's `stop_sequences` (passed in; a stop the engine or its chat
+  template added is not one). The engine says which matched in one of two ways: vLLM and SGLang
+  in the choice's `stop_reason` (a string; an integer there is a stop token id, never a match),
+  llama.cpp's llama-server in a top-level `__verbose` object (`stop_type` "word",
+  `stopping_word`) that it adds only when the chat request carries `"verbose": true`.
+  `messages_to_chat` does not add `verbose` (an external OpenAI-compatible provider refuses
+  fields it does not know): whoever sends the request to a llama.cpp engine adds it. The
+  translator reads `__verbose` when it is there and never passes it on.
+- usage: input_tokens leaves out cached prompt tokens, reported as cache_read_input_tokens. When
+  the response has no `usage`, llama.cpp's `timings` give the counts (`usage_from_timings`).
 
-Streams: `ChatToAnthropicStream` turns chat chunks into Anthropic's event sequence.
+Streams: `ChatToAnthropicStream` turns chat chunks into Anthropic's event sequence (its
+docstring says how message_start learns the prompt's size).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from ._common import (
@@ -49,13 +61,15 @@ from ._common import (
     as_dict,
     finalize_messages,
     first_choice,
+    matched_stop,
     push_message,
     require,
     sse,
     stream_fields,
+    whole_usage,
 )
 from .errors import TranslationError, anthropic_error
-from .usage import Usage, from_chat, stream_usage
+from .usage import Usage, stream_usage
 
 __all__ = [
     "ChatToAnthropicStream",
@@ -67,6 +81,7 @@ __all__ = [
     "messages_to_chat",
     "parse_tool_input",
     "ping_event",
+    "requested_stop",
     "sse",
     "stop_reason",
 ]
@@ -388,8 +403,18 @@ def parse_tool_input(arguments: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"_raw_arguments": arguments}
 
 
+def requested_stop(matched: Any, stop_sequences: Iterable[Any] | None) -> str | None:
+    """`matched` (the stop string the engine says it matched) when it is one of the request's
+    `stop_sequences`, else None: an empty string, a token id, or a stop the client did not ask
+    for is no stop sequence."""
+    if not isinstance(matched, str) or not matched or stop_sequences is None or isinstance(stop_sequences, str):
+        return None
+    return matched if any(isinstance(s, str) and s == matched for s in stop_sequences) else None
+
+
 def stop_reason(finish_reason: Any, *, tool_use: bool, matched_stop: Any = None) -> str:
-    """Anthropic's stop_reason for an OpenAI finish_reason (`matched_stop`: vLLM's `stop_reason`)."""
+    """Anthropic's stop_reason for an OpenAI finish_reason; `matched_stop` is the request's stop
+    sequence that matched (`requested_stop`), if any."""
     if finish_reason == "length":
         return "max_tokens"
     if finish_reason in ("tool_calls", "function_call") or tool_use:
@@ -409,8 +434,11 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def chat_to_message(resp: dict[str, Any], model: str) -> dict[str, Any]:
-    """A chat completion as an Anthropic message (see the module docstring)."""
+def chat_to_message(
+    resp: dict[str, Any], model: str, *, stop_sequences: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """A chat completion as an Anthropic message (see the module docstring). `stop_sequences`: the
+    request's, so a matched one is reported as such."""
     choice = first_choice(resp)
     message = as_dict(choice.get("message"))
     msg_id = message_id(resp.get("id"))
@@ -439,11 +467,11 @@ def chat_to_message(resp: dict[str, Any], model: str) -> dict[str, Any]:
                 "input": parse_tool_input(function.get("arguments")),
             }
         )
-    matched = choice.get("stop_reason")
+    matched = requested_stop(matched_stop(resp, choice), stop_sequences)
     reason = stop_reason(
         choice.get("finish_reason"), tool_use=any(b["type"] == "tool_use" for b in content), matched_stop=matched
     )
-    usage = from_chat(resp.get("usage")) or Usage()
+    usage = whole_usage(resp) or Usage()
     return {
         "id": msg_id,
         "type": "message",
@@ -479,31 +507,56 @@ class ChatToAnthropicStream(ChatChunkReader):
 
     The order is Anthropic's: message_start, ping, then for each block content_block_start,
     content_block_delta (text_delta, or input_json_delta for a tool's input), content_block_stop,
-    and last message_delta and message_stop. message_start cannot know the prompt's size (the
-    engine reports it at the end), so its input_tokens is the `input_tokens` given here (default
-    0); message_delta's usage carries the real counts, input included. Output tokens are the
-    upstream's count, or when it sends none `tokens_counted` (one per content/argument delta).
+    and last message_delta and message_stop.
+
+    Usage. The engine reports the prompt's size only at the end, but Anthropic puts input_tokens
+    in message_start (a required integer there). So whoever counts the prompt first (with the
+    engine's tokenizer) gives the count, to the constructor or to `start(input_tokens=n)`, and
+    calls `start` before the first `feed`: a `feed` that comes first sends message_start itself,
+    with the count known by then. With no count known message_start says 0, the only integer the
+    API allows that claims nothing. message_delta's usage is cumulative (clients overwrite
+    message_start's counts with it): input_tokens there is the engine's final count (cache reads
+    apart, in cache_read_input_tokens), else the count given here, else it is left out; output
+    tokens are the engine's count, else `tokens_counted` (one per content/argument delta).
+    Without a usage chunk llama.cpp's `timings` give both counts.
+
+    Stop sequences: pass the request's `stop_sequences`; when the engine says one of them matched
+    (see the module docstring) message_delta has stop_reason "stop_sequence" and the string.
 
     A tool call's block opens once its name is known (its arguments so far go in one delta).
     Deltas for a tool call whose block was already closed (an upstream interleaving parallel calls,
     which no engine we know does) are sent with that block's index, after its stop.
     """
 
-    __slots__ = ("_block", "_next_index", "input_tokens", "message_id", "model")
+    __slots__ = ("_block", "_next_index", "input_tokens", "message_id", "model", "stop_sequences")
 
-    def __init__(self, model: str, *, message_id: str | None = None, input_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        message_id: str | None = None,
+        input_tokens: int | None = None,
+        stop_sequences: Iterable[str] | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.message_id = message_id
+        #: The prompt's size as counted before the engine reports it; None while unknown.
         self.input_tokens = input_tokens
+        #: The request's stop_sequences: only a match among them is reported as a stop sequence.
+        self.stop_sequences: tuple[str, ...] = tuple(s for s in stop_sequences or () if isinstance(s, str))
         self._block: tuple[str, int] | None = None  # the open block: ("text", index) or ("tool", index)
         self._next_index = 0
 
     def _begin(self, chunk: dict[str, Any]) -> list[Event]:
         return self.start(chunk.get("id"))
 
-    def start(self, upstream_id: Any = None) -> list[Event]:
-        """message_start and a ping; sent by the first `feed` if not called before."""
+    def start(self, upstream_id: Any = None, *, input_tokens: int | None = None) -> list[Event]:
+        """message_start and a ping; sent by the first `feed` if not called before. `input_tokens`:
+        the prompt's size, when it is known now (kept for message_delta even if the stream had
+        started already)."""
+        if input_tokens is not None:
+            self.input_tokens = input_tokens
         if self._started:
             return []
         self._started = True
@@ -517,7 +570,7 @@ class ChatToAnthropicStream(ChatChunkReader):
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            "usage": {"input_tokens": self.input_tokens or 0, "output_tokens": 0},
         }
         return [("message_start", {"type": "message_start", "message": message}), ping_event()]
 
@@ -567,27 +620,37 @@ class ChatToAnthropicStream(ChatChunkReader):
             self._on_tool_open(call, call.text, events)
         self._close_block(events)
         self._done = True
-        reason = stop_reason(self.finish_reason, tool_use=bool(self._tools.calls), matched_stop=self.matched_stop)
-        delta = {"stop_reason": reason, "stop_sequence": self.matched_stop if reason == "stop_sequence" else None}
+        matched = requested_stop(self.matched_stop, self.stop_sequences)
+        reason = stop_reason(self.finish_reason, tool_use=bool(self._tools.calls), matched_stop=matched)
+        delta = {"stop_reason": reason, "stop_sequence": matched if reason == "stop_sequence" else None}
         events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": self._final_usage()}))
         events.append(("message_stop", {"type": "message_stop"}))
         return events
 
+    def _known_usage(self) -> Usage | None:
+        """The engine's report, its input count (when it gave none) the one given here."""
+        reported = self.reported_usage
+        if self.input_tokens is not None and (reported is None or reported.input_tokens is None):
+            reported = reported or Usage()
+            reported.input_tokens = self.input_tokens
+        return reported
+
     def _final_usage(self) -> dict[str, Any]:
-        reported = self.upstream_usage
-        if reported is None:
+        known = self._known_usage()
+        if known is None:
             return {"output_tokens": self.tokens_counted}
-        usage = reported.to_anthropic()
-        if reported.output_tokens is None:
+        usage = known.to_anthropic()
+        if known.output_tokens is None:
             usage["output_tokens"] = self.tokens_counted
-        if reported.input_tokens is None:
+        if known.input_tokens is None:
             del usage["input_tokens"]
         return usage
 
     @property
     def usage(self) -> Usage:
-        """This stream's usage for the gateway's records (output estimated when not reported)."""
-        return stream_usage(self.upstream_usage, self.tokens_counted)
+        """This stream's usage for the gateway's records: the engine's counts, the prompt count
+        given here when the engine reported none, output estimated when not reported."""
+        return stream_usage(self._known_usage(), self.tokens_counted)
 
     def fail(self, message: str, type: str = "api_error") -> list[Event]:
         """End the stream with an `error` event (nothing follows it)."""

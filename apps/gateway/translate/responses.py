@@ -14,6 +14,14 @@ Requests: `responses_to_chat(body)` turns a /v1/responses body into a chat compl
   description carries the tool's grammar when it has one. `custom_tool_call` items become calls
   with arguments `{"input": <input>}`, `custom_tool_call_output` items tool messages; on the way
   back a call to a custom tool's name becomes a `custom_tool_call` whose input is that string.
+- Namespace tools (Codex's "collaboration", holding spawn_agent, ...): each function or custom
+  tool inside is offered as the chat function `<namespace>__<name>` (made valid for chat's
+  ^[a-zA-Z0-9_-]{1,64}$ deterministically when it would not be: `ToolNames`), its description
+  after the namespace's. `function_call` and `custom_tool_call` items carrying a `namespace`
+  become calls to that name; a tool_choice or allowed_tools entry naming a tool with its
+  `namespace` (or by its own name, when only one namespace has it and no top-level tool does),
+  or a whole namespace in allowed_tools, chooses those names. On the way back a call to such a
+  name is an item with the tool's own `name` and its `namespace`.
 - `local_shell_call` items (older Codex history) become calls to a "local_shell" function whose
   arguments are the action, so their outputs still follow a call.
 - Consecutive user turns are merged (chat templates that want alternating roles refuse them).
@@ -24,10 +32,24 @@ Requests: `responses_to_chat(body)` turns a /v1/responses body into a chat compl
 - Refused with a TranslationError (a 400): `previous_response_id`, `conversation`, `prompt`,
   `background: true` and `item_reference` items. Nothing is stored, so there is nothing to
   refer to: the client must send the whole conversation (Codex does, with store=false).
+- Input items of a type not translated and not ignored (below) are refused, naming the type:
+  an unknown type, and items that carry what an engine could use but cannot be given here:
+  `shell_call`/`shell_call_output` and `apply_patch_call`/`apply_patch_call_output` (built-in
+  tools, not offered to engines), `tool_search_call`/`tool_search_output` and
+  `additional_tools` (tools loaded mid-conversation), `configuration_update`,
+  `compaction_trigger`.
 - Ignored, and named in the returned dict's "_ignored" list (always present: the gateway pops
   it before sending): `store: true`, `reasoning`, `include`, server-side and built-in tools
-  ("tools:web_search", ...) and a tool_choice naming one, reasoning and other server-side items
-  in the input ("input:reasoning", ...), `text.verbosity`, and unknown top-level fields.
+  ("tools:web_search", ...) and a tool_choice naming one, `text.verbosity`, unknown top-level
+  fields, and the input items in `IGNORED_INPUT_ITEMS` ("input:reasoning", ...), each the
+  trace of something that ran on OpenAI's servers or carrying nothing an engine can read:
+  `reasoning` (the model's earlier reasoning, encrypted or summarised: chat has no place for
+  it), `compaction` (OpenAI's encrypted summary of earlier turns), `web_search_call`,
+  `file_search_call`, `image_generation_call`, `code_interpreter_call`, `program` and
+  `program_output` (hosted tools, their results kept by OpenAI), `mcp_list_tools`, `mcp_call`,
+  `mcp_approval_request` and `mcp_approval_response` (remote MCP, called by OpenAI), and
+  `computer_call` with `computer_call_output` (the built-in computer tool is not offered, and a
+  call and its output are dropped together, so no tool message is left without its call).
   `metadata`, `user`, `prompt_cache_key`, `safety_identifier`, `service_tier`, `truncation` and
   `stream_options` are dropped without a note.
 
@@ -36,12 +58,14 @@ Responses: `chat_to_response(resp, request=..., response_id=..., created_at=...)
 response id: msg_<id>_<n>, fc_<id>_<n>, ctc_<id>_<n> (n the output index). A length finish is
 status "incomplete" with incomplete_details.reason "max_output_tokens" (content_filter likewise),
 and a stream then ends in `response.incomplete`, as the OpenAI API's does; otherwise "completed"
-and `response.completed`.
+and `response.completed`. Usage is the engine's `usage`, else llama.cpp's `timings`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from typing import Any
 
 from ._common import (
@@ -56,13 +80,16 @@ from ._common import (
     require,
     sse,
     stream_fields,
+    whole_usage,
 )
 from .errors import TranslationError, openai_error
-from .usage import Usage, from_chat, stream_usage
+from .usage import Usage, stream_usage
 
 __all__ = [
     "CUSTOM_TOOL_INPUT",
+    "IGNORED_INPUT_ITEMS",
     "ChatToResponsesStream",
+    "ToolNames",
     "TranslationError",
     "chat_to_response",
     "custom_tool_input",
@@ -111,6 +138,47 @@ _HANDLED = frozenset(
 )
 _NO_STORE = "this gateway stores no responses; send the whole conversation in input"
 
+#: Input item types dropped (and noted as "input:<type>"): each is either the trace of something
+#: that ran on OpenAI's servers, or carries nothing an engine here could read.
+IGNORED_INPUT_ITEMS = frozenset(
+    {
+        # The model's earlier reasoning: encrypted for OpenAI's models, or summaries of it; chat has
+        # no place for past reasoning (Codex sends these back every turn).
+        "reasoning",
+        # OpenAI's encrypted summary of the turns it replaced (from /responses/compact).
+        "compaction",
+        # Built-in tools that run on OpenAI's servers; their results stay there.
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "program",
+        "program_output",
+        # Remote MCP servers called by OpenAI, and their approvals.
+        "mcp_list_tools",
+        "mcp_call",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        # The built-in computer tool is not offered to an engine (it is one of the ignored tools):
+        # its calls and their screenshots go together, so no tool message is left without its call.
+        "computer_call",
+        "computer_call_output",
+    }
+)
+#: Input item types refused, with why; any type neither handled, ignored nor here is refused too.
+_REFUSED_INPUT_ITEMS = {
+    "item_reference": _NO_STORE,
+    "shell_call": "the built-in shell tool is not offered to this model; use a function tool",
+    "shell_call_output": "the built-in shell tool is not offered to this model; use a function tool",
+    "apply_patch_call": "the built-in apply_patch tool is not offered to this model; use a custom tool",
+    "apply_patch_call_output": "the built-in apply_patch tool is not offered to this model; use a custom tool",
+    "tool_search_call": "tool search is not supported; send the tools in tools",
+    "tool_search_output": "tool search is not supported; send the tools in tools",
+    "additional_tools": "send every tool in tools",
+    "configuration_update": "send the configuration in the request's own fields",
+    "compaction_trigger": "this gateway does not compact conversations",
+}
+
 
 # Requests -----------------------------------------------------------------------------------------------
 
@@ -132,6 +200,7 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         ignored.append("include")
 
     chat: dict[str, Any] = {"model": require(body.get("model"), str, "model", "a string")}
+    names = ToolNames(body.get("tools"))
     conversation = _Conversation()
     instructions = body.get("instructions")
     if instructions is not None:
@@ -143,7 +212,7 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         conversation.add({"role": "user", "content": [{"type": "text", "text": items}]})
     elif isinstance(items, list):
         for i, item in enumerate(items):
-            _add_item(conversation, item, f"input[{i}]", ignored)
+            _add_item(conversation, item, f"input[{i}]", ignored, names)
     elif items is not None or instructions is None:
         require(items, (str, list), "input", "a string or an array of input items")
     chat["messages"] = finalize_messages(conversation.done())
@@ -160,8 +229,8 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat[key] = require(value, (int, float), key, "a number")
     _text_format(body.get("text"), chat, ignored)
 
-    tools = _tools(body.get("tools"), ignored)
-    tools = _tool_choice(body.get("tool_choice"), tools, chat, ignored)
+    tools = _tools(body.get("tools"), ignored, names)
+    tools = _tool_choice(body.get("tool_choice"), tools, chat, ignored, names)
     if tools:
         chat["tools"] = tools
         parallel = body.get("parallel_tool_calls")
@@ -204,24 +273,33 @@ class _Conversation:
         return self.messages
 
 
-def _add_item(conversation: _Conversation, item: Any, where: str, ignored: list[str]) -> None:
+def _add_item(conversation: _Conversation, item: Any, where: str, ignored: list[str], names: ToolNames) -> None:
     require(item, dict, where, "an input item object")
     kind = item.get("type")
     if kind is None or kind == "message":
         _add_message(conversation, item, where)
     elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
-        conversation.add({"role": "assistant", "content": "", "tool_calls": [_tool_call(item, kind, where)]})
+        call = _tool_call(item, kind, where, names)
+        conversation.add({"role": "assistant", "content": "", "tool_calls": [call]})
     elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
         call_id = item.get("call_id") if kind != "local_shell_call_output" else item.get("call_id") or item.get("id")
         call_id = require(call_id, str, f"{where}.call_id", "a string")
         text, images = _output_content(item.get("output"), f"{where}.output")
         conversation.add_tool({"role": "tool", "tool_call_id": call_id, "content": text}, images)
-    elif kind == "item_reference":
-        raise TranslationError(f"{where}: item_reference is not supported: {_NO_STORE}.", f"{where}.type")
-    else:
+    elif isinstance(kind, str) and kind in IGNORED_INPUT_ITEMS:
         note = f"input:{kind}"
         if note not in ignored:
             ignored.append(note)
+    elif isinstance(kind, str) and kind in _REFUSED_INPUT_ITEMS:
+        raise TranslationError(
+            f"{where}.type: {kind} items are not supported: {_REFUSED_INPUT_ITEMS[kind]}.", f"{where}.type"
+        )
+    else:
+        raise TranslationError(
+            f"{where}.type: unsupported input item type {kind!r}; this gateway translates messages, "
+            "function and custom tool calls and their outputs.",
+            f"{where}.type",
+        )
 
 
 def _add_message(conversation: _Conversation, item: dict[str, Any], where: str) -> None:
@@ -293,7 +371,7 @@ def _image_part(part: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": image}
 
 
-def _tool_call(item: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
+def _tool_call(item: dict[str, Any], kind: str, where: str, names: ToolNames) -> dict[str, Any]:
     if kind == "local_shell_call":
         call_id = require(item.get("call_id") or item.get("id"), str, f"{where}.call_id", "a string")
         return {
@@ -303,6 +381,9 @@ def _tool_call(item: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
         }
     call_id = require(item.get("call_id"), str, f"{where}.call_id", "a string")
     name = require(item.get("name"), str, f"{where}.name", "a string")
+    namespace = item.get("namespace")
+    if namespace is not None:
+        name = names.flat(require(namespace, str, f"{where}.namespace", "a string"), name)
     if kind == "custom_tool_call":
         text = require(item.get("input"), str, f"{where}.input", "a string")
         arguments = dumps({CUSTOM_TOOL_INPUT: text})
@@ -333,7 +414,7 @@ def _output_content(output: Any, where: str) -> tuple[str, list[dict[str, Any]]]
     return "\n".join(texts), images
 
 
-def _tools(tools: Any, ignored: list[str]) -> list[dict[str, Any]]:
+def _tools(tools: Any, ignored: list[str], names: ToolNames) -> list[dict[str, Any]]:
     if tools is None:
         return []
     require(tools, list, "tools", "an array of tools")
@@ -346,8 +427,42 @@ def _tools(tools: Any, ignored: list[str]) -> list[dict[str, Any]]:
             out.append(_function_tool(tool, where))
         elif kind == "custom":
             out.append(_custom_tool(tool, where))
+        elif kind == "namespace":
+            out.extend(_namespace_tools(tool, where, names))
         else:
             ignored.append(f"tools:{kind}")
+    return out
+
+
+def _namespace_tools(tool: dict[str, Any], where: str, names: ToolNames) -> list[dict[str, Any]]:
+    """A namespace's function and custom tools, each a chat function named by `names.flat`, its
+    description after the namespace's (the namespace exists only in that name, and there)."""
+    namespace = require(tool.get("name"), str, f"{where}.name", "a string")
+    about = tool.get("description")
+    about = about.strip() if isinstance(about, str) else ""
+    children = require(tool.get("tools"), list, f"{where}.tools", "an array of function or custom tools")
+    out = []
+    for k, child in enumerate(children):
+        inner = f"{where}.tools[{k}]"
+        require(child, dict, inner, "a tool object")
+        kind = child.get("type")
+        if kind == "function":
+            made = _function_tool(child, inner)
+        elif kind == "custom":
+            made = _custom_tool(child, inner)
+        else:
+            raise TranslationError(
+                f"{inner}.type: a namespace holds function and custom tools, not {kind!r}.", f"{inner}.type"
+            )
+        function = made["function"]
+        function["name"] = names.flat(namespace, function["name"])
+        description = function.get("description") or ""
+        if about and about not in description:
+            function["description"] = f"{about}\n\n{description}" if description else about
+        if "description" in function:
+            # Keep the key order of a plain function: name, description, parameters.
+            made["function"] = {"name": function.pop("name"), "description": function.pop("description"), **function}
+        out.append(made)
     return out
 
 
@@ -385,9 +500,11 @@ def _custom_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _tool_choice(
-    choice: Any, tools: list[dict[str, Any]], chat: dict[str, Any], ignored: list[str]
+    choice: Any, tools: list[dict[str, Any]], chat: dict[str, Any], ignored: list[str], names: ToolNames
 ) -> list[dict[str, Any]]:
-    """Set chat's tool_choice; returns the tools to offer (allowed_tools narrows them)."""
+    """Set chat's tool_choice; returns the tools to offer (allowed_tools narrows them). A tool of a
+    namespace is named by its `namespace` field, or by its own name alone when no top-level tool
+    has that name and one namespace does."""
     if choice is None:
         return tools
     if isinstance(choice, str):
@@ -399,14 +516,20 @@ def _tool_choice(
     kind = choice.get("type")
     if kind in ("function", "custom"):
         name = require(choice.get("name"), str, "tool_choice.name", "a string")
-        chat["tool_choice"] = {"type": "function", "function": {"name": name}}
+        namespace = choice.get("namespace")
+        if namespace is not None:
+            require(namespace, str, "tool_choice.namespace", "a string")
+        chat["tool_choice"] = {"type": "function", "function": {"name": names.chosen(name, namespace)}}
     elif kind == "allowed_tools":
         mode = choice.get("mode", "auto")
         if mode not in ("auto", "required"):
             raise TranslationError(f'tool_choice.mode: must be "auto" or "required", got {mode!r}.', "tool_choice.mode")
         allowed = require(choice.get("tools"), list, "tool_choice.tools", "an array of tools")
-        names = {t.get("name") for t in allowed if isinstance(t, dict)}
-        tools = [t for t in tools if t["function"]["name"] in names]
+        offered: set[str] = set()
+        for entry in allowed:
+            if isinstance(entry, dict):
+                offered.update(names.allowed(entry))
+        tools = [t for t in tools if t["function"]["name"] in offered]
         chat["tool_choice"] = mode
     else:
         ignored.append(f"tool_choice:{kind}")
@@ -438,6 +561,101 @@ def _text_format(text: Any, chat: dict[str, Any], ignored: list[str]) -> None:
 
 
 # Responses ----------------------------------------------------------------------------------------------
+
+
+_CHAT_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_NAME_SEPARATOR = "__"
+
+
+class ToolNames:
+    """How a request's tools are named to the engine, and how the engine's calls are named back.
+
+    Top-level function and custom tools keep their names. A tool inside a namespace tool (Codex's
+    "collaboration" holds spawn_agent, ...) is offered as the chat function `<namespace>__<name>`;
+    chat function names must match ^[a-zA-Z0-9_-]{1,64}$, so when that joined name would not (too
+    long, other characters), or would be a top-level tool's name or another child's, it is made
+    valid: the joined name with every other character an underscore, cut to 55 characters, "_"
+    and the first 8 hex digits of the SHA-256 of namespace + NUL + name. The same request always
+    gives the same names, so a request's history (`flat`) and the calls in its answer (`back`)
+    agree with what was offered.
+    """
+
+    __slots__ = ("_children", "_flat", "_pairs", "custom", "top_level")
+
+    def __init__(self, tools: Any) -> None:
+        #: Names of the top-level function and custom tools.
+        self.top_level: set[str] = set()
+        #: Names of the top-level custom tools: calls to them go back as custom_tool_call.
+        self.custom: set[str] = set()
+        self._flat: dict[str, tuple[str, str, bool]] = {}  # chat name -> (name, namespace, custom)
+        self._pairs: dict[tuple[str, str], str] = {}  # (namespace, name) -> chat name
+        self._children: dict[str, list[str]] = {}  # a tool's own name -> the chat names of namespaced ones
+        namespaces = []
+        for tool in tools if isinstance(tools, list) else ():
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                continue
+            kind = tool.get("type")
+            if kind in ("function", "custom"):
+                self.top_level.add(tool["name"])
+                if kind == "custom":
+                    self.custom.add(tool["name"])
+            elif kind == "namespace" and isinstance(tool.get("tools"), list):
+                namespaces.append(tool)
+        for tool in namespaces:
+            for child in tool["tools"]:
+                if not isinstance(child, dict) or not isinstance(child.get("name"), str):
+                    continue
+                namespace, name = tool["name"], child["name"]
+                if (namespace, name) in self._pairs:
+                    continue
+                flat = self._make(namespace, name)
+                self._pairs[namespace, name] = flat
+                self._flat[flat] = (name, namespace, child.get("type") == "custom")
+                self._children.setdefault(name, []).append(flat)
+
+    def _make(self, namespace: str, name: str) -> str:
+        joined = f"{namespace}{_NAME_SEPARATOR}{name}"
+        if _CHAT_NAME.fullmatch(joined) and joined not in self.top_level and joined not in self._flat:
+            return joined
+        digest = hashlib.sha256(f"{namespace}\0{name}".encode()).hexdigest()[:8]
+        return f"{re.sub(r'[^a-zA-Z0-9_-]', '_', joined)[:55]}_{digest}"
+
+    def flat(self, namespace: str, name: str) -> str:
+        """The chat name of `name` in `namespace` (for a namespace the request no longer offers, the
+        name it would have)."""
+        return self._pairs.get((namespace, name)) or self._make(namespace, name)
+
+    def back(self, chat_name: str) -> tuple[str, str | None, bool]:
+        """(name, namespace or None, custom?) of the tool a chat call names."""
+        found = self._flat.get(chat_name)
+        if found is not None and chat_name not in self.top_level:
+            return found
+        return chat_name, None, chat_name in self.custom
+
+    def chosen(self, name: str, namespace: str | None) -> str:
+        """The chat name a tool_choice (or an allowed_tools entry) means."""
+        if namespace is not None:
+            return self.flat(namespace, name)
+        children = self._children.get(name, [])
+        if name not in self.top_level and len(children) == 1:
+            return children[0]
+        return name
+
+    def allowed(self, entry: dict[str, Any]) -> list[str]:
+        """The chat names an allowed_tools entry allows: a namespace entry allows its tools (those it
+        lists, or all of them)."""
+        name = entry.get("name")
+        if not isinstance(name, str):
+            return []
+        if entry.get("type") == "namespace":
+            listed = entry.get("tools")
+            if isinstance(listed, list):
+                return [
+                    self.flat(name, t["name"]) for t in listed if isinstance(t, dict) and isinstance(t.get("name"), str)
+                ]
+            return [flat for flat, (_, namespace, _) in self._flat.items() if namespace == name]
+        namespace = entry.get("namespace")
+        return [self.chosen(name, namespace if isinstance(namespace, str) else None)]
 
 
 def custom_tool_names(request: dict[str, Any]) -> frozenset[str]:
@@ -472,7 +690,7 @@ def _served_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
     tools = request.get("tools")
     if not isinstance(tools, list):
         return []
-    return [t for t in tools if isinstance(t, dict) and t.get("type") in ("function", "custom")]
+    return [t for t in tools if isinstance(t, dict) and t.get("type") in ("function", "custom", "namespace")]
 
 
 def _status(finish_reason: Any) -> tuple[str, dict[str, Any] | None]:
@@ -552,7 +770,7 @@ def chat_to_response(
     message = as_dict(choice.get("message"))
     status, incomplete = _status(choice.get("finish_reason"))
     base = _item_base(response_id)
-    custom = custom_tool_names(request)
+    names = ToolNames(request.get("tools"))
     output: list[dict[str, Any]] = []
     text = _text_of(message.get("content"))
     refusal = message.get("refusal")
@@ -587,8 +805,9 @@ def chat_to_response(
         if not isinstance(arguments, str):
             arguments = dumps(arguments) if isinstance(arguments, dict) else ""
         call_id = str(call.get("id") or f"call_{base}_{index}")
-        output.append(_call_item(name in custom, f"{base}_{index}", call_id, name, arguments, "completed"))
-    usage = from_chat(resp.get("usage"))
+        name, namespace, custom = names.back(name)
+        output.append(_call_item(custom, f"{base}_{index}", call_id, name, arguments, "completed", namespace))
+    usage = whole_usage(resp)
     return _envelope(
         request,
         response_id,
@@ -601,23 +820,21 @@ def chat_to_response(
     )
 
 
-def _call_item(custom: bool, suffix: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+def _call_item(
+    custom: bool, suffix: str, call_id: str, name: str, arguments: str, status: str, namespace: str | None = None
+) -> dict[str, Any]:
+    """A function_call or custom_tool_call item; `namespace` (when the tool is in one) goes after the name."""
     if custom:
-        return {
-            "id": f"ctc_{suffix}",
-            "type": "custom_tool_call",
-            "call_id": call_id,
-            "name": name,
-            "input": custom_tool_input(arguments),
-        }
-    return {
-        "id": f"fc_{suffix}",
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-    }
+        item: dict[str, Any] = {"id": f"ctc_{suffix}", "type": "custom_tool_call", "call_id": call_id, "name": name}
+        if namespace is not None:
+            item["namespace"] = namespace
+        item["input"] = custom_tool_input(arguments)
+        return item
+    item = {"id": f"fc_{suffix}", "type": "function_call", "status": status, "call_id": call_id, "name": name}
+    if namespace is not None:
+        item["namespace"] = namespace
+    item["arguments"] = arguments
+    return item
 
 
 # Streams ------------------------------------------------------------------------------------------------
@@ -640,11 +857,14 @@ class ChatToResponsesStream(ChatChunkReader):
     custom_tool_call_input.done and output_item.done (Codex takes calls from output_item.done).
     An item closes when the next opens, or at the end.
 
-    Usage is the upstream's (from its include_usage chunk); without one, output_tokens is
-    `tokens_counted` (one per content/argument delta) and input_tokens 0.
+    A call to a tool of a namespace is an item with the tool's own name and its `namespace`, in
+    output_item.added as in output_item.done and the final response.
+
+    Usage is the upstream's (from its include_usage chunk, else llama.cpp's `timings`); without
+    either, output_tokens is `tokens_counted` (one per content/argument delta) and input_tokens 0.
     """
 
-    __slots__ = ("_base", "_custom", "_open", "_seq", "_text", "created_at", "items", "request", "response_id",
+    __slots__ = ("_base", "_names", "_open", "_seq", "_text", "created_at", "items", "request", "response_id",
                  "upstream_model")
 
     def __init__(self, request: dict[str, Any], response_id: str, created_at: int) -> None:
@@ -656,7 +876,7 @@ class ChatToResponsesStream(ChatChunkReader):
         #: The output items so far (each closed item final, the open one in progress).
         self.items: list[dict[str, Any]] = []
         self._base = _item_base(response_id)
-        self._custom = custom_tool_names(request)
+        self._names = ToolNames(request.get("tools"))
         self._seq = 0
         self._open: int | None = None  # output index of the open item
         self._text: list[str] = []  # the open message's text so far
@@ -736,8 +956,8 @@ class ChatToResponsesStream(ChatChunkReader):
         call.slot = index
         if call.call_id is None:
             call.call_id = f"call_{self._base}_{index}"
-        custom = (call.name or "") in self._custom
-        item = _call_item(custom, f"{self._base}_{index}", call.call_id, call.name or "", "", "in_progress")
+        name, namespace, custom = self._names.back(call.name or "")
+        item = _call_item(custom, f"{self._base}_{index}", call.call_id, name, "", "in_progress", namespace)
         if custom:
             item["input"] = ""
         self.items.append(item)
@@ -827,7 +1047,7 @@ class ChatToResponsesStream(ChatChunkReader):
     @property
     def usage(self) -> Usage:
         """This stream's usage for the gateway's records (output estimated when not reported)."""
-        return stream_usage(self.upstream_usage, self.tokens_counted)
+        return stream_usage(self.reported_usage, self.tokens_counted)
 
     def finish(self) -> list[Event]:
         """Close the open item and end with response.completed (or response.incomplete)."""

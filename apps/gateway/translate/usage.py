@@ -172,8 +172,12 @@ def count_chunk_tokens(chunk: Any) -> int:
         return 0
     count = 0
     for choice in choices:
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        if isinstance(delta, dict) and delta_has_tokens(delta):
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        # A chat chunk's delta, or a completions chunk's text.
+        if (isinstance(delta, dict) and delta_has_tokens(delta)) or (isinstance(choice.get("text"), str)
+                                                                      and choice["text"]):
             count += 1
     return count
 
