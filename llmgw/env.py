@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 __all__ = [
     "DatabaseConfig",
     "env_bool",
+    "env_float",
     "env_int",
     "env_list",
     "env_listen",
@@ -62,6 +63,23 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
         raise ImproperlyConfigured(f"{name}={number}: expected at least {minimum}")
     if maximum is not None and number > maximum:
         raise ImproperlyConfigured(f"{name}={number}: expected at most {maximum}")
+    return number
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r}: expected a number") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"{name}={value!r}: expected a finite number")
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number:g}: expected at least {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise ImproperlyConfigured(f"{name}={number:g}: expected at most {maximum:g}")
     return number
 
 

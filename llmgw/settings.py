@@ -17,6 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from apps.accounts.sso_mapping import load_role_map
 from llmgw.env import (
     env_bool,
+    env_float,
     env_int,
     env_list,
     env_listen,
@@ -132,6 +133,7 @@ AGENT_ENROLLMENT_TTL = env_int("LLMGW_AGENT_ENROLLMENT_SECONDS", 3600, minimum=6
 # Redis, Celery, Channels --------------------------------------------------------------
 
 REDIS_URL = env_str("LLMGW_REDIS_URL") or ""
+REDIS_PREFIX = env_str("LLMGW_REDIS_PREFIX") or "llmgw"
 if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
     raise ImproperlyConfigured(f"LLMGW_REDIS_URL={REDIS_URL!r}: expected a URL starting with redis:// or rediss://")
 
@@ -146,7 +148,7 @@ if REDIS_URL:
             # blocking pop: a quiet connection would then time out and kill its consumer.
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
-                "prefix": env_str("LLMGW_REDIS_PREFIX") or "llmgw",
+                "prefix": REDIS_PREFIX,
             },
         }
     }
@@ -185,6 +187,21 @@ USAGE_WRITER = env_str("LLMGW_USAGE_WRITER") or "worker"
 if USAGE_WRITER not in {"worker", "web"}:
     raise ImproperlyConfigured(f"LLMGW_USAGE_WRITER={USAGE_WRITER!r}: expected worker or web")
 
+# The gateway -------------------------------------------------------------------------
+
+# Requests waiting for a replica slot, per model (across every gateway process with Redis), and for how long.
+GATEWAY_QUEUE_MAX = env_int("LLMGW_GATEWAY_QUEUE_MAX", 256, minimum=0, maximum=1_000_000)
+GATEWAY_QUEUE_TIMEOUT = env_float("LLMGW_GATEWAY_QUEUE_TIMEOUT", 30.0, minimum=0, maximum=3600)
+# How long a request for a model kept at zero replicas waits for its first replica to start.
+GATEWAY_COLD_START_TIMEOUT = env_float("LLMGW_GATEWAY_COLD_START_TIMEOUT", 120.0, minimum=0, maximum=3600)
+GATEWAY_MAX_BODY_BYTES = env_int("LLMGW_GATEWAY_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
+# How long the gateway waits for the next bytes of an engine's answer (a stream's next chunk too).
+GATEWAY_READ_TIMEOUT = env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600.0, minimum=1, maximum=86400)
+# How often the table version is read, and how often the tables are read whole whatever it says.
+GATEWAY_REFRESH_SECONDS = env_float("LLMGW_GATEWAY_REFRESH_SECONDS", 1.0, minimum=0.01, maximum=300)
+GATEWAY_RELOAD_SECONDS = env_float("LLMGW_GATEWAY_RELOAD_SECONDS", 30.0, minimum=0.05, maximum=3600)
+# With Redis: how long a replica slot held by a gateway process that died stays counted.
+GATEWAY_SLOT_LEASE_SECONDS = env_float("LLMGW_GATEWAY_SLOT_LEASE_SECONDS", 15.0, minimum=1, maximum=600)
 # Engines -----------------------------------------------------------------------------
 
 ENGINE_PORT_MIN = env_int("LLMGW_ENGINE_PORT_MIN", 20000, minimum=1024, maximum=65000)

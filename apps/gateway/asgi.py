@@ -1,13 +1,18 @@
 """The /v1 gateway: a plain ASGI application mounted ahead of Django in llmgw/asgi.py.
 
-Nothing here touches the ORM while serving a request. Keys, limits and routes live in
-memory (apps.gateway.tables), reloaded in a thread when the table version moves; limits
-are counted in Redis or in process (apps.quotas.limiter); usage is queued and written in
-batches (apps.quotas.usage). Upstream connections are pooled (apps.gateway.upstream), and streams are
-passed on chunk by chunk, read only for usage and the first token's time.
+Nothing here touches the ORM while serving a request. Keys, limits and routes live in memory
+(apps.gateway.tables), reloaded in a thread when the table version moves and every
+LLMGW_GATEWAY_RELOAD_SECONDS. A request goes through these stages, each in its own module:
 
-Every engine is spoken to in OpenAI chat completions; Anthropic Messages and Responses
-requests are translated there and back (apps.gateway.translate).
+1. intake: which endpoint, the API key, the body (apps.gateway.intake);
+2. admission: the caller's limits (apps.quotas.limiter), then a slot on an upstream, waiting
+   in the model's queue when all are taken (apps.gateway.slots, apps.gateway.routing);
+3. forwarding and relaying: the engine is asked in chat completions and its answer, whole or
+   streamed, is written in the client's protocol (apps.gateway.relay, apps.gateway.translate);
+4. errors in the client's protocol (apps.gateway.errors);
+5. accounting: metrics, the token charge and the usage record (apps.gateway.accounting).
+
+This module holds the application's life cycle and the order of the stages.
 """
 
 from __future__ import annotations
@@ -17,28 +22,31 @@ import contextlib
 import json
 import logging
 import math
-import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
-from apps.gateway import metrics
-from apps.gateway.routing import Admission, affinity_key, choose
-from apps.gateway.tables import Endpoint, KeyEntry, ModelRoute, Tables, current_version, key_hash, load_tables
-from apps.gateway.translate import (
-    ChatToAnthropicStream,
-    ChatToResponsesStream,
-    TranslationError,
-    anthropic_error,
-    chat_to_message,
-    chat_to_response,
-    messages_to_chat,
-    openai_error,
-    responses_to_chat,
-    sse,
+from apps.gateway.accounting import CANCELLED, Accountant
+from apps.gateway.errors import Refused, send_error
+from apps.gateway.intake import (
+    COUNT_TOKENS,
+    ENDPOINTS,
+    MESSAGES,
+    MODELS,
+    Call,
+    ClientLeft,
+    Endpoint,
+    api_key,
+    parse_body,
+    read_body,
 )
-from apps.gateway.translate.usage import StreamUsage, usage_from_response
+from apps.gateway.relay import StreamRelay, translator_for, whole_answer
+from apps.gateway.routing import affinity_key, preference
+from apps.gateway.slots import Lease, QueueFull, SharedSlots, SlotKeeper, WaitingRoom
+from apps.gateway.tables import KeyEntry, ModelRoute, Tables, current_version, key_hash, load_tables
+from apps.gateway.tokens import count_prompt_tokens
+from apps.gateway.translate import TranslationError, messages_to_chat, responses_to_chat
 from apps.gateway.upstream import ConnectError, Disconnected, Pool, ReadTimeout, UpstreamError
 
 __all__ = ["GatewayApp", "gateway_app"]
@@ -49,85 +57,39 @@ BUSY_NOTE_INTERVAL_S = 5.0
 # A key or model the tables do not know is checked against the database's table version before
 # it is refused, at most this often (so a flood of wrong keys costs one small query per interval).
 MISS_RECHECK_S = 0.1
+# How long an upstream that could not be reached is passed over.
+UNREACHABLE_S = 5.0
+# How long an Anthropic stream's first event waits for the engine to count the prompt.
+PROMPT_COUNT_WAIT_S = 2.0
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
-ROUTES = {
-    ("POST", "/v1/chat/completions"): ("chat", "/v1/chat/completions"),
-    ("POST", "/v1/completions"): ("completions", "/v1/completions"),
-    ("POST", "/v1/embeddings"): ("embeddings", "/v1/embeddings"),
-    ("POST", "/v1/messages"): ("messages", "/v1/chat/completions"),
-    ("POST", "/v1/responses"): ("responses", "/v1/chat/completions"),
-}
-OPENAI_KINDS = {"authentication_error": "authentication_error", "rate_limit_error": "rate_limit_error",
-                "not_found_error": "invalid_request_error", "permission_error": "permission_error"}
-ENDPOINT_NAMES = {"chat": "chat.completions", "completions": "completions", "embeddings": "embeddings",
-                  "messages": "messages", "responses": "responses"}
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-class ClientGone(Exception):
-    """The client went away before its request reached a replica."""
-
-
-class Refused(Exception):
-    def __init__(self, status: int, message: str, *, kind: str | None = None, headers: dict[str, str] | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.headers = headers or {}
-        self.code = code
-
-
-class Call:
-    """One request on its way through the gateway, and what its usage record will say."""
-
-    __slots__ = ("body", "completion_tokens", "endpoint", "entry", "error", "first_token_at", "model", "original",
-                 "prompt_tokens", "request_id", "started", "status", "stream", "style", "tokens_estimated")
-
-    def __init__(self, style: str) -> None:
-        self.style = style
-        self.request_id = "req_" + uuid.uuid4().hex
-        self.started = time.perf_counter()
-        self.entry: KeyEntry | None = None
-        self.model = ""
-        self.endpoint: Endpoint | None = None
-        self.body: dict[str, Any] = {}
-        self.original: dict[str, Any] = {}
-        self.stream = False
-        self.status = 200
-        self.error = ""
-        self.first_token_at: float | None = None
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.tokens_estimated = False
-
 
 class GatewayApp:
     def __init__(self) -> None:
+        from django.conf import settings
+
         self.tables = Tables()
         self.upstream: Pool | None = None
         self.limiter: Any = None
         self.usage: Any = None
-        self.admission = Admission(max_waiting=int(_env_float("LLMGW_GATEWAY_QUEUE_MAX", 256)))
-        self.queue_timeout = _env_float("LLMGW_GATEWAY_QUEUE_TIMEOUT", 30)
-        self.cold_start_timeout = _env_float("LLMGW_GATEWAY_COLD_START_TIMEOUT", 120)
-        self.max_body = int(_env_float("LLMGW_GATEWAY_MAX_BODY_BYTES", 32 * 1024 * 1024))
-        self.refresh_interval = _env_float("LLMGW_GATEWAY_REFRESH_SECONDS", 1.0)
+        self.shared: SharedSlots | None = None
+        self.keeper = SlotKeeper()
+        self.waiting = WaitingRoom(settings.GATEWAY_QUEUE_MAX)
+        self.keeper.on_release = self.waiting.released
+        self.queue_timeout = settings.GATEWAY_QUEUE_TIMEOUT
+        self.cold_start_timeout = settings.GATEWAY_COLD_START_TIMEOUT
+        self.max_body = settings.GATEWAY_MAX_BODY_BYTES
+        self.refresh_interval = settings.GATEWAY_REFRESH_SECONDS
+        self.reload_interval = settings.GATEWAY_RELOAD_SECONDS
+        self.accountant = Accountant(usage=None, limiter=None, known_model=self.tables_know,
+                                     count_prompt=self.count_prompt)
         self._started: asyncio.Future[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
         self._reload_lock = asyncio.Lock()
         self._busy_noted: dict[str, float] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         self._miss_check: asyncio.Task[None] | None = None
         self._miss_checked_at = -math.inf
 
@@ -150,15 +112,12 @@ class GatewayApp:
 
     async def _start(self) -> None:
         from asgiref.sync import sync_to_async
-
-        self.upstream = Pool(connect_timeout=5, read_timeout=_env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600),
-                             idle_timeout=60)
-        self.tables = await sync_to_async(load_tables, thread_sensitive=False)(None)
         from django.conf import settings
 
         from apps.quotas.limiter import make_limiter
         from apps.quotas.usage import UsageWriter
 
+        self.upstream = Pool(connect_timeout=5, read_timeout=settings.GATEWAY_READ_TIMEOUT, idle_timeout=60)
         self.limiter = make_limiter()
         writer_kwargs: dict[str, Any] = {}
         if getattr(settings, "USAGE_WRITER", "worker") == "worker":
@@ -167,13 +126,35 @@ class GatewayApp:
             writer_kwargs["write"] = write_via_worker  # the worker does the ORM work, not this process
         self.usage = UsageWriter(**writer_kwargs)
         await self.usage.start()
+        self.accountant.usage, self.accountant.limiter = self.usage, self.limiter
+        if settings.REDIS_URL:
+            self.share_slots(settings.REDIS_URL, settings.GATEWAY_SLOT_LEASE_SECONDS)
+        tables = await sync_to_async(load_tables, thread_sensitive=False)()
+        self.keeper.bind(tables)
+        self.tables = tables
         self._refresh = asyncio.create_task(self._refresh_loop(), name="gateway-refresh")
+
+    def share_slots(self, url: str, lease_s: float) -> None:
+        """Count slots and the queue in Redis with every other gateway process."""
+        from django.conf import settings
+
+        from apps.quotas.resp import RedisClient, subscribe
+
+        shared = SharedSlots(RedisClient(url, timeout=0.5), prefix=getattr(settings, "REDIS_PREFIX", "llmgw"),
+                             lease_s=lease_s, subscribe=partial(subscribe, url))
+        shared.on_released = self.waiting.released
+        self.shared = self.keeper.shared = self.waiting.shared = shared
+        shared.start()
 
     async def shutdown(self) -> None:
         if self._refresh is not None:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._refresh
+        await self.accountant.drain()
+        if self.shared is not None:
+            await self.shared.stop()
+            self.shared = self.keeper.shared = self.waiting.shared = None
         if self.usage is not None:
             await self.usage.stop()
         if self.limiter is not None and hasattr(self.limiter, "close"):
@@ -190,7 +171,7 @@ class GatewayApp:
             await asyncio.sleep(self.refresh_interval)
             try:
                 version = await sync_to_async(current_version, thread_sensitive=False)()
-                if version != self.tables.version or time.monotonic() - last_full > 30:
+                if version != self.tables.version or time.monotonic() - last_full > self.reload_interval:
                     await self.reload()
                     last_full = time.monotonic()
             except Exception:
@@ -200,9 +181,13 @@ class GatewayApp:
         from asgiref.sync import sync_to_async
 
         async with self._reload_lock:
-            self.tables = await sync_to_async(load_tables, thread_sensitive=False)(self.tables)
-        for name in self.tables.models:
-            self.admission.released(name)
+            tables = await sync_to_async(load_tables, thread_sensitive=False)()
+            self.keeper.bind(tables)
+            self.tables = tables
+        self.waiting.wake_all()  # new upstreams may have come: waiters look again
+
+    def tables_know(self, model: str) -> bool:
+        return model in self.tables.models
 
     async def confirm_miss(self) -> None:
         """Before a key or model the tables lack is refused: if the database has moved on since the
@@ -234,76 +219,56 @@ class GatewayApp:
             return
         await self.ensure_started()
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
-        if method == "GET" and path == "/v1/models":
-            await self.list_models(scope, send)
+        if method == "GET" and (path == "/v1/models" or path.startswith("/v1/models/")):
+            await self.models(scope, send, path[len("/v1/models/"):] if path != "/v1/models" else None)
             return
-        route = ROUTES.get((method, path))
-        if route is None:
-            style = "messages" if path.startswith("/v1/messages") else "chat"
-            # Every answer carries a request id, this one too (it was sent without one).
-            await self.send_error(send, style, 404, f"No route for {method} {path}", request_id=Call(style).request_id)
+        endpoint = ENDPOINTS.get((method, path))
+        if endpoint is None:
+            # Every answer carries a request id, this one too.
+            protocol = "anthropic" if path.startswith("/v1/messages") else "openai"
+            call = Call(MODELS)
+            await send_error(send, protocol, Refused(404, f"No route for {method} {path}",
+                                                     kind="invalid_request_error", code="unknown_url"),
+                             self.head(call))
             return
-        await self.handle(route[0], route[1], scope, receive, send)
+        await self.handle(endpoint, scope, receive, send)
 
-    async def handle(self, style: str, upstream_path: str, scope: dict[str, Any], receive: Receive,
-                     send: Send) -> None:
-        call = Call(style)
-        metrics.IN_FLIGHT.inc()
+    async def handle(self, endpoint: Endpoint, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        call = Call(endpoint)
         try:
-            await self.serve(call, upstream_path, scope, receive, send)
+            await self.serve(call, scope, receive, send)
         except Refused as exc:
             call.status, call.error = exc.status, exc.message
-            await self.send_error(send, style, exc.status, exc.message, request_id=call.request_id,
-                                  headers=exc.headers, kind=exc.kind, code=exc.code, endpoint=call.endpoint)
-        except ClientGone:
-            call.status, call.error = 499, "the client went away while waiting for a replica"
+            with contextlib.suppress(Exception):
+                await send_error(send, endpoint.protocol, exc, self.head(call))
+        except ClientLeft as exc:
+            call.status, call.error = CANCELLED, str(exc) or "the client went away before its request was answered"
         except asyncio.CancelledError:
-            call.status, call.error = 499, "the client went away"
+            call.status, call.error = CANCELLED, "the client went away"
             raise
         except Exception as exc:
             log.exception("request %s failed", call.request_id)
             call.status, call.error = 500, f"{type(exc).__name__}: {exc}"
             with contextlib.suppress(Exception):
-                await self.send_error(send, style, 500, "The gateway failed to handle this request.",
-                                      request_id=call.request_id)
+                await send_error(send, endpoint.protocol,
+                                 Refused(500, "The gateway failed to handle this request."), self.head(call))
         finally:
-            metrics.IN_FLIGHT.dec()
-            self.finish(call)
+            if call.lease is not None:
+                self.keeper.release(call.lease)
+            self.accountant.finish(call)
 
-    # One request -------------------------------------------------------------------------------
+    # Intake and admission ----------------------------------------------------------------------
 
-    async def serve(self, call: Call, upstream_path: str, scope: dict[str, Any], receive: Receive,
-                    send: Send) -> None:
+    async def serve(self, call: Call, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         call.entry = await self.authenticate(scope)
-        raw = await self.read_body(receive)
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise Refused(400, f"The body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise Refused(400, "The body must be a JSON object.")
+        body = parse_body(await read_body(receive, self.max_body))
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise Refused(400, "Name the model in the body's “model” field.", code="missing_model")
+        endpoint = call.endpoint
         call.model = body["model"]
         call.original = body
-        call.stream = bool(body.get("stream"))
-        try:
-            if call.style == "messages":
-                chat = messages_to_chat(body)
-            elif call.style == "responses":
-                chat = responses_to_chat(body)
-            else:
-                chat = dict(body)
-        except TranslationError as exc:
-            raise Refused(400, str(exc), code=getattr(exc, "param", None)) from None
-        chat.pop("_ignored", None)
-        if isinstance(chat.get("temperature"), int | float) and not isinstance(chat["temperature"], bool):
-            chat["temperature"] = min(2.0, max(0.0, float(chat["temperature"])))
-        if call.stream and call.style != "embeddings":
-            chat["stream"] = True
-            options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
-            chat["stream_options"] = {**options, "include_usage": True}
-        call.body = chat
+        call.stream = endpoint.streams and body.get("stream") is True
+        call.body = self.chat_request(call, body)
 
         route = self.tables.models.get(call.model)
         if route is None:
@@ -312,35 +277,47 @@ class GatewayApp:
         if route is None:
             raise Refused(404, f"The model “{call.model}” does not exist.", kind="not_found_error",
                           code="model_not_found")
-        assert call.entry is not None
-        if call.entry.allowed_models is not None and call.model not in call.entry.allowed_models:
+        if not call.entry.may_use(call.model):
             raise Refused(403, f"This API key may not use the model “{call.model}”.", kind="permission_error",
                           code="model_not_allowed")
         await self.admit(call)
-        endpoint = await self.acquire(call, route, receive)
+        if endpoint is COUNT_TOKENS:
+            await self.count_tokens(call, route, send)
+            return
+        lease = await self.acquire(call, route, receive)
+        if lease is None:  # cannot happen without exclusions; kept for the type checker
+            raise Refused(503, f"No replica of “{call.model}” can take the request.", kind="overloaded_error")
+        call.lease = lease
+        await self.forward(call, route, receive, send)
+
+    def chat_request(self, call: Call, body: dict[str, Any]) -> dict[str, Any]:
+        """What the engine is asked: the body itself, or its translation to chat completions."""
+        endpoint = call.endpoint
         try:
-            await self.forward(call, endpoint, upstream_path, receive, send)
-        finally:
-            # forward() may move the request to another replica when this one cannot be reached: it gives
-            # this one's slot back itself and holds one on the other (call.endpoint), which is the slot to
-            # release here. (Releasing `endpoint` again left it at -1 and the other one a slot short for good.)
-            endpoint = call.endpoint or endpoint
-            endpoint.outstanding -= 1
-            self.admission.released(endpoint.model)
+            if endpoint.translation == "messages":
+                chat = messages_to_chat(body if endpoint is not COUNT_TOKENS else {"max_tokens": 1, **body})
+            elif endpoint.translation == "responses":
+                chat = responses_to_chat(body)
+            else:
+                chat = dict(body)
+        except TranslationError as exc:
+            raise Refused(400, str(exc), kind="invalid_request_error", param=exc.param) from None
+        chat.pop("_ignored", None)
+        temperature = chat.get("temperature")
+        if isinstance(temperature, int | float) and not isinstance(temperature, bool):
+            chat["temperature"] = min(2.0, max(0.0, float(temperature)))
+        if call.stream:
+            options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+            call.client_wants_usage = endpoint.translation is None and options.get("include_usage") is True
+            chat["stream"] = True
+            # Always asked for, for the gateway's own accounting; relayed only when the client asked.
+            chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
+        elif endpoint.translation is None:
+            chat.pop("stream_options", None)
+        return chat
 
     async def authenticate(self, scope: dict[str, Any]) -> KeyEntry:
-        raw = ""
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                text = value.decode("latin-1")
-                if text[:7].lower() == "bearer ":
-                    raw = text[7:].strip()
-            elif name == b"x-api-key" and not raw:
-                raw = value.decode("latin-1").strip()
-        if not raw:
-            raise Refused(401, "Send an API key: “Authorization: Bearer llmgw_...” or “x-api-key”.",
-                          kind="authentication_error", code="missing_api_key")
-        hashed = key_hash(raw)
+        hashed = key_hash(api_key(scope.get("headers", [])))
         entry = self.tables.keys.get(hashed)
         if entry is None:
             await self.confirm_miss()
@@ -352,22 +329,6 @@ class GatewayApp:
             raise Refused(401, "API key expired.", kind="authentication_error", code="invalid_api_key")
         return entry
 
-    async def read_body(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise asyncio.CancelledError
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                raise Refused(413, f"The body is over the limit of {self.max_body} bytes.",
-                              kind="request_too_large")
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(chunks)
-
     async def admit(self, call: Call) -> None:
         if self.limiter is None or call.entry is None or not call.entry.limits:
             return
@@ -376,54 +337,66 @@ class GatewayApp:
             raise Refused(429, refusal.message, kind="rate_limit_error", code="rate_limited",
                           headers={"retry-after": str(max(1, int(refusal.retry_after_s)))})
 
-    async def acquire(self, call: Call, route: ModelRoute, receive: Receive | None = None) -> Endpoint:
-        """A replica slot for the model, or for its fallbacks in order; wait (bounded) when all are full,
-        and start a model kept at zero replicas on demand. A client that leaves while its request waits
-        gives up its place at once (ClientGone), so it never takes a slot nobody will read."""
+    async def acquire(self, call: Call, route: ModelRoute, receive: Receive | None, *,
+                      exclude: frozenset[str] = frozenset()) -> Lease | None:
+        """A slot for the model, or for the fallbacks the key may use, in order; wait (bounded)
+        when all are full, and start a model kept at zero replicas on demand, even while a
+        fallback serves. A model that cannot be placed anywhere, with nothing starting, is refused
+        at once with placement's reason. None only when every upstream left is in `exclude`.
+
+        A client that leaves while its request waits gives up its place at once (ClientLeft)."""
+        assert call.entry is not None
         key = affinity_key(call.body)
+        names = [route.name, *(f for f in route.fallbacks if f != route.name and call.entry.may_use(f))]
         deadline = time.monotonic() + self.queue_timeout
         demanded = False
+        ticket: str | None = None
         waiting = False
         watcher: asyncio.Task[None] | None = None
         try:
             while True:
-                for name in [route.name, *route.fallbacks]:
-                    candidate = self.tables.models.get(name)
-                    if candidate is None:
-                        continue
-                    endpoint = choose(candidate.endpoints, key)
-                    if endpoint is not None:
-                        endpoint.outstanding += 1
-                        call.endpoint = endpoint
-                        return endpoint
                 current = self.tables.models.get(route.name, route)
-                if not current.endpoints and not demanded and current.min_replicas == 0 and not current.external:
+                if (not demanded and not current.upstreams and not current.starting and current.min_replicas == 0
+                        and not current.external):
                     demanded = True
-                    await self.demand(route.name)
-                    deadline = time.monotonic() + self.cold_start_timeout
+                    self._spawn(self.demand(route.name))
+                    deadline = max(deadline, time.monotonic() + self.cold_start_timeout)
+                routes = [r for r in (self.tables.models.get(n) for n in names) if r is not None]
+                for candidate in routes:
+                    if candidate.upstreams:
+                        lease = await self.keeper.acquire(candidate.upstreams, key, exclude=exclude)
+                        if lease is not None:
+                            return lease
+                if exclude and not any(r.starting or any(u.id not in exclude for u in r.upstreams) for r in routes):
+                    return None
+                if not any(r.upstreams or r.starting for r in routes) and current.unplaceable:
+                    raise Refused(503, f"“{route.name}” cannot be served now: no node can take it "
+                                  f"({current.unplaceable}).", kind="overloaded_error", code="model_unplaceable",
+                                  headers={"retry-after": "30"})
                 if not waiting:
-                    if current.endpoints and current.max_replicas > len(current.endpoints):
+                    if current.upstreams and current.max_replicas > len(current.upstreams):
                         self.note_busy(route.name)
-                    if self.admission.full(route.name):
-                        raise Refused(503, f"Too many requests are waiting for “{route.name}”; try again shortly.",
-                                      kind="overloaded_error", headers={"retry-after": "5"})
-                    self.admission.waiting[route.name] = self.admission.waiting.get(route.name, 0) + 1
-                    metrics.QUEUE_DEPTH.labels(model=route.name).inc()
+                    try:
+                        ticket = await self.waiting.enter(route.name)
+                    except QueueFull:
+                        raise Refused(503, f"Too many requests are waiting for “{route.name}” (the queue holds "
+                                      f"{self.waiting.most}); try again shortly.", kind="overloaded_error",
+                                      headers={"retry-after": "5"}) from None
                     waiting = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    ready = len(current.endpoints)
+                    ready = len(current.upstreams)
                     reason = (f"every one of the {ready} ready replicas of “{route.name}” stayed busy for "
-                              f"{self.queue_timeout:.0f} s") if ready else f"“{route.name}” has no ready replica"
+                              f"{self.queue_timeout:g} s") if ready else f"“{route.name}” has no ready replica"
                     raise Refused(503, f"No capacity: {reason}.", kind="overloaded_error",
                                   headers={"retry-after": "10"})
-                event = self.admission.event(route.name)
+                event = self.waiting.event(route.name)
                 if receive is None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(event.wait(), min(remaining, 1.0))
                     continue
                 if watcher is None:  # only a request that waits pays for watching its client
-                    watcher = asyncio.create_task(self._watch_disconnect(receive))
+                    watcher = asyncio.create_task(_watch_disconnect(receive))
                 released = asyncio.create_task(event.wait())
                 try:
                     await asyncio.wait({released, watcher}, timeout=min(remaining, 1.0),
@@ -431,15 +404,14 @@ class GatewayApp:
                 finally:
                     released.cancel()
                 if watcher.done():
-                    raise ClientGone
+                    raise ClientLeft("the client went away while waiting for a replica")
         finally:
             if watcher is not None:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
             if waiting:
-                self.admission.waiting[route.name] -= 1
-                metrics.QUEUE_DEPTH.labels(model=route.name).dec()
+                self.waiting.leave(route.name, ticket)
 
     def note_busy(self, model: str) -> None:
         """Every replica of a model that may grow is busy: tell the reconciler, at most every few seconds
@@ -448,17 +420,13 @@ class GatewayApp:
         if moment - self._busy_noted.get(model, -math.inf) < BUSY_NOTE_INTERVAL_S:
             return
         self._busy_noted[model] = moment
-        task = asyncio.create_task(self._record_busy(model))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
-    async def _record_busy(self, model: str) -> None:
         def record() -> None:
             from apps.catalog.services import record_busy
 
             record_busy(model)
 
-        await self._in_thread(record, f"report that {model} is busy")
+        self._spawn(_in_thread(record, f"report that {model} is busy"))
 
     async def demand(self, model: str) -> None:
         def record() -> None:
@@ -466,299 +434,215 @@ class GatewayApp:
 
             record_demand(model)
 
-        await self._in_thread(record, f"ask for a replica of {model}")
+        await _in_thread(record, f"ask for a replica of {model}")
 
-    @staticmethod
-    async def _in_thread(func: Callable[[], object], what: str) -> None:
-        """Run a database service off the event loop; a failure is logged, never the request's."""
-        from asgiref.sync import sync_to_async
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-        try:
-            await sync_to_async(func, thread_sensitive=False)()
-        except Exception:
-            log.warning("could not %s", what, exc_info=True)
+    # Forwarding --------------------------------------------------------------------------------
 
-    # Upstream ------------------------------------------------------------------------------------
-
-    async def forward(self, call: Call, endpoint: Endpoint, upstream_path: str, receive: Receive, send: Send) -> None:
+    async def forward(self, call: Call, route: ModelRoute, receive: Receive, send: Send) -> None:
         """Call the upstream and relay its answer; a client that goes away at any point (waiting for
         the answer, or mid-stream) cancels the upstream request, which ends the engine's work."""
-        watcher = asyncio.create_task(self._watch_disconnect(receive))
-        work = asyncio.create_task(self._forward(call, endpoint, upstream_path, send))
+        watcher = asyncio.create_task(_watch_disconnect(receive))
+        work = asyncio.create_task(self._forward(call, route, send))
         try:
             done, _pending = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:
                 work.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await work
-                call.status, call.error = 499, "the client went away; the upstream request was cancelled"
+                call.status, call.error = CANCELLED, "the client went away; the upstream request was cancelled"
                 return
             work.result()
         finally:
             watcher.cancel()
 
-    async def _forward(self, call: Call, endpoint: Endpoint, upstream_path: str, send: Send) -> None:
-        assert self.upstream is not None
+    async def _forward(self, call: Call, route: ModelRoute, send: Send) -> None:
+        assert self.upstream is not None and call.lease is not None
         tried: set[str] = set()
+        prompt_count: asyncio.Task[int | None] | None = None
         while True:
+            upstream = call.lease.upstream
             body = dict(call.body)
-            body["model"] = endpoint.upstream_model
+            body["model"] = upstream.upstream_model
+            if call.endpoint is MESSAGES and upstream.engine == "llama.cpp" and body.get("stop"):
+                body["verbose"] = True  # llama-server names the stop string it matched only then
+            if call.stream and call.endpoint is MESSAGES and prompt_count is None:
+                prompt_count = asyncio.create_task(count_prompt_tokens(self.upstream, upstream, call.body))
             headers = [("Content-Type", "application/json"), ("x-llmgw-request-id", call.request_id)]
-            secret = endpoint.api_key()
+            secret = upstream.api_key()
             if secret:
                 headers.append(("Authorization", f"Bearer {secret}"))
             try:
-                response = await self.upstream.post(endpoint.url + upstream_path, json.dumps(body).encode(), headers)
+                response = await self.upstream.post(upstream.url + call.endpoint.upstream_path,
+                                                    json.dumps(body).encode(), headers)
             except (ConnectError, Disconnected) as exc:
-                # A replica that cannot be reached: mark it and try another (never the same twice).
-                endpoint.failed_until = time.monotonic() + 5
-                tried.add(endpoint.id)
-                log.warning("replica %s of %s unreachable: %s", endpoint.id, endpoint.model, exc)
-                route = self.tables.models.get(call.model)
-                other = choose(route.endpoints, None, exclude=tried) if route else None
-                if other is None:
+                # A replica that cannot be reached: pass it over for a while and try another (never the same twice).
+                self.keeper.mark_failed(upstream, UNREACHABLE_S)
+                tried.add(upstream.id)
+                log.warning("replica %s of %s unreachable: %s", upstream.id, upstream.model, exc)
+                self.keeper.release(call.lease)
+                lease = await self.acquire(call, route, None, exclude=frozenset(tried))
+                if lease is None:
                     raise Refused(502, f"The replica of “{call.model}” could not be reached: {exc}",
                                   kind="api_error") from None
-                endpoint.outstanding -= 1
-                self.admission.released(endpoint.model)
-                other.outstanding += 1
-                endpoint = other
-                call.endpoint = other
+                call.lease = lease
+                if prompt_count is not None:
+                    prompt_count.cancel()
+                    prompt_count = None
                 continue
             except UpstreamError as exc:
-                raise _upstream_refusal(call, exc) from None
+                raise _read_refusal(call, exc) from None
             break
         async with response:
             if call.stream and response.status == 200:
-                await self.relay_stream(call, endpoint, response, send)
-            else:
-                try:
-                    raw = await response.read()
-                except UpstreamError as exc:
-                    raise _upstream_refusal(call, exc) from None
-                await self.relay_whole(call, endpoint, response.status, raw, send)
-
-    @staticmethod
-    async def _watch_disconnect(receive: Receive) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
+                await self.relay_stream(call, response, send, prompt_count)
                 return
-
-    def headers(self, call: Call, endpoint: Endpoint | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
-        headers = [(b"content-type", content_type), (b"x-llmgw-request-id", call.request_id.encode())]
-        if endpoint is not None:
-            headers.append((b"x-llmgw-replica", f"{endpoint.model}/{endpoint.id}".encode()))
-            headers.append((b"x-llmgw-hardware", endpoint.hardware.encode()))
-        return headers
-
-    async def relay_whole(self, call: Call, endpoint: Endpoint, status: int, raw: bytes, send: Send) -> None:
-        call.first_token_at = time.perf_counter()
-        if status != 200:
-            call.status = status
-            message = _upstream_message(raw) or f"the upstream answered {status}"
-            call.error = message
-            raise Refused(status, message, kind=None)
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise Refused(502, "The upstream's answer is not JSON.", kind="api_error") from None
-        usage = usage_from_response(data, "chat") if call.style != "embeddings" else None
-        if call.style == "embeddings" and isinstance(data.get("usage"), dict):
-            call.prompt_tokens = data["usage"].get("prompt_tokens")
-        if usage is not None:
-            call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
-        if call.style == "messages":
-            out = json.dumps(chat_to_message(data, call.model)).encode()
-        elif call.style == "responses":
-            out = json.dumps(chat_to_response(data, request=call.original, response_id="resp_" + call.request_id[4:],
-                                              created_at=int(time.time()))).encode()
-        elif isinstance(data, dict) and data.get("model", call.model) != call.model:
-            data["model"] = call.model  # the caller's name for the model, not the provider's
-            out = json.dumps(data).encode()
-        else:
-            out = raw
+            try:
+                raw = await response.read()
+            except UpstreamError as exc:
+                raise _read_refusal(call, exc) from None
+        out = whole_answer(call, response.status, raw)
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [*self.headers(call, endpoint, b"application/json"),
-                                (b"content-length", str(len(out)).encode())]})
+                    "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]})
         await send({"type": "http.response.body", "body": out})
 
-    async def relay_stream(self, call: Call, endpoint: Endpoint, response: Any, send: Send) -> None:
+    async def relay_stream(self, call: Call, response: Any, send: Send,
+                           prompt_count: asyncio.Task[int | None] | None) -> None:
+        relay = StreamRelay(call, translator_for(call))
+        if prompt_count is not None:
+            call_count = await _result_within(prompt_count, PROMPT_COUNT_WAIT_S)
+            if call_count is not None:
+                relay.translator.input_tokens = call_count
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [*self.headers(call, endpoint, b"text/event-stream"), (b"cache-control", b"no-cache"),
+                    "headers": [*self.head(call, b"text/event-stream"), (b"cache-control", b"no-cache"),
                                 (b"x-accel-buffering", b"no")]})
-        translator: Any = None
-        if call.style == "messages":
-            translator = ChatToAnthropicStream(call.model)
-        elif call.style == "responses":
-            translator = ChatToResponsesStream(call.original, "resp_" + call.request_id[4:], int(time.time()))
-        counter = StreamUsage("chat")
-        if translator is not None:
-            await send({"type": "http.response.body", "body": _sse_all(translator.start()), "more_body": True})
-        buffer = b""
-        finished = False
+        opening = relay.start()
+        if opening:
+            await send({"type": "http.response.body", "body": opening, "more_body": True})
+        error = None
         try:
             async for chunk in response.iter_chunks():
-                buffer += chunk
-                out: list[bytes] = []
-                while b"\n\n" in buffer:
-                    event, buffer = buffer.split(b"\n\n", 1)
-                    payload = _sse_data(event)
-                    if payload is None:
-                        if translator is None:
-                            out.append(event + b"\n\n")
-                        continue
-                    if payload == b"[DONE]":
-                        finished = True
-                        if translator is None:
-                            out.append(event + b"\n\n")
-                        continue
-                    try:
-                        data = json.loads(payload)
-                    except ValueError:
-                        continue
-                    if call.first_token_at is None and _has_token(data):
-                        call.first_token_at = time.perf_counter()
-                    counter.feed(data)
-                    if translator is None:
-                        if isinstance(data, dict) and data.get("model") and data.get("model") != call.model:
-                            data["model"] = call.model
-                            out.append(b"data: " + json.dumps(data).encode() + b"\n\n")
-                        else:
-                            out.append(event + b"\n\n")
-                    else:
-                        out.append(_sse_all(translator.feed(data)))
+                out = relay.feed(chunk)
                 if out:
-                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-        except Exception as exc:  # the upstream died mid-stream
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            finished = False
-            call.error = f"the upstream stream broke: {type(exc).__name__}: {exc}"
-        usage = counter.usage
-        if usage is not None:
-            call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
-            call.tokens_estimated = bool(getattr(usage, "estimated", False))
-        if finished or (translator is not None and translator.finish_reason is not None):
-            tail = _sse_all(translator.finish()) if translator is not None else b""
-        else:
-            call.status = 502
-            call.error = call.error or "the upstream ended the stream before it finished"
-            if translator is not None:
-                tail = _sse_all(translator.fail(call.error))
-            else:
-                tail = b"data: " + json.dumps(openai_error(502, call.error, "api_error")).encode() + b"\n\n"
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+        except UpstreamError as exc:  # the upstream died mid-stream
+            error = f"the upstream stream broke: {type(exc).__name__}: {exc}"
+        tail = relay.end(error)
+        usage = relay.counter.usage
+        call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
+        call.tokens_estimated = usage.estimated
+        if call.prompt_tokens is None and prompt_count is not None and prompt_count.done() \
+                and not prompt_count.cancelled() and prompt_count.exception() is None:
+            call.prompt_tokens = prompt_count.result()
         await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def count_prompt(self, call: Call) -> int | None:
+        """The prompt's tokens by the engine of the upstream the call reached (for a cancelled call)."""
+        upstream = call.upstream
+        if upstream is None or self.upstream is None:
+            return None
+        return await count_prompt_tokens(self.upstream, upstream, call.body)
+
+    async def count_tokens(self, call: Call, route: ModelRoute, send: Send) -> None:
+        """/v1/messages/count_tokens: the prompt counted by one of the model's engines."""
+        assert self.upstream is not None
+        if route.external:
+            raise Refused(400, f"“{route.name}” is served by an external provider, which cannot count tokens "
+                          "here.", kind="invalid_request_error")
+        if not route.upstreams:
+            reason = f": no node can take it ({route.unplaceable})" if route.unplaceable else ""
+            raise Refused(503, f"“{route.name}” has no ready replica to count with{reason}.",
+                          kind="overloaded_error", headers={"retry-after": "10"})
+        order, _mode = preference(route.upstreams, affinity_key(call.body))
+        try:
+            counted = await count_prompt_tokens(self.upstream, order[0], call.body)
+        except UpstreamError as exc:
+            raise Refused(502, f"The replica of “{route.name}” could not count the tokens: {exc}",
+                          kind="api_error") from None
+        if counted is None:
+            raise Refused(502, f"The replica of “{route.name}” could not count the tokens.", kind="api_error")
+        out = json.dumps({"input_tokens": counted}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
 
     # Answers ----------------------------------------------------------------------------------------
 
-    async def list_models(self, scope: dict[str, Any], send: Send) -> None:
-        call = Call("chat")
+    def head(self, call: Call, content_type: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-llmgw-request-id", call.request_id.encode())]
+        if content_type is not None:
+            headers.insert(0, (b"content-type", content_type))
+        upstream = call.upstream
+        if upstream is not None:
+            headers.append((b"x-llmgw-replica", f"{upstream.model}/{upstream.id}".encode()))
+            headers.append((b"x-llmgw-hardware", upstream.hardware.encode()))
+        return headers
+
+    async def models(self, scope: dict[str, Any], send: Send, model_id: str | None) -> None:
+        """GET /v1/models (those the key may use) and GET /v1/models/{id}."""
+        call = Call(MODELS)
         try:
             entry = await self.authenticate(scope)
+            if model_id is None:
+                data: dict[str, Any] = {"object": "list", "data": [
+                    _model_object(name, route) for name, route in sorted(self.tables.models.items())
+                    if entry.may_use(name)]}
+            else:
+                route = self.tables.models.get(model_id)
+                if route is None:
+                    await self.confirm_miss()
+                    route = self.tables.models.get(model_id)
+                if route is None or not entry.may_use(model_id):
+                    raise Refused(404, f"The model “{model_id}” does not exist or this key may not use it.",
+                                  kind="not_found_error", code="model_not_found")
+                data = _model_object(model_id, route)
         except Refused as exc:
-            await self.send_error(send, "chat", exc.status, exc.message, request_id=call.request_id, code=exc.code)
+            await send_error(send, "openai", exc, self.head(call))
             return
-        data = []
-        for name, route in sorted(self.tables.models.items()):
-            if entry.allowed_models is not None and name not in entry.allowed_models:
-                continue
-            data.append({"id": name, "object": "model", "created": 0, "owned_by": "llmgw",
-                         "llmgw": {"hardware": route.hardware, "ready_replicas": len(route.endpoints)}})
-        out = json.dumps({"object": "list", "data": data}).encode()
+        out = json.dumps(data).encode()
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [*self.headers(call, None, b"application/json"),
-                                (b"content-length", str(len(out)).encode())]})
+                    "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]})
         await send({"type": "http.response.body", "body": out})
 
-    async def send_error(self, send: Send, style: str, status: int, message: str, *, request_id: str | None,
-                         headers: dict[str, str] | None = None, kind: str | None = None, code: str | None = None,
-                         endpoint: Endpoint | None = None) -> None:
-        if style == "messages":
-            body = anthropic_error(status, message, kind)
-        else:
-            openai_kind = OPENAI_KINDS.get(kind or "")
-            body = openai_error(status, message, openai_kind, None, code)
-        out = json.dumps(body).encode()
-        head = [(b"content-type", b"application/json"), (b"content-length", str(len(out)).encode())]
-        if request_id:
-            head.append((b"x-llmgw-request-id", request_id.encode()))
-        if endpoint is not None:
-            head.append((b"x-llmgw-replica", f"{endpoint.model}/{endpoint.id}".encode()))
-            head.append((b"x-llmgw-hardware", endpoint.hardware.encode()))
-        head += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-        await send({"type": "http.response.start", "status": status, "headers": head})
-        await send({"type": "http.response.body", "body": out})
 
-    def finish(self, call: Call) -> None:
-        """Count the request and queue its usage record (never written inline)."""
-        elapsed = time.perf_counter() - call.started
-        first = (call.first_token_at - call.started) if call.first_token_at is not None else None
-        # Labelled by the model only when it exists: a name made up by a caller must not make a new series.
-        label = call.model if call.model in self.tables.models else "-"
-        metrics.observe(label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
-        if call.entry is None or self.usage is None:
+def _model_object(name: str, route: ModelRoute) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw",
+            "llmgw": {"hardware": route.hardware, "ready_replicas": len(route.upstreams)}}
+
+
+async def _watch_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
             return
-        tokens = (call.prompt_tokens or 0) + (call.completion_tokens or 0)
-        if self.limiter is not None and call.entry.limits and tokens and call.status < 400:
-            task = asyncio.get_running_loop().create_task(
-                self.limiter.record_tokens(list(call.entry.limits), tokens, time.time()))
-            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-        endpoint = call.endpoint
-        if call.status == 429:
-            call.prompt_tokens = call.completion_tokens = 0  # refused by a limit: recorded, free of charge
-        self.usage.emit({
-            "request_id": call.request_id, "created_at": time.time(), "user_id": call.entry.user_id,
-            "api_key_id": call.entry.key_id,
-            "organization_id": call.entry.org_id, "team_id": call.entry.team_id, "project_id": call.entry.project_id,
-            "model": call.model[:128], "endpoint": ENDPOINT_NAMES.get(call.style, call.style),
-            "replica": f"{endpoint.node}/{endpoint.id}" if endpoint else "", "hardware": endpoint.hardware if endpoint
-            else "", "stream": call.stream, "prompt_tokens": call.prompt_tokens,
-            "completion_tokens": call.completion_tokens, "tokens_estimated": call.tokens_estimated,
-            "first_token_ms": first * 1000 if first is not None else None, "total_ms": elapsed * 1000,
-            "status": call.status, "error": call.error[:2000],
-        })
 
 
-def _sse_data(event: bytes) -> bytes | None:
-    data = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(data) if data else None
+async def _in_thread(func: Callable[[], object], what: str) -> None:
+    """Run a database service off the event loop; a failure is logged, never the request's."""
+    from asgiref.sync import sync_to_async
+
+    try:
+        await sync_to_async(func, thread_sensitive=False)()
+    except Exception:
+        log.warning("could not %s", what, exc_info=True)
 
 
-def _sse_all(events: list[tuple[str, Any]]) -> bytes:
-    return b"".join(sse(name, data) for name, data in events)
+async def _result_within(task: asyncio.Task[int | None], seconds: float) -> int | None:
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), seconds)
+    except Exception:
+        return None
 
 
-def _has_token(chunk: Any) -> bool:
-    if not isinstance(chunk, dict):
-        return False
-    for choice in chunk.get("choices") or []:
-        delta = choice.get("delta") or {}
-        if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") or choice.get("text"):
-            return True
-    return False
-
-
-def _upstream_refusal(call: Call, exc: UpstreamError) -> Refused:
+def _read_refusal(call: Call, exc: UpstreamError) -> Refused:
     """The answer for an upstream that was reached but whose answer could not be read."""
     if isinstance(exc, ReadTimeout):
         return Refused(504, f"The replica of “{call.model}” did not answer in time: {exc}.", kind="api_error")
     return Refused(502, f"The replica of “{call.model}” failed to answer: {exc}.", kind="api_error")
-
-
-def _upstream_message(raw: bytes) -> str:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return raw[:300].decode(errors="replace")
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict):
-            return str(error.get("message") or error)
-        if isinstance(error, str):
-            return error
-        return str(data.get("detail") or data.get("message") or "")[:300]
-    return ""
 
 
 gateway_app = GatewayApp()

@@ -1,45 +1,77 @@
-"""Choosing a replica: least outstanding requests with prefix affinity, within each one's slots."""
+"""Choosing an upstream: prefix affinity under a load bound, else the least loaded, within slots.
+
+Choosing is two steps, so that one process (counts in memory) and several (counts in Redis,
+apps.gateway.slots) decide by the same rule:
+
+1. `preference(upstreams, key)` orders the candidates. With a prompt key, the order is the
+   key's walk round a consistent-hash ring, so the turns of one conversation (whose start does
+   not change) come to the same replica, which holds that prefix in its cache; without one, a
+   random order, so ties between equally loaded replicas are broken at random.
+2. `pick(loads, capacities, mode)` takes the first candidate in that order whose load is within
+   LOAD_BOUND of the average of those with a free slot (mode BOUNDED), else the least loaded
+   with a free slot, earliest in the order on a tie (mode LEAST). None when every slot is taken.
+
+`POLICY` switches the rule for benchmarks only ("affinity", the default; "least_load";
+"round_robin"); nothing in production sets it.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import itertools
 import random
-import time
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import Any
 
-from apps.gateway.tables import Endpoint
+from apps.gateway.tables import Upstream
 
-__all__ = ["Admission", "affinity_key", "choose"]
+__all__ = ["AFFINITY_CHARS", "BOUNDED", "FIRST", "LEAST", "LOAD_BOUND", "POLICY", "affinity_key", "pick",
+           "preference"]
 
-AFFINITY_CHARS = 512  # the start of the prompt that decides where a conversation's cache lives
+# How much of the system text and of the first user turn decide where a conversation's cache
+# lives: enough to tell conversations apart that share a long system prompt.
+AFFINITY_CHARS = 256
 LOAD_BOUND = 1.25  # a preferred replica may carry this much more than the average before we move on
 VNODES = 64
 
+LEAST, BOUNDED, FIRST = 0, 1, 2  # pick's modes (the same numbers the Redis script reads)
 
-def affinity_key(body: dict) -> str | None:
-    """The start of the prompt: system text and the first user turn (a conversation's stable prefix)."""
+POLICY = "affinity"
+_round_robin = itertools.count()
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def affinity_key(body: dict[str, Any]) -> str | None:
+    """A conversation's stable start: the start of its system text and of its first user turn."""
+    system = ""
+    for name in ("system", "instructions"):
+        system += _text(body.get(name))
+    first_user = ""
     messages = body.get("messages")
-    parts: list[str] = []
-    if isinstance(body.get("system"), str):
-        parts.append(body["system"])
-    if isinstance(body.get("instructions"), str):
-        parts.append(body["instructions"])
     if isinstance(messages, list):
-        for message in messages[:2]:
-            if isinstance(message, dict):
-                content = message.get("content")
-                if isinstance(content, str):
-                    parts.append(content)
-                elif isinstance(content, list):
-                    parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            if message.get("role") in ("system", "developer") and not first_user:
+                system += _text(message.get("content"))
+            elif message.get("role") == "user":
+                first_user = _text(message.get("content"))
+                break
     elif isinstance(body.get("prompt"), str):
-        parts.append(body["prompt"])
+        first_user = body["prompt"]
     elif isinstance(body.get("input"), str):
-        parts.append(body["input"])
-    text = "\n".join(parts)[:AFFINITY_CHARS]
-    return text or None
+        first_user = body["input"]
+    if not system and not first_user:
+        return None
+    return system[:AFFINITY_CHARS] + "\x00" + first_user[:AFFINITY_CHARS]
 
 
 def _ring_position(text: str) -> int:
@@ -49,11 +81,10 @@ def _ring_position(text: str) -> int:
 _rings: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
 
 
-def _ring(endpoints: Sequence[Endpoint]) -> tuple[list[int], list[int]]:
-    ids = tuple(e.id for e in endpoints)
+def _ring(ids: tuple[str, ...]) -> tuple[list[int], list[int]]:
     cached = _rings.get(ids)
     if cached is None:
-        points = sorted((_ring_position(f"{eid}#{v}"), i) for i, eid in enumerate(ids) for v in range(VNODES))
+        points = sorted((_ring_position(f"{uid}#{v}"), i) for i, uid in enumerate(ids) for v in range(VNODES))
         cached = ([p for p, _i in points], [i for _p, i in points])
         if len(_rings) > 1024:
             _rings.clear()
@@ -61,54 +92,41 @@ def _ring(endpoints: Sequence[Endpoint]) -> tuple[list[int], list[int]]:
     return cached
 
 
-def choose(endpoints: Sequence[Endpoint], key: str | None, *, exclude: set[str] | None = None) -> Endpoint | None:
-    """A replica with a free slot: the prompt's home on the ring unless it is overloaded, else the less
-    busy of two picked at random. None when every replica is full (or failing)."""
-    now = time.monotonic()
-    usable = [e for e in endpoints if e.outstanding < e.slots and e.failed_until <= now
-              and (exclude is None or e.id not in exclude)]
+def preference(upstreams: Sequence[Upstream], key: str | None) -> tuple[list[Upstream], int]:
+    """The candidates in the order they are preferred, and the mode `pick` applies to that order."""
+    if len(upstreams) <= 1:
+        return list(upstreams), LEAST
+    if POLICY == "round_robin":
+        start = next(_round_robin) % len(upstreams)
+        return [*upstreams[start:], *upstreams[:start]], FIRST
+    if key is None or POLICY == "least_load":
+        order = list(upstreams)
+        random.shuffle(order)
+        return order, LEAST
+    points, owners = _ring(tuple(u.id for u in upstreams))
+    start = bisect_left(points, _ring_position(key))
+    order: list[Upstream] = []
+    seen: set[int] = set()
+    for step in range(len(points)):
+        index = owners[(start + step) % len(points)]
+        if index not in seen:
+            seen.add(index)
+            order.append(upstreams[index])
+            if len(order) == len(upstreams):
+                break
+    return order, BOUNDED
+
+
+def pick(loads: Sequence[int], capacities: Sequence[int], mode: int) -> int | None:
+    """The index (into the preference order) of the upstream to use; None when all are full."""
+    usable = [i for i, (load, capacity) in enumerate(zip(loads, capacities, strict=True)) if load < capacity]
     if not usable:
         return None
-    if len(usable) == 1:
+    if mode == FIRST:
         return usable[0]
-    if key is not None:
-        points, owners = _ring(endpoints)
-        start = bisect_left(points, _ring_position(key)) % len(points)
-        average = sum(e.outstanding for e in usable) / len(usable)
-        seen: set[int] = set()
-        for step in range(len(points)):
-            index = owners[(start + step) % len(points)]
-            if index in seen:
-                continue
-            seen.add(index)
-            candidate = endpoints[index]
-            if candidate in usable and candidate.outstanding <= average * LOAD_BOUND + 1:
-                return candidate
-            if len(seen) == len(endpoints):
-                break
-    a, b = random.sample(usable, 2)  # noqa: S311 - load balancing, not secrets
-    return a if a.outstanding <= b.outstanding else b
-
-
-class Admission:
-    """Per model: requests wait here (bounded, with a timeout) when every replica's slots are taken."""
-
-    def __init__(self, max_waiting: int) -> None:
-        self.max_waiting = max_waiting
-        self.waiting: dict[str, int] = {}
-        self._events: dict[str, asyncio.Event] = {}
-
-    def event(self, model: str) -> asyncio.Event:
-        event = self._events.get(model)
-        if event is None:
-            event = self._events[model] = asyncio.Event()
-        return event
-
-    def released(self, model: str) -> None:
-        event = self._events.get(model)
-        if event is not None:
-            event.set()
-            self._events[model] = asyncio.Event()
-
-    def full(self, model: str) -> bool:
-        return self.waiting.get(model, 0) >= self.max_waiting
+    if mode == BOUNDED:
+        limit = sum(loads[i] for i in usable) / len(usable) * LOAD_BOUND + 1
+        for i in usable:
+            if loads[i] <= limit:
+                return i
+    return min(usable, key=lambda i: loads[i])

@@ -1,7 +1,17 @@
-"""What the gateway knows, in memory: API keys and where each model is served.
+"""What the gateway knows, in memory: API keys, and where each model's requests can go.
 
-Built from the database in a worker thread (never on the request path) and swapped in
-whole, so a request sees one consistent picture.
+Words used across the gateway, one meaning each:
+
+- a *route* (`ModelRoute`) is a model's entry: its upstreams, fallbacks and scaling;
+- an *upstream* (`Upstream`) is one place a request is forwarded to: a ready replica's rank-0
+  engine, or an external provider;
+- a *replica* is the database's row for one running copy of a model (apps.cluster);
+- an *endpoint* is one of the gateway's own API paths as the client calls it (apps.gateway.intake).
+
+Built from the database in a worker thread (never on the request path) and swapped in whole,
+so a request sees one consistent picture. Nothing here counts requests: an upstream's load
+lives in its `InFlight` (apps.gateway.slots), one object per upstream id for the life of the
+process, which each new table is bound to; a table reload therefore never touches a count.
 """
 
 from __future__ import annotations
@@ -9,27 +19,32 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Endpoint", "KeyEntry", "ModelRoute", "Tables", "load_tables"]
+if TYPE_CHECKING:
+    from apps.gateway.slots import InFlight
+
+__all__ = ["KeyEntry", "ModelRoute", "Tables", "Upstream", "current_version", "key_hash", "load_tables",
+           "unplaceable_reason"]
 
 
-@dataclass(eq=False)
-class Endpoint:
+@dataclass(eq=False, slots=True)
+class Upstream:
     """One ready engine (a replica's rank-0 shard) or an external provider."""
 
     id: str  # replica id, or "external:<model>"
     url: str  # base URL without /v1
     secret: str | None
-    slots: int
+    capacity: int  # requests it serves at once (the profile's parallel slots)
     hardware: str  # GPU class, "cpu" or "external"
     node: str
     model: str
     upstream_model: str
+    engine: str = "llama.cpp"  # "llama.cpp", "vllm", "sglang" or "external"
     key_file: str = ""
-    # Mutable, process-local: requests in flight right now.
-    outstanding: int = 0
-    failed_until: float = 0.0
+    context_size: int | None = None  # tokens one request may hold (prompt and answer), when known
+    # This process's count of requests on it, shared by every table that lists this upstream id.
+    inflight: InFlight | None = None
 
     def api_key(self) -> str | None:
         if self.key_file:
@@ -68,13 +83,18 @@ _key_file = _KeyFiles()
 @dataclass
 class ModelRoute:
     name: str
-    endpoints: list[Endpoint]
+    upstreams: list[Upstream]
     fallbacks: list[str]
     min_replicas: int
     hardware: list[str]
     max_replicas: int = 1
     owner_keys: tuple[str, ...] = ()
     external: bool = False
+    #: Replicas placed and still starting: a request may wait for them.
+    starting: int = 0
+    #: Why no replica can be placed now (placement's first refusal), when every wanted replica is
+    #: pending with refusals and none is starting; None while one is coming or none is wanted.
+    unplaceable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +108,9 @@ class KeyEntry:
     expires_at: float | None
     limits: tuple[Any, ...] = ()
 
+    def may_use(self, model: str) -> bool:
+        return self.allowed_models is None or model in self.allowed_models
+
 
 @dataclass
 class Tables:
@@ -95,24 +118,38 @@ class Tables:
     models: dict[str, ModelRoute] = field(default_factory=dict)
     version: int = -1
 
+    def upstreams(self) -> list[Upstream]:
+        return [upstream for route in self.models.values() for upstream in route.upstreams]
+
 
 def key_hash(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def load_tables(previous: Tables | None = None) -> Tables:
-    """Read keys, limits and ready replicas. Keeps in-flight counts of endpoints that remain."""
+def unplaceable_reason(rejections: list[Any]) -> str | None:
+    """Placement's refusals of a pending replica in one line: the first refusal, and how many more."""
+    found = [r for r in rejections if isinstance(r, dict) and r.get("message")]
+    if not found:
+        return None
+    first = found[0]
+    where = " on ".join(str(part) for part in (first.get("profile"), first.get("node")) if part)
+    line = f"{where}: {first['message']}" if where else str(first["message"])
+    if len(found) > 1:
+        line += f" (and {len(found) - 1} more refusal{'s' if len(found) > 2 else ''}; see explain)"
+    return line
+
+
+def load_tables() -> Tables:
+    """Read keys, limits and ready replicas (in a worker thread: this is ORM work)."""
     from django.db.models import Prefetch
 
     from apps.accounts.models import ApiKey
     from apps.catalog.models import Model
     from apps.cluster.choices import ReplicaState
     from apps.cluster.models import Replica, Shard
-    from apps.gateway.models import TableVersion
-
-    version = TableVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
     from apps.quotas.limiter import load_all_limits, pick_limits
 
+    version = current_version()
     all_limits = load_all_limits()
 
     keys: dict[str, KeyEntry] = {}
@@ -128,43 +165,49 @@ def load_tables(previous: Tables | None = None) -> Tables:
                                      org_id=org_id)),
         )
 
-    old: dict[str, Endpoint] = {}
-    if previous is not None:
-        for route in previous.models.values():
-            for endpoint in route.endpoints:
-                old[endpoint.id] = endpoint
     models: dict[str, ModelRoute] = {}
-    ready = Replica.objects.filter(state=ReplicaState.READY).select_related("profile").prefetch_related(
+    replicas = Replica.objects.exclude(state=ReplicaState.STOPPING).select_related("profile").prefetch_related(
         Prefetch("shards", queryset=Shard.objects.filter(rank=0).select_related("node")))
-    for model in Model.objects.prefetch_related(Prefetch("replicas", queryset=ready)).select_related(
+    for model in Model.objects.prefetch_related("profiles", Prefetch("replicas", queryset=replicas)).select_related(
             "organization", "team__organization", "project__team__organization"):
-        endpoints: list[Endpoint] = []
+        upstreams: list[Upstream] = []
         if model.is_external:
-            endpoint = Endpoint(id=f"external:{model.name}", url=model.external_url.rstrip("/").removesuffix("/v1"),
-                                secret=None, slots=1_000_000, hardware="external", node="", model=model.name,
-                                upstream_model=model.external_model, key_file=model.external_api_key_file)
-            endpoints.append(endpoint)
+            upstreams.append(Upstream(
+                id=f"external:{model.name}", url=model.external_url.rstrip("/").removesuffix("/v1"), secret=None,
+                capacity=1_000_000, hardware="external", node="", model=model.name,
+                upstream_model=model.external_model, engine="external", key_file=model.external_api_key_file))
+        starting = 0
+        refusals: list[Any] = []
         for replica in model.replicas.all():
+            if replica.state == ReplicaState.STARTING:
+                starting += 1
+                continue
+            if replica.state == ReplicaState.PENDING:
+                refusals = refusals or list(replica.rejections or [])
+                continue
+            if replica.state != ReplicaState.READY:
+                continue
             shard = next(iter(replica.shards.all()), None)
             if shard is None or replica.profile is None:
                 continue
             address = shard.node.address or "127.0.0.1"
             host = f"[{address}]" if ":" in address else address
-            endpoint = Endpoint(
+            upstreams.append(Upstream(
                 id=str(replica.pk), url=f"http://{host}:{shard.port}", secret=shard.secret,
-                slots=max(1, replica.profile.parallel), hardware=replica.profile.accelerator,
-                node=shard.node.name, model=model.name, upstream_model=model.name,
-            )
-            if endpoint.id in old:
-                endpoint.outstanding = old[endpoint.id].outstanding
-                endpoint.failed_until = old[endpoint.id].failed_until
-            endpoints.append(endpoint)
-        hardware = sorted({p.accelerator for p in model.profiles.all()}) or (["external"] if model.is_external else [])
+                capacity=max(1, replica.profile.parallel), hardware=replica.profile.accelerator,
+                node=shard.node.name, model=model.name, upstream_model=model.name, engine=replica.profile.engine,
+                context_size=replica.profile.context_size,
+            ))
+        profiles = list(model.profiles.all())
+        hardware = sorted({p.accelerator for p in profiles}) or (["external"] if model.is_external else [])
+        unplaceable = None
+        if not upstreams and not starting and refusals:
+            unplaceable = unplaceable_reason(refusals)
         models[model.name] = ModelRoute(
-            name=model.name, endpoints=endpoints, fallbacks=list(model.fallbacks or []),
+            name=model.name, upstreams=upstreams, fallbacks=list(model.fallbacks or []),
             min_replicas=model.min_replicas, max_replicas=max(model.max_replicas, model.load_replicas),
-            hardware=hardware, owner_keys=model.owner_keys(),
-            external=model.is_external,
+            hardware=hardware, owner_keys=model.owner_keys(), external=model.is_external,
+            starting=starting, unplaceable=unplaceable,
         )
     return Tables(keys=keys, models=models, version=version)
 

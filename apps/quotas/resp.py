@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+import random
 import ssl
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-__all__ = ["RedisClient", "RedisError"]
+__all__ = ["RedisClient", "RedisError", "subscribe"]
 
 
 class RedisError(Exception):
@@ -232,3 +236,74 @@ class RedisClient:
             conn.lost = True
             if conn.transport is not None:
                 conn.transport.close()
+
+
+class _Subscriber(asyncio.Protocol):
+    """A connection in subscribe mode: each published message is handed to `on_message`."""
+
+    def __init__(self, on_message: Callable[[str], None]) -> None:
+        self.parser = _Parser()
+        self.on_message = on_message
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed(data)
+        while True:
+            try:
+                done, reply = self.parser.take()
+            except ValueError:
+                self.closed.done() or self.closed.set_result(None)
+                return
+            if not done:
+                return
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message" and isinstance(reply[2], bytes):
+                try:
+                    self.on_message(reply[2].decode(errors="replace"))
+                except Exception:
+                    logging.getLogger(__name__).exception("a Redis message could not be handled")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+def _same(protocol: _Subscriber) -> _Subscriber:
+    return protocol
+
+
+async def subscribe(url: str, channel: str, on_message: Callable[[str], None], *, max_backoff: float = 10.0) -> None:
+    """Hear every message published on `channel` until cancelled, reconnecting (with growing,
+    jittered waits) whenever the connection is lost. Messages sent while disconnected are missed:
+    callers treat them as hints and keep a slower path of their own."""
+    client = RedisClient(url, timeout=5.0)
+    delay = 0.2
+    loop = asyncio.get_running_loop()
+    while True:
+        transport = None
+        try:
+            protocol = _Subscriber(on_message)
+            made = partial(_same, protocol)
+            async with asyncio.timeout(client.timeout):
+                if client.unix_path:
+                    transport, _ = await loop.create_unix_connection(made, client.unix_path)
+                elif client.tls:
+                    transport, _ = await loop.create_connection(
+                        made, client.host, client.port, ssl=ssl.create_default_context(), server_hostname=client.host)
+                else:
+                    transport, _ = await loop.create_connection(made, client.host, client.port)
+            if client.password is not None:
+                auth = ("AUTH", client.username, client.password) if client.username else ("AUTH", client.password)
+                transport.write(encode(*auth))
+            transport.write(encode("SUBSCRIBE", channel))
+            delay = 0.2
+            await protocol.closed
+        except asyncio.CancelledError:
+            if transport is not None:
+                transport.close()
+            raise
+        except Exception as exc:
+            logging.getLogger(__name__).debug("subscription to %s failed: %s", channel, exc)
+        if transport is not None:
+            transport.close()
+        await asyncio.sleep(delay * (0.5 + random.random()))  # noqa: S311 - jitter, not secrets
+        delay = min(max_backoff, delay * 2)

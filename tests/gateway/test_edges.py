@@ -23,8 +23,8 @@ import pytest
 import uvicorn
 
 from apps.gateway import asgi
-from apps.gateway.routing import affinity_key, choose
-from apps.gateway.tables import Endpoint, KeyEntry, ModelRoute, Tables, key_hash
+from apps.gateway.routing import affinity_key, preference
+from apps.gateway.tables import KeyEntry, ModelRoute, Tables, Upstream, key_hash
 from tests.gateway.mock_engine import MockEngine, closed_port
 
 openai = pytest.importorskip("openai")
@@ -100,16 +100,25 @@ def entry(key_id: int = 1, **kwargs: Any) -> KeyEntry:
     return KeyEntry(**values)
 
 
-def endpoint(url: str, id: str = "1", *, model: str = "m", slots: int = 2, **kwargs: Any) -> Endpoint:
+def endpoint(url: str, id: str = "1", *, model: str = "m", slots: int = 2, **kwargs: Any) -> Upstream:
     values: dict[str, Any] = {"secret": "s", "hardware": "cpu", "node": "n1", "upstream_model": model}
     values.update(kwargs)
-    return Endpoint(id=id, url=url, slots=slots, model=model, **values)
+    return Upstream(id=id, url=url, capacity=slots, model=model, **values)
 
 
-def route(name: str, endpoints: list[Endpoint], **kwargs: Any) -> ModelRoute:
+def route(name: str, upstreams: list[Upstream], **kwargs: Any) -> ModelRoute:
     values: dict[str, Any] = {"fallbacks": [], "min_replicas": 1, "hardware": ["cpu"]}
     values.update(kwargs)
-    return ModelRoute(name=name, endpoints=endpoints, **values)
+    return ModelRoute(name=name, upstreams=upstreams, **values)
+
+
+def held(upstream: Upstream) -> int:
+    """Requests holding a slot of the upstream in the gateway under test."""
+    return upstream.inflight.held if upstream.inflight is not None else 0
+
+
+def failed_until(upstream: Upstream) -> float:
+    return upstream.inflight.failed_until if upstream.inflight is not None else 0.0
 
 
 @dataclass
@@ -136,13 +145,15 @@ class Gateway:
     version_checks: list[int] = field(default_factory=list)
 
     @property
-    def endpoint(self) -> Endpoint:
+    def endpoint(self) -> Upstream:
         """The one replica of model "m" the gateway starts with."""
-        return self.app.tables.models["m"].endpoints[0]
+        return self.app.tables.models["m"].upstreams[0]
 
     def set_models(self, *routes: ModelRoute) -> None:
-        self.app.tables = Tables(keys=self.app.tables.keys, models={r.name: r for r in routes},
-                                 version=self.app.tables.version + 1)
+        tables = Tables(keys=self.app.tables.keys, models={r.name: r for r in routes},
+                        version=self.app.tables.version + 1)
+        self.app.keeper.bind(tables)
+        self.app.tables = tables
 
     def set_key(self, raw: str, key: KeyEntry) -> None:
         self.app.tables.keys[key_hash(raw)] = key
@@ -192,7 +203,7 @@ async def gw(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     # tables are ours, the usage writer and limiter are fakes, and the refresh loop never reloads.
     database: dict[str, Tables] = {}
     version_checks: list[int] = []
-    monkeypatch.setattr(asgi, "load_tables", lambda previous=None: database.get("tables", tables))
+    monkeypatch.setattr(asgi, "load_tables", lambda: database.get("tables", tables))
     fake_limiter = types.ModuleType("apps.quotas.limiter")
     fake_limiter.make_limiter = lambda: limiter  # type: ignore[attr-defined]
     fake_usage = types.ModuleType("apps.quotas.usage")
@@ -379,7 +390,7 @@ async def test_an_upstream_400_is_passed_on_with_its_message_and_recorded(gw: Ga
     assert record["status"] == 400
     assert record["error"] == "max_tokens is too large"
     assert record["replica"] == "n1/1"
-    assert gw.endpoint.outstanding == 0
+    assert held(gw.endpoint) == 0
 
 
 async def test_an_upstream_500_is_passed_on_to_the_openai_sdk_and_recorded(gw: Gateway, engine: MockEngine) -> None:
@@ -416,7 +427,7 @@ async def test_an_upstream_that_dies_mid_stream_ends_a_chat_stream_with_an_error
     assert record["status"] == 502
     assert record["error"].startswith("the upstream")
     assert record["completion_tokens"] == 3 and record["tokens_estimated"] is True
-    assert gw.endpoint.outstanding == 0
+    assert held(gw.endpoint) == 0
 
 
 async def test_an_upstream_that_dies_mid_stream_ends_a_messages_stream_with_an_error_event(
@@ -456,16 +467,41 @@ async def test_an_upstream_that_dies_mid_stream_ends_a_responses_stream_with_res
 async def test_a_stream_with_usage_is_passed_on_and_its_reported_usage_recorded(gw: Gateway,
                                                                                engine: MockEngine) -> None:
     engine.chunks = 4
-    answer = await gw.chat(stream=True)
+    answer = await gw.chat(stream=True, stream_options={"include_usage": True})
     assert answer.status == 200
     assert answer.headers["content-type"] == "text/event-stream"
     events = sse_events(answer.text)
     assert events[-1] == (None, "[DONE]")
-    assert json.loads(events[-2][1])["usage"]["completion_tokens"] == 4
+    chunks = [json.loads(data) for _name, data in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    # As the API reference says: with include_usage, every other chunk carries "usage": null.
+    assert all("usage" in chunk and chunk["usage"] is None for chunk in chunks[:-1])
     record = await gw.usage.wait()
     assert (record["status"], record["stream"]) == (200, True)
     assert (record["prompt_tokens"], record["completion_tokens"], record["tokens_estimated"]) == (7, 4, False)
     assert record["first_token_ms"] is not None
+
+
+async def test_a_stream_whose_client_did_not_ask_for_usage_gets_no_usage_chunk(gw: Gateway,
+                                                                                 engine: MockEngine) -> None:
+    engine.chunks = 4
+    answer = await gw.chat(stream=True)
+    events = sse_events(answer.text)
+    chunks = [json.loads(data) for _name, data in events[:-1]]
+    assert events[-1] == (None, "[DONE]")
+    assert all(chunk["choices"] and "usage" not in chunk for chunk in chunks)
+    # The engine was asked for its usage all the same, and the record has it.
+    assert engine.seen[-1].body["stream_options"] == {"include_usage": True}
+    record = await gw.usage.wait()
+    assert (record["prompt_tokens"], record["completion_tokens"], record["tokens_estimated"]) == (7, 4, False)
+
+
+async def test_the_openai_quickstart_stream_loop_reads_every_chunk(gw: Gateway, engine: MockEngine) -> None:
+    engine.chunks = 3
+    stream = await gw.openai().chat.completions.create(model="m", messages=HELLO, stream=True)
+    # The loop the OpenAI quickstart shows: it indexes choices[0] of every chunk.
+    text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+    assert text == "t0 t1 t2 "
 
 
 async def test_a_stream_without_usage_is_counted_from_its_chunks(gw: Gateway, engine: MockEngine) -> None:
@@ -497,7 +533,7 @@ async def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request_a
     record = await gw.usage.wait()
     assert record["status"] == 499
     assert "went away" in record["error"]
-    assert gw.endpoint.outstanding == 0
+    assert held(gw.endpoint) == 0
 
 
 async def test_a_client_that_goes_away_before_the_upstream_answers_cancels_the_upstream_request(
@@ -518,7 +554,7 @@ async def test_a_client_that_goes_away_before_the_upstream_answers_cancels_the_u
 
 async def take_the_only_slot(gw: Gateway, engine: MockEngine) -> asyncio.Task[Answer]:
     """Give the replica one slot and fill it with a request the engine holds until `engine.gate` is set."""
-    gw.endpoint.slots = 1
+    gw.endpoint.capacity = 1
     engine.gate = asyncio.Event()
     first = asyncio.create_task(gw.chat())
     async with asyncio.timeout(WAIT):
@@ -533,7 +569,7 @@ async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_fi
                                                                                     engine: MockEngine) -> None:
     first = await take_the_only_slot(gw, engine)
     second = asyncio.create_task(gw.chat())
-    await until(lambda: gw.app.admission.waiting.get("m") == 1)
+    await until(lambda: gw.app.waiting.waiting.get("m") == 1)
     assert len(engine.seen) == 1  # the second is queued in the gateway, not at the engine
     engine.gate.set()
     answers = await asyncio.gather(first, second)
@@ -541,8 +577,8 @@ async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_fi
     assert len(engine.seen) == 2
     assert engine.max_active == 1
     await gw.usage.wait(2)
-    assert gw.endpoint.outstanding == 0
-    assert gw.app.admission.waiting["m"] == 0
+    assert held(gw.endpoint) == 0
+    assert gw.app.waiting.waiting.get("m", 0) == 0
 
 
 async def test_a_request_that_must_wait_tells_the_reconciler_once_that_a_growable_model_is_busy(
@@ -555,7 +591,7 @@ async def test_a_request_that_must_wait_tells_the_reconciler_once_that_a_growabl
     first = await take_the_only_slot(gw, engine)
     assert busy == []  # a free slot was found: nothing to report
     waiting = [asyncio.create_task(gw.chat()) for _ in range(3)]
-    await until(lambda: gw.app.admission.waiting.get("m") == 3)
+    await until(lambda: gw.app.waiting.waiting.get("m") == 3)
     await until(lambda: busy == ["m"])
     engine.gate.set()
     answers = await asyncio.gather(first, *waiting)
@@ -571,7 +607,7 @@ async def test_a_model_at_its_maximum_is_not_reported_busy(gw: Gateway, engine: 
     monkeypatch.setattr(apps.catalog.services, "record_busy", lambda name: busy.append(name) or True)
     first = await take_the_only_slot(gw, engine)  # the route's maximum is its one replica
     second = asyncio.create_task(gw.chat())
-    await until(lambda: gw.app.admission.waiting.get("m") == 1)
+    await until(lambda: gw.app.waiting.waiting.get("m") == 1)
     engine.gate.set()
     assert [a.status for a in await asyncio.gather(first, second)] == [200, 200]
     assert busy == []
@@ -581,21 +617,21 @@ async def test_a_client_that_leaves_while_waiting_gives_up_its_place_and_never_r
         gw: Gateway, engine: MockEngine) -> None:
     first = await take_the_only_slot(gw, engine)
     second = asyncio.create_task(gw.chat())
-    await until(lambda: gw.app.admission.waiting.get("m") == 1)
+    await until(lambda: gw.app.waiting.waiting.get("m") == 1)
     second.cancel()  # the client closes its connection while its request waits in the gateway
     with pytest.raises(asyncio.CancelledError):
         await second
-    await until(lambda: gw.app.admission.waiting.get("m") == 0)
+    await until(lambda: gw.app.waiting.waiting.get("m", 0) == 0)
     record = await gw.usage.wait(1)  # recorded before the first request even ends
     assert record["status"] == 499 and "waiting for a replica" in record["error"]
     engine.gate.set()
     assert (await first).status == 200
     await gw.usage.wait(2)
-    assert len(engine.seen) == 1 and gw.endpoint.outstanding == 0
+    assert len(engine.seen) == 1 and held(gw.endpoint) == 0
 
 
 async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway, engine: MockEngine) -> None:
-    gw.app.admission.max_waiting = 0
+    gw.app.waiting.most = 0
     first = await take_the_only_slot(gw, engine)
     refused = await gw.chat()
     assert refused.status == 503
@@ -618,7 +654,7 @@ async def test_a_request_that_waits_past_the_queue_timeout_gets_503_with_retry_a
     assert refused.json["error"]["message"].startswith("No capacity")
     engine.gate.set()
     assert (await first).status == 200
-    assert gw.app.admission.waiting["m"] == 0
+    assert gw.app.waiting.waiting.get("m", 0) == 0
 
 
 # Routing ---------------------------------------------------------------------------------------------------
@@ -630,17 +666,18 @@ async def test_an_unreachable_replica_is_marked_failed_and_the_request_retried_o
     good = endpoint(engine.url, "good")
     gw.set_models(route("m", [bad, good]))
     # A prompt whose home on the affinity ring is the unreachable replica, so that it is tried first.
-    prompt = next(f"hello {i}" for i in range(1000)
-                  if choose([bad, good], affinity_key({"messages": [{"role": "user", "content": f"hello {i}"}]}))
-                  is bad)
+    def first_choice(text: str) -> Upstream:
+        return preference([bad, good], affinity_key({"messages": [{"role": "user", "content": text}]}))[0][0]
+
+    prompt = next(f"hello {i}" for i in range(1000) if first_choice(f"hello {i}") is bad)
     answer = await gw.chat(messages=[{"role": "user", "content": prompt}])
     assert answer.status == 200
     assert answer.headers["x-llmgw-replica"] == "m/good"
-    assert bad.failed_until > time.monotonic()
+    assert failed_until(bad) > time.monotonic()
     record = await gw.usage.wait()
     assert record["replica"] == "n1/good"
     # Both slots are given back: the retried replica's, and the one it moved to.
-    assert (bad.outstanding, good.outstanding) == (0, 0)
+    assert (held(bad), held(good)) == (0, 0)
 
 
 async def test_an_only_replica_that_is_unreachable_is_a_502(gw: Gateway) -> None:
@@ -649,9 +686,9 @@ async def test_an_only_replica_that_is_unreachable_is_a_502(gw: Gateway) -> None
     answer = await gw.chat()
     assert answer.status == 502
     assert "could not be reached" in answer.json["error"]["message"]
-    assert bad.failed_until > time.monotonic()
+    assert failed_until(bad) > time.monotonic()
     assert (await gw.usage.wait())["status"] == 502
-    assert bad.outstanding == 0
+    assert held(bad) == 0
 
 
 async def test_a_fallback_model_serves_when_the_primary_has_no_endpoints(gw: Gateway, engine: MockEngine) -> None:
@@ -664,7 +701,7 @@ async def test_a_fallback_model_serves_when_the_primary_has_no_endpoints(gw: Gat
     assert answer.json["model"] == "m"
     record = await gw.usage.wait()
     assert (record["model"], record["replica"]) == ("m", "n1/7")
-    assert fallback.outstanding == 0
+    assert held(fallback) == 0
 
 
 @pytest.mark.parametrize(("asked", "sent"), [(5, 2.0), (-1, 0.0), (0.7, 0.7), (2, 2.0)])
@@ -848,4 +885,4 @@ async def test_an_engine_that_stays_silent_past_the_read_timeout_is_a_504_and_is
         engine.gate.set()
     record = await gw.usage.wait()
     assert record["status"] == 504
-    assert gw.endpoint.outstanding == 0
+    assert held(gw.endpoint) == 0

@@ -1,0 +1,122 @@
+"""The last stage of every request: its metrics, its token charge, and its usage record.
+
+`Accountant.finish(call)` runs once per request, after its answer (or its refusal) was sent,
+whatever ended it. It never blocks the event loop and never raises.
+
+What is charged and recorded:
+- an answer the engine reported usage for: that usage;
+- a stream the client left mid-way: what was relayed, by the engine's last usage report when
+  one came, else output tokens counted from the chunks sent and the prompt counted with the
+  engine's tokenizer (apps.gateway.tokens), or estimated from its length where nothing can
+  count; the record says `tokens_estimated` when any part is an estimate. A client cannot
+  dodge token limits or budgets by hanging up before the end;
+- a non-streamed request the client left after it reached the engine: its prompt (the engine
+  did that work), counted the same way; nothing was delivered, so no output tokens;
+- a request refused by a limit (429): recorded, free of charge;
+- anything else refused before reaching an engine: recorded with no tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from apps.gateway import metrics
+from apps.gateway.intake import EMBEDDINGS, Call
+from apps.gateway.tokens import estimate_prompt_tokens
+
+__all__ = ["CANCELLED", "Accountant"]
+
+log = logging.getLogger("llmgw.gateway")
+
+CANCELLED = 499  # the status recorded for a request whose client went away (nginx's use of it)
+COUNT_TIMEOUT_S = 5.0  # how long a cancelled request's prompt count may take before it is estimated
+
+
+class Accountant:
+    """Finishes calls: `known_model(name)` says whether a model exists (metrics label the rest "-"),
+    `count_prompt(call)` asks the engine for the prompt's tokens (None when it cannot)."""
+
+    def __init__(self, *, usage: Any, limiter: Any, known_model: Callable[[str], bool],
+                 count_prompt: Callable[[Call], Awaitable[int | None]]) -> None:
+        self.usage = usage
+        self.limiter = limiter
+        self.known_model = known_model
+        self.count_prompt = count_prompt
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def finish(self, call: Call) -> None:
+        """Account for a finished call; one whose tokens still need counting finishes in the background."""
+        if call.status == CANCELLED and call.upstream is not None and call.entry is not None:
+            self._settle_from_stream(call)
+            if call.prompt_tokens is None and call.endpoint is not EMBEDDINGS:
+                task = asyncio.get_running_loop().create_task(self._count_then_record(call))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
+                return
+        self._record(call)
+
+    async def drain(self) -> None:
+        """Wait for records still being counted (at shutdown)."""
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+
+    @staticmethod
+    def _settle_from_stream(call: Call) -> None:
+        counter = call.counter
+        if counter is None or call.completion_tokens is not None:
+            return
+        usage = counter.usage
+        call.completion_tokens = usage.output_tokens
+        if usage.input_tokens is not None:
+            call.prompt_tokens = usage.input_tokens
+        call.tokens_estimated = call.tokens_estimated or usage.estimated
+
+    async def _count_then_record(self, call: Call) -> None:
+        try:
+            counted = await asyncio.wait_for(self.count_prompt(call), COUNT_TIMEOUT_S)
+        except Exception:
+            counted = None
+        if counted is None:
+            counted = estimate_prompt_tokens(call.body)
+            call.tokens_estimated = True
+        call.prompt_tokens = counted
+        self._record(call)
+
+    def _record(self, call: Call) -> None:
+        try:
+            self._write(call)
+        except Exception:
+            log.exception("could not account for request %s", call.request_id)
+
+    def _write(self, call: Call) -> None:
+        elapsed = time.perf_counter() - call.started
+        first = (call.first_token_at - call.started) if call.first_token_at is not None else None
+        # Labelled by the model only when it exists: a name made up by a caller must not make a new series.
+        label = call.model if self.known_model(call.model) else "-"
+        metrics.observe(label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
+        if call.entry is None or self.usage is None:
+            return
+        if call.status == 429:
+            call.prompt_tokens = call.completion_tokens = 0  # refused by a limit: recorded, free of charge
+        tokens = (call.prompt_tokens or 0) + (call.completion_tokens or 0)
+        if self.limiter is not None and call.entry.limits and tokens:
+            task = asyncio.get_running_loop().create_task(
+                self.limiter.record_tokens(list(call.entry.limits), tokens, time.time()))
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        upstream = call.upstream
+        self.usage.emit({
+            "request_id": call.request_id, "created_at": time.time(), "user_id": call.entry.user_id,
+            "api_key_id": call.entry.key_id, "organization_id": call.entry.org_id, "team_id": call.entry.team_id,
+            "project_id": call.entry.project_id, "model": call.model[:128] if self.known_model(call.model) else "-",
+            "endpoint": call.endpoint.name,
+            "replica": f"{upstream.node}/{upstream.id}" if upstream else "",
+            "hardware": upstream.hardware if upstream else "", "stream": call.stream,
+            "prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
+            "tokens_estimated": call.tokens_estimated,
+            "first_token_ms": first * 1000 if first is not None else None, "total_ms": elapsed * 1000,
+            "status": call.status, "error": call.error[:2000],
+        })

@@ -1,0 +1,188 @@
+"""The first stage of a request: which endpoint it is for, who sends it, and what it asks.
+
+`ENDPOINTS` names the gateway's own API endpoints (an *endpoint* here is always one of these,
+never an engine: those are upstreams). `read_body` bounds the body before holding it,
+`parse_body` turns it into JSON the engines can take, and `api_key` finds the caller's key in
+the headers. Nothing here touches the tables or the network, so it is tested on its own.
+
+A body is refused with a 400 when it is not JSON, nests deeper than MAX_DEPTH, holds NaN or
+Infinity (not JSON, though Python's reader takes them) or a lone UTF-16 surrogate (which no
+engine can encode): each would otherwise reach an engine or a database and fail there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from apps.gateway.errors import Refused
+
+if TYPE_CHECKING:
+    from apps.gateway.slots import Lease
+    from apps.gateway.tables import KeyEntry, Upstream
+    from apps.gateway.translate.usage import StreamUsage
+
+__all__ = ["CHAT", "COMPLETIONS", "COUNT_TOKENS", "EMBEDDINGS", "ENDPOINTS", "MAX_DEPTH", "MESSAGES", "MODELS",
+           "RESPONSES", "Call", "Endpoint", "api_key", "parse_body", "read_body"]
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+MAX_DEPTH = 64  # no real request nests deeper; 2,000 levels made Python's reader recurse until it failed
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One of the gateway's API endpoints as the client calls it."""
+
+    name: str  # as usage records and metrics name it
+    protocol: str  # "openai" or "anthropic": the shape of its answers and errors
+    translation: str | None  # "messages" or "responses" when it is translated to chat completions
+    upstream_path: str  # what it is forwarded to on the engine ("" when it is answered here)
+    streams: bool = True  # whether "stream": true is honoured
+
+
+CHAT = Endpoint("chat.completions", "openai", None, "/v1/chat/completions")
+COMPLETIONS = Endpoint("completions", "openai", None, "/v1/completions")
+EMBEDDINGS = Endpoint("embeddings", "openai", None, "/v1/embeddings", streams=False)
+MESSAGES = Endpoint("messages", "anthropic", "messages", "/v1/chat/completions")
+COUNT_TOKENS = Endpoint("messages.count_tokens", "anthropic", "messages", "", streams=False)
+RESPONSES = Endpoint("responses", "openai", "responses", "/v1/chat/completions")
+MODELS = Endpoint("models", "openai", None, "", streams=False)
+
+ENDPOINTS = {
+    ("POST", "/v1/chat/completions"): CHAT,
+    ("POST", "/v1/completions"): COMPLETIONS,
+    ("POST", "/v1/embeddings"): EMBEDDINGS,
+    ("POST", "/v1/messages"): MESSAGES,
+    ("POST", "/v1/messages/count_tokens"): COUNT_TOKENS,
+    ("POST", "/v1/responses"): RESPONSES,
+}
+
+
+class Call:
+    """One request on its way through the gateway, and what its usage record will say."""
+
+    __slots__ = ("body", "client_wants_usage", "completion_tokens", "counter", "endpoint", "entry", "error",
+                 "first_token_at", "lease", "model", "original", "prompt_tokens", "request_id", "started",
+                 "status", "stream", "tokens_estimated")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.request_id = "req_" + uuid.uuid4().hex
+        self.started = time.perf_counter()
+        self.entry: KeyEntry | None = None
+        self.model = ""
+        self.body: dict[str, Any] = {}  # what goes to the engine
+        self.original: dict[str, Any] = {}  # what the client sent
+        self.stream = False
+        self.client_wants_usage = False
+        self.status = 200
+        self.error = ""
+        self.first_token_at: float | None = None
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.tokens_estimated = False
+        self.lease: Lease | None = None  # the slot it holds, while it holds one
+        self.counter: StreamUsage | None = None  # a stream's running count of what was relayed
+
+    @property
+    def upstream(self) -> Upstream | None:
+        return self.lease.upstream if self.lease is not None else None
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body, refused with a 413 as soon as it passes `limit` (never held past it)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise Refused(413, f"The body is over the limit of {limit} bytes.", kind="request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+class ClientLeft(Exception):
+    """The client went away before its request was answered."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
+    return False
+
+
+def _lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 saying what is wrong with it."""
+    nested = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH  # a cheap test first; only then walk it
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise Refused(400, f"The body nests deeper than {MAX_DEPTH} levels.", code="too_deep") from None
+    except ValueError as exc:
+        raise Refused(400, f"The body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "The body must be a JSON object.")
+    if nested and _depth_over(body, MAX_DEPTH):
+        raise Refused(400, f"The body nests deeper than {MAX_DEPTH} levels.", code="too_deep")
+    if _SURROGATE.search(raw) and _lone_surrogate(body):
+        raise Refused(400, "The body holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text.",
+                      code="invalid_text")
+    return body
+
+
+def api_key(headers: list[tuple[bytes, bytes]]) -> str:
+    """The key from `Authorization: Bearer …` (OpenAI SDKs) or `x-api-key` (Anthropic SDKs)."""
+    raw = ""
+    for name, value in headers:
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            if text[:7].lower() == "bearer ":
+                raw = text[7:].strip()
+        elif name == b"x-api-key" and not raw:
+            raw = value.decode("latin-1").strip()
+    if not raw:
+        raise Refused(401, "Send an API key: “Authorization: Bearer llmgw_...” or “x-api-key”.",
+                      kind="authentication_error", code="missing_api_key")
+    return raw

@@ -1,0 +1,199 @@
+"""Relaying an engine's answer to the client, in the protocol the client spoke.
+
+`StreamRelay` takes the engine's chat-completions stream as it arrives (bytes, split anywhere)
+and gives the bytes to send on: the chunks themselves for an OpenAI client, Anthropic or
+Responses events for the others. It reads usage and the first token's time on the way, and
+keeps its running count in `call.counter`, so a stream the client leaves is charged for what
+was relayed. It does no I/O: tests feed it chunks directly.
+
+The gateway always asks the engine for a usage chunk (`stream_options.include_usage`), for
+its own accounting. The client sees it only when it asked too; then, as the API reference
+says, every other chunk carries `"usage": null`. An OpenAI client that did not ask sees no
+`choices: []` chunk (the quickstart's `chunk.choices[0]` would fail on it).
+
+`whole_answer` does the same for an answer that is not streamed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from apps.gateway.errors import Refused, upstream_refusal
+from apps.gateway.intake import EMBEDDINGS, MESSAGES, RESPONSES, Call
+from apps.gateway.translate import (
+    ChatToAnthropicStream,
+    ChatToResponsesStream,
+    chat_to_message,
+    chat_to_response,
+    openai_error,
+    sse,
+)
+from apps.gateway.translate.usage import StreamUsage, usage_from_response
+
+__all__ = ["StreamRelay", "has_token", "translator_for", "whole_answer"]
+
+_USAGE_NULL = b',"usage":null}'
+
+
+def has_token(chunk: Any) -> bool:
+    if not isinstance(chunk, dict):
+        return False
+    for choice in chunk.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta") or {}
+        if choice.get("text") or (isinstance(delta, dict) and (
+                delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"))):
+            return True
+    return False
+
+
+def _sse_data(event: bytes) -> bytes | None:
+    data = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(data) if data else None
+
+
+def _events(events: list[tuple[str, Any]]) -> bytes:
+    return b"".join(sse(name, data) for name, data in events)
+
+
+def translator_for(call: Call) -> Any:
+    """The stream translator for the client's protocol, None when the chunks go on as they are."""
+    if call.endpoint is MESSAGES:
+        return ChatToAnthropicStream(call.model, stop_sequences=call.original.get("stop_sequences"))
+    if call.endpoint is RESPONSES:
+        return ChatToResponsesStream(call.original, "resp_" + call.request_id[4:], int(time.time()))
+    return None
+
+
+class StreamRelay:
+    """One stream from the engine to the client (see the module docstring)."""
+
+    __slots__ = ("_buffer", "call", "counter", "finished", "translator")
+
+    def __init__(self, call: Call, translator: Any = None) -> None:
+        self.call = call
+        self.translator = translator
+        self.counter = call.counter = StreamUsage("chat")
+        self._buffer = b""
+        self.finished = False  # the engine ended the stream properly ([DONE])
+
+    def start(self) -> bytes:
+        """What opens the client's stream before any chunk (Anthropic's message_start, …)."""
+        return _events(self.translator.start()) if self.translator is not None else b""
+
+    def feed(self, data: bytes) -> bytes:
+        self._buffer += data
+        if b"\n\n" not in self._buffer:
+            return b""
+        *events, self._buffer = self._buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+        out: list[bytes] = []
+        for event in events:
+            self._event(event, out)
+        return b"".join(out)
+
+    def _event(self, event: bytes, out: list[bytes]) -> None:
+        payload = _sse_data(event)
+        translator = self.translator
+        if payload is None:
+            if translator is None and event.strip():
+                out.append(event + b"\n\n")  # comments and keep-alives go on as they are
+            return
+        if payload == b"[DONE]":
+            self.finished = True
+            if translator is None:
+                out.append(b"data: [DONE]\n\n")
+            return
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(data, dict):
+            return
+        call = self.call
+        if call.first_token_at is None and has_token(data):
+            call.first_token_at = time.perf_counter()
+        self.counter.feed(data)
+        if translator is not None:
+            out.append(_events(translator.feed(data)))
+            return
+        out.append(self._passed_on(data, payload))
+
+    def _passed_on(self, data: dict[str, Any], payload: bytes) -> bytes:
+        call = self.call
+        changed = False
+        has_usage = "usage" in data
+        if has_usage and data["usage"] is not None and not call.client_wants_usage:
+            if not data.get("choices"):
+                return b""  # the usage chunk the gateway asked for itself
+            del data["usage"]
+            has_usage = False
+            changed = True
+        if data.get("model") and data["model"] != call.model:
+            data["model"] = call.model  # the caller's name for the model, not the provider's
+            changed = True
+        if changed:
+            if call.client_wants_usage and not has_usage:
+                data["usage"] = None
+            return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+        if call.client_wants_usage and not has_usage:
+            body = payload.rstrip()
+            if body.endswith(b"}"):
+                return b"data: " + body[:-1] + _USAGE_NULL + b"\n\n"
+        return b"data: " + payload + b"\n\n"
+
+    def end(self, error: str | None) -> bytes:
+        """The stream's last bytes: its proper end, or an error event when the engine broke off."""
+        translator = self.translator
+        if self._buffer.strip():
+            tail = self.feed(b"\n\n")
+        else:
+            tail = b""
+        if self.finished or (translator is not None and translator.finish_reason is not None):
+            return tail + (_events(translator.finish()) if translator is not None else b"")
+        message = error or "the upstream ended the stream before it finished"
+        self.call.status = 502
+        self.call.error = message
+        if translator is not None:
+            return tail + _events(translator.fail(message))
+        return tail + b"data: " + json.dumps(openai_error(502, message, "api_error")).encode() + b"\n\n"
+
+
+def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
+    """The client's answer made from the engine's whole (not streamed) answer; Refused when the
+    engine refused."""
+    call.first_token_at = time.perf_counter()
+    if status != 200:
+        refusal = upstream_refusal(status, raw, call.model)
+        call.status, call.error = refusal.status, refusal.message
+        raise refusal
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise Refused(502, "The upstream's answer is not JSON.", kind="api_error") from None
+    if not isinstance(data, dict):
+        raise Refused(502, "The upstream's answer is not a JSON object.", kind="api_error")
+    if call.endpoint is EMBEDDINGS:
+        if isinstance(data.get("usage"), dict):
+            tokens = data["usage"].get("prompt_tokens")
+            call.prompt_tokens = tokens if isinstance(tokens, int) else None
+    else:
+        usage = usage_from_response(data, "chat")
+        if usage is not None:
+            call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
+    if call.endpoint is MESSAGES:
+        return json.dumps(chat_to_message(data, call.model, stop_sequences=call.original.get("stop_sequences"))
+                          ).encode()
+    if call.endpoint is RESPONSES:
+        return json.dumps(chat_to_response(data, request=call.original, response_id="resp_" + call.request_id[4:],
+                                           created_at=int(time.time()))).encode()
+    changed = False
+    if data.get("model", call.model) != call.model:
+        data["model"] = call.model
+        changed = True
+    if "__verbose" in data:
+        del data["__verbose"]
+        changed = True
+    return json.dumps(data, ensure_ascii=False).encode() if changed else raw

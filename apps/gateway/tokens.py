@@ -1,0 +1,92 @@
+"""Counting a chat request's prompt with the engine's own tokenizer, after its chat template.
+
+- llama.cpp's llama-server: POST /apply-template with the chat body gives the prompt text as
+  the template renders it (tools included), POST /tokenize of that text (special tokens
+  parsed, BOS added as the completion would) gives its tokens. Both are answered by the HTTP
+  thread, not a slot, so they are quick while every slot is busy.
+- vLLM (and SGLang, which copies its API): POST /tokenize with the model and the messages
+  answers {"count": N}.
+- An external provider has no such call: None.
+
+Used by /v1/messages/count_tokens, for the real input_tokens of an Anthropic stream's
+message_start, and to charge a stream the client cancelled before the engine reported usage.
+`estimate_prompt_tokens` is the fallback when nothing can count: a quarter of the text's
+characters, which is what such records say they are (tokens_estimated).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from apps.gateway.tables import Upstream
+from apps.gateway.upstream import Pool
+
+__all__ = ["count_prompt_tokens", "estimate_prompt_tokens"]
+
+_CHAT_FIELDS = ("messages", "tools", "tool_choice", "chat_template_kwargs", "response_format")
+
+
+async def _post(pool: Pool, upstream: Upstream, path: str, body: dict[str, Any]) -> Any:
+    headers = [("Content-Type", "application/json")]
+    secret = upstream.api_key()
+    if secret:
+        headers.append(("Authorization", f"Bearer {secret}"))
+    response = await pool.post(upstream.url + path, json.dumps(body).encode(), headers)
+    async with response:
+        raw = await response.read()
+        if response.status != 200:
+            return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+async def count_prompt_tokens(pool: Pool, upstream: Upstream, chat: dict[str, Any]) -> int | None:
+    """The prompt's tokens as the engine will count them, or None when it cannot say."""
+    if upstream.engine == "external":
+        return None
+    if "messages" not in chat:
+        prompt = chat.get("prompt")
+        if not isinstance(prompt, str):
+            return None
+        return await _tokenize_text(pool, upstream, prompt, add_special=True)
+    body = {k: chat[k] for k in _CHAT_FIELDS if k in chat}
+    if upstream.engine == "llama.cpp":
+        rendered = await _post(pool, upstream, "/apply-template", body)
+        if not isinstance(rendered, dict) or not isinstance(rendered.get("prompt"), str):
+            return None
+        return await _tokenize_text(pool, upstream, rendered["prompt"], add_special=True)
+    answer = await _post(pool, upstream, "/tokenize", {"model": upstream.upstream_model, **body,
+                                                       "add_generation_prompt": True})
+    count = answer.get("count") if isinstance(answer, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+async def _tokenize_text(pool: Pool, upstream: Upstream, text: str, *, add_special: bool) -> int | None:
+    if upstream.engine == "llama.cpp":
+        answer = await _post(pool, upstream, "/tokenize", {"content": text, "add_special": add_special,
+                                                           "parse_special": True})
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        return len(tokens) if isinstance(tokens, list) else None
+    answer = await _post(pool, upstream, "/tokenize", {"model": upstream.upstream_model, "prompt": text})
+    count = answer.get("count") if isinstance(answer, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+def _text_length(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_length(v) for k, v in value.items() if k not in ("image_url", "type", "role"))
+    if isinstance(value, list):
+        return sum(_text_length(v) for v in value)
+    return 0
+
+
+def estimate_prompt_tokens(chat: dict[str, Any]) -> int:
+    """A rough count when no tokenizer answers: four characters a token, at least one."""
+    text = _text_length(chat.get("messages")) + _text_length(chat.get("prompt")) + _text_length(chat.get("tools"))
+    return max(1, math.ceil(text / 4))
