@@ -202,6 +202,11 @@ GATEWAY_REFRESH_SECONDS = env_float("LLMGW_GATEWAY_REFRESH_SECONDS", 1.0, minimu
 GATEWAY_RELOAD_SECONDS = env_float("LLMGW_GATEWAY_RELOAD_SECONDS", 30.0, minimum=0.05, maximum=3600)
 # With Redis: how long a replica slot held by a gateway process that died stays counted.
 GATEWAY_SLOT_LEASE_SECONDS = env_float("LLMGW_GATEWAY_SLOT_LEASE_SECONDS", 15.0, minimum=1, maximum=600)
+# External providers are reached through HTTPS_PROXY/HTTP_PROXY (NO_PROXY exempts), never engines;
+# their certificates are checked against this PEM file or hashed directory instead of the system's.
+PROVIDER_CA_BUNDLE = env_str("LLMGW_PROVIDER_CA_BUNDLE") or ""
+if PROVIDER_CA_BUNDLE and not Path(PROVIDER_CA_BUNDLE).exists():
+    raise ImproperlyConfigured(f"LLMGW_PROVIDER_CA_BUNDLE={PROVIDER_CA_BUNDLE!r}: no such file or directory")
 # Engines -----------------------------------------------------------------------------
 
 ENGINE_PORT_MIN = env_int("LLMGW_ENGINE_PORT_MIN", 20000, minimum=1024, maximum=65000)

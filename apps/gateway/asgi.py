@@ -44,10 +44,10 @@ from apps.gateway.intake import (
 from apps.gateway.relay import StreamRelay, translator_for, whole_answer
 from apps.gateway.routing import affinity_key, preference
 from apps.gateway.slots import Lease, QueueFull, SharedSlots, SlotKeeper, WaitingRoom
-from apps.gateway.tables import KeyEntry, ModelRoute, Tables, current_version, key_hash, load_tables
+from apps.gateway.tables import KeyEntry, ModelRoute, Tables, Upstream, current_version, key_hash, load_tables
 from apps.gateway.tokens import count_prompt_tokens
 from apps.gateway.translate import TranslationError, messages_to_chat, responses_to_chat
-from apps.gateway.upstream import ConnectError, Disconnected, Pool, ReadTimeout, UpstreamError
+from apps.gateway.upstream import ConnectError, Disconnected, Pool, ProxyConfig, ReadTimeout, UpstreamError
 
 __all__ = ["GatewayApp", "gateway_app"]
 
@@ -71,7 +71,8 @@ class GatewayApp:
         from django.conf import settings
 
         self.tables = Tables()
-        self.upstream: Pool | None = None
+        self.upstream: Pool | None = None  # engines on the nodes: never through a proxy
+        self.providers: Pool | None = None  # external providers: HTTPS_PROXY/NO_PROXY, LLMGW_PROVIDER_CA_BUNDLE
         self.limiter: Any = None
         self.usage: Any = None
         self.shared: SharedSlots | None = None
@@ -117,7 +118,10 @@ class GatewayApp:
         from apps.quotas.limiter import make_limiter
         from apps.quotas.usage import UsageWriter
 
-        self.upstream = Pool(connect_timeout=5, read_timeout=settings.GATEWAY_READ_TIMEOUT, idle_timeout=60)
+        self.upstream = Pool(connect_timeout=5, read_timeout=settings.GATEWAY_READ_TIMEOUT, idle_timeout=60,
+                             proxies=ProxyConfig())
+        self.providers = Pool(connect_timeout=10, read_timeout=settings.GATEWAY_READ_TIMEOUT, idle_timeout=60,
+                              ca_bundle=settings.PROVIDER_CA_BUNDLE or None, proxies=ProxyConfig.from_env())
         self.limiter = make_limiter()
         writer_kwargs: dict[str, Any] = {}
         if getattr(settings, "USAGE_WRITER", "worker") == "worker":
@@ -159,8 +163,9 @@ class GatewayApp:
             await self.usage.stop()
         if self.limiter is not None and hasattr(self.limiter, "close"):
             await self.limiter.close()
-        if self.upstream is not None:
-            await self.upstream.close()
+        for pool in (self.upstream, self.providers):
+            if pool is not None:
+                await pool.close()
         self._started = None
 
     async def _refresh_loop(self) -> None:
@@ -460,8 +465,13 @@ class GatewayApp:
         finally:
             watcher.cancel()
 
+    def pool_for(self, upstream: Upstream) -> Pool:
+        pool = self.providers if upstream.engine == "external" else self.upstream
+        assert pool is not None
+        return pool
+
     async def _forward(self, call: Call, route: ModelRoute, send: Send) -> None:
-        assert self.upstream is not None and call.lease is not None
+        assert call.lease is not None
         tried: set[str] = set()
         prompt_count: asyncio.Task[int | None] | None = None
         while True:
@@ -471,14 +481,14 @@ class GatewayApp:
             if call.endpoint is MESSAGES and upstream.engine == "llama.cpp" and body.get("stop"):
                 body["verbose"] = True  # llama-server names the stop string it matched only then
             if call.stream and call.endpoint is MESSAGES and prompt_count is None:
-                prompt_count = asyncio.create_task(count_prompt_tokens(self.upstream, upstream, call.body))
+                prompt_count = asyncio.create_task(count_prompt_tokens(self.pool_for(upstream), upstream, call.body))
             headers = [("Content-Type", "application/json"), ("x-llmgw-request-id", call.request_id)]
             secret = upstream.api_key()
             if secret:
                 headers.append(("Authorization", f"Bearer {secret}"))
             try:
-                response = await self.upstream.post(upstream.url + call.endpoint.upstream_path,
-                                                    json.dumps(body).encode(), headers)
+                response = await self.pool_for(upstream).post(upstream.url + call.endpoint.upstream_path,
+                                                              json.dumps(body).encode(), headers)
             except (ConnectError, Disconnected) as exc:
                 # A replica that cannot be reached: pass it over for a while and try another (never the same twice).
                 self.keeper.mark_failed(upstream, UNREACHABLE_S)
@@ -545,7 +555,7 @@ class GatewayApp:
         upstream = call.upstream
         if upstream is None or self.upstream is None:
             return None
-        return await count_prompt_tokens(self.upstream, upstream, call.body)
+        return await count_prompt_tokens(self.pool_for(upstream), upstream, call.body)
 
     async def count_tokens(self, call: Call, route: ModelRoute, send: Send) -> None:
         """/v1/messages/count_tokens: the prompt counted by one of the model's engines."""

@@ -5,34 +5,90 @@ It does only what the gateway needs — POST a JSON body, read the answer whole 
 chunk — and so spends a fraction of a general client's time on each request, which is the
 time the gateway adds to every answer.
 
-- One pool of idle connections per (scheme, host, port). A connection goes back to the pool
-  only when its answer was read to the end and both sides keep it alive; one that was not
+- One pool of idle connections per (scheme, host, port, proxy). A connection goes back to the
+  pool only when its answer was read to the end and both sides keep it alive; one that was not
   read to the end is closed, which is how an engine learns that its caller went away.
 - A pooled connection that the other side closed while it sat idle is noticed and dropped;
   one that closes after the request was written but before a byte of the answer came back
   is tried once more on a new connection (the server dropped it idle at the same moment).
-- `connect_timeout` bounds opening a connection (TLS included); `read_timeout` bounds each
-  wait for the next bytes of an answer, as a socket read timeout would.
+- `connect_timeout` bounds opening a connection (proxy, tunnel and TLS included);
+  `read_timeout` bounds each wait for the next bytes of an answer, as a socket read timeout would.
 - While more than HIGH_WATER bytes of an answer wait to be read, the socket is not read
   from, so a slow client holds back its engine instead of filling the gateway's memory.
+
+Certificates
+    Providers' certificates are verified against `Pool(ca_bundle=...)` when it is given — a PEM
+    file, or a directory in OpenSSL's hashed form (`openssl rehash`), used *instead of* the
+    system store — and otherwise against Python's default context, which honours
+    `SSL_CERT_FILE` and `SSL_CERT_DIR`. A bundle that is missing or holds no certificate fails
+    when the Pool is made, not at the first request an hour later.
+
+Proxies
+    A provider on the internet is often reachable only through an organisation's HTTP proxy.
+    `Pool(proxies=...)` takes a `ProxyConfig`; without one the Pool reads the environment once,
+    when it is made (`ProxyConfig.from_env()`), never per request: which proxy a URL goes
+    through is decided when the URL is first seen and kept with it, so a request to an engine
+    costs nothing more than it did without proxies. `ProxyConfig()` turns proxies off.
+
+    - `https_proxy`/`HTTPS_PROXY` is used for https targets, `http_proxy`/`HTTP_PROXY` for http
+      ones; the lower-case name wins when both are set, as with curl and urllib. `HTTP_PROXY`
+      is ignored when `REQUEST_METHOD` is set (a CGI environment, where a client's `Proxy:`
+      header would arrive as that variable), as urllib does. `ALL_PROXY` is not read: it often
+      names a SOCKS proxy, which this client does not speak.
+    - A proxy URL is `http://[user:password@]host[:port]` (the scheme may be left out; the port
+      defaults to 80). User and password are percent-decoded and sent as
+      `Proxy-Authorization: Basic ...`. `https://` proxies (TLS to the proxy itself) and SOCKS
+      are refused with an error when the config is made.
+    - https targets go through a tunnel: `CONNECT host:port` to the proxy, then TLS to the target
+      inside it, verified against the target's own name. The target's name is resolved by the
+      proxy, not here. A proxy's answer other than 2xx is a ConnectError naming the proxy and
+      its status line (so a 407 says that credentials are missing or wrong).
+    - http targets are asked through the proxy in absolute form (`POST http://host:port/path`);
+      a 407 from the proxy is a ConnectError too.
+
+    NO_PROXY (`no_proxy` wins over `NO_PROXY`) lists targets reached directly. It follows curl
+    (7.86 and later) with one addition:
+
+    - entries are separated by commas (spaces around them are ignored); matching ignores case
+      and a trailing dot of the target's name;
+    - `*` alone bypasses the proxy for every target;
+    - a name matches itself and every name below it: `example.com`, `.example.com` and
+      `*.example.com` all match `example.com` and `api.example.com`, not `notexample.com`;
+    - an IP address matches that address, a CIDR range (`10.0.0.0/8`, `fd00::/8`) every
+      address in it; IPv6 is written without brackets, or in brackets with a port. Names match
+      only names and addresses only addresses: nothing is resolved to decide;
+    - `host:port` (or `[v6]:port`) matches that host, or that name and the names below it, on
+      that port only; entries that cannot be read as any of these match nothing;
+    - the addition: loopback targets — `localhost`, names under `.localhost`, 127.0.0.0/8, ::1
+      — are never proxied (as Go's net/http does; curl would send them to the proxy). A proxy
+      cannot reach this machine's loopback, and an engine on it must never go through one.
+      Engines on the nodes are usually on private addresses: list them (or their range) in
+      NO_PROXY.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
+import ipaddress
+import os
+import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
-__all__ = ["ConnectError", "Disconnected", "Pool", "ReadTimeout", "Response", "UpstreamError"]
+__all__ = ["ConnectError", "Disconnected", "Pool", "Proxy", "ProxyConfig", "ReadTimeout", "Response",
+           "UpstreamError", "ssl_context_for"]
 
 HIGH_WATER = 1024 * 1024
 LOW_WATER = 256 * 1024
+PROXY_HEAD_LIMIT = 64 * 1024  # a proxy's answer to CONNECT longer than this is not an answer
 
 
 class UpstreamError(Exception):
@@ -40,7 +96,7 @@ class UpstreamError(Exception):
 
 
 class ConnectError(UpstreamError):
-    """No connection could be opened (refused, unreachable, name unknown, TLS, timed out)."""
+    """No connection could be opened (refused, unreachable, name unknown, proxy, TLS, timed out)."""
 
 
 class Disconnected(UpstreamError):
@@ -51,10 +107,214 @@ class ReadTimeout(UpstreamError):
     """The upstream sent nothing for longer than the read timeout."""
 
 
-class _Target:
-    __slots__ = ("host", "host_header", "key", "path", "port", "tls")
+# Proxies -------------------------------------------------------------------------------------------
 
-    def __init__(self, url: str) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    """One HTTP proxy. It is part of a pooled connection's key, so equal proxies share connections
+    and a change of credentials does not reuse a tunnel opened with the old ones."""
+
+    host: str
+    port: int
+    authorization: str | None = field(default=None, repr=False)  # the whole Proxy-Authorization value
+
+    @classmethod
+    def parse(cls, url: str) -> Proxy:
+        """`http://[user:password@]host[:port]`, the scheme optional; ValueError for anything else,
+        with the URL's password left out of the message."""
+        raw = url.strip()
+        if "://" not in raw:
+            raw = "http://" + raw  # as curl reads `proxy.example:3128`
+        parts = urlsplit(raw)
+        shown = _without_password(raw)
+        if parts.scheme == "https":
+            raise ValueError(f"the proxy {shown} is an https:// proxy (TLS to the proxy), which is not supported: "
+                             "use its http:// address (https targets are still tunnelled with TLS end to end)")
+        if parts.scheme != "http":
+            raise ValueError(f"the proxy {shown} is not an http:// proxy ({parts.scheme}:// is not supported)")
+        if not parts.hostname:
+            raise ValueError(f"the proxy URL {shown} names no host")
+        try:
+            port = parts.port or 80
+        except ValueError:
+            raise ValueError(f"the proxy URL {shown} has an invalid port") from None
+        authorization = None
+        if parts.username is not None:
+            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            authorization = "Basic " + base64.b64encode(credentials).decode("ascii")
+        return cls(parts.hostname, port, authorization)
+
+    @property
+    def url(self) -> str:
+        """How the proxy is named in errors and logs: never with its credentials."""
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{name}:{self.port}"
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", url)
+
+
+def _proxy(value: str | Proxy | None) -> Proxy | None:
+    if isinstance(value, str):
+        return Proxy.parse(value) if value.strip() else None
+    return value
+
+
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _ip(host: str) -> _Address | None:
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])  # a scoped IPv6 address keeps its zone apart
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+class ProxyConfig:
+    """Which proxy, if any, each target goes through; see the module's docstring for the rules.
+
+    Made once (from the environment or explicitly) and consulted once per URL a Pool sees."""
+
+    __slots__ = ("_bypass_all", "_names", "_networks", "http", "https", "no_proxy", "proxy_loopback")
+
+    def __init__(self, *, http: str | Proxy | None = None, https: str | Proxy | None = None, no_proxy: str = "",
+                 proxy_loopback: bool = False) -> None:
+        """`http`/`https`: the proxy for http/https targets (a URL or a Proxy; None or "" for none).
+        `no_proxy`: NO_PROXY's syntax. `proxy_loopback`: send loopback targets to the proxy too —
+        only for a proxy that can reach this machine's loopback (tests do; deployments should not)."""
+        self.http = _proxy(http)
+        self.https = _proxy(https)
+        self.no_proxy = no_proxy
+        self.proxy_loopback = proxy_loopback
+        self._bypass_all = False
+        self._names: list[tuple[str, int | None]] = []
+        self._networks: list[tuple[_Network, int | None]] = []
+        for entry in no_proxy.replace(" ", ",").split(","):
+            self._add_bypass(entry.strip().lower())
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ProxyConfig:
+        """The proxies the standard environment variables name (os.environ unless given)."""
+        env = os.environ if environ is None else environ
+
+        def first(*names: str) -> str:
+            for name in names:
+                value = env.get(name, "").strip()
+                if value:
+                    return value
+            return ""
+
+        http_names = ("http_proxy",) if "REQUEST_METHOD" in env else ("http_proxy", "HTTP_PROXY")
+        return cls(http=first(*http_names), https=first("https_proxy", "HTTPS_PROXY"),
+                   no_proxy=first("no_proxy", "NO_PROXY"))
+
+    def __bool__(self) -> bool:
+        return self.http is not None or self.https is not None
+
+    def __repr__(self) -> str:
+        http = self.http.url if self.http else None
+        https = self.https.url if self.https else None
+        return f"ProxyConfig(http={http!r}, https={https!r}, no_proxy={self.no_proxy!r})"
+
+    def _add_bypass(self, entry: str) -> None:
+        if not entry:
+            return
+        if entry == "*":
+            self._bypass_all = True
+            return
+        port: int | None = None
+        host = entry
+        if entry.startswith("["):  # [v6] or [v6]:port
+            close = entry.find("]")
+            rest = entry[close + 1:]
+            if close < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+                return
+            host, port = entry[1:close], int(rest[1:]) if rest else None
+        elif entry.count(":") == 1:  # name:port or v4:port (an IPv6 address has more colons)
+            name, _, digits = entry.partition(":")
+            if not digits.isdigit():
+                return
+            host, port = name, int(digits)
+        try:
+            self._networks.append((ipaddress.ip_network(host, strict=False), port))
+            return
+        except ValueError:
+            pass
+        name = host.removeprefix("*").removeprefix(".").rstrip(".")
+        if name:
+            self._names.append((name, port))
+
+    def bypasses(self, host: str, port: int) -> bool:
+        """Whether a target is reached directly rather than through a proxy."""
+        if self._bypass_all:
+            return True
+        host = host.lower().rstrip(".")
+        address = _ip(host)
+        if address is not None:
+            if address.is_loopback and not self.proxy_loopback:
+                return True
+            return any(address in network and (p is None or p == port) for network, p in self._networks)
+        if not self.proxy_loopback and (host == "localhost" or host.endswith(".localhost")):
+            return True
+        return any((host == name or host.endswith("." + name)) and (p is None or p == port)
+                   for name, p in self._names)
+
+    def select(self, tls: bool, host: str, port: int) -> Proxy | None:
+        """The proxy for a target, or None to connect to it directly."""
+        proxy = self.https if tls else self.http
+        if proxy is None or self.bypasses(host, port):
+            return None
+        return proxy
+
+    def for_url(self, url: str) -> Proxy | None:
+        """The proxy for an http(s) URL, or None to connect directly."""
+        target = _Target(url, self)
+        return target.proxy
+
+
+# CA bundles -----------------------------------------------------------------------------------------
+
+_HASHED = re.compile(r"^[0-9a-f]{8}\.\d+$")  # a certificate under OpenSSL's name (a CRL's has an "r")
+
+
+def ssl_context_for(ca_bundle: str) -> ssl.SSLContext:
+    """A client context that trusts only the certificates of `ca_bundle` (a PEM file, or a directory
+    in OpenSSL's hashed form). ValueError, saying what is wrong, for a path that cannot serve."""
+    if os.path.isdir(ca_bundle):
+        try:
+            names = os.listdir(ca_bundle)
+        except OSError as exc:
+            raise ValueError(f"the CA bundle directory {ca_bundle} cannot be read: {exc}") from None
+        if not any(_HASHED.match(name) for name in names):
+            raise ValueError(f"the CA bundle directory {ca_bundle} holds no certificate under OpenSSL's hashed "
+                             "names (run `openssl rehash` on it, or give a PEM file)")
+        return ssl.create_default_context(capath=ca_bundle)
+    if not os.path.exists(ca_bundle):
+        raise ValueError(f"the CA bundle {ca_bundle} does not exist")
+    try:
+        return ssl.create_default_context(cafile=ca_bundle)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"the CA bundle {ca_bundle} holds no certificate that could be read: {exc}") from None
+
+
+# Connections ---------------------------------------------------------------------------------------
+
+
+_Key = tuple[str, str, int, Proxy | None]
+
+
+class _Target:
+    """A URL taken apart once: where to connect, through which proxy, and the start of its request."""
+
+    __slots__ = ("authority", "connect", "head", "host", "host_header", "key", "path", "port", "proxy", "tls")
+
+    def __init__(self, url: str, proxies: ProxyConfig | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UpstreamError(f"not an http(s) URL: {url!r}")
@@ -64,14 +324,28 @@ class _Target:
         default = 443 if self.tls else 80
         name = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = name if self.port == default else f"{name}:{self.port}"
+        self.authority = f"{name}:{self.port}"
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.key = (parts.scheme, self.host, self.port)
+        self.proxy = proxies.select(self.tls, self.host, self.port) if proxies else None
+        self.key: _Key = (parts.scheme, self.host, self.port, self.proxy)
+        self.connect = b""
+        if self.proxy is not None and not self.tls:  # the proxy is asked for the whole URL
+            authorization = self.proxy.authorization
+            extra = f"Proxy-Authorization: {authorization}\r\n" if authorization else ""
+            self.head = f"POST http://{self.host_header}{self.path} HTTP/1.1\r\nHost: {self.host_header}\r\n{extra}"
+        else:  # directly, or inside a tunnel: the target sees what it would see without a proxy
+            self.head = f"POST {self.path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
+            if self.proxy is not None:
+                authorization = self.proxy.authorization
+                extra = f"Proxy-Authorization: {authorization}\r\n" if authorization else ""
+                self.connect = f"CONNECT {self.authority} HTTP/1.1\r\nHost: {self.authority}\r\n{extra}\r\n".encode(
+                    "latin-1")
 
 
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; carries one request at a time."""
 
-    def __init__(self, pool: Pool, key: tuple[str, str, int]) -> None:
+    def __init__(self, pool: Pool, key: _Key) -> None:
         self.pool = pool
         self.key = key
         self.loop = asyncio.get_running_loop()
@@ -201,6 +475,74 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+class _ProxiedConnection(_Connection):
+    """A connection to an http target through a proxy. A 407 is the proxy's own refusal, not the
+    target's answer, and is reported as such rather than handed to the client as the provider's."""
+
+    def __init__(self, pool: Pool, key: _Key, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.reason = ""
+        super().__init__(pool, key)
+
+    def on_status(self, status: bytes) -> None:
+        self.reason = status.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        if self.parser.get_status_code() == 407:
+            self._fail(ConnectError(f"the proxy {self.proxy.url} refused the request: 407 {self.reason}".rstrip()))
+            return
+        super().on_headers_complete()
+
+
+class _Tunnel(asyncio.Protocol):
+    """A connection to a proxy until it answers CONNECT; TLS to the target then takes it over."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, proxy: Proxy, target: _Target) -> None:
+        self.proxy = proxy
+        self.target = target
+        self.transport: asyncio.Transport | None = None
+        self.answer: asyncio.Future[bytes] = loop.create_future()
+        self.buffer = bytearray()
+        self.more = False  # bytes came after the answer's head, which a tunnel's target would have sent
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.answer.done():
+            self.more = True
+            return
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            self.more = end + 4 < len(self.buffer)
+            self.answer.set_result(bytes(self.buffer[:end]))
+        elif len(self.buffer) > PROXY_HEAD_LIMIT:
+            self.answer.set_exception(ConnectError(
+                f"the proxy {self.proxy.url} answered CONNECT {self.target.authority} with more than "
+                f"{PROXY_HEAD_LIMIT} bytes of head"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.answer.done():
+            detail = f": {exc}" if exc else ""
+            self.answer.set_exception(ConnectError(
+                f"the proxy {self.proxy.url} closed the connection before answering CONNECT "
+                f"{self.target.authority}{detail}"))
+
+    async def established(self) -> None:
+        """Until the proxy has answered; ConnectError, with its status line, unless that was a 2xx."""
+        head = await self.answer
+        line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        version, _, rest = line.partition(" ")
+        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+            raise ConnectError(f"the proxy {self.proxy.url} did not answer CONNECT in HTTP: {line[:100]!r}")
+        if rest[0] != "2":
+            raise ConnectError(f"the proxy {self.proxy.url} refused the tunnel to {self.target.authority}: {line}")
+        if self.more:
+            raise ConnectError(f"the proxy {self.proxy.url} sent more than its answer to CONNECT "
+                               f"{self.target.authority}")
+
+
 class Response:
     """One answer. Use as an async context manager: leaving it before the answer was read to the
     end closes the connection (the upstream stops its work); otherwise the connection is reused."""
@@ -256,13 +598,24 @@ class Response:
 
 
 class Pool:
+    """Keep-alive connections to engines and providers, and the one way the gateway asks them."""
+
     def __init__(self, *, connect_timeout: float = 5.0, read_timeout: float = 600.0, idle_timeout: float = 60.0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, ca_bundle: str | None = None,
+                 proxies: ProxyConfig | None = None) -> None:
+        """`ca_bundle`: a PEM file or hashed directory whose certificates alone verify https targets
+        (None or "": the default context, with SSL_CERT_FILE/SSL_CERT_DIR); `ssl_context`: a whole
+        context instead, not with `ca_bundle`. `proxies`: None reads the environment now, once;
+        `ProxyConfig()` uses no proxy. ValueError for a bundle or proxy that cannot serve."""
+        if ssl_context is not None and ca_bundle:
+            raise ValueError("give the Pool an ssl_context or a ca_bundle, not both")
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
-        self._ssl = ssl_context
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self.ca_bundle = ca_bundle or None
+        self._ssl = ssl_context_for(ca_bundle) if ca_bundle else ssl_context
+        self.proxies = ProxyConfig.from_env() if proxies is None else proxies
+        self._idle: dict[_Key, list[_Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._open: set[_Connection] = set()
 
@@ -274,7 +627,7 @@ class Pool:
     def target(self, url: str) -> _Target:
         target = self._targets.get(url)
         if target is None:
-            target = _Target(url)
+            target = _Target(url, self.proxies)
             if len(self._targets) > 4096:
                 self._targets.clear()
             self._targets[url] = target
@@ -283,8 +636,7 @@ class Pool:
     async def post(self, url: str, body: bytes, headers: Sequence[tuple[str, str]] = ()) -> Response:
         """Send the request and wait for the answer's status and headers."""
         target = self.target(url)
-        lines = [f"POST {target.path} HTTP/1.1\r\nHost: {target.host_header}\r\nContent-Length: {len(body)}\r\n"
-                 "Accept-Encoding: identity\r\n"]
+        lines = [f"{target.head}Content-Length: {len(body)}\r\nAccept-Encoding: identity\r\n"]
         for name, value in headers:
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
                 raise UpstreamError(f"the header {name!r} holds a line break")
@@ -321,23 +673,68 @@ class Pool:
             conn._reset()
             return conn
         loop = asyncio.get_running_loop()
-        conn = _Connection(self, target.key)
+        proxy = target.proxy
+        if proxy is None or target.tls:
+            conn = _Connection(self, target.key)
+        else:
+            conn = _ProxiedConnection(self, target.key, proxy)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                if target.tls:
+                if proxy is not None:
+                    await self._open_through(proxy, conn, target)
+                elif target.tls:
                     await loop.create_connection(lambda: conn, target.host, target.port, ssl=self._ssl_context(),
                                                  server_hostname=target.host)
                 else:
                     await loop.create_connection(lambda: conn, target.host, target.port)
         except TimeoutError:
             conn.close()
-            raise ConnectError(f"could not connect to {target.host_header} within {self.connect_timeout:g} s") \
+            via = f" through the proxy {proxy.url}" if proxy is not None else ""
+            raise ConnectError(f"could not connect to {target.host_header}{via} within {self.connect_timeout:g} s") \
                 from None
         except (OSError, ssl.SSLError) as exc:
             conn.close()
             raise ConnectError(f"could not connect to {target.host_header}: {exc}") from None
+        except BaseException:
+            conn.close()
+            raise
         self._open.add(conn)
         return conn
+
+    async def _open_through(self, proxy: Proxy, conn: _Connection, target: _Target) -> None:
+        """Connect `conn` to the target through the proxy: for http the proxy is its peer; for https
+        a CONNECT tunnel is opened and TLS to the target started inside it (the target's name for
+        SNI and verification, the tunnel's bytes seen by the proxy only as ciphertext)."""
+        loop = conn.loop
+        if not target.tls:
+            try:
+                await loop.create_connection(lambda: conn, proxy.host, proxy.port)
+            except OSError as exc:
+                raise ConnectError(f"could not connect to the proxy {proxy.url} for {target.host_header}: {exc}") \
+                    from None
+            return
+        tunnel = _Tunnel(loop, proxy, target)
+        try:
+            await loop.create_connection(lambda: tunnel, proxy.host, proxy.port)
+        except OSError as exc:
+            raise ConnectError(f"could not connect to the proxy {proxy.url} for {target.host_header}: {exc}") \
+                from None
+        raw = tunnel.transport
+        assert raw is not None  # connection_made has run once create_connection returned
+        try:
+            raw.write(target.connect)
+            await tunnel.established()
+            try:
+                transport = await loop.start_tls(raw, conn, self._ssl_context(), server_hostname=target.host)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConnectError(f"could not connect to {target.host_header} through the proxy {proxy.url}: "
+                                   f"{exc}") from None
+            if transport is None:
+                raise ConnectError(f"TLS to {target.host_header} could not start through the proxy {proxy.url}")
+        except BaseException:
+            raw.abort()
+            raise
+        conn.connection_made(transport)  # start_tls gives the protocol its transport without calling it
 
     def _put(self, conn: _Connection) -> None:
         conn.idle_since = time.monotonic()
