@@ -11,7 +11,11 @@ what it does (`mode` and friends) and reads what it saw (`seen`, `closed`, `arri
 - "hang": `chunks` content chunks, then nothing until the client goes away (`closed` is then set).
 
 `require_key` makes every request without `Authorization: Bearer <require_key>` get a 401; `gate`
-(an asyncio.Event) holds every request until it is set, to keep a replica's slots full.
+(an asyncio.Event) holds every request until it is set, to keep a replica's slots full; `hold` (an
+asyncio.Event) holds a stream after its content chunks, before its end, until it is set.
+
+A request may choose its own mode with a "mock" field in its body (the gateway passes unknown
+fields on), so concurrent requests can each do something else.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class MockEngine:
         self.error_message = "the engine did not like this"
         self.require_key: str | None = None
         self.gate: asyncio.Event | None = None
+        self.hold: asyncio.Event | None = None
+        self.delay = 0.0  # seconds each answer waits before it starts
         self.seen: list[Seen] = []
         self.arrived = asyncio.Event()  # set on every request (clear it to wait for the next)
         self.closed = asyncio.Event()  # a streaming handler found its client gone
@@ -82,12 +88,15 @@ class MockEngine:
                 return _error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
             if self.gate is not None:
                 await self.gate.wait()
-            if self.mode == "error":
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            mode = body.get("mock") if isinstance(body.get("mock"), str) else self.mode
+            if mode == "error":
                 return _error(self.error_status, self.error_message,
                               "server_error" if self.error_status >= 500 else "invalid_request_error")
-            if self.mode == "ok" and not body.get("stream"):
+            if mode == "ok" and not body.get("stream"):
                 return web.json_response(self._completion(body))
-            return await self._stream(request, body)
+            return await self._stream(request, body, mode)
         except (asyncio.CancelledError, ConnectionResetError):
             self.closed.set()  # the client (the gateway) went away before we were done
             raise
@@ -108,27 +117,30 @@ class MockEngine:
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
         return b"data: " + json.dumps(data).encode() + b"\n\n"
 
-    async def _stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, body: dict[str, Any], mode: str) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         response.enable_chunked_encoding()
         await response.prepare(request)
-        for i in range(self.chunks):
+        chunks = body["mock_chunks"] if isinstance(body.get("mock_chunks"), int) else self.chunks
+        for i in range(chunks):
             delta: dict[str, Any] = {"content": f"t{i} "}
             if i == 0:
                 delta["role"] = "assistant"
             await response.write(self._chunk(body, delta))
-        if self.mode == "die":
+        if mode == "die":
             # Drop the connection without the last chunk of the chunked body: the client sees a
             # payload that was never completed.
             assert request.transport is not None
             request.transport.close()
             return response
-        if self.mode == "hang":
+        if mode == "hang":
             await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
+        if self.hold is not None:
+            await self.hold.wait()
         await response.write(self._chunk(body, {}, "stop"))
         if self.stream_usage:
-            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.chunks,
-                     "total_tokens": self.prompt_tokens + self.chunks}
+            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": chunks,
+                     "total_tokens": self.prompt_tokens + chunks}
             data = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
                     "model": body.get("model"), "choices": [], "usage": usage}
             await response.write(b"data: " + json.dumps(data).encode() + b"\n\n")
