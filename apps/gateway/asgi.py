@@ -369,7 +369,7 @@ class GatewayApp:
                 routes = [r for r in (self.tables.models.get(n) for n in names) if r is not None]
                 for candidate in routes:
                     if candidate.upstreams:
-                        lease = await self.keeper.acquire(candidate.upstreams, key, exclude=exclude)
+                        lease = await self.keeper.acquire(candidate.upstreams, key, exclude=exclude, ticket=ticket)
                         if lease is not None:
                             return lease
                 if exclude and not any(r.starting or any(u.id not in exclude for u in r.upstreams) for r in routes):
@@ -416,7 +416,7 @@ class GatewayApp:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
             if waiting:
-                self.waiting.leave(route.name, ticket)
+                await self.waiting.leave(route.name, ticket)
 
     def note_busy(self, model: str) -> None:
         """Every replica of a model that may grow is busy: tell the reconciler, at most every few seconds
@@ -515,6 +515,8 @@ class GatewayApp:
                 raw = await response.read()
             except UpstreamError as exc:
                 raise _read_refusal(call, exc) from None
+        # The engine is done with it: its slot is free before the client hears the answer.
+        await self.keeper.give_back(call.lease)
         out = whole_answer(call, response.status, raw)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]})
@@ -541,6 +543,8 @@ class GatewayApp:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
         except UpstreamError as exc:  # the upstream died mid-stream
             error = f"the upstream stream broke: {type(exc).__name__}: {exc}"
+        if call.lease is not None:
+            await self.keeper.give_back(call.lease)  # before the client's stream ends
         tail = relay.end(error)
         usage = relay.counter.usage
         call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens

@@ -84,20 +84,22 @@ class QueueFull(Exception):
 
 # The shared counts ---------------------------------------------------------------------------------
 
-# KEYS: the candidates' lease sets in preference order. ARGV: lease ms, token, mode, bound, then
-# each candidate's capacity. Returns the 1-based index of the chosen candidate, or 0 (all full).
+# KEYS: the candidates' lease sets in preference order, then (with a ticket) the queue it is in.
+# ARGV: lease ms, token, mode, bound, the queue ticket ("" for none), then each candidate's
+# capacity. Returns the 1-based index of the chosen candidate, or 0 (all full). A request that
+# takes a slot leaves the queue in the same step, so no other sees it both waiting and served.
 ACQUIRE_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
 local mode = tonumber(ARGV[3])
-local n = #KEYS
+local n = #ARGV - 5
 local loads, caps = {}, {}
 local sum, usable = 0, 0
 for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
   loads[i] = redis.call('ZCARD', KEYS[i])
-  caps[i] = tonumber(ARGV[4 + i])
+  caps[i] = tonumber(ARGV[5 + i])
   if loads[i] < caps[i] then sum = sum + loads[i]; usable = usable + 1 end
 end
 if usable == 0 then return 0 end
@@ -116,6 +118,7 @@ if chosen == 0 then
 end
 redis.call('ZADD', KEYS[chosen], now + lease, ARGV[2])
 redis.call('PEXPIRE', KEYS[chosen], lease * 4)
+if ARGV[5] ~= '' then redis.call('ZREM', KEYS[n + 1], ARGV[5]) end
 return chosen
 """
 
@@ -229,23 +232,35 @@ class SharedSlots:
             raise reply
         return reply
 
-    async def acquire(self, order: Sequence[Upstream], mode: int) -> tuple[int | None, str]:
-        """Take a slot on one of `order` by pick's rule: (its index or None, the lease's token)."""
+    async def acquire(self, order: Sequence[Upstream], mode: int, ticket: str | None = None
+                      ) -> tuple[int | None, str]:
+        """Take a slot on one of `order` by pick's rule: (its index or None, the lease's token).
+        With the request's queue ticket, taking a slot also takes it out of the queue."""
         token = self._token()
         keys = [self._key("slots", u.id) for u in order]
-        chosen = await self._script(ACQUIRE_SHA, keys, [self.lease_ms, token, mode, LOAD_BOUND,
-                                                        *(u.capacity for u in order)])
+        queue = self._held.get(ticket) if ticket is not None else None
+        chosen = await self._script(ACQUIRE_SHA, [*keys, *([queue] if queue else [])],
+                                    [self.lease_ms, token, mode, LOAD_BOUND, ticket if queue else "",
+                                     *(u.capacity for u in order)])
         if not chosen:
             return None, token
         self._held[token] = keys[int(chosen) - 1]
+        if queue and ticket is not None:
+            self._held.pop(ticket, None)  # out of the queue already
         return int(chosen) - 1, token
 
     def release(self, token: str, model: str) -> None:
-        """Give a lease back (in the background; a lease that cannot be given back expires)."""
+        """Give a lease back in the background (a lease that cannot be given back expires)."""
         key = self._held.pop(token, None)
-        if key is None:
-            return
-        self._background(self._release(key, token, model))
+        if key is not None:
+            self._background(self._release(key, token, model))
+
+    async def release_now(self, token: str, model: str) -> None:
+        """Give a lease back before going on: a request that answers its client after this cannot
+        be followed by one of the same client's that finds the slot still taken."""
+        key = self._held.pop(token, None)
+        if key is not None:
+            await self._release(key, token, model)
 
     async def _release(self, key: str, token: str, model: str) -> None:
         try:
@@ -262,14 +277,13 @@ class SharedSlots:
         self._held[token] = key
         return token
 
-    def leave(self, token: str) -> None:
+    async def leave(self, token: str) -> None:
         key = self._held.pop(token, None)
         if key is not None:
-            self._background(self._forget(key, token))
-
-    async def _forget(self, key: str, token: str) -> None:
-        with contextlib.suppress(Exception):
-            await self.client.execute(("ZREM", key, token))
+            try:
+                await self.client.execute(("ZREM", key, token))
+            except Exception as exc:
+                self.failed("leaving the queue", exc)
 
     def _background(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -340,10 +354,10 @@ class SlotKeeper:
         return self._by_id.values()
 
     async def acquire(self, upstreams: Sequence[Upstream], key: str | None, *,
-                      exclude: Iterable[str] = ()) -> Lease | None:
+                      exclude: Iterable[str] = (), ticket: str | None = None) -> Lease | None:
         """A slot on one of the upstreams (prefix affinity under the load bound, else the least
         loaded), or None when every usable one is full. Upstreams in `exclude` or marked failed
-        are passed over."""
+        are passed over. `ticket`: the request's place in the shared queue, given up with the slot."""
         now = time.monotonic()
         skip = set(exclude)
         candidates = [u for u in upstreams if u.id not in skip and self.inflight(u).failed_until <= now]
@@ -353,7 +367,7 @@ class SlotKeeper:
         shared = self.shared
         if shared is not None and shared.available() and not order[0].id.startswith("external:"):
             try:
-                index, token = await shared.acquire(order, mode)
+                index, token = await shared.acquire(order, mode, ticket)
             except Exception as exc:
                 shared.failed("acquire", exc)
             else:
@@ -368,15 +382,24 @@ class SlotKeeper:
         return Lease(upstream, inflight, token)
 
     def release(self, lease: Lease) -> None:
-        """Give the lease's slot back (a second call does nothing)."""
+        """Give the lease's slot back (a second call does nothing); the shared count follows in the
+        background."""
+        if self._give_back(lease) and lease.token is not None and self.shared is not None:
+            self.shared.release(lease.token, lease.upstream.model)
+
+    async def give_back(self, lease: Lease) -> None:
+        """Give the lease's slot back, the shared count too, before the caller answers its client."""
+        if self._give_back(lease) and lease.token is not None and self.shared is not None:
+            await self.shared.release_now(lease.token, lease.upstream.model)
+
+    def _give_back(self, lease: Lease) -> bool:
         if lease.released:
-            return
+            return False
         lease.released = True
         lease.inflight.held -= 1
         metrics.IN_FLIGHT.dec()
-        if lease.token is not None and self.shared is not None:
-            self.shared.release(lease.token, lease.upstream.model)
         self.on_release(lease.upstream.model)
+        return True
 
     def mark_failed(self, upstream: Upstream, seconds: float) -> None:
         self.inflight(upstream).failed_until = time.monotonic() + seconds
@@ -424,10 +447,10 @@ class WaitingRoom:
         metrics.QUEUE_DEPTH.labels(model=model).inc()
         return ticket
 
-    def leave(self, model: str, ticket: str | None) -> None:
+    async def leave(self, model: str, ticket: str | None) -> None:
         self.waiting[model] -= 1
         if not self.waiting[model]:
             del self.waiting[model]
         metrics.QUEUE_DEPTH.labels(model=model).dec()
         if ticket is not None and self.shared is not None:
-            self.shared.leave(ticket)
+            await self.shared.leave(ticket)

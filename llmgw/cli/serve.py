@@ -84,7 +84,12 @@ def run_web(args: argparse.Namespace) -> int:
     _setup()
     import uvicorn
 
+    from django.conf import settings
+
     host, port = _listen(args)
+    if args.workers > 1 and not settings.REDIS_URL:
+        sys.exit(f"llmgw web: cannot start {args.workers} workers without Redis: web processes share replica "
+                 "slots, rate limits and agent connections through it; set LLMGW_REDIS_URL, or run one worker")
     problems = preflight(listen=(host, port))
     if problems:
         sys.exit(f"llmgw web: cannot start: {problems[0]}")

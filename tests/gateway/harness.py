@@ -13,6 +13,7 @@ import json
 import socket
 import sys
 import types
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,6 +210,8 @@ async def gateway_fixture(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -
     from django.conf import settings as django_settings
 
     monkeypatch.setattr(django_settings, "USAGE_WRITER", "web")  # the fake log stands in for the writer
+    # With Redis, slots are shared through it: each test's gateway counts under its own prefix.
+    monkeypatch.setattr(django_settings, "REDIS_PREFIX", f"llmgw-test-{uuid.uuid4().hex[:8]}")
 
     app = asgi.GatewayApp()
 
