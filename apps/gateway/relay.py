@@ -55,6 +55,10 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(data) if data else None
 
 
+def _data(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+
+
 def _events(events: list[tuple[str, Any]]) -> bytes:
     return b"".join(sse(name, data) for name, data in events)
 
@@ -125,19 +129,24 @@ class StreamRelay:
         call = self.call
         changed = False
         has_usage = "usage" in data
+        if has_usage and data["usage"] is not None and data.get("choices"):
+            # A chunk with both its last choices and the usage (llama.cpp's /v1/completions): the API
+            # sends the usage in a chunk of its own, with no choices, after the others.
+            usage = data.pop("usage")
+            if data.get("model") and data["model"] != call.model:
+                data["model"] = call.model
+            if not call.client_wants_usage:
+                return _data(data)
+            return _data({**data, "usage": None}) + _data({**data, "choices": [], "usage": usage})
         if has_usage and data["usage"] is not None and not call.client_wants_usage:
-            if not data.get("choices"):
-                return b""  # the usage chunk the gateway asked for itself
-            del data["usage"]
-            has_usage = False
-            changed = True
+            return b""  # the usage chunk the gateway asked for itself
         if data.get("model") and data["model"] != call.model:
             data["model"] = call.model  # the caller's name for the model, not the provider's
             changed = True
         if changed:
             if call.client_wants_usage and not has_usage:
                 data["usage"] = None
-            return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+            return _data(data)
         if call.client_wants_usage and not has_usage:
             body = payload.rstrip()
             if body.endswith(b"}"):

@@ -298,6 +298,31 @@ async def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request_a
     assert held(gw.endpoint) == 0
 
 
+async def test_a_stream_cancelled_after_300_chunks_is_charged_for_what_was_relayed(
+        gw: Gateway, engine: MockEngine) -> None:
+    engine.chunks = 300
+    engine.hold = asyncio.Event()  # the engine has sent 300 chunks and is not done: no usage came yet
+    gw.app.tables.keys[key_hash(KEY)] = entry(limits=("a limit",))
+    response = await gw.client.post(gw.url + "/v1/chat/completions", json={
+        "model": "m", "messages": [{"role": "user", "content": "x" * 400}], "stream": True},
+        headers={"Authorization": f"Bearer {KEY}"})
+    seen = 0
+    while seen < 300:
+        seen += (await response.content.readuntil(b"\n\n")).startswith(b"data: {")
+    response.close()  # the client hangs up just before the end
+    record = await gw.usage.wait()
+    assert record["status"] == 499
+    # What was relayed is what is charged: 300 chunks of output, and the prompt, which this mock
+    # engine cannot count, estimated from its length (a quarter of its characters).
+    assert record["completion_tokens"] == 300
+    assert record["prompt_tokens"] is not None and record["prompt_tokens"] >= 100
+    assert record["tokens_estimated"] is True
+    async with asyncio.timeout(WAIT):
+        await gw.limiter.tokens_recorded.wait()
+    assert gw.limiter.recorded == [record["prompt_tokens"] + 300]
+    assert held(gw.endpoint) == 0
+
+
 async def test_a_client_that_goes_away_before_the_upstream_answers_cancels_the_upstream_request(
         gw: Gateway, engine: MockEngine) -> None:
     engine.gate = asyncio.Event()

@@ -280,3 +280,34 @@ def test_a_model_kept_at_zero_is_started_by_its_first_request(plane: ControlPlan
             time.sleep(0.3)
     assert completion.usage is not None and 1 <= completion.usage.completion_tokens <= 2
     assert plane.api("GET", "models/lazy")["status"]["ready"] == 1
+
+
+def test_a_stream_the_client_leaves_is_recorded_with_the_prompt_counted_by_the_engine(plane: ControlPlane) -> None:
+    """The OpenAI SDK's stream closed after a few chunks: the request is charged for what was relayed,
+    its prompt counted by llama-server's own tokenizer (the count a whole answer reports)."""
+    messages = [{"role": "user", "content": "Tell me a long story about the sea"}]
+    whole = oai(plane).chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    assert whole.usage is not None
+    raw = oai(plane).chat.completions.with_raw_response.create(
+        model="tiny", messages=messages, max_tokens=400, stream=True, temperature=1.5)
+    request_id = raw.headers["x-llmgw-request-id"]
+    stream = raw.parse()
+    received = 0
+    for chunk in stream:
+        received += bool(chunk.choices and chunk.choices[0].delta.content)
+        if received >= 3:
+            break
+    stream.close()  # the client hangs up mid-way
+
+    def recorded() -> dict | None:
+        try:
+            record = plane.api("GET", f"requests/{request_id}")
+        except urllib.error.HTTPError:
+            return None
+        return record if record["prompt_tokens"] is not None else None
+
+    record = plane.wait_for(recorded, timeout=30, what="the cancelled request's usage record")
+    assert record["prompt_tokens"] == whole.usage.prompt_tokens
+    assert record["completion_tokens"] is not None and record["completion_tokens"] >= 3
+    if record["status"] == 499:  # the engine may finish first on a fast machine; then its usage stands
+        assert record["tokens_estimated"] is True
