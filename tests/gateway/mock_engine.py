@@ -59,13 +59,14 @@ class MockEngine:
 
     # Life cycle -------------------------------------------------------------------------------
 
-    async def start(self) -> MockEngine:
+    async def start(self, ssl_context: Any = None) -> MockEngine:
+        """Serve on a free port of 127.0.0.1; with an SSL context, over TLS (as a provider would)."""
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         # handler_cancellation: a client that goes away cancels the handler, which is how we see it.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ssl_context)
         await site.start()
         port = self._runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"
