@@ -312,7 +312,9 @@ class GatewayApp:
         if isinstance(temperature, int | float) and not isinstance(temperature, bool):
             chat["temperature"] = min(2.0, max(0.0, float(temperature)))
         if call.stream:
-            options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+            options = body.get("stream_options")
+            if not isinstance(options, dict):
+                options = {}
             call.client_wants_usage = endpoint.translation is None and options.get("include_usage") is True
             chat["stream"] = True
             # Always asked for, for the gateway's own accounting; relayed only when the client asked.

@@ -100,9 +100,9 @@ def preference(upstreams: Sequence[Upstream], key: str | None) -> tuple[list[Ups
         start = next(_round_robin) % len(upstreams)
         return [*upstreams[start:], *upstreams[:start]], FIRST
     if key is None or POLICY == "least_load":
-        order = list(upstreams)
-        random.shuffle(order)
-        return order, LEAST
+        shuffled = list(upstreams)
+        random.shuffle(shuffled)
+        return shuffled, LEAST
     points, owners = _ring(tuple(u.id for u in upstreams))
     start = bisect_left(points, _ring_position(key))
     order: list[Upstream] = []

@@ -252,7 +252,8 @@ class _Subscriber(asyncio.Protocol):
             try:
                 done, reply = self.parser.take()
             except ValueError:
-                self.closed.done() or self.closed.set_result(None)
+                if not self.closed.done():
+                    self.closed.set_result(None)
                 return
             if not done:
                 return
