@@ -83,7 +83,6 @@ def prepare_metrics_dir(data_dir: Path) -> None:
 def run_web(args: argparse.Namespace) -> int:
     _setup()
     import uvicorn
-
     from django.conf import settings
 
     host, port = _listen(args)
