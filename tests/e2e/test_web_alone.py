@@ -43,3 +43,13 @@ def test_a_web_process_without_a_worker_can_queue_tasks_on_the_filesystem_broker
     finally:
         web.terminate()
         web.wait(timeout=30)
+
+
+def test_several_web_workers_without_redis_refuse_to_start_and_say_why(tmp_path: Path) -> None:
+    env = llmgw_env(tmp_path / "data", free_port())
+    env.pop("LLMGW_REDIS_URL", None)
+    started = subprocess.run([sys.executable, "-m", "llmgw", "web", "--workers", "2"], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode != 0
+    assert "cannot start 2 workers without Redis" in started.stderr
+    assert "LLMGW_REDIS_URL" in started.stderr
