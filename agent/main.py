@@ -3,7 +3,11 @@
 1. Load agent.yaml. Without a credential in state_dir, trade the enrollment token for one.
 2. Connect to /ws/agent/ with the credential; register with the node's hardware.
 3. Send a heartbeat every interval with a fresh sample (taken at most every 10 s).
-4. On any disconnect, reconnect with exponential backoff and full jitter, for ever.
+4. On any disconnect, reconnect with exponential backoff (at most twice the heartbeat interval,
+   so a node is back within a heartbeat or two of the control plane) and full jitter, for ever.
+5. Unless the server refused the node itself (its credential unknown or revoked: close codes
+   4401, 4403): then the agent stops every engine it runs, sets the useless credential aside,
+   and waits for a new enrollment token in agent.yaml instead of knocking again.
 A bad message from the server is answered with an error and logged; it never ends the loop.
 """
 
@@ -32,6 +36,8 @@ __all__ = ["AGENT_VERSION", "Agent", "run"]
 AGENT_VERSION = "0.1.0"
 FEATURES = ["heartbeat.v1", "engines.v1"]
 REPORT_EVERY = 6  # heartbeats between full reports (besides one on every change)
+REFUSED = frozenset({protocol.CLOSE_BAD_CREDENTIAL, protocol.CLOSE_REVOKED})
+NEW_TOKEN_CHECK_S = 30.0  # how often a refused node looks for a new enrollment token
 log = logging.getLogger("llmgw.agent")
 
 
@@ -76,8 +82,9 @@ def read_credential(config: AgentConfig) -> str | None:
 
 class Agent:
     def __init__(self, config: AgentConfig, sampler: Sampler | None = None,
-                 supervisor: Supervisor | None = None) -> None:
+                 supervisor: Supervisor | None = None, *, config_path: str | None = None) -> None:
         self.config = config
+        self.config_path = config_path
         self.supervisor = supervisor or Supervisor(config.state_dir, config.engines,
                                                    advertise_host=config.advertise_address,
                                                    on_change=self.engines_changed)
@@ -103,16 +110,50 @@ class Agent:
                     if "refused" in str(exc) or "no enrollment token" in str(exc):
                         raise
             if credential is not None:
+                self.last_close = None
                 try:
                     if await self.session(credential):
                         attempt = 0
                 except Exception as exc:  # connection refused, reset, bad handshake ...
                     log.warning("connection to %s failed: %s", self.config.websocket_url, exc)
+                if self.last_close is not None and self.last_close[0] in REFUSED:
+                    await self.refused(self.last_close[1])
+                    attempt = 0
+                    continue
             attempt += 1
-            delay = random.uniform(0, min(60.0, 2.0 ** min(attempt, 6)))  # noqa: S311 - jitter, not secrets
+            most = max(10.0, 2 * self.interval)
+            delay = random.uniform(0, min(most, 2.0 ** min(attempt, 10)))  # noqa: S311 - jitter, not secrets
             log.info("reconnecting in %.1f s", delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay)
+
+    async def refused(self, reason: str) -> None:
+        """The control plane does not know this node any more (revoked, deleted, or its credential
+        replaced): run nothing for it, and wait for a new enrollment token rather than knock again."""
+        used = self.config.token
+        where = self.config_path or "agent.yaml"
+        log.error("the control plane refused this node (%s): stopping its engines; put a new enrollment token "
+                  "(`llmgw ctl node add NAME`) in %s to enrol it again", reason or "refused", where)
+        try:
+            await self.supervisor.converge([])
+        except Exception:
+            log.exception("stopping the engines of a refused node failed")
+        with contextlib.suppress(OSError):
+            self.config.credential_file.replace(self.config.credential_file.with_name("credential.refused"))
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), NEW_TOKEN_CHECK_S)
+            if self.config_path is None:
+                continue
+            try:
+                fresh = load_config(self.config_path)
+            except ConfigError as exc:
+                log.warning("%s", exc)
+                continue
+            if fresh.token and fresh.token != used:
+                self.config = fresh
+                log.info("a new enrollment token was found in %s; enrolling again", where)
+                return
 
     async def session(self, credential: str) -> bool:
         """One connection, from handshake to close. True when it got as far as registering."""
@@ -254,7 +295,7 @@ def run(config_path: str) -> int:
     except ConfigError as exc:
         print(f"llmgw agent: {config_path}: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(config)
+    agent = Agent(config, config_path=config_path)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -19,11 +19,17 @@ Server to agent:
 
 Both sides validate with `parse_message()`; a bad message raises ProtocolError, whose
 code and text go back to the sender in an "error" message. Neither side ever dies of one.
+
+What JSON allows but nothing downstream can store is refused here, before it reaches a
+database or a batch it could spoil: NaN and Infinity (Python's reader takes them, PostgreSQL's
+jsonb does not), numbers that overflow to infinity, whole numbers beyond 64 bits, NUL
+characters in strings (no PostgreSQL text can hold one), and nesting deeper than MAX_DEPTH.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +45,8 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_DEPTH = 32  # no message nests deeper; 2,000 levels made the reader recurse until it failed
+INT64 = 2**63
 AGENT_TO_SERVER = frozenset({"register", "heartbeat", "report", "response", "error"})
 SERVER_TO_AGENT = frozenset({"registered", "desired", "request", "error", "replaced"})
 
@@ -77,11 +85,17 @@ def string(max_len: int = 1000) -> Check:
 def number(value: Any, path: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         _fail(path, "a number", value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError("invalid", f"{path}: expected a finite number, got {value}")
+    if isinstance(value, int) and not -INT64 <= value < INT64:
+        raise ProtocolError("invalid", f"{path}: a number beyond 64 bits")
 
 
 def integer(value: Any, path: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         _fail(path, "a whole number", value)
+    if not -INT64 <= value < INT64:
+        raise ProtocolError("invalid", f"{path}: a whole number beyond 64 bits")
 
 
 def boolean(value: Any, path: str) -> None:
@@ -271,11 +285,16 @@ def parse_message(raw: str | bytes, *, expect: str) -> Message:
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ProtocolError("too_large", f"message of {len(raw)} bytes is over the limit of {MAX_MESSAGE_BYTES}")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ProtocolError("invalid", f"nested deeper than {MAX_DEPTH} levels") from None
+    except ProtocolError:
+        raise
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError("malformed", f"not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError("malformed", "a message must be a JSON object")
+    _check_values(data, raw)
     version = data.get("v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -291,6 +310,38 @@ def parse_message(raw: str | bytes, *, expect: str) -> Message:
     SCHEMAS[kind](data, kind)
     body = {k: v for k, v in data.items() if k not in {"v", "type", "id"}}
     return Message(type=kind, body=body, id=message_id)
+
+
+def _no_constant(name: str) -> Any:
+    raise ProtocolError("invalid", f"{name} is not a number JSON allows")
+
+
+def _check_values(data: dict[str, Any], raw: str | bytes) -> None:
+    """Walk the message once, when it might hold what the schemas do not look at: deep nesting, and
+    NUL characters or non-finite numbers anywhere (free-form mappings included)."""
+    text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+    nul = "\\u0000" in text
+    deep = text.count("{") + text.count("[") > MAX_DEPTH
+    overflow = "e" in text or "E" in text  # 1e999 reads as infinity
+    if not (nul or deep or overflow):
+        return
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ProtocolError("invalid", f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if "\x00" in key:
+                    raise ProtocolError("invalid", f"{path or 'message'}: a key holds a NUL character")
+                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            if "\x00" in value:
+                raise ProtocolError("invalid", f"{path}: a NUL character is not text")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError("invalid", f"{path}: expected a finite number, got {value}")
 
 
 def encode(kind: str, body: Mapping[str, Any] | None = None, *, id: str | None = None) -> str:

@@ -143,12 +143,17 @@ if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis's layer, sized for the agents a process holds, waiting for a free
+            # connection instead of failing, and counting what it drops (llmgw/channel_layer.py).
+            "BACKEND": "llmgw.channel_layer.ChannelLayer",
             # redis-py 8 reads with a 5 s socket timeout by default, the same as the layer's
             # blocking pop: a quiet connection would then time out and kill its consumer.
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
                 "prefix": REDIS_PREFIX,
+                "capacity": env_int("LLMGW_CHANNEL_CAPACITY", 20_000, minimum=100),
+                "group_expiry": env_int("LLMGW_CHANNEL_GROUP_EXPIRY", 900, minimum=120),
+                "pool": {"max_connections": env_int("LLMGW_CHANNEL_POOL_SIZE", 64, minimum=4)},
             },
         }
     }

@@ -45,6 +45,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     gpu_health: dict[int, tuple[bool, int]] | None = None
     desired_sent: int | None = None
     poller: asyncio.Task[None] | None = None
+    closing = False
 
     async def connect(self) -> None:
         node = await database_sync_to_async(services.authenticate_node)(_bearer(self.scope))
@@ -54,11 +55,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.node_id = node.pk
         self.node_name = node.name
+        # The node's row names its newest connection: an older one, wherever it is, learns it was
+        # replaced from the channel layer at once, or from its process's next sweep of the rows.
+        await database_sync_to_async(services.set_connection, thread_sensitive=False)(node.pk, self.channel_name)
         group = services.node_group(node.pk)
         # Tell an older connection of this node to go, before joining the group ourselves.
         await self.channel_layer.group_send(group, {"type": "agent.replace", "channel": self.channel_name})
-        await self.channel_layer.group_add(group, self.channel_name)
-        heartbeat_writer.connections[node.pk] = self
+        await self.join_group()
+        heartbeat_writer.attach(self)
         log.info("agent of node %s connected", node.name)
         if type(self.channel_layer).__name__ == "InMemoryChannelLayer":
             # One machine without Redis: a change made by the worker cannot reach this process through
@@ -72,11 +76,30 @@ class AgentConsumer(AsyncWebsocketConsumer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.poller
         if self.node_id is not None:
-            if heartbeat_writer.connections.get(self.node_id) is self:
-                del heartbeat_writer.connections[self.node_id]
+            heartbeat_writer.detach(self)
             await heartbeat_writer.flush()  # what this node said last is written before it goes
-            await self.channel_layer.group_discard(services.node_group(self.node_id), self.channel_name)
+            await self.leave_group()
             log.info("agent of node %s disconnected (%s)", self.node_name, code)
+
+    async def join_group(self) -> None:
+        """Join (or renew the membership of) the node's group; memberships expire unless renewed."""
+        assert self.node_id is not None
+        await self.channel_layer.group_add(services.node_group(self.node_id), self.channel_name)
+
+    async def leave_group(self) -> None:
+        """Leave the node's group, trying again a few times: when thousands of agents drop together the
+        layer may be slow to answer. A membership that still could not be removed expires on its own."""
+        assert self.node_id is not None
+        for wait in (0.0, 0.5, 2.0, 5.0):
+            if wait:
+                await asyncio.sleep(wait)
+            try:
+                await self.channel_layer.group_discard(services.node_group(self.node_id), self.channel_name)
+                return
+            except Exception as exc:
+                failure = exc
+        log.warning("could not leave the group of node %s (%s: %s); the membership will expire",
+                    self.node_name, type(failure).__name__, failure)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.node_id is None:
@@ -156,8 +179,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def agent_replace(self, event: dict[str, Any]) -> None:
         if event.get("channel") != self.channel_name:
+            await self.replaced()
+
+    async def replaced(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        with contextlib.suppress(Exception):
             await self.send(protocol.encode("replaced", {"message": "a newer connection of this node took over"}))
-            await self.close(code=protocol.CLOSE_REPLACED, reason="replaced by a newer connection")
+        await self.close(code=protocol.CLOSE_REPLACED, reason="replaced by a newer connection")
 
     async def agent_revoke(self, event: dict[str, Any]) -> None:
         await self.close(code=protocol.CLOSE_REVOKED, reason=f"node credential {event.get('reason', 'revoked')}")

@@ -45,6 +45,8 @@ class Node(models.Model):
     # Bumped whenever the node's shard list changes, so its connection notices and resends it
     # even when the change was made in another process and no channel layer links them.
     desired_version = models.PositiveIntegerField(_("desired state version"), default=0)
+    # The channel of the node's newest agent connection; an older one closes when it sees another here.
+    connection = models.CharField(_("agent connection"), max_length=200, blank=True, editable=False)
 
     class Meta:
         verbose_name = _("node")

@@ -230,6 +230,11 @@ def record_heartbeat(node_id: int, sample: dict[str, Any], *, known_health: dict
     return _heartbeat(node_id, sample, known_health)
 
 
+def set_connection(node_id: int, channel_name: str) -> None:
+    """Name the node's newest agent connection (older ones close when they see another named)."""
+    Node.objects.filter(pk=node_id).update(connection=channel_name[:200])
+
+
 def desired_version(node_id: int) -> int | None:
     return Node.objects.filter(pk=node_id).values_list("desired_version", flat=True).first()
 
@@ -499,9 +504,13 @@ def record_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> int:
     """
     if not samples:
         return 0
-    rows = [Node(pk=node_id, sample=sample, sampled_at=at, last_seen_at=at, status=NodeStatus.READY)
-            for node_id, (sample, at) in samples.items()]
+    ids = sorted(samples)
+    rows = [Node(pk=node_id, sample=samples[node_id][0], sampled_at=samples[node_id][1],
+                 last_seen_at=samples[node_id][1], status=NodeStatus.READY) for node_id in ids]
     with transaction.atomic():
+        # Lock the rows in id order first, as every writer of node rows does (a registration locks
+        # one): two writers never hold one row each while waiting for the other's.
+        list(Node.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", flat=True))
         Node.objects.bulk_update(rows, ["sample", "sampled_at", "last_seen_at", "status"], batch_size=500)
         Node.objects.filter(pk__in=list(samples), revoked_at__isnull=False).update(status=NodeStatus.REVOKED)
     append_histories({node_id: sample for node_id, (sample, _at) in samples.items()})

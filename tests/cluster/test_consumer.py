@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from agent import protocol
 from apps.cluster import services
@@ -78,6 +80,11 @@ async def test_a_bad_credential_closes_with_a_reason_code() -> None:
         (json.dumps({"v": 99, "type": "heartbeat"}), "version"),
         (json.dumps({"v": 1, "type": "heartbeat", "sample": {"cpus": "many"}}), "invalid"),
         ("x" * (protocol.MAX_MESSAGE_BYTES + 1), "too_large"),
+        ('{"v": 1, "type": "heartbeat", "sample": {"cpu_utilization_pct": NaN}}', "invalid"),
+        ('{"v": 1, "type": "heartbeat", "sample": {"inlet_temp_c": Infinity}}', "invalid"),
+        ('{"v": 1, "type": "heartbeat", "sample": {"inlet_temp_c": 1e999}}', "invalid"),
+        ('{"v": 1, "type": "heartbeat", "sample": {"warnings": ["fan\\u0000"]}}', "invalid"),
+        ('{"v": 1, "type": "heartbeat", "sample": {}, "extra": ' + "[" * 3000 + "]" * 3000 + "}", "invalid"),
     ],
 )
 async def test_a_bad_message_gets_an_error_and_the_connection_goes_on(raw: str, code: str) -> None:
@@ -127,7 +134,110 @@ async def test_registration_never_clears_a_cordon() -> None:
     assert node.cordoned and node.cordon_reason == "bad fan"
 
 
+async def until(condition: Any) -> None:
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
 async def database_sync(fn: Any) -> Any:
     from channels.db import database_sync_to_async
 
     return await database_sync_to_async(fn)()
+
+
+async def test_a_poisoned_agent_among_healthy_ones_costs_only_its_own_samples() -> None:
+    from apps.cluster.heartbeats import writer
+    from apps.cluster.metrics import PROTOCOL_ERRORS
+
+    nodes = [await database_sync(lambda i=i: enrolled(f"n{i}")) for i in range(3)]
+    sockets = [await connect(credential) for _node, credential in nodes]
+    for ws in sockets:
+        await register(ws)
+    before = PROTOCOL_ERRORS.labels(code="invalid")._value.get()
+    await sockets[0].send_to(text_data='{"v": 1, "type": "heartbeat", "sample": {"cpu_utilization_pct": NaN}}')
+    error = json.loads(await sockets[0].receive_from(timeout=5))
+    assert error["type"] == "error" and error["code"] == "invalid" and "NaN" in error["message"]
+    assert PROTOCOL_ERRORS.labels(code="invalid")._value.get() == before + 1
+    for ws in sockets[1:]:
+        await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {"cpus": 8, "cpu_utilization_pct": 5}}))
+    await until(lambda: {n.pk for n, _c in nodes[1:]} <= set(writer._pending))
+    await writer.flush()
+    for (node, _credential) in nodes[1:]:
+        row = await database_sync(lambda node=node: Node.objects.get(pk=node.pk))
+        assert row.sample == {"cpus": 8, "cpu_utilization_pct": 5}
+    # The poisoned agent's connection goes on: its next good heartbeat is written.
+    await sockets[0].send_to(text_data=protocol.encode("heartbeat", {"sample": {"cpus": 2}}))
+    await until(lambda: nodes[0][0].pk in writer._pending)
+    await writer.flush()
+    assert (await database_sync(lambda: Node.objects.get(pk=nodes[0][0].pk))).sample == {"cpus": 2}
+    for ws in sockets:
+        await ws.disconnect()
+
+
+async def test_a_batch_the_database_refuses_is_written_row_by_row_and_the_bad_row_dropped(monkeypatch) -> None:
+    from apps.cluster import heartbeats
+    from apps.cluster.heartbeats import DROPPED, writer
+
+    good, _c1 = await database_sync(lambda: enrolled("good"))
+    bad, _c2 = await database_sync(lambda: enrolled("bad"))
+    real = heartbeats._write
+
+    def refuse_the_bad_one(batch):
+        if bad.pk in batch:
+            raise ValueError("the database refused this sample")
+        return real(batch)
+
+    monkeypatch.setattr(heartbeats, "_write", refuse_the_bad_one)
+    dropped = DROPPED._value.get()
+    writer.add(bad.pk, {"cpus": 1})
+    writer.add(good.pk, {"cpus": 4})
+    await writer.flush()
+    assert (await database_sync(lambda: Node.objects.get(pk=good.pk))).sample == {"cpus": 4}
+    assert DROPPED._value.get() == dropped + 1
+    assert writer._pending == {}  # the refused sample is not put back to fail again
+    await writer.flush()
+    assert DROPPED._value.get() == dropped + 1
+
+
+async def test_a_replaced_connection_that_missed_the_message_is_closed_by_the_sweep() -> None:
+    from apps.cluster.heartbeats import writer
+
+    node, credential = await database_sync(enrolled)
+    old = await connect(credential)
+    await register(old)
+    # A newer connection on another web process named itself; its message to this one was lost.
+    await database_sync(lambda: services.set_connection(node.pk, "specific.elsewhere!abc"))
+    await writer.sweep()
+    assert json.loads(await old.receive_from(timeout=5))["type"] == "replaced"
+    assert (await old.receive_output(timeout=5))["code"] == protocol.CLOSE_REPLACED
+
+
+async def test_a_revoked_node_whose_message_was_lost_is_closed_by_the_sweep() -> None:
+    from apps.cluster.heartbeats import writer
+
+    node, credential = await database_sync(enrolled)
+    ws = await connect(credential)
+    await register(ws)
+    await database_sync(lambda: Node.objects.filter(pk=node.pk).update(revoked_at=timezone.now(),
+                                                                       credential_hash=None))
+    await writer.sweep()
+    assert (await ws.receive_output(timeout=5))["code"] == protocol.CLOSE_REVOKED
+
+
+async def test_a_discard_that_fails_is_tried_again() -> None:
+    from apps.cluster.consumers import AgentConsumer
+
+    class Layer:
+        calls = 0
+
+        async def group_discard(self, group: str, channel: str) -> None:
+            Layer.calls += 1
+            if Layer.calls < 3:
+                raise ConnectionError("Too many connections")
+
+    consumer = AgentConsumer()
+    consumer.node_id, consumer.node_name, consumer.channel_name = 1, "n1", "specific.x!y"
+    consumer.channel_layer = Layer()
+    await consumer.leave_group()
+    assert Layer.calls == 3
