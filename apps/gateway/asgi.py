@@ -128,6 +128,8 @@ class GatewayApp:
             from apps.quotas.usage import write_via_worker
 
             writer_kwargs["write"] = write_via_worker  # the worker does the ORM work, not this process
+            # ... and what it has not written a minute later (a broker that lost it) is written here.
+            writer_kwargs["confirm_after"] = 60.0
         self.usage = UsageWriter(**writer_kwargs)
         await self.usage.start()
         self.accountant.usage, self.accountant.limiter = self.usage, self.limiter

@@ -26,6 +26,16 @@ unknown). Writing a batch is one transaction (`write_records_sync`):
    created the same new row first, the transaction is run again at once (up to 3 times);
 5. move ApiKey.last_used_at forward, one UPDATE per key and at most once a minute per key.
 
+With the worker writing (`write_via_worker`), a batch handed to the broker is kept in the web
+process until the worker is seen to have written it: every `confirm_every` seconds the
+writer reads which request ids of the batches handed over more than `confirm_after` seconds
+ago are stored, and writes the missing ones itself (a broker that restarted empty, or a worker
+that died with the batch, loses nothing). Writing is idempotent by request id, so a worker that
+was merely slow counts nothing twice. At most `max_handed` records wait to be confirmed; past
+that the oldest are checked at once. What `kill -9` of a web process loses is what it held in
+memory: records not yet handed over (at most `interval` seconds of them) and handed records
+not yet confirmed whose broker message was lost as well.
+
 A batch that fails is kept and retried first on the next flush, with the flush interval
 doubling up to 30 s while the database is failing; after `max_attempts` tries it is
 written record by record so one bad record loses only itself, and what still fails is
@@ -50,7 +60,7 @@ from prometheus_client import Counter
 
 from apps.quotas import histograms
 
-__all__ = ["USAGE_DROPPED", "UsageWriter", "rollup_key", "write_records_sync"]
+__all__ = ["USAGE_DROPPED", "UsageWriter", "rollup_key", "write_missing", "write_records_sync"]
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +313,9 @@ class UsageWriter:
         max_interval: float = 30.0,
         max_attempts: int = 10,
         write: Callable[..., int] | None = None,
+        confirm_after: float | None = None,
+        confirm_every: float = 30.0,
+        max_handed: int = 200_000,
     ) -> None:
         self.max_queue = max_queue
         self.batch_size = batch_size
@@ -323,6 +336,13 @@ class UsageWriter:
         self._executor: ThreadPoolExecutor | None = None
         self._dropped_logged_at = -math.inf
         self.dropped = 0
+        # Batches handed to the worker, not yet seen written: (when, records).
+        self.confirm_after = confirm_after
+        self.confirm_every = confirm_every
+        self.max_handed = max_handed
+        self._handed: deque[tuple[float, list[dict[str, Any]]]] = deque()
+        self._handed_count = 0
+        self._confirmed_at = time.monotonic()
 
     # Request path -------------------------------------------------------------------------
 
@@ -380,6 +400,9 @@ class UsageWriter:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.flush(final=True)
+        if self._handed:  # what the worker has not written yet is not left to chance at a clean stop
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.confirm(force=True), timeout=timeout)
         if self._executor is not None:
             await self._in_thread(_close_connections)  # in the worker thread: its own connection
             self._executor.shutdown(wait=True)
@@ -397,6 +420,7 @@ class UsageWriter:
                 break
             try:
                 ok = await self.flush()
+                await self.confirm()
             except Exception:  # never let the task die; flush keeps what failed
                 log.exception("usage: flush failed")
                 ok = False
@@ -459,8 +483,42 @@ class UsageWriter:
                     self._queue.clear()
                 continue
             self._attempts = self._in_flight = 0
-            USAGE_WRITTEN.inc(written)
+            if self.confirm_after is not None:
+                self._handed.append((time.monotonic(), batch))
+                self._handed_count += len(batch)
+            else:
+                USAGE_WRITTEN.inc(written)
         return True
+
+    async def confirm(self, *, force: bool = False) -> int:
+        """Write here the handed-over records the worker has not written; how many that was."""
+        if not self._handed:
+            return 0
+        moment = time.monotonic()
+        if not force and moment - self._confirmed_at < self.confirm_every and self._handed_count <= self.max_handed:
+            return 0
+        self._confirmed_at = moment
+        due: list[dict[str, Any]] = []
+        while self._handed and (force or moment - self._handed[0][0] >= (self.confirm_after or 0)
+                                or self._handed_count > self.max_handed):
+            _when, batch = self._handed.popleft()
+            self._handed_count -= len(batch)
+            due.extend(batch)
+        if not due:
+            return 0
+        try:
+            written = await self._in_thread(write_missing, due, touched=self._touched)
+        except Exception as exc:
+            log.warning("usage: could not check %d record(s) handed to the worker: %s; checking again later",
+                        len(due), exc)
+            self._handed.appendleft((moment, due))
+            self._handed_count += len(due)
+            return 0
+        if written:
+            log.warning("usage: the worker had not written %d record(s) after %.0f s (a broker that lost them, "
+                        "or a worker that is down); written here", written, self.confirm_after or 0)
+            USAGE_WRITTEN.inc(written)
+        return written
 
     async def _write_one_by_one(self, batch: list[dict[str, Any]]) -> bool:
         """Write each record on its own; True when the database itself is away."""
@@ -490,6 +548,19 @@ def _is_outage(exc: BaseException) -> bool:
     from django.db import InterfaceError, OperationalError
 
     return isinstance(exc, OperationalError | InterfaceError)
+
+
+def write_missing(records: list[dict[str, Any]], *, touched: dict[int, datetime] | None = None) -> int:
+    """Write those of the records that are not stored yet (the rest the worker wrote)."""
+    from apps.quotas.models import UsageRecord
+
+    ids = [str(r.get("request_id") or "")[:40] for r in records]
+    stored: set[str] = set()
+    for start in range(0, len(ids), 1000):
+        stored.update(UsageRecord.objects.filter(request_id__in=ids[start:start + 1000])
+                      .values_list("request_id", flat=True))
+    missing = [r for r, request_id in zip(records, ids, strict=True) if request_id and request_id not in stored]
+    return write_records_sync(missing, touched=touched) if missing else 0
 
 
 def write_via_worker(records: list[dict[str, Any]], *, touched: dict[int, datetime] | None = None) -> int:

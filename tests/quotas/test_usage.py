@@ -322,3 +322,57 @@ def test_writers_in_several_processes_add_into_the_same_rollups(bob, tree) -> No
     assert UsageRecord.objects.count() == 40
     assert list(UsageRollup.objects.values_list("period", "requests").order_by("period")) == [("hour", 40),
                                                                                              ("minute", 40)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_a_broker_lost_are_written_by_the_web_process_once_found_missing(bob, tree, caplog) -> None:
+    key = make_key(bob, tree.project)
+    handed: list[int] = []
+
+    def broker_that_comes_back_empty(batch: list[dict[str, Any]], *, touched: Any = None) -> int:
+        handed.append(len(batch))  # taken by the broker ... which restarts and never delivers it
+        return len(batch)
+
+    writer = UsageWriter(write=broker_that_comes_back_empty, interval=60, confirm_after=0, confirm_every=0)
+
+    def written_now() -> bool:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(UsageRecord.objects.exists).result()
+
+    async def scenario() -> None:
+        await writer.start()
+        for _ in range(30):
+            writer.emit(record(key))
+        await writer.flush()
+        assert handed == [30] and not written_now()  # nothing written yet: the worker was to do it
+        assert await writer.confirm() == 30
+        await writer.stop()
+
+    asyncio.run(scenario())
+    assert handed == [30]
+    assert UsageRecord.objects.count() == 30
+    assert "had not written 30 record(s)" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_the_worker_wrote_are_not_written_again(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+
+    def worker_that_writes(batch: list[dict[str, Any]], *, touched: Any = None) -> int:
+        return write_records_sync(batch, touched=touched)
+
+    writer = UsageWriter(write=worker_that_writes, interval=60, confirm_after=0, confirm_every=0)
+
+    async def scenario() -> None:
+        await writer.start()
+        for _ in range(12):
+            writer.emit(record(key))
+        await writer.flush()
+        assert await writer.confirm() == 0
+        await writer.stop()
+
+    asyncio.run(scenario())
+    assert UsageRecord.objects.count() == 12
+    assert UsageRollup.objects.get(period="minute").requests == 12
