@@ -22,12 +22,12 @@ def _snapshot(node: Node) -> NodeSnapshot:
     engines = node.hardware.get("engines")
     weights = frozenset(w for pool in (node.sample or {}).get("storage") or [] for w in pool.get("weights") or [])
     return NodeSnapshot(
-        id=node.pk, name=node.name, ready=node.status == NodeStatus.READY, cordoned=node.cordoned,
+        id=node.pk, name=node.name, ready=node.live_status == NodeStatus.READY, cordoned=node.cordoned,
         cordon_reason=node.cordon_reason,
         labels={**(node.hardware.get("labels") or {}), **(node.labels or {})},
         memory_total_bytes=node.memory_total_bytes, cpus=node.cpus, gpus=gpus,
         engines=frozenset(engines) if isinstance(engines, list) else None,
-        fabric=None, weights=weights, extra={"status": node.status},
+        fabric=None, weights=weights, extra={"status": node.live_status},
     )
 
 

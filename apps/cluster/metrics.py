@@ -46,12 +46,12 @@ class NodeCollector(Collector):
             family(name, doc, list(labels)).add_metric(list(labels.values()), float(value))
 
         nodes = Node.objects.exclude(status=NodeStatus.REVOKED).only(
-            "name", "status", "cordoned", "sample", "sampled_at", "hardware"
+            "name", "status", "cordoned", "sample", "sampled_at", "hardware", "last_seen_at"
         )
         for node in nodes:
             n = {"node": node.name}
             put("llmgw_node_up", "1 when the node's agent is connected and heartbeating", n,
-                1 if node.status == NodeStatus.READY else 0)
+                1 if node.live_status == NodeStatus.READY else 0)
             put("llmgw_node_cordoned", "1 when an operator cordoned the node", n, 1 if node.cordoned else 0)
             sample = node.fresh_sample(now, FRESH)
             if sample is None:

@@ -56,6 +56,19 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def live_status(self) -> str:
+        """The status to show and to place by: a node marked ready whose heartbeats stopped reads
+        unreachable at once, whether or not the scheduler that marks it so is running."""
+        if self.status == NodeStatus.READY and self.last_seen_at is not None:
+            grace = timedelta(seconds=settings.AGENT_HEARTBEAT_INTERVAL * settings.AGENT_MISSED_HEARTBEATS)
+            if timezone.now() - self.last_seen_at > grace:
+                return NodeStatus.UNREACHABLE
+        return self.status
+
+    def get_live_status_display(self) -> str:
+        return str(NodeStatus(self.live_status).label)
+
     def fresh_sample(
         self, now: datetime | None = None, max_age: timedelta = timedelta(minutes=1)
     ) -> dict[str, Any] | None:

@@ -332,3 +332,22 @@ def test_a_malformed_label_is_shown_and_nothing_is_made(client: Client, alice) -
                                                              "expires_hours": "1"})
     assert "Line 1" in response.content.decode()
     assert not EnrollmentToken.objects.exists()
+
+
+def test_a_ready_node_whose_heartbeats_stopped_reads_unreachable_though_nothing_marked_it(client: Client,
+                                                                                          viola) -> None:
+    """The scheduler that marks nodes unreachable may be down (a worker lost with Redis): the pages,
+    the metrics and placement still see that its heartbeats are stale."""
+    from apps.cluster.inventory import build_inventory
+
+    stale = make_node("stale", last_seen_at=timezone.now() - timedelta(minutes=5))
+    make_node("live", last_seen_at=timezone.now())
+    assert Node.objects.get(name="stale").status == NodeStatus.READY  # nothing marked it
+    page = signed_in(client, viola).get("/nodes/").content
+    assert cell(page, "stale", "status").lower().startswith("unreachable")
+    assert cell(page, "live", "status").lower().startswith("ready")
+    text = client.get("/metrics").content.decode().splitlines()
+    assert 'llmgw_node_up{node="stale"} 0.0' in text
+    assert 'llmgw_node_up{node="live"} 1.0' in text
+    inventory = build_inventory()
+    assert not inventory.nodes[stale.pk].ready
