@@ -543,6 +543,10 @@ class GatewayApp:
         try:
             async for chunk in response.iter_chunks():
                 out = relay.feed(chunk)
+                if relay.finished and call.lease is not None and not call.lease.released:
+                    # The engine is done ([DONE]): its slot is free before the client hears so, for a
+                    # client that starts its next turn on [DONE] (the engine may close a moment later).
+                    await self.keeper.give_back(call.lease)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
         except UpstreamError as exc:  # the upstream died mid-stream

@@ -49,6 +49,7 @@ class MockEngine:
         self.gate: asyncio.Event | None = None
         self.hold: asyncio.Event | None = None
         self.delay = 0.0  # seconds each answer waits before it starts
+        self.linger = 0.0  # seconds a stream stays open after its [DONE]
         self.seen: list[Seen] = []
         self.arrived = asyncio.Event()  # set on every request (clear it to wait for the next)
         self.closed = asyncio.Event()  # a streaming handler found its client gone
@@ -146,6 +147,8 @@ class MockEngine:
                     "model": body.get("model"), "choices": [], "usage": usage}
             await response.write(b"data: " + json.dumps(data).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
+        if self.linger:
+            await asyncio.sleep(self.linger)
         await response.write_eof()
         return response
 

@@ -12,7 +12,7 @@ import pytest
 
 from apps.gateway.intake import CHAT, COMPLETIONS, MESSAGES, Call
 from apps.gateway.relay import StreamRelay, translator_for
-from tests.gateway.harness import WAIT, Gateway, endpoint, held, route, sse_events, until
+from tests.gateway.harness import KEY, WAIT, Gateway, endpoint, held, route, sse_events, until
 from tests.gateway.mock_engine import MockEngine
 
 
@@ -159,3 +159,18 @@ async def test_a_conversation_whose_replica_is_full_is_moved_to_another(gw: Gate
     async with asyncio.timeout(WAIT):
         answers = await asyncio.gather(*held_requests, moved)
     assert answers[-1].status == 200 and answers[-1].headers["x-llmgw-replica"] != home
+
+
+async def test_a_client_that_reads_done_finds_the_replicas_slot_already_free(gw: Gateway, engine: MockEngine) -> None:
+    gw.set_models(route("m", [endpoint(engine.url, "1", slots=1)]))
+    engine.linger = 0.3  # the engine closes its stream a moment after its [DONE]
+
+    for _turn in range(3):
+        async with gw.client.post(gw.url + "/v1/chat/completions", json={
+                "model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+                headers={"Authorization": f"Bearer {KEY}"}) as response:
+            text = b""
+            while not text.endswith(b"data: [DONE]\n\n"):
+                text += await response.content.readuntil(b"\n\n")
+            # The moment the client has [DONE], the one slot is free for its next turn.
+            assert held(gw.endpoint) == 0
