@@ -200,6 +200,11 @@ GATEWAY_QUEUE_TIMEOUT = env_float("LLMGW_GATEWAY_QUEUE_TIMEOUT", 30.0, minimum=0
 # How long a request for a model kept at zero replicas waits for its first replica to start.
 GATEWAY_COLD_START_TIMEOUT = env_float("LLMGW_GATEWAY_COLD_START_TIMEOUT", 120.0, minimum=0, maximum=3600)
 GATEWAY_MAX_BODY_BYTES = env_int("LLMGW_GATEWAY_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
+# The request bodies one gateway process holds at once, all requests together.
+GATEWAY_BODY_MEMORY_BYTES = env_int("LLMGW_GATEWAY_BODY_MEMORY_BYTES", 256 * 1024 * 1024, minimum=1024 * 1024)
+# The most messages, and content parts over all messages, one request may give an engine.
+GATEWAY_MAX_MESSAGES = env_int("LLMGW_GATEWAY_MAX_MESSAGES", 4096, minimum=1)
+GATEWAY_MAX_PARTS = env_int("LLMGW_GATEWAY_MAX_PARTS", 8192, minimum=1)
 # How long the gateway waits for the next bytes of an engine's answer (a stream's next chunk too).
 GATEWAY_READ_TIMEOUT = env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600.0, minimum=1, maximum=86400)
 # How often the table version is read, and how often the tables are read whole whatever it says.

@@ -34,10 +34,13 @@ from apps.gateway.intake import (
     ENDPOINTS,
     MESSAGES,
     MODELS,
+    BodyBudget,
     Call,
     ClientLeft,
     Endpoint,
     api_key,
+    check_fits,
+    check_size,
     parse_body,
     read_body,
 )
@@ -82,6 +85,9 @@ class GatewayApp:
         self.queue_timeout = settings.GATEWAY_QUEUE_TIMEOUT
         self.cold_start_timeout = settings.GATEWAY_COLD_START_TIMEOUT
         self.max_body = settings.GATEWAY_MAX_BODY_BYTES
+        self.bodies = BodyBudget(settings.GATEWAY_BODY_MEMORY_BYTES)
+        self.max_messages = settings.GATEWAY_MAX_MESSAGES
+        self.max_parts = settings.GATEWAY_MAX_PARTS
         self.refresh_interval = settings.GATEWAY_REFRESH_SECONDS
         self.reload_interval = settings.GATEWAY_RELOAD_SECONDS
         self.accountant = Accountant(usage=None, limiter=None, known_model=self.tables_know,
@@ -262,13 +268,14 @@ class GatewayApp:
         finally:
             if call.lease is not None:
                 self.keeper.release(call.lease)
+            self.bodies.give(call.body_bytes)
             self.accountant.finish(call)
 
     # Intake and admission ----------------------------------------------------------------------
 
     async def serve(self, call: Call, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         call.entry = await self.authenticate(scope)
-        body = parse_body(await read_body(receive, self.max_body))
+        body = parse_body(await read_body(receive, self.max_body, self.bodies, call))
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise Refused(400, "Name the model in the body's “model” field.", code="missing_model")
         endpoint = call.endpoint
@@ -287,6 +294,9 @@ class GatewayApp:
         if not call.entry.may_use(call.model):
             raise Refused(403, f"This API key may not use the model “{call.model}”.", kind="permission_error",
                           code="model_not_allowed")
+        check_size(call.body, most_messages=self.max_messages, most_parts=self.max_parts)
+        contexts = [u.context_size for u in route.upstreams if u.context_size]
+        check_fits(call.body, min(contexts) if contexts and len(contexts) == len(route.upstreams) else None)
         await self.admit(call)
         if endpoint is COUNT_TOKENS:
             await self.count_tokens(call, route, send)

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from apps.gateway.translate.usage import StreamUsage
 
 __all__ = ["CHAT", "COMPLETIONS", "COUNT_TOKENS", "EMBEDDINGS", "ENDPOINTS", "MAX_DEPTH", "MESSAGES", "MODELS",
-           "RESPONSES", "Call", "Endpoint", "api_key", "parse_body", "read_body"]
+           "RESPONSES", "BodyBudget", "Call", "Endpoint", "api_key", "check_fits", "check_size", "parse_body",
+           "read_body"]
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -67,8 +68,8 @@ ENDPOINTS = {
 class Call:
     """One request on its way through the gateway, and what its usage record will say."""
 
-    __slots__ = ("body", "client_wants_usage", "completion_tokens", "counter", "endpoint", "entry", "error",
-                 "first_token_at", "lease", "model", "original", "prompt_tokens", "request_id", "started",
+    __slots__ = ("body", "body_bytes", "client_wants_usage", "completion_tokens", "counter", "endpoint", "entry",
+                 "error", "first_token_at", "lease", "model", "original", "prompt_tokens", "request_id", "started",
                  "status", "stream", "tokens_estimated")
 
     def __init__(self, endpoint: Endpoint) -> None:
@@ -78,6 +79,7 @@ class Call:
         self.entry: KeyEntry | None = None
         self.model = ""
         self.body: dict[str, Any] = {}  # what goes to the engine
+        self.body_bytes = 0  # of the body, counted in the process's body budget
         self.original: dict[str, Any] = {}  # what the client sent
         self.stream = False
         self.client_wants_usage = False
@@ -95,8 +97,29 @@ class Call:
         return self.lease.upstream if self.lease is not None else None
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole body, refused with a 413 as soon as it passes `limit` (never held past it)."""
+class BodyBudget:
+    """The bytes of request bodies this process holds at once, across requests: a body is counted
+    as it arrives and until its request ends, and one that would take the total past `most` is
+    refused (503, try again) rather than held. Eight clients sending 31 MB each took a process
+    from 188 MiB to 1 GiB before this."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        if self.held + size > self.most:
+            raise Refused(503, f"The gateway holds {self.held} bytes of request bodies already, and may hold "
+                          f"{self.most}; try again shortly.", kind="overloaded_error", headers={"retry-after": "2"})
+        self.held += size
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+async def read_body(receive: Receive, limit: int, budget: BodyBudget | None = None, call: Call | None = None) -> bytes:
+    """The whole body, refused with a 413 as soon as it passes `limit` (never held past it). With a
+    budget, what is read is counted in it (in `call.body_bytes`, given back when the request ends)."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -107,9 +130,54 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise Refused(413, f"The body is over the limit of {limit} bytes.", kind="request_too_large")
+        if budget is not None and call is not None and chunk:
+            budget.take(len(chunk))
+            call.body_bytes += len(chunk)
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+def check_size(chat: dict[str, Any], *, most_messages: int, most_parts: int) -> None:
+    """Refuse a request with more messages or content parts than an engine should be given: an
+    engine's chat template takes time that grows faster than the number of messages (300,000
+    one-word messages held one for ten minutes, long after its client had gone)."""
+    messages = chat.get("messages")
+    if not isinstance(messages, list):
+        return
+    if len(messages) > most_messages:
+        raise Refused(400, f"The request has {len(messages)} messages; at most {most_messages} are taken.",
+                      kind="invalid_request_error", code="too_many_messages", param="messages")
+    parts = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list))
+    if parts > most_parts:
+        raise Refused(400, f"The request's messages have {parts} content parts; at most {most_parts} are taken.",
+                      kind="invalid_request_error", code="too_many_parts", param="messages")
+
+
+# Few tokenizers make a token of more than this many bytes of text, so a prompt of N bytes holds at
+# least N / BYTES_PER_TOKEN_MOST tokens: a bound to refuse on without counting.
+BYTES_PER_TOKEN_MOST = 8
+
+
+def _text_bytes(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "replace"))
+    if isinstance(value, dict):
+        return sum(_text_bytes(v) for k, v in value.items() if k not in ("image_url", "type", "role", "input_audio"))
+    if isinstance(value, list):
+        return sum(_text_bytes(v) for v in value)
+    return 0
+
+
+def check_fits(chat: dict[str, Any], context: int | None) -> None:
+    """Refuse, before any engine sees it, a prompt that surely cannot fit `context` tokens (judged by
+    its length alone; the engine refuses what only its own count shows to be too long)."""
+    if not context:
+        return
+    least = (_text_bytes(chat.get("messages")) + _text_bytes(chat.get("prompt"))) // BYTES_PER_TOKEN_MOST
+    if least > context:
+        raise Refused(400, f"The prompt holds at least {least} tokens by its length, more than the model's "
+                      f"context of {context} tokens.", kind="invalid_request_error", code="context_length_exceeded")
 
 
 class ClientLeft(Exception):
