@@ -3,7 +3,10 @@
     /v1/*       the gateway (apps.gateway.asgi): plain ASGI, mounted ahead of Django so a
                 model request never passes through Django's middleware or the ORM
     websocket   Channels routes (/ws/agent/ for node agents)
-    the rest    Django: console, /api/v1, /django-admin, /metrics, /healthz, /readyz
+    the rest    Django: console, /api/v1, /django-admin, /metrics, /healthz, /readyz, behind a
+                bound on request bodies (llmgw/bodylimit.py, LLMGW_MAX_REQUEST_BODY_BYTES) that
+                refuses one too large before Django spools it to a temporary file; the gateway
+                bounds its own (LLMGW_GATEWAY_MAX_BODY_BYTES)
 """
 
 from __future__ import annotations
@@ -15,12 +18,18 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw.settings")
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-django_app = get_asgi_application()
+django_asgi = get_asgi_application()  # sets Django up: the imports below need its apps loaded
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from apps.gateway.asgi import gateway_app  # noqa: E402
+from llmgw.bodylimit import BodyLimit  # noqa: E402
 from llmgw.routing import websocket_urlpatterns  # noqa: E402
+
+# Django reads a request's whole body into a temporary file before any view can refuse it, so
+# the bound comes first. HTTP only: websockets go to Channels, /v1 to the gateway.
+django_app = BodyLimit(django_asgi, max_bytes=settings.MAX_REQUEST_BODY_BYTES)
 
 GATEWAY_PREFIX = "/v1/"
 

@@ -192,6 +192,18 @@ USAGE_WRITER = env_str("LLMGW_USAGE_WRITER") or "worker"
 if USAGE_WRITER not in {"worker", "web"}:
     raise ImproperlyConfigured(f"LLMGW_USAGE_WRITER={USAGE_WRITER!r}: expected worker or web")
 
+# Request bodies outside /v1 ----------------------------------------------------------
+
+# The console, /api/v1 and the admin take forms and JSON documents (a model's spec, a limit, a
+# key) of a few kilobytes, and no file uploads: 16 MiB leaves room for any of them many times
+# over and keeps one anonymous POST from filling the disk. llmgw/bodylimit.py refuses a larger
+# body with a 413 before Django reads a byte of it. /v1 has its own bound (GATEWAY_MAX_BODY_BYTES).
+MAX_REQUEST_BODY_BYTES = env_int("LLMGW_MAX_REQUEST_BODY_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
+# Django's own checks agree with it: form and JSON data are taken up to the same bound, kept in
+# memory up to Django's usual 2.5 MiB and spooled to a temporary file (never larger than the bound) past it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+FILE_UPLOAD_MAX_MEMORY_SIZE = min(MAX_REQUEST_BODY_BYTES, 2_621_440)
+
 # The gateway -------------------------------------------------------------------------
 
 # Requests waiting for a replica slot, per model (across every gateway process with Redis), and for how long.
