@@ -140,7 +140,9 @@ if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
 CELERY_QUEUE_DIR = DATA_DIR / "queue"
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+    # Idle pooled connections are checked before use, so those to a Redis that restarted are made anew.
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"health_check_interval": 15, "socket_timeout": 30,
+                                                          "socket_connect_timeout": 5, "retry_on_timeout": True}
     CHANNEL_LAYERS = {
         "default": {
             # channels_redis's layer, sized for the agents a process holds, waiting for a free
@@ -173,6 +175,11 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A broker that goes away is waited for, however long (`llmgw worker` also restarts a worker that
+# gave up), and a task running when the connection was lost is cancelled, not run twice.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # The one beat schedule: task names as strings, intervals in seconds.

@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("worker", help="run a Celery worker")
     p.add_argument("--beat", action="store_true", help="embed the beat scheduler (one per installation)")
     p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--no-restart", action="store_true", help=argparse.SUPPRESS)  # the supervised worker itself
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("beat", help="run the Celery beat scheduler (exactly one per installation)")

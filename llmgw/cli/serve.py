@@ -116,7 +116,51 @@ def run_web(args: argparse.Namespace) -> int:
     return 0
 
 
+RESTART_WAITS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def supervise(argv: list[str], what: str) -> int:
+    """Run `argv` and start it again whenever it stops on its own, with a growing wait (reset once
+    it has run a minute); SIGTERM or SIGINT stop it and end here. Celery's worker can give up for
+    good when its broker goes away at the wrong moment ("Unrecoverable error"); the node
+    liveness, reconciler and usage writes it carries must come back without an operator."""
+    import signal
+    import subprocess
+    import time
+
+    stopping = False
+    child: subprocess.Popen[bytes] | None = None
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    failures = 0
+    while True:
+        started = time.monotonic()
+        child = subprocess.Popen(argv)  # noqa: S603 - our own command line
+        code = child.wait()
+        if stopping:
+            return 0 if code in (0, -signal.SIGTERM, -signal.SIGINT) else code
+        failures = 0 if time.monotonic() - started > 60 else failures + 1
+        wait = RESTART_WAITS_S[min(failures, len(RESTART_WAITS_S) - 1)]
+        print(f"llmgw {what}: it stopped (exit code {code}); starting it again in {wait:g} s", file=sys.stderr,
+              flush=True)
+        deadline = time.monotonic() + wait
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if stopping:
+            return 0
+
+
 def run_worker(args: argparse.Namespace) -> int:
+    if not getattr(args, "no_restart", False):
+        argv = [sys.executable, "-m", "llmgw", "worker", "--no-restart", "--concurrency", str(args.concurrency)]
+        return supervise(argv + (["--beat"] if args.beat else []), "worker")
     _setup()
     from llmgw.celery import app, ensure_queue_folders
 
