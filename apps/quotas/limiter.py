@@ -399,7 +399,8 @@ def make_limiter() -> RedisLimiter | MemoryLimiter:
     from django.conf import settings
 
     if settings.REDIS_URL:
-        return RedisLimiter(settings.REDIS_URL)
+        # Under the installation's prefix, so two installations sharing a Redis never share counters.
+        return RedisLimiter(settings.REDIS_URL, prefix=f"{settings.REDIS_PREFIX}:rl")
     return MemoryLimiter()
 
 
