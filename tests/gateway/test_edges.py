@@ -72,7 +72,7 @@ async def test_a_body_without_a_model_is_a_400_naming_the_field(gw: Gateway) -> 
     assert "model" in answer.json["error"]["message"]
 
 
-async def test_an_unknown_model_is_a_404_in_each_style(gw: Gateway, engine: MockEngine) -> None:
+async def test_an_unknown_model_is_a_404_in_each_protocol(gw: Gateway, engine: MockEngine) -> None:
     chat = await gw.post("/v1/chat/completions", {"model": "nope", "messages": HELLO})
     assert chat.status == 404
     assert chat.json["error"]["code"] == "model_not_found"
@@ -100,7 +100,7 @@ async def test_a_body_over_max_body_is_a_413(gw: Gateway, engine: MockEngine) ->
     assert engine.seen == []
 
 
-async def test_a_wrong_key_is_a_401_in_the_style_of_the_endpoint(gw: Gateway, engine: MockEngine) -> None:
+async def test_a_wrong_key_is_a_401_in_the_protocol_of_the_endpoint(gw: Gateway, engine: MockEngine) -> None:
     chat = await gw.chat(key="llmgw_wrong")
     assert chat.status == 401
     assert chat.json["error"]["type"] == "authentication_error"

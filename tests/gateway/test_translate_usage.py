@@ -91,7 +91,7 @@ def test_from_responses() -> None:
         },
     ],
 )
-def test_usage_from_response_recognises_the_style(body: dict[str, Any]) -> None:
+def test_usage_from_response_recognises_the_protocol(body: dict[str, Any]) -> None:
     usage = usage_from_response(body)
     assert usage is not None
     assert (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens) == (120, 30, 100)
@@ -246,8 +246,8 @@ def test_responses_stream() -> None:
 
 
 def test_feeding_non_objects_is_harmless() -> None:
-    for style in ("chat", "anthropic", "responses"):
-        reader = StreamUsage(style)  # type: ignore[arg-type]
+    for protocol in ("chat", "anthropic", "responses"):
+        reader = StreamUsage(protocol)  # type: ignore[arg-type]
         reader.feed(None)
         reader.feed([1, 2])
         assert reader.usage == Usage(output_tokens=0, estimated=True)

@@ -6,8 +6,8 @@ cached ones included (as OpenAI counts them; Anthropic reports cache reads apart
 
 Reading:
 - `usage_from_response(body)`: a whole (non-stream) chat completion, Anthropic message or
-  Response object; the style is told or recognised from the body.
-- `StreamUsage(style)`: fed every parsed event of a stream (chat chunks, Anthropic events,
+  Response object; the protocol is told or recognised from the body.
+- `StreamUsage(protocol)`: fed every parsed event of a stream (chat chunks, Anthropic events,
   Responses events), for streams the gateway passes through untranslated.
 - `count_chunk_tokens(chunk)`: the tokens one chat chunk carries, by estimate (below).
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
-    "Style",
+    "Protocol",
     "StreamUsage",
     "Usage",
     "count_chunk_tokens",
@@ -40,7 +40,7 @@ __all__ = [
     "usage_from_response",
 ]
 
-type Style = Literal["chat", "anthropic", "responses"]
+type Protocol = Literal["chat", "anthropic", "responses"]
 
 
 def _int(value: Any) -> int | None:
@@ -135,7 +135,7 @@ def from_responses(usage: Any) -> Usage | None:
     )
 
 
-def _style_of(body: dict[str, Any]) -> Style | None:
+def _protocol_of(body: dict[str, Any]) -> Protocol | None:
     if body.get("object") == "response":
         return "responses"
     if body.get("type") == "message":
@@ -145,16 +145,16 @@ def _style_of(body: dict[str, Any]) -> Style | None:
     return None
 
 
-def usage_from_response(body: Any, style: Style | None = None) -> Usage | None:
-    """The usage of a whole response in `style` (recognised from the body when not told)."""
+def usage_from_response(body: Any, protocol: Protocol | None = None) -> Usage | None:
+    """The usage of a whole response in `protocol` (recognised from the body when not told)."""
     if not isinstance(body, dict):
         return None
-    style = style or _style_of(body)
-    if style == "chat":
+    protocol = protocol or _protocol_of(body)
+    if protocol == "chat":
         return from_chat(body.get("usage"))
-    if style == "anthropic":
+    if protocol == "anthropic":
         return from_anthropic(body.get("usage"))
-    if style == "responses":
+    if protocol == "responses":
         return from_responses(body.get("usage"))
     return None
 
@@ -211,14 +211,14 @@ _RESPONSES_FINAL = frozenset({"response.completed", "response.incomplete", "resp
 
 
 class StreamUsage:
-    """Usage read from a stream in `style`, event by event. `feed(data)` takes each parsed SSE data
+    """Usage read from a stream in `protocol`, event by event. `feed(data)` takes each parsed SSE data
     object (a chat chunk, or an Anthropic/Responses event whose "type" names it); `usage` is what
     the upstream reported, with output_tokens counted from deltas when it reported none."""
 
-    __slots__ = ("_input_parts", "_reported", "counted", "style")
+    __slots__ = ("_input_parts", "_reported", "counted", "protocol")
 
-    def __init__(self, style: Style) -> None:
-        self.style = style
+    def __init__(self, protocol: Protocol) -> None:
+        self.protocol = protocol
         self.counted = 0
         self._reported: Usage | None = None
         self._input_parts: list[int | None] = [None, None, None]
@@ -226,7 +226,7 @@ class StreamUsage:
     def feed(self, data: Any) -> None:
         if not isinstance(data, dict):
             return
-        if self.style == "chat":
+        if self.protocol == "chat":
             self.counted += count_chunk_tokens(data)
             reported = from_chat(data.get("usage"))
             if reported is not None:
@@ -234,7 +234,7 @@ class StreamUsage:
                 self._reported = reported
             return
         kind = data.get("type")
-        if self.style == "anthropic":
+        if self.protocol == "anthropic":
             if kind in _ANTHROPIC_COUNTED:
                 self.counted += 1
             elif kind == "message_start":
@@ -247,7 +247,7 @@ class StreamUsage:
                     self._reported = start
             elif kind == "message_delta":
                 self._merge_anthropic_delta(data.get("usage"))
-        elif self.style == "responses":
+        elif self.protocol == "responses":
             if kind in _RESPONSES_COUNTED:
                 self.counted += 1
             elif kind in _RESPONSES_FINAL:
