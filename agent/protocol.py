@@ -28,19 +28,24 @@ characters in strings (no PostgreSQL text can hold one), and nesting deeper than
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "ENGINES",
     "MAX_MESSAGE_BYTES",
+    "DesiredShard",
     "PROTOCOL_VERSION",
     "ProtocolError",
     "encode",
     "error_message",
     "parse_message",
+    "parse_shard",
 ]
 
 PROTOCOL_VERSION = 1
@@ -357,3 +362,213 @@ def error_message(exc: ProtocolError, in_reply_to: str | None = None) -> str:
     if in_reply_to:
         body["in_reply_to"] = in_reply_to
     return encode("error", body)
+
+
+# The shards of a "desired" message ----------------------------------------------------------
+
+#: Engine name (as the catalog spells it) -> module in agent.engines.
+ENGINES = {"llama.cpp": "llamacpp", "vllm": "vllm", "sglang": "sglang"}
+
+_SHARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class DesiredShard:
+    """One engine process a node should run: a whole single-node replica, or one rank of a multi-node
+    one. The one shape of a shard: the server builds it (`to_message`) and the agent reads it back
+    (`parse`), which refuses what the agent could not run, naming the field."""
+
+    shard: str
+    model: str
+    engine: str
+    source: str
+    api_key: str
+    port: int
+    served_name: str = ""
+    gpu_indices: list[int] = field(default_factory=list)
+    cpu_cores: float = 0.0
+    memory_bytes: int = 0
+    context_size: int | None = None
+    parallel: int = 1
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    nodes_per_replica: int = 1
+    rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    generation: int = 0
+    stop_grace: float | None = None  # seconds from SIGTERM to SIGKILL when it is stopped
+
+    @property
+    def is_cpu(self) -> bool:
+        return not self.gpu_indices
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes_per_replica > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_message(self) -> dict[str, Any]:
+        """The shard as the "desired" message carries it (parse() reads it back to an equal object)."""
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, obj: Any) -> DesiredShard:
+        return parse_shard(obj)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _bad(name: str, expected: str, value: Any) -> ValueError:
+    shown = repr(value) if not isinstance(value, str) else repr(value[:80])
+    return ValueError(f"{name}: expected {expected}, got {shown}")
+
+
+def _str(data: dict[str, Any], name: str, *, default: Any = ..., allow_empty: bool = False,
+         max_len: int = 4096) -> Any:
+    if name not in data or data[name] is None:
+        if default is ...:
+            raise ValueError(f"{name}: missing")
+        return default
+    value = data[name]
+    if not isinstance(value, str):
+        raise _bad(name, "a string", value)
+    if not allow_empty and not value:
+        raise ValueError(f"{name}: must not be empty")
+    if len(value) > max_len:
+        raise ValueError(f"{name}: longer than {max_len} characters")
+    if "\x00" in value:
+        raise ValueError(f"{name}: contains a NUL character")
+    return value
+
+
+def _int(data: dict[str, Any], name: str, *, default: Any = ..., minimum: int | None = None,
+         maximum: int | None = None) -> Any:
+    if name not in data or data[name] is None:
+        if default is ...:
+            raise ValueError(f"{name}: missing")
+        return default
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, "a whole number", value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: expected at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}: expected at most {maximum}, got {value}")
+    return value
+
+
+def parse_shard(obj: Any) -> DesiredShard:
+    """Validate one item of a "desired" message. Unknown fields are ignored (newer servers add them)."""
+    if not isinstance(obj, dict):
+        raise _bad("shard", "an object", obj)
+    shard = _str(obj, "shard", max_len=200)
+    if not _SHARD_ID.fullmatch(shard):
+        raise ValueError(f"shard: {shard!r} is not a valid shard id (letters, digits and ._:@+- only, "
+                         "starting with a letter or digit)")
+    engine = _str(obj, "engine", max_len=32)
+    if engine not in ENGINES:
+        raise ValueError(f"engine: expected one of {', '.join(sorted(ENGINES))}, got {engine!r}")
+    model = _str(obj, "model", max_len=200)
+    source = _str(obj, "source")
+    if not source.startswith("/"):
+        raise ValueError(f"source: expected an absolute path on the node, got {source!r}")
+    served_name = _str(obj, "served_name", default=model, max_len=200)
+    api_key = _str(obj, "api_key", max_len=512)
+    if any(c.isspace() or c == "," for c in api_key):
+        raise ValueError("api_key: must not contain spaces or commas")
+    port = _int(obj, "port", minimum=1, maximum=65535)
+    host = _str(obj, "host", default="127.0.0.1", max_len=255)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9.-]+", host):
+            raise ValueError(f"host: expected an IP address or host name, got {host!r}") from None
+
+    gpu_indices = obj.get("gpu_indices")
+    if gpu_indices is None:
+        gpu_indices = []
+    if not isinstance(gpu_indices, list):
+        raise _bad("gpu_indices", "a list of GPU indices", gpu_indices)
+    for i, index in enumerate(gpu_indices):
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise _bad(f"gpu_indices[{i}]", "a GPU index (0 or more)", index)
+    if len(set(gpu_indices)) != len(gpu_indices):
+        raise ValueError(f"gpu_indices: {gpu_indices} lists a GPU twice")
+
+    cpu_cores = obj.get("cpu_cores", 0)
+    if cpu_cores is None:
+        cpu_cores = 0
+    if isinstance(cpu_cores, bool) or not isinstance(cpu_cores, int | float) or cpu_cores != cpu_cores:
+        raise _bad("cpu_cores", "a number of cores", cpu_cores)
+    if cpu_cores < 0:
+        raise ValueError(f"cpu_cores: cannot be negative, got {cpu_cores}")
+
+    extra_args = obj.get("extra_args")
+    if extra_args is None:
+        extra_args = []
+    if not isinstance(extra_args, list):
+        raise _bad("extra_args", "a list of strings", extra_args)
+    for i, arg in enumerate(extra_args):
+        if not isinstance(arg, str) or "\x00" in arg:
+            raise _bad(f"extra_args[{i}]", "a string", arg)
+
+    env = obj.get("env")
+    if env is None:
+        env = {}
+    if not isinstance(env, dict):
+        raise _bad("env", "a mapping of names to values", env)
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise _bad("env", "environment variable names (letters, digits, _)", key)
+        if not isinstance(value, str) or "\x00" in value:
+            raise _bad(f"env.{key}", "a string", value)
+
+    nodes = _int(obj, "nodes_per_replica", default=1, minimum=1)
+    rank = _int(obj, "rank", default=0, minimum=0)
+    if rank >= nodes:
+        raise ValueError(f"rank: expected less than nodes_per_replica ({nodes}), got {rank}")
+    master_addr = _str(obj, "master_addr", default=None, max_len=255)
+    master_port = _int(obj, "master_port", default=None, minimum=1, maximum=65535)
+    if nodes > 1 and (master_addr is None or master_port is None):
+        raise ValueError(f"master_addr/master_port: required when nodes_per_replica is {nodes}")
+
+    stop_grace = obj.get("stop_grace")
+    if stop_grace is not None and (isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float)
+                                   or not 0 <= stop_grace <= 3600):
+        raise _bad("stop_grace", "seconds from 0 to 3600", stop_grace)
+
+    return DesiredShard(
+        shard=shard,
+        model=model,
+        engine=engine,
+        source=source,
+        served_name=served_name,
+        gpu_indices=list(gpu_indices),
+        cpu_cores=float(cpu_cores),
+        memory_bytes=_int(obj, "memory_bytes", default=0, minimum=0),
+        context_size=_int(obj, "context_size", default=None, minimum=1),
+        parallel=_int(obj, "parallel", default=1, minimum=1, maximum=4096),
+        extra_args=list(extra_args),
+        env=dict(env),
+        api_key=api_key,
+        port=port,
+        host=host,
+        nodes_per_replica=nodes,
+        rank=rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        tensor_parallel=_int(obj, "tensor_parallel", default=None, minimum=1),
+        pipeline_parallel=_int(obj, "pipeline_parallel", default=None, minimum=1),
+        generation=_int(obj, "generation", default=0),
+        stop_grace=float(stop_grace) if stop_grace is not None else None,
+    )
+
+

@@ -728,10 +728,13 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(member.pid, signal.SIGKILL)
             return
+        # The server's grace for this shard (LLMGW_ENGINE_STOP_GRACE_SECONDS), else the agent's own.
+        grace = entry.spec.stop_grace if entry.spec is not None and entry.spec.stop_grace is not None \
+            else self.stop_grace
         self._killpg(pgid, signal.SIGTERM)
-        if await self._wait_gone(pid, pgid, ticks, self.stop_grace):
+        if await self._wait_gone(pid, pgid, ticks, grace):
             return
-        log.warning("shard %s did not stop within %g s of SIGTERM; sending SIGKILL", entry.shard, self.stop_grace)
+        log.warning("shard %s did not stop within %g s of SIGTERM; sending SIGKILL", entry.shard, grace)
         self._killpg(pgid, signal.SIGKILL)
         if not await self._wait_gone(pid, pgid, ticks, KILL_WAIT):
             log.error("shard %s: process group %s still has members after SIGKILL", entry.shard, pgid)

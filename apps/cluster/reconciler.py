@@ -30,6 +30,7 @@ from django.db import transaction
 from django.db.models import F, Prefetch
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from prometheus_client import Counter
 
 from apps.catalog.models import Model
 from apps.cluster import placement
@@ -40,6 +41,8 @@ from apps.cluster.models import ControlLock, Node, Replica, Shard
 __all__ = ["PassReport", "backoff", "reconcile", "request_reconcile"]
 
 log = logging.getLogger(__name__)
+
+PASSES = Counter("llmgw_reconcile_passes", "Reconciler passes, by how they ended", ["result"])
 
 PREEMPT_HOLD = timedelta(minutes=5)
 
@@ -75,13 +78,25 @@ def request_reconcile() -> None:
 
 
 def _lock() -> bool:
-    """Take the reconciler lock for this transaction; False when another pass holds it."""
+    """Take the reconciler lock for this transaction; False when another pass holds it. Only the
+    database's "lock not available" means that: any other error is the pass's failure, and raised."""
+    from django.db import OperationalError
+
     ControlLock.objects.get_or_create(name="reconciler")
     try:
-        ControlLock.objects.select_for_update(nowait=True).get(name="reconciler")
-    except Exception:  # DatabaseError: another pass holds it (PostgreSQL); SQLite serialises writers anyway
-        return False
+        with transaction.atomic():  # a savepoint: the refused lock leaves the outer transaction usable
+            ControlLock.objects.select_for_update(nowait=True).get(name="reconciler")
+    except OperationalError as exc:
+        if _lock_not_available(exc):
+            return False
+        raise
     return True
+
+
+def _lock_not_available(exc: BaseException) -> bool:
+    """PostgreSQL's 55P03 (SQLite serialises writers and never refuses NOWAIT)."""
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == "55P03" or type(cause).__name__ == "LockNotAvailable"
 
 
 def _allocate_port(node_id: int, taken: dict[int, set[int]]) -> int:
@@ -100,15 +115,25 @@ def _allocate_port(node_id: int, taken: dict[int, set[int]]) -> int:
 
 
 def reconcile(now: Any = None) -> PassReport:
+    """One pass, counted in llmgw_reconcile_passes_total by how it ended: ran, skipped (another pass
+    held the lock) or failed (logged with the error, then raised)."""
     now = now or timezone.now()
-    with transaction.atomic():
-        if not _lock():
-            return PassReport(ran=False)
-        report = _pass(now)
-        changed = set(report.nodes_changed)
-        if changed:
-            Node.objects.filter(pk__in=changed).update(desired_version=F("desired_version") + 1)
-        transaction.on_commit(lambda: push_desired_state(changed))
+    try:
+        with transaction.atomic():
+            if not _lock():
+                PASSES.labels(result="skipped").inc()
+                log.info("a reconciler pass was skipped: another pass holds the lock")
+                return PassReport(ran=False)
+            report = _pass(now)
+            changed = set(report.nodes_changed)
+            if changed:
+                Node.objects.filter(pk__in=changed).update(desired_version=F("desired_version") + 1)
+            transaction.on_commit(lambda: push_desired_state(changed))
+    except Exception:
+        PASSES.labels(result="failed").inc()
+        log.exception("a reconciler pass failed")
+        raise
+    PASSES.labels(result="ran").inc()
     return report
 
 
@@ -279,7 +304,10 @@ def _rejection_json(rejection: placement.Rejection) -> dict[str, Any]:
 # Desired state ---------------------------------------------------------------------------------
 
 def desired_shards(node: Node) -> list[dict[str, Any]]:
-    """The whole list of shards a node should run, in the shape the agent's supervisor reads."""
+    """The whole list of shards a node should run, each an agent.protocol.DesiredShard as the
+    "desired" message carries it (the agent reads them back with the same class)."""
+    from agent.protocol import DesiredShard
+
     shards = (Shard.objects.filter(node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))
               .select_related("replica__model", "replica__profile").order_by("replica_id", "rank"))
     host = "127.0.0.1" if node.address in {"", "127.0.0.1", "::1", "localhost"} else "0.0.0.0"  # noqa: S104
@@ -290,17 +318,17 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
             continue
         peers = list(replica.shards.order_by("rank").select_related("node")) if profile.nodes_per_replica > 1 else []
         master = peers[0] if peers else None
-        out.append({
-            "shard": shard.shard_id, "model": model.name, "served_name": model.name, "engine": profile.engine,
-            "source": model.source, "gpu_indices": list(shard.gpu_indices or []), "cpu_cores": shard.cpu_cores,
-            "memory_bytes": shard.memory_bytes, "context_size": profile.context_size, "parallel": profile.parallel,
-            "extra_args": list(profile.extra_args or []), "env": dict(profile.env or {}), "api_key": shard.secret,
-            "port": shard.port, "host": host, "nodes_per_replica": profile.nodes_per_replica, "rank": shard.rank,
-            "master_addr": master.node.address if master else None, "master_port": (master.port + 1000) if master
-            else None, "tensor_parallel": profile.gpus_per_shard or None,
-            "pipeline_parallel": profile.nodes_per_replica if profile.nodes_per_replica > 1 else None,
-            "generation": replica.pk,
-        })
+        out.append(DesiredShard(
+            shard=shard.shard_id, model=model.name, served_name=model.name, engine=profile.engine,
+            source=model.source, gpu_indices=list(shard.gpu_indices or []), cpu_cores=float(shard.cpu_cores),
+            memory_bytes=shard.memory_bytes, context_size=profile.context_size, parallel=profile.parallel,
+            extra_args=list(profile.extra_args or []), env=dict(profile.env or {}), api_key=shard.secret,
+            port=shard.port, host=host, nodes_per_replica=profile.nodes_per_replica, rank=shard.rank,
+            master_addr=master.node.address if master else None,
+            master_port=(master.port + 1000) if master else None, tensor_parallel=profile.gpus_per_shard or None,
+            pipeline_parallel=profile.nodes_per_replica if profile.nodes_per_replica > 1 else None,
+            generation=replica.pk, stop_grace=float(settings.ENGINE_STOP_GRACE),
+        ).to_message())
     return out
 
 

@@ -256,3 +256,76 @@ def test_a_model_that_may_not_grow_is_never_marked_busy() -> None:
     assert record_busy("fixed") is False
     assert record_busy("no-such-model") is False
     assert Model.objects.get().busy_at is None
+
+
+@pytest.mark.django_db
+def test_every_desired_shard_the_reconciler_makes_is_read_back_whole_by_the_agents_parser() -> None:
+    from agent.protocol import DesiredShard
+
+    nodes = [make_node("gpu1"), make_node("gpu2"), make_node("cpu1", gpus=0)]
+    make_model("gpu-model", replicas=2, gpus=2)
+    make_model("cpu-model", replicas=1, memory_gb=2, cores=2, engine="llama.cpp")
+    tuned = make_model("tuned", replicas=1, gpus=4)
+    Profile.objects.filter(model=tuned).update(extra_args=["--max-num-seqs", "8"], env={"NCCL_DEBUG": "INFO"},
+                                               context_size=8192, parallel=16)
+    for index, node in enumerate(nodes):
+        Node.objects.filter(pk=node.pk).update(address=f"10.0.0.{index + 1}")
+    reconcile()
+    produced = [item for node in Node.objects.all() for item in desired_shards(node)]
+    assert len(produced) == 4
+    for item in produced:
+        parsed = DesiredShard.parse(item)
+        assert parsed.to_message() == item  # nothing lost or changed on the way
+    tuned_shard = next(DesiredShard.parse(i) for i in produced if i["model"] == "tuned")
+    assert tuned_shard.env == {"NCCL_DEBUG": "INFO"} and tuned_shard.parallel == 16
+    assert tuned_shard.stop_grace is not None
+
+
+@pytest.mark.django_db
+def test_a_broken_lock_table_fails_the_pass_loudly_instead_of_skipping_it(monkeypatch, caplog) -> None:
+    from django.db import ProgrammingError
+
+    from apps.cluster import reconciler
+
+    def broken(*args, **kwargs):
+        raise ProgrammingError('relation "cluster_controllock" does not exist')
+
+    monkeypatch.setattr(reconciler.ControlLock.objects, "get_or_create", broken)
+    failed = reconciler.PASSES.labels(result="failed")._value.get()
+    with pytest.raises(ProgrammingError):
+        reconcile()
+    assert reconciler.PASSES.labels(result="failed")._value.get() == failed + 1
+    assert "a reconciler pass failed" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_that_finds_the_lock_held_is_skipped_and_counted() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serialises writers: there a second pass waits instead of being refused")
+    from apps.cluster import reconciler
+
+    reconciler.ControlLock.objects.get_or_create(name="reconciler")  # as after the first pass ever
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        from django.db import connection as own
+        from django.db import transaction
+
+        with transaction.atomic():
+            reconciler._lock()
+            held.set()
+            release.wait(10)
+        own.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    skipped = reconciler.PASSES.labels(result="skipped")._value.get()
+    try:
+        assert reconcile().ran is False
+    finally:
+        release.set()
+        holder.join(10)
+    assert reconciler.PASSES.labels(result="skipped")._value.get() == skipped + 1
+    assert reconcile().ran is True
