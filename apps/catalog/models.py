@@ -47,6 +47,10 @@ class Model(models.Model):
     external_api_key_file = models.CharField(_("provider key file"), max_length=1000, blank=True)
     # Set when the model's replicas were preempted: nothing is placed for it until then.
     held_until = models.DateTimeField(_("held back until"), null=True, blank=True)
+    # The model whose minimum this one gave room up for: it is not placed again until that model's
+    # replicas are (or held_until passes, so a preemptor that never fits cannot hold it for ever).
+    held_for = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+                                 verbose_name=_("held back for"))
     # A request arrived for a model kept at zero replicas: run one until then.
     demand_until = models.DateTimeField(_("wanted on demand until"), null=True, blank=True)
     # Scaling under load: the gateway marks when it last had to queue a request because every

@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 
 PASSES = Counter("llmgw_reconcile_passes", "Reconciler passes, by how they ended", ["result"])
 
-PREEMPT_HOLD = timedelta(minutes=5)
+# The longest a preempted model is held back for its preemptor (which normally lifts the hold by
+# being placed, within a pass or two of its victims stopping).
+PREEMPT_HOLD = timedelta(minutes=30)
 
 
 def backoff(failures: int) -> timedelta:
@@ -191,8 +193,13 @@ def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[i
     for _i in range(wanted - len(replicas)):
         replicas.append(Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now))
 
+    _mark_above_minimum(model, replicas)
     if model.held_until and model.held_until > now:
-        return
+        if not _still_held(model):
+            model.held_until = model.held_for = None
+            Model.objects.filter(pk=model.pk).update(held_until=None, held_for=None)
+        else:
+            return
     if not model.profiles.all():
         return
     for replica in replicas:
@@ -201,6 +208,24 @@ def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[i
         if replica.next_attempt_at and replica.next_attempt_at > now:
             continue
         _place(model, replica, inventory, ports, now, report)
+
+
+def _mark_above_minimum(model: Model, replicas: list[Replica]) -> None:
+    """The oldest `min_replicas` placed replicas are the model's minimum; the others were added for
+    load (or on demand) and may be preempted by a model of the same class below its minimum."""
+    placed = sorted((r for r in replicas if r.state != ReplicaState.PENDING), key=lambda r: (r.created_at, r.pk))
+    for index, replica in enumerate(placed):
+        above = index >= model.min_replicas
+        if replica.above_minimum != above:
+            replica.above_minimum = above
+            Replica.objects.filter(pk=replica.pk).update(above_minimum=above)
+
+
+def _still_held(model: Model) -> bool:
+    """A preempted model waits while its preemptor still has a replica waiting for the room."""
+    if model.held_for_id is None:
+        return True  # held by hand or by an older version: until held_until
+    return Replica.objects.filter(model_id=model.held_for_id, state=ReplicaState.PENDING).exists()
 
 
 def _scale_for_load(model: Model, replicas: list[Replica], now: Any, report: PassReport) -> None:
@@ -258,12 +283,14 @@ def _place(model: Model, replica: Replica, inventory: placement.Inventory, ports
         return
 
     plan = result.placement
+    placed = Replica.objects.filter(model=model).exclude(state__in=(ReplicaState.PENDING, ReplicaState.STOPPING))
+    above = placed.count() >= model.min_replicas  # added for load or on demand, beyond the minimum
     replica.profile_id = plan.profile.id
     replica.state = ReplicaState.STARTING
     replica.rejections = rejections
     replica.placed_at = now
     replica.message = ""
-    replica.above_minimum = False
+    replica.above_minimum = above
     replica.save(update_fields=["profile", "state", "rejections", "placed_at", "message", "above_minimum"])
     for shard in plan.shards:
         Shard.objects.create(
@@ -273,10 +300,10 @@ def _place(model: Model, replica: Replica, inventory: placement.Inventory, ports
         )
         report.nodes_changed.add(shard.node_id)
     inventory.apply(plan, str(replica.pk), owner=request.owner, capacity_class=request.capacity_class,
-                    model=model.name, above_minimum=False)
+                    model=model.name, above_minimum=above)
     report.placed.append(str(replica))
     if model.held_until:
-        Model.objects.filter(pk=model.pk).update(held_until=None)
+        Model.objects.filter(pk=model.pk).update(held_until=None, held_for=None)
 
 
 def _stop(replica: Replica, now: Any, report: PassReport, inventory: placement.Inventory,
@@ -292,7 +319,7 @@ def _stop(replica: Replica, now: Any, report: PassReport, inventory: placement.I
     report.stopping.append(str(replica))
     if preempted_by is not None:
         report.preempted.append(str(replica))
-        Model.objects.filter(pk=replica.model_id).update(held_until=now + PREEMPT_HOLD)
+        Model.objects.filter(pk=replica.model_id).update(held_until=now + PREEMPT_HOLD, held_for=preempted_by)
 
 
 def _rejection_json(rejection: placement.Rejection) -> dict[str, Any]:

@@ -329,3 +329,33 @@ def test_a_pass_that_finds_the_lock_held_is_skipped_and_counted() -> None:
         holder.join(10)
     assert reconciler.PASSES.labels(result="skipped")._value.get() == skipped + 1
     assert reconcile().ran is True
+
+
+@pytest.mark.django_db
+def test_a_model_below_its_minimum_takes_back_a_replica_its_class_grew_into_under_load() -> None:
+    node = make_node(gpus=2)
+    grown = make_model("grown", replicas=1, gpus=1, capacity_class="standard")
+    # Under load: two wanted, the gateway busy a moment ago.
+    Model.objects.filter(pk=grown.pk).update(max_replicas=2, load_replicas=2, busy_at=timezone.now(),
+                                             scaled_at=timezone.now())
+    reconcile()
+    replicas = list(Replica.objects.filter(model=grown).order_by("created_at", "pk"))
+    assert [r.state for r in replicas] == [ReplicaState.STARTING] * 2
+    assert [r.above_minimum for r in replicas] == [False, True]  # the second was added for load
+    make_model("newcomer", replicas=1, gpus=1, capacity_class="standard")
+    reconcile()
+    replicas = list(Replica.objects.filter(model=grown).order_by("created_at", "pk"))
+    assert [r.state for r in replicas] == [ReplicaState.STARTING, ReplicaState.STOPPING]
+    held = Model.objects.get(name="grown")
+    assert held.held_for == Model.objects.get(name="newcomer") and held.held_until is not None
+    services.record_report(node.pk, [{"shard": f"r{replicas[0].pk}s0", "state": "ready"}])  # the agent stopped it
+    reconcile()
+    reconcile()
+    assert Replica.objects.get(model__name="newcomer").state == ReplicaState.STARTING
+    # The room it gave up is used: the hold is lifted at once, not after a fixed time, and the
+    # grown model waits for room as any pending replica does, without taking its minimum back.
+    released = Model.objects.get(name="grown")
+    assert released.held_for is None and released.held_until is None
+    running = (ReplicaState.STARTING, ReplicaState.READY)
+    assert Replica.objects.filter(model=grown, state__in=running).count() == 1
+    assert Replica.objects.filter(model__name="newcomer", state__in=running).count() == 1
