@@ -30,8 +30,9 @@ def model_status(model: Model) -> dict[str, Any]:
     states = Counter(r.state for r in replicas)
     nodes = sorted({s.node.name for r in replicas if r.state != ReplicaState.STOPPING for s in r.shards.all()})
     pending = [r for r in replicas if r.state == ReplicaState.PENDING]
+    wanted = model.wanted_replicas(timezone.now())
     return {
-        "wanted": model.wanted_replicas(timezone.now()),
+        "wanted": wanted,
         "ready": states.get(ReplicaState.READY, 0),
         "starting": states.get(ReplicaState.STARTING, 0),
         "pending": states.get(ReplicaState.PENDING, 0),
@@ -39,7 +40,24 @@ def model_status(model: Model) -> dict[str, Any]:
         "stopping": states.get(ReplicaState.STOPPING, 0),
         "nodes": nodes,
         "message": (pending[0].message if pending else ""),
+        "rolling": rolling_status(model, replicas, wanted),
     }
+
+
+def rolling_status(model: Model, replicas: list[Replica], wanted: int) -> dict[str, int] | None:
+    """While a changed spec is rolled out: how many of the wanted replicas run it ready ("rolling 1
+    of 3"); None when every replica runs the model's current spec."""
+    from apps.cluster.inventory import running_spec
+
+    current = {p.pk: running_spec(model, p) for p in model.profiles.all()}
+    live = [r for r in replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY)]
+    stale = [r for r in live if r.spec and r.spec != current.get(r.profile_id)]  # type: ignore[arg-type]
+    replacing = [r for r in replicas if r.replaces_id and r.state != ReplicaState.STOPPING]
+    if not stale and not replacing:
+        return None
+    done = sum(1 for r in live if r.state == ReplicaState.READY and not r.replaces_id
+               and r.spec == current.get(r.profile_id))  # type: ignore[arg-type]
+    return {"done": min(done, wanted), "of": wanted}
 
 
 def translate_reason(rejection: dict[str, Any]) -> str:

@@ -242,6 +242,7 @@ def _card_context(request: HtmxHttpRequest, model: Model, *, notice: str | None 
         "model": model, "profiles": profiles, "class_label": _class_label(model), "owner": _owner(model),
         "headroom": _headroom(model), "can_change": can_change, "notice": notice,
         "wanted_now": model.wanted_replicas(timezone.now()),
+        "rolling": selectors.rolling_status(model, list(model.replicas.all()), model.wanted_replicas(timezone.now())),
     }
     if can_change:
         context["target_form"] = forms.get("target") or TargetForm.for_model(model)

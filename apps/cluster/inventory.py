@@ -10,7 +10,17 @@ from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.placement import CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ProfileSpec, ReplicaRequest
 from apps.quotas.models import CapacityQuota as QuotaRow
 
-__all__ = ["CLAIMING_STATES", "build_inventory", "profile_spec", "replica_request"]
+__all__ = ["CLAIMING_STATES", "build_inventory", "profile_spec", "replica_request", "running_spec"]
+
+# What a replica's engines run, from its model and profile: a change to any of these is rolled out
+# by replacing the replica (apps.cluster.reconciler), never by restarting its engines in place.
+RUNNING_FIELDS = ("engine", "accelerator", "gpus_per_shard", "nodes_per_replica", "parallel", "context_size",
+                  "memory_bytes", "cpu_cores", "extra_args", "env")
+
+
+def running_spec(model: Model, profile: Profile) -> dict[str, object]:
+    return {"source": model.source, "profile": profile.name,
+            **{name: getattr(profile, name) for name in RUNNING_FIELDS}}
 
 # Replicas whose shards hold their claims: a stopping replica still occupies its node until it stopped.
 CLAIMING_STATES = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING, ReplicaState.FAILED)

@@ -157,6 +157,12 @@ class Replica(models.Model):
     state = models.CharField(_("state"), max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING)
     # Kept running beyond the model's minimum (under load); preemptible within its class.
     above_minimum = models.BooleanField(_("above its minimum"), default=False)
+    # What it was placed to run (the model's source and its profile's settings then): its engines
+    # keep this command line until the replica is replaced, never change it in place.
+    spec = models.JSONField(_("running spec"), default=dict, blank=True)
+    # A replica started to take the place of one whose spec is out of date (a rolling change).
+    replaces = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+                                 verbose_name=_("replaces"))
     # The refusals placement met, shown by explain: every node that could not take it, and why.
     rejections = models.JSONField(_("placement refusals"), default=list, blank=True)
     failures = models.PositiveIntegerField(_("failures in a row"), default=0)

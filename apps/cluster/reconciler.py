@@ -63,6 +63,7 @@ class PassReport:
     released: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     scaled: list[str] = field(default_factory=list)
+    rolled: list[str] = field(default_factory=list)
     nodes_changed: set[int] = field(default_factory=set)
 
 
@@ -174,26 +175,32 @@ def _pass(now: Any) -> PassReport:
 def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,
                      report: PassReport) -> None:
     replicas = [r for r in model.replicas.all() if r.state != ReplicaState.STOPPING]
-    _scale_for_load(model, replicas, now, report)
+    # A replica whose replacement is under way is not counted: its replacement is.
+    replaced = {r.replaces_id for r in replicas if r.replaces_id}
+    counted = [r for r in replicas if r.pk not in replaced]
+    _scale_for_load(model, counted, now, report)
     wanted = model.wanted_replicas(now)
 
     # 3a. Too many: stop the newest first (pending ones before running ones).
-    extra = len(replicas) - wanted
+    extra = len(counted) - wanted
     if extra > 0:
-        order = sorted(replicas, key=lambda r: (r.state != ReplicaState.PENDING, r.created_at), reverse=False)
+        order = sorted(counted, key=lambda r: (r.state != ReplicaState.PENDING, r.created_at), reverse=False)
         victims = [r for r in order if r.state == ReplicaState.PENDING][:extra]
-        running = sorted((r for r in replicas if r.state != ReplicaState.PENDING),
+        running = sorted((r for r in counted if r.state != ReplicaState.PENDING),
                          key=lambda r: (r.created_at, r.pk), reverse=True)
         victims += running[: extra - len(victims)]
         for replica in victims:
             _stop(replica, now, report, inventory)
         replicas = [r for r in replicas if r not in victims]
+        counted = [r for r in counted if r not in victims]
 
     # 3b. Too few: add pending replicas.
-    for _i in range(wanted - len(replicas)):
-        replicas.append(Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now))
+    for _i in range(wanted - len(counted)):
+        fresh = Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now)
+        replicas.append(fresh)
+        counted.append(fresh)
 
-    _mark_above_minimum(model, replicas)
+    _mark_above_minimum(model, counted)
     if model.held_until and model.held_until > now:
         if not _still_held(model):
             model.held_until = model.held_for = None
@@ -208,6 +215,82 @@ def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[i
         if replica.next_attempt_at and replica.next_attempt_at > now:
             continue
         _place(model, replica, inventory, ports, now, report)
+    _roll(model, replicas, now, report, inventory, ports)
+
+
+def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, inventory: placement.Inventory,
+          ports: dict[int, set[int]]) -> None:
+    """Bring replicas whose running spec is out of date to the model's current one, one at a time.
+
+    1. A replacement that is ready stops the replica it replaces.
+    2. While a replacement is on its way nothing else is replaced; one that failed stops the roll
+       (the old replica keeps serving; the replacement is retried with the usual backoff).
+    3. Otherwise the oldest out-of-date replica gets a replacement: alongside it while the model is
+       under its maximum, else in its place (stopped first). A replacement that cannot be placed
+       beside it (no room) replaces it in place too: never more than one below the minimum.
+    """
+    from apps.accounts import audit
+    from apps.cluster.inventory import running_spec
+
+    profiles = {p.pk: p for p in model.profiles.all()}
+    by_id = {r.pk: r for r in replicas}
+    for replica in replicas:  # replicas placed before specs were kept run what their profile says now
+        if not replica.spec and replica.state in (ReplicaState.STARTING, ReplicaState.READY) \
+                and replica.profile_id in profiles:
+            replica.spec = running_spec(model, profiles[replica.profile_id])
+            Replica.objects.filter(pk=replica.pk).update(spec=replica.spec)
+
+    def outdated(replica: Replica) -> bool:
+        profile = profiles.get(replica.profile_id) if replica.profile_id else None
+        return profile is None or replica.spec != running_spec(model, profile)
+
+    replacements = [r for r in replicas if r.replaces_id is not None]
+    for replacement in replacements:
+        old = by_id.get(replacement.replaces_id)  # type: ignore[arg-type]
+        if replacement.state == ReplicaState.READY:
+            if old is not None and old.state != ReplicaState.STOPPING:
+                _stop(old, now, report, inventory)
+                audit.record(None, "replica.rolled", old, changes={"replaced_by": replacement.pk},
+                             model=model.name)
+            replacement.replaces = None
+            Replica.objects.filter(pk=replacement.pk).update(replaces=None)
+            report.rolled.append(f"{old} → {replacement}" if old else str(replacement))
+        elif replacement.state == ReplicaState.FAILED:
+            message = _("The rolling change stopped: its replacement replica failed; the old replica keeps "
+                        "serving. %(reason)s") % {"reason": replacement.message}
+            if old is not None and old.message != message:
+                old.message = message
+                Replica.objects.filter(pk=old.pk).update(message=message)
+                audit.record(None, "replica.roll_failed", replacement, changes={"replaces": old.pk},
+                             model=model.name)
+            return
+        elif replacement.state == ReplicaState.PENDING and replacement.rejections and old is not None \
+                and old.state != ReplicaState.STOPPING:
+            # No room beside the old one: it makes the room itself.
+            _stop(old, now, report, inventory)
+            audit.record(None, "replica.rolled", old, changes={"replaced_by": replacement.pk, "in_place": True},
+                         model=model.name)
+            return
+    if any(r.replaces_id is not None for r in replicas):
+        return  # one replacement at a time
+    stale = sorted((r for r in replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY) and outdated(r)),
+                   key=lambda r: (r.created_at, r.pk))
+    if not stale:
+        return
+    target = stale[0]
+    live = [r for r in replicas if r.state != ReplicaState.STOPPING]
+    if len(live) < model.max_replicas:
+        replacement = Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now,
+                                             replaces=target)
+        audit.record(None, "replica.roll_start", target, changes={"replacement": replacement.pk}, model=model.name,
+                     stale=len(stale))
+    else:
+        _stop(target, now, report, inventory)
+        replacement = Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now)
+        audit.record(None, "replica.roll_start", target, changes={"replacement": replacement.pk, "in_place": True},
+                     model=model.name, stale=len(stale))
+    report.rolled.append(f"{target} → {replacement}")
+    _place(model, replacement, inventory, ports, now, report)
 
 
 def _mark_above_minimum(model: Model, replicas: list[Replica]) -> None:
@@ -285,13 +368,17 @@ def _place(model: Model, replica: Replica, inventory: placement.Inventory, ports
     plan = result.placement
     placed = Replica.objects.filter(model=model).exclude(state__in=(ReplicaState.PENDING, ReplicaState.STOPPING))
     above = placed.count() >= model.min_replicas  # added for load or on demand, beyond the minimum
+    from apps.cluster.inventory import running_spec
+
+    profile = next(p for p in model.profiles.all() if p.pk == plan.profile.id)
     replica.profile_id = plan.profile.id
+    replica.spec = running_spec(model, profile)
     replica.state = ReplicaState.STARTING
     replica.rejections = rejections
     replica.placed_at = now
     replica.message = ""
     replica.above_minimum = above
-    replica.save(update_fields=["profile", "state", "rejections", "placed_at", "message", "above_minimum"])
+    replica.save(update_fields=["profile", "spec", "state", "rejections", "placed_at", "message", "above_minimum"])
     for shard in plan.shards:
         Shard.objects.create(
             replica=replica, rank=shard.rank, node_id=shard.node_id, gpu_indices=list(shard.gpu_indices),
@@ -341,19 +428,27 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
     out = []
     for shard in shards:
         replica, model, profile = shard.replica, shard.replica.model, shard.replica.profile
-        if profile is None:
-            continue
-        peers = list(replica.shards.order_by("rank").select_related("node")) if profile.nodes_per_replica > 1 else []
+        # The spec it was placed with: a changed profile reaches the node by a replacement replica.
+        spec: dict[str, Any] = dict(replica.spec or {})
+        if not spec:
+            if profile is None:
+                continue
+            from apps.cluster.inventory import running_spec
+
+            spec = running_spec(model, profile)
+        nodes = int(spec.get("nodes_per_replica") or 1)
+        peers = list(replica.shards.order_by("rank").select_related("node")) if nodes > 1 else []
         master = peers[0] if peers else None
         out.append(DesiredShard(
-            shard=shard.shard_id, model=model.name, served_name=model.name, engine=profile.engine,
-            source=model.source, gpu_indices=list(shard.gpu_indices or []), cpu_cores=float(shard.cpu_cores),
-            memory_bytes=shard.memory_bytes, context_size=profile.context_size, parallel=profile.parallel,
-            extra_args=list(profile.extra_args or []), env=dict(profile.env or {}), api_key=shard.secret,
-            port=shard.port, host=host, nodes_per_replica=profile.nodes_per_replica, rank=shard.rank,
-            master_addr=master.node.address if master else None,
-            master_port=(master.port + 1000) if master else None, tensor_parallel=profile.gpus_per_shard or None,
-            pipeline_parallel=profile.nodes_per_replica if profile.nodes_per_replica > 1 else None,
+            shard=shard.shard_id, model=model.name, served_name=model.name, engine=str(spec["engine"]),
+            source=str(spec["source"]), gpu_indices=list(shard.gpu_indices or []), cpu_cores=float(shard.cpu_cores),
+            memory_bytes=shard.memory_bytes, context_size=spec.get("context_size"),
+            parallel=int(spec.get("parallel") or 1), extra_args=list(spec.get("extra_args") or []),
+            env=dict(spec.get("env") or {}), api_key=shard.secret, port=shard.port, host=host,
+            nodes_per_replica=nodes, rank=shard.rank, master_addr=master.node.address if master else None,
+            master_port=(master.port + 1000) if master else None,
+            tensor_parallel=int(spec.get("gpus_per_shard") or 0) or None,
+            pipeline_parallel=nodes if nodes > 1 else None,
             generation=replica.pk, stop_grace=float(settings.ENGINE_STOP_GRACE),
         ).to_message())
     return out

@@ -206,9 +206,11 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
     for m in models:
         s = m["status"]
         where = "external" if m.get("external_url") else (",".join(s["nodes"]) or None)
+        rolling = s.get("rolling")
+        change = f"rolling {rolling['done']} of {rolling['of']}" if rolling else None
         rows.append([m["name"], m["capacity_class"], f"{s['ready']}/{s['wanted']}", s["starting"] or None,
-                     s["pending"] or None, s["failed"] or None, where])
-    print(format_table(["NAME", "CLASS", "READY", "STARTING", "PENDING", "FAILED", "NODES"], rows))
+                     s["pending"] or None, s["failed"] or None, change, where])
+    print(format_table(["NAME", "CLASS", "READY", "STARTING", "PENDING", "FAILED", "CHANGE", "NODES"], rows))
     return 0
 
 

@@ -359,3 +359,86 @@ def test_a_model_below_its_minimum_takes_back_a_replica_its_class_grew_into_unde
     running = (ReplicaState.STARTING, ReplicaState.READY)
     assert Replica.objects.filter(model=grown, state__in=running).count() == 1
     assert Replica.objects.filter(model__name="newcomer", state__in=running).count() == 1
+
+
+def _report_ready(replica: Replica) -> None:
+    """What the agent says once the engines of every shard of the replica answer."""
+    for shard in replica.shards.all():
+        services.record_report(shard.node_id, [{"shard": s.shard_id, "state": "ready"}
+                                               for s in Shard.objects.filter(node_id=shard.node_id)
+                                               if s.replica.state != ReplicaState.STOPPING])
+
+
+@pytest.mark.django_db
+def test_a_changed_profile_is_rolled_out_replacement_first_within_the_maximum() -> None:
+    from apps.accounts.models import AuditEvent
+
+    node = make_node(gpus=8)
+    model = make_model("m", replicas=2, gpus=1)
+    Model.objects.filter(pk=model.pk).update(max_replicas=3)
+    reconcile()
+    for replica in Replica.objects.filter(model=model):
+        _report_ready(replica)
+    old = set(Replica.objects.filter(model=model).values_list("pk", flat=True))
+    assert all("--max-num-seqs" not in str(s["extra_args"]) for s in desired_shards(node))
+    Profile.objects.filter(model=model).update(extra_args=["--max-num-seqs", "4"])
+    reconcile()
+    replacement = Replica.objects.get(model=model, replaces__isnull=False)
+    assert replacement.replaces_id in old
+    # The old replicas run on with their command line: nothing is restarted in place.
+    assert sum("--max-num-seqs" in s["extra_args"] for s in desired_shards(node)) == 1
+    from apps.catalog.selectors import model_status, models_with_replicas
+
+    assert model_status(models_with_replicas().get(pk=model.pk))["rolling"] == {"done": 0, "of": 2}
+    for _step in range(6):  # each replacement gets ready; its old replica stops and is released
+        for replica in Replica.objects.filter(model=model).exclude(state=ReplicaState.STOPPING):
+            _report_ready(replica)
+        services.record_report(node.pk, [{"shard": s.shard_id, "state": "ready"} for s in Shard.objects.filter(
+            node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))])
+        reconcile()
+    running = Replica.objects.filter(model=model).exclude(state=ReplicaState.STOPPING)
+    assert running.count() == 2 and not (set(running.values_list("pk", flat=True)) & old)
+    assert all(s["extra_args"] == ["--max-num-seqs", "4"] for s in desired_shards(node))
+    assert model_status(models_with_replicas().get(pk=model.pk))["rolling"] is None
+    actions = list(AuditEvent.objects.filter(action__startswith="replica.roll").values_list("action", flat=True))
+    assert actions.count("replica.roll_start") == 2 and actions.count("replica.rolled") == 2
+
+
+@pytest.mark.django_db
+def test_without_room_a_replica_is_replaced_in_place_one_at_a_time() -> None:
+    node = make_node(gpus=1)
+    model = make_model("solo", replicas=1, gpus=1)  # min = max = 1, and one GPU in all
+    reconcile()
+    first = Replica.objects.get(model=model)
+    _report_ready(first)
+    Profile.objects.filter(model=model).update(parallel=8)
+    reconcile()
+    assert Replica.objects.get(pk=first.pk).state == ReplicaState.STOPPING
+    waiting = Replica.objects.exclude(pk=first.pk).get(model=model)
+    assert waiting.state == ReplicaState.PENDING
+    services.record_report(node.pk, [])  # the old engine stopped
+    reconcile()
+    reconcile()
+    replacement = Replica.objects.get(pk=waiting.pk)
+    assert replacement.state == ReplicaState.STARTING and replacement.spec["parallel"] == 8
+
+
+@pytest.mark.django_db
+def test_a_replacement_that_fails_stops_the_roll_and_the_old_replica_keeps_serving() -> None:
+    node = make_node(gpus=8)
+    model = make_model("m", replicas=1, gpus=1)
+    Model.objects.filter(pk=model.pk).update(max_replicas=2)
+    reconcile()
+    first = Replica.objects.get(model=model)
+    _report_ready(first)
+    Profile.objects.filter(model=model).update(extra_args=["--no-such-flag"])
+    reconcile()
+    replacement = Replica.objects.get(model=model, replaces=first)
+    services.record_report(node.pk, [
+        {"shard": first.shards.get().shard_id, "state": "ready"},
+        {"shard": replacement.shards.get().shard_id, "state": "failed", "exit_code": 2,
+         "message": "unknown argument: --no-such-flag"}])
+    reconcile()
+    assert Replica.objects.get(pk=first.pk).state == ReplicaState.READY
+    assert "rolling change stopped" in Replica.objects.get(pk=first.pk).message
+    assert Replica.objects.filter(model=model).count() == 2  # no further replacement while it fails
