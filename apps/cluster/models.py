@@ -28,6 +28,10 @@ class Node(models.Model):
     status = models.CharField(_("status"), max_length=16, choices=NodeStatus.choices, default=NodeStatus.PENDING)
     cordoned = models.BooleanField(_("cordoned"), default=False)
     cordon_reason = models.CharField(_("cordon reason"), max_length=500, blank=True)
+    # A drain: its replicas are replaced elsewhere first, then stopped (uncordoning ends it).
+    drain_requested_at = models.DateTimeField(_("drain requested"), null=True, blank=True)
+    drain_grace = models.PositiveIntegerField(_("drain stop grace (s)"), null=True, blank=True)
+    drain_force = models.BooleanField(_("drain without waiting for room"), default=False)
     agent_version = models.CharField(_("agent version"), max_length=64, blank=True)
     features = models.JSONField(_("features"), default=list, blank=True)
     hardware = models.JSONField(_("hardware"), default=dict, blank=True)

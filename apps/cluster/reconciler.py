@@ -166,14 +166,16 @@ def _pass(now: Any) -> PassReport:
     models = (Model.objects.exclude(external_url__gt="")
               .select_related("organization", "team__organization", "project__team__organization")
               .prefetch_related("profiles",
-                                Prefetch("replicas", queryset=Replica.objects.order_by("created_at", "pk"))))
+                                Prefetch("replicas", queryset=Replica.objects.order_by("created_at", "pk")
+                                         .prefetch_related("shards"))))
+    draining = {n.pk: n for n in Node.objects.filter(drain_requested_at__isnull=False)}
     for model in sorted(models, key=lambda m: (-m.class_rank, m.name)):
-        _reconcile_model(model, inventory, ports, now, report)
+        _reconcile_model(model, inventory, ports, now, report, draining)
     return report
 
 
 def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,
-                     report: PassReport) -> None:
+                     report: PassReport, draining: dict[int, Node] | None = None) -> None:
     replicas = [r for r in model.replicas.all() if r.state != ReplicaState.STOPPING]
     # A replica whose replacement is under way is not counted: its replacement is.
     replaced = {r.replaces_id for r in replicas if r.replaces_id}
@@ -215,12 +217,17 @@ def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[i
         if replica.next_attempt_at and replica.next_attempt_at > now:
             continue
         _place(model, replica, inventory, ports, now, report)
-    _roll(model, replicas, now, report, inventory, ports)
+    _roll(model, replicas, now, report, inventory, ports, draining or {})
 
 
 def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, inventory: placement.Inventory,
-          ports: dict[int, set[int]]) -> None:
-    """Bring replicas whose running spec is out of date to the model's current one, one at a time.
+          ports: dict[int, set[int]], draining: dict[int, Node]) -> None:
+    """Move replicas off draining nodes, and bring those whose running spec is out of date to the
+    model's current one, one at a time (drains first).
+
+    A replica on a draining node is replaced elsewhere first whatever the model's maximum (a drain
+    never takes a model below what it runs), and waits while its replacement cannot be placed,
+    unless the drain is forced: then it is stopped anyway.
 
     1. A replacement that is ready stops the replica it replaces.
     2. While a replacement is on its way nothing else is replaced; one that failed stops the roll
@@ -244,9 +251,18 @@ def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, i
         profile = profiles.get(replica.profile_id) if replica.profile_id else None
         return profile is None or replica.spec != running_spec(model, profile)
 
+    def drained(replica: Replica) -> Node | None:
+        return next((draining[s.node_id] for s in replica.shards.all() if s.node_id in draining), None)
+
     replacements = [r for r in replicas if r.replaces_id is not None]
-    for replacement in replacements:
+    for replacement in list(replacements):
         old = by_id.get(replacement.replaces_id)  # type: ignore[arg-type]
+        if replacement.state == ReplicaState.PENDING and old is not None and not outdated(old) \
+                and drained(old) is None:
+            # What it was to replace needs no replacing any more (a drain ended, a change undone).
+            replacement.delete()
+            replicas.remove(replacement)
+            continue
         if replacement.state == ReplicaState.READY:
             if old is not None and old.state != ReplicaState.STOPPING:
                 _stop(old, now, report, inventory)
@@ -266,6 +282,9 @@ def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, i
             return
         elif replacement.state == ReplicaState.PENDING and replacement.rejections and old is not None \
                 and old.state != ReplicaState.STOPPING:
+            node = drained(old)
+            if node is not None and not node.drain_force:
+                return  # a drain waits for room elsewhere (the replacement's refusals say why)
             # No room beside the old one: it makes the room itself.
             _stop(old, now, report, inventory)
             audit.record(None, "replica.rolled", old, changes={"replaced_by": replacement.pk, "in_place": True},
@@ -273,13 +292,14 @@ def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, i
             return
     if any(r.replaces_id is not None for r in replicas):
         return  # one replacement at a time
-    stale = sorted((r for r in replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY) and outdated(r)),
-                   key=lambda r: (r.created_at, r.pk))
+    movable = (ReplicaState.STARTING, ReplicaState.READY)
+    stale = sorted((r for r in replicas if r.state in movable and (drained(r) is not None or outdated(r))),
+                   key=lambda r: (drained(r) is None, r.created_at, r.pk))
     if not stale:
         return
     target = stale[0]
     live = [r for r in replicas if r.state != ReplicaState.STOPPING]
-    if len(live) < model.max_replicas:
+    if drained(target) is not None or len(live) < model.max_replicas:
         replacement = Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now,
                                              replaces=target)
         audit.record(None, "replica.roll_start", target, changes={"replacement": replacement.pk}, model=model.name,
@@ -449,7 +469,8 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
             master_port=(master.port + 1000) if master else None,
             tensor_parallel=int(spec.get("gpus_per_shard") or 0) or None,
             pipeline_parallel=nodes if nodes > 1 else None,
-            generation=replica.pk, stop_grace=float(settings.ENGINE_STOP_GRACE),
+            generation=replica.pk,
+            stop_grace=float(node.drain_grace if node.drain_grace is not None else settings.ENGINE_STOP_GRACE),
         ).to_message())
     return out
 

@@ -348,13 +348,58 @@ def cordon_node(node: Node, *, reason: str, actor: User | None, address: str | N
 
 @transaction.atomic
 def uncordon_node(node: Node, *, actor: User | None, address: str | None = None) -> Node:
-    before = {"cordoned": node.cordoned, "reason": node.cordon_reason}
+    """Let replicas be placed on the node again; a drain under way ends (what moved stays moved)."""
+    before = {"cordoned": node.cordoned, "reason": node.cordon_reason, "draining": node.drain_requested_at is not None}
     node.cordoned = False
     node.cordon_reason = ""
-    node.save(update_fields=["cordoned", "cordon_reason"])
-    audit.record(actor, "node.uncordon", node, changes=audit.diff(before, {"cordoned": False, "reason": ""}),
-                 address=address)
+    node.drain_requested_at = node.drain_grace = None
+    node.drain_force = False
+    node.save(update_fields=["cordoned", "cordon_reason", "drain_requested_at", "drain_grace", "drain_force"])
+    audit.record(actor, "node.uncordon", node, changes=audit.diff(before, {"cordoned": False, "reason": "",
+                                                                       "draining": False}), address=address)
     return node
+
+
+@transaction.atomic
+def drain_node(node: Node, *, grace: int | None = None, force: bool = False, actor: User | None,
+               address: str | None = None) -> Node:
+    """Cordon the node and move its replicas away: each is replaced elsewhere first (the model's
+    minimum kept), then stopped with `grace` seconds from SIGTERM to SIGKILL. A replica that cannot
+    be placed elsewhere is waited for (its reasons shown) unless `force`, which stops it anyway."""
+    from apps.cluster.reconciler import request_reconcile
+
+    before = {"cordoned": node.cordoned, "draining": node.drain_requested_at is not None}
+    node.cordoned = True
+    node.cordon_reason = node.cordon_reason or str(_("draining"))
+    node.drain_requested_at = node.drain_requested_at or timezone.now()
+    node.drain_grace = grace
+    node.drain_force = force
+    node.save(update_fields=["cordoned", "cordon_reason", "drain_requested_at", "drain_grace", "drain_force"])
+    audit.record(actor, "node.drain", node, changes=audit.diff(before, {"cordoned": True, "draining": True}),
+                 grace=grace, force=force or None, address=address)
+    request_reconcile()
+    return node
+
+
+def drain_status(node: Node) -> dict[str, Any] | None:
+    """A drain under way: the replicas left on the node, and why each that cannot move waits."""
+    from apps.catalog.selectors import translate_reason
+    from apps.cluster.choices import ReplicaState
+    from apps.cluster.models import Replica
+
+    if node.drain_requested_at is None:
+        return None
+    left = (Replica.objects.filter(shards__node=node).exclude(state=ReplicaState.STOPPING)
+            .select_related("model").distinct().order_by("pk"))
+    waiting = []
+    for replica in left:
+        replacement = Replica.objects.filter(replaces=replica).first()
+        reasons = [translate_reason(r) for r in (replacement.rejections if replacement else []) or []
+                   if isinstance(r, dict)][:3]
+        waiting.append({"replica": replica.pk, "model": replica.model.name,
+                        "state": "moving" if replacement else "queued", "reasons": reasons})
+    return {"requested_at": node.drain_requested_at, "grace": node.drain_grace, "force": node.drain_force,
+            "left": len(waiting), "replicas": waiting}
 
 
 @transaction.atomic

@@ -442,3 +442,70 @@ def test_a_replacement_that_fails_stops_the_roll_and_the_old_replica_keeps_servi
     assert Replica.objects.get(pk=first.pk).state == ReplicaState.READY
     assert "rolling change stopped" in Replica.objects.get(pk=first.pk).message
     assert Replica.objects.filter(model=model).count() == 2  # no further replacement while it fails
+
+
+def _all_ready() -> None:
+    for node in Node.objects.all():
+        services.record_report(node.pk, [{"shard": s.shard_id, "state": "ready"} for s in Shard.objects.filter(
+            node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))])
+
+
+@pytest.mark.django_db
+def test_a_drain_moves_each_replica_elsewhere_first_then_stops_it() -> None:
+    first, second = make_node("a", gpus=2), make_node("b", gpus=2)
+    model = make_model("m", replicas=1, gpus=1)
+    reconcile()
+    on_a = Replica.objects.get(model=model)
+    if on_a.shards.get().node_id != first.pk:  # the test drains whichever node it landed on
+        first, second = second, first
+    _all_ready()
+    services.drain_node(Node.objects.get(pk=first.pk), grace=30, actor=None)
+    reconcile()
+    replacement = Replica.objects.get(model=model, replaces=on_a)
+    assert replacement.shards.get().node_id == second.pk
+    assert Replica.objects.get(pk=on_a.pk).state == ReplicaState.READY  # still serving meanwhile
+    status = services.drain_status(Node.objects.get(pk=first.pk))
+    assert status is not None and status["left"] == 1 and status["replicas"][0]["state"] == "moving"
+    _all_ready()
+    reconcile()
+    assert Replica.objects.get(pk=on_a.pk).state == ReplicaState.STOPPING
+    assert [s["stop_grace"] for s in desired_shards(Node.objects.get(pk=first.pk))] == []  # nothing wanted there
+    services.record_report(first.pk, [])
+    reconcile()
+    assert services.drain_status(Node.objects.get(pk=first.pk))["left"] == 0  # type: ignore[index]
+    assert Node.objects.get(pk=first.pk).cordoned
+
+
+@pytest.mark.django_db
+def test_a_drain_with_no_room_elsewhere_waits_and_says_why_unless_forced() -> None:
+    node = make_node("only", gpus=1)
+    model = make_model("m", replicas=1, gpus=1)
+    reconcile()
+    replica = Replica.objects.get(model=model)
+    _all_ready()
+    services.drain_node(Node.objects.get(pk=node.pk), actor=None)
+    reconcile()
+    reconcile()
+    assert Replica.objects.get(pk=replica.pk).state == ReplicaState.READY  # waits: nowhere to go
+    status = services.drain_status(Node.objects.get(pk=node.pk))
+    assert status is not None and status["left"] == 1 and status["replicas"][0]["reasons"]
+    assert any("only" in reason for reason in status["replicas"][0]["reasons"])
+    services.drain_node(Node.objects.get(pk=node.pk), force=True, actor=None)
+    reconcile()
+    assert Replica.objects.get(pk=replica.pk).state == ReplicaState.STOPPING
+
+
+@pytest.mark.django_db
+def test_uncordoning_ends_a_drain() -> None:
+    node = make_node("only", gpus=1)
+    make_model("m", replicas=1, gpus=1)
+    reconcile()
+    _all_ready()
+    services.drain_node(Node.objects.get(pk=node.pk), actor=None)
+    reconcile()
+    services.uncordon_node(Node.objects.get(pk=node.pk), actor=None)
+    reconcile()
+    reconcile()
+    assert services.drain_status(Node.objects.get(pk=node.pk)) is None
+    running = Replica.objects.exclude(state__in=(ReplicaState.STOPPING, ReplicaState.PENDING))
+    assert running.count() == 1
