@@ -206,7 +206,8 @@ STORAGE = obj(
         "total_bytes": INT,
         "free_bytes": INT,
         "directories": array(string(4096), 256),
-        "weights": nullable(array(string(1000), 4096)),
+        "weights": nullable(array(string(4096), 4096)),
+        "held": nullable(array(obj({"path": string(4096)}, {"bytes": INT}), 4096)),
     },
 )
 

@@ -170,6 +170,8 @@ class Sampler:
         try:
             mounts = storage.parse_mountinfo(_read(self.root, "proc/self/mountinfo") or "")
             pools = storage.storage_pools(self.config.model_dirs, mounts)
+            held = [sorted((entry for d in pool.directories for entry in storage.weights_held(d)),
+                           key=lambda e: str(e["path"])) for pool in pools]
             sample["storage"] = [
                 {
                     "mount_point": pool.mount_point or "",
@@ -178,9 +180,11 @@ class Sampler:
                     "total_bytes": pool.total_bytes,
                     "free_bytes": pool.free_bytes,
                     "directories": pool.directories,
-                    "weights": sorted({name for d in pool.directories for name in storage.weights_present(d)}),
+                    # Each source held whole, by its path on this node (what a model's source names).
+                    "weights": [entry["path"] for entry in held[index]],
+                    "held": held[index],
                 }
-                for pool in pools
+                for index, pool in enumerate(pools)
             ]
         except Exception as exc:
             log.exception("reading storage failed")

@@ -24,6 +24,7 @@ __all__ = [
     "parse_findmnt_json",
     "parse_mountinfo",
     "storage_pools",
+    "weights_held",
     "weights_present",
 ]
 
@@ -306,10 +307,20 @@ def _size(path: str) -> int | None:
         return None
 
 
+def _reads_as_gguf(path: str) -> bool:
+    """A GGUF file starts with its magic: a file of another kind, or zeros where a download was
+    preallocated, is not weights."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def _complete_gguf(directory: str, name: str, names: set[str]) -> bool:
     if any(name + suffix in names for suffix in PARTIAL_SUFFIXES):
         return False
-    if not (_size(os.path.join(directory, name)) or 0) > 0:
+    if not (_size(os.path.join(directory, name)) or 0) > 0 or not _reads_as_gguf(os.path.join(directory, name)):
         return False
     split = _SPLIT_GGUF_RE.match(name)
     if split:
@@ -321,6 +332,8 @@ def _complete_gguf(directory: str, name: str, names: set[str]) -> bool:
             if shard not in names or not (_size(os.path.join(directory, shard)) or 0) > 0:
                 return False
             if any(shard + suffix in names for suffix in PARTIAL_SUFFIXES):
+                return False
+            if not _reads_as_gguf(os.path.join(directory, shard)):
                 return False
     return True
 
@@ -362,6 +375,29 @@ def _complete_model_dir(path: str) -> bool:
             if not isinstance(shard, str) or not (_size(os.path.join(path, shard)) or 0) > 0:
                 return False
     return True
+
+
+def weights_held(directory: str) -> list[dict[str, object]]:
+    """The complete entries of a model directory as sources: each one's absolute path (what a
+    model's `source` names) and its size in bytes (all shards or files of it together)."""
+    held: list[dict[str, object]] = []
+    for name in weights_present(directory):
+        path = os.path.join(directory, name)
+        if os.path.isdir(path):
+            size = 0
+            for current, _dirs, files in os.walk(path):
+                size += sum(_size(os.path.join(current, f)) or 0 for f in files)
+        else:
+            split = _SPLIT_GGUF_RE.match(name)
+            if split:
+                count = int(split.group("count"))
+                size = sum(_size(os.path.join(directory, f"{split.group('stem')}-{part:05d}-of-"
+                                                         f"{split.group('count')}.gguf")) or 0
+                           for part in range(1, count + 1))
+            else:
+                size = _size(path) or 0
+        held.append({"path": path, "bytes": size})
+    return held
 
 
 def weights_present(directory: str) -> list[str]:

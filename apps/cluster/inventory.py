@@ -10,7 +10,7 @@ from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.placement import CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ProfileSpec, ReplicaRequest
 from apps.quotas.models import CapacityQuota as QuotaRow
 
-__all__ = ["CLAIMING_STATES", "build_inventory", "profile_spec", "replica_request", "running_spec"]
+__all__ = ["CLAIMING_STATES", "build_inventory", "held_weights", "profile_spec", "replica_request", "running_spec"]
 
 # What a replica's engines run, from its model and profile: a change to any of these is rolled out
 # by replacing the replica (apps.cluster.reconciler), never by restarting its engines in place.
@@ -30,15 +30,34 @@ def _snapshot(node: Node) -> NodeSnapshot:
     gpus = [GpuSlot(index=g.index, gpu_class=g.gpu_class or g.name or "unknown", healthy=g.healthy,
                     nvlink_group=None) for g in node.gpus.all()]
     engines = node.hardware.get("engines")
-    weights = frozenset(w for pool in (node.sample or {}).get("storage") or [] for w in pool.get("weights") or [])
+    weights, weight_dirs = held_weights(node)
     return NodeSnapshot(
         id=node.pk, name=node.name, ready=node.live_status == NodeStatus.READY, cordoned=node.cordoned,
         cordon_reason=node.cordon_reason,
         labels={**(node.hardware.get("labels") or {}), **(node.labels or {})},
         memory_total_bytes=node.memory_total_bytes, cpus=node.cpus, gpus=gpus,
         engines=frozenset(engines) if isinstance(engines, list) else None,
-        fabric=None, weights=weights, extra={"status": node.live_status},
+        fabric=None, weights=weights, weight_dirs=weight_dirs, extra={"status": node.live_status},
     )
+
+
+def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None]:
+    """The model sources the node holds whole (paths on it), and the directories it reports them for
+    (None when it reports none). Older agents named the entries relative to their directories."""
+    pools = (node.sample or {}).get("storage") or []
+    held: set[str] = set()
+    dirs: set[str] = set()
+    for pool in pools:
+        directories = [d for d in pool.get("directories") or [] if isinstance(d, str)]
+        dirs.update(directories)
+        for entry in pool.get("weights") or []:
+            if not isinstance(entry, str):
+                continue
+            if entry.startswith("/"):
+                held.add(entry)
+            else:
+                held.update(f"{d.rstrip('/')}/{entry}" for d in directories)
+    return frozenset(held), (frozenset(dirs) if dirs else None)
 
 
 def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:
@@ -75,4 +94,5 @@ def profile_spec(profile: Profile) -> ProfileSpec:
 def replica_request(model: Model, replica: Replica | None = None) -> ReplicaRequest:
     profiles = sorted((profile_spec(p) for p in model.profiles.all()), key=lambda p: (-p.priority, p.name))
     return ReplicaRequest(model=model.name, profiles=profiles, owner=model.owner_keys(),
-                          capacity_class=model.effective_class, replica_id=str(replica.pk) if replica else "")
+                          capacity_class=model.effective_class, replica_id=str(replica.pk) if replica else "",
+                          source=model.source)

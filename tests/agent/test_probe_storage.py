@@ -19,6 +19,7 @@ from agent.probes.storage import (
     parse_findmnt_json,
     parse_mountinfo,
     storage_pools,
+    weights_held,
     weights_present,
 )
 
@@ -250,8 +251,10 @@ def test_storage_pools_with_real_statvfs(tmp_path: Path) -> None:
 
 
 def _write(path: Path, size: int = 16) -> None:
+    """A file of `size` bytes; a .gguf one starts with GGUF's magic, as real weights do."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x" * size)
+    head = b"GGUF" if path.name.endswith(".gguf") else b""
+    path.write_bytes((head + b"x" * size)[:size])
 
 
 def test_weights_present(tmp_path: Path) -> None:
@@ -322,3 +325,20 @@ def test_weights_present_missing_directory(tmp_path: Path) -> None:
 def test_fuzzed_never_raises(text: str) -> None:
     parse_mountinfo(text)
     parse_findmnt_json(text)
+
+
+def test_a_gguf_whose_header_does_not_read_is_not_weights(tmp_path: Path) -> None:
+    (tmp_path / "zeros.gguf").write_bytes(b"\0" * 4096)  # preallocated by a download that never ran
+    (tmp_path / "html.gguf").write_bytes(b"<html>rate limited</html>")  # an error page saved as the file
+    _write(tmp_path / "real.gguf", size=64)
+    assert weights_present(str(tmp_path)) == ["real.gguf"]
+
+
+def test_held_weights_are_named_by_their_path_with_their_size(tmp_path: Path) -> None:
+    _write(tmp_path / "one.gguf", size=100)
+    _write(tmp_path / "two-00001-of-00002.gguf", size=10)
+    _write(tmp_path / "two-00002-of-00002.gguf", size=30)
+    assert weights_held(str(tmp_path)) == [
+        {"path": str(tmp_path / "one.gguf"), "bytes": 100},
+        {"path": str(tmp_path / "two-00001-of-00002.gguf"), "bytes": 40},
+    ]

@@ -67,7 +67,8 @@ def test_storage_is_reported_per_filesystem_with_weights_present(tmp_path: Path)
     assert len(sample["storage"]) == 1  # two directories on one disk are one pool; the missing one is skipped
     pool = sample["storage"][0]
     assert pool["total_bytes"] > 0 and pool["free_bytes"] > 0
-    assert pool["weights"] == ["tiny.gguf"]
+    assert pool["weights"] == [str(models / "tiny.gguf")]  # sources, by their path on the node
+    assert pool["held"] == [{"path": str(models / "tiny.gguf"), "bytes": 104}]
 
 
 def test_output_the_parser_has_not_met_is_a_warning_not_a_crash(tmp_path: Path) -> None:

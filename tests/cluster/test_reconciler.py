@@ -509,3 +509,32 @@ def test_uncordoning_ends_a_drain() -> None:
     assert services.drain_status(Node.objects.get(pk=node.pk)) is None
     running = Replica.objects.exclude(state__in=(ReplicaState.STOPPING, ReplicaState.PENDING))
     assert running.count() == 1
+
+
+def _holds(node: Node, directory: str, *sources: str) -> None:
+    """The node's storage as its agent reports it: a model directory and the sources held there."""
+    Node.objects.filter(pk=node.pk).update(sample={**(node.sample or {}), "storage": [{
+        "mount_point": "/", "fstype": "ext4", "shared": False, "total_bytes": 10**12, "free_bytes": 10**11,
+        "directories": [directory], "weights": list(sources),
+        "held": [{"path": s, "bytes": 1000} for s in sources]}]})
+
+
+@pytest.mark.django_db
+def test_a_replica_goes_to_the_node_that_holds_its_source() -> None:
+    first, second = make_node("a", gpus=0), make_node("b", gpus=0)
+    _holds(first, "/models")
+    _holds(second, "/models", "/models/cpu-model")
+    make_model("cpu-model", replicas=1, memory_gb=1, cores=1, engine="llama.cpp")  # its source: /models/cpu-model
+    reconcile()
+    assert Replica.objects.get().shards.get().node_id == second.pk
+
+
+@pytest.mark.django_db
+def test_a_local_source_a_node_does_not_hold_is_a_refusal_naming_the_path() -> None:
+    node = make_node("n3", gpus=0)
+    _holds(node, "/models", "/models/other.gguf")
+    make_model("cpu-model", replicas=1, memory_gb=1, cores=1, engine="llama.cpp")
+    reconcile()
+    replica = Replica.objects.get()
+    assert replica.state == ReplicaState.PENDING
+    assert "/models/cpu-model is not on node n3" in [r["message"] for r in replica.rejections]

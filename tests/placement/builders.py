@@ -47,5 +47,6 @@ def cpu_profile(pid: int = 1, *, memory_gb: float = 0, cores: float = 0, priorit
 
 def req(*profiles: ProfileSpec, model: str = "m", owner: tuple[str, ...] = (), capacity_class: str = "standard",
         replica_id: str = "r") -> ReplicaRequest:
+    # The weights of model "m" are its source "m" here: nodes built with weights={"m"} hold them.
     return ReplicaRequest(model=model, profiles=list(profiles), owner=owner, capacity_class=capacity_class,
-                          replica_id=replica_id)
+                          source=model, replica_id=replica_id)

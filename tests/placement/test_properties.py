@@ -112,8 +112,9 @@ def profiles(draw: st.DrawFn, pid: int) -> ProfileSpec:
 @st.composite
 def requests(draw: st.DrawFn, serial: int) -> ReplicaRequest:
     count = draw(st.integers(1, 2))
+    model = draw(st.sampled_from(MODELS))
     return ReplicaRequest(
-        model=draw(st.sampled_from(MODELS)), profiles=[draw(profiles(serial * 10 + i)) for i in range(count)],
+        model=model, source=model, profiles=[draw(profiles(serial * 10 + i)) for i in range(count)],
         owner=tuple(sorted(draw(st.sets(st.sampled_from(TEAMS))))), capacity_class=draw(st.sampled_from(CAPACITY)),
         replica_id=f"new-{serial}")
 

@@ -106,7 +106,7 @@ def test_module_level_registration() -> None:
         REGISTRY.unregister("test.filter")
     assert "test.filter" not in [e.name for e in REGISTRY.filters()]
     assert [e.name for e in REGISTRY.filters()] == ["ready", "cordon", "node_selector", "gpu_class", "free_gpus",
-                                                    "memory", "cpu_cores", "engine", "fabric"]
+                                                    "memory", "cpu_cores", "engine", "weights", "fabric"]
     assert [e.name for e in REGISTRY.scorers()] == ["binpack", "weights", "spare_gpus"]
     assert [e.name for e in REGISTRY.checks()] == ["quota"]
 

@@ -26,6 +26,23 @@ def not_cordoned(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     return reasons.cordoned(node.name, node.cordon_reason or "no reason given")
 
 
+def weights_on_node(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """A source inside a directory the node reports its weights for must be held there whole: an
+    engine started on a file that is not there (or half there) fails, the node having said so."""
+    source = ctx.request.source
+    dirs = node.weight_dirs
+    if not dirs or source in node.weights:
+        return None
+    for directory in dirs:
+        if source.startswith(directory.rstrip("/") + "/"):
+            return reasons.source_missing(node.name, source)
+    return None
+
+
+def _local_source(ctx: PlacementContext) -> bool:
+    return ctx.request.source.startswith("/")
+
+
 def node_selector(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     selector = ctx.profile.node_selector
     if not selector:
@@ -133,5 +150,6 @@ REGISTRY.register_filter(free_gpus, name="free_gpus", order=40,
 REGISTRY.register_filter(memory, name="memory", order=50, applies=lambda ctx: ctx.memory > 0)
 REGISTRY.register_filter(cpu_cores, name="cpu_cores", order=60, applies=lambda ctx: ctx.cores > 0)
 REGISTRY.register_filter(engine, name="engine", order=70)
+REGISTRY.register_filter(weights_on_node, name="weights", order=75, applies=_local_source)
 REGISTRY.register_filter(fabric, name="fabric", order=80, applies=lambda ctx: ctx.multi_node)
 REGISTRY.register_check(quota, name="quota", order=10)

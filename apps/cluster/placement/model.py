@@ -40,7 +40,10 @@ class NodeSnapshot:
     gpus: list[GpuSlot] = field(default_factory=list)
     engines: frozenset[str] | None = None  # None: the agent did not say, do not filter
     fabric: str | None = None  # physical fabric identity; None: on no fabric
-    weights: frozenset[str] = frozenset()  # model names whose weights this node can read
+    weights: frozenset[str] = frozenset()  # model sources (paths on the node) whose weights it holds, whole
+    # The directories it reports what it holds for: a source inside one and not held there is not on
+    # the node. None: it reports none (an older agent, no model_dirs), so nothing is refused for it.
+    weight_dirs: frozenset[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # contributed by other apps' snapshot fields
     status: str = ""  # why it is not ready, in words, for the reason shown
 
@@ -108,6 +111,7 @@ class ReplicaRequest:
     owner: tuple[str, ...] = ()
     capacity_class: str = "standard"
     replica_id: str = ""
+    source: str = ""  # where the model's weights are on a node (the catalog's source): what holders hold
 
 
 @dataclass(slots=True)
@@ -346,9 +350,9 @@ class Inventory:
             return Usage(0, 0.0, 0, 0)
         return Usage(u.gpus, u.cores, u.memory, len(u.replicas))
 
-    def weights_nodes(self, model: str) -> list[int]:
-        """Nodes that hold the model's weights, in name order."""
-        return self._weights.get(model, [])
+    def weights_nodes(self, source: str) -> list[int]:
+        """Nodes that hold the weights at `source` (a model's source), in name order."""
+        return self._weights.get(source, []) if source else []
 
     # The capacity index the pipeline walks (read-only views; do not change them).
 

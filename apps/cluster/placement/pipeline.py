@@ -221,7 +221,7 @@ def _stream(ev: _Evaluator) -> _Stream:
     nodes = ev.nodes
     stream = _Stream()
     multi = ctx.multi_node
-    holders = inventory.weights_nodes(ctx.request.model)
+    holders = inventory.weights_nodes(ctx.request.source)
     skip = set(holders)
     cls = ctx.gpu_class
     if cls is not None:

@@ -62,6 +62,11 @@ def not_ready(node: str, status: str) -> Reason:
                   {"node": node, "status": status})
 
 
+def source_missing(node: str, source: str) -> Reason:
+    return Reason("source_missing", gettext_noop("%(source)s is not on node %(node)s"),
+                  {"node": node, "source": source})
+
+
 def cordoned(node: str, reason: str) -> Reason:
     return Reason("cordoned", gettext_noop("node %(node)s is cordoned: %(reason)s"), {"node": node, "reason": reason})
 

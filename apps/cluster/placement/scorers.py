@@ -53,7 +53,8 @@ def binpack(ctx: PlacementContext, node: NodeSnapshot) -> float:
 
 
 def weights(ctx: PlacementContext, node: NodeSnapshot) -> float:
-    return 1.0 if ctx.request.model in node.weights else 0.0
+    source = ctx.request.source
+    return 1.0 if source and source in node.weights else 0.0
 
 
 def spare_gpus(ctx: PlacementContext, node: NodeSnapshot) -> float:
