@@ -296,8 +296,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON only (the API and `ctl` speak nothing else), read by a parser that refuses what the
+    # database would refuse later: deep nesting, NaN, NUL characters and lone surrogates.
+    "DEFAULT_PARSER_CLASSES": ["llmgw.api_input.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "llmgw.api.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "llmgw.api_input.Pagination",
     "PAGE_SIZE": 200,
     "EXCEPTION_HANDLER": "llmgw.api.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

@@ -6,7 +6,9 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema, inline_serializer
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -17,6 +19,7 @@ from apps.catalog import selectors, services
 from apps.catalog.choices import CapacityClass
 from apps.catalog.models import Model, Profile
 from apps.cluster.models import Replica, Shard
+from llmgw.api import ErrorSerializer
 
 __all__ = ["ModelViewSet", "ReplicaViewSet", "explain_model", "headroom"]
 
@@ -39,7 +42,7 @@ class ShardSerializer(serializers.ModelSerializer[Shard]):
 
 class ReplicaSerializer(serializers.ModelSerializer[Replica]):
     model = serializers.CharField(source="model.name")
-    profile = serializers.CharField(source="profile.name", default=None)
+    profile = serializers.CharField(source="profile.name", default=None, allow_null=True)
     shards = ShardSerializer(many=True, read_only=True)
 
     class Meta:
@@ -113,14 +116,15 @@ def headroom(model: Model) -> dict[str, int]:
 
 
 class TargetSerializer(serializers.Serializer[Any]):
-    min = serializers.IntegerField(min_value=0, required=False)
-    max = serializers.IntegerField(min_value=0, required=False)
+    min = serializers.IntegerField(min_value=0, max_value=services.MAX_REPLICAS, required=False)
+    max = serializers.IntegerField(min_value=0, max_value=services.MAX_REPLICAS, required=False)
 
 
 class ResourcesSerializer(serializers.Serializer[Any]):
-    memory = serializers.CharField(required=False, help_text="e.g. 24GB, 512MiB, or a number of gigabytes")
-    cores = serializers.FloatField(min_value=0, required=False)
-    profile = serializers.CharField(required=False)
+    memory = serializers.CharField(required=False, max_length=32,
+                                   help_text="e.g. 24GB, 512MiB, or a number of gigabytes")
+    cores = serializers.FloatField(min_value=0, max_value=services.MAX_CPU_CORES, required=False)
+    profile = serializers.CharField(required=False, max_length=100)
 
 
 class ClassSerializer(serializers.Serializer[Any]):
@@ -149,12 +153,13 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         try:
             results = services.apply_models(request.data, actor=request.user)  # type: ignore[arg-type]
         except services.SpecError as exc:
-            return Response({"detail": "Invalid model spec.", "errors": exc.errors},
+            return Response({"detail": gettext("Invalid model spec."), "errors": exc.errors},
                             status=status.HTTP_400_BAD_REQUEST)
         return Response({"results": [{"name": r.name, "outcome": r.outcome, "changes": r.changes}
                                      for r in results]})
 
-    @extend_schema(request=TargetSerializer, responses=ModelSerializer)
+    @extend_schema(request=TargetSerializer, responses={200: ModelSerializer, 409: OpenApiResponse(
+        ErrorSerializer, description=_("That many always-running replicas would not fit, even with preemption."))})
     @action(detail=True, methods=["post"])
     def target(self, request: Request, name: str | None = None) -> Response:
         data = TargetSerializer(data=request.data)
@@ -165,19 +170,23 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             running = model.replicas.exclude(state="stopping").exclude(state="pending").count()
             need = data.validated_data["min"] - running
             if need > room["with_preemption"]:
-                return Response({"detail": f"Only {room['with_preemption']} more replicas of {model.name} fit "
-                                           f"({room['without_preemption']} without preemption); "
-                                           f"{data.validated_data['min']} always-running would need {need} more."},
-                                status=status.HTTP_409_CONFLICT)
+                return Response({"detail": gettext(
+                    "Only %(fit)s more replicas of %(name)s fit (%(now)s without preemption); %(min)s always-running "
+                    "would need %(need)s more.") % {
+                        "fit": room["with_preemption"], "name": model.name, "now": room["without_preemption"],
+                        "min": data.validated_data["min"], "need": need}},
+                    status=status.HTTP_409_CONFLICT)
         try:
             services.set_target(model, min_replicas=data.validated_data.get("min"),
                                 max_replicas=data.validated_data.get("max"), actor=request.user)  # type: ignore[arg-type]
         except ValidationError as exc:
-            return Response({"detail": "Invalid target.", "errors": _errors(exc)}, status=status.HTTP_400_BAD_REQUEST)
+            return Response({"detail": gettext("Invalid target."), "errors": _errors(exc)},
+                            status=status.HTTP_400_BAD_REQUEST)
         return Response(ModelSerializer(self.get_queryset().get(pk=model.pk)).data)
 
+    # The changed profiles, all of them: a plain list, never a page.
     @extend_schema(request=ResourcesSerializer, responses=ProfileSerializer(many=True))
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], pagination_class=None)
     def resources(self, request: Request, name: str | None = None) -> Response:
         data = ResourcesSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -186,15 +195,19 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             try:
                 memory = services.parse_memory(data.validated_data["memory"])
             except ValueError:
-                return Response({"detail": "Invalid input.", "errors": {"memory": [
-                    "Expected a size such as 24GB, 512MiB or a number of gigabytes."]}}, status=400)
+                return Response({"detail": gettext("Invalid input."), "errors": {"memory": [gettext(
+                    "Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”.")
+                    % {"value": data.validated_data["memory"]}]}}, status=400)
         try:
             profiles = services.set_resources(self.get_object(), memory_bytes=memory,
                                               cpu_cores=data.validated_data.get("cores"),
                                               profile_name=data.validated_data.get("profile"),
                                               actor=request.user)  # type: ignore[arg-type]
         except ValidationError as exc:
-            return Response({"detail": "Invalid resources.", "errors": _errors(exc)}, status=400)
+            # named as this endpoint's fields, not the profile's columns
+            names = {"memory_bytes": "memory", "cpu_cores": "cores"}
+            errors = {names.get(field, field): messages for field, messages in _errors(exc).items()}
+            return Response({"detail": gettext("Invalid resources."), "errors": errors}, status=400)
         return Response(ProfileSerializer(profiles, many=True).data)
 
     @extend_schema(request=ClassSerializer, responses=ModelSerializer)
@@ -205,8 +218,9 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         model = services.set_class(self.get_object(), data.validated_data["class"], actor=request.user)  # type: ignore[arg-type]
         return Response(ModelSerializer(self.get_queryset().get(pk=model.pk)).data)
 
-    @extend_schema(responses=inline_serializer("Explain", {"profiles": serializers.ListField(
-        child=serializers.DictField()), "replicas": serializers.ListField(child=serializers.DictField())}))
+    @extend_schema(responses=inline_serializer("Explain", {
+        "model": serializers.CharField(), "profiles": serializers.ListField(child=serializers.DictField()),
+        "replicas": serializers.ListField(child=serializers.DictField())}))
     @action(detail=True, methods=["get"])
     def explain(self, request: Request, name: str | None = None) -> Response:
         model = self.get_object()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,6 +19,8 @@ from apps.accounts.models import Organization, Project, Team, User
 from apps.catalog.models import Model, Profile
 
 __all__ = [
+    "MAX_CPU_CORES",
+    "MAX_REPLICAS",
     "ApplyResult",
     "SpecError",
     "apply_models",
@@ -37,6 +40,15 @@ PROFILE_FIELDS = ("priority", "engine", "accelerator", "gpus_per_shard", "nodes_
 UNITS = {"b": 1, "k": 1024, "kb": 1024, "ki": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mi": 1024**2,
          "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gi": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4,
          "ti": 1024**4, "tib": 1024**4}
+# The console's forms allow as much; a spec or the API may not ask for more.
+MAX_REPLICAS = 1000
+MAX_CPU_CORES = 4096
+# What PostgreSQL's integer columns hold, so that SQLite refuses the same specs.
+_POSITIVE_INT = (0, 2**31 - 1)
+PROFILE_INT_RANGES: dict[str, tuple[int, int]] = {
+    "priority": (-(2**31), 2**31 - 1), "gpus_per_shard": _POSITIVE_INT, "nodes_per_replica": _POSITIVE_INT,
+    "parallel": _POSITIVE_INT, "context_size": _POSITIVE_INT,
+}
 
 
 class SpecError(Exception):
@@ -58,13 +70,57 @@ def parse_memory(value: Any) -> int:
     """Bytes from 24, "24GB", "24 GiB", "1.5G" (a bare number is gigabytes; a GB is 1024^3 bytes)."""
     if isinstance(value, bool):
         raise ValueError
-    if isinstance(value, int | float):
-        return int(value * 1024**3)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
-    unit = (match.group(2).lower() or "gb") if match else ""
-    if not match or unit not in UNITS:
+    if isinstance(value, int):
+        return value * 1024**3
+    if isinstance(value, float):
+        number, unit = value, "gb"
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+        unit = (match.group(2).lower() or "gb") if match else ""
+        if not match or unit not in UNITS:
+            raise ValueError
+        number = float(match.group(1))
+    size = number * UNITS[unit]
+    if not math.isfinite(size):  # "1e999", .inf in YAML: no size at all
         raise ValueError
-    return int(float(match.group(1)) * UNITS[unit])
+    return int(size)
+
+
+def _text_problem(value: str) -> str | None:
+    """Why a string cannot be stored as text (PostgreSQL refuses both), or None when it can."""
+    if "\x00" in value:
+        return _("Holds a NUL character (\\u0000), which text may not contain.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return _("Holds a lone UTF-16 surrogate (\\ud800 to \\udfff), which is not text.")
+    return None
+
+
+def _text_errors(value: Any, path: str, errors: dict[str, list[str]]) -> bool:
+    """Note every string of a spec (keys too) that cannot be stored; True when there was one."""
+    found = False
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            problem = _text_problem(item)
+            if problem:
+                errors.setdefault(where, []).append(problem)
+                found = True
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                key_text = str(key)
+                problem = _text_problem(key_text)
+                if problem:  # named as an escape, which an answer or a log line can carry
+                    escaped = key_text.encode("unicode_escape").decode("ascii")
+                    errors.setdefault(f"{where}.{escaped}", []).append(problem)
+                    found = True
+                    continue
+                stack.append((child, f"{where}.{key_text}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+    return found
 
 
 def _owner(spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> dict[str, Any]:
@@ -107,8 +163,9 @@ def _model_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]])
     if isinstance(replicas, int) and not isinstance(replicas, bool):
         values["min_replicas"] = values["max_replicas"] = replicas
     elif isinstance(replicas, dict):
-        values["min_replicas"] = replicas.get("min", 1)
-        values["max_replicas"] = replicas.get("max", max(1, values["min_replicas"]))
+        low = replicas.get("min", 1)
+        values["min_replicas"] = low
+        values["max_replicas"] = replicas.get("max", max(1, low) if isinstance(low, int) else 1)
     else:
         errors.setdefault(f"{path}.replicas", []).append(_("Expected a number or {min: N, max: M}."))
     external = spec.get("external") or {}
@@ -122,6 +179,10 @@ def _model_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]])
         value = values.get(key)
         if key in values and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             errors.setdefault(f"{path}.replicas", []).append(_("Expected a whole number of replicas, 0 or more."))
+            values.pop(key)
+        elif key in values and value > MAX_REPLICAS:
+            errors.setdefault(f"{path}.replicas", []).append(
+                _("At most %(max)s replicas; got %(value)s.") % {"max": MAX_REPLICAS, "value": value})
             values.pop(key)
     if not isinstance(values["fallbacks"], list) or not all(isinstance(f, str) for f in values["fallbacks"]):
         errors.setdefault(f"{path}.fallbacks", []).append(_("Expected a list of model names."))
@@ -141,6 +202,12 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             errors.setdefault(f"{path}.{key}", []).append(_("Expected a %(kind)s.") % {"kind": kind.__name__})
             continue
+        low, high = PROFILE_INT_RANGES.get(key, (0, 0))
+        if isinstance(value, int) and key in PROFILE_INT_RANGES and not low <= value <= high:
+            errors.setdefault(f"{path}.{key}", []).append(
+                _("Expected a whole number from %(low)s to %(high)s; got “%(value)s”.")
+                % {"low": low, "high": high, "value": value})
+            continue
         values[key] = value
     if values.get("accelerator", "cpu") != "cpu" and "gpus_per_shard" not in spec:
         values["gpus_per_shard"] = 1
@@ -151,8 +218,9 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         errors.setdefault(f"{path}.memory", []).append(
             _("Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”.") % {"value": memory})
     cores = spec.get("cpu_cores", 0)
-    if isinstance(cores, bool) or not isinstance(cores, int | float) or cores < 0:
-        errors.setdefault(f"{path}.cpu_cores", []).append(_("Expected a number of cores, 0 or more."))
+    if isinstance(cores, bool) or not isinstance(cores, int | float) or not 0 <= cores <= MAX_CPU_CORES:
+        errors.setdefault(f"{path}.cpu_cores", []).append(
+            _("Expected a number of cores from 0 to %(max)s.") % {"max": MAX_CPU_CORES})
     else:
         values["cpu_cores"] = float(cores)
     return values
@@ -176,6 +244,9 @@ def apply_models(specs: Any, *, actor: User | None) -> list[ApplyResult]:
         path = f"models[{i}]"
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             errors.setdefault(f"{path}.name", []).append(_("Each model needs a name."))
+            continue
+        # Before any lookup: the database refuses such a string even in a query.
+        if _text_errors(spec, path, errors):
             continue
         if spec["name"] in names:
             errors.setdefault(f"{path}.name", []).append(_("“%(name)s” appears twice.") % {"name": spec["name"]})

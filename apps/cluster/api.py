@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 from apps.accounts.access import IsOperator
 from apps.cluster import selectors, services
 from apps.cluster.models import Gpu, Node
+from llmgw.api import ErrorSerializer
 
 __all__ = ["AgentEnrollView", "NodeEnrollmentView", "NodeViewSet", "node_summary"]
 
@@ -141,9 +142,9 @@ class NodeEnrollmentView(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(request=EnrollmentRequestSerializer, responses=inline_serializer("Enrollment", {
+    @extend_schema(request=EnrollmentRequestSerializer, responses={201: inline_serializer("Enrollment", {
         "node": serializers.CharField(), "token": serializers.CharField(), "expires_at": serializers.DateTimeField(),
-        "agent_yaml": serializers.CharField(), "command": serializers.CharField()}))
+        "agent_yaml": serializers.CharField(), "command": serializers.CharField()})})
     def post(self, request: Request) -> Response:
         data = EnrollmentRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -173,8 +174,10 @@ class AgentEnrollView(APIView):
     throttle_classes = [EnrollThrottle]
 
     @extend_schema(request=inline_serializer("EnrollRequest", {"token": serializers.CharField()}),
-                   responses=inline_serializer("EnrollAnswer", {"node": serializers.CharField(),
-                                                                "credential": serializers.CharField()}))
+                   responses={200: inline_serializer("EnrollAnswer", {
+                       "node": serializers.CharField(), "credential": serializers.CharField(),
+                       "enrolled_at": serializers.DateTimeField()}),
+                       403: OpenApiResponse(ErrorSerializer, description=_("The token is unknown, used or expired."))})
     def post(self, request: Request) -> Response:
         token = request.data.get("token") if isinstance(request.data, dict) else None
         if not isinstance(token, str) or not token:

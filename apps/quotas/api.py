@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
@@ -45,9 +45,15 @@ class UsageQuerySerializer(serializers.Serializer[Any]):
         return attrs
 
 
+@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}], "nullable": True})
+class UsageGroupField(serializers.Field):  # type: ignore[type-arg]
+    """Only for the schema: a row's group is an id (organisation, team, project, key, person), a
+    model's name when grouped by model, and null for requests outside any group."""
+
+
 # Only for the schema: "errors" and "label" cannot be attributes of a serializer class.
 USAGE_ROW = inline_serializer("UsageRow", {
-    "group": serializers.CharField(help_text="The group's id, or the model's name"),
+    "group": UsageGroupField(help_text="The group's id, or the model's name; null for none"),
     "label": serializers.CharField(),
     "requests": serializers.IntegerField(),
     "errors": serializers.IntegerField(help_text="status 500 and above, or an answer that broke after it began"),
@@ -93,11 +99,11 @@ class UsageView(APIView):
 
 
 class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
-    user = serializers.CharField(source="user.email", default=None)
+    user = serializers.CharField(source="user.email", default=None, allow_null=True)
     api_key = serializers.SerializerMethodField()
-    organization = serializers.CharField(source="organization.name", default=None)
-    team = serializers.CharField(source="team.name", default=None)
-    project = serializers.CharField(source="project.name", default=None)
+    organization = serializers.CharField(source="organization.name", default=None, allow_null=True)
+    team = serializers.CharField(source="team.name", default=None, allow_null=True)
+    project = serializers.CharField(source="project.name", default=None, allow_null=True)
 
     class Meta:
         model = UsageRecord
@@ -166,12 +172,22 @@ class RateLimitSerializer(serializers.ModelSerializer[RateLimit]):
                             ("id", "organization_id", "team_id", "project_id", "api_key_id", *LIMIT_FIELDS))
 
 
+class RateLimitChangeSerializer(RateLimitSerializer):
+    """A limit as PUT and PATCH change it: its owner is fixed, and the schema says so."""
+
+    class Meta(RateLimitSerializer.Meta):
+        read_only_fields = [*RateLimitSerializer.Meta.read_only_fields, "organization", "team", "project", "api_key"]
+
+
 class RateLimitViewSet(viewsets.ModelViewSet[RateLimit]):
     """Rate limits and token budgets of organisations, teams, projects and keys.
     Staff may read; administrators and billing may change."""
 
     serializer_class = RateLimitSerializer
     permission_classes = [CanChangeLimits]
+
+    def get_serializer_class(self) -> type[RateLimitSerializer]:
+        return RateLimitChangeSerializer if self.action in ("update", "partial_update") else RateLimitSerializer
 
     def get_queryset(self) -> QuerySet[RateLimit]:
         limits = RateLimit.objects.order_by("pk")
@@ -224,12 +240,22 @@ class CapacityQuotaSerializer(serializers.ModelSerializer[CapacityQuota]):
                             ("id", "organization_id", "team_id", "project_id", *services.QUOTA_FIELDS))
 
 
+class CapacityQuotaChangeSerializer(CapacityQuotaSerializer):
+    """A quota as PUT and PATCH change it: its owner is fixed, and the schema says so."""
+
+    class Meta(CapacityQuotaSerializer.Meta):
+        read_only_fields = [*CapacityQuotaSerializer.Meta.read_only_fields, *services.QUOTA_OWNER_FIELDS]
+
+
 class CapacityQuotaViewSet(viewsets.ModelViewSet[CapacityQuota]):
     """The most GPUs, cores, memory and replicas an organisation, team or project may hold.
     Staff may read; administrators and billing may change."""
 
     serializer_class = CapacityQuotaSerializer
     permission_classes = [CanChangeLimits]
+
+    def get_serializer_class(self) -> type[CapacityQuotaSerializer]:
+        return CapacityQuotaChangeSerializer if self.action in ("update", "partial_update") else CapacityQuotaSerializer
 
     def get_queryset(self) -> QuerySet[CapacityQuota]:
         return CapacityQuota.objects.order_by("pk")
