@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.access import IsOperator
 from apps.cluster import selectors, services
+from apps.cluster.choices import NodeStatus
 from apps.cluster.models import Gpu, Node
 from llmgw.api import ErrorSerializer
 
@@ -55,29 +56,62 @@ class GpuSerializer(serializers.ModelSerializer[Gpu]):
 
 class NodeSerializer(serializers.ModelSerializer[Node]):
     summary = serializers.SerializerMethodField()
+    draining = serializers.SerializerMethodField()
+    # Unreachable as soon as its heartbeats are stale, whether or not the scheduler marked it yet.
+    status = serializers.ChoiceField(choices=NodeStatus.choices, source="live_status", read_only=True)
 
     class Meta:
         model = Node
-        fields = ["name", "labels", "status", "cordoned", "cordon_reason", "agent_version", "features", "warnings",
-                  "created_at", "registered_at", "last_seen_at", "summary"]
+        fields = ["name", "labels", "status", "cordoned", "cordon_reason", "draining", "agent_version", "features",
+                  "warnings", "created_at", "registered_at", "last_seen_at", "summary"]
+
+    def get_draining(self, node: Node) -> bool:
+        return node.drain_requested_at is not None
 
     def get_summary(self, node: Node) -> dict[str, Any]:
         return node_summary(node)
 
 
+class DrainReplicaSerializer(serializers.Serializer[Any]):
+    replica = serializers.IntegerField()
+    model = serializers.CharField()
+    state = serializers.ChoiceField(choices=["moving", "queued"])
+    reasons = serializers.ListField(child=serializers.CharField())
+
+
+class DrainStatusSerializer(serializers.Serializer[Any]):
+    requested_at = serializers.DateTimeField()
+    grace = serializers.IntegerField(allow_null=True)
+    force = serializers.BooleanField()
+    left = serializers.IntegerField()
+    replicas = DrainReplicaSerializer(many=True)
+
+
 class NodeDetailSerializer(NodeSerializer):
     gpus = GpuSerializer(many=True, read_only=True)
     sample = serializers.SerializerMethodField()
+    drain = serializers.SerializerMethodField()
 
     class Meta(NodeSerializer.Meta):
-        fields = [*NodeSerializer.Meta.fields, "hardware", "gpus", "sample", "sampled_at"]
+        fields = [*NodeSerializer.Meta.fields, "hardware", "gpus", "sample", "sampled_at", "drain"]
 
     def get_sample(self, node: Node) -> dict[str, Any] | None:
         return node.fresh_sample()
 
+    @extend_schema_field(DrainStatusSerializer(allow_null=True))
+    def get_drain(self, node: Node) -> dict[str, Any] | None:
+        return services.drain_status(node)
+
 
 class CordonSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(max_length=500)
+
+
+class DrainSerializer(serializers.Serializer[Any]):
+    grace = serializers.IntegerField(min_value=0, max_value=3600, required=False, allow_null=True,
+                                     help_text=_("Seconds from SIGTERM to SIGKILL for the engines stopped."))
+    force = serializers.BooleanField(required=False, default=False,
+                                     help_text=_("Stop replicas that cannot be placed elsewhere anyway."))
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Node]):
@@ -109,6 +143,18 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     @action(detail=True, methods=["post"])
     def uncordon(self, request: Request, name: str | None = None) -> Response:
         node = services.uncordon_node(self.get_object(), actor=request.user, address=self._address())  # type: ignore[arg-type]
+        return Response(NodeDetailSerializer(node).data)
+
+    @extend_schema(request=DrainSerializer, responses=NodeDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, name: str | None = None) -> Response:
+        """Cordon the node and move its replicas elsewhere, each replaced before it is stopped;
+        `uncordon` ends a drain."""
+        data = DrainSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.drain_node(self.get_object(), grace=data.validated_data.get("grace"),
+                                   force=data.validated_data["force"], actor=request.user,  # type: ignore[arg-type]
+                                   address=self._address())
         return Response(NodeDetailSerializer(node).data)
 
     @extend_schema(request=None, responses=NodeDetailSerializer)

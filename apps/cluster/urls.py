@@ -12,4 +12,5 @@ urlpatterns = [
     path("<str:name>/", views.node_detail, name="node"),
     path("<str:name>/cordon", views.node_cordon, name="node-cordon"),
     path("<str:name>/uncordon", views.node_uncordon, name="node-uncordon"),
+    path("<str:name>/drain", views.node_drain, name="node-drain"),
 ]

@@ -23,7 +23,7 @@ from apps.accounts.models import User
 from apps.cluster import overview, selectors, services
 from apps.cluster.models import Node
 
-__all__ = ["cluster", "node_add", "node_cordon", "node_detail", "node_uncordon", "nodes"]
+__all__ = ["cluster", "node_add", "node_cordon", "node_detail", "node_drain", "node_uncordon", "nodes"]
 
 AGENT_CONFIG_PATH = "/etc/llmgw/agent.yaml"
 AGENT_STATE_DIR = "/var/lib/llmgw-agent"
@@ -53,7 +53,7 @@ def nodes(request: HtmxHttpRequest) -> HttpResponse:
 def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name)
     context: dict[str, Any] = {"detail": selectors.node_detail(node), "node": node,
-                               "can_change": can_change_cluster(request.user)}
+                               "can_change": can_change_cluster(request.user), "drain": services.drain_status(node)}
     if _fragment(request):
         return render(request, "cluster/node_detail.html#node-live", context)
     context["charts"] = selectors.node_charts(node)
@@ -63,7 +63,8 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def _after_cordon(request: HtmxHttpRequest, node: Node, error: str | None = None) -> HttpResponse:
     if _fragment(request):
         return render(request, "cluster/node_detail.html#node-cordon",
-                      {"node": node, "can_change": True, "cordon_error": error})
+                      {"node": node, "can_change": True, "cordon_error": error,
+                       "drain": services.drain_status(node)})
     if error:
         messages.error(request, error)
     return HttpResponseRedirect(reverse("cluster:node", args=[node.name]))
@@ -90,6 +91,24 @@ def node_uncordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = services.uncordon_node(node, actor=user, address=request.META.get("REMOTE_ADDR"))
     if not _fragment(request):
         messages.success(request, _("Node “%(name)s” uncordoned.") % {"name": node.name})
+    return _after_cordon(request, node)
+
+
+@requires("change_cluster", methods=["POST"])
+def node_drain(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Cordon the node and move its replicas elsewhere, each replaced before it is stopped."""
+    node = selectors.get_node_for_user(request.user, name, perm="change")
+    raw = request.POST.get("grace", "").strip()
+    grace: int | None = None
+    if raw:
+        if not raw.isdigit() or int(raw) > 3600:
+            return _after_cordon(request, node, _("The stop grace is a whole number of seconds from 0 to 3600."))
+        grace = int(raw)
+    user: User = request.user  # type: ignore[assignment]
+    node = services.drain_node(node, grace=grace, force=request.POST.get("force") == "on", actor=user,
+                               address=request.META.get("REMOTE_ADDR"))
+    if not _fragment(request):
+        messages.success(request, _("Node “%(name)s” is being drained.") % {"name": node.name})
     return _after_cordon(request, node)
 
 

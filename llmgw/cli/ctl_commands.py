@@ -38,7 +38,8 @@ def human_age(iso: str | None, now: datetime | None = None) -> str | None:
 
 
 def _status(node: dict[str, Any]) -> str:
-    return node["status"] + (",cordoned" if node.get("cordoned") else "")
+    flags = [name for name in ("cordoned", "draining") if node.get(name)]
+    return ",".join([node["status"], *flags])
 
 
 def _cpu(summary: dict[str, Any]) -> str | None:
@@ -98,6 +99,7 @@ def cmd_node_show(client: Client, args: argparse.Namespace) -> int:
         ("os", hw.get("os")), ("kernel", hw.get("kernel")), ("arch", hw.get("arch")),
         ("driver", hw.get("driver_version")), ("cuda", hw.get("cuda_version")),
         ("last seen", human_age(node.get("last_seen_at"))), ("warnings", node.get("warnings")),
+        ("drain", _drain_line(node["drain"]) if node.get("drain") else None),
     ]
     print(format_table(["FIELD", "VALUE"], rows))
     gpus = {g["index"]: g for g in sample.get("gpus") or []}
@@ -159,18 +161,35 @@ def cmd_node_add(client: Client, args: argparse.Namespace) -> int:
 
 def _action(verb: str) -> Any:
     def run(client: Client, args: argparse.Namespace) -> int:
-        body = {"reason": args.reason} if verb == "cordon" else None
+        body: dict[str, Any] | None = None
+        if verb == "cordon":
+            body = {"reason": args.reason}
+        elif verb == "drain":
+            body = {"grace": args.grace, "force": args.force}
         node = client.post(f"nodes/{args.name}/{verb}", body)
         print(f"node {node['name']}: {_status(node)}")
+        drain = node.get("drain")
+        if drain:
+            print(_drain_line(drain))
         return 0
 
     return run
 
 
+def _drain_line(drain: dict[str, Any]) -> str:
+    if not drain["left"]:
+        return "drained: no replica left on it"
+    lines = [f"draining: {drain['left']} replica(s) left" + (" (forced)" if drain.get("force") else "")]
+    for replica in drain["replicas"]:
+        why = f": {'; '.join(replica['reasons'])}" if replica["reasons"] else ""
+        lines.append(f"  {replica['model']}#{replica['replica']} {replica['state']}{why}")
+    return "\n".join(lines)
+
+
 def add_all(ctl_sub: Any) -> None:
     p = ctl_sub.add_parser("nodes", help="list nodes: NAME STATUS CPU MEM GPU DISK AGE")
     p.set_defaults(ctl_func=cmd_nodes)
-    node = ctl_sub.add_parser("node", help="one node: show, add, cordon, uncordon, revoke")
+    node = ctl_sub.add_parser("node", help="one node: show, add, cordon, uncordon, drain, revoke")
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     p = node_sub.add_parser("show", help="a node's hardware, figures and GPUs")
     p.add_argument("name")
@@ -187,6 +206,12 @@ def add_all(ctl_sub: Any) -> None:
     p = node_sub.add_parser("uncordon", help="let replicas be placed on a node again")
     p.add_argument("name")
     p.set_defaults(ctl_func=_action("uncordon"))
+    p = node_sub.add_parser("drain", help="cordon a node and move its replicas elsewhere, each replaced first")
+    p.add_argument("name")
+    p.add_argument("--grace", type=int, help="seconds from SIGTERM to SIGKILL for its engines (default: the server's)")
+    p.add_argument("--force", action="store_true",
+                   help="stop replicas that cannot be placed elsewhere instead of waiting for room")
+    p.set_defaults(ctl_func=_action("drain"))
     p = node_sub.add_parser("revoke", help="cut a node off: its credential stops working at once")
     p.add_argument("name")
     p.set_defaults(ctl_func=_action("revoke"))

@@ -220,6 +220,7 @@ MATRIX: dict[str, Route] = {
     "cluster:node": Route("read_everything", node),
     "cluster:node-cordon": Route("change_cluster", node, bodies=lambda w: {"POST": {"reason": "fan"}}),
     "cluster:node-uncordon": Route("change_cluster", node),
+    "cluster:node-drain": Route("change_cluster", node),
     "catalog:models": Route("read_everything"),
     "catalog:model-apply": Route("change_cluster", bodies=lambda w: {"POST": {
         "spec": "models:\n  - " + json.dumps(MODEL_SPEC)}}),
@@ -252,6 +253,7 @@ MATRIX: dict[str, Route] = {
     "node-detail": Route(("read_everything", "change_cluster"), node),
     "node-cordon": Route(("read_everything", "change_cluster"), node, bodies=lambda w: {"POST": {"reason": "fan"}}),
     "node-uncordon": Route(("read_everything", "change_cluster"), node),
+    "node-drain": Route(("read_everything", "change_cluster"), node),
     "node-revoke": Route(("read_everything", "change_cluster"), node),
     "model-list": Route(("read_everything", "change_cluster")),
     "model-apply": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"models": [MODEL_SPEC]}}),

@@ -351,3 +351,24 @@ def test_a_ready_node_whose_heartbeats_stopped_reads_unreachable_though_nothing_
     assert 'llmgw_node_up{node="live"} 1.0' in text
     inventory = build_inventory()
     assert not inventory.nodes[stale.pk].ready
+
+
+def test_an_operator_drains_a_node_from_its_page_and_sees_what_is_left(client: Client) -> None:
+    from apps.accounts.choices import StaffRole
+    from apps.cluster.reconciler import reconcile
+    from tests import builders
+    from tests.conftest import make_user
+
+    operator = make_user("olga@example.com", role=StaffRole.OPERATOR)
+    builders.make_node("gpu1", gpus=1)
+    builders.make_model("m", gpus=1)
+    reconcile()
+    page = signed_in(client, operator).post("/nodes/gpu1/drain", {"grace": "20"}, HTTP_HX_REQUEST="true")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "Draining: 1 replica left on this node." in text and "m#" in text
+    node = Node.objects.get(name="gpu1")
+    assert node.cordoned and node.drain_grace == 20
+    assert AuditEvent.objects.filter(action="node.drain").exists()
+    refused = signed_in(client, operator).post("/nodes/gpu1/drain", {"grace": "lots"}, HTTP_HX_REQUEST="true")
+    assert "whole number of seconds" in refused.content.decode()

@@ -49,3 +49,24 @@ def test_an_unreachable_server_is_one_line(capsys, monkeypatch, tmp_path) -> Non
     monkeypatch.setenv("HOME", str(tmp_path))
     assert main(["ctl", "--server", "http://127.0.0.1:1", "--key", "x", "whoami"]) == 1
     assert "cannot reach http://127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_node_drain_says_what_is_left_and_nodes_shows_it_draining(live_server, key_for, capsys, monkeypatch,
+                                                                   tmp_path) -> None:
+    from apps.accounts.choices import StaffRole
+    from apps.cluster.reconciler import reconcile
+    from tests.builders import make_model, make_node
+    from tests.conftest import make_user
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    secret = key_for(make_user("olga@example.com", role=StaffRole.OPERATOR))
+    make_node("gpu1", gpus=1)
+    make_model("m", gpus=1)
+    reconcile()
+    base = ["ctl", "--server", live_server.url, "--key", secret]
+    assert main([*base, "node", "drain", "gpu1", "--grace", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "node gpu1: ready,cordoned,draining" in out
+    assert "draining: 1 replica(s) left" in out and "m#" in out
+    assert main([*base, "nodes"]) == 0
+    assert "draining" in capsys.readouterr().out
