@@ -47,7 +47,7 @@ def _address(request: HttpRequest) -> str | None:
 
 
 def _models() -> Any:
-    return Model.objects.order_by("name")
+    return Model.objects.live().order_by("name")
 
 
 # API keys ------------------------------------------------------------------------------

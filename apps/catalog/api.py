@@ -131,7 +131,8 @@ class ClassSerializer(serializers.Serializer[Any]):
     capacity_class = serializers.ChoiceField(choices=CapacityClass.choices, source="class")
 
 
-class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Model]):
+class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                   viewsets.GenericViewSet[Model]):
     """Models and how they run. Staff read; administrators and operators change."""
 
     permission_classes = [IsOperator]
@@ -144,19 +145,35 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     def get_serializer_class(self) -> type[serializers.BaseSerializer[Model]]:
         return ModelDetailSerializer if self.action == "retrieve" else ModelSerializer
 
-    @extend_schema(request=inline_serializer("ApplyRequest", {"models": serializers.ListField(
-        child=serializers.DictField())}), responses=inline_serializer("ApplyAnswer", {
+    @extend_schema(request=inline_serializer("ApplyRequest", {
+        "models": serializers.ListField(child=serializers.DictField()),
+        "dry_run": serializers.BooleanField(required=False)}), responses=inline_serializer("ApplyAnswer", {
+            "dry_run": serializers.BooleanField(),
             "results": serializers.ListField(child=serializers.DictField())}))
     @action(detail=False, methods=["post"])
     def apply(self, request: Request) -> Response:
-        """Create or update models from specs (as in models.yaml). Idempotent; all or nothing."""
+        """Create or update models from specs (as in models.yaml). Idempotent; all or nothing. A spec
+        states the model's whole declaration (what it leaves out takes its default). With
+        `"dry_run": true` (or `?dry_run=1`) nothing is written and `changes` lists, field by field,
+        [before, after] of what an apply would change."""
+        data = request.data
+        dry_run = request.query_params.get("dry_run", "").lower() in ("1", "true", "yes")
+        if isinstance(data, dict) and "dry_run" in data:
+            dry_run = dry_run or data.get("dry_run") is True
+            data = {k: v for k, v in data.items() if k != "dry_run"}
         try:
-            results = services.apply_models(request.data, actor=request.user)  # type: ignore[arg-type]
+            results = services.apply_models(data, actor=request.user, dry_run=dry_run)  # type: ignore[arg-type]
         except services.SpecError as exc:
             return Response({"detail": gettext("Invalid model spec."), "errors": exc.errors},
                             status=status.HTTP_400_BAD_REQUEST)
-        return Response({"results": [{"name": r.name, "outcome": r.outcome, "changes": r.changes}
-                                     for r in results]})
+        return Response({"dry_run": dry_run, "results": [{"name": r.name, "outcome": r.outcome,
+                                                          "changes": r.changes} for r in results]})
+
+    def perform_destroy(self, instance: Model) -> None:
+        """DELETE: no route serves the model from now on; its replicas stop with the engine stop
+        grace and the model is gone once they have. Its usage history stays."""
+        services.delete_model(instance, actor=self.request.user,  # type: ignore[arg-type]
+                              address=self.request.META.get("REMOTE_ADDR"))
 
     @extend_schema(request=TargetSerializer, responses={200: ModelSerializer, 409: OpenApiResponse(
         ErrorSerializer, description=_("That many always-running replicas would not fit, even with preemption."))})

@@ -19,6 +19,12 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 GIB = 1024**3
 
 
+class ModelQuerySet(models.QuerySet["Model"]):
+    def live(self) -> ModelQuerySet:
+        """Models not being deleted (a deleted model's row stays until its replicas stopped)."""
+        return self.filter(deleted_at__isnull=True)
+
+
 class Model(models.Model):
     """A model people call by name through the gateway.
 
@@ -27,6 +33,8 @@ class Model(models.Model):
     """
 
     name = models.CharField(_("API name"), max_length=128, unique=True)
+    # Deleted: no route serves it and its replicas are stopping; the row goes once they stopped.
+    deleted_at = models.DateTimeField(_("deleted"), null=True, blank=True)
     organization = models.ForeignKey(Organization, on_delete=models.PROTECT, null=True, blank=True,
                                      related_name="models", verbose_name=_("owning organisation"))
     team = models.ForeignKey(Team, on_delete=models.PROTECT, null=True, blank=True, related_name="models",
@@ -61,6 +69,8 @@ class Model(models.Model):
     scaled_at = models.DateTimeField(_("last scaled for load"), null=True, blank=True)
     created_at = models.DateTimeField(_("created"), default=timezone.now)
     updated_at = models.DateTimeField(_("updated"), default=timezone.now)
+
+    objects = ModelQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("model")
@@ -166,7 +176,7 @@ class Profile(models.Model):
         if self.is_cpu:
             if self.gpus_per_shard:
                 errors.setdefault("gpus_per_shard", []).append(str(_("A CPU profile uses no GPUs.")))
-            if self._state.adding and not self.memory_bytes:
+            if not self.memory_bytes:  # on a change as on creation: an apply states the whole spec
                 errors.setdefault("memory_bytes", []).append(str(_(
                     "A CPU profile must declare the memory it needs, or placement would put it on any node.")))
         elif self.gpus_per_shard < 1:

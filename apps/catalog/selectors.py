@@ -17,7 +17,7 @@ __all__ = ["model_status", "models_with_replicas", "translate_reason"]
 
 
 def models_with_replicas() -> QuerySet[Model]:
-    return Model.objects.prefetch_related(
+    return Model.objects.live().prefetch_related(
         "profiles",
         Prefetch("replicas", queryset=Replica.objects.order_by("created_at").prefetch_related(
             Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank")))),

@@ -25,6 +25,7 @@ __all__ = [
     "SpecError",
     "apply_models",
     "apply_server_config",
+    "delete_model",
     "parse_memory",
     "record_demand",
     "set_class",
@@ -49,6 +50,33 @@ PROFILE_INT_RANGES: dict[str, tuple[int, int]] = {
     "priority": (-(2**31), 2**31 - 1), "gpus_per_shard": _POSITIVE_INT, "nodes_per_replica": _POSITIVE_INT,
     "parallel": _POSITIVE_INT, "context_size": _POSITIVE_INT,
 }
+
+
+# Every key a spec may hold, per level: any other is an error naming the nearest known one (a
+# typo must never be read as "not given" and reset the setting it meant).
+MODEL_KEYS = frozenset({"name", "class", "replicas", "source", "fallbacks", "profiles", "external", "owner"})
+REPLICA_KEYS = frozenset({"min", "max"})
+EXTERNAL_KEYS = frozenset({"url", "model", "api_key_file"})
+OWNER_KEYS = frozenset({"organization", "team", "project"})
+PROFILE_KEYS = frozenset({"name", "priority", "engine", "accelerator", "gpus_per_shard", "nodes_per_replica",
+                          "parallel", "context_size", "node_selector", "extra_args", "env", "memory", "memory_gb",
+                          "cpu_cores"})
+
+
+def _unknown_keys(value: Any, known: frozenset[str], path: str, errors: dict[str, list[str]]) -> None:
+    import difflib
+
+    if not isinstance(value, dict):
+        return
+    for key in value:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+        if near:
+            message = _("unknown field; did you mean %(name)s?") % {"name": near[0]}
+        else:
+            message = _("unknown field; the fields here are %(names)s.") % {"names": ", ".join(sorted(known))}
+        errors.setdefault(f"{path}.{key}", []).append(message)
 
 
 class SpecError(Exception):
@@ -227,11 +255,14 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
 
 
 @transaction.atomic
-def apply_models(specs: Any, *, actor: User | None) -> list[ApplyResult]:
+def apply_models(specs: Any, *, actor: User | None, dry_run: bool = False) -> list[ApplyResult]:
     """Create or update models and their profiles from specs; only what changed is written.
 
-    Everything is validated before anything is written: one bad field leaves the whole
-    catalogue as it was.
+    A spec states a model's whole declaration: a field it leaves out takes its default, as on
+    creation (a profile not listed is removed). An unknown key is an error naming the nearest known
+    one. Everything is validated before anything is written: one bad field leaves the whole
+    catalogue as it was. With `dry_run` nothing is written, and the results say field by field what
+    an apply would change ([before, after]).
     """
     if isinstance(specs, dict) and "models" in specs:
         specs = specs["models"]
@@ -248,10 +279,20 @@ def apply_models(specs: Any, *, actor: User | None) -> list[ApplyResult]:
         # Before any lookup: the database refuses such a string even in a query.
         if _text_errors(spec, path, errors):
             continue
+        _unknown_keys(spec, MODEL_KEYS, path, errors)
+        if isinstance(spec.get("replicas"), dict):
+            _unknown_keys(spec["replicas"], REPLICA_KEYS, f"{path}.replicas", errors)
+        _unknown_keys(spec.get("external"), EXTERNAL_KEYS, f"{path}.external", errors)
+        _unknown_keys(spec.get("owner"), OWNER_KEYS, f"{path}.owner", errors)
         if spec["name"] in names:
             errors.setdefault(f"{path}.name", []).append(_("“%(name)s” appears twice.") % {"name": spec["name"]})
         names.add(spec["name"])
         model = Model.objects.filter(name=spec["name"]).first()
+        if model is not None and model.deleted_at is not None:
+            errors.setdefault(f"{path}.name", []).append(
+                _("“%(name)s” is being deleted: its replicas are stopping. Apply it again once it is gone.")
+                % {"name": spec["name"]})
+            continue
         created = model is None
         model = model or Model(name=spec["name"])
         values = _model_values(spec, path, errors)
@@ -279,6 +320,7 @@ def apply_models(specs: Any, *, actor: User | None) -> list[ApplyResult]:
             if not isinstance(pspec, dict) or not isinstance(pspec.get("name"), str) or not pspec["name"]:
                 errors.setdefault(f"{ppath}.name", []).append(_("Each profile needs a name."))
                 continue
+            _unknown_keys(pspec, PROFILE_KEYS, ppath, errors)
             existing = Profile.objects.filter(model=model, name=pspec["name"]).first() if model.pk else None
             profile = existing or Profile(name=pspec["name"])
             pvalues = _profile_values(pspec, ppath, errors)
@@ -303,6 +345,12 @@ def apply_models(specs: Any, *, actor: User | None) -> list[ApplyResult]:
         profile_changes = {p.name: diff for p, diff in profiles if diff}
         keep = {p.name for p, _diff in profiles}
         removed = [] if created else list(model.profiles.exclude(name__in=keep).values_list("name", flat=True))
+        if dry_run:
+            outcome = "created" if created else ("changed" if changes or profile_changes or removed else "unchanged")
+            all_changes = {**changes, **({"profiles": profile_changes} if profile_changes else {}),
+                           **({"profiles_removed": removed} if removed else {})}
+            results.append(ApplyResult(model.name, outcome, _jsonable(all_changes)))
+            continue
         if created or changes or profile_changes or removed:
             model.updated_at = timezone.now()
             model.save()
@@ -391,6 +439,43 @@ def set_resources(model: Model, *, memory_bytes: int | None = None, cpu_cores: f
             profile.save(update_fields=["memory_bytes", "cpu_cores"])
             audit.record(actor, "profile.resources", profile, changes=audit.diff(before, after))
     return profiles
+
+
+@transaction.atomic
+def delete_model(model: Model, *, actor: User | None, address: str | None = None) -> Model:
+    """Take a model out of service: no route serves it from now on (the gateway reloads on the
+    change), its pending replicas go, the others stop with the engine stop grace, and the reconciler
+    removes the row once they have. Its usage history stays (usage names models, it does not link
+    them)."""
+    from apps.cluster.choices import ReplicaState
+    from apps.cluster.models import Node, Replica
+    from apps.cluster.reconciler import request_reconcile
+
+    now = timezone.now()
+    model.deleted_at = now
+    model.save(update_fields=["deleted_at"])
+    replicas = Replica.objects.filter(model=model)
+    stopping = list(replicas.exclude(state__in=(ReplicaState.PENDING, ReplicaState.STOPPING)))
+    replicas.filter(state=ReplicaState.PENDING).delete()
+    nodes = set()
+    for replica in stopping:
+        replica.state = ReplicaState.STOPPING
+        replica.stop_requested_at = now
+        replica.message = str(_("Stopping: the model was deleted."))
+        replica.save(update_fields=["state", "stop_requested_at", "message"])
+        nodes.update(replica.shards.values_list("node_id", flat=True))
+    if nodes:
+        Node.objects.filter(pk__in=nodes).update(desired_version=F("desired_version") + 1)
+
+        def tell_nodes() -> None:
+            from apps.cluster.reconciler import push_desired_state
+
+            push_desired_state(nodes)
+
+        transaction.on_commit(tell_nodes)
+    audit.record(actor, "model.delete", model, replicas=len(stopping), address=address)
+    request_reconcile()
+    return model
 
 
 ON_DEMAND_KEEP = timedelta(minutes=15)

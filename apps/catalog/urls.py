@@ -14,4 +14,5 @@ urlpatterns = [
     path("<str:name>/target", views.model_target, name="model-target"),
     path("<str:name>/class", views.model_class, name="model-class"),
     path("<str:name>/resources", views.model_resources, name="model-resources"),
+    path("<str:name>/delete", views.model_delete, name="model-delete"),
 ]

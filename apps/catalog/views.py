@@ -26,7 +26,7 @@ from apps.catalog.models import Model, Profile
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Node, Replica, Shard
 
-__all__ = ["model_class", "model_detail", "model_explain", "model_resources", "model_target", "models"]
+__all__ = ["model_class", "model_delete", "model_detail", "model_explain", "model_resources", "model_target", "models"]
 
 SEPARATORS = "-._:"
 
@@ -315,6 +315,16 @@ def target_refusal(model: Model, new_min: int) -> str | None:
     return _("Only %(fit)s more replicas of %(name)s fit (%(now)s without preemption); %(min)s always-running "
              "would need %(need)s more.") % {"fit": room["with_preemption"], "name": model.name,
                                              "now": room["without_preemption"], "min": new_min, "need": need}
+
+
+@requires("change_cluster", methods=["POST"])
+def model_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Take the model out of service (asked to confirm in the page): routes stop, replicas stop."""
+    model = _get_model_for_user(request.user, name, perm="change")
+    services.delete_model(model, actor=_actor(request), address=request.META.get("REMOTE_ADDR"))
+    messages.success(request, _("Model “%(name)s” deleted: its replicas are stopping; its usage history stays.")
+                     % {"name": name})
+    return HttpResponseRedirect(reverse("catalog:models"))
 
 
 @requires("change_cluster", methods=["POST"])

@@ -176,6 +176,16 @@ def _pass(now: Any) -> PassReport:
 
 def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,
                      report: PassReport, draining: dict[int, Node] | None = None) -> None:
+    if model.deleted_at is not None:
+        # Deleted: stop what still runs; once nothing is left (released in step 1), the row goes.
+        left = list(model.replicas.all())
+        for replica in left:
+            if replica.state != ReplicaState.STOPPING:
+                _stop(replica, now, report, inventory)
+        if not left:
+            Model.objects.filter(pk=model.pk).delete()
+            report.released.append(f"{model.name} (deleted)")
+        return
     replicas = [r for r in model.replicas.all() if r.state != ReplicaState.STOPPING]
     # A replica whose replacement is under way is not counted: its replacement is.
     replaced = {r.replaces_id for r in replicas if r.replaces_id}

@@ -47,7 +47,16 @@ from apps.gateway.intake import (
 from apps.gateway.relay import StreamRelay, translator_for, whole_answer
 from apps.gateway.routing import affinity_key, preference
 from apps.gateway.slots import Lease, QueueFull, SharedSlots, SlotKeeper, WaitingRoom
-from apps.gateway.tables import KeyEntry, ModelRoute, Tables, Upstream, current_version, key_hash, load_tables
+from apps.gateway.tables import (
+    KeyEntry,
+    ModelRoute,
+    Tables,
+    Upstream,
+    current_version,
+    key_hash,
+    load_tables,
+    tables_channel,
+)
 from apps.gateway.tokens import count_prompt_tokens
 from apps.gateway.translate import TranslationError, messages_to_chat, responses_to_chat
 from apps.gateway.upstream import ConnectError, Disconnected, Pool, ProxyConfig, ReadTimeout, UpstreamError
@@ -99,6 +108,9 @@ class GatewayApp:
         self._background: set[asyncio.Task[Any]] = set()
         self._miss_check: asyncio.Task[None] | None = None
         self._miss_checked_at = -math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._listener: asyncio.Task[None] | None = None
 
     # Life cycle ---------------------------------------------------------------------------
 
@@ -144,7 +156,24 @@ class GatewayApp:
         tables = await sync_to_async(load_tables, thread_sensitive=False)()
         self.keeper.bind(tables)
         self.tables = tables
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
         self._refresh = asyncio.create_task(self._refresh_loop(), name="gateway-refresh")
+        if settings.REDIS_URL:
+            from apps.quotas.resp import subscribe
+
+            self._listener = asyncio.create_task(subscribe(settings.REDIS_URL, tables_channel(),
+                                                           lambda _message: self.wake()), name="gateway-tables")
+
+    def wake(self) -> None:
+        """The tables changed (a key revoked, a model deleted): read them now."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def wake_from_thread(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.wake)
 
     def share_slots(self, url: str, lease_s: float) -> None:
         """Count slots and the queue in Redis with every other gateway process."""
@@ -159,10 +188,12 @@ class GatewayApp:
         shared.start()
 
     async def shutdown(self) -> None:
-        if self._refresh is not None:
-            self._refresh.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._refresh
+        for task in (self._refresh, self._listener):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._loop = None
         await self.accountant.drain()
         if self.shared is not None:
             await self.shared.stop()
@@ -181,8 +212,15 @@ class GatewayApp:
 
         last_full = time.monotonic()
         while True:
-            await asyncio.sleep(self.refresh_interval)
+            wake = self._wake
+            if wake is None:
+                await asyncio.sleep(self.refresh_interval)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self.refresh_interval)
             try:
+                if wake is not None and wake.is_set():
+                    await self.reload_announced()
                 version = await sync_to_async(current_version, thread_sensitive=False)()
                 if version != self.tables.version or time.monotonic() - last_full > self.reload_interval:
                     await self.reload()
@@ -198,6 +236,20 @@ class GatewayApp:
             self.keeper.bind(tables)
             self.tables = tables
         self.waiting.wake_all()  # new upstreams may have come: waiters look again
+
+    async def reload_announced(self) -> None:
+        """Read the tables now if a change was announced and no reload has read it yet."""
+        wake = self._wake
+        if wake is None or not wake.is_set():
+            return
+        async with self._reload_lock:
+            if not wake.is_set():
+                return  # another request (or the refresh loop) just read them
+            wake.clear()
+            tables = await sync_to_async_load()
+            self.keeper.bind(tables)
+            self.tables = tables
+        self.waiting.wake_all()
 
     def tables_know(self, model: str) -> bool:
         return model in self.tables.models
@@ -274,6 +326,8 @@ class GatewayApp:
     # Intake and admission ----------------------------------------------------------------------
 
     async def serve(self, call: Call, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if self._wake is not None and self._wake.is_set():
+            await self.reload_announced()  # a change was announced: route by the tables after it
         call.entry = await self.authenticate(scope)
         body = parse_body(await read_body(receive, self.max_body, self.bodies, call))
         if not isinstance(body.get("model"), str) or not body["model"]:
@@ -511,6 +565,10 @@ class GatewayApp:
                 self.keeper.release(call.lease)
                 lease = await self.acquire(call, route, None, exclude=frozenset(tried))
                 if lease is None:
+                    await self.confirm_miss()  # the tables may have moved on (the model deleted a moment ago)
+                    if call.model not in self.tables.models:
+                        raise Refused(404, f"The model “{call.model}” does not exist.", kind="not_found_error",
+                                      code="model_not_found") from None
                     raise Refused(502, f"The replica of “{call.model}” could not be reached: {exc}",
                                   kind="api_error") from None
                 call.lease = lease
@@ -661,6 +719,12 @@ async def _in_thread(func: Callable[[], object], what: str) -> None:
         await sync_to_async(func, thread_sensitive=False)()
     except Exception:
         log.warning("could not %s", what, exc_info=True)
+
+
+async def sync_to_async_load() -> Tables:
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(load_tables, thread_sensitive=False)()
 
 
 async def _result_within(task: asyncio.Task[int | None], seconds: float) -> int | None:

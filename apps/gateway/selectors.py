@@ -59,7 +59,7 @@ def chat_models(user: Any) -> list[ChatModel]:
     external one is served by its provider.
     """
     ready = Replica.objects.filter(state=ReplicaState.READY).select_related("profile")
-    models = Model.objects.order_by("name").prefetch_related("profiles", Prefetch("replicas", queryset=ready))
+    models = Model.objects.live().order_by("name").prefetch_related("profiles", Prefetch("replicas", queryset=ready))
     choices = []
     for model in models:
         running = [r.profile.accelerator for r in model.replicas.all() if r.profile is not None]

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.signals import post_delete, post_save
 
-__all__ = ["bump", "connect"]
+__all__ = ["announce", "bump", "connect"]
 
 
 def bump() -> None:
@@ -21,8 +21,42 @@ def bump() -> None:
     def run() -> None:
         if TableVersion.objects.filter(pk=1).update(version=F("version") + 1) == 0:
             TableVersion.objects.get_or_create(pk=1, defaults={"version": 1})
+        announce()
 
     transaction.on_commit(run)
+
+
+def announce() -> None:
+    """Tell every gateway process to read its tables now rather than at its next look at the version:
+    the one in this process directly, the others through Redis. Best effort: the version stays the
+    source of truth, read every LLMGW_GATEWAY_REFRESH_SECONDS."""
+    import sys
+
+    from django.conf import settings
+
+    here = sys.modules.get("apps.gateway.asgi")
+    if here is not None:
+        here.gateway_app.wake_from_thread()
+    if settings.REDIS_URL:
+        try:
+            from apps.gateway.tables import tables_channel
+
+            _publisher().publish(tables_channel(), "changed")
+        except Exception:  # noqa: BLE001 - a hint only; the periodic check catches up
+            pass
+
+
+_redis_client: Any = None
+
+
+def _publisher() -> Any:
+    global _redis_client
+    if _redis_client is None:
+        import redis
+        from django.conf import settings
+
+        _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+    return _redis_client
 
 
 def _changed(sender: Any, **kwargs: Any) -> None:

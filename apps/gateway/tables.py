@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from apps.gateway.slots import InFlight
 
 __all__ = ["KeyEntry", "ModelRoute", "Tables", "Upstream", "current_version", "key_hash", "load_tables",
-           "unplaceable_reason"]
+           "tables_channel", "unplaceable_reason"]
 
 
 @dataclass(eq=False, slots=True)
@@ -168,8 +168,8 @@ def load_tables() -> Tables:
     models: dict[str, ModelRoute] = {}
     replicas = Replica.objects.exclude(state=ReplicaState.STOPPING).select_related("profile").prefetch_related(
         Prefetch("shards", queryset=Shard.objects.filter(rank=0).select_related("node")))
-    for model in Model.objects.prefetch_related("profiles", Prefetch("replicas", queryset=replicas)).select_related(
-            "organization", "team__organization", "project__team__organization"):
+    catalog = Model.objects.live().prefetch_related("profiles", Prefetch("replicas", queryset=replicas))
+    for model in catalog.select_related("organization", "team__organization", "project__team__organization"):
         upstreams: list[Upstream] = []
         if model.is_external:
             upstreams.append(Upstream(
@@ -210,6 +210,13 @@ def load_tables() -> Tables:
             starting=starting, unplaceable=unplaceable,
         )
     return Tables(keys=keys, models=models, version=version)
+
+
+def tables_channel() -> str:
+    """Where a change to the gateway's tables is announced to every gateway process (with Redis)."""
+    from django.conf import settings
+
+    return f"{settings.REDIS_PREFIX}:{{gw}}:tables"
 
 
 def current_version() -> int:

@@ -24,10 +24,11 @@ CONFIG_PATH = Path("~/.config/llmgw/ctl.yaml")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, errors: dict[str, list[str]] | None = None) -> None:
         super().__init__(f"{status}: {detail}")
         self.status = status
         self.detail = detail
+        self.errors = errors or {}
 
 
 @dataclass
@@ -50,14 +51,16 @@ class Client:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             raw = exc.read()
+            errors: dict[str, list[str]] = {}
             try:
                 payload = json.loads(raw)
                 detail = payload.get("detail") if isinstance(payload, dict) else None
-                if isinstance(payload, dict) and payload.get("errors"):
-                    detail = f"{detail} {json.dumps(payload['errors'])}"
+                if isinstance(payload, dict) and isinstance(payload.get("errors"), dict):
+                    errors = payload["errors"]
+                    detail = f"{detail} {json.dumps(errors)}"
             except ValueError:
                 detail = None
-            raise ApiError(exc.code, str(detail or exc.reason)) from None
+            raise ApiError(exc.code, str(detail or exc.reason), errors) from None
         except urllib.error.URLError as exc:
             raise ApiError(0, f"cannot reach {self.server}: {exc.reason}") from None
         return json.loads(raw) if raw else None
@@ -67,6 +70,9 @@ class Client:
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body if body is not None else {})
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
 
 
 def load_config(path: Path | None = None) -> dict[str, str]:

@@ -251,15 +251,55 @@ def cmd_model_apply(client: Client, args: argparse.Namespace) -> int:
         raise SystemExit(f"llmgw ctl: {args.file} is not valid YAML: {exc}") from None
     from llmgw.cli.ctl import ApiError
 
+    body = dict(data) if isinstance(data, dict) else {"models": data}
+    if args.dry_run:
+        body["dry_run"] = True
     try:
-        answer = client.post("models/apply", data if isinstance(data, dict) else {"models": data})
+        answer = client.post("models/apply", body)
     except ApiError as exc:
+        if exc.status == 400 and exc.errors:
+            for path, messages in exc.errors.items():
+                for message in messages:
+                    print(f"llmgw ctl: {args.file}: {path}: {message}", file=sys.stderr)
+            return 1
         if exc.status == 400:
             print(f"llmgw ctl: {args.file}: {exc.detail}", file=sys.stderr)
             return 1
         raise
     for result in answer["results"]:
-        print(f"model {result['name']}: {result['outcome']}")
+        verb = {"created": "would be created", "changed": "would change", "unchanged": "unchanged"}[
+            result["outcome"]] if args.dry_run else result["outcome"]
+        print(f"model {result['name']}: {verb}")
+        if args.dry_run:
+            for line in _diff_lines(result.get("changes") or {}):
+                print(f"  {line}")
+    return 0
+
+
+def _diff_lines(changes: dict[str, Any], prefix: str = "") -> list[str]:
+    """A dry run's changes, one field a line: `- old` and `+ new`, as kubectl diff shows them."""
+    lines: list[str] = []
+    for field, change in changes.items():
+        if field == "profiles" and isinstance(change, dict):
+            for name, diff in change.items():
+                lines += _diff_lines(diff, f"profiles[{name}].")
+        elif field == "profiles_removed":
+            lines += [f"- profiles[{name}] (removed)" for name in change]
+        elif isinstance(change, list) and len(change) == 2:
+            lines.append(f"{prefix}{field}:")
+            lines.append(f"  - {json.dumps(change[0])}")
+            lines.append(f"  + {json.dumps(change[1])}")
+    return lines
+
+
+def cmd_model_delete(client: Client, args: argparse.Namespace) -> int:
+    if not args.yes:
+        answer = input(f"Delete model {args.name}? Its replicas stop and no route serves it. [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not deleted")
+            return 1
+    client.delete(f"models/{args.name}")
+    print(f"model {args.name}: deleted (its replicas are stopping; its usage history stays)")
     return 0
 
 
@@ -356,9 +396,15 @@ def add_model_commands(ctl_sub: Any) -> None:
     p.set_defaults(ctl_func=cmd_replicas)
     model = ctl_sub.add_parser("model", help="one model: apply, show, explain, target, resources, class")
     sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    p = sub.add_parser("apply", help="create or update models from a YAML file (idempotent)")
+    p = sub.add_parser("apply", help="create or update models from a YAML file (idempotent; each model's spec "
+                                     "is its whole declaration)")
     p.add_argument("-f", "--file", required=True)
+    p.add_argument("--dry-run", action="store_true", help="change nothing; list, field by field, what would change")
     p.set_defaults(ctl_func=cmd_model_apply)
+    p = sub.add_parser("delete", help="take a model out of service: its replicas stop, its usage history stays")
+    p.add_argument("name")
+    p.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
+    p.set_defaults(ctl_func=cmd_model_delete)
     p = sub.add_parser("show", help="a model, its profiles and replicas")
     p.add_argument("name")
     p.set_defaults(ctl_func=cmd_model_show)

@@ -76,3 +76,11 @@ def test_a_changed_profile_replaces_the_running_replica_while_requests_keep_bein
         plane.wait_for(lambda: not alive(first) or None, timeout=60, what="the old engine to stop")
         failures = [a for a in answers if a != "ok"]
         assert answers and failures == [], failures[:3]
+
+        # Deleted: no route serves it from the next request on, and its engine stops.
+        assert plane.ctl("model", "delete", "tiny", "--yes")[0] == 0
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        plane.wait_for(lambda: not alive(second) or None, timeout=60, what="the deleted model's engine to stop")
+        usage = plane.api("GET", "usage?group_by=model")
+        assert any(row.get("group") == "tiny" for row in usage["results"])  # its history stays

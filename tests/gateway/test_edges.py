@@ -673,3 +673,13 @@ async def test_an_engine_that_stays_silent_past_the_read_timeout_is_a_504_and_is
     record = await gw.usage.wait()
     assert record["status"] == 504
     assert held(gw.endpoint) == 0
+
+
+async def test_an_announced_change_is_read_before_the_next_request_is_routed(gw: Gateway, engine: MockEngine) -> None:
+    assert (await gw.chat()).status == 200
+    # The model is deleted (the database moved on) and the change announced, as a commit does.
+    gw.database["tables"] = Tables(keys=gw.app.tables.keys, models={}, version=gw.app.tables.version + 1)
+    gw.app.wake_from_thread()
+    await asyncio.sleep(0)  # the loop runs the announcement, as it does before the next request
+    answer = await gw.chat()
+    assert answer.status == 404 and answer.json["error"]["code"] == "model_not_found"

@@ -70,3 +70,36 @@ def test_node_drain_says_what_is_left_and_nodes_shows_it_draining(live_server, k
     assert "draining: 1 replica(s) left" in out and "m#" in out
     assert main([*base, "nodes"]) == 0
     assert "draining" in capsys.readouterr().out
+
+
+def test_model_apply_names_a_typo_with_its_path_and_dry_run_shows_the_diff(live_server, key_for, capsys,
+                                                                            monkeypatch, tmp_path) -> None:
+    import yaml
+
+    from apps.accounts.choices import StaffRole
+    from apps.catalog.models import Profile
+    from tests.conftest import make_user
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    secret = key_for(make_user("olga@example.com", role=StaffRole.OPERATOR))
+    base = ["ctl", "--server", live_server.url, "--key", secret]
+    profile = {"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1}
+    spec = tmp_path / "models.yaml"
+    spec.write_text(yaml.safe_dump({"models": [{"name": "tiny", "source": "/models/t.gguf", "profiles": [profile]}]}))
+    assert main([*base, "model", "apply", "-f", str(spec)]) == 0
+    capsys.readouterr()
+    typo = {k: v for k, v in profile.items() if k != "memory"} | {"memroy": "1GB"}
+    spec.write_text(yaml.safe_dump({"models": [{"name": "tiny", "source": "/models/t.gguf", "profiles": [typo]}]}))
+    assert main([*base, "model", "apply", "-f", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "models[0].profiles[0].memroy: unknown field; did you mean memory?" in err
+    assert Profile.objects.get(model__name="tiny").memory_bytes == 1024**3
+    spec.write_text(yaml.safe_dump({"models": [{"name": "tiny", "source": "/models/t.gguf",
+                                                "profiles": [{**profile, "parallel": 8}]}]}))
+    assert main([*base, "model", "apply", "-f", str(spec), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "model tiny: would change" in out
+    assert "profiles[cpu].parallel:\n    - 4\n    + 8" in out
+    assert Profile.objects.get(model__name="tiny").parallel == 4
+    assert main([*base, "model", "delete", "tiny", "--yes"]) == 0
+    assert "deleted" in capsys.readouterr().out
