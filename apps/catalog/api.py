@@ -88,17 +88,28 @@ def explain_model(model: Model) -> list[dict[str, Any]]:
     from apps.cluster import placement
     from apps.cluster.inventory import build_inventory, replica_request
 
+    inventory = build_inventory()
+    request = replica_request(model)
+    holders = set(inventory.weights_nodes(request.source))
     out = []
-    for verdict in placement.explain(build_inventory(), replica_request(model)):
+    for verdict in placement.explain(inventory, request):
         out.append({
             "profile": verdict.profile.name, "priority": verdict.profile.priority, "fits": verdict.fits,
             # refusals of the whole profile: capacity quotas, no fabric with enough nodes, no node fits
             "reasons": [selectors.translate_reason(_rejection(r)) for r in verdict.reasons],
-            "nodes": [{"node": n.node_name, "fits": n.fits, "score": n.score,
+            "nodes": [{"node": n.node_name, "fits": n.fits, "score": n.score, "scores": n.scores,
+                       "weights": _weights_note(n, holders, request.source),
                        "reasons": [selectors.translate_reason(_rejection(r)) for r in n.reasons]}
                       for n in verdict.nodes],
         })
     return out
+
+
+def _weights_note(verdict: Any, holders: set[int], source: str) -> str | None:
+    """For a node that fits: whether it holds the model's weights or must fetch them first."""
+    if not verdict.fits or not source:
+        return None
+    return gettext("holds the weights") if verdict.node_id in holders else gettext("must fetch them")
 
 
 def _rejection(rejection: Any) -> dict[str, Any]:

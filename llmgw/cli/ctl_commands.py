@@ -344,8 +344,12 @@ def cmd_model_explain(client: Client, args: argparse.Namespace) -> int:
             print(f"  {reason}")
         for node in profile["nodes"]:
             if node["fits"]:
-                score = f" (score {node['score']:.2f})" if node.get("score") is not None else ""
-                print(f"  {node['node']}: fits{score}")
+                score = f" (score {node['score']:.2f}" if node.get("score") is not None else ""
+                if score and node.get("scores"):
+                    score += ": " + ", ".join(f"{name} {value:.2f}" for name, value in node["scores"].items())
+                score += ")" if score else ""
+                weights = f"; {node['weights']}" if node.get("weights") else ""
+                print(f"  {node['node']}: fits{score}{weights}")
             for reason in node["reasons"]:
                 print(f"  {node['node']}: {reason}")
     placed = [r for r in answer["replicas"] if r["rejections"]]

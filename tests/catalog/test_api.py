@@ -131,3 +131,25 @@ def test_a_viewer_and_a_person_without_a_role_may_not_apply_or_delete(api, user_
     assert apply(client, TINY).status_code == 403
     assert client.delete("/api/v1/models/kept").status_code == 403
     assert Model.objects.filter(name="kept", deleted_at__isnull=True).exists()
+
+
+def test_explain_breaks_each_fitting_node_score_into_its_scorers_and_says_who_holds_the_weights(
+        api, operator) -> None:
+    from apps.cluster.models import Node
+
+    make_node("holder", memory_gb=64)
+    make_node("fetcher", memory_gb=64)
+    holder = Node.objects.get(name="holder")
+    holder.sample = {**holder.sample, "storage": [{"directories": ["/models"], "weights": ["/models/tiny.gguf"]}]}
+    holder.save(update_fields=["sample"])
+    make_model("tiny", memory_gb=1, cores=1, source="/models/tiny.gguf", replicas=0)
+    answer = as_user(api, operator).get("/api/v1/models/tiny/explain").json()
+    [profile] = answer["profiles"]
+    nodes = {n["node"]: n for n in profile["nodes"]}
+    assert nodes["holder"]["weights"] == "holds the weights"
+    assert nodes["fetcher"]["weights"] == "must fetch them"
+    for node in nodes.values():
+        assert node["fits"] and node["scores"]
+        assert sum(node["scores"].values()) == pytest.approx(node["score"])
+    assert nodes["holder"]["scores"]["weights"] > nodes["fetcher"]["scores"]["weights"]
+    assert nodes["holder"]["score"] > nodes["fetcher"]["score"]

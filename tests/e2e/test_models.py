@@ -45,7 +45,9 @@ def chat(endpoint: str, key: str | None) -> tuple[int, dict]:
 def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restart(tmp_path: Path) -> None:
     from tests.ggufgen import make_tiny_gguf
 
-    weights = make_tiny_gguf(tmp_path / "tiny.gguf")
+    # Where `llmgw up`'s own agent looks for weights: it reports them held, and explain says so.
+    (tmp_path / "data" / "models").mkdir(parents=True)
+    weights = make_tiny_gguf(tmp_path / "data" / "models" / "tiny.gguf")
     models = tmp_path / "models.yaml"
     models.write_text(yaml.safe_dump({"models": [{
         "name": "tiny", "source": str(weights), "replicas": 1,
@@ -80,6 +82,10 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
             assert code == 0
             assert f"{shard['node']}:" in out and "needs 102400" in out and "GB of memory" in out
             assert plane.api("GET", "models/huge")["status"]["pending"] == 1
+            # The node the agent runs on holds tiny's weights (it reported them), and its score is broken down.
+            code, out, _err = plane.ctl("model", "explain", "tiny")
+            line = next(line for line in out.splitlines() if line.strip().startswith(f"{shard['node']}: fits"))
+            assert code == 0 and "(score " in line and "weights " in line and "holds the weights" in line, out
             assert plane.stop() == 0
 
         # The control plane (web, worker, agent) stopped; the engine did not.

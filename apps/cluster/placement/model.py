@@ -174,6 +174,8 @@ class NodeVerdict:
     reasons: list[Rejection]
     fits: bool
     score: float | None
+    # For a node that fits: each scorer's weighted part of its score, by the scorer's name.
+    scores: dict[str, float] | None = None
 
 
 @dataclass(slots=True)

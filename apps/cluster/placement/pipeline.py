@@ -80,7 +80,7 @@ def _item_order(item: Item) -> tuple[float, int]:
 class _Evaluator:
     """The registered plugins bound to one profile's context."""
 
-    __slots__ = ("ctx", "filters", "indexed", "nodes", "plugins", "pmax")
+    __slots__ = ("ctx", "filters", "indexed", "named", "nodes", "plugins", "pmax")
 
     def __init__(self, ctx: PlacementContext) -> None:
         registry = ctx.registry
@@ -90,6 +90,7 @@ class _Evaluator:
         scorers = registry.scorers()
         self.indexed = tuple((e.fn, e.weight) for e in scorers if e.fn in INDEXED)
         self.plugins = tuple((e.fn, e.weight) for e in scorers if e.fn not in INDEXED)
+        self.named = tuple((e.name, e.fn, e.weight) for e in scorers)
         pmax = 0.0
         for _, weight in self.plugins:
             pmax += weight
@@ -118,6 +119,11 @@ class _Evaluator:
         for fn, weight in self.plugins:
             total += weight * _clamp(fn(ctx, node))
         return total
+
+    def breakdown(self, node: NodeSnapshot) -> dict[str, float]:
+        """Each scorer's weighted part of the node's score, by name (what explain shows)."""
+        ctx = self.ctx
+        return {name: weight * _clamp(fn(ctx, node)) for name, fn, weight in self.named}
 
     def score(self, node: NodeSnapshot) -> float:
         key = self.key(node)
@@ -482,7 +488,8 @@ def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry
                 continue
             key = ev.key(node)
             score = key + ev.extra(node) if ev.plugins else key
-            fitting.append((-score, -key, rank(node_id), NodeVerdict(node_id, node.name, [], True, score)))
+            fitting.append((-score, -key, rank(node_id), NodeVerdict(node_id, node.name, [], True, score,
+                                                                     ev.breakdown(node))))
             if node.fabric is not None:
                 counts[node.fabric] = counts.get(node.fabric, 0) + 1
         fitting.sort(key=lambda entry: entry[:3])
