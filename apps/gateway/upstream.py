@@ -10,7 +10,10 @@ time the gateway adds to every answer.
   read to the end is closed, which is how an engine learns that its caller went away.
 - A pooled connection that the other side closed while it sat idle is noticed and dropped;
   one that closes after the request was written but before a byte of the answer came back
-  is tried once more on a new connection (the server dropped it idle at the same moment).
+  is tried once more on a brand-new connection (the server dropped it idle at the same moment).
+- A server that says how long it keeps an idle connection (`Keep-Alive: timeout=N`, which
+  llama.cpp sends with N=5) is believed: its connection is not used again once it has been
+  idle for N less a second, so the gateway does not race the server's close.
 - `connect_timeout` bounds opening a connection (proxy, tunnel and TLS included);
   `read_timeout` bounds each wait for the next bytes of an answer, as a socket read timeout would.
 - While more than HIGH_WATER bytes of an answer wait to be read, the socket is not read
@@ -89,6 +92,23 @@ __all__ = ["ConnectError", "Disconnected", "Pool", "Proxy", "ProxyConfig", "Read
 HIGH_WATER = 1024 * 1024
 LOW_WATER = 256 * 1024
 PROXY_HEAD_LIMIT = 64 * 1024  # a proxy's answer to CONNECT longer than this is not an answer
+
+
+# A connection the server keeps N s idle is not used after N - KEEP_ALIVE_MARGIN s idle.
+KEEP_ALIVE_MARGIN = 1.0
+
+
+def _keep_alive_timeout(value: str) -> float | None:
+    """The `timeout=N` of a Keep-Alive header, in seconds; None when absent or not a number."""
+    for part in value.split(","):
+        name, _, number = part.strip().partition("=")
+        if name.strip().lower() == "timeout":
+            try:
+                seconds = float(number.strip())
+            except ValueError:
+                return None
+            return seconds if seconds == seconds and seconds >= 0 else None  # noqa: PLR0124 - NaN
+    return None
 
 
 class UpstreamError(Exception):
@@ -353,6 +373,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
+        # How long the server said it keeps this connection idle (Keep-Alive: timeout=N); None: not said.
+        self.server_idle: float | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -407,6 +429,8 @@ class _Connection(asyncio.Protocol):
             return
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()  # only known while the parser is in this answer
+        if self.keep_alive and "keep-alive" in self.headers:
+            self.server_idle = _keep_alive_timeout(self.headers["keep-alive"])
         self.headers_done = True
         self._wake()
 
@@ -644,7 +668,7 @@ class Pool:
         lines.append("\r\n")
         request = "".join(lines).encode("latin-1") + body
         for attempt in (0, 1):
-            conn = await self._connection(target)
+            conn = await self._connection(target, pooled=attempt == 0)
             conn.transport.write(request)  # type: ignore[union-attr]
             try:
                 while not conn.headers_done:
@@ -661,12 +685,17 @@ class Pool:
             return Response(conn)
         raise AssertionError("unreachable")
 
-    async def _connection(self, target: _Target) -> _Connection:
-        idle = self._idle.get(target.key)
+    async def _connection(self, target: _Target, *, pooled: bool = True) -> _Connection:
+        """An idle connection to the target that is still worth using, or a new one (always a new
+        one when not `pooled`)."""
+        idle = self._idle.get(target.key) if pooled else None
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if conn.closed or now - conn.idle_since > self.idle_timeout:
+            limit = self.idle_timeout
+            if conn.server_idle is not None:
+                limit = min(limit, conn.server_idle - KEEP_ALIVE_MARGIN)
+            if conn.closed or now - conn.idle_since > limit:
                 conn.close()
                 continue
             conn.reused = True

@@ -240,6 +240,57 @@ async def test_a_kept_connection_closed_as_the_request_was_sent_is_tried_once_mo
     assert len(server.requests) == 3
 
 
+async def test_the_retry_after_a_stale_connection_opens_a_new_one_rather_than_another_stale_one(
+        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    """Two connections sat idle past the server's patience; both are dropped as a request arrives."""
+    async def first_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
+        if server.connections <= 2:
+            await server.read_request(reader)
+            writer.write(answer(b"{}"))
+            await writer.drain()
+            await server.read_request(reader)  # the next request on a kept connection: closed unanswered
+            return
+        await keep_alive(reader, writer, server)
+
+    server = await serve(first_only)
+    first, second = await pool.post(server.url, b"{}"), await pool.post(server.url, b"{}")  # two at once
+    for response in (first, second):
+        async with response:
+            await response.read()
+    assert pool.idle_count() == 2
+    async with await pool.post(server.url, b"{}") as response:
+        assert response.status == 200 and await response.read() == b'{"echo": 2}'
+    assert server.connections == 3
+
+
+async def test_a_connection_is_not_used_past_the_idle_time_the_server_announced(
+        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    async def announces(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
+        while (body := await server.read_request(reader)) is not None:  # as llama.cpp does, with 1.5 s
+            writer.write(answer(b'{"echo": %d}' % len(body), b"Keep-Alive: timeout=1.5, max=100"))
+            await writer.drain()
+
+    server = await serve(announces)
+    for _ in range(2):  # back to back: well within the server's time, one connection
+        async with await pool.post(server.url, b"{}") as response:
+            await response.read()
+    assert server.connections == 1
+    await asyncio.sleep(0.7)  # past 1.5 s less the margin; the server has not closed it (yet)
+    assert pool.idle_count() == 1
+    async with await pool.post(server.url, b"{}") as response:
+        assert await response.read() == b'{"echo": 2}'
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(("header", "seconds"), [("timeout=5, max=100", 5.0), ("max=3, Timeout = 2", 2.0),
+                                                 ("max=100", None), ("timeout=soon", None), ("timeout=nan", None),
+                                                 ("", None)])
+def test_the_keep_alive_timeout_is_read_from_the_header(header: str, seconds: float | None) -> None:
+    from apps.gateway.upstream import _keep_alive_timeout
+
+    assert _keep_alive_timeout(header) == seconds
+
+
 async def test_a_new_connection_closed_before_any_answer_is_disconnected(
         serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
