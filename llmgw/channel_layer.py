@@ -14,11 +14,17 @@ nobody knew. Here:
   anew on first use instead of failing every call;
 - group memberships expire after LLMGW_CHANNEL_GROUP_EXPIRY seconds (default 900) unless the
   member renews them (each agent connection does every few minutes), so a member whose discard
-  failed is forgotten within minutes, not a day.
+  failed is forgotten within minutes, not a day;
+- a receive outlives a Redis outage: while Redis cannot be reached it waits and tries again
+  (every 0.5 s, backing off to 5 s, with one warning per outage) instead of raising, which would
+  end every websocket of the process at once; once Redis answers again the channel's group
+  memberships are added anew, since a Redis that restarted without persistence has forgotten
+  them. A group_add made while Redis is away fails to its caller but is remembered for that.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -26,6 +32,8 @@ from typing import Any
 from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer
 from prometheus_client import Counter
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["DROPPED", "ChannelLayer"]
 
@@ -34,6 +42,9 @@ log = logging.getLogger("llmgw.channels")
 DROPPED = Counter("llmgw_channel_layer_dropped", "Channel layer messages dropped because an inbox was full",
                   ["kind"])
 _WARN_EVERY_S = 60.0
+# What a Redis that went away (stopped, restarting, unreachable) raises.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 5.0
 
 
 class _CapacityLog(logging.Filter):
@@ -65,16 +76,55 @@ class ChannelLayer(RedisChannelLayer):
         super().__init__(*args, **kwargs)
         self.pool_options = {"max_connections": 64, "timeout": 10, "health_check_interval": 15,
                              **(pool or {})}
+        # The groups each channel of this process joined (and has not left): what is added anew
+        # after an outage.
+        self.joined: dict[str, set[str]] = {}
+        self.outage_since: float | None = None
 
-    def create_pool(self, index: int) -> Any:
-        from redis.asyncio import BlockingConnectionPool
+    async def group_add(self, group: str, channel: str) -> None:
+        self.joined.setdefault(channel, set()).add(group)
+        await super().group_add(group, channel)
 
-        host = dict(self.hosts[index])
-        address = host.pop("address", None)
-        options = {**host, **self.pool_options}
-        if address is not None:
-            return BlockingConnectionPool.from_url(address, **options)
-        return BlockingConnectionPool(**options)
+    async def group_discard(self, group: str, channel: str) -> None:
+        groups = self.joined.get(channel)
+        if groups is not None:
+            groups.discard(group)
+            if not groups:
+                del self.joined[channel]
+        await super().group_discard(group, channel)
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        wait = 0.0
+        while True:
+            try:
+                if wait:
+                    await asyncio.sleep(wait)
+                    await self._rejoin(channel)
+                message: dict[str, Any] = await super().receive(channel)
+            except UNREACHABLE as exc:
+                if self.outage_since is None:
+                    self.outage_since = time.monotonic()
+                    log.warning("channel layer: Redis cannot be reached (%s: %s); agent connections stay "
+                                "open and wait for it", type(exc).__name__, exc)
+                wait = min(max(wait * 2, _RETRY_FIRST_S), _RETRY_MAX_S)
+                continue
+            return message
+
+    async def _rejoin(self, channel: str) -> None:
+        """After a failed receive: add the memberships Redis may have lost again, every channel's
+        the first time Redis answers after an outage (a channel waiting behind another's receive
+        never saw it fail), only this channel's after that."""
+        if self.outage_since is None:
+            channels = [channel]
+        else:
+            channels = list(self.joined)
+        for name in channels:
+            for group in list(self.joined.get(name, ())):
+                await super().group_add(group, name)
+        if self.outage_since is not None:
+            log.warning("channel layer: Redis answers again after %.0f s; %s channels rejoined their groups",
+                        time.monotonic() - self.outage_since, len(channels))
+            self.outage_since = None
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         try:

@@ -59,9 +59,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # replaced from the channel layer at once, or from its process's next sweep of the rows.
         await database_sync_to_async(services.set_connection, thread_sensitive=False)(node.pk, self.channel_name)
         group = services.node_group(node.pk)
-        # Tell an older connection of this node to go, before joining the group ourselves.
-        await self.channel_layer.group_send(group, {"type": "agent.replace", "channel": self.channel_name})
-        await self.join_group()
+        # Tell an older connection of this node to go, before joining the group ourselves. Without
+        # the channel layer (Redis away) the connection still serves: heartbeats and reports go to
+        # the database, an older connection learns from the sweep, and the layer adds the
+        # membership it could not add once Redis is back.
+        try:
+            await self.channel_layer.group_send(group, {"type": "agent.replace", "channel": self.channel_name})
+            await self.join_group()
+        except Exception as exc:
+            log.warning("agent of node %s: the channel layer cannot be reached (%s: %s); going on without it",
+                        node.name, type(exc).__name__, exc)
         heartbeat_writer.attach(self)
         log.info("agent of node %s connected", node.name)
         if type(self.channel_layer).__name__ == "InMemoryChannelLayer":

@@ -241,3 +241,20 @@ async def test_a_discard_that_fails_is_tried_again() -> None:
     consumer.channel_layer = Layer()
     await consumer.leave_group()
     assert Layer.calls == 3
+
+
+async def test_an_agent_connects_heartbeats_and_leaves_while_redis_is_away(settings, caplog) -> None:
+    """The channel layer on a Redis that cannot be reached: the node still registers and is ready."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "llmgw.channel_layer.ChannelLayer",
+                                           "CONFIG": {"hosts": [{"address": "redis://127.0.0.1:1/0"}]}}}
+    node, credential = await database_sync(enrolled)
+    ws = await connect(credential)
+    answer = await register(ws)
+    assert answer["type"] == "registered"
+    await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {"cpus": 64}}))
+    await asyncio.sleep(1.5)  # the consumer's channel-layer receive has failed and waits, not ended it
+    await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {"cpus": 32}}))
+    await ws.disconnect()
+    node = await database_sync(lambda: Node.objects.get(pk=node.pk))
+    assert node.status == NodeStatus.READY and node.sample == {"cpus": 32}
+    assert "the channel layer cannot be reached" in caplog.text
