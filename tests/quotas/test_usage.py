@@ -376,3 +376,15 @@ def test_batches_the_worker_wrote_are_not_written_again(bob, tree) -> None:
     asyncio.run(scenario())
     assert UsageRecord.objects.count() == 12
     assert UsageRollup.objects.get(period="minute").requests == 12
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_task_tries_a_batch_again_when_the_database_went_away(bob, tree, monkeypatch) -> None:
+    from apps.quotas import tasks, usage
+
+    key = make_key(bob, tree.project)
+    spy = SpyWrite(fail_times=2)
+    monkeypatch.setattr(usage, "write_records_sync", spy)
+    outcome = tasks.write_usage.apply(args=([record(key), record(key)],), retries=0, throw=False)
+    assert outcome.successful(), outcome.traceback
+    assert spy.batches == [2, 2, 2] and UsageRecord.objects.count() == 2
