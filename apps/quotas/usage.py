@@ -37,10 +37,12 @@ memory: records not yet handed over (at most `interval` seconds of them) and han
 not yet confirmed whose broker message was lost as well.
 
 A batch that fails is kept and retried first on the next flush, with the flush interval
-doubling up to 30 s while the database is failing; after `max_attempts` tries it is
-written record by record so one bad record loses only itself, and what still fails is
-dropped and counted in llmgw_usage_dropped_total. While a batch waits, new records
-queue up to `max_queue`; past that, emit drops them (counted and logged, never blocking).
+doubling up to 30 s while the database is failing. While the database is away (a connection
+refused or reset: OperationalError, InterfaceError) the batch is kept however long that lasts;
+a batch the database refuses for its content is, after `max_attempts` tries, written record by
+record so one bad record loses only itself, and what still fails is dropped and counted in
+llmgw_usage_dropped_total. While a batch waits, new records queue up to `max_queue`; past
+that, emit drops them (counted and logged, never blocking).
 """
 
 from __future__ import annotations
@@ -467,7 +469,10 @@ class UsageWriter:
                 self._failed, self._in_flight = batch, 0
                 raise
             except Exception as exc:
-                self._attempts += 1
+                # A database that is away is waited for however long it takes (what queues up
+                # meanwhile is bounded by max_queue); only a batch the database refuses uses up tries.
+                if not _is_outage(exc):
+                    self._attempts += 1
                 self._in_flight = 0
                 if self._attempts < self.max_attempts and not final:
                     self._failed = batch

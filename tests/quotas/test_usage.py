@@ -388,3 +388,23 @@ def test_the_worker_task_tries_a_batch_again_when_the_database_went_away(bob, tr
     outcome = tasks.write_usage.apply(args=([record(key), record(key)],), retries=0, throw=False)
     assert outcome.successful(), outcome.traceback
     assert spy.batches == [2, 2, 2] and UsageRecord.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_away_for_longer_than_every_try_loses_nothing(bob, tree) -> None:
+    """Twelve failed flushes with the database away, more than max_attempts: the batch is kept."""
+    key = make_key(bob, tree.project)
+    before = dropped("write_failed")
+    spy = SpyWrite(fail_times=12)
+    writer = UsageWriter(write=spy, max_attempts=3)
+    for _ in range(4):
+        writer.emit(record(key))
+
+    async def scenario() -> list[bool]:
+        results = [await writer.flush() for _ in range(13)]
+        await writer.stop()
+        return results
+
+    assert asyncio.run(scenario()) == [False] * 12 + [True]
+    assert spy.batches == [4] * 13
+    assert UsageRecord.objects.count() == 4 and dropped("write_failed") == before
