@@ -7,6 +7,7 @@ operator less than a partial sample with a warning.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -108,7 +109,9 @@ class Sampler:
         sample: dict[str, Any] = {"taken_at": time.time()}
         self._cpu_and_memory(sample, warnings)
         self._temperatures(sample, warnings)
-        self._storage(sample, warnings)
+        # Off the event loop: a model directory on a slow filer, or GGUF headers read for the first
+        # time, must not hold up the agent's websocket.
+        await asyncio.to_thread(self._storage, sample, warnings)
         report = await self._gpu_report(warnings)
         if report is not None:
             if now - self._slow_at >= SLOW_INTERVAL_S:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,13 +309,139 @@ def _size(path: str) -> int | None:
 
 
 def _reads_as_gguf(path: str) -> bool:
-    """A GGUF file starts with its magic: a file of another kind, or zeros where a download was
-    preallocated, is not weights."""
+    """A GGUF file that is whole: it starts with the magic (a file of another kind, or zeros where
+    a download was preallocated, is not weights) and is at least as long as its own header says
+    its tensors reach (a copy or download cut short is not weights either)."""
+    size = _size(path)
+    if size is None:
+        return False
+    try:
+        expected = _gguf_expected_size(path, size)
+    except (OSError, ValueError, struct.error):
+        return False
+    return expected is None or size >= expected
+
+
+# ggml tensor types: (elements per block, bytes per block), as in ggml.h / gguf-py's GGML_QUANT_SIZES.
+GGML_TYPE_SIZES: dict[int, tuple[int, int]] = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
+    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+}
+# GGUF metadata value types of a fixed size (bytes); 8 is a string, 9 an array.
+_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_LIMIT = 1 << 24  # more tensors, keys or array items than this is not a file to trust
+_WHOLE_CACHE: dict[tuple[str, int, int], int | None] = {}
+
+
+def _gguf_expected_size(path: str, size: int) -> int | None:
+    """The length a GGUF file must have for its last tensor to be there, from its header; None when
+    this reader cannot tell (a version or tensor type it does not know). ValueError when the header
+    itself does not read (not GGUF, or cut short within it). Kept per (path, size, mtime): a
+    vocabulary of 262,144 strings is read once, not at every sample."""
+    stat = os.stat(path)
+    key = (path, size, stat.st_mtime_ns)
+    if key in _WHOLE_CACHE:
+        return _WHOLE_CACHE[key]
+    with open(path, "rb") as handle:
+        expected = _read_gguf_header(handle, size)
+    if len(_WHOLE_CACHE) > 1024:
+        _WHOLE_CACHE.clear()
+    _WHOLE_CACHE[key] = expected
+    return expected
+
+
+def _read_gguf_header(handle: Any, size: int) -> int | None:
+    def take(count: int) -> bytes:
+        data = handle.read(count)
+        if len(data) != count:
+            raise ValueError("the header is cut short")
+        return data
+
+    def u32() -> int:
+        return int(struct.unpack("<I", take(4))[0])
+
+    def u64() -> int:
+        return int(struct.unpack("<Q", take(8))[0])
+
+    def skip(count: int) -> None:
+        if count < 0 or handle.tell() + count > size:
+            raise ValueError("the header is cut short")
+        handle.seek(count, os.SEEK_CUR)
+
+    def string() -> bytes:
+        length = u64()
+        if length > size:
+            raise ValueError("a string longer than the file")
+        return take(length)
+
+    if take(4) != b"GGUF":
+        raise ValueError("not a GGUF file")
+    version = u32()
+    if version not in (2, 3):
+        return None
+    tensors, keys = u64(), u64()
+    if tensors > _GGUF_LIMIT or keys > _GGUF_LIMIT:
+        raise ValueError("implausible counts")
+    alignment = 32
+    for _ in range(keys):
+        name = string()
+        kind = u32()
+        if kind == 4 and name == b"general.alignment":
+            alignment = u32() or 32
+        elif kind in _GGUF_FIXED:
+            skip(_GGUF_FIXED[kind])
+        elif kind == 8:
+            skip(u64())
+        elif kind == 9:
+            item, count = u32(), u64()
+            if count > _GGUF_LIMIT:
+                raise ValueError("implausible array")
+            if item in _GGUF_FIXED:
+                skip(_GGUF_FIXED[item] * count)
+            elif item == 8:
+                for _ in range(count):
+                    skip(u64())
+            else:
+                return None  # arrays of arrays: not written by llama.cpp's tools
+        else:
+            raise ValueError(f"unknown metadata type {kind}")
+    end = 0
+    for _ in range(tensors):
+        string()
+        dims = u32()
+        if dims > 8:
+            raise ValueError("implausible tensor shape")
+        elements = 1
+        for _ in range(dims):
+            elements *= u64()
+        kind, offset = u32(), u64()
+        block = GGML_TYPE_SIZES.get(kind)
+        if block is None:
+            return None
+        end = max(end, offset + elements // block[0] * block[1])
+    start = handle.tell()
+    start += -start % alignment
+    return start + end
+
+
+def _whole_safetensors(path: str) -> bool:
+    """A safetensors file at least as long as its header says its tensors reach."""
+    size = _size(path)
+    if size is None or size < 8:
+        return False
     try:
         with open(path, "rb") as handle:
-            return handle.read(4) == b"GGUF"
-    except OSError:
+            length = int(struct.unpack("<Q", handle.read(8))[0])
+            if length > min(size - 8, 100 * 1024 * 1024):
+                return False
+            header = json.loads(handle.read(length))
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error):
         return False
+    return all(isinstance(e, int) for e in ends) and size >= 8 + length + max(ends, default=0)
 
 
 def _complete_gguf(directory: str, name: str, names: set[str]) -> bool:
@@ -357,7 +484,13 @@ def _complete_model_dir(path: str) -> bool:
                 return has_weights
             if _is_partial(filename):
                 return False
-            if filename.lower().endswith(_WEIGHT_SUFFIXES) and (_size(os.path.join(current, filename)) or 0) > 0:
+            full = os.path.join(current, filename)
+            lowered = filename.lower()
+            if lowered.endswith(".safetensors") and not _whole_safetensors(full):
+                return False  # cut short: the engine would fail on it
+            if lowered.endswith(".gguf") and not _reads_as_gguf(full):
+                return False
+            if lowered.endswith(_WEIGHT_SUFFIXES) and (_size(full) or 0) > 0:
                 has_weights = True
     if not has_weights:
         return False

