@@ -8,10 +8,8 @@ import json
 import logging
 import re
 import secrets
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -27,17 +25,29 @@ from apps.cluster.models import EnrollmentToken, Gpu, Node
 
 __all__ = [
     "EnrollmentRefused",
+    "NewEnrollment",
+    "append_histories",
     "authenticate_node",
     "cordon_node",
     "create_enrollment",
+    "desired_version",
+    "drain_node",
+    "drain_status",
     "enroll_node",
     "gpu_health",
+    "issue_credential",
     "mark_unreachable_nodes",
-    "record_heartbeat",
+    "node_group",
+    "record_heartbeats",
+    "record_report",
     "register_node",
     "revoke_node",
+    "sample_health",
     "sample_history",
+    "set_connection",
     "uncordon_node",
+    "validate_node_name",
+    "write_gpu_health",
 ]
 
 log = logging.getLogger(__name__)
@@ -186,7 +196,7 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
     if before != after:
         audit.record(None, "node.register", node, changes=audit.diff(before, after))
     if sample:
-        _append_history(node.pk, sample)
+        append_histories({node.pk: sample})
     return node
 
 
@@ -221,15 +231,6 @@ def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, A
         Gpu.objects.filter(pk__in=[g.pk for g in existing.values()]).delete()
 
 
-def record_heartbeat(node_id: int, sample: dict[str, Any], *, known_health: dict[int, tuple[bool, int]] | None = None
-                     ) -> dict[int, tuple[bool, int]]:
-    """Store the latest sample with one row update; GPU health rows only when health changed.
-
-    Returns the GPU health now, for the caller to pass back next time.
-    """
-    return _heartbeat(node_id, sample, known_health)
-
-
 def set_connection(node_id: int, channel_name: str) -> None:
     """Name the node's newest agent connection (older ones close when they see another named)."""
     Node.objects.filter(pk=node_id).update(connection=channel_name[:200])
@@ -239,23 +240,8 @@ def desired_version(node_id: int) -> int | None:
     return Node.objects.filter(pk=node_id).values_list("desired_version", flat=True).first()
 
 
-def _heartbeat(node_id: int, sample: dict[str, Any], known_health: dict[int, tuple[bool, int]] | None
-               ) -> dict[int, tuple[bool, int]]:
-    now = timezone.now()
-    Node.objects.filter(pk=node_id).exclude(status=NodeStatus.REVOKED).update(
-        sample=sample, sampled_at=now, last_seen_at=now, status=NodeStatus.READY
-    )
-    health = {int(g["index"]): gpu_health(g) for g in sample.get("gpus") or []}
-    if known_health is not None and health != known_health:
-        for index, (fault, foreign) in health.items():
-            if known_health.get(index) != (fault, foreign):
-                Gpu.objects.filter(node_id=node_id, index=index).update(ecc_fault=fault, foreign_processes=foreign)
-    _append_history(node_id, sample)
-    return health
-
-
 def _history_key(node_id: int) -> str:
-    return f"llmgw:cluster:history:{node_id}"
+    return f"{settings.REDIS_PREFIX}:cluster:history:{node_id}"
 
 
 def _history_point(sample: dict[str, Any]) -> dict[str, Any]:
@@ -287,26 +273,6 @@ def _redis() -> Any:
 
         _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
     return _redis_client
-
-
-def _append_history(node_id: int, sample: dict[str, Any]) -> None:
-    """Keep the last hour of points outside the database: a capped Redis list, or the local cache."""
-    point = _history_point(sample)
-    key = _history_key(node_id)
-    try:
-        client = _redis()
-        if client is not None:
-            pipe = client.pipeline(transaction=False)
-            pipe.rpush(key, json.dumps(point, separators=(",", ":")))
-            pipe.ltrim(key, -HISTORY_POINTS, -1)
-            pipe.expire(key, HISTORY_SECONDS)
-            pipe.execute()
-            return
-        points = cache.get(key) or []
-        points.append(point)
-        cache.set(key, points[-HISTORY_POINTS:], timeout=HISTORY_SECONDS)
-    except Exception:  # the history is a convenience; a cache outage must not lose the heartbeat
-        log.warning("could not keep the sample history of node %s", node_id, exc_info=True)
 
 
 def sample_history(node_id: int) -> list[dict[str, Any]]:
@@ -428,50 +394,6 @@ def _tell_agent(node_id: int, message: dict[str, Any]) -> None:
         log.warning("could not reach the connection of node %s", node_id, exc_info=True)
 
 
-# The local agent of `llmgw up` -----------------------------------------------------------------
-
-def find_llama_server() -> str | None:
-    """A llama.cpp server for this machine's own agent: LLMGW_LLAMA_SERVER, PATH, or a local build."""
-    import os
-    import shutil
-
-    candidates = [os.environ.get("LLMGW_LLAMA_SERVER"), shutil.which("llama-server"),
-                  str(settings.BASE_DIR.parent / "shared" / "bin" / "llama-server")]
-    candidates += sorted(str(p) for p in Path("~/.cache/llmgw/llama-server").expanduser().glob("*/llama-server"))
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def local_agent_config(data_dir: Path, base_url: str) -> Path:
-    """Write the agent.yaml (and credential) of this machine's own agent, once."""
-    import yaml
-
-    folder = data_dir / "agent"
-    folder.mkdir(parents=True, exist_ok=True)
-    credential_file = folder / "credential"
-    config_path = folder / "agent.yaml"
-    name = validate_node_name(re.sub(r"[^a-z0-9.-]", "-", socket.gethostname().lower()).strip("-.") or "local")
-    existing = credential_file.read_text().strip() if credential_file.exists() else ""
-    if not existing or authenticate_node(existing) is None:
-        _node, credential = issue_credential(name, labels={"llmgw.io/local": "true"})
-        credential_file.write_text(credential)
-        credential_file.chmod(0o600)
-    config: dict[str, Any] = {
-        "server": base_url,
-        "state_dir": str(folder),
-        "model_dirs": [str(data_dir / "models")],
-        "labels": {},
-    }
-    engine = find_llama_server()
-    if engine:
-        config["engines"] = {"llama.cpp": engine}
-    (data_dir / "models").mkdir(exist_ok=True)
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return config_path
-
-
 # Reports of what the engines are doing -----------------------------------------------------------
 
 SHARD_ID = re.compile(r"^r(\d+)s(\d+)$")
@@ -575,12 +497,16 @@ def write_gpu_health(node_id: int, health: dict[int, tuple[bool, int]], known: d
 
 
 def append_histories(samples: dict[int, dict[str, Any]]) -> None:
-    """Add one history point per node, for many nodes at once (one Redis round trip)."""
+    """Add one history point per node: the last hour of points, kept outside the database in a
+    capped Redis list per node (one round trip for them all), or in the local cache without Redis."""
     try:
         client = _redis()
         if client is None:
             for node_id, sample in samples.items():
-                _append_history(node_id, sample)
+                key = _history_key(node_id)
+                points = cache.get(key) or []
+                points.append(_history_point(sample))
+                cache.set(key, points[-HISTORY_POINTS:], timeout=HISTORY_SECONDS)
             return
         pipe = client.pipeline(transaction=False)
         for node_id, sample in samples.items():

@@ -22,7 +22,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 
 __all__ = ["Supervisor", "run"]
 
@@ -127,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from django.conf import settings
     from django.core.management import call_command
 
+    from llmgw.cli.local_agent import local_agent_config
     from llmgw.cli.serve import preflight
     from llmgw.env import parse_listen
 
@@ -171,9 +171,8 @@ def run(args: argparse.Namespace) -> int:
     supervisor.start("worker", [python, "-m", "llmgw", "worker", "--beat", "--concurrency", "1"], env)
     base_url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     if not args.no_agent and _agent_available():
-        agent_config = _local_agent_config(settings.DATA_DIR, base_url)
-        if agent_config is not None:
-            supervisor.start("agent", [python, "-m", "llmgw", "agent", "--config", str(agent_config)], env)
+        agent_config = local_agent_config(settings.DATA_DIR, base_url)
+        supervisor.start("agent", [python, "-m", "llmgw", "agent", "--config", str(agent_config)], env)
 
     def announce() -> None:
         if _wait_ready(f"{base_url}/healthz", stop):
@@ -198,10 +197,4 @@ def run(args: argparse.Namespace) -> int:
     return exit_code
 
 
-def _local_agent_config(data_dir: Path, base_url: str) -> Path | None:
-    """Write (once) the agent.yaml of the local agent, enrolled without a token of its own."""
-    try:
-        from apps.cluster.services import local_agent_config
-    except ImportError:
-        return None
-    return local_agent_config(data_dir, base_url)
+

@@ -45,9 +45,10 @@ def make_node(name: str, cards: list[dict[str, Any]], **fields: Any) -> Node:
                                hardware={"cpus": 64, "memory_total_bytes": 512 * 1024**3}, **fields)
     for gpu in cards:
         Gpu.objects.create(node=node, index=gpu["index"], gpu_class=gpu["gpu_class"], memory_total_mib=80000)
-    services.record_heartbeat(node.pk, {"taken_at": timezone.now().timestamp(), "cpu_utilization_pct": 20.0,
-                                        "memory_total_bytes": 512 * 1024**3, "memory_used_bytes": 64 * 1024**3,
-                                        "gpus": cards})
+    sample = {"taken_at": timezone.now().timestamp(), "cpu_utilization_pct": 20.0,
+              "memory_total_bytes": 512 * 1024**3, "memory_used_bytes": 64 * 1024**3, "gpus": cards}
+    services.record_heartbeats({node.pk: (sample, timezone.now())})
+    services.write_gpu_health(node.pk, services.sample_health(sample), None)
     node.refresh_from_db()
     return node
 

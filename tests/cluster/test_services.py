@@ -55,20 +55,26 @@ def test_a_bad_node_name_is_refused_naming_it(name: str) -> None:
         services.create_enrollment(name, actor=None)
 
 
-def test_a_heartbeat_is_one_database_write(django_assert_num_queries) -> None:
+def heartbeat(node: Node, sample: dict) -> None:
+    """A heartbeat as the agent connection's writer stores it."""
+    services.record_heartbeats({node.pk: (sample, timezone.now())})
+
+
+def test_gpu_health_rows_are_written_only_when_a_cards_health_changed(django_assert_num_queries) -> None:
     node, _ = enrolled()
     register(node)
-    health = services.record_heartbeat(node.pk, {"gpus": [{"index": 0}, {"index": 1}]}, known_health=None)
-    with django_assert_num_queries(1):
-        services.record_heartbeat(node.pk, {"cpus": 8, "gpus": [{"index": 0}, {"index": 1}]}, known_health=health)
+    health = services.sample_health({"gpus": [{"index": 0}, {"index": 1}]})
+    with django_assert_num_queries(0):
+        services.write_gpu_health(node.pk, services.sample_health({"cpus": 8, "gpus": [{"index": 0}, {"index": 1}]}),
+                                  health)
 
 
 def test_a_gpu_with_ecc_errors_or_a_foreign_process_is_not_healthy() -> None:
     node, _ = enrolled()
     register(node)
-    health = services.record_heartbeat(node.pk, {"gpus": [{"index": 0}, {"index": 1}]}, known_health=None)
-    services.record_heartbeat(node.pk, {"gpus": [{"index": 0, "ecc_uncorrected_volatile": 2},
-                                                 {"index": 1, "foreign_processes": 1}]}, known_health=health)
+    health = services.sample_health({"gpus": [{"index": 0}, {"index": 1}]})
+    sick = {"gpus": [{"index": 0, "ecc_uncorrected_volatile": 2}, {"index": 1, "foreign_processes": 1}]}
+    services.write_gpu_health(node.pk, services.sample_health(sick), health)
     assert [g.healthy for g in Gpu.objects.filter(node=node).order_by("index")] == [False, False]
 
 
@@ -79,7 +85,7 @@ def test_silent_nodes_become_unreachable_after_the_grace_and_ready_when_they_ret
         assert services.mark_unreachable_nodes(timedelta(seconds=30)) == 1
     node.refresh_from_db()
     assert node.status == NodeStatus.UNREACHABLE
-    services.record_heartbeat(node.pk, {}, known_health=None)
+    heartbeat(node, {})
     node.refresh_from_db()
     assert node.status == NodeStatus.READY
 
@@ -87,7 +93,7 @@ def test_silent_nodes_become_unreachable_after_the_grace_and_ready_when_they_ret
 def test_a_revoked_node_stays_revoked_whatever_its_agent_sends() -> None:
     node, credential = enrolled()
     services.revoke_node(node, actor=None)
-    services.record_heartbeat(node.pk, {}, known_health=None)
+    heartbeat(node, {})
     node.refresh_from_db()
     assert node.status == NodeStatus.REVOKED
     assert services.authenticate_node(credential) is None
@@ -96,9 +102,8 @@ def test_a_revoked_node_stays_revoked_whatever_its_agent_sends() -> None:
 def test_the_history_keeps_the_last_hour_only() -> None:
     node, _ = enrolled()
     now = timezone.now().timestamp()
-    services.record_heartbeat(node.pk, {"taken_at": now - 4000, "cpu_utilization_pct": 5}, known_health=None)
-    services.record_heartbeat(node.pk, {"taken_at": now, "cpu_utilization_pct": 7, "memory_total_bytes": 100,
-                                        "memory_used_bytes": 25}, known_health=None)
+    heartbeat(node, {"taken_at": now - 4000, "cpu_utilization_pct": 5})
+    heartbeat(node, {"taken_at": now, "cpu_utilization_pct": 7, "memory_total_bytes": 100, "memory_used_bytes": 25})
     points = services.sample_history(node.pk)
     assert [p["cpu"] for p in points] == [7]
     assert points[0]["mem"] == 25.0

@@ -231,7 +231,7 @@ def test_the_node_page_draws_the_last_hour(client: Client, alice) -> None:
         sample = make_sample(gpus=1)
         sample["taken_at"] = start + step * 10
         sample["cpu_utilization_pct"] = None if step == 2 else 10.0 * step
-        services._append_history(node.pk, sample)
+        services.append_histories({node.pk: sample})
     content = signed_in(client, alice).get("/nodes/gpu1/").content.decode()
     assert content.count("<svg") == 5  # CPU, memory, load, GPU 0 utilisation and temperature
     cpu_chart = content[content.index("<svg"):content.index("</svg>")]
