@@ -11,11 +11,12 @@ from typing import Any
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from apps.accounts.models import Organization, Project, Team
 from apps.catalog import services
 from apps.catalog.choices import CapacityClass
 from apps.catalog.models import Model, Profile
 
-__all__ = ["ClassForm", "ResourcesForm", "TargetForm", "memory_text"]
+__all__ = ["ClassForm", "OwnerForm", "ResourcesForm", "TargetForm", "memory_text"]
 
 GIB = 1024**3
 GB = 1000**3
@@ -69,3 +70,50 @@ class ResourcesForm(forms.Form):
                 _("Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”."),
                 code="memory", params={"value": text},
             ) from None
+
+
+class OwnerForm(forms.Form):
+    """Whose capacity quotas the model counts against: an organisation, a team, a project, or nobody."""
+
+    owner = forms.ChoiceField(label=_("Owner"), required=False,
+                              widget=forms.Select(attrs={"class": "field max-w-full"}))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        choices: list[tuple[str, Any]] = [("", "-")]
+        organizations = list(Organization.objects.order_by("name"))
+        teams = list(Team.objects.select_related("organization").order_by("organization__name", "name"))
+        projects = list(Project.objects.select_related("team__organization")
+                        .order_by("team__organization__name", "team__name", "name"))
+        if organizations:
+            choices.append((_("Organisations"), [(f"org:{o.pk}", o.name) for o in organizations]))
+        if teams:
+            choices.append((_("Teams"), [(f"team:{t.pk}", f"{t.organization.name} / {t.name}") for t in teams]))
+        if projects:
+            choices.append((_("Projects"), [(f"project:{p.pk}", f"{p.team.organization.name} / {p.team.name} / "
+                                             f"{p.name}") for p in projects]))
+        self.fields["owner"].choices = choices
+
+    @classmethod
+    def for_model(cls, model: Model, data: Any = None) -> OwnerForm:
+        if model.project_id:
+            current = f"project:{model.project_id}"
+        elif model.team_id:
+            current = f"team:{model.team_id}"
+        elif model.organization_id:
+            current = f"org:{model.organization_id}"
+        else:
+            current = ""
+        return cls(data, initial={"owner": current}, auto_id="owner-%s")
+
+    def chosen(self) -> dict[str, Any]:
+        """The service's keywords for the chosen owner (all None for nobody)."""
+        kind, _sep, pk = (self.cleaned_data.get("owner") or "").partition(":")
+        found: dict[str, Any] = {"organization": None, "team": None, "project": None}
+        if kind == "org":
+            found["organization"] = Organization.objects.get(pk=pk)
+        elif kind == "team":
+            found["team"] = Team.objects.get(pk=pk)
+        elif kind == "project":
+            found["project"] = Project.objects.get(pk=pk)
+        return found

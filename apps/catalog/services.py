@@ -29,6 +29,7 @@ __all__ = [
     "parse_memory",
     "record_demand",
     "set_class",
+    "set_owner",
     "set_resources",
     "set_target",
 ]
@@ -415,6 +416,26 @@ def set_class(model: Model, capacity_class: str, *, actor: User | None) -> Model
     if before["capacity_class"] != capacity_class:
         model.save(update_fields=["capacity_class"])
         audit.record(actor, "model.class", model, changes=audit.diff(before, {"capacity_class": capacity_class}))
+    return model
+
+
+@transaction.atomic
+def set_owner(model: Model, *, organization: Organization | None = None, team: Team | None = None,
+              project: Project | None = None, actor: User | None) -> Model:
+    """Give the model to an organisation, a team or a project (the most specific one given; its
+    parents follow), or to nobody. Its replicas count against that owner's capacity quotas from
+    the next placement on; what runs now keeps running."""
+    if project is not None:
+        team, organization = project.team, project.team.organization
+    elif team is not None:
+        organization = team.organization
+    before = {"organization": model.organization_id, "team": model.team_id, "project": model.project_id}
+    after = {"organization": organization.pk if organization else None, "team": team.pk if team else None,
+             "project": project.pk if project else None}
+    if before != after:
+        model.organization, model.team, model.project = organization, team, project
+        model.save(update_fields=["organization", "team", "project"])
+        audit.record(actor, "model.owner", model, changes=audit.diff(before, after))
     return model
 
 

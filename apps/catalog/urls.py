@@ -13,6 +13,7 @@ urlpatterns = [
     path("<str:name>/explain", views.model_explain, name="model-explain"),
     path("<str:name>/target", views.model_target, name="model-target"),
     path("<str:name>/class", views.model_class, name="model-class"),
+    path("<str:name>/owner", views.model_owner, name="model-owner"),
     path("<str:name>/resources", views.model_resources, name="model-resources"),
     path("<str:name>/delete", views.model_delete, name="model-delete"),
 ]

@@ -21,12 +21,13 @@ from apps.accounts.access import can_change_cluster, can_read_everything, requir
 from apps.accounts.models import User
 from apps.catalog import api, selectors, services
 from apps.catalog.choices import CapacityClass, Engine
-from apps.catalog.forms import ClassForm, ResourcesForm, TargetForm, memory_text
+from apps.catalog.forms import ClassForm, OwnerForm, ResourcesForm, TargetForm, memory_text
 from apps.catalog.models import Model, Profile
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Node, Replica, Shard
 
-__all__ = ["model_class", "model_delete", "model_detail", "model_explain", "model_resources", "model_target", "models"]
+__all__ = ["model_class", "model_delete", "model_detail", "model_explain", "model_owner", "model_resources",
+           "model_target", "models"]
 
 SEPARATORS = "-._:"
 
@@ -247,6 +248,7 @@ def _card_context(request: HtmxHttpRequest, model: Model, *, notice: str | None 
     if can_change:
         context["target_form"] = forms.get("target") or TargetForm.for_model(model)
         context["class_form"] = forms.get("class") or ClassForm.for_model(model)
+        context["owner_form"] = forms.get("owner") or OwnerForm.for_model(model)
         failed = forms.get("resources")
         context["resource_forms"] = [
             (p, failed if failed is not None and failed.data.get("profile") == p.name else ResourcesForm.for_profile(p))
@@ -371,6 +373,21 @@ def model_class(request: HtmxHttpRequest, name: str) -> HttpResponse:
         "name": model.name, "class": _class_label(model)})
 
 
+@requires("change_cluster", methods=["POST"])
+def model_owner(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Set whose capacity quotas the model counts against."""
+    model = _get_model_for_user(request.user, name, perm="change")
+    form = OwnerForm.for_model(model, request.POST)
+    if not form.is_valid():
+        return _refused(request, name, owner=form)
+    before = _owner(model)
+    model = services.set_owner(model, **form.chosen(), actor=_actor(request))
+    if _owner(model) == before:
+        return _changed(request, name, _("Nothing changed."))
+    return _changed(request, name, _("%(name)s now belongs to %(owner)s.") % {
+        "name": model.name, "owner": _owner(model) or "-"})
+
+
 def _profile(model: Model, name: str) -> Profile | None:
     return next((p for p in model.profiles.all() if p.name == name), None)
 
@@ -419,7 +436,11 @@ def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
                         for r in replica.rejections or [] if isinstance(r, dict)]}
         for replica in model.replicas.all()
     ]
-    return render(request, "catalog/model_explain.html", {"model": model, "verdicts": verdicts, "replicas": replicas})
+    # The title says why it runs where it does only where it runs: on a node, or at its provider.
+    runs_somewhere = model.is_external or any(r["replica"].state in (ReplicaState.STARTING, ReplicaState.READY)
+                                              for r in replicas)
+    return render(request, "catalog/model_explain.html", {"model": model, "verdicts": verdicts, "replicas": replicas,
+                                                          "runs_somewhere": runs_somewhere})
 
 
 EXAMPLE_SPEC = """models:
@@ -436,11 +457,16 @@ def model_apply(request: HtmxHttpRequest) -> HttpResponse:
     """Declare models in the console: the same YAML as `llmgw ctl model apply -f`."""
     import yaml
 
-    text = EXAMPLE_SPEC
+    # The form starts empty, the example only its placeholder: one click on Apply declares nothing.
+    text = ""
     errors: dict[str, list[str]] = {}
     results: list[services.ApplyResult] = []
     if request.method == "POST":
         text = request.POST.get("spec", "")
+        if not text.strip():
+            errors = {"yaml": [_("Nothing to declare: write the models as YAML, as in the example.")]}
+            return render(request, "catalog/model_apply.html",
+                          {"spec": text, "errors": errors, "results": results, "example": EXAMPLE_SPEC})
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -451,4 +477,5 @@ def model_apply(request: HtmxHttpRequest) -> HttpResponse:
                                                 actor=_actor(request))
             except services.SpecError as exc:
                 errors = exc.errors
-    return render(request, "catalog/model_apply.html", {"spec": text, "errors": errors, "results": results})
+    return render(request, "catalog/model_apply.html",
+                  {"spec": text, "errors": errors, "results": results, "example": EXAMPLE_SPEC})

@@ -230,6 +230,7 @@ MATRIX: dict[str, Route] = {
                                   bodies=lambda w: {"POST": {"min_replicas": "0", "max_replicas": "2"}}),
     "catalog:model-class": Route("change_cluster", model, bodies=lambda w: {"POST": {"capacity_class": "critical"}}),
     "catalog:model-delete": Route("change_cluster", model),
+    "catalog:model-owner": Route("change_cluster", model, bodies=lambda w: {"POST": {"owner": ""}}),
     "catalog:model-resources": Route("change_cluster", model, bodies=lambda w: {"POST": {
         "profile": "cpu", "memory": "3GB", "cpu_cores": "2"}}),
     # The API

@@ -34,7 +34,7 @@ NOT_PAGES = {
 }
 # Views that take POST only: their answers are the fragments of pages checked here.
 POST_ONLY = {
-    "cluster:node-cordon", "cluster:node-uncordon", "cluster:node-drain", "catalog:model-delete",
+    "cluster:node-cordon", "cluster:node-uncordon", "cluster:node-drain", "catalog:model-delete", "catalog:model-owner",
     "catalog:model-target", "catalog:model-class", "catalog:model-resources",
     "people-member-add", "people-member-remove", "people-user-suspend", "people-user-reactivate",
     "people-team-add", "people-project-add", "people-rate-limit", "people-capacity-quota",

@@ -13,6 +13,7 @@ from apps.accounts import access
 register = template.Library()
 
 UNKNOWN = "-"
+MIB = 1024**2
 GIB = 1024**3
 TIB = 1024**4
 
@@ -23,11 +24,15 @@ def _is_number(value: Any) -> bool:
 
 @register.filter
 def gib(value: Any) -> str:
-    """Bytes as GiB, or TiB from 1 TiB up, with one decimal."""
+    """Bytes as GiB with one decimal; TiB from 1 TiB up, and MiB under 1 GiB, so that an engine
+    holding 19 MiB does not read "0.0 GiB" (whole MiB from 10 MiB, one decimal under)."""
     if not _is_number(value):
         return UNKNOWN
     if abs(value) >= TIB:
         return _("%(value)s TiB") % {"value": formats.number_format(value / TIB, 1)}
+    if value and abs(value) < GIB:
+        mib = value / MIB
+        return _("%(value)s MiB") % {"value": formats.number_format(mib, 0 if abs(mib) >= 10 else 1)}
     return _("%(value)s GiB") % {"value": formats.number_format(value / GIB, 1)}
 
 
@@ -43,6 +48,14 @@ def num(value: Any, digits: int = 0) -> str:
     if not _is_number(value):
         return UNKNOWN
     return str(formats.number_format(round(value, int(digits)), int(digits)))
+
+
+@register.filter
+def cores(value: Any) -> str:
+    """CPU cores with one decimal, two under one core (an idle engine's 0.02 is not "0.0"), or "-"."""
+    if not _is_number(value):
+        return UNKNOWN
+    return num(value, 2 if abs(value) < 1 else 1)
 
 
 @register.filter
