@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import itertools
 import re
 from datetime import timedelta
 from typing import Any
@@ -10,14 +9,15 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.accounts.models import AuditEvent
-from apps.catalog.models import Model, Profile
-from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
-from apps.cluster.models import Node, Replica, Shard
+from apps.catalog.models import Model
+from apps.cluster.choices import ReplicaState
+from apps.cluster.models import Shard
+from tests.builders import GB, make_model, make_node, make_replica
 
 pytestmark = pytest.mark.django_db
 
-GIB = 1024**3
-PORTS = itertools.count(20000)
+# The model most of these pages show: one llama.cpp profile "cpu" of 8 GiB and 4 cores, up to 2 replicas.
+QWEN: dict[str, Any] = {"max_replicas": 2, "profile": "cpu", "memory_gb": 8, "cores": 4}
 
 
 @pytest.fixture
@@ -29,40 +29,6 @@ def placement() -> None:
     pytest.importorskip("apps.cluster.placement")
     pytest.importorskip("apps.cluster.inventory", exc_type=ImportError)
     pytest.importorskip("apps.cluster.reconciler", exc_type=ImportError)
-
-
-# Builders ------------------------------------------------------------------------------------------
-
-def make_node(name: str = "cpu-01", *, sample: bool = True, age: timedelta = timedelta(0),
-              shards: list[dict[str, Any]] | None = None, memory: int = 64 * GIB, cpus: int = 32) -> Node:
-    hardware = {"cpus": cpus, "memory_total_bytes": memory, "has_avx2": True}
-    live = {"cpus": cpus, "memory_total_bytes": memory, "memory_used_bytes": 4 * GIB, "cpu_utilization_pct": 10.0,
-            "shards": shards or []}
-    return Node.objects.create(name=name, status=NodeStatus.READY, hardware=hardware, registered_at=timezone.now(),
-                               sample=live if sample else None, sampled_at=timezone.now() - age if sample else None)
-
-
-def make_model(name: str = "qwen", *, min_replicas: int = 1, max_replicas: int = 2, memory: int = 8 * GIB,
-               cores: float = 4, external: str = "", **fields: Any) -> Model:
-    if external:
-        return Model.objects.create(name=name, min_replicas=0, max_replicas=0, external_url=external,
-                                    external_model="gpt-x", **fields)
-    model = Model.objects.create(name=name, min_replicas=min_replicas, max_replicas=max_replicas,
-                                 source="/models/qwen.gguf", **fields)
-    Profile.objects.create(model=model, name="cpu", engine="llama.cpp", accelerator="cpu", memory_bytes=memory,
-                           cpu_cores=cores)
-    return model
-
-
-def make_replica(model: Model, state: str = ReplicaState.READY, nodes: tuple[Node, ...] = (), **fields: Any) -> Replica:
-    profile = model.profiles.first()
-    replica = Replica.objects.create(model=model, profile=profile, state=state, **fields)
-    for rank, node in enumerate(nodes):
-        Shard.objects.create(replica=replica, rank=rank, node=node, port=next(PORTS), secret="s",
-                             memory_bytes=profile.memory_bytes if profile else 0,
-                             cpu_cores=profile.cpu_cores if profile else 0,
-                             state=ShardState.READY if state == ReplicaState.READY else ShardState.STARTING)
-    return replica
 
 
 def signed_in(client: Client, user: Any) -> Client:
@@ -100,13 +66,13 @@ def error(content: bytes, field: str) -> str:
     ("post", "/models/qwen/target"), ("post", "/models/qwen/class"), ("post", "/models/qwen/resources"),
 ])
 def test_an_outsider_is_refused_every_model_page(client: Client, bob, method: str, path: str) -> None:
-    make_model()
+    make_model("qwen", **QWEN)
     data = {"min_replicas": 3, "max_replicas": 4, "capacity_class": "critical", "profile": "cpu", "memory": "16GiB",
             "cpu_cores": 8} if method == "post" else {}
     assert getattr(signed_in(client, bob), method)(path, data).status_code == 403
     model = Model.objects.get()
     assert (model.min_replicas, model.max_replicas, model.capacity_class) == (1, 2, "")
-    assert model.profiles.get().memory_bytes == 8 * GIB
+    assert model.profiles.get().memory_bytes == 8 * GB
     assert not AuditEvent.objects.exists()
 
 
@@ -136,7 +102,7 @@ def test_the_nav_links_to_models_for_readers_only(client: Client, bob, viola) ->
 
 
 def test_a_viewer_may_not_change_a_model(client: Client, viola) -> None:
-    make_model()
+    make_model("qwen", **QWEN)
     signed_in(client, viola)
     assert client.post("/models/qwen/target", {"min_replicas": 0, "max_replicas": 1}).status_code == 403
     assert client.post("/models/qwen/class", {"capacity_class": "critical"}).status_code == 403
@@ -144,12 +110,12 @@ def test_a_viewer_may_not_change_a_model(client: Client, viola) -> None:
                                                   "cpu_cores": 1}).status_code == 403
     model = Model.objects.get()
     assert (model.min_replicas, model.max_replicas, model.capacity_class) == (1, 2, "")
-    assert model.profiles.get().memory_bytes == 8 * GIB
+    assert model.profiles.get().memory_bytes == 8 * GB
     assert not AuditEvent.objects.exists()
 
 
 def test_a_viewer_reads_the_card_without_forms(client: Client, viola, placement) -> None:
-    make_model()
+    make_model("qwen", **QWEN)
     response = signed_in(client, viola).get("/models/qwen/")
     assert response.status_code == 200
     assert b"data-form=" not in response.content
@@ -160,12 +126,13 @@ def test_a_viewer_reads_the_card_without_forms(client: Client, viola, placement)
 
 def test_the_list_says_how_each_model_runs_and_where(client: Client, viola) -> None:
     first, second = make_node("gpu-r1-01"), make_node("gpu-r1-02")
-    model = make_model("qwen", min_replicas=2, max_replicas=3, capacity_class="critical")
-    make_replica(model, ReplicaState.READY, (first,))
-    make_replica(model, ReplicaState.STARTING, (second,))
-    make_replica(model, ReplicaState.PENDING, message="No node has 8 GB of memory free.")
-    make_replica(model, ReplicaState.FAILED, (second,))
-    make_model("opt", external="https://api.example.com/v1")
+    model = make_model("qwen", replicas=2, max_replicas=3, profile="cpu", memory_gb=8, cores=4,
+                       capacity_class="critical")
+    make_replica(model, first)
+    make_replica(model, second, state=ReplicaState.STARTING)
+    make_replica(model, state=ReplicaState.PENDING, message="No node has 8 GB of memory free.")
+    make_replica(model, second, state=ReplicaState.FAILED)
+    make_model("opt", external_url="https://api.example.com/v1")
     content = signed_in(client, viola).get("/models/").content
     assert b'href="/models/qwen/"' in content
     assert text(cell(content, "data-model", "qwen", "class")) == "critical"
@@ -182,7 +149,7 @@ def test_the_list_says_how_each_model_runs_and_where(client: Client, viola) -> N
 
 
 def test_an_external_model_shows_its_provider_and_dashes(client: Client, viola) -> None:
-    make_model("opt", external="https://api.example.com/v1")
+    make_model("opt", external_url="https://api.example.com/v1")
     content = signed_in(client, viola).get("/models/").content
     runs_on = cell(content, "data-model", "opt", "runs-on")
     assert text(runs_on) == "external" and 'title="https://api.example.com/v1"' in runs_on
@@ -191,7 +158,7 @@ def test_an_external_model_shows_its_provider_and_dashes(client: Client, viola) 
 
 
 def test_a_model_without_a_class_shows_the_one_it_follows(client: Client, viola) -> None:
-    make_model("lazy", min_replicas=0, max_replicas=1)
+    make_model("lazy", replicas=0, max_replicas=1, profile="cpu", memory_gb=8, cores=4)
     content = signed_in(client, viola).get("/models/").content
     assert text(cell(content, "data-model", "lazy", "class")) == "opportunistic"
     assert text(cell(content, "data-model", "lazy", "ready")) == "0/0"
@@ -199,14 +166,14 @@ def test_a_model_without_a_class_shows_the_one_it_follows(client: Client, viola)
 
 
 def test_node_names_without_a_shared_prefix_stay_whole(client: Client, viola) -> None:
-    model = make_model()
-    make_replica(model, ReplicaState.READY, (make_node("alpha"),))
+    model = make_model("qwen", **QWEN)
+    make_replica(model, make_node("alpha"))
     make_node("beta")
     assert text(cell(signed_in(client, viola).get("/models/").content, "data-model", "qwen", "nodes")) == "alpha"
 
 
 def test_an_htmx_refresh_of_the_list_gets_only_the_table(client: Client, viola) -> None:
-    make_model()
+    make_model("qwen", **QWEN)
     response = signed_in(client, viola).get("/models/", headers={"HX-Request": "true"})
     body = response.content.decode().strip()
     assert body.startswith('<div id="model-table"')
@@ -218,9 +185,9 @@ def test_an_htmx_refresh_of_the_list_gets_only_the_table(client: Client, viola) 
 def test_the_list_does_not_query_per_model(client: Client, alice, django_assert_max_num_queries) -> None:
     nodes = [make_node(f"cpu-{i:02d}") for i in range(4)]
     for i in range(20):
-        model = make_model(f"m{i:02d}")
-        make_replica(model, ReplicaState.READY, (nodes[i % 4],))
-        make_replica(model, ReplicaState.STARTING, (nodes[(i + 1) % 4], nodes[(i + 2) % 4]))
+        model = make_model(f"m{i:02d}", **QWEN)
+        make_replica(model, nodes[i % 4])
+        make_replica(model, nodes[(i + 1) % 4], also_on=(nodes[(i + 2) % 4],), state=ReplicaState.STARTING)
     signed_in(client, alice)
     # session, user, models, profiles, replicas, shards with their nodes, every node's name
     with django_assert_max_num_queries(7):
@@ -232,8 +199,8 @@ def test_the_list_does_not_query_per_model(client: Client, alice, django_assert_
 
 def test_the_card_shows_the_model_its_profiles_and_replicas(client: Client, alice, placement) -> None:
     node = make_node("cpu-01")
-    model = make_model("qwen", fallbacks=["opt"])
-    replica = make_replica(model, ReplicaState.FAILED, (node,), message="engine exited")
+    model = make_model("qwen", **QWEN, source="/models/qwen.gguf", fallbacks=["opt"])
+    replica = make_replica(model, node, state=ReplicaState.FAILED, message="engine exited")
     Shard.objects.filter(replica=replica).update(exit_code=137, log_tail=["loading", "killed: out of memory"])
     content = signed_in(client, alice).get("/models/qwen/").content
     html = content.decode()
@@ -250,16 +217,16 @@ def test_the_card_shows_the_model_its_profiles_and_replicas(client: Client, alic
 
 
 def test_measured_use_stands_beside_the_claim_and_is_a_dash_without_a_fresh_sample(client: Client, viola) -> None:
-    model = make_model(memory=8 * GIB, cores=4)
+    model = make_model("qwen", **QWEN)
     measured = make_node("cpu-01")
     quiet = make_node("cpu-02", sample=False)
     stale = make_node("cpu-03")
-    one = make_replica(model, ReplicaState.READY, (measured,))
-    two = make_replica(model, ReplicaState.READY, (quiet,))
-    three = make_replica(model, ReplicaState.READY, (stale,))
-    measured.sample["shards"] = [{"shard": f"r{one.pk}s0", "cpu_cores": 2.5, "memory_bytes": 3 * GIB}]
+    one = make_replica(model, measured)
+    two = make_replica(model, quiet)
+    three = make_replica(model, stale)
+    measured.sample["shards"] = [{"shard": f"r{one.pk}s0", "cpu_cores": 2.5, "memory_bytes": 3 * GB}]
     measured.save(update_fields=["sample"])
-    stale.sample["shards"] = [{"shard": f"r{three.pk}s0", "cpu_cores": 2.5, "memory_bytes": 3 * GIB}]
+    stale.sample["shards"] = [{"shard": f"r{three.pk}s0", "cpu_cores": 2.5, "memory_bytes": 3 * GB}]
     stale.sampled_at = timezone.now() - timedelta(minutes=5)
     stale.save(update_fields=["sample", "sampled_at"])
     # The htmx refresh of the replicas, which needs no dry run of placement.
@@ -272,10 +239,10 @@ def test_measured_use_stands_beside_the_claim_and_is_a_dash_without_a_fresh_samp
 
 
 def test_a_replica_over_its_memory_claim_is_marked(client: Client, viola) -> None:
-    model = make_model(memory=2 * GIB)
-    node = make_node()
-    replica = make_replica(model, ReplicaState.READY, (node,))
-    node.sample["shards"] = [{"shard": f"r{replica.pk}s0", "cpu_cores": 1, "memory_bytes": 3 * GIB}]
+    model = make_model("qwen", max_replicas=2, profile="cpu", memory_gb=2, cores=4)
+    node = make_node("cpu-01")
+    replica = make_replica(model, node)
+    node.sample["shards"] = [{"shard": f"r{replica.pk}s0", "cpu_cores": 1, "memory_bytes": 3 * GB}]
     node.save(update_fields=["sample"])
     memory = cell(signed_in(client, viola).get("/models/qwen/", headers={"HX-Request": "true"}).content,
                   "data-replica", replica.pk, "memory")
@@ -283,7 +250,7 @@ def test_a_replica_over_its_memory_claim_is_marked(client: Client, viola) -> Non
 
 
 def test_a_pending_replica_has_dashes_not_zeros(client: Client, viola) -> None:
-    replica = make_replica(make_model(), ReplicaState.PENDING, message="No node fits.")
+    replica = make_replica(make_model("qwen", **QWEN), state=ReplicaState.PENDING, message="No node fits.")
     content = signed_in(client, viola).get("/models/qwen/", headers={"HX-Request": "true"}).content
     for column in ("nodes", "gpus", "port"):
         assert text(cell(content, "data-replica", replica.pk, column)) == "-"
@@ -293,14 +260,14 @@ def test_a_pending_replica_has_dashes_not_zeros(client: Client, viola) -> None:
 
 
 def test_an_htmx_refresh_of_the_card_gets_only_the_replicas(client: Client, viola) -> None:
-    make_replica(make_model(), ReplicaState.READY, (make_node(),))
+    make_replica(make_model("qwen", **QWEN), make_node("cpu-01"))
     body = signed_in(client, viola).get("/models/qwen/", headers={"HX-Request": "true"}).content.decode().strip()
     assert body.startswith('<section id="model-replicas"')
     assert "<html" not in body and 'data-section="profiles"' not in body and "data-replica=" in body
 
 
 def test_an_external_model_card_names_its_provider(client: Client, viola) -> None:
-    make_model("opt", external="https://api.example.com/v1")
+    make_model("opt", external_url="https://api.example.com/v1")
     content = signed_in(client, viola).get("/models/opt/").content.decode()
     assert "https://api.example.com/v1" in content and "gpt-x" in content
     assert 'data-section="replicas"' not in content and 'data-field="headroom"' not in content
@@ -309,7 +276,7 @@ def test_an_external_model_card_names_its_provider(client: Client, viola) -> Non
 # Changing a model ------------------------------------------------------------------------------------
 
 def test_an_admin_sets_the_replica_counts(client: Client, alice, placement) -> None:
-    model = make_model(min_replicas=1, max_replicas=2)
+    model = make_model("qwen", **QWEN)
     response = signed_in(client, alice).post("/models/qwen/target", {"min_replicas": 0, "max_replicas": 3})
     assert response.status_code == 302 and response["Location"] == "/models/qwen/"
     model.refresh_from_db()
@@ -320,13 +287,13 @@ def test_an_admin_sets_the_replica_counts(client: Client, alice, placement) -> N
 
 
 def test_only_what_changed_is_applied(client: Client, alice, placement) -> None:
-    make_model(min_replicas=1, max_replicas=2)
+    make_model("qwen", **QWEN)
     signed_in(client, alice).post("/models/qwen/target", {"min_replicas": 1, "max_replicas": 4})
     assert AuditEvent.objects.get(action="model.target").changes == {"max_replicas": [2, 4]}
 
 
 def test_posting_the_same_values_writes_nothing(client: Client, alice) -> None:
-    make_model(min_replicas=1, max_replicas=2, capacity_class="standard")
+    make_model("qwen", **QWEN, capacity_class="standard")
     signed_in(client, alice)
     response = client.post("/models/qwen/target", {"min_replicas": 1, "max_replicas": 2})
     assert response.status_code == 302 and response["Location"] == "/models/qwen/"
@@ -336,7 +303,7 @@ def test_posting_the_same_values_writes_nothing(client: Client, alice) -> None:
 
 
 def test_an_admin_sets_the_capacity_class(client: Client, alice) -> None:
-    model = make_model()
+    model = make_model("qwen", **QWEN)
     response = signed_in(client, alice).post("/models/qwen/class", {"capacity_class": "critical"})
     assert response.status_code == 302 and response["Location"] == "/models/qwen/"
     model.refresh_from_db()
@@ -346,15 +313,15 @@ def test_an_admin_sets_the_capacity_class(client: Client, alice) -> None:
 
 
 def test_an_admin_sets_memory_and_cores_of_a_profile(client: Client, alice) -> None:
-    model = make_model(memory=8 * GIB, cores=4)
+    model = make_model("qwen", **QWEN)
     signed_in(client, alice).post("/models/qwen/resources", {"profile": "cpu", "memory": "12GiB", "cpu_cores": "4"})
     profile = model.profiles.get()
-    assert (profile.memory_bytes, profile.cpu_cores) == (12 * GIB, 4)
-    assert AuditEvent.objects.get(action="profile.resources").changes == {"memory_bytes": [8 * GIB, 12 * GIB]}
+    assert (profile.memory_bytes, profile.cpu_cores) == (12 * GB, 4)
+    assert AuditEvent.objects.get(action="profile.resources").changes == {"memory_bytes": [8 * GB, 12 * GB]}
 
 
 def test_fewer_under_load_than_always_running_is_refused(client: Client, alice, placement) -> None:
-    model = make_model(min_replicas=2, max_replicas=2)
+    model = make_model("qwen", replicas=2, max_replicas=2, profile="cpu", memory_gb=8, cores=4)
     response = signed_in(client, alice).post("/models/qwen/target", {"min_replicas": 2, "max_replicas": 1})
     assert response.status_code == 200
     assert "cannot be fewer than always-running replicas (2)" in error(response.content, "max_replicas")
@@ -365,18 +332,18 @@ def test_fewer_under_load_than_always_running_is_refused(client: Client, alice, 
 
 
 def test_memory_that_is_not_a_size_is_refused(client: Client, alice, placement) -> None:
-    model = make_model(memory=8 * GIB, cores=4)
+    model = make_model("qwen", **QWEN)
     response = signed_in(client, alice).post("/models/qwen/resources",
                                              {"profile": "cpu", "memory": "lots", "cpu_cores": "6"})
     assert response.status_code == 200
     assert "“lots”" in error(response.content, "memory")
     profile = model.profiles.get()
-    assert (profile.memory_bytes, profile.cpu_cores) == (8 * GIB, 4)
+    assert (profile.memory_bytes, profile.cpu_cores) == (8 * GB, 4)
     assert not AuditEvent.objects.exists()
 
 
 def test_an_unknown_profile_is_refused(client: Client, alice, placement) -> None:
-    make_model()
+    make_model("qwen", **QWEN)
     response = signed_in(client, alice).post("/models/qwen/resources",
                                              {"profile": "gpu", "memory": "1GiB", "cpu_cores": "1"})
     assert "No profile “gpu”" in error(response.content, "resources")
@@ -385,8 +352,8 @@ def test_an_unknown_profile_is_refused(client: Client, alice, placement) -> None
 
 def test_more_always_running_replicas_than_fit_are_refused_with_the_numbers(client: Client, alice,
                                                                             placement) -> None:
-    make_node("cpu-01", memory=16 * GIB)
-    model = make_model(min_replicas=0, max_replicas=1, memory=12 * GIB, cores=1)
+    make_node("cpu-01", memory_gb=16)
+    model = make_model("qwen", replicas=0, max_replicas=1, profile="cpu", memory_gb=12, cores=1)
     response = signed_in(client, alice).post("/models/qwen/target", {"min_replicas": 5, "max_replicas": 5})
     message = error(response.content, "min_replicas")
     assert message.startswith("Only ") and "of qwen fit" in message
@@ -397,7 +364,7 @@ def test_more_always_running_replicas_than_fit_are_refused_with_the_numbers(clie
 
 
 def test_an_htmx_change_answers_with_the_card(client: Client, alice, placement) -> None:
-    make_model()
+    make_model("qwen", **QWEN)
     response = signed_in(client, alice).post("/models/qwen/class", {"capacity_class": "critical"},
                                               headers={"HX-Request": "true"})
     assert response.status_code == 200
@@ -408,7 +375,7 @@ def test_an_htmx_change_answers_with_the_card(client: Client, alice, placement) 
 
 
 def test_an_htmx_refusal_answers_with_the_card_and_its_error(client: Client, alice, placement) -> None:
-    make_model()
+    make_model("qwen", **QWEN)
     response = signed_in(client, alice).post("/models/qwen/resources", {"profile": "cpu", "memory": "lots",
                                                                         "cpu_cores": "4"},
                                               headers={"HX-Request": "true"})
@@ -421,10 +388,10 @@ def test_an_htmx_refusal_answers_with_the_card_and_its_error(client: Client, ali
 
 def test_explain_shows_every_node_with_its_reasons_and_what_replicas_met(client: Client, viola,
                                                                          placement) -> None:
-    make_node("cpu-big", memory=64 * GIB)
-    make_node("cpu-small", memory=4 * GIB)
-    model = make_model(memory=8 * GIB, cores=1)
-    replica = make_replica(model, ReplicaState.PENDING, rejections=[
+    make_node("cpu-big", memory_gb=64)
+    make_node("cpu-small", memory_gb=4)
+    model = make_model("qwen", max_replicas=2, profile="cpu", memory_gb=8, cores=1)
+    replica = make_replica(model, state=ReplicaState.PENDING, rejections=[
         {"profile": "cpu", "node": "cpu-small", "message": "cpu-small: 4 GB memory, 8 GB needed",
          "template": "%(node)s: %(free)s GB memory, %(need)s GB needed",
          "params": {"node": "cpu-small", "free": 4, "need": 8}},

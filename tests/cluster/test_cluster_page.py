@@ -9,14 +9,13 @@ from typing import Any
 import pytest
 from django.core.cache import cache
 from django.test import Client
-from django.utils import timezone
 
 from apps.accounts.choices import StaffRole
 from apps.accounts.models import User
-from apps.catalog.models import Model, Profile
-from apps.cluster import overview, services
-from apps.cluster.choices import NodeStatus, ReplicaState
-from apps.cluster.models import Gpu, Node, Replica, Shard
+from apps.cluster import overview
+from apps.cluster.choices import ReplicaState
+from apps.cluster.models import Node, Replica
+from tests.builders import H100, make_model, make_node, make_replica
 from tests.conftest import make_user
 from tests.llmgw.test_csp import check_body, check_strict
 
@@ -35,32 +34,15 @@ def signed_in(user: User) -> Client:
 
 
 def card(index: int, util: float | None, *, mem: int | None = 8000, temp: float | None = 50,
-         gpu_class: str = "H100-80GB") -> dict[str, Any]:
+         gpu_class: str = H100) -> dict[str, Any]:
     return {"index": index, "gpu_class": gpu_class, "utilization_gpu_pct": util, "memory_used_mib": mem,
             "memory_total_mib": 80000, "temperature_gpu_c": temp}
 
 
-def make_node(name: str, cards: list[dict[str, Any]], **fields: Any) -> Node:
-    node = Node.objects.create(name=name, status=NodeStatus.READY, registered_at=timezone.now(),
-                               hardware={"cpus": 64, "memory_total_bytes": 512 * 1024**3}, **fields)
-    for gpu in cards:
-        Gpu.objects.create(node=node, index=gpu["index"], gpu_class=gpu["gpu_class"], memory_total_mib=80000)
-    sample = {"taken_at": timezone.now().timestamp(), "cpu_utilization_pct": 20.0,
-              "memory_total_bytes": 512 * 1024**3, "memory_used_bytes": 64 * 1024**3, "gpus": cards}
-    services.record_heartbeats({node.pk: (sample, timezone.now())})
-    services.write_gpu_health(node.pk, services.sample_health(sample), None)
-    node.refresh_from_db()
-    return node
-
-
 def hold(model_name: str, node: Node, indices: list[int], state: str = ReplicaState.READY) -> Replica:
-    model = Model.objects.get_or_create(name=model_name, defaults={"min_replicas": 1, "max_replicas": 1,
-                                                                  "source": f"/models/{model_name}"})[0]
-    profile = Profile.objects.get_or_create(model=model, name="gpu", defaults={
-        "engine": "vllm", "accelerator": "H100-80GB", "gpus_per_shard": len(indices)})[0]
-    replica = Replica.objects.create(model=model, profile=profile, state=state)
-    Shard.objects.create(replica=replica, node=node, port=21000 + replica.pk, secret="s", gpu_indices=indices)
-    return replica
+    """A replica of its own GPU model holding these cards of the node."""
+    model = make_model(model_name, gpus=len(indices), accelerator=H100, engine="vllm", profile="gpu")
+    return make_replica(model, node, state=state, gpu_indices=tuple(indices))
 
 
 @pytest.fixture
@@ -71,9 +53,10 @@ def fleet(db: Any) -> dict[str, Any]:
     gpu-r1-02: card 0 held by "busy" at 45 %, card 1 held by "blind" with no utilisation figure,
                card 2 at 100 %, 95 % of its memory and 88 °C, held by nobody.
     """
-    one = make_node("gpu-r1-01", [card(0, 2.0), card(1, 3.0)])
-    two = make_node("gpu-r1-02", [card(0, 45.0, mem=40000, temp=61), card(1, None, mem=None, temp=None),
-                                  card(2, 100.0, mem=76000, temp=88)])
+    # Heartbeats kept in the history the fleet charts draw; no agent version, so that column stays empty.
+    one = make_node("gpu-r1-01", cards=[card(0, 2.0), card(1, 3.0)], heartbeat=True, agent_version="")
+    two = make_node("gpu-r1-02", cards=[card(0, 45.0, mem=40000, temp=61), card(1, None, mem=None, temp=None),
+                                        card(2, 100.0, mem=76000, temp=88)], heartbeat=True, agent_version="")
     return {
         "one": one, "two": two,
         "idle": hold("idle", one, [0, 1]), "busy": hold("busy", two, [0]), "blind": hold("blind", two, [1]),
@@ -203,8 +186,8 @@ def test_headers_never_wrap_and_free_text_is_clipped(alice: User, fleet: dict[st
 
 
 def test_the_fleet_is_charted_by_gpu_class(alice: User, fleet: dict[str, Any]) -> None:
-    make_node("cpu-only", [])
-    make_node("l4-01", [card(0, 10.0, gpu_class="L4")])
+    make_node("cpu-only", cards=[], heartbeat=True, agent_version="")
+    make_node("l4-01", cards=[card(0, 10.0, gpu_class="L4")], heartbeat=True, agent_version="")
     page = signed_in(alice).get("/cluster/").content.decode()
     charts = dict(re.findall(r'<figure class="card min-w-0" data-gpu-class="([^"]+)">(.*?)</figure>', page,
                              re.DOTALL))
@@ -245,6 +228,6 @@ def test_the_page_reads_in_a_fixed_number_of_queries(alice: User, fleet: dict[st
     client = signed_in(alice)
     client.get("/cluster/")
     for index in range(3):
-        make_node(f"gpu-r1-1{index}", [card(0, 50.0)])
+        make_node(f"gpu-r1-1{index}", cards=[card(0, 50.0)], heartbeat=True, agent_version="")
     with django_assert_max_num_queries(12):
         client.get("/cluster/", HTTP_HX_REQUEST="true")

@@ -12,31 +12,10 @@ from django.utils import timezone
 
 from apps.catalog.models import Model, Profile
 from apps.cluster import services
-from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
-from apps.cluster.models import Gpu, Node, Replica, Shard
+from apps.cluster.choices import ReplicaState, ShardState
+from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.reconciler import desired_shards, reconcile
-
-GB = 1024**3
-
-
-def make_node(name: str = "gpu1", gpus: int = 8, memory_gb: int = 512, cpus: int = 64,
-              gpu_class: str = "H100-80GB") -> Node:
-    node = Node.objects.create(name=name, status=NodeStatus.READY, hardware={"cpus": cpus,
-                               "memory_total_bytes": memory_gb * GB, "engines": ["llama.cpp", "vllm"]},
-                               sample={"cpus": cpus, "memory_total_bytes": memory_gb * GB}, sampled_at=timezone.now(),
-                               last_seen_at=timezone.now(), address="10.0.0.1")
-    Gpu.objects.bulk_create([Gpu(node=node, index=i, gpu_class=gpu_class, memory_total_mib=81559)
-                             for i in range(gpus)])
-    return node
-
-
-def make_model(name: str, *, replicas: int = 1, gpus: int = 0, memory_gb: float = 0, cores: float = 0,
-               capacity_class: str = "", engine: str = "vllm") -> Model:
-    model = Model.objects.create(name=name, min_replicas=replicas, max_replicas=max(replicas, 1),
-                                 capacity_class=capacity_class, source=f"/models/{name}")
-    Profile.objects.create(model=model, name="default", engine=engine, accelerator="H100-80GB" if gpus else "cpu",
-                           gpus_per_shard=gpus, memory_bytes=int(memory_gb * GB), cpu_cores=cores)
-    return model
+from tests.builders import make_model, make_node
 
 
 def claimed_gpus() -> list[tuple[int, int]]:
@@ -45,7 +24,7 @@ def claimed_gpus() -> list[tuple[int, int]]:
 
 @pytest.mark.django_db
 def test_it_places_the_wanted_replicas_on_distinct_gpus() -> None:
-    node = make_node()
+    node = make_node(gpus=8)
     make_model("big", replicas=3, gpus=2)
     report = reconcile()
     assert len(report.placed) == 3
@@ -76,7 +55,7 @@ def test_a_model_that_fits_nowhere_stays_pending_with_reasons_and_costs_nothing_
 
 @pytest.mark.django_db
 def test_lowering_the_target_stops_the_newest_and_releases_it_once_stopped() -> None:
-    node = make_node()
+    node = make_node(gpus=8)
     model = make_model("m", replicas=2, gpus=1)
     reconcile()
     model.min_replicas = 1
@@ -94,7 +73,7 @@ def test_lowering_the_target_stops_the_newest_and_releases_it_once_stopped() -> 
 
 @pytest.mark.django_db
 def test_a_failed_engine_is_retried_after_a_growing_backoff() -> None:
-    node = make_node()
+    node = make_node(gpus=8)
     make_model("crashy", gpus=1)
     reconcile()
     replica = Replica.objects.get()
@@ -174,7 +153,7 @@ def test_two_reconcilers_racing_never_double_claim() -> None:
 
 @pytest.mark.django_db
 def test_reports_move_replicas_to_ready_and_keep_the_log_tail() -> None:
-    node = make_node()
+    node = make_node(gpus=8)
     make_model("m", gpus=1)
     reconcile()
     replica = Replica.objects.get()
@@ -200,7 +179,7 @@ def live_replicas() -> int:
 def test_a_busy_model_grows_one_ready_replica_at_a_time_up_to_its_maximum() -> None:
     from apps.catalog.services import record_busy
 
-    node = make_node()
+    node = make_node(gpus=8)
     model = make_model("m", replicas=1, gpus=1)
     Model.objects.filter(pk=model.pk).update(max_replicas=3)
     reconcile()
@@ -228,7 +207,7 @@ def test_a_busy_model_grows_one_ready_replica_at_a_time_up_to_its_maximum() -> N
 
 @pytest.mark.django_db
 def test_a_quiet_model_shrinks_one_step_per_quiet_spell_back_to_its_minimum(settings) -> None:
-    node = make_node()
+    node = make_node(gpus=8)
     model = make_model("m", replicas=1, gpus=1)
     Model.objects.filter(pk=model.pk).update(max_replicas=3, load_replicas=3, busy_at=timezone.now())
     reconcile()
@@ -262,7 +241,7 @@ def test_a_model_that_may_not_grow_is_never_marked_busy() -> None:
 def test_every_desired_shard_the_reconciler_makes_is_read_back_whole_by_the_agents_parser() -> None:
     from agent.protocol import DesiredShard
 
-    nodes = [make_node("gpu1"), make_node("gpu2"), make_node("cpu1", gpus=0)]
+    nodes = [make_node("gpu1", gpus=8), make_node("gpu2", gpus=8), make_node("cpu1", gpus=0)]
     make_model("gpu-model", replicas=2, gpus=2)
     make_model("cpu-model", replicas=1, memory_gb=2, cores=2, engine="llama.cpp")
     tuned = make_model("tuned", replicas=1, gpus=4)

@@ -14,10 +14,10 @@ from apps.cluster import services
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import EnrollmentToken, Gpu, Node
 from apps.cluster.services import _hash
+from tests.builders import GB, H100, make_model, make_node
 
 pytestmark = pytest.mark.django_db
 
-GIB = 1024**3
 TIB = 1024**4
 
 
@@ -28,7 +28,7 @@ def _empty_history() -> None:
 
 def gpu_sample(index: int) -> dict[str, Any]:
     return {
-        "index": index, "gpu_class": "H100-80GB", "name": "NVIDIA H100 80GB HBM3",
+        "index": index, "gpu_class": H100, "name": "NVIDIA H100 80GB HBM3",
         "utilization_gpu_pct": 40 + index, "memory_used_mib": 20000, "memory_total_mib": 81559,
         "temperature_gpu_c": 61 + index, "temperature_memory_c": 70 + index,
         "power_draw_w": 300 + index, "power_limit_w": 700, "sm_clock_mhz": 1980,
@@ -42,7 +42,7 @@ def make_sample(gpus: int = 0) -> dict[str, Any]:
     return {
         "taken_at": timezone.now().timestamp(),
         "cpu_utilization_pct": 37.5, "cpus": 64, "load": [3.1, 2.9, 2.5],
-        "memory_total_bytes": 512 * GIB, "memory_used_bytes": 100 * GIB,
+        "memory_total_bytes": 512 * GB, "memory_used_bytes": 100 * GB,
         "cpu_package_temp_c": 55, "inlet_temp_c": 22, "cpu_package_power_w": 210,
         "gpus": [gpu_sample(i) for i in range(gpus)],
         "storage": [
@@ -55,21 +55,14 @@ def make_sample(gpus: int = 0) -> dict[str, Any]:
     }
 
 
+# What this file's agent says at registration: the figures a node's page shows.
 HARDWARE = {"cpu_model": "Intel Xeon Platinum 8480+", "cpus": 64, "sockets": 2, "os": "Ubuntu 22.04.4 LTS",
-            "kernel": "5.15.0-105-generic", "arch": "x86_64", "memory_total_bytes": 512 * GIB,
+            "kernel": "5.15.0-105-generic", "arch": "x86_64", "memory_total_bytes": 512 * GB,
             "driver_version": "535.161.08", "cuda_version": "12.2", "has_avx2": True}
 
 
-def make_node(name: str = "gpu1", *, gpus: int = 0, sample: bool = True, age: timedelta = timedelta(0),
-              **fields: Any) -> Node:
-    fields = {"status": NodeStatus.READY, "agent_version": "0.1.0", "hardware": {**HARDWARE, "gpu_count": gpus},
-              "registered_at": timezone.now(), **fields}
-    node = Node.objects.create(name=name, sample=make_sample(gpus) if sample else None,
-                               sampled_at=timezone.now() - age if sample else None, **fields)
-    for index in range(gpus):
-        Gpu.objects.create(node=node, index=index, gpu_class="H100-80GB", name="NVIDIA H100 80GB HBM3",
-                           memory_total_mib=81559)
-    return node
+def hardware(gpus: int = 0) -> dict[str, Any]:
+    return {**HARDWARE, "gpu_count": gpus}
 
 
 def cell(content: bytes, node: str, column: str) -> str:
@@ -139,7 +132,8 @@ def test_an_unknown_node_is_not_found(client: Client, viola) -> None:
 # The nodes page ------------------------------------------------------------------------------
 
 def test_the_nodes_page_shows_each_nodes_figures(client: Client, alice) -> None:
-    make_node(gpus=8, cordoned=True, cordon_reason="replacing a fan")
+    make_node(gpus=8, sample=make_sample(gpus=8), hardware=hardware(gpus=8), cordoned=True,
+              cordon_reason="replacing a fan")
     response = signed_in(client, alice).get("/nodes/")
     assert response.status_code == 200
     content = response.content
@@ -167,7 +161,7 @@ def test_a_node_without_a_sample_shows_dashes_not_zeros(client: Client, alice) -
 
 
 def test_a_stale_sample_shows_dashes(client: Client, alice) -> None:
-    make_node("old", age=timedelta(minutes=5), status=NodeStatus.UNREACHABLE)
+    make_node("old", sample=make_sample(), sample_age=timedelta(minutes=5), status=NodeStatus.UNREACHABLE)
     content = signed_in(client, alice).get("/nodes/").content
     assert cell(content, "old", "cpu").startswith("-")
     assert cell(content, "old", "memory") == "-"
@@ -189,7 +183,7 @@ def test_an_htmx_refresh_gets_only_the_table(client: Client, viola) -> None:
 
 def test_the_nodes_list_does_not_query_per_node(client: Client, alice, django_assert_max_num_queries) -> None:
     for i in range(20):
-        make_node(f"gpu{i:02d}", gpus=2)
+        make_node(f"gpu{i:02d}", gpus=2, sample=make_sample(gpus=2), hardware=hardware(gpus=2))
     signed_in(client, alice)
     with django_assert_max_num_queries(6):
         response = client.get("/nodes/")
@@ -199,7 +193,7 @@ def test_the_nodes_list_does_not_query_per_node(client: Client, alice, django_as
 # One node --------------------------------------------------------------------------------------
 
 def test_the_node_page_shows_eight_gpus_with_temperatures_and_power(client: Client, viola) -> None:
-    node = make_node(gpus=8)
+    node = make_node(gpus=8, sample=make_sample(gpus=8), hardware=hardware(gpus=8))
     Gpu.objects.filter(node=node, index=5).update(ecc_fault=True)
     content = signed_in(client, viola).get("/nodes/gpu1/").content.decode()
     assert content.count("data-gpu=") == 8
@@ -225,7 +219,7 @@ def test_the_node_page_without_a_sample_shows_dashes(client: Client, alice) -> N
 
 
 def test_the_node_page_draws_the_last_hour(client: Client, alice) -> None:
-    node = make_node(gpus=1)
+    node = make_node(gpus=1, sample=make_sample(gpus=1))
     start = timezone.now().timestamp() - 300
     for step in range(5):
         sample = make_sample(gpus=1)
@@ -239,7 +233,7 @@ def test_the_node_page_draws_the_last_hour(client: Client, alice) -> None:
 
 
 def test_an_htmx_refresh_of_the_node_page_gets_only_the_live_part(client: Client, viola) -> None:
-    make_node(gpus=1)
+    make_node(gpus=1, sample=make_sample(gpus=1))
     body = signed_in(client, viola).get("/nodes/gpu1/", headers={"HX-Request": "true"}).content.decode().strip()
     assert body.startswith('<div id="node-live"')
     assert "<html" not in body and 'data-section="charts"' not in body
@@ -356,12 +350,11 @@ def test_a_ready_node_whose_heartbeats_stopped_reads_unreachable_though_nothing_
 def test_an_operator_drains_a_node_from_its_page_and_sees_what_is_left(client: Client) -> None:
     from apps.accounts.choices import StaffRole
     from apps.cluster.reconciler import reconcile
-    from tests import builders
     from tests.conftest import make_user
 
     operator = make_user("olga@example.com", role=StaffRole.OPERATOR)
-    builders.make_node("gpu1", gpus=1)
-    builders.make_model("m", gpus=1)
+    make_node("gpu1", gpus=1)
+    make_model("m", gpus=1)
     reconcile()
     page = signed_in(client, operator).post("/nodes/gpu1/drain", {"grace": "20"}, HTTP_HX_REQUEST="true")
     assert page.status_code == 200

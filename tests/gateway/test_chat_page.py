@@ -17,12 +17,10 @@ from django.utils import timezone
 
 from apps.accounts import services as account_services
 from apps.accounts.models import ApiKey, AuditEvent, User
-from apps.catalog.models import Model, Profile
-from apps.cluster.choices import NodeStatus, ReplicaState
-from apps.cluster.models import Node, Replica, Shard
 from apps.gateway import rendering
 from apps.gateway.services import SESSION_FIELD
 from apps.gateway.tables import key_hash, load_tables
+from tests.builders import H100, make_model, make_node, make_replica
 from tests.llmgw.test_csp import check_body, check_strict
 
 pytestmark = pytest.mark.django_db
@@ -87,21 +85,6 @@ def test_strangers_are_sent_to_sign_in(db: Any) -> None:
 
 # The picker says where each model runs ----------------------------------------------------------
 
-def make_model(name: str, *accelerators: str, ready: tuple[str, ...] = ()) -> Model:
-    model = Model.objects.create(name=name, min_replicas=1, max_replicas=2, source=f"/models/{name}")
-    node = Node.objects.get_or_create(name="n1", defaults={"status": NodeStatus.READY})[0]
-    for accelerator in accelerators:
-        profile = Profile.objects.create(
-            model=model, name=accelerator.lower(), engine="llama.cpp", accelerator=accelerator,
-            memory_bytes=2 * 1024**3, cpu_cores=1, gpus_per_shard=0 if accelerator == "cpu" else 1,
-        )
-        if accelerator in ready:
-            replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.READY)
-            Shard.objects.create(replica=replica, node=node, port=20000 + replica.pk, secret="s",
-                                 gpu_indices=[] if accelerator == "cpu" else [0])
-    return model
-
-
 def options(page: str) -> dict[str, str]:
     import re
 
@@ -109,12 +92,17 @@ def options(page: str) -> dict[str, str]:
 
 
 def test_the_picker_names_the_gpu_class_or_cpu_each_model_answers_on(bob: User) -> None:
-    make_model("llama", "H100-80GB", "cpu", ready=("H100-80GB",))
-    make_model("both", "H100-80GB", "cpu", ready=("H100-80GB", "cpu"))
-    make_model("small", "cpu", ready=("cpu",))
-    make_model("idle", "cpu")
-    Model.objects.create(name="hosted", min_replicas=0, max_replicas=0, external_url="https://api.example/v1",
-                         external_model="gpt-x")
+    node = make_node("n1", gpus=1)
+    # Each profile, on a GPU class or the CPU, is named after it in lower case: "h100-80gb", "cpu".
+    profiles: dict[str, Any] = {"max_replicas": 2, "engine": "llama.cpp", "memory_gb": 2, "cores": 1, "gpus": 1}
+    llama = make_model("llama", accelerators=(H100, "cpu"), **profiles)
+    make_replica(llama, node, profile="h100-80gb", gpu_indices=(0,))
+    both = make_model("both", accelerators=(H100, "cpu"), **profiles)
+    make_replica(both, node, profile="h100-80gb", gpu_indices=(0,))
+    make_replica(both, node, profile="cpu")
+    make_replica(make_model("small", accelerators=("cpu",), **profiles), node, profile="cpu")
+    make_model("idle", accelerators=("cpu",), **profiles)
+    make_model("hosted", external_url="https://api.example/v1")
     page = signed_in(bob).get("/chat/").content.decode()
     shown = options(page)
     assert shown["llama"] == "llama · H100-80GB"
