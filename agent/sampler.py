@@ -73,6 +73,7 @@ class Sampler:
         if avx:
             warnings.append(avx)
         mem = procfs.parse_meminfo(_read(self.root, "proc/meminfo") or "")
+        warnings += mem.warnings
         hardware: dict[str, Any] = {
             "hostname": self.config.hostname or socket.gethostname(),
             "cpu_model": cpu.model,
@@ -125,6 +126,7 @@ class Sampler:
     def _cpu_and_memory(self, sample: dict[str, Any], warnings: list[str]) -> None:
         try:
             stat = procfs.parse_proc_stat(_read(self.root, "proc/stat") or "")
+            warnings += stat.warnings
             if stat.per_cpu:
                 sample["cpus"] = stat.per_cpu
             if self._prev_stat is not None:
@@ -132,10 +134,12 @@ class Sampler:
                 if util is not None:
                     sample["cpu_utilization_pct"] = round(util, 2)
             self._prev_stat = stat
-            load = procfs.parse_loadavg(_read(self.root, "proc/loadavg") or "")
-            if load is not None:
-                sample["load"] = list(load)
+            load = procfs.parse_load_average(_read(self.root, "proc/loadavg") or "")
+            warnings += load.warnings
+            if load.values is not None:  # the protocol takes all three averages or none
+                sample["load"] = list(load.values)
             mem = procfs.parse_meminfo(_read(self.root, "proc/meminfo") or "")
+            warnings += mem.warnings
             if mem.total_bytes is not None:
                 sample["memory_total_bytes"] = mem.total_bytes
             if mem.available_bytes is not None:

@@ -139,13 +139,16 @@ def read_hwmon(root: str | Mapping[str, str]) -> Temps:
     return _classify(readings, temps)
 
 
+# A reading as sysfs (millidegrees) or ``sensors -u`` (degrees) prints it: ASCII digits, an
+# optional sign and fraction.  float() alone would also take "１２", "1_0", "nan" and "inf".
+_READING_RE = re.compile(r"[+-]?[0-9]{1,20}(?:\.[0-9]{1,20})?")
+
+
 def _float(raw: str | None) -> float | None:
     if raw is None:
         return None
-    try:
-        return float(raw.strip())
-    except ValueError:
-        return None
+    raw = raw.strip()
+    return float(raw) if _READING_RE.fullmatch(raw) else None
 
 
 def parse_sensors_json(text: str) -> Temps:

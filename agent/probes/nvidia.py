@@ -16,6 +16,7 @@ line, an unparsable number) becomes ``None``.
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -135,8 +136,10 @@ _UNKNOWN_VALUES = frozenset(
     )
 )
 
-_NUMBER_RE = re.compile(r"^([+-]?\d+(?:\.\d+)?)\s*([A-Za-z%/()]*)$")
-_VERSION_RE = re.compile(r"\d+(?:\.\d+)+")
+# ASCII digits only (``\d`` would take "１２"), and no more of them than any real reading has, so a
+# runaway digit string cannot become an infinite float.
+_NUMBER_RE = re.compile(r"^([+-]?\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z%/()]*)$", re.ASCII)
+_VERSION_RE = re.compile(r"\d+(?:\.\d+)+", re.ASCII)
 
 
 def _clean(value: str | None) -> str | None:
@@ -254,25 +257,64 @@ _NOISE_WORDS = frozenset(
         "HBM3e",
     )
 )
-_MEMORY_WORD_RE = re.compile(r"^\d+(?:GB|G|GiB)$", re.IGNORECASE)
+_MEMORY_WORD_RE = re.compile(r"^(\d+)(?:GB|G|GiB)$", re.IGNORECASE | re.ASCII)
 
-# Marketed memory sizes (GB).  The usable framebuffer nvidia-smi reports is a little below
-# them (ECC, reserved memory: an L40S shows 46068 MiB, an A10 23028 MiB), so a reading is
-# snapped up to the nearest marketed size when one lies within 12 %.
+# Marketed memory sizes (GB) of NVIDIA cards.  A card reports a little less framebuffer than its
+# marketed size (ECC, memory the driver and firmware keep), so a reported total is snapped to the
+# marketed size nearest to it by ratio, among those from 2 % below it to 12 % above it.  Totals as
+# nvidia-smi reports them, and the size each snaps to:
+#   T4 15360 MiB -> 16, A10 23028 -> 24, RTX 4090 24564 -> 24, A100 40 GB 40960 -> 40,
+#   L40S 46068 -> 48, H100 80GB 81559 -> 80, A100 80 GB 81920 -> 80, H100 NVL 95830 -> 94,
+#   GH200 97871 -> 96, RTX PRO 6000 Blackwell 97887 -> 96, H200 143771 -> 141, B200 183359 -> 180.
+# Taking the first size in the window instead classed GH200 and RTX PRO 6000 as 94 GB: 94 and 96
+# lie only 2 % apart, so both are in the window of a 95.6 GiB total.  Nearest by ratio tells the
+# H100 NVL (93.6 GiB) from them; a total about equally near two sizes is settled by the name.
 # fmt: off
-_MARKETED_GB = (1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 141, 144, 180, 186, 192, 288)
+_MARKETED_GB = (
+    1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 72, 80, 84, 94, 96,
+    141, 144, 180, 186, 192, 288,
+)
 # fmt: on
+_SNAP_BELOW = 0.98  # a marketed size at most 2 % below the reported total ...
+_SNAP_ABOVE = 1.12  # ... or at most 12 % above it
+# Two candidates whose distances from the total (as |log ratio|) differ by less than this are a
+# tie the total cannot settle.
+_TIE = 0.01
+# Name words that settle a tie, with the size they mean: "NVL" with ~94 GB is the H100 NVL.
+_NAME_SIZE_HINTS = (("nvl", 94),)
 
 
-def nvidia_class_memory_gb(memory_total_mib: int | None) -> int | None:
-    """The marketed memory size in GB for a reported framebuffer total in MiB."""
+def _tie_break(sizes: list[int], name: str | None) -> int:
+    """Pick one of ``sizes`` (about equally near the total) by the card's name, else the larger:
+    cards report less than their marketed size, rarely more."""
+    words = [w.lower() for w in re.split(r"[\s\-_]+", name or "") if w]
+    for word in words:
+        m = _MEMORY_WORD_RE.match(word)
+        if m and int(m.group(1)) in sizes:  # the name states its size ("A100-SXM4-40GB")
+            return int(m.group(1))
+    for word, size in _NAME_SIZE_HINTS:
+        if word in words and size in sizes:
+            return size
+    return max(sizes)
+
+
+def nvidia_class_memory_gb(memory_total_mib: int | None, name: str | None = None) -> int | None:
+    """The marketed memory size in GB for a reported framebuffer total in MiB.
+
+    ``name`` (the product name) only settles a total that lies about equally near two marketed
+    sizes.  A total near no marketed size is rounded to whole GiB.
+    """
     if memory_total_mib is None or memory_total_mib <= 0:
         return None
     gib = memory_total_mib / 1024
-    for size in _MARKETED_GB:
-        if gib * 0.98 <= size <= gib * 1.12:
-            return size
-    return max(1, int(round(gib)))
+    candidates = sorted(
+        (abs(math.log(size / gib)), size) for size in _MARKETED_GB if gib * _SNAP_BELOW <= size <= gib * _SNAP_ABOVE
+    )
+    if not candidates:
+        return max(1, int(round(gib)))
+    nearest = candidates[0][0]
+    tied = [size for distance, size in candidates if distance - nearest < _TIE]
+    return tied[0] if len(tied) == 1 else _tie_break(tied, name)
 
 
 def gpu_class(name: str | None, memory_total_mib: int | None) -> str | None:
@@ -289,7 +331,7 @@ def gpu_class(name: str | None, memory_total_mib: int | None) -> str | None:
     base = "".join(kept) or "".join(tokens)
     if not base:
         return None
-    memory_gb = nvidia_class_memory_gb(memory_total_mib)
+    memory_gb = nvidia_class_memory_gb(memory_total_mib, name)
     if memory_gb is None:
         return base
     return f"{base}-{memory_gb}GB"
@@ -678,7 +720,7 @@ def parse_nvidia_smi_xml(text: str) -> GpuReport:
     return report
 
 
-_NVLINK_GPU_RE = re.compile(r"^GPU\s+(?P<index>\d+)\s*:")
+_NVLINK_GPU_RE = re.compile(r"^GPU\s+(?P<index>\d{1,9})\s*:", re.ASCII)
 _NVLINK_COUNTER_RE = re.compile(r"^Link\s+(?P<link>\d+)\s*:\s*(?P<name>[^:]+?)\s*:\s*(?P<value>\S+)\s*$")
 
 
@@ -713,7 +755,7 @@ def parse_nvlink_errors(text: str) -> dict[int, dict[str, int]]:
         if counter is None or current is None:
             continue
         value = counter.group("value")
-        if not re.fullmatch(r"\d+", value):
+        if not re.fullmatch(r"[0-9]{1,20}", value):  # ASCII digits, at most a 64-bit counter
             continue
         name = _counter_name(counter.group("name"))
         counters = result.setdefault(current, {})

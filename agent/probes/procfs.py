@@ -1,7 +1,10 @@
 """Parsers for ``/proc/cpuinfo``, ``lscpu``, ``/proc/stat``, ``/proc/meminfo``, ``/proc/loadavg``
 and ``/proc/<pid>/stat``, plus a reader that sums the CPU time and RSS of a process group.
 
-Everything except :func:`process_group_usage` is a pure function over text.
+Everything except :func:`process_group_usage` is a pure function over text.  A leading UTF-8 BOM
+is ignored.  A number is 1 to 20 ASCII digits (the kernel prints unsigned 64-bit counters); any
+other value in a numeric field (``１２３``, ``12e5``, ``-``, a runaway digit string) is a warning
+that names the field, and the rest of what was read is kept.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from dataclasses import dataclass, field
 __all__ = [
     "CpuInfo",
     "CpuTimes",
+    "LoadAverage",
     "MemInfo",
     "PidStat",
     "ProcessGroupUsage",
     "avx_warning",
     "cpu_utilisation",
     "parse_cpuinfo",
+    "parse_load_average",
     "parse_loadavg",
     "parse_lscpu",
     "parse_meminfo",
@@ -30,6 +35,38 @@ __all__ = [
 
 _X86_VENDORS = frozenset({"GenuineIntel", "AuthenticAMD", "HygonGenuine", "CentaurHauls", "Shanghai"})
 _X86_ARCHITECTURES = frozenset({"x86_64", "i386", "i486", "i586", "i686", "x86", "amd64"})
+
+
+# --------------------------------------------------------------------------- numbers
+
+# int() alone would take "１２３", "1_000" and " 12 ", and str.isdigit() passes "²", which int()
+# then refuses; 2**64 - 1 has 20 digits, and int() gives up on strings past 4300.
+_COUNT_RE = re.compile(r"[0-9]{1,20}")
+_DIGITS_RE = re.compile(r"[0-9]+")
+
+
+def _lines(text: str | None) -> list[str]:
+    return (text or "").lstrip("\ufeff").splitlines()
+
+
+def _count(value: str) -> int | None:
+    """A non-negative kernel counter: 1 to 20 ASCII digits; None otherwise."""
+    return int(value) if _COUNT_RE.fullmatch(value) else None
+
+
+def _not_a_number(source: str, field_name: str, value: str) -> str:
+    if _DIGITS_RE.fullmatch(value):
+        return f"{source}: {field_name} has {len(value)} digits, more than a 64-bit counter holds; ignored"
+    shown = value if len(value) <= 40 else value[:40] + "..."
+    return f"{source}: {field_name} is not a plain number ({shown!r}); ignored"
+
+
+def _field_count(value: str, source: str, field_name: str, warnings: list[str]) -> int | None:
+    """:func:`_count`, with a warning naming the field when ``value`` is not one."""
+    number = _count(value)
+    if number is None:
+        warnings.append(_not_a_number(source, field_name, value))
+    return number
 
 
 # --------------------------------------------------------------------------- CPU model
@@ -73,8 +110,7 @@ def _collapse(value: str | None) -> str | None:
 def _to_int(value: str | None) -> int | None:
     if value is None:
         return None
-    value = value.strip()
-    return int(value) if re.fullmatch(r"\d+", value) else None
+    return _count(value.strip())
 
 
 def _x86_features(cpu: CpuInfo) -> None:
@@ -105,7 +141,7 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         return cpu
     blocks: list[dict[str, str]] = []
     current: dict[str, str] = {}
-    for raw in text.lstrip("\ufeff").splitlines():
+    for raw in _lines(text):
         line = raw.rstrip("\r")
         if not line.strip():
             if current:
@@ -119,7 +155,11 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     if current:
         blocks.append(current)
 
-    processors = [b for b in blocks if re.fullmatch(r"\d+", b.get("processor", ""))]
+    processors = [
+        b
+        for b in blocks
+        if "processor" in b and _field_count(b["processor"], "/proc/cpuinfo", "processor", cpu.warnings) is not None
+    ]
     if not processors:
         cpu.warnings.append("no 'processor' entries found: unknown /proc/cpuinfo layout")
         return cpu
@@ -129,8 +169,8 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     cpu.model = _collapse(first.get("model name"))
     physical_ids = {b["physical id"] for b in processors if "physical id" in b}
     cpu.sockets = len(physical_ids) if physical_ids else None
-    cpu.cores_per_socket = _to_int(first.get("cpu cores"))
-    siblings = _to_int(first.get("siblings"))
+    cpu.cores_per_socket = _cpuinfo_count(first, "cpu cores", cpu.warnings)
+    siblings = _cpuinfo_count(first, "siblings", cpu.warnings)
     if siblings and cpu.cores_per_socket:
         cpu.threads_per_core = max(1, siblings // cpu.cores_per_socket)
 
@@ -150,6 +190,11 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     return cpu
 
 
+def _cpuinfo_count(block: dict[str, str], key: str, warnings: list[str]) -> int | None:
+    value = block.get(key)
+    return None if value is None else _field_count(value, "/proc/cpuinfo", key, warnings)
+
+
 _LSCPU_KEY_RE = re.compile(r"^(?P<indent>\s*)(?P<key>[^:\s][^:]*?):(?P<space>\s*)(?P<value>.*)$")
 
 
@@ -166,7 +211,7 @@ def parse_lscpu(text: str) -> CpuInfo:
     entries: list[list[str]] = []  # [key, value]
     value_col: int | None = None  # column where the current entry's value started
     trailing_space = False  # whether the previous physical line ended in whitespace
-    for raw in text.lstrip("\ufeff").splitlines():
+    for raw in _lines(text):
         line = raw.rstrip("\r").expandtabs(8)
         ended_with_space = line != line.rstrip()
         if not line.strip():
@@ -240,6 +285,8 @@ def avx_warning(cpu: CpuInfo) -> str | None:
 # --------------------------------------------------------------------------- /proc/stat
 
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+_IDLE_FIELDS = ("idle", "iowait")
 
 
 @dataclass
@@ -257,29 +304,40 @@ class CpuTimes:
 
 
 def parse_proc_stat(text: str) -> CpuTimes:
-    """Parse the CPU lines of ``/proc/stat``; the rest (intr, ctxt, softirq, ...) is ignored."""
+    """Parse the CPU lines of ``/proc/stat``; the rest (intr, ctxt, softirq, ...) is ignored.
+
+    A field of the ``cpu`` line that is not a number is left out of ``total`` with a warning; the
+    other fields are kept, and ``busy``/``idle`` are None when a field they add up is the one lost.
+    """
     times = CpuTimes()
-    for raw in (text or "").splitlines():
+    found = False
+    lost: set[str] = set()
+    for raw in _lines(text):
         parts = raw.split()
         if not parts or not parts[0].startswith("cpu"):
             continue
         if parts[0] == "cpu":
+            found = True
             values: dict[str, int] = {}
+            lost = set()
             for name, value in zip(_CPU_FIELDS, parts[1:], strict=False):
-                if not value.isdigit():
-                    times.warnings.append(f"unparsable /proc/stat cpu field {name}={value!r}")
-                    break
-                values[name] = int(value)
+                number = _field_count(value, "/proc/stat", f"cpu {name}", times.warnings)
+                if number is None:
+                    lost.add(name)
+                else:
+                    values[name] = number
             times.total = values
-        elif parts[0][3:].isdigit():
+        elif _count(parts[0][3:]) is not None:
             times.per_cpu += 1
-    if not times.total:
+    if not found:
         times.warnings.append("no aggregate 'cpu' line in /proc/stat")
         return times
     t = times.total
-    if "idle" in t:
+    # Old kernels print fewer columns; the first four are always there.
+    if "idle" in t and not lost & set(_IDLE_FIELDS):
         times.idle = t["idle"] + t.get("iowait", 0)
-        times.busy = sum(t.get(k, 0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+    if {"user", "nice", "system"} <= t.keys() and not lost & set(_BUSY_FIELDS):
+        times.busy = sum(t.get(k, 0) for k in _BUSY_FIELDS)
     return times
 
 
@@ -309,35 +367,87 @@ class MemInfo:
     warnings: list[str] = field(default_factory=list)
 
 
-_MEMINFO_RE = re.compile(r"^(?P<key>[^:\s]+):\s*(?P<value>\d+)(?:\s*(?P<unit>[kKmMgG]?B))?\s*$")
+# "Key:   value [unit]"; a line of any other shape is not a field and is skipped.
+_MEMINFO_RE = re.compile(r"^(?P<key>[^:\s]+):\s*(?P<value>\S+)(?:\s+(?P<unit>\S+))?$")
+_MEMINFO_UNITS = {"": 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
 
 
 def parse_meminfo(text: str) -> MemInfo:
+    """Parse ``/proc/meminfo``.  A field whose value is not a number (or whose unit is unknown) is
+    left out with a warning naming it; every other field is kept."""
     values: dict[str, int] = {}
-    for raw in (text or "").splitlines():
+    seen: set[str] = set()  # keys met, whether or not their value could be read
+    warnings: list[str] = []
+    for raw in _lines(text):
         m = _MEMINFO_RE.match(raw.strip())
-        if not m:
+        if not m or m.group("key") in values:
             continue
-        factor = {"": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "b": 1}[(m.group("unit") or "").lower()]
-        values.setdefault(m.group("key"), int(m.group("value")) * factor)
+        key = m.group("key")
+        seen.add(key)
+        unit = m.group("unit") or ""
+        factor = _MEMINFO_UNITS.get(unit.lower())
+        if factor is None:
+            shown = unit if len(unit) <= 20 else unit[:20] + "..."
+            warnings.append(f"/proc/meminfo: {key} has an unknown unit ({shown!r}); ignored")
+            continue
+        number = _field_count(m.group("value"), "/proc/meminfo", key, warnings)
+        if number is not None:
+            values[key] = number * factor
     info = MemInfo(
         total_bytes=values.get("MemTotal"),
         available_bytes=values.get("MemAvailable"),
         free_bytes=values.get("MemFree"),
+        warnings=warnings,
     )
-    if info.total_bytes is None:
+    if "MemTotal" not in seen:
         info.warnings.append("no MemTotal line in /proc/meminfo")
     return info
 
 
-def parse_loadavg(text: str) -> tuple[float, float, float] | None:
-    parts = (text or "").split()
+_LOAD_NAMES = ("1-minute load", "5-minute load", "15-minute load")
+# A load average as the kernel prints it ("0.52"): ASCII digits, one optional fraction.
+_LOAD_RE = re.compile(r"[0-9]{1,10}(?:\.[0-9]{1,10})?")
+
+
+@dataclass
+class LoadAverage:
+    """The three averages of ``/proc/loadavg``; each None when it could not be read."""
+
+    one: float | None = None
+    five: float | None = None
+    fifteen: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def values(self) -> tuple[float, float, float] | None:
+        """All three averages, or None when any is unknown."""
+        if self.one is None or self.five is None or self.fifteen is None:
+            return None
+        return self.one, self.five, self.fifteen
+
+
+def parse_load_average(text: str) -> LoadAverage:
+    """Parse ``/proc/loadavg`` (``0.52 0.58 0.59 1/467 12345``).  An average that is not a number
+    is None with a warning naming it; the other averages are kept."""
+    load = LoadAverage()
+    parts = " ".join(_lines(text)).split()
+    numbers: list[float | None] = []
+    for name, value in zip(_LOAD_NAMES, parts, strict=False):
+        if _LOAD_RE.fullmatch(value):
+            numbers.append(float(value))
+        else:
+            numbers.append(None)
+            load.warnings.append(_not_a_number("/proc/loadavg", name, value))
     if len(parts) < 3:
-        return None
-    try:
-        return float(parts[0]), float(parts[1]), float(parts[2])
-    except ValueError:
-        return None
+        load.warnings.append(f"/proc/loadavg has {len(parts)} of the 3 load averages")
+    numbers += [None] * (3 - len(numbers))
+    load.one, load.five, load.fifteen = numbers
+    return load
+
+
+def parse_loadavg(text: str) -> tuple[float, float, float] | None:
+    """The three averages of ``/proc/loadavg``; None unless all three are numbers."""
+    return parse_load_average(text).values
 
 
 # --------------------------------------------------------------------------- /proc/<pid>/stat
@@ -356,7 +466,8 @@ class PidStat:
 
 def parse_pid_stat(text: str) -> PidStat | None:
     """Parse ``/proc/<pid>/stat``.  The command name may contain spaces and parentheses, so the
-    fields are counted from the *last* ``)``."""
+    fields are counted from the *last* ``)``.  None when a field it needs is not a number."""
+    text = (text or "").lstrip("\ufeff")
     if not text:
         return None
     open_paren = text.find("(")
@@ -367,17 +478,18 @@ def parse_pid_stat(text: str) -> PidStat | None:
     # rest[0] is field 3 (state); field N is rest[N - 3]
     if len(rest) < 22:
         return None
-    try:
-        return PidStat(
-            pid=int(text[:open_paren].strip()),
-            comm=text[open_paren + 1 : close_paren],
-            state=rest[0],
-            pgrp=int(rest[2]),
-            cpu_ticks=int(rest[11]) + int(rest[12]),
-            rss_pages=int(rest[21]),
-        )
-    except ValueError:
+    numbers = [_count(v) for v in (text[:open_paren].strip(), rest[2], rest[11], rest[12], rest[21])]
+    pid, pgrp, utime, stime, rss = numbers
+    if pid is None or pgrp is None or utime is None or stime is None or rss is None:
         return None
+    return PidStat(
+        pid=pid,
+        comm=text[open_paren + 1 : close_paren],
+        state=rest[0],
+        pgrp=pgrp,
+        cpu_ticks=utime + stime,
+        rss_pages=rss,
+    )
 
 
 def parse_proc_pid_stat(text: str) -> tuple[int, int] | None:

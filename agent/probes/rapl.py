@@ -44,7 +44,8 @@ def _int(raw: str | None) -> int | None:
     if raw is None:
         return None
     raw = raw.strip()
-    return int(raw) if raw.isdigit() else None
+    # ASCII digits only, at most a 64-bit counter: str.isdigit() also passes "²", which int() refuses
+    return int(raw) if re.fullmatch(r"[0-9]{1,20}", raw) else None
 
 
 def read_rapl(root: str | Mapping[str, str], timestamp: float | None = None) -> RaplSample:
