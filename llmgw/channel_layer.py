@@ -33,6 +33,7 @@ from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer
 from prometheus_client import Counter
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["DROPPED", "ChannelLayer"]
@@ -101,6 +102,11 @@ class ChannelLayer(RedisChannelLayer):
                     await asyncio.sleep(wait)
                     await self._rejoin(channel)
                 message: dict[str, Any] = await super().receive(channel)
+            except MaxConnectionsError:
+                # Every pooled connection busy for the pool's whole timeout: an overloaded moment, not
+                # a Redis that went away and forgot its memberships. Wait and try again.
+                wait = min(max(wait * 2, _RETRY_FIRST_S), _RETRY_MAX_S)
+                continue
             except UNREACHABLE as exc:
                 if self.outage_since is None:
                     self.outage_since = time.monotonic()
