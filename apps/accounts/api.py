@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -145,6 +146,13 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
 # The organisation tree (staff) ----------------------------------------------------------
 
+def _as_field_errors(error: DjangoValidationError) -> serializers.ValidationError:
+    """A refusal from accounts.services (a name's rules) as the API's 400 naming the field."""
+    if hasattr(error, "error_dict"):
+        return serializers.ValidationError(error.message_dict)
+    return serializers.ValidationError({"name": error.messages})
+
+
 class OrganizationSerializer(serializers.ModelSerializer[Organization]):
     slug = serializers.SlugField(required=False, allow_blank=True, max_length=100)
 
@@ -183,9 +191,12 @@ class OrganizationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet
         data = serializer.validated_data
         if data.get("slug") and Organization.objects.filter(slug=data["slug"]).exists():
             raise serializers.ValidationError({"slug": [_("An organisation with this slug exists.")]})
-        serializer.instance = services.create_organization(
-            name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
-        )
+        try:
+            serializer.instance = services.create_organization(
+                name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+            )
+        except DjangoValidationError as error:
+            raise _as_field_errors(error) from None
 
 
 class TeamViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Team]):
@@ -197,9 +208,12 @@ class TeamViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Team]):
         data = serializer.validated_data
         if data.get("slug") and Team.objects.filter(organization=data["organization"], slug=data["slug"]).exists():
             raise serializers.ValidationError({"slug": [_("A team with this slug exists in the organisation.")]})
-        serializer.instance = services.create_team(
-            data["organization"], name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
-        )
+        try:
+            serializer.instance = services.create_team(
+                data["organization"], name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+            )
+        except DjangoValidationError as error:
+            raise _as_field_errors(error) from None
 
 
 class ProjectViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Project]):
@@ -211,9 +225,12 @@ class ProjectViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Proj
         data = serializer.validated_data
         if data.get("slug") and Project.objects.filter(team=data["team"], slug=data["slug"]).exists():
             raise serializers.ValidationError({"slug": [_("A project with this slug exists in the team.")]})
-        serializer.instance = services.create_project(
-            data["team"], name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
-        )
+        try:
+            serializer.instance = services.create_project(
+                data["team"], name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+            )
+        except DjangoValidationError as error:
+            raise _as_field_errors(error) from None
 
 
 # The audit log (staff, read only) ----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Changes made on the People page: who is in which branch, who may sign in, new teams and projects.
+"""Changes made on the People page: who is in which branch, who may sign in, and the tree itself.
 
 Each is atomic and audited, and nothing is half-written when one fails: a refusal is a
 ValidationError raised before anything is saved, or after the inner savepoint was rolled back.
@@ -19,10 +19,13 @@ from apps.accounts.models import Membership, Organization, Project, Team, User
 __all__ = [
     "add_member",
     "branch_fields",
+    "create_organization",
     "create_project",
     "create_team",
     "reactivate_user",
+    "remove_branch",
     "remove_member",
+    "rename_branch",
     "set_capacity_quota",
     "set_rate_limit",
     "suspend_user",
@@ -118,33 +121,57 @@ def reactivate_user(user: User, *, actor: User | None, address: str | None = Non
     return user
 
 
-def _name(name: str, missing: str) -> str:
-    name = name.strip()
-    if not name:
-        raise ValidationError(missing, code="required")
-    return name
+# The tree: a refusal from accounts.services (a name's rules, what still depends on a branch) is a
+# ValidationError with nothing written; so is a slug taken by a change made at the same moment.
+
+@transaction.atomic
+def create_organization(*, name: str, actor: User | None, address: str | None = None) -> Organization:
+    """A new organisation; its slug is made from the name. Audited by accounts.services."""
+    try:
+        with transaction.atomic():
+            return services.create_organization(name=name, actor=actor, address=address)
+    except IntegrityError:  # another organisation took the same slug between the check and the insert
+        raise ValidationError(_("An organisation with that name was just added; try again."),
+                              code="duplicate") from None
 
 
 @transaction.atomic
-def create_team(organization: Organization, *, name: str, actor: User | None) -> Team:
+def create_team(organization: Organization, *, name: str, actor: User | None, address: str | None = None) -> Team:
     """A new team in an organisation; its slug is made from the name. Audited by accounts.services."""
-    name = _name(name, _("Give the team a name."))
     try:
         with transaction.atomic():
-            return services.create_team(organization, name=name, actor=actor)
+            return services.create_team(organization, name=name, actor=actor, address=address)
     except IntegrityError:  # another team took the same slug between the check and the insert
         raise ValidationError(_("A team with that name was just added; try again."), code="duplicate") from None
 
 
 @transaction.atomic
-def create_project(team: Team, *, name: str, actor: User | None) -> Project:
+def create_project(team: Team, *, name: str, actor: User | None, address: str | None = None) -> Project:
     """A new project in a team; its slug is made from the name. Audited by accounts.services."""
-    name = _name(name, _("Give the project a name."))
     try:
         with transaction.atomic():
-            return services.create_project(team, name=name, actor=actor)
+            return services.create_project(team, name=name, actor=actor, address=address)
     except IntegrityError:
         raise ValidationError(_("A project with that name was just added; try again."), code="duplicate") from None
+
+
+def rename_branch(branch: Branch, *, name: str, actor: User | None, address: str | None = None) -> Branch:
+    """A new name for an organisation, team or project: the same row, so every relation stays."""
+    if isinstance(branch, Project):
+        return services.rename_project(branch, name=name, actor=actor, address=address)
+    if isinstance(branch, Team):
+        return services.rename_team(branch, name=name, actor=actor, address=address)
+    return services.rename_organization(branch, name=name, actor=actor, address=address)
+
+
+def remove_branch(branch: Branch, *, actor: User | None, address: str | None = None) -> None:
+    """Remove an organisation, team or project, refused while anything depends on it."""
+    if isinstance(branch, Project):
+        services.remove_project(branch, actor=actor, address=address)
+    elif isinstance(branch, Team):
+        services.remove_team(branch, actor=actor, address=address)
+    else:
+        services.remove_organization(branch, actor=actor, address=address)
 
 
 # Limits, as the People page edits them ----------------------------------------------------

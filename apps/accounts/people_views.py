@@ -5,7 +5,9 @@ everything; /org/, /org/limits/ and /org/usage/ show managers the branches they 
 administrator there is sent to /people/). `?branch=org:1|team:3|project:7` chooses the branch.
 Choosing one in the tree swaps only the panel when htmx asks; without script the link loads
 the whole page. Changes post to their own routes, each with its own rule, and answer an htmx
-form with the panel again, anything else with a redirect back.
+form with the panel again, anything else with a redirect back. Changes to the tree itself
+(a new, renamed or removed organisation, team or project) answer an htmx form with the form
+again when refused, and with a redirect of the whole page when done, since the tree changed too.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
+from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from apps.accounts import people_services
 from apps.accounts.access import can_change_limits, is_administrator, requires
 from apps.accounts.choices import MembershipRole
-from apps.accounts.models import Membership, User
+from apps.accounts.models import Membership, Project, Team, User
 from apps.accounts.people_selectors import (
     EVERYTHING,
     PERIODS,
@@ -45,9 +48,10 @@ from apps.catalog.services import parse_memory
 from apps.quotas.models import CapacityQuota, RateLimit
 
 __all__ = [
-    "org", "org_limits", "org_usage", "people", "people_capacity_quota", "people_limits", "people_member_add",
-    "people_member_remove", "people_members", "people_project_add", "people_rate_limit", "people_team_add",
-    "people_usage", "people_user_reactivate", "people_user_suspend",
+    "org", "org_limits", "org_usage", "people", "people_branch_remove", "people_branch_rename",
+    "people_capacity_quota", "people_limits", "people_member_add", "people_member_remove", "people_members",
+    "people_organization_add", "people_project_add", "people_rate_limit", "people_team_add", "people_usage",
+    "people_user_reactivate", "people_user_suspend",
 ]
 
 TABS = ("members", "limits", "usage")
@@ -158,7 +162,14 @@ class CapacityQuotaForm(forms.Form):
 
 
 class NameForm(forms.Form):
-    name = forms.CharField(label=gettext_lazy("Name"), max_length=200)
+    """The name of a new or renamed organisation, team or project.
+
+    Its rules (required, length, no sibling with the same name) are accounts.services', which
+    the API applies too; the form only carries the text there.
+    """
+
+    name = forms.CharField(label=gettext_lazy("Name"), required=False, widget=forms.TextInput(
+        attrs={"class": "field", "id": "branch-name", "maxlength": "200", "autocomplete": "off"}))
 
 
 # Rendering ---------------------------------------------------------------------------------
@@ -184,10 +195,13 @@ def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None,
         "can_change_members": admin or area == "org",
         "can_suspend": admin,
         "can_change_limits": area == "people" and can_change_limits(user),
+        "can_change_branches": area == "people" and admin,
         **extra,
     }
     if branch is None:
         return context
+    if context["can_change_branches"]:
+        context.setdefault("rename_form", NameForm(initial={"name": branch.name}))
     if tab == "members":
         context["members"] = member_rows(branch)
         if context["can_change_members"]:
@@ -380,26 +394,70 @@ def people_user_reactivate(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     return _suspension(request, pk, suspend=False)
 
 
-def _new_branch(request: HtmxHttpRequest, parent_kind: str) -> HttpResponse:
+# The tree itself: new, renamed and removed organisations, teams and projects -----------------
+
+# The tree's folded "+" form that adds a branch under a parent of each kind (None: the top).
+ADD_FORMS = {None: "add-org", "org": "add-team", "team": "add-project"}
+
+
+def _go(request: HtmxHttpRequest, url: str) -> HttpResponse:
+    """After a change to the tree: the whole page again, as htmx would otherwise swap only a part."""
+    if _fragment(request):
+        return HttpResponseClientRedirect(url)
+    return HttpResponseRedirect(url)
+
+
+def _tab(request: HttpRequest) -> str:
+    tab = request.POST.get("tab", "")
+    return tab if tab in TABS else "members"
+
+
+def _parent_branch(branch: Branch) -> Branch | None:
+    obj = branch.obj
+    if isinstance(obj, Project):
+        return Branch("team", obj.team)
+    if isinstance(obj, Team):
+        return Branch("org", obj.organization)
+    return None
+
+
+def _new_branch(request: HtmxHttpRequest, parent_kind: str | None) -> HttpResponse:
     user: User = request.user  # type: ignore[assignment]
-    parent = get_branch_for_user(EVERYTHING, request.POST.get("branch"))
-    if parent.kind != parent_kind:
-        raise Http404(_("No such organisation, team or project."))
+    parent = None
+    if parent_kind is not None:
+        parent = get_branch_for_user(EVERYTHING, request.POST.get("branch"))
+        if parent.kind != parent_kind:
+            raise Http404(_("No such organisation, team or project."))
     form = NameForm(request.POST)
+    address = _address(request)
     try:
         if not form.is_valid():
             raise ValidationError([error for errors in form.errors.values() for error in errors])
-        if parent_kind == "org":
-            created: Branch = Branch("team", people_services.create_team(
-                parent.obj, name=form.cleaned_data["name"], actor=user))  # type: ignore[arg-type]
+        name = form.cleaned_data["name"]
+        if parent is None:
+            created = Branch("org", people_services.create_organization(name=name, actor=user, address=address))
+        elif parent_kind == "org":
+            created = Branch("team", people_services.create_team(
+                parent.obj, name=name, actor=user, address=address))  # type: ignore[arg-type]
         else:
             created = Branch("project", people_services.create_project(
-                parent.obj, name=form.cleaned_data["name"], actor=user))  # type: ignore[arg-type]
+                parent.obj, name=name, actor=user, address=address))  # type: ignore[arg-type]
     except ValidationError as refusal:
-        messages.error(request, " ".join(refusal.messages))
+        message = " ".join(refusal.messages)
+        if _fragment(request):  # the folded form again, open, with the name and why it was refused
+            return render(request, "accounts/people.html#add-branch", {
+                "add_kind": ADD_FORMS[parent_kind], "add_key": parent.key if parent else "",
+                "add_value": request.POST.get("name", ""), "add_error": message})
+        messages.error(request, message)
         return HttpResponseRedirect(_url("people", "members", parent))
     messages.success(request, _("%(branch)s created.") % {"branch": created.path})
-    return HttpResponseRedirect(_url("people", "members", created))
+    return _go(request, _url("people", "members", created))
+
+
+@requires("administrator", methods=["POST"])
+def people_organization_add(request: HtmxHttpRequest) -> HttpResponse:
+    """A new organisation at the top of the tree."""
+    return _new_branch(request, None)
 
 
 @requires("administrator", methods=["POST"])
@@ -412,6 +470,43 @@ def people_team_add(request: HtmxHttpRequest) -> HttpResponse:
 def people_project_add(request: HtmxHttpRequest) -> HttpResponse:
     """A new project under the team `branch` names."""
     return _new_branch(request, "team")
+
+
+@requires("administrator", methods=["POST"])
+def people_branch_rename(request: HtmxHttpRequest) -> HttpResponse:
+    """A new name for the organisation, team or project `branch` names: the same row, slug and all."""
+    user: User = request.user  # type: ignore[assignment]
+    branch = get_branch_for_user(EVERYTHING, request.POST.get("branch"))
+    tab = _tab(request)
+    form = NameForm(request.POST)
+    before = branch.path
+    if form.is_valid():
+        try:
+            people_services.rename_branch(branch.obj, name=form.cleaned_data["name"], actor=user,
+                                          address=_address(request))
+        except ValidationError as refusal:
+            form.add_error(None, refusal)
+        else:
+            if branch.path != before:
+                messages.success(request, _("%(old)s renamed to %(new)s.") % {"old": before, "new": branch.path})
+            return _go(request, _url("people", tab, branch))
+    return _answer(request, "people", tab, branch, invalid=True, forms={"rename_form": form})
+
+
+@requires("administrator", methods=["POST"])
+def people_branch_remove(request: HtmxHttpRequest) -> HttpResponse:
+    """Remove the organisation, team or project `branch` names; refused, with what is left, while
+    anything depends on it."""
+    user: User = request.user  # type: ignore[assignment]
+    branch = get_branch_for_user(EVERYTHING, request.POST.get("branch"))
+    tab = _tab(request)
+    path, parent = branch.path, _parent_branch(branch)
+    try:
+        people_services.remove_branch(branch.obj, actor=user, address=_address(request))
+    except ValidationError as refusal:
+        return _answer(request, "people", tab, branch, error=" ".join(refusal.messages))
+    messages.success(request, _("%(branch)s removed.") % {"branch": path})
+    return _go(request, _url("people", tab, parent))
 
 
 def _limits_form(request: HtmxHttpRequest, form: RateLimitForm | CapacityQuotaForm, name: str) -> HttpResponse:

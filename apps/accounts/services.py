@@ -6,26 +6,39 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError, Q, QuerySet, RestrictedError
 from django.utils import timezone
-from django.utils.text import slugify
+from django.utils.text import get_text_list, slugify
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext, pgettext
 
 from apps.accounts import audit
 from apps.accounts.choices import StaffRole
-from apps.accounts.models import ApiKey, Organization, Project, Team, User, hash_key
+from apps.accounts.models import ApiKey, Membership, Organization, Project, Team, User, hash_key
 
 __all__ = [
     "KeyCheck",
+    "branch_dependents",
     "check_api_key",
+    "check_branch_name",
     "create_api_key",
     "create_organization",
     "create_project",
     "create_team",
     "ensure_first_admin",
     "record_sign_in",
+    "removal_refusal",
+    "remove_organization",
+    "remove_project",
+    "remove_team",
+    "rename_organization",
+    "rename_project",
+    "rename_team",
     "revoke_api_key",
     "set_staff_role",
     "sign_up",
@@ -122,27 +135,244 @@ def _unique_slug(model: type[Organization] | type[Team] | type[Project], base: s
     return slug
 
 
+# The organisation tree ---------------------------------------------------------------------
+
+Branch = Organization | Team | Project
+
+NAME_MAX_LENGTH = 200  # the column's length, and the API's bound
+
+
+def _kind(model: type[Branch] | Branch) -> str:
+    model = model if isinstance(model, type) else type(model)
+    return {Organization: "organization", Team: "team", Project: "project"}[model]
+
+
+def check_branch_name(model: type[Branch], name: str, *, parent: Organization | Team | None,
+                      exclude: Branch | None = None) -> str:
+    """The name as it will be stored, or a ValidationError on "name" that says what is wrong.
+
+    The rules are the API's and the People page's alike: surrounding spaces are dropped; the
+    name is required, at most 200 characters and holds no NUL; and no sibling has it in any
+    letter case (organisations among organisations, a team among its organisation's teams, a
+    project among its team's projects), since the tree, the usage tables and the gateway's
+    refusals name branches by name. `exclude` is the branch being renamed.
+    """
+    kind = _kind(model)
+    name = (name or "").strip()
+    if not name:
+        message = {"organization": _("Give the organisation a name."), "team": _("Give the team a name."),
+                   "project": _("Give the project a name.")}[kind]
+        raise ValidationError({"name": ValidationError(message, code="required")})
+    if len(name) > NAME_MAX_LENGTH:
+        raise ValidationError({"name": ValidationError(
+            _("A name is at most %(limit)d characters; this one has %(length)d.")
+            % {"limit": NAME_MAX_LENGTH, "length": len(name)}, code="max_length")})
+    if "\x00" in name:
+        raise ValidationError({"name": ValidationError(_("A name may not contain a NUL character."), code="null")})
+    siblings: QuerySet[Any]
+    if kind == "organization" and parent is None:
+        siblings = Organization.objects.all()
+    elif kind == "team" and isinstance(parent, Organization):
+        siblings = Team.objects.filter(organization=parent)
+    elif kind == "project" and isinstance(parent, Team):
+        siblings = Project.objects.filter(team=parent)
+    else:
+        raise TypeError(f"a {kind} cannot be under {parent!r}")
+    if exclude is not None:
+        siblings = siblings.exclude(pk=exclude.pk)
+    if siblings.filter(name__iexact=name).exists():
+        if kind == "organization":
+            message = _("There is already an organisation named %(name)s.") % {"name": name}
+        elif kind == "team":
+            message = _("%(parent)s already has a team named %(name)s.") % {"parent": parent, "name": name}
+        else:
+            message = _("%(parent)s already has a project named %(name)s.") % {"parent": parent, "name": name}
+        raise ValidationError({"name": ValidationError(message, code="duplicate")})
+    return name
+
+
+def _lock(branch: Branch | None) -> None:
+    """Hold the row until the transaction ends, so two changes under one parent queue up."""
+    if branch is not None:
+        type(branch).objects.select_for_update().filter(pk=branch.pk).exists()
+
+
 @transaction.atomic
-def create_organization(*, name: str, actor: User | None, slug: str = "") -> Organization:
+def create_organization(*, name: str, actor: User | None, slug: str = "", address: str | None = None
+                        ) -> Organization:
+    name = check_branch_name(Organization, name, parent=None)
     org = Organization.objects.create(name=name, slug=slug or _unique_slug(Organization, name))
-    audit.record(actor, "organization.create", org)
+    audit.record(actor, "organization.create", org, address=address)
     return org
 
 
 @transaction.atomic
-def create_team(organization: Organization, *, name: str, actor: User | None, slug: str = "") -> Team:
+def create_team(organization: Organization, *, name: str, actor: User | None, slug: str = "",
+                address: str | None = None) -> Team:
+    _lock(organization)
+    name = check_branch_name(Team, name, parent=organization)
     team = Team.objects.create(
         organization=organization, name=name, slug=slug or _unique_slug(Team, name, organization=organization)
     )
-    audit.record(actor, "team.create", team)
+    audit.record(actor, "team.create", team, address=address)
     return team
 
 
 @transaction.atomic
-def create_project(team: Team, *, name: str, actor: User | None, slug: str = "") -> Project:
+def create_project(team: Team, *, name: str, actor: User | None, slug: str = "",
+                   address: str | None = None) -> Project:
+    _lock(team)
+    name = check_branch_name(Project, name, parent=team)
     project = Project.objects.create(team=team, name=name, slug=slug or _unique_slug(Project, name, team=team))
-    audit.record(actor, "project.create", project)
+    audit.record(actor, "project.create", project, address=address)
     return project
+
+
+def _parent(branch: Branch) -> Organization | Team | None:
+    if isinstance(branch, Project):
+        return branch.team
+    if isinstance(branch, Team):
+        return branch.organization
+    return None
+
+
+def _rename[B: (Organization, Team, Project)](branch: B, name: str, *, actor: User | None,
+                                              address: str | None) -> B:
+    parent = _parent(branch)
+    _lock(parent)
+    name = check_branch_name(type(branch), name, parent=parent, exclude=branch)
+    if name == branch.name:
+        return branch
+    before = branch.name
+    branch.name = name
+    branch.save(update_fields=["name"])
+    audit.record(actor, f"{_kind(branch)}.rename", branch, changes=audit.diff({"name": before}, {"name": name}),
+                 address=address)
+    return branch
+
+
+@transaction.atomic
+def rename_organization(organization: Organization, *, name: str, actor: User | None,
+                        address: str | None = None) -> Organization:
+    """A new name for the same row: its slug, teams, members, limits, models and usage stay."""
+    return _rename(organization, name, actor=actor, address=address)
+
+
+@transaction.atomic
+def rename_team(team: Team, *, name: str, actor: User | None, address: str | None = None) -> Team:
+    """A new name for the same row; the slug (which single sign-on's mapping names) stays."""
+    return _rename(team, name, actor=actor, address=address)
+
+
+@transaction.atomic
+def rename_project(project: Project, *, name: str, actor: User | None, address: str | None = None) -> Project:
+    """A new name for the same row; the slug, API keys and usage stay."""
+    return _rename(project, name, actor=actor, address=address)
+
+
+def branch_dependents(branch: Branch) -> dict[str, int]:
+    """What still hangs from a branch and stops its removal, with how many of each (none: absent).
+
+    Teams and projects below it, the people with a membership in it or below it, the models it
+    or anything below it owns, and the API keys of its projects (revoked ones too: a key keeps
+    its project for the record). Usage history is not counted: it keeps the branch's id.
+    """
+    from apps.catalog.models import Model
+
+    if isinstance(branch, Organization):
+        counts = {
+            "teams": Team.objects.filter(organization=branch).count(),
+            "projects": Project.objects.filter(team__organization=branch).count(),
+            "members": Membership.objects.filter(organization=branch).values("user_id").distinct().count(),
+            "models": Model.objects.filter(Q(organization=branch) | Q(team__organization=branch)
+                                           | Q(project__team__organization=branch)).count(),
+            "api_keys": ApiKey.objects.filter(project__team__organization=branch).count(),
+        }
+    elif isinstance(branch, Team):
+        counts = {
+            "projects": Project.objects.filter(team=branch).count(),
+            "members": Membership.objects.filter(team=branch).values("user_id").distinct().count(),
+            "models": Model.objects.filter(Q(team=branch) | Q(project__team=branch)).count(),
+            "api_keys": ApiKey.objects.filter(project__team=branch).count(),
+        }
+    else:
+        counts = {
+            "members": Membership.objects.filter(project=branch).values("user_id").distinct().count(),
+            "models": Model.objects.filter(project=branch).count(),
+            "api_keys": ApiKey.objects.filter(project=branch).count(),
+        }
+    return {what: count for what, count in counts.items() if count}
+
+
+def _dependents_text(counts: dict[str, int]) -> str:
+    phrases = {
+        "teams": lambda n: ngettext("%(count)d team", "%(count)d teams", n),
+        "projects": lambda n: ngettext("%(count)d project", "%(count)d projects", n),
+        "members": lambda n: ngettext("%(count)d member", "%(count)d members", n),
+        "models": lambda n: ngettext("%(count)d model", "%(count)d models", n),
+        "api_keys": lambda n: ngettext("%(count)d API key", "%(count)d API keys", n),
+    }
+    return get_text_list([phrases[what](count) % {"count": count} for what, count in counts.items()],
+                         pgettext("before the last item of a list", "and"))
+
+
+def removal_refusal(branch: Branch) -> str:
+    """Why `branch` cannot be removed, with the numbers; empty when it can."""
+    counts = branch_dependents(branch)
+    if not counts:
+        return ""
+    values = {"name": branch.name, "left": _dependents_text(counts)}
+    if isinstance(branch, Organization):
+        return _("Organisation %(name)s cannot be removed: it still has %(left)s.") % values
+    if isinstance(branch, Team):
+        return _("Team %(name)s cannot be removed: it still has %(left)s.") % values
+    return _("Project %(name)s cannot be removed: it still has %(left)s.") % values
+
+
+def _remove(branch: Branch, *, actor: User | None, address: str | None) -> None:
+    """Refuse while anything depends on the branch; otherwise remove it with its own limits.
+
+    1. Lock the row and count what hangs from it; anything at all is a refusal, with nothing
+       written.
+    2. Its rate limit and capacity quota describe only it: they go first, each audited.
+    3. Audit the removal and delete the row. A model or key added since the count is caught by
+       the PROTECT foreign keys and refused the same way (the whole change rolls back).
+    """
+    from apps.quotas import services as quotas
+    from apps.quotas.models import CapacityQuota, RateLimit
+
+    _lock(branch)
+    refusal = removal_refusal(branch)
+    if refusal:
+        raise ValidationError(refusal, code="in_use")
+    owner = {_kind(branch): branch}
+    for limit in RateLimit.objects.filter(**owner):
+        quotas.delete_rate_limit(limit, actor=actor, address=address)
+    for quota in CapacityQuota.objects.filter(**owner):
+        quotas.delete_capacity_quota(quota, actor=actor, address=address)
+    audit.record(actor, f"{_kind(branch)}.remove", branch, name=branch.name, slug=branch.slug, address=address)
+    try:
+        branch.delete()
+    except (ProtectedError, RestrictedError):
+        raise ValidationError(removal_refusal(branch), code="in_use") from None
+
+
+@transaction.atomic
+def remove_organization(organization: Organization, *, actor: User | None, address: str | None = None) -> None:
+    """Remove an organisation with no teams, members, models or keys left; refused otherwise."""
+    _remove(organization, actor=actor, address=address)
+
+
+@transaction.atomic
+def remove_team(team: Team, *, actor: User | None, address: str | None = None) -> None:
+    """Remove a team with no projects, members, models or keys left; refused otherwise."""
+    _remove(team, actor=actor, address=address)
+
+
+@transaction.atomic
+def remove_project(project: Project, *, actor: User | None, address: str | None = None) -> None:
+    """Remove a project with no members, models or API keys left; refused otherwise."""
+    _remove(project, actor=actor, address=address)
 
 
 @transaction.atomic
@@ -204,8 +434,6 @@ def set_staff_role(user: User, role: str, *, actor: User | None, address: str | 
     set for the administrator role and cleared for every other. The last active administrator
     keeps the role, so the installation cannot lock itself out.
     """
-    from django.core.exceptions import ValidationError
-
     new_role = StaffRole(role)
     admin = new_role == StaffRole.ADMIN
     before = {"staff_role": user.staff_role, "is_staff": user.is_staff, "is_superuser": user.is_superuser}

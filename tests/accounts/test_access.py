@@ -207,6 +207,12 @@ MATRIX: dict[str, Route] = {
     "people-team-add": Route("administrator", bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}", "name": "Ops"}}),
     "people-project-add": Route("administrator",
                                 bodies=lambda w: {"POST": {"branch": f"team:{w.team.pk}", "name": "Chat"}}),
+    "people-organization-add": Route("administrator", bodies=lambda w: {"POST": {"name": "Globex"}}),
+    "people-branch-rename": Route("administrator", bodies=lambda w: {"POST": {
+        "branch": f"team:{w.team.pk}", "name": "Research and Development"}}),
+    # The project has no members, models or keys, so an administrator's removal goes through.
+    "people-branch-remove": Route("administrator",
+                                  bodies=lambda w: {"POST": {"branch": f"project:{w.project.pk}"}}),
     "people-rate-limit": Route("change_limits", bodies=lambda w: {"POST": {
         "branch": f"org:{w.org.pk}", "requests_per_minute": "30"}}),
     "people-capacity-quota": Route("change_limits",

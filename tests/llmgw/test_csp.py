@@ -38,7 +38,7 @@ POST_ONLY = {
     "catalog:model-target", "catalog:model-class", "catalog:model-resources",
     "people-member-add", "people-member-remove", "people-user-suspend", "people-user-reactivate",
     "people-team-add", "people-project-add", "people-rate-limit", "people-capacity-quota",
-    "chat-session-key", "chat-render",
+    "chat-session-key", "chat-render", "people-organization-add", "people-branch-rename", "people-branch-remove",
 }
 # Pages with arguments, opened on the objects the `fleet` fixture makes.
 ARGUMENTS: dict[str, list[dict[str, str]]] = {
