@@ -32,6 +32,8 @@ __all__ = [
     "set_owner",
     "set_resources",
     "set_target",
+    "update_model",
+    "update_profile",
 ]
 
 MODEL_FIELDS = ("capacity_class", "min_replicas", "max_replicas", "source", "fallbacks", "external_url",
@@ -460,6 +462,54 @@ def set_resources(model: Model, *, memory_bytes: int | None = None, cpu_cores: f
             profile.save(update_fields=["memory_bytes", "cpu_cores"])
             audit.record(actor, "profile.resources", profile, changes=audit.diff(before, after))
     return profiles
+
+
+@transaction.atomic
+def update_model(model: Model, *, actor: User | None, address: str | None = None, **changes: Any) -> Model:
+    """Change some of a model's declared fields (MODEL_FIELDS) and nothing else, audited as
+    "model.update" with [before, after] as an apply of the same values is. Its name and profiles
+    stay; its replicas roll onto the new spec as after an apply."""
+    unknown = set(changes) - set(MODEL_FIELDS)
+    if unknown:
+        raise TypeError(f"only declared model fields can change, not {sorted(unknown)}")
+    before = {name: getattr(model, name) for name in changes}
+    for name, value in changes.items():
+        setattr(model, name, value)
+    model.full_clean(exclude=["organization", "team", "project"], validate_unique=False)
+    difference = {name: [before[name], getattr(model, name)] for name in changes
+                  if before[name] != getattr(model, name)}
+    if difference:
+        model.updated_at = timezone.now()
+        model.save(update_fields=[*difference, "updated_at"])
+        audit.record(actor, "model.update", model, changes=_jsonable(difference), address=address)
+        from apps.cluster.reconciler import request_reconcile
+
+        request_reconcile()
+    return model
+
+
+@transaction.atomic
+def update_profile(profile: Profile, *, actor: User | None, address: str | None = None, **changes: Any) -> Profile:
+    """Change some of a profile's fields (PROFILE_FIELDS), audited as "profile.update" with
+    [before, after]. Its model and name stay; its replicas roll onto the new spec as after an apply."""
+    unknown = set(changes) - set(PROFILE_FIELDS)
+    if unknown:
+        raise TypeError(f"only profile fields can change, not {sorted(unknown)}")
+    before = {name: getattr(profile, name) for name in changes}
+    for name, value in changes.items():
+        setattr(profile, name, value)
+    profile.full_clean(exclude=["model"], validate_unique=False)
+    difference = {name: [before[name], getattr(profile, name)] for name in changes
+                  if before[name] != getattr(profile, name)}
+    if difference:
+        profile.save(update_fields=list(difference))
+        Model.objects.filter(pk=profile.model_id).update(updated_at=timezone.now())
+        audit.record(actor, "profile.update", profile, changes=_jsonable(difference), model=profile.model.name,
+                     address=address)
+        from apps.cluster.reconciler import request_reconcile
+
+        request_reconcile()
+    return profile
 
 
 @transaction.atomic
