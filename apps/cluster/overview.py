@@ -2,8 +2,13 @@
 fleet's utilisation by GPU class.
 
 Unknown figures stay unknown: a card without a fresh sample is drawn grey ("gpu-none"), a
-replica with a card whose utilisation is unknown is not called idle, and a chart with no
-points says so.
+replica with a card whose utilisation is unknown is not called idle, a figure of a card's
+tooltip that the sample lacks is "-", and a chart with no points says so.
+
+A card's tooltip also names what wears it out, as its agent last sent it: the XIDs the kernel
+log holds for it, by code; its uncorrected ECC errors, volatile (since the driver loaded) and
+aggregate (over the card's life); and its remapped rows, as nvidia-smi reports them: rows
+remapped for uncorrectable errors, whether a remapping is pending, and whether one failed.
 """
 
 from __future__ import annotations
@@ -79,6 +84,17 @@ def _number(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else str(formats.number_format(round(value, digits), digits))
 
 
+def _count(value: Any) -> int | None:
+    """A counter as the sample carries it, or None for anything that is not a whole number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return int(value)
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else (_("yes") if value else _("no"))
+
+
 @dataclass(frozen=True)
 class GpuSquare:
     """One card of the map."""
@@ -93,6 +109,14 @@ class GpuSquare:
     temperature: float | None
     held_by: str  # "model #replica", or "" when no replica holds it
     colour: str
+    # What wears the card out, None where the sample does not say: (code, count) of each XID,
+    # uncorrected ECC errors, and remapped rows.
+    xids: tuple[tuple[str, int], ...] | None = None
+    ecc_volatile: int | None = None
+    ecc_aggregate: int | None = None
+    remapped_uncorrectable: int | None = None
+    remapped_pending: bool | None = None
+    remapped_failure: bool | None = None
 
     @property
     def value(self) -> float | None:
@@ -121,7 +145,25 @@ class GpuSquare:
             _("%(value)s °C") % {"value": _number(self.temperature)},
         ]
         parts.append(_("held by %(replica)s") % {"replica": self.held_by} if self.held_by else _("not held"))
-        return " · ".join(parts)
+        return "\n".join([" · ".join(parts), *self.wear])
+
+    @property
+    def wear(self) -> list[str]:
+        """The tooltip's lines on XIDs, ECC errors and remapped rows."""
+        if self.xids is None:
+            xids = "-"
+        elif self.xids:
+            xids = ", ".join(f"{code}×{_number(count)}" for code, count in self.xids)
+        else:
+            xids = _("none")
+        return [
+            _("XIDs: %(xids)s") % {"xids": xids},
+            _("uncorrected ECC errors: volatile %(volatile)s, aggregate %(aggregate)s") % {
+                "volatile": _number(self.ecc_volatile), "aggregate": _number(self.ecc_aggregate)},
+            _("remapped rows: uncorrectable %(uncorrectable)s, pending %(pending)s, failed %(failed)s") % {
+                "uncorrectable": _number(self.remapped_uncorrectable), "pending": _yes_no(self.remapped_pending),
+                "failed": _yes_no(self.remapped_failure)},
+        ]
 
 
 @dataclass(frozen=True)
@@ -229,6 +271,16 @@ def _live_gpus(node: Node, now: datetime) -> dict[int, dict[str, Any]]:
     return live
 
 
+def _xids(value: Any) -> tuple[tuple[str, int], ...] | None:
+    """{code: count} as the agent sends it, by code; None when the sample has none."""
+    if not isinstance(value, dict):
+        return None
+    counts = [(str(code), number) for code, count in value.items() if (number := _count(count)) is not None]
+    # 8 before 13 before 79; a code that is not a number (none is sent now) after them.
+    return tuple(sorted(counts, key=lambda item: (not item[0].isdigit(), int(item[0]) if item[0].isdigit() else 0,
+                                                  item[0])))
+
+
 def _squares(node: Node, live: dict[int, dict[str, Any]], held: dict[tuple[int, int], Replica],
              colour: str) -> list[GpuSquare]:
     rows = {g.index: g for g in node.gpus.all()}
@@ -244,6 +296,10 @@ def _squares(node: Node, live: dict[int, dict[str, Any]], held: dict[tuple[int, 
             memory_pct=card.memory_pct, memory_used_mib=card.memory_used_mib,
             memory_total_mib=card.memory_total_mib, temperature=card.temperature,
             held_by=f"{replica.model.name} #{replica.pk}" if replica is not None else "", colour=colour,
+            xids=_xids(card.live.get("xids")), ecc_volatile=_count(card.live.get("ecc_uncorrected_volatile")),
+            ecc_aggregate=_count(card.live.get("ecc_uncorrected_aggregate")),
+            remapped_uncorrectable=_count(card.live.get("remapped_rows_uncorrectable")),
+            remapped_pending=card.remapped_pending, remapped_failure=card.remapped_failure,
         ))
     return squares
 

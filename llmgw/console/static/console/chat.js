@@ -9,6 +9,8 @@
 // - The conversation, the system prompt, the temperature and the model are kept in
 //   localStorage; after a reload the model's turns are rendered again by the server
 //   (POST /chat/render), as they were when they came.
+// - Math is typeset with KaTeX (loaded by this page only) once a reply is rendered by the server,
+//   that is when it has finished streaming and after a reload; while it streams it is plain text.
 // - Every text this script shows comes translated from the page's data-t-* attributes.
 (function () {
   "use strict";
@@ -191,11 +193,81 @@
     note.classList.toggle("text-amber-800", turn.failed !== true);
   }
 
+  // Math --------------------------------------------------------------------------------------
+
+  // The server marks each formula outside code as <span class="math">, holding its source with
+  // its delimiters ($…$, $$…$$, \(…\), \[…\]); code blocks and inline code never hold one.
+  const DELIMITERS = [["$$", "$$", true], ["\\[", "\\]", true], ["\\(", "\\)", false], ["$", "$", false]];
+
+  function formula(source) {
+    for (const [open, close, display] of DELIMITERS) {
+      if (source.length > open.length + close.length && source.startsWith(open) && source.endsWith(close)) {
+        return { tex: source.slice(open.length, source.length - close.length), display: display };
+      }
+    }
+    return null;
+  }
+
+  function styleThroughCssom(tree) {
+    // KaTeX gives a few nodes (some SVGs, one MathML element) a style attribute, which it sets
+    // with setAttribute; the page's CSP (style-src 'self') refuses those. The same declarations
+    // set through CSSOM (element.style) are not governed by the CSP, so they are moved there.
+    const pending = [tree];
+    while (pending.length) {
+      const node = pending.pop();
+      if (node.attributes && typeof node.attributes.style === "string") {
+        const css = node.attributes.style;
+        const build = node.toNode;
+        delete node.attributes.style;
+        node.toNode = function () {
+          const element = build.call(this);
+          if (element.style) {
+            element.style.cssText = css;
+          }
+          return element;
+        };
+      }
+      (node.children || []).forEach(function (child) { pending.push(child); });
+    }
+    return tree;
+  }
+
+  function typeset(body) {
+    const katex = window.katex;
+    if (!katex || typeof katex.__renderToDomTree !== "function") {
+      return; // KaTeX did not load: the formulas stay as written
+    }
+    body.querySelectorAll(".math").forEach(function (span) {
+      if (span.closest("pre, code")) {
+        return;
+      }
+      const math = formula(span.textContent);
+      if (!math) {
+        return;
+      }
+      try {
+        // KaTeX's tree before it becomes DOM (katex.render would build the DOM at once), so that
+        // its style attributes can be moved first; the version is pinned (console/katex/README.txt).
+        // throwOnError: a malformed formula throws here, before anything changes, and stays as
+        // its source text (KaTeX's own error display would set a style attribute).
+        const tree = katex.__renderToDomTree(math.tex, {
+          displayMode: math.display, throwOnError: true, strict: "ignore", trust: false, maxSize: 50, maxExpand: 1000,
+        });
+        span.replaceChildren(styleThroughCssom(tree).toNode());
+        span.classList.add("math-typeset");
+      } catch (error) {
+        span.classList.add("math-error");
+        span.title = data.tMathError;
+      }
+    });
+  }
+
   function setHtml(article, html) {
     const body = article.querySelector(".chat-text");
     body.classList.remove("whitespace-pre-wrap");
     // Rendered and sanitised by the server (/chat/render): raw HTML in a reply arrives escaped.
     body.innerHTML = html;
+    typeset(body);
   }
 
   async function renderTurns(pairs) {
