@@ -61,6 +61,7 @@ class Sampler:
         self._slow_at = 0.0
         self._nvlink: dict[int, dict[str, int]] = {}
         self._xids: dict[str, dict[int, int]] = {}
+        self._xids_read = False  # whether the kernel log was read: then a card without XIDs has none
         self._has_nvidia: bool | None = None
 
     # Registration ---------------------------------------------------------------------
@@ -236,6 +237,7 @@ class Sampler:
             result = await self.runner.run("dmesg")
             if result.ok:
                 self._xids = xid.count_xids(xid.parse_xid_lines(result.stdout))
+                self._xids_read = True
         except Exception as exc:
             warnings.append(f"kernel log could not be read for XIDs: {exc}")
 
@@ -249,6 +251,8 @@ class Sampler:
             pci = xid.bus_id_to_xid_pci(gpu.pci_bus_id)
             if pci and pci in self._xids:
                 data["xids"] = {str(code): count for code, count in self._xids[pci].items()}
+            elif pci and self._xids_read:
+                data["xids"] = {}  # the log was read and holds none for this card ("none", not unknown)
             if gpu.index in self._nvlink:
                 data["nvlink_errors"] = self._nvlink[gpu.index]
             gpus.append(data)

@@ -137,3 +137,19 @@ def test_a_bad_message_from_the_server_is_answered_and_the_agent_goes_on(tmp_pat
 def test_agent_yaml_takes_the_address_engines_are_reached_at() -> None:
     config = parse_config({"server": "http://x", "advertise_address": "10.0.3.12"})
     assert config.advertise_address == "10.0.3.12"
+
+
+def test_xids_are_counted_per_card_and_a_card_without_any_reads_none_not_unknown(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "h100x8")
+    sample = asyncio.run(sampler.sample())
+    xids = [g.get("xids") for g in sample["gpus"]]
+    assert all(x is not None for x in xids)  # the kernel log was read: every card has its counts
+    assert any(x for x in xids) and any(x == {} for x in xids)  # some cards had XIDs, others none
+
+
+def test_without_a_readable_kernel_log_the_xids_are_unknown(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "h100x8")
+    failing = tmp_path / "bin" / "dmesg"
+    failing.write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n")
+    sample = asyncio.run(sampler.sample())
+    assert all("xids" not in g for g in sample["gpus"])
