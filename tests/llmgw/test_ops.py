@@ -64,7 +64,9 @@ def test_the_suite_runs_on_the_backend_it_was_asked_for() -> None:
     if BACKEND == "postgres":
         assert connection.vendor == "postgresql"
         assert settings.REDIS_URL.startswith("redis://")
-        assert type(get_channel_layer()).__name__ == "RedisChannelLayer"
+        from channels_redis.core import RedisChannelLayer
+
+        assert isinstance(get_channel_layer(), RedisChannelLayer)
         assert settings.CELERY_BROKER_URL.startswith("redis://")
     elif BACKEND == "sqlite":
         assert connection.vendor == "sqlite"
