@@ -24,7 +24,7 @@ from apps.cluster.choices import NodeStatus
 from apps.cluster.models import Gpu, Node
 from llmgw.api import ErrorSerializer
 
-__all__ = ["AgentEnrollView", "NodeEnrollmentView", "NodeViewSet", "node_summary"]
+__all__ = ["AgentEnrollView", "EngineSerializer", "NodeEnrollmentView", "NodeViewSet", "node_summary"]
 
 
 def node_summary(node: Node, now: Any = None) -> dict[str, Any]:
@@ -54,19 +54,34 @@ class GpuSerializer(serializers.ModelSerializer[Gpu]):
                   "foreign_processes"]
 
 
+class EngineSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    version = serializers.CharField(allow_null=True, help_text=_("As the node reported it; null when it did not."))
+
+
 class NodeSerializer(serializers.ModelSerializer[Node]):
     summary = serializers.SerializerMethodField()
     draining = serializers.SerializerMethodField()
+    engines = serializers.SerializerMethodField(
+        help_text=_("The engines the node has, with their versions; empty when it has none, null when it never "
+                    "said."))
     # Unreachable as soon as its heartbeats are stale, whether or not the scheduler marked it yet.
     status = serializers.ChoiceField(choices=NodeStatus.choices, source="live_status", read_only=True)
 
     class Meta:
         model = Node
         fields = ["name", "labels", "status", "cordoned", "cordon_reason", "draining", "agent_version", "features",
-                  "warnings", "created_at", "registered_at", "last_seen_at", "summary"]
+                  "engines", "warnings", "created_at", "registered_at", "last_seen_at", "summary"]
 
     def get_draining(self, node: Node) -> bool:
         return node.drain_requested_at is not None
+
+    @extend_schema_field(EngineSerializer(many=True, allow_null=True))
+    def get_engines(self, node: Node) -> list[dict[str, Any]] | None:
+        engines = selectors.node_engines(node)
+        if engines is None:
+            return None
+        return [{"name": engine.name, "version": engine.version} for engine in engines]
 
     def get_summary(self, node: Node) -> dict[str, Any]:
         return node_summary(node)

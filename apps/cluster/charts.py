@@ -50,6 +50,12 @@ def _empty(width: int, height: int, label: str) -> SafeString:
     )
 
 
+def _clean(series: Sequence[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
+    """Points in time order, without unusable times; a value that is not a finite number is None."""
+    points = sorted((float(t), v) for t, v in series if t is not None and math.isfinite(float(t)))
+    return [(t, float(v) if v is not None and math.isfinite(float(v)) else None) for t, v in points]
+
+
 def line_chart(
     series: Sequence[tuple[float, float | None]],
     *,
@@ -59,16 +65,18 @@ def line_chart(
     label: str = "",
     unit: str = "",
     gap_seconds: float | None = None,
+    reference: Sequence[tuple[float, float | None]] | None = None,
 ) -> SafeString:
     """An SVG line of (epoch seconds, value or None) points, with min/max labels on both axes.
 
     The y axis runs from 0 (or the lowest value, if negative) to `y_max`, or to the highest value
     when `y_max` is None; values outside are clipped to the box. A None value, or two points more
-    than `gap_seconds` apart, breaks the line.
+    than `gap_seconds` apart, breaks the line. `reference`, a second series of the same kind (what
+    was claimed, beside what was used), is drawn as a grey dashed line under the first.
     """
-    points = sorted((float(t), v) for t, v in series if t is not None and math.isfinite(float(t)))
-    points = [(t, float(v) if v is not None and math.isfinite(float(v)) else None) for t, v in points]
-    values = [v for _t, v in points if v is not None]
+    points = _clean(series)
+    others = _clean(reference or [])
+    values = [v for _t, v in points + others if v is not None]
     if not values:
         return _empty(width, height, label)
 
@@ -78,7 +86,8 @@ def line_chart(
     high = float(y_max) if y_max is not None else max(values)
     if high <= low:
         high = low + 1.0
-    t_first, t_last = points[0][0], points[-1][0]
+    times = [t for t, _v in points + others]
+    t_first, t_last = min(times), max(times)
 
     def x_of(t: float) -> float:
         if t_last == t_first:
@@ -89,30 +98,29 @@ def line_chart(
         v = min(max(v, low), high)
         return bottom - (v - low) / (high - low) * (bottom - top)
 
-    segments: list[list[tuple[float, float]]] = []
-    current: list[tuple[float, float]] = []
-    previous_t: float | None = None
-    for t, v in points:
-        broken = v is None or (gap_seconds is not None and previous_t is not None and t - previous_t > gap_seconds)
-        if broken and current:
+    def shapes(line: list[tuple[float, float | None]]) -> tuple[list[str], list[tuple[float, float]]]:
+        """The line's path pieces, and the lone points between gaps (drawn as dots)."""
+        segments: list[list[tuple[float, float]]] = []
+        current: list[tuple[float, float]] = []
+        previous_t: float | None = None
+        for t, v in line:
+            broken = v is None or (gap_seconds is not None and previous_t is not None
+                                   and t - previous_t > gap_seconds)
+            if broken and current:
+                segments.append(current)
+                current = []
+            if v is not None:
+                current.append((x_of(t), y_of(v)))
+                previous_t = t
+            else:
+                previous_t = None
+        if current:
             segments.append(current)
-            current = []
-        if v is not None:
-            current.append((x_of(t), y_of(v)))
-            previous_t = t
-        else:
-            previous_t = None
-    if current:
-        segments.append(current)
+        pieces = ["M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in s) for s in segments if len(s) > 1]
+        return pieces, [s[0] for s in segments if len(s) == 1]
 
-    paths = []
-    dots = []
-    for segment in segments:
-        if len(segment) == 1:
-            x, y = segment[0]
-            dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.5" fill="currentColor"/>')
-        else:
-            paths.append("M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in segment))
+    paths, lone = shapes(points)
+    dots = [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.5" fill="currentColor"/>' for x, y in lone]
 
     suffix = escape(unit)
     parts = [
@@ -124,8 +132,15 @@ def line_chart(
         f'<text x="{left}" y="{height - 4}" text-anchor="start">{escape(_clock(t_first))}</text>',
         f'<text x="{right}" y="{height - 4}" text-anchor="end">{escape(_clock(t_last))}</text>',
         "</g>",
-        '<g class="text-indigo-700">',
     ]
+    if others:
+        ref_paths, ref_lone = shapes(others)
+        parts.append('<g stroke="#94a3b8" fill="#94a3b8">')
+        if ref_paths:
+            parts.append(f'<path d="{" ".join(ref_paths)}" fill="none" stroke-width="1.5" stroke-dasharray="4 3"/>')
+        parts.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.5"/>' for x, y in ref_lone)
+        parts.append("</g>")
+    parts.append('<g class="text-indigo-700">')
     if paths:
         parts.append(f'<path d="{" ".join(paths)}" fill="none" stroke="currentColor" stroke-width="1.5" '
                      'stroke-linejoin="round" stroke-linecap="round"/>')

@@ -7,15 +7,16 @@ measure is absent, never 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
+from typing import Any
 
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["MESSAGE_SECONDS", "NodeCollector", "PROTOCOL_ERRORS", "PROTOCOL_MESSAGES"]
+__all__ = ["MESSAGE_SECONDS", "NodeCollector", "PROTOCOL_ERRORS", "PROTOCOL_MESSAGES", "owner_label"]
 
 PROTOCOL_MESSAGES = Counter("llmgw_agent_messages", "Agent messages handled, by type", ["type"])
 MESSAGE_SECONDS = Histogram(
@@ -103,4 +104,71 @@ class NodeCollector(Collector):
                 for counter, count in (gpu.get("nvlink_errors") or {}).items():
                     put("llmgw_gpu_nvlink_errors", "NVLink error counters summed over links",
                         {**labels, "counter": str(counter)}, count)
+        _shards(put, {node.pk: node.fresh_sample(now, FRESH) for node in nodes})
+        _replicas(put)
         yield from g.values()
+
+
+Put = Callable[[str, str, dict[str, str], float | int | None], None]
+
+
+def owner_label(model: Any) -> str:
+    """The model's organisation and team by slug ("acme/search", "acme"), or "-" for nobody's."""
+    project, team, org = model.project, model.team, model.organization
+    if project is not None:
+        team = team or project.team
+    if team is not None:
+        org = org or team.organization
+    parts = [o.slug for o in (org, team) if o is not None]
+    return "/".join(parts) or "-"
+
+
+def _shards(put: Put, samples: dict[int, dict[str, Any] | None]) -> None:
+    """What each shard of a live model claims, what its engine uses (from a fresh sample), and the
+    GPUs it holds. A deleted model's shards are left out, so its series end with it."""
+    from apps.cluster.inventory import CLAIMING_STATES
+    from apps.cluster.models import Shard
+
+    shards = (Shard.objects.filter(replica__state__in=CLAIMING_STATES, replica__model__deleted_at__isnull=True)
+              .select_related("node", "replica__model__organization", "replica__model__team__organization",
+                              "replica__model__project__team__organization")
+              .order_by("node__name", "replica_id", "rank"))
+    for shard in shards:
+        model = shard.replica.model
+        labels = {"node": shard.node.name, "model": model.name, "replica": str(shard.replica_id)}
+        put("llmgw_shard_cpu_cores", "CPU cores the shard claims on its node (0: its profile claims none)", labels,
+            shard.cpu_cores)
+        put("llmgw_shard_memory_bytes", "Memory the shard claims on its node (0: its profile claims none)", labels,
+            shard.memory_bytes)
+        sample = samples.get(shard.node_id)
+        if sample is not None:
+            entry = next((e for e in sample.get("shards") or []
+                          if isinstance(e, dict) and e.get("shard") == shard.shard_id), {})
+            put("llmgw_shard_cpu_cores_used", "CPU cores the shard's engine uses", labels, entry.get("cpu_cores"))
+            put("llmgw_shard_memory_used_bytes", "Resident memory of the shard's engine", labels,
+                entry.get("memory_bytes"))
+        owner = owner_label(model)
+        for index in shard.gpu_indices or []:
+            if isinstance(index, int) and not isinstance(index, bool):
+                put("llmgw_gpu_assigned", "1 for each GPU a replica holds", {
+                    "node": shard.node.name, "gpu": str(index), "replica": str(shard.replica_id),
+                    "model": model.name, "owner": owner}, 1)
+
+
+def _replicas(put: Put) -> None:
+    """Replicas of every live model that runs on the cluster, by state (0 where it has none in one)."""
+    from django.db.models import Count
+
+    from apps.catalog.models import Model
+    from apps.cluster.choices import ReplicaState
+    from apps.cluster.models import Replica
+
+    counts = {(name, state): n for name, state, n in
+              Replica.objects.filter(model__deleted_at__isnull=True).values_list("model__name", "state")
+              .annotate(n=Count("pk")).order_by()}
+    names = set(Model.objects.live().filter(external_url="").values_list("name", flat=True))
+    names |= {name for name, _state in counts}
+    for name in sorted(names):
+        for state in ReplicaState.values:
+            put("llmgw_replicas", "Replicas of a model, by state", {"model": name, "state": state},
+                counts.get((name, state), 0))

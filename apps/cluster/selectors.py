@@ -21,18 +21,22 @@ from django.utils.translation import gettext as _
 from apps.accounts.access import can_change_cluster, can_read_everything
 from apps.cluster import services
 from apps.cluster.charts import line_chart
-from apps.cluster.models import Gpu, Node
+from apps.cluster.models import Gpu, Node, Shard
 
 __all__ = [
     "Chart",
     "Disk",
+    "Engine",
     "GpuCard",
     "NodeDetail",
     "NodeRow",
+    "ShardRow",
+    "engines_text",
     "get_node_for_user",
     "list_node_rows",
     "node_charts",
     "node_detail",
+    "node_engines",
     "node_row",
 ]
 
@@ -112,6 +116,48 @@ def _warnings(node: Node, sample: dict[str, Any] | None) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Engine:
+    """An engine a node has, and the version it reported (None: not said)."""
+
+    name: str
+    version: str | None
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    return str(value).strip() or None
+
+
+def node_engines(node: Node) -> list[Engine] | None:
+    """The engines the node's agent reported, by name, each with its version where it gave one.
+
+    An empty list is a node that has none; None is a node that never said (never registered, or
+    an agent too old to report engines). Read defensively: `hardware["engines"]` is a list of
+    names, `hardware["engine_versions"]` maps a name to a version or null, and either may be
+    missing or malformed.
+    """
+    hardware = node.hardware or {}
+    listed, versions = hardware.get("engines"), hardware.get("engine_versions")
+    known = {name: _text(version) for key, version in versions.items() if (name := _text(key))} \
+        if isinstance(versions, dict) else {}
+    if isinstance(listed, list):
+        names = [name for item in listed if (name := _text(item.get("name") if isinstance(item, dict) else item))]
+    elif isinstance(listed, dict):
+        names = [name for key in listed if (name := _text(key))]
+    elif isinstance(versions, dict):
+        names = list(known)
+    else:
+        return None
+    return [Engine(name, known.get(name)) for name in sorted(set(names))]
+
+
+def engines_text(engines: list[Engine] | None) -> str:
+    """The engines as one line of plain text (a tooltip): "llama.cpp b6500, vllm -"."""
+    return ", ".join(f"{e.name} {e.version or '-'}" for e in engines or [])
+
+
+@dataclass(frozen=True)
 class NodeRow:
     """One line of the nodes page."""
 
@@ -124,6 +170,7 @@ class NodeRow:
     gpu_count: int | None
     disk: Disk
     warnings: list[str] = field(default_factory=list)
+    engines: list[Engine] | None = None
 
     @property
     def memory_pct(self) -> float | None:
@@ -132,6 +179,10 @@ class NodeRow:
     @property
     def warnings_text(self) -> str:
         return "\n".join(self.warnings)
+
+    @property
+    def engines_text(self) -> str:
+        return engines_text(self.engines)
 
 
 def _gpu_groups(gpus: list[Gpu]) -> list[tuple[int, str]]:
@@ -159,6 +210,7 @@ def node_row(node: Node, now: datetime) -> NodeRow:
         gpu_count=gpu_count,
         disk=disk_summary(sample),
         warnings=_warnings(node, sample),
+        engines=node_engines(node),
     )
 
 
@@ -284,6 +336,45 @@ class GpuCard:
 
 
 @dataclass(frozen=True)
+class ShardRow:
+    """One engine running (or meant to run) on the node: its shard, and what it claims and uses.
+    The use is from the node's latest fresh sample; None when the agent did not measure it."""
+
+    shard: Shard
+    cores_used: float | None
+    memory_used: int | None
+
+    @property
+    def model(self) -> str:
+        return self.shard.replica.model.name
+
+    @property
+    def model_deleted(self) -> bool:
+        return self.shard.replica.model.deleted_at is not None
+
+    @property
+    def cores_over(self) -> bool:
+        return bool(self.cores_used is not None and self.shard.cpu_cores and self.cores_used > self.shard.cpu_cores)
+
+    @property
+    def memory_over(self) -> bool:
+        return bool(self.memory_used is not None and self.shard.memory_bytes
+                    and self.memory_used > self.shard.memory_bytes)
+
+
+def _shard_rows(node: Node, sample: dict[str, Any] | None) -> list[ShardRow]:
+    measured = {str(e.get("shard")): e for e in (sample or {}).get("shards") or [] if isinstance(e, dict)}
+    shards = (Shard.objects.filter(node=node).select_related("replica__model")
+              .order_by("replica__model__name", "replica_id", "rank"))
+    rows = []
+    for shard in shards:
+        entry = measured.get(shard.shard_id, {})
+        rows.append(ShardRow(shard=shard, cores_used=_number(entry.get("cpu_cores")),
+                             memory_used=_integer(entry.get("memory_bytes"))))
+    return rows
+
+
+@dataclass(frozen=True)
 class NodeDetail:
     """What the node page shows about one node now."""
 
@@ -302,6 +393,8 @@ class NodeDetail:
     disk: Disk
     gpus: list[GpuCard]
     warnings: list[str]
+    engines: list[Engine] | None = None
+    shards: list[ShardRow] = field(default_factory=list)
 
     @property
     def memory_pct(self) -> float | None:
@@ -310,6 +403,10 @@ class NodeDetail:
     @property
     def hardware(self) -> dict[str, Any]:
         return self.node.hardware or {}
+
+    @property
+    def engines_text(self) -> str:
+        return engines_text(self.engines)
 
 
 def _pools(sample: dict[str, Any] | None) -> list[Pool]:
@@ -359,6 +456,8 @@ def node_detail(node: Node, now: datetime | None = None) -> NodeDetail:
         disk=disk_summary(sample),
         gpus=_gpu_cards(node, sample),
         warnings=_warnings(node, sample),
+        engines=node_engines(node),
+        shards=_shard_rows(node, sample),
     )
 
 
@@ -402,4 +501,45 @@ def node_charts(node: Node) -> list[Chart]:
                             series(lambda p, i=index: gpu_value(p, i, 0)), y_max=100, unit="%"))
         charts.append(chart(_("GPU %(index)s temperature") % {"index": index},
                             series(lambda p, i=index: gpu_value(p, i, 1)), unit="°C"))
+    return charts + _model_charts(node, points, series, chart)
+
+
+# Positions in a history point's per-model figures (apps.cluster.services._history_point).
+CORES_CLAIMED, MEMORY_CLAIMED, CORES_USED, MEMORY_USED, QUEUED = range(5)
+
+
+def _model_charts(node: Node, points: list[dict[str, Any]], series: Any, chart: Any) -> list[Chart]:
+    """Per model with a claim on the node now or in the hour: cores and memory used (the line) against
+    claimed (dashed), and the requests the gateway had waiting for it.
+
+    A point that read the node's claims and found none of a model's counts as 0 for it (nothing
+    claimed, nothing running); a point that did not read them is a gap."""
+    from apps.cluster.inventory import CLAIMING_STATES
+
+    current = set(Shard.objects.filter(node=node, replica__state__in=CLAIMING_STATES)
+                  .values_list("replica__model__name", flat=True))
+    names = sorted(current | {str(name) for p in points if isinstance(p.get("models"), dict) for name in p["models"]})
+
+    def pick(model: str, position: int, scale: float = 1.0) -> Any:
+        def value(point: dict[str, Any]) -> float | None:
+            models = point.get("models")
+            if not isinstance(models, dict):
+                return None
+            figures = models.get(model)
+            if figures is None:
+                return 0.0 if position != QUEUED else None
+            figure = _number(figures[position]) if isinstance(figures, list) and len(figures) > position else None
+            return figure / scale if figure is not None else None
+        return value
+
+    gib = 1024**3
+    charts = []
+    for name in names:
+        charts.append(chart(_("Cores of %(model)s: used, and claimed (dashed)") % {"model": name},
+                            series(pick(name, CORES_USED)), reference=series(pick(name, CORES_CLAIMED))))
+        charts.append(chart(_("Memory of %(model)s: used, and claimed (dashed)") % {"model": name},
+                            series(pick(name, MEMORY_USED, gib)), unit=" GiB",
+                            reference=series(pick(name, MEMORY_CLAIMED, gib))))
+        charts.append(chart(_("Requests waiting for %(model)s in the gateway") % {"model": name},
+                            series(pick(name, QUEUED))))
     return charts

@@ -244,11 +244,14 @@ def _history_key(node_id: int) -> str:
     return f"{settings.REDIS_PREFIX}:cluster:history:{node_id}"
 
 
-def _history_point(sample: dict[str, Any]) -> dict[str, Any]:
+def _history_point(sample: dict[str, Any], models: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """One point of a node's hour. `models`, when the node's claims were read for it, is per model
+    name: [cores claimed, memory bytes claimed, cores used, memory bytes used, requests queued],
+    each None when unknown (a point without "models" knows none of them)."""
     total = sample.get("memory_total_bytes")
     used = sample.get("memory_used_bytes")
     load = sample.get("load") or [None]
-    return {
+    point = {
         "t": sample.get("taken_at") or timezone.now().timestamp(),
         "cpu": sample.get("cpu_utilization_pct"),
         "mem": (used / total * 100) if used is not None and total else None,
@@ -258,6 +261,91 @@ def _history_point(sample: dict[str, Any]) -> dict[str, Any]:
                                    if g.get("memory_used_mib") is not None and g.get("memory_total_mib") else None]
                  for g in sample.get("gpus") or []},
     }
+    if models is not None:
+        point["models"] = models
+    return point
+
+
+# KEYS: the gateway's waiting sets (apps.gateway.slots.SharedSlots). The tickets not yet expired in each.
+QUEUE_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('ZCOUNT', KEYS[i], '(' .. now, '+inf') end
+return out
+"""
+
+
+def _figure(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _total(values: list[float | None]) -> float | None:
+    """The sum, or None when one of the parts is unknown."""
+    return None if not values or None in values else sum(v or 0.0 for v in values)
+
+
+def _queue_depths(names: set[str]) -> dict[str, int | None]:
+    """Requests waiting in the gateway for each model: from Redis, where every web process counts
+    them, or without Redis from this process's gateway (then the only one). None where unknown."""
+    import sys
+
+    client = _redis()
+    if client is not None:
+        ordered = sorted(names)
+        from apps.gateway.slots import shared_key
+
+        keys = [shared_key(settings.REDIS_PREFIX, "waiting", name) for name in ordered]
+        try:
+            counts = client.eval(QUEUE_SCRIPT, len(keys), *keys)
+        except Exception:
+            log.warning("could not read the gateway's queues", exc_info=True)
+            return dict.fromkeys(names)
+        return {name: int(count) for name, count in zip(ordered, counts, strict=True)}
+    gateway = sys.modules.get("apps.gateway.asgi")
+    if gateway is None:  # no gateway in this process: its queues are not known here
+        return dict.fromkeys(names)
+    waiting = dict(gateway.gateway_app.waiting.waiting)
+    return {name: int(waiting.get(name, 0)) for name in names}
+
+
+def _model_figures(samples: dict[int, dict[str, Any]], last: dict[int, dict[str, Any] | None]
+                   ) -> dict[int, dict[str, list[Any]]]:
+    """Per node and model: what its shards there claim, what their engines use (from the sample),
+    and the model's queue. Read for the nodes whose sample lists running engines, or whose `last`
+    point found claims (a failed engine's claim is held until its replica is replaced): a heartbeat
+    from a node that runs nothing costs no query."""
+    from apps.cluster.inventory import CLAIMING_STATES
+    from apps.cluster.models import Shard
+
+    ask = [node_id for node_id, sample in samples.items()
+           if sample.get("shards") or (last.get(node_id) or {}).get("models")]
+    if not ask:
+        return {}
+    try:
+        # In a savepoint: a registration calls this inside its transaction, which a failed read
+        # must not take down with it.
+        with transaction.atomic():
+            rows = list(Shard.objects.filter(node_id__in=ask, replica__state__in=CLAIMING_STATES).values_list(
+                "node_id", "replica_id", "rank", "replica__model__name", "cpu_cores", "memory_bytes"))
+    except Exception:
+        log.warning("could not read the claims of %s nodes for their history", len(ask), exc_info=True)
+        return {}
+    parts: dict[int, dict[str, list[tuple[float, int, float | None, float | None]]]] = {}
+    for node_id, replica_id, rank, model, cores, memory in rows:
+        entries = {str(e.get("shard")): e for e in samples[node_id].get("shards") or [] if isinstance(e, dict)}
+        entry = entries.get(f"r{replica_id}s{rank}", {})
+        parts.setdefault(node_id, {}).setdefault(model, []).append(
+            (float(cores), int(memory), _figure(entry.get("cpu_cores")), _figure(entry.get("memory_bytes"))))
+    queues = _queue_depths({model for by_model in parts.values() for model in by_model})
+    figures: dict[int, dict[str, list[Any]]] = {node_id: {} for node_id in ask}
+    for node_id, by_model in parts.items():
+        for model, shards in by_model.items():
+            memory_used = _total([s[3] for s in shards])
+            figures[node_id][model] = [sum(s[0] for s in shards), sum(s[1] for s in shards),
+                                       _total([s[2] for s in shards]),
+                                       int(memory_used) if memory_used is not None else None, queues.get(model)]
+    return figures
 
 
 _redis_client: Any = None
@@ -498,20 +586,32 @@ def write_gpu_health(node_id: int, health: dict[int, tuple[bool, int]], known: d
 
 def append_histories(samples: dict[int, dict[str, Any]]) -> None:
     """Add one history point per node: the last hour of points, kept outside the database in a
-    capped Redis list per node (one round trip for them all), or in the local cache without Redis."""
+    capped Redis list per node (one round trip for them all), or in the local cache without Redis.
+    Each point carries its node's per-model claims, use and queues where they were read."""
     try:
         client = _redis()
         if client is None:
+            stored = {node_id: list(cache.get(_history_key(node_id)) or []) for node_id in samples}
+            models = _model_figures(samples, {node_id: points[-1] if points else None
+                                              for node_id, points in stored.items()})
             for node_id, sample in samples.items():
-                key = _history_key(node_id)
-                points = cache.get(key) or []
-                points.append(_history_point(sample))
-                cache.set(key, points[-HISTORY_POINTS:], timeout=HISTORY_SECONDS)
+                points = stored[node_id]
+                points.append(_history_point(sample, models.get(node_id)))
+                cache.set(_history_key(node_id), points[-HISTORY_POINTS:], timeout=HISTORY_SECONDS)
             return
+        quiet = [node_id for node_id, sample in samples.items() if not sample.get("shards")]
+        last: dict[int, dict[str, Any] | None] = {}
+        if quiet:
+            pipe = client.pipeline(transaction=False)
+            for node_id in quiet:
+                pipe.lindex(_history_key(node_id), -1)
+            last = {node_id: json.loads(raw) if raw else None for node_id, raw in zip(quiet, pipe.execute(),
+                                                                                      strict=True)}
+        models = _model_figures(samples, last)
         pipe = client.pipeline(transaction=False)
         for node_id, sample in samples.items():
             key = _history_key(node_id)
-            pipe.rpush(key, json.dumps(_history_point(sample), separators=(",", ":")))
+            pipe.rpush(key, json.dumps(_history_point(sample, models.get(node_id)), separators=(",", ":")))
             pipe.ltrim(key, -HISTORY_POINTS, -1)
             pipe.expire(key, HISTORY_SECONDS)
         pipe.execute()

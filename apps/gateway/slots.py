@@ -47,9 +47,15 @@ from apps.gateway import metrics
 from apps.gateway.routing import LOAD_BOUND, pick, preference
 from apps.gateway.tables import Tables, Upstream
 
-__all__ = ["InFlight", "Lease", "QueueFull", "SharedSlots", "SlotKeeper", "WaitingRoom"]
+__all__ = ["InFlight", "Lease", "QueueFull", "SharedSlots", "SlotKeeper", "WaitingRoom", "shared_key"]
 
 log = logging.getLogger("llmgw.gateway")
+
+
+def shared_key(prefix: str, kind: str, name: str) -> str:
+    """The Redis key of a model's shared slots ("slots") or waiting tickets ("waiting"). One hash tag
+    for every key, so the scripts' keys sit in one slot of a Redis Cluster too."""
+    return f"{prefix}:{{gw}}:{kind}:{name}"
 
 
 class InFlight:
@@ -165,7 +171,7 @@ class SharedSlots:
     def __init__(self, client: Any, *, prefix: str = "llmgw", lease_s: float = 15.0, backoff_s: float = 2.0,
                  subscribe: Callable[[str, Callable[[str], None]], Any] | None = None) -> None:
         self.client = client
-        # One hash tag for every key, so the scripts' keys sit in one slot of a Redis Cluster too.
+        self.base = prefix
         self.prefix = f"{prefix}:{{gw}}"
         self.lease_ms = max(1000, int(lease_s * 1000))
         self.backoff_s = backoff_s
@@ -219,7 +225,7 @@ class SharedSlots:
     # Calls -------------------------------------------------------------------------------------
 
     def _key(self, kind: str, name: str) -> str:
-        return f"{self.prefix}:{kind}:{name}"
+        return shared_key(self.base, kind, name)
 
     def _token(self) -> str:
         return f"{self._process}:{next(self._ids)}"

@@ -66,10 +66,22 @@ def _gpus(node: dict[str, Any]) -> str | None:
     return f"{count}×{'/'.join(classes)}" if classes else str(count)
 
 
+def _engines(node: dict[str, Any]) -> str | None:
+    """Each engine with its version, "-" where the node gave none ("llama.cpp b6500, vllm -"); "none"
+    for a node that has none; None (shown "-") for one that never said, or a server too old to tell."""
+    engines = node.get("engines")
+    if engines is None:
+        return None
+    if not engines:
+        return "none"
+    return ", ".join(f"{engine['name']} {engine.get('version') or '-'}" for engine in engines)
+
+
 def node_row(node: dict[str, Any]) -> list[Any]:
     s = node["summary"]
     return [node["name"], _status(node), _cpu(s), _pair(s.get("memory_used_bytes"), s.get("memory_total_bytes")),
-            _gpus(node), _pair(s.get("disk_free_bytes"), s.get("disk_total_bytes")), human_age(node.get("created_at"))]
+            _gpus(node), _pair(s.get("disk_free_bytes"), s.get("disk_total_bytes")), _engines(node),
+            human_age(node.get("created_at"))]
 
 
 def cmd_nodes(client: Client, args: argparse.Namespace) -> int:
@@ -77,7 +89,8 @@ def cmd_nodes(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(nodes, indent=2))
         return 0
-    print(format_table(["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "AGE"], [node_row(n) for n in nodes]))
+    print(format_table(["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "AGE"],
+                       [node_row(n) for n in nodes]))
     return 0
 
 
@@ -97,7 +110,7 @@ def cmd_node_show(client: Client, args: argparse.Namespace) -> int:
         ("memory", _pair(s.get("memory_used_bytes"), s.get("memory_total_bytes"))),
         ("disk (local)", _pair(s.get("disk_free_bytes"), s.get("disk_total_bytes"))),
         ("os", hw.get("os")), ("kernel", hw.get("kernel")), ("arch", hw.get("arch")),
-        ("driver", hw.get("driver_version")), ("cuda", hw.get("cuda_version")),
+        ("driver", hw.get("driver_version")), ("cuda", hw.get("cuda_version")), ("engines", _engines(node)),
         ("last seen", human_age(node.get("last_seen_at"))), ("warnings", node.get("warnings")),
         ("drain", _drain_line(node["drain"]) if node.get("drain") else None),
     ]
@@ -187,7 +200,7 @@ def _drain_line(drain: dict[str, Any]) -> str:
 
 
 def add_all(ctl_sub: Any) -> None:
-    p = ctl_sub.add_parser("nodes", help="list nodes: NAME STATUS CPU MEM GPU DISK AGE")
+    p = ctl_sub.add_parser("nodes", help="list nodes: NAME STATUS CPU MEM GPU DISK ENGINES AGE")
     p.set_defaults(ctl_func=cmd_nodes)
     node = ctl_sub.add_parser("node", help="one node: show, add, cordon, uncordon, drain, revoke")
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
