@@ -320,6 +320,8 @@ def _total(label: str, rows: list[UsageRow]) -> UsageRow:
     for row in rows:
         total.requests += row.requests
         total.errors += row.errors
+        total.client_errors = None if total.client_errors is None or row.client_errors is None \
+            else total.client_errors + row.client_errors  # unknown in one part: unknown in the sum
         total.refusals += row.refusals
         total.requests_without_tokens += row.requests_without_tokens
         if row.prompt_tokens is not None:

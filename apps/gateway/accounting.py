@@ -37,7 +37,7 @@ COUNT_TIMEOUT_S = 5.0  # how long a cancelled request's prompt count may take be
 
 
 class Accountant:
-    """Finishes calls: `known_model(name)` says whether a model exists (metrics label the rest "-"),
+    """Finishes calls: `known_model(name)` says whether a model exists (the rest are counted as "-"),
     `count_prompt(call)` asks the engine for the prompt's tokens (None when it cannot)."""
 
     def __init__(self, *, usage: Any, limiter: Any, known_model: Callable[[str], bool],
@@ -92,11 +92,19 @@ class Accountant:
         except Exception:
             log.exception("could not account for request %s", call.request_id)
 
+    def _model_label(self, call: Call) -> str:
+        """What the request is counted under: its model, or "-" for a name no model has (answered 404
+        model_not_found), so that a name made up by a caller makes no metric series and no usage group
+        of its own. A request an engine took keeps its model's name, even if the model was deleted
+        before the request ended."""
+        if (call.upstream is not None and call.status != 404) or self.known_model(call.model):
+            return call.model
+        return "-"
+
     def _write(self, call: Call) -> None:
         elapsed = time.perf_counter() - call.started
         first = (call.first_token_at - call.started) if call.first_token_at is not None else None
-        # Labelled by the model only when it exists: a name made up by a caller must not make a new series.
-        label = call.model if self.known_model(call.model) else "-"
+        label = self._model_label(call)
         metrics.observe(label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
         if call.entry is None or self.usage is None:
             return
@@ -111,7 +119,7 @@ class Accountant:
         self.usage.emit({
             "request_id": call.request_id, "created_at": time.time(), "user_id": call.entry.user_id,
             "api_key_id": call.entry.key_id, "organization_id": call.entry.org_id, "team_id": call.entry.team_id,
-            "project_id": call.entry.project_id, "model": call.model[:128] if self.known_model(call.model) else "-",
+            "project_id": call.entry.project_id, "model": label[:128],
             "endpoint": call.endpoint.name,
             "replica": f"{upstream.node}/{upstream.id}" if upstream else "",
             "hardware": upstream.hardware if upstream else "", "stream": call.stream,

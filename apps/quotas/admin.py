@@ -86,6 +86,6 @@ class UsageRecordAdmin(ReadOnlyAdmin):
 @admin.register(UsageRollup)
 class UsageRollupAdmin(ReadOnlyAdmin):
     # As usage records: summed by the gateway's usage writer only.
-    list_display = ["period", "bucket_start", "model", "requests", "errors", "refusals", "prompt_tokens",
-                    "completion_tokens"]
+    list_display = ["period", "bucket_start", "model", "requests", "errors", "client_errors", "refusals",
+                    "prompt_tokens", "completion_tokens"]
     list_filter = ["period", "model"]

@@ -56,20 +56,28 @@ USAGE_ROW = inline_serializer("UsageRow", {
     "group": UsageGroupField(help_text="The group's id, or the model's name; null for none"),
     "label": serializers.CharField(),
     "requests": serializers.IntegerField(),
-    "errors": serializers.IntegerField(help_text="status 500 and above, or an answer that broke after it began"),
+    "errors": serializers.IntegerField(help_text="the same as server_errors, kept for older clients"),
+    "server_errors": serializers.IntegerField(
+        help_text="status 500 and above, or an answer that broke after it began"),
+    "client_errors": serializers.IntegerField(
+        allow_null=True, help_text="status 400 to 499 other than 429 (a model that does not exist, a bad body, a "
+        "client that went away); null when part of the range was recorded before client errors were counted"),
     "refusals": serializers.IntegerField(help_text="status 429: refused by a limit"),
     "prompt_tokens": serializers.IntegerField(allow_null=True, help_text="null when no request had token counts"),
     "completion_tokens": serializers.IntegerField(allow_null=True),
     "requests_without_tokens": serializers.IntegerField(help_text="requests missing from the token sums"),
-    **{f"{name}_ms_{q}": serializers.FloatField(allow_null=True)
+    **{f"{name}_ms_{q}": serializers.FloatField(
+        allow_null=True, help_text="milliseconds, nearest-rank, within 1 % of the exact value; null when "
+        "nothing was timed")
        for name in ("first_token", "latency") for q in ("p50", "p95", "p99")},
 })
 
 
 class UsageView(APIView):
-    """Usage per group over a range (default the last 24 hours): requests, errors, refusals,
-    tokens and time-to-first-token and latency percentiles. Staff see everyone's, managers
-    their branch's, everyone else their own."""
+    """Usage per group over a range (default the last 24 hours): requests, server errors, client
+    errors, refusals, tokens and time-to-first-token and latency percentiles. Requests for a model
+    that does not exist are grouped under the model "-". Staff see everyone's, managers their
+    branch's, everyone else their own."""
 
     permission_classes = [IsSignedIn]
 

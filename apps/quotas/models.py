@@ -208,6 +208,7 @@ class UsageRollup(models.Model):
     Tokens sum only the requests whose counts are known; `requests_without_tokens` says
     how many requests are missing from those sums, so a sum is never passed off as
     complete. Refusals (429) are counted as requests and refusals but not timed.
+    `client_errors` is null in rows begun before client errors were counted: unknown, not 0.
     """
 
     period = models.CharField(_("period"), max_length=8, choices=RollupPeriod.choices)
@@ -220,15 +221,17 @@ class UsageRollup(models.Model):
     model = models.CharField(_("model"), max_length=200)
     requests = models.PositiveIntegerField(_("requests"), default=0)
     # Status 500 and above, or a failure after the answer began (a broken stream).
-    errors = models.PositiveIntegerField(_("errors"), default=0)
+    errors = models.PositiveIntegerField(_("server errors"), default=0)
+    # Status 400 to 499 other than 429: a model that does not exist, a bad body, a client gone.
+    client_errors = models.PositiveIntegerField(_("client errors"), null=True, blank=True, default=0)
     # Status 429: refused by a limit.
     refusals = models.PositiveIntegerField(_("refusals"), default=0)
     prompt_tokens = models.PositiveBigIntegerField(_("prompt tokens"), default=0)
     completion_tokens = models.PositiveBigIntegerField(_("completion tokens"), default=0)
     requests_without_tokens = models.PositiveIntegerField(_("requests without token counts"), default=0)
-    # Counts per bucket of apps.quotas.histograms.BOUNDS_MS.
-    first_token_hist = models.JSONField(_("time to first token histogram"), default=list, blank=True)
-    latency_hist = models.JSONField(_("latency histogram"), default=list, blank=True)
+    # Sketches of apps.quotas.histograms (older rows: lists of counts per LEGACY_BOUNDS_MS bucket).
+    first_token_hist = models.JSONField(_("time to first token histogram"), default=dict, blank=True)
+    latency_hist = models.JSONField(_("latency histogram"), default=dict, blank=True)
 
     class Meta:
         verbose_name = _("usage rollup")

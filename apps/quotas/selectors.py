@@ -19,6 +19,7 @@ from apps.quotas.models import UsageRecord, UsageRollup
 
 __all__ = [
     "MINUTE_ROLLUPS_UP_TO",
+    "UNKNOWN_MODEL",
     "UsageRow",
     "get_request_for_user",
     "period_for",
@@ -26,6 +27,9 @@ __all__ = [
     "visible_rollups",
 ]
 
+# The model of requests for a model that does not exist (the gateway answered 404), so that
+# names made up by callers do not each become a group of their own.
+UNKNOWN_MODEL = "-"
 # Ranges up to this long are read from minute rollups, longer ones from hour rollups.
 MINUTE_ROLLUPS_UP_TO = timedelta(hours=6)
 PERIOD_LENGTH = {RollupPeriod.MINUTE: timedelta(minutes=1), RollupPeriod.HOUR: timedelta(hours=1)}
@@ -42,12 +46,15 @@ GROUP_COLUMNS = {
 @dataclass
 class UsageRow:
     """One group's usage over a range. Token sums are None when no request in the group had counts;
-    percentiles (milliseconds) are None when nothing was timed."""
+    percentiles (milliseconds, nearest-rank, within 1 % of the exact value) are None when nothing
+    was timed. `errors` are server errors (also `server_errors`); `client_errors` is None when part
+    of the range was written before client errors were counted."""
 
     group: int | str
     label: str
     requests: int = 0
     errors: int = 0
+    client_errors: int | None = 0
     refusals: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -58,14 +65,19 @@ class UsageRow:
     latency_ms_p50: float | None = None
     latency_ms_p95: float | None = None
     latency_ms_p99: float | None = None
-    first_token_hist: list[int] = field(default_factory=histograms.empty, repr=False)
-    latency_hist: list[int] = field(default_factory=histograms.empty, repr=False)
+    first_token_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
+    latency_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
+
+    @property
+    def server_errors(self) -> int:
+        """Status 500 and above, or an answer that broke after it began: `errors` by its full name."""
+        return self.errors
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in (
-            "group", "label", "requests", "errors", "refusals", "prompt_tokens", "completion_tokens",
-            "requests_without_tokens", "first_token_ms_p50", "first_token_ms_p95", "first_token_ms_p99",
-            "latency_ms_p50", "latency_ms_p95", "latency_ms_p99",
+            "group", "label", "requests", "errors", "server_errors", "client_errors", "refusals", "prompt_tokens",
+            "completion_tokens", "requests_without_tokens", "first_token_ms_p50", "first_token_ms_p95",
+            "first_token_ms_p99", "latency_ms_p50", "latency_ms_p95", "latency_ms_p99",
         )}
 
 
@@ -122,7 +134,7 @@ def usage_summary(
     period: str | None = None,
     within: dict[str, int] | None = None,
 ) -> list[UsageRow]:
-    """Requests, errors, refusals, tokens and time percentiles per group, busiest group first.
+    """Requests, server and client errors, refusals, tokens and time percentiles per group, busiest first.
 
     Reads minute rollups for ranges up to six hours and hour rollups beyond, so the range
     is widened to whole buckets: every bucket that overlaps [since, until) counts.
@@ -142,23 +154,29 @@ def usage_summary(
         rollups = rollups.filter(**within)
     groups: dict[Any, UsageRow] = {}
     known_tokens: dict[Any, bool] = {}
-    for row in rollups.values_list(column, "requests", "errors", "refusals", "prompt_tokens", "completion_tokens",
-                                   "requests_without_tokens", "first_token_hist", "latency_hist").iterator():
-        group, requests, errors, refusals, prompt, completion, without, first_hist, latency_hist = row
+    for row in rollups.values_list(column, "requests", "errors", "client_errors", "refusals", "prompt_tokens",
+                                   "completion_tokens", "requests_without_tokens", "first_token_hist",
+                                   "latency_hist").iterator():
+        group, requests, errors, client_errors, refusals, prompt, completion, without, first_hist, latency_hist = row
         summary = groups.setdefault(group, UsageRow(group=group, label=""))
         summary.requests += requests
         summary.errors += errors
+        # A row from before client errors were counted leaves the group's count unknown, not short.
+        summary.client_errors = None if summary.client_errors is None or client_errors is None \
+            else summary.client_errors + client_errors
         summary.refusals += refusals
         summary.prompt_tokens = (summary.prompt_tokens or 0) + prompt
         summary.completion_tokens = (summary.completion_tokens or 0) + completion
         summary.requests_without_tokens += without
         known_tokens[group] = known_tokens.get(group, False) or without < requests
-        summary.first_token_hist = histograms.merge(summary.first_token_hist, first_hist)
-        summary.latency_hist = histograms.merge(summary.latency_hist, latency_hist)
+        histograms.merge_into(summary.first_token_hist, first_hist)
+        histograms.merge_into(summary.latency_hist, latency_hist)
     labels = _labels(group_by, groups)
     for group, summary in groups.items():
         if not group:
             summary.label = _("(none)")
+        elif group_by == UsageGroup.MODEL and group == UNKNOWN_MODEL:
+            summary.label = _("(no such model)")
         else:
             summary.label = labels.get(group) or _("#%(id)s (deleted)") % {"id": group}
         if not known_tokens[group]:  # every request's counts unknown: unknown, not zero

@@ -155,7 +155,8 @@ def rollup_key(period: str, bucket_start: datetime, record: dict[str, Any]) -> t
 
 ROLLUP_KEY_FIELDS = ("period", "bucket_start", "organization_id", "team_id", "project_id", "api_key_id", "user_id",
                      "model")
-ROLLUP_SUMS = ("requests", "errors", "refusals", "prompt_tokens", "completion_tokens", "requests_without_tokens")
+ROLLUP_SUMS = ("requests", "errors", "client_errors", "refusals", "prompt_tokens", "completion_tokens",
+               "requests_without_tokens")
 
 
 def _buckets(moment: datetime) -> list[tuple[str, datetime]]:
@@ -169,11 +170,21 @@ def is_error(status: int, error: str) -> bool:
     return status >= 500 or (status < 400 and bool(error))
 
 
+def is_client_error(status: int) -> bool:
+    """A failure on the client's side: status 400 to 499 other than 429 (a limit's refusal).
+
+    A model that does not exist (404), a body the gateway cannot take (400, 413), a key that may
+    not use the model (403), and a client that went away before its answer ended (499).
+    """
+    return 400 <= status < 500 and status != 429
+
+
 def _add_record(sums: dict[str, Any], record: dict[str, Any]) -> None:
     status = record["status"]
     sums["requests"] += 1
     sums["refusals"] += status == 429
     sums["errors"] += is_error(status, record.get("error") or "")
+    sums["client_errors"] += is_client_error(status)
     prompt, completion = record.get("prompt_tokens"), record.get("completion_tokens")
     # Unknown is not zero: only known counts are summed, and the rest are counted apart.
     sums["prompt_tokens"] += prompt or 0
@@ -217,7 +228,9 @@ def _write_rollups(records: list[dict[str, Any]]) -> None:
             created.append(UsageRollup(**dict(zip(ROLLUP_KEY_FIELDS, key, strict=True)), **sums))
             continue
         for name in ROLLUP_SUMS:
-            setattr(row, name, getattr(row, name) + sums[name])
+            stored = getattr(row, name)
+            # None: a row begun before this sum was kept (client errors); it stays unknown, not partly counted.
+            setattr(row, name, None if stored is None else stored + sums[name])
         row.first_token_hist = histograms.merge(row.first_token_hist, sums["first_token_hist"])
         row.latency_hist = histograms.merge(row.latency_hist, sums["latency_hist"])
         changed.append(row)

@@ -1,4 +1,4 @@
-"""The console's usage page: requests, tokens, errors, refusals and time percentiles per group.
+"""The console's usage page: requests, tokens, server and client errors, refusals and time percentiles per group.
 
 What a person sees is decided by selectors.usage_summary: their own use, the branches they
 manage, or everything for staff who read everything (billing and administrators among them).
@@ -62,7 +62,7 @@ def _charts(rows: list[selectors.UsageRow]) -> list[Chart]:
     specs: list[tuple[str, list[tuple[str, float | None]], str, int]] = [
         (_("Requests"), [(r.label, float(r.requests)) for r in top], "", 0),
         (_("Tokens"), [(r.label, tokens(r)) for r in top], "", 0),
-        (_("Errors and refusals"), [(r.label, float(r.errors + r.refusals)) for r in top], "", 0),
+        (_("Server errors and refusals"), [(r.label, float(r.errors + r.refusals)) for r in top], "", 0),
         (_("First token, p95"), [(r.label, seconds(r.first_token_ms_p95)) for r in top], in_seconds, 2),
         (_("Latency, p95"), [(r.label, seconds(r.latency_ms_p95)) for r in top], in_seconds, 2),
     ]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ApiError", "Client", "add_parser", "format_table", "run"]
+__all__ = ["ApiError", "Client", "CommandParser", "add_parser", "format_table", "run"]
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 CONFIG_PATH = Path("~/.config/llmgw/ctl.yaml")
@@ -153,13 +153,29 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
 
 
 
+JSON_HELP = "print the raw JSON answer where there is one"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every ctl command, and of their own commands: each takes --json as well, so it
+    may come before the command or after it (`llmgw ctl --json usage`, `llmgw ctl usage --json`).
+
+    Left out, a command's --json sets nothing (SUPPRESS), so the one given before the command holds.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP)
+
+
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("ctl", help="talk to an llmgw server's REST API")
     parser.add_argument("--server", help=f"server URL (default LLMGW_SERVER, ctl.yaml or {DEFAULT_SERVER})")
     parser.add_argument("--key", help="API key (default LLMGW_API_KEY or ctl.yaml)")
     parser.add_argument("--config", help=f"config file (default {CONFIG_PATH})")
-    parser.add_argument("--json", action="store_true", help="print the raw JSON answer where there is one")
-    ctl_sub = parser.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
+    # Commands' parsers, and the parsers of their own commands (parser_class is inherited), are CommandParsers.
+    ctl_sub = parser.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND", parser_class=CommandParser)
     p = ctl_sub.add_parser("whoami", help="who the key belongs to")
     p.set_defaults(ctl_func=cmd_whoami)
     p = ctl_sub.add_parser("status", help="what the server holds and whether its services answer")

@@ -467,7 +467,23 @@ def _since(text: str, now: datetime | None = None) -> str:
 
 
 def _ms(value: float | None) -> str | None:
-    return None if value is None else f"{value:.0f}"
+    """Milliseconds: whole from 100 up, else three significant digits (0.357, 4.20, 42.0)."""
+    import math
+
+    if value is None:
+        return None
+    if value >= 100 or value <= 0:
+        return f"{value:.0f}"
+    return f"{value:.{max(0, 2 - math.floor(math.log10(value)))}f}"
+
+
+USAGE_COLUMNS = (  # header, field of the API's row
+    ("GROUP", "label"), ("REQUESTS", "requests"), ("SERVER_ERRORS", "server_errors"),
+    ("CLIENT_ERRORS", "client_errors"), ("REFUSALS", "refusals"), ("TOKENS_IN", "prompt_tokens"),
+    ("TOKENS_OUT", "completion_tokens"), ("P50_TTFT_MS", "first_token_ms_p50"), ("P95_TTFT_MS", "first_token_ms_p95"),
+    ("P99_TTFT_MS", "first_token_ms_p99"), ("P50_LATENCY_MS", "latency_ms_p50"), ("P95_LATENCY_MS", "latency_ms_p95"),
+    ("P99_LATENCY_MS", "latency_ms_p99"),
+)
 
 
 def cmd_usage(client: Client, args: argparse.Namespace) -> int:
@@ -477,12 +493,13 @@ def cmd_usage(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
-    rows = [[r["label"], r["requests"], r["errors"], r["refusals"], r["prompt_tokens"], r["completion_tokens"],
-             _ms(r["first_token_ms_p50"]), _ms(r["first_token_ms_p95"]), _ms(r["first_token_ms_p99"]),
-             _ms(r["latency_ms_p50"]), _ms(r["latency_ms_p95"]), _ms(r["latency_ms_p99"])]
-            for r in answer["results"]]
-    print(format_table(["GROUP", "REQUESTS", "ERRORS", "429", "PROMPT", "COMPLETION", "TTFT_P50", "TTFT_P95",
-                        "TTFT_P99", "LAT_P50", "LAT_P95", "LAT_P99"], rows))
+    rows = []
+    for result in answer["results"]:
+        # A server from before server_errors and client_errors: its errors were the server's; client ones unknown.
+        row = {"server_errors": result.get("errors"), "client_errors": None, **result}
+        rows.append([_ms(row.get(name)) if name.endswith(("_p50", "_p95", "_p99")) else row.get(name)
+                     for _header, name in USAGE_COLUMNS])
+    print(format_table([header for header, _name in USAGE_COLUMNS], rows))
     return 0
 
 
@@ -498,7 +515,8 @@ def cmd_request(client: Client, args: argparse.Namespace) -> int:
 
 
 def add_usage_commands(ctl_sub: Any) -> None:
-    p = ctl_sub.add_parser("usage", help="usage per group: requests, errors, 429s, tokens, TTFT and latency in ms")
+    p = ctl_sub.add_parser("usage", help="usage per group: requests, server and client errors, refusals (429), "
+                           "tokens, TTFT and latency percentiles in ms")
     p.add_argument("--by", default="model", choices=["organization", "team", "project", "key", "model", "user"],
                    help="what to group by (default model)")
     p.add_argument("--since", default="24h", help="how far back: 1h, 7d or an ISO time (default 24h)")

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import math
+import random
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 import pytest
 
 from apps.accounts.choices import MembershipRole, StaffRole
 from apps.accounts.models import AuditEvent, Membership
+from apps.quotas import histograms
 from apps.quotas.limiter import limits_for, load_all_limits, pick_limits
-from apps.quotas.models import RateLimit, UsageRecord
+from apps.quotas.models import RateLimit, UsageRecord, UsageRollup
 from apps.quotas.usage import write_records_sync
 from llmgw.cli import main
 from tests.conftest import make_user
-from tests.quotas.conftest import make_key, record
+from tests.quotas.conftest import make_key, recent_minute, record
 
 
 def usage(api: Any, user: Any, **params: str) -> dict[str, Any]:
@@ -47,7 +52,8 @@ def test_an_administrator_sees_everyones_usage(api, alice, traffic) -> None:
     rows = groups(answer)
     assert set(rows) == {"bob@example.com", "charlie@example.com"}
     bob = rows["bob@example.com"]
-    assert (bob["requests"], bob["refusals"], bob["errors"]) == (2, 1, 0)
+    assert (bob["requests"], bob["refusals"], bob["errors"], bob["server_errors"], bob["client_errors"]) == \
+        (2, 1, 0, 0, 0)
     assert (bob["prompt_tokens"], bob["completion_tokens"]) == (20, 40)
     assert bob["latency_ms_p50"] is not None
     assert answer["period"] == "hour"  # 24 hours by default
@@ -199,7 +205,128 @@ def test_the_gateway_loads_limits_narrowest_first_with_labels(bob, tree) -> None
     assert limits_for(None, None, None, None, None) == []
 
 
+# Percentiles, end to end -----------------------------------------------------------------------
+
+def exact(values: list[float], q: Fraction) -> float:
+    """Nearest-rank: the ⌈q·n⌉-th smallest (at least the first)."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+PERCENTILES = (("p50", Fraction(1, 2)), ("p95", Fraction(95, 100)), ("p99", Fraction(99, 100)))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("hours", [1, 24])  # read from minute rollups, and from hour rollups
+def test_usage_percentiles_are_within_two_percent_of_the_exact_ones(api, alice, bob, charlie, tree, hours) -> None:
+    rng = random.Random(hours)
+    keys = [make_key(bob, tree.project), make_key(charlie, tree.other_project)]
+    records = []
+    for minutes_ago in range(1, 7):
+        for _ in range(rng.randint(1, 150)):
+            total = math.exp(rng.uniform(math.log(0.01), math.log(600_000)))  # 0.01 ms to 10 minutes
+            records.append(record(rng.choice(keys), model=rng.choice(["llama", "qwen", "whisper"]),
+                                  created_at=recent_minute(minutes_ago) + timedelta(seconds=rng.randint(0, 59)),
+                                  first_token_ms=total * rng.random(), total_ms=total))
+    rng.shuffle(records)
+    for start in range(0, len(records), 97):  # in batches, so rows are added into as well as created
+        write_records_sync(records[start:start + 97])
+    since = (datetime.now(UTC) - timedelta(hours=hours)).isoformat()
+    for group_by, group_of in (("model", lambda r: r["model"]), ("team", lambda r: r["team_id"]),
+                               ("key", lambda r: r["api_key_id"])):
+        answer = usage(api, alice, group_by=group_by, since=since)
+        assert answer["period"] == ("minute" if hours == 1 else "hour")
+        assert sum(row["requests"] for row in answer["results"]) == len(records)
+        for row in answer["results"]:
+            mine = [r for r in records if group_of(r) == row["group"]]
+            assert row["requests"] == len(mine)
+            for name, field in (("first_token", "first_token_ms"), ("latency", "total_ms")):
+                for suffix, q in PERCENTILES:
+                    assert row[f"{name}_ms_{suffix}"] == pytest.approx(exact([r[field] for r in mine], q), rel=0.02)
+
+
+@pytest.mark.django_db
+def test_one_30_s_request_reads_30_s_at_p50_and_p99(api, alice, bob, tree) -> None:
+    write_records_sync([record(make_key(bob, tree.project), first_token_ms=0.36, total_ms=30_000.0)])
+    (row,) = usage(api, alice, group_by="model")["results"]
+    for suffix in ("p50", "p95", "p99"):
+        assert row[f"latency_ms_{suffix}"] == pytest.approx(30_000.0, rel=0.02)
+        assert row[f"first_token_ms_{suffix}"] == pytest.approx(0.36, rel=0.02)
+
+
+# Rollups from before sketches and client errors ------------------------------------------------------
+
+def old_rollups(key: Any, model: str = "llama-3-8b") -> None:
+    """A minute and an hour rollup as they were written before: fixed buckets, no client errors."""
+    start = recent_minute()
+    for period, bucket_start in (("minute", start), ("hour", start.replace(minute=0))):
+        UsageRollup.objects.create(
+            period=period, bucket_start=bucket_start, organization_id=key.project.team.organization_id,
+            team_id=key.project.team_id, project_id=key.project.pk, api_key_id=key.pk, user_id=key.user_id,
+            model=model, requests=3, errors=1, client_errors=None, refusals=0, prompt_tokens=30,
+            completion_tokens=60, requests_without_tokens=0,
+            # one in (25, 50] ms and one in (30, 60] s; one first token in (100, 250] ms
+            first_token_hist=[0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+            latency_hist=[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+        )
+
+
+@pytest.mark.django_db
+def test_old_rollups_read_as_their_buckets_said_and_client_errors_as_unknown(api, alice, bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    old_rollups(key)
+    for hours in (1, 24):
+        (row,) = usage(api, alice, group_by="model",
+                       since=(datetime.now(UTC) - timedelta(hours=hours)).isoformat())["results"]
+        assert (row["requests"], row["server_errors"], row["client_errors"]) == (3, 1, None)
+        assert row["latency_ms_p50"] == pytest.approx(37.5, rel=0.02)  # the middle of (25, 50]
+        assert row["latency_ms_p99"] == pytest.approx(45_000.0, rel=0.02)  # the middle of (30, 60] s
+        assert row["first_token_ms_p50"] == pytest.approx(175.0, rel=0.02)
+
+
+@pytest.mark.django_db
+def test_a_new_request_into_an_old_rollup_turns_it_into_a_sketch(api, alice, bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    old_rollups(key)
+    write_records_sync([record(key, total_ms=30.0, first_token_ms=20.0, status=404, error="no such model")])
+    minute = UsageRollup.objects.get(period="minute")
+    assert isinstance(minute.latency_hist, dict) and histograms.count(minute.latency_hist) == 3
+    assert (minute.requests, minute.client_errors) == (4, None)  # still partly uncounted: unknown
+    (row,) = usage(api, alice, group_by="model")["results"]
+    assert row["latency_ms_p50"] == pytest.approx(37.5, rel=0.02)
+    assert row["latency_ms_p95"] == pytest.approx(45_000.0, rel=0.02)
+    assert row["first_token_ms_p50"] == pytest.approx(20.0, rel=0.02)
+    # Another model's rollup, all new, knows its client errors.
+    write_records_sync([record(key, model="new", status=404, error="no such model")])
+    assert groups(usage(api, alice, group_by="model"))["new"]["client_errors"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_leaves_client_errors_of_existing_rollups_unknown() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = ("quotas", "0002_usagerollup_ratelimit_usagerecord")
+    after = ("quotas", "0003_usagerollup_client_errors_sketches")
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    try:
+        old = executor.loader.project_state([before]).apps.get_model("quotas", "UsageRollup")
+        old.objects.create(period="minute", bucket_start=recent_minute(), model="m", requests=2,
+                           latency_hist=[1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate([after])
+    row = UsageRollup.objects.get()
+    assert row.client_errors is None and row.latency_hist[:2] == [1, 1]
+    assert UsageRollup.objects.create(period="hour", bucket_start=recent_minute(), model="m").client_errors == 0
+
+
 # llmgw ctl ------------------------------------------------------------------------------------
+
+CTL_HEADER = ["GROUP", "REQUESTS", "SERVER_ERRORS", "CLIENT_ERRORS", "REFUSALS", "TOKENS_IN", "TOKENS_OUT",
+              "P50_TTFT_MS", "P95_TTFT_MS", "P99_TTFT_MS", "P50_LATENCY_MS", "P95_LATENCY_MS", "P99_LATENCY_MS"]
+
 
 @pytest.mark.django_db(transaction=True)
 def test_ctl_usage_prints_a_dash_where_nothing_was_timed(live_server, bob, tree, key_for, capsys, monkeypatch,
@@ -207,22 +334,59 @@ def test_ctl_usage_prints_a_dash_where_nothing_was_timed(live_server, bob, tree,
     monkeypatch.setenv("HOME", str(tmp_path))
     key = make_key(bob, tree.project)
     write_records_sync([
-        record(key, model="timed", total_ms=300.0, first_token_ms=30.0),
+        record(key, model="timed", total_ms=300.0, first_token_ms=0.36),
         record(key, model="untimed", total_ms=None, first_token_ms=None, prompt_tokens=None,
                completion_tokens=None, status=502, error="upstream refused the connection"),
+        record(key, model="-", total_ms=2.0, first_token_ms=None, prompt_tokens=None, completion_tokens=None,
+               status=404, error="The model “gpt-4” does not exist."),
     ])
     secret = key_for(bob, name="cli")
     assert main(["ctl", "--server", live_server.url, "--key", secret, "usage", "--by", "model", "--since", "1h"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["GROUP", "REQUESTS", "ERRORS", "429", "PROMPT", "COMPLETION", "TTFT_P50", "TTFT_P95",
-                                "TTFT_P99", "LAT_P50", "LAT_P95", "LAT_P99"]
+    assert lines[0].split() == CTL_HEADER
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["untimed"] == ["untimed", "1", "1", "0", "-", "-", "-", "-", "-", "-", "-", "-"]
-    assert rows["timed"][:6] == ["timed", "1", "0", "0", "10", "20"]
-    assert rows["timed"][9] == "375"  # one value in the 250-500 bucket: its middle
+    assert rows["untimed"] == ["untimed", "1", "1", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-"]
+    assert rows["timed"][:7] == ["timed", "1", "0", "0", "0", "10", "20"]
+    assert float(rows["timed"][7]) == pytest.approx(0.36, rel=0.02)  # TTFT in ms, not rounded to 0
+    assert float(rows["timed"][10]) == pytest.approx(300.0, rel=0.02)
+    assert line_of(lines, "(no such model)")[:4] == ["1", "0", "1", "0"]
 
     request_id = UsageRecord.objects.filter(user=bob, status=502).values_list("request_id", flat=True).get()
     assert main(["ctl", "--server", live_server.url, "--key", secret, "request", request_id]) == 0
     out = capsys.readouterr().out
     assert "upstream refused the connection" in out
     assert "prompt_tokens" in out
+
+
+def line_of(lines: list[str], label: str) -> list[str]:
+    """The cells after a row's label (which may hold spaces)."""
+    line = next(line for line in lines if line.startswith(label))
+    return line[len(label):].split()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_ctl_usage_json_may_come_before_or_after_the_command(live_server, bob, tree, key_for, capsys, monkeypatch,
+                                                             tmp_path, where) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_records_sync([record(make_key(bob, tree.project), total_ms=30_000.0, status=400, error="bad body")])
+    secret = key_for(bob, name="cli")
+    common = ["--server", live_server.url, "--key", secret]
+    argv = ["ctl", *common, "--json", "usage"] if where == "before" else ["ctl", *common, "usage", "--json"]
+    assert main([*argv, "--since", "1h"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["results"]
+    assert (row["requests"], row["client_errors"], row["server_errors"], row["refusals"]) == (1, 1, 0, 0)
+    assert row["latency_ms_p50"] == pytest.approx(30_000.0, rel=0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ctl_takes_json_after_any_command(live_server, alice, tree, key_for, capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    RateLimit.objects.create(team=tree.team, requests_per_minute=600)
+    common = ["ctl", "--server", live_server.url, "--key", key_for(alice, name="cli")]
+    for argv in (["limits", "--json"], ["limits", "list", "--json"], ["--json", "limits", "list"]):
+        assert main([*common, *argv]) == 0
+        (limit,) = json.loads(capsys.readouterr().out)
+        assert (limit["scope"], limit["requests_per_minute"]) == (f"team:{tree.team.pk}", 600)
+    assert main([*common, "limits"]) == 0
+    assert capsys.readouterr().out.split()[:6] == ["ID", "SCOPE", "RPM", "TPM", "TPD", "BUDGET"]

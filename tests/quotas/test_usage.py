@@ -12,7 +12,7 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.accounts.models import ApiKey
-from apps.quotas import selectors
+from apps.quotas import histograms, selectors
 from apps.quotas.models import UsageRecord, UsageRollup
 from apps.quotas.usage import USAGE_DROPPED, UsageWriter, write_records_sync
 from tests.quotas.conftest import make_key, recent_minute, record
@@ -64,8 +64,9 @@ def test_records_are_stored_with_minute_and_hour_rollups(alice, bob, tree) -> No
     assert (minute.requests, minute.errors, minute.refusals) == (2, 1, 0)
     assert (minute.prompt_tokens, minute.completion_tokens) == (20, 40)
     assert (minute.api_key_id, minute.user_id, minute.project_id) == (key.pk, bob.pk, tree.project.pk)
-    assert sum(minute.latency_hist) == 1  # the failed request was never timed
-    assert sum(minute.first_token_hist) == 2
+    assert histograms.count(minute.latency_hist) == 1  # the failed request was never timed
+    assert histograms.count(minute.first_token_hist) == 2
+    assert minute.client_errors == 0
 
 
 @pytest.mark.django_db
@@ -77,26 +78,38 @@ def test_rollups_add_up_across_batches(bob, tree) -> None:
     minute = UsageRollup.objects.get(period="minute")
     assert (minute.requests, minute.refusals, minute.errors) == (4, 1, 0)
     assert (minute.prompt_tokens, minute.completion_tokens) == (30, 60)
-    assert minute.latency_hist[:3] == [1, 1, 1] and sum(minute.latency_hist) == 3  # the 429 is not timed
+    assert histograms.count(minute.latency_hist) == 3  # the 429 is not timed
     assert UsageRollup.objects.get(period="hour").requests == 4
 
 
 @pytest.mark.django_db
-def test_percentiles_from_rollups_match_a_hand_computation(alice, bob, tree) -> None:
+def test_percentiles_from_rollups_are_the_nearest_rank_ones_within_one_percent(alice, bob, tree) -> None:
     key = make_key(bob, tree.project)
-    # Two batches and two minutes, so the histograms are merged on write and on read.
+    # Two batches and two minutes, so the sketches are merged on write and on read.
     write_records_sync([record(key, total_ms=5.0), record(key, total_ms=15.0)])
     write_records_sync([record(key, total_ms=30.0, created_at=recent_minute(3)),
                         record(key, total_ms=200.0, created_at=recent_minute(3))])
     (row,) = summary(alice)
-    # Buckets 0-10, 10-25, 25-50 and 100-250 hold one each: rank 2 ends the 10-25 bucket,
-    # ranks 3.8 and 3.96 fall 80 % and 96 % of the way through 100-250.
-    assert row.latency_ms_p50 == pytest.approx(25.0)
-    assert row.latency_ms_p95 == pytest.approx(220.0)
-    assert row.latency_ms_p99 == pytest.approx(244.0)
-    assert row.first_token_ms_p50 == pytest.approx(25 + 25 * 0.5)  # four values at 40 ms: inside 25-50
+    # Nearest-rank of four: p50 is the 2nd, p95 and p99 the 4th.
+    assert row.latency_ms_p50 == pytest.approx(15.0, rel=0.01)
+    assert row.latency_ms_p95 == pytest.approx(200.0, rel=0.01)
+    assert row.latency_ms_p99 == pytest.approx(200.0, rel=0.01)
+    assert row.first_token_ms_p50 == pytest.approx(40.0, rel=0.01)  # four values at 40 ms
     hour = summary(alice, since=datetime.now(UTC) - timedelta(hours=12))
-    assert hour[0].latency_ms_p95 == pytest.approx(220.0)  # the hour rollups say the same
+    assert hour[0].latency_ms_p95 == row.latency_ms_p95  # the hour rollups say the same
+
+
+@pytest.mark.django_db
+def test_client_errors_server_errors_and_refusals_are_counted_apart(alice, bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    statuses = [(200, ""), (200, "the engine closed the stream"), (500, "boom"), (502, "unreachable"),
+                (503, "busy"), (400, "bad body"), (403, "not this model"), (404, "no such model"), (413, "too big"),
+                (499, "the client went away"), (429, "over its limit")]
+    write_records_sync([record(key, status=status, error=error) for status, error in statuses])
+    minute = UsageRollup.objects.get(period="minute")
+    assert (minute.requests, minute.errors, minute.client_errors, minute.refusals) == (11, 4, 5, 1)
+    (row,) = summary(alice)
+    assert (row.requests, row.server_errors, row.errors, row.client_errors, row.refusals) == (11, 4, 4, 5, 1)
 
 
 @pytest.mark.django_db

@@ -45,6 +45,8 @@ def traffic(bob: User, charlie: User, tree: Tree) -> dict[str, Any]:
         record(bobs, first_token_ms=45.0, total_ms=450.0),
         record(bobs, status=503, error="upstream timed out", first_token_ms=None, total_ms=None),
         record(bobs, status=429, prompt_tokens=0, completion_tokens=0, first_token_ms=None, total_ms=None),
+        record(bobs, model="-", status=404, error="The model “gpt-4” does not exist.", first_token_ms=None,
+               total_ms=0.36, prompt_tokens=None, completion_tokens=None),
         record(charlies, model="qwen-72b", first_token_ms=900.0, total_ms=3000.0),
         # A model nobody timed: its percentiles are unknown.
         record(charlies, model="untimed", first_token_ms=None, total_ms=None, prompt_tokens=None,
@@ -59,8 +61,27 @@ def test_a_person_sees_only_their_own_use(bob: User, traffic: dict[str, Any]) ->
     assert list(shown) == [f"bob-ci ({traffic['bob'].prefix}…)"]
     assert "charlie-ci" not in page
     row = shown[f"bob-ci ({traffic['bob'].prefix}…)"]
-    assert (row["requests"], row["errors"], row["refusals"]) == ("4", "1", "1")
+    assert (row["requests"], row["server-errors"], row["client-errors"], row["refusals"]) == ("5", "1", "1", "1")
     assert (row["prompt-tokens"], row["completion-tokens"].split()[0]) == ("30", "60")
+
+
+def test_made_up_model_names_are_one_row_of_client_errors(bob: User, traffic: dict[str, Any]) -> None:
+    row = rows(signed_in(bob).get("/usage/?group=model").content.decode())["(no such model)"]
+    assert (row["requests"], row["server-errors"], row["client-errors"], row["refusals"]) == ("1", "0", "1", "0")
+    assert row["latency"].split(" / ")[0] == "0.36 ms"  # not "0 ms"
+
+
+def test_client_errors_nobody_counted_are_a_dash(alice: User, bob: User, tree: Tree) -> None:
+    from apps.quotas.models import UsageRollup
+    from tests.quotas.conftest import recent_minute
+
+    key = make_key(bob, tree.project)
+    UsageRollup.objects.create(period="minute", bucket_start=recent_minute(), api_key_id=key.pk, user_id=bob.pk,
+                               model="old", requests=2, errors=1, client_errors=None,
+                               latency_hist=[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0])
+    row = rows(signed_in(alice).get("/usage/?period=hour&group=model").content.decode())["old"]
+    assert (row["requests"], row["server-errors"], row["client-errors"]) == ("2", "1", "-")
+    assert row["latency"].split(" / ")[0].endswith(" s")
 
 
 def test_first_token_and_latency_percentiles_are_shown(bob: User, traffic: dict[str, Any]) -> None:

@@ -15,9 +15,11 @@ UNKNOWN = "-"
 
 @register.filter
 def ms(value: Any) -> str:
-    """Milliseconds: "840 ms" under a second, "1.25 s" from one up, "-" when unknown."""
+    """Milliseconds: "0.36 ms" under 10, "840 ms" under a second, "1.25 s" from one up, "-" when unknown."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return UNKNOWN
+    if value < 10:  # a sub-millisecond time is not "0 ms"
+        return _("%(value)s ms") % {"value": formats.number_format(round(value, 2), 2)}
     if value < 1000:
         return _("%(value)s ms") % {"value": formats.number_format(round(value), 0)}
     return _("%(value)s s") % {"value": formats.number_format(round(value / 1000, 2), 2)}
