@@ -1,7 +1,8 @@
 """`llmgw agent`: hold one websocket to the control plane, register, heartbeat, converge.
 
 1. Load agent.yaml. Without a credential in state_dir, trade the enrollment token for one.
-2. Connect to /ws/agent/ with the credential; register with the node's hardware.
+2. Connect to /ws/agent/ with the credential; register with the node's hardware, and each
+   engine's version as its `--version` says it (read once per binary; null when unreadable).
 3. Send a heartbeat every interval with a fresh sample (taken at most every 10 s).
 4. On any disconnect, reconnect with exponential backoff (at most twice the heartbeat interval,
    so a node is back within a heartbeat or two of the control plane) and full jitter, for ever.
@@ -19,7 +20,10 @@ import json
 import logging
 import os
 import random
+import re
+import shutil
 import signal
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -31,13 +35,14 @@ from agent.engines import parse_shard
 from agent.sampler import Sampler
 from agent.supervisor import Supervisor
 
-__all__ = ["AGENT_VERSION", "Agent", "run"]
+__all__ = ["AGENT_VERSION", "Agent", "engine_version", "parse_engine_version", "run"]
 
 AGENT_VERSION = "0.1.0"
 FEATURES = ["heartbeat.v1", "engines.v1"]
 REPORT_EVERY = 6  # heartbeats between full reports (besides one on every change)
 REFUSED = frozenset({protocol.CLOSE_BAD_CREDENTIAL, protocol.CLOSE_REVOKED})
 NEW_TOKEN_CHECK_S = 30.0  # how often a refused node looks for a new enrollment token
+VERSION_TIMEOUT_S = 15.0  # for an engine's `--version` (vLLM's imports torch first)
 log = logging.getLogger("llmgw.agent")
 
 
@@ -71,6 +76,58 @@ def enroll(config: AgentConfig) -> str:
         handle.write(credential)
     log.info("enrolled as node %s", answer.get("node"))
     return credential
+
+
+_VERSION_LINE = re.compile(r"^\s*version:\s*(\S.*?)\s*$", re.IGNORECASE | re.MULTILINE)
+_BARE_VERSION = re.compile(r"^\s*v?(\d+(?:\.\d+)+\S*)\s*$", re.MULTILINE)
+#: (real path, mtime in ns) -> version: an engine's `--version` runs once per binary, not at every reconnect.
+_versions: dict[tuple[str, int], str | None] = {}
+
+
+def parse_engine_version(text: str) -> str | None:
+    """The version in what an engine's `--version` printed: from llama.cpp's "version: 6500 (abc123)"
+    line, "6500 (abc123)"; else the last line that is only a version ("0.6.3.post1", as vLLM prints
+    it). None when there is neither: an unknown version is not version zero."""
+    match = _VERSION_LINE.search(text)
+    if match:
+        return match.group(1)[:200]
+    bare = _BARE_VERSION.findall(text)
+    return bare[-1][:200] if bare else None
+
+
+def engine_version(path: str, timeout: float = VERSION_TIMEOUT_S) -> str | None:
+    """The version `path --version` prints, or None when it cannot be read. Read once per binary:
+    the result is kept for its real path and modification time, so a replaced binary is read again."""
+    command = shutil.which(path) or path
+    try:
+        real = os.path.realpath(command)
+        key = (real, os.stat(real).st_mtime_ns)
+    except OSError:
+        return None
+    if key in _versions:
+        return _versions[key]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    version = None
+    try:
+        process = subprocess.Popen([command, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603
+                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    except OSError as exc:
+        log.warning("cannot run %s --version: %s", command, exc.strerror or exc)
+    else:
+        try:
+            out, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            log.warning("%s --version did not answer within %g s; its version is unknown", command, timeout)
+        else:
+            version = parse_engine_version(out.decode(errors="replace"))
+            if version is None:
+                log.warning("%s --version printed no version (exit code %s); its version is unknown", command,
+                            process.returncode)
+    _versions[key] = version
+    return version
 
 
 def read_credential(config: AgentConfig) -> str | None:
@@ -120,6 +177,8 @@ class Agent:
                     await self.refused(self.last_close[1])
                     attempt = 0
                     continue
+            if self.stopping.is_set():
+                break
             attempt += 1
             most = max(10.0, 2 * self.interval)
             delay = random.uniform(0, min(most, 2.0 ** min(attempt, 10)))  # noqa: S311 - jitter, not secrets
@@ -161,10 +220,12 @@ class Agent:
         from websockets.exceptions import ConnectionClosed
 
         self.registered.clear()
+        versions = await asyncio.to_thread(self.engine_versions)
         async with connect(self.config.websocket_url, additional_headers={"Authorization": f"Bearer {credential}"},
                            max_size=protocol.MAX_MESSAGE_BYTES, proxy=None, open_timeout=15) as ws:
             hardware, warnings = await self.sampler.hardware()
             hardware["engines"] = self.available_engines()
+            hardware["engine_versions"] = versions
             if self.config.advertise_address:
                 hardware["advertise_address"] = self.config.advertise_address
             await self.supervisor.adopt()
@@ -244,10 +305,12 @@ class Agent:
 
     def available_engines(self) -> list[str]:
         """Engines whose binary this node has (named in agent.yaml and executable)."""
-        import shutil
-
         return sorted(name for name, path in self.config.engines.items()
                       if shutil.which(path) is not None or os.access(path, os.X_OK))
+
+    def engine_versions(self) -> dict[str, str | None]:
+        """The version of each engine in `available_engines()`, None where it cannot be read."""
+        return {name: engine_version(self.config.engines[name]) for name in self.available_engines()}
 
     async def desired(self, shards: list[dict[str, Any]]) -> None:
         """Converge on the server's whole shard list, in the background (engines take time)."""

@@ -228,6 +228,8 @@ HARDWARE = obj(
         "driver_version": STR,
         "cuda_version": STR,
         "gpus": array(GPU, 256),
+        # Engine name -> what its `--version` says; null when that could not be read.
+        "engine_versions": nullable(mapping(nullable(string(200)), 64)),
     },
 )
 

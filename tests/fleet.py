@@ -191,6 +191,8 @@ class ControlPlane:
     tmp: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     local_agent: bool = True
+    # More arguments for `llmgw up`, e.g. ["--keep-engines"].
+    up_args: list[str] = field(default_factory=list)
     # To start again on an earlier plane's state: its data directory, database and administrator.
     reuse: ControlPlane | None = None
     keep_database: bool = False
@@ -203,7 +205,7 @@ class ControlPlane:
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __enter__(self) -> ControlPlane:
-        args = [] if self.local_agent else ["--no-agent"]
+        args = ([] if self.local_agent else ["--no-agent"]) + self.up_args
         earlier = self.reuse
         self.running = self._stack.enter_context(llmgw_up(
             self.tmp, *args, data_dir=Path(earlier.running.env["LLMGW_DATA_DIR"]) if earlier and earlier.running
@@ -281,7 +283,10 @@ class ControlPlane:
             time.sleep(0.3)
         logs = "\n".join(f"--- {a.name}\n{a.log()[-3000:]}" for a in self.agents)
         output = "".join(self.running.lines[-60:]) if self.running else ""
-        raise AssertionError(f"timed out waiting for {what or predicate}: {last!r}\n{logs}\n--- up\n{output}")
+        log = Path(self.running.env["LLMGW_DATA_DIR"]) / "logs" / "up.log" if self.running else None
+        full = log.read_text(errors="replace")[-6000:] if log is not None and log.exists() else ""
+        raise AssertionError(f"timed out waiting for {what or predicate}: {last!r}\n{logs}\n--- up\n{output}"
+                             f"\n--- up.log\n{full}")
 
     def node(self, name: str) -> dict[str, Any]:
         """The node as the API shows it; {} while it does not exist yet."""

@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run everything on this machine (web, worker with beat, local agent)")
     p.add_argument("--listen", help="host:port (default LLMGW_LISTEN or 127.0.0.1:8000)")
     p.add_argument("--no-agent", action="store_true", help="do not start a local agent")
+    p.add_argument("--keep-engines", action="store_true",
+                   help="leave the local agent's engines running at stop, for the next `llmgw up` to adopt")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("web", help="run the ASGI server")

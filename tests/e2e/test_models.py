@@ -62,7 +62,8 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
     plane = None
     env = {"LLMGW_LLAMA_SERVER": llama_server() or ""}
     try:
-        with ControlPlane(tmp_path, extra_env=env, keep_database=True) as plane:
+        # With --keep-engines: stopping it leaves the engine for the next `llmgw up` to adopt.
+        with ControlPlane(tmp_path, extra_env=env, keep_database=True, up_args=["--keep-engines"]) as plane:
             assert plane.ctl("model", "apply", "-f", str(models))[0] == 0
             assert plane.ctl("model", "apply", "-f", str(models))[1].count("unchanged") == 2  # idempotent
             ready = plane.wait_for(lambda: (lambda m: m if m["status"]["ready"] == 1 else None)(
@@ -88,7 +89,7 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
             assert code == 0 and "(score " in line and "weights " in line and "holds the weights" in line, out
             assert plane.stop() == 0
 
-        # The control plane (web, worker, agent) stopped; the engine did not.
+        # The control plane (web, worker, agent) stopped; with --keep-engines, the engine did not.
         assert engine_pid and alive(engine_pid)
         with ControlPlane(tmp_path / "again", extra_env=env, reuse=plane) as again:
             model = again.wait_for(lambda: (lambda m: m if m["status"]["ready"] == 1 and

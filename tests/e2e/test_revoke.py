@@ -45,9 +45,13 @@ def test_revoking_a_node_stops_its_engines_and_its_agent_waits_for_a_new_enrolme
         assert plane.running is not None
         plane.running.wait_for_line(r"refused this node", timeout=30)
         # It does not knock again with the credential the control plane refused.
-        seen = len(plane.running.lines)
+        # The agent's INFO lines go to the log `llmgw up` writes, not to its terminal.
+        log = Path(plane.running.env["LLMGW_DATA_DIR"]) / "logs" / "up.log"
+        seen = log.stat().st_size
         time.sleep(6)
-        later = "".join(plane.running.lines[seen:])
+        with log.open(errors="replace") as handle:
+            handle.seek(seen)
+            later = handle.read()
         assert not re.search(r"reconnecting in|connection closed", later), later[-2000:]
         credential = Path(plane.running.env["LLMGW_DATA_DIR"]) / "agent" / "credential"
         assert not credential.exists() and credential.with_name("credential.refused").exists()
