@@ -455,3 +455,33 @@ def test_chat_stop_keeps_the_partial_reply_and_a_reload_restores_it(
     assert again[1]["content"] == partial
     screenshot(page, "chat-stopped", PHONE)
     assert not csp_violations, csp_violations
+
+
+# Forms in Turkish -----------------------------------------------------------------------------------
+
+def test_in_turkish_every_form_of_the_model_card_submits_as_it_was_filled(
+        page: Any, plane: ControlPlane, csp_violations: list[str]) -> None:
+    """A Turkish page writes one and a half as 1,5; the browser's number fields must still read 1.5."""
+    before = plane.api("GET", "models/tiny")
+    page.goto(plane.url + "/models/tiny/")
+    page.locator("footer a[lang=tr]").click()
+    sync_api.expect(page.locator("html")).to_have_attribute("lang", "tr")
+    for name in ("target", "class", "owner", "resources"):
+        form = page.locator(f"#model-card form[data-form='{name}']").first
+        numbers = form.locator("input[type=number]")
+        for index in range(numbers.count()):
+            field = numbers.nth(index)
+            written = field.get_attribute("value")
+            assert written and field.input_value() == written, f"{name}: the browser reads {written!r} as " \
+                                                                f"{field.input_value()!r}"
+        form.locator("button[type=submit]").click()
+        sync_api.expect(page.locator("#model-card [data-notice]")).to_be_visible()
+        sync_api.expect(page.locator("#model-card [role=alert]")).to_have_count(0)
+    after = plane.api("GET", "models/tiny")
+    assert after["profiles"] == before["profiles"]  # submitted as shown: nothing changed
+    page.goto(plane.url + "/nodes/add/")
+    page.fill("input[name=name]", "tr-form-node")
+    page.locator("main form button[type=submit]").click()
+    sync_api.expect(page.locator("main [role=alert]")).to_have_count(0)
+    page.locator("footer a[lang=en]").click()
+    assert not csp_violations, csp_violations
