@@ -82,6 +82,16 @@ class ChannelLayer(RedisChannelLayer):
         self.joined: dict[str, set[str]] = {}
         self.outage_since: float | None = None
 
+    def create_pool(self, index: int) -> Any:
+        from redis.asyncio import BlockingConnectionPool
+
+        host = dict(self.hosts[index])
+        address = host.pop("address", None)
+        options = {**host, **self.pool_options}
+        if address is not None:
+            return BlockingConnectionPool.from_url(address, **options)
+        return BlockingConnectionPool(**options)
+
     async def group_add(self, group: str, channel: str) -> None:
         self.joined.setdefault(channel, set()).add(group)
         await super().group_add(group, channel)

@@ -63,12 +63,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # the channel layer (Redis away) the connection still serves: heartbeats and reports go to
         # the database, an older connection learns from the sweep, and the layer adds the
         # membership it could not add once Redis is back.
-        try:
-            await self.channel_layer.group_send(group, {"type": "agent.replace", "channel": self.channel_name})
-            await self.join_group()
-        except Exception as exc:
-            log.warning("agent of node %s: the channel layer cannot be reached (%s: %s); going on without it",
-                        node.name, type(exc).__name__, exc)
+        for step in (lambda: self.channel_layer.group_send(group, {"type": "agent.replace",
+                                                                   "channel": self.channel_name}),
+                     self.join_group):
+            try:
+                await step()
+            except Exception as exc:
+                log.warning("agent of node %s: the channel layer cannot be reached (%s: %s); going on without it",
+                            node.name, type(exc).__name__, exc)
         heartbeat_writer.attach(self)
         log.info("agent of node %s connected", node.name)
         if type(self.channel_layer).__name__ == "InMemoryChannelLayer":

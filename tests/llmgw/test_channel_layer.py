@@ -50,10 +50,13 @@ async def test_a_send_to_a_full_inbox_is_counted(caplog: pytest.LogCaptureFixtur
 async def test_the_pool_waits_for_a_free_connection_instead_of_failing() -> None:
     channels = layer(capacity=100)
     channels.pool_options["max_connections"] = 2
-    names = [await channels.new_channel() for _ in range(20)]
+    names = [await channels.new_channel() for _ in range(300)]
 
-    # Twenty group changes at once through a pool of two: they queue for a connection, none fails.
+    # Three hundred group changes at once through a pool of two (redis-py's own pool refuses past
+    # its limit with "Too many connections"): they queue for a connection, none fails.
     await asyncio.gather(*(channels.group_add("many", name) for name in names))
+    pool = channels.connection(0).connection_pool
+    assert pool.max_connections == 2 and len(pool._in_use_connections) + len(pool._available_connections) <= 2
     await asyncio.gather(*(channels.group_discard("many", name) for name in names))
     await channels.flush()
 
