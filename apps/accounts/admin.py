@@ -27,15 +27,13 @@ from django.utils.translation import ngettext
 
 from apps.accounts import audit, people_services, services
 from apps.accounts.models import ApiKey, AuditEvent, Membership, Organization, Project, Team, User
+from llmgw.http import client_address
 
-__all__ = ["AuditedAdmin", "ReadOnlyAdmin", "ReadOnlyInline", "actor_of", "adopt", "client_address"]
+__all__ = ["AuditedAdmin", "ReadOnlyAdmin", "ReadOnlyInline", "actor_of", "adopt"]
 
 # Never written to the audit log, not even as [before, after]: only that they changed.
 SECRET_FIELDS = frozenset({"password", "key_hash", "credential_hash", "token_hash", "secret"})
 
-
-def client_address(request: HttpRequest) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
 
 
 def actor_of(request: HttpRequest) -> User | None:

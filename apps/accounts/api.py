@@ -19,12 +19,10 @@ from apps.accounts.access import IsSignedIn, IsStaffReader, StaffReadOnly
 from apps.accounts.authentication import request_api_key
 from apps.accounts.filters import AuditFilterForm, audit_events
 from apps.accounts.models import ApiKey, AuditEvent, Membership, Organization, Project, Team, User
+from llmgw.http import client_address
 
 __all__ = ["ApiKeyViewSet", "AuditEventViewSet", "MeView", "OrganizationViewSet", "ProjectViewSet", "TeamViewSet"]
 
-
-def client_address(request: Any) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
 
 
 # The signed-in person ------------------------------------------------------------------

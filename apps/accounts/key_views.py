@@ -23,6 +23,7 @@ from apps.accounts.access import public, requires
 from apps.accounts.models import ApiKey, User
 from apps.accounts.selectors import projects_for_user
 from apps.catalog.models import Model
+from llmgw.http import client_address
 
 __all__ = ["ApiKeyForm", "ConnectForm", "account", "api_keys", "connect_script", "server_address"]
 
@@ -41,9 +42,6 @@ def server_address(request: HttpRequest) -> str:
     """Where people reach this gateway, without a trailing slash."""
     return (settings.PUBLIC_URL or request.build_absolute_uri("/")).rstrip("/")
 
-
-def _address(request: HttpRequest) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
 
 
 def _models() -> Any:
@@ -91,7 +89,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             if not pk.isdigit():
                 raise Http404
             key = get_object_or_404(ApiKey, pk=pk, user=user, is_session_key=False)
-            services.revoke_api_key(key, actor=user, address=_address(request))
+            services.revoke_api_key(key, actor=user, address=client_address(request))
             messages.success(request, _("Key “%(name)s” revoked.") % {"name": key.name})
             return HttpResponseRedirect(reverse("api-keys"))
         form = ApiKeyForm(request.POST, user=user)
@@ -99,7 +97,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             new = services.create_api_key(
                 user, name=form.cleaned_data["name"], project=form.cleaned_data["project"],
                 expires_at=form.expires_at(), allowed_models=[m.name for m in form.cleaned_data["allowed_models"]],
-                actor=user, address=_address(request),
+                actor=user, address=client_address(request),
             )
             new_secret = new.secret
             form = ApiKeyForm(user=user)
@@ -168,7 +166,7 @@ def account(request: HttpRequest) -> HttpResponse:
             tool = editors.TOOLS[form.cleaned_data["tool"]]
             chosen = form.cleaned_data["model"].name
             name = f"{tool.label} ({timezone.localdate().isoformat()})"
-            new = services.create_api_key(user, name=name, actor=user, address=_address(request))
+            new = services.create_api_key(user, name=name, actor=user, address=client_address(request))
             connection = _connection(tool, server, chosen, new)
             form = ConnectForm()
     tools = [

@@ -48,6 +48,7 @@ from mozilla_django_oidc.views import (
 from apps.accounts import audit, services
 from apps.accounts.models import Membership, Organization, Project, Team, User
 from apps.accounts.sso_mapping import MembershipTarget, RoleMap, SsoIdentity, identity_from_claims
+from llmgw.http import client_address
 
 __all__ = [
     "DiscoveryError",
@@ -178,11 +179,6 @@ def _remember_failure(request: HttpRequest, code: str, detail: str = "") -> None
     if FAILURE_SESSION_KEY not in request.session:
         request.session[FAILURE_SESSION_KEY] = [code, detail[:300]]
 
-
-def _client_address(request: HttpRequest | None) -> str | None:
-    if request is None:
-        return None
-    return request.META.get("REMOTE_ADDR") or None
 
 
 # The account: one service ----------------------------------------------------------------
@@ -434,14 +430,14 @@ class SsoBackend(OIDCAuthenticationBackend):
 
     def create_user(self, claims: dict[str, Any]) -> User:
         return sync_sso_account(None, self._identity(claims), role_map=settings.OIDC_ROLE_MAP,
-                                address=_client_address(getattr(self, "request", None)))
+                                address=client_address(getattr(self, "request", None)))
 
     def update_user(self, user: User, claims: dict[str, Any]) -> User:
         if not user.is_active:
             self._refuse("inactive")
             return user
         return sync_sso_account(user, self._identity(claims), role_map=settings.OIDC_ROLE_MAP,
-                                address=_client_address(getattr(self, "request", None)))
+                                address=client_address(getattr(self, "request", None)))
 
 
 # Views ------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django_htmx.http import HttpResponseClientRedirect
-from django_htmx.middleware import HtmxDetails
 
 from apps.accounts import people_services
 from apps.accounts.access import can_change_limits, is_administrator, requires
@@ -46,6 +45,7 @@ from apps.accounts.people_selectors import (
 )
 from apps.catalog.services import parse_memory
 from apps.quotas.models import CapacityQuota, RateLimit
+from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
 __all__ = [
     "org", "org_limits", "org_usage", "people", "people_branch_remove", "people_branch_rename",
@@ -65,17 +65,7 @@ DEFAULT_PERIOD = "day"
 GIB = 1024**3
 
 
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
 
-
-def _fragment(request: HtmxHttpRequest) -> bool:
-    """True when htmx asks for the panel rather than the page (a boosted link wants it all)."""
-    return bool(request.htmx) and not request.htmx.boosted
-
-
-def _address(request: HttpRequest) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
 
 
 # Forms -------------------------------------------------------------------------------------
@@ -226,7 +216,7 @@ def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None,
 def _render(request: HtmxHttpRequest, area: str, tab: str, scope: Scope, branch: Branch | None,
             rows: list[Any] | None = None, **extra: Any) -> HttpResponse:
     context = _panel(request, area, tab, branch, **extra)
-    if _fragment(request):
+    if is_fragment(request):
         return render(request, "accounts/people.html#panel", context)
     admin_here = area == "people" and is_administrator(request.user)
     context["tree"] = rows if rows is not None else tree_rows(scope, can_add=admin_here)
@@ -310,7 +300,7 @@ def _change_scope(user: Any) -> Scope:
 def _answer(request: HtmxHttpRequest, area: str, tab: str, branch: Branch, *, done: str = "", error: str = "",
             invalid: bool = False, forms: dict[str, Any] | None = None) -> HttpResponse:
     """The panel again for htmx; otherwise the page with the form's errors, or a redirect back."""
-    if _fragment(request) or invalid:
+    if is_fragment(request) or invalid:
         scope = EVERYTHING if area == "people" else scope_for(request.user)  # type: ignore[arg-type]
         return _render(request, area, tab, scope, branch, panel_done=done, panel_error=error, **(forms or {}))
     if done:
@@ -336,7 +326,7 @@ def people_member_add(request: HtmxHttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             people_services.add_member(branch.obj, form.person, form.cleaned_data["role"], actor=user,
-                                       address=_address(request))
+                                       address=client_address(request))
         except ValidationError as error:
             form.add_error("email", error)
         else:
@@ -355,7 +345,7 @@ def people_member_remove(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     branch = _membership_branch(membership)
     if not _change_scope(user).covers(branch):
         raise Http404(_("No such membership."))
-    people_services.remove_member(membership, actor=user, address=_address(request))
+    people_services.remove_member(membership, actor=user, address=client_address(request))
     done = _("%(email)s removed from %(branch)s.") % {"email": membership.user.email, "branch": branch.path}
     return _answer(request, _area_of(user), "members", branch, done=done)
 
@@ -367,10 +357,10 @@ def _suspension(request: HtmxHttpRequest, pk: int, *, suspend: bool) -> HttpResp
     done = error = ""
     try:
         if suspend:
-            people_services.suspend_user(person, actor=user, address=_address(request))
+            people_services.suspend_user(person, actor=user, address=client_address(request))
             done = _("%(email)s is suspended.") % {"email": person.email}
         else:
-            people_services.reactivate_user(person, actor=user, address=_address(request))
+            people_services.reactivate_user(person, actor=user, address=client_address(request))
             done = _("%(email)s may sign in again.") % {"email": person.email}
     except ValidationError as refusal:
         error = " ".join(refusal.messages)
@@ -402,7 +392,7 @@ ADD_FORMS = {None: "add-org", "org": "add-team", "team": "add-project"}
 
 def _go(request: HtmxHttpRequest, url: str) -> HttpResponse:
     """After a change to the tree: the whole page again, as htmx would otherwise swap only a part."""
-    if _fragment(request):
+    if is_fragment(request):
         return HttpResponseClientRedirect(url)
     return HttpResponseRedirect(url)
 
@@ -429,7 +419,7 @@ def _new_branch(request: HtmxHttpRequest, parent_kind: str | None) -> HttpRespon
         if parent.kind != parent_kind:
             raise Http404(_("No such organisation, team or project."))
     form = NameForm(request.POST)
-    address = _address(request)
+    address = client_address(request)
     try:
         if not form.is_valid():
             raise ValidationError([error for errors in form.errors.values() for error in errors])
@@ -444,7 +434,7 @@ def _new_branch(request: HtmxHttpRequest, parent_kind: str | None) -> HttpRespon
                 parent.obj, name=name, actor=user, address=address))  # type: ignore[arg-type]
     except ValidationError as refusal:
         message = " ".join(refusal.messages)
-        if _fragment(request):  # the folded form again, open, with the name and why it was refused
+        if is_fragment(request):  # the folded form again, open, with the name and why it was refused
             return render(request, "accounts/people.html#add-branch", {
                 "add_kind": ADD_FORMS[parent_kind], "add_key": parent.key if parent else "",
                 "add_value": request.POST.get("name", ""), "add_error": message})
@@ -483,7 +473,7 @@ def people_branch_rename(request: HtmxHttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             people_services.rename_branch(branch.obj, name=form.cleaned_data["name"], actor=user,
-                                          address=_address(request))
+                                          address=client_address(request))
         except ValidationError as refusal:
             form.add_error(None, refusal)
         else:
@@ -502,7 +492,7 @@ def people_branch_remove(request: HtmxHttpRequest) -> HttpResponse:
     tab = _tab(request)
     path, parent = branch.path, _parent_branch(branch)
     try:
-        people_services.remove_branch(branch.obj, actor=user, address=_address(request))
+        people_services.remove_branch(branch.obj, actor=user, address=client_address(request))
     except ValidationError as refusal:
         return _answer(request, "people", tab, branch, error=" ".join(refusal.messages))
     messages.success(request, _("%(branch)s removed.") % {"branch": path})
@@ -516,10 +506,10 @@ def _limits_form(request: HtmxHttpRequest, form: RateLimitForm | CapacityQuotaFo
         try:
             if isinstance(form, RateLimitForm):
                 people_services.set_rate_limit(branch.owner, dict(form.cleaned_data), actor=user,
-                                               address=_address(request))
+                                               address=client_address(request))
             else:
                 people_services.set_capacity_quota(branch.owner, form.values(), actor=user,
-                                                   address=_address(request))
+                                                   address=client_address(request))
         except ValidationError as refusal:
             form.add_error(None, refusal.messages)
         else:

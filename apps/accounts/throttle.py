@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import logging
 import math
 import threading
@@ -23,9 +22,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest
+
+from llmgw import http
 
 __all__ = [
     "ADDRESS_FAILURES",
@@ -88,27 +88,9 @@ class Busy(Exception):
 
 
 def client_address(request: HttpRequest) -> str:
-    """The address a request came from.
-
-    REMOTE_ADDR, unless llmgw runs behind its TLS proxy (LLMGW_BEHIND_TLS_PROXY): then the
-    hop that proxy recorded, the last entry of X-Forwarded-For. Entries before it were sent
-    by the client and can be anything, so trusting them would let one client count as many.
-    """
-    remote = request.META.get("REMOTE_ADDR") or ""
-    if getattr(settings, "BEHIND_TLS_PROXY", False):
-        hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if hop.strip()]
-        if hops and _is_address(hops[-1]):
-            return hops[-1]
-    # An unparseable REMOTE_ADDR (a test client, a unix socket) still needs one bucket.
-    return remote if _is_address(remote) else "0.0.0.0"
-
-
-def _is_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+    """The address a request came from (llmgw.http.client_address, which the audit log records
+    too), or one shared bucket for a request without a usable one (a test client, a unix socket)."""
+    return http.client_address(request) or "0.0.0.0"
 
 
 # Counters ------------------------------------------------------------------------------

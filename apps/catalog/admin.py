@@ -12,10 +12,11 @@ from django.contrib import admin
 from django.db import transaction
 from django.http import HttpRequest
 
-from apps.accounts.admin import actor_of, client_address
+from apps.accounts.admin import actor_of
 from apps.catalog import services
 from apps.catalog.models import Model, Profile
 from apps.cluster.models import Replica, Shard
+from llmgw.http import client_address
 
 
 def save_profile(request: HttpRequest, profile: Profile, changed: list[str]) -> None:

@@ -20,6 +20,7 @@ from apps.catalog.choices import CapacityClass
 from apps.catalog.models import Model, Profile
 from apps.cluster.models import Replica, Shard
 from llmgw.api import ErrorSerializer
+from llmgw.http import client_address
 
 __all__ = ["ModelViewSet", "ReplicaViewSet", "explain_model", "headroom"]
 
@@ -184,7 +185,7 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Dest
         """DELETE: no route serves the model from now on; its replicas stop with the engine stop
         grace and the model is gone once they have. Its usage history stays."""
         services.delete_model(instance, actor=self.request.user,  # type: ignore[arg-type]
-                              address=self.request.META.get("REMOTE_ADDR"))
+                              address=client_address(self.request))
 
     @extend_schema(request=TargetSerializer, responses={200: ModelSerializer, 409: OpenApiResponse(
         ErrorSerializer, description=_("That many always-running replicas would not fit, even with preemption."))})

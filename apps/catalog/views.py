@@ -10,12 +10,11 @@ from typing import Any
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.forms import Form
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django_htmx.middleware import HtmxDetails
 
 from apps.accounts.access import can_change_cluster, can_read_everything, requires
 from apps.accounts.models import User
@@ -25,6 +24,7 @@ from apps.catalog.forms import ClassForm, OwnerForm, ResourcesForm, TargetForm, 
 from apps.catalog.models import Model, Profile
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Node, Replica, Shard
+from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
 __all__ = ["model_class", "model_delete", "model_detail", "model_explain", "model_owner", "model_resources",
            "model_target", "models"]
@@ -32,13 +32,6 @@ __all__ = ["model_class", "model_delete", "model_detail", "model_explain", "mode
 SEPARATORS = "-._:"
 
 
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-def _fragment(request: HtmxHttpRequest) -> bool:
-    """True when htmx asks for a piece of the page rather than the page (a boosted link wants it all)."""
-    return bool(request.htmx) and not request.htmx.boosted
 
 
 def _get_model_for_user(user: Any, name: str, *, perm: str = "view") -> Model:
@@ -116,7 +109,7 @@ def _model_rows() -> list[ModelRow]:
 @requires("read_everything", methods=["GET"])
 def models(request: HtmxHttpRequest) -> HttpResponse:
     template = "catalog/models.html"
-    if _fragment(request):
+    if is_fragment(request):
         template += "#model-table"
     return render(request, template, {"rows": _model_rows()})
 
@@ -263,7 +256,7 @@ def _card_context(request: HtmxHttpRequest, model: Model, *, notice: str | None 
 @requires("read_everything", methods=["GET"])
 def model_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     model = _get_model_for_user(request.user, name)
-    if _fragment(request):  # the replicas refresh themselves; headroom is worked out only with the card
+    if is_fragment(request):  # the replicas refresh themselves; headroom is worked out only with the card
         return render(request, "catalog/model_detail.html#model-replicas",
                       {"model": model, "replicas": _replica_rows(model)})
     return render(request, "catalog/model_detail.html",
@@ -289,7 +282,7 @@ def _add_errors(form: Form, exc: ValidationError, rename: dict[str, str] | None 
 
 def _changed(request: HtmxHttpRequest, name: str, notice: str) -> HttpResponse:
     """After a change (or none): the card again for htmx, else back to the card with a message."""
-    if _fragment(request):
+    if is_fragment(request):
         model = _get_model_for_user(request.user, name)
         return render(request, "catalog/model_detail.html#model-card", _card_context(request, model, notice=notice))
     messages.success(request, notice)
@@ -300,7 +293,7 @@ def _refused(request: HtmxHttpRequest, name: str, **forms: Form) -> HttpResponse
     """The card with the form's errors; the model is read again, so nothing half-applied shows."""
     model = _get_model_for_user(request.user, name)
     context = _card_context(request, model, forms=forms)
-    if _fragment(request):
+    if is_fragment(request):
         return render(request, "catalog/model_detail.html#model-card", context)
     return render(request, "catalog/model_detail.html", {**context, "replicas": _replica_rows(model)})
 
@@ -323,7 +316,7 @@ def target_refusal(model: Model, new_min: int) -> str | None:
 def model_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Take the model out of service (asked to confirm in the page): routes stop, replicas stop."""
     model = _get_model_for_user(request.user, name, perm="change")
-    services.delete_model(model, actor=_actor(request), address=request.META.get("REMOTE_ADDR"))
+    services.delete_model(model, actor=_actor(request), address=client_address(request))
     messages.success(request, _("Model “%(name)s” deleted: its replicas are stopping; its usage history stays.")
                      % {"name": name})
     return HttpResponseRedirect(reverse("catalog:models"))

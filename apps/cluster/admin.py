@@ -15,9 +15,10 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from apps.accounts.admin import AuditedAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of, client_address
+from apps.accounts.admin import AuditedAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
 from apps.cluster import services
 from apps.cluster.models import ControlLock, EnrollmentToken, Gpu, Node, Replica, Shard
+from llmgw.http import client_address
 
 
 class GpuInline(ReadOnlyInline):

@@ -23,6 +23,7 @@ from apps.cluster import selectors, services
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import Gpu, Node
 from llmgw.api import ErrorSerializer
+from llmgw.http import client_address
 
 __all__ = ["AgentEnrollView", "EngineSerializer", "NodeEnrollmentView", "NodeViewSet", "node_summary"]
 
@@ -143,7 +144,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         return NodeDetailSerializer if self.action == "retrieve" else NodeSerializer
 
     def _address(self) -> str | None:
-        return self.request.META.get("REMOTE_ADDR")
+        return client_address(self.request)
 
     @extend_schema(request=CordonSerializer, responses=NodeDetailSerializer)
     @action(detail=True, methods=["post"])
@@ -245,7 +246,7 @@ class AgentEnrollView(APIView):
             return Response({"detail": _("Send the enrollment token as {\"token\": \"llmgwe_...\"}.")},
                             status=status.HTTP_400_BAD_REQUEST)
         try:
-            node, credential = services.enroll_node(token, address=request.META.get("REMOTE_ADDR"))
+            node, credential = services.enroll_node(token, address=client_address(request))
         except services.EnrollmentRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
         return Response({"node": node.name, "credential": credential, "enrolled_at": timezone.now()})

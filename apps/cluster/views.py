@@ -10,18 +10,18 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.cache import never_cache
-from django_htmx.middleware import HtmxDetails
 
 from apps.accounts.access import can_change_cluster, requires
 from apps.accounts.models import User
 from apps.cluster import overview, selectors, services
 from apps.cluster.models import Node
+from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
 __all__ = ["cluster", "node_add", "node_cordon", "node_detail", "node_drain", "node_uncordon", "nodes"]
 
@@ -29,19 +29,12 @@ AGENT_CONFIG_PATH = "/etc/llmgw/agent.yaml"
 AGENT_STATE_DIR = "/var/lib/llmgw-agent"
 
 
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-def _fragment(request: HtmxHttpRequest) -> bool:
-    """True when htmx asks for a piece of the page rather than the page (a boosted link wants it all)."""
-    return bool(request.htmx) and not request.htmx.boosted
 
 
 @requires("read_everything", methods=["GET"])
 def nodes(request: HtmxHttpRequest) -> HttpResponse:
     template = "cluster/nodes.html"
-    if _fragment(request):
+    if is_fragment(request):
         template += "#node-table"
     return render(request, template, {
         "rows": selectors.list_node_rows(),
@@ -54,14 +47,14 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name)
     context: dict[str, Any] = {"detail": selectors.node_detail(node), "node": node,
                                "can_change": can_change_cluster(request.user), "drain": services.drain_status(node)}
-    if _fragment(request):
+    if is_fragment(request):
         return render(request, "cluster/node_detail.html#node-live", context)
     context["charts"] = selectors.node_charts(node)
     return render(request, "cluster/node_detail.html", context)
 
 
 def _after_cordon(request: HtmxHttpRequest, node: Node, error: str | None = None) -> HttpResponse:
-    if _fragment(request):
+    if is_fragment(request):
         return render(request, "cluster/node_detail.html#node-cordon",
                       {"node": node, "can_change": True, "cordon_error": error,
                        "drain": services.drain_status(node)})
@@ -78,8 +71,8 @@ def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     if not reason:
         return _after_cordon(request, node, _("Say why the node is cordoned, so others know when to lift it."))
     user: User = request.user  # type: ignore[assignment]
-    node = services.cordon_node(node, reason=reason, actor=user, address=request.META.get("REMOTE_ADDR"))
-    if not _fragment(request):
+    node = services.cordon_node(node, reason=reason, actor=user, address=client_address(request))
+    if not is_fragment(request):
         messages.success(request, _("Node “%(name)s” cordoned.") % {"name": node.name})
     return _after_cordon(request, node)
 
@@ -88,8 +81,8 @@ def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def node_uncordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name, perm="change")
     user: User = request.user  # type: ignore[assignment]
-    node = services.uncordon_node(node, actor=user, address=request.META.get("REMOTE_ADDR"))
-    if not _fragment(request):
+    node = services.uncordon_node(node, actor=user, address=client_address(request))
+    if not is_fragment(request):
         messages.success(request, _("Node “%(name)s” uncordoned.") % {"name": node.name})
     return _after_cordon(request, node)
 
@@ -106,8 +99,8 @@ def node_drain(request: HtmxHttpRequest, name: str) -> HttpResponse:
         grace = int(raw)
     user: User = request.user  # type: ignore[assignment]
     node = services.drain_node(node, grace=grace, force=request.POST.get("force") == "on", actor=user,
-                               address=request.META.get("REMOTE_ADDR"))
-    if not _fragment(request):
+                               address=client_address(request))
+    if not is_fragment(request):
         messages.success(request, _("Node “%(name)s” is being drained.") % {"name": node.name})
     return _after_cordon(request, node)
 
@@ -185,7 +178,7 @@ def cluster(request: HtmxHttpRequest) -> HttpResponse:
     utilisation by GPU class. htmx refreshes the live part in place."""
     colour = request.GET.get("colour", "util")
     template = "cluster/cluster.html"
-    if _fragment(request):
+    if is_fragment(request):
         template += "#cluster-live"
     return render(request, template, {"overview": overview.cluster_overview(colour),
                                       "colours": _colours()})

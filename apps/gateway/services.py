@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from apps.accounts import services as account_services
 from apps.accounts.models import ApiKey, User
+from llmgw.http import client_address
 
 __all__ = [
     "SESSION_KEY_LIFETIME",
@@ -105,7 +106,7 @@ def revoke_session_keys(user: User, *, address: str | None = None) -> int:
 def _signed_out(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
     if user is None or not getattr(user, "pk", None):
         return
-    address = request.META.get("REMOTE_ADDR") if request is not None else None
+    address = client_address(request)
     revoke_session_keys(user, address=address or None)
 
 

@@ -20,6 +20,7 @@ from apps.accounts.access import requires
 from apps.accounts.models import User
 from apps.gateway import selectors, services
 from apps.gateway.rendering import render_markdown
+from llmgw.http import client_address
 
 __all__ = ["chat", "chat_render", "chat_session_key"]
 
@@ -41,7 +42,7 @@ def chat_session_key(request: HttpRequest) -> HttpResponse:
     answer and nowhere else.
     """
     user: User = request.user  # type: ignore[assignment]
-    got = services.get_session_key(request.session, user, address=request.META.get("REMOTE_ADDR") or None)
+    got = services.get_session_key(request.session, user, address=client_address(request))
     return JsonResponse({
         "key": got.secret,
         "prefix": got.key.prefix,

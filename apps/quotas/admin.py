@@ -12,9 +12,10 @@ from django.contrib import admin
 from django.db import transaction
 from django.http import HttpRequest
 
-from apps.accounts.admin import ReadOnlyAdmin, actor_of, adopt, client_address
+from apps.accounts.admin import ReadOnlyAdmin, actor_of, adopt
 from apps.quotas import services
 from apps.quotas.models import LIMIT_FIELDS, CapacityQuota, RateLimit, UsageRecord, UsageRollup
+from llmgw.http import client_address
 
 
 class LimitAdmin(admin.ModelAdmin):

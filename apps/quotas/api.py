@@ -20,14 +20,12 @@ from apps.accounts.access import CanChangeLimits, IsSignedIn
 from apps.quotas import selectors, services
 from apps.quotas.choices import UsageGroup
 from apps.quotas.models import LIMIT_FIELDS, CapacityQuota, RateLimit, UsageRecord
+from llmgw.http import client_address
 
 __all__ = ["CapacityQuotaViewSet", "RateLimitViewSet", "RequestView", "UsageView"]
 
 DEFAULT_RANGE = timedelta(hours=24)
 
-
-def client_address(request: Any) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
 
 
 # Usage ----------------------------------------------------------------------------------

@@ -10,18 +10,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, pgettext
-from django_htmx.middleware import HtmxDetails
 
 from apps.accounts.access import requires
 from apps.cluster.charts import bar_chart
 from apps.quotas import selectors
 from apps.quotas.choices import UsageGroup
+from llmgw.http import HtmxHttpRequest
 
 __all__ = ["PERIODS", "usage"]
 
@@ -36,9 +36,6 @@ DEFAULT_PERIOD = "day"
 DEFAULT_GROUP = UsageGroup.MODEL
 CHART_GROUPS = 12  # the busiest groups drawn; the table lists them all
 
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
 
 
 @dataclass(frozen=True)
