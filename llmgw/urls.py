@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 from django.utils.csp import CSP
 from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
@@ -38,7 +38,7 @@ api_docs = csp_override({**settings.SECURE_CSP, "style-src": [CSP.SELF, CSP.UNSA
     SpectacularSwaggerSplitView.as_view(url_name="api-schema")
 )
 
-api_urlpatterns = [
+api_urlpatterns: list[URLPattern | URLResolver] = [
     path("me", accounts_api.MeView.as_view(), name="api-me"),
     path("status", StatusView.as_view(), name="api-status"),
     path("nodes/enrollments", cluster_api.NodeEnrollmentView.as_view(), name="api-node-enrollments"),

@@ -61,7 +61,7 @@ class MeView(APIView):
     def get(self, request: Request) -> Response:
         user = User.objects.prefetch_related(
             "memberships__organization", "memberships__team", "memberships__project"
-        ).get(pk=request.user.pk)
+        ).get(pk=request.user.pk)  # type: ignore[misc]  # IsSignedIn: a user with a primary key
         return Response(MeSerializer(user, context={"request": request}).data)
 
 
@@ -112,7 +112,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def get_queryset(self) -> QuerySet[ApiKey]:
         if getattr(self, "swagger_fake_view", False):  # the schema, built without a caller
             return ApiKey.objects.none()
-        return ApiKey.objects.filter(user=self.request.user, is_session_key=False).select_related("project")
+        return ApiKey.objects.filter(user=self.request.user,  # type: ignore[misc]  # IsSignedIn: never anonymous
+                                     is_session_key=False).select_related("project")
 
     @extend_schema(request=ApiKeySerializer, responses={201: NewApiKeySerializer})
     def create(self, request: Request) -> Response:

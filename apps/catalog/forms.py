@@ -80,7 +80,7 @@ class OwnerForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        choices: list[tuple[str, Any]] = [("", "-")]
+        choices: list[tuple[Any, Any]] = [("", "-")]
         organizations = list(Organization.objects.order_by("name"))
         teams = list(Team.objects.select_related("organization").order_by("organization__name", "name"))
         projects = list(Project.objects.select_related("team__organization")
@@ -92,7 +92,7 @@ class OwnerForm(forms.Form):
         if projects:
             choices.append((_("Projects"), [(f"project:{p.pk}", f"{p.team.organization.name} / {p.team.name} / "
                                              f"{p.name}") for p in projects]))
-        self.fields["owner"].choices = choices
+        self.fields["owner"].choices = choices  # type: ignore[attr-defined]  # a ChoiceField
 
     @classmethod
     def for_model(cls, model: Model, data: Any = None) -> OwnerForm:

@@ -56,7 +56,7 @@ def rolling_status(model: Model, replicas: list[Replica], wanted: int) -> dict[s
     if not stale and not replacing:
         return None
     done = sum(1 for r in live if r.state == ReplicaState.READY and not r.replaces_id
-               and r.spec == current.get(r.profile_id))  # type: ignore[arg-type]
+               and r.profile_id is not None and r.spec == current.get(r.profile_id))
     return {"done": min(done, wanted), "of": wanted}
 
 

@@ -211,7 +211,7 @@ def _model_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]])
         if key in values and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             errors.setdefault(f"{path}.replicas", []).append(_("Expected a whole number of replicas, 0 or more."))
             values.pop(key)
-        elif key in values and value > MAX_REPLICAS:
+        elif key in values and isinstance(value, int) and value > MAX_REPLICAS:
             errors.setdefault(f"{path}.replicas", []).append(
                 _("At most %(max)s replicas; got %(value)s.") % {"max": MAX_REPLICAS, "value": value})
             values.pop(key)
@@ -528,7 +528,7 @@ def delete_model(model: Model, *, actor: User | None, address: str | None = None
     replicas = Replica.objects.filter(model=model)
     stopping = list(replicas.exclude(state__in=(ReplicaState.PENDING, ReplicaState.STOPPING)))
     replicas.filter(state=ReplicaState.PENDING).delete()
-    nodes = set()
+    nodes: set[int] = set()
     for replica in stopping:
         replica.state = ReplicaState.STOPPING
         replica.stop_requested_at = now

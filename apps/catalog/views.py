@@ -423,7 +423,7 @@ def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Each profile against every node with all the reasons it was refused; and what each replica met."""
     model = _get_model_for_user(request.user, name)
     verdicts = [] if model.is_external else sorted(api.explain_model(model), key=lambda v: -v["priority"])
-    replicas = [
+    replicas: list[dict[str, Any]] = [
         {"replica": replica,
          "rejections": [{"profile": r.get("profile"), "node": r.get("node"), "reason": selectors.translate_reason(r)}
                         for r in replica.rejections or [] if isinstance(r, dict)]}

@@ -56,8 +56,9 @@ class HeartbeatWriter:
 
     def detach(self, consumer: Any) -> None:
         self.live.discard(consumer)
-        if self.connections.get(consumer.node_id) is consumer:
-            del self.connections[consumer.node_id]
+        node_id = consumer.node_id
+        if self.connections.get(node_id) is consumer:
+            del self.connections[node_id]
 
     def add(self, node_id: int, sample: dict[str, Any]) -> None:
         self._pending[node_id] = (sample, timezone.now())

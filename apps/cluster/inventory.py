@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from apps.catalog.models import Model, Profile
 from apps.cluster.choices import NodeStatus, ReplicaState
@@ -18,7 +19,7 @@ RUNNING_FIELDS = ("engine", "accelerator", "gpus_per_shard", "nodes_per_replica"
                   "memory_bytes", "cpu_cores", "extra_args", "env")
 
 
-def running_spec(model: Model, profile: Profile) -> dict[str, object]:
+def running_spec(model: Model, profile: Profile) -> dict[str, Any]:
     return {"source": model.source, "profile": profile.name,
             **{name: getattr(profile, name) for name in RUNNING_FIELDS}}
 

@@ -382,9 +382,10 @@ def _place(model: Model, replica: Replica, inventory: placement.Inventory, ports
             state=ReplicaState.STOPPING).count()
         message = _("No node can take it now; see the reasons.")
         if running < model.min_replicas:
-            plan = placement.plan_preemption(inventory, request)
-            if plan is not None and plan.victims:
-                victims = list(Replica.objects.filter(pk__in=[int(v) for v in plan.victims]).select_related("model"))
+            preemption = placement.plan_preemption(inventory, request)
+            if preemption is not None and preemption.victims:
+                victims = list(Replica.objects.filter(pk__in=[int(v) for v in preemption.victims])
+                               .select_related("model"))
                 for victim in victims:
                     _stop(victim, now, report, inventory, preempted_by=model)
                 message = _("Waiting for %(count)s preempted replicas to stop.") % {"count": len(victims)}

@@ -498,10 +498,10 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
 
     now = timezone.now()
     reported: dict[tuple[int, int], dict[str, Any]] = {}
-    for state in states:
-        match = SHARD_ID.match(str(state.get("shard", "")))
+    for entry in states:
+        match = SHARD_ID.match(str(entry.get("shard", "")))
         if match:
-            reported[(int(match.group(1)), int(match.group(2)))] = state
+            reported[(int(match.group(1)), int(match.group(2)))] = entry
     shards = {(s.replica_id, s.rank): s for s in Shard.objects.filter(node_id=node_id).select_related("replica")}
     touched: set[int] = set()
     for key, shard in shards.items():
