@@ -62,7 +62,7 @@ class User(AbstractBaseUser, PermissionsMixin):
 
     USERNAME_FIELD = "email"
     EMAIL_FIELD = "email"
-    REQUIRED_FIELDS = []  # noqa: RUF012 - Django reads it as a class attribute
+    REQUIRED_FIELDS = []  # a class attribute, as Django reads it
 
     class Meta:
         verbose_name = _("user")
