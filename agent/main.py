@@ -53,11 +53,17 @@ class EnrollmentError(Exception):
 def enroll(config: AgentConfig) -> str:
     """Trade the one-time token for a node credential and keep it in state_dir (mode 0600)."""
     if not config.token:
-        raise EnrollmentError(f"no node credential in {config.credential_file} and no enrollment token in agent.yaml; "
-                              "make one with `llmgw ctl node add NAME`")
+        raise EnrollmentError(
+            f"no node credential in {config.credential_file} and no enrollment token in agent.yaml; "
+            "make one with `llmgw ctl node add NAME`"
+        )
     body = json.dumps({"token": config.token}).encode()
-    request = urllib.request.Request(config.server.rstrip("/") + "/api/v1/agent/enroll", data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    request = urllib.request.Request(
+        config.server.rstrip("/") + "/api/v1/agent/enroll",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "Accept": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - the operator's server URL
             answer = json.load(response)
@@ -109,8 +115,14 @@ def engine_version(path: str, timeout: float = VERSION_TIMEOUT_S) -> str | None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
     version = None
     try:
-        process = subprocess.Popen([command, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603
-                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            [command, "--version"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # noqa: S603
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     except OSError as exc:
         log.warning("cannot run %s --version: %s", command, exc.strerror or exc)
     else:
@@ -124,8 +136,11 @@ def engine_version(path: str, timeout: float = VERSION_TIMEOUT_S) -> str | None:
         else:
             version = parse_engine_version(out.decode(errors="replace"))
             if version is None:
-                log.warning("%s --version printed no version (exit code %s); its version is unknown", command,
-                            process.returncode)
+                log.warning(
+                    "%s --version printed no version (exit code %s); its version is unknown",
+                    command,
+                    process.returncode,
+                )
     _versions[key] = version
     return version
 
@@ -138,13 +153,19 @@ def read_credential(config: AgentConfig) -> str | None:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, sampler: Sampler | None = None,
-                 supervisor: Supervisor | None = None, *, config_path: str | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        sampler: Sampler | None = None,
+        supervisor: Supervisor | None = None,
+        *,
+        config_path: str | None = None,
+    ) -> None:
         self.config = config
         self.config_path = config_path
-        self.supervisor = supervisor or Supervisor(config.state_dir, config.engines,
-                                                   advertise_host=config.advertise_address,
-                                                   on_change=self.engines_changed)
+        self.supervisor = supervisor or Supervisor(
+            config.state_dir, config.engines, advertise_host=config.advertise_address, on_change=self.engines_changed
+        )
         self.sampler = sampler or Sampler(config, managed_pids=self.supervisor.managed_pids)
         self.ws: Any = None
         self.invalid_shards: list[dict[str, Any]] = []
@@ -191,8 +212,12 @@ class Agent:
         replaced): run nothing for it, and wait for a new enrollment token rather than knock again."""
         used = self.config.token
         where = self.config_path or "agent.yaml"
-        log.error("the control plane refused this node (%s): stopping its engines; put a new enrollment token "
-                  "(`llmgw ctl node add NAME`) in %s to enrol it again", reason or "refused", where)
+        log.error(
+            "the control plane refused this node (%s): stopping its engines; put a new enrollment token "
+            "(`llmgw ctl node add NAME`) in %s to enrol it again",
+            reason or "refused",
+            where,
+        )
         try:
             await self.supervisor.converge([])
         except Exception:
@@ -221,8 +246,13 @@ class Agent:
 
         self.registered.clear()
         versions = await asyncio.to_thread(self.engine_versions)
-        async with connect(self.config.websocket_url, additional_headers={"Authorization": f"Bearer {credential}"},
-                           max_size=protocol.MAX_MESSAGE_BYTES, proxy=None, open_timeout=15) as ws:
+        async with connect(
+            self.config.websocket_url,
+            additional_headers={"Authorization": f"Bearer {credential}"},
+            max_size=protocol.MAX_MESSAGE_BYTES,
+            proxy=None,
+            open_timeout=15,
+        ) as ws:
             hardware, warnings = await self.sampler.hardware()
             hardware["engines"] = self.available_engines()
             hardware["engine_versions"] = versions
@@ -230,18 +260,26 @@ class Agent:
                 hardware["advertise_address"] = self.config.advertise_address
             await self.supervisor.adopt()
             sample = await self.sampler.sample(force=True)
-            await ws.send(protocol.encode("register", {
-                "agent_version": AGENT_VERSION, "features": FEATURES, "labels": self.config.labels,
-                "hardware": hardware, "sample": sample, "warnings": warnings,
-            }))
+            await ws.send(
+                protocol.encode(
+                    "register",
+                    {
+                        "agent_version": AGENT_VERSION,
+                        "features": FEATURES,
+                        "labels": self.config.labels,
+                        "hardware": hardware,
+                        "sample": sample,
+                        "warnings": warnings,
+                    },
+                )
+            )
             self.ws = ws
             heartbeats = asyncio.create_task(self.heartbeats(ws))
             stop = asyncio.create_task(self.stopping.wait())
             try:
                 receiver = asyncio.create_task(self.receive(ws))
                 done, _ = await asyncio.wait({receiver, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if receiver in done and receiver.exception() and not isinstance(receiver.exception(),
-                                                                                 ConnectionClosed):
+                if receiver in done and receiver.exception() and not isinstance(receiver.exception(), ConnectionClosed):
                     raise receiver.exception()  # type: ignore[misc]
             finally:
                 self.ws = None
@@ -275,17 +313,24 @@ class Agent:
             self.registered.set()
             log.info("registered as node %s; heartbeat every %.0f s", self.node_name, self.interval)
         elif message.type == "error":
-            log.warning("the server could not use a message: %s: %s", message.body.get("code"),
-                        message.body.get("message"))
+            log.warning(
+                "the server could not use a message: %s: %s", message.body.get("code"), message.body.get("message")
+            )
         elif message.type == "replaced":
             log.warning("another agent connected as this node; this connection ends")
         elif message.type == "desired":
             await self.desired(message.body["shards"])
         elif message.type == "request":
-            await ws.send(protocol.encode("response", {
-                "request_id": message.body["request_id"], "ok": False,
-                "error": f"this agent cannot answer {message.body['kind']!r} requests",
-            }))
+            await ws.send(
+                protocol.encode(
+                    "response",
+                    {
+                        "request_id": message.body["request_id"],
+                        "ok": False,
+                        "error": f"this agent cannot answer {message.body['kind']!r} requests",
+                    },
+                )
+            )
 
     async def heartbeats(self, ws: Any) -> None:
         await self.registered.wait()
@@ -305,8 +350,11 @@ class Agent:
 
     def available_engines(self) -> list[str]:
         """Engines whose binary this node has (named in agent.yaml and executable)."""
-        return sorted(name for name, path in self.config.engines.items()
-                      if shutil.which(path) is not None or os.access(path, os.X_OK))
+        return sorted(
+            name
+            for name, path in self.config.engines.items()
+            if shutil.which(path) is not None or os.access(path, os.X_OK)
+        )
 
     def engine_versions(self) -> dict[str, str | None]:
         """The version of each engine in `available_engines()`, None where it cannot be read."""
@@ -319,8 +367,13 @@ class Agent:
             try:
                 specs.append(parse_shard(item))
             except ValueError as exc:
-                invalid.append({"shard": str(item.get("shard", "?"))[:200], "state": "failed",
-                                "message": f"the agent cannot use this shard: {exc}"})
+                invalid.append(
+                    {
+                        "shard": str(item.get("shard", "?"))[:200],
+                        "state": "failed",
+                        "message": f"the agent cannot use this shard: {exc}",
+                    }
+                )
         self.invalid_shards = invalid
         previous = self.converging
 
@@ -351,8 +404,10 @@ class Agent:
 
 
 def run(config_path: str) -> int:
-    logging.basicConfig(level=os.environ.get("LLMGW_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("LLMGW_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         config = load_config(config_path)
     except ConfigError as exc:

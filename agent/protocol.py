@@ -434,8 +434,7 @@ def _bad(name: str, expected: str, value: Any) -> ValueError:
     return ValueError(f"{name}: expected {expected}, got {shown}")
 
 
-def _str(data: dict[str, Any], name: str, *, default: Any = ..., allow_empty: bool = False,
-         max_len: int = 4096) -> Any:
+def _str(data: dict[str, Any], name: str, *, default: Any = ..., allow_empty: bool = False, max_len: int = 4096) -> Any:
     if name not in data or data[name] is None:
         if default is ...:
             raise ValueError(f"{name}: missing")
@@ -452,8 +451,9 @@ def _str(data: dict[str, Any], name: str, *, default: Any = ..., allow_empty: bo
     return value
 
 
-def _int(data: dict[str, Any], name: str, *, default: Any = ..., minimum: int | None = None,
-         maximum: int | None = None) -> Any:
+def _int(
+    data: dict[str, Any], name: str, *, default: Any = ..., minimum: int | None = None, maximum: int | None = None
+) -> Any:
     if name not in data or data[name] is None:
         if default is ...:
             raise ValueError(f"{name}: missing")
@@ -474,8 +474,10 @@ def parse_shard(obj: Any) -> DesiredShard:
         raise _bad("shard", "an object", obj)
     shard = _str(obj, "shard", max_len=200)
     if not _SHARD_ID.fullmatch(shard):
-        raise ValueError(f"shard: {shard!r} is not a valid shard id (letters, digits and ._:@+- only, "
-                         "starting with a letter or digit)")
+        raise ValueError(
+            f"shard: {shard!r} is not a valid shard id (letters, digits and ._:@+- only, "
+            "starting with a letter or digit)"
+        )
     engine = _str(obj, "engine", max_len=32)
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(sorted(ENGINES))}, got {engine!r}")
@@ -544,8 +546,9 @@ def parse_shard(obj: Any) -> DesiredShard:
         raise ValueError(f"master_addr/master_port: required when nodes_per_replica is {nodes}")
 
     stop_grace = obj.get("stop_grace")
-    if stop_grace is not None and (isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float)
-                                   or not 0 <= stop_grace <= 3600):
+    if stop_grace is not None and (
+        isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) or not 0 <= stop_grace <= 3600
+    ):
         raise _bad("stop_grace", "seconds from 0 to 3600", stop_grace)
 
     return DesiredShard(
@@ -573,5 +576,3 @@ def parse_shard(obj: Any) -> DesiredShard:
         generation=_int(obj, "generation", default=0),
         stop_grace=float(stop_grace) if stop_grace is not None else None,
     )
-
-

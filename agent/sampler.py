@@ -178,8 +178,12 @@ class Sampler:
         try:
             mounts = storage.parse_mountinfo(_read(self.root, "proc/self/mountinfo") or "")
             pools = storage.storage_pools(self.config.model_dirs, mounts)
-            held = [sorted((entry for d in pool.directories for entry in storage.weights_held(d)),
-                           key=lambda e: str(e["path"])) for pool in pools]
+            held = [
+                sorted(
+                    (entry for d in pool.directories for entry in storage.weights_held(d)), key=lambda e: str(e["path"])
+                )
+                for pool in pools
+            ]
             sample["storage"] = [
                 {
                     "mount_point": pool.mount_point or "",

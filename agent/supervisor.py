@@ -94,8 +94,9 @@ def parse_stat_line(text: str) -> ProcStat | None:
     if len(rest) < 20:
         return None
     try:
-        return ProcStat(pid=int(text[:open_paren]), state=rest[0], ppid=int(rest[1]), pgrp=int(rest[2]),
-                        start_ticks=int(rest[19]))
+        return ProcStat(
+            pid=int(text[:open_paren]), state=rest[0], ppid=int(rest[1]), pgrp=int(rest[2]), start_ticks=int(rest[19])
+        )
     except ValueError:
         return None
 
@@ -125,8 +126,9 @@ def _all_stats(proc: str = "/proc") -> list[ProcStat]:
 
 def _group_members(pgid: int, min_ticks: int | None = None) -> list[ProcStat]:
     """Live (non-zombie) processes of group `pgid`, started no earlier than `min_ticks`."""
-    return [s for s in _all_stats() if s.pgrp == pgid and not s.dead
-            and (min_ticks is None or s.start_ticks >= min_ticks)]
+    return [
+        s for s in _all_stats() if s.pgrp == pgid and not s.dead and (min_ticks is None or s.start_ticks >= min_ticks)
+    ]
 
 
 def _reap(pid: int, ticks: int | None) -> tuple[bool, int | None]:
@@ -222,8 +224,10 @@ async def http_status(host: str, port: int, path: str, timeout: float = 2.0) -> 
     writer = None
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {_url_host(host)}:{port}\r\n"
-                     "Connection: close\r\nAccept: application/json\r\n\r\n".encode())
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {_url_host(host)}:{port}\r\n"
+            "Connection: close\r\nAccept: application/json\r\n\r\n".encode()
+        )
         await writer.drain()
         line = await asyncio.wait_for(reader.readline(), timeout)
     except (OSError, TimeoutError, asyncio.IncompleteReadError):
@@ -348,16 +352,18 @@ class Supervisor:
         out = []
         for shard in sorted(self._entries):
             entry = self._entries[shard]
-            out.append({
-                "shard": shard,
-                "state": entry.state,
-                "pid": entry.pid if entry.running else None,
-                "exit_code": entry.exit_code,
-                "log_tail": list(entry.log_tail) if entry.log_tail is not None else None,
-                "endpoint": self.endpoint(entry.spec) if entry.spec is not None else None,
-                "message": entry.message,
-                "generation": entry.spec.generation if entry.spec is not None else None,
-            })
+            out.append(
+                {
+                    "shard": shard,
+                    "state": entry.state,
+                    "pid": entry.pid if entry.running else None,
+                    "exit_code": entry.exit_code,
+                    "log_tail": list(entry.log_tail) if entry.log_tail is not None else None,
+                    "endpoint": self.endpoint(entry.spec) if entry.spec is not None else None,
+                    "message": entry.message,
+                    "generation": entry.spec.generation if entry.spec is not None else None,
+                }
+            )
         return out
 
     def state(self, shard: str) -> dict[str, Any] | None:
@@ -380,8 +386,7 @@ class Supervisor:
                 groups[entry.pgid] = entry.start_ticks
         if not groups:
             return set()
-        return {s.pid for s in _all_stats()
-                if s.pgrp in groups and not s.dead and s.start_ticks >= groups[s.pgrp]}
+        return {s.pid for s in _all_stats() if s.pgrp in groups and not s.dead and s.start_ticks >= groups[s.pgrp]}
 
     def process_usage(self) -> list[dict[str, Any]]:
         """CPU time and resident memory of each running engine's process group; "cpu_cores" (cores
@@ -395,8 +400,12 @@ class Supervisor:
             usage = process_group_usage("/", entry.pgid, self._clk_tck, self._page_size)
             if usage is None or usage.processes == 0:
                 continue
-            item: dict[str, Any] = {"shard": shard, "pid": entry.pid, "processes": usage.processes,
-                                    "memory_bytes": usage.rss_bytes}
+            item: dict[str, Any] = {
+                "shard": shard,
+                "pid": entry.pid,
+                "processes": usage.processes,
+                "memory_bytes": usage.rss_bytes,
+            }
             if usage.cpu_seconds is not None:
                 item["cpu_seconds"] = usage.cpu_seconds
                 previous = self._usage.get(shard)
@@ -456,8 +465,15 @@ class Supervisor:
             spec = parse_shard(spec_dict)
         except ValueError as exc:
             problem = str(exc)
-        entry = _Entry(shard=shard, spec=spec, fingerprint=str(record.get("fingerprint") or ""), state=FAILED,
-                       spec_dict=spec_dict, adopted=True, started_at=record.get("started_at"))
+        entry = _Entry(
+            shard=shard,
+            spec=spec,
+            fingerprint=str(record.get("fingerprint") or ""),
+            state=FAILED,
+            spec_dict=spec_dict,
+            adopted=True,
+            started_at=record.get("started_at"),
+        )
         self._entries[shard] = entry
         numbers = [record.get("pid"), record.get("pgid"), record.get("start_ticks")]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in numbers):
@@ -473,17 +489,22 @@ class Supervisor:
                 entry.message = _exit_message(entry.exit_code) + " while the agent was away"
             leftovers = [s.pid for s in _group_members(pgid, ticks)] if stat is None else []
             if leftovers:
-                entry.message += (f"; processes {leftovers} of its process group {pgid} still run and were "
-                                  "not signalled (after an agent restart they cannot be proven to be its own)")
+                entry.message += (
+                    f"; processes {leftovers} of its process group {pgid} still run and were "
+                    "not signalled (after an agent restart they cannot be proven to be its own)"
+                )
             entry.log_tail = self._tail(shard)
             return
         if stat.start_ticks != ticks:
-            entry.message = (f"pid {pid} now belongs to another process (start time {stat.start_ticks}, "
-                             f"recorded {ticks}); it was not touched")
+            entry.message = (
+                f"pid {pid} now belongs to another process (start time {stat.start_ticks}, "
+                f"recorded {ticks}); it was not touched"
+            )
             return
         if stat.pgrp != pgid:
-            entry.message = (f"pid {pid} left its process group {pgid} (now in {stat.pgrp}); "
-                             "not adopted and not signalled")
+            entry.message = (
+                f"pid {pid} left its process group {pgid} (now in {stat.pgrp}); not adopted and not signalled"
+            )
             return
         entry.pid, entry.pgid, entry.start_ticks = pid, pgid, ticks
         entry.state = STARTING
@@ -511,8 +532,15 @@ class Supervisor:
 
     # ------------------------------------------------------------------ states
 
-    def _set(self, entry: _Entry, state: str, *, message: str | None = None, exit_code: int | None = None,
-             log_tail: list[str] | None = None) -> None:
+    def _set(
+        self,
+        entry: _Entry,
+        state: str,
+        *,
+        message: str | None = None,
+        exit_code: int | None = None,
+        log_tail: list[str] | None = None,
+    ) -> None:
         changed = (entry.state, entry.message) != (state, message)
         entry.state = state
         entry.message = message
@@ -539,8 +567,12 @@ class Supervisor:
         self._usage.pop(spec.shard, None)
         binary = self.engines.get(spec.engine)
         if not binary:
-            self._set(entry, FAILED, message=f"no {spec.engine} binary is configured on this node "
-                                             f"(agent.yaml engines: has {sorted(self.engines) or 'none'})")
+            self._set(
+                entry,
+                FAILED,
+                message=f"no {spec.engine} binary is configured on this node "
+                f"(agent.yaml engines: has {sorted(self.engines) or 'none'})",
+            )
             return
         try:
             argv, extra_env = build_command(spec, binary)
@@ -548,8 +580,12 @@ class Supervisor:
             self._set(entry, FAILED, message=f"cannot build the {spec.engine} command: {exc}")
             return
         if serves_http(spec) and _port_in_use(spec.host, spec.port):
-            self._set(entry, FAILED, message=f"port {spec.port} on {spec.host} is already in use by another "
-                                             "process; the engine was not started")
+            self._set(
+                entry,
+                FAILED,
+                message=f"port {spec.port} on {spec.host} is already in use by another "
+                "process; the engine was not started",
+            )
             return
         env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV_PREFIXES)}
         env.update(extra_env)
@@ -581,8 +617,11 @@ class Supervisor:
             if path.stat().st_size > LOG_ROTATE_BYTES:
                 os.replace(path, path.with_name(path.name + ".1"))
         shown = " ".join(a.replace(spec.api_key, "<api key>") for a in argv)
-        self._write_log(spec.shard, f"{MARK}{time.strftime('%Y-%m-%dT%H:%M:%S%z')} starting shard {spec.shard} "
-                                    f"(generation {spec.generation}): {shown}\n")
+        self._write_log(
+            spec.shard,
+            f"{MARK}{time.strftime('%Y-%m-%dT%H:%M:%S%z')} starting shard {spec.shard} "
+            f"(generation {spec.generation}): {shown}\n",
+        )
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
         try:
             executable = argv[0]
@@ -661,8 +700,12 @@ class Supervisor:
                 if spec is None:
                     self._set(entry, READY, message="running (its recorded spec is unreadable: health not checked)")
                 elif not http:
-                    self._set(entry, READY, message=f"running (rank {spec.rank} of {spec.nodes_per_replica}: "
-                                                    "no HTTP endpoint on this rank)")
+                    self._set(
+                        entry,
+                        READY,
+                        message=f"running (rank {spec.rank} of {spec.nodes_per_replica}: "
+                        "no HTTP endpoint on this rank)",
+                    )
                 else:
                     status = await http_status(_probe_host(spec.host), spec.port, path)
                     if status == 200:
@@ -675,8 +718,13 @@ class Supervisor:
                             return
                         tail = self._tail(entry.shard)
                         await self._terminate(entry)
-                        self._set(entry, FAILED, message=f"not ready within {self.ready_timeout:g} s "
-                                  f"(last health check: {status or 'no answer'}); stopped", log_tail=tail)
+                        self._set(
+                            entry,
+                            FAILED,
+                            message=f"not ready within {self.ready_timeout:g} s "
+                            f"(last health check: {status or 'no answer'}); stopped",
+                            log_tail=tail,
+                        )
                         self._save()
                         return
             await asyncio.sleep(self.poll_interval)
@@ -729,8 +777,9 @@ class Supervisor:
                         os.kill(member.pid, signal.SIGKILL)
             return
         # The server's grace for this shard (LLMGW_ENGINE_STOP_GRACE_SECONDS), else the agent's own.
-        grace = entry.spec.stop_grace if entry.spec is not None and entry.spec.stop_grace is not None \
-            else self.stop_grace
+        grace = (
+            entry.spec.stop_grace if entry.spec is not None and entry.spec.stop_grace is not None else self.stop_grace
+        )
         self._killpg(pgid, signal.SIGTERM)
         if await self._wait_gone(pid, pgid, ticks, grace):
             return

@@ -93,11 +93,16 @@ QUEUE_MAX = 256  # LLMGW_GATEWAY_QUEUE_MAX: 32 clients on 8 slots wait, none is 
 NGINX_INSTALL_TIMEOUT = 300
 
 TARGETS = {
-    "added_p50_ms": 0.5, "added_p99_ms": 2.0, "cpu_ms_request": 1.0, "cpu_ms_stream": 2.0, "ratio": 10.0,
+    "added_p50_ms": 0.5,
+    "added_p99_ms": 2.0,
+    "cpu_ms_request": 1.0,
+    "cpu_ms_stream": 2.0,
+    "ratio": 10.0,
 }
 
 
 # Processes -------------------------------------------------------------------------------------
+
 
 def raise_nofile() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -179,8 +184,14 @@ def tree_cpu(root: int) -> float:
     return sum(ticks.get(pid, 0) for pid in wanted) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_http(url: str, *, headers: dict[str, str] | None = None, timeout: float = 60,
-              check: Any = None, proc: subprocess.Popen[Any] | None = None) -> bool:
+def wait_http(
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60,
+    check: Any = None,
+    proc: subprocess.Popen[Any] | None = None,
+) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -216,8 +227,9 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-async def one_request(session: Any, url: str, body: bytes, headers: dict[str, str], stream: bool,
-                      state: dict[str, Any] | None = None) -> tuple[float, float | None, str, int]:
+async def one_request(
+    session: Any, url: str, body: bytes, headers: dict[str, str], stream: bool, state: dict[str, Any] | None = None
+) -> tuple[float, float | None, str, int]:
     """(seconds to the last byte, seconds to the first content chunk, error or "", HTTP status)."""
     start = time.perf_counter()
     first = None
@@ -270,8 +282,9 @@ async def run_phase(spec: dict[str, Any], phase: dict[str, Any]) -> dict[str, An
     import aiohttp
 
     stream = bool(phase["stream"])
-    body = json.dumps({"model": phase["model"], "messages": PROMPT, "max_tokens": 16,
-                       **({"stream": True} if stream else {})}).encode()
+    body = json.dumps(
+        {"model": phase["model"], "messages": PROMPT, "max_tokens": 16, **({"stream": True} if stream else {})}
+    ).encode()
     headers = {"Content-Type": "application/json", **spec["headers"]}
     concurrency = int(phase["concurrency"])
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, keepalive_timeout=120, force_close=False)
@@ -315,11 +328,18 @@ async def run_phase(spec: dict[str, Any], phase: dict[str, Any]) -> dict[str, An
         cpu1 = await settled_cpu(spec["pids"])
     done = len(latencies)
     return {
-        "name": phase["name"], "requests": phase["requests"], "ok": done, "errors": len(errors),
-        "error_samples": sorted(set(errors))[:3], "statuses": statuses, "elapsed_s": elapsed,
+        "name": phase["name"],
+        "requests": phase["requests"],
+        "ok": done,
+        "errors": len(errors),
+        "error_samples": sorted(set(errors))[:3],
+        "statuses": statuses,
+        "elapsed_s": elapsed,
         "rps": done / elapsed if elapsed else 0.0,
-        "p50_ms": quantile(latencies, 0.5) * 1000, "p99_ms": quantile(latencies, 0.99) * 1000,
-        "first_p50_ms": quantile(firsts, 0.5) * 1000, "first_p99_ms": quantile(firsts, 0.99) * 1000,
+        "p50_ms": quantile(latencies, 0.5) * 1000,
+        "p99_ms": quantile(latencies, 0.99) * 1000,
+        "first_p50_ms": quantile(firsts, 0.5) * 1000,
+        "first_p99_ms": quantile(firsts, 0.99) * 1000,
         "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / max(phase["requests"], 1),
     }
 
@@ -333,8 +353,9 @@ async def run_open_streams(spec: dict[str, Any], phase: dict[str, Any]) -> dict[
     state = {"open": 0, "peak": 0}
     errors: list[str] = []
     durations: list[float] = []
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120),
-                                     auto_decompress=False) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120), auto_decompress=False
+    ) as session:
 
         async def one() -> None:
             try:
@@ -357,10 +378,18 @@ async def run_open_streams(spec: dict[str, Any], phase: dict[str, Any]) -> dict[
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - t0
         cpu1 = await settled_cpu(spec["pids"])
-    return {"name": phase["name"], "requests": phase["requests"], "ok": len(durations), "errors": len(errors),
-            "error_samples": sorted(set(errors))[:3], "peak_open": state["peak"], "elapsed_s": elapsed,
-            "p50_s": quantile(durations, 0.5), "max_s": max(durations) if durations else float("nan"),
-            "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / max(phase["requests"], 1)}
+    return {
+        "name": phase["name"],
+        "requests": phase["requests"],
+        "ok": len(durations),
+        "errors": len(errors),
+        "error_samples": sorted(set(errors))[:3],
+        "peak_open": state["peak"],
+        "elapsed_s": elapsed,
+        "p50_s": quantile(durations, 0.5),
+        "max_s": max(durations) if durations else float("nan"),
+        "cpu_ms_per_request": (cpu1 - cpu0) * 1000 / max(phase["requests"], 1),
+    }
 
 
 async def run_rotation(phase: dict[str, Any]) -> dict[str, Any]:
@@ -371,10 +400,18 @@ async def run_rotation(phase: dict[str, Any]) -> dict[str, Any]:
     stream = bool(phase["stream"])
     targets = phase["rotation"]
     timeout = aiohttp.ClientTimeout(total=120)
-    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1, keepalive_timeout=120),
-                                      timeout=timeout, auto_decompress=False) for _ in targets]
-    bodies = [json.dumps({"model": t["model"], "messages": PROMPT, "max_tokens": 16,
-                          **({"stream": True} if stream else {})}).encode() for t in targets]
+    sessions = [
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1, keepalive_timeout=120), timeout=timeout, auto_decompress=False
+        )
+        for _ in targets
+    ]
+    bodies = [
+        json.dumps(
+            {"model": t["model"], "messages": PROMPT, "max_tokens": 16, **({"stream": True} if stream else {})}
+        ).encode()
+        for t in targets
+    ]
     headers = [{"Content-Type": "application/json", **t["headers"]} for t in targets]
     seen: list[dict[str, Any]] = [{"latencies": [], "firsts": [], "errors": []} for _ in targets]
     try:
@@ -382,8 +419,9 @@ async def run_rotation(phase: dict[str, Any]) -> dict[str, Any]:
             for j in range(len(targets)):
                 k = (i + j) % len(targets)
                 try:
-                    total, first, error, _status = await one_request(sessions[k], targets[k]["url"], bodies[k],
-                                                                     headers[k], stream)
+                    total, first, error, _status = await one_request(
+                        sessions[k], targets[k]["url"], bodies[k], headers[k], stream
+                    )
                 except Exception as exc:  # noqa: BLE001 - count every failure, go on
                     total, first, error = 0.0, None, f"{type(exc).__name__}: {exc}"
                 if i < int(phase["warmup"]):
@@ -397,13 +435,22 @@ async def run_rotation(phase: dict[str, Any]) -> dict[str, Any]:
     finally:
         for session in sessions:
             await session.close()
-    return {"name": phase["name"], "rounds": phase["requests"], "targets": {
-        t["label"]: {"ok": len(x["latencies"]), "errors": len(x["errors"]),
-                     "error_samples": sorted(set(x["errors"]))[:3],
-                     "p50_ms": quantile(x["latencies"], 0.5) * 1000, "p99_ms": quantile(x["latencies"], 0.99) * 1000,
-                     "first_p50_ms": quantile(x["firsts"], 0.5) * 1000,
-                     "first_p99_ms": quantile(x["firsts"], 0.99) * 1000}
-        for t, x in zip(targets, seen, strict=True)}}
+    return {
+        "name": phase["name"],
+        "rounds": phase["requests"],
+        "targets": {
+            t["label"]: {
+                "ok": len(x["latencies"]),
+                "errors": len(x["errors"]),
+                "error_samples": sorted(set(x["errors"]))[:3],
+                "p50_ms": quantile(x["latencies"], 0.5) * 1000,
+                "p99_ms": quantile(x["latencies"], 0.99) * 1000,
+                "first_p50_ms": quantile(x["firsts"], 0.5) * 1000,
+                "first_p99_ms": quantile(x["firsts"], 0.99) * 1000,
+            }
+            for t, x in zip(targets, seen, strict=True)
+        },
+    }
 
 
 async def loadgen_main(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -430,12 +477,14 @@ def loadgen() -> None:
     print(json.dumps(results))
 
 
-def drive(children: Children, url: str, headers: dict[str, str], pids: list[int],
-          phases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def drive(
+    children: Children, url: str, headers: dict[str, str], pids: list[int], phases: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Run phases in a load-generator process of its own; results by phase name."""
     spec = {"url": url, "headers": headers, "pids": pids, "phases": phases}
-    proc = children.start([PYTHON, __file__, "--loadgen"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          text=True, cwd=REPO)
+    proc = children.start(
+        [PYTHON, __file__, "--loadgen"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
     out, _ = proc.communicate(json.dumps(spec))
     children.procs.remove(proc)
     if proc.returncode != 0:
@@ -446,36 +495,77 @@ def drive(children: Children, url: str, headers: dict[str, str], pids: list[int]
 def rotation_phases(targets: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     """c=1 to each target in turn, non-streamed and streamed: "hop" and "hops"."""
     rounds = ROTATION_ROUNDS // (4 if quick else 1)
-    return [{"name": name, "rotation": targets, "stream": stream, "requests": rounds, "warmup": C1_WARMUP}
-            for name, stream in (("hop", False), ("hops", True))]
+    return [
+        {"name": name, "rotation": targets, "stream": stream, "requests": rounds, "warmup": C1_WARMUP}
+        for name, stream in (("hop", False), ("hops", True))
+    ]
 
 
-def rotation_targets(mock_ports: dict[str, int], hop_url: str, url: str,
-                     headers: dict[str, str]) -> list[dict[str, Any]]:
+def rotation_targets(
+    mock_ports: dict[str, int], hop_url: str, url: str, headers: dict[str, str]
+) -> list[dict[str, Any]]:
     """direct, nginx (when it runs), and one llmgw's external and replica models, taken in turn."""
     auth = {"Authorization": "Bearer sk-mock-dummy"}
-    targets = [{"label": "direct", "url": f"http://127.0.0.1:{mock_ports['fast']}/v1/chat/completions",
-                "headers": auth, "model": "mock"}]
+    targets = [
+        {
+            "label": "direct",
+            "url": f"http://127.0.0.1:{mock_ports['fast']}/v1/chat/completions",
+            "headers": auth,
+            "model": "mock",
+        }
+    ]
     if hop_url:
         targets.append({"label": "nginx", "url": hop_url, "headers": auth, "model": "mock"})
-    targets += [{"label": "external", "url": url, "headers": headers, "model": "mock"},
-                {"label": "replica", "url": url, "headers": headers, "model": REPLICA_MODEL}]
+    targets += [
+        {"label": "external", "url": url, "headers": headers, "model": "mock"},
+        {"label": "replica", "url": url, "headers": headers, "model": REPLICA_MODEL},
+    ]
     return targets
 
 
 def standard_phases(model: str, paced_model: str, quick: bool) -> list[dict[str, Any]]:
     scale = 4 if quick else 1
     return [
-        {"name": "c1", "model": model, "stream": False, "concurrency": 1, "requests": C1_REQUESTS // scale,
-         "warmup": C1_WARMUP},
-        {"name": "c1s", "model": model, "stream": True, "concurrency": 1, "requests": C1_REQUESTS // scale,
-         "warmup": C1_WARMUP},
-        {"name": "c32", "model": model, "stream": False, "concurrency": 32, "requests": C32_REQUESTS // scale,
-         "warmup": C32_WARMUP},
-        {"name": "c32s", "model": model, "stream": True, "concurrency": 32, "requests": C32_REQUESTS // scale,
-         "warmup": C32_WARMUP},
-        {"name": "paced", "model": paced_model, "stream": True, "concurrency": 32,
-         "requests": PACED_REQUESTS // scale, "warmup": 64},
+        {
+            "name": "c1",
+            "model": model,
+            "stream": False,
+            "concurrency": 1,
+            "requests": C1_REQUESTS // scale,
+            "warmup": C1_WARMUP,
+        },
+        {
+            "name": "c1s",
+            "model": model,
+            "stream": True,
+            "concurrency": 1,
+            "requests": C1_REQUESTS // scale,
+            "warmup": C1_WARMUP,
+        },
+        {
+            "name": "c32",
+            "model": model,
+            "stream": False,
+            "concurrency": 32,
+            "requests": C32_REQUESTS // scale,
+            "warmup": C32_WARMUP,
+        },
+        {
+            "name": "c32s",
+            "model": model,
+            "stream": True,
+            "concurrency": 32,
+            "requests": C32_REQUESTS // scale,
+            "warmup": C32_WARMUP,
+        },
+        {
+            "name": "paced",
+            "model": paced_model,
+            "stream": True,
+            "concurrency": 32,
+            "requests": PACED_REQUESTS // scale,
+            "warmup": 64,
+        },
     ]
 
 
@@ -517,39 +607,68 @@ print(new.secret)
 MODELS = ("mock", "mock-slow", "mock-paced", REPLICA_MODEL, REPLICA_PACED_MODEL)
 
 
-def prepare_llmgw(tmp: Path, mock_ports: dict[str, int], env_extra: dict[str, str],
-                  label: str) -> tuple[dict[str, str], str, Path]:
+def prepare_llmgw(
+    tmp: Path, mock_ports: dict[str, int], env_extra: dict[str, str], label: str
+) -> tuple[dict[str, str], str, Path]:
     """Migrate a fresh database and create the bench's key and models: (environment, API key, data dir)."""
     data = tmp / label
     data.mkdir()
     key_file = data / "upstream.key"
     key_file.write_text("sk-mock-dummy\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "PROMETHEUS_"))}
-    env.update({"LLMGW_DATA_DIR": str(data), "LLMGW_LOG_LEVEL": "warning", "DJANGO_SETTINGS_MODULE": "llmgw.settings",
-                "LLMGW_GATEWAY_QUEUE_MAX": str(QUEUE_MAX), **env_extra})
+    env.update(
+        {
+            "LLMGW_DATA_DIR": str(data),
+            "LLMGW_LOG_LEVEL": "warning",
+            "DJANGO_SETTINGS_MODULE": "llmgw.settings",
+            "LLMGW_GATEWAY_QUEUE_MAX": str(QUEUE_MAX),
+            **env_extra,
+        }
+    )
     subprocess.run([PYTHON, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, check=True, cwd=REPO)
     urls = [f"http://127.0.0.1:{mock_ports[m]}/v1" for m in ("fast", "slow", "paced")]
     replicas = f"{REPLICA_MODEL}={mock_ports['replica']},{REPLICA_PACED_MODEL}={mock_ports['replica_paced']}"
-    secret = subprocess.run([PYTHON, "-c", SETUP, *urls, str(key_file), replicas, str(SLOTS)], env=env, check=True,
-                            cwd=REPO, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    secret = (
+        subprocess.run(
+            [PYTHON, "-c", SETUP, *urls, str(key_file), replicas, str(SLOTS)],
+            env=env,
+            check=True,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     print(f"  {label}: API key {secret}")
     return env, secret, data
 
 
-def start_web(children: Children, env: dict[str, str], secret: str, data: Path,
-              workers: int = 1) -> tuple[subprocess.Popen[Any], int]:
+def start_web(
+    children: Children, env: dict[str, str], secret: str, data: Path, workers: int = 1
+) -> tuple[subprocess.Popen[Any], int]:
     port = free_port()
     log = data / f"web-{workers}.log"
     with log.open("w") as handle:
-        web = children.start([PYTHON, "-m", "llmgw", "web", "--listen", f"127.0.0.1:{port}", "--workers",
-                              str(workers)], env=env, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
+        web = children.start(
+            [PYTHON, "-m", "llmgw", "web", "--listen", f"127.0.0.1:{port}", "--workers", str(workers)],
+            env=env,
+            cwd=REPO,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
 
     def lists_all(body: bytes) -> bool:
         ids = {m.get("id") for m in json.loads(body).get("data", [])}
         return set(MODELS) <= ids
 
-    if not wait_http(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {secret}"},
-                     timeout=90, check=lists_all, proc=web):
+    if not wait_http(
+        f"http://127.0.0.1:{port}/v1/models",
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=90,
+        check=lists_all,
+        proc=web,
+    ):
         raise RuntimeError(f"llmgw web did not come up or list the models:\n{tail(log)}")
     if workers > 1:
         wait_quiet(web.pid)  # the first to answer is up; the others are once the tree stops importing
@@ -576,22 +695,33 @@ def mock_stats(port: int, reset: bool = False) -> dict[str, int]:
         return json.loads(response.read())
 
 
-def drive_replica(children: Children, url: str, headers: dict[str, str], web: subprocess.Popen[Any],
-                  mock_ports: dict[str, int], quick: bool) -> dict[str, Any]:
+def drive_replica(
+    children: Children,
+    url: str,
+    headers: dict[str, str],
+    web: subprocess.Popen[Any],
+    mock_ports: dict[str, int],
+    quick: bool,
+) -> dict[str, Any]:
     """The standard phases on the replica models, and the most requests their ports held at once."""
     for which in ("replica", "replica_paced"):
         mock_stats(mock_ports[which], reset=True)
     results = drive(children, url, headers, [web.pid], standard_phases(REPLICA_MODEL, REPLICA_PACED_MODEL, quick))
     stats = {which: mock_stats(mock_ports[which]) for which in ("replica", "replica_paced")}
-    return {"results": results, "held": {w: s["max_in_flight"] for w, s in stats.items()},
-            "reached": {w: s["requests"] for w, s in stats.items()}}
+    return {
+        "results": results,
+        "held": {w: s["max_in_flight"] for w, s in stats.items()},
+        "reached": {w: s["requests"] for w, s in stats.items()},
+    }
 
 
 # nginx: the floor of one proxy hop --------------------------------------------------------------
 
+
 def find_nginx() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
-                                          if os.access(p, os.X_OK)), None)
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
 
 
 def ensure_nginx() -> tuple[str | None, str]:
@@ -606,8 +736,10 @@ def ensure_nginx() -> tuple[str | None, str]:
     print("  nginx is missing: apt-get install -y nginx ...", flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     why = ""
-    for steps in ([["apt-get", "install", "-y", "-q", "nginx"]],
-                  [["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "nginx"]]):
+    for steps in (
+        [["apt-get", "install", "-y", "-q", "nginx"]],
+        [["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "nginx"]],
+    ):
         for argv in steps:
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=NGINX_INSTALL_TIMEOUT)
@@ -628,7 +760,8 @@ def ensure_nginx() -> tuple[str | None, str]:
 
 def nginx_config(folder: Path, listen: dict[str, int], mock_ports: dict[str, int]) -> str:
     """A plain keep-alive reverse proxy: one listening port per mock port it fronts."""
-    upstreams = "".join(f"""
+    upstreams = "".join(
+        f"""
     upstream mock_{name} {{
         server 127.0.0.1:{mock_ports[name]};
         keepalive 64;
@@ -642,7 +775,9 @@ def nginx_config(folder: Path, listen: dict[str, int], mock_ports: dict[str, int
             proxy_set_header Connection "";
             proxy_buffering off;
         }}
-    }}""" for name, port in listen.items())
+    }}"""
+        for name, port in listen.items()
+    )
     return f"""worker_processes 1;
 pid {folder}/nginx.pid;
 error_log {folder}/error.log warn;
@@ -662,8 +797,9 @@ http {{
 """
 
 
-def start_nginx(children: Children, nginx: str, tmp: Path,
-                mock_ports: dict[str, int]) -> tuple[subprocess.Popen[Any], dict[str, int], str]:
+def start_nginx(
+    children: Children, nginx: str, tmp: Path, mock_ports: dict[str, int]
+) -> tuple[subprocess.Popen[Any], dict[str, int], str]:
     """nginx in the foreground, a child of the bench: (process, its port for each mock port, its version)."""
     folder = tmp / "nginx"
     folder.mkdir()
@@ -673,8 +809,12 @@ def start_nginx(children: Children, nginx: str, tmp: Path,
     version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip().rsplit("/", 1)[-1]
     log = folder / "nginx.log"
     with log.open("w") as handle:
-        proc = children.start([nginx, "-p", str(folder), "-e", str(folder / "error.log"), "-c", str(config),
-                               "-g", "daemon off;"], cwd=folder, stdout=handle, stderr=subprocess.STDOUT)
+        proc = children.start(
+            [nginx, "-p", str(folder), "-e", str(folder / "error.log"), "-c", str(config), "-g", "daemon off;"],
+            cwd=folder,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     # the mock answers /__stats: through nginx, that proves the whole hop
     if not wait_http(f"http://127.0.0.1:{listen['fast']}/__stats", timeout=30, proc=proc):
         raise RuntimeError(f"nginx did not start:\n{tail(log)}\n{tail(folder / 'error.log')}")
@@ -701,13 +841,15 @@ general_settings:
 
 # Same as llmgw's: no access log lines (llmgw web runs at LLMGW_LOG_LEVEL=warning).
 UVICORN_LOG_CONFIG = {
-    "version": 1, "disable_existing_loggers": False,
+    "version": 1,
+    "disable_existing_loggers": False,
     "formatters": {"default": {"format": "%(levelname)s %(name)s %(message)s"}},
-    "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "default",
-                             "stream": "ext://sys.stderr"}},
-    "loggers": {"uvicorn": {"handlers": ["default"], "level": "WARNING"},
-                "uvicorn.error": {"level": "WARNING"},
-                "uvicorn.access": {"handlers": ["default"], "level": "WARNING", "propagate": False}},
+    "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}},
+    "loggers": {
+        "uvicorn": {"handlers": ["default"], "level": "WARNING"},
+        "uvicorn.error": {"level": "WARNING"},
+        "uvicorn.access": {"handlers": ["default"], "level": "WARNING", "propagate": False},
+    },
 }
 
 
@@ -719,15 +861,23 @@ def ensure_litellm() -> str | None:
         found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
         if found.stdout.strip() == LITELLM_VERSION and (LITELLM_VENV / "bin" / "litellm").exists():
             return None
-    print(f"  installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV} (up to "
-          f"{LITELLM_INSTALL_TIMEOUT // 60} min) ...", flush=True)
+    print(
+        f"  installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV} (up to "
+        f"{LITELLM_INSTALL_TIMEOUT // 60} min) ...",
+        flush=True,
+    )
     deadline = time.monotonic() + LITELLM_INSTALL_TIMEOUT
     try:
         if not python.exists():
-            subprocess.run([PYTHON, "-m", "venv", str(LITELLM_VENV)], check=True, capture_output=True, text=True,
-                           timeout=120)
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"],
-                              capture_output=True, text=True, timeout=max(30.0, deadline - time.monotonic()))
+            subprocess.run(
+                [PYTHON, "-m", "venv", str(LITELLM_VENV)], check=True, capture_output=True, text=True, timeout=120
+            )
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"],
+            capture_output=True,
+            text=True,
+            timeout=max(30.0, deadline - time.monotonic()),
+        )
     except subprocess.TimeoutExpired:
         return f"the install took more than {LITELLM_INSTALL_TIMEOUT // 60} minutes"
     except (OSError, subprocess.CalledProcessError) as exc:
@@ -746,22 +896,50 @@ def start_litellm(children: Children, tmp: Path, mock_ports: dict[str, int]) -> 
     config.write_text(LITELLM_CONFIG.format(fast=mock_ports["fast"], paced=mock_ports["paced"], master=master))
     log_config = folder / "log.json"
     log_config.write_text(json.dumps(UVICORN_LOG_CONFIG))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LLMGW_", "DATABASE_URL", "LITELLM_", "PROMETHEUS_", "REDIS_"))}
-    env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR",
-                "DISABLE_SCHEMA_UPDATE": "True", "NO_DOCS": "True", "HOME": str(folder)})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LLMGW_", "DATABASE_URL", "LITELLM_", "PROMETHEUS_", "REDIS_"))
+    }
+    env.update(
+        {
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+            "LITELLM_LOG": "ERROR",
+            "DISABLE_SCHEMA_UPDATE": "True",
+            "NO_DOCS": "True",
+            "HOME": str(folder),
+        }
+    )
     port = free_port()
     log = folder / "litellm.log"
     with log.open("w") as handle:
-        proc = children.start([str(LITELLM_VENV / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
-                               "--port", str(port), "--num_workers", "1", "--log_config", str(log_config)],
-                              env=env, cwd=folder, stdout=handle, stderr=subprocess.STDOUT)
+        proc = children.start(
+            [
+                str(LITELLM_VENV / "bin" / "litellm"),
+                "--config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--num_workers",
+                "1",
+                "--log_config",
+                str(log_config),
+            ],
+            env=env,
+            cwd=folder,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     if not wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout=180, proc=proc):
         raise RuntimeError(f"LiteLLM did not start:\n{tail(log)}")
     return proc, master, port
 
 
 # Report -----------------------------------------------------------------------------------------
+
 
 def fmt(value: float, digits: int = 2) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
@@ -792,8 +970,7 @@ ROWS = [
 WIDTH = 14
 
 
-def table(results: dict[str, dict[str, dict[str, Any]]],
-          extra: tuple[tuple[str, dict[str, str]], ...] = ()) -> None:
+def table(results: dict[str, dict[str, dict[str, Any]]], extra: tuple[tuple[str, dict[str, str]], ...] = ()) -> None:
     names = list(results)
     print(f"{'':38}" + "".join(f"{n:>{WIDTH}}" for n in names))
     for label, phase, field, digits in ROWS:
@@ -833,10 +1010,12 @@ def held_line(entry: dict[str, Any]) -> str:
     held = entry["held"]
     most = max(held.values())
     total, which = non_200(entry["results"])
-    return (f"  most requests the replica held at once: {most} of its {SLOTS} slots "
-            f"({'OK' if most <= SLOTS else 'EXCEEDED'}; 16-chunk streams {held['replica']}, paced streams "
-            f"{held['replica_paced']}); non-200 answers: {total}{f' ({which})' if which else ''}; "
-            f"{sum(entry['reached'].values())} requests reached the replicas")
+    return (
+        f"  most requests the replica held at once: {most} of its {SLOTS} slots "
+        f"({'OK' if most <= SLOTS else 'EXCEEDED'}; 16-chunk streams {held['replica']}, paced streams "
+        f"{held['replica_paced']}); non-200 answers: {total}{f' ({which})' if which else ''}; "
+        f"{sum(entry['reached'].values())} requests reached the replicas"
+    )
 
 
 def over(rot: dict[str, Any], target: str, field: str) -> float:
@@ -857,10 +1036,12 @@ def hop_lines(rot: dict[str, dict[str, Any]]) -> list[str]:
         if "nginx" in r["targets"]:
             n50, n99 = over(r, "nginx", f + "p50_ms"), over(r, "nginx", f + "p99_ms")
             multiples = times(ext50, n50), times(ext99, n99)
-            lines.append(f"{head} and nginx, {what}: llmgw adds p50 {ext50:+.3f} ms, p99 {ext99:+.3f} ms; one nginx "
-                         f"hop p50 {n50:+.3f} ms, p99 {n99:+.3f} ms: llmgw adds {multiples[0]} (p50) and "
-                         f"{multiples[1]} (p99) what one nginx hop adds"
-                         + (" (n/a: one of the two is not measurably above zero)" if "n/a" in multiples else ""))
+            lines.append(
+                f"{head} and nginx, {what}: llmgw adds p50 {ext50:+.3f} ms, p99 {ext99:+.3f} ms; one nginx "
+                f"hop p50 {n50:+.3f} ms, p99 {n99:+.3f} ms: llmgw adds {multiples[0]} (p50) and "
+                f"{multiples[1]} (p99) what one nginx hop adds"
+                + (" (n/a: one of the two is not measurably above zero)" if "n/a" in multiples else "")
+            )
         else:
             lines.append(f"{head}, {what}: llmgw adds p50 {ext50:+.3f} ms, p99 {ext99:+.3f} ms (no nginx in this run)")
     for sample in (x for t in rot["hop"]["targets"].values() for x in t["error_samples"]):
@@ -868,14 +1049,21 @@ def hop_lines(rot: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def report(results: dict[str, dict[str, dict[str, Any]]], replica: dict[str, dict[str, Any]],
-           hops: dict[str, dict[str, dict[str, Any]]], open_streams: dict[str, Any] | None, litellm_note: str,
-           nginx_note: str) -> None:
+def report(
+    results: dict[str, dict[str, dict[str, Any]]],
+    replica: dict[str, dict[str, Any]],
+    hops: dict[str, dict[str, dict[str, Any]]],
+    open_streams: dict[str, Any] | None,
+    litellm_note: str,
+    nginx_note: str,
+) -> None:
     names = list(results)
     print()
     print("=" * 100)
-    print(f"Gateway bench: {os.cpu_count()} CPUs, loopback; load generator, mock upstream and each target in "
-          "separate processes")
+    print(
+        f"Gateway bench: {os.cpu_count()} CPUs, loopback; load generator, mock upstream and each target in "
+        "separate processes"
+    )
     print("=" * 100)
     table(results)
     print("(direct: the CPU column is the mock upstream's own; others: the gateway process tree's.)")
@@ -889,19 +1077,30 @@ def report(results: dict[str, dict[str, dict[str, Any]]], replica: dict[str, dic
     print("-" * 100)
     if hop is not None:
         print("[nginx] one reverse-proxy hop, the floor for any gateway in between")
-        print(f"  latency added over direct, c=1, non-streamed: p50 {added(hop, direct, 'c1', 'p50_ms'):+.3f} ms, "
-              f"p99 {added(hop, direct, 'c1', 'p99_ms'):+.3f} ms")
-        print(f"  first-byte time added for streams, c=1: p50 {added(hop, direct, 'c1s', 'first_p50_ms'):+.3f} ms, "
-              f"p99 {added(hop, direct, 'c1s', 'first_p99_ms'):+.3f} ms")
-        print(f"  requests/s at c=32: non-streamed {hop['c32']['rps']:.0f} (direct {direct['c32']['rps']:.0f}), "
-              f"streams {hop['c32s']['rps']:.0f} (direct {direct['c32s']['rps']:.0f})")
-        print(f"  nginx CPU per non-streamed request: {hop['c32']['cpu_ms_per_request']:.3f} ms; per 16-chunk "
-              f"stream {hop['c32s']['cpu_ms_per_request']:.3f} ms, {hop['paced']['cpu_ms_per_request']:.3f} ms "
-              "paced")
+        print(
+            f"  latency added over direct, c=1, non-streamed: p50 {added(hop, direct, 'c1', 'p50_ms'):+.3f} ms, "
+            f"p99 {added(hop, direct, 'c1', 'p99_ms'):+.3f} ms"
+        )
+        print(
+            f"  first-byte time added for streams, c=1: p50 {added(hop, direct, 'c1s', 'first_p50_ms'):+.3f} ms, "
+            f"p99 {added(hop, direct, 'c1s', 'first_p99_ms'):+.3f} ms"
+        )
+        print(
+            f"  requests/s at c=32: non-streamed {hop['c32']['rps']:.0f} (direct {direct['c32']['rps']:.0f}), "
+            f"streams {hop['c32s']['rps']:.0f} (direct {direct['c32s']['rps']:.0f})"
+        )
+        print(
+            f"  nginx CPU per non-streamed request: {hop['c32']['cpu_ms_per_request']:.3f} ms; per 16-chunk "
+            f"stream {hop['c32s']['cpu_ms_per_request']:.3f} ms, {hop['paced']['cpu_ms_per_request']:.3f} ms "
+            "paced"
+        )
         for phase, what, f in HOP_PHASES:
-            during = [f"{over(rot[phase], 'nginx', f + 'p50_ms'):+.3f} / "
-                      f"{over(rot[phase], 'nginx', f + 'p99_ms'):+.3f} ms (with {name})"
-                      for name, rot in hops.items() if "nginx" in rot[phase]["targets"]]
+            during = [
+                f"{over(rot[phase], 'nginx', f + 'p50_ms'):+.3f} / "
+                f"{over(rot[phase], 'nginx', f + 'p99_ms'):+.3f} ms (with {name})"
+                for name, rot in hops.items()
+                if "nginx" in rot[phase]["targets"]
+            ]
             if during:
                 print(f"  in turn with direct, c=1, {what}, p50 / p99 added: " + ", ".join(during))
     for name in [n for n in names if n.startswith("llmgw")]:
@@ -914,46 +1113,64 @@ def report(results: dict[str, dict[str, dict[str, Any]]], replica: dict[str, dic
         cpu_stream = ours["c32s"]["cpu_ms_per_request"]
         cpu_paced = ours["paced"]["cpu_ms_per_request"]
         print(f"[{name}]")
-        print(f"  latency added over direct, c=1, non-streamed: p50 {add50:+.3f} ms (target <= "
-              f"{TARGETS['added_p50_ms']} ms: {verdict(add50 <= TARGETS['added_p50_ms'])}), "
-              f"p99 {add99:+.3f} ms (target <= {TARGETS['added_p99_ms']} ms: "
-              f"{verdict(add99 <= TARGETS['added_p99_ms'])})")
-        print(f"  first-byte time added for streams, c=1: p50 {f50:+.3f} ms, p99 {f99:+.3f} ms "
-              f"(held to the same 0.5 / 2 ms: {verdict(f50 <= 0.5 and f99 <= 2.0)})")
+        print(
+            f"  latency added over direct, c=1, non-streamed: p50 {add50:+.3f} ms (target <= "
+            f"{TARGETS['added_p50_ms']} ms: {verdict(add50 <= TARGETS['added_p50_ms'])}), "
+            f"p99 {add99:+.3f} ms (target <= {TARGETS['added_p99_ms']} ms: "
+            f"{verdict(add99 <= TARGETS['added_p99_ms'])})"
+        )
+        print(
+            f"  first-byte time added for streams, c=1: p50 {f50:+.3f} ms, p99 {f99:+.3f} ms "
+            f"(held to the same 0.5 / 2 ms: {verdict(f50 <= 0.5 and f99 <= 2.0)})"
+        )
         rot = hops.get(name)
         if rot is not None:
             for line in hop_lines(rot):
                 print(line)
         if hop is not None:
-            print(f"  CPU per request at c=32: {times(cpu_req, hop['c32']['cpu_ms_per_request'])} nginx's, per "
-                  f"stream {times(cpu_stream, hop['c32s']['cpu_ms_per_request'])}")
-        print(f"  requests/s at c=32: non-streamed {ours['c32']['rps']:.0f} (direct {direct['c32']['rps']:.0f}), "
-              f"streams {ours['c32s']['rps']:.0f} (direct {direct['c32s']['rps']:.0f})")
-        print(f"  gateway CPU per non-streamed request: {cpu_req:.3f} ms (target <= {TARGETS['cpu_ms_request']} ms: "
-              f"{verdict(cpu_req <= TARGETS['cpu_ms_request'])})")
-        print(f"  gateway CPU per 16-chunk stream: {cpu_stream:.3f} ms as the mock sends it, {cpu_paced:.3f} ms "
-              f"with every chunk arriving on its own (target <= {TARGETS['cpu_ms_stream']} ms: "
-              f"{verdict(max(cpu_stream, cpu_paced) <= TARGETS['cpu_ms_stream'])})")
+            print(
+                f"  CPU per request at c=32: {times(cpu_req, hop['c32']['cpu_ms_per_request'])} nginx's, per "
+                f"stream {times(cpu_stream, hop['c32s']['cpu_ms_per_request'])}"
+            )
+        print(
+            f"  requests/s at c=32: non-streamed {ours['c32']['rps']:.0f} (direct {direct['c32']['rps']:.0f}), "
+            f"streams {ours['c32s']['rps']:.0f} (direct {direct['c32s']['rps']:.0f})"
+        )
+        print(
+            f"  gateway CPU per non-streamed request: {cpu_req:.3f} ms (target <= {TARGETS['cpu_ms_request']} ms: "
+            f"{verdict(cpu_req <= TARGETS['cpu_ms_request'])})"
+        )
+        print(
+            f"  gateway CPU per 16-chunk stream: {cpu_stream:.3f} ms as the mock sends it, {cpu_paced:.3f} ms "
+            f"with every chunk arriving on its own (target <= {TARGETS['cpu_ms_stream']} ms: "
+            f"{verdict(max(cpu_stream, cpu_paced) <= TARGETS['cpu_ms_stream'])})"
+        )
         if "LiteLLM" in results:
             lite = results["LiteLLM"]
             for phase, what in (("c32", "non-streamed"), ("c32s", "streamed")):
                 tput = ours[phase]["rps"] / max(lite[phase]["rps"], 1e-9)
                 cpu = ours[phase]["cpu_ms_per_request"] / max(lite[phase]["cpu_ms_per_request"], 1e-9)
-                print(f"  llmgw/LiteLLM, {what}: throughput {tput:.1f}x (target >= {TARGETS['ratio']:.0f}x: "
-                      f"{verdict(tput >= TARGETS['ratio'])}); CPU per request {cpu:.3f}x "
-                      f"(LiteLLM uses {1 / max(cpu, 1e-9):.1f}x the CPU)")
+                print(
+                    f"  llmgw/LiteLLM, {what}: throughput {tput:.1f}x (target >= {TARGETS['ratio']:.0f}x: "
+                    f"{verdict(tput >= TARGETS['ratio'])}); CPU per request {cpu:.3f}x "
+                    f"(LiteLLM uses {1 / max(cpu, 1e-9):.1f}x the CPU)"
+                )
             paced = ours["paced"]["cpu_ms_per_request"] / max(lite["paced"]["cpu_ms_per_request"], 1e-9)
-            print(f"  llmgw/LiteLLM, paced streams: throughput "
-                  f"{ours['paced']['rps'] / max(lite['paced']['rps'], 1e-9):.1f}x; CPU per stream {paced:.3f}x")
+            print(
+                f"  llmgw/LiteLLM, paced streams: throughput "
+                f"{ours['paced']['rps'] / max(lite['paced']['rps'], 1e-9):.1f}x; CPU per stream {paced:.3f}x"
+            )
         else:
             print("  llmgw/LiteLLM ratios: not measured (no LiteLLM in this run)")
     if open_streams is not None:
         r = open_streams
-        print(f"[llmgw] {r['requests']} concurrent streams (~5 s each, a chunk every 0.5 s): {r['ok']} finished "
-              f"without error, {r['errors']} errors, peak {r['peak_open']} open at once, all done in "
-              f"{r['elapsed_s']:.1f} s (stream p50 {r['p50_s']:.2f} s, max {r['max_s']:.2f} s), "
-              f"gateway CPU {r['cpu_ms_per_request']:.2f} ms per stream "
-              f"(target {r['requests']} with no error: {verdict(r['ok'] == r['requests'] and not r['errors'])})")
+        print(
+            f"[llmgw] {r['requests']} concurrent streams (~5 s each, a chunk every 0.5 s): {r['ok']} finished "
+            f"without error, {r['errors']} errors, peak {r['peak_open']} open at once, all done in "
+            f"{r['elapsed_s']:.1f} s (stream p50 {r['p50_s']:.2f} s, max {r['max_s']:.2f} s), "
+            f"gateway CPU {r['cpu_ms_per_request']:.2f} ms per stream "
+            f"(target {r['requests']} with no error: {verdict(r['ok'] == r['requests'] and not r['errors'])})"
+        )
         for sample in r["error_samples"]:
             print(f"  {sample}")
     print("-" * 100)
@@ -961,21 +1178,30 @@ def report(results: dict[str, dict[str, dict[str, Any]]], replica: dict[str, dic
         report_replica(results, replica, hops)
 
 
-def report_replica(results: dict[str, dict[str, dict[str, Any]]], replica: dict[str, dict[str, Any]],
-                   hops: dict[str, dict[str, dict[str, Any]]]) -> None:
+def report_replica(
+    results: dict[str, dict[str, dict[str, Any]]],
+    replica: dict[str, dict[str, Any]],
+    hops: dict[str, dict[str, dict[str, Any]]],
+) -> None:
     direct = results["direct"]
     print()
-    print(f"Replica path: {REPLICA_MODEL} and {REPLICA_PACED_MODEL} (paced), replicas whose engine is the mock, "
-          f"{SLOTS} slots each; the same phases, {QUEUE_MAX} may wait")
+    print(
+        f"Replica path: {REPLICA_MODEL} and {REPLICA_PACED_MODEL} (paced), replicas whose engine is the mock, "
+        f"{SLOTS} slots each; the same phases, {QUEUE_MAX} may wait"
+    )
     print(f"(paced streams last ~17 ms at the mock: {SLOTS} slots carry at most ~{SLOTS * 1000 // 17} a second)")
     print("=" * 100)
     cells = {}
     for name, entry in replica.items():
         most = max(entry["held"].values())
         cells[name] = f"{most} {'OK' if most <= SLOTS else 'EXCEEDED'}"
-    table({name: entry["results"] for name, entry in replica.items()},
-          ((f"most held at once (of {SLOTS} slots)", cells),
-           ("non-200 answers", {name: str(non_200(entry["results"])[0]) for name, entry in replica.items()})))
+    table(
+        {name: entry["results"] for name, entry in replica.items()},
+        (
+            (f"most held at once (of {SLOTS} slots)", cells),
+            ("non-200 answers", {name: str(non_200(entry["results"])[0]) for name, entry in replica.items()}),
+        ),
+    )
     print("-" * 100)
     for name, entry in replica.items():
         ours = entry["results"]
@@ -986,28 +1212,45 @@ def report_replica(results: dict[str, dict[str, dict[str, Any]]], replica: dict[
             print(f"[{name}] `llmgw web --workers 2` on the replica path, next to one worker ({base_name})")
         else:
             base, what = results[name], "external"
-            counted = ("in the process" if name == "llmgw"
-                       else "in Redis: a Lua script takes one, a ZREM and a PUBLISH give it back")
+            counted = (
+                "in the process"
+                if name == "llmgw"
+                else "in Redis: a Lua script takes one, a ZREM and a PUBLISH give it back"
+            )
             print(f"[{name}] the replica path (slots counted {counted}) next to the external path (no slot)")
         a50, a99 = added(ours, direct, "c1", "p50_ms"), added(ours, direct, "c1", "p99_ms")
         b50, b99 = added(base, direct, "c1", "p50_ms"), added(base, direct, "c1", "p99_ms")
         f50, f99 = added(ours, direct, "c1s", "first_p50_ms"), added(ours, direct, "c1s", "first_p99_ms")
         g50, g99 = added(base, direct, "c1s", "first_p50_ms"), added(base, direct, "c1s", "first_p99_ms")
         delta = "" if workers else "the slot adds "
-        print(f"  latency added over direct, c=1, non-streamed: p50 {a50:+.3f} ms ({what} {b50:+.3f}: {delta}"
-              f"{a50 - b50:+.3f} ms), p99 {a99:+.3f} ms ({what} {b99:+.3f}: {delta}{a99 - b99:+.3f} ms)")
-        print(f"  first-byte time added for streams, c=1: p50 {f50:+.3f} ms ({what} {g50:+.3f}: {f50 - g50:+.3f}), "
-              f"p99 {f99:+.3f} ms ({what} {g99:+.3f}: {f99 - g99:+.3f})")
-        print("  requests/s at c=32: " + ", ".join(
-            f"{label} {ours[phase]['rps']:.0f} ({what} {base[phase]['rps']:.0f}: "
-            f"{ours[phase]['rps'] / max(base[phase]['rps'], 1e-9):.2f}x)"
-            for phase, label in (("c32", "non-streamed"), ("c32s", "streams"), ("paced", "paced streams"))))
-        print(f"  c=32 latency: non-streamed p50 {ours['c32']['p50_ms']:.2f} ms, p99 {ours['c32']['p99_ms']:.2f} ms "
-              f"({what} {base['c32']['p50_ms']:.2f} / {base['c32']['p99_ms']:.2f} ms)")
-        print("  gateway CPU per request at c=32: " + ", ".join(
-            f"{label} {ours[phase]['cpu_ms_per_request']:.3f} ms ({what} {base[phase]['cpu_ms_per_request']:.3f}: "
-            f"{delta}{ours[phase]['cpu_ms_per_request'] - base[phase]['cpu_ms_per_request']:+.3f} ms)"
-            for phase, label in (("c32", "non-streamed"), ("c32s", "per stream"))))
+        print(
+            f"  latency added over direct, c=1, non-streamed: p50 {a50:+.3f} ms ({what} {b50:+.3f}: {delta}"
+            f"{a50 - b50:+.3f} ms), p99 {a99:+.3f} ms ({what} {b99:+.3f}: {delta}{a99 - b99:+.3f} ms)"
+        )
+        print(
+            f"  first-byte time added for streams, c=1: p50 {f50:+.3f} ms ({what} {g50:+.3f}: {f50 - g50:+.3f}), "
+            f"p99 {f99:+.3f} ms ({what} {g99:+.3f}: {f99 - g99:+.3f})"
+        )
+        print(
+            "  requests/s at c=32: "
+            + ", ".join(
+                f"{label} {ours[phase]['rps']:.0f} ({what} {base[phase]['rps']:.0f}: "
+                f"{ours[phase]['rps'] / max(base[phase]['rps'], 1e-9):.2f}x)"
+                for phase, label in (("c32", "non-streamed"), ("c32s", "streams"), ("paced", "paced streams"))
+            )
+        )
+        print(
+            f"  c=32 latency: non-streamed p50 {ours['c32']['p50_ms']:.2f} ms, p99 {ours['c32']['p99_ms']:.2f} ms "
+            f"({what} {base['c32']['p50_ms']:.2f} / {base['c32']['p99_ms']:.2f} ms)"
+        )
+        print(
+            "  gateway CPU per request at c=32: "
+            + ", ".join(
+                f"{label} {ours[phase]['cpu_ms_per_request']:.3f} ms ({what} {base[phase]['cpu_ms_per_request']:.3f}: "
+                f"{delta}{ours[phase]['cpu_ms_per_request'] - base[phase]['cpu_ms_per_request']:+.3f} ms)"
+                for phase, label in (("c32", "non-streamed"), ("c32s", "per stream"))
+            )
+        )
         rot = hops.get(name)
         if rot is not None:
             for phase, what, f in HOP_PHASES:
@@ -1016,26 +1259,36 @@ def report_replica(results: dict[str, dict[str, dict[str, Any]]], replica: dict[
                 if workers and base_name in hops:
                     one = hops[base_name][phase]
                     o50, o99 = over(one, "replica", f + "p50_ms"), over(one, "replica", f + "p99_ms")
-                    print(f"  c=1, {r['rounds']} rounds in turn with direct, {what}: replica path p50 {rep50:+.3f} ms, "
-                          f"p99 {rep99:+.3f} ms (1 worker, in its own rounds: {o50:+.3f} / {o99:+.3f} ms)")
+                    print(
+                        f"  c=1, {r['rounds']} rounds in turn with direct, {what}: replica path p50 {rep50:+.3f} ms, "
+                        f"p99 {rep99:+.3f} ms (1 worker, in its own rounds: {o50:+.3f} / {o99:+.3f} ms)"
+                    )
                 else:
                     e50, e99 = over(r, "external", f + "p50_ms"), over(r, "external", f + "p99_ms")
-                    print(f"  c=1, {r['rounds']} rounds in turn with direct and the external path, {what}: replica "
-                          f"path p50 {rep50:+.3f} ms, p99 {rep99:+.3f} ms (external {e50:+.3f} / {e99:+.3f} ms: "
-                          f"{delta}{rep50 - e50:+.3f} / {rep99 - e99:+.3f} ms)")
+                    print(
+                        f"  c=1, {r['rounds']} rounds in turn with direct and the external path, {what}: replica "
+                        f"path p50 {rep50:+.3f} ms, p99 {rep99:+.3f} ms (external {e50:+.3f} / {e99:+.3f} ms: "
+                        f"{delta}{rep50 - e50:+.3f} / {rep99 - e99:+.3f} ms)"
+                    )
         print(held_line(entry))
     print("-" * 100)
 
 
 # Main -------------------------------------------------------------------------------------------
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--pg", action="store_true", help="also run llmgw on PostgreSQL + Redis")
     lite = parser.add_mutually_exclusive_group()
-    lite.add_argument("--litellm", dest="litellm", action="store_true", default=True,
-                      help="compare with LiteLLM (the default; skipped with the reason when it fails)")
+    lite.add_argument(
+        "--litellm",
+        dest="litellm",
+        action="store_true",
+        default=True,
+        help="compare with LiteLLM (the default; skipped with the reason when it fails)",
+    )
     lite.add_argument("--no-litellm", dest="litellm", action="store_false")
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
     args = parser.parse_args()
@@ -1061,13 +1314,32 @@ def main() -> None:
     try:
         litellm_reason = ensure_litellm() if args.litellm else "not asked for (--no-litellm)"
 
-        mock_ports = {"fast": free_port(), "slow": free_port(), "paced": free_port(), "replica": free_port(),
-                      "replica_paced": free_port()}
-        mock = children.start([PYTHON, str(REPO / "bench" / "mock_upstream.py"), "--fast", str(mock_ports["fast"]),
-                               "--slow", str(mock_ports["slow"]), "--paced", str(mock_ports["paced"]),
-                               "--replica", str(mock_ports["replica"]),
-                               "--replica-paced", str(mock_ports["replica_paced"])],
-                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+        mock_ports = {
+            "fast": free_port(),
+            "slow": free_port(),
+            "paced": free_port(),
+            "replica": free_port(),
+            "replica_paced": free_port(),
+        }
+        mock = children.start(
+            [
+                PYTHON,
+                str(REPO / "bench" / "mock_upstream.py"),
+                "--fast",
+                str(mock_ports["fast"]),
+                "--slow",
+                str(mock_ports["slow"]),
+                "--paced",
+                str(mock_ports["paced"]),
+                "--replica",
+                str(mock_ports["replica"]),
+                "--replica-paced",
+                str(mock_ports["replica_paced"]),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         assert mock.stdout is not None
         if mock.stdout.readline().strip() != "ready":
             raise RuntimeError("the mock upstream did not start")
@@ -1075,10 +1347,22 @@ def main() -> None:
 
         print("direct to the mock upstream ...", flush=True)
         direct_phases = [dict(p, model="mock") for p in phases]
-        results["direct"] = drive(children, f"http://127.0.0.1:{mock_ports['fast']}/v1/chat/completions",
-                                  {"Authorization": "Bearer sk-mock-dummy"}, [mock.pid], direct_phases[:-1])
-        results["direct"].update(drive(children, f"http://127.0.0.1:{mock_ports['paced']}/v1/chat/completions",
-                                       {"Authorization": "Bearer sk-mock-dummy"}, [mock.pid], direct_phases[-1:]))
+        results["direct"] = drive(
+            children,
+            f"http://127.0.0.1:{mock_ports['fast']}/v1/chat/completions",
+            {"Authorization": "Bearer sk-mock-dummy"},
+            [mock.pid],
+            direct_phases[:-1],
+        )
+        results["direct"].update(
+            drive(
+                children,
+                f"http://127.0.0.1:{mock_ports['paced']}/v1/chat/completions",
+                {"Authorization": "Bearer sk-mock-dummy"},
+                [mock.pid],
+                direct_phases[-1:],
+            )
+        )
 
         hop_url = ""  # nginx's, while it runs: the rotations of each llmgw configuration include it
         nginx_proc = None
@@ -1091,13 +1375,27 @@ def main() -> None:
             try:
                 nginx_proc, listen, version = start_nginx(children, nginx, tmp, mock_ports)
                 auth = {"Authorization": "Bearer sk-mock-dummy"}
-                results["nginx"] = drive(children, f"http://127.0.0.1:{listen['fast']}/v1/chat/completions", auth,
-                                         [nginx_proc.pid], direct_phases[:-1])
-                results["nginx"].update(drive(children, f"http://127.0.0.1:{listen['paced']}/v1/chat/completions",
-                                              auth, [nginx_proc.pid], direct_phases[-1:]))
+                results["nginx"] = drive(
+                    children,
+                    f"http://127.0.0.1:{listen['fast']}/v1/chat/completions",
+                    auth,
+                    [nginx_proc.pid],
+                    direct_phases[:-1],
+                )
+                results["nginx"].update(
+                    drive(
+                        children,
+                        f"http://127.0.0.1:{listen['paced']}/v1/chat/completions",
+                        auth,
+                        [nginx_proc.pid],
+                        direct_phases[-1:],
+                    )
+                )
                 hop_url = f"http://127.0.0.1:{listen['fast']}/v1/chat/completions"
-                nginx_note = (f"nginx {version}: 1 worker process, keep-alive upstream (64 idle connections), "
-                              "proxy_buffering off, no access log")
+                nginx_note = (
+                    f"nginx {version}: 1 worker process, keep-alive upstream (64 idle connections), "
+                    "proxy_buffering off, no access log"
+                )
             except Exception as exc:  # noqa: BLE001 - optional
                 nginx_note = f"nginx: skipped ({exc})"
                 print(nginx_note)
@@ -1115,9 +1413,16 @@ def main() -> None:
                 import redis
 
                 redis.Redis.from_url(REDIS, socket_connect_timeout=3).ping()
-                configs.append(("llmgw-pg", {
-                    "LLMGW_DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}",
-                    "LLMGW_REDIS_URL": REDIS, "LLMGW_REDIS_PREFIX": f"bench-{uuid.uuid4().hex[:6]}"}))
+                configs.append(
+                    (
+                        "llmgw-pg",
+                        {
+                            "LLMGW_DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}",
+                            "LLMGW_REDIS_URL": REDIS,
+                            "LLMGW_REDIS_PREFIX": f"bench-{uuid.uuid4().hex[:6]}",
+                        },
+                    )
+                )
             except Exception as exc:  # noqa: BLE001 - optional
                 print(f"llmgw on PostgreSQL+Redis: skipped ({type(exc).__name__}: {exc})")
         for label, extra in configs:
@@ -1126,26 +1431,42 @@ def main() -> None:
             web, port = start_web(children, env, secret, data)
             headers = {"Authorization": f"Bearer {secret}"}
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            results[label] = drive(children, url, headers, [web.pid],
-                                   standard_phases("mock", "mock-paced", args.quick))
+            results[label] = drive(children, url, headers, [web.pid], standard_phases("mock", "mock-paced", args.quick))
             if label == "llmgw":
                 print(f"  {OPEN_STREAMS} concurrent open streams through llmgw ...", flush=True)
-                open_streams = drive(children, url, headers, [web.pid], [
-                    {"name": "open", "open_streams": True, "model": "mock-slow", "requests": OPEN_STREAMS}])["open"]
+                open_streams = drive(
+                    children,
+                    url,
+                    headers,
+                    [web.pid],
+                    [{"name": "open", "open_streams": True, "model": "mock-slow", "requests": OPEN_STREAMS}],
+                )["open"]
             print(f"  {label}: the replica models ({SLOTS} slots each) ...", flush=True)
             replica[label] = drive_replica(children, url, headers, web, mock_ports, args.quick)
             print(f"  {label}: c=1 in turn with direct{', nginx' if hop_url else ''} ...", flush=True)
-            hops[label] = drive(children, url, headers, [], rotation_phases(
-                rotation_targets(mock_ports, hop_url, url, headers), args.quick))
+            hops[label] = drive(
+                children,
+                url,
+                headers,
+                [],
+                rotation_phases(rotation_targets(mock_ports, hop_url, url, headers), args.quick),
+            )
             children.stop(web)
             if extra:  # several web processes need Redis
-                print(f"{label} x2 (`llmgw web --workers 2`, the same database and Redis): the replica models ...",
-                      flush=True)
+                print(
+                    f"{label} x2 (`llmgw web --workers 2`, the same database and Redis): the replica models ...",
+                    flush=True,
+                )
                 web, port = start_web(children, env, secret, data, workers=2)
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 replica[f"{label} x2"] = drive_replica(children, url, headers, web, mock_ports, args.quick)
-                hops[f"{label} x2"] = drive(children, url, headers, [], rotation_phases(
-                    rotation_targets(mock_ports, hop_url, url, headers), args.quick))
+                hops[f"{label} x2"] = drive(
+                    children,
+                    url,
+                    headers,
+                    [],
+                    rotation_phases(rotation_targets(mock_ports, hop_url, url, headers), args.quick),
+                )
                 children.stop(web)
         children.stop(nginx_proc)
 
@@ -1153,9 +1474,13 @@ def main() -> None:
             print("LiteLLM proxy ...", flush=True)
             try:
                 proc, master, port = start_litellm(children, tmp, mock_ports)
-                results["LiteLLM"] = drive(children, f"http://127.0.0.1:{port}/v1/chat/completions",
-                                           {"Authorization": f"Bearer {master}"}, [proc.pid],
-                                           standard_phases("mock", "mock-paced", args.quick))
+                results["LiteLLM"] = drive(
+                    children,
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    {"Authorization": f"Bearer {master}"},
+                    [proc.pid],
+                    standard_phases("mock", "mock-paced", args.quick),
+                )
                 children.stop(proc)
                 litellm_note = f"LiteLLM {LITELLM_VERSION}: proxy, 1 worker, no database, telemetry off"
             except Exception as exc:  # noqa: BLE001 - optional

@@ -65,25 +65,56 @@ def process_tree_cpu(pid: int) -> float:
 
 def gpu(index: int) -> dict[str, object]:
     return {
-        "index": index, "uuid": f"GPU-{uuid.uuid4()}", "name": "NVIDIA H100 80GB HBM3", "gpu_class": "H100-80GB",
-        "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0", "memory_total_mib": 81559,
-        "memory_used_mib": random.randint(0, 81559), "utilization_gpu_pct": random.randint(0, 100),
-        "utilization_memory_pct": random.randint(0, 100), "sm_clock_mhz": 1980, "temperature_gpu_c": 45,
-        "temperature_memory_c": 52, "power_draw_w": 312.5, "power_limit_w": 700.0, "throttle_reasons": [],
-        "ecc_uncorrected_volatile": 0, "remapped_rows_pending": False, "remapped_rows_failure": False,
-        "pcie_replay_count": 0, "mig_mode": "Disabled", "processes": [], "foreign_processes": 0,
+        "index": index,
+        "uuid": f"GPU-{uuid.uuid4()}",
+        "name": "NVIDIA H100 80GB HBM3",
+        "gpu_class": "H100-80GB",
+        "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
+        "memory_total_mib": 81559,
+        "memory_used_mib": random.randint(0, 81559),
+        "utilization_gpu_pct": random.randint(0, 100),
+        "utilization_memory_pct": random.randint(0, 100),
+        "sm_clock_mhz": 1980,
+        "temperature_gpu_c": 45,
+        "temperature_memory_c": 52,
+        "power_draw_w": 312.5,
+        "power_limit_w": 700.0,
+        "throttle_reasons": [],
+        "ecc_uncorrected_volatile": 0,
+        "remapped_rows_pending": False,
+        "remapped_rows_failure": False,
+        "pcie_replay_count": 0,
+        "mig_mode": "Disabled",
+        "processes": [],
+        "foreign_processes": 0,
         "fabric": {"state": "Completed", "status": "Success", "clique_id": 0, "cluster_uuid": None},
     }
 
 
 def sample(gpus: int) -> dict[str, object]:
     return {
-        "taken_at": time.time(), "cpus": 128, "cpu_utilization_pct": 23.4, "load": [4.1, 3.9, 3.7],
-        "memory_total_bytes": 2 * 1024**4, "memory_available_bytes": 1024**4, "memory_used_bytes": 1024**4,
-        "cpu_package_temp_c": 61.0, "inlet_temp_c": 24.0, "cpu_package_power_w": 210.3,
+        "taken_at": time.time(),
+        "cpus": 128,
+        "cpu_utilization_pct": 23.4,
+        "load": [4.1, 3.9, 3.7],
+        "memory_total_bytes": 2 * 1024**4,
+        "memory_available_bytes": 1024**4,
+        "memory_used_bytes": 1024**4,
+        "cpu_package_temp_c": 61.0,
+        "inlet_temp_c": 24.0,
+        "cpu_package_power_w": 210.3,
         "gpus": [gpu(i) for i in range(gpus)],
-        "storage": [{"mount_point": "/models", "fstype": "ext4", "shared": False, "total_bytes": 7 * 1024**4,
-                     "free_bytes": 3 * 1024**4, "directories": ["/models"], "weights": ["qwen2.5-7b"]}],
+        "storage": [
+            {
+                "mount_point": "/models",
+                "fstype": "ext4",
+                "shared": False,
+                "total_bytes": 7 * 1024**4,
+                "free_bytes": 3 * 1024**4,
+                "directories": ["/models"],
+                "weights": ["qwen2.5-7b"],
+            }
+        ],
         "warnings": [],
     }
 
@@ -91,18 +122,32 @@ def sample(gpus: int) -> dict[str, object]:
 def messages(gpus: int) -> tuple[str, str]:
     from agent import protocol
 
-    hardware = {"hostname": "n", "cpu_model": "Intel Xeon Platinum 8480+", "cpus": 128, "sockets": 2,
-                "has_avx2": True, "has_avx512": True, "os": "Ubuntu 22.04", "kernel": "5.15", "arch": "x86_64",
-                "memory_total_bytes": 2 * 1024**4, "driver_version": "565.57.01", "cuda_version": "12.7",
-                "gpus": [gpu(i) for i in range(gpus)]}
-    register = protocol.encode("register", {"agent_version": "bench", "features": ["heartbeat.v1"],
-                                            "hardware": hardware, "sample": sample(gpus)})
+    hardware = {
+        "hostname": "n",
+        "cpu_model": "Intel Xeon Platinum 8480+",
+        "cpus": 128,
+        "sockets": 2,
+        "has_avx2": True,
+        "has_avx512": True,
+        "os": "Ubuntu 22.04",
+        "kernel": "5.15",
+        "arch": "x86_64",
+        "memory_total_bytes": 2 * 1024**4,
+        "driver_version": "565.57.01",
+        "cuda_version": "12.7",
+        "gpus": [gpu(i) for i in range(gpus)],
+    }
+    register = protocol.encode(
+        "register",
+        {"agent_version": "bench", "features": ["heartbeat.v1"], "hardware": hardware, "sample": sample(gpus)},
+    )
     heartbeat = protocol.encode("heartbeat", {"sample": sample(gpus)})
     return register, heartbeat
 
 
-async def run_agents(url: str, credentials: list[str], interval: float, duration: float,
-                     with_register: bool, window: Any = None) -> dict[str, float]:
+async def run_agents(
+    url: str, credentials: list[str], interval: float, duration: float, with_register: bool, window: Any = None
+) -> dict[str, float]:
     from websockets.asyncio.client import connect
 
     sent = 0
@@ -117,8 +162,15 @@ async def run_agents(url: str, credentials: list[str], interval: float, duration
         gpus = 8 if i % 4 == 0 else 0
         register, heartbeat = MESSAGES[gpus]
         try:
-            async with connect(url, additional_headers={"Authorization": f"Bearer {credential}"}, proxy=None,
-                               open_timeout=60, max_size=2**20, ping_interval=None, compression=None) as ws:
+            async with connect(
+                url,
+                additional_headers={"Authorization": f"Bearer {credential}"},
+                proxy=None,
+                open_timeout=60,
+                max_size=2**20,
+                ping_interval=None,
+                compression=None,
+            ) as ws:
                 connected += 1
                 if with_register:
                     await ws.send(register)
@@ -155,8 +207,13 @@ async def run_agents(url: str, credentials: list[str], interval: float, duration
     if window:
         await asyncio.to_thread(window, "end")
     await asyncio.gather(*tasks, return_exceptions=True)
-    return {"sent": measured, "per_second": measured / elapsed, "failures": failures, "connected": connected,
-            "start": start_at}
+    return {
+        "sent": measured,
+        "per_second": measured / elapsed,
+        "failures": failures,
+        "connected": connected,
+        "start": start_at,
+    }
 
 
 MESSAGES: dict[int, tuple[str, str]] = {}
@@ -192,7 +249,7 @@ def _quantile(buckets: list[tuple[float, float]], count: float, q: float) -> flo
     return previous_le
 
 
-ECHO_APP = '''
+ECHO_APP = """
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
         while True:
@@ -211,7 +268,7 @@ async def app(scope, receive, send):
             return
         if message.get("text", "").startswith('{"v":1,"type":"register"'):
             await send({"type": "websocket.send", "text": '{"v":1,"type":"registered"}'})
-'''
+"""
 
 
 def pg_writes(database: str) -> dict[str, float]:
@@ -240,9 +297,16 @@ def main() -> None:
         conn.execute(f'CREATE DATABASE "{database}"')
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
-    env.update({"LLMGW_DATA_DIR": str(tmp), "LLMGW_DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}",
-                "LLMGW_REDIS_URL": REDIS, "LLMGW_REDIS_PREFIX": f"bench-{uuid.uuid4().hex[:6]}",
-                "LLMGW_LOG_LEVEL": "warning", "DJANGO_SETTINGS_MODULE": "llmgw.settings"})
+    env.update(
+        {
+            "LLMGW_DATA_DIR": str(tmp),
+            "LLMGW_DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}",
+            "LLMGW_REDIS_URL": REDIS,
+            "LLMGW_REDIS_PREFIX": f"bench-{uuid.uuid4().hex[:6]}",
+            "LLMGW_LOG_LEVEL": "warning",
+            "DJANGO_SETTINGS_MODULE": "llmgw.settings",
+        }
+    )
     python = sys.executable
     web = echo = None
     try:
@@ -257,18 +321,32 @@ def main() -> None:
             ".hexdigest()) for i,c in enumerate(creds)], batch_size=500)\n"
             "print('\\n'.join(creds))\n"
         )
-        credentials = subprocess.run([python, "-c", make], env=env, check=True, cwd=REPO, capture_output=True,
-                                     text=True).stdout.split()
+        credentials = subprocess.run(
+            [python, "-c", make], env=env, check=True, cwd=REPO, capture_output=True, text=True
+        ).stdout.split()
 
         # Baseline: the same load to a websocket server that only reads.
         echo_port = free_port()
         (tmp / "echo.py").write_text(ECHO_APP)
-        echo = subprocess.Popen([python, "-m", "uvicorn", "echo:app", "--port", str(echo_port), "--log-level",
-                                 "warning", "--ws-max-size", str(2**20)], cwd=tmp, env=env)
+        echo = subprocess.Popen(
+            [
+                python,
+                "-m",
+                "uvicorn",
+                "echo:app",
+                "--port",
+                str(echo_port),
+                "--log-level",
+                "warning",
+                "--ws-max-size",
+                str(2**20),
+            ],
+            cwd=tmp,
+            env=env,
+        )
         time.sleep(2)
         cpu0 = process_tree_cpu(echo.pid)
-        base = asyncio.run(run_agents(f"ws://127.0.0.1:{echo_port}/", credentials, args.interval, args.duration,
-                                      True))
+        base = asyncio.run(run_agents(f"ws://127.0.0.1:{echo_port}/", credentials, args.interval, args.duration, True))
         base_cpu = process_tree_cpu(echo.pid) - cpu0
         echo.terminate()
         echo.wait()
@@ -294,26 +372,37 @@ def main() -> None:
             metrics = generate_latest(registry).decode()
             marks[edge] = (pg_writes(database), process_tree_cpu(web.pid), metrics)
 
-        result = asyncio.run(run_agents(f"ws://127.0.0.1:{port}/ws/agent/", credentials, args.interval,
-                                        args.duration, True, window))
+        result = asyncio.run(
+            run_agents(f"ws://127.0.0.1:{port}/ws/agent/", credentials, args.interval, args.duration, True, window)
+        )
         per_table = {t: marks["end"][0].get(t, 0.0) - marks["start"][0].get(t, 0.0) for t in marks["end"][0]}
         writes = sum(per_table.values())
         web_cpu = marks["end"][1] - marks["start"][1]
-        p50, p99, handled = histogram_window(marks["start"][2], marks["end"][2], "llmgw_agent_message_seconds",
-                                             'type="heartbeat"')
+        p50, p99, handled = histogram_window(
+            marks["start"][2], marks["end"][2], "llmgw_agent_message_seconds", 'type="heartbeat"'
+        )
         total_sent = handled
-        print(f"agents: {args.agents} ({result['connected']:.0f} connected, {result['failures']:.0f} failed), "
-              f"interval {args.interval:.0f} s, measured {args.duration:.0f} s")
-        print(f"heartbeats handled: {result['per_second']:.1f}/s (target {args.agents / args.interval:.0f}/s); "
-              f"baseline transport {base['per_second']:.1f}/s; ratio {result['per_second'] / base['per_second']:.2f}")
+        print(
+            f"agents: {args.agents} ({result['connected']:.0f} connected, {result['failures']:.0f} failed), "
+            f"interval {args.interval:.0f} s, measured {args.duration:.0f} s"
+        )
+        print(
+            f"heartbeats handled: {result['per_second']:.1f}/s (target {args.agents / args.interval:.0f}/s); "
+            f"baseline transport {base['per_second']:.1f}/s; ratio {result['per_second'] / base['per_second']:.2f}"
+        )
         print(f"server time per heartbeat: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms (target p99 < 50 ms)")
         per_beat_cpu = web_cpu / max(result["sent"], 1) * 1000
         base_cpu_beat = base_cpu / max(base["sent"], 1) * 1000
-        print(f"web CPU per heartbeat: {per_beat_cpu:.2f} ms; baseline transport {base_cpu_beat:.2f} ms; "
-              f"ratio {per_beat_cpu / max(base_cpu_beat, 1e-9):.1f}")
-        print(f"database row writes per heartbeat: {writes / max(total_sent, 1):.2f} "
-              f"(target <= 1; {writes:.0f} row writes for {total_sent:.0f} heartbeats in the window: "
-              + ", ".join(f"{t} {n:.0f}" for t, n in sorted(per_table.items(), key=lambda i: -i[1]) if n) + ")")
+        print(
+            f"web CPU per heartbeat: {per_beat_cpu:.2f} ms; baseline transport {base_cpu_beat:.2f} ms; "
+            f"ratio {per_beat_cpu / max(base_cpu_beat, 1e-9):.1f}"
+        )
+        print(
+            f"database row writes per heartbeat: {writes / max(total_sent, 1):.2f} "
+            f"(target <= 1; {writes:.0f} row writes for {total_sent:.0f} heartbeats in the window: "
+            + ", ".join(f"{t} {n:.0f}" for t, n in sorted(per_table.items(), key=lambda i: -i[1]) if n)
+            + ")"
+        )
     finally:
         for process in (web, echo):
             if process and process.poll() is None:

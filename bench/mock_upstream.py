@@ -47,12 +47,18 @@ WORDS = [f" w{i}" for i in range(CHUNKS)]
 
 
 def completion(model: str) -> bytes:
-    return json.dumps({
-        "id": "chatcmpl-mock", "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(WORDS)},
-                     "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": CHUNKS, "total_tokens": 12 + CHUNKS},
-    }).encode()
+    return json.dumps(
+        {
+            "id": "chatcmpl-mock",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "".join(WORDS)}, "finish_reason": "stop"}
+            ],
+            "usage": {"prompt_tokens": 12, "completion_tokens": CHUNKS, "total_tokens": 12 + CHUNKS},
+        }
+    ).encode()
 
 
 def stream_events(model: str, count: int) -> list[bytes]:
@@ -61,22 +67,32 @@ def stream_events(model: str, count: int) -> list[bytes]:
         delta: dict[str, str] = {"content": WORDS[i % CHUNKS]}
         if i == 0:
             delta["role"] = "assistant"
-        chunk = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": int(time.time()),
-                 "model": model, "choices": [{"index": 0, "delta": delta,
-                                              "finish_reason": "stop" if i == count - 1 else None}]}
+        chunk = {
+            "id": "chatcmpl-mock",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": "stop" if i == count - 1 else None}],
+        }
         events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-    usage = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-             "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": count,
-                                      "total_tokens": 12 + count}}
+    usage = {
+        "id": "chatcmpl-mock",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": {"prompt_tokens": 12, "completion_tokens": count, "total_tokens": 12 + count},
+    }
     events.append(b"data: " + json.dumps(usage).encode() + b"\n\n")
     events.append(b"data: [DONE]\n\n")
     return [b"%x\r\n%s\r\n" % (len(e), e) for e in events] + [b"0\r\n\r\n"]
 
 
-JSON_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-             b"connection: keep-alive\r\n\r\n")
-SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-            b"transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n")
+JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: keep-alive\r\n\r\n"
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+    b"transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
+)
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: keep-alive\r\n\r\n"
 STATS = b"/__stats"
 STATS_RESET = b"/__stats/reset"
@@ -107,9 +123,11 @@ class Stats:
         self.requests = 0
 
     def answer(self) -> bytes:
-        body = json.dumps({"in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
-                           "requests": self.requests}).encode()
+        body = json.dumps(
+            {"in_flight": self.in_flight, "max_in_flight": self.max_in_flight, "requests": self.requests}
+        ).encode()
         return JSON_HEAD % len(body) + body
+
 
 _cache: dict[tuple[str, str], Any] = {}
 
@@ -243,11 +261,19 @@ async def main() -> None:
     args = parser.parse_args()
     loop = asyncio.get_running_loop()
     servers = []
-    for mode, port in (("fast", args.fast), ("slow", args.slow), ("paced", args.paced), ("fast", args.replica),
-                       ("paced", args.replica_paced)):
+    for mode, port in (
+        ("fast", args.fast),
+        ("slow", args.slow),
+        ("paced", args.paced),
+        ("fast", args.replica),
+        ("paced", args.replica_paced),
+    ):
         if port:
-            servers.append(await loop.create_server(partial(Mock, mode, Stats()), args.host, port, backlog=4096,
-                                                    reuse_address=True))
+            servers.append(
+                await loop.create_server(
+                    partial(Mock, mode, Stats()), args.host, port, backlog=4096, reuse_address=True
+                )
+            )
     print("ready", flush=True)
     await asyncio.gather(*(s.serve_forever() for s in servers))
 

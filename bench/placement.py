@@ -59,43 +59,93 @@ def build_cluster(gpu_nodes: int, cpu_nodes: int, rng: random.Random) -> Invento
         gpus = [GpuSlot(g, cls, healthy=rng.random() > 0.01, nvlink_group=groups[g]) for g in range(8)]
         weights = frozenset(m for m in MODELS if rng.random() < 0.05)
         nodes[i + 1] = NodeSnapshot(
-            id=i + 1, name=f"gpu-{i:04d}", ready=rng.random() > 0.01, cordoned=rng.random() < 0.01,
-            cordon_reason="bad fan", labels={"zone": f"z{i % 5}"}, memory_total_bytes=2048 * GIB, cpus=128,
-            gpus=gpus, engines=frozenset({"vllm", "llama.cpp"}), fabric=FABRICS[(i // 7) % 4],
-            weights=weights)
+            id=i + 1,
+            name=f"gpu-{i:04d}",
+            ready=rng.random() > 0.01,
+            cordoned=rng.random() < 0.01,
+            cordon_reason="bad fan",
+            labels={"zone": f"z{i % 5}"},
+            memory_total_bytes=2048 * GIB,
+            cpus=128,
+            gpus=gpus,
+            engines=frozenset({"vllm", "llama.cpp"}),
+            fabric=FABRICS[(i // 7) % 4],
+            weights=weights,
+        )
     for j in range(cpu_nodes):
         node_id = gpu_nodes + j + 1
         nodes[node_id] = NodeSnapshot(
-            id=node_id, name=f"cpu-{j:03d}", memory_total_bytes=256 * GIB, cpus=64,
-            engines=frozenset({"llama.cpp"}), weights=frozenset(m for m in MODELS if rng.random() < 0.2))
+            id=node_id,
+            name=f"cpu-{j:03d}",
+            memory_total_bytes=256 * GIB,
+            cpus=64,
+            engines=frozenset({"llama.cpp"}),
+            weights=frozenset(m for m in MODELS if rng.random() < 0.2),
+        )
     return Inventory(nodes)
 
 
-def profile(pid: int, name: str, accelerator: str, gpus: int = 0, nodes: int = 1, priority: int = 10,
-            memory_gb: int = 0, cores: float = 0, engine: str = "vllm") -> ProfileSpec:
-    return ProfileSpec(id=pid, name=name, priority=priority, engine=engine, accelerator=accelerator,
-                       gpus_per_shard=gpus, nodes_per_replica=nodes, memory_bytes=memory_gb * GIB,
-                       cpu_cores=cores)
+def profile(
+    pid: int,
+    name: str,
+    accelerator: str,
+    gpus: int = 0,
+    nodes: int = 1,
+    priority: int = 10,
+    memory_gb: int = 0,
+    cores: float = 0,
+    engine: str = "vllm",
+) -> ProfileSpec:
+    return ProfileSpec(
+        id=pid,
+        name=name,
+        priority=priority,
+        engine=engine,
+        accelerator=accelerator,
+        gpus_per_shard=gpus,
+        nodes_per_replica=nodes,
+        memory_bytes=memory_gb * GIB,
+        cpu_cores=cores,
+    )
 
 
 def requests(count: int, rng: random.Random) -> list[ReplicaRequest]:
     kinds = [
         ("embed-small", [profile(1, "1xL40S", "L40S-48GB", 1, memory_gb=16, cores=4)]),
-        ("mistral-7b", [profile(2, "2xA100", "A100-80GB", 2, memory_gb=32, cores=8),
-                        profile(3, "2xL40S", "L40S-48GB", 2, priority=5, memory_gb=32, cores=8)]),
-        ("coder-14b", [profile(4, "4xH100", "H100-80GB", 4, memory_gb=64, cores=16),
-                       profile(9, "4xA100", "A100-80GB", 4, priority=5, memory_gb=64, cores=16)]),
-        ("llama-70b", [profile(5, "8xH100", "H100-80GB", 8, memory_gb=256, cores=32),
-                       profile(6, "8xA100", "A100-80GB", 8, priority=5, memory_gb=256, cores=32)]),
-        ("deepseek-v3", [profile(7, "2x8xH100", "H100-80GB", 8, nodes=2, memory_gb=512, cores=64),
-                         profile(10, "2x8xA100", "A100-80GB", 8, nodes=2, priority=5, memory_gb=512, cores=64)]),
+        (
+            "mistral-7b",
+            [
+                profile(2, "2xA100", "A100-80GB", 2, memory_gb=32, cores=8),
+                profile(3, "2xL40S", "L40S-48GB", 2, priority=5, memory_gb=32, cores=8),
+            ],
+        ),
+        (
+            "coder-14b",
+            [
+                profile(4, "4xH100", "H100-80GB", 4, memory_gb=64, cores=16),
+                profile(9, "4xA100", "A100-80GB", 4, priority=5, memory_gb=64, cores=16),
+            ],
+        ),
+        (
+            "llama-70b",
+            [
+                profile(5, "8xH100", "H100-80GB", 8, memory_gb=256, cores=32),
+                profile(6, "8xA100", "A100-80GB", 8, priority=5, memory_gb=256, cores=32),
+            ],
+        ),
+        (
+            "deepseek-v3",
+            [
+                profile(7, "2x8xH100", "H100-80GB", 8, nodes=2, memory_gb=512, cores=64),
+                profile(10, "2x8xA100", "A100-80GB", 8, nodes=2, priority=5, memory_gb=512, cores=64),
+            ],
+        ),
         ("qwen-32b", [profile(8, "cpu", "cpu", memory_gb=48, cores=12, engine="llama.cpp")]),
     ]
     out = []
     for i in range(count):
         model, profiles = kinds[rng.randrange(len(kinds))]
-        out.append(ReplicaRequest(model=model, profiles=profiles, owner=("org:1", f"team:{i % 4}"),
-                                  replica_id=f"r{i}"))
+        out.append(ReplicaRequest(model=model, profiles=profiles, owner=("org:1", f"team:{i % 4}"), replica_id=f"r{i}"))
     return out
 
 
@@ -111,8 +161,9 @@ def zone_spread(ctx: PlacementContext, node: NodeSnapshot) -> float:
     return 1.0 / (1 + counts.get(node.labels.get("zone", ""), 0))
 
 
-def run(inventory: Inventory, reqs: list[ReplicaRequest], registry: Registry
-        ) -> tuple[float, list[float], dict[str, int], int]:
+def run(
+    inventory: Inventory, reqs: list[ReplicaRequest], registry: Registry
+) -> tuple[float, list[float], dict[str, int], int]:
     """Place and apply each request in turn: total seconds, seconds per placement, placed per profile, refused."""
     times = []
     by_profile: dict[str, int] = {}
@@ -175,38 +226,49 @@ def main() -> None:
 
     gpus_claimed = sum(len(c.gpu_indices) for c in inventory.claims)
     print(f"cluster: {args.nodes} GPU nodes x 8 + {args.cpu_nodes} CPU nodes (built in {build_s * 1000:.0f} ms)")
-    print(f"placed {placed} replicas, {unplaced} refused, {gpus_claimed} GPUs claimed; by profile: "
-          + ", ".join(f"{k}={v}" for k, v in sorted(by_profile.items())))
-    print(f"place+apply x{len(reqs)}: total {total_s * 1000:.0f} ms, p50 {percentile(times, 0.5) * 1e3:.3f} ms, "
-          f"p99 {percentile(times, 0.99) * 1e3:.3f} ms, max {max(times) * 1e3:.3f} ms "
-          f"(mean {statistics.fmean(times) * 1e3:.3f} ms)")
-    print(f"explain {target.model} ({len(verdicts)} profiles x {len(inventory.nodes)} nodes, "
-          f"{refusals} refusals): median {explain_s * 1000:.1f} ms of {EXPLAIN_REPEATS} "
-          f"(min {min(explain_times) * 1000:.1f}, max {max(explain_times) * 1000:.1f})")
-    print(f"baseline (one dict lookup per node per placement) x{len(reqs)}: {baseline_s * 1000:.0f} ms; "
-          f"placement / baseline = {total_s / baseline_s:.2f}")
+    print(
+        f"placed {placed} replicas, {unplaced} refused, {gpus_claimed} GPUs claimed; by profile: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(by_profile.items()))
+    )
+    print(
+        f"place+apply x{len(reqs)}: total {total_s * 1000:.0f} ms, p50 {percentile(times, 0.5) * 1e3:.3f} ms, "
+        f"p99 {percentile(times, 0.99) * 1e3:.3f} ms, max {max(times) * 1e3:.3f} ms "
+        f"(mean {statistics.fmean(times) * 1e3:.3f} ms)"
+    )
+    print(
+        f"explain {target.model} ({len(verdicts)} profiles x {len(inventory.nodes)} nodes, "
+        f"{refusals} refusals): median {explain_s * 1000:.1f} ms of {EXPLAIN_REPEATS} "
+        f"(min {min(explain_times) * 1000:.1f}, max {max(explain_times) * 1000:.1f})"
+    )
+    print(
+        f"baseline (one dict lookup per node per placement) x{len(reqs)}: {baseline_s * 1000:.0f} ms; "
+        f"placement / baseline = {total_s / baseline_s:.2f}"
+    )
     started = time.perf_counter()
     room = headroom(inventory, target)
     headroom_s = time.perf_counter() - started
     print(f"headroom {target.model}: {room} more replicas, dry run on a copy in {headroom_s * 1000:.0f} ms")
 
     biggest = next(r for r in reqs if r.model == "deepseek-v3")
-    critical = ReplicaRequest(model=biggest.model, profiles=biggest.profiles[:1], capacity_class="critical",
-                              replica_id="critical")
+    critical = ReplicaRequest(
+        model=biggest.model, profiles=biggest.profiles[:1], capacity_class="critical", replica_id="critical"
+    )
     started = time.perf_counter()
     plan = plan_preemption(inventory, critical)
     preempt_s = time.perf_counter() - started
     victims = "no room" if plan is None else f"{len(plan.victims)} victims"
-    print(f"plan_preemption for a critical {critical.profiles[0].name} replica: {victims}, "
-          f"{preempt_s * 1000:.0f} ms")
+    print(f"plan_preemption for a critical {critical.profiles[0].name} replica: {victims}, {preempt_s * 1000:.0f} ms")
 
     plugged = REGISTRY.copy()
     plugged.register_scorer(zone_spread, name="bench.zone_spread", weight=0.5)
-    other_s, other_times, other_placed, _ = run(build_cluster(args.nodes, args.cpu_nodes, random.Random(args.seed)),
-                                                reqs, plugged)
-    print(f"with one more scorer (zone spread, weight 0.5): {sum(other_placed.values())} placed in "
-          f"{other_s * 1000:.0f} ms, "
-          f"p50 {percentile(other_times, 0.5) * 1e3:.3f} ms, p99 {percentile(other_times, 0.99) * 1e3:.3f} ms")
+    other_s, other_times, other_placed, _ = run(
+        build_cluster(args.nodes, args.cpu_nodes, random.Random(args.seed)), reqs, plugged
+    )
+    print(
+        f"with one more scorer (zone spread, weight 0.5): {sum(other_placed.values())} placed in "
+        f"{other_s * 1000:.0f} ms, "
+        f"p50 {percentile(other_times, 0.5) * 1e3:.3f} ms, p99 {percentile(other_times, 0.99) * 1e3:.3f} ms"
+    )
     ok = total_s < 2.0 and explain_s < 0.05
     print(f"targets (1,000 under 2 s, explain under 50 ms): {'met' if ok else 'MISSED'}")
 

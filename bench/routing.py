@@ -89,8 +89,10 @@ MAX_TOKENS = 8
 HEALTH_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 300.0
 
-SYSTEM_PROMPT = ("You are the operations assistant of a company that runs its own GPU and CPU servers. Answer "
-                 "questions about the documents the user shares, briefly and precisely, citing section numbers.")
+SYSTEM_PROMPT = (
+    "You are the operations assistant of a company that runs its own GPU and CPU servers. Answer "
+    "questions about the documents the user shares, briefly and precisely, citing section numbers."
+)
 
 QUESTIONS = [
     "Which step in that plan carries the most risk, and why?",
@@ -116,15 +118,57 @@ TOPICS = [
     ("Security assessment", "the single sign-on gateway"),
     ("Onboarding guide", "the on-call rotation"),
 ]
-SERVICES = ["ingest-api", "blob-store", "scheduler", "auth-proxy", "metrics-relay", "queue-broker", "search-indexer",
-            "edge-cache", "ledger", "notifier", "config-service", "batch-runner", "gpu-allocator", "dns-resolver"]
-PEOPLE = ["Amara Okafor", "Jonas Lindqvist", "Priya Raman", "Mateo Alvarez", "Yuki Tanaka", "Fatima Zahra",
-          "Ola Nordmann", "Chen Wei", "Lucía Romero", "Tomasz Nowak", "Aisha Bello", "Henrik Dahl"]
+SERVICES = [
+    "ingest-api",
+    "blob-store",
+    "scheduler",
+    "auth-proxy",
+    "metrics-relay",
+    "queue-broker",
+    "search-indexer",
+    "edge-cache",
+    "ledger",
+    "notifier",
+    "config-service",
+    "batch-runner",
+    "gpu-allocator",
+    "dns-resolver",
+]
+PEOPLE = [
+    "Amara Okafor",
+    "Jonas Lindqvist",
+    "Priya Raman",
+    "Mateo Alvarez",
+    "Yuki Tanaka",
+    "Fatima Zahra",
+    "Ola Nordmann",
+    "Chen Wei",
+    "Lucía Romero",
+    "Tomasz Nowak",
+    "Aisha Bello",
+    "Henrik Dahl",
+]
 TEAMS = ["platform", "storage", "networking", "developer productivity", "security", "finance engineering", "SRE"]
-HARDWARE = ["H100 nodes", "A100 nodes", "L40S cards", "EPYC CPU hosts", "NVMe shelves", "leaf switches",
-            "top-of-rack switches", "PDUs in row 4"]
-METRICS = ["p99 latency", "error rate", "queue depth", "disk utilisation", "GPU memory pressure", "request rate",
-           "replication lag", "power draw"]
+HARDWARE = [
+    "H100 nodes",
+    "A100 nodes",
+    "L40S cards",
+    "EPYC CPU hosts",
+    "NVMe shelves",
+    "leaf switches",
+    "top-of-rack switches",
+    "PDUs in row 4",
+]
+METRICS = [
+    "p99 latency",
+    "error rate",
+    "queue depth",
+    "disk utilisation",
+    "GPU memory pressure",
+    "request rate",
+    "replication lag",
+    "power draw",
+]
 VERBS = ["raised", "lowered", "doubled", "capped", "moved", "rolled back", "re-enabled", "drained", "resized"]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 SENTENCES = [
@@ -152,19 +196,35 @@ def _fill(rng: random.Random, template: str) -> str:
     person, person2 = rng.sample(PEOPLE, 2)
     service, service2 = rng.sample(SERVICES, 2)
     return template.format(
-        time=f"{hour:02d}:{minute:02d}", time2=f"{(hour + 1) % 24:02d}:{rng.randrange(60):02d}",
-        day=rng.choice(DAYS), person=person, person2=person2, team=rng.choice(TEAMS), metric=rng.choice(METRICS),
-        service=service, service2=service2, verb=rng.choice(VERBS), num=rng.randrange(2, 98),
-        num2=rng.randrange(100, 4000), mins=rng.randrange(3, 90), count=rng.randrange(4, 240),
-        hardware=rng.choice(HARDWARE), year=rng.randrange(2019, 2025))
+        time=f"{hour:02d}:{minute:02d}",
+        time2=f"{(hour + 1) % 24:02d}:{rng.randrange(60):02d}",
+        day=rng.choice(DAYS),
+        person=person,
+        person2=person2,
+        team=rng.choice(TEAMS),
+        metric=rng.choice(METRICS),
+        service=service,
+        service2=service2,
+        verb=rng.choice(VERBS),
+        num=rng.randrange(2, 98),
+        num2=rng.randrange(100, 4000),
+        mins=rng.randrange(3, 90),
+        count=rng.randrange(4, 240),
+        hardware=rng.choice(HARDWARE),
+        year=rng.randrange(2019, 2025),
+    )
 
 
 def document(index: int, paragraphs: int) -> str:
     """Conversation `index`'s long first message: a made-up but plausible operations document."""
     rng = random.Random(1000 + index)
     kind, subject = TOPICS[index % len(TOPICS)]
-    lines = [f"Please read this {kind.lower()} (document {index + 1}) and answer my questions about it.", "",
-             f"# {kind}: {subject}", ""]
+    lines = [
+        f"Please read this {kind.lower()} (document {index + 1}) and answer my questions about it.",
+        "",
+        f"# {kind}: {subject}",
+        "",
+    ]
     for number in range(1, paragraphs + 1):
         if number % 4 == 1:
             lines += [f"## Section {number // 4 + 1}: {rng.choice(SERVICES)} and the {rng.choice(TEAMS)} team", ""]
@@ -251,8 +311,10 @@ def llama_server() -> str | None:
         return None
     found = subprocess.run([str(script), "--check"], capture_output=True, text=True, check=False)
     if found.returncode != 0:
-        print("no llama-server found: building one (scripts/ensure-llama-server, about 18 minutes on 2 cores) ...",
-              flush=True)
+        print(
+            "no llama-server found: building one (scripts/ensure-llama-server, about 18 minutes on 2 cores) ...",
+            flush=True,
+        )
         found = subprocess.run([str(script)], stdout=subprocess.PIPE, text=True, check=False)
     path = found.stdout.strip().splitlines()[-1] if found.returncode == 0 and found.stdout.strip() else ""
     return path or None
@@ -277,8 +339,9 @@ class Engine:
 class Engines:
     """The replicas: started together, waited for, stopped together."""
 
-    def __init__(self, children: Children, binary: str, model: Path, workdir: Path, *, context: int,
-                 parallel: int) -> None:
+    def __init__(
+        self, children: Children, binary: str, model: Path, workdir: Path, *, context: int, parallel: int
+    ) -> None:
         self.children = children
         self.binary = binary
         self.model = model
@@ -289,10 +352,29 @@ class Engines:
         self.running: list[Engine] = []
 
     def argv(self, port: int) -> list[str]:
-        return [self.binary, "-m", str(self.model), "--host", "127.0.0.1", "--port", str(port),
-                "-c", str(self.context * self.parallel), "--parallel", str(self.parallel), "--threads", "1",
-                "--threads-batch", "1", "--cache-prompt", "--cache-ram", "2048", "--no-webui",
-                "--alias", MODEL_NAME]
+        return [
+            self.binary,
+            "-m",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            str(self.context * self.parallel),
+            "--parallel",
+            str(self.parallel),
+            "--threads",
+            "1",
+            "--threads-batch",
+            "1",
+            "--cache-prompt",
+            "--cache-ram",
+            "2048",
+            "--no-webui",
+            "--alias",
+            MODEL_NAME,
+        ]
 
     async def start(self, count: int) -> list[Engine]:
         self.stop()
@@ -300,18 +382,22 @@ class Engines:
             port = free_port()
             log = self.workdir / f"llama-server-{next(self.started)}.log"
             with log.open("wb") as out:
-                proc = self.children.start(self.argv(port), stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL)
+                proc = self.children.start(
+                    self.argv(port), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
             self.running.append(Engine(proc, port, log))
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
         for engine in self.running:
             while not _healthy(engine.url):
                 if engine.proc.poll() is not None:
-                    raise RuntimeError(f"llama-server on port {engine.port} exited ({engine.proc.returncode}):\n"
-                                       f"{engine.log_tail()}")
+                    raise RuntimeError(
+                        f"llama-server on port {engine.port} exited ({engine.proc.returncode}):\n{engine.log_tail()}"
+                    )
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"llama-server on port {engine.port} not healthy after "
-                                       f"{HEALTH_TIMEOUT_S:g} s:\n{engine.log_tail()}")
+                    raise RuntimeError(
+                        f"llama-server on port {engine.port} not healthy after "
+                        f"{HEALTH_TIMEOUT_S:g} s:\n{engine.log_tail()}"
+                    )
                 await asyncio.sleep(0.2)
         return list(self.running)
 
@@ -330,8 +416,9 @@ def _healthy(url: str) -> bool:
 
 
 def count_tokens(url: str, text: str) -> int:
-    request = urllib.request.Request(url + "/tokenize", json.dumps({"content": text}).encode(),
-                                     {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/tokenize", json.dumps({"content": text}).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return len(json.loads(response.read())["tokens"])
 
@@ -405,12 +492,28 @@ class Gateway:
     def set_replicas(self, engines: list[Engine], capacity: int, context: int) -> None:
         from apps.gateway.tables import ModelRoute, Tables, Upstream
 
-        upstreams = [Upstream(id=f"replica-{i + 1}", url=engine.url, secret=None, capacity=capacity, hardware="cpu",
-                              node=f"node-{i + 1}", model=MODEL_NAME, upstream_model=MODEL_NAME,
-                              context_size=context)
-                     for i, engine in enumerate(engines)]
-        route = ModelRoute(name=MODEL_NAME, upstreams=upstreams, fallbacks=[], min_replicas=len(upstreams),
-                           hardware=["cpu"], max_replicas=len(upstreams))
+        upstreams = [
+            Upstream(
+                id=f"replica-{i + 1}",
+                url=engine.url,
+                secret=None,
+                capacity=capacity,
+                hardware="cpu",
+                node=f"node-{i + 1}",
+                model=MODEL_NAME,
+                upstream_model=MODEL_NAME,
+                context_size=context,
+            )
+            for i, engine in enumerate(engines)
+        ]
+        route = ModelRoute(
+            name=MODEL_NAME,
+            upstreams=upstreams,
+            fallbacks=[],
+            min_replicas=len(upstreams),
+            hardware=["cpu"],
+            max_replicas=len(upstreams),
+        )
         tables = Tables(keys=self.app.tables.keys, models={MODEL_NAME: route}, version=self.app.tables.version + 1)
         self.app.keeper.bind(tables)
         self.app.tables = tables
@@ -441,8 +544,9 @@ async def start_gateway() -> Gateway:
     fake_usage.UsageWriter = lambda: usage  # type: ignore[attr-defined]
     sys.modules["apps.quotas.limiter"] = fake_limiter
     sys.modules["apps.quotas.usage"] = fake_usage
-    entry = KeyEntry(key_id=1, user_id=1, project_id=None, team_id=None, org_id=None, allowed_models=None,
-                     expires_at=None)
+    entry = KeyEntry(
+        key_id=1, user_id=1, project_id=None, team_id=None, org_id=None, allowed_models=None, expires_at=None
+    )
     tables = Tables(keys={key_hash(KEY): entry}, models={}, version=1)
     asgi.load_tables = lambda: tables  # type: ignore[assignment]
 
@@ -458,8 +562,9 @@ async def start_gateway() -> Gateway:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app, lifespan="off", log_config=None, log_level="warning", access_log=False, timeout_graceful_shutdown=2
+    )
     server = _QuietServer(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -486,11 +591,18 @@ class Turn:
     held_before: int  # slots the gateway still counted as taken when this request was sent
 
 
-async def ask(client: Any, url: str, messages: list[dict[str, str]], *,
-              stop_at_done: bool = False) -> tuple[str, float, float, str, dict[str, Any]]:
+async def ask(
+    client: Any, url: str, messages: list[dict[str, str]], *, stop_at_done: bool = False
+) -> tuple[str, float, float, str, dict[str, Any]]:
     """One streamed chat completion: (replica, TTFT, total time, answer text, usage)."""
-    body = {"model": MODEL_NAME, "messages": messages, "stream": True, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL_NAME,
+        "messages": messages,
+        "stream": True,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     headers = {"Authorization": f"Bearer {KEY}"}
     started = time.perf_counter()
     first: float | None = None
@@ -522,8 +634,9 @@ async def ask(client: Any, url: str, messages: list[dict[str, str]], *,
     return replica, first if first is not None else total, total, "".join(parts), usage
 
 
-async def run_policy(policy: str, gateway: Gateway, engines: Engines, documents: list[str], args: argparse.Namespace,
-                     capacity: int) -> tuple[list[Turn], float]:
+async def run_policy(
+    policy: str, gateway: Gateway, engines: Engines, documents: list[str], args: argparse.Namespace, capacity: int
+) -> tuple[list[Turn], float]:
     import aiohttp
 
     from apps.gateway import routing
@@ -534,8 +647,9 @@ async def run_policy(policy: str, gateway: Gateway, engines: Engines, documents:
 
     print(f"[{policy}] starting {args.replicas} fresh llama-server replicas (empty caches) ...", flush=True)
     gateway.set_replicas(await engines.start(args.replicas), capacity, engines.context)
-    conversations = [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
-                     for text in documents]
+    conversations = [
+        [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}] for text in documents
+    ]
     turns: list[Turn] = []
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     started = time.perf_counter()
@@ -545,18 +659,23 @@ async def run_policy(policy: str, gateway: Gateway, engines: Engines, documents:
                 if turn > 1:
                     messages.append({"role": "user", "content": QUESTIONS[(index + turn) % len(QUESTIONS)]})
                 held_before = gateway.app.keeper.held()  # 0 unless the previous request's slot is still held
-                replica, ttft, total, answer, usage = await ask(client, gateway.url, messages,
-                                                                stop_at_done=args.stop_at_done)
+                replica, ttft, total, answer, usage = await ask(
+                    client, gateway.url, messages, stop_at_done=args.stop_at_done
+                )
                 messages.append({"role": "assistant", "content": answer})
                 details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
                 cached = details.get("cached_tokens") if isinstance(details, dict) else None
-                done = Turn(index + 1, turn, replica, ttft, total, usage.get("prompt_tokens"), cached, answer,
-                            held_before)
+                done = Turn(
+                    index + 1, turn, replica, ttft, total, usage.get("prompt_tokens"), cached, answer, held_before
+                )
                 turns.append(done)
                 held = f", sent while {held_before} slot(s) still held" if held_before else ""
-                print(f"[{policy}] conversation {done.conversation} turn {done.turn}: {replica}, "
-                      f"TTFT {ttft * 1000:8.0f} ms, prompt {done.prompt_tokens} tokens, "
-                      f"{'?' if cached is None else cached} cached{held}", flush=True)
+                print(
+                    f"[{policy}] conversation {done.conversation} turn {done.turn}: {replica}, "
+                    f"TTFT {ttft * 1000:8.0f} ms, prompt {done.prompt_tokens} tokens, "
+                    f"{'?' if cached is None else cached} cached{held}",
+                    flush=True,
+                )
     elapsed = time.perf_counter() - started
     engines.stop()
     return turns, elapsed
@@ -601,30 +720,45 @@ def summarise(policy: str, turns: list[Turn], elapsed: float) -> Summary:
     prompt = sum(t.prompt_tokens or 0 for t in turns)
     cached = sum(t.cached_tokens or 0 for t in turns)
     known = all(t.cached_tokens is not None and t.prompt_tokens for t in turns)
-    return Summary(policy, percentile(ttfts, 50), percentile(ttfts, 99),
-                   statistics.median(t.ttft_s for t in later) if later else math.nan, same, len(later),
-                   cached / prompt if known and prompt else None, elapsed, sum(1 for t in turns if t.held_before))
+    return Summary(
+        policy,
+        percentile(ttfts, 50),
+        percentile(ttfts, 99),
+        statistics.median(t.ttft_s for t in later) if later else math.nan,
+        same,
+        len(later),
+        cached / prompt if known and prompt else None,
+        elapsed,
+        sum(1 for t in turns if t.held_before),
+    )
 
 
-def report(summaries: dict[str, Summary], args: argparse.Namespace, prefix_tokens: list[int],
-           wall_s: float) -> None:
+def report(summaries: dict[str, Summary], args: argparse.Namespace, prefix_tokens: list[int], wall_s: float) -> None:
     print()
-    print(f"{args.conversations} conversations x {args.turns} turns, {args.replicas} replicas, "
-          f"first message {min(prefix_tokens)}-{max(prefix_tokens)} tokens, {MAX_TOKENS} tokens per answer")
-    print(f"{'policy':<12} {'TTFT p50':>10} {'TTFT p99':>10} {'turns 2+ p50':>13} {'same replica':>13} "
-          f"{'cached':>7} {'still held':>11} {'total':>8}")
+    print(
+        f"{args.conversations} conversations x {args.turns} turns, {args.replicas} replicas, "
+        f"first message {min(prefix_tokens)}-{max(prefix_tokens)} tokens, {MAX_TOKENS} tokens per answer"
+    )
+    print(
+        f"{'policy':<12} {'TTFT p50':>10} {'TTFT p99':>10} {'turns 2+ p50':>13} {'same replica':>13} "
+        f"{'cached':>7} {'still held':>11} {'total':>8}"
+    )
     for s in summaries.values():
         cached = "?" if s.cached is None else f"{s.cached * 100:.0f}%"
-        print(f"{s.policy:<12} {s.p50 * 1000:>7.0f} ms {s.p99 * 1000:>7.0f} ms {s.later_p50 * 1000:>10.0f} ms "
-              f"{f'{s.same}/{s.later}':>13} {cached:>7} {s.stale:>11} {s.elapsed:>6.1f} s")
+        print(
+            f"{s.policy:<12} {s.p50 * 1000:>7.0f} ms {s.p99 * 1000:>7.0f} ms {s.later_p50 * 1000:>10.0f} ms "
+            f"{f'{s.same}/{s.later}':>13} {cached:>7} {s.stale:>11} {s.elapsed:>6.1f} s"
+        )
     affinity = summaries["affinity"].p50
     print()
     for other in ("round_robin", "least_load"):
         print(f"{other} p50 / affinity p50: {summaries[other].p50 / affinity:.1f}x")
     ratio = summaries["round_robin"].p50 / affinity
     verdict = "met" if ratio >= TARGET_RATIO else "NOT met"
-    print(f"target: prefix affinity's TTFT p50 at least {TARGET_RATIO:g}x better than round-robin: {verdict} "
-          f"({ratio:.1f}x)")
+    print(
+        f"target: prefix affinity's TTFT p50 at least {TARGET_RATIO:g}x better than round-robin: {verdict} "
+        f"({ratio:.1f}x)"
+    )
     print(f"bench wall time: {wall_s:.0f} s")
 
 
@@ -662,8 +796,11 @@ async def bench(args: argparse.Namespace, children: Children, workdir: Path) -> 
         documents.append(text)
         prefix_tokens.append(tokens)
     engines.stop()
-    print(f"{args.conversations} documents of {min(prefix_tokens)}-{max(prefix_tokens)} tokens; "
-          f"context {context} tokens a slot", flush=True)
+    print(
+        f"{args.conversations} documents of {min(prefix_tokens)}-{max(prefix_tokens)} tokens; "
+        f"context {context} tokens a slot",
+        flush=True,
+    )
 
     gateway = await start_gateway()
     summaries: dict[str, Summary] = {}
@@ -672,8 +809,11 @@ async def bench(args: argparse.Namespace, children: Children, workdir: Path) -> 
             turns, elapsed = await run_policy(policy, gateway, engines, documents, args, args.parallel)
             summaries[policy] = summarise(policy, turns, elapsed)
             s = summaries[policy]
-            print(f"[{policy}] p50 {s.p50 * 1000:.0f} ms, p99 {s.p99 * 1000:.0f} ms, same replica {s.same}/{s.later}, "
-                  f"{elapsed:.1f} s", flush=True)
+            print(
+                f"[{policy}] p50 {s.p50 * 1000:.0f} ms, p99 {s.p99 * 1000:.0f} ms, same replica {s.same}/{s.later}, "
+                f"{elapsed:.1f} s",
+                flush=True,
+            )
     finally:
         engines.stop()
         await gateway.close()
@@ -686,11 +826,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--conversations", type=int, default=5, help="conversations (odd is best; default 5)")
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation (default 3)")
     parser.add_argument("--replicas", type=int, default=2, help="llama-server replicas (default 2)")
-    parser.add_argument("--prefix-tokens", type=int, default=3300,
-                        help="approximate tokens of each conversation's first message (default 3300)")
+    parser.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=3300,
+        help="approximate tokens of each conversation's first message (default 3300)",
+    )
     parser.add_argument("--parallel", type=int, default=1, choices=(1, 2), help="slots per replica (default 1)")
-    parser.add_argument("--stop-at-done", action="store_true",
-                        help="the client stops reading at data: [DONE] instead of the end of the response")
+    parser.add_argument(
+        "--stop-at-done",
+        action="store_true",
+        help="the client stops reading at data: [DONE] instead of the end of the response",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 conversations, 2 turns, 300 tokens")
     args = parser.parse_args(argv)
     if args.quick:

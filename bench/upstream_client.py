@@ -28,8 +28,9 @@ sys.path.insert(0, str(REPO))
 from bench.gateway import free_port  # noqa: E402
 
 BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "Say hello in a few words."}]}).encode()
-STREAM_BODY = json.dumps({"model": "mock", "stream": True,
-                          "messages": [{"role": "user", "content": "Say hello in a few words."}]}).encode()
+STREAM_BODY = json.dumps(
+    {"model": "mock", "stream": True, "messages": [{"role": "user", "content": "Say hello in a few words."}]}
+).encode()
 HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer sk-mock"}
 
 Send = Callable[[bytes, bool], Awaitable[int]]
@@ -48,9 +49,11 @@ async def clients(url: str) -> list[tuple[str, Send, Callable[[], Awaitable[None
         except ImportError:
             httpx = None  # type: ignore[assignment]
 
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-                                    auto_decompress=False,
-                                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=600))
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=600),
+    )
 
     async def via_aiohttp(body: bytes, stream: bool) -> int:
         async with session.post(url, data=body, headers=HEADERS) as response:
@@ -63,8 +66,10 @@ async def clients(url: str) -> list[tuple[str, Send, Callable[[], Awaitable[None
 
     found: list[tuple[str, Send, Callable[[], Awaitable[None]]]] = [("aiohttp", via_aiohttp, session.close)]
     if httpx is not None:
-        client = httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5),
-                                   limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(600, connect=5),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
 
         async def via_httpx(body: bytes, stream: bool) -> int:
             async with client.stream("POST", url, content=body, headers=HEADERS) as response:
@@ -133,8 +138,20 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     args = parser.parse_args()
     ports = [free_port() for _ in range(3)]
-    mock = subprocess.Popen([sys.executable, str(REPO / "bench" / "mock_upstream.py"), "--fast", str(ports[0]),
-                             "--slow", str(ports[1]), "--paced", str(ports[2])], stdout=subprocess.PIPE, text=True)
+    mock = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "bench" / "mock_upstream.py"),
+            "--fast",
+            str(ports[0]),
+            "--slow",
+            str(ports[1]),
+            "--paced",
+            str(ports[2]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert mock.stdout is not None
         if mock.stdout.readline().strip() != "ready":
@@ -146,11 +163,15 @@ def main() -> None:
         mock.kill()
         mock.wait()
     base = dict(results)["aiohttp"]
-    print(f"{'client':<16}{'c=1 p50 ms':>12}{'req/s c=32':>12}{'CPU ms/req':>12}{'streams/s':>12}"
-          f"{'CPU ms/stream':>15}   ratio to aiohttp (req/s, CPU)")
+    print(
+        f"{'client':<16}{'c=1 p50 ms':>12}{'req/s c=32':>12}{'CPU ms/req':>12}{'streams/s':>12}"
+        f"{'CPU ms/stream':>15}   ratio to aiohttp (req/s, CPU)"
+    )
     for name, r in results:
-        print(f"{name:<16}{r['p50_ms']:>12.3f}{r['rps']:>12.0f}{r['cpu_ms']:>12.3f}{r['streams_s']:>12.0f}"
-              f"{r['cpu_stream_ms']:>15.3f}   {r['rps'] / base['rps']:.2f}x, {r['cpu_ms'] / base['cpu_ms']:.2f}x")
+        print(
+            f"{name:<16}{r['p50_ms']:>12.3f}{r['rps']:>12.0f}{r['cpu_ms']:>12.3f}{r['streams_s']:>12.0f}"
+            f"{r['cpu_stream_ms']:>15.3f}   {r['rps'] / base['rps']:.2f}x, {r['cpu_ms'] / base['cpu_ms']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -48,11 +48,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 # The schema -----------------------------------------------------------------------------------
 
 # Only for the schema: the body of every refusal ("errors" cannot be an attribute of a serializer class).
-ErrorSerializer = inline_serializer("Error", {
-    "detail": serializers.CharField(help_text=_("Why, in words.")),
-    "errors": serializers.DictField(required=False, help_text=_(
-        "For refused input: each field (a path such as models[0].name in a spec) with its messages.")),
-})
+ErrorSerializer = inline_serializer(
+    "Error",
+    {
+        "detail": serializers.CharField(help_text=_("Why, in words.")),
+        "errors": serializers.DictField(
+            required=False,
+            help_text=_("For refused input: each field (a path such as models[0].name in a spec) with its messages."),
+        ),
+    },
+)
 
 
 ERRORS = {
@@ -78,8 +83,11 @@ class AutoSchema(SpectacularAutoSchema):
             codes.add("404")
         if self.method in ("POST", "PUT", "PATCH") and self.get_request_serializer() is not None:
             codes |= {"400", "415"}
-        if self._get_pagination_parameters() or self._get_filter_parameters() or any(
-                getattr(p, "location", None) == "query" for p in self.get_override_parameters()):
+        if (
+            self._get_pagination_parameters()
+            or self._get_filter_parameters()
+            or any(getattr(p, "location", None) == "query" for p in self.get_override_parameters())
+        ):
             codes.add("400")
         if getattr(view, "throttle_classes", None):
             codes.add("429")
@@ -89,7 +97,8 @@ class AutoSchema(SpectacularAutoSchema):
         responses: dict[str, Any] = super()._get_response_bodies(direction)
         for code in sorted(self._error_codes() - set(responses)):
             responses[code] = self._get_response_for_code(
-                OpenApiResponse(ErrorSerializer, description=str(ERRORS[code])), code, direction=direction)
+                OpenApiResponse(ErrorSerializer, description=str(ERRORS[code])), code, direction=direction
+            )
         return responses
 
 
@@ -100,8 +109,12 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
     name = "apiKey"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
-        return {"type": "http", "scheme": "bearer", "bearerFormat": "llmgw_...",
-                "description": str(_("An API key, as made on the Account page or at /api/v1/keys."))}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "llmgw_...",
+            "description": str(_("An API key, as made on the Account page or at /api/v1/keys.")),
+        }
 
 
 class StatusView(APIView):
@@ -122,6 +135,4 @@ class StatusView(APIView):
     def get(self, request: Request) -> Response:
         from llmgw.console.selectors import landing_counts
 
-        return Response(
-            {"version": llmgw.__version__, "counts": landing_counts(), "checks": readiness.run_checks()}
-        )
+        return Response({"version": llmgw.__version__, "counts": landing_counts(), "checks": readiness.run_checks()})

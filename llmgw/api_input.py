@@ -42,9 +42,14 @@ class Pagination(LimitOffsetPagination):
             return default
         value = int(raw) if _WHOLE_NUMBER.fullmatch(raw) else None
         if value is None or not low <= value <= high:
-            raise ValidationError({name: [gettext(
-                "Expected a whole number from %(low)s to %(high)s; got “%(value)s”.")
-                % {"low": low, "high": high, "value": raw[:40]}]})
+            raise ValidationError(
+                {
+                    name: [
+                        gettext("Expected a whole number from %(low)s to %(high)s; got “%(value)s”.")
+                        % {"low": low, "high": high, "value": raw[:40]}
+                    ]
+                }
+            )
         return value
 
     def get_limit(self, request: Request) -> int | None:
@@ -88,8 +93,12 @@ def _text_problem(value: str) -> str | None:
 
 def _refuse(path: tuple[str | int, ...], message: str) -> ParseError:
     field = _path_text(path)
-    return ParseError({"detail": gettext("%(field)s: %(message)s") % {"field": field, "message": message},
-                       "errors": {field: [message]}})
+    return ParseError(
+        {
+            "detail": gettext("%(field)s: %(message)s") % {"field": field, "message": message},
+            "errors": {field: [message]},
+        }
+    )
 
 
 def _refuse_constant(name: str) -> Any:
@@ -108,8 +117,7 @@ class JSONParser(parsers.JSONParser):
     deeper than MAX_JSON_DEPTH, NaN and Infinity (and numbers too large for a float), and
     strings with a NUL or a lone surrogate (in values and in keys). Each is a 400 naming where."""
 
-    def parse(self, stream: Any, media_type: str | None = None,
-              parser_context: Mapping[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
         try:
             "".encode(encoding)  # a text encoding, not a codec such as bz2_codec that would inflate the body
@@ -122,8 +130,9 @@ class JSONParser(parsers.JSONParser):
         try:
             data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
         except RecursionError:
-            raise ParseError(gettext("The JSON body nests deeper than %(max)s levels.")
-                             % {"max": MAX_JSON_DEPTH}) from None
+            raise ParseError(
+                gettext("The JSON body nests deeper than %(max)s levels.") % {"max": MAX_JSON_DEPTH}
+            ) from None
         except ValueError as exc:
             raise ParseError(gettext("The body is not valid JSON: %(error)s") % {"error": exc}) from None
         self._check(data)

@@ -1,12 +1,12 @@
 """The one ASGI application: the /v1 gateway, the agent websocket, and Django for the rest.
 
-    /v1/*       the gateway (apps.gateway.asgi): plain ASGI, mounted ahead of Django so a
-                model request never passes through Django's middleware or the ORM
-    websocket   Channels routes (/ws/agent/ for node agents)
-    the rest    Django: console, /api/v1, /django-admin, /metrics, /healthz, /readyz, behind a
-                bound on request bodies (llmgw/bodylimit.py, LLMGW_MAX_REQUEST_BODY_BYTES) that
-                refuses one too large before Django spools it to a temporary file; the gateway
-                bounds its own (LLMGW_GATEWAY_MAX_BODY_BYTES)
+/v1/*       the gateway (apps.gateway.asgi): plain ASGI, mounted ahead of Django so a
+            model request never passes through Django's middleware or the ORM
+websocket   Channels routes (/ws/agent/ for node agents)
+the rest    Django: console, /api/v1, /django-admin, /metrics, /healthz, /readyz, behind a
+            bound on request bodies (llmgw/bodylimit.py, LLMGW_MAX_REQUEST_BODY_BYTES) that
+            refuses one too large before Django spools it to a temporary file; the gateway
+            bounds its own (LLMGW_GATEWAY_MAX_BODY_BYTES)
 """
 
 from __future__ import annotations

@@ -86,8 +86,7 @@ class BodyLimit:
 class _Counted:
     """One request whose body is counted as it streams (chunked, or a Content-Length not understood)."""
 
-    __slots__ = ("answered", "app", "limit", "received", "refused", "scope", "server_receive", "server_send",
-                 "started")
+    __slots__ = ("answered", "app", "limit", "received", "refused", "scope", "server_receive", "server_send", "started")
 
     def __init__(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         self.app = app

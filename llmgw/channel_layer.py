@@ -40,8 +40,7 @@ __all__ = ["DROPPED", "ChannelLayer"]
 
 log = logging.getLogger("llmgw.channels")
 
-DROPPED = Counter("llmgw_channel_layer_dropped", "Channel layer messages dropped because an inbox was full",
-                  ["kind"])
+DROPPED = Counter("llmgw_channel_layer_dropped", "Channel layer messages dropped because an inbox was full", ["kind"])
 _WARN_EVERY_S = 60.0
 # What a Redis that went away (stopped, restarting, unreachable) raises.
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -75,8 +74,7 @@ logging.getLogger("channels_redis.core").addFilter(_CapacityLog())
 class ChannelLayer(RedisChannelLayer):
     def __init__(self, *args: Any, pool: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pool_options = {"max_connections": 64, "timeout": 10, "health_check_interval": 15,
-                             **(pool or {})}
+        self.pool_options = {"max_connections": 64, "timeout": 10, "health_check_interval": 15, **(pool or {})}
         # The groups each channel of this process joined (and has not left): what is added anew
         # after an outage.
         self.joined: dict[str, set[str]] = {}
@@ -120,8 +118,11 @@ class ChannelLayer(RedisChannelLayer):
             except UNREACHABLE as exc:
                 if self.outage_since is None:
                     self.outage_since = time.monotonic()
-                    log.warning("channel layer: Redis cannot be reached (%s: %s); agent connections stay "
-                                "open and wait for it", type(exc).__name__, exc)
+                    log.warning(
+                        "channel layer: Redis cannot be reached (%s: %s); agent connections stay open and wait for it",
+                        type(exc).__name__,
+                        exc,
+                    )
                 wait = min(max(wait * 2, _RETRY_FIRST_S), _RETRY_MAX_S)
                 continue
             return message
@@ -138,8 +139,11 @@ class ChannelLayer(RedisChannelLayer):
             for group in list(self.joined.get(name, ())):
                 await super().group_add(group, name)
         if self.outage_since is not None:
-            log.warning("channel layer: Redis answers again after %.0f s; %s channels rejoined their groups",
-                        time.monotonic() - self.outage_since, len(channels))
+            log.warning(
+                "channel layer: Redis answers again after %.0f s; %s channels rejoined their groups",
+                time.monotonic() - self.outage_since,
+                len(channels),
+            )
             self.outage_since = None
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:

@@ -188,9 +188,7 @@ def parse_database_url(name: str, url: str) -> DatabaseConfig:
             port=port,
             options=tuple((key, values[-1]) for key, values in sorted(query.items())),
         )
-    raise ImproperlyConfigured(
-        f"{name}={url!r}: expected a URL starting with postgres://, postgresql:// or sqlite:///"
-    )
+    raise ImproperlyConfigured(f"{name}={url!r}: expected a URL starting with postgres://, postgresql:// or sqlite:///")
 
 
 def secret_key(data_dir: Path) -> str:

@@ -141,8 +141,12 @@ CELERY_QUEUE_DIR = DATA_DIR / "queue"
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     # Idle pooled connections are checked before use, so those to a Redis that restarted are made anew.
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"health_check_interval": 15, "socket_timeout": 30,
-                                                          "socket_connect_timeout": 5, "retry_on_timeout": True}
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        "health_check_interval": 15,
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "retry_on_timeout": True,
+    }
     CHANNEL_LAYERS = {
         "default": {
             # channels_redis's layer, sized for the agents a process holds, waiting for a free

@@ -99,16 +99,30 @@ def check_extracted(locale: str, po: Path) -> list[str]:
         env = dict(os.environ, LLMGW_DATA_DIR=tmp)
         try:
             subprocess.run(
-                [sys.executable, "manage.py", "makemessages", "-l", locale, "--no-location", "--no-obsolete",
-                 *[arg for name in IGNORES for arg in ("--ignore", f"{name}/*")]],
-                cwd=ROOT, env=env, check=True, capture_output=True,
+                [
+                    sys.executable,
+                    "manage.py",
+                    "makemessages",
+                    "-l",
+                    locale,
+                    "--no-location",
+                    "--no-obsolete",
+                    *[arg for name in IGNORES for arg in ("--ignore", f"{name}/*")],
+                ],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
             )
             fresh = msgids(po)
         finally:
             shutil.copy2(backup, po)
     missing = sorted(fresh - msgids(po))
-    return [f"{po}: {len(missing)} string(s) of the code are not in the catalogue, e.g. {missing[:5]!r}"
-            ] if missing else []
+    return (
+        [f"{po}: {len(missing)} string(s) of the code are not in the catalogue, e.g. {missing[:5]!r}"]
+        if missing
+        else []
+    )
 
 
 def check_compiled(po: Path) -> list[str]:

@@ -46,5 +46,7 @@ def missing_reason() -> str:
     explicit = os.environ.get(ENV)
     if explicit:
         return f"{ENV}={explicit} is not an executable file"
-    return (f"no llama-server binary: set {ENV}, put one in {REPO_ROOT.parent / 'shared' / 'bin'}, or run "
-            f"scripts/ensure-llama-server to build llama.cpp {LLAMA_CPP_VERSION} into {cache_path().parent}")
+    return (
+        f"no llama-server binary: set {ENV}, put one in {REPO_ROOT.parent / 'shared' / 'bin'}, or run "
+        f"scripts/ensure-llama-server to build llama.cpp {LLAMA_CPP_VERSION} into {cache_path().parent}"
+    )

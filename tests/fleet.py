@@ -102,6 +102,7 @@ def _materialise_tree(listing: str, root: Path, anchor: str, target: str) -> Non
 
 def build_host(spec: HostSpec, root: Path) -> dict[str, str]:
     """Lay out a fake host under root; return the agent's tools mapping."""
+
     def fixture(name: str) -> str:
         return (FIXTURES / name).read_text(encoding="utf-8", errors="replace")
 
@@ -142,14 +143,15 @@ def build_host(spec: HostSpec, root: Path) -> dict[str, str]:
         cases.append(f'  "nvlink -e") cat {shlex.quote(str(FIXTURES / spec.nvlink_errors))} ;;')
     if spec.nvidia_text or spec.nvidia_xml:
         script = bin_dir / "nvidia-smi"
-        script.write_text("#!/bin/sh\ncase \"$*\" in\n" + "\n".join(cases) + '\n  *) exit 2 ;;\nesac\n')
+        script.write_text('#!/bin/sh\ncase "$*" in\n' + "\n".join(cases) + "\n  *) exit 2 ;;\nesac\n")
         script.chmod(0o755)
         tools["nvidia-smi"] = str(script)
     else:
         tools["nvidia-smi"] = str(bin_dir / "no-nvidia-smi-here")
     dmesg = bin_dir / "dmesg"
-    dmesg.write_text(f"#!/bin/sh\ncat {shlex.quote(str(FIXTURES / spec.dmesg))}\n" if spec.dmesg
-                     else "#!/bin/sh\nexit 0\n")
+    dmesg.write_text(
+        f"#!/bin/sh\ncat {shlex.quote(str(FIXTURES / spec.dmesg))}\n" if spec.dmesg else "#!/bin/sh\nexit 0\n"
+    )
     dmesg.chmod(0o755)
     tools["dmesg"] = str(dmesg)
     return tools
@@ -166,8 +168,12 @@ class FleetAgent:
     def start(self) -> FleetAgent:
         handle = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "llmgw", "agent", "--config", str(self.config_path)], cwd=REPO, env=self.env,
-            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-m", "llmgw", "agent", "--config", str(self.config_path)],
+            cwd=REPO,
+            env=self.env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         return self
 
@@ -207,10 +213,16 @@ class ControlPlane:
     def __enter__(self) -> ControlPlane:
         args = ([] if self.local_agent else ["--no-agent"]) + self.up_args
         earlier = self.reuse
-        self.running = self._stack.enter_context(llmgw_up(
-            self.tmp, *args, data_dir=Path(earlier.running.env["LLMGW_DATA_DIR"]) if earlier and earlier.running
-            else None, database=earlier.running.database if earlier and earlier.running else None,
-            keep_database=self.keep_database, **self.extra_env))
+        self.running = self._stack.enter_context(
+            llmgw_up(
+                self.tmp,
+                *args,
+                data_dir=Path(earlier.running.env["LLMGW_DATA_DIR"]) if earlier and earlier.running else None,
+                database=earlier.running.database if earlier and earlier.running else None,
+                keep_database=self.keep_database,
+                **self.extra_env,
+            )
+        )
         if earlier is not None:
             self.email, self.password = earlier.email, earlier.password
         else:
@@ -242,8 +254,12 @@ class ControlPlane:
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.url}/api/v1/{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}/api/v1/{path}",
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.load(response)
 
@@ -255,16 +271,29 @@ class ControlPlane:
             code = main(["ctl", "--server", self.url, "--key", self.key, *args])
         return code, out.getvalue(), err.getvalue()
 
-    def add_agent(self, name: str, spec: HostSpec, *, labels: dict[str, str] | None = None,
-                  heartbeat: float = 1.0, start: bool = True) -> FleetAgent:
+    def add_agent(
+        self,
+        name: str,
+        spec: HostSpec,
+        *,
+        labels: dict[str, str] | None = None,
+        heartbeat: float = 1.0,
+        start: bool = True,
+    ) -> FleetAgent:
         answer = self.api("POST", "nodes/enrollments", {"name": name, "labels": labels or {}})
         root = self.tmp / "hosts" / name
         root.mkdir(parents=True)
         tools = build_host(spec, root)
         config = {
-            "server": self.url, "token": answer["token"], "state_dir": str(root / "state"),
-            "root": str(root), "tools": tools, "heartbeat_interval": heartbeat, "hostname": name,
-            "model_dirs": [], "labels": {},
+            "server": self.url,
+            "token": answer["token"],
+            "state_dir": str(root / "state"),
+            "root": str(root),
+            "tools": tools,
+            "heartbeat_interval": heartbeat,
+            "hostname": name,
+            "model_dirs": [],
+            "labels": {},
         }
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))
@@ -285,8 +314,9 @@ class ControlPlane:
         output = "".join(self.running.lines[-60:]) if self.running else ""
         log = Path(self.running.env["LLMGW_DATA_DIR"]) / "logs" / "up.log" if self.running else None
         full = log.read_text(errors="replace")[-6000:] if log is not None and log.exists() else ""
-        raise AssertionError(f"timed out waiting for {what or predicate}: {last!r}\n{logs}\n--- up\n{output}"
-                             f"\n--- up.log\n{full}")
+        raise AssertionError(
+            f"timed out waiting for {what or predicate}: {last!r}\n{logs}\n--- up\n{output}\n--- up.log\n{full}"
+        )
 
     def node(self, name: str) -> dict[str, Any]:
         """The node as the API shows it; {} while it does not exist yet."""

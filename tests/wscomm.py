@@ -14,8 +14,13 @@ from asgiref.testing import ApplicationCommunicator
 class WebsocketCommunicator(ApplicationCommunicator):  # type: ignore[misc]
     def __init__(self, application: Any, path: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         scope = {
-            "type": "websocket", "path": path, "raw_path": path.encode(), "query_string": b"",
-            "headers": headers or [], "subprotocols": [], "client": ("127.0.0.1", 50000),
+            "type": "websocket",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "headers": headers or [],
+            "subprotocols": [],
+            "client": ("127.0.0.1", 50000),
             "server": ("testserver", 80),
         }
         super().__init__(application, scope)

@@ -44,24 +44,34 @@ def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, st
         raise ValueError(f"nodes_per_replica: llama.cpp runs a replica on one node, got {spec.nodes_per_replica}")
     argv = [
         binary,
-        "-m", spec.source,
-        "--host", spec.host,
-        "--port", str(spec.port),
-        "--alias", spec.served_name,
+        "-m",
+        spec.source,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--alias",
+        spec.served_name,
     ]
     if spec.context_size is not None:
         argv += ["--ctx-size", str(spec.context_size * spec.parallel)]
     argv += [
-        "--parallel", str(spec.parallel),
-        "--threads", str(threads(spec)),
+        "--parallel",
+        str(spec.parallel),
+        "--threads",
+        str(threads(spec)),
         "--metrics",
         "--no-webui",
     ]
     if spec.gpu_indices:
         argv += ["-ngl", ALL_LAYERS]
     argv += spec.extra_args
-    env = join_env(spec, {}, {
-        "LLAMA_API_KEY": spec.api_key,
-        "CUDA_VISIBLE_DEVICES": cuda_visible_devices(spec),
-    })
+    env = join_env(
+        spec,
+        {},
+        {
+            "LLAMA_API_KEY": spec.api_key,
+            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(spec),
+        },
+    )
     return argv, env

@@ -46,7 +46,8 @@ def parallel_sizes(spec: ShardSpec) -> tuple[int, int]:
     if gpus and tp * pp != total:
         raise ValueError(
             f"tensor_parallel x pipeline_parallel is {tp} x {pp} = {tp * pp}, but the replica has "
-            f"{gpus} GPUs on each of {spec.nodes_per_replica} node(s) = {total}")
+            f"{gpus} GPUs on each of {spec.nodes_per_replica} node(s) = {total}"
+        )
     return tp, pp
 
 
@@ -60,13 +61,21 @@ def dist_init_addr(spec: ShardSpec) -> str:
 def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, str]]:
     tp, pp = parallel_sizes(spec)
     argv = [
-        binary, "-m", "sglang.launch_server",
-        "--model-path", spec.source,
-        "--host", spec.host,
-        "--port", str(spec.port),
-        "--api-key", spec.api_key,
-        "--served-model-name", spec.served_name,
-        "--tp", str(tp),
+        binary,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        spec.source,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--api-key",
+        spec.api_key,
+        "--served-model-name",
+        spec.served_name,
+        "--tp",
+        str(tp),
     ]
     if pp > 1:
         argv += ["--pp-size", str(pp)]
@@ -78,9 +87,12 @@ def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, st
     defaults: dict[str, str] = {}
     if spec.multi_node:
         argv += [
-            "--nnodes", str(spec.nodes_per_replica),
-            "--node-rank", str(spec.rank),
-            "--dist-init-addr", dist_init_addr(spec),
+            "--nnodes",
+            str(spec.nodes_per_replica),
+            "--node-rank",
+            str(spec.rank),
+            "--dist-init-addr",
+            dist_init_addr(spec),
         ]
         defaults.update(NCCL_DEFAULTS)
     argv += spec.extra_args

@@ -56,19 +56,27 @@ def parallel_sizes(spec: ShardSpec) -> tuple[int, int]:
     if gpus and tp * pp != gpus * spec.nodes_per_replica:
         raise ValueError(
             f"tensor_parallel x pipeline_parallel is {tp} x {pp} = {tp * pp}, but the replica has "
-            f"{gpus} GPUs on each of {spec.nodes_per_replica} node(s) = {gpus * spec.nodes_per_replica}")
+            f"{gpus} GPUs on each of {spec.nodes_per_replica} node(s) = {gpus * spec.nodes_per_replica}"
+        )
     return tp, pp
 
 
 def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, str]]:
     tp, pp = parallel_sizes(spec)
     argv = [
-        binary, "serve", spec.source,
-        "--host", spec.host,
-        "--port", str(spec.port),
-        "--served-model-name", spec.served_name,
-        "--tensor-parallel-size", str(tp),
-        "--pipeline-parallel-size", str(pp),
+        binary,
+        "serve",
+        spec.source,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--served-model-name",
+        spec.served_name,
+        "--tensor-parallel-size",
+        str(tp),
+        "--pipeline-parallel-size",
+        str(pp),
     ]
     if spec.context_size is not None:
         argv += ["--max-model-len", str(spec.context_size)]
@@ -76,18 +84,27 @@ def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, st
     defaults: dict[str, str] = {}
     if spec.multi_node:
         argv += [
-            "--distributed-executor-backend", "mp",
-            "--nnodes", str(spec.nodes_per_replica),
-            "--node-rank", str(spec.rank),
-            "--master-addr", str(spec.master_addr),
-            "--master-port", str(spec.master_port),
+            "--distributed-executor-backend",
+            "mp",
+            "--nnodes",
+            str(spec.nodes_per_replica),
+            "--node-rank",
+            str(spec.rank),
+            "--master-addr",
+            str(spec.master_addr),
+            "--master-port",
+            str(spec.master_port),
         ]
         if spec.rank > 0:
             argv.append("--headless")
         defaults.update(NCCL_DEFAULTS)
     argv += spec.extra_args
-    env = join_env(spec, defaults, {
-        "VLLM_API_KEY": spec.api_key,
-        "CUDA_VISIBLE_DEVICES": cuda_visible_devices(spec),
-    })
+    env = join_env(
+        spec,
+        defaults,
+        {
+            "VLLM_API_KEY": spec.api_key,
+            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(spec),
+        },
+    )
     return argv, env

@@ -324,11 +324,40 @@ def _reads_as_gguf(path: str) -> bool:
 
 # ggml tensor types: (elements per block, bytes per block), as in ggml.h / gguf-py's GGML_QUANT_SIZES.
 GGML_TYPE_SIZES: dict[int, tuple[int, int]] = {
-    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
-    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
-    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
-    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
-    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+    0: (1, 4),
+    1: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    9: (32, 40),
+    10: (256, 84),
+    11: (256, 110),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+    15: (256, 292),
+    16: (256, 66),
+    17: (256, 74),
+    18: (256, 98),
+    19: (256, 50),
+    20: (32, 18),
+    21: (256, 110),
+    22: (256, 82),
+    23: (256, 136),
+    24: (1, 1),
+    25: (1, 2),
+    26: (1, 4),
+    27: (1, 8),
+    28: (1, 8),
+    29: (256, 56),
+    30: (1, 2),
+    34: (256, 54),
+    35: (256, 66),
+    39: (32, 17),
+    40: (64, 36),
+    41: (128, 18),
 }
 # GGUF metadata value types of a fixed size (bytes); 8 is a string, 9 an array.
 _GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -524,9 +553,11 @@ def weights_held(directory: str) -> list[dict[str, object]]:
             split = _SPLIT_GGUF_RE.match(name)
             if split:
                 count = int(split.group("count"))
-                size = sum(_size(os.path.join(directory, f"{split.group('stem')}-{part:05d}-of-"
-                                                         f"{split.group('count')}.gguf")) or 0
-                           for part in range(1, count + 1))
+                size = sum(
+                    _size(os.path.join(directory, f"{split.group('stem')}-{part:05d}-of-{split.group('count')}.gguf"))
+                    or 0
+                    for part in range(1, count + 1)
+                )
             else:
                 size = _size(path) or 0
         held.append({"path": path, "bytes": size})

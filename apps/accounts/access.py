@@ -149,6 +149,7 @@ def public[V: ViewFunction](view: V) -> V:
 
 # The API's permission classes ----------------------------------------------------------------
 
+
 class RulePermission(BasePermission):
     """Reads (GET, HEAD, OPTIONS) need `read_rule`; every other method needs `write_rule`."""
 

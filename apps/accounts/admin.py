@@ -35,7 +35,6 @@ __all__ = ["AuditedAdmin", "ReadOnlyAdmin", "ReadOnlyInline", "actor_of", "adopt
 SECRET_FIELDS = frozenset({"password", "key_hash", "credential_hash", "token_hash", "secret"})
 
 
-
 def actor_of(request: HttpRequest) -> User | None:
     """Who makes a change in the admin: always a signed-in administrator."""
     return request.user if isinstance(request.user, User) else None
@@ -69,8 +68,9 @@ def _snapshot(obj: models.Model, fields: list[Any]) -> dict[str, Any]:
             values[field.name] = sorted(str(item) for item in getattr(obj, field.name).all()) if obj.pk else []
             continue
         value = getattr(obj, field.name)
-        values[field.name] = str(value) if isinstance(value, models.Model) else json.loads(
-            json.dumps(value, cls=DjangoJSONEncoder))
+        values[field.name] = (
+            str(value) if isinstance(value, models.Model) else json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+        )
     return values
 
 
@@ -113,8 +113,13 @@ class AuditedAdmin(admin.ModelAdmin):
         changes = audit.diff(before, _snapshot(form.instance, fields))
         if change and not changes:
             return
-        audit.record(actor_of(request), self.audit_action("update" if change else "create"),
-                     form.instance, changes=changes, address=client_address(request))
+        audit.record(
+            actor_of(request),
+            self.audit_action("update" if change else "create"),
+            form.instance,
+            changes=changes,
+            address=client_address(request),
+        )
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         """Inline rows are audited one by one, under their own model's name."""
@@ -141,8 +146,7 @@ class AuditedAdmin(admin.ModelAdmin):
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         with transaction.atomic():
-            audit.record(actor_of(request), self.audit_action("delete"), obj,
-                         address=client_address(request))
+            audit.record(actor_of(request), self.audit_action("delete"), obj, address=client_address(request))
             super().delete_model(request, obj)
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
@@ -183,6 +187,7 @@ class ReadOnlyInline(admin.TabularInline):
 
 
 # People -------------------------------------------------------------------------------------
+
 
 @admin.register(User)
 class UserAdmin(AuditedAdmin, BaseUserAdmin):
@@ -247,6 +252,7 @@ class GroupAdmin(AuditedAdmin, BaseGroupAdmin):
 
 # The organisation tree ----------------------------------------------------------------------
 
+
 class BranchForm(forms.ModelForm):
     """A branch's name is checked by the rules the console and the API apply (services.check_branch_name)."""
 
@@ -258,8 +264,12 @@ class BranchForm(forms.ModelForm):
             if self.instance.pk is not None and parent_field:  # read-only then
                 parent = getattr(self.instance, parent_field)
             try:
-                data["name"] = services.check_branch_name(type(self.instance), data["name"], parent=parent,
-                                                          exclude=self.instance if self.instance.pk else None)
+                data["name"] = services.check_branch_name(
+                    type(self.instance),
+                    data["name"],
+                    parent=parent,
+                    exclude=self.instance if self.instance.pk else None,
+                )
             except ValidationError as exc:
                 self.add_error(None, exc)
         return data
@@ -289,18 +299,14 @@ class BranchAdmin(admin.ModelAdmin):
         if change:
             if "name" in form.changed_data:
                 current = type(obj)._default_manager.get(pk=obj.pk)
-                adopt(obj, people_services.rename_branch(current, name=obj.name, actor=actor,
-                                                         address=address))
+                adopt(obj, people_services.rename_branch(current, name=obj.name, actor=actor, address=address))
             return
         if isinstance(obj, Organization):
-            made: Any = services.create_organization(name=obj.name, slug=obj.slug, actor=actor,
-                                                     address=address)
+            made: Any = services.create_organization(name=obj.name, slug=obj.slug, actor=actor, address=address)
         elif isinstance(obj, Team):
-            made = services.create_team(obj.organization, name=obj.name, slug=obj.slug, actor=actor,
-                                        address=address)
+            made = services.create_team(obj.organization, name=obj.name, slug=obj.slug, actor=actor, address=address)
         else:
-            made = services.create_project(obj.team, name=obj.name, slug=obj.slug, actor=actor,
-                                           address=address)
+            made = services.create_project(obj.team, name=obj.name, slug=obj.slug, actor=actor, address=address)
         adopt(obj, made)
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, Any, Any]:
@@ -366,8 +372,12 @@ class MembershipAdmin(AuditedAdmin):
             super().save_model(request, obj, form, change)
             return
         branch = obj.project or obj.team or obj.organization
-        adopt(obj, people_services.add_member(branch, obj.user, obj.role, actor=actor_of(request),
-                                              address=client_address(request)))
+        adopt(
+            obj,
+            people_services.add_member(
+                branch, obj.user, obj.role, actor=actor_of(request), address=client_address(request)
+            ),
+        )
 
     def delete_model(self, request: HttpRequest, obj: Membership) -> None:
         people_services.remove_member(obj, actor=actor_of(request), address=client_address(request))
@@ -384,8 +394,16 @@ class ApiKeyAdmin(AuditedAdmin):
     list_display = ["name", "prefix", "user", "project", "created_at", "expires_at", "revoked_at", "last_used_at"]
     list_filter = ["revoked_at", "is_session_key"]
     search_fields = ["name", "prefix", "user__email"]
-    readonly_fields = ["prefix", "key_hash", "user", "project", "is_session_key", "created_at", "revoked_at",
-                       "last_used_at"]
+    readonly_fields = [
+        "prefix",
+        "key_hash",
+        "user",
+        "project",
+        "is_session_key",
+        "created_at",
+        "revoked_at",
+        "last_used_at",
+    ]
     actions = ["revoke_keys"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -396,8 +414,11 @@ class ApiKeyAdmin(AuditedAdmin):
         keys = [key for key in queryset.select_related("user") if key.revoked_at is None]
         for key in keys:
             services.revoke_api_key(key, actor=actor_of(request), address=client_address(request))
-        self.message_user(request, ngettext("%(count)d API key revoked.", "%(count)d API keys revoked.", len(keys))
-                          % {"count": len(keys)}, level=messages.SUCCESS)
+        self.message_user(
+            request,
+            ngettext("%(count)d API key revoked.", "%(count)d API keys revoked.", len(keys)) % {"count": len(keys)},
+            level=messages.SUCCESS,
+        )
 
 
 @admin.register(AuditEvent)

@@ -24,8 +24,8 @@ from llmgw.http import client_address
 __all__ = ["ApiKeyViewSet", "AuditEventViewSet", "MeView", "OrganizationViewSet", "ProjectViewSet", "TeamViewSet"]
 
 
-
 # The signed-in person ------------------------------------------------------------------
+
 
 class MembershipSerializer(serializers.ModelSerializer[Membership]):
     organization = serializers.CharField(source="organization.slug")
@@ -67,6 +67,7 @@ class MeView(APIView):
 
 # API keys ------------------------------------------------------------------------------
 
+
 class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
     state = serializers.SerializerMethodField()
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.all(), required=False, allow_null=True)
@@ -74,8 +75,16 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
     class Meta:
         model = ApiKey
         fields = [
-            "id", "name", "prefix", "project", "allowed_models", "created_at", "expires_at", "revoked_at",
-            "last_used_at", "state",
+            "id",
+            "name",
+            "prefix",
+            "project",
+            "allowed_models",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
+            "state",
         ]
         read_only_fields = ["id", "prefix", "created_at", "revoked_at", "last_used_at", "state"]
 
@@ -112,8 +121,10 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def get_queryset(self) -> QuerySet[ApiKey]:
         if getattr(self, "swagger_fake_view", False):  # the schema, built without a caller
             return ApiKey.objects.none()
-        return ApiKey.objects.filter(user=self.request.user,  # type: ignore[misc]  # IsSignedIn: never anonymous
-                                     is_session_key=False).select_related("project")
+        return ApiKey.objects.filter(
+            user=self.request.user,  # type: ignore[misc]  # IsSignedIn: never anonymous
+            is_session_key=False,
+        ).select_related("project")
 
     @extend_schema(request=ApiKeySerializer, responses={201: NewApiKeySerializer})
     def create(self, request: Request) -> Response:
@@ -132,18 +143,25 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     @extend_schema(request=None, responses=ApiKeySerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
-        key = services.revoke_api_key(self.get_object(), actor=request.user,  # type: ignore[arg-type]
-                                      address=client_address(request))
+        key = services.revoke_api_key(
+            self.get_object(),
+            actor=request.user,  # type: ignore[arg-type]
+            address=client_address(request),
+        )
         return Response(ApiKeySerializer(key, context={"request": request}).data)
 
     @extend_schema(request=None, responses={204: None})
     def destroy(self, request: Request, pk: str | None = None) -> Response:
-        services.revoke_api_key(self.get_object(), actor=request.user,  # type: ignore[arg-type]
-                                address=client_address(request))
+        services.revoke_api_key(
+            self.get_object(),
+            actor=request.user,  # type: ignore[arg-type]
+            address=client_address(request),
+        )
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # The organisation tree (staff) ----------------------------------------------------------
+
 
 def _as_field_errors(error: DjangoValidationError) -> serializers.ValidationError:
     """A refusal from accounts.services (a name's rules) as the API's 400 naming the field."""
@@ -192,7 +210,9 @@ class OrganizationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet
             raise serializers.ValidationError({"slug": [_("An organisation with this slug exists.")]})
         try:
             serializer.instance = services.create_organization(
-                name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+                name=data["name"],
+                slug=data.get("slug", ""),
+                actor=self.request.user,  # type: ignore[arg-type]
             )
         except DjangoValidationError as error:
             raise _as_field_errors(error) from None
@@ -209,7 +229,10 @@ class TeamViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Team]):
             raise serializers.ValidationError({"slug": [_("A team with this slug exists in the organisation.")]})
         try:
             serializer.instance = services.create_team(
-                data["organization"], name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+                data["organization"],
+                name=data["name"],
+                slug=data.get("slug", ""),
+                actor=self.request.user,  # type: ignore[arg-type]
             )
         except DjangoValidationError as error:
             raise _as_field_errors(error) from None
@@ -226,7 +249,10 @@ class ProjectViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Proj
             raise serializers.ValidationError({"slug": [_("A project with this slug exists in the team.")]})
         try:
             serializer.instance = services.create_project(
-                data["team"], name=data["name"], slug=data.get("slug", ""), actor=self.request.user  # type: ignore[arg-type]
+                data["team"],
+                name=data["name"],
+                slug=data.get("slug", ""),
+                actor=self.request.user,  # type: ignore[arg-type]
             )
         except DjangoValidationError as error:
             raise _as_field_errors(error) from None
@@ -234,14 +260,25 @@ class ProjectViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Proj
 
 # The audit log (staff, read only) ----------------------------------------------------------
 
+
 class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
     actor = serializers.CharField(source="actor_label", help_text="The actor's email at the time, or “system”.")
     target = serializers.CharField(source="target_label")
 
     class Meta:
         model = AuditEvent
-        fields = ["id", "created_at", "actor_id", "actor", "action", "target_type", "target_id", "target", "changes",
-                  "address"]
+        fields = [
+            "id",
+            "created_at",
+            "actor_id",
+            "actor",
+            "action",
+            "target_type",
+            "target_id",
+            "target",
+            "changes",
+            "address",
+        ]
         read_only_fields = fields
 
 
@@ -260,13 +297,15 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet[AuditEvent]):
             raise serializers.ValidationError({name: [str(e) for e in errors] for name, errors in form.errors.items()})
         return form.filter(audit_events())
 
-    @extend_schema(parameters=[
-        OpenApiParameter("actor", str, description="part of the actor's email, or “system”"),
-        OpenApiParameter("action", str, description="an action exactly, such as node.cordon"),
-        OpenApiParameter("target_type", str, description="such as cluster.node"),
-        OpenApiParameter("target", str, description="part of the target's name, or its id"),
-        OpenApiParameter("since", str, description="ISO 8601"),
-        OpenApiParameter("until", str, description="ISO 8601"),
-    ])
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("actor", str, description="part of the actor's email, or “system”"),
+            OpenApiParameter("action", str, description="an action exactly, such as node.cordon"),
+            OpenApiParameter("target_type", str, description="such as cluster.node"),
+            OpenApiParameter("target", str, description="part of the target's name, or its id"),
+            OpenApiParameter("since", str, description="ISO 8601"),
+            OpenApiParameter("until", str, description="ISO 8601"),
+        ]
+    )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().list(request, *args, **kwargs)

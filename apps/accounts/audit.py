@@ -14,8 +14,11 @@ __all__ = ["change_lines", "diff", "record"]
 
 def diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
     """{"field": [old, new]} for every field whose value changed."""
-    return {key: [before.get(key), after.get(key)] for key in sorted(set(before) | set(after))
-            if before.get(key) != after.get(key)}
+    return {
+        key: [before.get(key), after.get(key)]
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    }
 
 
 def record(

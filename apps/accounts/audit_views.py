@@ -38,9 +38,13 @@ def audit(request: HttpRequest) -> HttpResponse:
     page = Paginator(events, PER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
-    return render(request, "accounts/audit.html", {
-        "form": form,
-        "page": page,
-        "rows": [EventRow(event=event, changes=change_lines(event.changes)) for event in page.object_list],
-        "query": query.urlencode(),
-    })
+    return render(
+        request,
+        "accounts/audit.html",
+        {
+            "form": form,
+            "page": page,
+            "rows": [EventRow(event=event, changes=change_lines(event.changes)) for event in page.object_list],
+            "query": query.urlencode(),
+        },
+    )

@@ -92,15 +92,17 @@ def continue_yaml(server: str, model: str) -> str:
         "name": PROVIDER_ID,
         "version": "1.0.0",
         "schema": "v1",
-        "models": [{
-            "name": f"{model} ({PROVIDER_ID})",
-            "provider": "openai",
-            "model": model,
-            "apiBase": api_base(server),
-            "apiKey": f"${{{{ secrets.{ENV_VAR} }}}}",
-            # Not autocomplete: that role wants a fill-in-the-middle model, which a chat model is not.
-            "roles": ["chat", "edit", "apply"],
-        }],
+        "models": [
+            {
+                "name": f"{model} ({PROVIDER_ID})",
+                "provider": "openai",
+                "model": model,
+                "apiBase": api_base(server),
+                "apiKey": f"${{{{ secrets.{ENV_VAR} }}}}",
+                # Not autocomplete: that role wants a fill-in-the-middle model, which a chat model is not.
+                "roles": ["chat", "edit", "apply"],
+            }
+        ],
     }
     return yaml.safe_dump(assistant, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
@@ -186,6 +188,7 @@ def _heredoc(text: str, marker: str = "LLMGW_EOF") -> str:
         raise ValueError("the text holds the here-document's marker")
     return f"<<'{marker}'\n{text}{'' if text.endswith(chr(10)) else chr(10)}{marker}\n"
 
+
 # What the scripts say, marked for makemessages and translated when a script is served.
 NO_KEY = gettext_noop("LLMGW_API_KEY is empty, so nothing was changed. Make a key on %(account)s and run:")
 NOT_A_KEY = gettext_noop("LLMGW_API_KEY does not look like an llmgw key, so nothing was changed.")
@@ -194,13 +197,16 @@ UP_TO_DATE = gettext_noop("%(file)s is already up to date.")
 KEPT_COPY = gettext_noop("Kept a copy of %(file)s as %(copy)s.")
 WROTE = gettext_noop("Wrote %(file)s.")
 CONTINUE_DONE = gettext_noop(
-    "Done. In Continue, pick the assistant “llmgw” (reload the editor window if it is not listed).")
+    "Done. In Continue, pick the assistant “llmgw” (reload the editor window if it is not listed)."
+)
 LEGACY_PROFILES = gettext_noop(
     "config.toml still has [profiles.*] tables, which Codex 0.134 and later no longer read: "
-    "move each into its own <name>.config.toml.")
+    "move each into its own <name>.config.toml."
+)
 CODEX_EXPORT = gettext_noop(
     "Codex reads the key from LLMGW_API_KEY. Add this line to your shell's profile "
-    "(~/.profile, ~/.bashrc or ~/.zshrc) and open a new shell:")
+    "(~/.profile, ~/.bashrc or ~/.zshrc) and open a new shell:"
+)
 CODEX_START = gettext_noop("Then start Codex with: codex --profile llmgw")
 
 
@@ -306,7 +312,9 @@ END {
 def continue_script(server: str, model: str, key_prefix: str) -> str:
     """Write ~/.continue/assistants/llmgw.yaml and the key's line in ~/.continue/.env."""
     server = server.rstrip("/")
-    return _preamble(server, "continue", model, key_prefix) + f"""
+    return (
+        _preamble(server, "continue", model, key_prefix)
+        + f"""
 # Continue's folder: $CONTINUE_GLOBAL_DIR when set, as Continue itself reads it.
 dir=${{CONTINUE_GLOBAL_DIR:-$HOME/.continue}}
 mkdir -p "$dir/assistants"
@@ -327,12 +335,15 @@ chmod 600 "$dir/.env"  # it holds the key
 
 say {_say(CONTINUE_DONE)}
 """
+    )
 
 
 def codex_script(server: str, model: str, key_prefix: str) -> str:
     """Add the llmgw provider to ~/.codex/config.toml and write the profile ~/.codex/llmgw.config.toml."""
     server = server.rstrip("/")
-    return _preamble(server, "codex", model, key_prefix) + f"""
+    return (
+        _preamble(server, "codex", model, key_prefix)
+        + f"""
 # Codex's folder: $CODEX_HOME when set, as Codex itself reads it.
 dir=${{CODEX_HOME:-$HOME/.codex}}
 mkdir -p "$dir"
@@ -359,6 +370,7 @@ say {_say(CODEX_EXPORT)}
 printf '  export %s=%s\\n' {ENV_VAR} "$key"
 say {_say(CODEX_START)}
 """
+    )
 
 
 # What may be baked into a script: the address and a model name, never anything the shell would read as code.

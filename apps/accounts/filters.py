@@ -21,24 +21,29 @@ def audit_events() -> QuerySet[AuditEvent]:
 class AuditFilterForm(forms.Form):
     """?actor=&action=&target_type=&target=&since=&until=; every field may be left empty."""
 
-    actor = forms.CharField(label=_("Actor"), required=False, max_length=254,
-                            help_text=_("Part of an email address, or “system”."))
+    actor = forms.CharField(
+        label=_("Actor"), required=False, max_length=254, help_text=_("Part of an email address, or “system”.")
+    )
     action = forms.CharField(label=_("Action"), required=False, max_length=64)
     target_type = forms.CharField(label=_("Target type"), required=False, max_length=64)
-    target = forms.CharField(label=_("Target"), required=False, max_length=300,
-                             help_text=_("Part of the target's name, or its id."))
-    since = forms.DateTimeField(label=_("From"), required=False,
-                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-    until = forms.DateTimeField(label=_("Until"), required=False,
-                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    target = forms.CharField(
+        label=_("Target"), required=False, max_length=300, help_text=_("Part of the target's name, or its id.")
+    )
+    since = forms.DateTimeField(
+        label=_("From"), required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
+    until = forms.DateTimeField(
+        label=_("Until"), required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # The choices are what the log holds, read when the page is drawn.
         events = AuditEvent.objects.order_by()
         actions = list(events.values_list("action", flat=True).distinct().order_by("action"))
-        types = list(events.exclude(target_type="").values_list("target_type", flat=True).distinct()
-                     .order_by("target_type"))
+        types = list(
+            events.exclude(target_type="").values_list("target_type", flat=True).distinct().order_by("target_type")
+        )
         self.fields["action"].widget = forms.Select(choices=[("", _("Any action"))] + [(a, a) for a in actions])
         self.fields["target_type"].widget = forms.Select(choices=[("", _("Any target"))] + [(t, t) for t in types])
         for field in self.fields.values():

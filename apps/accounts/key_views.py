@@ -43,7 +43,6 @@ def server_address(request: HttpRequest) -> str:
     return (settings.PUBLIC_URL or request.build_absolute_uri("/")).rstrip("/")
 
 
-
 def _models() -> Any:
     return Model.objects.live().order_by("name")
 
@@ -52,16 +51,24 @@ def _models() -> Any:
 
 
 class ApiKeyForm(forms.Form):
-    name = forms.CharField(label=gettext_lazy("Name"), max_length=200, error_messages={
-        "required": gettext_lazy("Give the key a name, so you can tell it apart later.")})
+    name = forms.CharField(
+        label=gettext_lazy("Name"),
+        max_length=200,
+        error_messages={"required": gettext_lazy("Give the key a name, so you can tell it apart later.")},
+    )
     project = forms.ModelChoiceField(
-        label=gettext_lazy("Project"), queryset=projects_for_user(None), required=False,
+        label=gettext_lazy("Project"),
+        queryset=projects_for_user(None),
+        required=False,
         empty_label=gettext_lazy("No project"),
         error_messages={"invalid_choice": gettext_lazy("You are not a member of this project.")},
     )
     expires = forms.ChoiceField(label=gettext_lazy("Expires"), choices=EXPIRY_CHOICES, required=False, initial="30")
     allowed_models = forms.ModelMultipleChoiceField(
-        label=gettext_lazy("Allowed models"), queryset=Model.objects.none(), to_field_name="name", required=False,
+        label=gettext_lazy("Allowed models"),
+        queryset=Model.objects.none(),
+        to_field_name="name",
+        required=False,
         help_text=gettext_lazy("Choose none to allow every model."),
         error_messages={"invalid_choice": NO_SUCH_MODEL},
     )
@@ -95,16 +102,27 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         form = ApiKeyForm(request.POST, user=user)
         if form.is_valid():
             new = services.create_api_key(
-                user, name=form.cleaned_data["name"], project=form.cleaned_data["project"],
-                expires_at=form.expires_at(), allowed_models=[m.name for m in form.cleaned_data["allowed_models"]],
-                actor=user, address=client_address(request),
+                user,
+                name=form.cleaned_data["name"],
+                project=form.cleaned_data["project"],
+                expires_at=form.expires_at(),
+                allowed_models=[m.name for m in form.cleaned_data["allowed_models"]],
+                actor=user,
+                address=client_address(request),
             )
             new_secret = new.secret
             form = ApiKeyForm(user=user)
     keys = ApiKey.objects.filter(user=user, is_session_key=False).select_related("project__team__organization")
-    return render(request, "accounts/api_keys.html", {
-        "form": form, "keys": keys, "new_secret": new_secret, "now": timezone.now(),
-    })
+    return render(
+        request,
+        "accounts/api_keys.html",
+        {
+            "form": form,
+            "keys": keys,
+            "new_secret": new_secret,
+            "now": timezone.now(),
+        },
+    )
 
 
 # Editors -------------------------------------------------------------------------------
@@ -113,7 +131,9 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 class ConnectForm(forms.Form):
     tool = forms.ChoiceField(choices=[(tool.slug, tool.label) for tool in editors.TOOLS.values()])
     model = forms.ModelChoiceField(
-        label=gettext_lazy("Model"), queryset=Model.objects.none(), to_field_name="name",
+        label=gettext_lazy("Model"),
+        queryset=Model.objects.none(),
+        to_field_name="name",
         error_messages={"invalid_choice": NO_SUCH_MODEL, "required": gettext_lazy("Choose a model.")},
     )
 
@@ -126,19 +146,33 @@ def _connection(tool: editors.Tool, server: str, model: str, new: services.NewKe
     """Everything the page shows once for a new editor key."""
     secret = new.secret
     shown: dict[str, Any] = {
-        "tool": tool.slug, "label": tool.label, "model": model, "server": server,
-        "api_base": editors.api_base(server), "secret": secret, "key_name": new.key.name,
+        "tool": tool.slug,
+        "label": tool.label,
+        "model": model,
+        "server": server,
+        "api_base": editors.api_base(server),
+        "secret": secret,
+        "key_name": new.key.name,
         "env_var": editors.ENV_VAR,
     }
     if tool.slug in editors.SCRIPT_TOOLS:
         shown["command"] = editors.install_command(server, tool.slug, model, secret)
     if tool.slug == "continue":
-        shown.update(file=editors.CONTINUE_FILE, yaml=editors.continue_yaml(server, model),
-                     env_file=editors.CONTINUE_ENV_FILE, env_line=editors.continue_env_line(secret))
+        shown.update(
+            file=editors.CONTINUE_FILE,
+            yaml=editors.continue_yaml(server, model),
+            env_file=editors.CONTINUE_ENV_FILE,
+            env_line=editors.continue_env_line(secret),
+        )
     elif tool.slug == "codex":
-        shown.update(config_file=editors.CODEX_CONFIG_FILE, provider_toml=editors.codex_provider_toml(server),
-                     profile_file=editors.CODEX_PROFILE_FILE, profile_toml=editors.codex_profile_toml(model),
-                     export=f"export {editors.ENV_VAR}={secret}", run=f"codex --profile {editors.PROVIDER_ID}")
+        shown.update(
+            config_file=editors.CODEX_CONFIG_FILE,
+            provider_toml=editors.codex_provider_toml(server),
+            profile_file=editors.CODEX_PROFILE_FILE,
+            profile_toml=editors.codex_profile_toml(model),
+            export=f"export {editors.ENV_VAR}={secret}",
+            run=f"codex --profile {editors.PROVIDER_ID}",
+        )
     else:
         # Cline's own names for its settings, which the person looks for on its settings page.
         shown["fields"] = [
@@ -170,16 +204,27 @@ def account(request: HttpRequest) -> HttpResponse:
             connection = _connection(tool, server, chosen, new)
             form = ConnectForm()
     tools = [
-        {"slug": tool.slug, "label": tool.label,
-         "errors": form.errors if form.is_bound and form.data.get("tool") == tool.slug else None,
-         "connection": connection if connection and connection["tool"] == tool.slug else None}
+        {
+            "slug": tool.slug,
+            "label": tool.label,
+            "errors": form.errors if form.is_bound and form.data.get("tool") == tool.slug else None,
+            "connection": connection if connection and connection["tool"] == tool.slug else None,
+        }
         for tool in editors.TOOLS.values()
     ]
     active_keys = ApiKey.objects.active().filter(user=user, is_session_key=False).count()
-    return render(request, "accounts/account.html", {
-        "tools": tools, "model_names": model_names, "chosen": chosen, "server": server,
-        "api_base": editors.api_base(server), "active_keys": active_keys,
-    })
+    return render(
+        request,
+        "accounts/account.html",
+        {
+            "tools": tools,
+            "model_names": model_names,
+            "chosen": chosen,
+            "server": server,
+            "api_base": editors.api_base(server),
+            "active_keys": active_keys,
+        },
+    )
 
 
 @public  # `curl … | sh` has no session; the script holds no secret

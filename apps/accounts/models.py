@@ -162,7 +162,11 @@ class Membership(models.Model):
         Team, on_delete=models.CASCADE, null=True, blank=True, related_name="memberships", verbose_name=_("team")
     )
     project = models.ForeignKey(
-        Project, on_delete=models.CASCADE, null=True, blank=True, related_name="memberships",
+        Project,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="memberships",
         verbose_name=_("project"),
     )
     role = models.CharField(_("role"), max_length=16, choices=MembershipRole.choices, default=MembershipRole.MEMBER)
@@ -253,7 +257,11 @@ class AuditEvent(models.Model):
 
     created_at = models.DateTimeField(_("time"), default=timezone.now, db_index=True)
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
         verbose_name=_("actor"),
     )
     # The actor's address at the time, kept when the account is gone; "system" for the control plane.

@@ -180,7 +180,6 @@ def _remember_failure(request: HttpRequest, code: str, detail: str = "") -> None
         request.session[FAILURE_SESSION_KEY] = [code, detail[:300]]
 
 
-
 # The account: one service ----------------------------------------------------------------
 
 
@@ -195,8 +194,9 @@ def _resolve_targets(
     }
     projects = {
         (project.team_id, project.slug): project
-        for project in Project.objects.filter(team__in=teams.values(),
-                                              slug__in={t.project for t in wanted if t.project})
+        for project in Project.objects.filter(
+            team__in=teams.values(), slug__in={t.project for t in wanted if t.project}
+        )
     }
     places: dict[MembershipTarget, tuple[Organization, Team | None, Project | None]] = {}
     for target in wanted:
@@ -211,8 +211,11 @@ def _resolve_targets(
 
 
 def _membership_label(membership: Membership) -> str:
-    parts = [membership.organization.slug, membership.team.slug if membership.team else "",
-             membership.project.slug if membership.project else ""]
+    parts = [
+        membership.organization.slug,
+        membership.team.slug if membership.team else "",
+        membership.project.slug if membership.project else "",
+    ]
     return "/".join(part for part in parts if part) + f": {membership.role}"
 
 
@@ -233,8 +236,9 @@ def _sync_memberships(user: User, wanted: dict[MembershipTarget, str]) -> dict[s
         kept.add(key)
         membership = existing.get(key)
         if membership is None:
-            membership = Membership.objects.create(user=user, organization=org, team=team, project=project,
-                                                   role=role, from_sso=True)
+            membership = Membership.objects.create(
+                user=user, organization=org, team=team, project=project, role=role, from_sso=True
+            )
             added.append(_membership_label(membership))
         elif membership.from_sso and membership.role != role:
             before = _membership_label(membership)
@@ -293,12 +297,22 @@ def sync_sso_account(
             services.set_staff_role(user, role, actor=None, address=address)
         except ValidationError as exc:
             logger.warning("single sign-on kept the role of %s: %s", user.email, " ".join(exc.messages))
-    memberships = (_sync_memberships(user, role_map.memberships_for(identity.groups))
-                   if identity.groups is not None else {})
+    memberships = (
+        _sync_memberships(user, role_map.memberships_for(identity.groups)) if identity.groups is not None else {}
+    )
     if created:
-        audit.record(user, "user.sso_create", user, changes={
-            "email": user.email, "name": user.name, "staff_role": user.staff_role, **memberships,
-        }, address=address)
+        audit.record(
+            user,
+            "user.sso_create",
+            user,
+            changes={
+                "email": user.email,
+                "name": user.name,
+                "staff_role": user.staff_role,
+                **memberships,
+            },
+            address=address,
+        )
     else:
         after = {"email": user.email, "name": user.name, "staff_role": user.staff_role, "is_staff": user.is_staff}
         changes: dict[str, Any] = {**audit.diff(before, after), **memberships}
@@ -318,13 +332,15 @@ class LocalSignInGate:
     ever names it (Django's test client picks the first backend that has one).
     """
 
-    def authenticate(self, request: HttpRequest | None, username: str | None = None,
-                     password: str | None = None, **kwargs: Any) -> None:
+    def authenticate(
+        self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any
+    ) -> None:
         if password is not None and not settings.LOCAL_SIGNIN:
             raise PermissionDenied
 
-    async def aauthenticate(self, request: HttpRequest | None, username: str | None = None,
-                            password: str | None = None, **kwargs: Any) -> None:
+    async def aauthenticate(
+        self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any
+    ) -> None:
         return self.authenticate(request, username=username, password=password, **kwargs)
 
 
@@ -429,15 +445,23 @@ class SsoBackend(OIDCAuthenticationBackend):
         return users
 
     def create_user(self, claims: dict[str, Any]) -> User:
-        return sync_sso_account(None, self._identity(claims), role_map=settings.OIDC_ROLE_MAP,
-                                address=client_address(getattr(self, "request", None)))
+        return sync_sso_account(
+            None,
+            self._identity(claims),
+            role_map=settings.OIDC_ROLE_MAP,
+            address=client_address(getattr(self, "request", None)),
+        )
 
     def update_user(self, user: User, claims: dict[str, Any]) -> User:
         if not user.is_active:
             self._refuse("inactive")
             return user
-        return sync_sso_account(user, self._identity(claims), role_map=settings.OIDC_ROLE_MAP,
-                                address=client_address(getattr(self, "request", None)))
+        return sync_sso_account(
+            user,
+            self._identity(claims),
+            role_map=settings.OIDC_ROLE_MAP,
+            address=client_address(getattr(self, "request", None)),
+        )
 
 
 # Views ------------------------------------------------------------------------------------
@@ -550,11 +574,13 @@ def provider_logout_url(request: HttpRequest) -> str:
         return back
     if not end_session:
         return back
-    query = urlencode({
-        "id_token_hint": id_token,
-        "post_logout_redirect_uri": request.build_absolute_uri(back),
-        "client_id": settings.OIDC_RP_CLIENT_ID,
-    })
+    query = urlencode(
+        {
+            "id_token_hint": id_token,
+            "post_logout_redirect_uri": request.build_absolute_uri(back),
+            "client_id": settings.OIDC_RP_CLIENT_ID,
+        }
+    )
     return f"{end_session}{'&' if '?' in end_session else '?'}{query}"
 
 

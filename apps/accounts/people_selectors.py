@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 KINDS: dict[str, type[Organization] | type[Team] | type[Project]] = {
-    "org": Organization, "team": Team, "project": Project,
+    "org": Organization,
+    "team": Team,
+    "project": Project,
 }
 KIND_LABELS = {"org": gettext_lazy("Organisation"), "team": gettext_lazy("Team"), "project": gettext_lazy("Project")}
 
@@ -67,7 +69,7 @@ class Branch:
 
     @property
     def path(self) -> str:
-        """"Acme / Research / Search": the branch with every branch above it."""
+        """ "Acme / Research / Search": the branch with every branch above it."""
         return str(self.obj)
 
     @property
@@ -96,6 +98,7 @@ class Branch:
 
 # Who sees which branches ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Scope:
     """The branches a person may see: everything, or those they manage and what is under them."""
@@ -113,8 +116,7 @@ class Scope:
             return obj.pk in self.org_ids
         if isinstance(obj, Team):
             return obj.pk in self.team_ids or obj.organization_id in self.org_ids
-        return (obj.pk in self.project_ids or obj.team_id in self.team_ids
-                or obj.team.organization_id in self.org_ids)
+        return obj.pk in self.project_ids or obj.team_id in self.team_ids or obj.team.organization_id in self.org_ids
 
 
 EVERYTHING = Scope(everything=True)
@@ -125,8 +127,9 @@ def scope_for(user: User) -> Scope:
     orgs: set[int] = set()
     teams: set[int] = set()
     projects: set[int] = set()
-    for org_id, team_id, project_id in Membership.objects.filter(user=user, role=MembershipRole.MANAGER) \
-            .values_list("organization_id", "team_id", "project_id"):
+    for org_id, team_id, project_id in Membership.objects.filter(user=user, role=MembershipRole.MANAGER).values_list(
+        "organization_id", "team_id", "project_id"
+    ):
         if project_id:
             projects.add(project_id)
         elif team_id:
@@ -143,7 +146,8 @@ def get_branch(key: str | None) -> Branch | None:
         return None
     if kind == "project":
         obj: Organization | Team | Project | None = (
-            Project.objects.select_related("team__organization").filter(pk=int(number)).first())
+            Project.objects.select_related("team__organization").filter(pk=int(number)).first()
+        )
     elif kind == "team":
         obj = Team.objects.select_related("organization").filter(pk=int(number)).first()
     else:
@@ -160,6 +164,7 @@ def get_branch_for_user(scope: Scope, key: str | None) -> Branch:
 
 
 # The tree ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TreeRow:
@@ -188,8 +193,9 @@ def tree_rows(scope: Scope, *, can_add: bool) -> list[TreeRow]:
     if not scope.everything:
         orgs = orgs.filter(pk__in=scope.org_ids)
         teams = teams.filter(Q(organization_id__in=scope.org_ids) | Q(pk__in=scope.team_ids))
-        projects = projects.filter(Q(team__organization_id__in=scope.org_ids) | Q(team_id__in=scope.team_ids)
-                                   | Q(pk__in=scope.project_ids))
+        projects = projects.filter(
+            Q(team__organization_id__in=scope.org_ids) | Q(team_id__in=scope.team_ids) | Q(pk__in=scope.project_ids)
+        )
     org_list = list(orgs)
     team_list = list(teams)
     org_ids = {org.pk for org in org_list}
@@ -233,6 +239,7 @@ def default_branch_key(rows: list[TreeRow]) -> str | None:
 
 
 # Members -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MemberRow:
@@ -282,18 +289,22 @@ def member_rows(branch: Branch) -> list[MemberRow]:
     """The branch's own members by email, each with all their memberships: two queries."""
     # A branch before what is inside it, on every database (PostgreSQL sorts NULL last, SQLite first).
     everywhere = Membership.objects.select_related("organization", "team", "project").order_by(
-        "organization__name", F("team__name").asc(nulls_first=True), F("project__name").asc(nulls_first=True), "pk")
-    memberships = (Membership.objects.filter(branch.members_filter).select_related("user")
-                   .prefetch_related(Prefetch("user__memberships", queryset=everywhere))
-                   .order_by("user__email"))
+        "organization__name", F("team__name").asc(nulls_first=True), F("project__name").asc(nulls_first=True), "pk"
+    )
+    memberships = (
+        Membership.objects.filter(branch.members_filter)
+        .select_related("user")
+        .prefetch_related(Prefetch("user__memberships", queryset=everywhere))
+        .order_by("user__email")
+    )
     return [MemberRow(m, [_place(place) for place in m.user.memberships.all()]) for m in memberships]
 
 
 # Limits ------------------------------------------------------------------------------------
 
+
 def branch_limits(branch: Branch) -> tuple[RateLimit | None, CapacityQuota | None]:
-    return (RateLimit.objects.filter(**branch.owner).first(),
-            CapacityQuota.objects.filter(**branch.owner).first())
+    return (RateLimit.objects.filter(**branch.owner).first(), CapacityQuota.objects.filter(**branch.owner).first())
 
 
 # Usage -------------------------------------------------------------------------------------
@@ -320,8 +331,11 @@ def _total(label: str, rows: list[UsageRow]) -> UsageRow:
     for row in rows:
         total.requests += row.requests
         total.errors += row.errors
-        total.client_errors = None if total.client_errors is None or row.client_errors is None \
-            else total.client_errors + row.client_errors  # unknown in one part: unknown in the sum
+        total.client_errors = (
+            None
+            if total.client_errors is None or row.client_errors is None
+            else total.client_errors + row.client_errors
+        )  # unknown in one part: unknown in the sum
         total.refusals += row.refusals
         total.requests_without_tokens += row.requests_without_tokens
         if row.prompt_tokens is not None:
@@ -352,8 +366,7 @@ def usage_tables(user: User, branch: Branch, period: str) -> tuple[UsageRow, lis
         group, title, column = UsageGroup.PROJECT, _("By project"), _("Project")
         children = list(Project.objects.filter(team_id=branch.obj.pk).order_by("name"))
     if branch.kind in ("org", "team"):
-        found = {row.group: row for row in usage_summary(user, group_by=group, since=since, until=until,
-                                                         within=within)}
+        found = {row.group: row for row in usage_summary(user, group_by=group, since=since, until=until, within=within)}
         rows = []
         for child in children:
             row = found.pop(child.pk, None) or UsageRow(group=child.pk, label="")

@@ -49,8 +49,7 @@ def _branch_key(branch: Branch) -> str:
 
 
 @transaction.atomic
-def add_member(branch: Branch, user: User, role: str, *, actor: User | None,
-               address: str | None = None) -> Membership:
+def add_member(branch: Branch, user: User, role: str, *, actor: User | None, address: str | None = None) -> Membership:
     """Put a person in an organisation, team or project with a role.
 
     The unique constraints decide whether they are in it already, so two administrators adding
@@ -69,8 +68,15 @@ def add_member(branch: Branch, user: User, role: str, *, actor: User | None,
                 code="duplicate",
             ) from None
         raise
-    audit.record(actor, "membership.add", membership, user=user.email, branch=_branch_key(branch), role=str(role),
-                 address=address)
+    audit.record(
+        actor,
+        "membership.add",
+        membership,
+        user=user.email,
+        branch=_branch_key(branch),
+        role=str(role),
+        address=address,
+    )
     return membership
 
 
@@ -78,8 +84,16 @@ def add_member(branch: Branch, user: User, role: str, *, actor: User | None,
 def remove_member(membership: Membership, *, actor: User | None, address: str | None = None) -> None:
     """Take a person out of one branch. Their memberships elsewhere, and their account, stay."""
     branch = membership.project or membership.team or membership.organization
-    audit.record(actor, "membership.remove", membership, user=membership.user.email, branch=_branch_key(branch),
-                 role=membership.role, from_sso=membership.from_sso or None, address=address)
+    audit.record(
+        actor,
+        "membership.remove",
+        membership,
+        user=membership.user.email,
+        branch=_branch_key(branch),
+        role=membership.role,
+        from_sso=membership.from_sso or None,
+        address=address,
+    )
     membership.delete()
 
 
@@ -104,8 +118,9 @@ def suspend_user(user: User, *, actor: User | None, address: str | None = None) 
         )
     user.is_active = False
     user.save(update_fields=["is_active"])
-    audit.record(actor, "user.suspend", user, changes=audit.diff({"is_active": True}, {"is_active": False}),
-                 address=address)
+    audit.record(
+        actor, "user.suspend", user, changes=audit.diff({"is_active": True}, {"is_active": False}), address=address
+    )
     return user
 
 
@@ -116,13 +131,15 @@ def reactivate_user(user: User, *, actor: User | None, address: str | None = Non
         return user
     user.is_active = True
     user.save(update_fields=["is_active"])
-    audit.record(actor, "user.reactivate", user, changes=audit.diff({"is_active": False}, {"is_active": True}),
-                 address=address)
+    audit.record(
+        actor, "user.reactivate", user, changes=audit.diff({"is_active": False}, {"is_active": True}), address=address
+    )
     return user
 
 
 # The tree: a refusal from accounts.services (a name's rules, what still depends on a branch) is a
 # ValidationError with nothing written; so is a slug taken by a change made at the same moment.
+
 
 @transaction.atomic
 def create_organization(*, name: str, actor: User | None, address: str | None = None) -> Organization:
@@ -131,8 +148,9 @@ def create_organization(*, name: str, actor: User | None, address: str | None = 
         with transaction.atomic():
             return services.create_organization(name=name, actor=actor, address=address)
     except IntegrityError:  # another organisation took the same slug between the check and the insert
-        raise ValidationError(_("An organisation with that name was just added; try again."),
-                              code="duplicate") from None
+        raise ValidationError(
+            _("An organisation with that name was just added; try again."), code="duplicate"
+        ) from None
 
 
 @transaction.atomic
@@ -176,9 +194,11 @@ def remove_branch(branch: Branch, *, actor: User | None, address: str | None = N
 
 # Limits, as the People page edits them ----------------------------------------------------
 
+
 @transaction.atomic
-def set_rate_limit(owner: dict[str, Branch], values: dict[str, Any], *, actor: User | None,
-                   address: str | None = None) -> None:
+def set_rate_limit(
+    owner: dict[str, Branch], values: dict[str, Any], *, actor: User | None, address: str | None = None
+) -> None:
     """Make a branch's rate limit say `values` (None: no limit), changing only what differs.
 
     `owner` is {"organization": org}, {"team": team} or {"project": project}. A limit is created
@@ -187,23 +207,49 @@ def set_rate_limit(owner: dict[str, Branch], values: dict[str, Any], *, actor: U
     from apps.quotas import services as quotas
     from apps.quotas.models import RateLimit
 
-    _set(RateLimit.objects.filter(**owner).first(), owner, values, create=quotas.create_rate_limit,
-         update=quotas.update_rate_limit, delete=quotas.delete_rate_limit, actor=actor, address=address)
+    _set(
+        RateLimit.objects.filter(**owner).first(),
+        owner,
+        values,
+        create=quotas.create_rate_limit,
+        update=quotas.update_rate_limit,
+        delete=quotas.delete_rate_limit,
+        actor=actor,
+        address=address,
+    )
 
 
 @transaction.atomic
-def set_capacity_quota(owner: dict[str, Branch], values: dict[str, Any], *, actor: User | None,
-                       address: str | None = None) -> None:
+def set_capacity_quota(
+    owner: dict[str, Branch], values: dict[str, Any], *, actor: User | None, address: str | None = None
+) -> None:
     """Make a branch's capacity quota say `values` (None: no limit), as set_rate_limit does."""
     from apps.quotas import services as quotas
     from apps.quotas.models import CapacityQuota
 
-    _set(CapacityQuota.objects.filter(**owner).first(), owner, values, create=quotas.create_capacity_quota,
-         update=quotas.update_capacity_quota, delete=quotas.delete_capacity_quota, actor=actor, address=address)
+    _set(
+        CapacityQuota.objects.filter(**owner).first(),
+        owner,
+        values,
+        create=quotas.create_capacity_quota,
+        update=quotas.update_capacity_quota,
+        delete=quotas.delete_capacity_quota,
+        actor=actor,
+        address=address,
+    )
 
 
-def _set(current: Any, owner: dict[str, Branch], values: dict[str, Any], *, create: Any, update: Any, delete: Any,
-         actor: User | None, address: str | None) -> None:
+def _set(
+    current: Any,
+    owner: dict[str, Branch],
+    values: dict[str, Any],
+    *,
+    create: Any,
+    update: Any,
+    delete: Any,
+    actor: User | None,
+    address: str | None,
+) -> None:
     wanted = {name: value for name, value in values.items() if value is not None}
     if current is None:
         if wanted:

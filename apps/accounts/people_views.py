@@ -48,10 +48,24 @@ from apps.quotas.models import CapacityQuota, RateLimit
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
 __all__ = [
-    "org", "org_limits", "org_usage", "people", "people_branch_remove", "people_branch_rename",
-    "people_capacity_quota", "people_limits", "people_member_add", "people_member_remove", "people_members",
-    "people_organization_add", "people_project_add", "people_rate_limit", "people_team_add", "people_usage",
-    "people_user_reactivate", "people_user_suspend",
+    "org",
+    "org_limits",
+    "org_usage",
+    "people",
+    "people_branch_remove",
+    "people_branch_rename",
+    "people_capacity_quota",
+    "people_limits",
+    "people_member_add",
+    "people_member_remove",
+    "people_members",
+    "people_organization_add",
+    "people_project_add",
+    "people_rate_limit",
+    "people_team_add",
+    "people_usage",
+    "people_user_reactivate",
+    "people_user_suspend",
 ]
 
 TABS = ("members", "limits", "usage")
@@ -65,19 +79,29 @@ DEFAULT_PERIOD = "day"
 GIB = 1024**3
 
 
-
-
-
 # Forms -------------------------------------------------------------------------------------
+
 
 class AddMemberForm(forms.Form):
     """A person, by email address, and the role they get in the branch."""
 
-    email = forms.EmailField(label=gettext_lazy("Email address"), max_length=254, widget=forms.EmailInput(
-        attrs={"class": "field min-w-0 flex-1", "placeholder": gettext_lazy("person@example.com"),
-               "autocomplete": "off"}))
-    role = forms.ChoiceField(label=gettext_lazy("Role"), choices=MembershipRole.choices,
-                             initial=MembershipRole.MEMBER, widget=forms.Select(attrs={"class": "field w-32"}))
+    email = forms.EmailField(
+        label=gettext_lazy("Email address"),
+        max_length=254,
+        widget=forms.EmailInput(
+            attrs={
+                "class": "field min-w-0 flex-1",
+                "placeholder": gettext_lazy("person@example.com"),
+                "autocomplete": "off",
+            }
+        ),
+    )
+    role = forms.ChoiceField(
+        label=gettext_lazy("Role"),
+        choices=MembershipRole.choices,
+        initial=MembershipRole.MEMBER,
+        widget=forms.Select(attrs={"class": "field w-32"}),
+    )
 
     person: User
 
@@ -91,8 +115,9 @@ class AddMemberForm(forms.Form):
 
 
 def _limit_field(label: Any) -> forms.IntegerField:
-    return forms.IntegerField(label=label, required=False, min_value=1,
-                              widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}))
+    return forms.IntegerField(
+        label=label, required=False, min_value=1, widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"})
+    )
 
 
 class RateLimitForm(forms.Form):
@@ -119,21 +144,43 @@ def _memory_text(value: int | None) -> str:
 class CapacityQuotaForm(forms.Form):
     """A branch's capacity quota; an empty box is no limit. Memory as "64GB" (a bare number is GB)."""
 
-    gpus = forms.IntegerField(label=gettext_lazy("GPUs"), required=False, min_value=0,
-                              widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}))
-    cpu_cores = forms.FloatField(label=gettext_lazy("CPU cores"), required=False, min_value=0,
-                                 widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-", "step": "any"}))
-    memory = forms.CharField(label=gettext_lazy("Memory"), required=False, max_length=32,
-                             widget=forms.TextInput(attrs={"class": "field", "placeholder": "-"}))
-    replicas = forms.IntegerField(label=gettext_lazy("Replicas"), required=False, min_value=0,
-                                  widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}))
+    gpus = forms.IntegerField(
+        label=gettext_lazy("GPUs"),
+        required=False,
+        min_value=0,
+        widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}),
+    )
+    cpu_cores = forms.FloatField(
+        label=gettext_lazy("CPU cores"),
+        required=False,
+        min_value=0,
+        widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-", "step": "any"}),
+    )
+    memory = forms.CharField(
+        label=gettext_lazy("Memory"),
+        required=False,
+        max_length=32,
+        widget=forms.TextInput(attrs={"class": "field", "placeholder": "-"}),
+    )
+    replicas = forms.IntegerField(
+        label=gettext_lazy("Replicas"),
+        required=False,
+        min_value=0,
+        widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}),
+    )
 
     @classmethod
     def for_quota(cls, quota: CapacityQuota | None) -> CapacityQuotaForm:
         if quota is None:
             return cls()
-        return cls(initial={"gpus": quota.gpus, "cpu_cores": quota.cpu_cores,
-                            "memory": _memory_text(quota.memory_bytes), "replicas": quota.replicas})
+        return cls(
+            initial={
+                "gpus": quota.gpus,
+                "cpu_cores": quota.cpu_cores,
+                "memory": _memory_text(quota.memory_bytes),
+                "replicas": quota.replicas,
+            }
+        )
 
     def clean_memory(self) -> int | None:
         text = self.cleaned_data.get("memory", "").strip()
@@ -142,13 +189,18 @@ class CapacityQuotaForm(forms.Form):
         try:
             return parse_memory(text)
         except ValueError:
-            raise ValidationError(_("Write memory as 64GB, 512MB or a number of GB; got “%(text)s”.")
-                                  % {"text": text}, code="memory") from None
+            raise ValidationError(
+                _("Write memory as 64GB, 512MB or a number of GB; got “%(text)s”.") % {"text": text}, code="memory"
+            ) from None
 
     def values(self) -> dict[str, Any]:
         data = self.cleaned_data
-        return {"gpus": data["gpus"], "cpu_cores": data["cpu_cores"], "memory_bytes": data["memory"],
-                "replicas": data["replicas"]}
+        return {
+            "gpus": data["gpus"],
+            "cpu_cores": data["cpu_cores"],
+            "memory_bytes": data["memory"],
+            "replicas": data["replicas"],
+        }
 
 
 class NameForm(forms.Form):
@@ -158,11 +210,17 @@ class NameForm(forms.Form):
     the API applies too; the form only carries the text there.
     """
 
-    name = forms.CharField(label=gettext_lazy("Name"), required=False, widget=forms.TextInput(
-        attrs={"class": "field", "id": "branch-name", "maxlength": "200", "autocomplete": "off"}))
+    name = forms.CharField(
+        label=gettext_lazy("Name"),
+        required=False,
+        widget=forms.TextInput(
+            attrs={"class": "field", "id": "branch-name", "maxlength": "200", "autocomplete": "off"}
+        ),
+    )
 
 
 # Rendering ---------------------------------------------------------------------------------
+
 
 def _url(area: str, tab: str, branch: Branch | str | None = None, **query: str) -> str:
     key = branch.key if isinstance(branch, Branch) else branch
@@ -179,8 +237,7 @@ def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None,
         "tab": tab,
         "branch": branch,
         "tab_url": reverse(AREAS[area][tab]),
-        "tabs": [{"label": TAB_LABELS[name], "url": _url(area, name, branch), "current": name == tab}
-                 for name in TABS],
+        "tabs": [{"label": TAB_LABELS[name], "url": _url(area, name, branch), "current": name == tab} for name in TABS],
         # On /org/ every branch shown is one the person manages.
         "can_change_members": admin or area == "org",
         "can_suspend": admin,
@@ -207,14 +264,27 @@ def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None,
         if period not in PERIODS:
             period = DEFAULT_PERIOD
         total, tables = usage_tables(user, branch, period)
-        context.update(period=period, total=total, tables=tables, periods=[
-            {"label": label, "url": _url(area, "usage", branch, period=name), "current": name == period}
-            for name, (_length, label) in PERIODS.items()])
+        context.update(
+            period=period,
+            total=total,
+            tables=tables,
+            periods=[
+                {"label": label, "url": _url(area, "usage", branch, period=name), "current": name == period}
+                for name, (_length, label) in PERIODS.items()
+            ],
+        )
     return context
 
 
-def _render(request: HtmxHttpRequest, area: str, tab: str, scope: Scope, branch: Branch | None,
-            rows: list[Any] | None = None, **extra: Any) -> HttpResponse:
+def _render(
+    request: HtmxHttpRequest,
+    area: str,
+    tab: str,
+    scope: Scope,
+    branch: Branch | None,
+    rows: list[Any] | None = None,
+    **extra: Any,
+) -> HttpResponse:
     context = _panel(request, area, tab, branch, **extra)
     if is_fragment(request):
         return render(request, "accounts/people.html#panel", context)
@@ -239,6 +309,7 @@ def _page(request: HtmxHttpRequest, area: str, tab: str) -> HttpResponse:
 
 
 # Pages -------------------------------------------------------------------------------------
+
 
 @requires("read_everything", methods=["GET"])
 def people(request: HttpRequest) -> HttpResponse:
@@ -288,6 +359,7 @@ def org_usage(request: HtmxHttpRequest) -> HttpResponse:
 
 # Changes -----------------------------------------------------------------------------------
 
+
 def _area_of(user: Any) -> str:
     return "people" if is_administrator(user) else "org"
 
@@ -297,8 +369,17 @@ def _change_scope(user: Any) -> Scope:
     return EVERYTHING if is_administrator(user) else scope_for(user)
 
 
-def _answer(request: HtmxHttpRequest, area: str, tab: str, branch: Branch, *, done: str = "", error: str = "",
-            invalid: bool = False, forms: dict[str, Any] | None = None) -> HttpResponse:
+def _answer(
+    request: HtmxHttpRequest,
+    area: str,
+    tab: str,
+    branch: Branch,
+    *,
+    done: str = "",
+    error: str = "",
+    invalid: bool = False,
+    forms: dict[str, Any] | None = None,
+) -> HttpResponse:
     """The panel again for htmx; otherwise the page with the form's errors, or a redirect back."""
     if is_fragment(request) or invalid:
         scope = EVERYTHING if area == "people" else scope_for(request.user)  # type: ignore[arg-type]
@@ -325,8 +406,9 @@ def people_member_add(request: HtmxHttpRequest) -> HttpResponse:
     form = AddMemberForm(request.POST)
     if form.is_valid():
         try:
-            people_services.add_member(branch.obj, form.person, form.cleaned_data["role"], actor=user,
-                                       address=client_address(request))
+            people_services.add_member(
+                branch.obj, form.person, form.cleaned_data["role"], actor=user, address=client_address(request)
+            )
         except ValidationError as error:
             form.add_error("email", error)
         else:
@@ -338,8 +420,11 @@ def people_member_add(request: HtmxHttpRequest) -> HttpResponse:
 @requires("manages_branch", methods=["POST"])
 def people_member_remove(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     user: User = request.user  # type: ignore[assignment]
-    membership = Membership.objects.select_related(
-        "user", "organization", "team__organization", "project__team__organization").filter(pk=pk).first()
+    membership = (
+        Membership.objects.select_related("user", "organization", "team__organization", "project__team__organization")
+        .filter(pk=pk)
+        .first()
+    )
     if membership is None:
         raise Http404(_("No such membership."))
     branch = _membership_branch(membership)
@@ -427,17 +512,25 @@ def _new_branch(request: HtmxHttpRequest, parent_kind: str | None) -> HttpRespon
         if parent is None:
             created = Branch("org", people_services.create_organization(name=name, actor=user, address=address))
         elif parent_kind == "org":
-            created = Branch("team", people_services.create_team(
-                parent.obj, name=name, actor=user, address=address))  # type: ignore[arg-type]
+            created = Branch("team", people_services.create_team(parent.obj, name=name, actor=user, address=address))  # type: ignore[arg-type]
         else:
-            created = Branch("project", people_services.create_project(
-                parent.obj, name=name, actor=user, address=address))  # type: ignore[arg-type]
+            created = Branch(
+                "project",
+                people_services.create_project(parent.obj, name=name, actor=user, address=address),  # type: ignore[arg-type]
+            )
     except ValidationError as refusal:
         message = " ".join(refusal.messages)
         if is_fragment(request):  # the folded form again, open, with the name and why it was refused
-            return render(request, "accounts/people.html#add-branch", {
-                "add_kind": ADD_FORMS[parent_kind], "add_key": parent.key if parent else "",
-                "add_value": request.POST.get("name", ""), "add_error": message})
+            return render(
+                request,
+                "accounts/people.html#add-branch",
+                {
+                    "add_kind": ADD_FORMS[parent_kind],
+                    "add_key": parent.key if parent else "",
+                    "add_value": request.POST.get("name", ""),
+                    "add_error": message,
+                },
+            )
         messages.error(request, message)
         return HttpResponseRedirect(_url("people", "members", parent))
     messages.success(request, _("%(branch)s created.") % {"branch": created.path})
@@ -472,8 +565,9 @@ def people_branch_rename(request: HtmxHttpRequest) -> HttpResponse:
     before = branch.path
     if form.is_valid():
         try:
-            people_services.rename_branch(branch.obj, name=form.cleaned_data["name"], actor=user,
-                                          address=client_address(request))
+            people_services.rename_branch(
+                branch.obj, name=form.cleaned_data["name"], actor=user, address=client_address(request)
+            )
         except ValidationError as refusal:
             form.add_error(None, refusal)
         else:
@@ -505,16 +599,19 @@ def _limits_form(request: HtmxHttpRequest, form: RateLimitForm | CapacityQuotaFo
     if form.is_valid():
         try:
             if isinstance(form, RateLimitForm):
-                people_services.set_rate_limit(branch.owner, dict(form.cleaned_data), actor=user,
-                                               address=client_address(request))
+                people_services.set_rate_limit(
+                    branch.owner, dict(form.cleaned_data), actor=user, address=client_address(request)
+                )
             else:
-                people_services.set_capacity_quota(branch.owner, form.values(), actor=user,
-                                                   address=client_address(request))
+                people_services.set_capacity_quota(
+                    branch.owner, form.values(), actor=user, address=client_address(request)
+                )
         except ValidationError as refusal:
             form.add_error(None, refusal.messages)
         else:
-            return _answer(request, "people", "limits", branch, done=_("Limits of %(branch)s saved.")
-                           % {"branch": branch.path})
+            return _answer(
+                request, "people", "limits", branch, done=_("Limits of %(branch)s saved.") % {"branch": branch.path}
+            )
     return _answer(request, "people", "limits", branch, invalid=True, forms={name: form})
 
 

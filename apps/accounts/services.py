@@ -79,9 +79,16 @@ def create_api_key(
         allowed_models=sorted(set(allowed_models or [])),
         is_session_key=is_session_key,
     )
-    audit.record(actor, "api_key.create", key, owner=user.email, project=str(project) if project else None,
-                 expires_at=expires_at.isoformat() if expires_at else None, address=address,
-                 session_key=True if is_session_key else None)
+    audit.record(
+        actor,
+        "api_key.create",
+        key,
+        owner=user.email,
+        project=str(project) if project else None,
+        expires_at=expires_at.isoformat() if expires_at else None,
+        address=address,
+        session_key=True if is_session_key else None,
+    )
     return NewKey(key=key, secret=secret)
 
 
@@ -147,8 +154,9 @@ def _kind(model: type[Branch] | Branch) -> str:
     return {Organization: "organization", Team: "team", Project: "project"}[model]
 
 
-def check_branch_name(model: type[Branch], name: str, *, parent: Organization | Team | None,
-                      exclude: Branch | None = None) -> str:
+def check_branch_name(
+    model: type[Branch], name: str, *, parent: Organization | Team | None, exclude: Branch | None = None
+) -> str:
     """The name as it will be stored, or a ValidationError on "name" that says what is wrong.
 
     The rules are the API's and the People page's alike: surrounding spaces are dropped; the
@@ -160,13 +168,22 @@ def check_branch_name(model: type[Branch], name: str, *, parent: Organization | 
     kind = _kind(model)
     name = (name or "").strip()
     if not name:
-        message = {"organization": _("Give the organisation a name."), "team": _("Give the team a name."),
-                   "project": _("Give the project a name.")}[kind]
+        message = {
+            "organization": _("Give the organisation a name."),
+            "team": _("Give the team a name."),
+            "project": _("Give the project a name."),
+        }[kind]
         raise ValidationError({"name": ValidationError(message, code="required")})
     if len(name) > NAME_MAX_LENGTH:
-        raise ValidationError({"name": ValidationError(
-            _("A name is at most %(limit)d characters; this one has %(length)d.")
-            % {"limit": NAME_MAX_LENGTH, "length": len(name)}, code="max_length")})
+        raise ValidationError(
+            {
+                "name": ValidationError(
+                    _("A name is at most %(limit)d characters; this one has %(length)d.")
+                    % {"limit": NAME_MAX_LENGTH, "length": len(name)},
+                    code="max_length",
+                )
+            }
+        )
     if "\x00" in name:
         raise ValidationError({"name": ValidationError(_("A name may not contain a NUL character."), code="null")})
     siblings: QuerySet[Any]
@@ -198,8 +215,7 @@ def _lock(branch: Branch | None) -> None:
 
 
 @transaction.atomic
-def create_organization(*, name: str, actor: User | None, slug: str = "", address: str | None = None
-                        ) -> Organization:
+def create_organization(*, name: str, actor: User | None, slug: str = "", address: str | None = None) -> Organization:
     name = check_branch_name(Organization, name, parent=None)
     org = Organization.objects.create(name=name, slug=slug or _unique_slug(Organization, name))
     audit.record(actor, "organization.create", org, address=address)
@@ -207,8 +223,9 @@ def create_organization(*, name: str, actor: User | None, slug: str = "", addres
 
 
 @transaction.atomic
-def create_team(organization: Organization, *, name: str, actor: User | None, slug: str = "",
-                address: str | None = None) -> Team:
+def create_team(
+    organization: Organization, *, name: str, actor: User | None, slug: str = "", address: str | None = None
+) -> Team:
     _lock(organization)
     name = check_branch_name(Team, name, parent=organization)
     team = Team.objects.create(
@@ -219,8 +236,7 @@ def create_team(organization: Organization, *, name: str, actor: User | None, sl
 
 
 @transaction.atomic
-def create_project(team: Team, *, name: str, actor: User | None, slug: str = "",
-                   address: str | None = None) -> Project:
+def create_project(team: Team, *, name: str, actor: User | None, slug: str = "", address: str | None = None) -> Project:
     _lock(team)
     name = check_branch_name(Project, name, parent=team)
     project = Project.objects.create(team=team, name=name, slug=slug or _unique_slug(Project, name, team=team))
@@ -236,8 +252,7 @@ def _parent(branch: Branch) -> Organization | Team | None:
     return None
 
 
-def _rename[B: (Organization, Team, Project)](branch: B, name: str, *, actor: User | None,
-                                              address: str | None) -> B:
+def _rename[B: (Organization, Team, Project)](branch: B, name: str, *, actor: User | None, address: str | None) -> B:
     parent = _parent(branch)
     _lock(parent)
     name = check_branch_name(type(branch), name, parent=parent, exclude=branch)
@@ -246,14 +261,16 @@ def _rename[B: (Organization, Team, Project)](branch: B, name: str, *, actor: Us
     before = branch.name
     branch.name = name
     branch.save(update_fields=["name"])
-    audit.record(actor, f"{_kind(branch)}.rename", branch, changes=audit.diff({"name": before}, {"name": name}),
-                 address=address)
+    audit.record(
+        actor, f"{_kind(branch)}.rename", branch, changes=audit.diff({"name": before}, {"name": name}), address=address
+    )
     return branch
 
 
 @transaction.atomic
-def rename_organization(organization: Organization, *, name: str, actor: User | None,
-                        address: str | None = None) -> Organization:
+def rename_organization(
+    organization: Organization, *, name: str, actor: User | None, address: str | None = None
+) -> Organization:
     """A new name for the same row: its slug, teams, members, limits, models and usage stay."""
     return _rename(organization, name, actor=actor, address=address)
 
@@ -284,8 +301,9 @@ def branch_dependents(branch: Branch) -> dict[str, int]:
             "teams": Team.objects.filter(organization=branch).count(),
             "projects": Project.objects.filter(team__organization=branch).count(),
             "members": Membership.objects.filter(organization=branch).values("user_id").distinct().count(),
-            "models": Model.objects.filter(Q(organization=branch) | Q(team__organization=branch)
-                                           | Q(project__team__organization=branch)).count(),
+            "models": Model.objects.filter(
+                Q(organization=branch) | Q(team__organization=branch) | Q(project__team__organization=branch)
+            ).count(),
             "api_keys": ApiKey.objects.filter(project__team__organization=branch).count(),
         }
     elif isinstance(branch, Team):
@@ -312,8 +330,10 @@ def _dependents_text(counts: dict[str, int]) -> str:
         "models": lambda n: ngettext("%(count)d model", "%(count)d models", n),
         "api_keys": lambda n: ngettext("%(count)d API key", "%(count)d API keys", n),
     }
-    return get_text_list([phrases[what](count) % {"count": count} for what, count in counts.items()],
-                         pgettext("before the last item of a list", "and"))
+    return get_text_list(
+        [phrases[what](count) % {"count": count} for what, count in counts.items()],
+        pgettext("before the last item of a list", "and"),
+    )
 
 
 def removal_refusal(branch: Branch) -> str:
@@ -443,8 +463,10 @@ def set_staff_role(user: User, role: str, *, actor: User | None, address: str | 
     if not admin and user.is_admin:
         others = User.objects.filter(is_active=True).exclude(pk=user.pk)
         if not (others.filter(is_superuser=True).exists() or others.filter(staff_role=StaffRole.ADMIN).exists()):
-            raise ValidationError(_("%(email)s is the only administrator; make someone else one first.")
-                                  % {"email": user.email}, code="last_admin")
+            raise ValidationError(
+                _("%(email)s is the only administrator; make someone else one first.") % {"email": user.email},
+                code="last_admin",
+            )
     user.staff_role, user.is_staff, user.is_superuser = str(new_role), admin, admin
     user.save(update_fields=["staff_role", "is_staff", "is_superuser"])
     audit.record(actor, "user.staff_role", user, changes=audit.diff(before, after), address=address)

@@ -148,11 +148,13 @@ def count_failure(address: str, email: str) -> None:
     pair = _bump(_key("pair", address, _normalise(email)), PAIR_FAILURES)
     alone = _bump(_key("address", address), ADDRESS_FAILURES)
     if pair == PAIR_FAILURES.limit:
-        logger.warning("sign-in locked for %r from %s: %d failures in %d s", _normalise(email), address,
-                       pair, PAIR_FAILURES.period)
+        logger.warning(
+            "sign-in locked for %r from %s: %d failures in %d s", _normalise(email), address, pair, PAIR_FAILURES.period
+        )
     if alone == ADDRESS_FAILURES.limit:
-        logger.warning("sign-in locked for every account from %s: %d failures in %d s", address,
-                       alone, ADDRESS_FAILURES.period)
+        logger.warning(
+            "sign-in locked for every account from %s: %d failures in %d s", address, alone, ADDRESS_FAILURES.period
+        )
 
 
 def forget_failures(address: str, email: str) -> None:

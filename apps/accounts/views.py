@@ -63,8 +63,9 @@ def _busy_text() -> str:
     return _("The server is busy checking other passwords. Try again in a few seconds.")
 
 
-def _refused(request: HttpRequest, template: str, context: dict[str, object], text: str,
-             retry_after: int) -> HttpResponse:
+def _refused(
+    request: HttpRequest, template: str, context: dict[str, object], text: str, retry_after: int
+) -> HttpResponse:
     response = render(request, template, {**context, "refusal": text}, status=429)
     response["Retry-After"] = str(retry_after)
     return response
@@ -73,8 +74,9 @@ def _refused(request: HttpRequest, template: str, context: dict[str, object], te
 def _next_url(request: HttpRequest) -> str:
     """Where to go after signing in: the `next` asked for when it stays on this site."""
     target = request.POST.get("next") or request.GET.get("next") or ""
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                                  require_https=request.is_secure()):
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
         return target
     return resolve_url(settings.LOGIN_REDIRECT_URL)
 
@@ -111,8 +113,9 @@ def sign_in(request: HttpRequest) -> HttpResponse:
     untried = AuthenticationForm(request, initial={"username": email})
     refusal = throttle.count_post(address) or throttle.check_sign_in(address, email)
     if refusal is not None:
-        return _refused(request, SIGN_IN_TEMPLATE, {**context, "form": untried}, _refusal_text(refusal),
-                        refusal.retry_after)
+        return _refused(
+            request, SIGN_IN_TEMPLATE, {**context, "form": untried}, _refusal_text(refusal), refusal.retry_after
+        )
     form = AuthenticationForm(request, data=request.POST)
     try:
         with throttle.hash_slot():
@@ -167,22 +170,40 @@ def sign_up(request: HttpRequest) -> HttpResponse:
     form = SignUpForm(request.POST)
     refusal = throttle.count_post(address)
     if refusal is not None:
-        return _refused(request, SIGN_UP_TEMPLATE, {**context, "form": SignUpForm(initial=_kept(request))},
-                        _refusal_text(refusal), refusal.retry_after)
+        return _refused(
+            request,
+            SIGN_UP_TEMPLATE,
+            {**context, "form": SignUpForm(initial=_kept(request))},
+            _refusal_text(refusal),
+            refusal.retry_after,
+        )
     if not form.is_valid():
         return render(request, SIGN_UP_TEMPLATE, {**context, "form": form})
     try:
         with throttle.hash_slot():
-            services.sign_up(email=form.cleaned_data["email"], name=form.cleaned_data["name"],
-                             password=form.cleaned_data["password"], address=address)
+            services.sign_up(
+                email=form.cleaned_data["email"],
+                name=form.cleaned_data["name"],
+                password=form.cleaned_data["password"],
+                address=address,
+            )
     except throttle.Busy:
-        return _refused(request, SIGN_UP_TEMPLATE, {**context, "form": SignUpForm(initial=_kept(request))},
-                        _busy_text(), BUSY_RETRY_AFTER)
+        return _refused(
+            request,
+            SIGN_UP_TEMPLATE,
+            {**context, "form": SignUpForm(initial=_kept(request))},
+            _busy_text(),
+            BUSY_RETRY_AFTER,
+        )
     except Exception:
         reference = secrets.token_hex(6)
         logger.exception("sign-up failed, reference %s (address %s)", reference, address)
-        return render(request, SIGN_UP_TEMPLATE, {**context, "form": SignUpForm(initial=_kept(request)),
-                                                  "reference": reference}, status=500)
+        return render(
+            request,
+            SIGN_UP_TEMPLATE,
+            {**context, "form": SignUpForm(initial=_kept(request)), "reference": reference},
+            status=500,
+        )
     return HttpResponseRedirect(reverse("signup-done"))
 
 

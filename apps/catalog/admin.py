@@ -25,8 +25,12 @@ def save_profile(request: HttpRequest, profile: Profile, changed: list[str]) -> 
     if set(changed) - set(changes):  # a field nobody decided about: refuse rather than write it unaudited
         raise TypeError(f"profile fields without a service: {sorted(set(changed) - set(changes))}")
     if changes:
-        services.update_profile(Profile.objects.select_related("model").get(pk=profile.pk),
-                                actor=actor_of(request), address=client_address(request), **changes)
+        services.update_profile(
+            Profile.objects.select_related("model").get(pk=profile.pk),
+            actor=actor_of(request),
+            address=client_address(request),
+            **changes,
+        )
 
 
 class ProfileInline(admin.StackedInline):
@@ -52,12 +56,30 @@ class ModelAdmin(admin.ModelAdmin):
     # demand, load scaling, when it was made and updated. Deleting goes through
     # services.delete_model: the model stops being served at once, its replicas stop, and the
     # reconciler removes the row (with its profiles and replicas) once they have.
-    list_display = ["name", "capacity_class", "min_replicas", "max_replicas", "external_url", "held_until",
-                    "deleted_at", "updated_at"]
+    list_display = [
+        "name",
+        "capacity_class",
+        "min_replicas",
+        "max_replicas",
+        "external_url",
+        "held_until",
+        "deleted_at",
+        "updated_at",
+    ]
     list_filter = ["capacity_class"]
     search_fields = ["name", "source", "external_model"]
-    readonly_fields = ["name", "deleted_at", "held_until", "held_for", "demand_until", "busy_at", "load_replicas",
-                       "scaled_at", "created_at", "updated_at"]
+    readonly_fields = [
+        "name",
+        "deleted_at",
+        "held_until",
+        "held_for",
+        "demand_until",
+        "busy_at",
+        "load_replicas",
+        "scaled_at",
+        "created_at",
+        "updated_at",
+    ]
     inlines = [ProfileInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -67,8 +89,9 @@ class ModelAdmin(admin.ModelAdmin):
         attnames = [getattr(Model._meta.get_field(name), "attname", name) for name in form.changed_data]
         changes = {attname: getattr(obj, attname) for attname in attnames}
         if changes:
-            services.update_model(Model.objects.get(pk=obj.pk), actor=actor_of(request),
-                                  address=client_address(request), **changes)
+            services.update_model(
+                Model.objects.get(pk=obj.pk), actor=actor_of(request), address=client_address(request), **changes
+            )
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         changed = []
@@ -99,8 +122,16 @@ class ModelAdmin(admin.ModelAdmin):
 class ProfileAdmin(admin.ModelAdmin):
     # As on the model's page: changed through services.update_profile; its model and name are
     # read-only, and profiles are added and removed with their model's declaration only.
-    list_display = ["__str__", "priority", "engine", "accelerator", "gpus_per_shard", "nodes_per_replica",
-                    "memory_bytes", "cpu_cores"]
+    list_display = [
+        "__str__",
+        "priority",
+        "engine",
+        "accelerator",
+        "gpus_per_shard",
+        "nodes_per_replica",
+        "memory_bytes",
+        "cpu_cores",
+    ]
     list_filter = ["engine", "accelerator"]
     search_fields = ["model__name", "name"]
     readonly_fields = ["model", "name"]

@@ -28,8 +28,21 @@ __all__ = ["ModelViewSet", "ReplicaViewSet", "explain_model", "headroom"]
 class ProfileSerializer(serializers.ModelSerializer[Profile]):
     class Meta:
         model = Profile
-        fields = ["name", "priority", "engine", "accelerator", "gpus_per_shard", "nodes_per_replica", "parallel",
-                  "context_size", "memory_bytes", "cpu_cores", "node_selector", "extra_args", "env"]
+        fields = [
+            "name",
+            "priority",
+            "engine",
+            "accelerator",
+            "gpus_per_shard",
+            "nodes_per_replica",
+            "parallel",
+            "context_size",
+            "memory_bytes",
+            "cpu_cores",
+            "node_selector",
+            "extra_args",
+            "env",
+        ]
 
 
 class ShardSerializer(serializers.ModelSerializer[Shard]):
@@ -37,8 +50,20 @@ class ShardSerializer(serializers.ModelSerializer[Shard]):
 
     class Meta:
         model = Shard
-        fields = ["rank", "node", "gpu_indices", "memory_bytes", "cpu_cores", "port", "state", "pid", "exit_code",
-                  "log_tail", "message", "reported_at"]
+        fields = [
+            "rank",
+            "node",
+            "gpu_indices",
+            "memory_bytes",
+            "cpu_cores",
+            "port",
+            "state",
+            "pid",
+            "exit_code",
+            "log_tail",
+            "message",
+            "reported_at",
+        ]
 
 
 class ReplicaSerializer(serializers.ModelSerializer[Replica]):
@@ -48,8 +73,21 @@ class ReplicaSerializer(serializers.ModelSerializer[Replica]):
 
     class Meta:
         model = Replica
-        fields = ["id", "model", "profile", "state", "above_minimum", "failures", "next_attempt_at", "message",
-                  "created_at", "placed_at", "ready_at", "shards", "rejections"]
+        fields = [
+            "id",
+            "model",
+            "profile",
+            "state",
+            "above_minimum",
+            "failures",
+            "next_attempt_at",
+            "message",
+            "created_at",
+            "placed_at",
+            "ready_at",
+            "shards",
+            "rejections",
+        ]
 
 
 class ModelSerializer(serializers.ModelSerializer[Model]):
@@ -59,17 +97,32 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
 
     class Meta:
         model = Model
-        fields = ["name", "capacity_class", "min_replicas", "max_replicas", "source", "fallbacks", "external_url",
-                  "external_model", "owner", "held_until", "load_replicas", "busy_at", "status"]
+        fields = [
+            "name",
+            "capacity_class",
+            "min_replicas",
+            "max_replicas",
+            "source",
+            "fallbacks",
+            "external_url",
+            "external_model",
+            "owner",
+            "held_until",
+            "load_replicas",
+            "busy_at",
+            "status",
+        ]
         read_only_fields = ["load_replicas", "busy_at"]
 
     def get_status(self, model: Model) -> dict[str, Any]:
         return selectors.model_status(model)
 
     def get_owner(self, model: Model) -> dict[str, str | None]:
-        return {"organization": model.organization.slug if model.organization else None,
-                "team": model.team.slug if model.team else None,
-                "project": model.project.slug if model.project else None}
+        return {
+            "organization": model.organization.slug if model.organization else None,
+            "team": model.team.slug if model.team else None,
+            "project": model.project.slug if model.project else None,
+        }
 
 
 class ModelDetailSerializer(ModelSerializer):
@@ -94,15 +147,26 @@ def explain_model(model: Model) -> list[dict[str, Any]]:
     holders = set(inventory.weights_nodes(request.source))
     out = []
     for verdict in placement.explain(inventory, request):
-        out.append({
-            "profile": verdict.profile.name, "priority": verdict.profile.priority, "fits": verdict.fits,
-            # refusals of the whole profile: capacity quotas, no fabric with enough nodes, no node fits
-            "reasons": [selectors.translate_reason(_rejection(r)) for r in verdict.reasons],
-            "nodes": [{"node": n.node_name, "fits": n.fits, "score": n.score, "scores": n.scores,
-                       "weights": _weights_note(n, holders, request.source),
-                       "reasons": [selectors.translate_reason(_rejection(r)) for r in n.reasons]}
-                      for n in verdict.nodes],
-        })
+        out.append(
+            {
+                "profile": verdict.profile.name,
+                "priority": verdict.profile.priority,
+                "fits": verdict.fits,
+                # refusals of the whole profile: capacity quotas, no fabric with enough nodes, no node fits
+                "reasons": [selectors.translate_reason(_rejection(r)) for r in verdict.reasons],
+                "nodes": [
+                    {
+                        "node": n.node_name,
+                        "fits": n.fits,
+                        "score": n.score,
+                        "scores": n.scores,
+                        "weights": _weights_note(n, holders, request.source),
+                        "reasons": [selectors.translate_reason(_rejection(r)) for r in n.reasons],
+                    }
+                    for n in verdict.nodes
+                ],
+            }
+        )
     return out
 
 
@@ -123,8 +187,10 @@ def headroom(model: Model) -> dict[str, int]:
 
     inventory = build_inventory()
     request = replica_request(model)
-    return {"without_preemption": placement.headroom(inventory, request),
-            "with_preemption": placement.headroom(inventory, request, preempt=True)}
+    return {
+        "without_preemption": placement.headroom(inventory, request),
+        "with_preemption": placement.headroom(inventory, request, preempt=True),
+    }
 
 
 class TargetSerializer(serializers.Serializer[Any]):
@@ -133,8 +199,9 @@ class TargetSerializer(serializers.Serializer[Any]):
 
 
 class ResourcesSerializer(serializers.Serializer[Any]):
-    memory = serializers.CharField(required=False, max_length=32,
-                                   help_text="e.g. 24GB, 512MiB, or a number of gigabytes")
+    memory = serializers.CharField(
+        required=False, max_length=32, help_text="e.g. 24GB, 512MiB, or a number of gigabytes"
+    )
     cores = serializers.FloatField(min_value=0, max_value=services.MAX_CPU_CORES, required=False)
     profile = serializers.CharField(required=False, max_length=100)
 
@@ -143,8 +210,9 @@ class ClassSerializer(serializers.Serializer[Any]):
     capacity_class = serializers.ChoiceField(choices=CapacityClass.choices, source="class")
 
 
-class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
-                   viewsets.GenericViewSet[Model]):
+class ModelViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet[Model]
+):
     """Models and how they run. Staff read; administrators and operators change."""
 
     permission_classes = [IsOperator]
@@ -157,11 +225,19 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Dest
     def get_serializer_class(self) -> type[serializers.BaseSerializer[Model]]:
         return ModelDetailSerializer if self.action == "retrieve" else ModelSerializer
 
-    @extend_schema(request=inline_serializer("ApplyRequest", {
-        "models": serializers.ListField(child=serializers.DictField()),
-        "dry_run": serializers.BooleanField(required=False)}), responses=inline_serializer("ApplyAnswer", {
-            "dry_run": serializers.BooleanField(),
-            "results": serializers.ListField(child=serializers.DictField())}))
+    @extend_schema(
+        request=inline_serializer(
+            "ApplyRequest",
+            {
+                "models": serializers.ListField(child=serializers.DictField()),
+                "dry_run": serializers.BooleanField(required=False),
+            },
+        ),
+        responses=inline_serializer(
+            "ApplyAnswer",
+            {"dry_run": serializers.BooleanField(), "results": serializers.ListField(child=serializers.DictField())},
+        ),
+    )
     @action(detail=False, methods=["post"])
     def apply(self, request: Request) -> Response:
         """Create or update models from specs (as in models.yaml). Idempotent; all or nothing. A spec
@@ -176,19 +252,34 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Dest
         try:
             results = services.apply_models(data, actor=request.user, dry_run=dry_run)  # type: ignore[arg-type]
         except services.SpecError as exc:
-            return Response({"detail": gettext("Invalid model spec."), "errors": exc.errors},
-                            status=status.HTTP_400_BAD_REQUEST)
-        return Response({"dry_run": dry_run, "results": [{"name": r.name, "outcome": r.outcome,
-                                                          "changes": r.changes} for r in results]})
+            return Response(
+                {"detail": gettext("Invalid model spec."), "errors": exc.errors}, status=status.HTTP_400_BAD_REQUEST
+            )
+        return Response(
+            {
+                "dry_run": dry_run,
+                "results": [{"name": r.name, "outcome": r.outcome, "changes": r.changes} for r in results],
+            }
+        )
 
     def perform_destroy(self, instance: Model) -> None:
         """DELETE: no route serves the model from now on; its replicas stop with the engine stop
         grace and the model is gone once they have. Its usage history stays."""
-        services.delete_model(instance, actor=self.request.user,  # type: ignore[arg-type]
-                              address=client_address(self.request))
+        services.delete_model(
+            instance,
+            actor=self.request.user,  # type: ignore[arg-type]
+            address=client_address(self.request),
+        )
 
-    @extend_schema(request=TargetSerializer, responses={200: ModelSerializer, 409: OpenApiResponse(
-        ErrorSerializer, description=_("That many always-running replicas would not fit, even with preemption."))})
+    @extend_schema(
+        request=TargetSerializer,
+        responses={
+            200: ModelSerializer,
+            409: OpenApiResponse(
+                ErrorSerializer, description=_("That many always-running replicas would not fit, even with preemption.")
+            ),
+        },
+    )
     @action(detail=True, methods=["post"])
     def target(self, request: Request, name: str | None = None) -> Response:
         data = TargetSerializer(data=request.data)
@@ -199,18 +290,33 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Dest
             running = model.replicas.exclude(state="stopping").exclude(state="pending").count()
             need = data.validated_data["min"] - running
             if need > room["with_preemption"]:
-                return Response({"detail": gettext(
-                    "Only %(fit)s more replicas of %(name)s fit (%(now)s without preemption); %(min)s always-running "
-                    "would need %(need)s more.") % {
-                        "fit": room["with_preemption"], "name": model.name, "now": room["without_preemption"],
-                        "min": data.validated_data["min"], "need": need}},
-                    status=status.HTTP_409_CONFLICT)
+                return Response(
+                    {
+                        "detail": gettext(
+                            "Only %(fit)s more replicas of %(name)s fit (%(now)s without preemption); "
+                            "%(min)s always-running would need %(need)s more."
+                        )
+                        % {
+                            "fit": room["with_preemption"],
+                            "name": model.name,
+                            "now": room["without_preemption"],
+                            "min": data.validated_data["min"],
+                            "need": need,
+                        }
+                    },
+                    status=status.HTTP_409_CONFLICT,
+                )
         try:
-            services.set_target(model, min_replicas=data.validated_data.get("min"),
-                                max_replicas=data.validated_data.get("max"), actor=request.user)  # type: ignore[arg-type]
+            services.set_target(
+                model,
+                min_replicas=data.validated_data.get("min"),
+                max_replicas=data.validated_data.get("max"),
+                actor=request.user,  # type: ignore[arg-type]
+            )
         except ValidationError as exc:
-            return Response({"detail": gettext("Invalid target."), "errors": _errors(exc)},
-                            status=status.HTTP_400_BAD_REQUEST)
+            return Response(
+                {"detail": gettext("Invalid target."), "errors": _errors(exc)}, status=status.HTTP_400_BAD_REQUEST
+            )
         return Response(ModelSerializer(self.get_queryset().get(pk=model.pk)).data)
 
     # The changed profiles, all of them: a plain list, never a page.
@@ -224,14 +330,28 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Dest
             try:
                 memory = services.parse_memory(data.validated_data["memory"])
             except ValueError:
-                return Response({"detail": gettext("Invalid input."), "errors": {"memory": [gettext(
-                    "Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”.")
-                    % {"value": data.validated_data["memory"]}]}}, status=400)
+                return Response(
+                    {
+                        "detail": gettext("Invalid input."),
+                        "errors": {
+                            "memory": [
+                                gettext(
+                                    "Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”."
+                                )
+                                % {"value": data.validated_data["memory"]}
+                            ]
+                        },
+                    },
+                    status=400,
+                )
         try:
-            profiles = services.set_resources(self.get_object(), memory_bytes=memory,
-                                              cpu_cores=data.validated_data.get("cores"),
-                                              profile_name=data.validated_data.get("profile"),
-                                              actor=request.user)  # type: ignore[arg-type]
+            profiles = services.set_resources(
+                self.get_object(),
+                memory_bytes=memory,
+                cpu_cores=data.validated_data.get("cores"),
+                profile_name=data.validated_data.get("profile"),
+                actor=request.user,  # type: ignore[arg-type]
+            )
         except ValidationError as exc:
             # named as this endpoint's fields, not the profile's columns
             names = {"memory_bytes": "memory", "cpu_cores": "cores"}
@@ -247,20 +367,39 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Dest
         model = services.set_class(self.get_object(), data.validated_data["class"], actor=request.user)  # type: ignore[arg-type]
         return Response(ModelSerializer(self.get_queryset().get(pk=model.pk)).data)
 
-    @extend_schema(responses=inline_serializer("Explain", {
-        "model": serializers.CharField(), "profiles": serializers.ListField(child=serializers.DictField()),
-        "replicas": serializers.ListField(child=serializers.DictField())}))
+    @extend_schema(
+        responses=inline_serializer(
+            "Explain",
+            {
+                "model": serializers.CharField(),
+                "profiles": serializers.ListField(child=serializers.DictField()),
+                "replicas": serializers.ListField(child=serializers.DictField()),
+            },
+        )
+    )
     @action(detail=True, methods=["get"])
     def explain(self, request: Request, name: str | None = None) -> Response:
         model = self.get_object()
-        replicas = [{"id": r.pk, "state": r.state, "message": r.message,
-                     "rejections": [{"profile": x.get("profile"), "node": x.get("node"),
-                                     "reason": selectors.translate_reason(x)} for x in r.rejections]}
-                    for r in model.replicas.all()]
+        replicas = [
+            {
+                "id": r.pk,
+                "state": r.state,
+                "message": r.message,
+                "rejections": [
+                    {"profile": x.get("profile"), "node": x.get("node"), "reason": selectors.translate_reason(x)}
+                    for x in r.rejections
+                ],
+            }
+            for r in model.replicas.all()
+        ]
         return Response({"model": model.name, "profiles": explain_model(model), "replicas": replicas})
 
-    @extend_schema(responses=inline_serializer("Headroom", {"without_preemption": serializers.IntegerField(),
-                                                            "with_preemption": serializers.IntegerField()}))
+    @extend_schema(
+        responses=inline_serializer(
+            "Headroom",
+            {"without_preemption": serializers.IntegerField(), "with_preemption": serializers.IntegerField()},
+        )
+    )
     @action(detail=True, methods=["get"])
     def headroom(self, request: Request, name: str | None = None) -> Response:
         return Response(headroom(self.get_object()))

@@ -38,8 +38,9 @@ class TargetForm(forms.Form):
 
     @classmethod
     def for_model(cls, model: Model, data: Any = None) -> TargetForm:
-        return cls(data, initial={"min_replicas": model.min_replicas, "max_replicas": model.max_replicas},
-                   auto_id="target-%s")
+        return cls(
+            data, initial={"min_replicas": model.min_replicas, "max_replicas": model.max_replicas}, auto_id="target-%s"
+        )
 
 
 class ClassForm(forms.Form):
@@ -52,14 +53,22 @@ class ClassForm(forms.Form):
 
 class ResourcesForm(forms.Form):
     profile = forms.CharField(widget=forms.HiddenInput, max_length=100)
-    memory = forms.CharField(label=_("Memory"), max_length=32,
-                             help_text=_("A size such as 24GiB, 512MiB, or a number of gigabytes."))
+    memory = forms.CharField(
+        label=_("Memory"), max_length=32, help_text=_("A size such as 24GiB, 512MiB, or a number of gigabytes.")
+    )
     cpu_cores = forms.FloatField(label=_("CPU cores"), min_value=0, max_value=4096)
 
     @classmethod
     def for_profile(cls, profile: Profile, data: Any = None) -> ResourcesForm:
-        return cls(data, initial={"profile": profile.name, "memory": memory_text(profile.memory_bytes),
-                                  "cpu_cores": profile.cpu_cores}, auto_id=f"resources-{profile.pk}-%s")
+        return cls(
+            data,
+            initial={
+                "profile": profile.name,
+                "memory": memory_text(profile.memory_bytes),
+                "cpu_cores": profile.cpu_cores,
+            },
+            auto_id=f"resources-{profile.pk}-%s",
+        )
 
     def clean_memory(self) -> int:
         text = self.cleaned_data["memory"]
@@ -68,30 +77,39 @@ class ResourcesForm(forms.Form):
         except ValueError:
             raise forms.ValidationError(
                 _("Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”."),
-                code="memory", params={"value": text},
+                code="memory",
+                params={"value": text},
             ) from None
 
 
 class OwnerForm(forms.Form):
     """Whose capacity quotas the model counts against: an organisation, a team, a project, or nobody."""
 
-    owner = forms.ChoiceField(label=_("Owner"), required=False,
-                              widget=forms.Select(attrs={"class": "field max-w-full"}))
+    owner = forms.ChoiceField(
+        label=_("Owner"), required=False, widget=forms.Select(attrs={"class": "field max-w-full"})
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         choices: list[tuple[Any, Any]] = [("", "-")]
         organizations = list(Organization.objects.order_by("name"))
         teams = list(Team.objects.select_related("organization").order_by("organization__name", "name"))
-        projects = list(Project.objects.select_related("team__organization")
-                        .order_by("team__organization__name", "team__name", "name"))
+        projects = list(
+            Project.objects.select_related("team__organization").order_by(
+                "team__organization__name", "team__name", "name"
+            )
+        )
         if organizations:
             choices.append((_("Organisations"), [(f"org:{o.pk}", o.name) for o in organizations]))
         if teams:
             choices.append((_("Teams"), [(f"team:{t.pk}", f"{t.organization.name} / {t.name}") for t in teams]))
         if projects:
-            choices.append((_("Projects"), [(f"project:{p.pk}", f"{p.team.organization.name} / {p.team.name} / "
-                                             f"{p.name}") for p in projects]))
+            choices.append(
+                (
+                    _("Projects"),
+                    [(f"project:{p.pk}", f"{p.team.organization.name} / {p.team.name} / {p.name}") for p in projects],
+                )
+            )
         self.fields["owner"].choices = choices  # type: ignore[attr-defined]  # a ChoiceField
 
     @classmethod

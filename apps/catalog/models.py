@@ -35,21 +35,39 @@ class Model(models.Model):
     name = models.CharField(_("API name"), max_length=128, unique=True)
     # Deleted: no route serves it and its replicas are stopping; the row goes once they stopped.
     deleted_at = models.DateTimeField(_("deleted"), null=True, blank=True)
-    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, null=True, blank=True,
-                                     related_name="models", verbose_name=_("owning organisation"))
-    team = models.ForeignKey(Team, on_delete=models.PROTECT, null=True, blank=True, related_name="models",
-                             verbose_name=_("owning team"))
-    project = models.ForeignKey(Project, on_delete=models.PROTECT, null=True, blank=True, related_name="models",
-                                verbose_name=_("owning project"))
-    capacity_class = models.CharField(_("capacity class"), max_length=16, choices=CapacityClass.choices,
-                                      blank=True, default=CapacityClass.UNSET)
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="models",
+        verbose_name=_("owning organisation"),
+    )
+    team = models.ForeignKey(
+        Team, on_delete=models.PROTECT, null=True, blank=True, related_name="models", verbose_name=_("owning team")
+    )
+    project = models.ForeignKey(
+        Project,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="models",
+        verbose_name=_("owning project"),
+    )
+    capacity_class = models.CharField(
+        _("capacity class"), max_length=16, choices=CapacityClass.choices, blank=True, default=CapacityClass.UNSET
+    )
     min_replicas = models.PositiveIntegerField(_("always-running replicas"), default=1)
     max_replicas = models.PositiveIntegerField(_("replicas under load"), default=1)
-    source = models.CharField(_("weights on the nodes"), max_length=1000, blank=True,
-                              help_text=_("A path on the nodes: a .gguf file for llama.cpp, a directory for vLLM "
-                                          "and SGLang."))
-    fallbacks = models.JSONField(_("fallbacks"), default=list, blank=True,
-                                 help_text=_("Model names tried in order when this one cannot serve."))
+    source = models.CharField(
+        _("weights on the nodes"),
+        max_length=1000,
+        blank=True,
+        help_text=_("A path on the nodes: a .gguf file for llama.cpp, a directory for vLLM and SGLang."),
+    )
+    fallbacks = models.JSONField(
+        _("fallbacks"), default=list, blank=True, help_text=_("Model names tried in order when this one cannot serve.")
+    )
     external_url = models.URLField(_("external provider URL"), blank=True)
     external_model = models.CharField(_("provider's model name"), max_length=200, blank=True)
     external_api_key_file = models.CharField(_("provider key file"), max_length=1000, blank=True)
@@ -57,8 +75,9 @@ class Model(models.Model):
     held_until = models.DateTimeField(_("held back until"), null=True, blank=True)
     # The model whose minimum this one gave room up for: it is not placed again until that model's
     # replicas are (or held_until passes, so a preemptor that never fits cannot hold it for ever).
-    held_for = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
-                                 verbose_name=_("held back for"))
+    held_for = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", verbose_name=_("held back for")
+    )
     # A request arrived for a model kept at zero replicas: run one until then.
     demand_until = models.DateTimeField(_("wanted on demand until"), null=True, blank=True)
     # Scaling under load: the gateway marks when it last had to queue a request because every
@@ -83,12 +102,16 @@ class Model(models.Model):
     def clean(self) -> None:
         errors: dict[str, list[str]] = {}
         if not MODEL_NAME.match(self.name or ""):
-            errors.setdefault("name", []).append(str(_(
-                "Use 1 to 128 letters, digits and . _ : - starting with a letter or digit.")))
+            errors.setdefault("name", []).append(
+                str(_("Use 1 to 128 letters, digits and . _ : - starting with a letter or digit."))
+            )
         if self.max_replicas < self.min_replicas:
-            errors.setdefault("max_replicas", []).append(str(_(
-                "Replicas under load (%(max)s) cannot be fewer than always-running replicas (%(min)s).")
-                % {"max": self.max_replicas, "min": self.min_replicas}))
+            errors.setdefault("max_replicas", []).append(
+                str(
+                    _("Replicas under load (%(max)s) cannot be fewer than always-running replicas (%(min)s).")
+                    % {"max": self.max_replicas, "min": self.min_replicas}
+                )
+            )
         if self.is_external and not self.external_model:
             errors.setdefault("external_model", []).append(str(_("Name the provider's model.")))
         if not self.is_external and self.external_model:
@@ -144,8 +167,9 @@ class Profile(models.Model):
     name = models.CharField(_("name"), max_length=100)
     priority = models.IntegerField(_("priority"), default=0, help_text=_("The highest priority that fits wins."))
     engine = models.CharField(_("engine"), max_length=16, choices=Engine.choices, default=Engine.LLAMA_CPP)
-    accelerator = models.CharField(_("accelerator"), max_length=64, default="cpu",
-                                   help_text=_("A GPU class such as H100-80GB, or cpu."))
+    accelerator = models.CharField(
+        _("accelerator"), max_length=64, default="cpu", help_text=_("A GPU class such as H100-80GB, or cpu.")
+    )
     gpus_per_shard = models.PositiveIntegerField(_("GPUs per shard"), default=0)
     nodes_per_replica = models.PositiveIntegerField(_("nodes per replica"), default=1)
     parallel = models.PositiveIntegerField(_("parallel requests"), default=4)
@@ -177,11 +201,15 @@ class Profile(models.Model):
             if self.gpus_per_shard:
                 errors.setdefault("gpus_per_shard", []).append(str(_("A CPU profile uses no GPUs.")))
             if not self.memory_bytes:  # on a change as on creation: an apply states the whole spec
-                errors.setdefault("memory_bytes", []).append(str(_(
-                    "A CPU profile must declare the memory it needs, or placement would put it on any node.")))
+                errors.setdefault("memory_bytes", []).append(
+                    str(_("A CPU profile must declare the memory it needs, or placement would put it on any node."))
+                )
         elif self.gpus_per_shard < 1:
-            errors.setdefault("gpus_per_shard", []).append(str(_(
-                "A %(accelerator)s profile needs at least one GPU per shard.") % {"accelerator": self.accelerator}))
+            errors.setdefault("gpus_per_shard", []).append(
+                str(
+                    _("A %(accelerator)s profile needs at least one GPU per shard.") % {"accelerator": self.accelerator}
+                )
+            )
         if self.memory_bytes < 0:
             errors.setdefault("memory_bytes", []).append(str(_("Memory cannot be negative.")))
         if self.cpu_cores < 0:
@@ -191,12 +219,14 @@ class Profile(models.Model):
         if self.parallel < 1:
             errors.setdefault("parallel", []).append(str(_("At least one request at a time.")))
         if not isinstance(self.node_selector, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.node_selector.items()):
+            isinstance(k, str) and isinstance(v, str) for k, v in self.node_selector.items()
+        ):
             errors.setdefault("node_selector", []).append(str(_("Expected a mapping of label names to values.")))
         if not isinstance(self.extra_args, list) or not all(isinstance(a, str) for a in self.extra_args):
             errors.setdefault("extra_args", []).append(str(_("Expected a list of strings.")))
         if not isinstance(self.env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
+        ):
             errors.setdefault("env", []).append(str(_("Expected a mapping of names to values.")))
         if self.model_id and self.model.is_external:
             errors.setdefault("model", []).append(str(_("A model served by an external provider has no profiles.")))

@@ -17,11 +17,19 @@ __all__ = ["model_status", "models_with_replicas", "translate_reason"]
 
 
 def models_with_replicas() -> QuerySet[Model]:
-    return Model.objects.live().prefetch_related(
-        "profiles",
-        Prefetch("replicas", queryset=Replica.objects.order_by("created_at").prefetch_related(
-            Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank")))),
-    ).select_related("organization", "team", "project")
+    return (
+        Model.objects.live()
+        .prefetch_related(
+            "profiles",
+            Prefetch(
+                "replicas",
+                queryset=Replica.objects.order_by("created_at").prefetch_related(
+                    Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank"))
+                ),
+            ),
+        )
+        .select_related("organization", "team", "project")
+    )
 
 
 def model_status(model: Model) -> dict[str, Any]:
@@ -55,8 +63,14 @@ def rolling_status(model: Model, replicas: list[Replica], wanted: int) -> dict[s
     replacing = [r for r in replicas if r.replaces_id and r.state != ReplicaState.STOPPING]
     if not stale and not replacing:
         return None
-    done = sum(1 for r in live if r.state == ReplicaState.READY and not r.replaces_id
-               and r.profile_id is not None and r.spec == current.get(r.profile_id))
+    done = sum(
+        1
+        for r in live
+        if r.state == ReplicaState.READY
+        and not r.replaces_id
+        and r.profile_id is not None
+        and r.spec == current.get(r.profile_id)
+    )
     return {"done": min(done, wanted), "of": wanted}
 
 

@@ -36,22 +36,64 @@ __all__ = [
     "update_profile",
 ]
 
-MODEL_FIELDS = ("capacity_class", "min_replicas", "max_replicas", "source", "fallbacks", "external_url",
-                "external_model", "external_api_key_file", "organization_id", "team_id", "project_id")
-PROFILE_FIELDS = ("priority", "engine", "accelerator", "gpus_per_shard", "nodes_per_replica", "parallel",
-                  "context_size", "memory_bytes", "cpu_cores", "node_selector", "extra_args", "env")
+MODEL_FIELDS = (
+    "capacity_class",
+    "min_replicas",
+    "max_replicas",
+    "source",
+    "fallbacks",
+    "external_url",
+    "external_model",
+    "external_api_key_file",
+    "organization_id",
+    "team_id",
+    "project_id",
+)
+PROFILE_FIELDS = (
+    "priority",
+    "engine",
+    "accelerator",
+    "gpus_per_shard",
+    "nodes_per_replica",
+    "parallel",
+    "context_size",
+    "memory_bytes",
+    "cpu_cores",
+    "node_selector",
+    "extra_args",
+    "env",
+)
 # Memory is counted as operators and the kernel count RAM: a GB is 1024^3 bytes, as in "64 GB of RAM".
-UNITS = {"b": 1, "k": 1024, "kb": 1024, "ki": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mi": 1024**2,
-         "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gi": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4,
-         "ti": 1024**4, "tib": 1024**4}
+UNITS = {
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "ki": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1024**4,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
 # The console's forms allow as much; a spec or the API may not ask for more.
 MAX_REPLICAS = 1000
 MAX_CPU_CORES = 4096
 # What PostgreSQL's integer columns hold, so that SQLite refuses the same specs.
 _POSITIVE_INT = (0, 2**31 - 1)
 PROFILE_INT_RANGES: dict[str, tuple[int, int]] = {
-    "priority": (-(2**31), 2**31 - 1), "gpus_per_shard": _POSITIVE_INT, "nodes_per_replica": _POSITIVE_INT,
-    "parallel": _POSITIVE_INT, "context_size": _POSITIVE_INT,
+    "priority": (-(2**31), 2**31 - 1),
+    "gpus_per_shard": _POSITIVE_INT,
+    "nodes_per_replica": _POSITIVE_INT,
+    "parallel": _POSITIVE_INT,
+    "context_size": _POSITIVE_INT,
 }
 
 
@@ -61,9 +103,24 @@ MODEL_KEYS = frozenset({"name", "class", "replicas", "source", "fallbacks", "pro
 REPLICA_KEYS = frozenset({"min", "max"})
 EXTERNAL_KEYS = frozenset({"url", "model", "api_key_file"})
 OWNER_KEYS = frozenset({"organization", "team", "project"})
-PROFILE_KEYS = frozenset({"name", "priority", "engine", "accelerator", "gpus_per_shard", "nodes_per_replica",
-                          "parallel", "context_size", "node_selector", "extra_args", "env", "memory", "memory_gb",
-                          "cpu_cores"})
+PROFILE_KEYS = frozenset(
+    {
+        "name",
+        "priority",
+        "engine",
+        "accelerator",
+        "gpus_per_shard",
+        "nodes_per_replica",
+        "parallel",
+        "context_size",
+        "node_selector",
+        "extra_args",
+        "env",
+        "memory",
+        "memory_gb",
+        "cpu_cores",
+    }
+)
 
 
 def _unknown_keys(value: Any, known: frozenset[str], path: str, errors: dict[str, list[str]]) -> None:
@@ -165,7 +222,8 @@ def _owner(spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> dic
         org = Organization.objects.filter(slug=owner["organization"]).first()
         if org is None:
             errors.setdefault(f"{path}.owner.organization", []).append(
-                _("No organisation “%(slug)s”.") % {"slug": owner["organization"]})
+                _("No organisation “%(slug)s”.") % {"slug": owner["organization"]}
+            )
             return found
         found["organization_id"] = org.pk
     if owner.get("team"):
@@ -178,7 +236,8 @@ def _owner(spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> dic
         project = Project.objects.filter(slug=owner["project"], **({"team": team} if team else {})).first()
         if project is None:
             errors.setdefault(f"{path}.owner.project", []).append(
-                _("No project “%(slug)s”.") % {"slug": owner["project"]})
+                _("No project “%(slug)s”.") % {"slug": owner["project"]}
+            )
             return found
         found["project_id"] = project.pk
     return found
@@ -203,8 +262,13 @@ def _model_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]])
     if not isinstance(external, dict):
         errors.setdefault(f"{path}.external", []).append(_("Expected url, model and api_key_file."))
         external = {}
-    values.update({"external_url": external.get("url", "") or "", "external_model": external.get("model", "") or "",
-                   "external_api_key_file": external.get("api_key_file", "") or ""})
+    values.update(
+        {
+            "external_url": external.get("url", "") or "",
+            "external_model": external.get("model", "") or "",
+            "external_api_key_file": external.get("api_key_file", "") or "",
+        }
+    )
     values.update(_owner(spec, path, errors))
     for key in ("min_replicas", "max_replicas"):
         value = values.get(key)
@@ -213,7 +277,8 @@ def _model_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]])
             values.pop(key)
         elif key in values and isinstance(value, int) and value > MAX_REPLICAS:
             errors.setdefault(f"{path}.replicas", []).append(
-                _("At most %(max)s replicas; got %(value)s.") % {"max": MAX_REPLICAS, "value": value})
+                _("At most %(max)s replicas; got %(value)s.") % {"max": MAX_REPLICAS, "value": value}
+            )
             values.pop(key)
     if not isinstance(values["fallbacks"], list) or not all(isinstance(f, str) for f in values["fallbacks"]):
         errors.setdefault(f"{path}.fallbacks", []).append(_("Expected a list of model names."))
@@ -223,11 +288,30 @@ def _model_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]])
 
 def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    simple = {"priority": int, "engine": str, "accelerator": str, "gpus_per_shard": int, "nodes_per_replica": int,
-              "parallel": int, "context_size": int, "node_selector": dict, "extra_args": list, "env": dict}
-    defaults = {"priority": 0, "engine": "llama.cpp", "accelerator": "cpu", "gpus_per_shard": 0,
-                "nodes_per_replica": 1, "parallel": 4, "context_size": None, "node_selector": {}, "extra_args": [],
-                "env": {}}
+    simple = {
+        "priority": int,
+        "engine": str,
+        "accelerator": str,
+        "gpus_per_shard": int,
+        "nodes_per_replica": int,
+        "parallel": int,
+        "context_size": int,
+        "node_selector": dict,
+        "extra_args": list,
+        "env": dict,
+    }
+    defaults = {
+        "priority": 0,
+        "engine": "llama.cpp",
+        "accelerator": "cpu",
+        "gpus_per_shard": 0,
+        "nodes_per_replica": 1,
+        "parallel": 4,
+        "context_size": None,
+        "node_selector": {},
+        "extra_args": [],
+        "env": {},
+    }
     for key, kind in simple.items():
         value = spec.get(key, defaults[key])
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
@@ -237,7 +321,8 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         if isinstance(value, int) and key in PROFILE_INT_RANGES and not low <= value <= high:
             errors.setdefault(f"{path}.{key}", []).append(
                 _("Expected a whole number from %(low)s to %(high)s; got “%(value)s”.")
-                % {"low": low, "high": high, "value": value})
+                % {"low": low, "high": high, "value": value}
+            )
             continue
         values[key] = value
     if values.get("accelerator", "cpu") != "cpu" and "gpus_per_shard" not in spec:
@@ -247,11 +332,13 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         values["memory_bytes"] = parse_memory(memory) if memory is not None else 0
     except ValueError:
         errors.setdefault(f"{path}.memory", []).append(
-            _("Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”.") % {"value": memory})
+            _("Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”.") % {"value": memory}
+        )
     cores = spec.get("cpu_cores", 0)
     if isinstance(cores, bool) or not isinstance(cores, int | float) or not 0 <= cores <= MAX_CPU_CORES:
         errors.setdefault(f"{path}.cpu_cores", []).append(
-            _("Expected a number of cores from 0 to %(max)s.") % {"max": MAX_CPU_CORES})
+            _("Expected a number of cores from 0 to %(max)s.") % {"max": MAX_CPU_CORES}
+        )
     else:
         values["cpu_cores"] = float(cores)
     return values
@@ -294,7 +381,8 @@ def apply_models(specs: Any, *, actor: User | None, dry_run: bool = False) -> li
         if model is not None and model.deleted_at is not None:
             errors.setdefault(f"{path}.name", []).append(
                 _("“%(name)s” is being deleted: its replicas are stopping. Apply it again once it is gone.")
-                % {"name": spec["name"]})
+                % {"name": spec["name"]}
+            )
             continue
         created = model is None
         model = model or Model(name=spec["name"])
@@ -313,10 +401,10 @@ def apply_models(specs: Any, *, actor: User | None, dry_run: bool = False) -> li
             profiles_spec = []
         if model.is_external and profiles_spec:
             errors.setdefault(f"{path}.profiles", []).append(
-                _("A model served by an external provider has no profiles."))
+                _("A model served by an external provider has no profiles.")
+            )
         if not model.is_external and not profiles_spec:
-            errors.setdefault(f"{path}.profiles", []).append(
-                _("Give at least one profile, or an external provider."))
+            errors.setdefault(f"{path}.profiles", []).append(_("Give at least one profile, or an external provider."))
         profiles: list[tuple[Profile, dict[str, Any]]] = []
         for j, pspec in enumerate(profiles_spec):
             ppath = f"{path}.profiles[{j}]"
@@ -336,8 +424,16 @@ def apply_models(specs: Any, *, actor: User | None, dry_run: bool = False) -> li
                 for field, messages in exc.message_dict.items():
                     key = "memory" if field == "memory_bytes" else field
                     errors.setdefault(f"{ppath}.{key}", []).extend(messages)
-            profiles.append((profile, {k: [pbefore[k], getattr(profile, k)] for k in PROFILE_FIELDS
-                                       if pbefore[k] != getattr(profile, k) or existing is None}))
+            profiles.append(
+                (
+                    profile,
+                    {
+                        k: [pbefore[k], getattr(profile, k)]
+                        for k in PROFILE_FIELDS
+                        if pbefore[k] != getattr(profile, k) or existing is None
+                    },
+                )
+            )
         changes = {k: [before[k], getattr(model, k)] for k in MODEL_FIELDS if before[k] != getattr(model, k)}
         plans.append((model, changes, profiles, created))
     if errors:
@@ -350,8 +446,11 @@ def apply_models(specs: Any, *, actor: User | None, dry_run: bool = False) -> li
         removed = [] if created else list(model.profiles.exclude(name__in=keep).values_list("name", flat=True))
         if dry_run:
             outcome = "created" if created else ("changed" if changes or profile_changes or removed else "unchanged")
-            all_changes = {**changes, **({"profiles": profile_changes} if profile_changes else {}),
-                           **({"profiles_removed": removed} if removed else {})}
+            all_changes = {
+                **changes,
+                **({"profiles": profile_changes} if profile_changes else {}),
+                **({"profiles_removed": removed} if removed else {}),
+            }
             results.append(ApplyResult(model.name, outcome, _jsonable(all_changes)))
             continue
         if created or changes or profile_changes or removed:
@@ -364,10 +463,12 @@ def apply_models(specs: Any, *, actor: User | None, dry_run: bool = False) -> li
             if removed:
                 model.profiles.filter(name__in=removed).delete()
             outcome = "created" if created else "changed"
-            all_changes = {**changes, **({"profiles": profile_changes} if profile_changes else {}),
-                           **({"profiles_removed": removed} if removed else {})}
-            audit.record(actor, f"model.{'create' if created else 'update'}", model,
-                         changes=_jsonable(all_changes))
+            all_changes = {
+                **changes,
+                **({"profiles": profile_changes} if profile_changes else {}),
+                **({"profiles_removed": removed} if removed else {}),
+            }
+            audit.record(actor, f"model.{'create' if created else 'update'}", model, changes=_jsonable(all_changes))
             from apps.cluster.reconciler import request_reconcile
 
             request_reconcile()
@@ -388,8 +489,9 @@ def _jsonable(value: Any) -> Any:
 
 
 @transaction.atomic
-def set_target(model: Model, *, min_replicas: int | None = None, max_replicas: int | None = None,
-               actor: User | None) -> Model:
+def set_target(
+    model: Model, *, min_replicas: int | None = None, max_replicas: int | None = None, actor: User | None
+) -> Model:
     """Change the always-running and under-load replica counts (only what is given)."""
     before = {"min_replicas": model.min_replicas, "max_replicas": model.max_replicas}
     if min_replicas is not None:
@@ -422,8 +524,14 @@ def set_class(model: Model, capacity_class: str, *, actor: User | None) -> Model
 
 
 @transaction.atomic
-def set_owner(model: Model, *, organization: Organization | None = None, team: Team | None = None,
-              project: Project | None = None, actor: User | None) -> Model:
+def set_owner(
+    model: Model,
+    *,
+    organization: Organization | None = None,
+    team: Team | None = None,
+    project: Project | None = None,
+    actor: User | None,
+) -> Model:
     """Give the model to an organisation, a team or a project (the most specific one given; its
     parents follow), or to nobody. Its replicas count against that owner's capacity quotas from
     the next placement on; what runs now keeps running."""
@@ -432,8 +540,11 @@ def set_owner(model: Model, *, organization: Organization | None = None, team: T
     elif team is not None:
         organization = team.organization
     before = {"organization": model.organization_id, "team": model.team_id, "project": model.project_id}
-    after = {"organization": organization.pk if organization else None, "team": team.pk if team else None,
-             "project": project.pk if project else None}
+    after = {
+        "organization": organization.pk if organization else None,
+        "team": team.pk if team else None,
+        "project": project.pk if project else None,
+    }
     if before != after:
         model.organization, model.team, model.project = organization, team, project
         model.save(update_fields=["organization", "team", "project"])
@@ -442,8 +553,14 @@ def set_owner(model: Model, *, organization: Organization | None = None, team: T
 
 
 @transaction.atomic
-def set_resources(model: Model, *, memory_bytes: int | None = None, cpu_cores: float | None = None,
-                  profile_name: str | None = None, actor: User | None) -> list[Profile]:
+def set_resources(
+    model: Model,
+    *,
+    memory_bytes: int | None = None,
+    cpu_cores: float | None = None,
+    profile_name: str | None = None,
+    actor: User | None,
+) -> list[Profile]:
     """Change the memory and cores claimed by a model's profiles (all, or the one named)."""
     profiles = list(model.profiles.all())
     if profile_name:
@@ -476,8 +593,9 @@ def update_model(model: Model, *, actor: User | None, address: str | None = None
     for name, value in changes.items():
         setattr(model, name, value)
     model.full_clean(exclude=["organization", "team", "project"], validate_unique=False)
-    difference = {name: [before[name], getattr(model, name)] for name in changes
-                  if before[name] != getattr(model, name)}
+    difference = {
+        name: [before[name], getattr(model, name)] for name in changes if before[name] != getattr(model, name)
+    }
     if difference:
         model.updated_at = timezone.now()
         model.save(update_fields=[*difference, "updated_at"])
@@ -499,13 +617,15 @@ def update_profile(profile: Profile, *, actor: User | None, address: str | None 
     for name, value in changes.items():
         setattr(profile, name, value)
     profile.full_clean(exclude=["model"], validate_unique=False)
-    difference = {name: [before[name], getattr(profile, name)] for name in changes
-                  if before[name] != getattr(profile, name)}
+    difference = {
+        name: [before[name], getattr(profile, name)] for name in changes if before[name] != getattr(profile, name)
+    }
     if difference:
         profile.save(update_fields=list(difference))
         Model.objects.filter(pk=profile.model_id).update(updated_at=timezone.now())
-        audit.record(actor, "profile.update", profile, changes=_jsonable(difference), model=profile.model.name,
-                     address=address)
+        audit.record(
+            actor, "profile.update", profile, changes=_jsonable(difference), model=profile.model.name, address=address
+        )
         from apps.cluster.reconciler import request_reconcile
 
         request_reconcile()
@@ -568,8 +688,11 @@ def record_busy(name: str) -> bool:
     Only a model allowed to grow (max above min, or already grown) is touched; returns whether one was.
     """
     now = timezone.now()
-    touched = Model.objects.filter(name=name).filter(
-        Q(max_replicas__gt=F("min_replicas")) | Q(load_replicas__gt=0)).update(busy_at=now)
+    touched = (
+        Model.objects.filter(name=name)
+        .filter(Q(max_replicas__gt=F("min_replicas")) | Q(load_replicas__gt=0))
+        .update(busy_at=now)
+    )
     if touched:
         from apps.cluster.reconciler import request_reconcile
 
@@ -586,8 +709,9 @@ def apply_server_config(path: str) -> list[ApplyResult]:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle) or {}
     except OSError as exc:
-        raise SpecError({"server.yaml": [_("Cannot read %(path)s: %(error)s") % {"path": path,
-                                                                                 "error": exc.strerror}]}) from None
+        raise SpecError(
+            {"server.yaml": [_("Cannot read %(path)s: %(error)s") % {"path": path, "error": exc.strerror}]}
+        ) from None
     except yaml.YAMLError as exc:
         raise SpecError({"server.yaml": [_("This is not valid YAML: %(error)s") % {"error": exc}]}) from None
     if not isinstance(data, dict):

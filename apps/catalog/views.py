@@ -26,12 +26,18 @@ from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Node, Replica, Shard
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
-__all__ = ["model_class", "model_delete", "model_detail", "model_explain", "model_owner", "model_resources",
-           "model_target", "models"]
+__all__ = [
+    "model_class",
+    "model_delete",
+    "model_detail",
+    "model_explain",
+    "model_owner",
+    "model_resources",
+    "model_target",
+    "models",
+]
 
 SEPARATORS = "-._:"
-
-
 
 
 def _get_model_for_user(user: Any, name: str, *, perm: str = "view") -> Model:
@@ -58,16 +64,17 @@ def _engine_label(engine: str) -> str:
 
 # The list ----------------------------------------------------------------------------------------
 
+
 def node_prefix(names: list[str]) -> str:
     """The start every node name shares, cut back to a separator ("gpu-r1-01", "gpu-r1-02" → "gpu-r1-")."""
     if len(set(names)) < 2:
         return ""
     common = os.path.commonprefix(names)
-    return common[:max(common.rfind(sep) for sep in SEPARATORS) + 1]
+    return common[: max(common.rfind(sep) for sep in SEPARATORS) + 1]
 
 
 def short_name(name: str, prefix: str) -> str:
-    return name[len(prefix):] if prefix and name.startswith(prefix) and len(name) > len(prefix) else name
+    return name[len(prefix) :] if prefix and name.startswith(prefix) and len(name) > len(prefix) else name
 
 
 @dataclass(frozen=True)
@@ -99,10 +106,15 @@ def _model_rows() -> list[ModelRow]:
     rows = []
     for model in models:
         status = selectors.model_status(model)
-        rows.append(ModelRow(
-            model=model, class_label=_class_label(model), status=status, runs_on=_runs_on(model),
-            nodes=[(short_name(name, prefix), name) for name in status["nodes"]],
-        ))
+        rows.append(
+            ModelRow(
+                model=model,
+                class_label=_class_label(model),
+                status=status,
+                runs_on=_runs_on(model),
+                nodes=[(short_name(name, prefix), name) for name in status["nodes"]],
+            )
+        )
     return rows
 
 
@@ -115,6 +127,7 @@ def models(request: HtmxHttpRequest) -> HttpResponse:
 
 
 # One model ---------------------------------------------------------------------------------------
+
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -183,8 +196,10 @@ def _measured(shards: list[Shard], now: datetime) -> tuple[float | None, int | N
         entry = _sample_shards(shard.node, now).get(shard.shard_id, {})
         cores.append(_number(entry.get("cpu_cores")))
         memory.append(_number(entry.get("memory_bytes")))
-    return (None if None in cores else sum(c or 0 for c in cores),
-            None if None in memory else int(sum(m or 0 for m in memory)))
+    return (
+        None if None in cores else sum(c or 0 for c in cores),
+        None if None in memory else int(sum(m or 0 for m in memory)),
+    )
 
 
 def _replica_rows(model: Model, now: datetime | None = None) -> list[ReplicaRow]:
@@ -194,18 +209,28 @@ def _replica_rows(model: Model, now: datetime | None = None) -> list[ReplicaRow]
     for replica in model.replicas.all():
         shards = list(replica.shards.all())
         cpu_used, memory_used = _measured(shards, now)
-        rows.append(ReplicaRow(
-            replica=replica,
-            profile=profiles.get(replica.profile_id) if replica.profile_id else None,
-            shards=shards,
-            cpu_used=cpu_used,
-            cpu_claimed=sum(s.cpu_cores for s in shards) if shards else None,
-            memory_used=memory_used,
-            memory_claimed=sum(s.memory_bytes for s in shards) if shards else None,
-            notes=[ShardNote(node=s.node.name, rank=s.rank, exit_code=s.exit_code, message=s.message,
-                             log_tail=[str(line) for line in s.log_tail or []])
-                   for s in shards if s.exit_code is not None or s.log_tail or s.message],
-        ))
+        rows.append(
+            ReplicaRow(
+                replica=replica,
+                profile=profiles.get(replica.profile_id) if replica.profile_id else None,
+                shards=shards,
+                cpu_used=cpu_used,
+                cpu_claimed=sum(s.cpu_cores for s in shards) if shards else None,
+                memory_used=memory_used,
+                memory_claimed=sum(s.memory_bytes for s in shards) if shards else None,
+                notes=[
+                    ShardNote(
+                        node=s.node.name,
+                        rank=s.rank,
+                        exit_code=s.exit_code,
+                        message=s.message,
+                        log_tail=[str(line) for line in s.log_tail or []],
+                    )
+                    for s in shards
+                    if s.exit_code is not None or s.log_tail or s.message
+                ],
+            )
+        )
     return rows
 
 
@@ -226,15 +251,21 @@ def _owner(model: Model) -> str:
     return " / ".join(parts)
 
 
-def _card_context(request: HtmxHttpRequest, model: Model, *, notice: str | None = None,
-                  forms: dict[str, Form] | None = None) -> dict[str, Any]:
+def _card_context(
+    request: HtmxHttpRequest, model: Model, *, notice: str | None = None, forms: dict[str, Form] | None = None
+) -> dict[str, Any]:
     """What the card partial needs. `forms` holds bound forms with errors to show instead of fresh ones."""
     forms = forms or {}
     can_change = can_change_cluster(request.user)
     profiles = sorted(model.profiles.all(), key=lambda p: (-p.priority, p.name))
     context: dict[str, Any] = {
-        "model": model, "profiles": profiles, "class_label": _class_label(model), "owner": _owner(model),
-        "headroom": _headroom(model), "can_change": can_change, "notice": notice,
+        "model": model,
+        "profiles": profiles,
+        "class_label": _class_label(model),
+        "owner": _owner(model),
+        "headroom": _headroom(model),
+        "can_change": can_change,
+        "notice": notice,
         "wanted_now": model.wanted_replicas(timezone.now()),
         "rolling": selectors.rolling_status(model, list(model.replicas.all()), model.wanted_replicas(timezone.now())),
     }
@@ -257,13 +288,16 @@ def _card_context(request: HtmxHttpRequest, model: Model, *, notice: str | None 
 def model_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     model = _get_model_for_user(request.user, name)
     if is_fragment(request):  # the replicas refresh themselves; headroom is worked out only with the card
-        return render(request, "catalog/model_detail.html#model-replicas",
-                      {"model": model, "replicas": _replica_rows(model)})
-    return render(request, "catalog/model_detail.html",
-                  {**_card_context(request, model), "replicas": _replica_rows(model)})
+        return render(
+            request, "catalog/model_detail.html#model-replicas", {"model": model, "replicas": _replica_rows(model)}
+        )
+    return render(
+        request, "catalog/model_detail.html", {**_card_context(request, model), "replicas": _replica_rows(model)}
+    )
 
 
 # Changing a model --------------------------------------------------------------------------------
+
 
 def _actor(request: HtmxHttpRequest) -> User:
     user: User = request.user  # type: ignore[assignment]
@@ -307,9 +341,16 @@ def target_refusal(model: Model, new_min: int) -> str | None:
     room = api.headroom(model)
     if need <= room["with_preemption"]:
         return None
-    return _("Only %(fit)s more replicas of %(name)s fit (%(now)s without preemption); %(min)s always-running "
-             "would need %(need)s more.") % {"fit": room["with_preemption"], "name": model.name,
-                                             "now": room["without_preemption"], "min": new_min, "need": need}
+    return _(
+        "Only %(fit)s more replicas of %(name)s fit (%(now)s without preemption); %(min)s always-running "
+        "would need %(need)s more."
+    ) % {
+        "fit": room["with_preemption"],
+        "name": model.name,
+        "now": room["without_preemption"],
+        "min": new_min,
+        "need": need,
+    }
 
 
 @requires("change_cluster", methods=["POST"])
@@ -317,8 +358,9 @@ def model_delete(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Take the model out of service (asked to confirm in the page): routes stop, replicas stop."""
     model = _get_model_for_user(request.user, name, perm="change")
     services.delete_model(model, actor=_actor(request), address=client_address(request))
-    messages.success(request, _("Model “%(name)s” deleted: its replicas are stopping; its usage history stays.")
-                     % {"name": name})
+    messages.success(
+        request, _("Model “%(name)s” deleted: its replicas are stopping; its usage history stays.") % {"name": name}
+    )
     return HttpResponseRedirect(reverse("catalog:models"))
 
 
@@ -329,8 +371,11 @@ def model_target(request: HtmxHttpRequest, name: str) -> HttpResponse:
     form = TargetForm.for_model(model, request.POST)
     if not form.is_valid():
         return _refused(request, name, target=form)
-    wanted = {key: form.cleaned_data[key] for key in ("min_replicas", "max_replicas")
-              if form.cleaned_data[key] != getattr(model, key)}
+    wanted = {
+        key: form.cleaned_data[key]
+        for key in ("min_replicas", "max_replicas")
+        if form.cleaned_data[key] != getattr(model, key)
+    }
     if not wanted:
         return _changed(request, name, _("Nothing changed."))
     if "min_replicas" in wanted and not model.is_external:
@@ -343,8 +388,12 @@ def model_target(request: HtmxHttpRequest, name: str) -> HttpResponse:
     except ValidationError as exc:
         _add_errors(form, exc)
         return _refused(request, name, target=form)
-    return _changed(request, name, _("%(name)s: %(min)s always running, up to %(max)s under load.") % {
-        "name": model.name, "min": model.min_replicas, "max": model.max_replicas})
+    return _changed(
+        request,
+        name,
+        _("%(name)s: %(min)s always running, up to %(max)s under load.")
+        % {"name": model.name, "min": model.min_replicas, "max": model.max_replicas},
+    )
 
 
 @requires("change_cluster", methods=["POST"])
@@ -362,8 +411,11 @@ def model_class(request: HtmxHttpRequest, name: str) -> HttpResponse:
     except ValidationError as exc:
         _add_errors(form, exc)
         return _refused(request, name, **{"class": form})
-    return _changed(request, name, _("%(name)s is now in the “%(class)s” class.") % {
-        "name": model.name, "class": _class_label(model)})
+    return _changed(
+        request,
+        name,
+        _("%(name)s is now in the “%(class)s” class.") % {"name": model.name, "class": _class_label(model)},
+    )
 
 
 @requires("change_cluster", methods=["POST"])
@@ -377,8 +429,9 @@ def model_owner(request: HtmxHttpRequest, name: str) -> HttpResponse:
     model = services.set_owner(model, **form.chosen(), actor=_actor(request))
     if _owner(model) == before:
         return _changed(request, name, _("Nothing changed."))
-    return _changed(request, name, _("%(name)s now belongs to %(owner)s.") % {
-        "name": model.name, "owner": _owner(model) or "-"})
+    return _changed(
+        request, name, _("%(name)s now belongs to %(owner)s.") % {"name": model.name, "owner": _owner(model) or "-"}
+    )
 
 
 def _profile(model: Model, name: str) -> Profile | None:
@@ -411,12 +464,21 @@ def model_resources(request: HtmxHttpRequest, name: str) -> HttpResponse:
         _add_errors(form, exc, {"memory_bytes": "memory"})
         return _refused(request, name, resources=form)
     profile = changed[0]
-    return _changed(request, name, _("Profile %(profile)s of %(name)s now claims %(memory)s and %(cores)s cores.") % {
-        "profile": profile.name, "name": model.name, "memory": memory_text(profile.memory_bytes),
-        "cores": f"{profile.cpu_cores:g}"})
+    return _changed(
+        request,
+        name,
+        _("Profile %(profile)s of %(name)s now claims %(memory)s and %(cores)s cores.")
+        % {
+            "profile": profile.name,
+            "name": model.name,
+            "memory": memory_text(profile.memory_bytes),
+            "cores": f"{profile.cpu_cores:g}",
+        },
+    )
 
 
 # Why it runs where it does -----------------------------------------------------------------------
+
 
 @requires("read_everything", methods=["GET"])
 def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
@@ -424,16 +486,25 @@ def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
     model = _get_model_for_user(request.user, name)
     verdicts = [] if model.is_external else sorted(api.explain_model(model), key=lambda v: -v["priority"])
     replicas: list[dict[str, Any]] = [
-        {"replica": replica,
-         "rejections": [{"profile": r.get("profile"), "node": r.get("node"), "reason": selectors.translate_reason(r)}
-                        for r in replica.rejections or [] if isinstance(r, dict)]}
+        {
+            "replica": replica,
+            "rejections": [
+                {"profile": r.get("profile"), "node": r.get("node"), "reason": selectors.translate_reason(r)}
+                for r in replica.rejections or []
+                if isinstance(r, dict)
+            ],
+        }
         for replica in model.replicas.all()
     ]
     # The title says why it runs where it does only where it runs: on a node, or at its provider.
-    runs_somewhere = model.is_external or any(r["replica"].state in (ReplicaState.STARTING, ReplicaState.READY)
-                                              for r in replicas)
-    return render(request, "catalog/model_explain.html", {"model": model, "verdicts": verdicts, "replicas": replicas,
-                                                          "runs_somewhere": runs_somewhere})
+    runs_somewhere = model.is_external or any(
+        r["replica"].state in (ReplicaState.STARTING, ReplicaState.READY) for r in replicas
+    )
+    return render(
+        request,
+        "catalog/model_explain.html",
+        {"model": model, "verdicts": verdicts, "replicas": replicas, "runs_somewhere": runs_somewhere},
+    )
 
 
 EXAMPLE_SPEC = """models:
@@ -458,17 +529,24 @@ def model_apply(request: HtmxHttpRequest) -> HttpResponse:
         text = request.POST.get("spec", "")
         if not text.strip():
             errors = {"yaml": [_("Nothing to declare: write the models as YAML, as in the example.")]}
-            return render(request, "catalog/model_apply.html",
-                          {"spec": text, "errors": errors, "results": results, "example": EXAMPLE_SPEC})
+            return render(
+                request,
+                "catalog/model_apply.html",
+                {"spec": text, "errors": errors, "results": results, "example": EXAMPLE_SPEC},
+            )
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             errors = {"yaml": [_("This is not valid YAML: %(error)s") % {"error": exc}]}
         else:
             try:
-                results = services.apply_models(data if isinstance(data, dict) else {"models": data},
-                                                actor=_actor(request))
+                results = services.apply_models(
+                    data if isinstance(data, dict) else {"models": data}, actor=_actor(request)
+                )
             except services.SpecError as exc:
                 errors = exc.errors
-    return render(request, "catalog/model_apply.html",
-                  {"spec": text, "errors": errors, "results": results, "example": EXAMPLE_SPEC})
+    return render(
+        request,
+        "catalog/model_apply.html",
+        {"spec": text, "errors": errors, "results": results, "example": EXAMPLE_SPEC},
+    )

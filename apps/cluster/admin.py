@@ -39,9 +39,26 @@ class NodeAdmin(AuditedAdmin):
     list_display = ["name", "status", "cordoned", "agent_version", "address", "last_seen_at", "registered_at"]
     list_filter = ["status", "cordoned"]
     search_fields = ["name", "address"]
-    readonly_fields = ["name", "status", "drain_requested_at", "drain_grace", "drain_force", "agent_version",
-                       "features", "hardware", "warnings", "sample", "sampled_at", "credential_hash", "created_at",
-                       "registered_at", "last_seen_at", "revoked_at", "address", "desired_version"]
+    readonly_fields = [
+        "name",
+        "status",
+        "drain_requested_at",
+        "drain_grace",
+        "drain_force",
+        "agent_version",
+        "features",
+        "hardware",
+        "warnings",
+        "sample",
+        "sampled_at",
+        "credential_hash",
+        "created_at",
+        "registered_at",
+        "last_seen_at",
+        "revoked_at",
+        "address",
+        "desired_version",
+    ]
     audit_exclude = ("cordoned", "cordon_reason")
     inlines = [GpuInline]
     actions = ["revoke_nodes"]
@@ -62,16 +79,22 @@ class NodeAdmin(AuditedAdmin):
         elif obj.cordoned:
             services.uncordon_node(obj, actor=actor, address=address)
         else:
-            self.message_user(request, _("A cordon reason is kept only while the node is cordoned; it was not saved."),
-                              level=messages.WARNING)
+            self.message_user(
+                request,
+                _("A cordon reason is kept only while the node is cordoned; it was not saved."),
+                level=messages.WARNING,
+            )
 
     @admin.action(description=_("Revoke the selected nodes"), permissions=["change"])
     def revoke_nodes(self, request: HttpRequest, queryset: Any) -> None:
         nodes = [node for node in queryset if node.revoked_at is None]
         for node in nodes:
             services.revoke_node(node, actor=actor_of(request), address=client_address(request))
-        self.message_user(request, ngettext("%(count)d node revoked.", "%(count)d nodes revoked.", len(nodes))
-                          % {"count": len(nodes)}, level=messages.SUCCESS)
+        self.message_user(
+            request,
+            ngettext("%(count)d node revoked.", "%(count)d nodes revoked.", len(nodes)) % {"count": len(nodes)},
+            level=messages.SUCCESS,
+        )
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, Any, Any]:
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
@@ -115,8 +138,17 @@ class EnrollmentTokenAdmin(AuditedAdmin):
 
 class ShardInline(ReadOnlyInline):
     model = Shard
-    fields = readonly_fields = ("rank", "node", "gpu_indices", "memory_bytes", "cpu_cores", "port", "state", "pid",
-                                "exit_code")
+    fields = readonly_fields = (
+        "rank",
+        "node",
+        "gpu_indices",
+        "memory_bytes",
+        "cpu_cores",
+        "port",
+        "state",
+        "pid",
+        "exit_code",
+    )
 
 
 @admin.register(Replica)

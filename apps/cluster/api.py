@@ -51,8 +51,17 @@ def node_summary(node: Node, now: Any = None) -> dict[str, Any]:
 class GpuSerializer(serializers.ModelSerializer[Gpu]):
     class Meta:
         model = Gpu
-        fields = ["index", "uuid", "name", "gpu_class", "pci_bus_id", "memory_total_mib", "mig_mode", "ecc_fault",
-                  "foreign_processes"]
+        fields = [
+            "index",
+            "uuid",
+            "name",
+            "gpu_class",
+            "pci_bus_id",
+            "memory_total_mib",
+            "mig_mode",
+            "ecc_fault",
+            "foreign_processes",
+        ]
 
 
 class EngineSerializer(serializers.Serializer[Any]):
@@ -64,15 +73,29 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
     summary = serializers.SerializerMethodField()
     draining = serializers.SerializerMethodField()
     engines = serializers.SerializerMethodField(
-        help_text=_("The engines the node has, with their versions; empty when it has none, null when it never "
-                    "said."))
+        help_text=_("The engines the node has, with their versions; empty when it has none, null when it never said.")
+    )
     # Unreachable as soon as its heartbeats are stale, whether or not the scheduler marked it yet.
     status = serializers.ChoiceField(choices=NodeStatus.choices, source="live_status", read_only=True)
 
     class Meta:
         model = Node
-        fields = ["name", "labels", "status", "cordoned", "cordon_reason", "draining", "agent_version", "features",
-                  "engines", "warnings", "created_at", "registered_at", "last_seen_at", "summary"]
+        fields = [
+            "name",
+            "labels",
+            "status",
+            "cordoned",
+            "cordon_reason",
+            "draining",
+            "agent_version",
+            "features",
+            "engines",
+            "warnings",
+            "created_at",
+            "registered_at",
+            "last_seen_at",
+            "summary",
+        ]
 
     def get_draining(self, node: Node) -> bool:
         return node.drain_requested_at is not None
@@ -124,10 +147,16 @@ class CordonSerializer(serializers.Serializer[Any]):
 
 
 class DrainSerializer(serializers.Serializer[Any]):
-    grace = serializers.IntegerField(min_value=0, max_value=3600, required=False, allow_null=True,
-                                     help_text=_("Seconds from SIGTERM to SIGKILL for the engines stopped."))
-    force = serializers.BooleanField(required=False, default=False,
-                                     help_text=_("Stop replicas that cannot be placed elsewhere anyway."))
+    grace = serializers.IntegerField(
+        min_value=0,
+        max_value=3600,
+        required=False,
+        allow_null=True,
+        help_text=_("Seconds from SIGTERM to SIGKILL for the engines stopped."),
+    )
+    force = serializers.BooleanField(
+        required=False, default=False, help_text=_("Stop replicas that cannot be placed elsewhere anyway.")
+    )
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Node]):
@@ -151,8 +180,12 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def cordon(self, request: Request, name: str | None = None) -> Response:
         data = CordonSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.cordon_node(self.get_object(), reason=data.validated_data["reason"], actor=request.user,  # type: ignore[arg-type]
-                                    address=self._address())
+        node = services.cordon_node(
+            self.get_object(),
+            reason=data.validated_data["reason"],
+            actor=request.user,  # type: ignore[arg-type]
+            address=self._address(),
+        )
         return Response(NodeDetailSerializer(node).data)
 
     @extend_schema(request=None, responses=NodeDetailSerializer)
@@ -168,9 +201,13 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         `uncordon` ends a drain."""
         data = DrainSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.drain_node(self.get_object(), grace=data.validated_data.get("grace"),
-                                   force=data.validated_data["force"], actor=request.user,  # type: ignore[arg-type]
-                                   address=self._address())
+        node = services.drain_node(
+            self.get_object(),
+            grace=data.validated_data.get("grace"),
+            force=data.validated_data["force"],
+            actor=request.user,  # type: ignore[arg-type]
+            address=self._address(),
+        )
         return Response(NodeDetailSerializer(node).data)
 
     @extend_schema(request=None, responses=NodeDetailSerializer)
@@ -195,8 +232,10 @@ class EnrollmentRequestSerializer(serializers.Serializer[Any]):
 def agent_yaml(server: str, secret: str, labels: dict[str, str]) -> str:
     import yaml
 
-    return yaml.safe_dump({"server": server, "token": secret, "state_dir": "/var/lib/llmgw-agent",
-                           "labels": labels, "model_dirs": []}, sort_keys=False)
+    return yaml.safe_dump(
+        {"server": server, "token": secret, "state_dir": "/var/lib/llmgw-agent", "labels": labels, "model_dirs": []},
+        sort_keys=False,
+    )
 
 
 class NodeEnrollmentView(APIView):
@@ -204,24 +243,43 @@ class NodeEnrollmentView(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(request=EnrollmentRequestSerializer, responses={201: inline_serializer("Enrollment", {
-        "node": serializers.CharField(), "token": serializers.CharField(), "expires_at": serializers.DateTimeField(),
-        "agent_yaml": serializers.CharField(), "command": serializers.CharField()})})
+    @extend_schema(
+        request=EnrollmentRequestSerializer,
+        responses={
+            201: inline_serializer(
+                "Enrollment",
+                {
+                    "node": serializers.CharField(),
+                    "token": serializers.CharField(),
+                    "expires_at": serializers.DateTimeField(),
+                    "agent_yaml": serializers.CharField(),
+                    "command": serializers.CharField(),
+                },
+            )
+        },
+    )
     def post(self, request: Request) -> Response:
         data = EnrollmentRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         seconds = data.validated_data.get("expires_in_seconds") or settings.AGENT_ENROLLMENT_TTL
         labels = data.validated_data.get("labels") or {}
-        new = services.create_enrollment(data.validated_data["name"], labels=labels,
-                                         expires_in=timedelta(seconds=seconds), actor=request.user)  # type: ignore[arg-type]
+        new = services.create_enrollment(
+            data.validated_data["name"],
+            labels=labels,
+            expires_in=timedelta(seconds=seconds),
+            actor=request.user,  # type: ignore[arg-type]
+        )
         server = settings.PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
-        return Response({
-            "node": new.token.node_name,
-            "token": new.secret,
-            "expires_at": new.token.expires_at,
-            "agent_yaml": agent_yaml(server, new.secret, labels),
-            "command": "llmgw agent --config /etc/llmgw/agent.yaml",
-        }, status=status.HTTP_201_CREATED)
+        return Response(
+            {
+                "node": new.token.node_name,
+                "token": new.secret,
+                "expires_at": new.token.expires_at,
+                "agent_yaml": agent_yaml(server, new.secret, labels),
+                "command": "llmgw agent --config /etc/llmgw/agent.yaml",
+            },
+            status=status.HTTP_201_CREATED,
+        )
 
 
 class EnrollThrottle(AnonRateThrottle):
@@ -235,16 +293,27 @@ class AgentEnrollView(APIView):
     permission_classes = [AllowAny]
     throttle_classes = [EnrollThrottle]
 
-    @extend_schema(request=inline_serializer("EnrollRequest", {"token": serializers.CharField()}),
-                   responses={200: inline_serializer("EnrollAnswer", {
-                       "node": serializers.CharField(), "credential": serializers.CharField(),
-                       "enrolled_at": serializers.DateTimeField()}),
-                       403: OpenApiResponse(ErrorSerializer, description=_("The token is unknown, used or expired."))})
+    @extend_schema(
+        request=inline_serializer("EnrollRequest", {"token": serializers.CharField()}),
+        responses={
+            200: inline_serializer(
+                "EnrollAnswer",
+                {
+                    "node": serializers.CharField(),
+                    "credential": serializers.CharField(),
+                    "enrolled_at": serializers.DateTimeField(),
+                },
+            ),
+            403: OpenApiResponse(ErrorSerializer, description=_("The token is unknown, used or expired.")),
+        },
+    )
     def post(self, request: Request) -> Response:
         token = request.data.get("token") if isinstance(request.data, dict) else None
         if not isinstance(token, str) or not token:
-            return Response({"detail": _("Send the enrollment token as {\"token\": \"llmgwe_...\"}.")},
-                            status=status.HTTP_400_BAD_REQUEST)
+            return Response(
+                {"detail": _('Send the enrollment token as {"token": "llmgwe_..."}.')},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
         try:
             node, credential = services.enroll_node(token, address=client_address(request))
         except services.EnrollmentRefused as exc:

@@ -36,9 +36,11 @@ def _clock(epoch: float) -> str:
 
 def _svg_open(width: int, height: int, label: str) -> str:
     text = escape(label)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
-            f'height="{height}" class="h-auto max-w-full" role="img" aria-label="{text}">'
-            f"<title>{text}</title>")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" class="h-auto max-w-full" role="img" aria-label="{text}">'
+        f"<title>{text}</title>"
+    )
 
 
 def _empty(width: int, height: int, label: str) -> SafeString:
@@ -104,8 +106,7 @@ def line_chart(
         current: list[tuple[float, float]] = []
         previous_t: float | None = None
         for t, v in line:
-            broken = v is None or (gap_seconds is not None and previous_t is not None
-                                   and t - previous_t > gap_seconds)
+            broken = v is None or (gap_seconds is not None and previous_t is not None and t - previous_t > gap_seconds)
             if broken and current:
                 segments.append(current)
                 current = []
@@ -142,8 +143,10 @@ def line_chart(
         parts.append("</g>")
     parts.append('<g class="text-indigo-700">')
     if paths:
-        parts.append(f'<path d="{" ".join(paths)}" fill="none" stroke="currentColor" stroke-width="1.5" '
-                     'stroke-linejoin="round" stroke-linecap="round"/>')
+        parts.append(
+            f'<path d="{" ".join(paths)}" fill="none" stroke="currentColor" stroke-width="1.5" '
+            'stroke-linejoin="round" stroke-linecap="round"/>'
+        )
     parts.extend(dots)
     parts.append("</g></svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every text in it went through escape()
@@ -185,13 +188,16 @@ def bar_chart(
         middle = PAD_TOP + BAR_ROW * index + BAR_ROW / 2
         shown = "-" if value is None else f"{_figure(value, digits)}{unit}"
         parts.append(f"<g><title>{escape(name)}: {escape(shown)}</title>")
-        parts.append(f'<text x="{left - 6}" y="{middle:.1f}" text-anchor="end" fill="#334155">'
-                     f"{escape(_clipped(name))}</text>")
+        parts.append(
+            f'<text x="{left - 6}" y="{middle:.1f}" text-anchor="end" fill="#334155">{escape(_clipped(name))}</text>'
+        )
         end = float(left)
         if value is not None and value > 0:
             end = left + max(1.0, value / high * (right - left))
-            parts.append(f'<rect x="{left}" y="{middle - BAR_ROW * 0.35:.1f}" width="{end - left:.1f}" '
-                         f'height="{BAR_ROW * 0.7:.1f}" rx="2" class="text-indigo-600" fill="currentColor"/>')
+            parts.append(
+                f'<rect x="{left}" y="{middle - BAR_ROW * 0.35:.1f}" width="{end - left:.1f}" '
+                f'height="{BAR_ROW * 0.7:.1f}" rx="2" class="text-indigo-600" fill="currentColor"/>'
+            )
         parts.append(f'<text x="{end + 4:.1f}" y="{middle:.1f}" fill="#64748b">{escape(shown)}</text></g>')
     parts.append("</g></svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every text in it went through escape()

@@ -63,14 +63,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # the channel layer (Redis away) the connection still serves: heartbeats and reports go to
         # the database, an older connection learns from the sweep, and the layer adds the
         # membership it could not add once Redis is back.
-        for step in (lambda: self.channel_layer.group_send(group, {"type": "agent.replace",
-                                                                   "channel": self.channel_name}),
-                     self.join_group):
+        for step in (
+            lambda: self.channel_layer.group_send(group, {"type": "agent.replace", "channel": self.channel_name}),
+            self.join_group,
+        ):
             try:
                 await step()
             except Exception as exc:
-                log.warning("agent of node %s: the channel layer cannot be reached (%s: %s); going on without it",
-                            node.name, type(exc).__name__, exc)
+                log.warning(
+                    "agent of node %s: the channel layer cannot be reached (%s: %s); going on without it",
+                    node.name,
+                    type(exc).__name__,
+                    exc,
+                )
         heartbeat_writer.attach(self)
         log.info("agent of node %s connected", node.name)
         if type(self.channel_layer).__name__ == "InMemoryChannelLayer":
@@ -107,8 +112,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 return
             except Exception as exc:
                 failure = exc
-        log.warning("could not leave the group of node %s (%s: %s); the membership will expire",
-                    self.node_name, type(failure).__name__, failure)
+        log.warning(
+            "could not leave the group of node %s (%s: %s); the membership will expire",
+            self.node_name,
+            type(failure).__name__,
+            failure,
+        )
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.node_id is None:
@@ -131,20 +140,30 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # connection: log it, tell the agent, go on.
             PROTOCOL_ERRORS.labels(code="server").inc()
             log.exception("handling %s from node %s failed", message.type, self.node_name)
-            await self.send(protocol.error_message(
-                protocol.ProtocolError("server", f"the server could not handle this {message.type}"), message.id
-            ))
+            await self.send(
+                protocol.error_message(
+                    protocol.ProtocolError("server", f"the server could not handle this {message.type}"), message.id
+                )
+            )
 
     async def dispatch_message(self, message: protocol.Message) -> None:
         assert self.node_id is not None
         if message.type == "register":
             client = self.scope.get("client") or (None, None)
             node = await database_sync_to_async(services.register_node, thread_sensitive=False)(
-                self.node_id, message.body, address=client[0])
+                self.node_id, message.body, address=client[0]
+            )
             self.gpu_health = services.sample_health(message.body.get("sample") or {})
-            await self.send(protocol.encode("registered", {
-                "node": node.name, "heartbeat_interval": settings.AGENT_HEARTBEAT_INTERVAL,
-            }, id=message.id))
+            await self.send(
+                protocol.encode(
+                    "registered",
+                    {
+                        "node": node.name,
+                        "heartbeat_interval": settings.AGENT_HEARTBEAT_INTERVAL,
+                    },
+                    id=message.id,
+                )
+            )
             await self.send_desired(node.desired_version)
         elif message.type == "report":
             await database_sync_to_async(services.record_report)(self.node_id, message.body["shards"])
@@ -156,11 +175,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             health = services.sample_health(sample)
             if self.gpu_health is not None and health != self.gpu_health:
                 await database_sync_to_async(services.write_gpu_health, thread_sensitive=False)(
-                    self.node_id, health, self.gpu_health)
+                    self.node_id, health, self.gpu_health
+                )
             self.gpu_health = health
         elif message.type == "error":
-            log.warning("node %s reports an error: %s: %s", self.node_name, message.body.get("code"),
-                        message.body.get("message"))
+            log.warning(
+                "node %s reports an error: %s: %s",
+                self.node_name,
+                message.body.get("code"),
+                message.body.get("message"),
+            )
         else:
             log.info("node %s sent %s, which this server does not use yet", self.node_name, message.type)
 
@@ -170,8 +194,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             if self.node_id is None or self.desired_sent is None:
                 continue
             try:
-                version = await database_sync_to_async(services.desired_version, thread_sensitive=False)(
-                    self.node_id)
+                version = await database_sync_to_async(services.desired_version, thread_sensitive=False)(self.node_id)
                 if version is not None and version != self.desired_sent:
                     await self.send_desired(version)
             except Exception:

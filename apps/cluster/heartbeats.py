@@ -93,8 +93,9 @@ class HeartbeatWriter:
         try:
             versions = await database_sync_to_async(_write, thread_sensitive=False)(batch)
         except Exception:
-            log.warning("could not write %s heartbeats in one batch; writing them one by one", len(batch),
-                        exc_info=True)
+            log.warning(
+                "could not write %s heartbeats in one batch; writing them one by one", len(batch), exc_info=True
+            )
             versions = await database_sync_to_async(_write_each, thread_sensitive=False)(batch)
         for node_id, version in versions.items():
             connection = self.connections.get(node_id)
@@ -162,9 +163,12 @@ def _write_each(batch: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:
 def _node_rows(node_ids: set[int]) -> dict[int, dict[str, Any]]:
     from apps.cluster.models import Node
 
-    return {pk: {"version": version, "connection": connection, "revoked": revoked is not None}
-            for pk, version, connection, revoked in Node.objects.filter(pk__in=node_ids).values_list(
-                "pk", "desired_version", "connection", "revoked_at")}
+    return {
+        pk: {"version": version, "connection": connection, "revoked": revoked is not None}
+        for pk, version, connection, revoked in Node.objects.filter(pk__in=node_ids).values_list(
+            "pk", "desired_version", "connection", "revoked_at"
+        )
+    }
 
 
 writer = HeartbeatWriter()

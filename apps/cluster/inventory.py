@@ -15,30 +15,54 @@ __all__ = ["CLAIMING_STATES", "build_inventory", "held_weights", "profile_spec",
 
 # What a replica's engines run, from its model and profile: a change to any of these is rolled out
 # by replacing the replica (apps.cluster.reconciler), never by restarting its engines in place.
-RUNNING_FIELDS = ("engine", "accelerator", "gpus_per_shard", "nodes_per_replica", "parallel", "context_size",
-                  "memory_bytes", "cpu_cores", "extra_args", "env")
+RUNNING_FIELDS = (
+    "engine",
+    "accelerator",
+    "gpus_per_shard",
+    "nodes_per_replica",
+    "parallel",
+    "context_size",
+    "memory_bytes",
+    "cpu_cores",
+    "extra_args",
+    "env",
+)
 
 
 def running_spec(model: Model, profile: Profile) -> dict[str, Any]:
-    return {"source": model.source, "profile": profile.name,
-            **{name: getattr(profile, name) for name in RUNNING_FIELDS}}
+    return {
+        "source": model.source,
+        "profile": profile.name,
+        **{name: getattr(profile, name) for name in RUNNING_FIELDS},
+    }
+
 
 # Replicas whose shards hold their claims: a stopping replica still occupies its node until it stopped.
 CLAIMING_STATES = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING, ReplicaState.FAILED)
 
 
 def _snapshot(node: Node) -> NodeSnapshot:
-    gpus = [GpuSlot(index=g.index, gpu_class=g.gpu_class or g.name or "unknown", healthy=g.healthy,
-                    nvlink_group=None) for g in node.gpus.all()]
+    gpus = [
+        GpuSlot(index=g.index, gpu_class=g.gpu_class or g.name or "unknown", healthy=g.healthy, nvlink_group=None)
+        for g in node.gpus.all()
+    ]
     engines = node.hardware.get("engines")
     weights, weight_dirs = held_weights(node)
     return NodeSnapshot(
-        id=node.pk, name=node.name, ready=node.live_status == NodeStatus.READY, cordoned=node.cordoned,
+        id=node.pk,
+        name=node.name,
+        ready=node.live_status == NodeStatus.READY,
+        cordoned=node.cordoned,
         cordon_reason=node.cordon_reason,
         labels={**(node.hardware.get("labels") or {}), **(node.labels or {})},
-        memory_total_bytes=node.memory_total_bytes, cpus=node.cpus, gpus=gpus,
+        memory_total_bytes=node.memory_total_bytes,
+        cpus=node.cpus,
+        gpus=gpus,
         engines=frozenset(engines) if isinstance(engines, list) else None,
-        fabric=None, weights=weights, weight_dirs=weight_dirs, extra={"status": node.live_status},
+        fabric=None,
+        weights=weights,
+        weight_dirs=weight_dirs,
+        extra={"status": node.live_status},
     )
 
 
@@ -66,34 +90,58 @@ def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:
     nodes = {n.pk: _snapshot(n) for n in Node.objects.exclude(status=NodeStatus.REVOKED).prefetch_related("gpus")}
     claims = []
     shards = Shard.objects.filter(replica__state__in=CLAIMING_STATES).select_related(
-        "replica__model__organization", "replica__model__team__organization", "replica__model__project__team")
+        "replica__model__organization", "replica__model__team__organization", "replica__model__project__team"
+    )
     for shard in shards:
         if shard.replica_id in excluded or shard.node_id not in nodes:
             continue
         replica = shard.replica
-        claims.append(Claim(
-            replica=str(replica.pk), shard=shard.rank, node_id=shard.node_id,
-            gpu_indices=tuple(shard.gpu_indices or ()), memory_bytes=shard.memory_bytes, cpu_cores=shard.cpu_cores,
-            owner=replica.model.owner_keys(), capacity_class=replica.model.effective_class,
-            model=replica.model.name, above_minimum=replica.above_minimum,
-        ))
-    quotas = {row.owner_key: CapacityQuota(gpus=row.gpus, cpu_cores=row.cpu_cores, memory_bytes=row.memory_bytes,
-                                           replicas=row.replicas) for row in QuotaRow.objects.all()}
+        claims.append(
+            Claim(
+                replica=str(replica.pk),
+                shard=shard.rank,
+                node_id=shard.node_id,
+                gpu_indices=tuple(shard.gpu_indices or ()),
+                memory_bytes=shard.memory_bytes,
+                cpu_cores=shard.cpu_cores,
+                owner=replica.model.owner_keys(),
+                capacity_class=replica.model.effective_class,
+                model=replica.model.name,
+                above_minimum=replica.above_minimum,
+            )
+        )
+    quotas = {
+        row.owner_key: CapacityQuota(
+            gpus=row.gpus, cpu_cores=row.cpu_cores, memory_bytes=row.memory_bytes, replicas=row.replicas
+        )
+        for row in QuotaRow.objects.all()
+    }
     inventory = Inventory(nodes=nodes, claims=claims, quotas=quotas)
     return inventory
 
 
 def profile_spec(profile: Profile) -> ProfileSpec:
     return ProfileSpec(
-        id=profile.pk, name=profile.name, priority=profile.priority, engine=profile.engine,
-        accelerator=profile.accelerator, gpus_per_shard=profile.gpus_per_shard,
-        nodes_per_replica=profile.nodes_per_replica, memory_bytes=profile.memory_bytes, cpu_cores=profile.cpu_cores,
+        id=profile.pk,
+        name=profile.name,
+        priority=profile.priority,
+        engine=profile.engine,
+        accelerator=profile.accelerator,
+        gpus_per_shard=profile.gpus_per_shard,
+        nodes_per_replica=profile.nodes_per_replica,
+        memory_bytes=profile.memory_bytes,
+        cpu_cores=profile.cpu_cores,
         node_selector=dict(profile.node_selector or {}),
     )
 
 
 def replica_request(model: Model, replica: Replica | None = None) -> ReplicaRequest:
     profiles = sorted((profile_spec(p) for p in model.profiles.all()), key=lambda p: (-p.priority, p.name))
-    return ReplicaRequest(model=model.name, profiles=profiles, owner=model.owner_keys(),
-                          capacity_class=model.effective_class, replica_id=str(replica.pk) if replica else "",
-                          source=model.source)
+    return ReplicaRequest(
+        model=model.name,
+        profiles=profiles,
+        owner=model.owner_keys(),
+        capacity_class=model.effective_class,
+        replica_id=str(replica.pk) if replica else "",
+        source=model.source,
+    )

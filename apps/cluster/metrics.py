@@ -20,7 +20,9 @@ __all__ = ["MESSAGE_SECONDS", "NodeCollector", "PROTOCOL_ERRORS", "PROTOCOL_MESS
 
 PROTOCOL_MESSAGES = Counter("llmgw_agent_messages", "Agent messages handled, by type", ["type"])
 MESSAGE_SECONDS = Histogram(
-    "llmgw_agent_message_seconds", "Time the control plane took to handle one agent message, by type", ["type"],
+    "llmgw_agent_message_seconds",
+    "Time the control plane took to handle one agent message, by type",
+    ["type"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 PROTOCOL_ERRORS = Counter("llmgw_agent_protocol_errors", "Agent messages refused or failed, by reason", ["code"])
@@ -51,8 +53,12 @@ class NodeCollector(Collector):
         )
         for node in nodes:
             n = {"node": node.name}
-            put("llmgw_node_up", "1 when the node's agent is connected and heartbeating", n,
-                1 if node.live_status == NodeStatus.READY else 0)
+            put(
+                "llmgw_node_up",
+                "1 when the node's agent is connected and heartbeating",
+                n,
+                1 if node.live_status == NodeStatus.READY else 0,
+            )
             put("llmgw_node_cordoned", "1 when an operator cordoned the node", n, 1 if node.cordoned else 0)
             sample = node.fresh_sample(now, FRESH)
             if sample is None:
@@ -64,46 +70,88 @@ class NodeCollector(Collector):
                 put("llmgw_node_load", "Load average", {**n, "period": period}, value)
             put("llmgw_node_memory_bytes", "Memory installed", n, sample.get("memory_total_bytes"))
             put("llmgw_node_memory_used_bytes", "Memory in use", n, sample.get("memory_used_bytes"))
-            put("llmgw_node_memory_available_bytes", "Memory available to new work", n,
-                sample.get("memory_available_bytes"))
-            put("llmgw_node_cpu_package_temperature_celsius", "Hottest CPU package", n,
-                sample.get("cpu_package_temp_c"))
+            put(
+                "llmgw_node_memory_available_bytes",
+                "Memory available to new work",
+                n,
+                sample.get("memory_available_bytes"),
+            )
+            put(
+                "llmgw_node_cpu_package_temperature_celsius", "Hottest CPU package", n, sample.get("cpu_package_temp_c")
+            )
             put("llmgw_node_inlet_temperature_celsius", "Board inlet temperature", n, sample.get("inlet_temp_c"))
-            put("llmgw_node_cpu_package_power_watts", "CPU package power from RAPL", n,
-                sample.get("cpu_package_power_w"))
+            put(
+                "llmgw_node_cpu_package_power_watts",
+                "CPU package power from RAPL",
+                n,
+                sample.get("cpu_package_power_w"),
+            )
             for pool in sample.get("storage") or []:
-                s = {**n, "mountpoint": pool.get("mount_point", ""), "fstype": pool.get("fstype") or "",
-                     "kind": "shared" if pool.get("shared") else "local"}
-                put("llmgw_node_storage_free_bytes", "Free space on a filesystem holding model directories", s,
-                    pool.get("free_bytes"))
-                put("llmgw_node_storage_total_bytes", "Size of a filesystem holding model directories", s,
-                    pool.get("total_bytes"))
+                s = {
+                    **n,
+                    "mountpoint": pool.get("mount_point", ""),
+                    "fstype": pool.get("fstype") or "",
+                    "kind": "shared" if pool.get("shared") else "local",
+                }
+                put(
+                    "llmgw_node_storage_free_bytes",
+                    "Free space on a filesystem holding model directories",
+                    s,
+                    pool.get("free_bytes"),
+                )
+                put(
+                    "llmgw_node_storage_total_bytes",
+                    "Size of a filesystem holding model directories",
+                    s,
+                    pool.get("total_bytes"),
+                )
             for gpu in sample.get("gpus") or []:
-                labels = {**n, "gpu": str(gpu.get("index")), "uuid": gpu.get("uuid") or "",
-                          "class": gpu.get("gpu_class") or ""}
+                labels = {
+                    **n,
+                    "gpu": str(gpu.get("index")),
+                    "uuid": gpu.get("uuid") or "",
+                    "class": gpu.get("gpu_class") or "",
+                }
                 put("llmgw_gpu_utilization_percent", "GPU busy", labels, gpu.get("utilization_gpu_pct"))
-                put("llmgw_gpu_memory_bandwidth_percent", "GPU memory controller busy", labels,
-                    gpu.get("utilization_memory_pct"))
+                put(
+                    "llmgw_gpu_memory_bandwidth_percent",
+                    "GPU memory controller busy",
+                    labels,
+                    gpu.get("utilization_memory_pct"),
+                )
                 mib = 1024 * 1024
                 used, total = gpu.get("memory_used_mib"), gpu.get("memory_total_mib")
-                put("llmgw_gpu_memory_used_bytes", "GPU memory in use", labels,
-                    used * mib if used is not None else None)
+                put(
+                    "llmgw_gpu_memory_used_bytes", "GPU memory in use", labels, used * mib if used is not None else None
+                )
                 put("llmgw_gpu_memory_total_bytes", "GPU memory", labels, total * mib if total is not None else None)
                 put("llmgw_gpu_temperature_celsius", "GPU temperature", labels, gpu.get("temperature_gpu_c"))
                 put("llmgw_gpu_memory_temperature_celsius", "HBM temperature", labels, gpu.get("temperature_memory_c"))
                 put("llmgw_gpu_power_draw_watts", "GPU power draw", labels, gpu.get("power_draw_w"))
                 put("llmgw_gpu_power_limit_watts", "Enforced GPU power limit", labels, gpu.get("power_limit_w"))
                 put("llmgw_gpu_sm_clock_mhz", "SM clock", labels, gpu.get("sm_clock_mhz"))
-                put("llmgw_gpu_ecc_uncorrected_errors", "Uncorrected ECC errors since the driver loaded", labels,
-                    gpu.get("ecc_uncorrected_volatile"))
-                put("llmgw_gpu_remapped_rows_uncorrectable", "Rows remapped for uncorrectable errors", labels,
-                    gpu.get("remapped_rows_uncorrectable"))
+                put(
+                    "llmgw_gpu_ecc_uncorrected_errors",
+                    "Uncorrected ECC errors since the driver loaded",
+                    labels,
+                    gpu.get("ecc_uncorrected_volatile"),
+                )
+                put(
+                    "llmgw_gpu_remapped_rows_uncorrectable",
+                    "Rows remapped for uncorrectable errors",
+                    labels,
+                    gpu.get("remapped_rows_uncorrectable"),
+                )
                 put("llmgw_gpu_pcie_replays", "PCIe replay counter", labels, gpu.get("pcie_replay_count"))
                 for code, count in (gpu.get("xids") or {}).items():
                     put("llmgw_gpu_xid_errors", "Kernel XID events seen, by code", {**labels, "xid": str(code)}, count)
                 for counter, count in (gpu.get("nvlink_errors") or {}).items():
-                    put("llmgw_gpu_nvlink_errors", "NVLink error counters summed over links",
-                        {**labels, "counter": str(counter)}, count)
+                    put(
+                        "llmgw_gpu_nvlink_errors",
+                        "NVLink error counters summed over links",
+                        {**labels, "counter": str(counter)},
+                        count,
+                    )
         _shards(put, {node.pk: node.fresh_sample(now, FRESH) for node in nodes})
         _replicas(put)
         yield from g.values()
@@ -129,30 +177,58 @@ def _shards(put: Put, samples: dict[int, dict[str, Any] | None]) -> None:
     from apps.cluster.inventory import CLAIMING_STATES
     from apps.cluster.models import Shard
 
-    shards = (Shard.objects.filter(replica__state__in=CLAIMING_STATES, replica__model__deleted_at__isnull=True)
-              .select_related("node", "replica__model__organization", "replica__model__team__organization",
-                              "replica__model__project__team__organization")
-              .order_by("node__name", "replica_id", "rank"))
+    shards = (
+        Shard.objects.filter(replica__state__in=CLAIMING_STATES, replica__model__deleted_at__isnull=True)
+        .select_related(
+            "node",
+            "replica__model__organization",
+            "replica__model__team__organization",
+            "replica__model__project__team__organization",
+        )
+        .order_by("node__name", "replica_id", "rank")
+    )
     for shard in shards:
         model = shard.replica.model
         labels = {"node": shard.node.name, "model": model.name, "replica": str(shard.replica_id)}
-        put("llmgw_shard_cpu_cores", "CPU cores the shard claims on its node (0: its profile claims none)", labels,
-            shard.cpu_cores)
-        put("llmgw_shard_memory_bytes", "Memory the shard claims on its node (0: its profile claims none)", labels,
-            shard.memory_bytes)
+        put(
+            "llmgw_shard_cpu_cores",
+            "CPU cores the shard claims on its node (0: its profile claims none)",
+            labels,
+            shard.cpu_cores,
+        )
+        put(
+            "llmgw_shard_memory_bytes",
+            "Memory the shard claims on its node (0: its profile claims none)",
+            labels,
+            shard.memory_bytes,
+        )
         sample = samples.get(shard.node_id)
         if sample is not None:
-            entry = next((e for e in sample.get("shards") or []
-                          if isinstance(e, dict) and e.get("shard") == shard.shard_id), {})
+            entry = next(
+                (e for e in sample.get("shards") or [] if isinstance(e, dict) and e.get("shard") == shard.shard_id), {}
+            )
             put("llmgw_shard_cpu_cores_used", "CPU cores the shard's engine uses", labels, entry.get("cpu_cores"))
-            put("llmgw_shard_memory_used_bytes", "Resident memory of the shard's engine", labels,
-                entry.get("memory_bytes"))
+            put(
+                "llmgw_shard_memory_used_bytes",
+                "Resident memory of the shard's engine",
+                labels,
+                entry.get("memory_bytes"),
+            )
         owner = owner_label(model)
         for index in shard.gpu_indices or []:
             if isinstance(index, int) and not isinstance(index, bool):
-                put("llmgw_gpu_assigned", "1 for each GPU a replica holds", {
-                    "node": shard.node.name, "gpu": str(index), "replica": str(shard.replica_id),
-                    "model": model.name, "owner": owner}, 1)
+                put(
+                    "llmgw_gpu_assigned",
+                    "1 for each GPU a replica holds",
+                    {
+                        "node": shard.node.name,
+                        "gpu": str(index),
+                        "replica": str(shard.replica_id),
+                        "model": model.name,
+                        "owner": owner,
+                    },
+                    1,
+                )
 
 
 def _replicas(put: Put) -> None:
@@ -163,12 +239,20 @@ def _replicas(put: Put) -> None:
     from apps.cluster.choices import ReplicaState
     from apps.cluster.models import Replica
 
-    counts = {(name, state): n for name, state, n in
-              Replica.objects.filter(model__deleted_at__isnull=True).values_list("model__name", "state")
-              .annotate(n=Count("pk")).order_by()}
+    counts = {
+        (name, state): n
+        for name, state, n in Replica.objects.filter(model__deleted_at__isnull=True)
+        .values_list("model__name", "state")
+        .annotate(n=Count("pk"))
+        .order_by()
+    }
     names = set(Model.objects.live().filter(external_url="").values_list("name", flat=True))
     names |= {name for name, _state in counts}
     for name in sorted(names):
         for state in ReplicaState.values:
-            put("llmgw_replicas", "Replicas of a model, by state", {"model": name, "state": state},
-                counts.get((name, state), 0))
+            put(
+                "llmgw_replicas",
+                "Replicas of a model, by state",
+                {"model": name, "state": state},
+                counts.get((name, state), 0),
+            )

@@ -132,7 +132,11 @@ class EnrollmentToken(models.Model):
     labels = models.JSONField(_("labels"), default=dict, blank=True)
     token_hash = models.CharField(_("token hash"), max_length=64, unique=True)
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
         verbose_name=_("created by"),
     )
     created_at = models.DateTimeField(_("created"), default=timezone.now)
@@ -154,10 +158,17 @@ class EnrollmentToken(models.Model):
 class Replica(models.Model):
     """One running copy of a model: one shard per node it spans. Placed and released whole."""
 
-    model = models.ForeignKey("catalog.Model", on_delete=models.CASCADE, related_name="replicas",
-                              verbose_name=_("model"))
-    profile = models.ForeignKey("catalog.Profile", on_delete=models.SET_NULL, null=True, blank=True,
-                                related_name="replicas", verbose_name=_("profile"))
+    model = models.ForeignKey(
+        "catalog.Model", on_delete=models.CASCADE, related_name="replicas", verbose_name=_("model")
+    )
+    profile = models.ForeignKey(
+        "catalog.Profile",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="replicas",
+        verbose_name=_("profile"),
+    )
     state = models.CharField(_("state"), max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING)
     # Kept running beyond the model's minimum (under load); preemptible within its class.
     above_minimum = models.BooleanField(_("above its minimum"), default=False)
@@ -165,8 +176,9 @@ class Replica(models.Model):
     # keep this command line until the replica is replaced, never change it in place.
     spec = models.JSONField(_("running spec"), default=dict, blank=True)
     # A replica started to take the place of one whose spec is out of date (a rolling change).
-    replaces = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
-                                 verbose_name=_("replaces"))
+    replaces = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", verbose_name=_("replaces")
+    )
     # The refusals placement met, shown by explain: every node that could not take it, and why.
     rejections = models.JSONField(_("placement refusals"), default=list, blank=True)
     failures = models.PositiveIntegerField(_("failures in a row"), default=0)

@@ -62,11 +62,11 @@ def node_prefix(names: list[str]) -> str:
     if len(set(names)) < 2:
         return ""
     common = os.path.commonprefix(names)
-    return common[:max(common.rfind(sep) for sep in SEPARATORS) + 1]
+    return common[: max(common.rfind(sep) for sep in SEPARATORS) + 1]
 
 
 def short_name(name: str, prefix: str) -> str:
-    return name[len(prefix):] if prefix and name.startswith(prefix) and len(name) > len(prefix) else name
+    return name[len(prefix) :] if prefix and name.startswith(prefix) and len(name) > len(prefix) else name
 
 
 def bucket(value: float | None, colour: str) -> int | None:
@@ -136,10 +136,12 @@ class GpuSquare:
         memory = "-"
         if self.memory_used_mib is not None and self.memory_total_mib:
             memory = _("%(used)s of %(total)s GiB") % {
-                "used": _number(self.memory_used_mib / 1024, 1), "total": _number(self.memory_total_mib / 1024, 1)}
+                "used": _number(self.memory_used_mib / 1024, 1),
+                "total": _number(self.memory_total_mib / 1024, 1),
+            }
         parts = [
-            _("%(node)s GPU %(index)s, %(gpu_class)s") % {"node": self.node, "index": self.index,
-                                                          "gpu_class": self.gpu_class},
+            _("%(node)s GPU %(index)s, %(gpu_class)s")
+            % {"node": self.node, "index": self.index, "gpu_class": self.gpu_class},
             _("%(value)s%% busy") % {"value": _number(self.utilization)},
             _("memory %(memory)s") % {"memory": memory},
             _("%(value)s °C") % {"value": _number(self.temperature)},
@@ -158,11 +160,14 @@ class GpuSquare:
             xids = _("none")
         return [
             _("XIDs: %(xids)s") % {"xids": xids},
-            _("uncorrected ECC errors: volatile %(volatile)s, aggregate %(aggregate)s") % {
-                "volatile": _number(self.ecc_volatile), "aggregate": _number(self.ecc_aggregate)},
-            _("remapped rows: uncorrectable %(uncorrectable)s, pending %(pending)s, failed %(failed)s") % {
-                "uncorrectable": _number(self.remapped_uncorrectable), "pending": _yes_no(self.remapped_pending),
-                "failed": _yes_no(self.remapped_failure)},
+            _("uncorrected ECC errors: volatile %(volatile)s, aggregate %(aggregate)s")
+            % {"volatile": _number(self.ecc_volatile), "aggregate": _number(self.ecc_aggregate)},
+            _("remapped rows: uncorrectable %(uncorrectable)s, pending %(pending)s, failed %(failed)s")
+            % {
+                "uncorrectable": _number(self.remapped_uncorrectable),
+                "pending": _yes_no(self.remapped_pending),
+                "failed": _yes_no(self.remapped_failure),
+            },
         ]
 
 
@@ -256,8 +261,7 @@ def _holders() -> tuple[dict[tuple[int, int], Replica], list[Replica]]:
             for index in shard.gpu_indices or []:
                 if isinstance(index, int):
                     held[(shard.node_id, index)] = replica
-    ready = [r for r in replicas if r.state == ReplicaState.READY
-             and any(s.gpu_indices for s in r.shards.all())]
+    ready = [r for r in replicas if r.state == ReplicaState.READY and any(s.gpu_indices for s in r.shards.all())]
     return held, ready
 
 
@@ -277,30 +281,43 @@ def _xids(value: Any) -> tuple[tuple[str, int], ...] | None:
         return None
     counts = [(str(code), number) for code, count in value.items() if (number := _count(count)) is not None]
     # 8 before 13 before 79; a code that is not a number (none is sent now) after them.
-    return tuple(sorted(counts, key=lambda item: (not item[0].isdigit(), int(item[0]) if item[0].isdigit() else 0,
-                                                  item[0])))
+    return tuple(
+        sorted(counts, key=lambda item: (not item[0].isdigit(), int(item[0]) if item[0].isdigit() else 0, item[0]))
+    )
 
 
-def _squares(node: Node, live: dict[int, dict[str, Any]], held: dict[tuple[int, int], Replica],
-             colour: str) -> list[GpuSquare]:
+def _squares(
+    node: Node, live: dict[int, dict[str, Any]], held: dict[tuple[int, int], Replica], colour: str
+) -> list[GpuSquare]:
     rows = {g.index: g for g in node.gpus.all()}
     squares = []
     for index in sorted(set(rows) | set(live)):
         card = selectors.GpuCard(index=index, label="", row=rows.get(index), live=live.get(index, {}))
         row = rows.get(index)
-        gpu_class = (card.live.get("gpu_class") or card.live.get("name")
-                     or (row.gpu_class or row.name if row else "") or "?")
+        gpu_class = (
+            card.live.get("gpu_class") or card.live.get("name") or (row.gpu_class or row.name if row else "") or "?"
+        )
         replica = held.get((node.pk, index))
-        squares.append(GpuSquare(
-            node=node.name, index=index, gpu_class=str(gpu_class), utilization=card.utilization,
-            memory_pct=card.memory_pct, memory_used_mib=card.memory_used_mib,
-            memory_total_mib=card.memory_total_mib, temperature=card.temperature,
-            held_by=f"{replica.model.name} #{replica.pk}" if replica is not None else "", colour=colour,
-            xids=_xids(card.live.get("xids")), ecc_volatile=_count(card.live.get("ecc_uncorrected_volatile")),
-            ecc_aggregate=_count(card.live.get("ecc_uncorrected_aggregate")),
-            remapped_uncorrectable=_count(card.live.get("remapped_rows_uncorrectable")),
-            remapped_pending=card.remapped_pending, remapped_failure=card.remapped_failure,
-        ))
+        squares.append(
+            GpuSquare(
+                node=node.name,
+                index=index,
+                gpu_class=str(gpu_class),
+                utilization=card.utilization,
+                memory_pct=card.memory_pct,
+                memory_used_mib=card.memory_used_mib,
+                memory_total_mib=card.memory_total_mib,
+                temperature=card.temperature,
+                held_by=f"{replica.model.name} #{replica.pk}" if replica is not None else "",
+                colour=colour,
+                xids=_xids(card.live.get("xids")),
+                ecc_volatile=_count(card.live.get("ecc_uncorrected_volatile")),
+                ecc_aggregate=_count(card.live.get("ecc_uncorrected_aggregate")),
+                remapped_uncorrectable=_count(card.live.get("remapped_rows_uncorrectable")),
+                remapped_pending=card.remapped_pending,
+                remapped_failure=card.remapped_failure,
+            )
+        )
     return squares
 
 
@@ -317,8 +334,7 @@ def _idle(ready: list[Replica], busy: dict[tuple[int, int], float | None], prefi
             figures.extend(busy.get((shard.node_id, i)) for i in indices)
         known = [f for f in figures if f is not None]
         if figures and len(known) == len(figures) and max(known) < IDLE_BELOW_PCT:
-            idle.append(HeldIdle(model=replica.model.name, replica_id=replica.pk, cards=cards,
-                                 utilization=max(known)))
+            idle.append(HeldIdle(model=replica.model.name, replica_id=replica.pk, cards=cards, utilization=max(known)))
     return sorted(idle, key=lambda h: (h.model, h.replica_id))
 
 
@@ -348,8 +364,7 @@ def _fleet_charts(nodes: list[Node]) -> list[FleetChart]:
     charts = []
     for name in sorted(counts):
         series = [(slot * CHART_BUCKET_SECONDS, sum(v) / len(v)) for slot, v in sorted(sums[name].items())]
-        title = _("%(gpu_class)s utilisation, average of %(count)s cards") % {"gpu_class": name,
-                                                                                "count": counts[name]}
+        title = _("%(gpu_class)s utilisation, average of %(count)s cards") % {"gpu_class": name, "count": counts[name]}
         svg = line_chart(series, label=title, y_max=100, unit="%", gap_seconds=CHART_BUCKET_SECONDS * 3)
         charts.append(FleetChart(title=title, gpu_class=name, cards=counts[name], svg=svg))
     return charts
@@ -377,8 +392,9 @@ def cluster_overview(colour: str = "util", now: datetime | None = None, *, chart
     """Everything the cluster page shows, in a handful of queries."""
     now = now or timezone.now()
     colour = colour if colour in COLOURS else "util"
-    nodes = list(Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
-                 .order_by("name"))
+    nodes = list(
+        Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index"))).order_by("name")
+    )
     rows = [selectors.node_row(node, now) for node in nodes]
     prefix = node_prefix([node.name for node in nodes])
     held, ready = _holders()
@@ -391,6 +407,12 @@ def cluster_overview(colour: str = "util", now: datetime | None = None, *, chart
         if squares:
             gpu_nodes.append(NodeGpus(name=node.name, short=short_name(node.name, prefix), squares=squares))
     return Overview(
-        rows=rows, prefix=prefix, columns=_columns(rows), colour=colour, nodes=gpu_nodes,
-        idle=_idle(ready, busy, prefix), charts=_fleet_charts(nodes) if charts else [], legend=_legend(colour),
+        rows=rows,
+        prefix=prefix,
+        columns=_columns(rows),
+        colour=colour,
+        nodes=gpu_nodes,
+        idle=_idle(ready, busy, prefix),
+        charts=_fleet_charts(nodes) if charts else [],
+        legend=_legend(colour),
     )

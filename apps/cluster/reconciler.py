@@ -69,6 +69,7 @@ class PassReport:
 
 def request_reconcile() -> None:
     """Kick a pass once the current transaction commits (beat runs one every few seconds anyway)."""
+
     def kick() -> None:
         try:
             from apps.cluster.tasks import reconcile as task
@@ -147,9 +148,11 @@ def _pass(now: Any) -> PassReport:
     for replica in Replica.objects.filter(state=ReplicaState.STOPPING).prefetch_related("shards__node"):
         shards = list(replica.shards.all())
         grace_over = replica.stop_requested_at and now - replica.stop_requested_at > timedelta(
-            seconds=settings.ENGINE_STOP_GRACE * 3)
+            seconds=settings.ENGINE_STOP_GRACE * 3
+        )
         if all(s.state in (ShardState.STOPPED, ShardState.FAILED) or s.node.revoked_at for s in shards) or (
-                grace_over and all(s.node.status != "ready" for s in shards)):
+            grace_over and all(s.node.status != "ready" for s in shards)
+        ):
             report.released.append(str(replica))
             report.nodes_changed.update(s.node_id for s in shards)
             replica.delete()
@@ -163,19 +166,28 @@ def _pass(now: Any) -> PassReport:
 
     inventory = build_inventory()
     ports: dict[int, set[int]] = {}
-    models = (Model.objects.exclude(external_url__gt="")
-              .select_related("organization", "team__organization", "project__team__organization")
-              .prefetch_related("profiles",
-                                Prefetch("replicas", queryset=Replica.objects.order_by("created_at", "pk")
-                                         .prefetch_related("shards"))))
+    models = (
+        Model.objects.exclude(external_url__gt="")
+        .select_related("organization", "team__organization", "project__team__organization")
+        .prefetch_related(
+            "profiles",
+            Prefetch("replicas", queryset=Replica.objects.order_by("created_at", "pk").prefetch_related("shards")),
+        )
+    )
     draining = {n.pk: n for n in Node.objects.filter(drain_requested_at__isnull=False)}
     for model in sorted(models, key=lambda m: (-m.class_rank, m.name)):
         _reconcile_model(model, inventory, ports, now, report, draining)
     return report
 
 
-def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,
-                     report: PassReport, draining: dict[int, Node] | None = None) -> None:
+def _reconcile_model(
+    model: Model,
+    inventory: placement.Inventory,
+    ports: dict[int, set[int]],
+    now: Any,
+    report: PassReport,
+    draining: dict[int, Node] | None = None,
+) -> None:
     if model.deleted_at is not None:
         # Deleted: stop what still runs; once nothing is left (released in step 1), the row goes.
         left = list(model.replicas.all())
@@ -198,8 +210,9 @@ def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[i
     if extra > 0:
         order = sorted(counted, key=lambda r: (r.state != ReplicaState.PENDING, r.created_at), reverse=False)
         victims = [r for r in order if r.state == ReplicaState.PENDING][:extra]
-        running = sorted((r for r in counted if r.state != ReplicaState.PENDING),
-                         key=lambda r: (r.created_at, r.pk), reverse=True)
+        running = sorted(
+            (r for r in counted if r.state != ReplicaState.PENDING), key=lambda r: (r.created_at, r.pk), reverse=True
+        )
         victims += running[: extra - len(victims)]
         for replica in victims:
             _stop(replica, now, report, inventory)
@@ -230,8 +243,15 @@ def _reconcile_model(model: Model, inventory: placement.Inventory, ports: dict[i
     _roll(model, replicas, now, report, inventory, ports, draining or {})
 
 
-def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, inventory: placement.Inventory,
-          ports: dict[int, set[int]], draining: dict[int, Node]) -> None:
+def _roll(
+    model: Model,
+    replicas: list[Replica],
+    now: Any,
+    report: PassReport,
+    inventory: placement.Inventory,
+    ports: dict[int, set[int]],
+    draining: dict[int, Node],
+) -> None:
     """Move replicas off draining nodes, and bring those whose running spec is out of date to the
     model's current one, one at a time (drains first).
 
@@ -252,8 +272,11 @@ def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, i
     profiles = {p.pk: p for p in model.profiles.all()}
     by_id = {r.pk: r for r in replicas}
     for replica in replicas:  # replicas placed before specs were kept run what their profile says now
-        if not replica.spec and replica.state in (ReplicaState.STARTING, ReplicaState.READY) \
-                and replica.profile_id in profiles:
+        if (
+            not replica.spec
+            and replica.state in (ReplicaState.STARTING, ReplicaState.READY)
+            and replica.profile_id in profiles
+        ):
             replica.spec = running_spec(model, profiles[replica.profile_id])
             Replica.objects.filter(pk=replica.pk).update(spec=replica.spec)
 
@@ -267,8 +290,7 @@ def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, i
     replacements = [r for r in replicas if r.replaces_id is not None]
     for replacement in list(replacements):
         old = by_id.get(replacement.replaces_id)  # type: ignore[arg-type]
-        if replacement.state == ReplicaState.PENDING and old is not None and not outdated(old) \
-                and drained(old) is None:
+        if replacement.state == ReplicaState.PENDING and old is not None and not outdated(old) and drained(old) is None:
             # What it was to replace needs no replacing any more (a drain ended, a change undone).
             replacement.delete()
             replicas.remove(replacement)
@@ -276,49 +298,66 @@ def _roll(model: Model, replicas: list[Replica], now: Any, report: PassReport, i
         if replacement.state == ReplicaState.READY:
             if old is not None and old.state != ReplicaState.STOPPING:
                 _stop(old, now, report, inventory)
-                audit.record(None, "replica.rolled", old, changes={"replaced_by": replacement.pk},
-                             model=model.name)
+                audit.record(None, "replica.rolled", old, changes={"replaced_by": replacement.pk}, model=model.name)
             replacement.replaces = None
             Replica.objects.filter(pk=replacement.pk).update(replaces=None)
             report.rolled.append(f"{old} → {replacement}" if old else str(replacement))
         elif replacement.state == ReplicaState.FAILED:
-            message = _("The rolling change stopped: its replacement replica failed; the old replica keeps "
-                        "serving. %(reason)s") % {"reason": replacement.message}
+            message = _(
+                "The rolling change stopped: its replacement replica failed; the old replica keeps serving. %(reason)s"
+            ) % {"reason": replacement.message}
             if old is not None and old.message != message:
                 old.message = message
                 Replica.objects.filter(pk=old.pk).update(message=message)
-                audit.record(None, "replica.roll_failed", replacement, changes={"replaces": old.pk},
-                             model=model.name)
+                audit.record(None, "replica.roll_failed", replacement, changes={"replaces": old.pk}, model=model.name)
             return
-        elif replacement.state == ReplicaState.PENDING and replacement.rejections and old is not None \
-                and old.state != ReplicaState.STOPPING:
+        elif (
+            replacement.state == ReplicaState.PENDING
+            and replacement.rejections
+            and old is not None
+            and old.state != ReplicaState.STOPPING
+        ):
             node = drained(old)
             if node is not None and not node.drain_force:
                 return  # a drain waits for room elsewhere (the replacement's refusals say why)
             # No room beside the old one: it makes the room itself.
             _stop(old, now, report, inventory)
-            audit.record(None, "replica.rolled", old, changes={"replaced_by": replacement.pk, "in_place": True},
-                         model=model.name)
+            audit.record(
+                None, "replica.rolled", old, changes={"replaced_by": replacement.pk, "in_place": True}, model=model.name
+            )
             return
     if any(r.replaces_id is not None for r in replicas):
         return  # one replacement at a time
     movable = (ReplicaState.STARTING, ReplicaState.READY)
-    stale = sorted((r for r in replicas if r.state in movable and (drained(r) is not None or outdated(r))),
-                   key=lambda r: (drained(r) is None, r.created_at, r.pk))
+    stale = sorted(
+        (r for r in replicas if r.state in movable and (drained(r) is not None or outdated(r))),
+        key=lambda r: (drained(r) is None, r.created_at, r.pk),
+    )
     if not stale:
         return
     target = stale[0]
     live = [r for r in replicas if r.state != ReplicaState.STOPPING]
     if drained(target) is not None or len(live) < model.max_replicas:
-        replacement = Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now,
-                                             replaces=target)
-        audit.record(None, "replica.roll_start", target, changes={"replacement": replacement.pk}, model=model.name,
-                     stale=len(stale))
+        replacement = Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now, replaces=target)
+        audit.record(
+            None,
+            "replica.roll_start",
+            target,
+            changes={"replacement": replacement.pk},
+            model=model.name,
+            stale=len(stale),
+        )
     else:
         _stop(target, now, report, inventory)
         replacement = Replica.objects.create(model=model, state=ReplicaState.PENDING, created_at=now)
-        audit.record(None, "replica.roll_start", target, changes={"replacement": replacement.pk, "in_place": True},
-                     model=model.name, stale=len(stale))
+        audit.record(
+            None,
+            "replica.roll_start",
+            target,
+            changes={"replacement": replacement.pk, "in_place": True},
+            model=model.name,
+            stale=len(stale),
+        )
     report.rolled.append(f"{target} → {replacement}")
     _place(model, replacement, inventory, ports, now, report)
 
@@ -355,8 +394,11 @@ def _scale_for_load(model: Model, replicas: list[Replica], now: Any, report: Pas
     busy = model.busy_at is not None and now - model.busy_at <= up_window
     newest_ready = max((r.ready_at for r in replicas if r.ready_at), default=None)
     settled = bool(replicas) and len(replicas) >= wanted and all(r.state == ReplicaState.READY for r in replicas)
-    fresh = model.busy_at is not None and (newest_ready is None or model.busy_at > newest_ready) and (
-        model.scaled_at is None or model.busy_at > model.scaled_at)
+    fresh = (
+        model.busy_at is not None
+        and (newest_ready is None or model.busy_at > newest_ready)
+        and (model.scaled_at is None or model.busy_at > model.scaled_at)
+    )
     if busy and settled and fresh and wanted < model.max_replicas:
         load = wanted + 1
     elif load and not busy:
@@ -372,20 +414,31 @@ def _scale_for_load(model: Model, replicas: list[Replica], now: Any, report: Pas
         log.info("model %s scaled for load: %s → %s replicas", model.name, wanted, model.wanted_replicas(now))
 
 
-def _place(model: Model, replica: Replica, inventory: placement.Inventory, ports: dict[int, set[int]], now: Any,
-           report: PassReport) -> None:
+def _place(
+    model: Model,
+    replica: Replica,
+    inventory: placement.Inventory,
+    ports: dict[int, set[int]],
+    now: Any,
+    report: PassReport,
+) -> None:
     request = replica_request(model, replica)
     result = placement.place(inventory, request)
     rejections = [_rejection_json(r) for r in result.rejections]
     if result.placement is None:
-        running = Replica.objects.filter(model=model).exclude(state=ReplicaState.PENDING).exclude(
-            state=ReplicaState.STOPPING).count()
+        running = (
+            Replica.objects.filter(model=model)
+            .exclude(state=ReplicaState.PENDING)
+            .exclude(state=ReplicaState.STOPPING)
+            .count()
+        )
         message = _("No node can take it now; see the reasons.")
         if running < model.min_replicas:
             preemption = placement.plan_preemption(inventory, request)
             if preemption is not None and preemption.victims:
-                victims = list(Replica.objects.filter(pk__in=[int(v) for v in preemption.victims])
-                               .select_related("model"))
+                victims = list(
+                    Replica.objects.filter(pk__in=[int(v) for v in preemption.victims]).select_related("model")
+                )
                 for victim in victims:
                     _stop(victim, now, report, inventory, preempted_by=model)
                 message = _("Waiting for %(count)s preempted replicas to stop.") % {"count": len(victims)}
@@ -412,20 +465,32 @@ def _place(model: Model, replica: Replica, inventory: placement.Inventory, ports
     replica.save(update_fields=["profile", "spec", "state", "rejections", "placed_at", "message", "above_minimum"])
     for shard in plan.shards:
         Shard.objects.create(
-            replica=replica, rank=shard.rank, node_id=shard.node_id, gpu_indices=list(shard.gpu_indices),
-            memory_bytes=shard.memory_bytes, cpu_cores=shard.cpu_cores, port=_allocate_port(shard.node_id, ports),
+            replica=replica,
+            rank=shard.rank,
+            node_id=shard.node_id,
+            gpu_indices=list(shard.gpu_indices),
+            memory_bytes=shard.memory_bytes,
+            cpu_cores=shard.cpu_cores,
+            port=_allocate_port(shard.node_id, ports),
             secret=secrets.token_urlsafe(24),
         )
         report.nodes_changed.add(shard.node_id)
-    inventory.apply(plan, str(replica.pk), owner=request.owner, capacity_class=request.capacity_class,
-                    model=model.name, above_minimum=above)
+    inventory.apply(
+        plan,
+        str(replica.pk),
+        owner=request.owner,
+        capacity_class=request.capacity_class,
+        model=model.name,
+        above_minimum=above,
+    )
     report.placed.append(str(replica))
     if model.held_until:
         Model.objects.filter(pk=model.pk).update(held_until=None, held_for=None)
 
 
-def _stop(replica: Replica, now: Any, report: PassReport, inventory: placement.Inventory,
-          preempted_by: Model | None = None) -> None:
+def _stop(
+    replica: Replica, now: Any, report: PassReport, inventory: placement.Inventory, preempted_by: Model | None = None
+) -> None:
     if replica.state == ReplicaState.PENDING:
         replica.delete()
         return
@@ -448,13 +513,17 @@ def _rejection_json(rejection: placement.Rejection) -> dict[str, Any]:
 
 # Desired state ---------------------------------------------------------------------------------
 
+
 def desired_shards(node: Node) -> list[dict[str, Any]]:
     """The whole list of shards a node should run, each an agent.protocol.DesiredShard as the
     "desired" message carries it (the agent reads them back with the same class)."""
     from agent.protocol import DesiredShard
 
-    shards = (Shard.objects.filter(node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))
-              .select_related("replica__model", "replica__profile").order_by("replica_id", "rank"))
+    shards = (
+        Shard.objects.filter(node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))
+        .select_related("replica__model", "replica__profile")
+        .order_by("replica_id", "rank")
+    )
     host = "127.0.0.1" if node.address in {"", "127.0.0.1", "::1", "localhost"} else "0.0.0.0"  # noqa: S104
     out = []
     for shard in shards:
@@ -470,19 +539,33 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
         nodes = int(spec.get("nodes_per_replica") or 1)
         peers = list(replica.shards.order_by("rank").select_related("node")) if nodes > 1 else []
         master = peers[0] if peers else None
-        out.append(DesiredShard(
-            shard=shard.shard_id, model=model.name, served_name=model.name, engine=str(spec["engine"]),
-            source=str(spec["source"]), gpu_indices=list(shard.gpu_indices or []), cpu_cores=float(shard.cpu_cores),
-            memory_bytes=shard.memory_bytes, context_size=spec.get("context_size"),
-            parallel=int(spec.get("parallel") or 1), extra_args=list(spec.get("extra_args") or []),
-            env=dict(spec.get("env") or {}), api_key=shard.secret, port=shard.port, host=host,
-            nodes_per_replica=nodes, rank=shard.rank, master_addr=master.node.address if master else None,
-            master_port=(master.port + 1000) if master else None,
-            tensor_parallel=int(spec.get("gpus_per_shard") or 0) or None,
-            pipeline_parallel=nodes if nodes > 1 else None,
-            generation=replica.pk,
-            stop_grace=float(node.drain_grace if node.drain_grace is not None else settings.ENGINE_STOP_GRACE),
-        ).to_message())
+        out.append(
+            DesiredShard(
+                shard=shard.shard_id,
+                model=model.name,
+                served_name=model.name,
+                engine=str(spec["engine"]),
+                source=str(spec["source"]),
+                gpu_indices=list(shard.gpu_indices or []),
+                cpu_cores=float(shard.cpu_cores),
+                memory_bytes=shard.memory_bytes,
+                context_size=spec.get("context_size"),
+                parallel=int(spec.get("parallel") or 1),
+                extra_args=list(spec.get("extra_args") or []),
+                env=dict(spec.get("env") or {}),
+                api_key=shard.secret,
+                port=shard.port,
+                host=host,
+                nodes_per_replica=nodes,
+                rank=shard.rank,
+                master_addr=master.node.address if master else None,
+                master_port=(master.port + 1000) if master else None,
+                tensor_parallel=int(spec.get("gpus_per_shard") or 0) or None,
+                pipeline_parallel=nodes if nodes > 1 else None,
+                generation=replica.pk,
+                stop_grace=float(node.drain_grace if node.drain_grace is not None else settings.ENGINE_STOP_GRACE),
+            ).to_message()
+        )
     return out
 
 
@@ -501,8 +584,9 @@ def push_desired_state(node_ids: set[int] | None = None) -> None:
     if node_ids is not None:
         nodes = nodes.filter(pk__in=node_ids)
     for node in nodes:
-        text = protocol.encode("desired", {"shards": desired_shards(node),
-                                           "generation": int(timezone.now().timestamp())})
+        text = protocol.encode(
+            "desired", {"shards": desired_shards(node), "generation": int(timezone.now().timestamp())}
+        )
         try:
             async_to_sync(layer.group_send)(node_group(node.pk), {"type": "agent.send", "text": text})
         except Exception:

@@ -63,6 +63,7 @@ def get_node_for_user(user: Any, name: str, *, perm: str = "view") -> Node:
 
 # Figures ------------------------------------------------------------------------------
 
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -97,8 +98,10 @@ def disk_summary(sample: dict[str, Any] | None) -> Disk:
         bucket[1] += total
     local, shared = sums.get(False), sums.get(True)
     return Disk(
-        local_free=local[0] if local else None, local_total=local[1] if local else None,
-        shared_free=shared[0] if shared else None, shared_total=shared[1] if shared else None,
+        local_free=local[0] if local else None,
+        local_total=local[1] if local else None,
+        shared_free=shared[0] if shared else None,
+        shared_total=shared[1] if shared else None,
     )
 
 
@@ -139,8 +142,11 @@ def node_engines(node: Node) -> list[Engine] | None:
     """
     hardware = node.hardware or {}
     listed, versions = hardware.get("engines"), hardware.get("engine_versions")
-    known = {name: _text(version) for key, version in versions.items() if (name := _text(key))} \
-        if isinstance(versions, dict) else {}
+    known = (
+        {name: _text(version) for key, version in versions.items() if (name := _text(key))}
+        if isinstance(versions, dict)
+        else {}
+    )
     if isinstance(listed, list):
         names = [name for item in listed if (name := _text(item.get("name") if isinstance(item, dict) else item))]
     elif isinstance(listed, dict):
@@ -221,6 +227,7 @@ def list_node_rows(now: datetime | None = None) -> list[NodeRow]:
 
 
 # One node -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Pool:
@@ -358,19 +365,26 @@ class ShardRow:
 
     @property
     def memory_over(self) -> bool:
-        return bool(self.memory_used is not None and self.shard.memory_bytes
-                    and self.memory_used > self.shard.memory_bytes)
+        return bool(
+            self.memory_used is not None and self.shard.memory_bytes and self.memory_used > self.shard.memory_bytes
+        )
 
 
 def _shard_rows(node: Node, sample: dict[str, Any] | None) -> list[ShardRow]:
     measured = {str(e.get("shard")): e for e in (sample or {}).get("shards") or [] if isinstance(e, dict)}
-    shards = (Shard.objects.filter(node=node).select_related("replica__model")
-              .order_by("replica__model__name", "replica_id", "rank"))
+    shards = (
+        Shard.objects.filter(node=node)
+        .select_related("replica__model")
+        .order_by("replica__model__name", "replica_id", "rank")
+    )
     rows = []
     for shard in shards:
         entry = measured.get(shard.shard_id, {})
-        rows.append(ShardRow(shard=shard, cores_used=_number(entry.get("cpu_cores")),
-                             memory_used=_integer(entry.get("memory_bytes"))))
+        rows.append(
+            ShardRow(
+                shard=shard, cores_used=_number(entry.get("cpu_cores")), memory_used=_integer(entry.get("memory_bytes"))
+            )
+        )
     return rows
 
 
@@ -413,14 +427,16 @@ def _pools(sample: dict[str, Any] | None) -> list[Pool]:
     pools = []
     for pool in (sample or {}).get("storage") or []:
         shared = pool.get("shared")
-        pools.append(Pool(
-            mount_point=str(pool.get("mount_point") or ""),
-            fstype=pool.get("fstype") or None,
-            shared=shared if isinstance(shared, bool) else None,
-            free=_integer(pool.get("free_bytes")),
-            total=_integer(pool.get("total_bytes")),
-            weights=[str(w) for w in pool.get("weights") or []],
-        ))
+        pools.append(
+            Pool(
+                mount_point=str(pool.get("mount_point") or ""),
+                fstype=pool.get("fstype") or None,
+                shared=shared if isinstance(shared, bool) else None,
+                free=_integer(pool.get("free_bytes")),
+                total=_integer(pool.get("total_bytes")),
+                weights=[str(w) for w in pool.get("weights") or []],
+            )
+        )
     return pools
 
 
@@ -463,6 +479,7 @@ def node_detail(node: Node, now: datetime | None = None) -> NodeDetail:
 
 # Last hour -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Chart:
     title: str
@@ -489,18 +506,30 @@ def node_charts(node: Node) -> list[Chart]:
         chart(_("Memory used"), series(lambda p: p.get("mem")), y_max=100, unit="%"),
         chart(_("Load (1 minute)"), series(lambda p: p.get("load"))),
     ]
-    indexes = sorted({int(k) for p in points for k in (p.get("gpus") or {}) if str(k).isdigit()}
-                     | {g.index for g in node.gpus.all()})
+    indexes = sorted(
+        {int(k) for p in points for k in (p.get("gpus") or {}) if str(k).isdigit()} | {g.index for g in node.gpus.all()}
+    )
 
     def gpu_value(point: dict[str, Any], index: int, position: int) -> Any:
         values = (point.get("gpus") or {}).get(str(index))
         return values[position] if isinstance(values, list) and len(values) > position else None
 
     for index in indexes:
-        charts.append(chart(_("GPU %(index)s utilisation") % {"index": index},
-                            series(lambda p, i=index: gpu_value(p, i, 0)), y_max=100, unit="%"))
-        charts.append(chart(_("GPU %(index)s temperature") % {"index": index},
-                            series(lambda p, i=index: gpu_value(p, i, 1)), unit="°C"))
+        charts.append(
+            chart(
+                _("GPU %(index)s utilisation") % {"index": index},
+                series(lambda p, i=index: gpu_value(p, i, 0)),
+                y_max=100,
+                unit="%",
+            )
+        )
+        charts.append(
+            chart(
+                _("GPU %(index)s temperature") % {"index": index},
+                series(lambda p, i=index: gpu_value(p, i, 1)),
+                unit="°C",
+            )
+        )
     return charts + _model_charts(node, points, series, chart)
 
 
@@ -516,8 +545,11 @@ def _model_charts(node: Node, points: list[dict[str, Any]], series: Any, chart: 
     claimed, nothing running); a point that did not read them is a gap."""
     from apps.cluster.inventory import CLAIMING_STATES
 
-    current = set(Shard.objects.filter(node=node, replica__state__in=CLAIMING_STATES)
-                  .values_list("replica__model__name", flat=True))
+    current = set(
+        Shard.objects.filter(node=node, replica__state__in=CLAIMING_STATES).values_list(
+            "replica__model__name", flat=True
+        )
+    )
     names = sorted(current | {str(name) for p in points if isinstance(p.get("models"), dict) for name in p["models"]})
 
     def pick(model: str, position: int, scale: float = 1.0) -> Any:
@@ -530,16 +562,28 @@ def _model_charts(node: Node, points: list[dict[str, Any]], series: Any, chart: 
                 return 0.0 if position != QUEUED else None
             figure = _number(figures[position]) if isinstance(figures, list) and len(figures) > position else None
             return figure / scale if figure is not None else None
+
         return value
 
     gib = 1024**3
     charts = []
     for name in names:
-        charts.append(chart(_("Cores of %(model)s: used, and claimed (dashed)") % {"model": name},
-                            series(pick(name, CORES_USED)), reference=series(pick(name, CORES_CLAIMED))))
-        charts.append(chart(_("Memory of %(model)s: used, and claimed (dashed)") % {"model": name},
-                            series(pick(name, MEMORY_USED, gib)), unit=" GiB",
-                            reference=series(pick(name, MEMORY_CLAIMED, gib))))
-        charts.append(chart(_("Requests waiting for %(model)s in the gateway") % {"model": name},
-                            series(pick(name, QUEUED))))
+        charts.append(
+            chart(
+                _("Cores of %(model)s: used, and claimed (dashed)") % {"model": name},
+                series(pick(name, CORES_USED)),
+                reference=series(pick(name, CORES_CLAIMED)),
+            )
+        )
+        charts.append(
+            chart(
+                _("Memory of %(model)s: used, and claimed (dashed)") % {"model": name},
+                series(pick(name, MEMORY_USED, gib)),
+                unit=" GiB",
+                reference=series(pick(name, MEMORY_CLAIMED, gib)),
+            )
+        )
+        charts.append(
+            chart(_("Requests waiting for %(model)s in the gateway") % {"model": name}, series(pick(name, QUEUED)))
+        )
     return charts

@@ -70,6 +70,7 @@ def node_group(node_id: int) -> str:
 
 # Enrollment ----------------------------------------------------------------------------
 
+
 class EnrollmentRefused(Exception):
     pass
 
@@ -83,24 +84,36 @@ class NewEnrollment:
 def validate_node_name(name: str) -> str:
     name = name.strip().lower()
     if not NODE_NAME.match(name) or name in RESERVED_NODE_NAMES:
-        raise ValueError(_("A node name is 1 to 63 lower-case letters, digits, dots and dashes, "
-                           "starting and ending with a letter or digit; got “%(name)s”.") % {"name": name})
+        raise ValueError(
+            _(
+                "A node name is 1 to 63 lower-case letters, digits, dots and dashes, "
+                "starting and ending with a letter or digit; got “%(name)s”."
+            )
+            % {"name": name}
+        )
     return name
 
 
 @transaction.atomic
 def create_enrollment(
-    name: str, *, labels: dict[str, str] | None = None, expires_in: timedelta = timedelta(hours=1),
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    expires_in: timedelta = timedelta(hours=1),
     actor: User | None,
 ) -> NewEnrollment:
     name = validate_node_name(name)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = EnrollmentToken.objects.create(
-        node_name=name, labels=dict(labels or {}), token_hash=_hash(secret), created_by=actor,
+        node_name=name,
+        labels=dict(labels or {}),
+        token_hash=_hash(secret),
+        created_by=actor,
         expires_at=timezone.now() + expires_in,
     )
-    audit.record(actor, "node.enrollment_create", token, node=name, labels=labels or {},
-                 expires_at=token.expires_at.isoformat())
+    audit.record(
+        actor, "node.enrollment_create", token, node=name, labels=labels or {}, expires_at=token.expires_at.isoformat()
+    )
     return NewEnrollment(token=token, secret=secret)
 
 
@@ -112,13 +125,19 @@ def enroll_node(secret: str, *, address: str | None = None) -> tuple[Node, str]:
     if token is None or not hmac.compare_digest(token.token_hash, _hash(secret)):
         raise EnrollmentRefused(_("Unknown enrollment token."))
     if token.used_at is not None:
-        raise EnrollmentRefused(_("This enrollment token was already used at %(when)s; make a new one with "
-                                  "`llmgw ctl node add`.") % {"when": token.used_at.isoformat(timespec="seconds")})
+        raise EnrollmentRefused(
+            _("This enrollment token was already used at %(when)s; make a new one with `llmgw ctl node add`.")
+            % {"when": token.used_at.isoformat(timespec="seconds")}
+        )
     if token.expires_at <= now:
         minutes = int((now - token.expires_at).total_seconds() // 60)
-        raise EnrollmentRefused(_("This enrollment token expired at %(when)s (%(minutes)s minutes ago); make a new "
-                                  "one with `llmgw ctl node add`.")
-                                % {"when": token.expires_at.isoformat(timespec="seconds"), "minutes": minutes})
+        raise EnrollmentRefused(
+            _(
+                "This enrollment token expired at %(when)s (%(minutes)s minutes ago); make a new "
+                "one with `llmgw ctl node add`."
+            )
+            % {"when": token.expires_at.isoformat(timespec="seconds"), "minutes": minutes}
+        )
     if EnrollmentToken.objects.filter(pk=token.pk, used_at__isnull=True).update(used_at=now) != 1:
         raise EnrollmentRefused(_("This enrollment token was already used."))
     credential = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
@@ -153,6 +172,7 @@ def authenticate_node(secret: str) -> Node | None:
 
 # Registration and heartbeats -------------------------------------------------------------
 
+
 def gpu_health(gpu: dict[str, Any]) -> tuple[bool, int]:
     """(ECC fault, processes not started by llmgw) for one GPU of a sample or registration."""
     ecc = gpu.get("ecc_uncorrected_volatile")
@@ -171,8 +191,11 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
     gpus = hardware.pop("gpus", []) or []
     hardware["labels"] = body.get("labels") or {}
     hardware["gpu_count"] = len(gpus)
-    before = {"agent_version": node.agent_version, "gpus": len(node.hardware.get("gpus_summary", []) or []),
-              "memory": node.hardware.get("memory_total_bytes")}
+    before = {
+        "agent_version": node.agent_version,
+        "gpus": len(node.hardware.get("gpus_summary", []) or []),
+        "memory": node.hardware.get("memory_total_bytes"),
+    }
     hardware["gpus_summary"] = [g.get("gpu_class") or g.get("name") for g in gpus]
     now = timezone.now()
     node.hardware = hardware
@@ -183,8 +206,7 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
     node.registered_at = now
     node.last_seen_at = now
     node.address = str(hardware.get("advertise_address") or address or "")[:255]
-    fields = ["hardware", "agent_version", "features", "warnings", "status", "registered_at", "last_seen_at",
-              "address"]
+    fields = ["hardware", "agent_version", "features", "warnings", "status", "registered_at", "last_seen_at", "address"]
     sample = body.get("sample")
     if sample:
         node.sample = sample
@@ -200,8 +222,16 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
     return node
 
 
-GPU_FIELDS = ("uuid", "name", "gpu_class", "pci_bus_id", "memory_total_mib", "mig_mode", "ecc_fault",
-              "foreign_processes")
+GPU_FIELDS = (
+    "uuid",
+    "name",
+    "gpu_class",
+    "pci_bus_id",
+    "memory_total_mib",
+    "mig_mode",
+    "ecc_fault",
+    "foreign_processes",
+)
 
 
 def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> None:
@@ -213,9 +243,16 @@ def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, A
     for gpu in gpus:
         index = int(gpu["index"])
         fault, foreign = gpu_health({**gpu, **live.get(index, {})})
-        values = {"uuid": gpu.get("uuid") or "", "name": gpu.get("name") or "", "gpu_class": gpu.get("gpu_class") or "",
-                  "pci_bus_id": gpu.get("pci_bus_id") or "", "memory_total_mib": gpu.get("memory_total_mib"),
-                  "mig_mode": gpu.get("mig_mode") or "", "ecc_fault": fault, "foreign_processes": foreign}
+        values = {
+            "uuid": gpu.get("uuid") or "",
+            "name": gpu.get("name") or "",
+            "gpu_class": gpu.get("gpu_class") or "",
+            "pci_bus_id": gpu.get("pci_bus_id") or "",
+            "memory_total_mib": gpu.get("memory_total_mib"),
+            "mig_mode": gpu.get("mig_mode") or "",
+            "ecc_fault": fault,
+            "foreign_processes": foreign,
+        }
         row = existing.pop(index, None)
         if row is None:
             create.append(Gpu(node=node, index=index, **values))
@@ -256,10 +293,17 @@ def _history_point(sample: dict[str, Any], models: dict[str, list[Any]] | None =
         "cpu": sample.get("cpu_utilization_pct"),
         "mem": (used / total * 100) if used is not None and total else None,
         "load": load[0],
-        "gpus": {str(g["index"]): [g.get("utilization_gpu_pct"), g.get("temperature_gpu_c"), g.get("power_draw_w"),
-                                   (g["memory_used_mib"] / g["memory_total_mib"] * 100)
-                                   if g.get("memory_used_mib") is not None and g.get("memory_total_mib") else None]
-                 for g in sample.get("gpus") or []},
+        "gpus": {
+            str(g["index"]): [
+                g.get("utilization_gpu_pct"),
+                g.get("temperature_gpu_c"),
+                g.get("power_draw_w"),
+                (g["memory_used_mib"] / g["memory_total_mib"] * 100)
+                if g.get("memory_used_mib") is not None and g.get("memory_total_mib")
+                else None,
+            ]
+            for g in sample.get("gpus") or []
+        },
     }
     if models is not None:
         point["models"] = models
@@ -309,8 +353,9 @@ def _queue_depths(names: set[str]) -> dict[str, int | None]:
     return {name: int(waiting.get(name, 0)) for name in names}
 
 
-def _model_figures(samples: dict[int, dict[str, Any]], last: dict[int, dict[str, Any] | None]
-                   ) -> dict[int, dict[str, list[Any]]]:
+def _model_figures(
+    samples: dict[int, dict[str, Any]], last: dict[int, dict[str, Any] | None]
+) -> dict[int, dict[str, list[Any]]]:
     """Per node and model: what its shards there claim, what their engines use (from the sample),
     and the model's queue. Read for the nodes whose sample lists running engines, or whose `last`
     point found claims (a failed engine's claim is held until its replica is replaced): a heartbeat
@@ -318,16 +363,22 @@ def _model_figures(samples: dict[int, dict[str, Any]], last: dict[int, dict[str,
     from apps.cluster.inventory import CLAIMING_STATES
     from apps.cluster.models import Shard
 
-    ask = [node_id for node_id, sample in samples.items()
-           if sample.get("shards") or (last.get(node_id) or {}).get("models")]
+    ask = [
+        node_id
+        for node_id, sample in samples.items()
+        if sample.get("shards") or (last.get(node_id) or {}).get("models")
+    ]
     if not ask:
         return {}
     try:
         # In a savepoint: a registration calls this inside its transaction, which a failed read
         # must not take down with it.
         with transaction.atomic():
-            rows = list(Shard.objects.filter(node_id__in=ask, replica__state__in=CLAIMING_STATES).values_list(
-                "node_id", "replica_id", "rank", "replica__model__name", "cpu_cores", "memory_bytes"))
+            rows = list(
+                Shard.objects.filter(node_id__in=ask, replica__state__in=CLAIMING_STATES).values_list(
+                    "node_id", "replica_id", "rank", "replica__model__name", "cpu_cores", "memory_bytes"
+                )
+            )
     except Exception:
         log.warning("could not read the claims of %s nodes for their history", len(ask), exc_info=True)
         return {}
@@ -336,15 +387,20 @@ def _model_figures(samples: dict[int, dict[str, Any]], last: dict[int, dict[str,
         entries = {str(e.get("shard")): e for e in samples[node_id].get("shards") or [] if isinstance(e, dict)}
         entry = entries.get(f"r{replica_id}s{rank}", {})
         parts.setdefault(node_id, {}).setdefault(model, []).append(
-            (float(cores), int(memory), _figure(entry.get("cpu_cores")), _figure(entry.get("memory_bytes"))))
+            (float(cores), int(memory), _figure(entry.get("cpu_cores")), _figure(entry.get("memory_bytes")))
+        )
     queues = _queue_depths({model for by_model in parts.values() for model in by_model})
     figures: dict[int, dict[str, list[Any]]] = {node_id: {} for node_id in ask}
     for node_id, by_model in parts.items():
         for model, shards in by_model.items():
             memory_used = _total([s[3] for s in shards])
-            figures[node_id][model] = [sum(s[0] for s in shards), sum(s[1] for s in shards),
-                                       _total([s[2] for s in shards]),
-                                       int(memory_used) if memory_used is not None else None, queues.get(model)]
+            figures[node_id][model] = [
+                sum(s[0] for s in shards),
+                sum(s[1] for s in shards),
+                _total([s[2] for s in shards]),
+                int(memory_used) if memory_used is not None else None,
+                queues.get(model),
+            ]
     return figures
 
 
@@ -382,12 +438,11 @@ def sample_history(node_id: int) -> list[dict[str, Any]]:
 def mark_unreachable_nodes(grace: timedelta) -> int:
     """Nodes whose agent missed its heartbeats for longer than the grace become unreachable."""
     cutoff = timezone.now() - grace
-    return Node.objects.filter(status=NodeStatus.READY, last_seen_at__lt=cutoff).update(
-        status=NodeStatus.UNREACHABLE
-    )
+    return Node.objects.filter(status=NodeStatus.READY, last_seen_at__lt=cutoff).update(status=NodeStatus.UNREACHABLE)
 
 
 # Operator actions --------------------------------------------------------------------------
+
 
 @transaction.atomic
 def cordon_node(node: Node, *, reason: str, actor: User | None, address: str | None = None) -> Node:
@@ -409,14 +464,20 @@ def uncordon_node(node: Node, *, actor: User | None, address: str | None = None)
     node.drain_requested_at = node.drain_grace = None
     node.drain_force = False
     node.save(update_fields=["cordoned", "cordon_reason", "drain_requested_at", "drain_grace", "drain_force"])
-    audit.record(actor, "node.uncordon", node, changes=audit.diff(before, {"cordoned": False, "reason": "",
-                                                                       "draining": False}), address=address)
+    audit.record(
+        actor,
+        "node.uncordon",
+        node,
+        changes=audit.diff(before, {"cordoned": False, "reason": "", "draining": False}),
+        address=address,
+    )
     return node
 
 
 @transaction.atomic
-def drain_node(node: Node, *, grace: int | None = None, force: bool = False, actor: User | None,
-               address: str | None = None) -> Node:
+def drain_node(
+    node: Node, *, grace: int | None = None, force: bool = False, actor: User | None, address: str | None = None
+) -> Node:
     """Cordon the node and move its replicas away: each is replaced elsewhere first (the model's
     minimum kept), then stopped with `grace` seconds from SIGTERM to SIGKILL. A replica that cannot
     be placed elsewhere is waited for (its reasons shown) unless `force`, which stops it anyway."""
@@ -429,8 +490,15 @@ def drain_node(node: Node, *, grace: int | None = None, force: bool = False, act
     node.drain_grace = grace
     node.drain_force = force
     node.save(update_fields=["cordoned", "cordon_reason", "drain_requested_at", "drain_grace", "drain_force"])
-    audit.record(actor, "node.drain", node, changes=audit.diff(before, {"cordoned": True, "draining": True}),
-                 grace=grace, force=force or None, address=address)
+    audit.record(
+        actor,
+        "node.drain",
+        node,
+        changes=audit.diff(before, {"cordoned": True, "draining": True}),
+        grace=grace,
+        force=force or None,
+        address=address,
+    )
     request_reconcile()
     return node
 
@@ -443,17 +511,34 @@ def drain_status(node: Node) -> dict[str, Any] | None:
 
     if node.drain_requested_at is None:
         return None
-    left = (Replica.objects.filter(shards__node=node).exclude(state=ReplicaState.STOPPING)
-            .select_related("model").distinct().order_by("pk"))
+    left = (
+        Replica.objects.filter(shards__node=node)
+        .exclude(state=ReplicaState.STOPPING)
+        .select_related("model")
+        .distinct()
+        .order_by("pk")
+    )
     waiting = []
     for replica in left:
         replacement = Replica.objects.filter(replaces=replica).first()
-        reasons = [translate_reason(r) for r in (replacement.rejections if replacement else []) or []
-                   if isinstance(r, dict)][:3]
-        waiting.append({"replica": replica.pk, "model": replica.model.name,
-                        "state": "moving" if replacement else "queued", "reasons": reasons})
-    return {"requested_at": node.drain_requested_at, "grace": node.drain_grace, "force": node.drain_force,
-            "left": len(waiting), "replicas": waiting}
+        reasons = [
+            translate_reason(r) for r in (replacement.rejections if replacement else []) or [] if isinstance(r, dict)
+        ][:3]
+        waiting.append(
+            {
+                "replica": replica.pk,
+                "model": replica.model.name,
+                "state": "moving" if replacement else "queued",
+                "reasons": reasons,
+            }
+        )
+    return {
+        "requested_at": node.drain_requested_at,
+        "grace": node.drain_grace,
+        "force": node.drain_force,
+        "left": len(waiting),
+        "replicas": waiting,
+    }
 
 
 @transaction.atomic
@@ -514,8 +599,13 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
                 touched.add(shard.replica_id)
             continue
         new_state = state.get("state") if state.get("state") in ShardState.values else shard.state
-        fields = {"state": new_state, "pid": state.get("pid"), "exit_code": state.get("exit_code"),
-                  "log_tail": list(state.get("log_tail") or [])[-50:], "message": str(state.get("message") or "")}
+        fields = {
+            "state": new_state,
+            "pid": state.get("pid"),
+            "exit_code": state.get("exit_code"),
+            "log_tail": list(state.get("log_tail") or [])[-50:],
+            "message": str(state.get("message") or ""),
+        }
         if any(getattr(shard, k) != v for k, v in fields.items()):
             for k, v in fields.items():
                 setattr(shard, k, v)
@@ -537,11 +627,16 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
                 first = failed[0]
                 replica.message = _("An engine exited with code %(code)s: %(message)s") % {
                     "code": first.exit_code if first.exit_code is not None else "-",
-                    "message": first.message or (first.log_tail[-1] if first.log_tail else "")}
+                    "message": first.message or (first.log_tail[-1] if first.log_tail else ""),
+                }
                 replica.ready_at = None
                 replica.save(update_fields=["state", "failures", "next_attempt_at", "message", "ready_at"])
-                audit.record(None, "replica.failed", replica, changes={"failures": replica.failures,
-                                                                         "exit_code": first.exit_code})
+                audit.record(
+                    None,
+                    "replica.failed",
+                    replica,
+                    changes={"failures": replica.failures, "exit_code": first.exit_code},
+                )
         elif all(s.state == ShardState.READY for s in parts) and replica.state != ReplicaState.READY:
             replica.state = ReplicaState.READY
             replica.ready_at = now
@@ -560,8 +655,16 @@ def record_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> int:
     if not samples:
         return 0
     ids = sorted(samples)
-    rows = [Node(pk=node_id, sample=samples[node_id][0], sampled_at=samples[node_id][1],
-                 last_seen_at=samples[node_id][1], status=NodeStatus.READY) for node_id in ids]
+    rows = [
+        Node(
+            pk=node_id,
+            sample=samples[node_id][0],
+            sampled_at=samples[node_id][1],
+            last_seen_at=samples[node_id][1],
+            status=NodeStatus.READY,
+        )
+        for node_id in ids
+    ]
     with transaction.atomic():
         # Lock the rows in id order first, as every writer of node rows does (a registration locks
         # one): two writers never hold one row each while waiting for the other's.
@@ -576,8 +679,9 @@ def sample_health(sample: dict[str, Any]) -> dict[int, tuple[bool, int]]:
     return {int(g["index"]): gpu_health(g) for g in sample.get("gpus") or []}
 
 
-def write_gpu_health(node_id: int, health: dict[int, tuple[bool, int]], known: dict[int, tuple[bool, int]] | None
-                     ) -> None:
+def write_gpu_health(
+    node_id: int, health: dict[int, tuple[bool, int]], known: dict[int, tuple[bool, int]] | None
+) -> None:
     """Write the health rows of the GPUs whose health changed (rare: an ECC fault, a foreign process)."""
     for index, (fault, foreign) in health.items():
         if known is None or known.get(index) != (fault, foreign):
@@ -592,8 +696,9 @@ def append_histories(samples: dict[int, dict[str, Any]]) -> None:
         client = _redis()
         if client is None:
             stored = {node_id: list(cache.get(_history_key(node_id)) or []) for node_id in samples}
-            models = _model_figures(samples, {node_id: points[-1] if points else None
-                                              for node_id, points in stored.items()})
+            models = _model_figures(
+                samples, {node_id: points[-1] if points else None for node_id, points in stored.items()}
+            )
             for node_id, sample in samples.items():
                 points = stored[node_id]
                 points.append(_history_point(sample, models.get(node_id)))
@@ -605,8 +710,9 @@ def append_histories(samples: dict[int, dict[str, Any]]) -> None:
             pipe = client.pipeline(transaction=False)
             for node_id in quiet:
                 pipe.lindex(_history_key(node_id), -1)
-            last = {node_id: json.loads(raw) if raw else None for node_id, raw in zip(quiet, pipe.execute(),
-                                                                                      strict=True)}
+            last = {
+                node_id: json.loads(raw) if raw else None for node_id, raw in zip(quiet, pipe.execute(), strict=True)
+            }
         models = _model_figures(samples, last)
         pipe = client.pipeline(transaction=False)
         for node_id, sample in samples.items():

@@ -23,8 +23,13 @@ def reconcile() -> None:
         import logging
 
         logging.getLogger(__name__).info(
-            "reconciler: placed %s, stopping %s, released %s, preempted %s, pending %s", report.placed,
-            report.stopping, report.released, report.preempted, report.pending)
+            "reconciler: placed %s, stopping %s, released %s, preempted %s, pending %s",
+            report.placed,
+            report.stopping,
+            report.released,
+            report.preempted,
+            report.pending,
+        )
 
 
 @shared_task(ignore_result=True)

@@ -29,24 +29,30 @@ AGENT_CONFIG_PATH = "/etc/llmgw/agent.yaml"
 AGENT_STATE_DIR = "/var/lib/llmgw-agent"
 
 
-
-
 @requires("read_everything", methods=["GET"])
 def nodes(request: HtmxHttpRequest) -> HttpResponse:
     template = "cluster/nodes.html"
     if is_fragment(request):
         template += "#node-table"
-    return render(request, template, {
-        "rows": selectors.list_node_rows(),
-        "can_change": can_change_cluster(request.user),
-    })
+    return render(
+        request,
+        template,
+        {
+            "rows": selectors.list_node_rows(),
+            "can_change": can_change_cluster(request.user),
+        },
+    )
 
 
 @requires("read_everything", methods=["GET"])
 def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name)
-    context: dict[str, Any] = {"detail": selectors.node_detail(node), "node": node,
-                               "can_change": can_change_cluster(request.user), "drain": services.drain_status(node)}
+    context: dict[str, Any] = {
+        "detail": selectors.node_detail(node),
+        "node": node,
+        "can_change": can_change_cluster(request.user),
+        "drain": services.drain_status(node),
+    }
     if is_fragment(request):
         return render(request, "cluster/node_detail.html#node-live", context)
     context["charts"] = selectors.node_charts(node)
@@ -55,9 +61,11 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
 
 def _after_cordon(request: HtmxHttpRequest, node: Node, error: str | None = None) -> HttpResponse:
     if is_fragment(request):
-        return render(request, "cluster/node_detail.html#node-cordon",
-                      {"node": node, "can_change": True, "cordon_error": error,
-                       "drain": services.drain_status(node)})
+        return render(
+            request,
+            "cluster/node_detail.html#node-cordon",
+            {"node": node, "can_change": True, "cordon_error": error, "drain": services.drain_status(node)},
+        )
     if error:
         messages.error(request, error)
     return HttpResponseRedirect(reverse("cluster:node", args=[node.name]))
@@ -98,8 +106,9 @@ def node_drain(request: HtmxHttpRequest, name: str) -> HttpResponse:
             return _after_cordon(request, node, _("The stop grace is a whole number of seconds from 0 to 3600."))
         grace = int(raw)
     user: User = request.user  # type: ignore[assignment]
-    node = services.drain_node(node, grace=grace, force=request.POST.get("force") == "on", actor=user,
-                               address=client_address(request))
+    node = services.drain_node(
+        node, grace=grace, force=request.POST.get("force") == "on", actor=user, address=client_address(request)
+    )
     if not is_fragment(request):
         messages.success(request, _("Node “%(name)s” is being drained.") % {"name": node.name})
     return _after_cordon(request, node)
@@ -112,11 +121,14 @@ def _default_hours() -> int:
 class NodeAddForm(forms.Form):
     name = forms.CharField(label=gettext_lazy("Name"), max_length=63)
     labels = forms.CharField(
-        label=gettext_lazy("Labels"), required=False, widget=forms.Textarea(attrs={"rows": 3}),
+        label=gettext_lazy("Labels"),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
         help_text=gettext_lazy("One key=value per line, for example rack=r12."),
     )
-    expires_hours = forms.IntegerField(label=gettext_lazy("Token expires after (hours)"), min_value=1,
-                                       max_value=7 * 24, initial=_default_hours)
+    expires_hours = forms.IntegerField(
+        label=gettext_lazy("Token expires after (hours)"), min_value=1, max_value=7 * 24, initial=_default_hours
+    )
 
     def clean_labels(self) -> dict[str, str]:
         labels: dict[str, str] = {}
@@ -128,15 +140,19 @@ class NodeAddForm(forms.Form):
             if not sep or not key.strip():
                 raise ValidationError(
                     gettext_lazy("Line %(line)s: write each label as key=value; got “%(text)s”."),
-                    code="label", params={"line": number, "text": line},
+                    code="label",
+                    params={"line": number, "text": line},
                 )
             labels[key.strip()] = value.strip()
         return labels
 
 
 def agent_yaml(server: str, secret: str, labels: dict[str, str]) -> str:
-    return yaml.safe_dump({"server": server, "token": secret, "state_dir": AGENT_STATE_DIR, "labels": labels,
-                           "model_dirs": []}, sort_keys=False, allow_unicode=True)
+    return yaml.safe_dump(
+        {"server": server, "token": secret, "state_dir": AGENT_STATE_DIR, "labels": labels, "model_dirs": []},
+        sort_keys=False,
+        allow_unicode=True,
+    )
 
 
 @never_cache  # the page that shows a token must not linger in a cache
@@ -151,8 +167,10 @@ def node_add(request: HtmxHttpRequest) -> HttpResponse:
             labels = form.cleaned_data["labels"]
             try:
                 new = services.create_enrollment(
-                    form.cleaned_data["name"], labels=labels,
-                    expires_in=timedelta(hours=form.cleaned_data["expires_hours"]), actor=user,
+                    form.cleaned_data["name"],
+                    labels=labels,
+                    expires_in=timedelta(hours=form.cleaned_data["expires_hours"]),
+                    actor=user,
                 )
             except ValueError as exc:
                 form.add_error("name", str(exc))
@@ -180,8 +198,7 @@ def cluster(request: HtmxHttpRequest) -> HttpResponse:
     template = "cluster/cluster.html"
     if is_fragment(request):
         template += "#cluster-live"
-    return render(request, template, {"overview": overview.cluster_overview(colour),
-                                      "colours": _colours()})
+    return render(request, template, {"overview": overview.cluster_overview(colour), "colours": _colours()})
 
 
 def _colours() -> list[tuple[str, str]]:

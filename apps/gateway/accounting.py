@@ -40,8 +40,14 @@ class Accountant:
     """Finishes calls: `known_model(name)` says whether a model exists (the rest are counted as "-"),
     `count_prompt(call)` asks the engine for the prompt's tokens (None when it cannot)."""
 
-    def __init__(self, *, usage: Any, limiter: Any, known_model: Callable[[str], bool],
-                 count_prompt: Callable[[Call], Awaitable[int | None]]) -> None:
+    def __init__(
+        self,
+        *,
+        usage: Any,
+        limiter: Any,
+        known_model: Callable[[str], bool],
+        count_prompt: Callable[[Call], Awaitable[int | None]],
+    ) -> None:
         self.usage = usage
         self.limiter = limiter
         self.known_model = known_model
@@ -113,18 +119,30 @@ class Accountant:
         tokens = (call.prompt_tokens or 0) + (call.completion_tokens or 0)
         if self.limiter is not None and call.entry.limits and tokens:
             task = asyncio.get_running_loop().create_task(
-                self.limiter.record_tokens(list(call.entry.limits), tokens, time.time()))
+                self.limiter.record_tokens(list(call.entry.limits), tokens, time.time())
+            )
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
         upstream = call.upstream
-        self.usage.emit({
-            "request_id": call.request_id, "created_at": time.time(), "user_id": call.entry.user_id,
-            "api_key_id": call.entry.key_id, "organization_id": call.entry.org_id, "team_id": call.entry.team_id,
-            "project_id": call.entry.project_id, "model": label[:128],
-            "endpoint": call.endpoint.name,
-            "replica": f"{upstream.node}/{upstream.id}" if upstream else "",
-            "hardware": upstream.hardware if upstream else "", "stream": call.stream,
-            "prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
-            "tokens_estimated": call.tokens_estimated,
-            "first_token_ms": first * 1000 if first is not None else None, "total_ms": elapsed * 1000,
-            "status": call.status, "error": call.error[:2000],
-        })
+        self.usage.emit(
+            {
+                "request_id": call.request_id,
+                "created_at": time.time(),
+                "user_id": call.entry.user_id,
+                "api_key_id": call.entry.key_id,
+                "organization_id": call.entry.org_id,
+                "team_id": call.entry.team_id,
+                "project_id": call.entry.project_id,
+                "model": label[:128],
+                "endpoint": call.endpoint.name,
+                "replica": f"{upstream.node}/{upstream.id}" if upstream else "",
+                "hardware": upstream.hardware if upstream else "",
+                "stream": call.stream,
+                "prompt_tokens": call.prompt_tokens,
+                "completion_tokens": call.completion_tokens,
+                "tokens_estimated": call.tokens_estimated,
+                "first_token_ms": first * 1000 if first is not None else None,
+                "total_ms": elapsed * 1000,
+                "status": call.status,
+                "error": call.error[:2000],
+            }
+        )

@@ -99,8 +99,9 @@ class GatewayApp:
         self.max_parts = settings.GATEWAY_MAX_PARTS
         self.refresh_interval = settings.GATEWAY_REFRESH_SECONDS
         self.reload_interval = settings.GATEWAY_RELOAD_SECONDS
-        self.accountant = Accountant(usage=None, limiter=None, known_model=self.tables_know,
-                                     count_prompt=self.count_prompt)
+        self.accountant = Accountant(
+            usage=None, limiter=None, known_model=self.tables_know, count_prompt=self.count_prompt
+        )
         self._started: asyncio.Future[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
         self._reload_lock = asyncio.Lock()
@@ -136,10 +137,16 @@ class GatewayApp:
         from apps.quotas.limiter import make_limiter
         from apps.quotas.usage import UsageWriter
 
-        self.upstream = Pool(connect_timeout=5, read_timeout=settings.GATEWAY_READ_TIMEOUT, idle_timeout=60,
-                             proxies=ProxyConfig())
-        self.providers = Pool(connect_timeout=10, read_timeout=settings.GATEWAY_READ_TIMEOUT, idle_timeout=60,
-                              ca_bundle=settings.PROVIDER_CA_BUNDLE or None, proxies=ProxyConfig.from_env())
+        self.upstream = Pool(
+            connect_timeout=5, read_timeout=settings.GATEWAY_READ_TIMEOUT, idle_timeout=60, proxies=ProxyConfig()
+        )
+        self.providers = Pool(
+            connect_timeout=10,
+            read_timeout=settings.GATEWAY_READ_TIMEOUT,
+            idle_timeout=60,
+            ca_bundle=settings.PROVIDER_CA_BUNDLE or None,
+            proxies=ProxyConfig.from_env(),
+        )
         self.limiter = make_limiter()
         writer_kwargs: dict[str, Any] = {}
         if getattr(settings, "USAGE_WRITER", "worker") == "worker":
@@ -162,8 +169,9 @@ class GatewayApp:
         if settings.REDIS_URL:
             from apps.quotas.resp import subscribe
 
-            self._listener = asyncio.create_task(subscribe(settings.REDIS_URL, tables_channel(),
-                                                           lambda _message: self.wake()), name="gateway-tables")
+            self._listener = asyncio.create_task(
+                subscribe(settings.REDIS_URL, tables_channel(), lambda _message: self.wake()), name="gateway-tables"
+            )
 
     def wake(self) -> None:
         """The tables changed (a key revoked, a model deleted): read them now."""
@@ -181,8 +189,12 @@ class GatewayApp:
 
         from apps.quotas.resp import RedisClient, subscribe
 
-        shared = SharedSlots(RedisClient(url, timeout=0.5), prefix=getattr(settings, "REDIS_PREFIX", "llmgw"),
-                             lease_s=lease_s, subscribe=partial(subscribe, url))
+        shared = SharedSlots(
+            RedisClient(url, timeout=0.5),
+            prefix=getattr(settings, "REDIS_PREFIX", "llmgw"),
+            lease_s=lease_s,
+            subscribe=partial(subscribe, url),
+        )
         shared.on_released = self.waiting.released
         self.shared = self.keeper.shared = self.waiting.shared = shared
         shared.start()
@@ -285,16 +297,19 @@ class GatewayApp:
         await self.ensure_started()
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         if method == "GET" and (path == "/v1/models" or path.startswith("/v1/models/")):
-            await self.models(scope, send, path[len("/v1/models/"):] if path != "/v1/models" else None)
+            await self.models(scope, send, path[len("/v1/models/") :] if path != "/v1/models" else None)
             return
         endpoint = ENDPOINTS.get((method, path))
         if endpoint is None:
             # Every answer carries a request id, this one too.
             protocol = "anthropic" if path.startswith("/v1/messages") else "openai"
             call = Call(MODELS)
-            await send_error(send, protocol, Refused(404, f"No route for {method} {path}",
-                                                     kind="invalid_request_error", code="unknown_url"),
-                             self.head(call))
+            await send_error(
+                send,
+                protocol,
+                Refused(404, f"No route for {method} {path}", kind="invalid_request_error", code="unknown_url"),
+                self.head(call),
+            )
             return
         await self.handle(endpoint, scope, receive, send)
 
@@ -315,8 +330,9 @@ class GatewayApp:
             log.exception("request %s failed", call.request_id)
             call.status, call.error = 500, f"{type(exc).__name__}: {exc}"
             with contextlib.suppress(Exception):
-                await send_error(send, endpoint.protocol,
-                                 Refused(500, "The gateway failed to handle this request."), self.head(call))
+                await send_error(
+                    send, endpoint.protocol, Refused(500, "The gateway failed to handle this request."), self.head(call)
+                )
         finally:
             if call.lease is not None:
                 self.keeper.release(call.lease)
@@ -343,11 +359,16 @@ class GatewayApp:
             await self.confirm_miss()
             route = self.tables.models.get(call.model)
         if route is None:
-            raise Refused(404, f"The model “{call.model}” does not exist.", kind="not_found_error",
-                          code="model_not_found")
+            raise Refused(
+                404, f"The model “{call.model}” does not exist.", kind="not_found_error", code="model_not_found"
+            )
         if not call.entry.may_use(call.model):
-            raise Refused(403, f"This API key may not use the model “{call.model}”.", kind="permission_error",
-                          code="model_not_allowed")
+            raise Refused(
+                403,
+                f"This API key may not use the model “{call.model}”.",
+                kind="permission_error",
+                code="model_not_allowed",
+            )
         check_size(call.body, most_messages=self.max_messages, most_parts=self.max_parts)
         contexts = [u.context_size for u in route.upstreams if u.context_size]
         check_fits(call.body, min(contexts) if contexts and len(contexts) == len(route.upstreams) else None)
@@ -396,8 +417,9 @@ class GatewayApp:
             await self.confirm_miss()
             entry = self.tables.keys.get(hashed)
         if entry is None:
-            raise Refused(401, "Invalid, revoked or expired API key.", kind="authentication_error",
-                          code="invalid_api_key")
+            raise Refused(
+                401, "Invalid, revoked or expired API key.", kind="authentication_error", code="invalid_api_key"
+            )
         if entry.expires_at is not None and entry.expires_at <= time.time():
             raise Refused(401, "API key expired.", kind="authentication_error", code="invalid_api_key")
         return entry
@@ -407,11 +429,17 @@ class GatewayApp:
             return
         refusal = await self.limiter.admit(list(call.entry.limits), time.time())
         if refusal is not None:
-            raise Refused(429, refusal.message, kind="rate_limit_error", code="rate_limited",
-                          headers={"retry-after": str(max(1, int(refusal.retry_after_s)))})
+            raise Refused(
+                429,
+                refusal.message,
+                kind="rate_limit_error",
+                code="rate_limited",
+                headers={"retry-after": str(max(1, int(refusal.retry_after_s)))},
+            )
 
-    async def acquire(self, call: Call, route: ModelRoute, receive: Receive | None, *,
-                      exclude: frozenset[str] = frozenset()) -> Lease | None:
+    async def acquire(
+        self, call: Call, route: ModelRoute, receive: Receive | None, *, exclude: frozenset[str] = frozenset()
+    ) -> Lease | None:
         """A slot for the model, or for the fallbacks the key may use, in order; wait (bounded)
         when all are full, and start a model kept at zero replicas on demand, even while a
         fallback serves. A model that cannot be placed anywhere, with nothing starting, is refused
@@ -429,8 +457,13 @@ class GatewayApp:
         try:
             while True:
                 current = self.tables.models.get(route.name, route)
-                if (not demanded and not current.upstreams and not current.starting and current.min_replicas == 0
-                        and not current.external):
+                if (
+                    not demanded
+                    and not current.upstreams
+                    and not current.starting
+                    and current.min_replicas == 0
+                    and not current.external
+                ):
                     demanded = True
                     self._spawn(self.demand(route.name))
                     deadline = max(deadline, time.monotonic() + self.cold_start_timeout)
@@ -443,26 +476,41 @@ class GatewayApp:
                 if exclude and not any(r.starting or any(u.id not in exclude for u in r.upstreams) for r in routes):
                     return None
                 if not any(r.upstreams or r.starting for r in routes) and current.unplaceable:
-                    raise Refused(503, f"“{route.name}” cannot be served now: no node can take it "
-                                  f"({current.unplaceable}).", kind="overloaded_error", code="model_unplaceable",
-                                  headers={"retry-after": "30"})
+                    raise Refused(
+                        503,
+                        f"“{route.name}” cannot be served now: no node can take it ({current.unplaceable}).",
+                        kind="overloaded_error",
+                        code="model_unplaceable",
+                        headers={"retry-after": "30"},
+                    )
                 if not waiting:
                     if current.upstreams and current.max_replicas > len(current.upstreams):
                         self.note_busy(route.name)
                     try:
                         ticket = await self.waiting.enter(route.name)
                     except QueueFull:
-                        raise Refused(503, f"Too many requests are waiting for “{route.name}” (the queue holds "
-                                      f"{self.waiting.most}); try again shortly.", kind="overloaded_error",
-                                      headers={"retry-after": "5"}) from None
+                        raise Refused(
+                            503,
+                            f"Too many requests are waiting for “{route.name}” (the queue holds "
+                            f"{self.waiting.most}); try again shortly.",
+                            kind="overloaded_error",
+                            headers={"retry-after": "5"},
+                        ) from None
                     waiting = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     ready = len(current.upstreams)
-                    reason = (f"every one of the {ready} ready replicas of “{route.name}” stayed busy for "
-                              f"{self.queue_timeout:g} s") if ready else f"“{route.name}” has no ready replica"
-                    raise Refused(503, f"No capacity: {reason}.", kind="overloaded_error",
-                                  headers={"retry-after": "10"})
+                    reason = (
+                        (
+                            f"every one of the {ready} ready replicas of “{route.name}” stayed busy for "
+                            f"{self.queue_timeout:g} s"
+                        )
+                        if ready
+                        else f"“{route.name}” has no ready replica"
+                    )
+                    raise Refused(
+                        503, f"No capacity: {reason}.", kind="overloaded_error", headers={"retry-after": "10"}
+                    )
                 event = self.waiting.event(route.name)
                 if receive is None:
                     with contextlib.suppress(TimeoutError):
@@ -472,8 +520,9 @@ class GatewayApp:
                     watcher = asyncio.create_task(_watch_disconnect(receive))
                 released = asyncio.create_task(event.wait())
                 try:
-                    await asyncio.wait({released, watcher}, timeout=min(remaining, 1.0),
-                                       return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {released, watcher}, timeout=min(remaining, 1.0), return_when=asyncio.FIRST_COMPLETED
+                    )
                 finally:
                     released.cancel()
                 if watcher.done():
@@ -555,8 +604,9 @@ class GatewayApp:
             if secret:
                 headers.append(("Authorization", f"Bearer {secret}"))
             try:
-                response = await self.pool_for(upstream).post(upstream.url + call.endpoint.upstream_path,
-                                                              json.dumps(body).encode(), headers)
+                response = await self.pool_for(upstream).post(
+                    upstream.url + call.endpoint.upstream_path, json.dumps(body).encode(), headers
+                )
             except (ConnectError, Disconnected) as exc:
                 # A replica that cannot be reached: pass it over for a while and try another (never the same twice).
                 self.keeper.mark_failed(upstream, UNREACHABLE_S)
@@ -567,10 +617,15 @@ class GatewayApp:
                 if lease is None:
                     await self.confirm_miss()  # the tables may have moved on (the model deleted a moment ago)
                     if call.model not in self.tables.models:
-                        raise Refused(404, f"The model “{call.model}” does not exist.", kind="not_found_error",
-                                      code="model_not_found") from None
-                    raise Refused(502, f"The replica of “{call.model}” could not be reached: {exc}",
-                                  kind="api_error") from None
+                        raise Refused(
+                            404,
+                            f"The model “{call.model}” does not exist.",
+                            kind="not_found_error",
+                            code="model_not_found",
+                        ) from None
+                    raise Refused(
+                        502, f"The replica of “{call.model}” could not be reached: {exc}", kind="api_error"
+                    ) from None
                 call.lease = lease
                 if prompt_count is not None:
                     prompt_count.cancel()
@@ -590,20 +645,34 @@ class GatewayApp:
         # The engine is done with it: its slot is free before the client hears the answer.
         await self.keeper.give_back(call.lease)
         out = whole_answer(call, response.status, raw)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": out})
 
-    async def relay_stream(self, call: Call, response: Any, send: Send,
-                           prompt_count: asyncio.Task[int | None] | None) -> None:
+    async def relay_stream(
+        self, call: Call, response: Any, send: Send, prompt_count: asyncio.Task[int | None] | None
+    ) -> None:
         relay = StreamRelay(call, translator_for(call))
         if prompt_count is not None:
             call_count = await _result_within(prompt_count, PROMPT_COUNT_WAIT_S)
             if call_count is not None:
                 relay.translator.input_tokens = call_count
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*self.head(call, b"text/event-stream"), (b"cache-control", b"no-cache"),
-                                (b"x-accel-buffering", b"no")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    *self.head(call, b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            }
+        )
         opening = relay.start()
         if opening:
             await send({"type": "http.response.body", "body": opening, "more_body": True})
@@ -625,8 +694,13 @@ class GatewayApp:
         usage = relay.counter.usage
         call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
         call.tokens_estimated = usage.estimated
-        if call.prompt_tokens is None and prompt_count is not None and prompt_count.done() \
-                and not prompt_count.cancelled() and prompt_count.exception() is None:
+        if (
+            call.prompt_tokens is None
+            and prompt_count is not None
+            and prompt_count.done()
+            and not prompt_count.cancelled()
+            and prompt_count.exception() is None
+        ):
             call.prompt_tokens = prompt_count.result()
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
@@ -641,23 +715,36 @@ class GatewayApp:
         """/v1/messages/count_tokens: the prompt counted by one of the model's engines."""
         assert self.upstream is not None
         if route.external:
-            raise Refused(400, f"“{route.name}” is served by an external provider, which cannot count tokens "
-                          "here.", kind="invalid_request_error")
+            raise Refused(
+                400,
+                f"“{route.name}” is served by an external provider, which cannot count tokens here.",
+                kind="invalid_request_error",
+            )
         if not route.upstreams:
             reason = f": no node can take it ({route.unplaceable})" if route.unplaceable else ""
-            raise Refused(503, f"“{route.name}” has no ready replica to count with{reason}.",
-                          kind="overloaded_error", headers={"retry-after": "10"})
+            raise Refused(
+                503,
+                f"“{route.name}” has no ready replica to count with{reason}.",
+                kind="overloaded_error",
+                headers={"retry-after": "10"},
+            )
         order, _mode = preference(route.upstreams, affinity_key(call.body))
         try:
             counted = await count_prompt_tokens(self.upstream, order[0], call.body)
         except UpstreamError as exc:
-            raise Refused(502, f"The replica of “{route.name}” could not count the tokens: {exc}",
-                          kind="api_error") from None
+            raise Refused(
+                502, f"The replica of “{route.name}” could not count the tokens: {exc}", kind="api_error"
+            ) from None
         if counted is None:
             raise Refused(502, f"The replica of “{route.name}” could not count the tokens.", kind="api_error")
         out = json.dumps({"input_tokens": counted}).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": out})
 
     # Answers ----------------------------------------------------------------------------------------
@@ -678,30 +765,49 @@ class GatewayApp:
         try:
             entry = await self.authenticate(scope)
             if model_id is None:
-                data: dict[str, Any] = {"object": "list", "data": [
-                    _model_object(name, route) for name, route in sorted(self.tables.models.items())
-                    if entry.may_use(name)]}
+                data: dict[str, Any] = {
+                    "object": "list",
+                    "data": [
+                        _model_object(name, route)
+                        for name, route in sorted(self.tables.models.items())
+                        if entry.may_use(name)
+                    ],
+                }
             else:
                 route = self.tables.models.get(model_id)
                 if route is None:
                     await self.confirm_miss()
                     route = self.tables.models.get(model_id)
                 if route is None or not entry.may_use(model_id):
-                    raise Refused(404, f"The model “{model_id}” does not exist or this key may not use it.",
-                                  kind="not_found_error", code="model_not_found")
+                    raise Refused(
+                        404,
+                        f"The model “{model_id}” does not exist or this key may not use it.",
+                        kind="not_found_error",
+                        code="model_not_found",
+                    )
                 data = _model_object(model_id, route)
         except Refused as exc:
             await send_error(send, "openai", exc, self.head(call))
             return
         out = json.dumps(data).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": out})
 
 
 def _model_object(name: str, route: ModelRoute) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw",
-            "llmgw": {"hardware": route.hardware, "ready_replicas": len(route.upstreams)}}
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "llmgw",
+        "llmgw": {"hardware": route.hardware, "ready_replicas": len(route.upstreams)},
+    }
 
 
 async def _watch_disconnect(receive: Receive) -> None:

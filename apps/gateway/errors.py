@@ -23,14 +23,26 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 # Our kinds (Anthropic's names) as the OpenAI-style API spells them. An unknown model or route is an
 # "invalid_request_error" at api.openai.com, with a code saying which.
-OPENAI_KINDS = {"authentication_error": "authentication_error", "rate_limit_error": "rate_limit_error",
-                "not_found_error": "invalid_request_error", "permission_error": "permission_error",
-                "invalid_request_error": "invalid_request_error"}
+OPENAI_KINDS = {
+    "authentication_error": "authentication_error",
+    "rate_limit_error": "rate_limit_error",
+    "not_found_error": "invalid_request_error",
+    "permission_error": "permission_error",
+    "invalid_request_error": "invalid_request_error",
+}
 
 
 class Refused(Exception):
-    def __init__(self, status: int, message: str, *, kind: str | None = None, headers: dict[str, str] | None = None,
-                 code: str | None = None, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str | None = None,
+        headers: dict[str, str] | None = None,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -40,16 +52,18 @@ class Refused(Exception):
         self.param = param
 
 
-def error_body(protocol: str, status: int, message: str, kind: str | None = None, code: str | None = None,
-               param: str | None = None) -> dict[str, Any]:
+def error_body(
+    protocol: str, status: int, message: str, kind: str | None = None, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
     if protocol == "anthropic":
         return anthropic_error(status, message, kind)
     return openai_error(status, message, OPENAI_KINDS.get(kind or ""), param, code)
 
 
 async def send_error(send: Send, protocol: str, refusal: Refused, head: list[tuple[bytes, bytes]]) -> None:
-    out = json.dumps(error_body(protocol, refusal.status, refusal.message, refusal.kind, refusal.code,
-                                refusal.param)).encode()
+    out = json.dumps(
+        error_body(protocol, refusal.status, refusal.message, refusal.kind, refusal.code, refusal.param)
+    ).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(out)).encode()), *head]
     headers += [(k.encode(), v.encode()) for k, v in refusal.headers.items()]
     await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
@@ -75,12 +89,15 @@ def upstream_message(raw: bytes) -> tuple[str, dict[str, Any]]:
 # What engines say when a prompt does not fit (llama.cpp: exceed_context_size_error, "exceeds the
 # available context size"; vLLM: "maximum context length is N tokens"; SGLang: "is longer than the
 # model's context length"; OpenAI: context_length_exceeded).
-_CONTEXT = re.compile(r"context (size|length|window)|context_length_exceeded|exceed_context_size|too many tokens",
-                      re.IGNORECASE)
+_CONTEXT = re.compile(
+    r"context (size|length|window)|context_length_exceeded|exceed_context_size|too many tokens", re.IGNORECASE
+)
 # An input the model cannot take: llama.cpp answers an image to a text-only model with a 500.
-_UNSUPPORTED_INPUT = re.compile(r"(image|audio|video|file|multimodal|mmproj)[^.]*not supported|"
-                                r"not support(ed)?[^.]*(image|audio|video|multimodal)|does not support (image|audio)",
-                                re.IGNORECASE)
+_UNSUPPORTED_INPUT = re.compile(
+    r"(image|audio|video|file|multimodal|mmproj)[^.]*not supported|"
+    r"not support(ed)?[^.]*(image|audio|video|multimodal)|does not support (image|audio)",
+    re.IGNORECASE,
+)
 
 
 def upstream_refusal(status: int, raw: bytes, model: str) -> Refused:
@@ -93,11 +110,11 @@ def upstream_refusal(status: int, raw: bytes, model: str) -> Refused:
     if about_context and (status < 500 or "exceed" in kind or "exceed" in message.lower()):
         return Refused(400, message, kind="invalid_request_error", code="context_length_exceeded")
     if _UNSUPPORTED_INPUT.search(message):
-        return Refused(400, f"“{model}” cannot take this input: {message}", kind="invalid_request_error",
-                       code="unsupported_input")
+        return Refused(
+            400, f"“{model}” cannot take this input: {message}", kind="invalid_request_error", code="unsupported_input"
+        )
     if status == 429:
-        return Refused(429, message, kind="rate_limit_error", code=code or None,
-                       headers={"retry-after": "1"})
+        return Refused(429, message, kind="rate_limit_error", code=code or None, headers={"retry-after": "1"})
     if 400 <= status < 600:
         return Refused(status, message, kind=None, code=code or None)
     return Refused(502, f"The replica of “{model}” answered {status}: {message}", kind="api_error")

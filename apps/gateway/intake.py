@@ -27,9 +27,25 @@ if TYPE_CHECKING:
     from apps.gateway.tables import KeyEntry, Upstream
     from apps.gateway.translate.usage import StreamUsage
 
-__all__ = ["CHAT", "COMPLETIONS", "COUNT_TOKENS", "EMBEDDINGS", "ENDPOINTS", "MAX_DEPTH", "MESSAGES", "MODELS",
-           "RESPONSES", "BodyBudget", "Call", "Endpoint", "api_key", "check_fits", "check_size", "parse_body",
-           "read_body"]
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "COUNT_TOKENS",
+    "EMBEDDINGS",
+    "ENDPOINTS",
+    "MAX_DEPTH",
+    "MESSAGES",
+    "MODELS",
+    "RESPONSES",
+    "BodyBudget",
+    "Call",
+    "Endpoint",
+    "api_key",
+    "check_fits",
+    "check_size",
+    "parse_body",
+    "read_body",
+]
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -68,9 +84,26 @@ ENDPOINTS = {
 class Call:
     """One request on its way through the gateway, and what its usage record will say."""
 
-    __slots__ = ("body", "body_bytes", "client_wants_usage", "completion_tokens", "counter", "endpoint", "entry",
-                 "error", "first_token_at", "lease", "model", "original", "prompt_tokens", "request_id", "started",
-                 "status", "stream", "tokens_estimated")
+    __slots__ = (
+        "body",
+        "body_bytes",
+        "client_wants_usage",
+        "completion_tokens",
+        "counter",
+        "endpoint",
+        "entry",
+        "error",
+        "first_token_at",
+        "lease",
+        "model",
+        "original",
+        "prompt_tokens",
+        "request_id",
+        "started",
+        "status",
+        "stream",
+        "tokens_estimated",
+    )
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
@@ -109,8 +142,13 @@ class BodyBudget:
 
     def take(self, size: int) -> None:
         if self.held + size > self.most:
-            raise Refused(503, f"The gateway holds {self.held} bytes of request bodies already, and may hold "
-                          f"{self.most}; try again shortly.", kind="overloaded_error", headers={"retry-after": "2"})
+            raise Refused(
+                503,
+                f"The gateway holds {self.held} bytes of request bodies already, and may hold "
+                f"{self.most}; try again shortly.",
+                kind="overloaded_error",
+                headers={"retry-after": "2"},
+            )
         self.held += size
 
     def give(self, size: int) -> None:
@@ -146,12 +184,22 @@ def check_size(chat: dict[str, Any], *, most_messages: int, most_parts: int) -> 
     if not isinstance(messages, list):
         return
     if len(messages) > most_messages:
-        raise Refused(400, f"The request has {len(messages)} messages; at most {most_messages} are taken.",
-                      kind="invalid_request_error", code="too_many_messages", param="messages")
+        raise Refused(
+            400,
+            f"The request has {len(messages)} messages; at most {most_messages} are taken.",
+            kind="invalid_request_error",
+            code="too_many_messages",
+            param="messages",
+        )
     parts = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list))
     if parts > most_parts:
-        raise Refused(400, f"The request's messages have {parts} content parts; at most {most_parts} are taken.",
-                      kind="invalid_request_error", code="too_many_parts", param="messages")
+        raise Refused(
+            400,
+            f"The request's messages have {parts} content parts; at most {most_parts} are taken.",
+            kind="invalid_request_error",
+            code="too_many_parts",
+            param="messages",
+        )
 
 
 # Few tokenizers make a token of more than this many bytes of text, so a prompt of N bytes holds at
@@ -176,8 +224,13 @@ def check_fits(chat: dict[str, Any], context: int | None) -> None:
         return
     least = (_text_bytes(chat.get("messages")) + _text_bytes(chat.get("prompt"))) // BYTES_PER_TOKEN_MOST
     if least > context:
-        raise Refused(400, f"The prompt holds at least {least} tokens by its length, more than the model's "
-                      f"context of {context} tokens.", kind="invalid_request_error", code="context_length_exceeded")
+        raise Refused(
+            400,
+            f"The prompt holds at least {least} tokens by its length, more than the model's "
+            f"context of {context} tokens.",
+            kind="invalid_request_error",
+            code="context_length_exceeded",
+        )
 
 
 class ClientLeft(Exception):
@@ -235,8 +288,9 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if nested and _depth_over(body, MAX_DEPTH):
         raise Refused(400, f"The body nests deeper than {MAX_DEPTH} levels.", code="too_deep")
     if _SURROGATE.search(raw) and _lone_surrogate(body):
-        raise Refused(400, "The body holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text.",
-                      code="invalid_text")
+        raise Refused(
+            400, "The body holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text.", code="invalid_text"
+        )
     return body
 
 
@@ -251,6 +305,10 @@ def api_key(headers: list[tuple[bytes, bytes]]) -> str:
         elif name == b"x-api-key" and not raw:
             raw = value.decode("latin-1").strip()
     if not raw:
-        raise Refused(401, "Send an API key: “Authorization: Bearer llmgw_...” or “x-api-key”.",
-                      kind="authentication_error", code="missing_api_key")
+        raise Refused(
+            401,
+            "Send an API key: “Authorization: Bearer llmgw_...” or “x-api-key”.",
+            kind="authentication_error",
+            code="missing_api_key",
+        )
     return raw

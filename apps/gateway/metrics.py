@@ -11,19 +11,25 @@ __all__ = ["IN_FLIGHT", "QUEUE_DEPTH", "SHARED_SLOT_FAILURES", "observe"]
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
-REQUESTS = Counter("llmgw_gateway_requests", "Requests answered by the gateway, by model and status",
-                   ["model", "status"])
-DURATION = Histogram("llmgw_gateway_request_duration_seconds", "Time from request to last byte", ["model"],
-                     buckets=BUCKETS)
-FIRST_TOKEN = Histogram("llmgw_gateway_first_token_seconds", "Time from request to the first token", ["model"],
-                        buckets=BUCKETS)
+REQUESTS = Counter(
+    "llmgw_gateway_requests", "Requests answered by the gateway, by model and status", ["model", "status"]
+)
+DURATION = Histogram(
+    "llmgw_gateway_request_duration_seconds", "Time from request to last byte", ["model"], buckets=BUCKETS
+)
+FIRST_TOKEN = Histogram(
+    "llmgw_gateway_first_token_seconds", "Time from request to the first token", ["model"], buckets=BUCKETS
+)
 TOKENS = Counter("llmgw_gateway_tokens", "Tokens served, by model and kind", ["model", "kind"])
 IN_FLIGHT = Gauge("llmgw_gateway_in_flight", "Requests holding a replica slot now", multiprocess_mode="livesum")
-QUEUE_DEPTH = Gauge("llmgw_gateway_queue_depth", "Requests waiting for a replica slot, by model", ["model"],
-                    multiprocess_mode="livesum")
+QUEUE_DEPTH = Gauge(
+    "llmgw_gateway_queue_depth", "Requests waiting for a replica slot, by model", ["model"], multiprocess_mode="livesum"
+)
 
-SHARED_SLOT_FAILURES = Counter("llmgw_gateway_shared_slots_failures",
-                               "Redis calls for shared replica slots that failed (this process then counts alone)")
+SHARED_SLOT_FAILURES = Counter(
+    "llmgw_gateway_shared_slots_failures",
+    "Redis calls for shared replica slots that failed (this process then counts alone)",
+)
 
 # Labelled children by their labels, made on first use (a series appears only once it has a value).
 # The callers pass only models that exist (or "-"), so this stays as small as the catalog.
@@ -41,8 +47,9 @@ def _child(metric: Any, *labels: str) -> Any:
     return child
 
 
-def observe(model: str, status: int, seconds: float, first_token: float | None, prompt: int | None,
-            completion: int | None) -> None:
+def observe(
+    model: str, status: int, seconds: float, first_token: float | None, prompt: int | None, completion: int | None
+) -> None:
     _child(REQUESTS, model, str(status)).inc()
     _child(DURATION, model).observe(seconds)
     if first_token is not None:

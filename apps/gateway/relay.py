@@ -44,8 +44,10 @@ def has_token(chunk: Any) -> bool:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta") or {}
-        if choice.get("text") or (isinstance(delta, dict) and (
-                delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"))):
+        if choice.get("text") or (
+            isinstance(delta, dict)
+            and (delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"))
+        ):
             return True
     return False
 
@@ -193,11 +195,15 @@ def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
         if usage is not None:
             call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
     if call.endpoint is MESSAGES:
-        return json.dumps(chat_to_message(data, call.model, stop_sequences=call.original.get("stop_sequences"))
-                          ).encode()
+        return json.dumps(
+            chat_to_message(data, call.model, stop_sequences=call.original.get("stop_sequences"))
+        ).encode()
     if call.endpoint is RESPONSES:
-        return json.dumps(chat_to_response(data, request=call.original, response_id="resp_" + call.request_id[4:],
-                                           created_at=int(time.time()))).encode()
+        return json.dumps(
+            chat_to_response(
+                data, request=call.original, response_id="resp_" + call.request_id[4:], created_at=int(time.time())
+            )
+        ).encode()
     changed = False
     if data.get("model", call.model) != call.model:
         data["model"] = call.model

@@ -56,7 +56,7 @@ def _protect_math(text: str) -> tuple[str, list[tuple[str, bool]]]:
     parts: list[str] = []
     position = 0
     for fence in _FENCE.finditer(text):
-        parts.append(_INLINE.sub(inline, text[position:fence.start()]))
+        parts.append(_INLINE.sub(inline, text[position : fence.start()]))
         parts.append(fence.group(0))
         position = fence.end()
     parts.append(_INLINE.sub(inline, text[position:]))
@@ -132,7 +132,7 @@ def _fallback(text: str) -> str:
                 out.append("<p>" + html.escape(block.strip(), quote=False).replace("\n", "<br>\n") + "</p>")
 
     for fence in _FENCE.finditer(text):
-        paragraphs(text[position:fence.start()])
+        paragraphs(text[position : fence.start()])
         lines = fence.group(0).split("\n")
         info = lines[0].strip().lstrip("`~").strip().split(" ")[0]
         body = "\n".join(lines[1:])

@@ -26,8 +26,7 @@ from typing import Any
 
 from apps.gateway.tables import Upstream
 
-__all__ = ["AFFINITY_CHARS", "BOUNDED", "FIRST", "LEAST", "LOAD_BOUND", "POLICY", "affinity_key", "pick",
-           "preference"]
+__all__ = ["AFFINITY_CHARS", "BOUNDED", "FIRST", "LEAST", "LOAD_BOUND", "POLICY", "affinity_key", "pick", "preference"]
 
 # How much of the system text and of the first user turn decide where a conversation's cache
 # lives: enough to tell conversations apart that share a long system prompt.

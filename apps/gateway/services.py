@@ -62,8 +62,13 @@ def _session_keeps_secrets() -> bool:
 
 
 def _usable(key: ApiKey, user: User, now: datetime) -> bool:
-    return (key.user_id == user.pk and key.is_session_key and key.revoked_at is None
-            and key.expires_at is not None and key.expires_at - now > SESSION_KEY_MIN_LEFT)
+    return (
+        key.user_id == user.pk
+        and key.is_session_key
+        and key.revoked_at is None
+        and key.expires_at is not None
+        and key.expires_at - now > SESSION_KEY_MIN_LEFT
+    )
 
 
 @transaction.atomic
@@ -86,7 +91,11 @@ def get_session_key(session: Any, user: User, *, address: str | None = None) -> 
     if previous is not None and previous.revoked_at is None:
         account_services.revoke_api_key(previous, actor=user, address=address)
     new = account_services.create_api_key(
-        user, name=SESSION_KEY_NAME, expires_at=now + SESSION_KEY_LIFETIME, actor=user, address=address,
+        user,
+        name=SESSION_KEY_NAME,
+        expires_at=now + SESSION_KEY_LIFETIME,
+        actor=user,
+        address=address,
         is_session_key=True,
     )
     session[SESSION_FIELD] = {"id": new.key.pk, **({"secret": new.secret} if _session_keeps_secrets() else {})}

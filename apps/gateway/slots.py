@@ -168,8 +168,15 @@ class SharedSlots:
     hear nothing (waiters then retry once a second).
     """
 
-    def __init__(self, client: Any, *, prefix: str = "llmgw", lease_s: float = 15.0, backoff_s: float = 2.0,
-                 subscribe: Callable[[str, Callable[[str], None]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = "llmgw",
+        lease_s: float = 15.0,
+        backoff_s: float = 2.0,
+        subscribe: Callable[[str, Callable[[str], None]], Any] | None = None,
+    ) -> None:
         self.client = client
         self.base = prefix
         self.prefix = f"{prefix}:{{gw}}"
@@ -219,8 +226,12 @@ class SharedSlots:
         metrics.SHARED_SLOT_FAILURES.inc()
         if moment - self._logged_at >= 60:
             self._logged_at = moment
-            log.warning("replica slots: Redis failed during %s (%s: %s); counting this process's requests only",
-                        what, type(exc).__name__, exc)
+            log.warning(
+                "replica slots: Redis failed during %s (%s: %s); counting this process's requests only",
+                what,
+                type(exc).__name__,
+                exc,
+            )
 
     # Calls -------------------------------------------------------------------------------------
 
@@ -238,16 +249,17 @@ class SharedSlots:
             raise reply
         return reply
 
-    async def acquire(self, order: Sequence[Upstream], mode: int, ticket: str | None = None
-                      ) -> tuple[int | None, str]:
+    async def acquire(self, order: Sequence[Upstream], mode: int, ticket: str | None = None) -> tuple[int | None, str]:
         """Take a slot on one of `order` by pick's rule: (its index or None, the lease's token).
         With the request's queue ticket, taking a slot also takes it out of the queue."""
         token = self._token()
         keys = [self._key("slots", u.id) for u in order]
         queue = self._held.get(ticket) if ticket is not None else None
-        chosen = await self._script(ACQUIRE_SHA, [*keys, *([queue] if queue else [])],
-                                    [self.lease_ms, token, mode, LOAD_BOUND, ticket if queue else "",
-                                     *(u.capacity for u in order)])
+        chosen = await self._script(
+            ACQUIRE_SHA,
+            [*keys, *([queue] if queue else [])],
+            [self.lease_ms, token, mode, LOAD_BOUND, ticket if queue else "", *(u.capacity for u in order)],
+        )
         if not chosen:
             return None, token
         self._held[token] = keys[int(chosen) - 1]
@@ -359,8 +371,9 @@ class SlotKeeper:
     def known(self) -> Iterable[InFlight]:
         return self._by_id.values()
 
-    async def acquire(self, upstreams: Sequence[Upstream], key: str | None, *,
-                      exclude: Iterable[str] = (), ticket: str | None = None) -> Lease | None:
+    async def acquire(
+        self, upstreams: Sequence[Upstream], key: str | None, *, exclude: Iterable[str] = (), ticket: str | None = None
+    ) -> Lease | None:
         """A slot on one of the upstreams (prefix affinity under the load bound, else the least
         loaded), or None when every usable one is full. Upstreams in `exclude` or marked failed
         are passed over. `ticket`: the request's place in the shared queue, given up with the slot."""

@@ -24,8 +24,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from apps.gateway.slots import InFlight
 
-__all__ = ["KeyEntry", "ModelRoute", "Tables", "Upstream", "current_version", "key_hash", "load_tables",
-           "tables_channel", "unplaceable_reason"]
+__all__ = [
+    "KeyEntry",
+    "ModelRoute",
+    "Tables",
+    "Upstream",
+    "current_version",
+    "key_hash",
+    "load_tables",
+    "tables_channel",
+    "unplaceable_reason",
+]
 
 
 @dataclass(eq=False, slots=True)
@@ -158,24 +167,42 @@ def load_tables() -> Tables:
         team_id = project.team_id if project else None
         org_id = project.team.organization_id if project else None
         keys[key.key_hash] = KeyEntry(
-            key_id=key.pk, user_id=key.user_id, project_id=key.project_id, team_id=team_id, org_id=org_id,
+            key_id=key.pk,
+            user_id=key.user_id,
+            project_id=key.project_id,
+            team_id=team_id,
+            org_id=org_id,
             allowed_models=frozenset(key.allowed_models) if key.allowed_models else None,
             expires_at=key.expires_at.timestamp() if key.expires_at else None,
-            limits=tuple(pick_limits(all_limits, key_id=key.pk, project_id=key.project_id, team_id=team_id,
-                                     org_id=org_id)),
+            limits=tuple(
+                pick_limits(all_limits, key_id=key.pk, project_id=key.project_id, team_id=team_id, org_id=org_id)
+            ),
         )
 
     models: dict[str, ModelRoute] = {}
-    replicas = Replica.objects.exclude(state=ReplicaState.STOPPING).select_related("profile").prefetch_related(
-        Prefetch("shards", queryset=Shard.objects.filter(rank=0).select_related("node")))
+    replicas = (
+        Replica.objects.exclude(state=ReplicaState.STOPPING)
+        .select_related("profile")
+        .prefetch_related(Prefetch("shards", queryset=Shard.objects.filter(rank=0).select_related("node")))
+    )
     catalog = Model.objects.live().prefetch_related("profiles", Prefetch("replicas", queryset=replicas))
     for model in catalog.select_related("organization", "team__organization", "project__team__organization"):
         upstreams: list[Upstream] = []
         if model.is_external:
-            upstreams.append(Upstream(
-                id=f"external:{model.name}", url=model.external_url.rstrip("/").removesuffix("/v1"), secret=None,
-                capacity=1_000_000, hardware="external", node="", model=model.name,
-                upstream_model=model.external_model, engine="external", key_file=model.external_api_key_file))
+            upstreams.append(
+                Upstream(
+                    id=f"external:{model.name}",
+                    url=model.external_url.rstrip("/").removesuffix("/v1"),
+                    secret=None,
+                    capacity=1_000_000,
+                    hardware="external",
+                    node="",
+                    model=model.name,
+                    upstream_model=model.external_model,
+                    engine="external",
+                    key_file=model.external_api_key_file,
+                )
+            )
         starting = 0
         refusals: list[Any] = []
         for replica in model.replicas.all():
@@ -192,22 +219,36 @@ def load_tables() -> Tables:
                 continue
             address = shard.node.address or "127.0.0.1"
             host = f"[{address}]" if ":" in address else address
-            upstreams.append(Upstream(
-                id=str(replica.pk), url=f"http://{host}:{shard.port}", secret=shard.secret,
-                capacity=max(1, replica.profile.parallel), hardware=replica.profile.accelerator,
-                node=shard.node.name, model=model.name, upstream_model=model.name, engine=replica.profile.engine,
-                context_size=replica.profile.context_size,
-            ))
+            upstreams.append(
+                Upstream(
+                    id=str(replica.pk),
+                    url=f"http://{host}:{shard.port}",
+                    secret=shard.secret,
+                    capacity=max(1, replica.profile.parallel),
+                    hardware=replica.profile.accelerator,
+                    node=shard.node.name,
+                    model=model.name,
+                    upstream_model=model.name,
+                    engine=replica.profile.engine,
+                    context_size=replica.profile.context_size,
+                )
+            )
         profiles = list(model.profiles.all())
         hardware = sorted({p.accelerator for p in profiles}) or (["external"] if model.is_external else [])
         unplaceable = None
         if not upstreams and not starting and refusals:
             unplaceable = unplaceable_reason(refusals)
         models[model.name] = ModelRoute(
-            name=model.name, upstreams=upstreams, fallbacks=list(model.fallbacks or []),
-            min_replicas=model.min_replicas, max_replicas=max(model.max_replicas, model.load_replicas),
-            hardware=hardware, owner_keys=model.owner_keys(), external=model.is_external,
-            starting=starting, unplaceable=unplaceable,
+            name=model.name,
+            upstreams=upstreams,
+            fallbacks=list(model.fallbacks or []),
+            min_replicas=model.min_replicas,
+            max_replicas=max(model.max_replicas, model.load_replicas),
+            hardware=hardware,
+            owner_keys=model.owner_keys(),
+            external=model.is_external,
+            starting=starting,
+            unplaceable=unplaceable,
         )
     return Tables(keys=keys, models=models, version=version)
 

@@ -59,16 +59,18 @@ async def count_prompt_tokens(pool: Pool, upstream: Upstream, chat: dict[str, An
         if not isinstance(rendered, dict) or not isinstance(rendered.get("prompt"), str):
             return None
         return await _tokenize_text(pool, upstream, rendered["prompt"], add_special=True)
-    answer = await _post(pool, upstream, "/tokenize", {"model": upstream.upstream_model, **body,
-                                                       "add_generation_prompt": True})
+    answer = await _post(
+        pool, upstream, "/tokenize", {"model": upstream.upstream_model, **body, "add_generation_prompt": True}
+    )
     count = answer.get("count") if isinstance(answer, dict) else None
     return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 async def _tokenize_text(pool: Pool, upstream: Upstream, text: str, *, add_special: bool) -> int | None:
     if upstream.engine == "llama.cpp":
-        answer = await _post(pool, upstream, "/tokenize", {"content": text, "add_special": add_special,
-                                                           "parse_special": True})
+        answer = await _post(
+            pool, upstream, "/tokenize", {"content": text, "add_special": add_special, "parse_special": True}
+        )
         tokens = answer.get("tokens") if isinstance(answer, dict) else None
         return len(tokens) if isinstance(tokens, list) else None
     answer = await _post(pool, upstream, "/tokenize", {"model": upstream.upstream_model, "prompt": text})

@@ -86,8 +86,17 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-__all__ = ["ConnectError", "Disconnected", "Pool", "Proxy", "ProxyConfig", "ReadTimeout", "Response",
-           "UpstreamError", "ssl_context_for"]
+__all__ = [
+    "ConnectError",
+    "Disconnected",
+    "Pool",
+    "Proxy",
+    "ProxyConfig",
+    "ReadTimeout",
+    "Response",
+    "UpstreamError",
+    "ssl_context_for",
+]
 
 HIGH_WATER = 1024 * 1024
 LOW_WATER = 256 * 1024
@@ -149,8 +158,10 @@ class Proxy:
         parts = urlsplit(raw)
         shown = _without_password(raw)
         if parts.scheme == "https":
-            raise ValueError(f"the proxy {shown} is an https:// proxy (TLS to the proxy), which is not supported: "
-                             "use its http:// address (https targets are still tunnelled with TLS end to end)")
+            raise ValueError(
+                f"the proxy {shown} is an https:// proxy (TLS to the proxy), which is not supported: "
+                "use its http:// address (https targets are still tunnelled with TLS end to end)"
+            )
         if parts.scheme != "http":
             raise ValueError(f"the proxy {shown} is not an http:// proxy ({parts.scheme}:// is not supported)")
         if not parts.hostname:
@@ -203,8 +214,14 @@ class ProxyConfig:
 
     __slots__ = ("_bypass_all", "_names", "_networks", "http", "https", "no_proxy", "proxy_loopback")
 
-    def __init__(self, *, http: str | Proxy | None = None, https: str | Proxy | None = None, no_proxy: str = "",
-                 proxy_loopback: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        http: str | Proxy | None = None,
+        https: str | Proxy | None = None,
+        no_proxy: str = "",
+        proxy_loopback: bool = False,
+    ) -> None:
         """`http`/`https`: the proxy for http/https targets (a URL or a Proxy; None or "" for none).
         `no_proxy`: NO_PROXY's syntax. `proxy_loopback`: send loopback targets to the proxy too —
         only for a proxy that can reach this machine's loopback (tests do; deployments should not)."""
@@ -231,8 +248,9 @@ class ProxyConfig:
             return ""
 
         http_names = ("http_proxy",) if "REQUEST_METHOD" in env else ("http_proxy", "HTTP_PROXY")
-        return cls(http=first(*http_names), https=first("https_proxy", "HTTPS_PROXY"),
-                   no_proxy=first("no_proxy", "NO_PROXY"))
+        return cls(
+            http=first(*http_names), https=first("https_proxy", "HTTPS_PROXY"), no_proxy=first("no_proxy", "NO_PROXY")
+        )
 
     def __bool__(self) -> bool:
         return self.http is not None or self.https is not None
@@ -252,7 +270,7 @@ class ProxyConfig:
         host = entry
         if entry.startswith("["):  # [v6] or [v6]:port
             close = entry.find("]")
-            rest = entry[close + 1:]
+            rest = entry[close + 1 :]
             if close < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
                 return
             host, port = entry[1:close], int(rest[1:]) if rest else None
@@ -282,8 +300,7 @@ class ProxyConfig:
             return any(address in network and (p is None or p == port) for network, p in self._networks)
         if not self.proxy_loopback and (host == "localhost" or host.endswith(".localhost")):
             return True
-        return any((host == name or host.endswith("." + name)) and (p is None or p == port)
-                   for name, p in self._names)
+        return any((host == name or host.endswith("." + name)) and (p is None or p == port) for name, p in self._names)
 
     def select(self, tls: bool, host: str, port: int) -> Proxy | None:
         """The proxy for a target, or None to connect to it directly."""
@@ -312,8 +329,10 @@ def ssl_context_for(ca_bundle: str) -> ssl.SSLContext:
         except OSError as exc:
             raise ValueError(f"the CA bundle directory {ca_bundle} cannot be read: {exc}") from None
         if not any(_HASHED.match(name) for name in names):
-            raise ValueError(f"the CA bundle directory {ca_bundle} holds no certificate under OpenSSL's hashed "
-                             "names (run `openssl rehash` on it, or give a PEM file)")
+            raise ValueError(
+                f"the CA bundle directory {ca_bundle} holds no certificate under OpenSSL's hashed "
+                "names (run `openssl rehash` on it, or give a PEM file)"
+            )
         return ssl.create_default_context(capath=ca_bundle)
     if not os.path.exists(ca_bundle):
         raise ValueError(f"the CA bundle {ca_bundle} does not exist")
@@ -359,7 +378,8 @@ class _Target:
                 authorization = self.proxy.authorization
                 extra = f"Proxy-Authorization: {authorization}\r\n" if authorization else ""
                 self.connect = f"CONNECT {self.authority} HTTP/1.1\r\nHost: {self.authority}\r\n{extra}\r\n".encode(
-                    "latin-1")
+                    "latin-1"
+                )
 
 
 class _Connection(asyncio.Protocol):
@@ -542,16 +562,22 @@ class _Tunnel(asyncio.Protocol):
             self.more = end + 4 < len(self.buffer)
             self.answer.set_result(bytes(self.buffer[:end]))
         elif len(self.buffer) > PROXY_HEAD_LIMIT:
-            self.answer.set_exception(ConnectError(
-                f"the proxy {self.proxy.url} answered CONNECT {self.target.authority} with more than "
-                f"{PROXY_HEAD_LIMIT} bytes of head"))
+            self.answer.set_exception(
+                ConnectError(
+                    f"the proxy {self.proxy.url} answered CONNECT {self.target.authority} with more than "
+                    f"{PROXY_HEAD_LIMIT} bytes of head"
+                )
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.answer.done():
             detail = f": {exc}" if exc else ""
-            self.answer.set_exception(ConnectError(
-                f"the proxy {self.proxy.url} closed the connection before answering CONNECT "
-                f"{self.target.authority}{detail}"))
+            self.answer.set_exception(
+                ConnectError(
+                    f"the proxy {self.proxy.url} closed the connection before answering CONNECT "
+                    f"{self.target.authority}{detail}"
+                )
+            )
 
     async def established(self) -> None:
         """Until the proxy has answered; ConnectError, with its status line, unless that was a 2xx."""
@@ -563,8 +589,9 @@ class _Tunnel(asyncio.Protocol):
         if rest[0] != "2":
             raise ConnectError(f"the proxy {self.proxy.url} refused the tunnel to {self.target.authority}: {line}")
         if self.more:
-            raise ConnectError(f"the proxy {self.proxy.url} sent more than its answer to CONNECT "
-                               f"{self.target.authority}")
+            raise ConnectError(
+                f"the proxy {self.proxy.url} sent more than its answer to CONNECT {self.target.authority}"
+            )
 
 
 class Response:
@@ -624,9 +651,16 @@ class Response:
 class Pool:
     """Keep-alive connections to engines and providers, and the one way the gateway asks them."""
 
-    def __init__(self, *, connect_timeout: float = 5.0, read_timeout: float = 600.0, idle_timeout: float = 60.0,
-                 ssl_context: ssl.SSLContext | None = None, ca_bundle: str | None = None,
-                 proxies: ProxyConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 600.0,
+        idle_timeout: float = 60.0,
+        ssl_context: ssl.SSLContext | None = None,
+        ca_bundle: str | None = None,
+        proxies: ProxyConfig | None = None,
+    ) -> None:
         """`ca_bundle`: a PEM file or hashed directory whose certificates alone verify https targets
         (None or "": the default context, with SSL_CERT_FILE/SSL_CERT_DIR); `ssl_context`: a whole
         context instead, not with `ca_bundle`. `proxies`: None reads the environment now, once;
@@ -712,15 +746,17 @@ class Pool:
                 if proxy is not None:
                     await self._open_through(proxy, conn, target)
                 elif target.tls:
-                    await loop.create_connection(lambda: conn, target.host, target.port, ssl=self._ssl_context(),
-                                                 server_hostname=target.host)
+                    await loop.create_connection(
+                        lambda: conn, target.host, target.port, ssl=self._ssl_context(), server_hostname=target.host
+                    )
                 else:
                     await loop.create_connection(lambda: conn, target.host, target.port)
         except TimeoutError:
             conn.close()
             via = f" through the proxy {proxy.url}" if proxy is not None else ""
-            raise ConnectError(f"could not connect to {target.host_header}{via} within {self.connect_timeout:g} s") \
-                from None
+            raise ConnectError(
+                f"could not connect to {target.host_header}{via} within {self.connect_timeout:g} s"
+            ) from None
         except (OSError, ssl.SSLError) as exc:
             conn.close()
             raise ConnectError(f"could not connect to {target.host_header}: {exc}") from None
@@ -739,15 +775,15 @@ class Pool:
             try:
                 await loop.create_connection(lambda: conn, proxy.host, proxy.port)
             except OSError as exc:
-                raise ConnectError(f"could not connect to the proxy {proxy.url} for {target.host_header}: {exc}") \
-                    from None
+                raise ConnectError(
+                    f"could not connect to the proxy {proxy.url} for {target.host_header}: {exc}"
+                ) from None
             return
         tunnel = _Tunnel(loop, proxy, target)
         try:
             await loop.create_connection(lambda: tunnel, proxy.host, proxy.port)
         except OSError as exc:
-            raise ConnectError(f"could not connect to the proxy {proxy.url} for {target.host_header}: {exc}") \
-                from None
+            raise ConnectError(f"could not connect to the proxy {proxy.url} for {target.host_header}: {exc}") from None
         raw = tunnel.transport
         assert raw is not None  # connection_made has run once create_connection returned
         try:
@@ -756,8 +792,9 @@ class Pool:
             try:
                 transport = await loop.start_tls(raw, conn, self._ssl_context(), server_hostname=target.host)
             except (OSError, ssl.SSLError) as exc:
-                raise ConnectError(f"could not connect to {target.host_header} through the proxy {proxy.url}: "
-                                   f"{exc}") from None
+                raise ConnectError(
+                    f"could not connect to {target.host_header} through the proxy {proxy.url}: {exc}"
+                ) from None
             if transport is None:
                 raise ConnectError(f"TLS to {target.host_header} could not start through the proxy {proxy.url}")
         except BaseException:

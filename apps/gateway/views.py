@@ -43,12 +43,14 @@ def chat_session_key(request: HttpRequest) -> HttpResponse:
     """
     user: User = request.user  # type: ignore[assignment]
     got = services.get_session_key(request.session, user, address=client_address(request))
-    return JsonResponse({
-        "key": got.secret,
-        "prefix": got.key.prefix,
-        "expires_at": got.expires_at.isoformat(),
-        "expires_in": max(0, int((got.expires_at - timezone.now()).total_seconds())),
-    })
+    return JsonResponse(
+        {
+            "key": got.secret,
+            "prefix": got.key.prefix,
+            "expires_at": got.expires_at.isoformat(),
+            "expires_in": max(0, int((got.expires_at - timezone.now()).total_seconds())),
+        }
+    )
 
 
 def _texts(request: HttpRequest) -> list[str] | None:
@@ -70,7 +72,6 @@ def chat_render(request: HttpRequest) -> HttpResponse:
     """The model's turns as sanitised HTML, in the order sent: {"html": [...]}."""
     texts = _texts(request)
     if texts is None or len(texts) > MAX_RENDER_TEXTS:
-        message = _("Send the texts as {\"texts\": [\"…\"]}, at most %(count)s of them.") % {
-            "count": MAX_RENDER_TEXTS}
+        message = _('Send the texts as {"texts": ["…"]}, at most %(count)s of them.') % {"count": MAX_RENDER_TEXTS}
         return JsonResponse({"error": message}, status=400)
     return JsonResponse({"html": [render_markdown(text) for text in texts]})

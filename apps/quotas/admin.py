@@ -39,8 +39,11 @@ class LimitAdmin(admin.ModelAdmin):
             if changes:
                 self.update_service(type(obj)._default_manager.get(pk=obj.pk), actor=actor, address=address, **changes)
             return
-        values = {name: getattr(obj, name) for name in (*self.owner_fields, *self.limit_fields)
-                  if getattr(obj, name) is not None}
+        values = {
+            name: getattr(obj, name)
+            for name in (*self.owner_fields, *self.limit_fields)
+            if getattr(obj, name) is not None
+        }
         adopt(obj, self.create_service(actor=actor, address=address, **values))
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
@@ -77,8 +80,19 @@ class RateLimitAdmin(LimitAdmin):
 @admin.register(UsageRecord)
 class UsageRecordAdmin(ReadOnlyAdmin):
     # Usage is history, written by the gateway only: the admin reads it.
-    list_display = ["request_id", "created_at", "user", "model", "endpoint", "status", "prompt_tokens",
-                    "completion_tokens", "first_token_ms", "total_ms", "hardware"]
+    list_display = [
+        "request_id",
+        "created_at",
+        "user",
+        "model",
+        "endpoint",
+        "status",
+        "prompt_tokens",
+        "completion_tokens",
+        "first_token_ms",
+        "total_ms",
+        "hardware",
+    ]
     list_filter = ["status", "endpoint", "model", "hardware"]
     search_fields = ["request_id", "model", "user__email"]
     date_hierarchy = "created_at"
@@ -87,6 +101,15 @@ class UsageRecordAdmin(ReadOnlyAdmin):
 @admin.register(UsageRollup)
 class UsageRollupAdmin(ReadOnlyAdmin):
     # As usage records: summed by the gateway's usage writer only.
-    list_display = ["period", "bucket_start", "model", "requests", "errors", "client_errors", "refusals",
-                    "prompt_tokens", "completion_tokens"]
+    list_display = [
+        "period",
+        "bucket_start",
+        "model",
+        "requests",
+        "errors",
+        "client_errors",
+        "refusals",
+        "prompt_tokens",
+        "completion_tokens",
+    ]
     list_filter = ["period", "model"]

@@ -27,8 +27,8 @@ __all__ = ["CapacityQuotaViewSet", "RateLimitViewSet", "RequestView", "UsageView
 DEFAULT_RANGE = timedelta(hours=24)
 
 
-
 # Usage ----------------------------------------------------------------------------------
+
 
 class UsageQuerySerializer(serializers.Serializer[Any]):
     group_by = serializers.ChoiceField(choices=UsageGroup.choices, default=UsageGroup.MODEL)
@@ -50,25 +50,35 @@ class UsageGroupField(serializers.Field):  # type: ignore[type-arg]
 
 
 # Only for the schema: "errors" and "label" cannot be attributes of a serializer class.
-USAGE_ROW = inline_serializer("UsageRow", {
-    "group": UsageGroupField(help_text="The group's id, or the model's name; null for none"),
-    "label": serializers.CharField(),
-    "requests": serializers.IntegerField(),
-    "errors": serializers.IntegerField(help_text="the same as server_errors, kept for older clients"),
-    "server_errors": serializers.IntegerField(
-        help_text="status 500 and above, or an answer that broke after it began"),
-    "client_errors": serializers.IntegerField(
-        allow_null=True, help_text="status 400 to 499 other than 429 (a model that does not exist, a bad body, a "
-        "client that went away); null when part of the range was recorded before client errors were counted"),
-    "refusals": serializers.IntegerField(help_text="status 429: refused by a limit"),
-    "prompt_tokens": serializers.IntegerField(allow_null=True, help_text="null when no request had token counts"),
-    "completion_tokens": serializers.IntegerField(allow_null=True),
-    "requests_without_tokens": serializers.IntegerField(help_text="requests missing from the token sums"),
-    **{f"{name}_ms_{q}": serializers.FloatField(
-        allow_null=True, help_text="milliseconds, nearest-rank, within 1 % of the exact value; null when "
-        "nothing was timed")
-       for name in ("first_token", "latency") for q in ("p50", "p95", "p99")},
-})
+USAGE_ROW = inline_serializer(
+    "UsageRow",
+    {
+        "group": UsageGroupField(help_text="The group's id, or the model's name; null for none"),
+        "label": serializers.CharField(),
+        "requests": serializers.IntegerField(),
+        "errors": serializers.IntegerField(help_text="the same as server_errors, kept for older clients"),
+        "server_errors": serializers.IntegerField(
+            help_text="status 500 and above, or an answer that broke after it began"
+        ),
+        "client_errors": serializers.IntegerField(
+            allow_null=True,
+            help_text="status 400 to 499 other than 429 (a model that does not exist, a bad body, a "
+            "client that went away); null when part of the range was recorded before client errors were counted",
+        ),
+        "refusals": serializers.IntegerField(help_text="status 429: refused by a limit"),
+        "prompt_tokens": serializers.IntegerField(allow_null=True, help_text="null when no request had token counts"),
+        "completion_tokens": serializers.IntegerField(allow_null=True),
+        "requests_without_tokens": serializers.IntegerField(help_text="requests missing from the token sums"),
+        **{
+            f"{name}_ms_{q}": serializers.FloatField(
+                allow_null=True,
+                help_text="milliseconds, nearest-rank, within 1 % of the exact value; null when nothing was timed",
+            )
+            for name in ("first_token", "latency")
+            for q in ("p50", "p95", "p99")
+        },
+    },
+)
 
 
 class UsageView(APIView):
@@ -85,23 +95,38 @@ class UsageView(APIView):
             OpenApiParameter("since", str, description="ISO 8601; default 24 hours before `until`"),
             OpenApiParameter("until", str, description="ISO 8601; default now"),
         ],
-        responses=inline_serializer("Usage", {
-            "group_by": serializers.CharField(), "since": serializers.DateTimeField(),
-            "until": serializers.DateTimeField(), "period": serializers.CharField(),
-            "results": serializers.ListField(child=USAGE_ROW),
-        }),
+        responses=inline_serializer(
+            "Usage",
+            {
+                "group_by": serializers.CharField(),
+                "since": serializers.DateTimeField(),
+                "until": serializers.DateTimeField(),
+                "period": serializers.CharField(),
+                "results": serializers.ListField(child=USAGE_ROW),
+            },
+        ),
     )
     def get(self, request: Request) -> Response:
         query = UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         params = query.validated_data
         period = selectors.period_for(params["since"], params["until"])
-        rows = selectors.usage_summary(request.user, group_by=params["group_by"],  # type: ignore[arg-type]
-                                       since=params["since"], until=params["until"], period=period)
-        return Response({
-            "group_by": params["group_by"], "since": params["since"], "until": params["until"], "period": period,
-            "results": [row.as_dict() for row in rows],
-        })
+        rows = selectors.usage_summary(
+            request.user,  # type: ignore[arg-type]
+            group_by=params["group_by"],
+            since=params["since"],
+            until=params["until"],
+            period=period,
+        )
+        return Response(
+            {
+                "group_by": params["group_by"],
+                "since": params["since"],
+                "until": params["until"],
+                "period": period,
+                "results": [row.as_dict() for row in rows],
+            }
+        )
 
 
 class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
@@ -114,10 +139,30 @@ class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
     class Meta:
         model = UsageRecord
         fields = [
-            "request_id", "created_at", "user_id", "user", "api_key_id", "api_key", "organization_id",
-            "organization", "team_id", "team", "project_id", "project", "model", "endpoint", "replica", "hardware",
-            "stream", "prompt_tokens", "completion_tokens", "tokens_estimated", "first_token_ms", "total_ms",
-            "status", "error",
+            "request_id",
+            "created_at",
+            "user_id",
+            "user",
+            "api_key_id",
+            "api_key",
+            "organization_id",
+            "organization",
+            "team_id",
+            "team",
+            "project_id",
+            "project",
+            "model",
+            "endpoint",
+            "replica",
+            "hardware",
+            "stream",
+            "prompt_tokens",
+            "completion_tokens",
+            "tokens_estimated",
+            "first_token_ms",
+            "total_ms",
+            "status",
+            "error",
         ]
 
     def get_api_key(self, record: UsageRecord) -> str | None:
@@ -174,8 +219,12 @@ class RateLimitSerializer(serializers.ModelSerializer[RateLimit]):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # The model's own rules, so the API and the console refuse the same input.
-        return _model_rules(RateLimit(), self.instance, attrs,
-                            ("id", "organization_id", "team_id", "project_id", "api_key_id", *LIMIT_FIELDS))
+        return _model_rules(
+            RateLimit(),
+            self.instance,
+            attrs,
+            ("id", "organization_id", "team_id", "project_id", "api_key_id", *LIMIT_FIELDS),
+        )
 
 
 class RateLimitChangeSerializer(RateLimitSerializer):
@@ -205,7 +254,8 @@ class RateLimitViewSet(viewsets.ModelViewSet[RateLimit]):
 
     def perform_create(self, serializer: serializers.BaseSerializer[RateLimit]) -> None:
         serializer.instance = services.create_rate_limit(
-            actor=self.request.user, address=client_address(self.request),  # type: ignore[arg-type]
+            actor=self.request.user,  # type: ignore[arg-type]
+            address=client_address(self.request),
             **serializer.validated_data,
         )
 
@@ -213,17 +263,23 @@ class RateLimitViewSet(viewsets.ModelViewSet[RateLimit]):
         assert serializer.instance is not None
         changes = {k: v for k, v in serializer.validated_data.items() if k in LIMIT_FIELDS}
         serializer.instance = services.update_rate_limit(
-            serializer.instance, actor=self.request.user, address=client_address(self.request),  # type: ignore[arg-type]
+            serializer.instance,
+            actor=self.request.user,  # type: ignore[arg-type]
+            address=client_address(self.request),
             **changes,
         )
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        services.delete_rate_limit(self.get_object(), actor=request.user,  # type: ignore[arg-type]
-                                   address=client_address(request))
+        services.delete_rate_limit(
+            self.get_object(),
+            actor=request.user,  # type: ignore[arg-type]
+            address=client_address(request),
+        )
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # Capacity quotas --------------------------------------------------------------------------
+
 
 class CapacityQuotaSerializer(serializers.ModelSerializer[CapacityQuota]):
     owner = serializers.CharField(source="owner_key", read_only=True)
@@ -242,8 +298,12 @@ class CapacityQuotaSerializer(serializers.ModelSerializer[CapacityQuota]):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # The model's own rules, so the API and the Django admin refuse the same input.
-        return _model_rules(CapacityQuota(), self.instance, attrs,
-                            ("id", "organization_id", "team_id", "project_id", *services.QUOTA_FIELDS))
+        return _model_rules(
+            CapacityQuota(),
+            self.instance,
+            attrs,
+            ("id", "organization_id", "team_id", "project_id", *services.QUOTA_FIELDS),
+        )
 
 
 class CapacityQuotaChangeSerializer(CapacityQuotaSerializer):
@@ -268,7 +328,8 @@ class CapacityQuotaViewSet(viewsets.ModelViewSet[CapacityQuota]):
 
     def perform_create(self, serializer: serializers.BaseSerializer[CapacityQuota]) -> None:
         serializer.instance = services.create_capacity_quota(
-            actor=self.request.user, address=client_address(self.request),  # type: ignore[arg-type]
+            actor=self.request.user,  # type: ignore[arg-type]
+            address=client_address(self.request),
             **serializer.validated_data,
         )
 
@@ -276,11 +337,16 @@ class CapacityQuotaViewSet(viewsets.ModelViewSet[CapacityQuota]):
         assert serializer.instance is not None
         changes = {k: v for k, v in serializer.validated_data.items() if k in services.QUOTA_FIELDS}
         serializer.instance = services.update_capacity_quota(
-            serializer.instance, actor=self.request.user, address=client_address(self.request),  # type: ignore[arg-type]
+            serializer.instance,
+            actor=self.request.user,  # type: ignore[arg-type]
+            address=client_address(self.request),
             **changes,
         )
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        services.delete_capacity_quota(self.get_object(), actor=request.user,  # type: ignore[arg-type]
-                                       address=client_address(request))
+        services.delete_capacity_quota(
+            self.get_object(),
+            actor=request.user,  # type: ignore[arg-type]
+            address=client_address(request),
+        )
         return Response(status=status.HTTP_204_NO_CONTENT)

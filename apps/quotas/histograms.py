@@ -69,7 +69,19 @@ MAX_BINS = 2048
 MAX_MS = 1e15  # about 31,700 years; anything above is nonsense counted here rather than overflowing
 
 LEGACY_BOUNDS_MS: tuple[float, ...] = (
-    10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0, 60000.0, math.inf,
+    10.0,
+    25.0,
+    50.0,
+    100.0,
+    250.0,
+    500.0,
+    1000.0,
+    2500.0,
+    5000.0,
+    10000.0,
+    30000.0,
+    60000.0,
+    math.inf,
 )
 
 
@@ -165,7 +177,7 @@ def merge_into(sketch: Sketch, *stored: Any) -> Sketch:
         elif isinstance(other, dict) and other.get("v", FORMAT) == FORMAT:  # {} is the model's default
             sketch["zero"] += _whole(other.get("zero"))
             bins = other.get("bins")
-            for key, raw in (bins.items() if isinstance(bins, dict) else ()):
+            for key, raw in bins.items() if isinstance(bins, dict) else ():
                 times = _whole(raw)
                 try:
                     index = int(key)

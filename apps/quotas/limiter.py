@@ -102,21 +102,26 @@ class Refusal:
     def message(self) -> str:
         values = {"label": self.label, "allowed": self.allowed, "used": self.used, "retry": self.retry_after_s}
         if self.limit == REQUESTS_PER_MINUTE:
-            text = gettext("%(label)s is over its limit of %(allowed)s requests per minute (%(used)s used); "
-                           "retry in %(retry)s s")
+            text = gettext(
+                "%(label)s is over its limit of %(allowed)s requests per minute (%(used)s used); retry in %(retry)s s"
+            )
         elif self.limit == TOKENS_PER_MINUTE:
-            text = gettext("%(label)s is over its limit of %(allowed)s tokens per minute (%(used)s used); "
-                           "retry in %(retry)s s")
+            text = gettext(
+                "%(label)s is over its limit of %(allowed)s tokens per minute (%(used)s used); retry in %(retry)s s"
+            )
         elif self.limit == TOKENS_PER_DAY:
-            text = gettext("%(label)s is over its limit of %(allowed)s tokens per day (%(used)s used); "
-                           "retry in %(retry)s s")
+            text = gettext(
+                "%(label)s is over its limit of %(allowed)s tokens per day (%(used)s used); retry in %(retry)s s"
+            )
         else:
-            text = gettext("%(label)s is over its monthly budget of %(allowed)s tokens (%(used)s used); "
-                           "retry in %(retry)s s")
+            text = gettext(
+                "%(label)s is over its monthly budget of %(allowed)s tokens (%(used)s used); retry in %(retry)s s"
+            )
         return text % values
 
 
 # Windows -------------------------------------------------------------------------------
+
 
 def _minute(now: float) -> tuple[str, float]:
     start = math.floor(now / 60) * 60
@@ -175,17 +180,37 @@ def _checks(limits: list[Limit], now: float) -> list[_Check]:
     checks = []
     for limit in _ordered(limits):
         if limit.monthly_token_budget is not None:
-            checks.append(_Check(limit, MONTHLY_TOKEN_BUDGET, f"{limit.scope}:tok:{month}",
-                                 limit.monthly_token_budget, month_end, False))
+            checks.append(
+                _Check(
+                    limit,
+                    MONTHLY_TOKEN_BUDGET,
+                    f"{limit.scope}:tok:{month}",
+                    limit.monthly_token_budget,
+                    month_end,
+                    False,
+                )
+            )
         if limit.tokens_per_day is not None:
-            checks.append(_Check(limit, TOKENS_PER_DAY, f"{limit.scope}:tok:{day}", limit.tokens_per_day,
-                                 day_end, False))
+            checks.append(
+                _Check(limit, TOKENS_PER_DAY, f"{limit.scope}:tok:{day}", limit.tokens_per_day, day_end, False)
+            )
         if limit.tokens_per_minute is not None:
-            checks.append(_Check(limit, TOKENS_PER_MINUTE, f"{limit.scope}:tok:{minute}",
-                                 limit.tokens_per_minute, minute_end, False))
+            checks.append(
+                _Check(
+                    limit, TOKENS_PER_MINUTE, f"{limit.scope}:tok:{minute}", limit.tokens_per_minute, minute_end, False
+                )
+            )
         if limit.requests_per_minute is not None:
-            checks.append(_Check(limit, REQUESTS_PER_MINUTE, f"{limit.scope}:req:{minute}",
-                                 limit.requests_per_minute, minute_end, True))
+            checks.append(
+                _Check(
+                    limit,
+                    REQUESTS_PER_MINUTE,
+                    f"{limit.scope}:req:{minute}",
+                    limit.requests_per_minute,
+                    minute_end,
+                    True,
+                )
+            )
     return checks
 
 
@@ -199,17 +224,27 @@ def _token_counters(limits: list[Limit], now: float) -> list[tuple[str, float]]:
         if limit.tokens_per_minute is None and limit.tokens_per_day is None and limit.monthly_token_budget is None:
             continue
         # All three windows, so a limit added later in the day or month starts from what was used.
-        counters += [(f"{limit.scope}:tok:{minute}", minute_end), (f"{limit.scope}:tok:{day}", day_end),
-                     (f"{limit.scope}:tok:{month}", month_end)]
+        counters += [
+            (f"{limit.scope}:tok:{minute}", minute_end),
+            (f"{limit.scope}:tok:{day}", day_end),
+            (f"{limit.scope}:tok:{month}", month_end),
+        ]
     return counters
 
 
 def _refusal(check: _Check, used: int, now: float) -> Refusal:
-    return Refusal(limit=check.kind, scope=check.limit.scope, label=check.limit.label, used=int(used),
-                   allowed=check.allowed, retry_after_s=_retry_after(check.window_end, now))
+    return Refusal(
+        limit=check.kind,
+        scope=check.limit.scope,
+        label=check.limit.label,
+        used=int(used),
+        allowed=check.allowed,
+        retry_after_s=_retry_after(check.window_end, now),
+    )
 
 
 # In process ----------------------------------------------------------------------------
+
 
 class MemoryLimiter:
     """Counters in a dict, for one process. See the module docstring."""
@@ -294,8 +329,9 @@ class RedisLimiter:
     recorded tokens are written.
     """
 
-    def __init__(self, url: str, prefix: str = "llmgw:rl", *, timeout: float = 0.5, backoff_s: float = 2.0,
-                 flush_s: float = 0.1) -> None:
+    def __init__(
+        self, url: str, prefix: str = "llmgw:rl", *, timeout: float = 0.5, backoff_s: float = 2.0, flush_s: float = 0.1
+    ) -> None:
         from apps.quotas.resp import RedisClient
 
         self.prefix = prefix
@@ -319,8 +355,12 @@ class RedisLimiter:
         self._down_until = moment + self.backoff_s
         if moment - self._logged_at >= 60:
             self._logged_at = moment
-            log.warning("rate limits: Redis failed during %s (%s: %s); admitting requests without counting them",
-                        what, type(exc).__name__, exc)
+            log.warning(
+                "rate limits: Redis failed during %s (%s: %s); admitting requests without counting them",
+                what,
+                type(exc).__name__,
+                exc,
+            )
 
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -331,8 +371,11 @@ class RedisLimiter:
             return None
         args: list[Any] = [len(checks)]
         for check in checks:
-            args += [check.allowed, 1 if check.counts_request else 0,
-                     max(1, math.ceil(check.window_end - now)) + TTL_GRACE_S]
+            args += [
+                check.allowed,
+                1 if check.counts_request else 0,
+                max(1, math.ceil(check.window_end - now)) + TTL_GRACE_S,
+            ]
         keys = [self._key(c.key) for c in checks]
         try:
             [reply] = await self._redis.execute(("EVALSHA", ADMIT_SHA, len(keys), *keys, *args))
@@ -406,6 +449,7 @@ def make_limiter() -> RedisLimiter | MemoryLimiter:
 
 # Loading limits (background refresh, not per request) ------------------------------------
 
+
 def _limit_from_row(row: Any) -> Limit:
     if row.api_key_id:
         label = gettext("API key %(name)s (%(prefix)s…)") % {"name": row.api_key.name, "prefix": row.api_key.prefix}
@@ -415,17 +459,29 @@ def _limit_from_row(row: Any) -> Limit:
         label = gettext("team %(name)s") % {"name": row.team.name}
     else:
         label = gettext("organisation %(name)s") % {"name": row.organization.name}
-    return Limit(scope=row.scope, label=label, requests_per_minute=row.requests_per_minute,
-                 tokens_per_minute=row.tokens_per_minute, tokens_per_day=row.tokens_per_day,
-                 monthly_token_budget=row.monthly_token_budget)
+    return Limit(
+        scope=row.scope,
+        label=label,
+        requests_per_minute=row.requests_per_minute,
+        tokens_per_minute=row.tokens_per_minute,
+        tokens_per_day=row.tokens_per_day,
+        monthly_token_budget=row.monthly_token_budget,
+    )
 
 
 def _rows() -> Any:
     from apps.quotas.models import RateLimit
 
     return RateLimit.objects.select_related("organization", "team", "project", "api_key").only(
-        "organization__name", "team__name", "project__name", "api_key__name", "api_key__prefix",
-        "requests_per_minute", "tokens_per_minute", "tokens_per_day", "monthly_token_budget",
+        "organization__name",
+        "team__name",
+        "project__name",
+        "api_key__name",
+        "api_key__prefix",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "tokens_per_day",
+        "monthly_token_budget",
     )
 
 
@@ -434,16 +490,27 @@ def load_all_limits() -> dict[str, Limit]:
     return {limit.scope: limit for limit in map(_limit_from_row, _rows())}
 
 
-def pick_limits(table: dict[str, Limit], *, key_id: int | None, project_id: int | None = None,
-                team_id: int | None = None, org_id: int | None = None) -> list[Limit]:
+def pick_limits(
+    table: dict[str, Limit],
+    *,
+    key_id: int | None,
+    project_id: int | None = None,
+    team_id: int | None = None,
+    org_id: int | None = None,
+) -> list[Limit]:
     """The limits that apply to one key, narrowest first, from a `load_all_limits()` table."""
-    scopes = [f"key:{key_id}" if key_id else None, f"project:{project_id}" if project_id else None,
-              f"team:{team_id}" if team_id else None, f"org:{org_id}" if org_id else None]
+    scopes = [
+        f"key:{key_id}" if key_id else None,
+        f"project:{project_id}" if project_id else None,
+        f"team:{team_id}" if team_id else None,
+        f"org:{org_id}" if org_id else None,
+    ]
     return [table[scope] for scope in scopes if scope is not None and scope in table]
 
 
-def limits_for(key_id: int | None, user_id: int | None, project_id: int | None, team_id: int | None,
-               org_id: int | None) -> list[Limit]:
+def limits_for(
+    key_id: int | None, user_id: int | None, project_id: int | None, team_id: int | None, org_id: int | None
+) -> list[Limit]:
     """The limits that apply to one key, narrowest first, read from the database.
 
     `user_id` is accepted for the gateway's call but unused: limits belong to keys and to
@@ -452,8 +519,12 @@ def limits_for(key_id: int | None, user_id: int | None, project_id: int | None, 
     from django.db.models import Q
 
     wanted = Q(pk__in=[])
-    for field, value in (("api_key_id", key_id), ("project_id", project_id), ("team_id", team_id),
-                         ("organization_id", org_id)):
+    for field, value in (
+        ("api_key_id", key_id),
+        ("project_id", project_id),
+        ("team_id", team_id),
+        ("organization_id", org_id),
+    ):
         if value:
             wanted |= Q(**{field: value})
     table = {limit.scope: limit for limit in map(_limit_from_row, _rows().filter(wanted))}

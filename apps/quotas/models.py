@@ -24,12 +24,25 @@ class CapacityQuota(models.Model):
     of any branch above it.
     """
 
-    organization = models.OneToOneField(Organization, on_delete=models.CASCADE, null=True, blank=True,
-                                        related_name="capacity_quota", verbose_name=_("organisation"))
-    team = models.OneToOneField(Team, on_delete=models.CASCADE, null=True, blank=True,
-                                related_name="capacity_quota", verbose_name=_("team"))
-    project = models.OneToOneField(Project, on_delete=models.CASCADE, null=True, blank=True,
-                                   related_name="capacity_quota", verbose_name=_("project"))
+    organization = models.OneToOneField(
+        Organization,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="capacity_quota",
+        verbose_name=_("organisation"),
+    )
+    team = models.OneToOneField(
+        Team, on_delete=models.CASCADE, null=True, blank=True, related_name="capacity_quota", verbose_name=_("team")
+    )
+    project = models.OneToOneField(
+        Project,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="capacity_quota",
+        verbose_name=_("project"),
+    )
     gpus = models.PositiveIntegerField(_("GPUs"), null=True, blank=True)
     cpu_cores = models.FloatField(_("CPU cores"), null=True, blank=True)
     memory_bytes = models.BigIntegerField(_("memory (bytes)"), null=True, blank=True)
@@ -40,9 +53,11 @@ class CapacityQuota(models.Model):
         verbose_name_plural = _("capacity quotas")
         constraints = [
             models.CheckConstraint(
-                condition=(Q(organization__isnull=False, team__isnull=True, project__isnull=True)
-                           | Q(organization__isnull=True, team__isnull=False, project__isnull=True)
-                           | Q(organization__isnull=True, team__isnull=True, project__isnull=False)),
+                condition=(
+                    Q(organization__isnull=False, team__isnull=True, project__isnull=True)
+                    | Q(organization__isnull=True, team__isnull=False, project__isnull=True)
+                    | Q(organization__isnull=True, team__isnull=True, project__isnull=False)
+                ),
                 name="%(app_label)s_%(class)s_exactly_one_owner",
             ),
         ]
@@ -81,22 +96,35 @@ class RateLimit(models.Model):
     the UTC calendar month.
     """
 
-    organization = models.OneToOneField(Organization, on_delete=models.CASCADE, null=True, blank=True,
-                                        related_name="rate_limit", verbose_name=_("organisation"))
-    team = models.OneToOneField(Team, on_delete=models.CASCADE, null=True, blank=True,
-                                related_name="rate_limit", verbose_name=_("team"))
-    project = models.OneToOneField(Project, on_delete=models.CASCADE, null=True, blank=True,
-                                   related_name="rate_limit", verbose_name=_("project"))
-    api_key = models.OneToOneField(ApiKey, on_delete=models.CASCADE, null=True, blank=True,
-                                   related_name="rate_limit", verbose_name=_("API key"))
-    requests_per_minute = models.PositiveIntegerField(_("requests per minute"), null=True, blank=True,
-                                                      validators=[MinValueValidator(1)])
-    tokens_per_minute = models.PositiveBigIntegerField(_("tokens per minute"), null=True, blank=True,
-                                                       validators=[MinValueValidator(1)])
-    tokens_per_day = models.PositiveBigIntegerField(_("tokens per day"), null=True, blank=True,
-                                                    validators=[MinValueValidator(1)])
-    monthly_token_budget = models.PositiveBigIntegerField(_("monthly token budget"), null=True, blank=True,
-                                                          validators=[MinValueValidator(1)])
+    organization = models.OneToOneField(
+        Organization,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="rate_limit",
+        verbose_name=_("organisation"),
+    )
+    team = models.OneToOneField(
+        Team, on_delete=models.CASCADE, null=True, blank=True, related_name="rate_limit", verbose_name=_("team")
+    )
+    project = models.OneToOneField(
+        Project, on_delete=models.CASCADE, null=True, blank=True, related_name="rate_limit", verbose_name=_("project")
+    )
+    api_key = models.OneToOneField(
+        ApiKey, on_delete=models.CASCADE, null=True, blank=True, related_name="rate_limit", verbose_name=_("API key")
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        _("requests per minute"), null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    tokens_per_minute = models.PositiveBigIntegerField(
+        _("tokens per minute"), null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    tokens_per_day = models.PositiveBigIntegerField(
+        _("tokens per day"), null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    monthly_token_budget = models.PositiveBigIntegerField(
+        _("monthly token budget"), null=True, blank=True, validators=[MinValueValidator(1)]
+    )
     updated_at = models.DateTimeField(_("updated"), default=timezone.now)
 
     class Meta:
@@ -148,6 +176,7 @@ class RateLimit(models.Model):
 
 # Usage ---------------------------------------------------------------------------------
 
+
 class UsageRecord(models.Model):
     """One request through the gateway: who made it, to which model, what it used and how long it took.
 
@@ -159,16 +188,26 @@ class UsageRecord(models.Model):
 
     request_id = models.CharField(_("request id"), max_length=40, unique=True)
     created_at = models.DateTimeField(_("time"), default=timezone.now, db_index=True)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
-                             related_name="+", verbose_name=_("person"))
-    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True,
-                                related_name="+", verbose_name=_("API key"))
-    organization = models.ForeignKey(Organization, on_delete=models.SET_NULL, null=True, blank=True,
-                                     related_name="+", verbose_name=_("organisation"))
-    team = models.ForeignKey(Team, on_delete=models.SET_NULL, null=True, blank=True,
-                             related_name="+", verbose_name=_("team"))
-    project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True,
-                                related_name="+", verbose_name=_("project"))
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("person"),
+    )
+    api_key = models.ForeignKey(
+        ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", verbose_name=_("API key")
+    )
+    organization = models.ForeignKey(
+        Organization, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", verbose_name=_("organisation")
+    )
+    team = models.ForeignKey(
+        Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", verbose_name=_("team")
+    )
+    project = models.ForeignKey(
+        Project, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", verbose_name=_("project")
+    )
     model = models.CharField(_("model"), max_length=200)
     endpoint = models.CharField(_("endpoint"), max_length=32, choices=Endpoint.choices)
     replica = models.CharField(_("replica"), max_length=100, blank=True)
@@ -238,8 +277,16 @@ class UsageRollup(models.Model):
         verbose_name_plural = _("usage rollups")
         constraints = [
             models.UniqueConstraint(
-                fields=["period", "bucket_start", "organization_id", "team_id", "project_id", "api_key_id",
-                        "user_id", "model"],
+                fields=[
+                    "period",
+                    "bucket_start",
+                    "organization_id",
+                    "team_id",
+                    "project_id",
+                    "api_key_id",
+                    "user_id",
+                    "model",
+                ],
                 name="%(app_label)s_%(class)s_unique_bucket",
             ),
         ]

@@ -51,7 +51,7 @@ class _Parser:
 
     def feed(self, data: bytes) -> None:
         if self.pos:
-            del self.buffer[:self.pos]
+            del self.buffer[: self.pos]
             self.pos = 0
         self.buffer += data
 
@@ -69,7 +69,7 @@ class _Parser:
         end = self.buffer.find(b"\r\n", self.pos)
         if end < 0:
             raise _Incomplete
-        line = bytes(self.buffer[self.pos:end])
+        line = bytes(self.buffer[self.pos : end])
         self.pos = end + 2
         return line
 
@@ -88,7 +88,7 @@ class _Parser:
                 return None
             if len(self.buffer) < self.pos + length + 2:
                 raise _Incomplete
-            value = bytes(self.buffer[self.pos:self.pos + length])
+            value = bytes(self.buffer[self.pos : self.pos + length])
             self.pos += length + 2
             return value
         if kind == b"*":
@@ -178,8 +178,9 @@ class RedisClient:
             if self.unix_path:
                 await loop.create_unix_connection(lambda: conn, self.unix_path)
             elif self.tls:
-                await loop.create_connection(lambda: conn, self.host, self.port, ssl=ssl.create_default_context(),
-                                             server_hostname=self.host)
+                await loop.create_connection(
+                    lambda: conn, self.host, self.port, ssl=ssl.create_default_context(), server_hostname=self.host
+                )
             else:
                 await loop.create_connection(lambda: conn, self.host, self.port)
             hello: list[tuple[Any, ...]] = []
@@ -289,7 +290,8 @@ async def subscribe(url: str, channel: str, on_message: Callable[[str], None], *
                     transport, _ = await loop.create_unix_connection(made, client.unix_path)
                 elif client.tls:
                     transport, _ = await loop.create_connection(
-                        made, client.host, client.port, ssl=ssl.create_default_context(), server_hostname=client.host)
+                        made, client.host, client.port, ssl=ssl.create_default_context(), server_hostname=client.host
+                    )
                 else:
                     transport, _ = await loop.create_connection(made, client.host, client.port)
             if client.password is not None:

@@ -74,11 +74,27 @@ class UsageRow:
         return self.errors
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in (
-            "group", "label", "requests", "errors", "server_errors", "client_errors", "refusals", "prompt_tokens",
-            "completion_tokens", "requests_without_tokens", "first_token_ms_p50", "first_token_ms_p95",
-            "first_token_ms_p99", "latency_ms_p50", "latency_ms_p95", "latency_ms_p99",
-        )}
+        return {
+            name: getattr(self, name)
+            for name in (
+                "group",
+                "label",
+                "requests",
+                "errors",
+                "server_errors",
+                "client_errors",
+                "refusals",
+                "prompt_tokens",
+                "completion_tokens",
+                "requests_without_tokens",
+                "first_token_ms_p50",
+                "first_token_ms_p95",
+                "first_token_ms_p99",
+                "latency_ms_p50",
+                "latency_ms_p95",
+                "latency_ms_p99",
+            )
+        }
 
 
 def period_for(since: datetime, until: datetime) -> str:
@@ -93,8 +109,9 @@ def _visibility(user: User) -> Q | None:
     if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
         return Q(pk__in=[])
     visible = Q(user_id=user.pk)
-    for org_id, team_id, project_id in Membership.objects.filter(user=user, role=MembershipRole.MANAGER) \
-            .values_list("organization_id", "team_id", "project_id"):
+    for org_id, team_id, project_id in Membership.objects.filter(user=user, role=MembershipRole.MANAGER).values_list(
+        "organization_id", "team_id", "project_id"
+    ):
         if project_id:
             visible |= Q(project_id=project_id)
         elif team_id:
@@ -154,16 +171,26 @@ def usage_summary(
         rollups = rollups.filter(**within)
     groups: dict[Any, UsageRow] = {}
     known_tokens: dict[Any, bool] = {}
-    for row in rollups.values_list(column, "requests", "errors", "client_errors", "refusals", "prompt_tokens",
-                                   "completion_tokens", "requests_without_tokens", "first_token_hist",
-                                   "latency_hist").iterator():
+    for row in rollups.values_list(
+        column,
+        "requests",
+        "errors",
+        "client_errors",
+        "refusals",
+        "prompt_tokens",
+        "completion_tokens",
+        "requests_without_tokens",
+        "first_token_hist",
+        "latency_hist",
+    ).iterator():
         group, requests, errors, client_errors, refusals, prompt, completion, without, first_hist, latency_hist = row
         summary = groups.setdefault(group, UsageRow(group=group, label=""))
         summary.requests += requests
         summary.errors += errors
         # A row from before client errors were counted leaves the group's count unknown, not short.
-        summary.client_errors = None if summary.client_errors is None or client_errors is None \
-            else summary.client_errors + client_errors
+        summary.client_errors = (
+            None if summary.client_errors is None or client_errors is None else summary.client_errors + client_errors
+        )
         summary.refusals += refusals
         summary.prompt_tokens = (summary.prompt_tokens or 0) + prompt
         summary.completion_tokens = (summary.completion_tokens or 0) + completion
@@ -189,9 +216,11 @@ def usage_summary(
 
 def get_request_for_user(user: User, request_id: str) -> UsageRecord | None:
     """One request, for its owner and for staff who read everything; None for anyone else."""
-    record = UsageRecord.objects.filter(request_id=request_id).select_related(
-        "api_key", "organization", "team", "project", "user"
-    ).first()
+    record = (
+        UsageRecord.objects.filter(request_id=request_id)
+        .select_related("api_key", "organization", "team", "project", "user")
+        .first()
+    )
     if record is None:
         return None
     if can_read_everything(user) or (record.user_id is not None and record.user_id == getattr(user, "pk", None)):

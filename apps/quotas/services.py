@@ -36,14 +36,14 @@ def create_rate_limit(*, actor: User | None, address: str | None = None, **field
     limit = RateLimit(**fields)
     limit.full_clean()
     limit.save()
-    audit.record(actor, "rate_limit.create", limit, changes=audit.diff({}, _limits(limit)), scope=limit.scope,
-                 address=address)
+    audit.record(
+        actor, "rate_limit.create", limit, changes=audit.diff({}, _limits(limit)), scope=limit.scope, address=address
+    )
     return limit
 
 
 @transaction.atomic
-def update_rate_limit(limit: RateLimit, *, actor: User | None, address: str | None = None,
-                      **changes: Any) -> RateLimit:
+def update_rate_limit(limit: RateLimit, *, actor: User | None, address: str | None = None, **changes: Any) -> RateLimit:
     """Change an owner's limits (None removes a limit). The owner itself does not change."""
     unknown = set(changes) - set(LIMIT_FIELDS)
     if unknown:
@@ -62,8 +62,9 @@ def update_rate_limit(limit: RateLimit, *, actor: User | None, address: str | No
 
 @transaction.atomic
 def delete_rate_limit(limit: RateLimit, *, actor: User | None, address: str | None = None) -> None:
-    audit.record(actor, "rate_limit.delete", limit, changes=audit.diff(_limits(limit), {}), scope=limit.scope,
-                 address=address)
+    audit.record(
+        actor, "rate_limit.delete", limit, changes=audit.diff(_limits(limit), {}), scope=limit.scope, address=address
+    )
     limit.delete()
 
 
@@ -86,14 +87,21 @@ def create_capacity_quota(*, actor: User | None, address: str | None = None, **f
     quota = CapacityQuota(**fields)
     quota.full_clean()
     quota.save()
-    audit.record(actor, "capacity_quota.create", quota, changes=audit.diff({}, _quota(quota)),
-                 owner=quota.owner_key, address=address)
+    audit.record(
+        actor,
+        "capacity_quota.create",
+        quota,
+        changes=audit.diff({}, _quota(quota)),
+        owner=quota.owner_key,
+        address=address,
+    )
     return quota
 
 
 @transaction.atomic
-def update_capacity_quota(quota: CapacityQuota, *, actor: User | None, address: str | None = None,
-                          **changes: Any) -> CapacityQuota:
+def update_capacity_quota(
+    quota: CapacityQuota, *, actor: User | None, address: str | None = None, **changes: Any
+) -> CapacityQuota:
     """Change an owner's quota (None removes a limit). The owner itself does not change."""
     unknown = set(changes) - set(QUOTA_FIELDS)
     if unknown:
@@ -105,13 +113,18 @@ def update_capacity_quota(quota: CapacityQuota, *, actor: User | None, address: 
     difference = audit.diff(before, _quota(quota))
     if difference:
         quota.save(update_fields=list(changes))
-        audit.record(actor, "capacity_quota.update", quota, changes=difference, owner=quota.owner_key,
-                     address=address)
+        audit.record(actor, "capacity_quota.update", quota, changes=difference, owner=quota.owner_key, address=address)
     return quota
 
 
 @transaction.atomic
 def delete_capacity_quota(quota: CapacityQuota, *, actor: User | None, address: str | None = None) -> None:
-    audit.record(actor, "capacity_quota.delete", quota, changes=audit.diff(_quota(quota), {}),
-                 owner=quota.owner_key, address=address)
+    audit.record(
+        actor,
+        "capacity_quota.delete",
+        quota,
+        changes=audit.diff(_quota(quota), {}),
+        owner=quota.owner_key,
+        address=address,
+    )
     quota.delete()

@@ -9,8 +9,15 @@ from django.db import InterfaceError, OperationalError
 # A database that went away (restarting, failing over, cut off) is waited for: the batch is tried
 # again with a backoff up to a minute, for about a quarter of an hour. Should it still fail, the web
 # process that handed it over writes what it finds missing when it checks the batch.
-@shared_task(ignore_result=True, acks_late=True, autoretry_for=(OperationalError, InterfaceError),
-             retry_backoff=2, retry_backoff_max=60, retry_jitter=True, max_retries=20)
+@shared_task(
+    ignore_result=True,
+    acks_late=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    retry_jitter=True,
+    max_retries=20,
+)
 def write_usage(records: list[dict[str, Any]]) -> int:
     """Write a batch of usage records sent by a gateway (idempotent by request id)."""
     from apps.quotas.usage import write_records_sync

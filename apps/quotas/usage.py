@@ -72,9 +72,25 @@ USAGE_WRITTEN = Counter("llmgw_usage_written", "Usage records written to the dat
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 RECORD_FIELDS = {
-    "request_id", "created_at", "user_id", "api_key_id", "organization_id", "team_id", "project_id", "model",
-    "endpoint", "replica", "hardware", "stream", "prompt_tokens", "completion_tokens", "tokens_estimated",
-    "first_token_ms", "total_ms", "status", "error",
+    "request_id",
+    "created_at",
+    "user_id",
+    "api_key_id",
+    "organization_id",
+    "team_id",
+    "project_id",
+    "model",
+    "endpoint",
+    "replica",
+    "hardware",
+    "stream",
+    "prompt_tokens",
+    "completion_tokens",
+    "tokens_estimated",
+    "first_token_ms",
+    "total_ms",
+    "status",
+    "error",
 }
 REFERENCES = {  # record field -> (app label, model name)
     "user_id": ("accounts", "User"),
@@ -86,6 +102,7 @@ REFERENCES = {  # record field -> (app label, model name)
 
 
 # Writing --------------------------------------------------------------------------------
+
 
 def _moment(value: Any) -> datetime:
     if isinstance(value, datetime):
@@ -141,22 +158,45 @@ def _existing_ids(records: list[dict[str, Any]]) -> dict[str, set[int]]:
     for field, (app_label, model_name) in REFERENCES.items():
         wanted = {r[field] for r in records if r.get(field)}
         model = apps.get_model(app_label, model_name)
-        found[field] = set(model._default_manager.filter(pk__in=wanted).values_list("pk", flat=True)) if wanted \
-            else set()
+        found[field] = (
+            set(model._default_manager.filter(pk__in=wanted).values_list("pk", flat=True)) if wanted else set()
+        )
     return found
 
 
 def rollup_key(period: str, bucket_start: datetime, record: dict[str, Any]) -> tuple[Any, ...]:
     """The unique key of the rollup row a record adds into (0 for "none")."""
-    return (period, bucket_start, record.get("organization_id") or 0, record.get("team_id") or 0,
-            record.get("project_id") or 0, record.get("api_key_id") or 0, record.get("user_id") or 0,
-            record.get("model") or "")
+    return (
+        period,
+        bucket_start,
+        record.get("organization_id") or 0,
+        record.get("team_id") or 0,
+        record.get("project_id") or 0,
+        record.get("api_key_id") or 0,
+        record.get("user_id") or 0,
+        record.get("model") or "",
+    )
 
 
-ROLLUP_KEY_FIELDS = ("period", "bucket_start", "organization_id", "team_id", "project_id", "api_key_id", "user_id",
-                     "model")
-ROLLUP_SUMS = ("requests", "errors", "client_errors", "refusals", "prompt_tokens", "completion_tokens",
-               "requests_without_tokens")
+ROLLUP_KEY_FIELDS = (
+    "period",
+    "bucket_start",
+    "organization_id",
+    "team_id",
+    "project_id",
+    "api_key_id",
+    "user_id",
+    "model",
+)
+ROLLUP_SUMS = (
+    "requests",
+    "errors",
+    "client_errors",
+    "refusals",
+    "prompt_tokens",
+    "completion_tokens",
+    "requests_without_tokens",
+)
 
 
 def _buckets(moment: datetime) -> list[tuple[str, datetime]]:
@@ -290,8 +330,9 @@ def write_records_sync(records: Iterable[dict[str, Any]], *, touched: dict[int, 
     return count
 
 
-def _write_batch(batch: dict[str, dict[str, Any]],
-                 touched: dict[int, datetime] | None = None) -> tuple[int, dict[int, datetime]]:
+def _write_batch(
+    batch: dict[str, dict[str, Any]], touched: dict[int, datetime] | None = None
+) -> tuple[int, dict[int, datetime]]:
     from django.db import transaction
 
     from apps.quotas.models import UsageRecord
@@ -312,6 +353,7 @@ def _write_batch(batch: dict[str, dict[str, Any]],
 
 
 # The writer -------------------------------------------------------------------------------
+
 
 class UsageWriter:
     """Queues usage records from the gateway and writes them in batches. See the module docstring.
@@ -383,8 +425,13 @@ class UsageWriter:
         moment = time.monotonic()
         if moment - self._dropped_logged_at >= 60:
             self._dropped_logged_at = moment
-            log.warning("usage: dropped %d record(s) (%s); %d dropped since start, %d waiting",
-                        count, reason, self.dropped, self.pending)
+            log.warning(
+                "usage: dropped %d record(s) (%s); %d dropped since start, %d waiting",
+                count,
+                reason,
+                self.dropped,
+                self.pending,
+            )
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -489,11 +536,20 @@ class UsageWriter:
                 self._in_flight = 0
                 if self._attempts < self.max_attempts and not final:
                     self._failed = batch
-                    log.warning("usage: writing %d record(s) failed (try %d of %d), will retry: %s",
-                                len(batch), self._attempts, self.max_attempts, exc)
+                    log.warning(
+                        "usage: writing %d record(s) failed (try %d of %d), will retry: %s",
+                        len(batch),
+                        self._attempts,
+                        self.max_attempts,
+                        exc,
+                    )
                     return False
-                log.error("usage: writing %d record(s) failed %d time(s): %s; writing them one by one",
-                          len(batch), self._attempts, exc)
+                log.error(
+                    "usage: writing %d record(s) failed %d time(s): %s; writing them one by one",
+                    len(batch),
+                    self._attempts,
+                    exc,
+                )
                 self._attempts = 0
                 outage = await self._write_one_by_one(batch)
                 if outage and final and self._queue:
@@ -517,8 +573,9 @@ class UsageWriter:
             return 0
         self._confirmed_at = moment
         due: list[dict[str, Any]] = []
-        while self._handed and (force or moment - self._handed[0][0] >= (self.confirm_after or 0)
-                                or self._handed_count > self.max_handed):
+        while self._handed and (
+            force or moment - self._handed[0][0] >= (self.confirm_after or 0) or self._handed_count > self.max_handed
+        ):
             _when, batch = self._handed.popleft()
             self._handed_count -= len(batch)
             due.extend(batch)
@@ -527,14 +584,19 @@ class UsageWriter:
         try:
             written = await self._in_thread(write_missing, due, touched=self._touched)
         except Exception as exc:
-            log.warning("usage: could not check %d record(s) handed to the worker: %s; checking again later",
-                        len(due), exc)
+            log.warning(
+                "usage: could not check %d record(s) handed to the worker: %s; checking again later", len(due), exc
+            )
             self._handed.appendleft((moment, due))
             self._handed_count += len(due)
             return 0
         if written:
-            log.warning("usage: the worker had not written %d record(s) after %.0f s (a broker that lost them, "
-                        "or a worker that is down); written here", written, self.confirm_after or 0)
+            log.warning(
+                "usage: the worker had not written %d record(s) after %.0f s (a broker that lost them, "
+                "or a worker that is down); written here",
+                written,
+                self.confirm_after or 0,
+            )
             USAGE_WRITTEN.inc(written)
         return written
 
@@ -575,8 +637,9 @@ def write_missing(records: list[dict[str, Any]], *, touched: dict[int, datetime]
     ids = [str(r.get("request_id") or "")[:40] for r in records]
     stored: set[str] = set()
     for start in range(0, len(ids), 1000):
-        stored.update(UsageRecord.objects.filter(request_id__in=ids[start:start + 1000])
-                      .values_list("request_id", flat=True))
+        stored.update(
+            UsageRecord.objects.filter(request_id__in=ids[start : start + 1000]).values_list("request_id", flat=True)
+        )
     missing = [r for r, request_id in zip(records, ids, strict=True) if request_id and request_id not in stored]
     return write_records_sync(missing, touched=touched) if missing else 0
 

@@ -37,7 +37,6 @@ DEFAULT_GROUP = UsageGroup.MODEL
 CHART_GROUPS = 12  # the busiest groups drawn; the table lists them all
 
 
-
 @dataclass(frozen=True)
 class Chart:
     title: str
@@ -63,8 +62,9 @@ def _charts(rows: list[selectors.UsageRow]) -> list[Chart]:
         (_("First token, p95"), [(r.label, seconds(r.first_token_ms_p95)) for r in top], in_seconds, 2),
         (_("Latency, p95"), [(r.label, seconds(r.latency_ms_p95)) for r in top], in_seconds, 2),
     ]
-    return [Chart(title, bar_chart(items, label=title, unit=unit, digits=digits))
-            for title, items, unit, digits in specs]
+    return [
+        Chart(title, bar_chart(items, label=title, unit=unit, digits=digits)) for title, items, unit, digits in specs
+    ]
 
 
 @requires("signed_in", methods=["GET"])

@@ -1,13 +1,13 @@
 """The `llmgw` command.
 
-    llmgw up        everything on one machine (web, worker with beat, a local agent)
-    llmgw web       the ASGI server (console, API, gateway, agent websockets)
-    llmgw worker    a Celery worker (--beat to embed the scheduler)
-    llmgw beat      the Celery beat scheduler (run exactly one)
-    llmgw agent     the node agent
-    llmgw manage    Django management commands
-    llmgw ctl       a client for the REST API
-    llmgw version
+llmgw up        everything on one machine (web, worker with beat, a local agent)
+llmgw web       the ASGI server (console, API, gateway, agent websockets)
+llmgw worker    a Celery worker (--beat to embed the scheduler)
+llmgw beat      the Celery beat scheduler (run exactly one)
+llmgw agent     the node agent
+llmgw manage    Django management commands
+llmgw ctl       a client for the REST API
+llmgw version
 """
 
 from __future__ import annotations
@@ -97,8 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run everything on this machine (web, worker with beat, local agent)")
     p.add_argument("--listen", help="host:port (default LLMGW_LISTEN or 127.0.0.1:8000)")
     p.add_argument("--no-agent", action="store_true", help="do not start a local agent")
-    p.add_argument("--keep-engines", action="store_true",
-                   help="leave the local agent's engines running at stop, for the next `llmgw up` to adopt")
+    p.add_argument(
+        "--keep-engines",
+        action="store_true",
+        help="leave the local agent's engines running at stop, for the next `llmgw up` to adopt",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("web", help="run the ASGI server")
@@ -116,8 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_beat)
 
     p = sub.add_parser("agent", help="run the node agent")
-    p.add_argument("--config", default=os.environ.get("LLMGW_AGENT_CONFIG", "agent.yaml"),
-                   help="path of agent.yaml (default ./agent.yaml or LLMGW_AGENT_CONFIG)")
+    p.add_argument(
+        "--config",
+        default=os.environ.get("LLMGW_AGENT_CONFIG", "agent.yaml"),
+        help="path of agent.yaml (default ./agent.yaml or LLMGW_AGENT_CONFIG)",
+    )
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("manage", help="Django management commands", add_help=False)

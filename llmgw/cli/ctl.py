@@ -122,6 +122,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 # Commands ------------------------------------------------------------------------------
 
+
 def cmd_whoami(client: Client, args: argparse.Namespace) -> int:
     me = client.get("me")
     memberships = [
@@ -134,8 +135,12 @@ def cmd_whoami(client: Client, args: argparse.Namespace) -> int:
         ("name", me.get("name")),
         ("staff role", me.get("staff_role") or ("admin" if me.get("is_superuser") else None)),
         ("memberships", memberships),
-        ("signed in with", f"key {auth.get('key_name')} ({auth.get('key_prefix')}…)"
-         if auth.get("method") == "api_key" else auth.get("method")),
+        (
+            "signed in with",
+            f"key {auth.get('key_name')} ({auth.get('key_prefix')}…)"
+            if auth.get("method") == "api_key"
+            else auth.get("method"),
+        ),
         ("server", client.server),
     ]
     print(format_table(["FIELD", "VALUE"], rows))
@@ -149,8 +154,6 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     rows += [(name, value) for name, value in status.get("checks", {}).items()]
     print(format_table(["FIELD", "VALUE"], rows))
     return 0
-
-
 
 
 JSON_HELP = "print the raw JSON answer where there is one"
@@ -191,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return int(args.ctl_func(client, args) or 0)
     except ApiError as exc:
-        print(f"llmgw ctl: {exc.detail}" if exc.status == 0 else f"llmgw ctl: error {exc.status}: {exc.detail}",
-              file=sys.stderr)
+        print(
+            f"llmgw ctl: {exc.detail}" if exc.status == 0 else f"llmgw ctl: error {exc.status}: {exc.detail}",
+            file=sys.stderr,
+        )
         return 1

@@ -79,9 +79,16 @@ def _engines(node: dict[str, Any]) -> str | None:
 
 def node_row(node: dict[str, Any]) -> list[Any]:
     s = node["summary"]
-    return [node["name"], _status(node), _cpu(s), _pair(s.get("memory_used_bytes"), s.get("memory_total_bytes")),
-            _gpus(node), _pair(s.get("disk_free_bytes"), s.get("disk_total_bytes")), _engines(node),
-            human_age(node.get("created_at"))]
+    return [
+        node["name"],
+        _status(node),
+        _cpu(s),
+        _pair(s.get("memory_used_bytes"), s.get("memory_total_bytes")),
+        _gpus(node),
+        _pair(s.get("disk_free_bytes"), s.get("disk_total_bytes")),
+        _engines(node),
+        human_age(node.get("created_at")),
+    ]
 
 
 def cmd_nodes(client: Client, args: argparse.Namespace) -> int:
@@ -89,8 +96,7 @@ def cmd_nodes(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(nodes, indent=2))
         return 0
-    print(format_table(["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "AGE"],
-                       [node_row(n) for n in nodes]))
+    print(format_table(["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "AGE"], [node_row(n) for n in nodes]))
     return 0
 
 
@@ -102,16 +108,25 @@ def cmd_node_show(client: Client, args: argparse.Namespace) -> int:
     hw, s = node.get("hardware") or {}, node["summary"]
     sample = node.get("sample") or {}
     rows = [
-        ("name", node["name"]), ("status", _status(node)), ("cordon reason", node.get("cordon_reason")),
+        ("name", node["name"]),
+        ("status", _status(node)),
+        ("cordon reason", node.get("cordon_reason")),
         ("labels", [f"{k}={v}" for k, v in sorted((node.get("labels") or {}).items())]),
-        ("agent", node.get("agent_version")), ("cpu", hw.get("cpu_model")), ("cpus", s.get("cpus")),
+        ("agent", node.get("agent_version")),
+        ("cpu", hw.get("cpu_model")),
+        ("cpus", s.get("cpus")),
         ("cpu busy", f"{s['cpu_utilization_pct']:.0f}%" if s.get("cpu_utilization_pct") is not None else None),
         ("load", sample.get("load")),
         ("memory", _pair(s.get("memory_used_bytes"), s.get("memory_total_bytes"))),
         ("disk (local)", _pair(s.get("disk_free_bytes"), s.get("disk_total_bytes"))),
-        ("os", hw.get("os")), ("kernel", hw.get("kernel")), ("arch", hw.get("arch")),
-        ("driver", hw.get("driver_version")), ("cuda", hw.get("cuda_version")), ("engines", _engines(node)),
-        ("last seen", human_age(node.get("last_seen_at"))), ("warnings", node.get("warnings")),
+        ("os", hw.get("os")),
+        ("kernel", hw.get("kernel")),
+        ("arch", hw.get("arch")),
+        ("driver", hw.get("driver_version")),
+        ("cuda", hw.get("cuda_version")),
+        ("engines", _engines(node)),
+        ("last seen", human_age(node.get("last_seen_at"))),
+        ("warnings", node.get("warnings")),
         ("drain", _drain_line(node["drain"]) if node.get("drain") else None),
     ]
     print(format_table(["FIELD", "VALUE"], rows))
@@ -127,14 +142,21 @@ def cmd_node_show(client: Client, args: argparse.Namespace) -> int:
                 mem = f"{used if used is not None else '-'}/{gpu['memory_total_mib']}MiB"
             power = live.get("power_draw_w")
             limit = live.get("power_limit_w")
-            table.append([
-                gpu["index"], gpu.get("gpu_class") or gpu.get("name"),
-                f"{live['utilization_gpu_pct']:.0f}%" if live.get("utilization_gpu_pct") is not None else None,
-                mem, live.get("temperature_gpu_c"), live.get("temperature_memory_c"),
-                f"{power if power is not None else '-'}/{limit if limit is not None else '-'}W"
-                if power is not None or limit is not None else None,
-                live.get("ecc_uncorrected_volatile"), "no" if gpu["ecc_fault"] or gpu["foreign_processes"] else "yes",
-            ])
+            table.append(
+                [
+                    gpu["index"],
+                    gpu.get("gpu_class") or gpu.get("name"),
+                    f"{live['utilization_gpu_pct']:.0f}%" if live.get("utilization_gpu_pct") is not None else None,
+                    mem,
+                    live.get("temperature_gpu_c"),
+                    live.get("temperature_memory_c"),
+                    f"{power if power is not None else '-'}/{limit if limit is not None else '-'}W"
+                    if power is not None or limit is not None
+                    else None,
+                    live.get("ecc_uncorrected_volatile"),
+                    "no" if gpu["ecc_fault"] or gpu["foreign_processes"] else "yes",
+                ]
+            )
         print(format_table(["GPU", "CLASS", "UTIL", "MEMORY", "TEMP", "HBM", "POWER", "ECC", "HEALTHY"], table))
     return 0
 
@@ -160,8 +182,10 @@ def _duration(text: str) -> int:
 
 
 def cmd_node_add(client: Client, args: argparse.Namespace) -> int:
-    answer = client.post("nodes/enrollments", {"name": args.name, "labels": _labels(args.label),
-                                                "expires_in_seconds": _duration(args.expires)})
+    answer = client.post(
+        "nodes/enrollments",
+        {"name": args.name, "labels": _labels(args.label), "expires_in_seconds": _duration(args.expires)},
+    )
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
@@ -222,8 +246,9 @@ def add_all(ctl_sub: Any) -> None:
     p = node_sub.add_parser("drain", help="cordon a node and move its replicas elsewhere, each replaced first")
     p.add_argument("name")
     p.add_argument("--grace", type=int, help="seconds from SIGTERM to SIGKILL for its engines (default: the server's)")
-    p.add_argument("--force", action="store_true",
-                   help="stop replicas that cannot be placed elsewhere instead of waiting for room")
+    p.add_argument(
+        "--force", action="store_true", help="stop replicas that cannot be placed elsewhere instead of waiting for room"
+    )
     p.set_defaults(ctl_func=_action("drain"))
     p = node_sub.add_parser("revoke", help="cut a node off: its credential stops working at once")
     p.add_argument("name")
@@ -234,6 +259,7 @@ def add_all(ctl_sub: Any) -> None:
 
 
 # Models ----------------------------------------------------------------------------------------
+
 
 def cmd_models(client: Client, args: argparse.Namespace) -> int:
     models = client.get("models")["results"]
@@ -246,8 +272,18 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
         where = "external" if m.get("external_url") else (",".join(s["nodes"]) or None)
         rolling = s.get("rolling")
         change = f"rolling {rolling['done']} of {rolling['of']}" if rolling else None
-        rows.append([m["name"], m["capacity_class"], f"{s['ready']}/{s['wanted']}", s["starting"] or None,
-                     s["pending"] or None, s["failed"] or None, change, where])
+        rows.append(
+            [
+                m["name"],
+                m["capacity_class"],
+                f"{s['ready']}/{s['wanted']}",
+                s["starting"] or None,
+                s["pending"] or None,
+                s["failed"] or None,
+                change,
+                where,
+            ]
+        )
     print(format_table(["NAME", "CLASS", "READY", "STARTING", "PENDING", "FAILED", "CHANGE", "NODES"], rows))
     return 0
 
@@ -280,8 +316,11 @@ def cmd_model_apply(client: Client, args: argparse.Namespace) -> int:
             return 1
         raise
     for result in answer["results"]:
-        verb = {"created": "would be created", "changed": "would change", "unchanged": "unchanged"}[
-            result["outcome"]] if args.dry_run else result["outcome"]
+        verb = (
+            {"created": "would be created", "changed": "would change", "unchanged": "unchanged"}[result["outcome"]]
+            if args.dry_run
+            else result["outcome"]
+        )
         print(f"model {result['name']}: {verb}")
         if args.dry_run:
             for line in _diff_lines(result.get("changes") or {}):
@@ -322,26 +361,61 @@ def cmd_model_show(client: Client, args: argparse.Namespace) -> int:
         print(json.dumps(model, indent=2))
         return 0
     s = model["status"]
-    rows = [("name", model["name"]), ("class", model["capacity_class"]),
-            ("replicas", f"{s['ready']} ready of {s['wanted']} wanted ({model['min_replicas']} always running, "
-                         f"up to {model['max_replicas']} under load)"),
-            ("every replica last busy", model.get("busy_at")),
-            ("source", model.get("source")), ("fallbacks", model.get("fallbacks")),
-            ("external", model.get("external_url")), ("held until", model.get("held_until")),
-            ("message", s.get("message"))]
+    rows = [
+        ("name", model["name"]),
+        ("class", model["capacity_class"]),
+        (
+            "replicas",
+            f"{s['ready']} ready of {s['wanted']} wanted ({model['min_replicas']} always running, "
+            f"up to {model['max_replicas']} under load)",
+        ),
+        ("every replica last busy", model.get("busy_at")),
+        ("source", model.get("source")),
+        ("fallbacks", model.get("fallbacks")),
+        ("external", model.get("external_url")),
+        ("held until", model.get("held_until")),
+        ("message", s.get("message")),
+    ]
     print(format_table(["FIELD", "VALUE"], rows))
     if model.get("profiles"):
         print()
-        print(format_table(["PROFILE", "PRIORITY", "ENGINE", "ACCELERATOR", "GPUS", "NODES", "MEMORY", "CORES"], [
-            [p["name"], p["priority"], p["engine"], p["accelerator"], p["gpus_per_shard"] or None,
-             p["nodes_per_replica"], human_bytes(p["memory_bytes"]) if p["memory_bytes"] else None,
-             p["cpu_cores"] or None] for p in model["profiles"]]))
+        print(
+            format_table(
+                ["PROFILE", "PRIORITY", "ENGINE", "ACCELERATOR", "GPUS", "NODES", "MEMORY", "CORES"],
+                [
+                    [
+                        p["name"],
+                        p["priority"],
+                        p["engine"],
+                        p["accelerator"],
+                        p["gpus_per_shard"] or None,
+                        p["nodes_per_replica"],
+                        human_bytes(p["memory_bytes"]) if p["memory_bytes"] else None,
+                        p["cpu_cores"] or None,
+                    ]
+                    for p in model["profiles"]
+                ],
+            )
+        )
     if model.get("replicas"):
         print()
-        print(format_table(["REPLICA", "STATE", "PROFILE", "NODES", "PORTS", "AGE", "MESSAGE"], [
-            [r["id"], r["state"], r.get("profile"), ",".join(sh["node"] for sh in r["shards"]) or None,
-             ",".join(str(sh["port"]) for sh in r["shards"]) or None, human_age(r.get("created_at")),
-             r.get("message")] for r in model["replicas"]]))
+        print(
+            format_table(
+                ["REPLICA", "STATE", "PROFILE", "NODES", "PORTS", "AGE", "MESSAGE"],
+                [
+                    [
+                        r["id"],
+                        r["state"],
+                        r.get("profile"),
+                        ",".join(sh["node"] for sh in r["shards"]) or None,
+                        ",".join(str(sh["port"]) for sh in r["shards"]) or None,
+                        human_age(r.get("created_at")),
+                        r.get("message"),
+                    ]
+                    for r in model["replicas"]
+                ],
+            )
+        )
     return 0
 
 
@@ -381,11 +455,14 @@ def cmd_model_target(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_model_resources(client: Client, args: argparse.Namespace) -> int:
-    body = {k: v for k, v in (("memory", args.memory), ("cores", args.cores), ("profile", args.profile))
-            if v is not None}
+    body = {
+        k: v for k, v in (("memory", args.memory), ("cores", args.cores), ("profile", args.profile)) if v is not None
+    }
     for profile in client.post(f"models/{args.name}/resources", body):
-        print(f"profile {profile['name']}: memory {human_bytes(profile['memory_bytes']) or '-'}, "
-              f"cores {profile['cpu_cores'] or '-'}")
+        print(
+            f"profile {profile['name']}: memory {human_bytes(profile['memory_bytes']) or '-'}, "
+            f"cores {profile['cpu_cores'] or '-'}"
+        )
     return 0
 
 
@@ -400,9 +477,23 @@ def cmd_replicas(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(replicas, indent=2))
         return 0
-    print(format_table(["ID", "MODEL", "STATE", "PROFILE", "NODES", "AGE", "MESSAGE"], [
-        [r["id"], r["model"], r["state"], r.get("profile"), ",".join(s["node"] for s in r["shards"]) or None,
-         human_age(r.get("created_at")), r.get("message")] for r in replicas]))
+    print(
+        format_table(
+            ["ID", "MODEL", "STATE", "PROFILE", "NODES", "AGE", "MESSAGE"],
+            [
+                [
+                    r["id"],
+                    r["model"],
+                    r["state"],
+                    r.get("profile"),
+                    ",".join(s["node"] for s in r["shards"]) or None,
+                    human_age(r.get("created_at")),
+                    r.get("message"),
+                ]
+                for r in replicas
+            ],
+        )
+    )
     return 0
 
 
@@ -413,8 +504,10 @@ def add_model_commands(ctl_sub: Any) -> None:
     p.set_defaults(ctl_func=cmd_replicas)
     model = ctl_sub.add_parser("model", help="one model: apply, show, explain, target, resources, class")
     sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    p = sub.add_parser("apply", help="create or update models from a YAML file (idempotent; each model's spec "
-                                     "is its whole declaration)")
+    p = sub.add_parser(
+        "apply",
+        help="create or update models from a YAML file (idempotent; each model's spec is its whole declaration)",
+    )
     p.add_argument("-f", "--file", required=True)
     p.add_argument("--dry-run", action="store_true", help="change nothing; list, field by field, what would change")
     p.set_defaults(ctl_func=cmd_model_apply)
@@ -447,6 +540,7 @@ def add_model_commands(ctl_sub: Any) -> None:
 
 # Usage -----------------------------------------------------------------------------------------
 
+
 def _since(text: str, now: datetime | None = None) -> str:
     """A duration back from now (30m, 6h, 7d) or an ISO time, as an ISO time in UTC."""
     from datetime import timedelta
@@ -459,8 +553,9 @@ def _since(text: str, now: datetime | None = None) -> str:
         try:
             moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
         except ValueError:
-            raise SystemExit(f"llmgw ctl: --since {text!r}: expected a duration such as 1h or 7d, "
-                             "or an ISO time") from None
+            raise SystemExit(
+                f"llmgw ctl: --since {text!r}: expected a duration such as 1h or 7d, or an ISO time"
+            ) from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
@@ -478,10 +573,18 @@ def _ms(value: float | None) -> str | None:
 
 
 USAGE_COLUMNS = (  # header, field of the API's row
-    ("GROUP", "label"), ("REQUESTS", "requests"), ("SERVER_ERRORS", "server_errors"),
-    ("CLIENT_ERRORS", "client_errors"), ("REFUSALS", "refusals"), ("TOKENS_IN", "prompt_tokens"),
-    ("TOKENS_OUT", "completion_tokens"), ("P50_TTFT_MS", "first_token_ms_p50"), ("P95_TTFT_MS", "first_token_ms_p95"),
-    ("P99_TTFT_MS", "first_token_ms_p99"), ("P50_LATENCY_MS", "latency_ms_p50"), ("P95_LATENCY_MS", "latency_ms_p95"),
+    ("GROUP", "label"),
+    ("REQUESTS", "requests"),
+    ("SERVER_ERRORS", "server_errors"),
+    ("CLIENT_ERRORS", "client_errors"),
+    ("REFUSALS", "refusals"),
+    ("TOKENS_IN", "prompt_tokens"),
+    ("TOKENS_OUT", "completion_tokens"),
+    ("P50_TTFT_MS", "first_token_ms_p50"),
+    ("P95_TTFT_MS", "first_token_ms_p95"),
+    ("P99_TTFT_MS", "first_token_ms_p99"),
+    ("P50_LATENCY_MS", "latency_ms_p50"),
+    ("P95_LATENCY_MS", "latency_ms_p95"),
     ("P99_LATENCY_MS", "latency_ms_p99"),
 )
 
@@ -497,8 +600,12 @@ def cmd_usage(client: Client, args: argparse.Namespace) -> int:
     for result in answer["results"]:
         # A server from before server_errors and client_errors: its errors were the server's; client ones unknown.
         row = {"server_errors": result.get("errors"), "client_errors": None, **result}
-        rows.append([_ms(row.get(name)) if name.endswith(("_p50", "_p95", "_p99")) else row.get(name)
-                     for _header, name in USAGE_COLUMNS])
+        rows.append(
+            [
+                _ms(row.get(name)) if name.endswith(("_p50", "_p95", "_p99")) else row.get(name)
+                for _header, name in USAGE_COLUMNS
+            ]
+        )
     print(format_table([header for header, _name in USAGE_COLUMNS], rows))
     return 0
 
@@ -515,10 +622,17 @@ def cmd_request(client: Client, args: argparse.Namespace) -> int:
 
 
 def add_usage_commands(ctl_sub: Any) -> None:
-    p = ctl_sub.add_parser("usage", help="usage per group: requests, server and client errors, refusals (429), "
-                           "tokens, TTFT and latency percentiles in ms")
-    p.add_argument("--by", default="model", choices=["organization", "team", "project", "key", "model", "user"],
-                   help="what to group by (default model)")
+    p = ctl_sub.add_parser(
+        "usage",
+        help="usage per group: requests, server and client errors, refusals (429), "
+        "tokens, TTFT and latency percentiles in ms",
+    )
+    p.add_argument(
+        "--by",
+        default="model",
+        choices=["organization", "team", "project", "key", "model", "user"],
+        help="what to group by (default model)",
+    )
     p.add_argument("--since", default="24h", help="how far back: 1h, 7d or an ISO time (default 24h)")
     p.set_defaults(ctl_func=cmd_usage)
     p = ctl_sub.add_parser("request", help="every field of one request through the gateway")
@@ -528,16 +642,19 @@ def add_usage_commands(ctl_sub: Any) -> None:
 
 # Rate limits -----------------------------------------------------------------------------------
 
-LIMIT_OPTIONS = (("rpm", "requests_per_minute"), ("tpm", "tokens_per_minute"), ("tpd", "tokens_per_day"),
-                 ("budget", "monthly_token_budget"))
+LIMIT_OPTIONS = (
+    ("rpm", "requests_per_minute"),
+    ("tpm", "tokens_per_minute"),
+    ("tpd", "tokens_per_day"),
+    ("budget", "monthly_token_budget"),
+)
 # --api-key, not --key: ctl's own --key is the caller's key.
 OWNER_OPTIONS = (("org", "organization"), ("team", "team"), ("project", "project"), ("api_key", "api_key"))
 
 
 def _limit_values(args: argparse.Namespace) -> dict[str, int | None]:
     """The limits given on the command line; 0 clears one (no limit)."""
-    return {field: (value or None) for option, field in LIMIT_OPTIONS
-            if (value := getattr(args, option)) is not None}
+    return {field: (value or None) for option, field in LIMIT_OPTIONS if (value := getattr(args, option)) is not None}
 
 
 def _print_limit(limit: dict[str, Any], outcome: str) -> None:
@@ -550,8 +667,12 @@ def cmd_limits(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(limits, indent=2))
         return 0
-    print(format_table(["ID", "SCOPE", "RPM", "TPM", "TPD", "BUDGET"], [
-        [limit["id"], limit["scope"], *(limit[field] for _option, field in LIMIT_OPTIONS)] for limit in limits]))
+    print(
+        format_table(
+            ["ID", "SCOPE", "RPM", "TPM", "TPD", "BUDGET"],
+            [[limit["id"], limit["scope"], *(limit[field] for _option, field in LIMIT_OPTIONS)] for limit in limits],
+        )
+    )
     return 0
 
 
@@ -587,8 +708,9 @@ def add_limit_commands(ctl_sub: Any) -> None:
     p.set_defaults(ctl_func=cmd_limits)
     p = sub.add_parser("create", help="a limit for one organisation, team, project or API key (by id)")
     for option, field in OWNER_OPTIONS:
-        p.add_argument(f"--{option.replace('_', '-')}", type=int, metavar="ID",
-                       help=f"the {field.replace('_', ' ')}'s id")
+        p.add_argument(
+            f"--{option.replace('_', '-')}", type=int, metavar="ID", help=f"the {field.replace('_', ' ')}'s id"
+        )
     _limit_arguments(p)
     p.set_defaults(ctl_func=cmd_limit_create)
     p = sub.add_parser("set", help="change some of a limit's values")

@@ -16,8 +16,11 @@ __all__ = ["find_llama_server", "local_agent_config"]
 
 def find_llama_server() -> str | None:
     """A llama.cpp server for this machine's own agent: LLMGW_LLAMA_SERVER, PATH, or a local build."""
-    candidates = [os.environ.get("LLMGW_LLAMA_SERVER"), shutil.which("llama-server"),
-                  str(settings.BASE_DIR.parent / "shared" / "bin" / "llama-server")]
+    candidates = [
+        os.environ.get("LLMGW_LLAMA_SERVER"),
+        shutil.which("llama-server"),
+        str(settings.BASE_DIR.parent / "shared" / "bin" / "llama-server"),
+    ]
     candidates += sorted(str(p) for p in Path("~/.cache/llmgw/llama-server").expanduser().glob("*/llama-server"))
     for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):

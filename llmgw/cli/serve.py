@@ -87,8 +87,10 @@ def run_web(args: argparse.Namespace) -> int:
 
     host, port = _listen(args)
     if args.workers > 1 and not settings.REDIS_URL:
-        sys.exit(f"llmgw web: cannot start {args.workers} workers without Redis: web processes share replica "
-                 "slots, rate limits and agent connections through it; set LLMGW_REDIS_URL, or run one worker")
+        sys.exit(
+            f"llmgw web: cannot start {args.workers} workers without Redis: web processes share replica "
+            "slots, rate limits and agent connections through it; set LLMGW_REDIS_URL, or run one worker"
+        )
     problems = preflight(listen=(host, port))
     if problems:
         sys.exit(f"llmgw web: cannot start: {problems[0]}")
@@ -148,8 +150,9 @@ def supervise(argv: list[str], what: str) -> int:
             return 0 if code in (0, -signal.SIGTERM, -signal.SIGINT) else code
         failures = 0 if time.monotonic() - started > 60 else failures + 1
         wait = RESTART_WAITS_S[min(failures, len(RESTART_WAITS_S) - 1)]
-        print(f"llmgw {what}: it stopped (exit code {code}); starting it again in {wait:g} s", file=sys.stderr,
-              flush=True)
+        print(
+            f"llmgw {what}: it stopped (exit code {code}); starting it again in {wait:g} s", file=sys.stderr, flush=True
+        )
         deadline = time.monotonic() + wait
         while not stopping and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -169,8 +172,15 @@ def run_worker(args: argparse.Namespace) -> int:
         sys.exit(f"llmgw worker: cannot start: {problems[0]}")
     ensure_queue_folders()
     apply_server_config()
-    argv = ["worker", "--loglevel", os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
-            "--concurrency", str(max(1, args.concurrency)), "--without-gossip", "--without-mingle"]
+    argv = [
+        "worker",
+        "--loglevel",
+        os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
+        "--concurrency",
+        str(max(1, args.concurrency)),
+        "--without-gossip",
+        "--without-mingle",
+    ]
     if args.beat:
         from django.conf import settings
 
@@ -208,6 +218,13 @@ def run_beat(args: argparse.Namespace) -> int:
     if problems:
         sys.exit(f"llmgw beat: cannot start: {problems[0]}")
     ensure_queue_folders()
-    app.start(["beat", "--loglevel", os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
-               "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME])
+    app.start(
+        [
+            "beat",
+            "--loglevel",
+            os.environ.get("LLMGW_LOG_LEVEL", "info").lower(),
+            "--schedule",
+            settings.CELERY_BEAT_SCHEDULE_FILENAME,
+        ]
+    )
     return 0

@@ -44,8 +44,10 @@ STOP_GRACE_S = 10.0
 READY_TIMEOUT_S = 90.0
 LOG_ROTATE_BYTES = 32 * 1024 * 1024
 TAIL_LINES = 15  # a child's last lines, shown when it exits on its own
-NO_ENGINE = ("llmgw up: this machine has no llama.cpp engine, so models will stay pending; to get one, set "
-             "LLMGW_LLAMA_SERVER=/path/to/llama-server, put llama-server on PATH, or run scripts/ensure-llama-server")
+NO_ENGINE = (
+    "llmgw up: this machine has no llama.cpp engine, so models will stay pending; to get one, set "
+    "LLMGW_LLAMA_SERVER=/path/to/llama-server, put llama-server on PATH, or run scripts/ensure-llama-server"
+)
 
 
 # --------------------------------------------------------------------------- output
@@ -77,15 +79,21 @@ class LineFilter:
             self._traceback = True
             return False
         if self._traceback:
-            if not line.strip() or line[:1] in (" ", "\t") or line.startswith(
-                    ("During handling of the above exception", "The above exception was the direct cause")):
+            if (
+                not line.strip()
+                or line[:1] in (" ", "\t")
+                or line.startswith(
+                    ("During handling of the above exception", "The above exception was the direct cause")
+                )
+            ):
                 return False
             self._traceback = False
             return True  # the exception itself ("ValueError: ..."), below the lines of its traceback
         if any(noise.search(line) for noise in _NOISE):
             return False
-        return bool(_LEVEL.search(line) or _PY_WARNING.search(line) or _LLMGW_LINE.search(line)
-                    or _ENGINE_CHANGE.search(line))
+        return bool(
+            _LEVEL.search(line) or _PY_WARNING.search(line) or _LLMGW_LINE.search(line) or _ENGINE_CHANGE.search(line)
+        )
 
 
 class Output:
@@ -94,8 +102,9 @@ class Output:
     Without a log file (it could not be opened) the terminal shows everything, as it is the only copy.
     """
 
-    def __init__(self, log_path: Path | None = None, terminal: TextIO | None = None,
-                 errors: TextIO | None = None) -> None:
+    def __init__(
+        self, log_path: Path | None = None, terminal: TextIO | None = None, errors: TextIO | None = None
+    ) -> None:
         self.log_path = log_path
         self._terminal = terminal or sys.stdout
         self._errors = errors or sys.stderr
@@ -198,8 +207,7 @@ class Supervisor:
     def __init__(self, on_line: Callable[[str, str], None] | None = None) -> None:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self._threads: dict[str, threading.Thread] = {}
-        self._on_line = on_line or (lambda name, line: (sys.stdout.write(f"{name:<7}| {line}\n"),
-                                                        sys.stdout.flush()))
+        self._on_line = on_line or (lambda name, line: (sys.stdout.write(f"{name:<7}| {line}\n"), sys.stdout.flush()))
         self._deadlines: dict[str, float] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
@@ -335,8 +343,12 @@ def _running_engines(state_dir: Path) -> int:
         if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
             continue
         stat = read_proc_stat(record["pid"])
-        if stat is not None and not stat.dead and stat.start_ticks == record.get("start_ticks") \
-                and stat.pgrp == record.get("pgid"):
+        if (
+            stat is not None
+            and not stat.dead
+            and stat.start_ticks == record.get("start_ticks")
+            and stat.pgrp == record.get("pgid")
+        ):
             count += 1
     return count
 
@@ -417,8 +429,10 @@ def run(args: argparse.Namespace) -> int:
     password_lines: list[str] = []
     if created is not None:
         user, password = created
-        password_lines = [f"llmgw up: created the first administrator {user.email} with password {password}",
-                          "llmgw up: this password is shown only once; only its hash is kept."]
+        password_lines = [
+            f"llmgw up: created the first administrator {user.email} with password {password}",
+            "llmgw up: this password is shown only once; only its hash is kept.",
+        ]
         output.log(f"created the first administrator {user.email} (its password is shown on the terminal only)")
     call_command("collectstatic", interactive=False, verbosity=0)
     from django.db import connections
@@ -482,15 +496,20 @@ def run(args: argparse.Namespace) -> int:
             if web_waited.is_set() and not started:
                 started = True
                 if web_ready.is_set():
-                    output.say(f"llmgw up: ready at {base_url}/ (API {base_url}/api/v1/, admin "
-                               f"{base_url}/django-admin/)")
+                    output.say(
+                        f"llmgw up: ready at {base_url}/ (API {base_url}/api/v1/, admin {base_url}/django-admin/)"
+                    )
                 else:
-                    output.say(f"llmgw up: web does not answer at {base_url}/healthz after {READY_TIMEOUT_S:g} s; "
-                               f"see {output.log_path or 'its output above'}", error=True)
+                    output.say(
+                        f"llmgw up: web does not answer at {base_url}/healthz after {READY_TIMEOUT_S:g} s; "
+                        f"see {output.log_path or 'its output above'}",
+                        error=True,
+                    )
                 if agent_state is not None:
                     # From the main thread: the kernel ties the agent's life to the thread that starts it.
-                    supervisor.start("agent", [python, "-m", "llmgw", "agent", "--config",
-                                               str(agent_state / "agent.yaml")], env)
+                    supervisor.start(
+                        "agent", [python, "-m", "llmgw", "agent", "--config", str(agent_state / "agent.yaml")], env
+                    )
                 show_password()
             wake.wait(0.5)
             wake.clear()
@@ -505,8 +524,10 @@ def run(args: argparse.Namespace) -> int:
                 if keep_engines:
                     count = _running_engines(agent_state)
                     if count:
-                        output.say(f"llmgw up: left {_plural(count, 'engine')} running (--keep-engines); "
-                                   "the next llmgw up adopts them")
+                        output.say(
+                            f"llmgw up: left {_plural(count, 'engine')} running (--keep-engines); "
+                            "the next llmgw up adopts them"
+                        )
                 else:
                     count = stop_local_engines(agent_state, output)
                     if count:

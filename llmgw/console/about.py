@@ -40,9 +40,13 @@ def proxy_examples() -> list[dict[str, str]]:
 @require_safe
 def about(request: HttpRequest) -> HttpResponse:
     language = manual_language()
-    return render(request, "console/about.html", {
-        "proxies": proxy_examples(),
-        # The repository's home: its file URL without /blob/<branch> (GitHub, Gitea) or /-/blob/ (GitLab).
-        "repository": re.sub(r"(/-)?/(blob|tree|src)/[^/]+$", "", settings.REPOSITORY_URL),
-        "titles": {document.slug: document.title(language) for document in manual()},
-    })
+    return render(
+        request,
+        "console/about.html",
+        {
+            "proxies": proxy_examples(),
+            # The repository's home: its file URL without /blob/<branch> (GitHub, Gitea) or /-/blob/ (GitLab).
+            "repository": re.sub(r"(/-)?/(blob|tree|src)/[^/]+$", "", settings.REPOSITORY_URL),
+            "titles": {document.slug: document.title(language) for document in manual()},
+        },
+    )

@@ -99,6 +99,7 @@ def source_path(slug: str, language: str) -> Path:
 
 # The list ----------------------------------------------------------------------------------------
 
+
 def manual() -> list[Document]:
     index = docs_dir() / "index.yaml"
     return list(_manual(str(index), index.stat().st_mtime_ns))
@@ -119,6 +120,7 @@ def _manual(path: str, mtime_ns: int) -> tuple[Document, ...]:
 
 
 # Rendering ---------------------------------------------------------------------------------------
+
 
 def rewrite_link(href: str, *, folder: str, slugs: set[str] | frozenset[str], repository: str) -> str | None:
     """Where a link in the document at `folder` ("docs" or "docs/tr") should point; None drops it."""
@@ -174,8 +176,9 @@ class _LinkExtension(Extension):
         md.treeprocessors.register(_Links(md, self.folder, self.slugs, self.repository), "llmgw_links", 15)
 
 
-def render_markdown(text: str, *, folder: str, slugs: frozenset[str], repository: str,
-                    permalink_title: str = "Permanent link") -> Rendered:
+def render_markdown(
+    text: str, *, folder: str, slugs: frozenset[str], repository: str, permalink_title: str = "Permanent link"
+) -> Rendered:
     md = markdown.Markdown(
         extensions=[
             _NoRawHtml(),
@@ -184,9 +187,15 @@ def render_markdown(text: str, *, folder: str, slugs: frozenset[str], repository
             "toc",
             _LinkExtension(folder, slugs, repository),
         ],
-        extension_configs={"toc": {"permalink": True, "permalink_class": "headerlink",
-                                   "permalink_title": permalink_title, "slugify": slugify_unicode,
-                                   "toc_depth": "2-3"}},
+        extension_configs={
+            "toc": {
+                "permalink": True,
+                "permalink_class": "headerlink",
+                "permalink_title": permalink_title,
+                "slugify": slugify_unicode,
+                "toc_depth": "2-3",
+            }
+        },
         output_format="html",
     )
     html = md.convert(text)
@@ -194,8 +203,9 @@ def render_markdown(text: str, *, folder: str, slugs: frozenset[str], repository
 
 
 @functools.lru_cache(maxsize=64)
-def _render_file(path: str, mtime_ns: int, folder: str, slugs: frozenset[str], repository: str,
-                 permalink_title: str) -> Rendered:
+def _render_file(
+    path: str, mtime_ns: int, folder: str, slugs: frozenset[str], repository: str, permalink_title: str
+) -> Rendered:
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
     return render_markdown(text, folder=folder, slugs=slugs, repository=repository, permalink_title=permalink_title)
@@ -204,11 +214,11 @@ def _render_file(path: str, mtime_ns: int, folder: str, slugs: frozenset[str], r
 def render_document(slug: str, language: str, slugs: frozenset[str]) -> Rendered:
     path = source_path(slug, language)
     folder = "docs" if language == DEFAULT_LANGUAGE else f"docs/{language}"
-    return _render_file(str(path), path.stat().st_mtime_ns, folder, slugs, settings.REPOSITORY_URL,
-                        _("Permanent link"))
+    return _render_file(str(path), path.stat().st_mtime_ns, folder, slugs, settings.REPOSITORY_URL, _("Permanent link"))
 
 
 # Views -------------------------------------------------------------------------------------------
+
 
 def _signin_first(request: HttpRequest) -> HttpResponse | None:
     if getattr(settings, "DOCS_REQUIRE_SIGNIN", False) and not is_signed_in(request.user):
@@ -217,8 +227,16 @@ def _signin_first(request: HttpRequest) -> HttpResponse | None:
 
 
 def _sidebar(documents: list[Document], language: str, current: str | None) -> list[dict[str, Any]]:
-    return [{"slug": d.slug, "title": d.title(language), "summary": d.summary(language),
-             "url": reverse("docs-page", args=[d.slug]), "current": d.slug == current} for d in documents]
+    return [
+        {
+            "slug": d.slug,
+            "title": d.title(language),
+            "summary": d.summary(language),
+            "url": reverse("docs-page", args=[d.slug]),
+            "current": d.slug == current,
+        }
+        for d in documents
+    ]
 
 
 @public
@@ -229,9 +247,13 @@ def docs_index(request: HttpRequest) -> HttpResponse:
     if refused is not None:
         return refused
     language = manual_language()
-    return render(request, "console/docs_index.html", {
-        "manual": _sidebar(manual(), language, None),
-    })
+    return render(
+        request,
+        "console/docs_index.html",
+        {
+            "manual": _sidebar(manual(), language, None),
+        },
+    )
 
 
 @public
@@ -251,12 +273,16 @@ def docs_page(request: HttpRequest, slug: str) -> HttpResponse:
         return render(request, "console/docs_missing.html", {"manual": sidebar, "slug": slug}, status=404)
     shown = language if source_path(slug, language).is_file() else DEFAULT_LANGUAGE
     page = render_document(slug, shown, frozenset(d.slug for d in documents))
-    return render(request, "console/docs_page.html", {
-        "manual": sidebar,
-        "document": document,
-        "title": document.title(shown),
-        "article": page.html,
-        "toc": page.toc,  # the page's second-level headings, for the sidebar
-        "article_language": shown,
-        "untranslated": shown != language,
-    })
+    return render(
+        request,
+        "console/docs_page.html",
+        {
+            "manual": sidebar,
+            "document": document,
+            "title": document.title(shown),
+            "article": page.html,
+            "toc": page.toc,  # the page's second-level headings, for the sidebar
+            "article_language": shown,
+            "untranslated": shown != language,
+        },
+    )

@@ -26,8 +26,9 @@ def landing(request: HttpRequest) -> HttpResponse:
 def set_language(request: HttpRequest, code: str) -> HttpResponse:
     """Remember the person's language in a cookie and go back where they were."""
     target = request.GET.get("next") or request.META.get("HTTP_REFERER") or "/"
-    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                           require_https=request.is_secure()):
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
         target = "/"
     else:
         parts = urlsplit(target)
@@ -39,4 +40,3 @@ def set_language(request: HttpRequest, code: str) -> HttpResponse:
         # An unknown code falls back to the site default rather than failing.
         response.delete_cookie(settings.LANGUAGE_COOKIE_NAME)
     return response
-

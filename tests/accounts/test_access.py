@@ -79,12 +79,16 @@ PUBLIC_PREFIXES: dict[str, str] = {
 # nothing of the installation's. Everything else is refused to a viewer.
 PERSONAL = {"api-keys", "account", "apikey-list", "apikey-detail", "apikey-revoke", "chat-session-key", "chat-render"}
 
-MODEL_SPEC = {"name": "m2", "replicas": {"min": 0, "max": 1}, "source": "/models/m2.gguf",
-              "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "2GB",
-                            "cpu_cores": 1}]}
+MODEL_SPEC = {
+    "name": "m2",
+    "replicas": {"min": 0, "max": 1},
+    "source": "/models/m2.gguf",
+    "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "2GB", "cpu_cores": 1}],
+}
 
 
 # The objects URLs name ----------------------------------------------------------------------------
+
 
 @dataclass
 class World:
@@ -116,26 +120,54 @@ def world(db: Any) -> World:
         "operator": make_user("operator@example.com", role=StaffRole.OPERATOR),
         "administrator": make_user("admin@example.com", role=StaffRole.ADMIN),
     }
-    keys = {role: services.create_api_key(user, name=f"{role} key", actor=user).key
-            for role, user in users.items() if user is not None}
+    keys = {
+        role: services.create_api_key(user, name=f"{role} key", actor=user).key
+        for role, user in users.items()
+        if user is not None
+    }
     org = Organization.objects.create(name="Acme", slug="acme")
     team = Team.objects.create(organization=org, name="Research", slug="research")
     project = Project.objects.create(team=team, name="Search", slug="search")
-    node = Node.objects.create(name="n1", status=NodeStatus.READY, registered_at=timezone.now(),
-                               hardware={"cpus": 32, "memory_total_bytes": 64 * 1024**3})
+    node = Node.objects.create(
+        name="n1",
+        status=NodeStatus.READY,
+        registered_at=timezone.now(),
+        hardware={"cpus": 32, "memory_total_bytes": 64 * 1024**3},
+    )
     model = Model.objects.create(name="m1", min_replicas=0, max_replicas=1, source="/models/m1.gguf")
-    profile = Profile.objects.create(model=model, name="cpu", engine="llama.cpp", accelerator="cpu",
-                                     memory_bytes=2 * 1024**3, cpu_cores=1)
+    profile = Profile.objects.create(
+        model=model, name="cpu", engine="llama.cpp", accelerator="cpu", memory_bytes=2 * 1024**3, cpu_cores=1
+    )
     replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.PENDING)
     limit = RateLimit.objects.create(organization=org, requests_per_minute=60)
     quota = CapacityQuota.objects.create(organization=org, gpus=8)
     member = users["member"]
-    record = UsageRecord.objects.create(request_id="req_x", user=member, api_key=keys["member"], model="m1",
-                                        endpoint="chat", status=200, prompt_tokens=5, completion_tokens=7)
+    record = UsageRecord.objects.create(
+        request_id="req_x",
+        user=member,
+        api_key=keys["member"],
+        model="m1",
+        endpoint="chat",
+        status=200,
+        prompt_tokens=5,
+        completion_tokens=7,
+    )
     event = AuditEvent.objects.filter(action="api_key.create").first()
     assert event is not None
-    return World(users=users, keys=keys, org=org, team=team, project=project, node=node, model=model,
-                 replica=replica, limit=limit, quota=quota, record=record, event=event)
+    return World(
+        users=users,
+        keys=keys,
+        org=org,
+        team=team,
+        project=project,
+        node=node,
+        model=model,
+        replica=replica,
+        limit=limit,
+        quota=quota,
+        record=record,
+        event=event,
+    )
 
 
 # The matrix: every route, its rule, and how to call it ----------------------------------------------
@@ -198,47 +230,57 @@ MATRIX: dict[str, Route] = {
     "people-members": Route("read_everything"),
     "people-limits": Route("read_everything"),
     "people-usage": Route("read_everything"),
-    "people-member-add": Route("manages_branch", bodies=lambda w: {"POST": {
-        "branch": f"team:{w.team.pk}", "email": "member@example.com", "role": "member"}}),
+    "people-member-add": Route(
+        "manages_branch",
+        bodies=lambda w: {"POST": {"branch": f"team:{w.team.pk}", "email": "member@example.com", "role": "member"}},
+    ),
     "people-member-remove": Route("manages_branch", org_membership),
-    "people-user-suspend": Route("administrator", member_user,
-                                 bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}"}}),
+    "people-user-suspend": Route(
+        "administrator", member_user, bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}"}}
+    ),
     "people-user-reactivate": Route("administrator", member_user),
     "people-team-add": Route("administrator", bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}", "name": "Ops"}}),
-    "people-project-add": Route("administrator",
-                                bodies=lambda w: {"POST": {"branch": f"team:{w.team.pk}", "name": "Chat"}}),
+    "people-project-add": Route(
+        "administrator", bodies=lambda w: {"POST": {"branch": f"team:{w.team.pk}", "name": "Chat"}}
+    ),
     "people-organization-add": Route("administrator", bodies=lambda w: {"POST": {"name": "Globex"}}),
-    "people-branch-rename": Route("administrator", bodies=lambda w: {"POST": {
-        "branch": f"team:{w.team.pk}", "name": "Research and Development"}}),
+    "people-branch-rename": Route(
+        "administrator", bodies=lambda w: {"POST": {"branch": f"team:{w.team.pk}", "name": "Research and Development"}}
+    ),
     # The project has no members, models or keys, so an administrator's removal goes through.
-    "people-branch-remove": Route("administrator",
-                                  bodies=lambda w: {"POST": {"branch": f"project:{w.project.pk}"}}),
-    "people-rate-limit": Route("change_limits", bodies=lambda w: {"POST": {
-        "branch": f"org:{w.org.pk}", "requests_per_minute": "30"}}),
-    "people-capacity-quota": Route("change_limits",
-                                   bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}", "gpus": "4"}}),
+    "people-branch-remove": Route("administrator", bodies=lambda w: {"POST": {"branch": f"project:{w.project.pk}"}}),
+    "people-rate-limit": Route(
+        "change_limits", bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}", "requests_per_minute": "30"}}
+    ),
+    "people-capacity-quota": Route(
+        "change_limits", bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}", "gpus": "4"}}
+    ),
     "org": Route("manages_branch"),
     "org-limits": Route("manages_branch"),
     "org-usage": Route("manages_branch"),
     "cluster:nodes": Route("read_everything"),
-    "cluster:node-add": Route("change_cluster",
-                              bodies=lambda w: {"POST": {"name": "n2", "labels": "", "expires_hours": "1"}}),
+    "cluster:node-add": Route(
+        "change_cluster", bodies=lambda w: {"POST": {"name": "n2", "labels": "", "expires_hours": "1"}}
+    ),
     "cluster:node": Route("read_everything", node),
     "cluster:node-cordon": Route("change_cluster", node, bodies=lambda w: {"POST": {"reason": "fan"}}),
     "cluster:node-uncordon": Route("change_cluster", node),
     "cluster:node-drain": Route("change_cluster", node),
     "catalog:models": Route("read_everything"),
-    "catalog:model-apply": Route("change_cluster", bodies=lambda w: {"POST": {
-        "spec": "models:\n  - " + json.dumps(MODEL_SPEC)}}),
+    "catalog:model-apply": Route(
+        "change_cluster", bodies=lambda w: {"POST": {"spec": "models:\n  - " + json.dumps(MODEL_SPEC)}}
+    ),
     "catalog:model": Route("read_everything", model),
     "catalog:model-explain": Route("read_everything", model),
-    "catalog:model-target": Route("change_cluster", model,
-                                  bodies=lambda w: {"POST": {"min_replicas": "0", "max_replicas": "2"}}),
+    "catalog:model-target": Route(
+        "change_cluster", model, bodies=lambda w: {"POST": {"min_replicas": "0", "max_replicas": "2"}}
+    ),
     "catalog:model-class": Route("change_cluster", model, bodies=lambda w: {"POST": {"capacity_class": "critical"}}),
     "catalog:model-delete": Route("change_cluster", model),
     "catalog:model-owner": Route("change_cluster", model, bodies=lambda w: {"POST": {"owner": ""}}),
-    "catalog:model-resources": Route("change_cluster", model, bodies=lambda w: {"POST": {
-        "profile": "cpu", "memory": "3GB", "cpu_cores": "2"}}),
+    "catalog:model-resources": Route(
+        "change_cluster", model, bodies=lambda w: {"POST": {"profile": "cpu", "memory": "3GB", "cpu_cores": "2"}}
+    ),
     # The API
     "api-root": Route(("signed_in", "signed_in")),
     "api-me": Route(("signed_in", "signed_in")),
@@ -251,11 +293,13 @@ MATRIX: dict[str, Route] = {
     "apikey-revoke": Route(("signed_in", "signed_in"), own_key),
     "organization-list": Route(("read_everything", "administrator"), bodies=lambda w: {"POST": {"name": "Globex"}}),
     "organization-detail": Route(("read_everything", "administrator"), pk_of("org")),
-    "team-list": Route(("read_everything", "administrator"),
-                       bodies=lambda w: {"POST": {"organization": w.org.pk, "name": "Ops"}}),
+    "team-list": Route(
+        ("read_everything", "administrator"), bodies=lambda w: {"POST": {"organization": w.org.pk, "name": "Ops"}}
+    ),
     "team-detail": Route(("read_everything", "administrator"), pk_of("team")),
-    "project-list": Route(("read_everything", "administrator"),
-                          bodies=lambda w: {"POST": {"team": w.team.pk, "name": "Chat"}}),
+    "project-list": Route(
+        ("read_everything", "administrator"), bodies=lambda w: {"POST": {"team": w.team.pk, "name": "Chat"}}
+    ),
     "project-detail": Route(("read_everything", "administrator"), pk_of("project")),
     "node-list": Route(("read_everything", "change_cluster")),
     "node-detail": Route(("read_everything", "change_cluster"), node),
@@ -267,28 +311,39 @@ MATRIX: dict[str, Route] = {
     "model-apply": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"models": [MODEL_SPEC]}}),
     "model-detail": Route(("read_everything", "change_cluster"), model),
     "model-target": Route(("read_everything", "change_cluster"), model, bodies=lambda w: {"POST": {"max": 2}}),
-    "model-resources": Route(("read_everything", "change_cluster"), model,
-                             bodies=lambda w: {"POST": {"memory": "3GB"}}),
-    "model-capacity-class": Route(("read_everything", "change_cluster"), model,
-                                  bodies=lambda w: {"POST": {"capacity_class": "critical"}}),
+    "model-resources": Route(
+        ("read_everything", "change_cluster"), model, bodies=lambda w: {"POST": {"memory": "3GB"}}
+    ),
+    "model-capacity-class": Route(
+        ("read_everything", "change_cluster"), model, bodies=lambda w: {"POST": {"capacity_class": "critical"}}
+    ),
     "model-explain": Route(("read_everything", "change_cluster"), model),
     "model-headroom": Route(("read_everything", "change_cluster"), model),
     "replica-list": Route(("read_everything", "change_cluster")),
     "replica-detail": Route(("read_everything", "change_cluster"), pk_of("replica")),
-    "ratelimit-list": Route(("read_everything", "change_limits"),
-                            bodies=lambda w: {"POST": {"team": w.team.pk, "requests_per_minute": 5}}),
-    "ratelimit-detail": Route(("read_everything", "change_limits"), pk_of("limit"), bodies=lambda w: {
-        "PUT": {"requests_per_minute": 7}, "PATCH": {"tokens_per_day": 1000}, "DELETE": {}}),
-    "capacityquota-list": Route(("read_everything", "change_limits"),
-                                bodies=lambda w: {"POST": {"team": w.team.pk, "gpus": 2}}),
-    "capacityquota-detail": Route(("read_everything", "change_limits"), pk_of("quota"), bodies=lambda w: {
-        "PUT": {"gpus": 4}, "PATCH": {"replicas": 3}, "DELETE": {}}),
+    "ratelimit-list": Route(
+        ("read_everything", "change_limits"), bodies=lambda w: {"POST": {"team": w.team.pk, "requests_per_minute": 5}}
+    ),
+    "ratelimit-detail": Route(
+        ("read_everything", "change_limits"),
+        pk_of("limit"),
+        bodies=lambda w: {"PUT": {"requests_per_minute": 7}, "PATCH": {"tokens_per_day": 1000}, "DELETE": {}},
+    ),
+    "capacityquota-list": Route(
+        ("read_everything", "change_limits"), bodies=lambda w: {"POST": {"team": w.team.pk, "gpus": 2}}
+    ),
+    "capacityquota-detail": Route(
+        ("read_everything", "change_limits"),
+        pk_of("quota"),
+        bodies=lambda w: {"PUT": {"gpus": 4}, "PATCH": {"replicas": 3}, "DELETE": {}},
+    ),
     "audit-list": Route(("read_everything", "nobody")),
     "audit-detail": Route(("read_everything", "nobody"), pk_of("event")),
 }
 
 
 # Reading the declarations ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Declared:
@@ -336,8 +391,14 @@ def declaration(route: str, name: str, pattern: URLPattern) -> Declared:
         if permissions == [AllowAny]:
             return Declared(route, name, True, "public", methods)
         if len(permissions) != 1 or not issubclass(permissions[0], access.RulePermission):
-            return Declared(route, name, True, None, methods,
-                            f"permission_classes {permissions} is not one class from apps.accounts.access")
+            return Declared(
+                route,
+                name,
+                True,
+                None,
+                methods,
+                f"permission_classes {permissions} is not one class from apps.accounts.access",
+            )
         return Declared(route, name, True, (permissions[0].read_rule, permissions[0].write_rule), methods)
     rule = getattr(callback, "access_rule", None)
     methods = tuple(getattr(callback, "access_methods", ()))
@@ -412,6 +473,7 @@ def test_an_undeclared_view_is_named() -> None:
 
 # Trying each role ------------------------------------------------------------------------------
 
+
 def _refused(response: Any) -> bool:
     if response.status_code in (401, 403, 404):
         return True
@@ -427,13 +489,13 @@ def _request(client: Client, method: str, url: str, body: dict[str, Any] | None,
     with transaction.atomic():
         if api:
             data = json.dumps(body) if body is not None else None
-            response = client.generic(method, url, data or "", content_type="application/json",
-                                      HTTP_ACCEPT="application/json")
+            response = client.generic(
+                method, url, data or "", content_type="application/json", HTTP_ACCEPT="application/json"
+            )
         elif method == "GET":
             response = client.get(url)
         else:
-            response = client.generic(method, url, _form(body or {}),
-                                      content_type="application/x-www-form-urlencoded")
+            response = client.generic(method, url, _form(body or {}), content_type="application/x-www-form-urlencoded")
         transaction.set_rollback(True)
     return response
 
@@ -495,8 +557,9 @@ def test_a_viewer_changes_nothing_anywhere(world: World) -> None:
                 if item.api:
                     response = client.generic(method, url, json.dumps(body or {}), content_type="application/json")
                 else:
-                    response = client.generic(method, url, _form(body or {}),
-                                              content_type="application/x-www-form-urlencoded")
+                    response = client.generic(
+                        method, url, _form(body or {}), content_type="application/x-www-form-urlencoded"
+                    )
             if response.status_code not in (403, 404, 405):
                 changed.append(f"{method} {url}: {response.status_code}")
     assert changed == []
@@ -522,6 +585,7 @@ def test_nobody_reads_another_persons_key(world: World) -> None:
 
 # `llmgw ctl` goes through the same API ------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 def test_ctl_as_a_viewer_changes_nothing(live_server: Any, capsys: Any, monkeypatch: Any, tmp_path: Any) -> None:
     from llmgw.cli import main
@@ -533,9 +597,11 @@ def test_ctl_as_a_viewer_changes_nothing(live_server: Any, capsys: Any, monkeypa
     Model.objects.create(name="m1", min_replicas=0, max_replicas=1, source="/models/m1.gguf")
     org = Organization.objects.create(name="Acme", slug="acme")
     base = ["ctl", "--server", live_server.url, "--key", secret]
-    for command in (["node", "cordon", "n1", "--reason", "fan"],
-                    ["model", "target", "m1", "--min", "1"],
-                    ["limits", "create", "--org", str(org.pk), "--rpm", "10"]):
+    for command in (
+        ["node", "cordon", "n1", "--reason", "fan"],
+        ["model", "target", "m1", "--min", "1"],
+        ["limits", "create", "--org", str(org.pk), "--rpm", "10"],
+    ):
         assert main([*base, *command]) == 1, command
         assert "error 403" in capsys.readouterr().err, command
     # Reading is allowed.

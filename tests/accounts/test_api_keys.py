@@ -38,8 +38,12 @@ def test_me_answers_with_a_bearer_key(api, bob, key_for) -> None:
 
 @pytest.mark.parametrize(
     ("state", "reason"),
-    [("wrong", "Invalid API key."), ("revoked", "API key revoked."), ("expired", "API key expired."),
-     ("foreign", "Not an llmgw API key.")],
+    [
+        ("wrong", "Invalid API key."),
+        ("revoked", "API key revoked."),
+        ("expired", "API key expired."),
+        ("foreign", "Not an llmgw API key."),
+    ],
 )
 def test_a_bad_key_is_refused_with_a_json_reason(api, bob, key_for, state: str, reason: str) -> None:
     secret = key_for(bob)

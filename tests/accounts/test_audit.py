@@ -32,8 +32,9 @@ def events(alice: User, oscar: User) -> dict[str, AuditEvent]:
     n1 = Node.objects.create(name="n1", status=NodeStatus.READY)
     n2 = Node.objects.create(name="n2", status=NodeStatus.READY)
     made = {
-        "cordon": audit.record(oscar, "node.cordon", n1, changes={"cordoned": [False, True], "reason": ["", "fan"]},
-                               address="10.0.0.7"),
+        "cordon": audit.record(
+            oscar, "node.cordon", n1, changes={"cordoned": [False, True], "reason": ["", "fan"]}, address="10.0.0.7"
+        ),
         "uncordon": audit.record(oscar, "node.uncordon", n2, changes={"cordoned": [True, False]}),
         "key": audit.record(alice, "api_key.create", alice, owner=alice.email),
         "register": audit.record(None, "node.register", n2),
@@ -56,16 +57,20 @@ def api_ids(client: Client, query: str = "") -> list[int]:
 
 # Filters --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("query", "expected"), [
-    ("", ["register", "key", "uncordon", "cordon"]),
-    ("?actor=OSCAR", ["uncordon", "cordon"]),
-    ("?actor=system", ["register"]),
-    ("?action=node.cordon", ["cordon"]),
-    ("?target_type=cluster.node", ["register", "uncordon", "cordon"]),
-    ("?target_type=cluster.node&target=n2", ["register", "uncordon"]),
-    ("?target=alice@", ["key"]),
-    ("?actor=oscar&action=node.uncordon", ["uncordon"]),
-])
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", ["register", "key", "uncordon", "cordon"]),
+        ("?actor=OSCAR", ["uncordon", "cordon"]),
+        ("?actor=system", ["register"]),
+        ("?action=node.cordon", ["cordon"]),
+        ("?target_type=cluster.node", ["register", "uncordon", "cordon"]),
+        ("?target_type=cluster.node&target=n2", ["register", "uncordon"]),
+        ("?target=alice@", ["key"]),
+        ("?actor=oscar&action=node.uncordon", ["uncordon"]),
+    ],
+)
 def test_the_filters_narrow_the_page_and_the_api(client: Client, viola, events, query, expected) -> None:
     client.force_login(viola)
     want = [events[name].pk for name in expected]
@@ -96,7 +101,11 @@ def test_the_action_filter_offers_the_actions_the_log_holds(client: Client, viol
     select = re.search(r'<select name="action".*?</select>', page, re.S)
     assert select is not None
     assert re.findall(r'<option value="([^"]+)"', select.group(0)) == [
-        "api_key.create", "node.cordon", "node.register", "node.uncordon"]
+        "api_key.create",
+        "node.cordon",
+        "node.register",
+        "node.uncordon",
+    ]
 
 
 def test_a_backwards_range_is_refused(client: Client, viola, events) -> None:
@@ -126,11 +135,13 @@ def test_the_page_shows_50_at_a_time_and_keeps_the_filters(client: Client, viola
 
 # What one event shows --------------------------------------------------------------------------------
 
+
 def test_an_operators_cordon_through_the_api_is_in_the_log(client: Client, oscar, viola) -> None:
     node = Node.objects.create(name="gpu7", status=NodeStatus.READY)
     client.force_login(oscar)
-    response = client.post("/api/v1/nodes/gpu7/cordon", {"reason": "fan noise"}, content_type="application/json",
-                           REMOTE_ADDR="192.0.2.10")
+    response = client.post(
+        "/api/v1/nodes/gpu7/cordon", {"reason": "fan noise"}, content_type="application/json", REMOTE_ADDR="192.0.2.10"
+    )
     assert response.status_code == 200
     client.force_login(viola)
     [event] = client.get("/api/v1/audit?action=node.cordon").json()["results"]
@@ -160,11 +171,16 @@ def test_long_changes_are_clipped_with_the_whole_on_hover(client: Client, viola,
 
 def test_change_lines_read_diffs_and_plain_values() -> None:
     assert audit.change_lines({"min_replicas": [0, 2], "reason": "fan", "owner": None, "on": [True, False]}) == [
-        "min_replicas: 0 → 2", "on: true → false", "owner: -", "reason: fan"]  # by field, on any database
+        "min_replicas: 0 → 2",
+        "on: true → false",
+        "owner: -",
+        "reason: fan",
+    ]  # by field, on any database
     assert audit.change_lines({}) == []
 
 
 # Who may read it, and that nobody may change it ---------------------------------------------------
+
 
 def test_a_viewer_sees_the_page_but_no_form_that_changes_anything(client: Client, viola, events) -> None:
     client.force_login(viola)
@@ -187,8 +203,7 @@ def test_people_without_a_staff_role_are_refused(client: Client, bob, events) ->
 
 
 @pytest.mark.parametrize("method", ["put", "patch", "delete", "post"])
-def test_nobody_changes_or_deletes_an_event_through_the_api(client: Client, alice, viola, events,
-                                                            method: str) -> None:
+def test_nobody_changes_or_deletes_an_event_through_the_api(client: Client, alice, viola, events, method: str) -> None:
     event = events["cordon"]
     for user in (alice, viola):
         client.force_login(user)

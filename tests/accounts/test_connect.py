@@ -50,8 +50,9 @@ def script(client: Client, tool: str, model: str | None = None) -> str:
     return response.content.decode()
 
 
-def run(text: str, home: Path, key: str | None = KEY, awk: str | None = None,
-        **env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    text: str, home: Path, key: str | None = KEY, awk: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
     """Run a script as `… | LLMGW_API_KEY=key sh` would, in and with HOME pointing at `home`."""
     path = os.environ["PATH"]
     if awk is not None:
@@ -65,8 +66,9 @@ def run(text: str, home: Path, key: str | None = KEY, awk: str | None = None,
     environment = {"PATH": path, "HOME": str(home), **env}
     if key is not None:
         environment["LLMGW_API_KEY"] = key
-    return subprocess.run(["sh", "-s"], input=text, env=environment, cwd=home, capture_output=True, text=True,
-                          timeout=30, check=False)
+    return subprocess.run(
+        ["sh", "-s"], input=text, env=environment, cwd=home, capture_output=True, text=True, timeout=30, check=False
+    )
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -77,8 +79,9 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("tool", ["continue", "codex", "cline"])
-def test_the_account_page_makes_a_key_for_each_tool_with_the_server_and_model(client: Client, bob, models,
-                                                                               tool: str) -> None:
+def test_the_account_page_makes_a_key_for_each_tool_with_the_server_and_model(
+    client: Client, bob, models, tool: str
+) -> None:
     client.force_login(bob)
     response = client.post("/account/", {"tool": tool, "model": "qwen3-32b"})
     assert response.status_code == 200
@@ -92,7 +95,7 @@ def test_the_account_page_makes_a_key_for_each_tool_with_the_server_and_model(cl
     shown = re.search(r'data-connection="(\w+)"(.*?)</section>', page, re.S)
     assert shown and shown.group(1) == tool
     block = shown.group(2)
-    secret = re.search(r'data-secret>(llmgw_[^<]+)<', block).group(1)
+    secret = re.search(r"data-secret>(llmgw_[^<]+)<", block).group(1)
     assert key.prefix == secret[: len(key.prefix)]
     assert f"{SERVER}/v1" in block
     assert "qwen3-32b" in block
@@ -101,12 +104,12 @@ def test_the_account_page_makes_a_key_for_each_tool_with_the_server_and_model(cl
         assert f"LLMGW_API_KEY={secret}" in block
     elif tool == "codex":
         assert "[model_providers.llmgw]" in block
-        assert 'wire_api = &quot;responses&quot;' in block
+        assert "wire_api = &quot;responses&quot;" in block
         assert "~/.codex/llmgw.config.toml" in block
         assert "codex --profile llmgw" in block
     else:
         assert "OpenAI Compatible" in block
-        assert f"<code id=\"cline-field-3\">{secret}</code>" in block
+        assert f'<code id="cline-field-3">{secret}</code>' in block
     if tool in editors.SCRIPT_TOOLS:
         command = re.search(r"data-command>(.*?)</pre>", block, re.S).group(1)
         assert command.startswith(f"curl -fsSL &#x27;{SERVER}/connect/{tool}.sh?model=qwen3-32b&#x27; | ")
@@ -138,20 +141,24 @@ def test_the_first_model_is_chosen_until_the_person_picks_another(client: Client
     assert page.count('<option value="qwen3-32b" selected>') == 3
 
 
-def test_without_a_public_url_the_address_is_the_one_the_browser_used(client: Client, bob, models,
-                                                                     settings: Any) -> None:
+def test_without_a_public_url_the_address_is_the_one_the_browser_used(
+    client: Client, bob, models, settings: Any
+) -> None:
     settings.PUBLIC_URL = ""
     client.force_login(bob)
     page = client.post("/account/", {"tool": "cline", "model": "qwen3-32b"}).content.decode()
-    assert "<code id=\"cline-field-2\">http://testserver/v1</code>" in page
-    assert "base_url = \"http://testserver/v1\"" in Client().get("/connect/codex.sh").content.decode()
+    assert '<code id="cline-field-2">http://testserver/v1</code>' in page
+    assert 'base_url = "http://testserver/v1"' in Client().get("/connect/codex.sh").content.decode()
 
 
-@pytest.mark.parametrize("data", [
-    {"tool": "continue", "model": "no-such-model"},
-    {"tool": "continue", "model": ""},
-    {"tool": "emacs", "model": "qwen3-32b"},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"tool": "continue", "model": "no-such-model"},
+        {"tool": "continue", "model": ""},
+        {"tool": "emacs", "model": "qwen3-32b"},
+    ],
+)
 def test_a_bad_choice_makes_no_key(client: Client, bob, models, data: dict[str, str]) -> None:
     client.force_login(bob)
     response = client.post("/account/", data)
@@ -181,8 +188,9 @@ def test_the_account_page_is_for_people_who_signed_in(client: Client, models) ->
 
 
 @pytest.mark.parametrize("tool", editors.SCRIPT_TOOLS)
-def test_a_script_is_served_without_a_session_and_holds_no_secret(client: Client, bob, models, key_for,
-                                                                  tool: str) -> None:
+def test_a_script_is_served_without_a_session_and_holds_no_secret(
+    client: Client, bob, models, key_for, tool: str
+) -> None:
     secret = key_for(bob)
     response = client.get(f"/connect/{tool}.sh", {"model": "qwen3-32b"})
     assert response.status_code == 200
@@ -196,12 +204,15 @@ def test_a_script_is_served_without_a_session_and_holds_no_secret(client: Client
     assert "set -eu" in text
 
 
-@pytest.mark.parametrize(("path", "status"), [
-    ("/connect/codex.sh?model=no-such-model", 404),
-    ("/connect/continue.sh?model=qwen3-32b%0Aecho", 404),
-    ("/connect/cline.sh", 404),
-    ("/connect/bash.sh", 404),
-])
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/connect/codex.sh?model=no-such-model", 404),
+        ("/connect/continue.sh?model=qwen3-32b%0Aecho", 404),
+        ("/connect/cline.sh", 404),
+        ("/connect/bash.sh", 404),
+    ],
+)
 def test_a_script_for_an_unknown_model_or_tool_is_not_found(client: Client, models, path: str, status: int) -> None:
     assert client.get(path).status_code == status
 
@@ -214,21 +225,25 @@ def test_a_script_is_only_read(client: Client, models) -> None:
     assert client.post("/connect/codex.sh").status_code == 405
 
 
-def test_a_translation_is_only_ever_text_to_the_shell(client: Client, models, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    hostile = "LLMGW_API_KEY'ı boş: \"$(touch pwned)\" `touch pwned` $HOME \\ %(account)s"
+def test_a_translation_is_only_ever_text_to_the_shell(
+    client: Client, models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hostile = 'LLMGW_API_KEY\'ı boş: "$(touch pwned)" `touch pwned` $HOME \\ %(account)s'
     monkeypatch.setattr(editors, "_", lambda message: hostile if message == editors.NO_KEY else message)
     home = tmp_path / "home"
     home.mkdir()
     completed = run(script(client, "codex"), home, key="")
     assert completed.returncode != 0
-    assert "LLMGW_API_KEY'ı boş: \"$(touch pwned)\" `touch pwned` $HOME \\ https://llm.example.com/account/" \
+    assert (
+        'LLMGW_API_KEY\'ı boş: "$(touch pwned)" `touch pwned` $HOME \\ https://llm.example.com/account/'
         in completed.stderr
+    )
     assert not list(tmp_path.rglob("pwned"))
 
 
-def test_a_translation_with_a_wrong_placeholder_falls_back_to_english(client: Client, models, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_translation_with_a_wrong_placeholder_falls_back_to_english(
+    client: Client, models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(editors, "_", lambda message: "%(nope)s" if message == editors.NO_KEY else message)
     completed = run(script(client, "continue"), tmp_path, key="")
     assert "LLMGW_API_KEY is empty, so nothing was changed." in completed.stderr
@@ -237,8 +252,7 @@ def test_a_translation_with_a_wrong_placeholder_falls_back_to_english(client: Cl
 # Running the Continue script --------------------------------------------------------------
 
 
-def test_continue_writes_its_own_assistant_and_leaves_config_yaml_alone(client: Client, models,
-                                                                         tmp_path: Path) -> None:
+def test_continue_writes_its_own_assistant_and_leaves_config_yaml_alone(client: Client, models, tmp_path: Path) -> None:
     home = tmp_path / "home"
     continue_dir = home / ".continue"
     (continue_dir / "assistants").mkdir(parents=True)
@@ -333,13 +347,15 @@ name = "Not ours"
 base_url = "https://llmgw2.example/v1"
 """
 # The lines the script must keep, in order: everything but the old llmgw tables.
-CODEX_KEPT = [line for index, line in enumerate(CODEX_CONFIG.splitlines())
-              if not (10 <= index <= 17 or 25 <= index <= 28)]
+CODEX_KEPT = [
+    line for index, line in enumerate(CODEX_CONFIG.splitlines()) if not (10 <= index <= 17 or 25 <= index <= 28)
+]
 
 
 @pytest.mark.parametrize("awk", ["gawk", "mawk"])
-def test_codex_replaces_only_the_llmgw_tables_and_keeps_the_default_model(client: Client, models,
-                                                                          tmp_path: Path, awk: str) -> None:
+def test_codex_replaces_only_the_llmgw_tables_and_keeps_the_default_model(
+    client: Client, models, tmp_path: Path, awk: str
+) -> None:
     if shutil.which(awk) is None:
         pytest.skip(f"{awk} is not installed")
     assert CODEX_KEPT[10] == "[mcp_servers.docs]" and CODEX_KEPT[15] == "]"
@@ -367,8 +383,12 @@ def test_codex_replaces_only_the_llmgw_tables_and_keeps_the_default_model(client
     config = tomllib.loads(text)
     assert config["model"] == "o3"
     provider = config["model_providers"]["llmgw"]
-    assert provider == {"name": "llmgw", "base_url": f"{SERVER}/v1", "env_key": "LLMGW_API_KEY",
-                        "wire_api": "responses"}
+    assert provider == {
+        "name": "llmgw",
+        "base_url": f"{SERVER}/v1",
+        "env_key": "LLMGW_API_KEY",
+        "wire_api": "responses",
+    }
     assert config["model_providers"]["openrouter"]["env_key"] == "OPENROUTER_API_KEY"
     assert config["model_providers"]["llmgw2"]["name"] == "Not ours"
     assert config["profiles"] == {"llmgw2": {"model": "keep-me"}}
@@ -392,8 +412,11 @@ def test_codex_starts_a_config_when_there_is_none(client: Client, models, tmp_pa
     completed = run(script(client, "codex", "qwen3-32b"), home)
     assert completed.returncode == 0, completed.stderr
     config = tomllib.loads((home / ".codex" / "config.toml").read_text())
-    assert config == {"model_providers": {"llmgw": {"name": "llmgw", "base_url": f"{SERVER}/v1",
-                                                    "env_key": "LLMGW_API_KEY", "wire_api": "responses"}}}
+    assert config == {
+        "model_providers": {
+            "llmgw": {"name": "llmgw", "base_url": f"{SERVER}/v1", "env_key": "LLMGW_API_KEY", "wire_api": "responses"}
+        }
+    }
     assert sorted(snapshot(home)) == [".codex/config.toml", ".codex/llmgw.config.toml"]
 
 
@@ -434,14 +457,18 @@ def test_codex_follows_codex_home(client: Client, models, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("tool", editors.SCRIPT_TOOLS)
-@pytest.mark.parametrize(("key", "says"), [
-    (None, "LLMGW_API_KEY is empty"),
-    ("", "LLMGW_API_KEY is empty"),
-    ("sk-not-ours", "does not look like an llmgw key"),
-    ("llmgw_abc\nEVIL=1", "characters no llmgw key has"),
-])
-def test_a_missing_or_odd_key_changes_nothing(client: Client, models, tmp_path: Path, tool: str,
-                                              key: str | None, says: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        (None, "LLMGW_API_KEY is empty"),
+        ("", "LLMGW_API_KEY is empty"),
+        ("sk-not-ours", "does not look like an llmgw key"),
+        ("llmgw_abc\nEVIL=1", "characters no llmgw key has"),
+    ],
+)
+def test_a_missing_or_odd_key_changes_nothing(
+    client: Client, models, tmp_path: Path, tool: str, key: str | None, says: str
+) -> None:
     home = tmp_path / "home"
     (home / ".continue" / "assistants").mkdir(parents=True)
     (home / ".continue" / "assistants" / "llmgw.yaml").write_text("name: old\n")

@@ -50,8 +50,9 @@ def test_it_creates_a_key_for_a_project_and_some_models_and_shows_it_once(client
     project = make_project()
     join(bob, project)
     client.force_login(bob)
-    response = client.post(PAGE, {"name": "ci", "project": project.pk, "expires": "90",
-                                  "allowed_models": ["qwen3-32b", "gemma-3-27b"]})
+    response = client.post(
+        PAGE, {"name": "ci", "project": project.pk, "expires": "90", "allowed_models": ["qwen3-32b", "gemma-3-27b"]}
+    )
     assert response.status_code == 200
     secret = new_secret(response)
     key = ApiKey.objects.get(user=bob)
@@ -130,16 +131,18 @@ def test_an_administrator_may_pick_any_project(client: Client, alice) -> None:
     assert ApiKey.objects.get(user=alice).project == project
 
 
-@pytest.mark.parametrize(("data", "field"), [
-    ({"name": "   ", "expires": "30"}, "name"),
-    ({"name": "x" * 201, "expires": "30"}, "name"),
-    ({"name": "ci", "expires": "12"}, "expires"),
-    ({"name": "ci", "expires": "30", "allowed_models": ["qwen3-32b", "no-such-model"]}, "allowed_models"),
-    ({"name": "ci", "expires": "30", "project": "not-a-number"}, "project"),
-    ({"name": "ci", "expires": "30", "project": "999999"}, "project"),
-])
-def test_a_bad_form_says_why_and_writes_nothing(client: Client, bob, models, data: dict[str, Any],
-                                                 field: str) -> None:
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"name": "   ", "expires": "30"}, "name"),
+        ({"name": "x" * 201, "expires": "30"}, "name"),
+        ({"name": "ci", "expires": "12"}, "expires"),
+        ({"name": "ci", "expires": "30", "allowed_models": ["qwen3-32b", "no-such-model"]}, "allowed_models"),
+        ({"name": "ci", "expires": "30", "project": "not-a-number"}, "project"),
+        ({"name": "ci", "expires": "30", "project": "999999"}, "project"),
+    ],
+)
+def test_a_bad_form_says_why_and_writes_nothing(client: Client, bob, models, data: dict[str, Any], field: str) -> None:
     client.force_login(bob)
     response = client.post(PAGE, data)
     assert response.status_code == 200

@@ -64,6 +64,7 @@ def role_map() -> RoleMap:
 
 # The mapping, without a database -----------------------------------------------------------------
 
+
 def test_the_highest_mapped_role_wins() -> None:
     roles = role_map()
     assert roles.staff_role_for({"llm-viewers", "llm-ops", "unrelated"}) == "operator"
@@ -85,10 +86,17 @@ def test_groups_give_places_and_the_higher_role_wins_in_one_place() -> None:
 
 
 def test_a_group_may_give_several_places() -> None:
-    roles = parse_role_map({"memberships": {"everyone": [
-        {"organization": "acme", "team": "vision"},
-        {"organization": "acme", "team": "vision", "project": "detector", "role": "manager"},
-    ]}}, source="test")
+    roles = parse_role_map(
+        {
+            "memberships": {
+                "everyone": [
+                    {"organization": "acme", "team": "vision"},
+                    {"organization": "acme", "team": "vision", "project": "detector", "role": "manager"},
+                ]
+            }
+        },
+        source="test",
+    )
     assert roles.memberships_for(["everyone"]) == {
         MembershipTarget("acme", "vision"): "member",
         MembershipTarget("acme", "vision", "detector"): "manager",
@@ -100,17 +108,20 @@ def test_the_mapping_knows_every_role_the_models_do() -> None:
     assert set(MEMBERSHIP_ROLES) == {role.value for role in MembershipRole}
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"roles": {"llm-admins": "root"}}, "roles.llm-admins: expected one of admin, operator, billing, viewer"),
-    ({"role": {}}, "unknown key 'role'"),
-    ({"roles": ["llm-admins"]}, "roles: expected a mapping"),
-    ({"memberships": {"g": {"team": "vision"}}}, "memberships.g: organization is required"),
-    ({"memberships": {"g": {"organization": "acme", "project": "p"}}}, "memberships.g: a project needs its team"),
-    ({"memberships": {"g": {"organization": "acme", "role": "owner"}}}, "memberships.g.role: expected one of"),
-    ({"memberships": {"g": {"organization": "acme", "tema": "x"}}}, "unknown key 'tema'"),
-    ({"memberships": {"g": [{"organization": ""}]}}, "memberships.g[0].organization: expected a non-empty text"),
-    ([1, 2], "expected a mapping with roles and memberships"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"roles": {"llm-admins": "root"}}, "roles.llm-admins: expected one of admin, operator, billing, viewer"),
+        ({"role": {}}, "unknown key 'role'"),
+        ({"roles": ["llm-admins"]}, "roles: expected a mapping"),
+        ({"memberships": {"g": {"team": "vision"}}}, "memberships.g: organization is required"),
+        ({"memberships": {"g": {"organization": "acme", "project": "p"}}}, "memberships.g: a project needs its team"),
+        ({"memberships": {"g": {"organization": "acme", "role": "owner"}}}, "memberships.g.role: expected one of"),
+        ({"memberships": {"g": {"organization": "acme", "tema": "x"}}}, "unknown key 'tema'"),
+        ({"memberships": {"g": [{"organization": ""}]}}, "memberships.g[0].organization: expected a non-empty text"),
+        ([1, 2], "expected a mapping with roles and memberships"),
+    ],
+)
 def test_a_malformed_mapping_is_refused_naming_where(data: Any, message: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
         parse_role_map(data, source="LLMGW_OIDC_ROLE_MAP")
@@ -140,15 +151,24 @@ def test_a_bad_mapping_variable_is_named(tmp_path: Path) -> None:
 
 def test_a_malformed_mapping_stops_start_up(tmp_path: Path) -> None:
     env = {**os.environ, "LLMGW_DATA_DIR": str(tmp_path), "LLMGW_OIDC_ROLE_MAP": '{"roles": {"ops": "root"}}'}
-    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0
     assert "ImproperlyConfigured: LLMGW_OIDC_ROLE_MAP: roles.ops: expected one of" in result.stderr
 
 
 def test_claims_give_a_lower_case_email_a_name_and_groups() -> None:
-    identity = identity_from_claims({"email": " Ada@Example.COM ", "given_name": "Ada", "family_name": "Lovelace",
-                                     "roles": ["llm-ops", "x"], "email_verified": "false"}, groups_claim="roles")
+    identity = identity_from_claims(
+        {
+            "email": " Ada@Example.COM ",
+            "given_name": "Ada",
+            "family_name": "Lovelace",
+            "roles": ["llm-ops", "x"],
+            "email_verified": "false",
+        },
+        groups_claim="roles",
+    )
     assert identity.email == "ada@example.com"
     assert identity.name == "Ada Lovelace"
     assert identity.groups == {"llm-ops", "x"}
@@ -158,6 +178,7 @@ def test_claims_give_a_lower_case_email_a_name_and_groups() -> None:
 
 
 # The account service -----------------------------------------------------------------------------
+
 
 @pytest.fixture
 def tree(db: Any) -> dict[str, Any]:
@@ -175,8 +196,11 @@ def places(user: User) -> dict[str, tuple[str, bool]]:
     """{"acme/vision": ("member", from_sso)} for each of the person's memberships."""
     found = {}
     for m in Membership.objects.filter(user=user).select_related("organization", "team", "project"):
-        label = "/".join(part for part in (m.organization.slug, m.team.slug if m.team else "",
-                                           m.project.slug if m.project else "") if part)
+        label = "/".join(
+            part
+            for part in (m.organization.slug, m.team.slug if m.team else "", m.project.slug if m.project else "")
+            if part
+        )
         found[label] = (m.role, m.from_sso)
     return found
 
@@ -193,8 +217,12 @@ def test_a_first_sign_in_creates_the_account_with_role_and_memberships(tree: dic
     assert places(user) == {"acme/vision": ("manager", True)}
     event = AuditEvent.objects.get(action="user.sso_create")
     assert event.actor == user and event.address == "192.0.2.1"
-    assert event.changes == {"email": "ada@example.com", "name": "Ada", "staff_role": "operator",
-                             "memberships_added": ["acme/vision: manager"]}
+    assert event.changes == {
+        "email": "ada@example.com",
+        "name": "Ada",
+        "staff_role": "operator",
+        "memberships_added": ["acme/vision: manager"],
+    }
 
 
 def test_later_sign_ins_follow_the_groups_and_leave_hand_made_memberships(tree: dict[str, Any]) -> None:
@@ -208,8 +236,11 @@ def test_later_sign_ins_follow_the_groups_and_leave_hand_made_memberships(tree: 
     assert places(user) == {"acme/vision": ("manager", True), "acme/research": ("manager", False)}
     event = AuditEvent.objects.get(action="user.sso_update")
     assert event.changes == {
-        "name": ["Ada", "Ada L."], "staff_role": ["admin", "viewer"], "is_staff": [True, False],
-        "memberships_changed": ["acme/vision: member -> manager"], "memberships_removed": ["acme: member"],
+        "name": ["Ada", "Ada L."],
+        "staff_role": ["admin", "viewer"],
+        "is_staff": [True, False],
+        "memberships_changed": ["acme/vision: member -> manager"],
+        "memberships_removed": ["acme: member"],
     }
 
     user = sync(user, name="Ada L.", groups=[])
@@ -231,8 +262,9 @@ def test_without_a_groups_claim_role_and_memberships_stay(tree: dict[str, Any]) 
 def test_a_mapping_without_roles_leaves_the_staff_role_alone(tree: dict[str, Any]) -> None:
     user = make_user("ada@example.com", role=StaffRole.BILLING, name="Ada")
     identity = identity_from_claims({"email": "ADA@example.com", "groups": ["vision-team"]})
-    oidc.sync_sso_account(user, identity, role_map=parse_role_map({"memberships": MAPPING["memberships"]},
-                                                                   source="test"))
+    oidc.sync_sso_account(
+        user, identity, role_map=parse_role_map({"memberships": MAPPING["memberships"]}, source="test")
+    )
     user.refresh_from_db()
     assert (user.staff_role, user.name) == ("billing", "Ada")
     assert places(user) == {"acme/vision": ("member", True)}
@@ -264,8 +296,11 @@ def sso(settings: Any, signing_key: rsa.RSAPrivateKey) -> Any:
     settings.OIDC_OP_TOKEN_ENDPOINT = f"{ISSUER}/token"
     settings.OIDC_OP_USER_ENDPOINT = f"{ISSUER}/userinfo"
     settings.OIDC_OP_JWKS_ENDPOINT = f"{ISSUER}/jwks"
-    settings.OIDC_RP_IDP_SIGN_KEY = signing_key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    settings.OIDC_RP_IDP_SIGN_KEY = (
+        signing_key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
     settings.OIDC_ROLE_MAP = role_map()
     oidc.forget_discovery()
     yield settings
@@ -283,13 +318,19 @@ class Provider:
 
 @pytest.fixture
 def provider(monkeypatch: pytest.MonkeyPatch, signing_key: rsa.RSAPrivateKey) -> Provider:
-    answer = Provider(claims={"email": "ada@example.com", "email_verified": True, "name": "Ada",
-                              "groups": ["llm-ops", "vision-team"]})
+    answer = Provider(
+        claims={"email": "ada@example.com", "email_verified": True, "name": "Ada", "groups": ["llm-ops", "vision-team"]}
+    )
 
     def get_token(backend: Any, payload: dict[str, Any]) -> dict[str, str]:
         sent = backend.request.session["oidc_sent"][backend.request.GET["state"]]["nonce"]
-        claims = {"iss": answer.issuer, "aud": "llmgw", "sub": "ada", "exp": int(time.time()) + 60,
-                  "nonce": answer.nonce if answer.nonce is not None else sent}
+        claims = {
+            "iss": answer.issuer,
+            "aud": "llmgw",
+            "sub": "ada",
+            "exp": int(time.time()) + 60,
+            "nonce": answer.nonce if answer.nonce is not None else sent,
+        }
         return {"id_token": jwt.encode(claims, signing_key, algorithm="RS256"), "access_token": "at"}
 
     monkeypatch.setattr(oidc.SsoBackend, "get_token", get_token)
@@ -328,8 +369,9 @@ def test_without_an_issuer_there_is_no_single_sign_on(client: Client, db: Any) -
     assert client.get("/oidc/callback/?code=x&state=y").status_code == 404
 
 
-def test_a_good_answer_signs_in_and_maps_groups(client: Client, sso: Any, provider: Provider,
-                                                tree: dict[str, Any]) -> None:
+def test_a_good_answer_signs_in_and_maps_groups(
+    client: Client, sso: Any, provider: Provider, tree: dict[str, Any]
+) -> None:
     state = start(client)
     response = client.get(f"/oidc/callback/?code=abc&state={state}")
     assert response.status_code == 302 and response["Location"] == "/"
@@ -340,8 +382,9 @@ def test_a_good_answer_signs_in_and_maps_groups(client: Client, sso: Any, provid
     assert client.get("/").status_code == 200
 
 
-def test_an_existing_account_is_matched_by_email_in_any_case(client: Client, sso: Any, provider: Provider,
-                                                             db: Any) -> None:
+def test_an_existing_account_is_matched_by_email_in_any_case(
+    client: Client, sso: Any, provider: Provider, db: Any
+) -> None:
     bob = make_user("bob@example.com", name="Bob")
     provider.claims = {"email": "BOB@Example.com", "email_verified": True, "groups": ["llm-admins"]}
     client.get(f"/oidc/callback/?code=abc&state={start(client)}")
@@ -351,15 +394,23 @@ def test_an_existing_account_is_matched_by_email_in_any_case(client: Client, sso
     assert User.objects.count() == 1
 
 
-@pytest.mark.parametrize(("claims", "nonce", "issuer", "expected"), [
-    ({"email": "ada@example.com", "email_verified": False}, None, ISSUER,
-     "the provider has not verified your email address."),
-    ({"name": "No Email"}, None, ISSUER, "the provider did not say what your email address is."),
-    ({"email": "ada@example.com"}, "not-the-one-sent", ISSUER, "(bad nonce)"),
-    ({"email": "ada@example.com"}, None, "https://evil.example", "identity token could not be verified"),
-])
-def test_a_refused_answer_ends_on_the_reason_page(client: Client, sso: Any, provider: Provider, db: Any,
-                                                  claims: Any, nonce: str | None, issuer: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("claims", "nonce", "issuer", "expected"),
+    [
+        (
+            {"email": "ada@example.com", "email_verified": False},
+            None,
+            ISSUER,
+            "the provider has not verified your email address.",
+        ),
+        ({"name": "No Email"}, None, ISSUER, "the provider did not say what your email address is."),
+        ({"email": "ada@example.com"}, "not-the-one-sent", ISSUER, "(bad nonce)"),
+        ({"email": "ada@example.com"}, None, "https://evil.example", "identity token could not be verified"),
+    ],
+)
+def test_a_refused_answer_ends_on_the_reason_page(
+    client: Client, sso: Any, provider: Provider, db: Any, claims: Any, nonce: str | None, issuer: str, expected: str
+) -> None:
     provider.claims, provider.nonce, provider.issuer = claims, nonce, issuer
     response = client.get(f"/oidc/callback/?code=abc&state={start(client)}", follow=True)
     assert response.redirect_chain == [("/oidc/failed/", 302)]
@@ -385,14 +436,16 @@ def test_a_bad_state_or_no_sign_in_at_all_ends_on_the_reason_page(client: Client
 
 def test_the_providers_own_error_is_shown(client: Client, sso: Any, db: Any) -> None:
     state = start(client)
-    response = client.get(f"/oidc/callback/?error=access_denied&error_description=End-User+aborted&state={state}",
-                          follow=True)
+    response = client.get(
+        f"/oidc/callback/?error=access_denied&error_description=End-User+aborted&state={state}", follow=True
+    )
     assert reason(response) == "Sign-in failed: the provider answered “End-User aborted”."
     assert state not in client.session["oidc_states"]
 
 
-def test_a_provider_that_refuses_the_code_or_cannot_be_reached(client: Client, sso: Any, db: Any,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_provider_that_refuses_the_code_or_cannot_be_reached(
+    client: Client, sso: Any, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refuse(backend: Any, payload: Any) -> None:
         response = requests.Response()
         response.status_code = 400
@@ -412,6 +465,7 @@ def test_a_provider_that_refuses_the_code_or_cannot_be_reached(client: Client, s
 
 # Discovery and signing out -----------------------------------------------------------------------
 
+
 class FakeResponse:
     def __init__(self, body: Any, status: int = 200) -> None:
         self.body, self.status_code = body, status
@@ -425,8 +479,12 @@ class FakeResponse:
 
 
 METADATA = {
-    "issuer": ISSUER, "authorization_endpoint": f"{ISSUER}/auth", "token_endpoint": f"{ISSUER}/token",
-    "userinfo_endpoint": f"{ISSUER}/me", "jwks_uri": f"{ISSUER}/jwks", "end_session_endpoint": f"{ISSUER}/end",
+    "issuer": ISSUER,
+    "authorization_endpoint": f"{ISSUER}/auth",
+    "token_endpoint": f"{ISSUER}/token",
+    "userinfo_endpoint": f"{ISSUER}/me",
+    "jwks_uri": f"{ISSUER}/jwks",
+    "end_session_endpoint": f"{ISSUER}/end",
 }
 
 
@@ -464,8 +522,9 @@ def test_discovery_refuses_a_document_for_another_issuer(monkeypatch: pytest.Mon
         oidc.discover(ISSUER)
 
 
-def test_an_unreachable_provider_ends_on_the_reason_page(client: Client, settings: Any, db: Any,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_provider_ends_on_the_reason_page(
+    client: Client, settings: Any, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def down(url: str, **kwargs: Any) -> None:
         raise requests.ConnectionError("connection refused")
 
@@ -485,8 +544,11 @@ def test_signing_out_ends_the_provider_session_too(client: Client, discovered: l
     assert response.status_code == 302
     location = urlsplit(response["Location"])
     assert f"{location.scheme}://{location.netloc}{location.path}" == f"{ISSUER}/end"
-    assert parse_qs(location.query) == {"id_token_hint": ["the.id.token"], "client_id": ["llmgw"],
-                                        "post_logout_redirect_uri": ["http://testserver/login/"]}
+    assert parse_qs(location.query) == {
+        "id_token_hint": ["the.id.token"],
+        "client_id": ["llmgw"],
+        "post_logout_redirect_uri": ["http://testserver/login/"],
+    }
     assert "_auth_user_id" not in client.session
 
 
@@ -499,6 +561,7 @@ def test_signing_out_a_password_session_stays_here(client: Client, discovered: l
 
 
 # Password sign-in turned off ---------------------------------------------------------------------
+
 
 def test_with_local_sign_in_off_passwords_are_refused_everywhere(client: Client, sso: Any, bob: User) -> None:
     sso.LOCAL_SIGNIN = False
@@ -521,10 +584,18 @@ def test_with_local_sign_in_off_passwords_are_refused_everywhere(client: Client,
 CLIENT_ID = "llmgw-test"
 CLIENT_SECRET = "a-client-secret-only-for-tests"
 ACCOUNTS: dict[str, dict[str, Any]] = {
-    "ada": {"email": "Ada@Example.com", "email_verified": True, "name": "Ada Lovelace",
-            "groups": ["llm-admins", "vision-team", "research-team"]},
-    "grace": {"email": "grace@example.com", "email_verified": True, "name": "Grace Hopper",
-              "groups": ["llm-viewers", "llm-ops"]},
+    "ada": {
+        "email": "Ada@Example.com",
+        "email_verified": True,
+        "name": "Ada Lovelace",
+        "groups": ["llm-admins", "vision-team", "research-team"],
+    },
+    "grace": {
+        "email": "grace@example.com",
+        "email_verified": True,
+        "name": "Grace Hopper",
+        "groups": ["llm-viewers", "llm-ops"],
+    },
     "eve": {"email": "eve@example.com", "email_verified": False, "name": "Eve", "groups": ["llm-admins"]},
 }
 
@@ -542,8 +613,9 @@ def node_provider() -> str:
     installed = PROVIDER_DIR / "node_modules" / "oidc-provider" / "package.json"
     if not installed.exists() or json.loads(installed.read_text())["version"] != _pinned_version():
         try:
-            result = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=PROVIDER_DIR, capture_output=True,
-                                    text=True, timeout=600)
+            result = subprocess.run(
+                [npm, "ci", "--no-audit", "--no-fund"], cwd=PROVIDER_DIR, capture_output=True, text=True, timeout=600
+            )
         except subprocess.TimeoutExpired:
             pytest.skip("npm ci for tests/oidc_provider took more than 10 minutes")
         if result.returncode != 0:
@@ -565,8 +637,11 @@ START_WAIT = 90
 
 
 @pytest.fixture(scope="session")
-def real_provider(node_provider: str, live_server: Any, tmp_path_factory: pytest.TempPathFactory,
-                  ) -> Iterator[RunningProvider]:
+def real_provider(
+    node_provider: str,
+    live_server: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RunningProvider]:
     """panva's oidc-provider on 127.0.0.1, with llmgw's live server as its one client."""
     folder = tmp_path_factory.mktemp("oidc-provider")
     accounts, log = folder / "accounts.json", folder / "provider.log"
@@ -580,8 +655,9 @@ def real_provider(node_provider: str, live_server: Any, tmp_path_factory: pytest
         "OIDC_ACCOUNTS_FILE": str(accounts),
     }
     with log.open("w") as out:
-        process = subprocess.Popen([node_provider, "server.mjs"], cwd=PROVIDER_DIR, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [node_provider, "server.mjs"], cwd=PROVIDER_DIR, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         # Generous: on a busy 2-core machine, Node loading oidc-provider can take its time.
         deadline = time.monotonic() + START_WAIT
@@ -602,8 +678,12 @@ def real_provider(node_provider: str, live_server: Any, tmp_path_factory: pytest
 
 
 @pytest.fixture
-def e2e(real_provider: RunningProvider, live_server: Any, settings: Any, tree: dict[str, Any],
-        ) -> Iterator[tuple[str, RunningProvider]]:
+def e2e(
+    real_provider: RunningProvider,
+    live_server: Any,
+    settings: Any,
+    tree: dict[str, Any],
+) -> Iterator[tuple[str, RunningProvider]]:
     """llmgw (live server) pointed at the real provider, which has the starting accounts."""
     real_provider.set_accounts(ACCOUNTS)
     settings.OIDC_ISSUER = real_provider.issuer
@@ -629,8 +709,12 @@ class Forms(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = {name: value or "" for name, value in attrs}
         if tag == "form":
-            self._current = {"action": values.get("action", ""), "method": values.get("method", "get").lower(),
-                             "fields": {}, "button": None}
+            self._current = {
+                "action": values.get("action", ""),
+                "method": values.get("method", "get").lower(),
+                "fields": {},
+                "button": None,
+            }
             self.forms.append(self._current)
             if values.get("id"):
                 self._by_id[values["id"]] = self._current
@@ -660,8 +744,9 @@ def submit(http: requests.Session, page: requests.Response, **values: str) -> re
     return http.post(urljoin(page.url, form["action"]), data=fields, timeout=30)
 
 
-def sign_in_through_provider(http: requests.Session, base: str, provider: RunningProvider, login: str,
-                             prompts: list[str] | None = None) -> requests.Response:
+def sign_in_through_provider(
+    http: requests.Session, base: str, provider: RunningProvider, login: str, prompts: list[str] | None = None
+) -> requests.Response:
     """GET /oidc/authenticate/, then the provider's login and consent forms, until back at llmgw.
 
     The provider's prompts ("login", "consent") are added to `prompts`.
@@ -694,7 +779,8 @@ def signed_in(http: requests.Session, base: str) -> bool:
 
 @pytest.mark.e2e
 def test_sign_in_through_a_real_provider_maps_groups_and_follows_their_changes(
-        e2e: tuple[str, RunningProvider], tree: dict[str, Any]) -> None:
+    e2e: tuple[str, RunningProvider], tree: dict[str, Any]
+) -> None:
     base, provider = e2e
     http = requests.Session()
 
@@ -758,15 +844,23 @@ def test_a_callback_with_a_bad_state_shows_the_reason(e2e: tuple[str, RunningPro
 
 @pytest.mark.e2e
 def test_a_real_deployment_with_local_sign_in_off_refuses_the_password_form(
-        e2e: tuple[str, RunningProvider], settings: Any) -> None:
+    e2e: tuple[str, RunningProvider], settings: Any
+) -> None:
     base, provider = e2e
     make_user("bob@example.com", name="Bob")
     settings.LOCAL_SIGNIN = False
     http = requests.Session()
     page = http.get(f"{base}/login/", timeout=30)
     assert 'name="password"' not in page.text and "Sign in with Test provider" in page.text
-    refused = http.post(f"{base}/login/", data={"username": "bob@example.com", "password": "correct horse battery",
-                                                "csrfmiddlewaretoken": http.cookies["csrftoken"]}, timeout=30)
+    refused = http.post(
+        f"{base}/login/",
+        data={
+            "username": "bob@example.com",
+            "password": "correct horse battery",
+            "csrfmiddlewaretoken": http.cookies["csrftoken"],
+        },
+        timeout=30,
+    )
     assert refused.status_code == 200 and "Signing in with a password is turned off here." in refused.text
     assert not signed_in(http, base)
     # Single sign-on still works.

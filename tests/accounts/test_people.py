@@ -25,6 +25,7 @@ pytestmark = pytest.mark.django_db
 
 # Builders ----------------------------------------------------------------------------------
 
+
 @dataclass
 class Tree:
     orgs: list[Organization]
@@ -77,23 +78,28 @@ def billing(db: Any) -> User:
 def manager(tree: Tree) -> User:
     """Manages Team 00 in Org 0, and nothing else."""
     person = make_user("manager@example.com", name="Mona")
-    Membership.objects.create(user=person, organization=tree.orgs[0], team=tree.teams[0],
-                              role=MembershipRole.MANAGER)
+    Membership.objects.create(user=person, organization=tree.orgs[0], team=tree.teams[0], role=MembershipRole.MANAGER)
     return person
 
 
 # Administrators ----------------------------------------------------------------------------
 
+
 def test_an_administrator_adds_and_removes_members(alice: User, bob: User, tree: Tree) -> None:
     client = signed_in(alice)
     team = tree.teams[1]
-    response = client.post("/people/members/add", {"branch": f"team:{team.pk}", "email": "BOB@example.com",
-                                                   "role": "manager"})
+    response = client.post(
+        "/people/members/add", {"branch": f"team:{team.pk}", "email": "BOB@example.com", "role": "manager"}
+    )
     assert response.status_code == 302
     assert response["Location"] == f"/people/members/?branch=team%3A{team.pk}"
     membership = Membership.objects.get(user=bob)
     assert (membership.organization_id, membership.team_id, membership.project_id, membership.role) == (
-        team.organization_id, team.pk, None, "manager")
+        team.organization_id,
+        team.pk,
+        None,
+        "manager",
+    )
 
     page = client.get(f"/people/members/?branch=team:{team.pk}").content.decode()
     assert 'data-member="bob@example.com"' in page
@@ -142,8 +148,11 @@ def test_an_administrator_suspends_and_reactivates_a_person(alice: User, bob: Us
     panel = response.content.decode()
     assert 'data-state="suspended"' in panel and 'data-form="reactivate"' in panel
     # Suspended people cannot sign in.
-    assert Client().post("/login/", {"username": "bob@example.com", "password": "correct horse battery"}) \
+    assert (
+        Client()
+        .post("/login/", {"username": "bob@example.com", "password": "correct horse battery"})
         .wsgi_request.user.is_anonymous
+    )
 
     client.post(f"/people/users/{bob.pk}/reactivate", {"branch": branch})
     bob.refresh_from_db()
@@ -155,8 +164,9 @@ def test_an_administrator_suspends_and_reactivates_a_person(alice: User, bob: Us
 def test_the_last_administrator_cannot_be_suspended(alice: User, bob: User, tree: Tree) -> None:
     client = signed_in(alice)
     Membership.objects.create(user=alice, organization=tree.orgs[0])
-    response = client.post(f"/people/users/{alice.pk}/suspend", {"branch": f"org:{tree.orgs[0].pk}"},
-                           HTTP_HX_REQUEST="true")
+    response = client.post(
+        f"/people/users/{alice.pk}/suspend", {"branch": f"org:{tree.orgs[0].pk}"}, HTTP_HX_REQUEST="true"
+    )
     assert "only active administrator" in response.content.decode()
     alice.refresh_from_db()
     assert alice.is_active
@@ -172,9 +182,10 @@ def test_the_last_administrator_cannot_be_suspended(alice: User, bob: User, tree
 
 def test_suspend_and_remove_are_red_and_behind_a_menu(alice: User, bob: User, tree: Tree) -> None:
     Membership.objects.create(user=bob, organization=tree.orgs[0])
-    panel = signed_in(alice).get(f"/people/members/?branch=org:{tree.orgs[0].pk}", HTTP_HX_REQUEST="true") \
-        .content.decode()
-    menu = re.search(r'<details[^>]*data-menu>(.*?)</details>', panel, re.S)
+    panel = (
+        signed_in(alice).get(f"/people/members/?branch=org:{tree.orgs[0].pk}", HTTP_HX_REQUEST="true").content.decode()
+    )
+    menu = re.search(r"<details[^>]*data-menu>(.*?)</details>", panel, re.S)
     assert menu is not None
     assert "⋯</summary>" in menu.group(1)
     assert re.search(r'class="btn-danger[^"]*">Suspend<', menu.group(1))
@@ -208,8 +219,9 @@ def test_memberships_show_two_and_a_count(alice: User, bob: User, tree: Tree) ->
     Membership.objects.create(user=bob, organization=tree.orgs[0], team=tree.teams[0], role=MembershipRole.MANAGER)
     Membership.objects.create(user=bob, organization=tree.orgs[1])
     Membership.objects.create(user=bob, organization=tree.orgs[1], team=tree.teams[2], project=tree.projects[4])
-    panel = signed_in(alice).get(f"/people/members/?branch=org:{tree.orgs[0].pk}", HTTP_HX_REQUEST="true") \
-        .content.decode()
+    panel = (
+        signed_in(alice).get(f"/people/members/?branch=org:{tree.orgs[0].pk}", HTTP_HX_REQUEST="true").content.decode()
+    )
     row = re.search(r'data-col="memberships">(.*?)</td>', panel, re.S)
     assert row is not None
     assert ">Org 0, Org 0 / Team 00 (manager)</span>" in row.group(1)
@@ -221,8 +233,7 @@ def test_an_administrator_at_org_is_sent_to_the_people_page(alice: User, tree: T
     team = tree.teams[0]
     response = client.get(f"/org/?branch=team:{team.pk}")
     assert (response.status_code, response["Location"]) == (302, f"/people/members/?branch=team%3A{team.pk}")
-    assert client.get(f"/org/usage/?branch=team:{team.pk}")["Location"] == \
-        f"/people/usage/?branch=team%3A{team.pk}"
+    assert client.get(f"/org/usage/?branch=team:{team.pk}")["Location"] == f"/people/usage/?branch=team%3A{team.pk}"
     assert client.get("/people/")["Location"] == "/people/members/"
 
 
@@ -233,6 +244,7 @@ def test_an_unknown_branch_is_404(alice: User, tree: Tree) -> None:
 
 
 # The panel ---------------------------------------------------------------------------------
+
 
 def test_the_htmx_request_returns_only_the_panel(alice: User, tree: Tree) -> None:
     client = signed_in(alice)
@@ -247,8 +259,10 @@ def test_the_htmx_request_returns_only_the_panel(alice: User, tree: Tree) -> Non
     # Every branch in the tree is a link that works without script and swaps the panel with it.
     page = client.get("/people/limits/").content.decode()
     key = f"team:{team.pk}"
-    assert (f'<a href="/people/limits/?branch={key}" hx-get="/people/limits/?branch={key}" '
-            f'hx-target="#panel" hx-swap="outerHTML" hx-push-url="true"') in page
+    assert (
+        f'<a href="/people/limits/?branch={key}" hx-get="/people/limits/?branch={key}" '
+        f'hx-target="#panel" hx-swap="outerHTML" hx-push-url="true"'
+    ) in page
 
 
 def test_billing_changes_a_limit_but_not_members(billing: User, bob: User, tree: Tree) -> None:
@@ -257,8 +271,13 @@ def test_billing_changes_a_limit_but_not_members(billing: User, bob: User, tree:
     panel = client.get(f"/people/limits/?branch=team:{team.pk}", HTTP_HX_REQUEST="true").content.decode()
     assert 'data-form="rate-limit"' in panel and 'data-form="capacity-quota"' in panel
 
-    body = {"branch": f"team:{team.pk}", "requests_per_minute": "60", "tokens_per_minute": "", "tokens_per_day": "",
-            "monthly_token_budget": "1000000"}
+    body = {
+        "branch": f"team:{team.pk}",
+        "requests_per_minute": "60",
+        "tokens_per_minute": "",
+        "tokens_per_day": "",
+        "monthly_token_budget": "1000000",
+    }
     assert client.post("/people/limits/rate", body).status_code == 302
     limit = RateLimit.objects.get(team=team)
     assert (limit.requests_per_minute, limit.tokens_per_minute, limit.monthly_token_budget) == (60, None, 1000000)
@@ -266,7 +285,9 @@ def test_billing_changes_a_limit_but_not_members(billing: User, bob: User, tree:
     response = client.post("/people/limits/rate", {**body, "requests_per_minute": "90"}, HTTP_HX_REQUEST="true")
     assert 'value="90"' in response.content.decode()
     assert AuditEvent.objects.filter(action="rate_limit.update").get().changes == {
-        "requests_per_minute": [60, 90], "scope": f"team:{team.pk}"}
+        "requests_per_minute": [60, 90],
+        "scope": f"team:{team.pk}",
+    }
     # Clearing every box removes the limit.
     client.post("/people/limits/rate", {"branch": f"team:{team.pk}"})
     assert not RateLimit.objects.filter(team=team).exists()
@@ -276,13 +297,16 @@ def test_billing_changes_a_limit_but_not_members(billing: User, bob: User, tree:
     assert (quota.gpus, quota.memory_bytes, quota.replicas) == (4, 64 * 1024**3, None)
     response = client.post("/people/limits/capacity", {"branch": f"team:{team.pk}", "memory": "lots"})
     assert "Write memory as 64GB" in response.content.decode()
-    assert actions(billing) == ["rate_limit.create", "rate_limit.update", "rate_limit.delete",
-                                "capacity_quota.create"]
+    assert actions(billing) == ["rate_limit.create", "rate_limit.update", "rate_limit.delete", "capacity_quota.create"]
 
     # Members, people and the tree are not billing's to change.
     assert client.get(f"/people/members/?branch=team:{team.pk}").status_code == 200
-    assert client.post("/people/members/add", {"branch": f"team:{team.pk}", "email": "bob@example.com",
-                                               "role": "member"}).status_code == 403
+    assert (
+        client.post(
+            "/people/members/add", {"branch": f"team:{team.pk}", "email": "bob@example.com", "role": "member"}
+        ).status_code
+        == 403
+    )
     assert client.post(f"/people/users/{bob.pk}/suspend").status_code == 403
     assert client.post("/people/teams/add", {"branch": f"org:{tree.orgs[0].pk}", "name": "X"}).status_code == 403
     assert not Membership.objects.exists()
@@ -318,6 +342,7 @@ def test_people_without_a_staff_role_or_a_branch_are_refused(bob: User, tree: Tr
 
 # Managers ----------------------------------------------------------------------------------
 
+
 def test_a_manager_sees_only_their_branch_at_org(manager: User, tree: Tree) -> None:
     client = signed_in(manager)
     team = tree.teams[0]
@@ -328,8 +353,13 @@ def test_a_manager_sees_only_their_branch_at_org(manager: User, tree: Tree) -> N
     assert 'data-form="add-team"' not in page and 'data-form="add-project"' not in page
     assert ">My teams</a>" in page
 
-    for key in (f"team:{tree.teams[1].pk}", f"org:{tree.orgs[0].pk}", f"team:{tree.teams[2].pk}",
-                f"project:{tree.projects[-1].pk}", "team:999"):
+    for key in (
+        f"team:{tree.teams[1].pk}",
+        f"org:{tree.orgs[0].pk}",
+        f"team:{tree.teams[2].pk}",
+        f"project:{tree.projects[-1].pk}",
+        "team:999",
+    ):
         assert client.get(f"/org/?branch={key}").status_code == 404, key
     project = tree.projects[1]
     assert client.get(f"/org/?branch=project:{project.pk}").status_code == 200
@@ -337,16 +367,18 @@ def test_a_manager_sees_only_their_branch_at_org(manager: User, tree: Tree) -> N
     limits = client.get(f"/org/limits/?branch=team:{team.pk}", HTTP_HX_REQUEST="true").content.decode()
     assert "<form" not in limits
     assert client.get(f"/org/usage/?branch=team:{team.pk}").status_code == 200
-    assert client.post("/people/limits/rate", {"branch": f"team:{team.pk}", "requests_per_minute": "1"}) \
-        .status_code == 403
+    assert (
+        client.post("/people/limits/rate", {"branch": f"team:{team.pk}", "requests_per_minute": "1"}).status_code == 403
+    )
     assert client.get("/people/members/").status_code == 403
 
 
 def test_a_manager_manages_the_members_of_their_branch_only(manager: User, bob: User, tree: Tree) -> None:
     client = signed_in(manager)
     project = tree.projects[0]
-    response = client.post("/people/members/add", {"branch": f"project:{project.pk}", "email": "bob@example.com",
-                                                   "role": "member"})
+    response = client.post(
+        "/people/members/add", {"branch": f"project:{project.pk}", "email": "bob@example.com", "role": "member"}
+    )
     assert response["Location"] == f"/org/?branch=project%3A{project.pk}"
     membership = Membership.objects.get(user=bob)
     assert membership.project == project
@@ -355,8 +387,12 @@ def test_a_manager_manages_the_members_of_their_branch_only(manager: User, bob: 
     assert client.post(f"/people/users/{bob.pk}/suspend").status_code == 403
 
     elsewhere = Membership.objects.create(user=bob, organization=tree.orgs[1])
-    assert client.post("/people/members/add", {"branch": f"team:{tree.teams[2].pk}", "email": "bob@example.com",
-                                               "role": "member"}).status_code == 404
+    assert (
+        client.post(
+            "/people/members/add", {"branch": f"team:{tree.teams[2].pk}", "email": "bob@example.com", "role": "member"}
+        ).status_code
+        == 404
+    )
     assert client.post(f"/people/members/{elsewhere.pk}/remove").status_code == 404
     assert client.post(f"/people/members/{membership.pk}/remove", HTTP_HX_REQUEST="true").status_code == 200
     assert list(Membership.objects.filter(user=bob)) == [elsewhere]
@@ -386,18 +422,32 @@ def test_the_people_pages_obey_the_policy(alice: User, bob: User, tree: Tree) ->
 
 # Usage -------------------------------------------------------------------------------------
 
-def usage(project: Project, *, model: str = "llama", first_token_ms: float = 80.0, total_ms: float = 900.0,
-          status: int = 200) -> dict[str, Any]:
-    return {"request_id": f"req_{uuid.uuid4().hex}", "created_at": timezone.now(), "model": model,
-            "organization_id": project.team.organization_id, "team_id": project.team_id, "project_id": project.pk,
-            "endpoint": "chat.completions", "status": status, "prompt_tokens": 10, "completion_tokens": 20,
-            "first_token_ms": first_token_ms, "total_ms": total_ms}
+
+def usage(
+    project: Project, *, model: str = "llama", first_token_ms: float = 80.0, total_ms: float = 900.0, status: int = 200
+) -> dict[str, Any]:
+    return {
+        "request_id": f"req_{uuid.uuid4().hex}",
+        "created_at": timezone.now(),
+        "model": model,
+        "organization_id": project.team.organization_id,
+        "team_id": project.team_id,
+        "project_id": project.pk,
+        "endpoint": "chat.completions",
+        "status": status,
+        "prompt_tokens": 10,
+        "completion_tokens": 20,
+        "first_token_ms": first_token_ms,
+        "total_ms": total_ms,
+    }
 
 
 def test_the_usage_panel_shows_percentiles_and_dashes_for_no_use(viola: User, tree: Tree) -> None:
     used = tree.projects[0]
-    write_records_sync([usage(used) for _ in range(9)] + [usage(used, status=500, first_token_ms=None),
-                                                          usage(used, status=429, first_token_ms=None)])
+    write_records_sync(
+        [usage(used) for _ in range(9)]
+        + [usage(used, status=500, first_token_ms=None), usage(used, status=429, first_token_ms=None)]
+    )
     client = signed_in(viola)
     html = client.get(f"/people/usage/?branch=team:{used.team_id}").content.decode()
     assert cell(html, used.name, "requests") == "11"
@@ -423,13 +473,15 @@ def test_the_usage_panel_shows_percentiles_and_dashes_for_no_use(viola: User, tr
 
 # Cost --------------------------------------------------------------------------------------
 
+
 def test_the_tree_page_does_not_query_per_branch(alice: User, django_assert_max_num_queries: Any) -> None:
     tree = make_tree(orgs=5, teams=4, projects=3)
     for index, project in enumerate(tree.projects[:10]):
         person = make_user(f"p{index}@example.com")
         Membership.objects.create(user=person, organization=tree.orgs[0])
-        Membership.objects.create(user=person, organization=project.team.organization, team=project.team,
-                                  project=project)
+        Membership.objects.create(
+            user=person, organization=project.team.organization, team=project.team, project=project
+        )
     client = signed_in(alice)
     client.get("/people/members/")  # the session, warmed
     # Session and user, the branch, the tree (3), and the panel: members with their memberships (2),

@@ -43,9 +43,13 @@ def acme(db: Any) -> Acme:
     """Acme with teams Vision (project Detector) and Speech, and Globex beside it, all empty."""
     org = services.create_organization(name="Acme", actor=None)
     vision = services.create_team(org, name="Vision", actor=None)
-    return Acme(org=org, vision=vision, speech=services.create_team(org, name="Speech", actor=None),
-                detector=services.create_project(vision, name="Detector", actor=None),
-                globex=services.create_organization(name="Globex", actor=None))
+    return Acme(
+        org=org,
+        vision=vision,
+        speech=services.create_team(org, name="Speech", actor=None),
+        detector=services.create_project(vision, name="Detector", actor=None),
+        globex=services.create_organization(name="Globex", actor=None),
+    )
 
 
 def page_messages(response: Any) -> list[str]:
@@ -57,6 +61,7 @@ def event(action: str) -> AuditEvent:
 
 
 # Creating -----------------------------------------------------------------------------------
+
 
 def test_an_administrator_creates_an_organisation_a_team_and_a_project(alice: User) -> None:
     client = signed_in(alice)
@@ -75,17 +80,23 @@ def test_an_administrator_creates_an_organisation_a_team_and_a_project(alice: Us
     assert actions(alice) == ["organization.create", "team.create", "project.create"]
     assert event("organization.create").address == "127.0.0.1"
     page = client.get(f"/people/members/?branch=project:{project.pk}")
-    assert page_messages(page) == ["Initech created.", "Initech / Vision created.",
-                                   "Initech / Vision / Detector created."]
+    assert page_messages(page) == [
+        "Initech created.",
+        "Initech / Vision created.",
+        "Initech / Vision / Detector created.",
+    ]
     assert f'data-branch="project:{project.pk}"' in page.content.decode()
 
 
 def test_the_tree_has_a_folded_box_for_a_new_organisation(alice: User, acme: Acme) -> None:
     page = signed_in(alice).get("/people/members/").content.decode()
     assert page.count('data-form="add-org"') == 1
-    assert re.search(r'<details>\s*<summary[^>]*>\+ organisation</summary>\s*'
-                     r'<form[^>]*action="/people/organizations/add"[^>]*hx-post="/people/organizations/add"'
-                     r'[^>]*data-form="add-org"', page)
+    assert re.search(
+        r"<details>\s*<summary[^>]*>\+ organisation</summary>\s*"
+        r'<form[^>]*action="/people/organizations/add"[^>]*hx-post="/people/organizations/add"'
+        r'[^>]*data-form="add-org"',
+        page,
+    )
     # A fresh installation starts there: no organisation yet, and the box to make the first one.
     Project.objects.all().delete()
     Team.objects.all().delete()
@@ -143,11 +154,13 @@ def test_the_api_refuses_a_duplicate_name_by_the_same_rule(api: Any, alice: User
     assert response.json()["errors"]["name"] == ["Acme already has a team named Speech."]
     response = api.post("/api/v1/organizations/", {"name": "ACME"}, format="json")
     assert response.json()["errors"]["name"] == ["There is already an organisation named ACME."]
-    assert api.post("/api/v1/teams/", {"organization": acme.globex.pk, "name": "Speech"},
-                    format="json").status_code == 201
+    assert (
+        api.post("/api/v1/teams/", {"organization": acme.globex.pk, "name": "Speech"}, format="json").status_code == 201
+    )
 
 
 # Renaming -----------------------------------------------------------------------------------
+
 
 def test_renaming_keeps_the_row_its_slug_and_everything_attached(alice: User, bob: User, acme: Acme) -> None:
     team = acme.vision
@@ -157,8 +170,9 @@ def test_renaming_keeps_the_row_its_slug_and_everything_attached(alice: User, bo
     model = Model.objects.create(name="detector-v2", team=team)
     key = services.create_api_key(bob, name="ci", project=acme.detector, actor=bob).key
     client = signed_in(alice)
-    response = client.post("/people/branches/rename", {"branch": f"team:{team.pk}", "name": "Computer Vision",
-                                                      "tab": "limits"}, **HTMX)
+    response = client.post(
+        "/people/branches/rename", {"branch": f"team:{team.pk}", "name": "Computer Vision", "tab": "limits"}, **HTMX
+    )
     assert response["HX-Redirect"] == f"/people/limits/?branch=team%3A{team.pk}"
     renamed = Team.objects.get(pk=team.pk)
     assert (renamed.name, renamed.slug, renamed.organization_id) == ("Computer Vision", "vision", acme.org.pk)
@@ -211,6 +225,7 @@ def test_a_rename_to_a_siblings_name_shows_the_error_in_the_panel(alice: User, a
 
 # Removing -----------------------------------------------------------------------------------
 
+
 def test_an_empty_branch_is_removed_with_its_limits_and_the_removal_is_audited(alice: User, acme: Acme) -> None:
     client = signed_in(alice)
     project = acme.detector
@@ -225,7 +240,8 @@ def test_an_empty_branch_is_removed_with_its_limits_and_the_removal_is_audited(a
     assert (removed.target_id, removed.target_label) == (str(project.pk), "Acme / Vision / Detector")
     assert removed.changes == {"name": "Detector", "slug": "detector"}
     assert page_messages(client.get(f"/people/usage/?branch=team:{acme.vision.pk}")) == [
-        "Acme / Vision / Detector removed."]
+        "Acme / Vision / Detector removed."
+    ]
 
     response = client.post("/people/branches/remove", {"branch": f"team:{acme.vision.pk}"})
     assert response["Location"] == f"/people/members/?branch=org%3A{acme.org.pk}"
@@ -237,7 +253,8 @@ def test_an_empty_branch_is_removed_with_its_limits_and_the_removal_is_audited(a
 
 
 def test_removing_a_team_that_still_has_things_is_refused_with_what_is_left(
-        alice: User, bob: User, charlie: User, acme: Acme) -> None:
+    alice: User, bob: User, charlie: User, acme: Acme
+) -> None:
     team = acme.vision
     Membership.objects.create(user=bob, organization=acme.org, team=team)
     Membership.objects.create(user=charlie, organization=acme.org, team=team, project=acme.detector)
@@ -274,8 +291,9 @@ def test_each_kind_names_what_stops_its_removal(alice: User, bob: User, acme: Ac
         assert found, panel
         return found.group(1)
 
-    assert refusal(f"org:{acme.org.pk}") == ("Organisation Acme cannot be removed: it still has 2 teams, 1 project, "
-                                              "1 member, 1 model and 1 API key.")
+    assert refusal(f"org:{acme.org.pk}") == (
+        "Organisation Acme cannot be removed: it still has 2 teams, 1 project, 1 member, 1 model and 1 API key."
+    )
     assert refusal(f"project:{acme.detector.pk}") == "Project Detector cannot be removed: it still has 1 API key."
     # A revoked key still names its project, so it counts until it is gone.
     services.revoke_api_key(ApiKey.objects.get(), actor=bob)
@@ -283,16 +301,17 @@ def test_each_kind_names_what_stops_its_removal(alice: User, bob: User, acme: Ac
     assert (Organization.objects.count(), Project.objects.count()) == (2, 1)
 
 
-def test_the_remove_button_asks_first_and_the_menu_is_for_administrators(
-        alice: User, viola: User, acme: Acme) -> None:
+def test_the_remove_button_asks_first_and_the_menu_is_for_administrators(alice: User, viola: User, acme: Acme) -> None:
     panel = signed_in(alice).get(f"/people/members/?branch=team:{acme.vision.pk}", **HTMX).content.decode()
     menu = re.search(r"<details[^>]*data-branch-menu>(.*?)</details>", panel, re.S)
     assert menu is not None
     assert "⋯</summary>" in menu.group(1)
     remove = re.search(r'<form[^>]*hx-post="/people/branches/remove"[^>]*>', menu.group(1))
     assert remove is not None
-    assert ('hx-confirm="Remove the team Vision? Its limits and capacity quota go with it; its usage history '
-            'stays. This cannot be undone."') in remove.group(0)
+    assert (
+        'hx-confirm="Remove the team Vision? Its limits and capacity quota go with it; its usage history '
+        'stays. This cannot be undone."'
+    ) in remove.group(0)
     assert re.search(r'class="btn-danger[^"]*">Remove team<', menu.group(1))
     assert 'data-form="rename-branch"' in menu.group(1) and 'value="Vision"' in menu.group(1)
     # Staff who only read see the tree, without these.
@@ -301,6 +320,7 @@ def test_the_remove_button_asks_first_and_the_menu_is_for_administrators(
 
 
 # Who may ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("role", [StaffRole.VIEWER, StaffRole.BILLING, StaffRole.OPERATOR, "manager"])
 def test_nobody_but_an_administrator_changes_the_tree(role: str, acme: Acme) -> None:
@@ -311,16 +331,19 @@ def test_nobody_but_an_administrator_changes_the_tree(role: str, acme: Acme) -> 
         person = make_user(f"{role}@example.com", role=role)
     client = signed_in(person)
     before = AuditEvent.objects.count()
-    for url, body in (("/people/organizations/add", {"name": "Initech"}),
-                      ("/people/teams/add", {"branch": f"org:{acme.org.pk}", "name": "Ops"}),
-                      ("/people/branches/rename", {"branch": f"team:{acme.vision.pk}", "name": "Mine"}),
-                      ("/people/branches/remove", {"branch": f"project:{acme.detector.pk}"})):
+    for url, body in (
+        ("/people/organizations/add", {"name": "Initech"}),
+        ("/people/teams/add", {"branch": f"org:{acme.org.pk}", "name": "Ops"}),
+        ("/people/branches/rename", {"branch": f"team:{acme.vision.pk}", "name": "Mine"}),
+        ("/people/branches/remove", {"branch": f"project:{acme.detector.pk}"}),
+    ):
         for headers in ({}, HTMX):
             assert client.post(url, body, **headers).status_code == 403, (role, url)
     assert AuditEvent.objects.count() == before
     assert Team.objects.get(pk=acme.vision.pk).name == "Vision" and Project.objects.filter(pk=acme.detector.pk)
-    assert Client().post("/people/branches/remove", {"branch": f"org:{acme.globex.pk}"})["Location"].startswith(
-        "/login/")
+    assert (
+        Client().post("/people/branches/remove", {"branch": f"org:{acme.globex.pk}"})["Location"].startswith("/login/")
+    )
 
 
 def test_an_unknown_branch_is_404(alice: User, acme: Acme) -> None:

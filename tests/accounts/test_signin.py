@@ -22,6 +22,7 @@ ADDRESS_B = "198.51.100.20"
 
 # Builders ------------------------------------------------------------------------------------------
 
+
 def client_at(address: str, *, csrf: bool = False) -> Client:
     return Client(enforce_csrf_checks=csrf, REMOTE_ADDR=address)
 
@@ -41,7 +42,7 @@ def signed_in_as(client: Client) -> str | None:
 
 
 def refusal(response: Any) -> str:
-    found = re.search(rb'data-refusal>([^<]+)<', response.content)
+    found = re.search(rb"data-refusal>([^<]+)<", response.content)
     assert found is not None, "the page says nothing about a refusal"
     return found.group(1).decode()
 
@@ -58,6 +59,7 @@ def slots_taken(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 # Failed sign-ins per address and email ------------------------------------------------------------
+
 
 def test_ten_wrong_passwords_lock_that_email_from_that_address_but_not_its_owner_elsewhere(bob) -> None:
     stranger = client_at(ADDRESS_A)
@@ -155,8 +157,11 @@ def test_a_failed_sign_in_writes_nothing_to_the_database(bob) -> None:
     with CaptureQueriesContext(connection) as queries:
         sign_in(client, "bob@example.com", "guess")
         sign_in(client, "nobody@example.com", "guess")
-    writes = [q["sql"] for q in queries.captured_queries
-              if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
+    writes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))
+    ]
     assert writes == []
     assert not AuditEvent.objects.exists()
 
@@ -182,6 +187,7 @@ def test_a_signed_in_person_is_sent_on_from_the_sign_in_page(client: Client, bob
 
 
 # POSTs per address ---------------------------------------------------------------------------------
+
 
 def test_more_than_thirty_posts_a_minute_from_one_address_are_refused(bob) -> None:
     client = client_at(ADDRESS_A)
@@ -217,6 +223,7 @@ def test_the_client_address_is_the_proxys_last_hop_only_behind_the_proxy(setting
 
 # Password-hash slots -------------------------------------------------------------------------------
 
+
 def test_a_sign_in_is_refused_with_429_when_no_hash_slot_comes_free(bob, slots_taken) -> None:
     client = client_at(ADDRESS_A)
     response = sign_in(client, "bob@example.com", GOOD)
@@ -228,8 +235,9 @@ def test_a_sign_in_is_refused_with_429_when_no_hash_slot_comes_free(bob, slots_t
 
 def test_a_sign_up_is_refused_with_429_when_no_hash_slot_comes_free(settings, slots_taken) -> None:
     settings.SIGNUP_OPEN = True
-    response = client_at(ADDRESS_A).post("/signup/", {"email": "dana@example.com", "name": "Dana",
-                                                      "password": "a long enough passphrase"})
+    response = client_at(ADDRESS_A).post(
+        "/signup/", {"email": "dana@example.com", "name": "Dana", "password": "a long enough passphrase"}
+    )
     assert response.status_code == 429
     assert "busy checking other passwords" in refusal(response)
     assert not User.objects.filter(email="dana@example.com").exists()
@@ -241,6 +249,7 @@ def test_a_sign_in_waits_for_a_slot_and_goes_ahead_when_one_is_free(bob) -> None
 
 
 # Login CSRF ----------------------------------------------------------------------------------------
+
 
 def test_a_sign_in_without_the_form_token_is_refused_with_a_page(bob) -> None:
     client = client_at(ADDRESS_A, csrf=True)
@@ -275,6 +284,7 @@ def test_signing_in_rotates_the_form_token(bob) -> None:
 
 
 # Sign-up -------------------------------------------------------------------------------------------
+
 
 def new_account(**fields: str) -> dict[str, str]:
     return {"email": "dana@example.com", "name": "Dana", "password": "a long enough passphrase", **fields}
@@ -343,8 +353,9 @@ def test_a_weak_password_is_refused_with_the_validators_words(settings) -> None:
     assert not User.objects.exists()
 
 
-def test_any_other_failure_shows_a_reference_that_is_logged(settings, monkeypatch: pytest.MonkeyPatch,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_any_other_failure_shows_a_reference_that_is_logged(
+    settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     settings.SIGNUP_OPEN = True
 
     def broken(**kwargs: Any) -> None:

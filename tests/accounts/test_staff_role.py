@@ -27,10 +27,16 @@ def test_only_administrators_get_django_admin_access(alice, bob) -> None:
     services.set_staff_role(bob, StaffRole.ADMIN, actor=alice, address="192.0.2.1")
     assert flags(bob) == ("admin", True, True)
     event = AuditEvent.objects.filter(action="user.staff_role").latest("id")
-    assert (event.actor_label, event.target_label, event.address) == ("alice@example.com", "bob@example.com",
-                                                                      "192.0.2.1")
-    assert event.changes == {"staff_role": ["operator", "admin"], "is_staff": [False, True],
-                             "is_superuser": [False, True]}
+    assert (event.actor_label, event.target_label, event.address) == (
+        "alice@example.com",
+        "bob@example.com",
+        "192.0.2.1",
+    )
+    assert event.changes == {
+        "staff_role": ["operator", "admin"],
+        "is_staff": [False, True],
+        "is_superuser": [False, True],
+    }
 
 
 def test_a_demoted_administrator_loses_the_admin_and_its_powers(alice, bob) -> None:
@@ -60,11 +66,17 @@ def test_an_unknown_role_is_refused(alice, bob) -> None:
 
 # Through the Django admin -------------------------------------------------------------------------------
 
+
 def change_form(user: User, **changes: Any) -> dict[str, Any]:
     data = {
-        "email": user.email, "name": user.name, "staff_role": user.staff_role, "is_active": "on",
-        "date_joined_0": user.date_joined.strftime("%Y-%m-%d"), "date_joined_1": user.date_joined.strftime("%H:%M:%S"),
-        "last_login_0": "", "last_login_1": "",
+        "email": user.email,
+        "name": user.name,
+        "staff_role": user.staff_role,
+        "is_active": "on",
+        "date_joined_0": user.date_joined.strftime("%Y-%m-%d"),
+        "date_joined_1": user.date_joined.strftime("%H:%M:%S"),
+        "last_login_0": "",
+        "last_login_1": "",
     }
     data.update(changes)
     return data
@@ -80,15 +92,17 @@ def test_a_role_changed_in_the_django_admin_moves_admin_access_with_it(client: C
     assert response.status_code == 302
     # The admin's flags follow the role; ticking them by hand does nothing.
     assert flags(bob) == ("billing", False, False)
-    actions = list(AuditEvent.objects.filter(action="user.staff_role", target_id=str(bob.pk))
-                   .values_list("actor_label", flat=True))
+    actions = list(
+        AuditEvent.objects.filter(action="user.staff_role", target_id=str(bob.pk)).values_list("actor_label", flat=True)
+    )
     assert actions == ["alice@example.com", "alice@example.com"]
 
 
 def test_the_django_admin_refuses_to_demote_the_last_administrator(client: Client, alice) -> None:
     client.force_login(alice)
-    response = client.post(f"/django-admin/accounts/user/{alice.pk}/change/", change_form(alice, staff_role="viewer"),
-                           follow=True)
+    response = client.post(
+        f"/django-admin/accounts/user/{alice.pk}/change/", change_form(alice, staff_role="viewer"), follow=True
+    )
     assert b"the only administrator" in response.content
     assert flags(alice) == ("admin", True, True)
 

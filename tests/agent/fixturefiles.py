@@ -39,11 +39,14 @@ def fixture_files(folder: str, pattern: str = "*") -> list:
                 None,
                 id=f"{folder}-missing",
                 marks=pytest.mark.skip(
-                    reason=f"fixtures folder {fixtures_root() / folder} not found (set LLMGW_FIXTURES_DIR)"),
+                    reason=f"fixtures folder {fixtures_root() / folder} not found (set LLMGW_FIXTURES_DIR)"
+                ),
             )
         ]
-    files = sorted((p for d in directories for p in d.glob(pattern)
-                    if p.is_file() and p.name not in ("SOURCES.md", "README.md")), key=lambda p: p.name)
+    files = sorted(
+        (p for d in directories for p in d.glob(pattern) if p.is_file() and p.name not in ("SOURCES.md", "README.md")),
+        key=lambda p: p.name,
+    )
     if not files:
         return [
             pytest.param(

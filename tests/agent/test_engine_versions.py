@@ -39,10 +39,14 @@ def counting(tmp_path: Path, output: str) -> tuple[str, Path]:
 def test_parses_llama_cpp_and_bare_versions() -> None:
     text = "version: 6500 (abc1234)\nbuilt with cc (GCC) 12.2.0 for x86_64-linux-gnu\n"
     assert parse_engine_version(text) == "6500 (abc1234)"
-    assert parse_engine_version("ggml_cuda_init: found 1 CUDA devices\nversion: 0.5.0-dev (build 1, commit 0c1e570)\n"
-                                ) == "0.5.0-dev (build 1, commit 0c1e570)"
-    assert parse_engine_version("INFO 10-01 12:00:00 __init__.py:207 Automatically detected platform cuda.\n"
-                                "0.6.3.post1\n") == "0.6.3.post1"
+    assert (
+        parse_engine_version("ggml_cuda_init: found 1 CUDA devices\nversion: 0.5.0-dev (build 1, commit 0c1e570)\n")
+        == "0.5.0-dev (build 1, commit 0c1e570)"
+    )
+    assert (
+        parse_engine_version("INFO 10-01 12:00:00 __init__.py:207 Automatically detected platform cuda.\n0.6.3.post1\n")
+        == "0.6.3.post1"
+    )
     assert parse_engine_version("") is None
     assert parse_engine_version("usage: llama-server [options]\nerror: unknown argument\n") is None
 
@@ -76,8 +80,10 @@ def test_the_real_llama_server_says_its_version() -> None:
 
 def test_the_register_schema_takes_engine_versions() -> None:
     def register(versions: Any) -> str:
-        return protocol.encode("register", {"agent_version": "0.1.0", "hardware": {
-            "engines": ["llama.cpp", "vllm"], "engine_versions": versions}})
+        return protocol.encode(
+            "register",
+            {"agent_version": "0.1.0", "hardware": {"engines": ["llama.cpp", "vllm"], "engine_versions": versions}},
+        )
 
     message = protocol.parse_message(register({"llama.cpp": "6500 (abc1234)", "vllm": None}), expect="agent")
     assert message.body["hardware"]["engine_versions"] == {"llama.cpp": "6500 (abc1234)", "vllm": None}
@@ -109,8 +115,11 @@ async def test_the_agent_registers_with_each_engines_version(tmp_path: Path) -> 
 
     async with serve(handler, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
-        config = AgentConfig(server=f"http://127.0.0.1:{port}", state_dir=tmp_path / "state",
-                             engines={"llama.cpp": llama, "vllm": broken, "sglang": str(tmp_path / "none")})
+        config = AgentConfig(
+            server=f"http://127.0.0.1:{port}",
+            state_dir=tmp_path / "state",
+            engines={"llama.cpp": llama, "vllm": broken, "sglang": str(tmp_path / "none")},
+        )
         agent = Agent(config, sampler=_StillSampler())  # type: ignore[arg-type]
         for _ in range(2):  # a reconnect registers again, without running --version again
             assert await asyncio.wait_for(agent.session("credential"), 30)

@@ -64,9 +64,21 @@ def test_parse_defaults() -> None:
 
 
 def test_parse_full_and_ignores_unknown_fields() -> None:
-    s = spec(served_name="qwen-7b", gpu_indices=[2, 3], cpu_cores=3.5, memory_bytes=8 << 30, context_size=4096,
-             parallel=8, extra_args=["--flash-attn", "on"], env={"NCCL_SOCKET_IFNAME": "ib0"}, host="0.0.0.0",
-             generation=7, tensor_parallel=2, pipeline_parallel=1, something_new={"x": 1})
+    s = spec(
+        served_name="qwen-7b",
+        gpu_indices=[2, 3],
+        cpu_cores=3.5,
+        memory_bytes=8 << 30,
+        context_size=4096,
+        parallel=8,
+        extra_args=["--flash-attn", "on"],
+        env={"NCCL_SOCKET_IFNAME": "ib0"},
+        host="0.0.0.0",
+        generation=7,
+        tensor_parallel=2,
+        pipeline_parallel=1,
+        something_new={"x": 1},
+    )
     assert s.gpu_indices == [2, 3] and not s.is_cpu
     assert s.cpu_cores == 3.5 and s.memory_bytes == 8 << 30
     assert s.context_size == 4096 and s.parallel == 8
@@ -137,13 +149,24 @@ def test_fingerprint_changes_only_with_what_needs_a_restart() -> None:
     same = spec_fingerprint(base)
     assert spec_fingerprint(spec(context_size=2048, parallel=2, cpu_cores=2)) == same
     # bookkeeping fields do not restart the engine
-    assert spec_fingerprint(spec(context_size=2048, parallel=2, cpu_cores=2, model="renamed",
-                                 served_name="qwen")) == same
+    assert (
+        spec_fingerprint(spec(context_size=2048, parallel=2, cpu_cores=2, model="renamed", served_name="qwen")) == same
+    )
     assert spec_fingerprint(spec(context_size=2048, parallel=2, cpu_cores=2, memory_bytes=1 << 30)) == same
-    for change in ({"parallel": 3}, {"context_size": 4096}, {"cpu_cores": 3}, {"api_key": "other"},
-                   {"port": 18081}, {"gpu_indices": [0]}, {"extra_args": ["-fa", "on"]}, {"env": {"X": "1"}},
-                   {"generation": 1}, {"source": "/models/other.gguf"}, {"served_name": "other"},
-                   {"host": "0.0.0.0"}):
+    for change in (
+        {"parallel": 3},
+        {"context_size": 4096},
+        {"cpu_cores": 3},
+        {"api_key": "other"},
+        {"port": 18081},
+        {"gpu_indices": [0]},
+        {"extra_args": ["-fa", "on"]},
+        {"env": {"X": "1"}},
+        {"generation": 1},
+        {"source": "/models/other.gguf"},
+        {"served_name": "other"},
+        {"host": "0.0.0.0"},
+    ):
         params = {"context_size": 2048, "parallel": 2, "cpu_cores": 2, **change}
         assert spec_fingerprint(spec(**params)) != same, change
 
@@ -156,13 +179,20 @@ def test_llamacpp_cpu_shard() -> None:
     argv, env = build_command(s, "/opt/llama/llama-server")
     assert argv == [
         "/opt/llama/llama-server",
-        "-m", "/models/qwen.gguf",
-        "--host", "127.0.0.1",
-        "--port", "18080",
-        "--alias", "tiny",
-        "--ctx-size", "1024",  # llama-server splits it between the 2 slots: 512 each
-        "--parallel", "2",
-        "--threads", "1",
+        "-m",
+        "/models/qwen.gguf",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "18080",
+        "--alias",
+        "tiny",
+        "--ctx-size",
+        "1024",  # llama-server splits it between the 2 slots: 512 each
+        "--parallel",
+        "2",
+        "--threads",
+        "1",
         "--metrics",
         "--no-webui",
     ]
@@ -173,8 +203,12 @@ def test_llamacpp_cpu_shard() -> None:
 
 
 def test_llamacpp_gpu_shard_extra_args_and_env() -> None:
-    s = spec(gpu_indices=[1, 3], cpu_cores=2.6, extra_args=["--flash-attn", "on"],
-             env={"GGML_CUDA_NO_PINNED": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "LLAMA_API_KEY": "nope"})
+    s = spec(
+        gpu_indices=[1, 3],
+        cpu_cores=2.6,
+        extra_args=["--flash-attn", "on"],
+        env={"GGML_CUDA_NO_PINNED": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "LLAMA_API_KEY": "nope"},
+    )
     argv, env = build_command(s, "llama-server")
     assert flag(argv, "-ngl") == "999"
     assert flag(argv, "--threads") == "3"
@@ -199,18 +233,34 @@ def test_llamacpp_refuses_multi_node() -> None:
 
 
 def test_vllm_single_node() -> None:
-    s = spec(engine="vllm", source="/models/qwen", served_name="qwen-7b", gpu_indices=[0, 1], context_size=8192,
-             parallel=64, extra_args=["--enable-prefix-caching"])
+    s = spec(
+        engine="vllm",
+        source="/models/qwen",
+        served_name="qwen-7b",
+        gpu_indices=[0, 1],
+        context_size=8192,
+        parallel=64,
+        extra_args=["--enable-prefix-caching"],
+    )
     argv, env = build_command(s, "/opt/vllm/bin/vllm")
     assert argv == [
-        "/opt/vllm/bin/vllm", "serve", "/models/qwen",
-        "--host", "127.0.0.1",
-        "--port", "18080",
-        "--served-model-name", "qwen-7b",
-        "--tensor-parallel-size", "2",
-        "--pipeline-parallel-size", "1",
-        "--max-model-len", "8192",
-        "--max-num-seqs", "64",
+        "/opt/vllm/bin/vllm",
+        "serve",
+        "/models/qwen",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "18080",
+        "--served-model-name",
+        "qwen-7b",
+        "--tensor-parallel-size",
+        "2",
+        "--pipeline-parallel-size",
+        "1",
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "64",
         "--enable-prefix-caching",
     ]
     assert env == {"VLLM_API_KEY": "sk-shard-secret", "CUDA_VISIBLE_DEVICES": "0,1"}
@@ -220,8 +270,14 @@ def test_vllm_single_node() -> None:
 
 def multi(engine: str, rank: int, **overrides: Any) -> ShardSpec:
     params: dict[str, Any] = {
-        "engine": engine, "source": "/models/big", "gpu_indices": list(range(8)), "nodes_per_replica": 2,
-        "rank": rank, "master_addr": "10.0.0.1", "master_port": 29500, "parallel": 32,
+        "engine": engine,
+        "source": "/models/big",
+        "gpu_indices": list(range(8)),
+        "nodes_per_replica": 2,
+        "rank": rank,
+        "master_addr": "10.0.0.1",
+        "master_port": 29500,
+        "parallel": 32,
         "env": {"NCCL_SOCKET_IFNAME": "ib0", "NCCL_DEBUG": "INFO"},
     }
     params.update(overrides)
@@ -263,19 +319,35 @@ def test_vllm_parallel_sizes() -> None:
 
 
 def test_sglang_single_node() -> None:
-    s = spec(engine="sglang", source="/models/qwen", served_name="qwen-7b", gpu_indices=[4, 5, 6, 7],
-             context_size=32768, parallel=128)
+    s = spec(
+        engine="sglang",
+        source="/models/qwen",
+        served_name="qwen-7b",
+        gpu_indices=[4, 5, 6, 7],
+        context_size=32768,
+        parallel=128,
+    )
     argv, env = build_command(s, "/opt/sglang/bin/python")
     assert argv == [
-        "/opt/sglang/bin/python", "-m", "sglang.launch_server",
-        "--model-path", "/models/qwen",
-        "--host", "127.0.0.1",
-        "--port", "18080",
-        "--api-key", "sk-shard-secret",
-        "--served-model-name", "qwen-7b",
-        "--tp", "4",
-        "--context-length", "32768",
-        "--max-running-requests", "128",
+        "/opt/sglang/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/qwen",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "18080",
+        "--api-key",
+        "sk-shard-secret",
+        "--served-model-name",
+        "qwen-7b",
+        "--tp",
+        "4",
+        "--context-length",
+        "32768",
+        "--max-running-requests",
+        "128",
     ]
     assert env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
 
@@ -328,8 +400,13 @@ SCRIPT = REPO / "scripts" / "ensure-llama-server"
 
 
 def run_script(*args: str, env: dict[str, str], script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30,
-                          env={"PATH": os.environ["PATH"], **env})
+    return subprocess.run(
+        ["bash", str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ["PATH"], **env},
+    )
 
 
 def test_ensure_script_is_valid_bash() -> None:

@@ -510,8 +510,9 @@ def test_nvlink_errors_sum_over_links_and_normalise_names() -> None:
 # --------------------------------------------------------------------------- hand-checked: our own H200 capture
 
 
-@pytest.mark.parametrize("parse, name", [
-    (parse_nvidia_smi_xml, "h200-drv580-idle.xml"), (parse_nvidia_smi_text, "h200-drv580-idle.txt")])
+@pytest.mark.parametrize(
+    "parse, name", [(parse_nvidia_smi_xml, "h200-drv580-idle.xml"), (parse_nvidia_smi_text, "h200-drv580-idle.txt")]
+)
 def test_h200_pcie_vm_driver_580_idle(parse: object, name: str) -> None:
     folder = XML if name.endswith(".xml") else TEXT
     report = parse(fixture_text(folder, name))  # type: ignore[operator]
@@ -519,7 +520,11 @@ def test_h200_pcie_vm_driver_580_idle(parse: object, name: str) -> None:
     assert report.warnings == [] and len(report.gpus) == 1
     gpu = report.gpus[0]
     assert (gpu.name, gpu.gpu_class, gpu.memory_total_mib, gpu.memory_used_mib) == (
-        "NVIDIA H200", "H200-141GB", 143771, 0)
+        "NVIDIA H200",
+        "H200-141GB",
+        143771,
+        0,
+    )
     assert gpu.uuid == "GPU-71b8d6c8-52ee-41c1-d4ae-7007e8a9d0b5" and gpu.pci_bus_id == "00000000:00:06.0"
     assert gpu.temperature_gpu_c == 34 and gpu.power_limit_w == 700.0 and round(gpu.power_draw_w or 0) == 79
     assert gpu.throttle_reasons == ["gpu_idle"] and gpu.mig_mode == "Disabled"
@@ -527,15 +532,18 @@ def test_h200_pcie_vm_driver_580_idle(parse: object, name: str) -> None:
     assert gpu.processes == []
 
 
-@pytest.mark.parametrize("parse, name", [
-    (parse_nvidia_smi_xml, "h200-drv580-one-compute-process.xml"),
-    (parse_nvidia_smi_text, "h200-drv580-one-compute-process.txt")])
+@pytest.mark.parametrize(
+    "parse, name",
+    [
+        (parse_nvidia_smi_xml, "h200-drv580-one-compute-process.xml"),
+        (parse_nvidia_smi_text, "h200-drv580-one-compute-process.txt"),
+    ],
+)
 def test_h200_with_a_compute_process_names_it(parse: object, name: str) -> None:
     folder = XML if name.endswith(".xml") else TEXT
     gpu = parse(fixture_text(folder, name)).gpus[0]  # type: ignore[operator]
     assert gpu.memory_used_mib == 2575 and gpu.sm_clock_mhz == 1980 and gpu.throttle_reasons == []
-    assert [(p.pid, p.name, p.used_memory_mib, p.process_type) for p in gpu.processes] == [
-        (674, "python3", 2566, "C")]
+    assert [(p.pid, p.name, p.used_memory_mib, p.process_type) for p in gpu.processes] == [(674, "python3", 2566, "C")]
 
 
 def test_nvlink_errors_of_a_card_without_nvlink_are_none() -> None:

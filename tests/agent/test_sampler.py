@@ -20,8 +20,15 @@ pytestmark = pytest.mark.skipif(not fixtures_available(), reason=f"no captured f
 
 def sampler_for(tmp_path: Path, host: str, **config: Any) -> Sampler:
     tools = build_host(HOSTS[host], tmp_path)
-    cfg = parse_config({"server": "http://127.0.0.1:1", "state_dir": str(tmp_path / "state"), "root": str(tmp_path),
-                        "tools": tools, **config})
+    cfg = parse_config(
+        {
+            "server": "http://127.0.0.1:1",
+            "state_dir": str(tmp_path / "state"),
+            "root": str(tmp_path),
+            "tools": tools,
+            **config,
+        }
+    )
     return Sampler(cfg)
 
 
@@ -37,8 +44,9 @@ def test_an_h100_host_registers_eight_cards_with_figures(tmp_path: Path) -> None
     assert all("temperature_gpu_c" in g and "power_draw_w" in g for g in sample["gpus"])
     assert sample["cpu_package_temp_c"] is not None
     # Both messages pass the protocol's schema as the server will check them.
-    protocol.parse_message(protocol.encode("register", {"agent_version": "t", "hardware": hardware,
-                                                        "sample": sample}), expect="agent")
+    protocol.parse_message(
+        protocol.encode("register", {"agent_version": "t", "hardware": hardware, "sample": sample}), expect="agent"
+    )
     protocol.parse_message(protocol.encode("heartbeat", {"sample": sample}), expect="agent")
 
 
@@ -126,8 +134,13 @@ class FakeSocket:
 def test_a_bad_message_from_the_server_is_answered_and_the_agent_goes_on(tmp_path: Path) -> None:
     sampler = sampler_for(tmp_path, "cpu")
     agent = Agent(sampler.config, sampler)
-    ws = FakeSocket(["{oops", json.dumps({"v": 1, "type": "warp"}),
-                     protocol.encode("registered", {"node": "cpu1", "heartbeat_interval": 3})])
+    ws = FakeSocket(
+        [
+            "{oops",
+            json.dumps({"v": 1, "type": "warp"}),
+            protocol.encode("registered", {"node": "cpu1", "heartbeat_interval": 3}),
+        ]
+    )
     asyncio.run(agent.receive(ws))
     errors = [json.loads(text) for text in ws.sent]
     assert [e["code"] for e in errors] == ["malformed", "unknown_type"]

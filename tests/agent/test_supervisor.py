@@ -281,14 +281,30 @@ async def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
         me = read_proc_stat(os.getpid())
         assert me is not None
         spec = make_spec("/models/x.gguf").to_dict()
-        (state_dir / "engines.json").write_text(json.dumps({
-            "gone-s0": {"pid": bystander.pid, "pgid": bystander.pid, "start_ticks": stat.start_ticks + 1,
-                        "port": spec["port"], "fingerprint": "x", "spec": {**spec, "shard": "gone-s0"},
-                        "started_at": time.time()},
-            "self-s0": {"pid": os.getpid(), "pgid": me.pgrp, "start_ticks": me.start_ticks - 1,
-                        "port": spec["port"], "fingerprint": "x", "spec": {**spec, "shard": "self-s0"},
-                        "started_at": time.time()},
-        }))
+        (state_dir / "engines.json").write_text(
+            json.dumps(
+                {
+                    "gone-s0": {
+                        "pid": bystander.pid,
+                        "pgid": bystander.pid,
+                        "start_ticks": stat.start_ticks + 1,
+                        "port": spec["port"],
+                        "fingerprint": "x",
+                        "spec": {**spec, "shard": "gone-s0"},
+                        "started_at": time.time(),
+                    },
+                    "self-s0": {
+                        "pid": os.getpid(),
+                        "pgid": me.pgrp,
+                        "start_ticks": me.start_ticks - 1,
+                        "port": spec["port"],
+                        "fingerprint": "x",
+                        "spec": {**spec, "shard": "self-s0"},
+                        "started_at": time.time(),
+                    },
+                }
+            )
+        )
         sup = supervisor(state_dir, binary="/bin/false")
         for shard in ("gone-s0", "self-s0"):
             state = sup.state(shard)
@@ -314,9 +330,21 @@ async def test_an_engine_gone_while_the_agent_was_away_is_reported_failed(tmp_pa
     assert stat is not None
     done.wait()
     spec = make_spec("/models/x.gguf")
-    (state_dir / "engines.json").write_text(json.dumps({spec.shard: {
-        "pid": done.pid, "pgid": done.pid, "start_ticks": stat.start_ticks, "port": spec.port,
-        "fingerprint": spec_fingerprint(spec), "spec": spec.to_dict(), "started_at": time.time()}}))
+    (state_dir / "engines.json").write_text(
+        json.dumps(
+            {
+                spec.shard: {
+                    "pid": done.pid,
+                    "pgid": done.pid,
+                    "start_ticks": stat.start_ticks,
+                    "port": spec.port,
+                    "fingerprint": spec_fingerprint(spec),
+                    "spec": spec.to_dict(),
+                    "started_at": time.time(),
+                }
+            }
+        )
+    )
     (state_dir / "logs").mkdir()
     (state_dir / "logs" / f"{spec.shard}.log").write_text("==== llmgw-agent start\nout of memory\n")
     sup = supervisor(state_dir, binary="/bin/false")
@@ -354,8 +382,9 @@ async def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
     spec = make_spec("/models/x.gguf")
     await sup.converge([spec])
     pid = sup.state(spec.shard)["pid"]  # type: ignore[index]
-    await until(lambda: "started" in (tmp_path / "state" / "logs" / f"{spec.shard}.log").read_text(),
-                what="the trap to be set")
+    await until(
+        lambda: "started" in (tmp_path / "state" / "logs" / f"{spec.shard}.log").read_text(), what="the trap to be set"
+    )
     await sup.converge([])
     assert group_members(pid) == []  # it ignores SIGTERM: only SIGKILL after the grace ends it
     assert sup.state(spec.shard)["state"] == STOPPED  # type: ignore[index]

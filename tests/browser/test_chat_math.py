@@ -34,19 +34,21 @@ csp_violations = console.csp_violations
 
 STORE = "llmgw.chat.v1"
 SHORT_REPLY = r"Area $\pi r^2$, and $$\sum_{k=1}^{n} k$$"
-LONG_REPLY = "\n".join([
-    r"Inline $a^2 + b^2 = c^2$ and \(\vec{v} \cdot \vec{w}\), bold \(\pmb{x}\); $5 and $10 stay prices.",
-    "",
-    r"$$\int_0^1 x\,dx = \frac{1}{2}$$",
-    "",
-    r"\[\left(\begin{matrix} a \\ b \\ c \end{matrix}\right)\]",
-    "",
-    r"A broken one: $\frac{1}{$ and inline code `$y^2$`.",
-    "",
-    "```python",
-    r'area = "$\pi r^2$"  # \(not math\)',
-    "```",
-])
+LONG_REPLY = "\n".join(
+    [
+        r"Inline $a^2 + b^2 = c^2$ and \(\vec{v} \cdot \vec{w}\), bold \(\pmb{x}\); $5 and $10 stay prices.",
+        "",
+        r"$$\int_0^1 x\,dx = \frac{1}{2}$$",
+        "",
+        r"\[\left(\begin{matrix} a \\ b \\ c \end{matrix}\right)\]",
+        "",
+        r"A broken one: $\frac{1}{$ and inline code `$y^2$`.",
+        "",
+        "```python",
+        r'area = "$\pi r^2$"  # \(not math\)',
+        "```",
+    ]
+)
 BROKEN = r"$\frac{1}{$"
 
 
@@ -56,6 +58,7 @@ def _gbnf_literal(text: str) -> str:
 
 def _answer_with(page: Any, reply: str) -> None:
     """Have the tiny model answer exactly `reply`: a grammar that allows nothing else."""
+
     def route(route: Any) -> None:
         body = json.loads(route.request.post_data or "{}")
         body.update(grammar="root ::= " + _gbnf_literal(reply), max_tokens=200, temperature=0)
@@ -81,7 +84,8 @@ def _katex_is_served_hashed(page: Any) -> None:
 
 
 def test_a_streamed_reply_has_its_math_typeset_when_it_ends(
-        page: Any, plane: ControlPlane, csp_violations: list[str]) -> None:
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
     _open_chat(page, plane)
     _katex_is_served_hashed(page)
     sync_api.expect(page.locator("#chat-send")).to_be_enabled()
@@ -107,11 +111,18 @@ def test_a_streamed_reply_has_its_math_typeset_when_it_ends(
 
 
 def test_a_kept_conversation_is_typeset_on_reload_leaving_code_and_broken_formulas_as_written(
-        page: Any, plane: ControlPlane, csp_violations: list[str]) -> None:
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
     texts = _open_chat(page, plane)
-    conversation = {"turns": [{"role": "user", "content": "Some math, please"},
-                              {"role": "assistant", "content": LONG_REPLY, "model": "tiny"}],
-                    "system": "", "temperature": "", "model": "tiny"}
+    conversation = {
+        "turns": [
+            {"role": "user", "content": "Some math, please"},
+            {"role": "assistant", "content": LONG_REPLY, "model": "tiny"},
+        ],
+        "system": "",
+        "temperature": "",
+        "model": "tiny",
+    }
     page.evaluate("([key, value]) => localStorage.setItem(key, value)", [STORE, json.dumps(conversation)])
     page.reload()
     _katex_is_served_hashed(page)
@@ -137,7 +148,8 @@ def test_a_kept_conversation_is_typeset_on_reload_leaving_code_and_broken_formul
     # \vec and \pmb are built with style attributes, which the page sets through CSSOM: applied,
     # and nothing refused. Every SVG of KaTeX's is drawn (none squeezed to nothing by the page's CSS).
     svgs = body.locator(".katex-html svg").evaluate_all(
-        "svgs => svgs.map(svg => [svg.style.width, svg.getBoundingClientRect().width])")
+        "svgs => svgs.map(svg => [svg.style.width, svg.getBoundingClientRect().width])"
+    )
     assert len([width for width, _drawn in svgs if width]) == 2, svgs  # the arrows of \vec{v} and \vec{w}
     assert all(drawn > 0 for _width, drawn in svgs), svgs
     # The fonts come from the hashed files the stylesheet names.
@@ -149,8 +161,9 @@ def test_a_kept_conversation_is_typeset_on_reload_leaving_code_and_broken_formul
     assert "KaTeX_Main" in loaded and "KaTeX_Math" in loaded, loaded
     fonts = page.evaluate("""() => performance.getEntriesByType("resource").map(e => new URL(e.name).pathname)
                                .filter(p => p.endsWith(".woff2") && p.includes("/katex/"))""")
-    assert fonts and all(re.fullmatch(r"/static/console/katex/fonts/KaTeX_[\w-]+\.[0-9a-f]{12}\.woff2", f)
-                         for f in fonts), fonts
+    assert fonts and all(
+        re.fullmatch(r"/static/console/katex/fonts/KaTeX_[\w-]+\.[0-9a-f]{12}\.woff2", f) for f in fonts
+    ), fonts
     found = measure(page)
     assert found["scrollWidth"] <= found["innerWidth"] and not found["spilling"], found
     screenshot(page, "chat-math", PHONE)

@@ -35,8 +35,16 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 pytestmark = pytest.mark.e2e
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
 PHONE, DESKTOP = 390, 1280
 HEIGHT = 844
@@ -44,8 +52,14 @@ HEIGHT = 844
 SHOT_MAX_HEIGHT = 4000
 
 # The pages other work adds to the console: measured when their route exists.
-OPTIONAL_PAGES = {"chat": "chat", "usage": "usage", "cluster": "cluster", "people": "people", "docs": "docs",
-                  "about": "about"}
+OPTIONAL_PAGES = {
+    "chat": "chat",
+    "usage": "usage",
+    "cluster": "cluster",
+    "people": "people",
+    "docs": "docs",
+    "about": "about",
+}
 
 # How wide the page is, which elements stick out past the right edge of the window (for the
 # message of a failed measurement), and which boxes on the page have content spilling out of
@@ -113,13 +127,33 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     tmp = tmp_path_factory.mktemp("browser")
     weights = make_tiny_gguf(tmp / "tiny.gguf")
     spec = tmp / "models.yaml"
-    spec.write_text(yaml.safe_dump({"models": [
-        {"name": "tiny", "source": str(weights), "replicas": 1,
-         "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1,
-                       "parallel": 2, "context_size": 512}]},
-    ]}))
-    with ControlPlane(tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "",
-                                      "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120"}) as running:
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "tiny",
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "1GB",
+                                "cpu_cores": 1,
+                                "parallel": 2,
+                                "context_size": 512,
+                            }
+                        ],
+                    },
+                ]
+            }
+        )
+    )
+    with ControlPlane(
+        tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "", "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120"}
+    ) as running:
         assert running.ctl("model", "apply", "-f", str(spec))[0] == 0
         running.wait_for(lambda: _models_ready(running), timeout=90, what="tiny served by the gateway")
         # Long names, as real ones are, so the People page and the pickers have something to fit.
@@ -165,8 +199,7 @@ def signed_in(plane: ControlPlane, chromium: Any) -> dict[str, Any]:
 @pytest.fixture
 def page(chromium: Any, signed_in: dict[str, Any]) -> Iterator[Any]:
     """A fresh context (its own cookies and localStorage), signed in, at a phone's width."""
-    context = chromium.new_context(storage_state=signed_in, viewport={"width": PHONE, "height": HEIGHT},
-                                   locale="en-US")
+    context = chromium.new_context(storage_state=signed_in, viewport={"width": PHONE, "height": HEIGHT}, locale="en-US")
     context.set_default_timeout(15_000)
     yield context.new_page()
     context.close()
@@ -176,8 +209,14 @@ def page(chromium: Any, signed_in: dict[str, Any]) -> Iterator[Any]:
 def csp_violations(page: Any) -> list[str]:
     """What the browser refused under the Content Security Policy while the test ran: nothing, always."""
     refused: list[str] = []
-    page.on("console", lambda message: refused.append(message.text)
-            if message.type == "error" and "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text)
+            if message.type == "error" and "Content Security Policy" in message.text
+            else None
+        ),
+    )
     return refused
 
 
@@ -198,9 +237,17 @@ def route_exists(name: str) -> bool:
 
 def console_pages(plane: ControlPlane) -> list[tuple[str, str]]:
     """(screenshot name, path) of every console page there is."""
-    pages = [("overview", "/"), ("account", "/account/"), ("api-keys", "/account/keys/"), ("nodes", "/nodes/"),
-             ("node", f"/nodes/{local_node(plane)}/"), ("models", "/models/"), ("model", "/models/tiny/"),
-             ("model-explain", "/models/tiny/explain"), ("audit", "/audit/")]
+    pages = [
+        ("overview", "/"),
+        ("account", "/account/"),
+        ("api-keys", "/account/keys/"),
+        ("nodes", "/nodes/"),
+        ("node", f"/nodes/{local_node(plane)}/"),
+        ("models", "/models/"),
+        ("model", "/models/tiny/"),
+        ("model-explain", "/models/tiny/explain"),
+        ("audit", "/audit/"),
+    ]
     from django.urls import reverse
 
     pages += [(shot, reverse(name)) for name, shot in OPTIONAL_PAGES.items() if route_exists(name)]
@@ -219,8 +266,9 @@ def screenshot(page: Any, name: str, width: int) -> Path:
     return path
 
 
-def check_widths(page: Any, plane: ControlPlane, pages: list[tuple[str, str]], width: int, *,
-                 shots: bool = True) -> list[str]:
+def check_widths(
+    page: Any, plane: ControlPlane, pages: list[tuple[str, str]], width: int, *, shots: bool = True
+) -> list[str]:
     """Load each page at `width`; the pages wider than the window, with what sticks out."""
     page.set_viewport_size({"width": width, "height": HEIGHT})
     too_wide = []
@@ -230,8 +278,9 @@ def check_widths(page: Any, plane: ControlPlane, pages: list[tuple[str, str]], w
         assert "/login/" not in page.url, path
         found = measure(page)
         if found["scrollWidth"] > found["innerWidth"]:
-            too_wide.append(f"{path} at {width}px is {found['scrollWidth']}px wide:\n    "
-                            + "\n    ".join(found["sticking"]))
+            too_wide.append(
+                f"{path} at {width}px is {found['scrollWidth']}px wide:\n    " + "\n    ".join(found["sticking"])
+            )
         if found["spilling"]:
             too_wide.append(f"{path} at {width}px spills out of its boxes:\n    " + "\n    ".join(found["spilling"]))
         if shots:
@@ -240,6 +289,7 @@ def check_widths(page: Any, plane: ControlPlane, pages: list[tuple[str, str]], w
 
 
 # Signing in and the language ------------------------------------------------------------------
+
 
 def test_signed_in_through_the_form_and_the_overview_shows_who(page: Any, plane: ControlPlane) -> None:
     page.goto(plane.url + "/")
@@ -264,6 +314,7 @@ def test_the_footer_switches_the_console_to_turkish(page: Any, plane: ControlPla
 
 # The nodes and the cluster ----------------------------------------------------------------------
 
+
 def test_the_nodes_page_lists_the_local_node(page: Any, plane: ControlPlane) -> None:
     name = local_node(plane)
     page.goto(plane.url + "/nodes/")
@@ -276,7 +327,8 @@ def test_the_nodes_page_lists_the_local_node(page: Any, plane: ControlPlane) -> 
 
 
 def test_the_cluster_page_draws_its_gpu_map_empty_on_a_node_without_gpus(
-        page: Any, plane: ControlPlane, csp_violations: list[str]) -> None:
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
     if not route_exists("cluster"):
         pytest.skip("there is no cluster page")
     page.goto(plane.url + "/cluster/")
@@ -290,9 +342,11 @@ def test_the_cluster_page_draws_its_gpu_map_empty_on_a_node_without_gpus(
 
 # Every page fits the screen -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("width", [PHONE, DESKTOP])
 def test_no_console_page_is_wider_than_the_screen(
-        page: Any, plane: ControlPlane, csp_violations: list[str], width: int) -> None:
+    page: Any, plane: ControlPlane, csp_violations: list[str], width: int
+) -> None:
     pages = console_pages(plane)
     too_wide = check_widths(page, plane, pages, width)
     assert not too_wide, "\n".join(too_wide)
@@ -327,7 +381,8 @@ def test_no_page_of_the_manual_is_wider_than_a_phone(page: Any, plane: ControlPl
         pytest.skip("there is no manual")
     page.goto(plane.url + "/docs/")
     links = page.locator("main a[href^='/docs/']").evaluate_all(
-        "links => [...new Set(links.map(a => new URL(a.href).pathname))]")
+        "links => [...new Set(links.map(a => new URL(a.href).pathname))]"
+    )
     documents = [(path.rsplit("/", 1)[-1], path) for path in links if re.fullmatch(r"/docs/[a-z0-9-]+", path)]
     assert documents
     too_wide = check_widths(page, plane, documents, PHONE, shots=False)
@@ -336,9 +391,11 @@ def test_no_page_of_the_manual_is_wider_than_a_phone(page: Any, plane: ControlPl
 
 # The chat page ---------------------------------------------------------------------------------
 
+
 def _longer_replies(page: Any, max_tokens: int) -> None:
     """Ask the gateway for `max_tokens` tokens exactly: the page has no such setting, and the tiny
     model would otherwise stop at a random end-of-text token within a few dozen."""
+
     def route(route: Any) -> None:
         body = json.loads(route.request.post_data or "{}")
         body.update(max_tokens=max_tokens, ignore_eos=True)
@@ -351,14 +408,18 @@ def _throttle(page: Any, bytes_per_second: int) -> Any:
     """Slow what reaches the page (the engine answers in milliseconds), so a reply is seen arriving."""
     session = page.context.new_cdp_session(page)
     session.send("Network.enable")
-    session.send("Network.emulateNetworkConditions",
-                 {"offline": False, "latency": 0, "downloadThroughput": bytes_per_second, "uploadThroughput": -1})
+    session.send(
+        "Network.emulateNetworkConditions",
+        {"offline": False, "latency": 0, "downloadThroughput": bytes_per_second, "uploadThroughput": -1},
+    )
     return session
 
 
 def _unthrottle(session: Any) -> None:
-    session.send("Network.emulateNetworkConditions",
-                 {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
+    session.send(
+        "Network.emulateNetworkConditions",
+        {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+    )
 
 
 # Every text the reply shows while it streams, recorded in the page as it changes.
@@ -387,7 +448,8 @@ def _open_chat(page: Any, plane: ControlPlane) -> tuple[Any, dict[str, str]]:
 
 
 def test_chat_reply_streams_in_with_the_hardware_under_it(
-        page: Any, plane: ControlPlane, csp_violations: list[str]) -> None:
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
     send, texts = _open_chat(page, plane)
     _longer_replies(page, 48)
     page.evaluate(RECORD_STREAM)
@@ -419,7 +481,8 @@ def test_chat_reply_streams_in_with_the_hardware_under_it(
 
 
 def test_chat_stop_keeps_the_partial_reply_and_a_reload_restores_it(
-        page: Any, plane: ControlPlane, csp_violations: list[str]) -> None:
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
     send, texts = _open_chat(page, plane)
     _longer_replies(page, 400)  # ~65 KB of events: half a minute at this pace
     throttle = _throttle(page, 2_000)
@@ -459,8 +522,10 @@ def test_chat_stop_keeps_the_partial_reply_and_a_reload_restores_it(
 
 # Forms in Turkish -----------------------------------------------------------------------------------
 
+
 def test_in_turkish_every_form_of_the_model_card_submits_as_it_was_filled(
-        page: Any, plane: ControlPlane, csp_violations: list[str]) -> None:
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
     """A Turkish page writes one and a half as 1,5; the browser's number fields must still read 1.5."""
     before = plane.api("GET", "models/tiny")
     page.goto(plane.url + "/models/tiny/")
@@ -472,8 +537,9 @@ def test_in_turkish_every_form_of_the_model_card_submits_as_it_was_filled(
         for index in range(numbers.count()):
             field = numbers.nth(index)
             written = field.get_attribute("value")
-            assert written and field.input_value() == written, f"{name}: the browser reads {written!r} as " \
-                                                                f"{field.input_value()!r}"
+            assert written and field.input_value() == written, (
+                f"{name}: the browser reads {written!r} as {field.input_value()!r}"
+            )
         form.locator("button[type=submit]").click()
         sync_api.expect(page.locator("#model-card [data-notice]")).to_be_visible()
         sync_api.expect(page.locator("#model-card [role=alert]")).to_have_count(0)

@@ -22,8 +22,16 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 pytestmark = pytest.mark.e2e
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PHONE, DESKTOP, HEIGHT = 390, 1280, 844
 
 
@@ -63,13 +71,20 @@ def page(chromium: Any, plane: ControlPlane) -> Iterator[Any]:
 def csp_refusals(page: Any) -> list[str]:
     """What the browser refused under the Content Security Policy while the test ran: nothing, always."""
     refused: list[str] = []
-    page.on("console", lambda message: refused.append(message.text)
-            if message.type == "error" and "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text)
+            if message.type == "error" and "Content Security Policy" in message.text
+            else None
+        ),
+    )
     return refused
 
 
-def test_a_team_is_created_renamed_and_removed_through_the_page(page: Any, plane: ControlPlane,
-                                                                csp_refusals: list[str]) -> None:
+def test_a_team_is_created_renamed_and_removed_through_the_page(
+    page: Any, plane: ControlPlane, csp_refusals: list[str]
+) -> None:
     expect = sync_api.expect
     org = next(o for o in plane.api("GET", "organizations")["results"] if o["name"] == "Acme")
     page.goto(f"{plane.url}/people/members/?branch=org:{org['id']}")
@@ -121,14 +136,19 @@ def test_a_team_is_created_renamed_and_removed_through_the_page(page: Any, plane
     page.wait_for_url(f"{plane.url}/people/members/?branch=org%3A{org['id']}")
     expect(page.locator("main")).to_contain_text("Acme / Computer Vision removed.")
     expect(tree).not_to_contain_text("Computer Vision")
-    assert asked == ["Remove the team Computer Vision? Its limits and capacity quota go with it; its usage "
-                     "history stays. This cannot be undone."] * 2
+    assert (
+        asked
+        == [
+            "Remove the team Computer Vision? Its limits and capacity quota go with it; its usage "
+            "history stays. This cannot be undone."
+        ]
+        * 2
+    )
     assert all(t["id"] != team["id"] for t in plane.api("GET", "teams")["results"])
     assert not csp_refusals, csp_refusals
 
 
-def test_the_open_menu_and_a_refused_name_fit_a_phone(page: Any, plane: ControlPlane,
-                                                      csp_refusals: list[str]) -> None:
+def test_the_open_menu_and_a_refused_name_fit_a_phone(page: Any, plane: ControlPlane, csp_refusals: list[str]) -> None:
     org = next(o for o in plane.api("GET", "organizations")["results"] if o["name"] == "Acme")
     page.set_viewport_size({"width": PHONE, "height": HEIGHT})
     page.goto(f"{plane.url}/people/members/?branch=org:{org['id']}")

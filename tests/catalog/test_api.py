@@ -18,8 +18,12 @@ from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db
 
-TINY = {"name": "tiny", "source": "/models/tiny.gguf", "replicas": 1,
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1}]}
+TINY = {
+    "name": "tiny",
+    "source": "/models/tiny.gguf",
+    "replicas": 1,
+    "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1}],
+}
 
 
 @pytest.fixture
@@ -35,16 +39,18 @@ def as_user(api: Any, user: Any) -> Any:
 
 
 def apply(client: Any, *specs: dict[str, Any], dry_run: bool = False) -> Any:
-    return client.post("/api/v1/models/apply", {"models": list(specs), **({"dry_run": True} if dry_run else {})},
-                       format="json")
+    return client.post(
+        "/api/v1/models/apply", {"models": list(specs), **({"dry_run": True} if dry_run else {})}, format="json"
+    )
 
 
 def with_profile(**changes: Any) -> dict[str, Any]:
     return {**TINY, "profiles": [{**TINY["profiles"][0], **changes}]}
 
 
-def test_the_model_list_costs_the_same_queries_for_two_models_or_twenty(api, operator,
-                                                                       django_assert_num_queries) -> None:
+def test_the_model_list_costs_the_same_queries_for_two_models_or_twenty(
+    api, operator, django_assert_num_queries
+) -> None:
     for i in range(2):
         make_model(f"m{i}", memory_gb=1)
     client = as_user(api, operator)
@@ -133,8 +139,7 @@ def test_a_viewer_and_a_person_without_a_role_may_not_apply_or_delete(api, user_
     assert Model.objects.filter(name="kept", deleted_at__isnull=True).exists()
 
 
-def test_explain_breaks_each_fitting_node_score_into_its_scorers_and_says_who_holds_the_weights(
-        api, operator) -> None:
+def test_explain_breaks_each_fitting_node_score_into_its_scorers_and_says_who_holds_the_weights(api, operator) -> None:
     from apps.cluster.models import Node
 
     make_node("holder", memory_gb=64)

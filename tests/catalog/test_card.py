@@ -27,8 +27,10 @@ def test_a_replicas_measured_memory_and_cores_read_with_their_precision(client: 
     model = make_model("qwen", memory_gb=1, cores=1)
     replica = make_replica(model, node)
     shard = replica.shards.get()
-    node.sample = {**node.sample, "shards": [{"shard": shard.shard_id, "cpu_cores": 0.02,
-                                               "memory_bytes": 19 * 1024**2}]}
+    node.sample = {
+        **node.sample,
+        "shards": [{"shard": shard.shard_id, "cpu_cores": 0.02, "memory_bytes": 19 * 1024**2}],
+    }
     node.sampled_at = timezone.now()
     node.save(update_fields=["sample", "sampled_at"])
     client.force_login(alice)
@@ -58,8 +60,9 @@ def test_the_declare_form_starts_empty_with_the_example_as_its_placeholder(clien
     assert not Model.objects.exists()
 
 
-def test_the_owner_is_set_on_the_card_its_parents_follow_and_the_change_is_audited(client: Client, alice,
-                                                                                   viola) -> None:
+def test_the_owner_is_set_on_the_card_its_parents_follow_and_the_change_is_audited(
+    client: Client, alice, viola
+) -> None:
     org = Organization.objects.create(name="Acme", slug="acme")
     team = Team.objects.create(organization=org, name="Vision", slug="vision")
     project = Project.objects.create(team=team, name="Captions", slug="captions")
@@ -100,5 +103,3 @@ def test_number_fields_hold_numbers_a_browser_reads_in_every_language(client: Cl
             if value and value.group(1):
                 assert re.fullmatch(r"-?\d+(\.\d+)?", value.group(1)), f"{path}: {tag}"
     assert 'value="1.5"' in client.get("/models/qwen/").content.decode()
-
-

@@ -12,8 +12,10 @@ pytestmark = pytest.mark.django_db
 
 def test_models_in_server_yaml_are_applied_once(tmp_path: Path) -> None:
     path = tmp_path / "server.yaml"
-    path.write_text("models:\n  - name: from-file\n    replicas: 0\n    source: /m.gguf\n"
-                    "    profiles: [{name: cpu, accelerator: cpu, memory: 1GB}]\n")
+    path.write_text(
+        "models:\n  - name: from-file\n    replicas: 0\n    source: /m.gguf\n"
+        "    profiles: [{name: cpu, accelerator: cpu, memory: 1GB}]\n"
+    )
     assert [r.outcome for r in apply_server_config(str(path))] == ["created"]
     assert [r.outcome for r in apply_server_config(str(path))] == ["unchanged"]
     assert Model.objects.get(name="from-file").min_replicas == 0

@@ -61,14 +61,32 @@ def error(content: bytes, field: str) -> str:
 
 # Who may see and do what ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,path", [
-    ("get", "/models/"), ("get", "/models/qwen/"), ("get", "/models/qwen/explain"),
-    ("post", "/models/qwen/target"), ("post", "/models/qwen/class"), ("post", "/models/qwen/resources"),
-])
+
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("get", "/models/"),
+        ("get", "/models/qwen/"),
+        ("get", "/models/qwen/explain"),
+        ("post", "/models/qwen/target"),
+        ("post", "/models/qwen/class"),
+        ("post", "/models/qwen/resources"),
+    ],
+)
 def test_an_outsider_is_refused_every_model_page(client: Client, bob, method: str, path: str) -> None:
     make_model("qwen", **QWEN)
-    data = {"min_replicas": 3, "max_replicas": 4, "capacity_class": "critical", "profile": "cpu", "memory": "16GiB",
-            "cpu_cores": 8} if method == "post" else {}
+    data = (
+        {
+            "min_replicas": 3,
+            "max_replicas": 4,
+            "capacity_class": "critical",
+            "profile": "cpu",
+            "memory": "16GiB",
+            "cpu_cores": 8,
+        }
+        if method == "post"
+        else {}
+    )
     assert getattr(signed_in(client, bob), method)(path, data).status_code == 403
     model = Model.objects.get()
     assert (model.min_replicas, model.max_replicas, model.capacity_class) == (1, 2, "")
@@ -106,8 +124,9 @@ def test_a_viewer_may_not_change_a_model(client: Client, viola) -> None:
     signed_in(client, viola)
     assert client.post("/models/qwen/target", {"min_replicas": 0, "max_replicas": 1}).status_code == 403
     assert client.post("/models/qwen/class", {"capacity_class": "critical"}).status_code == 403
-    assert client.post("/models/qwen/resources", {"profile": "cpu", "memory": "1GiB",
-                                                  "cpu_cores": 1}).status_code == 403
+    assert (
+        client.post("/models/qwen/resources", {"profile": "cpu", "memory": "1GiB", "cpu_cores": 1}).status_code == 403
+    )
     model = Model.objects.get()
     assert (model.min_replicas, model.max_replicas, model.capacity_class) == (1, 2, "")
     assert model.profiles.get().memory_bytes == 8 * GB
@@ -124,10 +143,12 @@ def test_a_viewer_reads_the_card_without_forms(client: Client, viola, placement)
 
 # The models list --------------------------------------------------------------------------------------
 
+
 def test_the_list_says_how_each_model_runs_and_where(client: Client, viola) -> None:
     first, second = make_node("gpu-r1-01"), make_node("gpu-r1-02")
-    model = make_model("qwen", replicas=2, max_replicas=3, profile="cpu", memory_gb=8, cores=4,
-                       capacity_class="critical")
+    model = make_model(
+        "qwen", replicas=2, max_replicas=3, profile="cpu", memory_gb=8, cores=4, capacity_class="critical"
+    )
     make_replica(model, first)
     make_replica(model, second, state=ReplicaState.STARTING)
     make_replica(model, state=ReplicaState.PENDING, message="No node has 8 GB of memory free.")
@@ -197,6 +218,7 @@ def test_the_list_does_not_query_per_model(client: Client, alice, django_assert_
 
 # The card ------------------------------------------------------------------------------------------
 
+
 def test_the_card_shows_the_model_its_profiles_and_replicas(client: Client, alice, placement) -> None:
     node = make_node("cpu-01")
     model = make_model("qwen", **QWEN, source="/models/qwen.gguf", fallbacks=["opt"])
@@ -244,8 +266,12 @@ def test_a_replica_over_its_memory_claim_is_marked(client: Client, viola) -> Non
     replica = make_replica(model, node)
     node.sample["shards"] = [{"shard": f"r{replica.pk}s0", "cpu_cores": 1, "memory_bytes": 3 * GB}]
     node.save(update_fields=["sample"])
-    memory = cell(signed_in(client, viola).get("/models/qwen/", headers={"HX-Request": "true"}).content,
-                  "data-replica", replica.pk, "memory")
+    memory = cell(
+        signed_in(client, viola).get("/models/qwen/", headers={"HX-Request": "true"}).content,
+        "data-replica",
+        replica.pk,
+        "memory",
+    )
     assert "more memory than it claims" in memory
 
 
@@ -274,6 +300,7 @@ def test_an_external_model_card_names_its_provider(client: Client, viola) -> Non
 
 
 # Changing a model ------------------------------------------------------------------------------------
+
 
 def test_an_admin_sets_the_replica_counts(client: Client, alice, placement) -> None:
     model = make_model("qwen", **QWEN)
@@ -333,8 +360,9 @@ def test_fewer_under_load_than_always_running_is_refused(client: Client, alice, 
 
 def test_memory_that_is_not_a_size_is_refused(client: Client, alice, placement) -> None:
     model = make_model("qwen", **QWEN)
-    response = signed_in(client, alice).post("/models/qwen/resources",
-                                             {"profile": "cpu", "memory": "lots", "cpu_cores": "6"})
+    response = signed_in(client, alice).post(
+        "/models/qwen/resources", {"profile": "cpu", "memory": "lots", "cpu_cores": "6"}
+    )
     assert response.status_code == 200
     assert "“lots”" in error(response.content, "memory")
     profile = model.profiles.get()
@@ -344,14 +372,14 @@ def test_memory_that_is_not_a_size_is_refused(client: Client, alice, placement) 
 
 def test_an_unknown_profile_is_refused(client: Client, alice, placement) -> None:
     make_model("qwen", **QWEN)
-    response = signed_in(client, alice).post("/models/qwen/resources",
-                                             {"profile": "gpu", "memory": "1GiB", "cpu_cores": "1"})
+    response = signed_in(client, alice).post(
+        "/models/qwen/resources", {"profile": "gpu", "memory": "1GiB", "cpu_cores": "1"}
+    )
     assert "No profile “gpu”" in error(response.content, "resources")
     assert not AuditEvent.objects.exists()
 
 
-def test_more_always_running_replicas_than_fit_are_refused_with_the_numbers(client: Client, alice,
-                                                                            placement) -> None:
+def test_more_always_running_replicas_than_fit_are_refused_with_the_numbers(client: Client, alice, placement) -> None:
     make_node("cpu-01", memory_gb=16)
     model = make_model("qwen", replicas=0, max_replicas=1, profile="cpu", memory_gb=12, cores=1)
     response = signed_in(client, alice).post("/models/qwen/target", {"min_replicas": 5, "max_replicas": 5})
@@ -365,8 +393,9 @@ def test_more_always_running_replicas_than_fit_are_refused_with_the_numbers(clie
 
 def test_an_htmx_change_answers_with_the_card(client: Client, alice, placement) -> None:
     make_model("qwen", **QWEN)
-    response = signed_in(client, alice).post("/models/qwen/class", {"capacity_class": "critical"},
-                                              headers={"HX-Request": "true"})
+    response = signed_in(client, alice).post(
+        "/models/qwen/class", {"capacity_class": "critical"}, headers={"HX-Request": "true"}
+    )
     assert response.status_code == 200
     body = response.content.decode().strip()
     assert body.startswith('<div id="model-card"')
@@ -376,9 +405,9 @@ def test_an_htmx_change_answers_with_the_card(client: Client, alice, placement) 
 
 def test_an_htmx_refusal_answers_with_the_card_and_its_error(client: Client, alice, placement) -> None:
     make_model("qwen", **QWEN)
-    response = signed_in(client, alice).post("/models/qwen/resources", {"profile": "cpu", "memory": "lots",
-                                                                        "cpu_cores": "4"},
-                                              headers={"HX-Request": "true"})
+    response = signed_in(client, alice).post(
+        "/models/qwen/resources", {"profile": "cpu", "memory": "lots", "cpu_cores": "4"}, headers={"HX-Request": "true"}
+    )
     body = response.content.decode().strip()
     assert response.status_code == 200 and body.startswith('<div id="model-card"')
     assert "“lots”" in error(response.content, "memory")
@@ -386,20 +415,28 @@ def test_an_htmx_refusal_answers_with_the_card_and_its_error(client: Client, ali
 
 # Why it runs where it does ---------------------------------------------------------------------------
 
-def test_explain_shows_every_node_with_its_reasons_and_what_replicas_met(client: Client, viola,
-                                                                         placement) -> None:
+
+def test_explain_shows_every_node_with_its_reasons_and_what_replicas_met(client: Client, viola, placement) -> None:
     make_node("cpu-big", memory_gb=64)
     make_node("cpu-small", memory_gb=4)
     model = make_model("qwen", max_replicas=2, profile="cpu", memory_gb=8, cores=1)
-    replica = make_replica(model, state=ReplicaState.PENDING, rejections=[
-        {"profile": "cpu", "node": "cpu-small", "message": "cpu-small: 4 GB memory, 8 GB needed",
-         "template": "%(node)s: %(free)s GB memory, %(need)s GB needed",
-         "params": {"node": "cpu-small", "free": 4, "need": 8}},
-    ])
+    replica = make_replica(
+        model,
+        state=ReplicaState.PENDING,
+        rejections=[
+            {
+                "profile": "cpu",
+                "node": "cpu-small",
+                "message": "cpu-small: 4 GB memory, 8 GB needed",
+                "template": "%(node)s: %(free)s GB memory, %(need)s GB needed",
+                "params": {"node": "cpu-small", "free": 4, "need": 8},
+            },
+        ],
+    )
     response = signed_in(client, viola).get("/models/qwen/explain")
     assert response.status_code == 200
     content = response.content
-    small = row(content, 'data-node', "cpu-small")
+    small = row(content, "data-node", "cpu-small")
     assert "refused" in small and "<li>" in small
     assert 'data-node="cpu-big"' in content.decode()
     assert "cpu-small: 4 GB memory, 8 GB needed" in text(row(content, "data-replica", replica.pk))
@@ -414,8 +451,10 @@ def test_an_operator_declares_models_in_the_console_and_a_bad_field_changes_noth
     client.force_login(alice)
     page = client.get("/models/")
     assert b"/models/apply" in page.content
-    spec = ("models:\n  - name: console-made\n    replicas: 0\n    source: /models/x.gguf\n"
-            "    profiles:\n      - {name: cpu, accelerator: cpu, memory: 2GB, cpu_cores: 1}\n")
+    spec = (
+        "models:\n  - name: console-made\n    replicas: 0\n    source: /models/x.gguf\n"
+        "    profiles:\n      - {name: cpu, accelerator: cpu, memory: 2GB, cpu_cores: 1}\n"
+    )
     response = client.post("/models/apply", {"spec": spec})
     assert response.status_code == 200 and b"console-made" in response.content
     assert CatalogModel.objects.get(name="console-made").profiles.get().memory_bytes == 2 * 1024**3

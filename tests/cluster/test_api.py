@@ -29,8 +29,7 @@ def as_user(api: Any, user: Any) -> Any:
     return api
 
 
-def test_the_node_list_costs_the_same_queries_for_two_nodes_or_twenty(api, operator,
-                                                                     django_assert_num_queries) -> None:
+def test_the_node_list_costs_the_same_queries_for_two_nodes_or_twenty(api, operator, django_assert_num_queries) -> None:
     for i in range(2):
         make_node(f"n{i}", gpus=2)
     client = as_user(api, operator)

@@ -33,10 +33,17 @@ def signed_in(user: User) -> Client:
     return client
 
 
-def card(index: int, util: float | None, *, mem: int | None = 8000, temp: float | None = 50,
-         gpu_class: str = H100) -> dict[str, Any]:
-    return {"index": index, "gpu_class": gpu_class, "utilization_gpu_pct": util, "memory_used_mib": mem,
-            "memory_total_mib": 80000, "temperature_gpu_c": temp}
+def card(
+    index: int, util: float | None, *, mem: int | None = 8000, temp: float | None = 50, gpu_class: str = H100
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "gpu_class": gpu_class,
+        "utilization_gpu_pct": util,
+        "memory_used_mib": mem,
+        "memory_total_mib": 80000,
+        "temperature_gpu_c": temp,
+    }
 
 
 def hold(model_name: str, node: Node, indices: list[int], state: str = ReplicaState.READY) -> Replica:
@@ -55,11 +62,22 @@ def fleet(db: Any) -> dict[str, Any]:
     """
     # Heartbeats kept in the history the fleet charts draw; no agent version, so that column stays empty.
     one = make_node("gpu-r1-01", cards=[card(0, 2.0), card(1, 3.0)], heartbeat=True, agent_version="")
-    two = make_node("gpu-r1-02", cards=[card(0, 45.0, mem=40000, temp=61), card(1, None, mem=None, temp=None),
-                                        card(2, 100.0, mem=76000, temp=88)], heartbeat=True, agent_version="")
+    two = make_node(
+        "gpu-r1-02",
+        cards=[
+            card(0, 45.0, mem=40000, temp=61),
+            card(1, None, mem=None, temp=None),
+            card(2, 100.0, mem=76000, temp=88),
+        ],
+        heartbeat=True,
+        agent_version="",
+    )
     return {
-        "one": one, "two": two,
-        "idle": hold("idle", one, [0, 1]), "busy": hold("busy", two, [0]), "blind": hold("blind", two, [1]),
+        "one": one,
+        "two": two,
+        "idle": hold("idle", one, [0, 1]),
+        "busy": hold("busy", two, [0]),
+        "blind": hold("blind", two, [1]),
         # A replica still starting is not "held and idle" even if its cards rest.
         "starting": hold("starting", one, [], state=ReplicaState.STARTING),
     }
@@ -77,11 +95,14 @@ def squares(page: str) -> dict[tuple[str, int], str]:
 def test_each_card_is_a_square_coloured_by_utilisation(alice: User, fleet: dict[str, Any]) -> None:
     page = signed_in(alice).get("/cluster/").content.decode()
     assert squares(page) == {
-        ("gpu-r1-01", 0): "gpu-0 gpu-held", ("gpu-r1-01", 1): "gpu-0 gpu-held",
-        ("gpu-r1-02", 0): "gpu-4 gpu-held", ("gpu-r1-02", 1): "gpu-none gpu-held", ("gpu-r1-02", 2): "gpu-9",
+        ("gpu-r1-01", 0): "gpu-0 gpu-held",
+        ("gpu-r1-01", 1): "gpu-0 gpu-held",
+        ("gpu-r1-02", 0): "gpu-4 gpu-held",
+        ("gpu-r1-02", 1): "gpu-none gpu-held",
+        ("gpu-r1-02", 2): "gpu-9",
     }
     assert "5 GPUs" in page
-    assert 'style=' not in page
+    assert "style=" not in page
 
 
 def test_the_map_can_be_coloured_by_memory_or_temperature(alice: User, fleet: dict[str, Any]) -> None:
@@ -104,12 +125,27 @@ def test_the_colour_is_chosen_with_links_that_htmx_follows(alice: User, fleet: d
     assert 'hx-get="/cluster/?colour=temp" hx-trigger="every 10s"' in page
 
 
-@pytest.mark.parametrize(("value", "colour", "expected"), [
-    (0.0, "util", 0), (9.99, "util", 0), (10.0, "util", 1), (45.0, "util", 4), (99.9, "util", 9),
-    (100.0, "util", 9), (130.0, "mem", 9), (-3.0, "mem", 0), (None, "util", None), (float("nan"), "mem", None),
-    (20.0, "temp", 0), (30.0, "temp", 0), (36.0, "temp", 1), (61.0, "temp", 5), (84.0, "temp", 9),
-    (120.0, "temp", 9),
-])
+@pytest.mark.parametrize(
+    ("value", "colour", "expected"),
+    [
+        (0.0, "util", 0),
+        (9.99, "util", 0),
+        (10.0, "util", 1),
+        (45.0, "util", 4),
+        (99.9, "util", 9),
+        (100.0, "util", 9),
+        (130.0, "mem", 9),
+        (-3.0, "mem", 0),
+        (None, "util", None),
+        (float("nan"), "mem", None),
+        (20.0, "temp", 0),
+        (30.0, "temp", 0),
+        (36.0, "temp", 1),
+        (61.0, "temp", 5),
+        (84.0, "temp", 9),
+        (120.0, "temp", 9),
+    ],
+)
 def test_figures_fall_into_ten_steps(value: float | None, colour: str, expected: int | None) -> None:
     assert overview.bucket(value, colour) == expected
 
@@ -126,7 +162,7 @@ def test_replicas_whose_every_card_rests_are_held_and_idle(alice: User, fleet: d
     idle = re.findall(r'<tr data-idle-replica="(\d+)">(.*?)</tr>', page, re.DOTALL)
     assert [int(pk) for pk, _row in idle] == [fleet["idle"].pk]
     row = idle[0][1]
-    assert "<td class=\"clip\" title=\"idle\">idle</td>" in row
+    assert '<td class="clip" title="idle">idle</td>' in row
     assert '<span title="gpu-r1-01">01</span>' in row
     assert "<td>0, 1</td>" in row
     # "busy" works, "blind" cannot be told, "starting" is not ready.
@@ -140,10 +176,9 @@ def test_no_idle_replica_is_said_plainly(alice: User) -> None:
     assert "No node has reported a GPU." in page
 
 
-def test_the_node_table_drops_the_shared_prefix_and_keeps_the_name_on_hover(alice: User,
-                                                                            fleet: dict[str, Any]) -> None:
+def test_the_node_table_drops_the_shared_prefix_and_keeps_the_name_on_hover(alice: User, fleet: dict[str, Any]) -> None:
     page = signed_in(alice).get("/cluster/").content.decode()
-    table = page[page.index('id="cluster-node-table"'):page.index("</table>", page.index('id="cluster-node-table"'))]
+    table = page[page.index('id="cluster-node-table"') : page.index("</table>", page.index('id="cluster-node-table"'))]
     assert re.search(r'<td class="clip" title="gpu-r1-01"><a [^>]*href="/nodes/gpu-r1-01/">01</a></td>', table)
     assert re.search(r'<td class="clip" title="gpu-r1-02"><a [^>]*href="/nodes/gpu-r1-02/">02</a></td>', table)
     assert "gpu-r1-…" in page
@@ -159,17 +194,16 @@ def test_a_lone_node_or_names_without_a_shared_part_are_kept_whole() -> None:
 
 def test_columns_empty_on_every_row_are_left_out(alice: User, fleet: dict[str, Any]) -> None:
     page = signed_in(alice).get("/cluster/").content.decode()
-    table = page[page.index('id="cluster-node-table"'):]
-    header = table[:table.index("</thead>")]
+    table = page[page.index('id="cluster-node-table"') :]
+    header = table[: table.index("</thead>")]
     assert re.findall(r'<th data-col="([\w-]+)"', header) == ["cpu", "memory", "gpus"]
     assert 'data-col="agent"' not in table and 'data-col="warnings"' not in table and 'data-col="disk"' not in table
 
 
 def test_a_column_one_node_fills_is_shown(alice: User, fleet: dict[str, Any]) -> None:
-    Node.objects.filter(name="gpu-r1-02").update(agent_version="0.9.1", labels={"rack": "r12"},
-                                                 warnings=["fan 3 slow"])
+    Node.objects.filter(name="gpu-r1-02").update(agent_version="0.9.1", labels={"rack": "r12"}, warnings=["fan 3 slow"])
     page = signed_in(alice).get("/cluster/").content.decode()
-    header = page[page.index('id="cluster-node-table"'):page.index("</thead>")]
+    header = page[page.index('id="cluster-node-table"') : page.index("</thead>")]
     assert re.findall(r'<th data-col="([\w-]+)"', header) == ["cpu", "memory", "gpus", "agent", "labels", "warnings"]
     assert '<td data-col="labels" class="clip" title="rack=r12">rack=r12</td>' in page
     assert 'title="fan 3 slow"' in page
@@ -189,8 +223,7 @@ def test_the_fleet_is_charted_by_gpu_class(alice: User, fleet: dict[str, Any]) -
     make_node("cpu-only", cards=[], heartbeat=True, agent_version="")
     make_node("l4-01", cards=[card(0, 10.0, gpu_class="L4")], heartbeat=True, agent_version="")
     page = signed_in(alice).get("/cluster/").content.decode()
-    charts = dict(re.findall(r'<figure class="card min-w-0" data-gpu-class="([^"]+)">(.*?)</figure>', page,
-                             re.DOTALL))
+    charts = dict(re.findall(r'<figure class="card min-w-0" data-gpu-class="([^"]+)">(.*?)</figure>', page, re.DOTALL))
     assert set(charts) == {"H100-80GB", "L4"}
     assert "average of 5 cards" in charts["H100-80GB"] and "average of 1 cards" in charts["L4"]
     assert all("<svg" in chart and "no data" not in chart for chart in charts.values())
@@ -223,8 +256,9 @@ def test_outsiders_are_refused(bob: User, fleet: dict[str, Any]) -> None:
     assert signed_in(bob).get("/").content.decode().count('href="/cluster/"') == 0
 
 
-def test_the_page_reads_in_a_fixed_number_of_queries(alice: User, fleet: dict[str, Any],
-                                                     django_assert_max_num_queries: Any) -> None:
+def test_the_page_reads_in_a_fixed_number_of_queries(
+    alice: User, fleet: dict[str, Any], django_assert_max_num_queries: Any
+) -> None:
     client = signed_in(alice)
     client.get("/cluster/")
     for index in range(3):

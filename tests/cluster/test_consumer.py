@@ -19,9 +19,14 @@ from tests.wscomm import WebsocketCommunicator
 pytestmark = pytest.mark.django_db(transaction=True)
 
 HARDWARE = {
-    "hostname": "gpu1", "cpu_model": "Xeon", "cpus": 64, "memory_total_bytes": 512 * 1024**3,
-    "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "gpu_class": "H100-80GB", "memory_total_mib": 81559}
-             for i in range(2)],
+    "hostname": "gpu1",
+    "cpu_model": "Xeon",
+    "cpus": 64,
+    "memory_total_bytes": 512 * 1024**3,
+    "gpus": [
+        {"index": i, "name": "NVIDIA H100 80GB HBM3", "gpu_class": "H100-80GB", "memory_total_mib": 81559}
+        for i in range(2)
+    ],
 }
 
 
@@ -31,16 +36,20 @@ def enrolled(name: str = "gpu1") -> tuple[Node, str]:
 
 
 async def connect(credential: str) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, "/ws/agent/",
-                                         headers=[(b"authorization", f"Bearer {credential}".encode())])
+    communicator = WebsocketCommunicator(
+        application, "/ws/agent/", headers=[(b"authorization", f"Bearer {credential}".encode())]
+    )
     connected, _ = await communicator.connect()
     assert connected
     return communicator
 
 
 async def register(communicator: WebsocketCommunicator, **extra: Any) -> dict[str, Any]:
-    await communicator.send_to(text_data=protocol.encode("register", {
-        "agent_version": "0.1.0", "hardware": HARDWARE, "features": ["heartbeat.v1"], **extra}))
+    await communicator.send_to(
+        text_data=protocol.encode(
+            "register", {"agent_version": "0.1.0", "hardware": HARDWARE, "features": ["heartbeat.v1"], **extra}
+        )
+    )
     answer = json.loads(await communicator.receive_from(timeout=5))
     if answer["type"] == "registered":
         desired = json.loads(await communicator.receive_from(timeout=5))
@@ -53,8 +62,12 @@ async def test_a_registered_agent_heartbeats_and_the_node_is_ready() -> None:
     ws = await connect(credential)
     answer = await register(ws)
     assert answer["type"] == "registered" and answer["node"] == "gpu1"
-    await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {
-        "cpus": 64, "cpu_utilization_pct": 12.5, "gpus": [{"index": 0, "temperature_gpu_c": 41}]}}))
+    await ws.send_to(
+        text_data=protocol.encode(
+            "heartbeat",
+            {"sample": {"cpus": 64, "cpu_utilization_pct": 12.5, "gpus": [{"index": 0, "temperature_gpu_c": 41}]}},
+        )
+    )
     await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {"cpus": 64}}))
     await ws.disconnect()
     node = await database_sync(lambda: Node.objects.get(pk=node.pk))
@@ -64,8 +77,7 @@ async def test_a_registered_agent_heartbeats_and_the_node_is_ready() -> None:
 
 
 async def test_a_bad_credential_closes_with_a_reason_code() -> None:
-    communicator = WebsocketCommunicator(application, "/ws/agent/",
-                                         headers=[(b"authorization", b"Bearer llmgwn_nope")])
+    communicator = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", b"Bearer llmgwn_nope")])
     await communicator.connect()
     closed = await communicator.receive_output(timeout=5)
     assert closed["type"] == "websocket.close"
@@ -118,8 +130,9 @@ async def test_revoking_a_node_closes_its_socket_at_once() -> None:
     await database_sync(lambda: services.revoke_node(Node.objects.get(pk=node.pk), actor=None))
     closed = await ws.receive_output(timeout=5)
     assert closed["type"] == "websocket.close" and closed["code"] == protocol.CLOSE_REVOKED
-    again = WebsocketCommunicator(application, "/ws/agent/",
-                                  headers=[(b"authorization", f"Bearer {credential}".encode())])
+    again = WebsocketCommunicator(
+        application, "/ws/agent/", headers=[(b"authorization", f"Bearer {credential}".encode())]
+    )
     await again.connect()
     assert (await again.receive_output(timeout=5))["code"] == protocol.CLOSE_BAD_CREDENTIAL
 
@@ -163,7 +176,7 @@ async def test_a_poisoned_agent_among_healthy_ones_costs_only_its_own_samples() 
         await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {"cpus": 8, "cpu_utilization_pct": 5}}))
     await until(lambda: {n.pk for n, _c in nodes[1:]} <= set(writer._pending))
     await writer.flush()
-    for (node, _credential) in nodes[1:]:
+    for node, _credential in nodes[1:]:
         row = await database_sync(lambda node=node: Node.objects.get(pk=node.pk))
         assert row.sample == {"cpus": 8, "cpu_utilization_pct": 5}
     # The poisoned agent's connection goes on: its next good heartbeat is written.
@@ -219,8 +232,7 @@ async def test_a_revoked_node_whose_message_was_lost_is_closed_by_the_sweep() ->
     node, credential = await database_sync(enrolled)
     ws = await connect(credential)
     await register(ws)
-    await database_sync(lambda: Node.objects.filter(pk=node.pk).update(revoked_at=timezone.now(),
-                                                                       credential_hash=None))
+    await database_sync(lambda: Node.objects.filter(pk=node.pk).update(revoked_at=timezone.now(), credential_hash=None))
     await writer.sweep()
     assert (await ws.receive_output(timeout=5))["code"] == protocol.CLOSE_REVOKED
 
@@ -245,8 +257,12 @@ async def test_a_discard_that_fails_is_tried_again() -> None:
 
 async def test_an_agent_connects_heartbeats_and_leaves_while_redis_is_away(settings, caplog) -> None:
     """The channel layer on a Redis that cannot be reached: the node still registers and is ready."""
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "llmgw.channel_layer.ChannelLayer",
-                                           "CONFIG": {"hosts": [{"address": "redis://127.0.0.1:1/0"}]}}}
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "llmgw.channel_layer.ChannelLayer",
+            "CONFIG": {"hosts": [{"address": "redis://127.0.0.1:1/0"}]},
+        }
+    }
     node, credential = await database_sync(enrolled)
     ws = await connect(credential)
     answer = await register(ws)

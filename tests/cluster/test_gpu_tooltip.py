@@ -18,8 +18,15 @@ pytestmark = pytest.mark.django_db
 
 
 def card(index: int, **wear: Any) -> dict[str, Any]:
-    return {"index": index, "gpu_class": H100, "utilization_gpu_pct": 10.0, "memory_used_mib": 8000,
-            "memory_total_mib": 80000, "temperature_gpu_c": 50, **wear}
+    return {
+        "index": index,
+        "gpu_class": H100,
+        "utilization_gpu_pct": 10.0,
+        "memory_used_mib": 8000,
+        "memory_total_mib": 80000,
+        "temperature_gpu_c": 50,
+        **wear,
+    }
 
 
 def tooltips(user: User) -> dict[tuple[str, int], list[str]]:
@@ -37,12 +44,29 @@ def tooltips(user: User) -> dict[tuple[str, int], list[str]]:
 
 
 def test_a_card_shows_the_xids_ecc_errors_and_remapped_rows_its_agent_reports(alice: User) -> None:
-    make_node("worn", cards=[
-        card(0, xids={"79": 2, "13": 1, "8": 4}, ecc_uncorrected_volatile=0, ecc_uncorrected_aggregate=3,
-             remapped_rows_uncorrectable=2, remapped_rows_pending=True, remapped_rows_failure=False),
-        card(1, xids={}, ecc_uncorrected_volatile=12, ecc_uncorrected_aggregate=40,
-             remapped_rows_uncorrectable=0, remapped_rows_pending=False, remapped_rows_failure=True),
-    ])
+    make_node(
+        "worn",
+        cards=[
+            card(
+                0,
+                xids={"79": 2, "13": 1, "8": 4},
+                ecc_uncorrected_volatile=0,
+                ecc_uncorrected_aggregate=3,
+                remapped_rows_uncorrectable=2,
+                remapped_rows_pending=True,
+                remapped_rows_failure=False,
+            ),
+            card(
+                1,
+                xids={},
+                ecc_uncorrected_volatile=12,
+                ecc_uncorrected_aggregate=40,
+                remapped_rows_uncorrectable=0,
+                remapped_rows_pending=False,
+                remapped_rows_failure=True,
+            ),
+        ],
+    )
     shown = tooltips(alice)
     first, *wear = shown[("worn", 0)]
     assert first.startswith("worn GPU 0, H100-80GB · 10% busy")  # the line it had, unchanged
@@ -61,11 +85,26 @@ def test_a_card_shows_the_xids_ecc_errors_and_remapped_rows_its_agent_reports(al
 def test_figures_the_sample_lacks_are_dashes_never_zeros(alice: User) -> None:
     # A card whose agent sent none of them (no ECC on this card, no readable kernel log), figures
     # of the wrong kind, and a node whose last sample is too old to stand for now.
-    make_node("plain", cards=[card(0), card(1, xids="79", ecc_uncorrected_volatile="N/A",
-                                            ecc_uncorrected_aggregate=True, remapped_rows_uncorrectable=None,
-                                            remapped_rows_pending="No", remapped_rows_failure=0)])
-    make_node("stale", cards=[card(0, xids={"79": 1}, ecc_uncorrected_volatile=5, remapped_rows_pending=True)],
-              sample_age=timedelta(minutes=10))
+    make_node(
+        "plain",
+        cards=[
+            card(0),
+            card(
+                1,
+                xids="79",
+                ecc_uncorrected_volatile="N/A",
+                ecc_uncorrected_aggregate=True,
+                remapped_rows_uncorrectable=None,
+                remapped_rows_pending="No",
+                remapped_rows_failure=0,
+            ),
+        ],
+    )
+    make_node(
+        "stale",
+        cards=[card(0, xids={"79": 1}, ecc_uncorrected_volatile=5, remapped_rows_pending=True)],
+        sample_age=timedelta(minutes=10),
+    )
     shown = tooltips(alice)
     unknown = [
         "XIDs: -",

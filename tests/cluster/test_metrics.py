@@ -17,12 +17,30 @@ def metrics(client: Client) -> list[str]:
 
 
 def test_fresh_samples_are_exported_with_unknown_figures_absent(client: Client) -> None:
-    Node.objects.create(name="gpu1", status=NodeStatus.READY, sampled_at=timezone.now(), sample={
-        "cpus": 64, "cpu_utilization_pct": 12.5, "memory_total_bytes": 1000, "memory_used_bytes": 400,
-        "gpus": [{"index": 0, "gpu_class": "H100-80GB", "temperature_gpu_c": 41, "power_draw_w": 120.5,
-                  "memory_total_mib": 81559, "xids": {"79": 2}}],
-        "storage": [{"mount_point": "/models", "fstype": "nfs4", "shared": True, "free_bytes": 5, "total_bytes": 9}],
-    })
+    Node.objects.create(
+        name="gpu1",
+        status=NodeStatus.READY,
+        sampled_at=timezone.now(),
+        sample={
+            "cpus": 64,
+            "cpu_utilization_pct": 12.5,
+            "memory_total_bytes": 1000,
+            "memory_used_bytes": 400,
+            "gpus": [
+                {
+                    "index": 0,
+                    "gpu_class": "H100-80GB",
+                    "temperature_gpu_c": 41,
+                    "power_draw_w": 120.5,
+                    "memory_total_mib": 81559,
+                    "xids": {"79": 2},
+                }
+            ],
+            "storage": [
+                {"mount_point": "/models", "fstype": "nfs4", "shared": True, "free_bytes": 5, "total_bytes": 9}
+            ],
+        },
+    )
     lines = metrics(client)
     assert 'llmgw_node_up{node="gpu1"} 1.0' in lines
     assert 'llmgw_node_cpu_utilization_percent{node="gpu1"} 12.5' in lines
@@ -36,8 +54,12 @@ def test_fresh_samples_are_exported_with_unknown_figures_absent(client: Client) 
 
 
 def test_a_sample_older_than_a_minute_is_left_out_not_repeated(client: Client) -> None:
-    Node.objects.create(name="old", status=NodeStatus.UNREACHABLE, sampled_at=timezone.now() - timedelta(minutes=2),
-                        sample={"cpus": 8, "cpu_utilization_pct": 50})
+    Node.objects.create(
+        name="old",
+        status=NodeStatus.UNREACHABLE,
+        sampled_at=timezone.now() - timedelta(minutes=2),
+        sample={"cpus": 8, "cpu_utilization_pct": 50},
+    )
     lines = metrics(client)
     assert 'llmgw_node_up{node="old"} 0.0' in lines
     assert not any('node="old"' in line and "cpu" in line for line in lines)

@@ -45,8 +45,10 @@ def labels(**pairs: object) -> frozenset[tuple[str, str]]:
 def test_each_shard_exports_what_it_claims_and_what_its_engine_uses(client: Client) -> None:
     node = make_node("cpu1")
     replica = make_replica(make_model("small", memory_gb=4, cores=2), node)
-    Node.objects.filter(pk=node.pk).update(sampled_at=timezone.now(), sample={
-        **node.sample, "shards": [{"shard": f"r{replica.pk}s0", "cpu_cores": 1.25, "memory_bytes": 3 * GB}]})
+    Node.objects.filter(pk=node.pk).update(
+        sampled_at=timezone.now(),
+        sample={**node.sample, "shards": [{"shard": f"r{replica.pk}s0", "cpu_cores": 1.25, "memory_bytes": 3 * GB}]},
+    )
     lines = metrics(client)
     shard = labels(model="small", node="cpu1", replica=replica.pk)
     assert values(lines, "llmgw_shard_cpu_cores") == {shard: 2.0}
@@ -61,15 +63,17 @@ def test_what_an_engine_uses_is_absent_when_unmeasured_or_stale(client: Client) 
     model = make_model("small", memory_gb=4, cores=2)
     first, second = make_replica(model, fresh), make_replica(model, stale)
     # First figures of a new engine: its memory is read, its cores not yet (they need two readings).
-    Node.objects.filter(pk=fresh.pk).update(sampled_at=timezone.now(), sample={
-        **fresh.sample, "shards": [{"shard": f"r{first.pk}s0", "memory_bytes": GB}]})
-    Node.objects.filter(pk=stale.pk).update(sampled_at=timezone.now() - timedelta(minutes=5), sample={
-        **stale.sample, "shards": [{"shard": f"r{second.pk}s0", "cpu_cores": 1.0, "memory_bytes": GB}]})
+    Node.objects.filter(pk=fresh.pk).update(
+        sampled_at=timezone.now(), sample={**fresh.sample, "shards": [{"shard": f"r{first.pk}s0", "memory_bytes": GB}]}
+    )
+    Node.objects.filter(pk=stale.pk).update(
+        sampled_at=timezone.now() - timedelta(minutes=5),
+        sample={**stale.sample, "shards": [{"shard": f"r{second.pk}s0", "cpu_cores": 1.0, "memory_bytes": GB}]},
+    )
     lines = metrics(client)
     assert len(series(lines, "llmgw_shard_cpu_cores")) == 2  # the claims stand whatever was measured
     assert series(lines, "llmgw_shard_cpu_cores_used") == []
-    assert values(lines, "llmgw_shard_memory_used_bytes") == {labels(model="small", node="fresh",
-                                                                      replica=first.pk): GB}
+    assert values(lines, "llmgw_shard_memory_used_bytes") == {labels(model="small", node="fresh", replica=first.pk): GB}
 
 
 def test_each_gpu_a_replica_holds_is_assigned_to_its_model_and_owner(client: Client) -> None:
@@ -82,12 +86,14 @@ def test_each_gpu_a_replica_holds_is_assigned_to_its_model_and_owner(client: Cli
     projects = make_replica(make_model("phi", gpus=1, project=ranking), node, gpu_indices=(3,))
     nobodys = make_replica(make_model("tiny", cores=1), node)
     lines = series(metrics(client), "llmgw_gpu_assigned")
-    assert sorted(lines) == sorted([
-        f'llmgw_gpu_assigned{{gpu="0",model="qwen",node="gpu1",owner="acme/search",replica="{teams.pk}"}} 1.0',
-        f'llmgw_gpu_assigned{{gpu="1",model="qwen",node="gpu1",owner="acme/search",replica="{teams.pk}"}} 1.0',
-        f'llmgw_gpu_assigned{{gpu="2",model="llama",node="gpu1",owner="acme",replica="{orgs.pk}"}} 1.0',
-        f'llmgw_gpu_assigned{{gpu="3",model="phi",node="gpu1",owner="acme/search",replica="{projects.pk}"}} 1.0',
-    ])
+    assert sorted(lines) == sorted(
+        [
+            f'llmgw_gpu_assigned{{gpu="0",model="qwen",node="gpu1",owner="acme/search",replica="{teams.pk}"}} 1.0',
+            f'llmgw_gpu_assigned{{gpu="1",model="qwen",node="gpu1",owner="acme/search",replica="{teams.pk}"}} 1.0',
+            f'llmgw_gpu_assigned{{gpu="2",model="llama",node="gpu1",owner="acme",replica="{orgs.pk}"}} 1.0',
+            f'llmgw_gpu_assigned{{gpu="3",model="phi",node="gpu1",owner="acme/search",replica="{projects.pk}"}} 1.0',
+        ]
+    )
     assert not any(f'replica="{nobodys.pk}"' in line for line in lines)  # a CPU replica holds no GPU
 
 
@@ -95,7 +101,8 @@ def test_an_unowned_models_gpus_are_owned_by_a_dash(client: Client) -> None:
     node = make_node("gpu1", gpus=1)
     replica = make_replica(make_model("qwen", gpus=1), node, gpu_indices=(0,))
     assert series(metrics(client), "llmgw_gpu_assigned") == [
-        f'llmgw_gpu_assigned{{gpu="0",model="qwen",node="gpu1",owner="-",replica="{replica.pk}"}} 1.0']
+        f'llmgw_gpu_assigned{{gpu="0",model="qwen",node="gpu1",owner="-",replica="{replica.pk}"}} 1.0'
+    ]
 
 
 def test_replicas_are_counted_per_model_and_state_with_zeros_for_the_states_it_has_none_in(client: Client) -> None:

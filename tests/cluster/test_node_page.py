@@ -66,6 +66,7 @@ def heartbeat(node: Node, **values: Any) -> None:
 
 # Engines and their versions -------------------------------------------------------------------------
 
+
 def test_each_engine_is_shown_with_its_version_and_a_dash_where_the_node_gave_none(client: Client, viola) -> None:
     node = make_node("cpu1", engines=("llama.cpp", "vllm"))
     set_hardware(node, engine_versions={"llama.cpp": "b6500", "vllm": None})
@@ -101,8 +102,8 @@ def test_malformed_engine_reports_are_read_for_what_they_say(client: Client, vio
 
 # The engines running on the node ---------------------------------------------------------------------
 
-def test_the_running_engines_show_model_replica_state_port_and_what_each_claims_and_uses(client: Client,
-                                                                                        viola) -> None:
+
+def test_the_running_engines_show_model_replica_state_port_and_what_each_claims_and_uses(client: Client, viola) -> None:
     node = make_node("cpu1")
     small = make_model("small", memory_gb=4, cores=2)
     big = make_model("big", memory_gb=16, cores=8)
@@ -134,7 +135,8 @@ def test_a_stale_sample_measures_nothing(client: Client, viola) -> None:
     replica = make_replica(make_model("small", memory_gb=4, cores=2), node)
     Node.objects.filter(pk=node.pk).update(
         sample={**node.sample, "shards": [{"shard": f"r{replica.pk}s0", "cpu_cores": 1.0, "memory_bytes": GB}]},
-        sampled_at=timezone.now() - timedelta(minutes=5))
+        sampled_at=timezone.now() - timedelta(minutes=5),
+    )
     content = signed_in(client, viola).get("/nodes/cpu1/").content
     assert cell(content, "data-shard", f"r{replica.pk}s0", "cpu") == "- of 2.0"
 
@@ -171,10 +173,13 @@ def test_the_htmx_refresh_carries_the_running_engines(client: Client, viola) -> 
 
 # The hour of each model --------------------------------------------------------------------------------
 
+
 def charts(content: bytes) -> dict[str, str]:
     """Each chart of the page by its title."""
-    return {text(title): svg for title, svg in re.findall(
-        r'<figcaption[^>]*>(.*?)</figcaption>(<svg.*?</svg>)', content.decode(), re.S)}
+    return {
+        text(title): svg
+        for title, svg in re.findall(r"<figcaption[^>]*>(.*?)</figcaption>(<svg.*?</svg>)", content.decode(), re.S)
+    }
 
 
 @pytest.fixture
@@ -203,16 +208,20 @@ def queue_requests(monkeypatch: Any) -> Iterator[Any]:
         client.delete(*keys)
 
 
-def test_each_models_cores_memory_and_queue_are_charted_from_the_heartbeats(client: Client, viola,
-                                                                           queue_requests) -> None:
+def test_each_models_cores_memory_and_queue_are_charted_from_the_heartbeats(
+    client: Client, viola, queue_requests
+) -> None:
     node = make_node("cpu1")
     replica = make_replica(make_model("small", memory_gb=4, cores=2), node)
     shard = f"r{replica.pk}s0"
     queue_requests("small", 3)
     start = timezone.now().timestamp() - 300
     for step in range(4):
-        heartbeat(node, taken_at=start + step * 10,
-                  shards=[{"shard": shard, "cpu_cores": 1.0 + step, "memory_bytes": (step + 1) * GB}])
+        heartbeat(
+            node,
+            taken_at=start + step * 10,
+            shards=[{"shard": shard, "cpu_cores": 1.0 + step, "memory_bytes": (step + 1) * GB}],
+        )
     points = services.sample_history(node.pk)
     assert points[-1]["models"] == {"small": [2.0, 4 * GB, 4.0, 4 * GB, 3]}
 
@@ -234,8 +243,7 @@ def test_a_failed_engine_keeps_its_claim_in_the_hour_and_a_released_one_drops_to
     node = make_node("cpu1")
     replica = make_replica(make_model("small", memory_gb=4, cores=2), node)
     now = timezone.now().timestamp()
-    heartbeat(node, taken_at=now - 30, shards=[{"shard": f"r{replica.pk}s0", "cpu_cores": 1.5,
-                                                "memory_bytes": GB}])
+    heartbeat(node, taken_at=now - 30, shards=[{"shard": f"r{replica.pk}s0", "cpu_cores": 1.5, "memory_bytes": GB}])
     replica.state = ReplicaState.FAILED
     replica.save(update_fields=["state"])
     heartbeat(node, taken_at=now - 20)  # the engine exited: nothing runs, the claim is held

@@ -47,9 +47,13 @@ def test_a_model_that_fits_nowhere_stays_pending_with_reasons_and_costs_nothing_
     assert "gpu1" in reasons and "24" in reasons and "8" in reasons
     with CaptureQueriesContext(connection) as queries:
         reconcile()
-    writes = [q["sql"] for q in queries.captured_queries
-              if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))
-              and "control_lock" not in q["sql"].lower() and "controllock" not in q["sql"].lower()]
+    writes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))
+        and "control_lock" not in q["sql"].lower()
+        and "controllock" not in q["sql"].lower()
+    ]
     assert writes == []
 
 
@@ -77,8 +81,10 @@ def test_a_failed_engine_is_retried_after_a_growing_backoff() -> None:
     make_model("crashy", gpus=1)
     reconcile()
     replica = Replica.objects.get()
-    services.record_report(node.pk, [{"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1,
-                                      "log_tail": ["error: cannot open model"]}])
+    services.record_report(
+        node.pk,
+        [{"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1, "log_tail": ["error: cannot open model"]}],
+    )
     replica.refresh_from_db()
     assert replica.state == ReplicaState.FAILED and replica.failures == 1
     assert "code 1" in replica.message
@@ -163,11 +169,11 @@ def test_reports_move_replicas_to_ready_and_keep_the_log_tail() -> None:
     assert Shard.objects.get().pid == 4242 and Shard.objects.get().state == ShardState.READY
 
 
-
-
 def mark_ready(node: Node) -> None:
-    shards = [{"shard": f"r{r.pk}s0", "state": "ready"}
-              for r in Replica.objects.exclude(state=ReplicaState.STOPPING).exclude(state=ReplicaState.PENDING)]
+    shards = [
+        {"shard": f"r{r.pk}s0", "state": "ready"}
+        for r in Replica.objects.exclude(state=ReplicaState.STOPPING).exclude(state=ReplicaState.PENDING)
+    ]
     services.record_report(node.pk, shards)
 
 
@@ -245,8 +251,9 @@ def test_every_desired_shard_the_reconciler_makes_is_read_back_whole_by_the_agen
     make_model("gpu-model", replicas=2, gpus=2)
     make_model("cpu-model", replicas=1, memory_gb=2, cores=2, engine="llama.cpp")
     tuned = make_model("tuned", replicas=1, gpus=4)
-    Profile.objects.filter(model=tuned).update(extra_args=["--max-num-seqs", "8"], env={"NCCL_DEBUG": "INFO"},
-                                               context_size=8192, parallel=16)
+    Profile.objects.filter(model=tuned).update(
+        extra_args=["--max-num-seqs", "8"], env={"NCCL_DEBUG": "INFO"}, context_size=8192, parallel=16
+    )
     for index, node in enumerate(nodes):
         Node.objects.filter(pk=node.pk).update(address=f"10.0.0.{index + 1}")
     reconcile()
@@ -315,8 +322,9 @@ def test_a_model_below_its_minimum_takes_back_a_replica_its_class_grew_into_unde
     node = make_node(gpus=2)
     grown = make_model("grown", replicas=1, gpus=1, capacity_class="standard")
     # Under load: two wanted, the gateway busy a moment ago.
-    Model.objects.filter(pk=grown.pk).update(max_replicas=2, load_replicas=2, busy_at=timezone.now(),
-                                             scaled_at=timezone.now())
+    Model.objects.filter(pk=grown.pk).update(
+        max_replicas=2, load_replicas=2, busy_at=timezone.now(), scaled_at=timezone.now()
+    )
     reconcile()
     replicas = list(Replica.objects.filter(model=grown).order_by("created_at", "pk"))
     assert [r.state for r in replicas] == [ReplicaState.STARTING] * 2
@@ -343,9 +351,14 @@ def test_a_model_below_its_minimum_takes_back_a_replica_its_class_grew_into_unde
 def _report_ready(replica: Replica) -> None:
     """What the agent says once the engines of every shard of the replica answer."""
     for shard in replica.shards.all():
-        services.record_report(shard.node_id, [{"shard": s.shard_id, "state": "ready"}
-                                               for s in Shard.objects.filter(node_id=shard.node_id)
-                                               if s.replica.state != ReplicaState.STOPPING])
+        services.record_report(
+            shard.node_id,
+            [
+                {"shard": s.shard_id, "state": "ready"}
+                for s in Shard.objects.filter(node_id=shard.node_id)
+                if s.replica.state != ReplicaState.STOPPING
+            ],
+        )
 
 
 @pytest.mark.django_db
@@ -372,8 +385,13 @@ def test_a_changed_profile_is_rolled_out_replacement_first_within_the_maximum() 
     for _step in range(6):  # each replacement gets ready; its old replica stops and is released
         for replica in Replica.objects.filter(model=model).exclude(state=ReplicaState.STOPPING):
             _report_ready(replica)
-        services.record_report(node.pk, [{"shard": s.shard_id, "state": "ready"} for s in Shard.objects.filter(
-            node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))])
+        services.record_report(
+            node.pk,
+            [
+                {"shard": s.shard_id, "state": "ready"}
+                for s in Shard.objects.filter(node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))
+            ],
+        )
         reconcile()
     running = Replica.objects.filter(model=model).exclude(state=ReplicaState.STOPPING)
     assert running.count() == 2 and not (set(running.values_list("pk", flat=True)) & old)
@@ -413,10 +431,18 @@ def test_a_replacement_that_fails_stops_the_roll_and_the_old_replica_keeps_servi
     Profile.objects.filter(model=model).update(extra_args=["--no-such-flag"])
     reconcile()
     replacement = Replica.objects.get(model=model, replaces=first)
-    services.record_report(node.pk, [
-        {"shard": first.shards.get().shard_id, "state": "ready"},
-        {"shard": replacement.shards.get().shard_id, "state": "failed", "exit_code": 2,
-         "message": "unknown argument: --no-such-flag"}])
+    services.record_report(
+        node.pk,
+        [
+            {"shard": first.shards.get().shard_id, "state": "ready"},
+            {
+                "shard": replacement.shards.get().shard_id,
+                "state": "failed",
+                "exit_code": 2,
+                "message": "unknown argument: --no-such-flag",
+            },
+        ],
+    )
     reconcile()
     assert Replica.objects.get(pk=first.pk).state == ReplicaState.READY
     assert "rolling change stopped" in Replica.objects.get(pk=first.pk).message
@@ -425,8 +451,13 @@ def test_a_replacement_that_fails_stops_the_roll_and_the_old_replica_keeps_servi
 
 def _all_ready() -> None:
     for node in Node.objects.all():
-        services.record_report(node.pk, [{"shard": s.shard_id, "state": "ready"} for s in Shard.objects.filter(
-            node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))])
+        services.record_report(
+            node.pk,
+            [
+                {"shard": s.shard_id, "state": "ready"}
+                for s in Shard.objects.filter(node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))
+            ],
+        )
 
 
 @pytest.mark.django_db
@@ -492,10 +523,23 @@ def test_uncordoning_ends_a_drain() -> None:
 
 def _holds(node: Node, directory: str, *sources: str) -> None:
     """The node's storage as its agent reports it: a model directory and the sources held there."""
-    Node.objects.filter(pk=node.pk).update(sample={**(node.sample or {}), "storage": [{
-        "mount_point": "/", "fstype": "ext4", "shared": False, "total_bytes": 10**12, "free_bytes": 10**11,
-        "directories": [directory], "weights": list(sources),
-        "held": [{"path": s, "bytes": 1000} for s in sources]}]})
+    Node.objects.filter(pk=node.pk).update(
+        sample={
+            **(node.sample or {}),
+            "storage": [
+                {
+                    "mount_point": "/",
+                    "fstype": "ext4",
+                    "shared": False,
+                    "total_bytes": 10**12,
+                    "free_bytes": 10**11,
+                    "directories": [directory],
+                    "weights": list(sources),
+                    "held": [{"path": s, "bytes": 1000} for s in sources],
+                }
+            ],
+        }
+    )
 
 
 @pytest.mark.django_db

@@ -19,10 +19,18 @@ def enrolled(name: str = "gpu1") -> tuple[Node, str]:
 
 
 def register(node: Node, gpus: int = 2, **sample: object) -> Node:
-    hardware = {"cpus": 8, "gpus": [{"index": i, "gpu_class": "H100-80GB", "memory_total_mib": 81559}
-                                    for i in range(gpus)]}
-    return services.register_node(node.pk, {"agent_version": "0.1.0", "hardware": hardware,
-                                            "sample": {"gpus": [{"index": i} for i in range(gpus)], **sample}})
+    hardware = {
+        "cpus": 8,
+        "gpus": [{"index": i, "gpu_class": "H100-80GB", "memory_total_mib": 81559} for i in range(gpus)],
+    }
+    return services.register_node(
+        node.pk,
+        {
+            "agent_version": "0.1.0",
+            "hardware": hardware,
+            "sample": {"gpus": [{"index": i} for i in range(gpus)], **sample},
+        },
+    )
 
 
 def test_an_enrollment_token_is_stored_hashed_and_works_once(alice) -> None:
@@ -39,8 +47,10 @@ def test_an_enrollment_token_is_stored_hashed_and_works_once(alice) -> None:
 
 def test_an_expired_token_is_refused_with_when_it_expired(alice) -> None:
     new = services.create_enrollment("gpu1", expires_in=timedelta(minutes=10), actor=alice)
-    with time_machine.travel(timezone.now() + timedelta(minutes=25)), \
-            pytest.raises(services.EnrollmentRefused, match=r"expired at .* \(15 minutes ago\)"):
+    with (
+        time_machine.travel(timezone.now() + timedelta(minutes=25)),
+        pytest.raises(services.EnrollmentRefused, match=r"expired at .* \(15 minutes ago\)"),
+    ):
         services.enroll_node(new.secret)
 
 
@@ -65,8 +75,9 @@ def test_gpu_health_rows_are_written_only_when_a_cards_health_changed(django_ass
     register(node)
     health = services.sample_health({"gpus": [{"index": 0}, {"index": 1}]})
     with django_assert_num_queries(0):
-        services.write_gpu_health(node.pk, services.sample_health({"cpus": 8, "gpus": [{"index": 0}, {"index": 1}]}),
-                                  health)
+        services.write_gpu_health(
+            node.pk, services.sample_health({"cpus": 8, "gpus": [{"index": 0}, {"index": 1}]}), health
+        )
 
 
 def test_a_gpu_with_ecc_errors_or_a_foreign_process_is_not_healthy() -> None:

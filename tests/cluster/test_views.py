@@ -28,37 +28,78 @@ def _empty_history() -> None:
 
 def gpu_sample(index: int) -> dict[str, Any]:
     return {
-        "index": index, "gpu_class": H100, "name": "NVIDIA H100 80GB HBM3",
-        "utilization_gpu_pct": 40 + index, "memory_used_mib": 20000, "memory_total_mib": 81559,
-        "temperature_gpu_c": 61 + index, "temperature_memory_c": 70 + index,
-        "power_draw_w": 300 + index, "power_limit_w": 700, "sm_clock_mhz": 1980,
-        "throttle_reasons": [], "ecc_uncorrected_volatile": 0, "xids": {"79": 2} if index == 3 else {},
-        "remapped_rows_uncorrectable": 0, "remapped_rows_pending": False, "remapped_rows_failure": False,
-        "pcie_replay_count": 0, "nvlink_errors": {}, "foreign_processes": 0,
+        "index": index,
+        "gpu_class": H100,
+        "name": "NVIDIA H100 80GB HBM3",
+        "utilization_gpu_pct": 40 + index,
+        "memory_used_mib": 20000,
+        "memory_total_mib": 81559,
+        "temperature_gpu_c": 61 + index,
+        "temperature_memory_c": 70 + index,
+        "power_draw_w": 300 + index,
+        "power_limit_w": 700,
+        "sm_clock_mhz": 1980,
+        "throttle_reasons": [],
+        "ecc_uncorrected_volatile": 0,
+        "xids": {"79": 2} if index == 3 else {},
+        "remapped_rows_uncorrectable": 0,
+        "remapped_rows_pending": False,
+        "remapped_rows_failure": False,
+        "pcie_replay_count": 0,
+        "nvlink_errors": {},
+        "foreign_processes": 0,
     }
 
 
 def make_sample(gpus: int = 0) -> dict[str, Any]:
     return {
         "taken_at": timezone.now().timestamp(),
-        "cpu_utilization_pct": 37.5, "cpus": 64, "load": [3.1, 2.9, 2.5],
-        "memory_total_bytes": 512 * GB, "memory_used_bytes": 100 * GB,
-        "cpu_package_temp_c": 55, "inlet_temp_c": 22, "cpu_package_power_w": 210,
+        "cpu_utilization_pct": 37.5,
+        "cpus": 64,
+        "load": [3.1, 2.9, 2.5],
+        "memory_total_bytes": 512 * GB,
+        "memory_used_bytes": 100 * GB,
+        "cpu_package_temp_c": 55,
+        "inlet_temp_c": 22,
+        "cpu_package_power_w": 210,
         "gpus": [gpu_sample(i) for i in range(gpus)],
         "storage": [
-            {"mount_point": "/models", "fstype": "xfs", "shared": False, "total_bytes": 4 * TIB,
-             "free_bytes": 3 * TIB, "directories": ["/models"], "weights": ["qwen3-32b"]},
-            {"mount_point": "/mnt/filer", "fstype": "nfs4", "shared": True, "total_bytes": 20 * TIB,
-             "free_bytes": 10 * TIB, "directories": ["/mnt/filer/models"], "weights": []},
+            {
+                "mount_point": "/models",
+                "fstype": "xfs",
+                "shared": False,
+                "total_bytes": 4 * TIB,
+                "free_bytes": 3 * TIB,
+                "directories": ["/models"],
+                "weights": ["qwen3-32b"],
+            },
+            {
+                "mount_point": "/mnt/filer",
+                "fstype": "nfs4",
+                "shared": True,
+                "total_bytes": 20 * TIB,
+                "free_bytes": 10 * TIB,
+                "directories": ["/mnt/filer/models"],
+                "weights": [],
+            },
         ],
         "warnings": ["inlet sensor missing"],
     }
 
 
 # What this file's agent says at registration: the figures a node's page shows.
-HARDWARE = {"cpu_model": "Intel Xeon Platinum 8480+", "cpus": 64, "sockets": 2, "os": "Ubuntu 22.04.4 LTS",
-            "kernel": "5.15.0-105-generic", "arch": "x86_64", "memory_total_bytes": 512 * GB,
-            "driver_version": "535.161.08", "cuda_version": "12.2", "has_avx2": True}
+HARDWARE = {
+    "cpu_model": "Intel Xeon Platinum 8480+",
+    "cpus": 64,
+    "sockets": 2,
+    "os": "Ubuntu 22.04.4 LTS",
+    "kernel": "5.15.0-105-generic",
+    "arch": "x86_64",
+    "memory_total_bytes": 512 * GB,
+    "driver_version": "535.161.08",
+    "cuda_version": "12.2",
+    "has_avx2": True,
+}
 
 
 def hardware(gpus: int = 0) -> dict[str, Any]:
@@ -80,10 +121,18 @@ def signed_in(client: Client, user: Any) -> Client:
 
 # Who may see and do what -------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,path", [
-    ("get", "/nodes/"), ("get", "/nodes/gpu1/"), ("get", "/nodes/add/"), ("post", "/nodes/add/"),
-    ("post", "/nodes/gpu1/cordon"), ("post", "/nodes/gpu1/uncordon"),
-])
+
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("get", "/nodes/"),
+        ("get", "/nodes/gpu1/"),
+        ("get", "/nodes/add/"),
+        ("post", "/nodes/add/"),
+        ("post", "/nodes/gpu1/cordon"),
+        ("post", "/nodes/gpu1/uncordon"),
+    ],
+)
 def test_an_outsider_is_refused_every_node_page(client: Client, bob, method: str, path: str) -> None:
     make_node()
     response = getattr(signed_in(client, bob), method)(path, {"name": "x", "reason": "x"} if method == "post" else {})
@@ -131,9 +180,11 @@ def test_an_unknown_node_is_not_found(client: Client, viola) -> None:
 
 # The nodes page ------------------------------------------------------------------------------
 
+
 def test_the_nodes_page_shows_each_nodes_figures(client: Client, alice) -> None:
-    make_node(gpus=8, sample=make_sample(gpus=8), hardware=hardware(gpus=8), cordoned=True,
-              cordon_reason="replacing a fan")
+    make_node(
+        gpus=8, sample=make_sample(gpus=8), hardware=hardware(gpus=8), cordoned=True, cordon_reason="replacing a fan"
+    )
     response = signed_in(client, alice).get("/nodes/")
     assert response.status_code == 200
     content = response.content
@@ -192,6 +243,7 @@ def test_the_nodes_list_does_not_query_per_node(client: Client, alice, django_as
 
 # One node --------------------------------------------------------------------------------------
 
+
 def test_the_node_page_shows_eight_gpus_with_temperatures_and_power(client: Client, viola) -> None:
     node = make_node(gpus=8, sample=make_sample(gpus=8), hardware=hardware(gpus=8))
     Gpu.objects.filter(node=node, index=5).update(ecc_fault=True)
@@ -228,7 +280,7 @@ def test_the_node_page_draws_the_last_hour(client: Client, alice) -> None:
         services.append_histories({node.pk: sample})
     content = signed_in(client, alice).get("/nodes/gpu1/").content.decode()
     assert content.count("<svg") == 5  # CPU, memory, load, GPU 0 utilisation and temperature
-    cpu_chart = content[content.index("<svg"):content.index("</svg>")]
+    cpu_chart = content[content.index("<svg") : content.index("</svg>")]
     assert re.search(r' d="M[^"]*M', cpu_chart), "the unknown CPU figure should break the line"
 
 
@@ -240,6 +292,7 @@ def test_an_htmx_refresh_of_the_node_page_gets_only_the_live_part(client: Client
 
 
 # Cordons ---------------------------------------------------------------------------------------
+
 
 def test_an_admin_cordons_with_a_reason_and_uncordons(client: Client, alice) -> None:
     node = make_node()
@@ -268,8 +321,7 @@ def test_a_cordon_needs_a_reason(client: Client, alice) -> None:
 
 def test_an_htmx_cordon_answers_with_the_cordon_fragment(client: Client, alice) -> None:
     make_node()
-    response = signed_in(client, alice).post("/nodes/gpu1/cordon", {"reason": "fan"},
-                                              headers={"HX-Request": "true"})
+    response = signed_in(client, alice).post("/nodes/gpu1/cordon", {"reason": "fan"}, headers={"HX-Request": "true"})
     assert response.status_code == 200
     body = response.content.decode().strip()
     assert body.startswith('<div id="node-cordon"')
@@ -283,13 +335,15 @@ def test_cordoning_a_missing_node_is_not_found(client: Client, alice) -> None:
 
 # Adding a node -----------------------------------------------------------------------------------
 
+
 def test_an_operator_adds_a_node_and_sees_its_token_once(client: Client, alice, settings) -> None:
     settings.PUBLIC_URL = "https://llm.example.com/"
     signed_in(client, alice)
     form = client.get("/nodes/add/")
     assert form.status_code == 200 and b'value="1"' in form.content
-    response = client.post("/nodes/add/", {"name": "gpu-r12-03", "labels": "rack=r12\n\nzone = a\n",
-                                          "expires_hours": "2"})
+    response = client.post(
+        "/nodes/add/", {"name": "gpu-r12-03", "labels": "rack=r12\n\nzone = a\n", "expires_hours": "2"}
+    )
     assert response.status_code == 200
     content = response.content.decode()
     secret = re.search(r"token: (llmgwe_\S+)", content).group(1)
@@ -322,14 +376,16 @@ def test_a_bad_node_name_is_shown_and_nothing_is_made(client: Client, alice) -> 
 
 
 def test_a_malformed_label_is_shown_and_nothing_is_made(client: Client, alice) -> None:
-    response = signed_in(client, alice).post("/nodes/add/", {"name": "gpu1", "labels": "rack r12",
-                                                             "expires_hours": "1"})
+    response = signed_in(client, alice).post(
+        "/nodes/add/", {"name": "gpu1", "labels": "rack r12", "expires_hours": "1"}
+    )
     assert "Line 1" in response.content.decode()
     assert not EnrollmentToken.objects.exists()
 
 
-def test_a_ready_node_whose_heartbeats_stopped_reads_unreachable_though_nothing_marked_it(client: Client,
-                                                                                          viola) -> None:
+def test_a_ready_node_whose_heartbeats_stopped_reads_unreachable_though_nothing_marked_it(
+    client: Client, viola
+) -> None:
     """The scheduler that marks nodes unreachable may be down (a worker lost with Redis): the pages,
     the metrics and placement still see that its heartbeats are stale."""
     from apps.cluster.inventory import build_inventory

@@ -117,8 +117,14 @@ def llmgw_env(data_dir: Path, port: int, **extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def llmgw_up(tmp_path: Path, *args: str, data_dir: Path | None = None, database: str | None = None,
-             keep_database: bool = False, **extra_env: str) -> Iterator[Running]:
+def llmgw_up(
+    tmp_path: Path,
+    *args: str,
+    data_dir: Path | None = None,
+    database: str | None = None,
+    keep_database: bool = False,
+    **extra_env: str,
+) -> Iterator[Running]:
     """Start `llmgw up` for real (PostgreSQL and Redis when the suite runs on them).
 
     Pass the data_dir and database of an earlier run to start again on the same state.
@@ -126,11 +132,17 @@ def llmgw_up(tmp_path: Path, *args: str, data_dir: Path | None = None, database:
     port = free_port()
     owned = database is None
     database = database or pg_database_url()
-    env = llmgw_env(data_dir or tmp_path / "data", port, **({"LLMGW_DATABASE_URL": database} if database else {}),
-                    **extra_env)
+    env = llmgw_env(
+        data_dir or tmp_path / "data", port, **({"LLMGW_DATABASE_URL": database} if database else {}), **extra_env
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "llmgw", "up", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "-m", "llmgw", "up", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     running = Running(process=process, url=f"http://127.0.0.1:{port}", env=env, database=database)
 

@@ -103,8 +103,13 @@ def missing_reason() -> str | None:
     return None
 
 
-def wait_for[T](check: Callable[[], T | None], what: str, timeout: float = 60.0, every: float = 0.3,
-                details: Callable[[], str] | None = None) -> T:
+def wait_for[T](
+    check: Callable[[], T | None],
+    what: str,
+    timeout: float = 60.0,
+    every: float = 0.3,
+    details: Callable[[], str] | None = None,
+) -> T:
     """The first truthy value of check(), or AssertionError after `timeout` seconds (with details())."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -116,14 +121,16 @@ def wait_for[T](check: Callable[[], T | None], what: str, timeout: float = 60.0,
         if last and not isinstance(last, Exception):
             return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}"
-                         + (f"\n{details()}" if details else ""))
+    raise AssertionError(
+        f"timed out after {timeout:g} s waiting for {what}; last: {last!r}" + (f"\n{details()}" if details else "")
+    )
 
 
 def _cmdline(pid: int) -> list[str]:
     try:
-        return [part.decode(errors="replace") for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if part]
+        return [
+            part.decode(errors="replace") for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if part
+        ]
     except OSError:
         return []
 
@@ -146,6 +153,7 @@ def processes_with(argument: str) -> list[int]:
 
 # Processes -------------------------------------------------------------------------------------
 
+
 @dataclass
 class Service:
     """One llmgw process, started in its own process group with its output appended to a log file."""
@@ -163,8 +171,14 @@ class Service:
             handle.write(f"\n===== start {self.starts + 1} at {time.time():.3f}\n".encode())
             handle.flush()
             self.process = subprocess.Popen(  # noqa: S603 - our own command line
-                self.argv, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, stdout=handle,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                self.argv,
+                cwd=REPO,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.starts += 1
         return self
 
@@ -237,9 +251,26 @@ class RedisServer:
         """Start it and wait until it answers; when it answered (time.time())."""
         assert self.process is None or self.process.poll() is not None, "Redis is already running"
         self.process = subprocess.Popen(  # noqa: S603 - a fixed command line
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.root), "--logfile", str(self.log_path)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.root),
+                "--logfile",
+                str(self.log_path),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         wait_for(self.ping, "redis-server to answer", timeout=timeout, every=0.05)
         return time.time()
 
@@ -366,6 +397,7 @@ class PgProxy:
 
 # Gateway clients ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Answer:
     """One gateway request as its client saw it; times are time.time()."""
@@ -382,14 +414,18 @@ class Answer:
         return 200 <= self.status < 300 and not self.error
 
 
-def chat(url: str, key: str, *, stream: bool = False, text: str = "hello", max_tokens: int = 4,
-         timeout: float = 60.0) -> Answer:
+def chat(
+    url: str, key: str, *, stream: bool = False, text: str = "hello", max_tokens: int = 4, timeout: float = 60.0
+) -> Answer:
     """One chat completion through the gateway, read to its end."""
     body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={
-        "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
     sent = time.time()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own loopback URL
@@ -403,8 +439,9 @@ def chat(url: str, key: str, *, stream: bool = False, text: str = "hello", max_t
             return Answer(sent, time.time(), response.status, request_id, stream, error)
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:300].decode(errors="replace")
-        return Answer(sent, time.time(), exc.code, exc.headers.get("x-llmgw-request-id", ""), stream,
-                      detail or str(exc.reason))
+        return Answer(
+            sent, time.time(), exc.code, exc.headers.get("x-llmgw-request-id", ""), stream, detail or str(exc.reason)
+        )
     except (OSError, http.client.HTTPException, ValueError) as exc:
         return Answer(sent, time.time(), 0, "", stream, f"{type(exc).__name__}: {exc}")
 
@@ -451,8 +488,12 @@ class LoadGenerator:
 
     def wait_ok(self, count: int, *, since: float = 0.0, timeout: float = 60.0) -> int:
         """Wait until `count` requests sent after `since` were answered 2xx."""
-        return wait_for(lambda: (n := self.ok_count(since)) >= count and n, f"{count} answered requests",
-                        timeout=timeout, details=lambda: summary(self.snapshot()))
+        return wait_for(
+            lambda: (n := self.ok_count(since)) >= count and n,
+            f"{count} answered requests",
+            timeout=timeout,
+            details=lambda: summary(self.snapshot()),
+        )
 
 
 def summary(answers: Iterable[Answer]) -> str:
@@ -472,6 +513,7 @@ def summary(answers: Iterable[Answer]) -> str:
 
 
 # Node rows ----------------------------------------------------------------------------------------
+
 
 class NodeWatch:
     """Reads a node's status from PostgreSQL every half second in a thread; keeps every status seen."""
@@ -504,6 +546,7 @@ class NodeWatch:
 
 
 # The whole set-up -----------------------------------------------------------------------------------
+
 
 @dataclass
 class Production:
@@ -568,10 +611,15 @@ class Production:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.env = llmgw_env(
-            self.tmp / "data", port, LLMGW_DATABASE_URL=self.proxied_database, LLMGW_REDIS_URL=self.redis.url,
-            LLMGW_REDIS_PREFIX=f"llmgw-faults-{uuid.uuid4().hex[:8]}", LLMGW_LOG_LEVEL="info",
+            self.tmp / "data",
+            port,
+            LLMGW_DATABASE_URL=self.proxied_database,
+            LLMGW_REDIS_URL=self.redis.url,
+            LLMGW_REDIS_PREFIX=f"llmgw-faults-{uuid.uuid4().hex[:8]}",
+            LLMGW_LOG_LEVEL="info",
             LLMGW_AGENT_HEARTBEAT_SECONDS=str(self.heartbeat_s),
-            LLMGW_AGENT_MISSED_HEARTBEATS=str(self.missed_heartbeats))
+            LLMGW_AGENT_MISSED_HEARTBEATS=str(self.missed_heartbeats),
+        )
         self.manage("migrate", "-v0", timeout=300)
         made = self.manage("shell", "-c", SETUP.format(node=NODE), timeout=120)
         values = dict(line.split("=", 1) for line in made.splitlines() if line.startswith(("KEY=", "TOKEN=")))
@@ -582,8 +630,9 @@ class Production:
         # worker and beat log what they run.
         web_env = {**self.env, "LLMGW_LOG_LEVEL": "warning"}
         self.services["web"] = Service("web", [*python, "web"], web_env, logs / "web.log")
-        self.services["worker"] = Service("worker", [*python, "worker", "--concurrency", "2"], self.env,
-                                          logs / "worker.log")
+        self.services["worker"] = Service(
+            "worker", [*python, "worker", "--concurrency", "2"], self.env, logs / "worker.log"
+        )
         self.services["beat"] = Service("beat", [*python, "beat"], self.env, logs / "beat.log")
         for name in ("web", "worker", "beat"):
             self.services[name].start()
@@ -593,24 +642,55 @@ class Production:
         root.mkdir(parents=True, exist_ok=True)
         tools = build_host(HOSTS["cpu"], root)
         config = {
-            "server": self.url, "token": values["TOKEN"], "state_dir": str(root / "state"), "root": str(root),
-            "tools": tools, "heartbeat_interval": self.heartbeat_s, "hostname": NODE, "model_dirs": [],
-            "labels": {}, "engines": {"llama.cpp": str(llama)},
+            "server": self.url,
+            "token": values["TOKEN"],
+            "state_dir": str(root / "state"),
+            "root": str(root),
+            "tools": tools,
+            "heartbeat_interval": self.heartbeat_s,
+            "hostname": NODE,
+            "model_dirs": [],
+            "labels": {},
+            "engines": {"llama.cpp": str(llama)},
         }
         (root / "agent.yaml").write_text(yaml.safe_dump(config))
         agent_env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_", "PROMETHEUS_"))}
         agent_env["PYTHONUNBUFFERED"] = "1"
-        self.services["agent"] = Service("agent", [*python, "agent", "--config", str(root / "agent.yaml")],
-                                         agent_env, logs / "agent.log").start()
-        wait_for(lambda: (row := self.node_row()) is not None and row[0] == "ready", f"node {NODE} to be ready",
-                 timeout=120, details=self.logs)
+        self.services["agent"] = Service(
+            "agent", [*python, "agent", "--config", str(root / "agent.yaml")], agent_env, logs / "agent.log"
+        ).start()
+        wait_for(
+            lambda: (row := self.node_row()) is not None and row[0] == "ready",
+            f"node {NODE} to be ready",
+            timeout=120,
+            details=self.logs,
+        )
 
         self.weights = make_tiny_gguf(self.tmp / "tiny.gguf")
-        self.api("POST", "models/apply", {"models": [{
-            "name": MODEL, "source": str(self.weights), "replicas": 1,
-            "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB",
-                          "cpu_cores": 1, "parallel": 2, "context_size": 512}],
-        }]})
+        self.api(
+            "POST",
+            "models/apply",
+            {
+                "models": [
+                    {
+                        "name": MODEL,
+                        "source": str(self.weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "1GB",
+                                "cpu_cores": 1,
+                                "parallel": 2,
+                                "context_size": 512,
+                            }
+                        ],
+                    }
+                ]
+            },
+        )
         self.wait_served()
 
     def close(self) -> None:
@@ -632,8 +712,14 @@ class Production:
     # Processes ----------------------------------------------------------------------------------
 
     def manage(self, *args: str, timeout: float = 120) -> str:
-        done = subprocess.run([sys.executable, "-m", "llmgw", "manage", *args], env=self.env, cwd=REPO,  # noqa: S603
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            [sys.executable, "-m", "llmgw", "manage", *args],
+            env=self.env,
+            cwd=REPO,  # noqa: S603
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         assert done.returncode == 0, f"llmgw manage {args[0]} failed ({done.returncode}):\n{done.stderr[-3000:]}"
         return done.stdout
 
@@ -690,9 +776,12 @@ class Production:
                 os.kill(pid, signal.SIGKILL)
 
     def logs(self, tail: int = 4000) -> str:
-        parts = [f"--- {name} (pid {s.pid if s.process else '-'}, "
-                 f"{'running' if s.running else 'exited ' + str(s.process.returncode if s.process else '-')})\n"
-                 f"{s.log(tail)}" for name, s in self.services.items()]
+        parts = [
+            f"--- {name} (pid {s.pid if s.process else '-'}, "
+            f"{'running' if s.running else 'exited ' + str(s.process.returncode if s.process else '-')})\n"
+            f"{s.log(tail)}"
+            for name, s in self.services.items()
+        ]
         return "\n".join(parts)
 
     def all_running(self) -> dict[str, bool]:
@@ -726,15 +815,23 @@ class Production:
         return any(m["id"] == MODEL and m["llmgw"]["ready_replicas"] for m in data)
 
     def wait_served(self, timeout: float = 120) -> None:
-        wait_for(lambda: self.served() and chat(self.url, self.key).ok, "the gateway to serve tiny",
-                 timeout=timeout, details=self.logs)
+        wait_for(
+            lambda: self.served() and chat(self.url, self.key).ok,
+            "the gateway to serve tiny",
+            timeout=timeout,
+            details=self.logs,
+        )
 
     # Reading ------------------------------------------------------------------------------------
 
     def api(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.url}/api/v1/{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}/api/v1/{path}",
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
             return json.load(response)
 
@@ -772,14 +869,19 @@ class Production:
 
     def wait_node_ready(self, *, after: float, timeout: float = 90) -> tuple[str, datetime]:
         """Wait until the node is ready with a heartbeat later than `after` (time.time())."""
+
         def fresh() -> tuple[str, datetime] | None:
             row = self.node_row()
             if row and row[0] == "ready" and row[1] is not None and row[1].timestamp() > after:
                 return row[0], row[1]
             return None
 
-        return wait_for(fresh, f"node {NODE} ready with a heartbeat after {after:.1f}", timeout=timeout,
-                        details=lambda: f"node: {self.node_row()}\n{self.logs()}")
+        return wait_for(
+            fresh,
+            f"node {NODE} ready with a heartbeat after {after:.1f}",
+            timeout=timeout,
+            details=lambda: f"node: {self.node_row()}\n{self.logs()}",
+        )
 
     def watch_node(self) -> NodeWatch:
         return NodeWatch(self.node_row).start()
@@ -789,8 +891,10 @@ class Production:
         ids = sorted({i for i in request_ids if i})
         stored: set[str] = set()
         for start in range(0, len(ids), 2000):
-            rows = self._sql(f"SELECT request_id FROM {USAGE_TABLE} WHERE request_id = ANY(%s)",  # noqa: S608
-                             ids[start:start + 2000])
+            rows = self._sql(
+                f"SELECT request_id FROM {USAGE_TABLE} WHERE request_id = ANY(%s)",  # noqa: S608
+                ids[start : start + 2000],
+            )
             stored.update(row[0] for row in rows)
         return stored
 
@@ -803,8 +907,9 @@ class Production:
         stored = self.stored_usage(a.request_id for a in answered)
         return [a for a in answered if a.request_id not in stored]
 
-    def wait_usage(self, answers: list[Answer], *, timeout: float, allowed: int = 0,
-                   settle: float = 0.0) -> list[Answer]:
+    def wait_usage(
+        self, answers: list[Answer], *, timeout: float, allowed: int = 0, settle: float = 0.0
+    ) -> list[Answer]:
         """Wait until at most `allowed` of the 2xx answers lack a usage row; what is still missing.
 
         With `settle`, keep looking that long once the bound is met, so records that arrive late

@@ -27,17 +27,35 @@ def test_a_placed_replica_reaches_its_agent_without_waiting_for_a_heartbeat(tmp_
 
     weights = make_tiny_gguf(tmp_path / "tiny.gguf")
     models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": [{
-        "name": "tiny", "source": str(weights), "replicas": 1,
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "512MB",
-                      "cpu_cores": 1}],
-    }]}))
+    models.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "tiny",
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "512MB",
+                                "cpu_cores": 1,
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     env = {"LLMGW_LLAMA_SERVER": llama_server() or "", "LLMGW_AGENT_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS)}
     pid = None
     try:
         with ControlPlane(tmp_path, extra_env=env) as plane:
-            local = plane.wait_for(lambda: next(iter(plane.api("GET", "nodes")["results"]), None), timeout=60,
-                                   what="the local node")
+            local = plane.wait_for(
+                lambda: next(iter(plane.api("GET", "nodes")["results"]), None), timeout=60, what="the local node"
+            )
             # Wait for the agent's first heartbeat after registering, so the next one is far away.
             plane.wait_for(lambda: plane.node(local["name"]).get("sampled_at"), timeout=60, what="a first sample")
             assert plane.ctl("model", "apply", "-f", str(models))[0] == 0

@@ -68,8 +68,10 @@ FAILURE_MARKERS = [
     re.compile(r"Failed to parse", re.I),
     re.compile(r"\b(Exception|Traceback|panicked)\b"),
     re.compile(r"\bstatus\W{0,3}[45]\d\d\b", re.I),
-    re.compile(r"\b[45]\d\d (Bad Request|Unauthorized|Forbidden|Not Found|Conflict|Unprocessable|Too Many Requests"
-               r"|Internal Server Error|Bad Gateway|Service Unavailable|Gateway Timeout)"),
+    re.compile(
+        r"\b[45]\d\d (Bad Request|Unauthorized|Forbidden|Not Found|Conflict|Unprocessable|Too Many Requests"
+        r"|Internal Server Error|Bad Gateway|Service Unavailable|Gateway Timeout)"
+    ),
 ]
 
 # Codex: never look for updates, send analytics or feedback (the network may be closed), and
@@ -82,8 +84,7 @@ CODEX_SETTINGS = [
     "model_providers.llmgw.stream_max_retries=0",
 ]
 # Continue: no OpenTelemetry metrics, and never install an update of itself.
-CONTINUE_ENV = {"CONTINUE_CLI_ENABLE_TELEMETRY": "0", "CONTINUE_METRICS_ENABLED": "0",
-                "CONTINUE_CLI_AUTO_UPDATED": "1"}
+CONTINUE_ENV = {"CONTINUE_CLI_ENABLE_TELEMETRY": "0", "CONTINUE_METRICS_ENABLED": "0", "CONTINUE_CLI_AUTO_UPDATED": "1"}
 
 
 def _llama() -> str | None:
@@ -101,8 +102,9 @@ def clients() -> dict[str, Path]:
 
         pytest.skip(missing_reason())
     try:
-        done = subprocess.run([str(REPO / "scripts" / "ensure-editor-clients")], capture_output=True, text=True,
-                              timeout=900, check=False)
+        done = subprocess.run(
+            [str(REPO / "scripts" / "ensure-editor-clients")], capture_output=True, text=True, timeout=900, check=False
+        )
     except subprocess.TimeoutExpired:
         pytest.skip("scripts/ensure-editor-clients did not finish installing the clients in 15 minutes")
     if done.returncode != 0:
@@ -119,13 +121,39 @@ def plane(tmp_path_factory: pytest.TempPathFactory, clients: dict[str, Path]) ->
     tmp = tmp_path_factory.mktemp("editors")
     weights = make_tiny_gguf(tmp / "tiny.gguf")
     spec = tmp / "models.yaml"
-    spec.write_text(yaml.safe_dump({"models": [{
-        "name": name, "source": str(weights), "replicas": 1,
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1,
-                      "parallel": 1, "context_size": CONTEXT,
-                      "extra_args": ["--override-kv", f"llama.context_length=int:{CONTEXT}", "--grammar", GRAMMAR,
-                                     "--n-predict", "96"]}],
-    } for name in MODELS.values()]}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": name,
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "1GB",
+                                "cpu_cores": 1,
+                                "parallel": 1,
+                                "context_size": CONTEXT,
+                                "extra_args": [
+                                    "--override-kv",
+                                    f"llama.context_length=int:{CONTEXT}",
+                                    "--grammar",
+                                    GRAMMAR,
+                                    "--n-predict",
+                                    "96",
+                                ],
+                            }
+                        ],
+                    }
+                    for name in MODELS.values()
+                ]
+            }
+        )
+    )
     env = {
         "LLMGW_LLAMA_SERVER": _llama() or "",
         "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120",
@@ -176,8 +204,10 @@ class Turn:
     seconds: float  # shown with the output, never asserted on
 
     def transcript(self) -> str:
-        return (f"$ {' '.join(self.command)[:300]}\nexit {self.returncode} after {self.seconds:.1f} s\n"
-                f"--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-6000:]}")
+        return (
+            f"$ {' '.join(self.command)[:300]}\nexit {self.returncode} after {self.seconds:.1f} s\n"
+            f"--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-6000:]}"
+        )
 
 
 @dataclass
@@ -198,13 +228,24 @@ class Person:
     def env(self) -> dict[str, str]:
         """Nothing of the real user's environment: their keys and configuration stay out of it."""
         node = shutil.which("node")
-        path = [str(self.binary.parent), *([str(Path(node).parent)] if node else []), "/usr/local/bin", "/usr/bin",
-                "/bin"]
+        path = [
+            str(self.binary.parent),
+            *([str(Path(node).parent)] if node else []),
+            "/usr/local/bin",
+            "/usr/bin",
+            "/bin",
+        ]
         env = {
-            "PATH": os.pathsep.join(dict.fromkeys(path)), "HOME": str(self.home), "LANG": "C.UTF-8",
-            "TERM": "dumb", "NO_COLOR": "1", "LLMGW_API_KEY": self.key,
-            "XDG_CONFIG_HOME": str(self.home / ".config"), "XDG_CACHE_HOME": str(self.home / ".cache"),
-            "XDG_DATA_HOME": str(self.home / ".local" / "share"), "XDG_STATE_HOME": str(self.home / ".local" / "state"),
+            "PATH": os.pathsep.join(dict.fromkeys(path)),
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "NO_COLOR": "1",
+            "LLMGW_API_KEY": self.key,
+            "XDG_CONFIG_HOME": str(self.home / ".config"),
+            "XDG_CACHE_HOME": str(self.home / ".cache"),
+            "XDG_DATA_HOME": str(self.home / ".local" / "share"),
+            "XDG_STATE_HOME": str(self.home / ".local" / "state"),
             "TMPDIR": str(self.home / "tmp"),
         }
         if self.tool == "continue":
@@ -218,16 +259,30 @@ class Person:
             assert response.status == 200
             script = response.read().decode()
         (self.home / f"{self.tool}.sh").write_text(script)
-        return subprocess.run(["sh"], input=script, env=self.env(), cwd=self.home, capture_output=True, text=True,
-                              timeout=60, check=False)
+        return subprocess.run(
+            ["sh"], input=script, env=self.env(), cwd=self.home, capture_output=True, text=True, timeout=60, check=False
+        )
 
     def command(self, prompt: str) -> list[str]:
         resume = bool(self.turns)
         if self.tool == "codex":
             settings = [word for setting in CODEX_SETTINGS for word in ("-c", setting)]
-            return [str(self.binary), "--profile", "llmgw", "--sandbox", "read-only", "--ask-for-approval", "never",
-                    *settings, "exec", "--skip-git-repo-check", "--color", "never",
-                    *(["resume", "--last"] if resume else []), prompt]
+            return [
+                str(self.binary),
+                "--profile",
+                "llmgw",
+                "--sandbox",
+                "read-only",
+                "--ask-for-approval",
+                "never",
+                *settings,
+                "exec",
+                "--skip-git-repo-check",
+                "--color",
+                "never",
+                *(["resume", "--last"] if resume else []),
+                prompt,
+            ]
         config = self.home / ".continue" / "assistants" / "llmgw.yaml"
         return [str(self.binary), "-p", "--config", str(config), *(["--resume"] if resume else []), prompt]
 
@@ -235,8 +290,16 @@ class Person:
         """One turn, non-interactive; the client and everything it started are stopped if it outlasts the limit."""
         command = self.command(prompt)
         started = time.monotonic()
-        process = subprocess.Popen(command, env=self.env(), cwd=self.project, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            env=self.env(),
+            cwd=self.project,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             stdout, stderr = process.communicate(timeout=TURN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -252,8 +315,7 @@ class Person:
 
 
 @pytest.fixture
-def person(request: pytest.FixtureRequest, plane: ControlPlane, clients: dict[str, Path],
-           tmp_path: Path) -> Person:
+def person(request: pytest.FixtureRequest, plane: ControlPlane, clients: dict[str, Path], tmp_path: Path) -> Person:
     """A person with a key of their own (so that usage can be told apart), set up by the console's script."""
     tool: str = request.param
     created = plane.api("POST", "keys/", {"name": f"{tool} on a laptop"})
@@ -286,8 +348,11 @@ def assert_answered(plane: ControlPlane, person: Person, turn: Turn) -> None:
     output = turn.stdout + "\n" + turn.stderr
     failures = [marker.pattern for marker in FAILURE_MARKERS if marker.search(output)]
     if turn.returncode != 0 or failures or not ANSWER.fullmatch(turn.stdout.strip()):
-        pytest.fail(f"{person.tool} turn {len(person.turns)} failed {failures}\n{turn.transcript()}\n"
-                    f"--- the gateway's usage for this key\n{usage_of(plane, person.key_id)}", pytrace=False)
+        pytest.fail(
+            f"{person.tool} turn {len(person.turns)} failed {failures}\n{turn.transcript()}\n"
+            f"--- the gateway's usage for this key\n{usage_of(plane, person.key_id)}",
+            pytrace=False,
+        )
 
 
 def usage_of(plane: ControlPlane, key_id: int) -> dict[str, Any]:
@@ -297,6 +362,7 @@ def usage_of(plane: ControlPlane, key_id: int) -> dict[str, Any]:
 
 def assert_recorded(plane: ControlPlane, person: Person, at_least: int) -> None:
     """The gateway counted the turns' requests (written in batches, so waited for), none failed or refused."""
+
     def enough() -> dict[str, Any] | None:
         row = usage_of(plane, person.key_id)
         return row if row["requests"] >= at_least else None
@@ -344,22 +410,25 @@ class TableChurn(threading.Thread):
 # character), so that the gateway reloads its tables while the request is being answered.
 LONG_PROMPT = "Read these notes, then say in one line what they are about. " + " ".join(
     f"note {i}: the gateway keeps one slot for this model and must give it back when the answer ends."
-    for i in range(100))
+    for i in range(100)
+)
 
 CLIENTS = pytest.mark.parametrize("person", ["codex", "continue"], indirect=True)
 
 
 @CLIENTS
-def test_a_client_set_up_by_the_connect_script_answers_a_turn_and_a_resumed_one(plane: ControlPlane,
-                                                                                 person: Person) -> None:
+def test_a_client_set_up_by_the_connect_script_answers_a_turn_and_a_resumed_one(
+    plane: ControlPlane, person: Person
+) -> None:
     assert_answered(plane, person, person.ask("Say hello in a few words."))
     assert_answered(plane, person, person.ask("Now say it again, differently."))
     assert_recorded(plane, person, at_least=2)
 
 
 @CLIENTS
-def test_a_turn_answered_while_the_tables_reload_gives_its_slot_back_for_the_next(plane: ControlPlane,
-                                                                                  person: Person) -> None:
+def test_a_turn_answered_while_the_tables_reload_gives_its_slot_back_for_the_next(
+    plane: ControlPlane, person: Person
+) -> None:
     assert_answered(plane, person, person.ask("Say hello in a few words."))
     with TableChurn(plane) as churn:
         during = person.ask(LONG_PROMPT)

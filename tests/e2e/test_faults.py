@@ -55,12 +55,21 @@ def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Production]:
 
 
 def record(fault: str, answers: list[Answer], *, missing: int, engine_restarts: int, **extra: Any) -> None:
-    row = {"fault": fault, "sent": len(answers), "answered_2xx": sum(a.ok for a in answers),
-           "failed": sum(not a.ok for a in answers), "usage_missing": missing, "engine_restarts": engine_restarts,
-           **extra}
+    row = {
+        "fault": fault,
+        "sent": len(answers),
+        "answered_2xx": sum(a.ok for a in answers),
+        "failed": sum(not a.ok for a in answers),
+        "usage_missing": missing,
+        "engine_restarts": engine_restarts,
+        **extra,
+    }
     FIGURES.append(row)
-    print(f"\n[{fault}] " + ", ".join(f"{k}={v}" for k, v in row.items() if k != "fault")
-          + f"\n[{fault}] {summary(answers)}")
+    print(
+        f"\n[{fault}] "
+        + ", ".join(f"{k}={v}" for k, v in row.items() if k != "fault")
+        + f"\n[{fault}] {summary(answers)}"
+    )
 
 
 def engine_pid(prod: Production) -> int:
@@ -79,12 +88,14 @@ def restarts(before: int, prod: Production) -> int:
 def assert_healthy(prod: Production) -> None:
     state = prod.all_running()
     assert all(state.values()), f"not running: {state}\n{prod.logs()}"
-    assert len(prod.replicas()) == 1 and len(prod.engine_pids()) == 1, \
+    assert len(prod.replicas()) == 1 and len(prod.engine_pids()) == 1, (
         f"replicas {prod.replicas()}, engines {prod.engine_pids()}"
+    )
     assert chat(prod.url, prod.key).ok
 
 
 # 1. Any one process can be killed at any moment -------------------------------------------------------
+
 
 def test_killing_the_web_process_loses_at_most_the_records_not_yet_handed_over(prod: Production) -> None:
     engine = engine_pid(prod)
@@ -105,12 +116,18 @@ def test_killing_the_web_process_loses_at_most_the_records_not_yet_handed_over(p
     last_second = [a for a in old if a.done >= last - 1.0]
     missing = prod.wait_usage(answers, timeout=120, allowed=len(last_second), settle=10)
     ages = sorted(round(last - a.done, 3) for a in missing)
-    record("kill -9 web", answers, missing=len(missing), engine_restarts=restarts(engine, prod),
-           answered_last_second=len(last_second),
-           missing_answered_s_before_last_answer=f"{ages[0]}..{ages[-1]}" if ages else "-")
+    record(
+        "kill -9 web",
+        answers,
+        missing=len(missing),
+        engine_restarts=restarts(engine, prod),
+        answered_last_second=len(last_second),
+        missing_answered_s_before_last_answer=f"{ages[0]}..{ages[-1]}" if ages else "-",
+    )
     assert len(missing) <= len(last_second), (
         f"{len(missing)} answered requests have no usage row, more than the {len(last_second)} answered in the "
-        f"last second before the kill; answered these seconds before its last answer: {ages[:20]}\n{prod.logs()}")
+        f"last second before the kill; answered these seconds before its last answer: {ages[:20]}\n{prod.logs()}"
+    )
 
     # The engine kept running, the agent came back to the new web process, nothing was placed twice.
     assert prod.engine_pids() == [engine] and prod.shard_pids() == [engine]
@@ -127,25 +144,39 @@ def test_the_workers_celery_child_killed_comes_back_and_the_reconciler_still_act
     load = prod.load()
     load.wait_ok(100)
     os.kill(child, signal.SIGKILL)
-    fresh = wait_for(lambda: (c := prod.celery_child()) and c != child and c, "a new Celery worker", timeout=60,
-                     details=worker.log)
+    fresh = wait_for(
+        lambda: (c := prod.celery_child()) and c != child and c, "a new Celery worker", timeout=60, details=worker.log
+    )
     assert worker.running and worker.starts == 1, "llmgw worker itself was not meant to stop"
     assert "starting it again" in worker.log()
 
     # The reconciler runs in the new child: a second replica is placed and started, then stopped.
     prod.api("POST", f"models/{MODEL}/target", {"min": 2, "max": 2})
-    wait_for(lambda: len([r for r in prod.replicas() if r["state"] == "ready"]) == 2
-             and len(prod.engine_pids()) == 2, "a second replica of tiny", timeout=120, details=prod.logs)
+    wait_for(
+        lambda: len([r for r in prod.replicas() if r["state"] == "ready"]) == 2 and len(prod.engine_pids()) == 2,
+        "a second replica of tiny",
+        timeout=120,
+        details=prod.logs,
+    )
     prod.api("POST", f"models/{MODEL}/target", {"min": 1, "max": 1})
-    wait_for(lambda: len(prod.replicas()) == 1 and len(prod.engine_pids()) == 1, "tiny back to one replica",
-             timeout=120, details=prod.logs)
+    wait_for(
+        lambda: len(prod.replicas()) == 1 and len(prod.engine_pids()) == 1,
+        "tiny back to one replica",
+        timeout=120,
+        details=prod.logs,
+    )
     answers = load.stop()
     survivor = engine_pid(prod)
 
     # Whatever the killed child was writing, the web process writes once it sees it missing.
     missing = prod.wait_usage(answers, timeout=CONFIRM_S)
-    record("kill -9 worker's Celery child", answers, missing=len(missing),
-           engine_restarts=0 if survivor == engine else 1, celery_child=f"{child}->{fresh}")
+    record(
+        "kill -9 worker's Celery child",
+        answers,
+        missing=len(missing),
+        engine_restarts=0 if survivor == engine else 1,
+        celery_child=f"{child}->{fresh}",
+    )
     assert not missing, f"{len(missing)} answered requests have no usage row: {missing[:5]}\n{prod.logs()}"
     assert_healthy(prod)
 
@@ -156,16 +187,25 @@ def test_beat_killed_and_started_again_schedules_again(prod: Production) -> None
     assert prod.processes("beat") == []
     since_beat, since_worker = beat.log_size(), worker.log_size()
     prod.start("beat")
-    wait_for(lambda: "Sending due task reconcile" in beat.log_since(since_beat), "beat to send the reconcile task",
-             timeout=60, details=beat.log)
-    wait_for(lambda: "apps.cluster.tasks.reconcile" in worker.log_since(since_worker),
-             "the worker to run a task beat sent", timeout=60, details=worker.log)
+    wait_for(
+        lambda: "Sending due task reconcile" in beat.log_since(since_beat),
+        "beat to send the reconcile task",
+        timeout=60,
+        details=beat.log,
+    )
+    wait_for(
+        lambda: "apps.cluster.tasks.reconcile" in worker.log_since(since_worker),
+        "the worker to run a task beat sent",
+        timeout=60,
+        details=worker.log,
+    )
     assert prod.processes("beat") == [beat.pid], "exactly one beat"
     record("kill -9 beat", [], missing=0, engine_restarts=0, beat_starts=beat.starts)
     assert_healthy(prod)
 
 
 # 2. Redis away for a while -----------------------------------------------------------------------------
+
 
 def test_redis_away_for_a_while(prod: Production) -> None:
     engine = engine_pid(prod)
@@ -186,9 +226,11 @@ def test_redis_away_for_a_while(prod: Production) -> None:
     # The gateway kept serving: every request answered 2xx.
     failed = [a for a in answers if not a.ok]
     if not during or failed:
-        problems.append(f"{len(failed)} of {len(answers)} requests failed ({len(during)} sent during the outage): "
-                        f"{summary(answers)}; sent at (s after Redis stopped): "
-                        f"{[round(a.sent - down_at, 3) for a in failed]}")
+        problems.append(
+            f"{len(failed)} of {len(answers)} requests failed ({len(during)} sent during the outage): "
+            f"{summary(answers)}; sent at (s after Redis stopped): "
+            f"{[round(a.sent - down_at, 3) for a in failed]}"
+        )
     # The agent is back on the new Redis within a few heartbeats.
     try:
         prod.wait_node_ready(after=up_at, timeout=4 * prod.heartbeat_s + 30)
@@ -196,8 +238,12 @@ def test_redis_away_for_a_while(prod: Production) -> None:
         problems.append(str(exc)[:3000])
     # The worker takes tasks from the new Redis without being started again by anyone.
     try:
-        wait_for(lambda: "succeeded" in worker.log_since(since_worker), "the worker to run a task after Redis came "
-                 "back", timeout=120, details=lambda: worker.log_since(since_worker)[-3000:])
+        wait_for(
+            lambda: "succeeded" in worker.log_since(since_worker),
+            "the worker to run a task after Redis came back",
+            timeout=120,
+            details=lambda: worker.log_since(since_worker)[-3000:],
+        )
     except AssertionError as exc:
         problems.append(str(exc)[:4000])
     if worker.starts != 1 or not worker.running:
@@ -206,26 +252,37 @@ def test_redis_away_for_a_while(prod: Production) -> None:
     # refused, and the batches the empty Redis lost written once their check is due.
     missing = prod.wait_usage(answers, timeout=CONFIRM_S)
     if missing:
-        problems.append(f"{len(missing)} of {sum(a.ok for a in answers)} answered requests have no usage row; "
-                        f"first {missing[:3]}")
+        problems.append(
+            f"{len(missing)} of {sum(a.ok for a in answers)} answered requests have no usage row; first {missing[:3]}"
+        )
     # The node stayed ready throughout.
     watch.stop()
     not_ready = [(round(moment - down_at, 1), status) for moment, status in watch.not_ready()]
     if not_ready:
-        problems.append(f"the node was not ready at (s after Redis stopped, status; Redis was back at "
-                        f"{up_at - down_at:.1f}): {not_ready[:20]}")
+        problems.append(
+            f"the node was not ready at (s after Redis stopped, status; Redis was back at "
+            f"{up_at - down_at:.1f}): {not_ready[:20]}"
+        )
     if prod.engine_pids() != [engine]:
         problems.append(f"the engine was started again: {engine} -> {prod.engine_pids()}")
     after = prod.pids()
-    record("Redis away", answers, missing=len(missing), engine_restarts=restarts(engine, prod),
-           during_outage=len(during), during_outage_failed=sum(not a.ok for a in during),
-           slowest_s=round(max((a.done - a.sent for a in answers), default=0), 2),
-           node_not_ready=not_ready[:6] or "-", celery_child=f"{before['celery']}->{after['celery']}")
+    record(
+        "Redis away",
+        answers,
+        missing=len(missing),
+        engine_restarts=restarts(engine, prod),
+        during_outage=len(during),
+        during_outage_failed=sum(not a.ok for a in during),
+        slowest_s=round(max((a.done - a.sent for a in answers), default=0), 2),
+        node_not_ready=not_ready[:6] or "-",
+        celery_child=f"{before['celery']}->{after['celery']}",
+    )
     assert not problems, "\n".join(problems) + "\n" + prod.logs()
     assert_healthy(prod)
 
 
 # 3. PostgreSQL away for a while --------------------------------------------------------------------------
+
 
 def test_postgresql_away_for_a_while(prod: Production) -> None:
     engine = engine_pid(prod)
@@ -244,8 +301,10 @@ def test_postgresql_away_for_a_while(prod: Production) -> None:
     # The gateway kept serving from its tables in memory.
     failed = [a for a in answers if not a.ok]
     if not during or failed:
-        problems.append(f"{len(failed)} of {len(answers)} requests failed ({len(during)} sent during the outage): "
-                        f"{summary(answers)}; sent at (s after the cut): {[round(a.sent - cut_at, 3) for a in failed]}")
+        problems.append(
+            f"{len(failed)} of {len(answers)} requests failed ({len(during)} sent during the outage): "
+            f"{summary(answers)}; sent at (s after the cut): {[round(a.sent - cut_at, 3) for a in failed]}"
+        )
     # Heartbeats are written again.
     try:
         prod.wait_node_ready(after=restored_at, timeout=4 * prod.heartbeat_s + 30)
@@ -254,21 +313,29 @@ def test_postgresql_away_for_a_while(prod: Production) -> None:
     # Usage kept in memory is written once PostgreSQL is back.
     missing = prod.wait_usage(answers, timeout=CONFIRM_S)
     if missing:
-        problems.append(f"{len(missing)} of {sum(a.ok for a in answers)} answered requests have no usage row; "
-                        f"first {missing[:3]}")
+        problems.append(
+            f"{len(missing)} of {sum(a.ok for a in answers)} answered requests have no usage row; first {missing[:3]}"
+        )
     # No process needed a restart.
     after = prod.pids()
     if after != before or {name: s.starts for name, s in prod.services.items()} != starts:
         problems.append(f"processes were started again: {before} -> {after}")
-    record("PostgreSQL away", answers, missing=len(missing), engine_restarts=restarts(engine, prod),
-           during_outage=len(during), during_outage_failed=sum(not a.ok for a in during),
-           slowest_s=round(max((a.done - a.sent for a in answers), default=0), 2),
-           restarted=[name for name in before if before[name] != after[name]] or "-")
+    record(
+        "PostgreSQL away",
+        answers,
+        missing=len(missing),
+        engine_restarts=restarts(engine, prod),
+        during_outage=len(during),
+        during_outage_failed=sum(not a.ok for a in during),
+        slowest_s=round(max((a.done - a.sent for a in answers), default=0), 2),
+        restarted=[name for name in before if before[name] != after[name]] or "-",
+    )
     assert not problems, "\n".join(problems) + "\n" + prod.logs()
     assert_healthy(prod)
 
 
 # 4. Hostile input on every surface --------------------------------------------------------------------
+
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **headers})
@@ -290,8 +357,10 @@ def _deep(depth: int) -> bytes:
 def _huge_content_length(port: int) -> str:
     """POST /healthz declaring 10^12 bytes of body, sending none: the answer's status line."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000000000000\r\n\r\n")
+        sock.sendall(
+            b"POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000000000\r\n\r\n"
+        )
         answer = b""
         while b"\r\n" not in answer:
             chunk = sock.recv(4096)
@@ -331,8 +400,12 @@ def test_hostile_input_on_every_surface_is_refused_and_other_clients_go_on(prod:
     token = prod.api("POST", "nodes/enrollments", {"name": "probe"})["token"]
     status, enrolled = _post(prod.url + "/api/v1/agent/enroll", json.dumps({"token": token}).encode(), {})
     assert status == 200, enrolled
-    with connect(prod.url.replace("http://", "ws://") + "/ws/agent/", proxy=None, open_timeout=15,
-                 additional_headers={"Authorization": f"Bearer {enrolled['credential']}"}) as ws:
+    with connect(
+        prod.url.replace("http://", "ws://") + "/ws/agent/",
+        proxy=None,
+        open_timeout=15,
+        additional_headers={"Authorization": f"Bearer {enrolled['credential']}"},
+    ) as ws:
         for _ in range(3):
             ws.send('{"v": 1, "type": "heartbeat", "sample": {"cpu_percent": NaN}}')
             reply = json.loads(ws.recv(timeout=15))
@@ -347,8 +420,9 @@ def test_hostile_input_on_every_surface_is_refused_and_other_clients_go_on(prod:
         status, body = _post(prod.url + "/v1/messages", _deep(2000), {"x-api-key": prod.key})
         assert status == 400 and body.get("type") == "error" and body["error"].get("message"), (status, body)
         refusals.setdefault("/v1/messages 2000-deep", []).append(str(status))
-        status, body = _post(prod.url + "/api/v1/models/apply", b'{"models": ' + b"[" * 2000 + b"]" * 2000 + b"}",
-                             bearer)
+        status, body = _post(
+            prod.url + "/api/v1/models/apply", b'{"models": ' + b"[" * 2000 + b"]" * 2000 + b"}", bearer
+        )
         assert status == 400 and isinstance(body.get("detail"), str) and body["detail"], (status, body)
         refusals.setdefault("/api/v1/models/apply 2000-deep", []).append(str(status))
 
@@ -360,8 +434,9 @@ def test_hostile_input_on_every_surface_is_refused_and_other_clients_go_on(prod:
         refusals.setdefault("/healthz Content-Length 10^12", []).append(line[9:12])
 
     # 10,000 messages in one chat completion.
-    many = json.dumps({"model": MODEL, "max_tokens": 4,
-                       "messages": [{"role": "user", "content": "hi"}] * 10_000}).encode()
+    many = json.dumps(
+        {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}] * 10_000}
+    ).encode()
     for _ in range(3):
         status, body = _post(prod.url + "/v1/chat/completions", many, bearer)
         assert status == 400 and body.get("error", {}).get("code") == "too_many_messages", (status, body)
@@ -373,8 +448,13 @@ def test_hostile_input_on_every_surface_is_refused_and_other_clients_go_on(prod:
     missing = prod.wait_usage(answers, timeout=CONFIRM_S)
     print("\n[hostile input] refusals: " + "; ".join(f"{k}: {','.join(v)}" for k, v in refusals.items()))
     grown = resident_bytes(web_pid) - memory_before
-    record("hostile input", answers, missing=len(missing), engine_restarts=restarts(engine, prod),
-           web_memory_mib=f"{memory_before / 2**20:.0f}->{(memory_before + grown) / 2**20:.0f}")
+    record(
+        "hostile input",
+        answers,
+        missing=len(missing),
+        engine_restarts=restarts(engine, prod),
+        web_memory_mib=f"{memory_before / 2**20:.0f}->{(memory_before + grown) / 2**20:.0f}",
+    )
     # Each refused body was bounded before it was held: the web process grew by far less than one
     # of them would have cost whole (10,000 messages parsed, 2,000-deep JSON, a 10^12-byte claim).
     assert grown < 128 * 2**20, f"the web process grew by {grown / 2**20:.0f} MiB under hostile input"

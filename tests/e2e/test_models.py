@@ -49,15 +49,44 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
     (tmp_path / "data" / "models").mkdir(parents=True)
     weights = make_tiny_gguf(tmp_path / "data" / "models" / "tiny.gguf")
     models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": [{
-        "name": "tiny", "source": str(weights), "replicas": 1,
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1,
-                      "parallel": 2, "context_size": 512}],
-    }, {
-        "name": "huge", "source": str(weights), "replicas": 1,
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "100TB",
-                      "cpu_cores": 1}],
-    }]}))
+    models.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "tiny",
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "1GB",
+                                "cpu_cores": 1,
+                                "parallel": 2,
+                                "context_size": 512,
+                            }
+                        ],
+                    },
+                    {
+                        "name": "huge",
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "100TB",
+                                "cpu_cores": 1,
+                            }
+                        ],
+                    },
+                ]
+            }
+        )
+    )
     engine_pid = None
     plane = None
     env = {"LLMGW_LLAMA_SERVER": llama_server() or ""}
@@ -66,8 +95,11 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
         with ControlPlane(tmp_path, extra_env=env, keep_database=True, up_args=["--keep-engines"]) as plane:
             assert plane.ctl("model", "apply", "-f", str(models))[0] == 0
             assert plane.ctl("model", "apply", "-f", str(models))[1].count("unchanged") == 2  # idempotent
-            ready = plane.wait_for(lambda: (lambda m: m if m["status"]["ready"] == 1 else None)(
-                plane.api("GET", "models/tiny")), timeout=90, what="tiny ready")
+            ready = plane.wait_for(
+                lambda: (lambda m: m if m["status"]["ready"] == 1 else None)(plane.api("GET", "models/tiny")),
+                timeout=90,
+                what="tiny ready",
+            )
             shard = ready["replicas"][0]["shards"][0]
             engine_pid = shard["pid"]
             node = plane.node(shard["node"])
@@ -92,9 +124,15 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
         # The control plane (web, worker, agent) stopped; with --keep-engines, the engine did not.
         assert engine_pid and alive(engine_pid)
         with ControlPlane(tmp_path / "again", extra_env=env, reuse=plane) as again:
-            model = again.wait_for(lambda: (lambda m: m if m["status"]["ready"] == 1 and
-                                            m["replicas"][0]["shards"][0]["state"] == "ready" else None)(
-                again.api("GET", "models/tiny")), timeout=90, what="tiny adopted")
+            model = again.wait_for(
+                lambda: (
+                    lambda m: (
+                        m if m["status"]["ready"] == 1 and m["replicas"][0]["shards"][0]["state"] == "ready" else None
+                    )
+                )(again.api("GET", "models/tiny")),
+                timeout=90,
+                what="tiny adopted",
+            )
             assert model["replicas"][0]["shards"][0]["pid"] == engine_pid
             assert chat(endpoint, secret)[0] == 200
     finally:
@@ -110,10 +148,18 @@ def _secret(plane: ControlPlane, replica_id: int) -> str:
     import subprocess
     import sys
 
-    code = ("import django; django.setup(); from apps.cluster.models import Shard; "
-            f"print(Shard.objects.get(replica_id={replica_id}, rank=0).secret)")
+    code = (
+        "import django; django.setup(); from apps.cluster.models import Shard; "
+        f"print(Shard.objects.get(replica_id={replica_id}, rank=0).secret)"
+    )
     assert plane.running is not None
-    result = subprocess.run([sys.executable, "-c", code], env={**plane.running.env,
-                            "DJANGO_SETTINGS_MODULE": "llmgw.settings"}, capture_output=True, text=True, timeout=60,
-                            cwd=Path(__file__).resolve().parents[2], check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**plane.running.env, "DJANGO_SETTINGS_MODULE": "llmgw.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+    )
     return result.stdout.strip().splitlines()[-1]

@@ -32,8 +32,11 @@ def test_a_gpu_node_joins_is_measured_cordoned_lost_and_found(tmp_path) -> None:
         gpu = plane.add_agent("gpu1", spec)
         plane.wait_for(lambda: plane.node("gpu1").get("status") == "ready", what="gpu1 ready")
         nodes = plane.wait_for(
-            lambda: [n for n in plane.api("GET", "nodes")["results"] if n["status"] == "ready"]
-            if len([n for n in plane.api("GET", "nodes")["results"] if n["status"] == "ready"]) == 2 else None,
+            lambda: (
+                [n for n in plane.api("GET", "nodes")["results"] if n["status"] == "ready"]
+                if len([n for n in plane.api("GET", "nodes")["results"] if n["status"] == "ready"]) == 2
+                else None
+            ),
             what="the local node and gpu1 ready",
         )
         assert {n["name"] for n in nodes} >= {"gpu1"}
@@ -64,8 +67,11 @@ def test_a_gpu_node_joins_is_measured_cordoned_lost_and_found(tmp_path) -> None:
         # Metrics carry them, labelled by node and card.
         with urllib.request.urlopen(plane.url + "/metrics", timeout=30) as response:
             metrics = response.read().decode()
-        line = next(m for m in metrics.splitlines()
-                    if m.startswith("llmgw_gpu_temperature_celsius{") and 'node="gpu1"' in m and 'gpu="0"' in m)
+        line = next(
+            m
+            for m in metrics.splitlines()
+            if m.startswith("llmgw_gpu_temperature_celsius{") and 'node="gpu1"' in m and 'gpu="0"' in m
+        )
         assert float(line.rsplit(" ", 1)[1]) == float(first.temperature_gpu_c)  # type: ignore[arg-type]
         assert any(m.startswith("llmgw_gpu_power_draw_watts{") and 'node="gpu1"' in m for m in metrics.splitlines())
         assert 'llmgw_node_up{node="gpu1"} 1.0' in metrics
@@ -100,8 +106,9 @@ def test_a_used_enrollment_token_is_refused_with_the_reason(tmp_path) -> None:
         # A second agent given the same (now used) token is refused and says why.
         second = plane.add_agent("cpu2", HOSTS["cpu"], start=False)
         token = first.config_path.read_text().split("token: ")[1].split()[0]
-        second.config_path.write_text(second.config_path.read_text().replace(
-            second.config_path.read_text().split("token: ")[1].split()[0], token))
+        second.config_path.write_text(
+            second.config_path.read_text().replace(second.config_path.read_text().split("token: ")[1].split()[0], token)
+        )
         second.start()
         assert second.process is not None
         assert second.process.wait(timeout=60) == 1

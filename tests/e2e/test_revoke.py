@@ -24,10 +24,30 @@ def test_revoking_a_node_stops_its_engines_and_its_agent_waits_for_a_new_enrolme
         pytest.skip("no llama-server binary (run scripts/ensure-llama-server)")
     weights = make_tiny_gguf(tmp_path / "tiny.gguf")
     spec = tmp_path / "models.yaml"
-    spec.write_text(yaml.safe_dump({"models": [{
-        "name": "tiny", "source": str(weights), "replicas": 1,
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB",
-                      "cpu_cores": 1, "parallel": 1, "context_size": 512}]}]}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "tiny",
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "1GB",
+                                "cpu_cores": 1,
+                                "parallel": 1,
+                                "context_size": 512,
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     with ControlPlane(tmp_path, extra_env={"LLMGW_LLAMA_SERVER": str(engine)}) as plane:
         assert plane.ctl("model", "apply", "-f", str(spec))[0] == 0
 

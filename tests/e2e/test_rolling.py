@@ -17,9 +17,26 @@ pytestmark = pytest.mark.e2e
 
 
 def _spec(weights: Path, parallel: int) -> dict:
-    return {"models": [{"name": "tiny", "source": str(weights), "replicas": {"min": 1, "max": 2},
-                        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "512MB",
-                                      "cpu_cores": 0.5, "parallel": parallel, "context_size": 512}]}]}
+    return {
+        "models": [
+            {
+                "name": "tiny",
+                "source": str(weights),
+                "replicas": {"min": 1, "max": 2},
+                "profiles": [
+                    {
+                        "name": "cpu",
+                        "engine": "llama.cpp",
+                        "accelerator": "cpu",
+                        "memory": "512MB",
+                        "cpu_cores": 0.5,
+                        "parallel": parallel,
+                        "context_size": 512,
+                    }
+                ],
+            }
+        ]
+    }
 
 
 def test_a_changed_profile_replaces_the_running_replica_while_requests_keep_being_answered(tmp_path: Path) -> None:
@@ -48,8 +65,9 @@ def test_a_changed_profile_replaces_the_running_replica_while_requests_keep_bein
         def keep_asking() -> None:
             while not stop.is_set():
                 try:
-                    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                   max_tokens=2)
+                    client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                    )
                     answers.append("ok")
                 except Exception as exc:  # noqa: BLE001 - counted, the assertion below says which
                     answers.append(f"{type(exc).__name__}: {exc}")

@@ -32,11 +32,15 @@ class Load:
         self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(clients)]
 
     def client(self) -> None:
-        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "count"}],
-                           "max_tokens": 48, "ignore_eos": True}).encode()
+        body = json.dumps(
+            {"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 48, "ignore_eos": True}
+        ).encode()
         while not self.stopped.is_set():
-            request = urllib.request.Request(self.url + "/v1/chat/completions", data=body, headers={
-                "Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
+            request = urllib.request.Request(
+                self.url + "/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
+            )
             try:
                 with urllib.request.urlopen(request, timeout=60) as response:
                     response.read()
@@ -62,11 +66,30 @@ def test_a_busy_model_gets_a_second_replica_and_gives_it_back_when_quiet(tmp_pat
 
     weights = make_tiny_gguf(tmp_path / "tiny.gguf")
     models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": [{
-        "name": "tiny", "source": str(weights), "replicas": {"min": 1, "max": 2},
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "512MB",
-                      "cpu_cores": 1, "parallel": 1, "context_size": 256}],
-    }]}))
+    models.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "tiny",
+                        "source": str(weights),
+                        "replicas": {"min": 1, "max": 2},
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "512MB",
+                                "cpu_cores": 1,
+                                "parallel": 1,
+                                "context_size": 256,
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     env = {"LLMGW_LLAMA_SERVER": llama_server() or "", "LLMGW_SCALE_DOWN_AFTER_SECONDS": "10"}
     pids: set[int] = set()
 
@@ -87,8 +110,11 @@ def test_a_busy_model_gets_a_second_replica_and_gives_it_back_when_quiet(tmp_pat
                 grown = plane.wait_for(lambda: tiny(2, 2), timeout=90, what="a second replica for the load")
                 assert grown["load_replicas"] == 2 and grown["busy_at"] and grown["status"]["wanted"] == 2
                 served = len(load.statuses)
-                plane.wait_for(lambda: len(load.replicas) == 2 and len(load.statuses) > served + 6, timeout=60,
-                               what="both replicas serving")
+                plane.wait_for(
+                    lambda: len(load.replicas) == 2 and len(load.statuses) > served + 6,
+                    timeout=60,
+                    what="both replicas serving",
+                )
             assert set(load.statuses) == {200}
             _code, shown, _err = plane.ctl("model", "show", "tiny")
             assert "2 ready of 2 wanted (1 always running, up to 2 under load)" in shown

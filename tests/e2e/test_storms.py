@@ -55,8 +55,14 @@ sizes = [client.zcard(layer._group_key(node_group(pk))) for pk in Node.objects.v
 print(min(sizes), max(sizes))
 """
 
-REGISTER = protocol.encode("register", {"agent_version": "0.1.0", "features": ["heartbeat.v1"], "hardware": {
-    "hostname": "storm", "cpus": 8, "memory_total_bytes": 8 * 1024**3, "gpus": []}})
+REGISTER = protocol.encode(
+    "register",
+    {
+        "agent_version": "0.1.0",
+        "features": ["heartbeat.v1"],
+        "hardware": {"hostname": "storm", "cpus": 8, "memory_total_bytes": 8 * 1024**3, "gpus": []},
+    },
+)
 
 
 @dataclass
@@ -67,8 +73,15 @@ class Web:
     credentials: list[str]
 
     def shell(self, code: str) -> str:
-        return subprocess.run([sys.executable, "-m", "llmgw", "manage", "shell", "-c", code], env=self.env, cwd=REPO,
-                              check=True, capture_output=True, text=True, timeout=300).stdout
+        return subprocess.run(
+            [sys.executable, "-m", "llmgw", "manage", "shell", "-c", code],
+            env=self.env,
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +96,22 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
     log = tmp / "web.log"
     process = None
     try:
-        subprocess.run([sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, cwd=REPO, check=True,
-                       timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, cwd=REPO, check=True, timeout=300
+        )
         running = Web(f"ws://127.0.0.1:{port}/ws/agent/", env, log, [])
-        running.credentials = [word for word in running.shell(MAKE_NODES.format(count=AGENTS)).split()
-                               if word.startswith("llmgwn_")]
+        running.credentials = [
+            word for word in running.shell(MAKE_NODES.format(count=AGENTS)).split() if word.startswith("llmgwn_")
+        ]
         with log.open("wb") as handle:
-            process = subprocess.Popen([sys.executable, "-m", "llmgw", "web"], env=env, cwd=REPO, stdout=handle,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "llmgw", "web"],
+                env=env,
+                cwd=REPO,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         import urllib.request
 
         for _ in range(300):
@@ -123,8 +144,14 @@ class Agent:
     async def run(self, url: str, stop: asyncio.Event) -> None:
         from websockets.asyncio.client import connect
 
-        async with connect(url, additional_headers={"Authorization": f"Bearer {self.credential}"}, proxy=None,
-                           open_timeout=120, ping_interval=None, compression=None) as ws:
+        async with connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {self.credential}"},
+            proxy=None,
+            open_timeout=120,
+            ping_interval=None,
+            compression=None,
+        ) as ws:
             self.ws = ws
             await ws.send(REGISTER)
             reader = asyncio.create_task(self._read(ws))
@@ -161,8 +188,11 @@ async def _connect_all(web: Web, stop: asyncio.Event) -> tuple[list[Agent], list
 
 def _errors(log: Path) -> list[str]:
     text = log.read_text(errors="replace")
-    return [line for line in text.splitlines() if "Traceback" in line or "ERROR" in line
-            or "MaxConnectionsError" in line or "Too many connections" in line]
+    return [
+        line
+        for line in text.splitlines()
+        if "Traceback" in line or "ERROR" in line or "MaxConnectionsError" in line or "Too many connections" in line
+    ]
 
 
 def test_a_storm_of_agents_connecting_replacing_and_dropping_at_once_loses_nothing(web: Web) -> None:

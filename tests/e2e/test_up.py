@@ -65,8 +65,9 @@ def test_up_refuses_a_taken_port_in_one_line(tmp_path) -> None:
         port = holder.getsockname()[1]
         env = llmgw_env(tmp_path, port)
         env.pop("LLMGW_REDIS_URL", None)
-        result = subprocess.run([sys.executable, "-m", "llmgw", "up"], cwd=REPO, env=env, capture_output=True,
-                                text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "llmgw", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
     assert result.returncode == 1
     assert result.stderr.strip() == (
         f"llmgw up: cannot start: port {port} on 127.0.0.1 is already in use by another program"
@@ -75,8 +76,9 @@ def test_up_refuses_a_taken_port_in_one_line(tmp_path) -> None:
 
 def test_up_refuses_an_unreachable_redis_in_one_line(tmp_path) -> None:
     env = llmgw_env(tmp_path, free_port(), LLMGW_REDIS_URL="redis://127.0.0.1:1/0")
-    result = subprocess.run([sys.executable, "-m", "llmgw", "up"], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("llmgw up: cannot start: Redis at redis://127.0.0.1:1/0 does not answer")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -85,8 +87,9 @@ def test_up_refuses_an_unreachable_redis_in_one_line(tmp_path) -> None:
 def test_up_refuses_an_unreachable_postgresql_in_one_line(tmp_path) -> None:
     env = llmgw_env(tmp_path, free_port(), LLMGW_DATABASE_URL="postgres://postgres@127.0.0.1:1/llmgw")
     env.pop("LLMGW_REDIS_URL", None)
-    result = subprocess.run([sys.executable, "-m", "llmgw", "up"], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("llmgw up: cannot start: the database at 127.0.0.1 does not answer")
     assert os.path.exists(tmp_path / "secret_key")

@@ -26,11 +26,30 @@ def declare_tiny_model(data_dir: Path) -> None:
 
     (data_dir / "models").mkdir(parents=True, exist_ok=True)
     weights = make_tiny_gguf(data_dir / "models" / "tiny.gguf")
-    (data_dir / "server.yaml").write_text(yaml.safe_dump({"models": [{
-        "name": "tiny", "source": str(weights), "replicas": 1,
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1,
-                      "parallel": 1, "context_size": 512}],
-    }]}))
+    (data_dir / "server.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "tiny",
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "1GB",
+                                "cpu_cores": 1,
+                                "parallel": 1,
+                                "context_size": 512,
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
 
 
 def engines(data_dir: Path) -> dict[str, Any]:

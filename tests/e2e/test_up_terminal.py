@@ -82,10 +82,14 @@ def test_the_terminal_shows_warnings_errors_and_changes_and_hides_routine_lines(
     ]
     assert shown(*needed) == needed
     # A traceback: its exception is shown, not its frames.
-    assert shown("2026-12-01 12:00:00,000 ERROR llmgw.agent: handling desired failed",
-                 "Traceback (most recent call last):", '  File "agent/main.py", line 3, in handle', "    x()",
-                 "ValueError: no such shard", "INFO next") == [
-        "2026-12-01 12:00:00,000 ERROR llmgw.agent: handling desired failed", "ValueError: no such shard"]
+    assert shown(
+        "2026-12-01 12:00:00,000 ERROR llmgw.agent: handling desired failed",
+        "Traceback (most recent call last):",
+        '  File "agent/main.py", line 3, in handle',
+        "    x()",
+        "ValueError: no such shard",
+        "INFO next",
+    ) == ["2026-12-01 12:00:00,000 ERROR llmgw.agent: handling desired failed", "ValueError: no such shard"]
 
 
 def test_every_line_goes_to_the_log_and_only_needed_ones_to_the_terminal(tmp_path: Path) -> None:
@@ -98,8 +102,10 @@ def test_every_line_goes_to_the_log_and_only_needed_ones_to_the_terminal(tmp_pat
     output.say("llmgw up: created the first administrator a@b with password secret", log=False)
     output.say("llmgw up: web exited with code 1; stopping the rest", error=True)
     output.close()
-    assert terminal.getvalue() == ("agent  | 2026-12-01 12:31:20,523 WARNING llmgw.agent: connection failed\n"
-                                   "llmgw up: created the first administrator a@b with password secret\n")
+    assert terminal.getvalue() == (
+        "agent  | 2026-12-01 12:31:20,523 WARNING llmgw.agent: connection failed\n"
+        "llmgw up: created the first administrator a@b with password secret\n"
+    )
     assert errors.getvalue() == "llmgw up: web exited with code 1; stopping the rest\n"
     log = (tmp_path / "logs" / "up.log").read_text()
     assert "worker | 2026-12-01 12:31:26,764 INFO celery.beat: Scheduler" in log
@@ -116,11 +122,13 @@ def test_without_an_engine_up_says_how_to_get_one(tmp_path: Path) -> None:
     for way in ("LLMGW_LLAMA_SERVER=/path/to/llama-server", "llama-server on PATH", "scripts/ensure-llama-server"):
         assert way in line
     assert no_engine_line(None, "/nowhere/llama-server") == (
-        NO_ENGINE + " (LLMGW_LLAMA_SERVER=/nowhere/llama-server is not an executable file)")
+        NO_ENGINE + " (LLMGW_LLAMA_SERVER=/nowhere/llama-server is not an executable file)"
+    )
     binary = tmp_path / "llama-server"
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
     assert no_engine_line(str(binary), str(binary)) is None
     assert no_engine_line(str(binary), None) is None
     assert no_engine_line(str(binary), "/nowhere/llama-server") == (
-        f"llmgw up: LLMGW_LLAMA_SERVER=/nowhere/llama-server is not an executable file; using {binary}")
+        f"llmgw up: LLMGW_LLAMA_SERVER=/nowhere/llama-server is not an executable file; using {binary}"
+    )

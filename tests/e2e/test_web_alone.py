@@ -20,10 +20,12 @@ def test_a_web_process_without_a_worker_can_queue_tasks_on_the_filesystem_broker
     port = free_port()
     env = llmgw_env(tmp_path / "data", port)
     env.pop("LLMGW_REDIS_URL", None)  # the filesystem transport is what is under test
-    subprocess.run([sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, cwd=REPO, check=True,
-                   timeout=300)
-    web = subprocess.Popen([sys.executable, "-m", "llmgw", "web"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.STDOUT)
+    subprocess.run(
+        [sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, cwd=REPO, check=True, timeout=300
+    )
+    web = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "web"], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
     try:
         for _ in range(600):
             try:
@@ -48,8 +50,14 @@ def test_a_web_process_without_a_worker_can_queue_tasks_on_the_filesystem_broker
 def test_several_web_workers_without_redis_refuse_to_start_and_say_why(tmp_path: Path) -> None:
     env = llmgw_env(tmp_path / "data", free_port())
     env.pop("LLMGW_REDIS_URL", None)
-    started = subprocess.run([sys.executable, "-m", "llmgw", "web", "--workers", "2"], env=env, cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
+    started = subprocess.run(
+        [sys.executable, "-m", "llmgw", "web", "--workers", "2"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert started.returncode != 0
     assert "cannot start 2 workers without Redis" in started.stderr
     assert "LLMGW_REDIS_URL" in started.stderr

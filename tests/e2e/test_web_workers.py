@@ -97,8 +97,11 @@ class Workers:
 
     def chat(self, timeout: float = 60) -> Answer:
         data = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}]}).encode()
-        request = urllib.request.Request(self.url + "/v1/chat/completions", data=data, headers={
-            "Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + "/v1/chat/completions",
+            data=data,
+            headers={"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return Answer(response.status, json.load(response))
@@ -124,20 +127,38 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
     engine = EngineThread()
     engine.run(lambda: setattr(engine.engine, "delay", 0.2))
     port = free_port()
-    env = llmgw_env(tmp_path_factory.mktemp("workers"), port, LLMGW_DATABASE_URL=database,
-                    LLMGW_GATEWAY_QUEUE_MAX=str(QUEUE_MAX), LLMGW_GATEWAY_QUEUE_TIMEOUT="3",
-                    LLMGW_LOG_LEVEL="warning")
+    env = llmgw_env(
+        tmp_path_factory.mktemp("workers"),
+        port,
+        LLMGW_DATABASE_URL=database,
+        LLMGW_GATEWAY_QUEUE_MAX=str(QUEUE_MAX),
+        LLMGW_GATEWAY_QUEUE_TIMEOUT="3",
+        LLMGW_LOG_LEVEL="warning",
+    )
     web: subprocess.Popen[bytes] | None = None
     try:
-        subprocess.run([sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, cwd=REPO, check=True,
-                       timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, cwd=REPO, check=True, timeout=300
+        )
         engine_port = int(engine.engine.url.rsplit(":", 1)[1])
-        made = subprocess.run([sys.executable, "-m", "llmgw", "manage", "shell", "-c",
-                               SETUP.format(slots=SLOTS, port=engine_port)],
-                              env=env, cwd=REPO, check=True, timeout=120, capture_output=True, text=True)
+        made = subprocess.run(
+            [sys.executable, "-m", "llmgw", "manage", "shell", "-c", SETUP.format(slots=SLOTS, port=engine_port)],
+            env=env,
+            cwd=REPO,
+            check=True,
+            timeout=120,
+            capture_output=True,
+            text=True,
+        )
         key = next(line[4:] for line in made.stdout.splitlines() if line.startswith("KEY="))
-        web = subprocess.Popen([sys.executable, "-m", "llmgw", "web", "--workers", "2"], env=env, cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        web = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", "web", "--workers", "2"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         running = Workers(f"http://127.0.0.1:{port}", key, engine)
 
         def serving() -> bool:
@@ -202,4 +223,3 @@ def test_a_request_that_waits_past_the_queue_timeout_in_either_process_gets_503(
     assert all("stayed busy for 3 s" in a.body["error"]["message"] for a in late)
     # Nothing was leaked: the replica serves again at once.
     assert workers.chat().status == 200
-

@@ -41,11 +41,18 @@ def _wait(check, what: str, timeout: float = 120) -> object:  # noqa: ANN001 - a
 def test_a_worker_that_dies_is_started_again_and_sigterm_stops_both(tmp_path: Path) -> None:
     env = llmgw_env(tmp_path / "data", free_port())
     env.pop("LLMGW_REDIS_URL", None)
-    subprocess.run([sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, cwd=REPO, check=True,
-                   timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"], env=env, cwd=REPO, check=True, timeout=300
+    )
     log = (tmp_path / "worker.log").open("wb")
-    parent = subprocess.Popen([sys.executable, "-m", "llmgw", "worker", "--concurrency", "1"], env=env, cwd=REPO,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "worker", "--concurrency", "1"],
+        env=env,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         first = _wait(lambda: _worker_children(parent.pid), "the Celery worker")[0]  # type: ignore[index]
         os.kill(first, signal.SIGKILL)  # as the kernel's OOM killer, or a worker giving up, would end it

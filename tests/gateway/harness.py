@@ -93,8 +93,15 @@ class FakeLimiter:
 
 
 def entry(key_id: int = 1, **kwargs: Any) -> KeyEntry:
-    values: dict[str, Any] = {"key_id": key_id, "user_id": 10, "project_id": 20, "team_id": 30, "org_id": 40,
-                              "allowed_models": None, "expires_at": None}
+    values: dict[str, Any] = {
+        "key_id": key_id,
+        "user_id": 10,
+        "project_id": 20,
+        "team_id": 30,
+        "org_id": 40,
+        "allowed_models": None,
+        "expires_at": None,
+    }
     values.update(kwargs)
     return KeyEntry(**values)
 
@@ -149,16 +156,24 @@ class Gateway:
         return self.app.tables.models["m"].upstreams[0]
 
     def set_models(self, *routes: ModelRoute) -> None:
-        tables = Tables(keys=self.app.tables.keys, models={r.name: r for r in routes},
-                        version=self.app.tables.version + 1)
+        tables = Tables(
+            keys=self.app.tables.keys, models={r.name: r for r in routes}, version=self.app.tables.version + 1
+        )
         self.app.keeper.bind(tables)
         self.app.tables = tables
 
     def set_key(self, raw: str, key: KeyEntry) -> None:
         self.app.tables.keys[key_hash(raw)] = key
 
-    async def post(self, path: str, body: Any = None, *, data: bytes | None = None, key: str | None = KEY,
-                   headers: dict[str, str] | None = None) -> Answer:
+    async def post(
+        self,
+        path: str,
+        body: Any = None,
+        *,
+        data: bytes | None = None,
+        key: str | None = KEY,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
         sent = dict(headers or {})
         if key is not None:
             sent["Authorization"] = f"Bearer {key}"
@@ -272,5 +287,3 @@ async def until(condition: Any) -> None:
     async with asyncio.timeout(WAIT):
         while not condition():
             await asyncio.sleep(0.001)
-
-

@@ -94,8 +94,11 @@ class MockEngine:
                 await asyncio.sleep(self.delay)
             mode = body.get("mock") if isinstance(body.get("mock"), str) else self.mode
             if mode == "error":
-                return _error(self.error_status, self.error_message,
-                              "server_error" if self.error_status >= 500 else "invalid_request_error")
+                return _error(
+                    self.error_status,
+                    self.error_message,
+                    "server_error" if self.error_status >= 500 else "invalid_request_error",
+                )
             if mode == "ok" and not body.get("stream"):
                 return web.json_response(self._completion(body))
             return await self._stream(request, body, mode)
@@ -107,16 +110,28 @@ class MockEngine:
 
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
         return {
-            "id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": body.get("model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there"},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": 2,
-                      "total_tokens": self.prompt_tokens + 2},
+            "id": "chatcmpl-mock",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model"),
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "Hello there"}, "finish_reason": "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": 2,
+                "total_tokens": self.prompt_tokens + 2,
+            },
         }
 
     def _chunk(self, body: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> bytes:
-        data = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": body.get("model"),
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        data = {
+            "id": "chatcmpl-mock",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": body.get("model"),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
         return b"data: " + json.dumps(data).encode() + b"\n\n"
 
     async def _stream(self, request: web.Request, body: dict[str, Any], mode: str) -> web.StreamResponse:
@@ -141,10 +156,19 @@ class MockEngine:
             await self.hold.wait()
         await response.write(self._chunk(body, {}, "stop"))
         if self.stream_usage:
-            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": chunks,
-                     "total_tokens": self.prompt_tokens + chunks}
-            data = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
-                    "model": body.get("model"), "choices": [], "usage": usage}
+            usage = {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": chunks,
+                "total_tokens": self.prompt_tokens + chunks,
+            }
+            data = {
+                "id": "chatcmpl-mock",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": body.get("model"),
+                "choices": [],
+                "usage": usage,
+            }
             await response.write(b"data: " + json.dumps(data).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         if self.linger:
@@ -154,8 +178,7 @@ class MockEngine:
 
 
 def _error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": code}},
-                             status=status)
+    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status)
 
 
 def closed_port() -> int:

@@ -46,6 +46,7 @@ def render(client: Client, *texts: str) -> list[str]:
 
 # The page ------------------------------------------------------------------------------------
 
+
 def test_the_page_holds_no_key_and_loads_its_script_as_a_file(bob: User) -> None:
     client = signed_in(bob)
     response = client.get("/chat/")
@@ -85,6 +86,7 @@ def test_strangers_are_sent_to_sign_in(db: Any) -> None:
 
 # The picker says where each model runs ----------------------------------------------------------
 
+
 def options(page: str) -> dict[str, str]:
     import re
 
@@ -120,6 +122,7 @@ def test_a_gateway_without_models_says_so(bob: User) -> None:
 
 
 # The session key -----------------------------------------------------------------------------
+
 
 def test_the_session_key_is_marked_owned_and_lives_an_hour(bob: User) -> None:
     client = signed_in(bob)
@@ -210,24 +213,31 @@ def test_the_key_is_given_only_to_a_post_with_the_csrf_token(bob: User) -> None:
 
 # Rendering the model's turns -----------------------------------------------------------------
 
+
 def test_raw_html_in_a_reply_is_shown_as_text(bob: User) -> None:
-    html, = render(signed_in(bob), 'Hi <script>alert(1)</script> <img src=x onerror="go()"> <b>bold</b>')
+    (html,) = render(signed_in(bob), 'Hi <script>alert(1)</script> <img src=x onerror="go()"> <b>bold</b>')
     assert "<script" not in html and "<img" not in html and "<b>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "&lt;b&gt;bold&lt;/b&gt;" in html
 
 
 def test_markdown_and_code_blocks_are_rendered(bob: User) -> None:
-    html = render(signed_in(bob), "# Title\n\n**strong** and `x < 1`\n\n- one\n- two",
-                  "```python\nif a < b:\n    print('<ok>')\n```")
+    html = render(
+        signed_in(bob),
+        "# Title\n\n**strong** and `x < 1`\n\n- one\n- two",
+        "```python\nif a < b:\n    print('<ok>')\n```",
+    )
     assert "<h1>Title</h1>" in html[0] and "<strong>strong</strong>" in html[0]
     assert "<code>x &lt; 1</code>" in html[0] and "<li>one</li>" in html[0]
-    assert '<pre><code class="language-python">if a &lt; b:\n    print(\'&lt;ok&gt;\')' in html[1]
+    assert "<pre><code class=\"language-python\">if a &lt; b:\n    print('&lt;ok&gt;')" in html[1]
 
 
 def test_math_is_kept_as_written_in_a_math_span(bob: User) -> None:
-    html, = render(signed_in(bob), r"Euler: $e^{i\pi} + 1 = 0$, sum $$\sum_{n=1}^N a_n * b_n$$ and \(x_1\); "
-                   "prices $5 and $10; code `$x$`")
+    (html,) = render(
+        signed_in(bob),
+        r"Euler: $e^{i\pi} + 1 = 0$, sum $$\sum_{n=1}^N a_n * b_n$$ and \(x_1\); "
+        "prices $5 and $10; code `$x$`",
+    )
     assert r'<span class="math">$e^{i\pi} + 1 = 0$</span>' in html
     assert r'<span class="math math-display">$$\sum_{n=1}^N a_n * b_n$$</span>' in html
     assert r'<span class="math">\(x_1\)</span>' in html
@@ -237,8 +247,11 @@ def test_math_is_kept_as_written_in_a_math_span(bob: User) -> None:
 
 
 def test_links_keep_only_safe_targets_and_images_fetch_nothing(bob: User) -> None:
-    html, = render(signed_in(bob), "[a](javascript:alert(1)) [b](javascript&#58;go()) [c](https://example.com/x) "
-                   "![tracker](https://evil.example/pixel.png)")
+    (html,) = render(
+        signed_in(bob),
+        "[a](javascript:alert(1)) [b](javascript&#58;go()) [c](https://example.com/x) "
+        "![tracker](https://evil.example/pixel.png)",
+    )
     assert "javascript" not in html
     assert 'href="https://example.com/x"' in html
     assert "<img" not in html and "tracker" in html

@@ -41,8 +41,9 @@ from tests.gateway.mock_engine import MockEngine, closed_port
 
 
 async def test_malformed_json_is_a_400_openai_error(gw: Gateway) -> None:
-    answer = await gw.post("/v1/chat/completions", data=b'{"model": "m", "messages": [', headers={
-        "Content-Type": "application/json"})
+    answer = await gw.post(
+        "/v1/chat/completions", data=b'{"model": "m", "messages": [', headers={"Content-Type": "application/json"}
+    )
     assert answer.status == 400
     error = answer.json["error"]
     assert error["type"] == "invalid_request_error"
@@ -107,8 +108,10 @@ async def test_a_wrong_key_is_a_401_in_the_protocol_of_the_endpoint(gw: Gateway,
     assert chat.json["error"]["code"] == "invalid_api_key"
     messages = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO}, key="llmgw_wrong")
     assert messages.status == 401
-    assert messages.json == {"type": "error", "error": {"type": "authentication_error",
-                                                        "message": "Invalid, revoked or expired API key."}}
+    assert messages.json == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "Invalid, revoked or expired API key."},
+    }
     missing = await gw.chat(key=None)
     assert missing.status == 401
     assert missing.json["error"]["code"] == "missing_api_key"
@@ -141,8 +144,9 @@ async def test_a_key_limited_to_other_models_is_a_403(gw: Gateway, engine: MockE
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_an_upstream_400_is_passed_on_with_its_message_and_recorded(gw: Gateway, engine: MockEngine,
-                                                                          stream: bool) -> None:
+async def test_an_upstream_400_is_passed_on_with_its_message_and_recorded(
+    gw: Gateway, engine: MockEngine, stream: bool
+) -> None:
     engine.mode, engine.error_status, engine.error_message = "error", 400, "max_tokens is too large"
     answer = await gw.chat(stream=stream)
     assert answer.status == 400
@@ -175,7 +179,8 @@ async def test_an_upstream_error_on_messages_is_an_anthropic_error(gw: Gateway, 
 
 
 async def test_an_upstream_that_dies_mid_stream_ends_a_chat_stream_with_an_error_line(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     engine.mode, engine.chunks = "die", 3
     answer = await gw.chat(stream=True)
     assert answer.status == 200
@@ -193,7 +198,8 @@ async def test_an_upstream_that_dies_mid_stream_ends_a_chat_stream_with_an_error
 
 
 async def test_an_upstream_that_dies_mid_stream_ends_a_messages_stream_with_an_error_event(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     engine.mode = "die"
     answer = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO, "stream": True})
     assert answer.status == 200
@@ -209,7 +215,8 @@ async def test_an_upstream_that_dies_mid_stream_ends_a_messages_stream_with_an_e
 
 
 async def test_an_upstream_that_dies_mid_stream_ends_a_responses_stream_with_response_failed(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     engine.mode = "die"
     answer = await gw.post("/v1/responses", {"model": "m", "input": "Say hello", "stream": True})
     assert answer.status == 200
@@ -226,8 +233,9 @@ async def test_an_upstream_that_dies_mid_stream_ends_a_responses_stream_with_res
 # Streams -----------------------------------------------------------------------------------------------
 
 
-async def test_a_stream_with_usage_is_passed_on_and_its_reported_usage_recorded(gw: Gateway,
-                                                                               engine: MockEngine) -> None:
+async def test_a_stream_with_usage_is_passed_on_and_its_reported_usage_recorded(
+    gw: Gateway, engine: MockEngine
+) -> None:
     engine.chunks = 4
     answer = await gw.chat(stream=True, stream_options={"include_usage": True})
     assert answer.status == 200
@@ -244,8 +252,7 @@ async def test_a_stream_with_usage_is_passed_on_and_its_reported_usage_recorded(
     assert record["first_token_ms"] is not None
 
 
-async def test_a_stream_whose_client_did_not_ask_for_usage_gets_no_usage_chunk(gw: Gateway,
-                                                                                 engine: MockEngine) -> None:
+async def test_a_stream_whose_client_did_not_ask_for_usage_gets_no_usage_chunk(gw: Gateway, engine: MockEngine) -> None:
     engine.chunks = 4
     answer = await gw.chat(stream=True)
     events = sse_events(answer.text)
@@ -282,10 +289,14 @@ async def test_a_stream_without_usage_is_counted_from_its_chunks(gw: Gateway, en
 
 
 async def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request_and_is_recorded_as_499(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     engine.mode, engine.chunks = "hang", 2
-    response = await gw.client.post(gw.url + "/v1/chat/completions", json={
-        "model": "m", "messages": HELLO, "stream": True}, headers={"Authorization": f"Bearer {KEY}"})
+    response = await gw.client.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "m", "messages": HELLO, "stream": True},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
     assert response.status == 200
     first = await response.content.readuntil(b"\n\n")
     assert first.startswith(b"data: ")
@@ -299,13 +310,16 @@ async def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request_a
 
 
 async def test_a_stream_cancelled_after_300_chunks_is_charged_for_what_was_relayed(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     engine.chunks = 300
     engine.hold = asyncio.Event()  # the engine has sent 300 chunks and is not done: no usage came yet
     gw.app.tables.keys[key_hash(KEY)] = entry(limits=("a limit",))
-    response = await gw.client.post(gw.url + "/v1/chat/completions", json={
-        "model": "m", "messages": [{"role": "user", "content": "x" * 400}], "stream": True},
-        headers={"Authorization": f"Bearer {KEY}"})
+    response = await gw.client.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x" * 400}], "stream": True},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
     seen = 0
     while seen < 300:
         seen += (await response.content.readuntil(b"\n\n")).startswith(b"data: {")
@@ -324,7 +338,8 @@ async def test_a_stream_cancelled_after_300_chunks_is_charged_for_what_was_relay
 
 
 async def test_a_client_that_goes_away_before_the_upstream_answers_cancels_the_upstream_request(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     engine.gate = asyncio.Event()
     request = asyncio.create_task(gw.chat())
     async with asyncio.timeout(WAIT):
@@ -352,8 +367,9 @@ async def take_the_only_slot(gw: Gateway, engine: MockEngine) -> asyncio.Task[An
 # Slots and the queue ------------------------------------------------------------------------------------
 
 
-async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_first(gw: Gateway,
-                                                                                    engine: MockEngine) -> None:
+async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_first(
+    gw: Gateway, engine: MockEngine
+) -> None:
     first = await take_the_only_slot(gw, engine)
     second = asyncio.create_task(gw.chat())
     await until(lambda: gw.app.waiting.waiting.get("m") == 1)
@@ -369,7 +385,8 @@ async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_fi
 
 
 async def test_a_request_that_must_wait_tells_the_reconciler_once_that_a_growable_model_is_busy(
-        gw: Gateway, engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    gw: Gateway, engine: MockEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import apps.catalog.services
 
     busy: list[str] = []
@@ -386,8 +403,9 @@ async def test_a_request_that_must_wait_tells_the_reconciler_once_that_a_growabl
     assert busy == ["m"]  # three waits within the interval make one report
 
 
-async def test_a_model_at_its_maximum_is_not_reported_busy(gw: Gateway, engine: MockEngine,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_model_at_its_maximum_is_not_reported_busy(
+    gw: Gateway, engine: MockEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import apps.catalog.services
 
     busy: list[str] = []
@@ -401,7 +419,8 @@ async def test_a_model_at_its_maximum_is_not_reported_busy(gw: Gateway, engine: 
 
 
 async def test_a_client_that_leaves_while_waiting_gives_up_its_place_and_never_reaches_the_engine(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     first = await take_the_only_slot(gw, engine)
     second = asyncio.create_task(gw.chat())
     await until(lambda: gw.app.waiting.waiting.get("m") == 1)
@@ -431,7 +450,8 @@ async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway,
 
 
 async def test_a_request_that_waits_past_the_queue_timeout_gets_503_with_retry_after(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     gw.app.queue_timeout = 0.05
     first = await take_the_only_slot(gw, engine)
     refused = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO})
@@ -448,10 +468,12 @@ async def test_a_request_that_waits_past_the_queue_timeout_gets_503_with_retry_a
 
 
 async def test_an_unreachable_replica_is_marked_failed_and_the_request_retried_on_another(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     bad = endpoint(f"http://127.0.0.1:{closed_port()}", "bad")
     good = endpoint(engine.url, "good")
     gw.set_models(route("m", [bad, good]))
+
     # A prompt whose home on the affinity ring is the unreachable replica, so that it is tried first.
     def first_choice(text: str) -> Upstream:
         return preference([bad, good], affinity_key({"messages": [{"role": "user", "content": text}]}))[0][0]
@@ -492,16 +514,25 @@ async def test_a_fallback_model_serves_when_the_primary_has_no_endpoints(gw: Gat
 
 
 @pytest.mark.parametrize(("asked", "sent"), [(5, 2.0), (-1, 0.0), (0.7, 0.7), (2, 2.0)])
-async def test_the_temperature_is_clamped_before_it_reaches_the_engine(gw: Gateway, engine: MockEngine,
-                                                                       asked: float, sent: float) -> None:
+async def test_the_temperature_is_clamped_before_it_reaches_the_engine(
+    gw: Gateway, engine: MockEngine, asked: float, sent: float
+) -> None:
     assert (await gw.chat(temperature=asked)).status == 200
     assert engine.seen[0].body["temperature"] == sent
 
 
 async def test_an_external_endpoint_gets_its_upstream_model_and_key_and_answers_name_the_callers_model(
-        gw: Gateway, engine: MockEngine) -> None:
-    external = endpoint(engine.url, "external:m", secret="sk-provider", hardware="external", node="",
-                        upstream_model="provider-model-v2", slots=1_000_000)
+    gw: Gateway, engine: MockEngine
+) -> None:
+    external = endpoint(
+        engine.url,
+        "external:m",
+        secret="sk-provider",
+        hardware="external",
+        node="",
+        upstream_model="provider-model-v2",
+        slots=1_000_000,
+    )
     gw.set_models(route("m", [external], external=True, hardware=["external"]))
     engine.require_key = "sk-provider"
     whole = await gw.chat()
@@ -519,8 +550,7 @@ async def test_an_external_endpoint_gets_its_upstream_model_and_key_and_answers_
     assert message.content[0].text == "Hello there"
 
 
-async def test_an_endpoints_key_file_is_read_on_every_request(gw: Gateway, engine: MockEngine,
-                                                              tmp_path: Path) -> None:
+async def test_an_endpoints_key_file_is_read_on_every_request(gw: Gateway, engine: MockEngine, tmp_path: Path) -> None:
     key_file = tmp_path / "provider.key"
     key_file.write_text("sk-one\n")
     gw.set_models(route("m", [endpoint(engine.url, "external:m", secret=None, key_file=str(key_file))]))
@@ -535,7 +565,8 @@ async def test_an_endpoints_key_file_is_read_on_every_request(gw: Gateway, engin
 
 
 async def test_every_answer_carries_a_request_id_and_successes_name_the_replica_and_hardware(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     for answer in (await gw.chat(), await gw.chat(stream=True)):
         assert answer.status == 200
         assert answer.headers["x-llmgw-request-id"].startswith("req_")
@@ -579,7 +610,8 @@ async def test_models_lists_only_the_models_a_key_may_use(gw: Gateway, engine: M
 
 
 async def test_a_limiter_refusal_is_a_429_with_retry_after_and_the_limits_message(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     gw.set_key(OTHER_KEY, entry(2, limits=("key:2",)))
     gw.limiter.refusal = FakeRefusal("Key “test” is over its limit of 5 requests per minute", 7.6)
     answer = await gw.chat(key=OTHER_KEY)
@@ -610,15 +642,21 @@ async def test_a_whole_answer_reaches_the_openai_sdk_with_its_usage_recorded(gw:
     record = await gw.usage.wait()
     assert (record["status"], record["endpoint"], record["stream"]) == (200, "chat.completions", False)
     assert (record["prompt_tokens"], record["completion_tokens"], record["tokens_estimated"]) == (7, 2, False)
-    assert (record["api_key_id"], record["user_id"], record["project_id"], record["team_id"],
-            record["organization_id"]) == (1, 10, 20, 30, 40)
+    assert (
+        record["api_key_id"],
+        record["user_id"],
+        record["project_id"],
+        record["team_id"],
+        record["organization_id"],
+    ) == (1, 10, 20, 30, 40)
 
 
 # Keys and models made a moment ago -----------------------------------------------------------------
 
 
 async def test_a_key_and_model_made_since_the_last_refresh_are_served_not_refused(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     fresh_key = "llmgw_made_a_moment_ago"
     keys = {**gw.app.tables.keys, key_hash(fresh_key): entry(key_id=2)}
     models = {**gw.app.tables.models, "new": route("new", [endpoint(engine.url, "2", model="new")])}
@@ -640,7 +678,8 @@ async def test_requests_that_miss_together_ask_for_the_table_version_once(gw: Ga
 
 
 async def test_requests_are_counted_by_model_and_a_made_up_model_name_never_becomes_a_series(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     from apps.gateway import metrics
 
     def count(model: str, status: str) -> float:
@@ -657,7 +696,8 @@ async def test_requests_are_counted_by_model_and_a_made_up_model_name_never_beco
 
 
 async def test_an_engine_that_stays_silent_past_the_read_timeout_is_a_504_and_is_let_go(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     assert gw.app.upstream is not None
     gw.app.upstream.read_timeout = 0.2
     engine.gate = asyncio.Event()

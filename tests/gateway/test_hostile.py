@@ -9,7 +9,8 @@ from tests.gateway.mock_engine import MockEngine
 
 
 async def test_a_request_with_more_messages_than_allowed_is_refused_before_any_engine_sees_it(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     gw.app.max_messages = 100
     answer = await gw.chat(messages=[{"role": "user", "content": "hi"}] * 101)
     assert answer.status == 400
@@ -27,7 +28,8 @@ async def test_content_parts_beyond_the_bound_are_refused(gw: Gateway, engine: M
 
 
 async def test_a_prompt_that_surely_cannot_fit_the_context_is_refused_without_the_engine(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     gw.set_models(route("m", [endpoint(engine.url, "1", context_size=512)]))
     answer = await gw.chat(messages=[{"role": "user", "content": "word " * 4000}])
     assert answer.status == 400

@@ -33,8 +33,9 @@ async def proxy() -> AsyncIterator[LocalProxy]:
 
 
 @pytest.fixture
-async def proxied(provider: MockEngine, proxy: LocalProxy, pki: Pki, request: pytest.FixtureRequest,
-                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
+async def proxied(
+    provider: MockEngine, proxy: LocalProxy, pki: Pki, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Gateway]:
     """The gateway started in an environment whose proxy variables name the local proxy."""
     from django.conf import settings
 
@@ -53,9 +54,24 @@ def external(provider: MockEngine) -> str:
 
 
 async def test_a_provider_is_reached_through_the_proxy_and_checked_against_the_ca_bundle(
-        proxied: Gateway, provider: MockEngine, proxy: LocalProxy) -> None:
-    proxied.set_models(route("m", [endpoint(external(provider), "external:m", engine="external",
-                                            hardware="external", node="", secret="sk-provider")], external=True))
+    proxied: Gateway, provider: MockEngine, proxy: LocalProxy
+) -> None:
+    proxied.set_models(
+        route(
+            "m",
+            [
+                endpoint(
+                    external(provider),
+                    "external:m",
+                    engine="external",
+                    hardware="external",
+                    node="",
+                    secret="sk-provider",
+                )
+            ],
+            external=True,
+        )
+    )
     completion = await proxied.openai().chat.completions.create(model="m", messages=HELLO)
     assert completion.choices[0].message.content == "Hello there"
     port = provider.url.rsplit(":", 1)[1]
@@ -67,9 +83,15 @@ async def test_a_provider_is_reached_through_the_proxy_and_checked_against_the_c
 
 @pytest.mark.parametrize("proxied", [False], indirect=True)
 async def test_a_provider_whose_certificate_the_system_does_not_trust_is_a_502_saying_so(
-        proxied: Gateway, provider: MockEngine) -> None:
-    proxied.set_models(route("m", [endpoint(external(provider), "external:m", engine="external",
-                                            hardware="external", node="")], external=True))
+    proxied: Gateway, provider: MockEngine
+) -> None:
+    proxied.set_models(
+        route(
+            "m",
+            [endpoint(external(provider), "external:m", engine="external", hardware="external", node="")],
+            external=True,
+        )
+    )
     with pytest.raises(openai.APIStatusError) as raised:
         await proxied.openai().chat.completions.create(model="m", messages=HELLO)
     assert raised.value.status_code == 502
@@ -78,7 +100,8 @@ async def test_a_provider_whose_certificate_the_system_does_not_trust_is_a_502_s
 
 
 async def test_engines_on_the_nodes_are_never_sent_through_the_proxy(
-        proxied: Gateway, engine_url: str, proxy: LocalProxy) -> None:
+    proxied: Gateway, engine_url: str, proxy: LocalProxy
+) -> None:
     proxied.set_models(route("m", [endpoint(engine_url, "7")]))
     assert (await proxied.chat()).status == 200
     assert proxy.connections == 0

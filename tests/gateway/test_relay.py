@@ -16,8 +16,14 @@ from tests.gateway.harness import KEY, WAIT, Gateway, endpoint, held, route, sse
 from tests.gateway.mock_engine import MockEngine
 
 
-def chunk(content: str | None = None, *, finish: str | None = None, usage: dict[str, int] | None = None,
-          choices: bool = True, text: str | None = None) -> dict[str, Any]:
+def chunk(
+    content: str | None = None,
+    *,
+    finish: str | None = None,
+    usage: dict[str, int] | None = None,
+    choices: bool = True,
+    text: str | None = None,
+) -> dict[str, Any]:
     data: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "model": "m", "choices": []}
     if choices:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -40,8 +46,14 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 STREAM = engine_stream(chunk("a"), chunk("b"), chunk("c"), chunk(finish="stop"), chunk(choices=False, usage=USAGE))
 
 
-def relay(stream: bytes, *, wants_usage: bool = False, endpoint_: Any = CHAT, seed: int = 0,
-          body: dict[str, Any] | None = None) -> tuple[str, Call]:
+def relay(
+    stream: bytes,
+    *,
+    wants_usage: bool = False,
+    endpoint_: Any = CHAT,
+    seed: int = 0,
+    body: dict[str, Any] | None = None,
+) -> tuple[str, Call]:
     """Feed the stream to a relay in random pieces; the client's text and the call."""
     call = Call(endpoint_)
     call.model = "m"
@@ -53,7 +65,7 @@ def relay(stream: bytes, *, wants_usage: bool = False, endpoint_: Any = CHAT, se
     position = 0
     while position < len(stream):
         step = rng.randint(1, 40)
-        out.append(relayed.feed(stream[position:position + step]))
+        out.append(relayed.feed(stream[position : position + step]))
         position += step
     out.append(relayed.end(None))
     return b"".join(out).decode(), call
@@ -97,7 +109,7 @@ def test_a_stream_the_engine_cuts_short_ends_with_an_error_and_a_502() -> None:
 
 
 def test_crlf_line_ends_and_keep_alive_comments_are_read_and_passed_on() -> None:
-    stream = (b": keep-alive\r\n\r\n" + STREAM.replace(b"\n\n", b"\r\n\r\n"))
+    stream = b": keep-alive\r\n\r\n" + STREAM.replace(b"\n\n", b"\r\n\r\n")
     text, _call = relay(stream, seed=3)
     assert text.startswith(": keep-alive\n\n")
     assert sse_events(text)[-1] == (None, "[DONE]")
@@ -108,8 +120,7 @@ def test_an_anthropic_client_gets_its_events_with_the_stop_sequence_the_engine_m
     finish = chunk(finish="stop")
     finish["__verbose"] = {"stop_type": "word", "stopping_word": "END"}
     stream = engine_stream(chunk("a"), chunk("b"), finish, chunk(choices=False, usage=USAGE))
-    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
-            "stop_sequences": ["END"]}
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["END"]}
     text, _call = relay(stream, endpoint_=MESSAGES, seed=seed, body=body)
     names = [name for name, _data in sse_events(text)]
     assert names[0] == "message_start" and names[-1] == "message_stop"
@@ -166,9 +177,11 @@ async def test_a_client_that_reads_done_finds_the_replicas_slot_already_free(gw:
     engine.linger = 0.3  # the engine closes its stream a moment after its [DONE]
 
     for _turn in range(3):
-        async with gw.client.post(gw.url + "/v1/chat/completions", json={
-                "model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
-                headers={"Authorization": f"Bearer {KEY}"}) as response:
+        async with gw.client.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            headers={"Authorization": f"Bearer {KEY}"},
+        ) as response:
             text = b""
             while not text.endswith(b"data: [DONE]\n\n"):
                 text += await response.content.readuntil(b"\n\n")

@@ -36,15 +36,40 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     tmp = tmp_path_factory.mktemp("gateway")
     weights = make_tiny_gguf(tmp / "tiny.gguf")
     spec = tmp / "models.yaml"
-    spec.write_text(yaml.safe_dump({"models": [
-        {"name": "tiny", "source": str(weights), "replicas": 1,
-         "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1,
-                       "parallel": 2, "context_size": 512}]},
-        {"name": "alias", "replicas": 0, "fallbacks": ["tiny"], "source": str(weights),
-         "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "100TB"}]},
-    ]}))
-    with ControlPlane(tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "",
-                                      "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120"}) as running:
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "tiny",
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "1GB",
+                                "cpu_cores": 1,
+                                "parallel": 2,
+                                "context_size": 512,
+                            }
+                        ],
+                    },
+                    {
+                        "name": "alias",
+                        "replicas": 0,
+                        "fallbacks": ["tiny"],
+                        "source": str(weights),
+                        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "100TB"}],
+                    },
+                ]
+            }
+        )
+    )
+    with ControlPlane(
+        tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "", "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120"}
+    ) as running:
         assert running.ctl("model", "apply", "-f", str(spec))[0] == 0
         running.wait_for(lambda: _models(running), timeout=90, what="tiny served by the gateway")
         yield running
@@ -78,7 +103,8 @@ def claude(plane: ControlPlane, key: str | None = None) -> anthropic.Anthropic:
 
 def test_openai_chat_answers_with_usage_and_llmgw_headers(plane: ControlPlane) -> None:
     raw = oai(plane).chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "Say hello"}], max_tokens=6)
+        model="tiny", messages=[{"role": "user", "content": "Say hello"}], max_tokens=6
+    )
     completion = raw.parse()
     assert completion.model == "tiny"
     assert isinstance(completion.choices[0].message.content, str)
@@ -90,8 +116,12 @@ def test_openai_chat_answers_with_usage_and_llmgw_headers(plane: ControlPlane) -
 
 def test_openai_chat_streams_with_usage_at_the_end(plane: ControlPlane) -> None:
     stream = oai(plane).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Count"}], max_tokens=8, stream=True,
-        stream_options={"include_usage": True})
+        model="tiny",
+        messages=[{"role": "user", "content": "Count"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
@@ -100,23 +130,33 @@ def test_openai_chat_streams_with_usage_at_the_end(plane: ControlPlane) -> None:
 
 
 def test_openai_chat_with_tools_is_accepted(plane: ControlPlane) -> None:
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                               "parameters": {"type": "object", "properties": {
-                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     completion = oai(plane).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Weather in Ankara?"}], tools=tools, max_tokens=6)
+        model="tiny", messages=[{"role": "user", "content": "Weather in Ankara?"}], tools=tools, max_tokens=6
+    )
     assert completion.choices[0].finish_reason in {"stop", "length", "tool_calls"}
 
 
 def test_anthropic_messages_plain_and_streamed(plane: ControlPlane) -> None:
     client = claude(plane)
-    message = client.messages.create(model="tiny", max_tokens=6, system="Be brief.",
-                                     messages=[{"role": "user", "content": "Hello"}])
+    message = client.messages.create(
+        model="tiny", max_tokens=6, system="Be brief.", messages=[{"role": "user", "content": "Hello"}]
+    )
     assert message.type == "message" and message.role == "assistant"
     assert message.stop_reason in {"max_tokens", "end_turn"}
     assert message.usage.output_tokens > 0
-    with client.messages.stream(model="tiny", max_tokens=8,
-                                messages=[{"role": "user", "content": "Hello again"}]) as stream:
+    with client.messages.stream(
+        model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hello again"}]
+    ) as stream:
         final = stream.get_final_message()
     assert 1 <= final.usage.output_tokens <= 8
     assert final.content and final.content[0].type == "text"
@@ -124,29 +164,41 @@ def test_anthropic_messages_plain_and_streamed(plane: ControlPlane) -> None:
 
 def test_anthropic_tool_results_go_through(plane: ControlPlane) -> None:
     message = claude(plane).messages.create(
-        model="tiny", max_tokens=4,
+        model="tiny",
+        max_tokens=4,
         tools=[{"name": "lookup", "description": "Look up", "input_schema": {"type": "object", "properties": {}}}],
-        messages=[{"role": "user", "content": "Look it up"},
-                  {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "lookup",
-                                                     "input": {}}]},
-                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                                "content": "42"}]}])
+        messages=[
+            {"role": "user", "content": "Look it up"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]},
+        ],
+    )
     assert message.usage.output_tokens > 0
 
 
 def test_a_codex_style_responses_request_with_a_custom_tool(plane: ControlPlane) -> None:
     client = oai(plane)
-    tools = [{"type": "custom", "name": "apply_patch", "description": "Apply a patch to the workspace"},
-             {"type": "function", "name": "shell", "description": "Run a command",
-              "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
-    response = client.responses.create(model="tiny", instructions="You are a coding agent.",
-                                       input=[{"role": "user", "content": [{"type": "input_text",
-                                                                            "text": "Fix the bug"}]}],
-                                       tools=tools, max_output_tokens=6)
+    tools = [
+        {"type": "custom", "name": "apply_patch", "description": "Apply a patch to the workspace"},
+        {
+            "type": "function",
+            "name": "shell",
+            "description": "Run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    ]
+    response = client.responses.create(
+        model="tiny",
+        instructions="You are a coding agent.",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Fix the bug"}]}],
+        tools=tools,
+        max_output_tokens=6,
+    )
     assert response.object == "response"
     assert response.usage is not None and response.usage.output_tokens > 0
-    events = [event.type for event in client.responses.create(model="tiny", input="hi", max_output_tokens=4,
-                                                                   stream=True)]
+    events = [
+        event.type for event in client.responses.create(model="tiny", input="hi", max_output_tokens=4, stream=True)
+    ]
     assert events[0] == "response.created" and events[-1] in {"response.completed", "response.incomplete"}
     assert "response.output_text.delta" in events
 
@@ -165,7 +217,8 @@ def test_bad_keys_unknown_models_and_bad_bodies_get_errors_in_the_callers_style(
 
 def test_a_model_with_no_replica_falls_back_in_order(plane: ControlPlane) -> None:
     raw = oai(plane).chat.completions.with_raw_response.create(
-        model="alias", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        model="alias", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
     assert raw.headers["x-llmgw-replica"].startswith("tiny/")
 
 
@@ -208,8 +261,6 @@ def test_a_key_limited_to_other_models_is_refused(plane: ControlPlane) -> None:
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=1)
 
 
-
-
 def test_a_key_over_its_limit_gets_429_naming_the_limit_and_is_recorded_free(plane: ControlPlane) -> None:
     created = plane.api("POST", "keys/", {"name": "rationed"})
     plane.api("POST", "limits/", {"api_key": created["id"], "requests_per_minute": 2})
@@ -243,11 +294,13 @@ def _request(plane: ControlPlane, request_id: str) -> dict | None:
 
 def test_usage_shows_each_request_with_percentiles(plane: ControlPlane) -> None:
     raw = oai(plane).chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "usage please"}], max_tokens=3)
+        model="tiny", messages=[{"role": "user", "content": "usage please"}], max_tokens=3
+    )
     request_id = raw.headers["x-llmgw-request-id"]
     record = plane.wait_for(lambda: _request(plane, request_id), timeout=10, what="the usage record")
     assert record["model"] == "tiny" and record["hardware"] == "cpu" and record["status"] == 200
     assert 1 <= record["completion_tokens"] <= 3 and record["first_token_ms"] is not None
+
     def tiny_row() -> dict | None:
         rows = plane.api("GET", "usage?group_by=model")["results"]
         return next((r for r in rows if "tiny" in json.dumps(r) and r["requests"]), None)
@@ -261,18 +314,36 @@ def test_usage_shows_each_request_with_percentiles(plane: ControlPlane) -> None:
 def test_a_model_kept_at_zero_is_started_by_its_first_request(plane: ControlPlane, tmp_path: Path) -> None:
     weights = plane.api("GET", "models/tiny")["source"]
     spec = tmp_path / "lazy.yaml"
-    spec.write_text(yaml.safe_dump({"models": [{
-        "name": "lazy", "replicas": {"min": 0, "max": 1}, "source": weights,
-        "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "512MB",
-                      "cpu_cores": 0.5}]}]}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "lazy",
+                        "replicas": {"min": 0, "max": 1},
+                        "source": weights,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "512MB",
+                                "cpu_cores": 0.5,
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     assert plane.ctl("model", "apply", "-f", str(spec))[0] == 0
     assert plane.api("GET", "models/lazy")["status"]["ready"] == 0
     deadline = time.monotonic() + 10
     while True:  # the model reaches the gateway's table within a second or two
         try:
-            completion = openai.OpenAI(base_url=plane.url + "/v1", api_key=plane.key, max_retries=0,
-                                       timeout=150).chat.completions.create(
-                model="lazy", messages=[{"role": "user", "content": "wake up"}], max_tokens=2)
+            completion = openai.OpenAI(
+                base_url=plane.url + "/v1", api_key=plane.key, max_retries=0, timeout=150
+            ).chat.completions.create(model="lazy", messages=[{"role": "user", "content": "wake up"}], max_tokens=2)
             break
         except openai.NotFoundError:
             if time.monotonic() > deadline:
@@ -289,7 +360,8 @@ def test_a_stream_the_client_leaves_is_recorded_with_the_prompt_counted_by_the_e
     whole = oai(plane).chat.completions.create(model="tiny", messages=messages, max_tokens=1)
     assert whole.usage is not None
     raw = oai(plane).chat.completions.with_raw_response.create(
-        model="tiny", messages=messages, max_tokens=400, stream=True, temperature=1.5)
+        model="tiny", messages=messages, max_tokens=400, stream=True, temperature=1.5
+    )
     request_id = raw.headers["x-llmgw-request-id"]
     stream = raw.parse()
     received = 0

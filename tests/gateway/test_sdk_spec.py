@@ -78,16 +78,42 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     tmp = tmp_path_factory.mktemp("gateway-spec")
     weights = make_tiny_gguf(tmp / "tiny.gguf")
     spec = tmp / "models.yaml"
-    spec.write_text(yaml.safe_dump({"models": [
-        {"name": "tiny", "source": str(weights), "replicas": 1,
-         "profiles": [{"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1,
-                       "parallel": 2, "context_size": 512}]},
-        {"name": "alias", "replicas": 0, "fallbacks": ["tiny"], "source": str(weights), "profiles": NEVER_FITS},
-        {"name": "toobig", "replicas": 1, "source": str(weights), "profiles": NEVER_FITS},
-    ]}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "tiny",
+                        "source": str(weights),
+                        "replicas": 1,
+                        "profiles": [
+                            {
+                                "name": "cpu",
+                                "engine": "llama.cpp",
+                                "accelerator": "cpu",
+                                "memory": "1GB",
+                                "cpu_cores": 1,
+                                "parallel": 2,
+                                "context_size": 512,
+                            }
+                        ],
+                    },
+                    {
+                        "name": "alias",
+                        "replicas": 0,
+                        "fallbacks": ["tiny"],
+                        "source": str(weights),
+                        "profiles": NEVER_FITS,
+                    },
+                    {"name": "toobig", "replicas": 1, "source": str(weights), "profiles": NEVER_FITS},
+                ]
+            }
+        )
+    )
     engine: int | None = None
-    with ControlPlane(tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "",
-                                      "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120"}) as running:
+    with ControlPlane(
+        tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "", "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120"}
+    ) as running:
         code, out, err = running.ctl("model", "apply", "-f", str(spec))
         assert code == 0, out + err
         running.wait_for(lambda: _served(running), timeout=120, what="tiny served by the gateway")
@@ -105,13 +131,11 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 
 def oai(plane: ControlPlane, key: str | None = None) -> OpenAI:
-    return openai.OpenAI(base_url=plane.url + "/v1", api_key=key or plane.key, max_retries=0,
-                         timeout=CLIENT_TIMEOUT_S)
+    return openai.OpenAI(base_url=plane.url + "/v1", api_key=key or plane.key, max_retries=0, timeout=CLIENT_TIMEOUT_S)
 
 
 def claude(plane: ControlPlane, key: str | None = None) -> Anthropic:
-    return anthropic.Anthropic(base_url=plane.url, api_key=key or plane.key, max_retries=0,
-                               timeout=CLIENT_TIMEOUT_S)
+    return anthropic.Anthropic(base_url=plane.url, api_key=key or plane.key, max_retries=0, timeout=CLIENT_TIMEOUT_S)
 
 
 def new_key(plane: ControlPlane, allowed_models: list[str]) -> str:
@@ -132,8 +156,12 @@ def new_key(plane: ControlPlane, allowed_models: list[str]) -> str:
 
 def raw_post(plane: ControlPlane, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """POST a JSON body with plain urllib: the status and the JSON answer."""
-    request = urllib.request.Request(plane.url + path, data=json.dumps(body).encode(), method="POST", headers={
-        "Authorization": f"Bearer {plane.key}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        plane.url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {plane.key}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as response:
             return response.status, json.load(response)
@@ -161,8 +189,12 @@ def one_pixel_png() -> str:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 6, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00\xff")) + chunk(b"IEND", b""))
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 6, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00\xff"))
+        + chunk(b"IEND", b"")
+    )
     return base64.b64encode(png).decode()
 
 
@@ -208,8 +240,7 @@ def test_count_tokens_is_the_prompt_count_the_engine_reports_for_the_same_reques
         assert message.usage.input_tokens == counted.input_tokens
 
 
-def test_count_tokens_with_a_bad_key_is_unauthorized_even_for_a_model_that_does_not_exist(
-        plane: ControlPlane) -> None:
+def test_count_tokens_with_a_bad_key_is_unauthorized_even_for_a_model_that_does_not_exist(plane: ControlPlane) -> None:
     client = claude(plane, key="llmgw_wrong")
     with pytest.raises(anthropic.AuthenticationError) as refused:
         client.messages.count_tokens(model="no-such-model", messages=[{"role": "user", "content": "x"}])
@@ -253,16 +284,24 @@ def _stop_case(client: Anthropic) -> tuple[list[Any], str, str]:
     """A prompt, the tiny model's answer to it at temperature 0, and a 2-3 character piece of that
     answer, from its middle, that first occurs there."""
     seen: list[str] = []
-    for prompt in ("Tell me a story about the sea", "Write a poem about the rain", "Describe a long road home",
-                   "Name the colours of the sky"):
+    for prompt in (
+        "Tell me a story about the sea",
+        "Write a poem about the rain",
+        "Describe a long road home",
+        "Name the colours of the sky",
+    ):
         messages: list[Any] = [{"role": "user", "content": prompt}]
         text = _text(client.messages.create(model="tiny", max_tokens=30, extra_body=GREEDY, messages=messages))
         seen.append(text)
         for start in range(max(1, len(text) // 3), len(text) - 2):
             for size in (3, 2):
-                piece = text[start:start + size]
-                if len(piece) == size and piece.isprintable() and not any(c.isspace() for c in piece) \
-                        and text.find(piece) == start:
+                piece = text[start : start + size]
+                if (
+                    len(piece) == size
+                    and piece.isprintable()
+                    and not any(c.isspace() for c in piece)
+                    and text.find(piece) == start
+                ):
                     return messages, text, piece
     pytest.fail(f"no answer of the tiny model held a piece to stop at: {seen!r}")
 
@@ -272,19 +311,21 @@ def test_a_matched_stop_sequence_ends_the_answer_before_it_and_is_named(plane: C
     messages, text, piece = _stop_case(client)
     again = client.messages.create(model="tiny", max_tokens=30, extra_body=GREEDY, messages=messages)
     assert _text(again) == text, "the tiny model is not deterministic with temperature 0"
-    stopped = client.messages.create(model="tiny", max_tokens=30, extra_body=GREEDY, messages=messages,
-                                     stop_sequences=[piece, "zzzz-never"])
+    stopped = client.messages.create(
+        model="tiny", max_tokens=30, extra_body=GREEDY, messages=messages, stop_sequences=[piece, "zzzz-never"]
+    )
     assert stopped.stop_reason == "stop_sequence", (text, piece, stopped)
     assert stopped.stop_sequence == piece
-    assert _text(stopped) == text[:text.find(piece)]
+    assert _text(stopped) == text[: text.find(piece)]
 
 
 def test_a_matched_stop_sequence_is_named_in_a_stream(plane: ControlPlane) -> None:
     client = claude(plane)
     messages, text, piece = _stop_case(client)
     deltas: list[Any] = []
-    with client.messages.stream(model="tiny", max_tokens=30, extra_body=GREEDY, messages=messages,
-                                stop_sequences=[piece, "zzzz-never"]) as stream:
+    with client.messages.stream(
+        model="tiny", max_tokens=30, extra_body=GREEDY, messages=messages, stop_sequences=[piece, "zzzz-never"]
+    ) as stream:
         for event in stream:
             if event.type == "message_delta":
                 deltas.append(event.delta)
@@ -294,19 +335,21 @@ def test_a_matched_stop_sequence_is_named_in_a_stream(plane: ControlPlane) -> No
     assert deltas[0].stop_sequence == piece
     assert final.stop_reason == "stop_sequence"
     assert final.stop_sequence == piece
-    assert _text(final) == text[:text.find(piece)]
+    assert _text(final) == text[: text.find(piece)]
 
 
 def test_an_answer_that_matches_no_stop_sequence_names_none(plane: ControlPlane) -> None:
     client = claude(plane)
     messages: list[Any] = [{"role": "user", "content": "Tell me a story about the sea"}]
-    message = client.messages.create(model="tiny", max_tokens=12, extra_body=GREEDY, messages=messages,
-                                     stop_sequences=["zzzz-never"])
+    message = client.messages.create(
+        model="tiny", max_tokens=12, extra_body=GREEDY, messages=messages, stop_sequences=["zzzz-never"]
+    )
     assert message.stop_reason in {"end_turn", "max_tokens"}
     assert message.stop_sequence is None
     deltas: list[Any] = []
-    with client.messages.stream(model="tiny", max_tokens=12, extra_body=GREEDY, messages=messages,
-                                stop_sequences=["zzzz-never"]) as stream:
+    with client.messages.stream(
+        model="tiny", max_tokens=12, extra_body=GREEDY, messages=messages, stop_sequences=["zzzz-never"]
+    ) as stream:
         for event in stream:
             if event.type == "message_delta":
                 deltas.append(event.delta)
@@ -322,8 +365,12 @@ def test_an_answer_that_matches_no_stop_sequence_names_none(plane: ControlPlane)
 
 def test_the_quickstart_chat_stream_loop_meets_no_chunk_without_choices(plane: ControlPlane) -> None:
     stream = oai(plane).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Say this is a test"}], max_tokens=8, temperature=0,
-        stream=True)
+        model="tiny",
+        messages=[{"role": "user", "content": "Say this is a test"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
     pieces: list[str] = []
     for chunk in stream:
         pieces.append(chunk.choices[0].delta.content or "")  # the quickstart's loop
@@ -332,9 +379,16 @@ def test_the_quickstart_chat_stream_loop_meets_no_chunk_without_choices(plane: C
 
 
 def test_a_chat_stream_that_asks_for_usage_ends_with_one_usage_chunk(plane: ControlPlane) -> None:
-    chunks = list(oai(plane).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Say this is a test"}], max_tokens=8, temperature=0,
-        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        oai(plane).chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Say this is a test"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert len(chunks) >= 2
     last = chunks[-1]
     assert last.choices == []
@@ -346,8 +400,9 @@ def test_a_chat_stream_that_asks_for_usage_ends_with_one_usage_chunk(plane: Cont
 
 
 def test_the_legacy_completions_stream_loop_meets_no_chunk_without_choices(plane: ControlPlane) -> None:
-    stream = oai(plane).completions.create(model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0,
-                                           stream=True)
+    stream = oai(plane).completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0, stream=True
+    )
     pieces: list[str] = []
     for chunk in stream:
         pieces.append(chunk.choices[0].text)
@@ -356,9 +411,16 @@ def test_the_legacy_completions_stream_loop_meets_no_chunk_without_choices(plane
 
 
 def test_a_legacy_completions_stream_that_asks_for_usage_ends_with_one_usage_chunk(plane: ControlPlane) -> None:
-    chunks = list(oai(plane).completions.create(model="tiny", prompt="Once upon a time", max_tokens=8,
-                                                temperature=0, stream=True,
-                                                stream_options={"include_usage": True}))
+    chunks = list(
+        oai(plane).completions.create(
+            model="tiny",
+            prompt="Once upon a time",
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert len(chunks) >= 2
     last = chunks[-1]
     assert last.choices == []
@@ -380,19 +442,33 @@ def test_responses_refuses_an_input_item_of_an_unknown_type_naming_it(plane: Con
 
 
 def test_responses_serves_a_request_with_a_web_search_tool_ignoring_the_tool(plane: ControlPlane) -> None:
-    response = oai(plane).responses.create(model="tiny", input="What is new today?", tools=[{"type": "web_search"}],
-                                           temperature=0, max_output_tokens=4)
+    response = oai(plane).responses.create(
+        model="tiny", input="What is new today?", tools=[{"type": "web_search"}], temperature=0, max_output_tokens=4
+    )
     assert response.object == "response"
     assert response.status in {"completed", "incomplete"}
     assert response.usage is not None and response.usage.output_tokens > 0
 
 
 def test_responses_accepts_a_namespace_tool(plane: ControlPlane) -> None:
-    tools: list[Any] = [{"type": "namespace", "name": "ns", "description": "Tools of one kind",
-                         "tools": [{"type": "function", "name": "f", "description": "Do f",
-                                    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}]}]
-    response = oai(plane).responses.create(model="tiny", input="Use f if you need it", tools=tools,
-                                           temperature=0, max_output_tokens=4)
+    tools: list[Any] = [
+        {
+            "type": "namespace",
+            "name": "ns",
+            "description": "Tools of one kind",
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "f",
+                    "description": "Do f",
+                    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+                }
+            ],
+        }
+    ]
+    response = oai(plane).responses.create(
+        model="tiny", input="Use f if you need it", tools=tools, temperature=0, max_output_tokens=4
+    )
     assert response.object == "response"
     assert response.status in {"completed", "incomplete"}
     assert response.usage is not None and response.usage.output_tokens > 0
@@ -403,8 +479,9 @@ def test_responses_accepts_a_namespace_tool(plane: ControlPlane) -> None:
 
 def test_a_chat_prompt_over_the_context_is_a_400_context_length_exceeded(plane: ControlPlane) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        oai(plane).chat.completions.create(model="tiny", messages=[{"role": "user", "content": LONG_TEXT}],
-                                           max_tokens=4)
+        oai(plane).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": LONG_TEXT}], max_tokens=4
+        )
     assert refused.value.status_code == 400
     assert refused.value.code == "context_length_exceeded"
 
@@ -419,11 +496,12 @@ def test_an_anthropic_prompt_over_the_context_is_an_invalid_request_error(plane:
 
 
 def test_an_image_to_a_text_only_model_is_a_400_saying_why(plane: ControlPlane) -> None:
-    content: list[Any] = [{"type": "text", "text": "What is in this picture?"},
-                          {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{one_pixel_png()}"}}]
+    content: list[Any] = [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{one_pixel_png()}"}},
+    ]
     with pytest.raises(openai.BadRequestError) as refused:
-        oai(plane).chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
-                                           max_tokens=4)
+        oai(plane).chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}], max_tokens=4)
     assert refused.value.status_code == 400
     message = refused.value.message.lower()
     assert "image" in message and "support" in message, message
@@ -453,8 +531,7 @@ def _refused_replica(plane: ControlPlane, model: str) -> dict[str, Any] | None:
 def test_a_model_that_fits_nowhere_is_refused_with_placements_reason(plane: ControlPlane) -> None:
     wait_until(lambda: _refused_replica(plane, "toobig"), RECONCILE_WAIT_S, "placement's refusal of toobig")
     with pytest.raises(openai.APIStatusError) as refused:
-        oai(plane).chat.completions.create(model="toobig", messages=[{"role": "user", "content": "hi"}],
-                                           max_tokens=2)
+        oai(plane).chat.completions.create(model="toobig", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     message = refused.value.message
     assert refused.value.status_code == 503, message
     assert "no node can take it" in message
@@ -472,7 +549,8 @@ def _asked_for(plane: ControlPlane, model: str) -> dict[str, Any] | None:
 
 def test_a_model_at_zero_replicas_is_served_by_its_fallback_and_asks_for_a_replica(plane: ControlPlane) -> None:
     raw = oai(plane).chat.completions.with_raw_response.create(
-        model="alias", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        model="alias", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
     completion = raw.parse()
     assert raw.headers["x-llmgw-replica"].startswith("tiny/")
     assert completion.choices
@@ -483,12 +561,14 @@ def test_a_key_allowed_only_the_model_is_not_served_by_its_fallback(plane: Contr
     client = oai(plane, new_key(plane, ["alias"]))
     try:
         raw = client.chat.completions.with_raw_response.create(
-            model="alias", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            model="alias", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
     except openai.APIStatusError as exc:
         message = exc.message
         assert exc.status_code == 503, message
         assert "alias" in message and "no node can take it" in message, message
     else:
-        pytest.fail(f"served {raw.http_response.status_code} by {raw.headers.get('x-llmgw-replica')}, "
-                    "a model the key may not use")
-
+        pytest.fail(
+            f"served {raw.http_response.status_code} by {raw.headers.get('x-llmgw-replica')}, "
+            "a model the key may not use"
+        )

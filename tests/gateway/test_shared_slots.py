@@ -22,16 +22,25 @@ WAIT = 10.0
 
 
 def upstream(upstream_id: str = "r1", capacity: int = 2) -> Upstream:
-    return Upstream(id=upstream_id, url="http://127.0.0.1:1", secret=None, capacity=capacity, hardware="cpu",
-                    node="n1", model="m", upstream_model="m")
+    return Upstream(
+        id=upstream_id,
+        url="http://127.0.0.1:1",
+        secret=None,
+        capacity=capacity,
+        hardware="cpu",
+        node="n1",
+        model="m",
+        upstream_model="m",
+    )
 
 
 class Process:
     """What one gateway process holds: its keeper, queue and shared counts."""
 
     def __init__(self, prefix: str, lease_s: float) -> None:
-        self.shared = SharedSlots(RedisClient(REDIS_URL, timeout=2.0), prefix=prefix, lease_s=lease_s,
-                                  subscribe=partial(subscribe, REDIS_URL))
+        self.shared = SharedSlots(
+            RedisClient(REDIS_URL, timeout=2.0), prefix=prefix, lease_s=lease_s, subscribe=partial(subscribe, REDIS_URL)
+        )
         self.keeper = SlotKeeper(self.shared)
         self.waiting = WaitingRoom(2, self.shared)
         self.shared.on_released = self.waiting.released
@@ -65,12 +74,16 @@ async def processes() -> AsyncIterator[Callable[..., Process]]:
         await process.stop()
 
 
-async def test_two_processes_never_hold_more_of_an_upstream_than_its_capacity(processes: Callable[..., Process]
-                                                                              ) -> None:
+async def test_two_processes_never_hold_more_of_an_upstream_than_its_capacity(
+    processes: Callable[..., Process],
+) -> None:
     a, b = processes(), processes()
     target = [upstream(capacity=3)]
-    leases = [await a.keeper.acquire(target, None), await b.keeper.acquire(target, None),
-              await a.keeper.acquire(target, None)]
+    leases = [
+        await a.keeper.acquire(target, None),
+        await b.keeper.acquire(target, None),
+        await a.keeper.acquire(target, None),
+    ]
     assert all(lease is not None for lease in leases)
     assert await b.keeper.acquire(target, None) is None
     assert await a.keeper.acquire(target, None) is None
@@ -91,8 +104,9 @@ async def test_both_processes_see_the_load_of_the_other_when_they_choose(process
     assert {third.upstream.id, fourth.upstream.id} == {"r1", "r2"}
 
 
-async def test_the_slots_of_a_process_that_died_come_back_when_its_leases_expire(processes: Callable[..., Process]
-                                                                                 ) -> None:
+async def test_the_slots_of_a_process_that_died_come_back_when_its_leases_expire(
+    processes: Callable[..., Process],
+) -> None:
     dead, alive = processes(lease_s=1.0), processes()
     target = [upstream(capacity=1)]
     assert await dead.keeper.acquire(target, None) is not None
@@ -111,8 +125,9 @@ async def test_the_slots_of_a_process_that_died_come_back_when_its_leases_expire
         await try_again()
 
 
-async def test_a_live_process_keeps_its_slots_past_the_lease_by_renewing_them(processes: Callable[..., Process]
-                                                                              ) -> None:
+async def test_a_live_process_keeps_its_slots_past_the_lease_by_renewing_them(
+    processes: Callable[..., Process],
+) -> None:
     holder, other = processes(lease_s=1.0), processes()
     target = [upstream(capacity=1)]
     assert await holder.keeper.acquire(target, None) is not None
@@ -120,8 +135,7 @@ async def test_a_live_process_keeps_its_slots_past_the_lease_by_renewing_them(pr
     assert await other.keeper.acquire(target, None) is None
 
 
-async def test_the_queue_counts_waiters_of_every_process_against_its_maximum(processes: Callable[..., Process]
-                                                                             ) -> None:
+async def test_the_queue_counts_waiters_of_every_process_against_its_maximum(processes: Callable[..., Process]) -> None:
     a, b = processes(), processes()
     first = await a.waiting.enter("m")
     second = await b.waiting.enter("m")
@@ -133,8 +147,7 @@ async def test_the_queue_counts_waiters_of_every_process_against_its_maximum(pro
     await a.waiting.leave("m", third)
 
 
-async def test_a_slot_given_back_in_one_process_wakes_the_waiters_of_another(processes: Callable[..., Process]
-                                                                             ) -> None:
+async def test_a_slot_given_back_in_one_process_wakes_the_waiters_of_another(processes: Callable[..., Process]) -> None:
     a, b = processes(), processes()
     await asyncio.sleep(0.3)  # both are listening for releases
     target = [upstream(capacity=1)]
@@ -147,7 +160,8 @@ async def test_a_slot_given_back_in_one_process_wakes_the_waiters_of_another(pro
 
 
 async def test_taking_a_slot_with_a_queue_ticket_leaves_the_queue_in_the_same_step(
-        processes: Callable[..., Process]) -> None:
+    processes: Callable[..., Process],
+) -> None:
     a, b = processes(), processes()
     target = [upstream(capacity=1)]
     first = await a.waiting.enter("m")

@@ -28,13 +28,23 @@ def in_flight_gauge() -> float:
 
 
 def upstream(upstream_id: str, capacity: int) -> Upstream:
-    return Upstream(id=upstream_id, url="http://127.0.0.1:1", secret=None, capacity=capacity, hardware="cpu",
-                    node="n1", model="m", upstream_model="m")
+    return Upstream(
+        id=upstream_id,
+        url="http://127.0.0.1:1",
+        secret=None,
+        capacity=capacity,
+        hardware="cpu",
+        node="n1",
+        model="m",
+        upstream_model="m",
+    )
 
 
 def tables_of(upstreams: list[Upstream], version: int) -> Tables:
-    return Tables(models={"m": ModelRoute(name="m", upstreams=upstreams, fallbacks=[], min_replicas=1,
-                                          hardware=["cpu"])}, version=version)
+    return Tables(
+        models={"m": ModelRoute(name="m", upstreams=upstreams, fallbacks=[], min_replicas=1, hardware=["cpu"])},
+        version=version,
+    )
 
 
 # The keeper on its own ---------------------------------------------------------------------------------
@@ -139,14 +149,16 @@ async def test_a_replica_that_leaves_the_table_while_held_keeps_its_count_until_
 
 def reload_to(gw: Gateway, upstreams: list[Upstream], **route_options: Any) -> Tables:
     """What the database says now: the gateway's next reload reads it."""
-    tables = Tables(keys=gw.app.tables.keys, models={"m": route("m", upstreams, **route_options)},
-                    version=gw.app.tables.version + 1)
+    tables = Tables(
+        keys=gw.app.tables.keys, models={"m": route("m", upstreams, **route_options)}, version=gw.app.tables.version + 1
+    )
     gw.database["tables"] = tables
     return tables
 
 
 async def test_a_stream_that_spans_several_reloads_and_a_replica_change_gives_its_slot_back(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     gw.set_models(route("m", [endpoint(engine.url, "1", slots=1)]))
     engine.hold = asyncio.Event()
     engine.chunks = 5
@@ -174,7 +186,8 @@ async def test_a_stream_that_spans_several_reloads_and_a_replica_change_gives_it
 
 
 async def test_a_request_retried_on_another_replica_across_a_reload_gives_both_slots_back(
-        gw: Gateway, engine: MockEngine) -> None:
+    gw: Gateway, engine: MockEngine
+) -> None:
     bad = endpoint(f"http://127.0.0.1:{closed_port()}", "bad", slots=1)
     good = endpoint(engine.url, "good", slots=1)
     gw.set_models(route("m", [bad, good]))
@@ -189,8 +202,11 @@ async def test_a_request_retried_on_another_replica_across_a_reload_gives_both_s
 async def _one_request(gw: Gateway, rng: random.Random, index: int) -> str:
     """One request of a random kind; returns what it was, for the record."""
     kind = rng.choice(["chat", "stream", "stream-cancel", "error", "die", "whole-cancel", "messages"])
-    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": f"request {index}"}],
-                            "mock_chunks": rng.randint(1, 30)}
+    body: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": f"request {index}"}],
+        "mock_chunks": rng.randint(1, 30),
+    }
     path = "/v1/chat/completions"
     if kind == "error":
         body["mock"] = "error"
@@ -220,7 +236,8 @@ async def _one_request(gw: Gateway, rng: random.Random, index: int) -> str:
 
 @pytest.mark.parametrize("seed", range(3))
 async def test_real_requests_of_every_kind_under_reloads_leave_every_slot_given_back(
-        gw: Gateway, engine: MockEngine, seed: int) -> None:
+    gw: Gateway, engine: MockEngine, seed: int
+) -> None:
     rng = random.Random(seed)
     gauge_before = in_flight_gauge()
     unreachable = f"http://127.0.0.1:{closed_port()}"

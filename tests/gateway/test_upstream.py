@@ -100,7 +100,10 @@ async def pool() -> AsyncIterator[Pool]:
 
 def answer(body: bytes, *extra: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
-        len(body), b"".join(h + b"\r\n" for h in extra), body)
+        len(body),
+        b"".join(h + b"\r\n" for h in extra),
+        body,
+    )
 
 
 async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
@@ -110,10 +113,12 @@ async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 async def test_a_request_is_sent_with_its_host_length_and_headers_and_the_answer_read(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     server = await serve(keep_alive)
-    async with await pool.post(server.url, b'{"model": "m"}', [("Content-Type", "application/json"),
-                                                              ("Authorization", "Bearer s")]) as response:
+    async with await pool.post(
+        server.url, b'{"model": "m"}', [("Content-Type", "application/json"), ("Authorization", "Bearer s")]
+    ) as response:
         assert response.status == 200
         assert response.headers["content-type"] == "application/json"
         assert await response.read() == b'{"echo": 14}'
@@ -127,8 +132,9 @@ async def test_a_request_is_sent_with_its_host_length_and_headers_and_the_answer
     assert body == b'{"model": "m"}'
 
 
-async def test_answers_read_to_the_end_reuse_one_connection(serve: Callable[[Handler], Awaitable[Server]],
-                                                            pool: Pool) -> None:
+async def test_answers_read_to_the_end_reuse_one_connection(
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     server = await serve(keep_alive)
     for _ in range(5):
         async with await pool.post(server.url, b"{}") as response:
@@ -138,7 +144,8 @@ async def test_answers_read_to_the_end_reuse_one_connection(serve: Callable[[Han
 
 
 async def test_an_answer_left_unread_closes_its_connection_so_the_upstream_stops(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         await server.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -161,13 +168,16 @@ async def test_an_answer_left_unread_closes_its_connection_so_the_upstream_stops
 
 
 async def test_a_chunked_answer_arrives_chunk_by_chunk_and_reads_whole(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     proceed = asyncio.Event()
 
     async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         while await server.read_request(reader) is not None:
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                         b"d\r\ndata: first\n\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                b"d\r\ndata: first\n\n\r\n"
+            )
             await writer.drain()
             await proceed.wait()
             writer.write(b"e\r\ndata: second\n\n\r\n0\r\n\r\n")
@@ -187,7 +197,8 @@ async def test_a_chunked_answer_arrives_chunk_by_chunk_and_reads_whole(
 
 
 async def test_an_answer_without_a_length_ends_with_its_connection_and_is_not_reused(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     async def until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         await server.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
@@ -202,7 +213,8 @@ async def test_an_answer_without_a_length_ends_with_its_connection_and_is_not_re
 
 
 async def test_a_connection_the_upstream_closed_while_idle_is_not_used_again(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     async def one_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         await server.read_request(reader)
         writer.write(answer(b"{}"))  # says nothing of closing, then closes: an idle timeout
@@ -220,7 +232,8 @@ async def test_a_connection_the_upstream_closed_while_idle_is_not_used_again(
 
 
 async def test_a_kept_connection_closed_as_the_request_was_sent_is_tried_once_more_on_a_new_one(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     async def drop_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         if server.connections == 1:
             await server.read_request(reader)
@@ -241,8 +254,10 @@ async def test_a_kept_connection_closed_as_the_request_was_sent_is_tried_once_mo
 
 
 async def test_the_retry_after_a_stale_connection_opens_a_new_one_rather_than_another_stale_one(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     """Two connections sat idle past the server's patience; both are dropped as a request arrives."""
+
     async def first_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         if server.connections <= 2:
             await server.read_request(reader)
@@ -264,7 +279,8 @@ async def test_the_retry_after_a_stale_connection_opens_a_new_one_rather_than_an
 
 
 async def test_a_connection_is_not_used_past_the_idle_time_the_server_announced(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     async def announces(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         while (body := await server.read_request(reader)) is not None:  # as llama.cpp does, with 1.5 s
             writer.write(answer(b'{"echo": %d}' % len(body), b"Keep-Alive: timeout=1.5, max=100"))
@@ -282,9 +298,17 @@ async def test_a_connection_is_not_used_past_the_idle_time_the_server_announced(
     assert server.connections == 2
 
 
-@pytest.mark.parametrize(("header", "seconds"), [("timeout=5, max=100", 5.0), ("max=3, Timeout = 2", 2.0),
-                                                 ("max=100", None), ("timeout=soon", None), ("timeout=nan", None),
-                                                 ("", None)])
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("timeout=5, max=100", 5.0),
+        ("max=3, Timeout = 2", 2.0),
+        ("max=100", None),
+        ("timeout=soon", None),
+        ("timeout=nan", None),
+        ("", None),
+    ],
+)
 def test_the_keep_alive_timeout_is_read_from_the_header(header: str, seconds: float | None) -> None:
     from apps.gateway.upstream import _keep_alive_timeout
 
@@ -292,7 +316,8 @@ def test_the_keep_alive_timeout_is_read_from_the_header(header: str, seconds: fl
 
 
 async def test_a_new_connection_closed_before_any_answer_is_disconnected(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         await server.read_request(reader)
 
@@ -336,8 +361,9 @@ async def test_an_upstream_that_stays_silent_is_a_read_timeout(serve: Callable[[
         await upstream.close()
 
 
-async def test_an_answer_that_is_not_http_is_an_error(serve: Callable[[Handler], Awaitable[Server]],
-                                                      pool: Pool) -> None:
+async def test_an_answer_that_is_not_http_is_an_error(
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         await server.read_request(reader)
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
@@ -349,8 +375,9 @@ async def test_an_answer_that_is_not_http_is_an_error(serve: Callable[[Handler],
         await pool.post(server.url, b"{}")
 
 
-async def test_an_interim_answer_is_skipped_for_the_real_one(serve: Callable[[Handler], Awaitable[Server]],
-                                                             pool: Pool) -> None:
+async def test_an_interim_answer_is_skipped_for_the_real_one(
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     async def interim(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         await server.read_request(reader)
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b'{"ok": true}'))
@@ -364,7 +391,8 @@ async def test_an_interim_answer_is_skipped_for_the_real_one(serve: Callable[[Ha
 
 
 async def test_a_header_value_with_a_line_break_is_refused_before_anything_is_sent(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     server = await serve(keep_alive)
     with pytest.raises(UpstreamError, match="line break"):
         await pool.post(server.url, b"{}", [("Authorization", "Bearer a\r\nX-Injected: 1")])
@@ -372,7 +400,8 @@ async def test_a_header_value_with_a_line_break_is_refused_before_anything_is_se
 
 
 async def test_a_slow_reader_holds_the_upstream_back_instead_of_buffering_all_of_it(
-        serve: Callable[[Handler], Awaitable[Server]], pool: Pool) -> None:
+    serve: Callable[[Handler], Awaitable[Server]], pool: Pool
+) -> None:
     piece = b"x" * 65536
     pieces = 128  # 8 MiB
 
@@ -408,21 +437,27 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     cert_file, key_file = folder / "cert.pem", folder / "key.pem"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_file, key_file
 
 
-async def test_https_is_spoken_to_a_provider_whose_certificate_is_trusted_and_refused_otherwise(
-        tmp_path: Path) -> None:
+async def test_https_is_spoken_to_a_provider_whose_certificate_is_trusted_and_refused_otherwise(tmp_path: Path) -> None:
     cert_file, key_file = _self_signed(tmp_path)
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_context.load_cert_chain(cert_file, key_file)

@@ -28,8 +28,7 @@ from apps.gateway.upstream import ConnectError, Pool, Proxy, ProxyConfig
 from tests.gateway.mock_engine import closed_port
 from tests.gateway.test_upstream import WAIT, Server, answer, keep_alive
 
-PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY",
-                   "REQUEST_METHOD")
+PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY", "REQUEST_METHOD")
 
 
 @pytest.fixture(autouse=True)
@@ -64,39 +63,63 @@ def make_pki(folder: Path) -> Pki:
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
 
     def usage(*, ca: bool) -> x509.KeyUsage:
-        return x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                             data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
-                             encipher_only=False, decipher_only=False)
+        return x509.KeyUsage(
+            digital_signature=True,
+            content_commitment=False,
+            key_encipherment=False,
+            data_encipherment=False,
+            key_agreement=False,
+            key_cert_sign=ca,
+            crl_sign=ca,
+            encipher_only=False,
+            decipher_only=False,
+        )
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmgw test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(usage(ca=True), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(usage(ca=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
 
     key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName("provider.test"), x509.DNSName("localhost"),
-             x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provider.test")]))
-            .issuer_name(ca_name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(usage(ca=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    names = [
+        x509.DNSName("provider.test"),
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provider.test")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(usage(ca=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
 
     pki = Pki(folder / "ca.pem", folder / "cert.pem", folder / "key.pem")
     pki.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     pki.cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pki.key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+    pki.key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return pki
 
 
@@ -106,9 +129,9 @@ def make_pki(folder: Path) -> Pki:
 class LocalProxy:
     """CONNECT tunnels and absolute-form forwarding, as an organisation's HTTP proxy does them."""
 
-
-    def __init__(self, *, credentials: tuple[str, str] | None = None, refuse: bytes | None = None,
-                 hang_up: bool = False) -> None:
+    def __init__(
+        self, *, credentials: tuple[str, str] | None = None, refuse: bytes | None = None, hang_up: bool = False
+    ) -> None:
         self.required = None
         if credentials is not None:
             self.required = "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
@@ -174,8 +197,10 @@ class LocalProxy:
             headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
             if self.refuse is not None or (self.required and headers.get("proxy-authorization") != self.required):
                 status = self.refuse or b"407 Proxy Authentication Required"
-                writer.write(b'HTTP/1.1 %s\r\nProxy-Authenticate: Basic realm="test"\r\nContent-Length: 0\r\n'
-                             b"Connection: close\r\n\r\n" % status)
+                writer.write(
+                    b'HTTP/1.1 %s\r\nProxy-Authenticate: Basic realm="test"\r\nContent-Length: 0\r\n'
+                    b"Connection: close\r\n\r\n" % status
+                )
                 await writer.drain()
                 return
             if method == "CONNECT":
@@ -196,8 +221,14 @@ class LocalProxy:
             kept = [line for line in lines[1:] if line and not line.lower().startswith("proxy-authorization:")]
             up_writer.write("\r\n".join([f"{method} {path} HTTP/1.1", *kept, "", ""]).encode("latin-1") + body)
             answer_head = await up_reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":", 1)[1]) for line in answer_head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":", 1)[1])
+                    for line in answer_head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             writer.write(answer_head + await up_reader.readexactly(length))
             await writer.drain()
 
@@ -209,8 +240,12 @@ class LocalProxy:
             await self.server.wait_closed()
 
 
-async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader,
-                up_writer: asyncio.StreamWriter) -> None:
+async def relay(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+) -> None:
     """Bytes both ways until either side closes: the tunnel, which sees only TLS records."""
 
     async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
@@ -290,7 +325,8 @@ def provider(server: Server) -> str:
 
 
 async def test_https_goes_through_a_connect_tunnel_and_is_verified_with_the_ca_bundle(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     server = await tls_server(started, pki)
     proxy: LocalProxy = await started(LocalProxy())
     pool = pools(proxies=ProxyConfig(https=proxy.url), ca_bundle=str(pki.ca_file))
@@ -309,7 +345,8 @@ async def test_https_goes_through_a_connect_tunnel_and_is_verified_with_the_ca_b
 
 
 async def test_the_same_tunnel_without_the_bundle_is_refused_as_untrusted(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     server = await tls_server(started, pki)
     proxy: LocalProxy = await started(LocalProxy())
     pool = pools(proxies=ProxyConfig(https=proxy.url))  # the system store, which does not know the test CA
@@ -320,7 +357,8 @@ async def test_the_same_tunnel_without_the_bundle_is_refused_as_untrusted(
 
 
 async def test_proxy_credentials_go_to_the_proxy_as_basic_authorization_and_not_to_the_provider(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     server = await tls_server(started, pki)
     proxy: LocalProxy = await started(LocalProxy(credentials=("gateway", "p@ss:word")))
     pool = pools(proxies=ProxyConfig(https=proxy.url_with("gateway", "p@ss:word")), ca_bundle=str(pki.ca_file))
@@ -331,7 +369,8 @@ async def test_proxy_credentials_go_to_the_proxy_as_basic_authorization_and_not_
 
 
 async def test_a_proxy_that_wants_other_credentials_is_a_connect_error_with_its_407(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     server = await tls_server(started, pki)
     proxy: LocalProxy = await started(LocalProxy(credentials=("gateway", "right")))
     for url in (proxy.url, proxy.url_with("gateway", "wrong-secret")):
@@ -339,39 +378,50 @@ async def test_a_proxy_that_wants_other_credentials_is_a_connect_error_with_its_
         with pytest.raises(ConnectError) as caught:
             await pool.post(provider(server), b"{}")
         message = str(caught.value)
-        assert message == (f"the proxy {proxy.url} refused the tunnel to provider.test:{server.port}: "
-                           "HTTP/1.1 407 Proxy Authentication Required")
+        assert message == (
+            f"the proxy {proxy.url} refused the tunnel to provider.test:{server.port}: "
+            "HTTP/1.1 407 Proxy Authentication Required"
+        )
         assert "wrong-secret" not in message
     assert server.connections == 0
 
 
 async def test_a_proxy_that_refuses_the_tunnel_or_hangs_up_is_a_connect_error_naming_it(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     server = await tls_server(started, pki)
     refusing: LocalProxy = await started(LocalProxy(refuse=b"403 Forbidden"))
     pool = pools(proxies=ProxyConfig(https=refusing.url), ca_bundle=str(pki.ca_file))
-    with pytest.raises(ConnectError, match=f"the proxy {refusing.url} refused the tunnel to "
-                                           f"provider.test:{server.port}: HTTP/1.1 403 Forbidden"):
+    with pytest.raises(
+        ConnectError,
+        match=f"the proxy {refusing.url} refused the tunnel to provider.test:{server.port}: HTTP/1.1 403 Forbidden",
+    ):
         await pool.post(provider(server), b"{}")
     hanging_up: LocalProxy = await started(LocalProxy(hang_up=True))
     pool = pools(proxies=ProxyConfig(https=hanging_up.url), ca_bundle=str(pki.ca_file))
-    with pytest.raises(ConnectError, match=f"the proxy {hanging_up.url} closed the connection before answering "
-                                           f"CONNECT provider.test:{server.port}"):
+    with pytest.raises(
+        ConnectError,
+        match=f"the proxy {hanging_up.url} closed the connection before answering CONNECT provider.test:{server.port}",
+    ):
         await pool.post(provider(server), b"{}")
 
 
 async def test_a_proxy_that_is_down_is_a_connect_error_naming_the_proxy(pools: Callable[..., Pool]) -> None:
     port = closed_port()
     pool = pools(proxies=ProxyConfig(http=f"http://127.0.0.1:{port}", https=f"http://127.0.0.1:{port}"))
-    for url, target in (("https://provider.test/v1/chat/completions", "provider.test"),
-                        ("http://provider.test:8000/v1/chat/completions", "provider.test:8000")):
-        with pytest.raises(ConnectError, match=f"could not connect to the proxy http://127.0.0.1:{port} "
-                                               f"for {target}: "):
+    for url, target in (
+        ("https://provider.test/v1/chat/completions", "provider.test"),
+        ("http://provider.test:8000/v1/chat/completions", "provider.test:8000"),
+    ):
+        with pytest.raises(
+            ConnectError, match=f"could not connect to the proxy http://127.0.0.1:{port} for {target}: "
+        ):
             await pool.post(url, b"{}")
 
 
 async def test_connections_through_the_proxy_are_kept_and_reused(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     server = await tls_server(started, pki)
     proxy: LocalProxy = await started(LocalProxy())
     pool = pools(proxies=ProxyConfig(https=proxy.url), ca_bundle=str(pki.ca_file))
@@ -384,7 +434,8 @@ async def test_connections_through_the_proxy_are_kept_and_reused(
 
 
 async def test_a_tunnelled_connection_the_provider_closed_while_idle_is_dropped(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     async def one_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         await server.read_request(reader)
         writer.write(answer(b"{}"))
@@ -404,13 +455,16 @@ async def test_a_tunnelled_connection_the_provider_closed_while_idle_is_dropped(
 
 
 async def test_a_stream_arrives_chunk_by_chunk_through_the_tunnel(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     proceed = asyncio.Event()
 
     async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Server) -> None:
         while await server.read_request(reader) is not None:
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                         b"d\r\ndata: first\n\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                b"d\r\ndata: first\n\n\r\n"
+            )
             await writer.drain()
             await proceed.wait()
             writer.write(b"e\r\ndata: second\n\n\r\n0\r\n\r\n")
@@ -433,7 +487,8 @@ async def test_a_stream_arrives_chunk_by_chunk_through_the_tunnel(
 
 
 async def test_http_goes_to_the_proxy_in_absolute_form_with_its_credentials(
-        started: Any, pools: Callable[..., Pool]) -> None:
+    started: Any, pools: Callable[..., Pool]
+) -> None:
     server: Server = await started(Server(keep_alive))
     proxy: LocalProxy = await started(LocalProxy(credentials=("gateway", "s3cret")))
     pool = pools(proxies=ProxyConfig(http=proxy.url_with("gateway", "s3cret")))
@@ -453,19 +508,22 @@ async def test_http_goes_to_the_proxy_in_absolute_form_with_its_credentials(
 
 
 async def test_a_407_from_the_proxy_for_http_is_a_connect_error_not_the_providers_answer(
-        started: Any, pools: Callable[..., Pool]) -> None:
+    started: Any, pools: Callable[..., Pool]
+) -> None:
     server: Server = await started(Server(keep_alive))
     proxy: LocalProxy = await started(LocalProxy(credentials=("gateway", "s3cret")))
     pool = pools(proxies=ProxyConfig(http=proxy.url))
-    with pytest.raises(ConnectError, match=f"the proxy {proxy.url} refused the request: "
-                                           "407 Proxy Authentication Required"):
+    with pytest.raises(
+        ConnectError, match=f"the proxy {proxy.url} refused the request: 407 Proxy Authentication Required"
+    ):
         await pool.post(f"http://provider.test:{server.port}/v1/chat/completions", b"{}")
     assert pool.idle_count() == 0
     assert server.connections == 0
 
 
 async def test_http_and_https_targets_each_use_their_own_proxy(
-        started: Any, pools: Callable[..., Pool], pki: Pki) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     plain: Server = await started(Server(keep_alive))
     secure = await tls_server(started, pki)
     for_http: LocalProxy = await started(LocalProxy())
@@ -492,16 +550,20 @@ async def test_loopback_targets_are_never_proxied_by_default(started: Any, pools
     assert len(server.requests) == 2
 
 
-@pytest.mark.parametrize(("no_proxy", "host"), [
-    ("127.0.0.1", "127.0.0.1"),  # an exact address
-    ("10.0.0.0/8, 127.0.0.0/8", "127.0.0.1"),  # a CIDR range, among others
-    ("*", "127.0.0.1"),  # everything
-    ("example.com,localhost", "localhost"),  # an exact name
-    (".localhost", "localhost"),  # a suffix with its leading dot matches the name itself
-    ("127.0.0.1:{port}", "127.0.0.1"),  # this host on this port
-])
-async def test_no_proxy_sends_a_listed_target_directly(started: Any, pools: Callable[..., Pool], no_proxy: str,
-                                                       host: str) -> None:
+@pytest.mark.parametrize(
+    ("no_proxy", "host"),
+    [
+        ("127.0.0.1", "127.0.0.1"),  # an exact address
+        ("10.0.0.0/8, 127.0.0.0/8", "127.0.0.1"),  # a CIDR range, among others
+        ("*", "127.0.0.1"),  # everything
+        ("example.com,localhost", "localhost"),  # an exact name
+        (".localhost", "localhost"),  # a suffix with its leading dot matches the name itself
+        ("127.0.0.1:{port}", "127.0.0.1"),  # this host on this port
+    ],
+)
+async def test_no_proxy_sends_a_listed_target_directly(
+    started: Any, pools: Callable[..., Pool], no_proxy: str, host: str
+) -> None:
     server: Server = await started(Server(keep_alive))
     proxy: LocalProxy = await started(LocalProxy())
     # The proxy may reach loopback here, so loopback is not exempt by itself and NO_PROXY alone decides.
@@ -513,14 +575,18 @@ async def test_no_proxy_sends_a_listed_target_directly(started: Any, pools: Call
     assert len(server.requests) == 1
 
 
-@pytest.mark.parametrize(("no_proxy", "host"), [
-    ("10.0.0.0/8,192.168.0.1", "127.0.0.1"),
-    ("127.0.0.1:{other}", "127.0.0.1"),
-    ("notlocalhost,host.localhost", "localhost"),
-    ("", "localhost"),
-])
+@pytest.mark.parametrize(
+    ("no_proxy", "host"),
+    [
+        ("10.0.0.0/8,192.168.0.1", "127.0.0.1"),
+        ("127.0.0.1:{other}", "127.0.0.1"),
+        ("notlocalhost,host.localhost", "localhost"),
+        ("", "localhost"),
+    ],
+)
 async def test_a_target_no_proxy_does_not_list_goes_through_the_proxy(
-        started: Any, pools: Callable[..., Pool], no_proxy: str, host: str) -> None:
+    started: Any, pools: Callable[..., Pool], no_proxy: str, host: str
+) -> None:
     server: Server = await started(Server(keep_alive))
     proxy: LocalProxy = await started(LocalProxy())
     config = ProxyConfig(http=proxy.url, no_proxy=no_proxy.format(other=server.port + 1), proxy_loopback=True)
@@ -531,37 +597,40 @@ async def test_a_target_no_proxy_does_not_list_goes_through_the_proxy(
     assert proxy.heads[0].startswith(f"POST http://{host}:{server.port}/".encode())
 
 
-@pytest.mark.parametrize(("no_proxy", "host", "port", "bypassed"), [
-    ("example.com", "example.com", 443, True),
-    ("example.com", "api.example.com", 443, True),
-    (".example.com", "example.com", 443, True),
-    (".example.com", "deep.api.example.com", 443, True),
-    ("*.example.com", "api.example.com", 443, True),
-    ("example.com", "notexample.com", 443, False),
-    ("example.com", "example.com.evil.net", 443, False),
-    ("EXAMPLE.com", "Example.COM.", 443, True),  # case and a trailing dot do not matter
-    ("example.com:8443", "api.example.com", 8443, True),
-    ("example.com:8443", "api.example.com", 443, False),
-    ("10.0.0.0/8", "10.20.30.40", 8000, True),
-    ("10.0.0.0/8", "11.0.0.1", 8000, False),
-    ("10.1.2.3", "10.1.2.3", 8000, True),
-    ("10.1.2.3", "10.1.2.4", 8000, False),
-    ("10.1.2.3:8000", "10.1.2.3", 8001, False),
-    ("0.0.1", "10.0.0.1", 80, False),  # names match names, not the text of an address
-    ("fd00::/8", "fd12::1", 8000, True),
-    ("::1,fd12::1", "fd12::1", 8000, True),
-    ("[fd12::1]:8000", "fd12::1", 8000, True),
-    ("[fd12::1]:8000", "fd12::1", 9000, False),
-    ("*", "api.openai.com", 443, True),
-    ("a.com,,  b.com ,c.com", "b.com", 443, True),  # empty entries and spaces
-    ("bad:port, [broken", "bad", 443, False),  # unreadable entries match nothing
-    ("", "localhost", 443, True),  # loopback, always
-    ("", "api.localhost", 443, True),
-    ("", "127.0.0.53", 443, True),
-    ("", "::1", 443, True),
-    ("", "::ffff:127.0.0.1", 443, True),
-    ("", "10.0.0.1", 443, False),  # private addresses only when listed
-])
+@pytest.mark.parametrize(
+    ("no_proxy", "host", "port", "bypassed"),
+    [
+        ("example.com", "example.com", 443, True),
+        ("example.com", "api.example.com", 443, True),
+        (".example.com", "example.com", 443, True),
+        (".example.com", "deep.api.example.com", 443, True),
+        ("*.example.com", "api.example.com", 443, True),
+        ("example.com", "notexample.com", 443, False),
+        ("example.com", "example.com.evil.net", 443, False),
+        ("EXAMPLE.com", "Example.COM.", 443, True),  # case and a trailing dot do not matter
+        ("example.com:8443", "api.example.com", 8443, True),
+        ("example.com:8443", "api.example.com", 443, False),
+        ("10.0.0.0/8", "10.20.30.40", 8000, True),
+        ("10.0.0.0/8", "11.0.0.1", 8000, False),
+        ("10.1.2.3", "10.1.2.3", 8000, True),
+        ("10.1.2.3", "10.1.2.4", 8000, False),
+        ("10.1.2.3:8000", "10.1.2.3", 8001, False),
+        ("0.0.1", "10.0.0.1", 80, False),  # names match names, not the text of an address
+        ("fd00::/8", "fd12::1", 8000, True),
+        ("::1,fd12::1", "fd12::1", 8000, True),
+        ("[fd12::1]:8000", "fd12::1", 8000, True),
+        ("[fd12::1]:8000", "fd12::1", 9000, False),
+        ("*", "api.openai.com", 443, True),
+        ("a.com,,  b.com ,c.com", "b.com", 443, True),  # empty entries and spaces
+        ("bad:port, [broken", "bad", 443, False),  # unreadable entries match nothing
+        ("", "localhost", 443, True),  # loopback, always
+        ("", "api.localhost", 443, True),
+        ("", "127.0.0.53", 443, True),
+        ("", "::1", 443, True),
+        ("", "::ffff:127.0.0.1", 443, True),
+        ("", "10.0.0.1", 443, False),  # private addresses only when listed
+    ],
+)
 def test_no_proxy_rules(no_proxy: str, host: str, port: int, bypassed: bool) -> None:
     config = ProxyConfig(https="http://proxy.example:3128", no_proxy=no_proxy)
     assert config.bypasses(host, port) is bypassed
@@ -578,14 +647,18 @@ def test_a_proxy_url_is_read_as_curl_reads_it_and_shown_without_its_password() -
     assert "p@ss" not in repr(ProxyConfig(https="http://u:p@ss@proxy.example:1"))
 
 
-@pytest.mark.parametrize(("url", "message"), [
-    ("https://u:topsecret@proxy.example:443", "https:// proxy"),
-    ("socks5://proxy.example:1080", "socks5:// is not supported"),
-    ("http://proxy.example:99999", "invalid port"),
-    ("http://:3128", "names no host"),
-])
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("https://u:topsecret@proxy.example:443", "https:// proxy"),
+        ("socks5://proxy.example:1080", "socks5:// is not supported"),
+        ("http://proxy.example:99999", "invalid port"),
+        ("http://:3128", "names no host"),
+    ],
+)
 def test_a_proxy_this_client_cannot_use_is_refused_when_the_pool_is_made(
-        monkeypatch: pytest.MonkeyPatch, url: str, message: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, url: str, message: str
+) -> None:
     with pytest.raises(ValueError, match=message) as caught:
         ProxyConfig(https=url)
     assert "topsecret" not in str(caught.value)
@@ -595,8 +668,15 @@ def test_a_proxy_this_client_cannot_use_is_refused_when_the_pool_is_made(
 
 
 def test_the_environment_names_the_proxies_lower_case_first() -> None:
-    config = ProxyConfig.from_env({"HTTPS_PROXY": "http://upper:1", "https_proxy": "http://lower:2",
-                                   "HTTP_PROXY": "http://plain:3", "NO_PROXY": "10.0.0.0/8", "no_proxy": "a.test"})
+    config = ProxyConfig.from_env(
+        {
+            "HTTPS_PROXY": "http://upper:1",
+            "https_proxy": "http://lower:2",
+            "HTTP_PROXY": "http://plain:3",
+            "NO_PROXY": "10.0.0.0/8",
+            "no_proxy": "a.test",
+        }
+    )
     assert config.https == Proxy("lower", 2)
     assert config.http == Proxy("plain", 3)
     assert config.no_proxy == "a.test"
@@ -611,7 +691,8 @@ def test_the_environment_names_the_proxies_lower_case_first() -> None:
 
 
 async def test_a_pool_reads_the_environment_once_when_it_is_made(
-        started: Any, pools: Callable[..., Pool], pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: Any, pools: Callable[..., Pool], pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = await tls_server(started, pki)
     proxy: LocalProxy = await started(LocalProxy())
     monkeypatch.setenv("HTTPS_PROXY", proxy.url)
@@ -626,8 +707,9 @@ async def test_a_pool_reads_the_environment_once_when_it_is_made(
 # The CA bundle ---------------------------------------------------------------------------------------
 
 
-async def test_a_ca_bundle_verifies_a_provider_reached_directly(started: Any, pools: Callable[..., Pool],
-                                                                pki: Pki) -> None:
+async def test_a_ca_bundle_verifies_a_provider_reached_directly(
+    started: Any, pools: Callable[..., Pool], pki: Pki
+) -> None:
     server = await tls_server(started, pki)
     pool = pools(ca_bundle=str(pki.ca_file))
     assert pool.ca_bundle == str(pki.ca_file)
@@ -636,8 +718,9 @@ async def test_a_ca_bundle_verifies_a_provider_reached_directly(started: Any, po
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to hash a directory")
-async def test_a_ca_bundle_can_be_a_hashed_directory(started: Any, pools: Callable[..., Pool], pki: Pki,
-                                                     tmp_path: Path) -> None:
+async def test_a_ca_bundle_can_be_a_hashed_directory(
+    started: Any, pools: Callable[..., Pool], pki: Pki, tmp_path: Path
+) -> None:
     folder = tmp_path / "cas"
     folder.mkdir()
     shutil.copy(pki.ca_file, folder / "test-ca.pem")

@@ -29,9 +29,21 @@ WEIGHTS = (400, 600, 700)  # font-normal, font-semibold and font-bold on the pag
 class Resources(HTMLParser):
     """Every URL the page makes a browser fetch by itself (not the links a person may follow)."""
 
-    FETCHED = {("link", "href"), ("script", "src"), ("img", "src"), ("img", "srcset"), ("source", "src"),
-               ("source", "srcset"), ("iframe", "src"), ("video", "src"), ("audio", "src"), ("object", "data"),
-               ("embed", "src"), ("image", "href"), ("use", "href")}
+    FETCHED = {
+        ("link", "href"),
+        ("script", "src"),
+        ("img", "src"),
+        ("img", "srcset"),
+        ("source", "src"),
+        ("source", "srcset"),
+        ("iframe", "src"),
+        ("video", "src"),
+        ("audio", "src"),
+        ("object", "data"),
+        ("embed", "src"),
+        ("image", "href"),
+        ("use", "href"),
+    }
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -87,6 +99,7 @@ def code_points(unicode_range: str) -> set[int]:
 
 # The page ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("language", ["en", "tr"])
 def test_the_about_page_is_public_and_strict(language: str) -> None:
     client = Client()
@@ -126,6 +139,7 @@ def test_the_proxy_examples_do_what_the_manual_says() -> None:
 
 
 # Fonts -------------------------------------------------------------------------------------------
+
 
 def test_the_page_and_its_stylesheet_reference_no_other_host() -> None:
     page = Resources()

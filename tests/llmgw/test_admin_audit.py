@@ -47,6 +47,7 @@ REGISTERED = sorted(model._meta.label for model in admin.site._registry)
 
 # The objects the admin is tried on ---------------------------------------------------------------------
 
+
 @dataclass
 class World:
     alice: User
@@ -72,16 +73,31 @@ def world(alice: User, bob: User) -> World:
     quotas.create_rate_limit(actor=None, project=project, requests_per_minute=60)
     node = make_node("gpu1", gpus=2)
     qwen = make_model("qwen", gpus=1)
-    hosted = Model.objects.create(name="hosted", external_url="https://llm.example.org/v1", external_model="gpt-4o",
-                                  min_replicas=0, max_replicas=1)
+    hosted = Model.objects.create(
+        name="hosted",
+        external_url="https://llm.example.org/v1",
+        external_model="gpt-4o",
+        min_replicas=0,
+        max_replicas=1,
+    )
     replica = make_replica(qwen, node, gpu_indices=(0,))
     cluster_services.create_enrollment("gpu2", actor=alice)
     ControlLock.objects.get_or_create(name="reconciler")
     TableVersion.objects.get_or_create(pk=1, defaults={"version": 1})
     UsageRecord.objects.create(**record(key))
     UsageRollup.objects.create(period="minute", bucket_start=recent_minute(), model="qwen", requests=1)
-    return World(alice=alice, bob=bob, org=org, team=team, project=project, qwen=qwen, hosted=hosted, node=node,
-                 replica=replica, group=Group.objects.create(name="auditors"))
+    return World(
+        alice=alice,
+        bob=bob,
+        org=org,
+        team=team,
+        project=project,
+        qwen=qwen,
+        hosted=hosted,
+        node=node,
+        replica=replica,
+        group=Group.objects.create(name="auditors"),
+    )
 
 
 # One object of every registered model, for its change form.
@@ -132,14 +148,30 @@ CHANGES: dict[tuple[str, str], dict[str, list[str]]] = {
 # A new row for every model the admin may add: the fields to fill in, and the event expected.
 ADDS: dict[str, tuple[Callable[[World], dict[str, str]], str]] = {
     "auth.Group": (lambda w: {"name": "operators"}, "group.create"),
-    "accounts.User": (lambda w: {"email": "dora@example.com", "password1": "a long new passphrase",
-                                 "password2": "a long new passphrase"}, "user.create"),
+    "accounts.User": (
+        lambda w: {
+            "email": "dora@example.com",
+            "password1": "a long new passphrase",
+            "password2": "a long new passphrase",
+        },
+        "user.create",
+    ),
     "accounts.Organization": (lambda w: {"name": "Globex", "slug": "globex"}, "organization.create"),
     "accounts.Team": (lambda w: {"organization": str(w.org.pk), "name": "Speech", "slug": "speech"}, "team.create"),
-    "accounts.Project": (lambda w: {"team": str(w.team.pk), "name": "Dictation", "slug": "dictation"},
-                         "project.create"),
-    "accounts.Membership": (lambda w: {"user": str(w.alice.pk), "organization": str(w.org.pk), "team": "",
-                                       "project": "", "role": "manager"}, "membership.add"),
+    "accounts.Project": (
+        lambda w: {"team": str(w.team.pk), "name": "Dictation", "slug": "dictation"},
+        "project.create",
+    ),
+    "accounts.Membership": (
+        lambda w: {
+            "user": str(w.alice.pk),
+            "organization": str(w.org.pk),
+            "team": "",
+            "project": "",
+            "role": "manager",
+        },
+        "membership.add",
+    ),
     "quotas.CapacityQuota": (lambda w: {"project": str(w.project.pk), "gpus": "2"}, "capacity_quota.create"),
     "quotas.RateLimit": (lambda w: {"team": str(w.team.pk), "requests_per_minute": "30"}, "rate_limit.create"),
 }
@@ -148,21 +180,28 @@ ADDS: dict[str, tuple[Callable[[World], dict[str, str]], str]] = {
 DELETES: dict[str, tuple[Callable[[World], models.Model], str]] = {
     "auth.Group": (lambda w: Group.objects.create(name="temporary"), "group.delete"),
     "accounts.User": (lambda w: make_user("dora@example.com"), "user.delete"),
-    "accounts.Organization": (lambda w: services.create_organization(name="Globex", actor=None),
-                              "organization.remove"),
+    "accounts.Organization": (lambda w: services.create_organization(name="Globex", actor=None), "organization.remove"),
     "accounts.Team": (lambda w: services.create_team(w.org, name="Speech", actor=None), "team.remove"),
     "accounts.Project": (lambda w: services.create_project(w.team, name="Dictation", actor=None), "project.remove"),
-    "accounts.Membership": (lambda w: people_services.add_member(w.org, w.alice, "member", actor=None),
-                            "membership.remove"),
+    "accounts.Membership": (
+        lambda w: people_services.add_member(w.org, w.alice, "member", actor=None),
+        "membership.remove",
+    ),
     "accounts.ApiKey": (lambda w: make_key(w.bob, name="old"), "api_key.delete"),
-    "quotas.CapacityQuota": (lambda w: quotas.create_capacity_quota(actor=None, project=w.project, gpus=1),
-                             "capacity_quota.delete"),
-    "quotas.RateLimit": (lambda w: quotas.create_rate_limit(actor=None, team=w.team, requests_per_minute=10),
-                         "rate_limit.delete"),
+    "quotas.CapacityQuota": (
+        lambda w: quotas.create_capacity_quota(actor=None, project=w.project, gpus=1),
+        "capacity_quota.delete",
+    ),
+    "quotas.RateLimit": (
+        lambda w: quotas.create_rate_limit(actor=None, team=w.team, requests_per_minute=10),
+        "rate_limit.delete",
+    ),
     "catalog.Model": (lambda w: make_model("retired", gpus=1), "model.delete"),
     "cluster.Node": (lambda w: make_node("spare"), "node.delete"),
-    "cluster.EnrollmentToken": (lambda w: cluster_services.create_enrollment("gpu3", actor=None).token,
-                                "node.enrollment_delete"),
+    "cluster.EnrollmentToken": (
+        lambda w: cluster_services.create_enrollment("gpu3", actor=None).token,
+        "node.enrollment_delete",
+    ),
 }
 
 # Every admin action other than Django's delete_selected: a row to act on, and the event expected.
@@ -173,6 +212,7 @@ ACTIONS: dict[tuple[str, str], tuple[Callable[[World], models.Model], str]] = {
 
 
 # Reading and submitting the admin's forms ------------------------------------------------------------------
+
 
 class FormFields(HTMLParser):
     """What a browser would send from the page's admin form, and the options of each select."""
@@ -325,11 +365,13 @@ def last_event_id() -> int:
 
 
 def events_for(obj: models.Model, after: int) -> list[AuditEvent]:
-    return list(AuditEvent.objects.filter(pk__gt=after, target_type=obj._meta.label_lower, target_id=str(obj.pk))
-                .order_by("pk"))
+    return list(
+        AuditEvent.objects.filter(pk__gt=after, target_type=obj._meta.label_lower, target_id=str(obj.pk)).order_by("pk")
+    )
 
 
 # Coverage: every registered model is decided about ---------------------------------------------------------
+
 
 def test_every_registered_model_is_covered_or_read_only_with_a_reason(world: World) -> None:
     request = as_admin(world.alice)
@@ -345,18 +387,22 @@ def test_every_registered_model_is_covered_or_read_only_with_a_reason(world: Wor
             assert not model_admin.has_add_permission(request), f"{label} is listed read-only but can be added"
         else:
             assert editable_fields(model_admin, request, obj), f"{label} has nothing to edit: list it in READ_ONLY"
-        assert model_admin.has_add_permission(request) == (label in ADDS), \
+        assert model_admin.has_add_permission(request) == (label in ADDS), (
             f"{label}: adding is {'allowed' if label not in ADDS else 'refused'}; keep ADDS in step"
-        assert model_admin.has_delete_permission(request, obj) == (label in DELETES), \
+        )
+        assert model_admin.has_delete_permission(request, obj) == (label in DELETES), (
             f"{label}: deleting is {'allowed' if label not in DELETES else 'refused'}; keep DELETES in step"
+        )
         actions = set(model_admin.get_actions(request)) - {"delete_selected"}
-        assert actions == {name for (owner, name) in ACTIONS if owner == label}, \
+        assert actions == {name for (owner, name) in ACTIONS if owner == label}, (
             f"{label}: admin actions {sorted(actions)}; each needs an entry in ACTIONS"
+        )
     assert set(READ_ONLY) <= set(REGISTERED)
     assert {label for label, _name in CHANGES} <= set(REGISTERED)
 
 
 # Changes -------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("label", REGISTERED)
 def test_each_change_made_in_the_admin_is_audited_or_refused(client: Client, world: World, label: str) -> None:
@@ -407,8 +453,11 @@ def test_a_profile_changed_on_its_models_page_is_audited(client: Client, world: 
     profile.refresh_from_db()
     assert profile.parallel == 8
     event = AuditEvent.objects.get(action="profile.update")
-    assert (event.target_id, event.changes["parallel"], event.actor_label) == (str(profile.pk), [4, 8],
-                                                                               world.alice.email)
+    assert (event.target_id, event.changes["parallel"], event.actor_label) == (
+        str(profile.pk),
+        [4, 8],
+        world.alice.email,
+    )
     assert not events_for(world.qwen, 0)  # the model itself did not change
 
 
@@ -432,8 +481,10 @@ def test_a_suspension_made_in_the_admin_goes_through_the_service(client: Client,
 
 def test_a_password_set_in_the_admin_is_audited_without_its_hash(client: Client, world: World) -> None:
     client.force_login(world.alice)
-    response = client.post(f"/django-admin/accounts/user/{world.bob.pk}/password/",
-                           {"password1": "another long passphrase", "password2": "another long passphrase"})
+    response = client.post(
+        f"/django-admin/accounts/user/{world.bob.pk}/password/",
+        {"password1": "another long passphrase", "password2": "another long passphrase"},
+    )
     assert response.status_code == 302, errors(response)
     world.bob.refresh_from_db()
     assert world.bob.check_password("another long passphrase")
@@ -455,6 +506,7 @@ def test_a_name_a_sibling_has_is_refused_on_the_form(client: Client, world: Worl
 
 # Adding ----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("label", sorted(ADDS))
 def test_a_row_added_in_the_admin_is_audited(client: Client, world: World, label: str) -> None:
     client.force_login(world.alice)
@@ -472,6 +524,7 @@ def test_a_row_added_in_the_admin_is_audited(client: Client, world: World, label
 
 
 # Deleting --------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("label", REGISTERED)
 def test_a_delete_in_the_admin_is_audited_or_refused(client: Client, world: World, label: str) -> None:
@@ -503,8 +556,9 @@ def test_a_delete_of_selected_rows_is_audited_row_by_row(client: Client, world: 
     make, action = DELETES[label]
     obj = make(world)
     mark = last_event_id()
-    response = client.post(url(type(obj), "changelist"),
-                           {"action": "delete_selected", "_selected_action": [str(obj.pk)], "post": "yes"})
+    response = client.post(
+        url(type(obj), "changelist"), {"action": "delete_selected", "_selected_action": [str(obj.pk)], "post": "yes"}
+    )
     assert response.status_code == 302, errors(response)
     assert [e.action for e in events_for(obj, mark) if e.action == action] == [action]
 
@@ -536,6 +590,7 @@ def test_a_branch_something_depends_on_is_not_removed(client: Client, world: Wor
 
 
 # Actions ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("label,name", sorted(ACTIONS))
 def test_each_admin_action_goes_through_its_service(client: Client, world: World, label: str, name: str) -> None:

@@ -16,8 +16,12 @@ from llmgw.api_input import MAX_JSON_DEPTH
 
 pytestmark = pytest.mark.django_db
 
-SPEC = {"name": "qwen", "source": "/models/qwen.gguf", "replicas": {"min": 0, "max": 1},
-        "profiles": [{"name": "cpu", "accelerator": "cpu", "memory": "2GB", "cpu_cores": 1}]}
+SPEC = {
+    "name": "qwen",
+    "source": "/models/qwen.gguf",
+    "replicas": {"min": 0, "max": 1},
+    "profiles": [{"name": "cpu", "accelerator": "cpu", "memory": "2GB", "cpu_cores": 1}],
+}
 
 
 @pytest.fixture
@@ -36,6 +40,7 @@ def spec(**changes: Any) -> dict[str, Any]:
 
 # Pages ---------------------------------------------------------------------------------------
 
+
 def list_urls() -> list[str]:
     """Every list endpoint of the router, so that a new collection is checked without a word here."""
     get_resolver().url_patterns  # noqa: B018 (the URLconf fills the router as it is imported)
@@ -47,15 +52,27 @@ def test_every_collection_is_listed() -> None:
     assert "/api/v1/audit" in urls and "/api/v1/keys" in urls and len(urls) >= 10
 
 
-@pytest.mark.parametrize("query, name", [
-    ("limit=9223372036854775808", "limit"), ("limit=99999999999999999999999", "limit"), ("limit=-1", "limit"),
-    ("limit=0", "limit"), ("limit=1001", "limit"), ("limit=ten", "limit"), ("limit=1.5", "limit"),
-    ("limit=", "limit"), ("limit=%EF%BC%95", "limit"),  # a full-width digit five
-    ("offset=9223372036854775808", "offset"), ("offset=-1", "offset"), ("offset=x", "offset"),
-    ("offset=2147483648", "offset"),
-])
-def test_a_page_out_of_bounds_is_a_400_naming_the_parameter_and_its_bounds(admin_api: Any, query: str,
-                                                                         name: str) -> None:
+@pytest.mark.parametrize(
+    "query, name",
+    [
+        ("limit=9223372036854775808", "limit"),
+        ("limit=99999999999999999999999", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=ten", "limit"),
+        ("limit=1.5", "limit"),
+        ("limit=", "limit"),
+        ("limit=%EF%BC%95", "limit"),  # a full-width digit five
+        ("offset=9223372036854775808", "offset"),
+        ("offset=-1", "offset"),
+        ("offset=x", "offset"),
+        ("offset=2147483648", "offset"),
+    ],
+)
+def test_a_page_out_of_bounds_is_a_400_naming_the_parameter_and_its_bounds(
+    admin_api: Any, query: str, name: str
+) -> None:
     for url in list_urls():
         response = admin_api.get(f"{url}?{query}")
         assert response.status_code == 400, (url, query, response.content)
@@ -80,6 +97,7 @@ def test_the_schema_states_the_page_bounds(api: Any) -> None:
 
 
 # JSON bodies -----------------------------------------------------------------------------------
+
 
 def nested(depth: int) -> str:
     """An object holding arrays in arrays: `depth` levels in all."""
@@ -108,11 +126,14 @@ def test_numbers_json_does_not_have_are_a_400(admin_api: Any, constant: str) -> 
     assert "not valid JSON" in response.json()["detail"]
 
 
-@pytest.mark.parametrize("body, field", [
-    ('{"name": "ci\\ud800"}', "name"),
-    ('{"name": "ci", "allowed_models": ["a", "\\udfff"]}', "allowed_models[1]"),
-    ('{"name": "ci", "\\ud800": 1}', "\\ud800"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ('{"name": "ci\\ud800"}', "name"),
+        ('{"name": "ci", "allowed_models": ["a", "\\udfff"]}', "allowed_models[1]"),
+        ('{"name": "ci", "\\ud800": 1}', "\\ud800"),
+    ],
+)
 def test_a_lone_surrogate_is_a_400_naming_where(admin_api: Any, body: str, field: str) -> None:
     response = post_raw(admin_api, "/api/v1/keys", body)
     assert response.status_code == 400, response.content
@@ -137,20 +158,28 @@ def test_a_body_that_is_not_json_is_refused(admin_api: Any) -> None:
 
 # NUL characters ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("url, body, field", [
-    ("/api/v1/models/apply", spec(name="q\x00"), "models[0].name"),
-    ("/api/v1/models/apply", spec(source="/m\x00.gguf"), "models[0].source"),
-    ("/api/v1/models/apply", spec(profiles=[{**SPEC["profiles"][0], "env": {"A": "\x00"}}]),
-     "models[0].profiles[0].env.A"),
-    ("/api/v1/models/apply", spec(owner={"organization": "\x00"}), "models[0].owner.organization"),
-    ("/api/v1/keys", {"name": "ci\x00"}, "name"),
-    ("/api/v1/keys", {"name": "ci", "allowed_models": ["\x00"]}, "allowed_models[0]"),
-    ("/api/v1/nodes/enrollments", {"name": "gpu1", "labels": {"rack\x00": "r1"}}, "labels.rack\\x00"),
-    ("/api/v1/nodes/enrollments", {"name": "gpu1", "labels": {"rack": "r\x001"}}, "labels.rack"),
-    ("/api/v1/organizations", {"name": "Acme\x00"}, "name"),
-])
-def test_a_nul_character_in_a_write_is_a_400_naming_the_field(admin_api: Any, url: str, body: dict[str, Any],
-                                                             field: str) -> None:
+
+@pytest.mark.parametrize(
+    "url, body, field",
+    [
+        ("/api/v1/models/apply", spec(name="q\x00"), "models[0].name"),
+        ("/api/v1/models/apply", spec(source="/m\x00.gguf"), "models[0].source"),
+        (
+            "/api/v1/models/apply",
+            spec(profiles=[{**SPEC["profiles"][0], "env": {"A": "\x00"}}]),
+            "models[0].profiles[0].env.A",
+        ),
+        ("/api/v1/models/apply", spec(owner={"organization": "\x00"}), "models[0].owner.organization"),
+        ("/api/v1/keys", {"name": "ci\x00"}, "name"),
+        ("/api/v1/keys", {"name": "ci", "allowed_models": ["\x00"]}, "allowed_models[0]"),
+        ("/api/v1/nodes/enrollments", {"name": "gpu1", "labels": {"rack\x00": "r1"}}, "labels.rack\\x00"),
+        ("/api/v1/nodes/enrollments", {"name": "gpu1", "labels": {"rack": "r\x001"}}, "labels.rack"),
+        ("/api/v1/organizations", {"name": "Acme\x00"}, "name"),
+    ],
+)
+def test_a_nul_character_in_a_write_is_a_400_naming_the_field(
+    admin_api: Any, url: str, body: dict[str, Any], field: str
+) -> None:
     response = admin_api.post(url, body, format="json")
     assert response.status_code == 400, response.content
     answer = response.json()
@@ -165,8 +194,9 @@ def test_the_spec_validation_refuses_nul_and_lone_surrogates_from_any_source(tmp
     assert "NUL" in error.value.errors["models[0].name"][0]
     assert "surrogate" in error.value.errors["models[1].fallbacks[0]"][0]
     path = tmp_path / "server.yaml"
-    path.write_text('models:\n  - name: "q\\0"\n    source: /m.gguf\n'
-                    "    profiles: [{name: cpu, accelerator: cpu, memory: 1GB}]\n")
+    path.write_text(
+        'models:\n  - name: "q\\0"\n    source: /m.gguf\n    profiles: [{name: cpu, accelerator: cpu, memory: 1GB}]\n'
+    )
     with pytest.raises(SpecError) as error:
         apply_server_config(str(path))
     assert list(error.value.errors) == ["models[0].name"]
@@ -175,8 +205,10 @@ def test_the_spec_validation_refuses_nul_and_lone_surrogates_from_any_source(tmp
 
 # Replica counts and resources --------------------------------------------------------------------
 
-@pytest.mark.parametrize("replicas", [MAX_REPLICAS + 1, {"min": 0, "max": MAX_REPLICAS + 1},
-                                      {"min": 2**63, "max": 2**63}, {"min": 1025}])
+
+@pytest.mark.parametrize(
+    "replicas", [MAX_REPLICAS + 1, {"min": 0, "max": MAX_REPLICAS + 1}, {"min": 2**63, "max": 2**63}, {"min": 1025}]
+)
 def test_a_spec_asking_for_too_many_replicas_is_a_400_with_the_bound(admin_api: Any, replicas: Any) -> None:
     response = admin_api.post("/api/v1/models/apply", spec(replicas=replicas), format="json")
     assert response.status_code == 400, response.content
@@ -196,20 +228,33 @@ def qwen(alice: Any) -> Model:
     return Model.objects.get(name="qwen")
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"max": MAX_REPLICAS + 1}, "max"), ({"min": 2**63}, "min"), ({"max": -1}, "max"), ({"min": "many"}, "min"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"max": MAX_REPLICAS + 1}, "max"),
+        ({"min": 2**63}, "min"),
+        ({"max": -1}, "max"),
+        ({"min": "many"}, "min"),
+    ],
+)
 def test_a_target_out_of_bounds_is_a_400(admin_api: Any, qwen: Model, body: dict[str, Any], field: str) -> None:
     response = admin_api.post("/api/v1/models/qwen/target", body, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()["errors"]
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"cores": "inf"}, "cores"), ({"cores": 10**6}, "cores"), ({"cores": -1}, "cores"),
-    ({"memory": "9" * 400 + "TB"}, "memory"), ({"memory": "9" * 30 + "TB"}, "memory"), ({"memory": "1e9GB"}, "memory"),
-    ({"memory": "x" * 33}, "memory"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"cores": "inf"}, "cores"),
+        ({"cores": 10**6}, "cores"),
+        ({"cores": -1}, "cores"),
+        ({"memory": "9" * 400 + "TB"}, "memory"),
+        ({"memory": "9" * 30 + "TB"}, "memory"),
+        ({"memory": "1e9GB"}, "memory"),
+        ({"memory": "x" * 33}, "memory"),
+    ],
+)
 def test_resources_out_of_bounds_are_a_400(admin_api: Any, qwen: Model, body: dict[str, Any], field: str) -> None:
     response = admin_api.post("/api/v1/models/qwen/resources", body, format="json")
     assert response.status_code == 400, response.content
@@ -218,25 +263,29 @@ def test_resources_out_of_bounds_are_a_400(admin_api: Any, qwen: Model, body: di
 
 def test_a_spec_with_impossible_cores_or_memory_is_refused_with_the_field() -> None:
     with pytest.raises(SpecError) as error:
-        apply_models([{**SPEC, "profiles": [{"name": "cpu", "memory": float("inf"), "cpu_cores": float("inf")}]}],
-                     actor=None)
+        apply_models(
+            [{**SPEC, "profiles": [{"name": "cpu", "memory": float("inf"), "cpu_cores": float("inf")}]}], actor=None
+        )
     assert set(error.value.errors) >= {"models[0].profiles[0].memory", "models[0].profiles[0].cpu_cores"}
     assert "4096" in error.value.errors["models[0].profiles[0].cpu_cores"][0]
 
 
-
-@pytest.mark.parametrize("changes, field", [
-    ({"replicas": {"min": "two"}}, "models[0].replicas"),
-    ({"replicas": {"min": [1]}}, "models[0].replicas"),
-    ({"profiles": [{**SPEC["profiles"][0], "priority": 2**64}]}, "models[0].profiles[0].priority"),
-    ({"profiles": [{**SPEC["profiles"][0], "priority": 2**31}]}, "models[0].profiles[0].priority"),
-    ({"profiles": [{**SPEC["profiles"][0], "context_size": 2**40}]}, "models[0].profiles[0].context_size"),
-    ({"profiles": [{**SPEC["profiles"][0], "parallel": -1}]}, "models[0].profiles[0].parallel"),
-    ({"profiles": [{**SPEC["profiles"][0], "memory": 2**70}]}, "models[0].profiles[0].memory"),
-    ({"name": "q" * 500}, "models[0].name"),
-])
-def test_a_spec_with_values_the_database_cannot_hold_is_a_400(admin_api: Any, changes: dict[str, Any],
-                                                             field: str) -> None:
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"replicas": {"min": "two"}}, "models[0].replicas"),
+        ({"replicas": {"min": [1]}}, "models[0].replicas"),
+        ({"profiles": [{**SPEC["profiles"][0], "priority": 2**64}]}, "models[0].profiles[0].priority"),
+        ({"profiles": [{**SPEC["profiles"][0], "priority": 2**31}]}, "models[0].profiles[0].priority"),
+        ({"profiles": [{**SPEC["profiles"][0], "context_size": 2**40}]}, "models[0].profiles[0].context_size"),
+        ({"profiles": [{**SPEC["profiles"][0], "parallel": -1}]}, "models[0].profiles[0].parallel"),
+        ({"profiles": [{**SPEC["profiles"][0], "memory": 2**70}]}, "models[0].profiles[0].memory"),
+        ({"name": "q" * 500}, "models[0].name"),
+    ],
+)
+def test_a_spec_with_values_the_database_cannot_hold_is_a_400(
+    admin_api: Any, changes: dict[str, Any], field: str
+) -> None:
     response = admin_api.post("/api/v1/models/apply", spec(**changes), format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()["errors"], response.json()

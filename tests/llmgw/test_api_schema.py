@@ -65,69 +65,125 @@ class World:
 
 def build_world() -> World:
     admin = make_user("admin@example.com", role=StaffRole.ADMIN, name="Ada")
-    staff = {role: make_user(f"{role}@example.com", role=role) for role in
-             (StaffRole.OPERATOR, StaffRole.BILLING, StaffRole.VIEWER)}
+    staff = {
+        role: make_user(f"{role}@example.com", role=role)
+        for role in (StaffRole.OPERATOR, StaffRole.BILLING, StaffRole.VIEWER)
+    }
     member = make_user("member@example.com", name="Mel")
 
     org = accounts.create_organization(name="Acme", actor=admin)
     team = accounts.create_team(org, name="Vision", actor=admin)
     project = accounts.create_project(team, name="Search", actor=admin)
-    Membership.objects.create(user=member, organization=org, team=team, project=project,
-                              role=MembershipRole.MEMBER)
+    Membership.objects.create(user=member, organization=org, team=team, project=project, role=MembershipRole.MEMBER)
 
     made = {"admin": accounts.create_api_key(admin, name="admin", actor=admin)}
     for role, user in staff.items():
         made[str(role)] = accounts.create_api_key(user, name=str(role), actor=user)
-    made["member"] = accounts.create_api_key(member, name="ci", project=project, allowed_models=["qwen"],
-                                             actor=member)
+    made["member"] = accounts.create_api_key(member, name="ci", project=project, allowed_models=["qwen"], actor=member)
     member_key = made["member"].key
 
     enrollment = cluster.create_enrollment("gpu1", labels={"rack": "r1"}, actor=admin)
     node, _credential = cluster.enroll_node(enrollment.secret)
-    hardware = {"cpus": 32, "memory_total_bytes": 256 * 1024**3,
-                "gpus": [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3", "gpu_class": "H100-80GB",
-                          "memory_total_mib": 81559} for i in range(2)]}
-    cluster.register_node(node.pk, {"agent_version": "0.1.0", "hardware": hardware,
-                                    "sample": {"cpus": 32, "cpu_utilization_pct": 12.5,
-                                               "memory_total_bytes": 256 * 1024**3,
-                                               "memory_used_bytes": 10 * 1024**3,
-                                               "gpus": [{"index": 0}, {"index": 1, "memory_used_mib": 1000}]}})
+    hardware = {
+        "cpus": 32,
+        "memory_total_bytes": 256 * 1024**3,
+        "gpus": [
+            {
+                "index": i,
+                "uuid": f"GPU-{i}",
+                "name": "NVIDIA H100 80GB HBM3",
+                "gpu_class": "H100-80GB",
+                "memory_total_mib": 81559,
+            }
+            for i in range(2)
+        ],
+    }
+    cluster.register_node(
+        node.pk,
+        {
+            "agent_version": "0.1.0",
+            "hardware": hardware,
+            "sample": {
+                "cpus": 32,
+                "cpu_utilization_pct": 12.5,
+                "memory_total_bytes": 256 * 1024**3,
+                "memory_used_bytes": 10 * 1024**3,
+                "gpus": [{"index": 0}, {"index": 1, "memory_used_mib": 1000}],
+            },
+        },
+    )
     cluster.cordon_node(node, reason="fan noise", actor=admin)
 
-    catalog.apply_models({"models": [
-        {"name": "qwen", "source": "/models/qwen.gguf", "replicas": {"min": 1, "max": 2},
-         "owner": {"organization": org.slug, "team": team.slug},
-         "profiles": [{"name": "cpu", "memory": "8GB", "cpu_cores": 4},
-                      {"name": "h100", "accelerator": "cuda", "gpus_per_shard": 1, "memory": "20GB",
-                       "priority": 10}]},
-        {"name": "gpt-x", "replicas": 0, "external": {"url": "https://api.example.com/v1", "model": "gpt-x"}},
-    ]}, actor=admin)
+    catalog.apply_models(
+        {
+            "models": [
+                {
+                    "name": "qwen",
+                    "source": "/models/qwen.gguf",
+                    "replicas": {"min": 1, "max": 2},
+                    "owner": {"organization": org.slug, "team": team.slug},
+                    "profiles": [
+                        {"name": "cpu", "memory": "8GB", "cpu_cores": 4},
+                        {"name": "h100", "accelerator": "cuda", "gpus_per_shard": 1, "memory": "20GB", "priority": 10},
+                    ],
+                },
+                {"name": "gpt-x", "replicas": 0, "external": {"url": "https://api.example.com/v1", "model": "gpt-x"}},
+            ]
+        },
+        actor=admin,
+    )
     model = Model.objects.get(name="qwen")
     profile = model.profiles.get(name="cpu")
-    replica = Replica.objects.create(model=model, profile=profile, state=ReplicaState.READY,
-                                     ready_at=timezone.now(), placed_at=timezone.now())
-    Shard.objects.create(replica=replica, rank=0, node=node, port=20001, secret="s", memory_bytes=8 * 1024**3,
-                         cpu_cores=4, state=ShardState.READY)
-    Replica.objects.create(model=model, profile=None, state=ReplicaState.PENDING, message="no node fits",
-                           rejections=[{"profile": "cpu", "node": "gpu1", "code": "cordoned"}])
+    replica = Replica.objects.create(
+        model=model, profile=profile, state=ReplicaState.READY, ready_at=timezone.now(), placed_at=timezone.now()
+    )
+    Shard.objects.create(
+        replica=replica,
+        rank=0,
+        node=node,
+        port=20001,
+        secret="s",
+        memory_bytes=8 * 1024**3,
+        cpu_cores=4,
+        state=ShardState.READY,
+    )
+    Replica.objects.create(
+        model=model,
+        profile=None,
+        state=ReplicaState.PENDING,
+        message="no node fits",
+        rejections=[{"profile": "cpu", "node": "gpu1", "code": "cordoned"}],
+    )
 
     limit = quotas.create_rate_limit(actor=admin, organization=org, requests_per_minute=600)
     quota = quotas.create_capacity_quota(actor=admin, team=team, gpus=8)
-    records = [record(member_key), record(member_key, status=429, total_ms=None, first_token_ms=None),
-               record(None, model="gpt-x", prompt_tokens=None, completion_tokens=None)]
+    records = [
+        record(member_key),
+        record(member_key, status=429, total_ms=None, first_token_ms=None),
+        record(None, model="gpt-x", prompt_tokens=None, completion_tokens=None),
+    ]
     write_records_sync(records)
 
     event = AuditEvent.objects.order_by("pk").first()
     assert event is not None
     values = {
-        "id": {"/api/v1/limits/": limit.pk, "/api/v1/quotas/": quota.pk, "/api/v1/organizations/": org.pk,
-               "/api/v1/teams/": team.pk, "/api/v1/projects/": project.pk, "/api/v1/replicas/": replica.pk,
-               "/api/v1/audit/": event.pk},
+        "id": {
+            "/api/v1/limits/": limit.pk,
+            "/api/v1/quotas/": quota.pk,
+            "/api/v1/organizations/": org.pk,
+            "/api/v1/teams/": team.pk,
+            "/api/v1/projects/": project.pk,
+            "/api/v1/replicas/": replica.pk,
+            "/api/v1/audit/": event.pk,
+        },
         "name": {"/api/v1/nodes/": node.name, "/api/v1/models/": model.name},
         "request_id": {"/api/v1/requests/": records[0]["request_id"]},
     }
-    return World(keys={role: new.secret for role, new in made.items()},
-                 key_ids={role: new.key.pk for role, new in made.items()}, path_values=values)
+    return World(
+        keys={role: new.secret for role, new in made.items()},
+        key_ids={role: new.key.pk for role, new in made.items()},
+        path_values=values,
+    )
 
 
 def known_path_parameters(world: World, role: str, operation: Any) -> dict[str, Any]:
@@ -183,8 +239,16 @@ class Tally:
     failures: list[str] = field(default_factory=list)
 
 
-def run_operation(operation: Any, *, mode: Any, headers: dict[str, str], examples: int,
-                  path_parameters: dict[str, Any], checks: list[Callable[..., Any]], tally: Tally) -> None:
+def run_operation(
+    operation: Any,
+    *,
+    mode: Any,
+    headers: dict[str, str],
+    examples: int,
+    path_parameters: dict[str, Any],
+    checks: list[Callable[..., Any]],
+    tally: Tally,
+) -> None:
     from hypothesis import HealthCheck, Phase, given, settings
 
     strategy = operation.as_strategy(generation_mode=mode, path_parameters=path_parameters or None)
@@ -192,8 +256,14 @@ def run_operation(operation: Any, *, mode: Any, headers: dict[str, str], example
     seen: list[str] = []
 
     @given(case=strategy)
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     def test(case: Any) -> None:
         tally.examples += 1
         with transaction.atomic():
@@ -230,11 +300,25 @@ def test_the_api_answers_as_its_schema_says(role: str, world: World, app: Any) -
         known = known_path_parameters(world, role, operation)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             if known:
-                run_operation(operation, mode=mode, headers=headers, examples=KNOWN_EXAMPLES, path_parameters=known,
-                              checks=checks, tally=tally)
+                run_operation(
+                    operation,
+                    mode=mode,
+                    headers=headers,
+                    examples=KNOWN_EXAMPLES,
+                    path_parameters=known,
+                    checks=checks,
+                    tally=tally,
+                )
             if not known or mode == GenerationMode.POSITIVE:
-                run_operation(operation, mode=mode, headers=headers, examples=GENERATED_EXAMPLES, path_parameters={},
-                              checks=checks, tally=tally)
+                run_operation(
+                    operation,
+                    mode=mode,
+                    headers=headers,
+                    examples=GENERATED_EXAMPLES,
+                    path_parameters={},
+                    checks=checks,
+                    tally=tally,
+                )
     print(f"{role}: {tally.operations} operations, {tally.examples} examples")
     assert not tally.failures, "\n\n".join(tally.failures)
     assert tally.operations >= 45 and tally.examples >= 10 * tally.operations  # it really ran
@@ -243,14 +327,16 @@ def test_the_api_answers_as_its_schema_says(role: str, world: World, app: Any) -
 def test_the_schema_declares_keys_sessions_errors_and_the_shapes_answered(api: Any) -> None:
     schema = api.get("/api/v1/schema?format=json").json()
     assert schema["components"]["securitySchemes"]["apiKey"] == {
-        "type": "http", "scheme": "bearer", "bearerFormat": "llmgw_...",
-        "description": "An API key, as made on the Account page or at /api/v1/keys."}
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "llmgw_...",
+        "description": "An API key, as made on the Account page or at /api/v1/keys.",
+    }
     assert schema["components"]["securitySchemes"]["cookieAuth"]["in"] == "cookie"
     paths = schema["paths"]
     assert paths["/api/v1/nodes/"]["get"]["security"] == [{"apiKey": []}, {"cookieAuth": []}]
     assert paths["/api/v1/agent/enroll"]["post"]["security"] == [{}]  # the token travels in the body
-    assert set(paths["/api/v1/nodes/{name}/cordon/"]["post"]["responses"]) == {
-        "200", "400", "401", "403", "404", "415"}
+    assert set(paths["/api/v1/nodes/{name}/cordon/"]["post"]["responses"]) == {"200", "400", "401", "403", "404", "415"}
     assert set(paths["/api/v1/models/{name}/target/"]["post"]["responses"]) >= {"409"}
     assert set(paths["/api/v1/agent/enroll"]["post"]["responses"]) == {"200", "400", "403", "415", "429"}
     resources = paths["/api/v1/models/{name}/resources/"]["post"]

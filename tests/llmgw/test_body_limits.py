@@ -120,8 +120,9 @@ async def test_a_declared_length_over_the_limit_is_refused_without_calling_the_a
 async def test_a_chunked_body_is_handed_on_message_by_message_and_cut_off_past_the_limit() -> None:
     chunks = [{"type": "http.request", "body": b"x" * 4, "more_body": True} for _ in range(5)]
     app, talk = Reader(), Conversation(*chunks)
-    await BodyLimit(app, max_bytes=10)(http_scope("/api/v1/models", transfer_encoding="chunked"), talk.receive,
-                                       talk.send)
+    await BodyLimit(app, max_bytes=10)(
+        http_scope("/api/v1/models", transfer_encoding="chunked"), talk.receive, talk.send
+    )
     # The first two messages (8 bytes) are the server's own objects, passed on as they came; the
     # third would make 12: the app gets a disconnect in its place, and nothing after it is read.
     assert app.messages[0] is chunks[0] and app.messages[1] is chunks[1]
@@ -171,7 +172,8 @@ async def test_websockets_and_lifespan_pass_through() -> None:
 
 def test_the_refusal_says_the_limit_in_bytes() -> None:
     assert refusal("/login/", 16 * MiB) == (
-        b"The request body is over the limit of 16777216 bytes.\n", b"text/plain; charset=utf-8"
+        b"The request body is over the limit of 16777216 bytes.\n",
+        b"text/plain; charset=utf-8",
     )
 
 
@@ -193,8 +195,14 @@ def test_the_default_is_16_mib_and_djangos_own_limits_agree(settings: Any) -> No
 def test_a_malformed_limit_stops_startup_naming_the_variable(tmp_path: Path, value: str, expected: str) -> None:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
     environment.update({"LLMGW_DATA_DIR": str(tmp_path), "LLMGW_MAX_REQUEST_BODY_BYTES": value})
-    result = subprocess.run([sys.executable, "-m", "llmgw", "manage", "check"], capture_output=True, text=True,
-                            env=environment, cwd=REPO, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "manage", "check"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=REPO,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert expected in result.stderr
 
@@ -224,7 +232,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def log_since_mark(self) -> str:
-        return self.log.read_bytes()[self.mark:].decode(errors="replace")
+        return self.log.read_bytes()[self.mark :].decode(errors="replace")
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -254,19 +262,32 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmpdir.mkdir()
     port = free_port()
     database = pg_database_url()
-    env = llmgw_env(root / "data", port, TMPDIR=str(tmpdir), LLMGW_LOG_LEVEL="info",
-                    **({"LLMGW_DATABASE_URL": database} if database else {}))
+    env = llmgw_env(
+        root / "data",
+        port,
+        TMPDIR=str(tmpdir),
+        LLMGW_LOG_LEVEL="info",
+        **({"LLMGW_DATABASE_URL": database} if database else {}),
+    )
     manage = [sys.executable, "-m", "llmgw", "manage"]
     try:
         subprocess.run([*manage, "migrate", "-v0"], env=env, cwd=REPO, check=True, timeout=300)
         subprocess.run([*manage, "collectstatic", "--noinput", "-v0"], env=env, cwd=REPO, check=True, timeout=300)
-        made = subprocess.run([*manage, "shell", "-c", SETUP.format(password=PASSWORD)], env=env, cwd=REPO,
-                              check=True, capture_output=True, text=True, timeout=120)
+        made = subprocess.run(
+            [*manage, "shell", "-c", SETUP.format(password=PASSWORD)],
+            env=env,
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         key = next(line[4:] for line in made.stdout.splitlines() if line.startswith("KEY="))
         log = root / "web.log"
         with log.open("wb") as output:
-            web = subprocess.Popen([sys.executable, "-m", "llmgw", "web"], env=env, cwd=REPO, stdout=output,
-                                   stderr=subprocess.STDOUT)
+            web = subprocess.Popen(
+                [sys.executable, "-m", "llmgw", "web"], env=env, cwd=REPO, stdout=output, stderr=subprocess.STDOUT
+            )
         try:
             deadline = time.monotonic() + 120
             while True:
@@ -413,8 +434,11 @@ class TempFileWatch:
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     ("path", "content_type"),
-    [("/healthz", "application/octet-stream"), ("/api/v1/organizations", "application/json"),
-     ("/login/", "application/x-www-form-urlencoded")],
+    [
+        ("/healthz", "application/octet-stream"),
+        ("/api/v1/organizations", "application/json"),
+        ("/login/", "application/x-www-form-urlencoded"),
+    ],
 )
 def test_a_declared_length_over_the_limit_is_answered_413_at_once_though_the_body_never_comes(
     web: Server, path: str, content_type: str
@@ -423,8 +447,9 @@ def test_a_declared_length_over_the_limit_is_answered_413_at_once_though_the_bod
     with connect(web) as sock:
         # The headers and three bytes: the other 4.2 GB never come. Answering at all proves the
         # server did not wait for them; the closed connection, that it does not go on reading.
-        sock.sendall(request_head("POST", path, {"Content-Type": content_type, "Content-Length": str(declared)})
-                     + b"abc")
+        sock.sendall(
+            request_head("POST", path, {"Content-Type": content_type, "Content-Length": str(declared)}) + b"abc"
+        )
         started = time.monotonic()
         answer = read_answer(sock)
         took = time.monotonic() - started
@@ -470,9 +495,7 @@ def test_a_body_within_the_limit_is_spooled_where_the_watch_sees_it(web: Server)
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("path", ["/healthz", "/api/v1/organizations"])
-def test_a_chunked_body_is_cut_off_past_the_limit_and_its_temp_file_never_grows_past_it(
-    web: Server, path: str
-) -> None:
+def test_a_chunked_body_is_cut_off_past_the_limit_and_its_temp_file_never_grows_past_it(web: Server, path: str) -> None:
     with connect(web) as sock, TempFileWatch(web) as watch:
         sock.sendall(request_head("POST", path, {"Transfer-Encoding": "chunked"}))
         sent = stream_chunked(sock, 200 * MiB)
@@ -513,10 +536,18 @@ def test_small_posts_still_work_a_sign_in_form_and_an_api_call(web: Server) -> N
 
     body = json.dumps({"name": "Body Limits Inc"}).encode()
     with connect(web) as sock:
-        sock.sendall(request_head("POST", "/api/v1/organizations", {
-            "Authorization": f"Bearer {web.key}", "Content-Type": "application/json",
-            "Content-Length": str(len(body)),
-        }) + body)
+        sock.sendall(
+            request_head(
+                "POST",
+                "/api/v1/organizations",
+                {
+                    "Authorization": f"Bearer {web.key}",
+                    "Content-Type": "application/json",
+                    "Content-Length": str(len(body)),
+                },
+            )
+            + body
+        )
         answer = read_answer(sock)
     assert answer.status == 201, answer.body
     assert answer.json()["name"] == "Body Limits Inc"
@@ -529,14 +560,28 @@ def test_small_posts_still_work_a_sign_in_form_and_an_api_call(web: Server) -> N
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
     assert token, "no CSRF token on the sign-in page"
     cookie = "; ".join(f"{c.name}={c.value}" for c in other.jar)
-    form = urllib.parse.urlencode({"pad": "x" * (3 * MiB), "csrfmiddlewaretoken": token.group(1),
-                                   "username": "ops@example.com", "password": PASSWORD}).encode()
+    form = urllib.parse.urlencode(
+        {
+            "pad": "x" * (3 * MiB),
+            "csrfmiddlewaretoken": token.group(1),
+            "username": "ops@example.com",
+            "password": PASSWORD,
+        }
+    ).encode()
     with connect(web) as sock:
-        sock.sendall(request_head("POST", "/login/", {
-            "Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded", "Transfer-Encoding": "chunked",
-        }))
+        sock.sendall(
+            request_head(
+                "POST",
+                "/login/",
+                {
+                    "Cookie": cookie,
+                    "Content-Type": "application/x-www-form-urlencoded",
+                    "Transfer-Encoding": "chunked",
+                },
+            )
+        )
         for start in range(0, len(form), 100_000):
-            piece = form[start:start + 100_000]
+            piece = form[start : start + 100_000]
             sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
         sock.sendall(b"0\r\n\r\n")
         answer = read_answer(sock)
@@ -553,8 +598,11 @@ def chat_body(size: int) -> bytes:
 def test_v1_keeps_the_gateways_own_limit_not_this_one(web: Server) -> None:
     # 20 MiB declared, no key: the gateway's 401 (this middleware would have said 413 at the header).
     with connect(web) as sock:
-        sock.sendall(request_head("POST", "/v1/chat/completions",
-                                  {"Content-Type": "application/json", "Content-Length": str(20 * MiB)}))
+        sock.sendall(
+            request_head(
+                "POST", "/v1/chat/completions", {"Content-Type": "application/json", "Content-Length": str(20 * MiB)}
+            )
+        )
         answer = read_answer(sock)
     assert answer.status == 401, answer.body
     assert "error" in answer.json()
@@ -562,19 +610,35 @@ def test_v1_keeps_the_gateways_own_limit_not_this_one(web: Server) -> None:
     # 20 MiB sent whole, with a key: the gateway reads all of it and answers about the model.
     body = chat_body(20 * MiB)
     with connect(web) as sock:
-        sock.sendall(request_head("POST", "/v1/chat/completions", {
-            "Authorization": f"Bearer {web.key}", "Content-Type": "application/json",
-            "Content-Length": str(len(body)),
-        }) + body)
+        sock.sendall(
+            request_head(
+                "POST",
+                "/v1/chat/completions",
+                {
+                    "Authorization": f"Bearer {web.key}",
+                    "Content-Type": "application/json",
+                    "Content-Length": str(len(body)),
+                },
+            )
+            + body
+        )
         answer = read_answer(sock)
     assert answer.status == 404, answer.body
     assert answer.json()["error"]["code"] == "model_not_found"
 
     # Past the gateway's 32 MiB, streamed: the gateway's own 413, in its own (OpenAI) shape.
     with connect(web) as sock:
-        sock.sendall(request_head("POST", "/v1/chat/completions", {
-            "Authorization": f"Bearer {web.key}", "Content-Type": "application/json", "Transfer-Encoding": "chunked",
-        }))
+        sock.sendall(
+            request_head(
+                "POST",
+                "/v1/chat/completions",
+                {
+                    "Authorization": f"Bearer {web.key}",
+                    "Content-Type": "application/json",
+                    "Transfer-Encoding": "chunked",
+                },
+            )
+        )
         stream_chunked(sock, 64 * MiB)
         answer = read_answer(sock)
     assert answer.status == 413, answer.body

@@ -18,8 +18,7 @@ pytestmark = pytest.mark.skipif(not REDIS_URL, reason="the Redis channel layer n
 
 
 def layer(capacity: int) -> ChannelLayer:
-    return ChannelLayer(hosts=[{"address": REDIS_URL}], prefix=f"llmgw-test-{uuid.uuid4().hex[:8]}",
-                        capacity=capacity)
+    return ChannelLayer(hosts=[{"address": REDIS_URL}], prefix=f"llmgw-test-{uuid.uuid4().hex[:8]}", capacity=capacity)
 
 
 async def test_a_group_send_past_an_inbox_capacity_is_counted_and_warned(caplog: pytest.LogCaptureFixture) -> None:
@@ -63,7 +62,8 @@ async def test_the_pool_waits_for_a_free_connection_instead_of_failing() -> None
 
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="no redis-server to stop and start again")
 async def test_receives_wait_through_a_redis_restart_and_the_groups_are_joined_again(
-        tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Two consumers of one process hear on their channels; Redis stops, and comes back empty."""
     from tests.e2e.production import RedisServer
 

@@ -11,7 +11,7 @@ from apps.accounts.models import User
 
 pytestmark = pytest.mark.django_db
 
-GUIDE_LINK = re.compile(r'<p [^>]*data-client-guide>(.*?)</p>', re.DOTALL)
+GUIDE_LINK = re.compile(r"<p [^>]*data-client-guide>(.*?)</p>", re.DOTALL)
 
 
 def guide_line(user: User, url: str) -> str:
@@ -33,4 +33,3 @@ def test_the_page_links_the_client_guide_with_a_line_on_what_it_is(bob: User, ur
     client = Client()
     client.force_login(bob)
     assert client.get("/docs/clients").status_code == 200
-

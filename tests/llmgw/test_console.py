@@ -20,8 +20,9 @@ def test_signing_in_through_the_form_shows_the_counts(bob) -> None:
     client = Client(enforce_csrf_checks=True)
     page = client.get("/login/")
     token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content).group(1).decode()
-    response = client.post("/login/", {"username": "bob@example.com", "password": "correct horse battery",
-                                       "csrfmiddlewaretoken": token})
+    response = client.post(
+        "/login/", {"username": "bob@example.com", "password": "correct horse battery", "csrfmiddlewaretoken": token}
+    )
     assert response.status_code == 302
     landing = client.get("/")
     assert landing.status_code == 200

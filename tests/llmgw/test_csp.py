@@ -26,19 +26,45 @@ pytestmark = pytest.mark.django_db
 # endpoints, downloads, and views that only redirect.
 SKIPPED_PREFIXES = ("api/", "django-admin/")
 NOT_PAGES = {
-    "logout", "set-language", "metrics", "healthz", "readyz", "connect-script",
-    "oidc_authentication_init", "oidc_authentication_callback", "oidc_logout",
+    "logout",
+    "set-language",
+    "metrics",
+    "healthz",
+    "readyz",
+    "connect-script",
+    "oidc_authentication_init",
+    "oidc_authentication_callback",
+    "oidc_logout",
     # /people/ redirects to its Members tab; /org/ sends an administrator to /people/ (checked
     # as a manager in tests/accounts/test_people.py).
-    "people", "org", "org-limits", "org-usage",
+    "people",
+    "org",
+    "org-limits",
+    "org-usage",
 }
 # Views that take POST only: their answers are the fragments of pages checked here.
 POST_ONLY = {
-    "cluster:node-cordon", "cluster:node-uncordon", "cluster:node-drain", "catalog:model-delete", "catalog:model-owner",
-    "catalog:model-target", "catalog:model-class", "catalog:model-resources",
-    "people-member-add", "people-member-remove", "people-user-suspend", "people-user-reactivate",
-    "people-team-add", "people-project-add", "people-rate-limit", "people-capacity-quota",
-    "chat-session-key", "chat-render", "people-organization-add", "people-branch-rename", "people-branch-remove",
+    "cluster:node-cordon",
+    "cluster:node-uncordon",
+    "cluster:node-drain",
+    "catalog:model-delete",
+    "catalog:model-owner",
+    "catalog:model-target",
+    "catalog:model-class",
+    "catalog:model-resources",
+    "people-member-add",
+    "people-member-remove",
+    "people-user-suspend",
+    "people-user-reactivate",
+    "people-team-add",
+    "people-project-add",
+    "people-rate-limit",
+    "people-capacity-quota",
+    "chat-session-key",
+    "chat-render",
+    "people-organization-add",
+    "people-branch-rename",
+    "people-branch-remove",
 }
 # Pages with arguments, opened on the objects the `fleet` fixture makes.
 ARGUMENTS: dict[str, list[dict[str, str]]] = {
@@ -53,6 +79,7 @@ ANONYMOUS = {"login", "signup", "signup-done", "sso-failed"}
 
 # Reading the policy and the pages ------------------------------------------------------------------
 
+
 def directives(header: str) -> dict[str, list[str]]:
     policy: dict[str, list[str]] = {}
     for part in header.split(";"):
@@ -65,7 +92,7 @@ def directives(header: str) -> dict[str, list[str]]:
 def script_nonce(policy: dict[str, list[str]]) -> str | None:
     for value in policy.get("script-src", []):
         if value.startswith("'nonce-"):
-            return value[len("'nonce-"):-1]
+            return value[len("'nonce-") : -1]
     return None
 
 
@@ -87,12 +114,14 @@ class InlineFinder(HTMLParser):
             elif name == "style":
                 self.problems.append(f"<{tag} style={value!r}>")
             elif name in ("href", "src", "action", "formaction") and (value or "").strip().lower().startswith(
-                    "javascript:"):
+                "javascript:"
+            ):
                 self.problems.append(f"<{tag} {name}={value!r}>")
         if tag == "script" and not values.get("src"):
             kind = (values.get("type") or "").lower()
             if kind not in ("application/json", "application/ld+json") and (
-                    self.nonce is None or values.get("nonce") != self.nonce):
+                self.nonce is None or values.get("nonce") != self.nonce
+            ):
                 self.problems.append("inline <script> without the response's nonce")
         if tag == "style":
             self.problems.append("inline <style> element")
@@ -128,6 +157,7 @@ def check_body(response: Any, policy: dict[str, list[str]], where: str) -> Inlin
 
 
 # The pages -----------------------------------------------------------------------------------------
+
 
 def console_patterns() -> Iterator[tuple[str, str, bool]]:
     """(route, full name, takes arguments) for every routed console view."""
@@ -169,26 +199,53 @@ def console_urls() -> tuple[list[str], list[str]]:
 def fleet(db: Any) -> None:
     """A node with GPUs and figures, a node with none, a local model with a profile, a hosted one."""
     now = timezone.now()
-    sample = {"cpus": 32, "memory_total_bytes": 64 * 1024**3, "memory_used_bytes": 4 * 1024**3,
-              "cpu_utilization_pct": 12.0, "load": [0.5, 0.4, 0.3], "shards": []}
-    gpu1 = Node.objects.create(name="gpu1", status=NodeStatus.READY, agent_version="0.1.0", registered_at=now,
-                               hardware={"cpus": 32, "memory_total_bytes": 64 * 1024**3, "gpu_count": 2},
-                               labels={"rack": "r12"}, sample=sample, sampled_at=now)
+    sample = {
+        "cpus": 32,
+        "memory_total_bytes": 64 * 1024**3,
+        "memory_used_bytes": 4 * 1024**3,
+        "cpu_utilization_pct": 12.0,
+        "load": [0.5, 0.4, 0.3],
+        "shards": [],
+    }
+    gpu1 = Node.objects.create(
+        name="gpu1",
+        status=NodeStatus.READY,
+        agent_version="0.1.0",
+        registered_at=now,
+        hardware={"cpus": 32, "memory_total_bytes": 64 * 1024**3, "gpu_count": 2},
+        labels={"rack": "r12"},
+        sample=sample,
+        sampled_at=now,
+    )
     for index in range(2):
-        Gpu.objects.create(node=gpu1, index=index, gpu_class="H100-80GB", name="NVIDIA H100 80GB HBM3",
-                           memory_total_mib=81559)
+        Gpu.objects.create(
+            node=gpu1, index=index, gpu_class="H100-80GB", name="NVIDIA H100 80GB HBM3", memory_total_mib=81559
+        )
     Node.objects.create(name="bare", status=NodeStatus.PENDING, cordoned=True, cordon_reason="fan")
     qwen = Model.objects.create(name="qwen", min_replicas=1, max_replicas=2, source="/models/qwen.gguf")
-    Profile.objects.create(model=qwen, name="cpu", engine="llama.cpp", accelerator="cpu",
-                           memory_bytes=8 * 1024**3, cpu_cores=4)
-    Model.objects.create(name="hosted", min_replicas=0, max_replicas=0, external_url="https://api.example/v1",
-                         external_model="gpt-x")
+    Profile.objects.create(
+        model=qwen, name="cpu", engine="llama.cpp", accelerator="cpu", memory_bytes=8 * 1024**3, cpu_cores=4
+    )
+    Model.objects.create(
+        name="hosted", min_replicas=0, max_replicas=0, external_url="https://api.example/v1", external_model="gpt-x"
+    )
 
 
 def test_every_console_page_is_served_under_the_strict_policy(client: Client, alice: User, fleet: None) -> None:
     admin_urls, anonymous_urls = console_urls()
-    assert {"/", "/account/keys/", "/nodes/", "/nodes/add/", "/models/", "/nodes/gpu1/",
-            "/models/qwen/", "/models/qwen/explain", "/chat/", "/usage/", "/cluster/"} <= set(admin_urls)
+    assert {
+        "/",
+        "/account/keys/",
+        "/nodes/",
+        "/nodes/add/",
+        "/models/",
+        "/nodes/gpu1/",
+        "/models/qwen/",
+        "/models/qwen/explain",
+        "/chat/",
+        "/usage/",
+        "/cluster/",
+    } <= set(admin_urls)
     assert "/login/" in anonymous_urls
 
     for url in anonymous_urls:
@@ -211,15 +268,23 @@ def test_every_console_page_is_served_under_the_strict_policy(client: Client, al
 def test_the_open_sign_up_page_and_its_errors_are_strict(settings) -> None:
     settings.SIGNUP_OPEN = True
     client = Client()
-    for response in (client.get("/signup/"), client.post("/signup/", {"email": "x", "password": "short"}),
-                     client.post("/login/", {"username": "a@example.com", "password": "wrong"})):
+    for response in (
+        client.get("/signup/"),
+        client.post("/signup/", {"email": "x", "password": "short"}),
+        client.post("/login/", {"username": "a@example.com", "password": "wrong"}),
+    ):
         check_body(response, check_strict(response, response.request["PATH_INFO"]), response.request["PATH_INFO"])
 
 
 def test_the_django_admin_needs_no_relaxation(client: Client, alice: User, fleet: None) -> None:
     client.force_login(alice)
-    for url in ("/django-admin/", "/django-admin/accounts/user/", f"/django-admin/accounts/user/{alice.pk}/change/",
-                "/django-admin/cluster/node/", "/django-admin/login/"):
+    for url in (
+        "/django-admin/",
+        "/django-admin/accounts/user/",
+        f"/django-admin/accounts/user/{alice.pk}/change/",
+        "/django-admin/cluster/node/",
+        "/django-admin/login/",
+    ):
         response = client.get(url)
         assert response.status_code in (200, 302), url
         if response.status_code == 200:
@@ -246,12 +311,18 @@ def test_the_api_docs_relax_styles_only(client: Client, alice: User) -> None:
 
 def test_the_page_reader_finds_what_the_policy_would_block() -> None:
     finder = InlineFinder("abc")
-    finder.feed('<div style="color:red"><button onclick="go()">x</button><a href="javascript:go()">y</a>'
-                '<script>go()</script><script nonce="abc">ok()</script><script nonce="xyz">no()</script>'
-                '<script src="/static/a.js"></script><script type="application/json">{}</script>'
-                '<style>p{}</style><svg><rect style="fill:red"/></svg></div>')
+    finder.feed(
+        '<div style="color:red"><button onclick="go()">x</button><a href="javascript:go()">y</a>'
+        '<script>go()</script><script nonce="abc">ok()</script><script nonce="xyz">no()</script>'
+        '<script src="/static/a.js"></script><script type="application/json">{}</script>'
+        '<style>p{}</style><svg><rect style="fill:red"/></svg></div>'
+    )
     assert finder.problems == [
-        "<div style='color:red'>", "<button onclick=…> inline event handler", "<a href='javascript:go()'>",
-        "inline <script> without the response's nonce", "inline <script> without the response's nonce",
-        "inline <style> element", "<rect style='fill:red'>",
+        "<div style='color:red'>",
+        "<button onclick=…> inline event handler",
+        "<a href='javascript:go()'>",
+        "inline <script> without the response's nonce",
+        "inline <script> without the response's nonce",
+        "inline <style> element",
+        "<rect style='fill:red'>",
     ]

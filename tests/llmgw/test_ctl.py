@@ -51,8 +51,9 @@ def test_an_unreachable_server_is_one_line(capsys, monkeypatch, tmp_path) -> Non
     assert "cannot reach http://127.0.0.1:1" in capsys.readouterr().err
 
 
-def test_node_drain_says_what_is_left_and_nodes_shows_it_draining(live_server, key_for, capsys, monkeypatch,
-                                                                   tmp_path) -> None:
+def test_node_drain_says_what_is_left_and_nodes_shows_it_draining(
+    live_server, key_for, capsys, monkeypatch, tmp_path
+) -> None:
     from apps.accounts.choices import StaffRole
     from apps.cluster.reconciler import reconcile
     from tests.builders import make_model, make_node
@@ -72,8 +73,9 @@ def test_node_drain_says_what_is_left_and_nodes_shows_it_draining(live_server, k
     assert "draining" in capsys.readouterr().out
 
 
-def test_model_apply_names_a_typo_with_its_path_and_dry_run_shows_the_diff(live_server, key_for, capsys,
-                                                                            monkeypatch, tmp_path) -> None:
+def test_model_apply_names_a_typo_with_its_path_and_dry_run_shows_the_diff(
+    live_server, key_for, capsys, monkeypatch, tmp_path
+) -> None:
     import yaml
 
     from apps.accounts.choices import StaffRole
@@ -94,8 +96,11 @@ def test_model_apply_names_a_typo_with_its_path_and_dry_run_shows_the_diff(live_
     err = capsys.readouterr().err
     assert "models[0].profiles[0].memroy: unknown field; did you mean memory?" in err
     assert Profile.objects.get(model__name="tiny").memory_bytes == 1024**3
-    spec.write_text(yaml.safe_dump({"models": [{"name": "tiny", "source": "/models/t.gguf",
-                                                "profiles": [{**profile, "parallel": 8}]}]}))
+    spec.write_text(
+        yaml.safe_dump(
+            {"models": [{"name": "tiny", "source": "/models/t.gguf", "profiles": [{**profile, "parallel": 8}]}]}
+        )
+    )
     assert main([*base, "model", "apply", "-f", str(spec), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "model tiny: would change" in out

@@ -35,11 +35,11 @@ def nodes_with_engines() -> None:
 
     versioned = make_node("cpu1", engines=("llama.cpp", "vllm"))
     Node.objects.filter(pk=versioned.pk).update(
-        hardware={**versioned.hardware, "engine_versions": {"llama.cpp": "b6500", "vllm": None}})
+        hardware={**versioned.hardware, "engine_versions": {"llama.cpp": "b6500", "vllm": None}}
+    )
     make_node("bare", engines=())
     silent = make_node("silent")
-    Node.objects.filter(pk=silent.pk).update(
-        hardware={k: v for k, v in silent.hardware.items() if k != "engines"})
+    Node.objects.filter(pk=silent.pk).update(hardware={k: v for k, v in silent.hardware.items() if k != "engines"})
 
 
 def column(out: str, node: str, header: str) -> str:
@@ -76,7 +76,10 @@ def test_the_api_gives_engines_as_names_and_versions_null_where_unknown(ctl, cap
     status, out = ctl("nodes", "--json", capsys=capsys)
     assert status == 0
     engines = {node["name"]: node["engines"] for node in json.loads(out)}
-    assert engines == {"cpu1": [{"name": "llama.cpp", "version": "b6500"}, {"name": "vllm", "version": None}],
-                       "bare": [], "silent": None}
+    assert engines == {
+        "cpu1": [{"name": "llama.cpp", "version": "b6500"}, {"name": "vllm", "version": None}],
+        "bare": [],
+        "silent": None,
+    }
     status, out = ctl("node", "show", "cpu1", "--json", capsys=capsys)
     assert json.loads(out)["engines"] == engines["cpu1"]

@@ -104,6 +104,7 @@ def read(response: Any) -> Page:
 
 # The list and the files ------------------------------------------------------------------------
 
+
 def test_every_document_the_sidebar_lists_exists_in_english_and_turkish() -> None:
     manual = docs.manual()
     assert [d.slug for d in manual][:2] == ["quickstart", "install"]
@@ -161,7 +162,8 @@ def test_a_document_not_yet_translated_is_shown_in_english_with_a_note(settings:
     (tmp_path / "tr").mkdir()
     (tmp_path / "index.yaml").write_text(
         "- slug: only\n  title: {en: Only English, tr: Yalnızca İngilizce}\n  summary: {en: One page.}\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     (tmp_path / "only.md").write_text("# Only English\n\nText.\n", encoding="utf-8")
     settings.DOCS_DIR = tmp_path
     page = read(client_in("tr").get("/docs/only"))
@@ -192,7 +194,7 @@ def test_links_between_documents_stay_in_the_portal_and_their_anchors_exist(lang
                     wrong.append(f"{slug}: {href} is no heading of this page")
             elif href.startswith("/docs/"):
                 portal_links += 1
-                target, _, fragment = href[len("/docs/"):].partition("#")
+                target, _, fragment = href[len("/docs/") :].partition("#")
                 if target not in pages:
                     wrong.append(f"{slug}: {href} is no document")
                 elif fragment and fragment not in pages[target].ids:
@@ -212,8 +214,13 @@ def test_links_between_documents_stay_in_the_portal_and_their_anchors_exist(lang
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_links_to_files_outside_the_manual_go_to_the_repository(language: str, settings: Any) -> None:
     links = read(client_in(language).get("/docs/install")).links
-    for path in ("deploy/llmgw-web.service", "deploy/llmgw-agent.service", "deploy/llmgw.env.example",
-                 "deploy/proxy/caddy/Caddyfile", "deploy/proxy/nginx/llmgw.conf"):
+    for path in (
+        "deploy/llmgw-web.service",
+        "deploy/llmgw-agent.service",
+        "deploy/llmgw.env.example",
+        "deploy/proxy/caddy/Caddyfile",
+        "deploy/proxy/nginx/llmgw.conf",
+    ):
         assert f"{REPOSITORY}/{path}" in links, path
         assert (ROOT / path).is_file(), path
     settings.REPOSITORY_URL = "https://git.example.com/llm/llmgw/-/blob/stable"
@@ -258,7 +265,10 @@ def test_raw_html_in_the_markdown_is_shown_as_text() -> None:
     rendered = docs.render_markdown(
         '# T\n\n<script>alert(1)</script> <b onclick="x">bold</b>\n\n<div style="color:red">block</div>\n\n'
         "[bad](javascript:alert(1)) `<code>`\n\n```html\n<p>kept as code</p>\n```\n\n| a | b |\n| - | - |\n| 1 | 2 |\n",
-        folder="docs", slugs=frozenset(), repository=REPOSITORY)
+        folder="docs",
+        slugs=frozenset(),
+        repository=REPOSITORY,
+    )
     html = rendered.html
     assert "<script" not in html and "<b " not in html and "<div" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
@@ -271,6 +281,7 @@ def test_raw_html_in_the_markdown_is_shown_as_text() -> None:
 
 
 # 404 and sign-in ---------------------------------------------------------------------------------
+
 
 def test_an_unknown_page_is_a_404_in_the_persons_language() -> None:
     english = Client().get("/docs/no-such-page")

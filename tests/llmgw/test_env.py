@@ -34,7 +34,12 @@ def test_listen_parses_ipv4_and_ipv6() -> None:
 def test_database_urls() -> None:
     pg = env.parse_database_url("LLMGW_DATABASE_URL", "postgres://u:p%40ss@db.example:6543/llmgw?sslmode=require")
     assert (pg.engine, pg.name, pg.user, pg.password, pg.host, pg.port) == (
-        "postgresql", "llmgw", "u", "p@ss", "db.example", "6543"
+        "postgresql",
+        "llmgw",
+        "u",
+        "p@ss",
+        "db.example",
+        "6543",
     )
     assert pg.django()["OPTIONS"] == {"sslmode": "require"}
     lite = env.parse_database_url("LLMGW_DATABASE_URL", "sqlite:////tmp/x.sqlite3")

@@ -48,8 +48,13 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await receive()
     if scope["path"] == "/whole":
         body = b'{"answer": 42}'
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})

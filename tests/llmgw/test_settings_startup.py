@@ -13,7 +13,10 @@ def run_check(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
     environment.update({"LLMGW_DATA_DIR": str(tmp_path), **env})
     return subprocess.run(
-        [sys.executable, "-m", "llmgw", "manage", "check"], capture_output=True, text=True, env=environment,
+        [sys.executable, "-m", "llmgw", "manage", "check"],
+        capture_output=True,
+        text=True,
+        env=environment,
         timeout=120,
     )
 

@@ -13,11 +13,66 @@ TEMPLATES = sorted((ROOT / "templates").rglob("*.html"))
 
 # Words that are the same in every language: names, units and protocol terms.
 UNTRANSLATED = {
-    "llmgw", "API", "GPU", "GPUs", "CPU", "CPUs", "RAM", "HBM", "ECC", "XID", "XIDs", "PCIe", "NVLink", "MIG", "SM",
-    "OpenAI", "Anthropic", "Codex", "Continue", "Cline", "YAML", "TOML", "JSON", "URL", "UUID", "OIDC", "SSO", "CSP",
-    "GiB", "TiB", "MiB", "GB", "TB", "MB", "ms", "s", "W", "MHz", "°C", "p50", "p95", "p99", "vLLM", "SGLang",
-    "llama.cpp", "htmx", "Tailwind", "Django", "Caddy", "nginx", "curl", "Python", "TypeScript", "AVX2", "CUDA",
-    "OK", "Ctrl", "Enter", "Inter", "OFL",
+    "llmgw",
+    "API",
+    "GPU",
+    "GPUs",
+    "CPU",
+    "CPUs",
+    "RAM",
+    "HBM",
+    "ECC",
+    "XID",
+    "XIDs",
+    "PCIe",
+    "NVLink",
+    "MIG",
+    "SM",
+    "OpenAI",
+    "Anthropic",
+    "Codex",
+    "Continue",
+    "Cline",
+    "YAML",
+    "TOML",
+    "JSON",
+    "URL",
+    "UUID",
+    "OIDC",
+    "SSO",
+    "CSP",
+    "GiB",
+    "TiB",
+    "MiB",
+    "GB",
+    "TB",
+    "MB",
+    "ms",
+    "s",
+    "W",
+    "MHz",
+    "°C",
+    "p50",
+    "p95",
+    "p99",
+    "vLLM",
+    "SGLang",
+    "llama.cpp",
+    "htmx",
+    "Tailwind",
+    "Django",
+    "Caddy",
+    "nginx",
+    "curl",
+    "Python",
+    "TypeScript",
+    "AVX2",
+    "CUDA",
+    "OK",
+    "Ctrl",
+    "Enter",
+    "Inter",
+    "OFL",
 }
 TEXT_ATTRIBUTES = {"title", "placeholder", "aria-label", "alt", "value", "label"}
 DJANGO = re.compile(
@@ -84,7 +139,9 @@ def test_translated_text_is_never_upper_cased_in_code() -> None:
 
 def test_the_check_finds_text_and_attributes_left_in_english(tmp_path: Path) -> None:
     page = tmp_path / "page.html"
-    page.write_text('{% load i18n %}<p>{% translate "Nodes" %}</p><p>Left behind</p>'
-                    '<input placeholder="Your name"><span title="{% translate \'ok\' %}">GPU</span>'
-                    '{% blocktranslate trimmed %}Fine {{ x }}{% endblocktranslate %}<code>llmgw ctl nodes</code>')
+    page.write_text(
+        '{% load i18n %}<p>{% translate "Nodes" %}</p><p>Left behind</p>'
+        '<input placeholder="Your name"><span title="{% translate \'ok\' %}">GPU</span>'
+        "{% blocktranslate trimmed %}Fine {{ x }}{% endblocktranslate %}<code>llmgw ctl nodes</code>"
+    )
     assert untranslated(page) == ["Left behind", "Your name"]

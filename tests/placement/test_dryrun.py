@@ -15,14 +15,25 @@ from apps.cluster.placement import (
 from .builders import A100, GIB, cpu_node, cpu_profile, gpu_node, gpu_profile, req
 
 
-def claim(replica: str, node: int, gpus: tuple[int, ...], cls: str, *, model: str = "other", above: bool = False,
-          owner: tuple[str, ...] = (), memory: int = 0) -> Claim:
+def claim(
+    replica: str,
+    node: int,
+    gpus: tuple[int, ...],
+    cls: str,
+    *,
+    model: str = "other",
+    above: bool = False,
+    owner: tuple[str, ...] = (),
+    memory: int = 0,
+) -> Claim:
     return Claim(replica, 0, node, gpus, memory, 0, owner, cls, model, above)
 
 
 def test_preemption_picks_a_lower_class() -> None:
-    inventory = Inventory({1: gpu_node(1, "a")}, [claim("std", 1, (0, 1, 2, 3), "standard"),
-                                                  claim("opp", 1, (4, 5, 6, 7), "opportunistic")])
+    inventory = Inventory(
+        {1: gpu_node(1, "a")},
+        [claim("std", 1, (0, 1, 2, 3), "standard"), claim("opp", 1, (4, 5, 6, 7), "opportunistic")],
+    )
     plan = plan_preemption(inventory, req(gpu_profile(gpus=4), capacity_class="standard"))
     assert plan is not None
     assert plan.victims == ["opp"]
@@ -48,16 +59,22 @@ def test_never_the_requests_own_model() -> None:
 
 
 def test_stops_nothing_when_even_every_candidate_makes_no_room() -> None:
-    inventory = Inventory({1: gpu_node(1, "a")}, [claim("opp", 1, (0, 1), "opportunistic"),
-                                                  claim("crit", 1, (2, 3, 4, 5, 6, 7), "critical")])
+    inventory = Inventory(
+        {1: gpu_node(1, "a")},
+        [claim("opp", 1, (0, 1), "opportunistic"), claim("crit", 1, (2, 3, 4, 5, 6, 7), "critical")],
+    )
     assert plan_preemption(inventory, req(gpu_profile(gpus=4))) is None
     assert len(inventory.free_gpus(1)) == 0 and inventory.replica_ids() == ["opp", "crit"]
 
 
 def test_cheapest_first_and_newest_of_equals() -> None:
     nodes = {1: gpu_node(1, "a", gpus=4), 2: gpu_node(2, "b", gpus=4)}
-    claims = [claim("big", 1, (0, 1, 2, 3), "opportunistic"), claim("old", 2, (0, 1), "opportunistic"),
-              claim("new", 2, (2, 3), "opportunistic"), claim("std", 2, (), "standard", above=True)]
+    claims = [
+        claim("big", 1, (0, 1, 2, 3), "opportunistic"),
+        claim("old", 2, (0, 1), "opportunistic"),
+        claim("new", 2, (2, 3), "opportunistic"),
+        claim("std", 2, (), "standard", above=True),
+    ]
     inventory = Inventory(nodes, claims)
     request = req(gpu_profile(gpus=2), capacity_class="standard")
     # Lower class first, then fewer GPUs, then the newest; "std" is of the same class but grew above its minimum.
@@ -69,8 +86,12 @@ def test_cheapest_first_and_newest_of_equals() -> None:
 
 def test_victims_the_room_did_not_need_are_given_back() -> None:
     nodes = {1: gpu_node(1, "a"), 2: gpu_node(2, "b")}
-    claims = [claim("small", 1, (0,), "opportunistic"), claim("crit-a", 1, (1, 2, 3, 4, 5, 6, 7), "critical"),
-              claim("large", 2, (0, 1, 2, 3), "opportunistic"), claim("crit-b", 2, (4, 5, 6, 7), "critical")]
+    claims = [
+        claim("small", 1, (0,), "opportunistic"),
+        claim("crit-a", 1, (1, 2, 3, 4, 5, 6, 7), "critical"),
+        claim("large", 2, (0, 1, 2, 3), "opportunistic"),
+        claim("crit-b", 2, (4, 5, 6, 7), "critical"),
+    ]
     inventory = Inventory(nodes, claims)
     plan = plan_preemption(inventory, req(gpu_profile(gpus=4)))
     assert plan is not None and plan.victims == ["large"]
@@ -79,8 +100,10 @@ def test_victims_the_room_did_not_need_are_given_back() -> None:
 
 def test_victims_on_nodes_the_request_cannot_use_are_left_alone() -> None:
     nodes = {1: gpu_node(1, "a100", gpu_class=A100, gpus=4), 2: gpu_node(2, "h100", gpus=4)}
-    claims = [claim("a100-opp", 1, (0, 1, 2, 3), "opportunistic"), claim("h100-opp", 2, (0, 1, 2, 3), "standard",
-                                                                          above=True)]
+    claims = [
+        claim("a100-opp", 1, (0, 1, 2, 3), "opportunistic"),
+        claim("h100-opp", 2, (0, 1, 2, 3), "standard", above=True),
+    ]
     plan = plan_preemption(Inventory(nodes, claims), req(gpu_profile(gpus=4)))
     assert plan is not None and plan.victims == ["h100-opp"]
 

@@ -9,8 +9,18 @@ from .builders import A100, GIB, cpu_node, cpu_profile, gpu_node, gpu_profile, r
 
 def test_explain_lists_every_reason_of_every_node() -> None:
     nodes = {
-        1: gpu_node(1, "bad", gpu_class=A100, ready=False, status="offline", cordoned=True, cordon_reason="maintenance",
-                    labels={"pool": "chat"}, engines=frozenset({"llama.cpp"}), memory_gb=16),
+        1: gpu_node(
+            1,
+            "bad",
+            gpu_class=A100,
+            ready=False,
+            status="offline",
+            cordoned=True,
+            cordon_reason="maintenance",
+            labels={"pool": "chat"},
+            engines=frozenset({"llama.cpp"}),
+            memory_gb=16,
+        ),
         2: gpu_node(2, "good", labels={"pool": "coding"}, memory_gb=512),
         3: gpu_node(3, "full", labels={"pool": "coding"}, memory_gb=64, claimed={i: "x" for i in range(7)}),
     }
@@ -33,8 +43,14 @@ def test_explain_lists_every_reason_of_every_node() -> None:
         "node full has 1 free healthy H100-80GB GPUs, needs 2",
         "node full has 4 GB of memory free of 64, needs 24",
     ]
-    assert [r.code for r in by_name["bad"].reasons] == ["not_ready", "cordoned", "label", "gpu_class", "memory",
-                                                        "engine"]
+    assert [r.code for r in by_name["bad"].reasons] == [
+        "not_ready",
+        "cordoned",
+        "label",
+        "gpu_class",
+        "memory",
+        "engine",
+    ]
     good = by_name["good"]
     assert good.fits and good.reasons == [] and good.score is not None
     assert not by_name["bad"].fits and by_name["bad"].score is None
@@ -55,11 +71,15 @@ def test_explain_orders_fitting_nodes_by_score_and_agrees_with_place() -> None:
 
 
 def test_explain_profile_level_reasons() -> None:
-    inventory = Inventory({1: gpu_node(1, "a", fabric="ib-a"), 2: gpu_node(2, "b", fabric="ib-b")},
-                          [Claim("old", 0, 1, (0,), 0, 0, ("team:1",), "standard", "x", False)],
-                          {"team:1": CapacityQuota(gpus=4, replicas=1)})
-    quota_limited, multi = explain(inventory, req(gpu_profile(1, gpus=4, priority=2),
-                                                  gpu_profile(2, gpus=4, nodes=2, name="2x4"), owner=("team:1",)))
+    inventory = Inventory(
+        {1: gpu_node(1, "a", fabric="ib-a"), 2: gpu_node(2, "b", fabric="ib-b")},
+        [Claim("old", 0, 1, (0,), 0, 0, ("team:1",), "standard", "x", False)],
+        {"team:1": CapacityQuota(gpus=4, replicas=1)},
+    )
+    quota_limited, multi = explain(
+        inventory,
+        req(gpu_profile(1, gpus=4, priority=2), gpu_profile(2, gpus=4, nodes=2, name="2x4"), owner=("team:1",)),
+    )
     assert not quota_limited.fits
     assert [r.message for r in quota_limited.reasons] == [
         "quota of team:1: 1 of 4 GPUs in use, needs 4 more",

@@ -20,56 +20,122 @@ from .builders import A100, GIB, H100, L40S, cpu_node, cpu_profile, gpu_node, gp
 
 CASES = [
     pytest.param(
-        gpu_node(1, "n1", ready=False, status="no heartbeat for 5 min"), gpu_profile(), [],
-        "not_ready", "node n1 is not ready (no heartbeat for 5 min)", id="not-ready"),
+        gpu_node(1, "n1", ready=False, status="no heartbeat for 5 min"),
+        gpu_profile(),
+        [],
+        "not_ready",
+        "node n1 is not ready (no heartbeat for 5 min)",
+        id="not-ready",
+    ),
     pytest.param(
-        gpu_node(1, "n1", ready=False), gpu_profile(), [],
-        "not_ready", "node n1 is not ready (unknown)", id="not-ready-no-status"),
+        gpu_node(1, "n1", ready=False),
+        gpu_profile(),
+        [],
+        "not_ready",
+        "node n1 is not ready (unknown)",
+        id="not-ready-no-status",
+    ),
     pytest.param(
-        gpu_node(1, "n1", ready=False, extra={"status": "offline"}), gpu_profile(), [],
-        "not_ready", "node n1 is not ready (offline)", id="not-ready-status-in-extra"),
+        gpu_node(1, "n1", ready=False, extra={"status": "offline"}),
+        gpu_profile(),
+        [],
+        "not_ready",
+        "node n1 is not ready (offline)",
+        id="not-ready-status-in-extra",
+    ),
     pytest.param(
-        gpu_node(1, "n1", cordoned=True, cordon_reason="ECC errors on GPU 3"), gpu_profile(), [],
-        "cordoned", "node n1 is cordoned: ECC errors on GPU 3", id="cordoned"),
+        gpu_node(1, "n1", cordoned=True, cordon_reason="ECC errors on GPU 3"),
+        gpu_profile(),
+        [],
+        "cordoned",
+        "node n1 is cordoned: ECC errors on GPU 3",
+        id="cordoned",
+    ),
     pytest.param(
-        gpu_node(1, "n1", labels={"pool": "chat"}), gpu_profile(selector={"pool": "coding"}), [],
-        "label", "node n1 lacks label pool=coding", id="selector"),
+        gpu_node(1, "n1", labels={"pool": "chat"}),
+        gpu_profile(selector={"pool": "coding"}),
+        [],
+        "label",
+        "node n1 lacks label pool=coding",
+        id="selector",
+    ),
     pytest.param(
-        gpu_node(1, "n1", gpu_class=A100), gpu_profile(gpu_class=H100), [],
-        "gpu_class", "node n1 has no H100-80GB GPUs (it has A100-80GB)", id="gpu-class"),
+        gpu_node(1, "n1", gpu_class=A100),
+        gpu_profile(gpu_class=H100),
+        [],
+        "gpu_class",
+        "node n1 has no H100-80GB GPUs (it has A100-80GB)",
+        id="gpu-class",
+    ),
     pytest.param(
-        cpu_node(1, "n1"), gpu_profile(gpu_class=L40S), [],
-        "gpu_class", "node n1 has no L40S-48GB GPUs (it has none)", id="gpu-class-on-cpu-node"),
+        cpu_node(1, "n1"),
+        gpu_profile(gpu_class=L40S),
+        [],
+        "gpu_class",
+        "node n1 has no L40S-48GB GPUs (it has none)",
+        id="gpu-class-on-cpu-node",
+    ),
     pytest.param(
-        gpu_node(1, "n1", gpus=8, unhealthy=(0, 1), claimed={2: "other"}), gpu_profile(gpus=6), [],
-        "gpus", "node n1 has 5 free healthy H100-80GB GPUs, needs 6", id="free-gpus"),
+        gpu_node(1, "n1", gpus=8, unhealthy=(0, 1), claimed={2: "other"}),
+        gpu_profile(gpus=6),
+        [],
+        "gpus",
+        "node n1 has 5 free healthy H100-80GB GPUs, needs 6",
+        id="free-gpus",
+    ),
     pytest.param(
-        gpu_node(1, "n1", gpus=4), gpu_profile(gpus=2),
+        gpu_node(1, "n1", gpus=4),
+        gpu_profile(gpus=2),
         [Claim("old", 0, 1, (0, 1, 3), 0, 0, (), "standard", "x", False)],
-        "gpus", "node n1 has 1 free healthy H100-80GB GPUs, needs 2", id="free-gpus-claims"),
+        "gpus",
+        "node n1 has 1 free healthy H100-80GB GPUs, needs 2",
+        id="free-gpus-claims",
+    ),
     pytest.param(
-        cpu_node(1, "n1", memory_gb=8), cpu_profile(memory_gb=24), [],
-        "memory", "node n1 has 8 GB of memory free of 8, needs 24", id="memory"),
+        cpu_node(1, "n1", memory_gb=8),
+        cpu_profile(memory_gb=24),
+        [],
+        "memory",
+        "node n1 has 8 GB of memory free of 8, needs 24",
+        id="memory",
+    ),
     pytest.param(
-        cpu_node(1, "n1", memory_gb=31), cpu_profile(memory_gb=16),
+        cpu_node(1, "n1", memory_gb=31),
+        cpu_profile(memory_gb=16),
         [Claim("old", 0, 1, (), 16 * GIB, 0, (), "standard", "x", False)],
-        "memory", "node n1 has 15 GB of memory free of 31, needs 16", id="memory-owed"),
+        "memory",
+        "node n1 has 15 GB of memory free of 31, needs 16",
+        id="memory-owed",
+    ),
     pytest.param(
-        cpu_node(1, "n1", cpus=16), cpu_profile(cores=8),
+        cpu_node(1, "n1", cpus=16),
+        cpu_profile(cores=8),
         [Claim("old", 0, 1, (), 0, 9.5, (), "standard", "x", False)],
-        "cpu", "node n1 has 6.5 of 16 CPU cores free, needs 8", id="cores"),
+        "cpu",
+        "node n1 has 6.5 of 16 CPU cores free, needs 8",
+        id="cores",
+    ),
     pytest.param(
-        gpu_node(1, "n1", engines=frozenset({"llama.cpp"})), gpu_profile(engine="vllm"), [],
-        "engine", "node n1 does not run the vllm engine", id="engine"),
+        gpu_node(1, "n1", engines=frozenset({"llama.cpp"})),
+        gpu_profile(engine="vllm"),
+        [],
+        "engine",
+        "node n1 does not run the vllm engine",
+        id="engine",
+    ),
     pytest.param(
-        gpu_node(1, "n1"), gpu_profile(nodes=2), [],
-        "fabric", "node n1 is on no fabric, and a replica across 2 nodes needs one", id="fabric"),
+        gpu_node(1, "n1"),
+        gpu_profile(nodes=2),
+        [],
+        "fabric",
+        "node n1 is on no fabric, and a replica across 2 nodes needs one",
+        id="fabric",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("node", "profile", "claims", "code", "message"), CASES)
-def test_filter_reason(node: NodeSnapshot, profile: ProfileSpec, claims: list[Claim], code: str,
-                       message: str) -> None:
+def test_filter_reason(node: NodeSnapshot, profile: ProfileSpec, claims: list[Claim], code: str, message: str) -> None:
     inventory = Inventory({node.id: node}, claims)
     result = place(inventory, req(profile))
     assert result.placement is None
@@ -89,15 +155,24 @@ def test_no_fit_summary_counts_nodes() -> None:
     assert result.rejections[-1].message == "no node can take profile 2xH100: 2 of 2 nodes refused it"
 
 
-@pytest.mark.parametrize(("quota", "profile", "message"), [
-    (CapacityQuota(gpus=8), gpu_profile(gpus=4), "quota of team:3: 6 of 8 GPUs in use, needs 4 more"),
-    (CapacityQuota(cpu_cores=10), gpu_profile(gpus=1, cores=6),
-     "quota of team:3: 6 of 10 CPU cores in use, needs 6 more"),
-    (CapacityQuota(memory_bytes=64 * GIB), gpu_profile(gpus=1, memory_gb=40),
-     "quota of team:3: 30 of 64 GB of memory in use, needs 40 more"),
-    (CapacityQuota(replicas=1), gpu_profile(gpus=1), "quota of team:3: 1 of 1 replicas in use, needs 1 more"),
-    (CapacityQuota(gpus=16), gpu_profile(gpus=6, nodes=2), "quota of team:3: 6 of 16 GPUs in use, needs 12 more"),
-])
+@pytest.mark.parametrize(
+    ("quota", "profile", "message"),
+    [
+        (CapacityQuota(gpus=8), gpu_profile(gpus=4), "quota of team:3: 6 of 8 GPUs in use, needs 4 more"),
+        (
+            CapacityQuota(cpu_cores=10),
+            gpu_profile(gpus=1, cores=6),
+            "quota of team:3: 6 of 10 CPU cores in use, needs 6 more",
+        ),
+        (
+            CapacityQuota(memory_bytes=64 * GIB),
+            gpu_profile(gpus=1, memory_gb=40),
+            "quota of team:3: 30 of 64 GB of memory in use, needs 40 more",
+        ),
+        (CapacityQuota(replicas=1), gpu_profile(gpus=1), "quota of team:3: 1 of 1 replicas in use, needs 1 more"),
+        (CapacityQuota(gpus=16), gpu_profile(gpus=6, nodes=2), "quota of team:3: 6 of 16 GPUs in use, needs 12 more"),
+    ],
+)
 def test_quota_reason(quota: CapacityQuota, profile: ProfileSpec, message: str) -> None:
     nodes = {i: gpu_node(i, memory_gb=512, cpus=64, fabric="ib-a") for i in (1, 2, 3)}
     claims = [Claim("old", 0, 1, tuple(range(6)), 30 * GIB, 6, ("org:1", "team:3"), "standard", "x", False)]
@@ -117,8 +192,11 @@ def test_quota_none_is_unlimited_and_other_owners_do_not_count() -> None:
 
 
 def test_fabric_count_reason() -> None:
-    nodes = {1: gpu_node(1, "a", fabric="ib-a"), 2: gpu_node(2, "b", fabric="ib-b"),
-             3: gpu_node(3, "c", fabric="ib-b", gpus=2)}
+    nodes = {
+        1: gpu_node(1, "a", fabric="ib-a"),
+        2: gpu_node(2, "b", fabric="ib-b"),
+        3: gpu_node(3, "c", fabric="ib-b", gpus=2),
+    }
     result = place(Inventory(nodes), req(gpu_profile(gpus=4, nodes=2, name="2x4")))
     assert result.placement is None
     messages = [r.message for r in result.rejections if r.node_id is None]
@@ -128,7 +206,8 @@ def test_fabric_count_reason() -> None:
         "no fabric has 2 nodes that can take a shard of profile 2x4 (2 fabrics tried)",
     ]
     assert [r.message for r in result.rejections if r.node_id == 3] == [
-        "node c has 2 free healthy H100-80GB GPUs, needs 4"]
+        "node c has 2 free healthy H100-80GB GPUs, needs 4"
+    ]
 
 
 def test_templates_are_literal_gettext_noop_calls() -> None:
@@ -155,4 +234,6 @@ def test_placement_imports_no_django() -> None:
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module or ""]
             assert not any(n.split(".")[0] in {"django", "rest_framework"} or n.startswith("apps.") for n in names), (
-                path.name, names)
+                path.name,
+                names,
+            )

@@ -32,9 +32,11 @@ def test_single_node_replicas_fill_partly_used_nodes_first() -> None:
 
 
 def test_best_fit_takes_the_node_left_with_the_least() -> None:
-    nodes = {1: gpu_node(1, "a", gpus=8, claimed={i: "x" for i in range(5)}),  # 3 free
-             2: gpu_node(2, "b", gpus=8, claimed={i: "x" for i in range(6)}),  # 2 free
-             3: gpu_node(3, "c", gpus=8)}
+    nodes = {
+        1: gpu_node(1, "a", gpus=8, claimed={i: "x" for i in range(5)}),  # 3 free
+        2: gpu_node(2, "b", gpus=8, claimed={i: "x" for i in range(6)}),  # 2 free
+        3: gpu_node(3, "c", gpus=8),
+    }
     inventory = Inventory(nodes)
     assert only_node(place(inventory, req(gpu_profile(gpus=2))).placement) == "b"
     assert only_node(place(inventory, req(gpu_profile(gpus=3))).placement) == "a"
@@ -54,8 +56,12 @@ def test_packing_keeps_a_whole_node_for_a_big_model() -> None:
 
 
 def test_multi_node_replicas_take_the_emptiest_nodes() -> None:
-    nodes = {1: gpu_node(1, "a", fabric="ib", claimed={0: "x"}), 2: gpu_node(2, "b", fabric="ib"),
-             3: gpu_node(3, "c", fabric="ib", claimed={0: "x", 1: "x"}), 4: gpu_node(4, "d", fabric="ib")}
+    nodes = {
+        1: gpu_node(1, "a", fabric="ib", claimed={0: "x"}),
+        2: gpu_node(2, "b", fabric="ib"),
+        3: gpu_node(3, "c", fabric="ib", claimed={0: "x", 1: "x"}),
+        4: gpu_node(4, "d", fabric="ib"),
+    }
     placement = place(Inventory(nodes), req(gpu_profile(gpus=4, nodes=2))).placement
     assert placement is not None
     assert [s.node_name for s in placement.shards] == ["b", "d"]
@@ -63,8 +69,11 @@ def test_multi_node_replicas_take_the_emptiest_nodes() -> None:
 
 
 def test_weights_are_a_preference_not_a_filter() -> None:
-    nodes = {1: gpu_node(1, "a", claimed={i: "x" for i in range(6)}), 2: gpu_node(2, "b", weights=frozenset({"m"})),
-             3: gpu_node(3, "c", weights=frozenset({"m"}), claimed={i: "x" for i in range(4)})}
+    nodes = {
+        1: gpu_node(1, "a", claimed={i: "x" for i in range(6)}),
+        2: gpu_node(2, "b", weights=frozenset({"m"})),
+        3: gpu_node(3, "c", weights=frozenset({"m"}), claimed={i: "x" for i in range(4)}),
+    }
     inventory = Inventory(nodes)
     # b and c hold the weights; c is the fuller of the two. a is fuller still, but must fetch them.
     assert only_node(place(inventory, req(gpu_profile(gpus=2), model="m")).placement) == "c"
@@ -76,21 +85,28 @@ def test_weights_are_a_preference_not_a_filter() -> None:
 
 
 def test_multi_node_prefers_nodes_holding_the_weights() -> None:
-    nodes = {i: gpu_node(i, f"n{i}", fabric="ib-a" if i < 4 else "ib-b",
-                         weights=frozenset({"big"}) if i >= 4 else frozenset()) for i in range(1, 7)}
+    nodes = {
+        i: gpu_node(
+            i, f"n{i}", fabric="ib-a" if i < 4 else "ib-b", weights=frozenset({"big"}) if i >= 4 else frozenset()
+        )
+        for i in range(1, 7)
+    }
     placement = place(Inventory(nodes), req(gpu_profile(gpus=8, nodes=2), model="big")).placement
     assert placement is not None
     assert [s.node_name for s in placement.shards] == ["n4", "n5"]
 
 
-@pytest.mark.parametrize(("need", "expected"), [
-    (1, (6,)),  # the group with one free card left, so the bigger groups stay whole
-    (2, (4, 5)),
-    (3, (0, 1, 2)),
-    (4, (0, 1, 2, 3)),
-    (5, (0, 1, 2, 3, 4)),  # no group has room: lowest free indices
-    (8, None),
-])
+@pytest.mark.parametrize(
+    ("need", "expected"),
+    [
+        (1, (6,)),  # the group with one free card left, so the bigger groups stay whole
+        (2, (4, 5)),
+        (3, (0, 1, 2)),
+        (4, (0, 1, 2, 3)),
+        (5, (0, 1, 2, 3, 4)),  # no group has room: lowest free indices
+        (8, None),
+    ],
+)
 def test_nvlink_groups(need: int, expected: tuple[int, ...] | None) -> None:
     groups: list[str | None] = ["g0"] * 4 + ["g1"] * 2 + ["g2"] * 2
     node = gpu_node(1, "a", groups=groups, claimed={7: "x"})
@@ -150,7 +166,8 @@ def test_memory_is_never_handed_out_twice() -> None:
     second = place(inventory, request)
     assert second.placement is None
     assert [r.message for r in second.rejections if r.node_id == 1] == [
-        "node small has 15 GB of memory free of 31, needs 16"]
+        "node small has 15 GB of memory free of 31, needs 16"
+    ]
 
 
 def test_two_15_gb_claims_fit_31_gb_and_a_third_is_refused() -> None:
@@ -163,7 +180,8 @@ def test_two_15_gb_claims_fit_31_gb_and_a_third_is_refused() -> None:
     third = place(inventory, request)
     assert third.placement is None
     assert [r.message for r in third.rejections if r.node_id == 1] == [
-        "node small has 1 GB of memory free of 31, needs 15"]
+        "node small has 1 GB of memory free of 31, needs 15"
+    ]
 
 
 def test_cores_are_reserved_like_memory() -> None:
@@ -207,9 +225,13 @@ def test_larger_priority_is_tried_first_and_earlier_refusals_are_kept() -> None:
 
 
 def test_multi_node_stays_on_one_fabric_and_never_uses_nodes_on_none() -> None:
-    nodes = {1: gpu_node(1, "a", fabric=None), 2: gpu_node(2, "b", fabric=None),
-             3: gpu_node(3, "c", fabric="ib-a"), 4: gpu_node(4, "d", fabric="ib-b"),
-             5: gpu_node(5, "e", fabric="ib-b", gpu_class=A100)}
+    nodes = {
+        1: gpu_node(1, "a", fabric=None),
+        2: gpu_node(2, "b", fabric=None),
+        3: gpu_node(3, "c", fabric="ib-a"),
+        4: gpu_node(4, "d", fabric="ib-b"),
+        5: gpu_node(5, "e", fabric="ib-b", gpu_class=A100),
+    }
     inventory = Inventory(nodes)
     assert place(inventory, req(gpu_profile(gpus=8, nodes=2))).placement is None
     nodes[6] = gpu_node(6, "f", fabric="ib-b")
@@ -226,8 +248,16 @@ def test_multi_node_cpu_replica() -> None:
 
 def test_same_input_same_output() -> None:
     rng = random.Random(5)
-    nodes = {i: gpu_node(i, f"n{i:02d}", gpus=8, claimed={j: "x" for j in range(rng.randrange(8))},
-                         fabric=rng.choice(["a", "b", None])) for i in range(1, 40)}
+    nodes = {
+        i: gpu_node(
+            i,
+            f"n{i:02d}",
+            gpus=8,
+            claimed={j: "x" for j in range(rng.randrange(8))},
+            fabric=rng.choice(["a", "b", None]),
+        )
+        for i in range(1, 40)
+    }
     profiles = [gpu_profile(1, gpus=2), gpu_profile(2, gpus=4, nodes=2, priority=-1)]
     first = place(Inventory(nodes), req(*profiles))
     shuffled = dict(sorted(nodes.items(), key=lambda _: rng.random()))
@@ -238,8 +268,10 @@ def test_same_input_same_output() -> None:
 
 
 def test_apply_refuses_a_taken_gpu_and_release_frees_the_replica_whole() -> None:
-    nodes = {1: gpu_node(1, "a", fabric="ib", memory_gb=100, claimed={7: "legacy"}),
-             2: gpu_node(2, "b", fabric="ib", memory_gb=100)}
+    nodes = {
+        1: gpu_node(1, "a", fabric="ib", memory_gb=100, claimed={7: "legacy"}),
+        2: gpu_node(2, "b", fabric="ib", memory_gb=100),
+    }
     inventory = Inventory(nodes)
     request = req(gpu_profile(gpus=4, nodes=2, memory_gb=10), owner=("team:1",))
     placement = place(inventory, request).placement
@@ -263,8 +295,9 @@ def test_apply_refuses_a_taken_gpu_and_release_frees_the_replica_whole() -> None
 
 
 def test_copy_is_independent() -> None:
-    inventory = Inventory({1: gpu_node(1, memory_gb=64)},
-                          [Claim("old", 0, 1, (0,), GIB, 1, ("t",), "standard", "x", False)])
+    inventory = Inventory(
+        {1: gpu_node(1, memory_gb=64)}, [Claim("old", 0, 1, (0,), GIB, 1, ("t",), "standard", "x", False)]
+    )
     copy = inventory.copy()
     request = req(gpu_profile(gpus=7, memory_gb=4))
     placement = place(copy, request).placement

@@ -44,8 +44,9 @@ MODELS = ("m1", "m2", "m3")
 TEAMS = ("team:0", "team:1")
 CAPACITY = ("opportunistic", "standard", "critical")
 # No example database: nothing is written outside the test's own tree.
-SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                    derandomize=False, database=None)
+SETTINGS = settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False, database=None
+)
 
 
 @dataclass
@@ -66,16 +67,29 @@ def clusters(draw: st.DrawFn) -> Cluster:
         gpus = []
         for index in range(draw(st.integers(0, 8))):
             cls = main_class if draw(st.integers(0, 9)) else draw(st.sampled_from(CLASSES))
-            gpus.append(GpuSlot(index, cls, healthy=draw(st.integers(0, 9)) > 0,
-                                nvlink_group=draw(st.sampled_from((None, "g0", "g1")))))
+            gpus.append(
+                GpuSlot(
+                    index,
+                    cls,
+                    healthy=draw(st.integers(0, 9)) > 0,
+                    nvlink_group=draw(st.sampled_from((None, "g0", "g1"))),
+                )
+            )
         memory = draw(st.one_of(st.none(), st.integers(8, 256).map(lambda g: g * GIB)))
         cpus = draw(st.one_of(st.none(), st.integers(4, 64)))
         node = NodeSnapshot(
-            id=node_id, name=f"n{draw(st.integers(0, 99)):02d}-{n}", ready=draw(st.integers(0, 9)) > 0,
-            cordoned=draw(st.integers(0, 9)) == 0, labels={"pool": draw(st.sampled_from(("a", "b")))},
-            memory_total_bytes=memory, cpus=cpus, gpus=gpus,
+            id=node_id,
+            name=f"n{draw(st.integers(0, 99)):02d}-{n}",
+            ready=draw(st.integers(0, 9)) > 0,
+            cordoned=draw(st.integers(0, 9)) == 0,
+            labels={"pool": draw(st.sampled_from(("a", "b")))},
+            memory_total_bytes=memory,
+            cpus=cpus,
+            gpus=gpus,
             engines=draw(st.one_of(st.none(), st.frozensets(st.sampled_from(("vllm", "llama.cpp"))))),
-            fabric=draw(st.sampled_from(FABRICS)), weights=draw(st.frozensets(st.sampled_from(MODELS))))
+            fabric=draw(st.sampled_from(FABRICS)),
+            weights=draw(st.frozensets(st.sampled_from(MODELS))),
+        )
         # What the node already holds: some GPUs by slot, some by claim, memory and cores within its size.
         for slot in gpus:
             if draw(st.integers(0, 5)) == 0:
@@ -85,15 +99,31 @@ def clusters(draw: st.DrawFn) -> Cluster:
         mem_claim = draw(st.integers(0, memory // GIB)) * GIB if memory and draw(st.booleans()) else 0
         core_claim = float(draw(st.integers(0, cpus))) if cpus and draw(st.booleans()) else 0.0
         if taken or mem_claim or core_claim:
-            claims.append(Claim(f"pre-{node_id}", 0, node_id, taken, mem_claim, core_claim,
-                                tuple(draw(st.sets(st.sampled_from(TEAMS)))), draw(st.sampled_from(CAPACITY)),
-                                draw(st.sampled_from(MODELS)), draw(st.booleans())))
+            claims.append(
+                Claim(
+                    f"pre-{node_id}",
+                    0,
+                    node_id,
+                    taken,
+                    mem_claim,
+                    core_claim,
+                    tuple(draw(st.sets(st.sampled_from(TEAMS)))),
+                    draw(st.sampled_from(CAPACITY)),
+                    draw(st.sampled_from(MODELS)),
+                    draw(st.booleans()),
+                )
+            )
         nodes[node_id] = node
-    quotas = {team: CapacityQuota(
-        gpus=draw(st.one_of(st.none(), st.integers(0, 24))),
-        cpu_cores=draw(st.one_of(st.none(), st.integers(0, 64).map(float))),
-        memory_bytes=draw(st.one_of(st.none(), st.integers(0, 512).map(lambda g: g * GIB))),
-        replicas=draw(st.one_of(st.none(), st.integers(0, 8)))) for team in TEAMS if draw(st.booleans())}
+    quotas = {
+        team: CapacityQuota(
+            gpus=draw(st.one_of(st.none(), st.integers(0, 24))),
+            cpu_cores=draw(st.one_of(st.none(), st.integers(0, 64).map(float))),
+            memory_bytes=draw(st.one_of(st.none(), st.integers(0, 512).map(lambda g: g * GIB))),
+            replicas=draw(st.one_of(st.none(), st.integers(0, 8))),
+        )
+        for team in TEAMS
+        if draw(st.booleans())
+    }
     return Cluster(nodes, claims, quotas)
 
 
@@ -101,12 +131,17 @@ def clusters(draw: st.DrawFn) -> Cluster:
 def profiles(draw: st.DrawFn, pid: int) -> ProfileSpec:
     accelerator = draw(st.sampled_from(("cpu", *CLASSES)))
     return ProfileSpec(
-        id=pid, name=f"p{pid}", priority=draw(st.integers(0, 3)), engine=draw(st.sampled_from(("vllm", "llama.cpp"))),
-        accelerator=accelerator, gpus_per_shard=draw(st.integers(0, 4)) if accelerator != "cpu" else 0,
+        id=pid,
+        name=f"p{pid}",
+        priority=draw(st.integers(0, 3)),
+        engine=draw(st.sampled_from(("vllm", "llama.cpp"))),
+        accelerator=accelerator,
+        gpus_per_shard=draw(st.integers(0, 4)) if accelerator != "cpu" else 0,
         nodes_per_replica=draw(st.sampled_from((1, 1, 2, 3))),
         memory_bytes=draw(st.sampled_from((0, 4, 16, 64))) * GIB,
         cpu_cores=draw(st.sampled_from((0, 0.5, 2, 8))),
-        node_selector=draw(st.sampled_from(({}, {}, {"pool": "a"}))))
+        node_selector=draw(st.sampled_from(({}, {}, {"pool": "a"}))),
+    )
 
 
 @st.composite
@@ -114,9 +149,13 @@ def requests(draw: st.DrawFn, serial: int) -> ReplicaRequest:
     count = draw(st.integers(1, 2))
     model = draw(st.sampled_from(MODELS))
     return ReplicaRequest(
-        model=model, source=model, profiles=[draw(profiles(serial * 10 + i)) for i in range(count)],
-        owner=tuple(sorted(draw(st.sets(st.sampled_from(TEAMS))))), capacity_class=draw(st.sampled_from(CAPACITY)),
-        replica_id=f"new-{serial}")
+        model=model,
+        source=model,
+        profiles=[draw(profiles(serial * 10 + i)) for i in range(count)],
+        owner=tuple(sorted(draw(st.sets(st.sampled_from(TEAMS))))),
+        capacity_class=draw(st.sampled_from(CAPACITY)),
+        replica_id=f"new-{serial}",
+    )
 
 
 def jitter(ctx: PlacementContext, node: NodeSnapshot) -> float:
@@ -160,8 +199,12 @@ def assert_consistent(inventory: Inventory) -> None:
 
 def usage(inventory: Inventory, key: str) -> tuple[int, float, int, int]:
     claims = [c for c in inventory.claims if key in c.owner]
-    return (sum(len(c.gpu_indices) for c in claims), sum(c.cpu_cores for c in claims),
-            sum(c.memory_bytes for c in claims), len({c.replica for c in claims}))
+    return (
+        sum(len(c.gpu_indices) for c in claims),
+        sum(c.cpu_cores for c in claims),
+        sum(c.memory_bytes for c in claims),
+        len({c.replica for c in claims}),
+    )
 
 
 def assert_valid(inventory: Inventory, request: ReplicaRequest, placement: Placement) -> None:
@@ -218,8 +261,9 @@ def best_multi(verdicts: ProfileExplain, inventory: Inventory, need: int) -> flo
     return max(sums) if sums else None
 
 
-def assert_agrees_with_explain(inventory: Inventory, request: ReplicaRequest, placement: Placement | None,
-                               registry: Registry) -> None:
+def assert_agrees_with_explain(
+    inventory: Inventory, request: ReplicaRequest, placement: Placement | None, registry: Registry
+) -> None:
     explained = explain(inventory, request, registry=registry)
     for result in explained:
         profile = result.profile

@@ -28,8 +28,9 @@ def held(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     domain = ctx.registry.snapshot_field(node, "facility.hold")
     if domain is None:
         return None
-    return Reason("held", gettext_noop("node %(node)s is in held domain %(domain)s"), {"node": node.name,
-                                                                                       "domain": domain})
+    return Reason(
+        "held", gettext_noop("node %(node)s is in held domain %(domain)s"), {"node": node.name, "domain": domain}
+    )
 
 
 def rack_b(ctx: PlacementContext, node: NodeSnapshot) -> float:
@@ -57,8 +58,11 @@ def test_a_plugin_filter_refuses_and_explains(registry: Registry) -> None:
 
 
 def test_a_plugin_scorer_weighs_in(registry: Registry) -> None:
-    nodes = {1: gpu_node(1, "a", labels={"rack": "a"}), 2: gpu_node(2, "b", labels={"rack": "b"}),
-             3: gpu_node(3, "c", labels={"rack": "a"}, claimed={0: "x"})}
+    nodes = {
+        1: gpu_node(1, "a", labels={"rack": "a"}),
+        2: gpu_node(2, "b", labels={"rack": "b"}),
+        3: gpu_node(3, "c", labels={"rack": "a"}, claimed={0: "x"}),
+    }
     inventory = Inventory(nodes)
     placement = place(inventory, req(gpu_profile()), registry=registry).placement
     assert placement is not None and placement.shards[0].node_name == "c"
@@ -105,8 +109,18 @@ def test_module_level_registration() -> None:
     finally:
         REGISTRY.unregister("test.filter")
     assert "test.filter" not in [e.name for e in REGISTRY.filters()]
-    assert [e.name for e in REGISTRY.filters()] == ["ready", "cordon", "node_selector", "gpu_class", "free_gpus",
-                                                    "memory", "cpu_cores", "engine", "weights", "fabric"]
+    assert [e.name for e in REGISTRY.filters()] == [
+        "ready",
+        "cordon",
+        "node_selector",
+        "gpu_class",
+        "free_gpus",
+        "memory",
+        "cpu_cores",
+        "engine",
+        "weights",
+        "fabric",
+    ]
     assert [e.name for e in REGISTRY.scorers()] == ["binpack", "weights", "spare_gpus"]
     assert [e.name for e in REGISTRY.checks()] == ["quota"]
 
@@ -118,8 +132,9 @@ def test_a_filter_that_does_not_apply_to_a_profile_is_never_called_for_it(regist
         calls.append(node.name)
         return Reason("gpu_only", gettext_noop("node %(node)s is refused"), {"node": node.name})
 
-    registry.register_filter(on_gpu_profiles_only, name="facility.gpu_only", order=90,
-                             applies=lambda ctx: ctx.gpu_class is not None)
+    registry.register_filter(
+        on_gpu_profiles_only, name="facility.gpu_only", order=90, applies=lambda ctx: ctx.gpu_class is not None
+    )
     inventory = Inventory({1: gpu_node(1, "a")})
     cpu = cpu_profile(2, memory_gb=1, cores=1)
     assert place(inventory, req(cpu), registry=registry).placement is not None

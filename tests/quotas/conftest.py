@@ -29,8 +29,13 @@ def tree(db: Any) -> Tree:
     org = services.create_organization(name="Acme", actor=None)
     team = services.create_team(org, name="Vision", actor=None)
     other_team = services.create_team(org, name="Speech", actor=None)
-    return Tree(org=org, team=team, project=services.create_project(team, name="Search", actor=None),
-                other_team=other_team, other_project=services.create_project(other_team, name="Dictation", actor=None))
+    return Tree(
+        org=org,
+        team=team,
+        project=services.create_project(team, name="Search", actor=None),
+        other_team=other_team,
+        other_project=services.create_project(other_team, name="Dictation", actor=None),
+    )
 
 
 def make_key(user: User, project: Project | None = None, name: str = "ci") -> ApiKey:

@@ -38,13 +38,17 @@ def traffic(bob, charlie, tree) -> dict[str, Any]:
     """Bob calls through a Vision key (twice), Charlie through a Speech key (once)."""
     bob_key = make_key(bob, tree.project, name="bob-ci")
     charlie_key = make_key(charlie, tree.other_project, name="charlie-ci")
-    records = [record(bob_key), record(bob_key, status=429, total_ms=None, first_token_ms=None),
-               record(charlie_key, model="whisper", endpoint="embeddings")]
+    records = [
+        record(bob_key),
+        record(bob_key, status=429, total_ms=None, first_token_ms=None),
+        record(charlie_key, model="whisper", endpoint="embeddings"),
+    ]
     write_records_sync(records)
     return {"bob_key": bob_key, "charlie_key": charlie_key, "records": records}
 
 
 # Usage visibility --------------------------------------------------------------------------
+
 
 @pytest.mark.django_db
 def test_an_administrator_sees_everyones_usage(api, alice, traffic) -> None:
@@ -52,8 +56,13 @@ def test_an_administrator_sees_everyones_usage(api, alice, traffic) -> None:
     rows = groups(answer)
     assert set(rows) == {"bob@example.com", "charlie@example.com"}
     bob = rows["bob@example.com"]
-    assert (bob["requests"], bob["refusals"], bob["errors"], bob["server_errors"], bob["client_errors"]) == \
-        (2, 1, 0, 0, 0)
+    assert (bob["requests"], bob["refusals"], bob["errors"], bob["server_errors"], bob["client_errors"]) == (
+        2,
+        1,
+        0,
+        0,
+        0,
+    )
     assert (bob["prompt_tokens"], bob["completion_tokens"]) == (20, 40)
     assert bob["latency_ms_p50"] is not None
     assert answer["period"] == "hour"  # 24 hours by default
@@ -120,6 +129,7 @@ def test_usage_needs_a_signed_in_caller(api) -> None:
 
 # One request ---------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_the_owner_and_staff_see_a_request_and_strangers_get_404(api, alice, bob, charlie, traffic) -> None:
     request_id = traffic["records"][0]["request_id"]
@@ -127,8 +137,12 @@ def test_the_owner_and_staff_see_a_request_and_strangers_get_404(api, alice, bob
     response = api.get(f"/api/v1/requests/{request_id}")
     assert response.status_code == 200
     body = response.json()
-    assert (body["request_id"], body["user"], body["team"], body["model"]) == (request_id, "bob@example.com",
-                                                                              "Vision", "llama-3-8b")
+    assert (body["request_id"], body["user"], body["team"], body["model"]) == (
+        request_id,
+        "bob@example.com",
+        "Vision",
+        "llama-3-8b",
+    )
     assert body["first_token_ms"] == 40.0 and body["status"] == 200
     api.force_authenticate(alice)
     assert api.get(f"/api/v1/requests/{request_id}").status_code == 200
@@ -140,6 +154,7 @@ def test_the_owner_and_staff_see_a_request_and_strangers_get_404(api, alice, bob
 
 # Rate limits ---------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_an_administrator_sets_a_teams_limits(api, alice, tree) -> None:
     api.force_authenticate(alice)
@@ -149,13 +164,16 @@ def test_an_administrator_sets_a_teams_limits(api, alice, tree) -> None:
     assert (body["scope"], body["requests_per_minute"], body["tokens_per_day"]) == (f"team:{tree.team.pk}", 60, None)
     assert AuditEvent.objects.filter(action="rate_limit.create", actor=alice).count() == 1
     limit_id = body["id"]
-    response = api.patch(f"/api/v1/limits/{limit_id}", {"tokens_per_day": 100000, "team": tree.other_team.pk},
-                         format="json")
+    response = api.patch(
+        f"/api/v1/limits/{limit_id}", {"tokens_per_day": 100000, "team": tree.other_team.pk}, format="json"
+    )
     assert response.status_code == 200, response.content
     assert response.json()["tokens_per_day"] == 100000
     assert response.json()["team"] == tree.team.pk  # the owner does not move
     assert AuditEvent.objects.get(action="rate_limit.update").changes == {
-        "tokens_per_day": [None, 100000], "scope": f"team:{tree.team.pk}"}
+        "tokens_per_day": [None, 100000],
+        "scope": f"team:{tree.team.pk}",
+    }
     assert api.delete(f"/api/v1/limits/{limit_id}").status_code == 204
     assert not RateLimit.objects.exists()
 
@@ -175,8 +193,12 @@ def test_a_limit_has_one_owner_and_positive_values(api, alice, tree) -> None:
 def test_billing_may_change_limits_and_other_staff_only_read(api, viola, bob, tree) -> None:
     billie = make_user("billie@example.com", role=StaffRole.BILLING)
     api.force_authenticate(billie)
-    assert api.post("/api/v1/limits", {"organization": tree.org.pk, "monthly_token_budget": 10**9},
-                    format="json").status_code == 201
+    assert (
+        api.post(
+            "/api/v1/limits", {"organization": tree.org.pk, "monthly_token_budget": 10**9}, format="json"
+        ).status_code
+        == 201
+    )
     api.force_authenticate(viola)
     assert api.get("/api/v1/limits").json()["count"] == 1
     assert api.post("/api/v1/limits", {"team": tree.team.pk}, format="json").status_code == 403
@@ -200,12 +222,15 @@ def test_the_gateway_loads_limits_narrowest_first_with_labels(bob, tree) -> None
     assert limits[1].requests_per_minute == 60 and limits[1].tokens_per_day is None
     table = load_all_limits()
     assert len(table) == 4
-    assert pick_limits(table, key_id=key.pk, project_id=tree.project.pk, team_id=tree.team.pk,
-                       org_id=tree.org.pk) == limits
+    assert (
+        pick_limits(table, key_id=key.pk, project_id=tree.project.pk, team_id=tree.team.pk, org_id=tree.org.pk)
+        == limits
+    )
     assert limits_for(None, None, None, None, None) == []
 
 
 # Percentiles, end to end -----------------------------------------------------------------------
+
 
 def exact(values: list[float], q: Fraction) -> float:
     """Nearest-rank: the ⌈q·n⌉-th smallest (at least the first)."""
@@ -225,15 +250,24 @@ def test_usage_percentiles_are_within_two_percent_of_the_exact_ones(api, alice, 
     for minutes_ago in range(1, 7):
         for _ in range(rng.randint(1, 150)):
             total = math.exp(rng.uniform(math.log(0.01), math.log(600_000)))  # 0.01 ms to 10 minutes
-            records.append(record(rng.choice(keys), model=rng.choice(["llama", "qwen", "whisper"]),
-                                  created_at=recent_minute(minutes_ago) + timedelta(seconds=rng.randint(0, 59)),
-                                  first_token_ms=total * rng.random(), total_ms=total))
+            records.append(
+                record(
+                    rng.choice(keys),
+                    model=rng.choice(["llama", "qwen", "whisper"]),
+                    created_at=recent_minute(minutes_ago) + timedelta(seconds=rng.randint(0, 59)),
+                    first_token_ms=total * rng.random(),
+                    total_ms=total,
+                )
+            )
     rng.shuffle(records)
     for start in range(0, len(records), 97):  # in batches, so rows are added into as well as created
-        write_records_sync(records[start:start + 97])
+        write_records_sync(records[start : start + 97])
     since = (datetime.now(UTC) - timedelta(hours=hours)).isoformat()
-    for group_by, group_of in (("model", lambda r: r["model"]), ("team", lambda r: r["team_id"]),
-                               ("key", lambda r: r["api_key_id"])):
+    for group_by, group_of in (
+        ("model", lambda r: r["model"]),
+        ("team", lambda r: r["team_id"]),
+        ("key", lambda r: r["api_key_id"]),
+    ):
         answer = usage(api, alice, group_by=group_by, since=since)
         assert answer["period"] == ("minute" if hours == 1 else "hour")
         assert sum(row["requests"] for row in answer["results"]) == len(records)
@@ -256,15 +290,27 @@ def test_one_30_s_request_reads_30_s_at_p50_and_p99(api, alice, bob, tree) -> No
 
 # Rollups from before sketches and client errors ------------------------------------------------------
 
+
 def old_rollups(key: Any, model: str = "llama-3-8b") -> None:
     """A minute and an hour rollup as they were written before: fixed buckets, no client errors."""
     start = recent_minute()
     for period, bucket_start in (("minute", start), ("hour", start.replace(minute=0))):
         UsageRollup.objects.create(
-            period=period, bucket_start=bucket_start, organization_id=key.project.team.organization_id,
-            team_id=key.project.team_id, project_id=key.project.pk, api_key_id=key.pk, user_id=key.user_id,
-            model=model, requests=3, errors=1, client_errors=None, refusals=0, prompt_tokens=30,
-            completion_tokens=60, requests_without_tokens=0,
+            period=period,
+            bucket_start=bucket_start,
+            organization_id=key.project.team.organization_id,
+            team_id=key.project.team_id,
+            project_id=key.project.pk,
+            api_key_id=key.pk,
+            user_id=key.user_id,
+            model=model,
+            requests=3,
+            errors=1,
+            client_errors=None,
+            refusals=0,
+            prompt_tokens=30,
+            completion_tokens=60,
+            requests_without_tokens=0,
             # one in (25, 50] ms and one in (30, 60] s; one first token in (100, 250] ms
             first_token_hist=[0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
             latency_hist=[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0],
@@ -276,8 +322,9 @@ def test_old_rollups_read_as_their_buckets_said_and_client_errors_as_unknown(api
     key = make_key(bob, tree.project)
     old_rollups(key)
     for hours in (1, 24):
-        (row,) = usage(api, alice, group_by="model",
-                       since=(datetime.now(UTC) - timedelta(hours=hours)).isoformat())["results"]
+        (row,) = usage(api, alice, group_by="model", since=(datetime.now(UTC) - timedelta(hours=hours)).isoformat())[
+            "results"
+        ]
         assert (row["requests"], row["server_errors"], row["client_errors"]) == (3, 1, None)
         assert row["latency_ms_p50"] == pytest.approx(37.5, rel=0.02)  # the middle of (25, 50]
         assert row["latency_ms_p99"] == pytest.approx(45_000.0, rel=0.02)  # the middle of (30, 60] s
@@ -312,8 +359,13 @@ def test_the_migration_leaves_client_errors_of_existing_rollups_unknown() -> Non
     executor.migrate([before])
     try:
         old = executor.loader.project_state([before]).apps.get_model("quotas", "UsageRollup")
-        old.objects.create(period="minute", bucket_start=recent_minute(), model="m", requests=2,
-                           latency_hist=[1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        old.objects.create(
+            period="minute",
+            bucket_start=recent_minute(),
+            model="m",
+            requests=2,
+            latency_hist=[1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        )
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate([after])
@@ -324,22 +376,54 @@ def test_the_migration_leaves_client_errors_of_existing_rollups_unknown() -> Non
 
 # llmgw ctl ------------------------------------------------------------------------------------
 
-CTL_HEADER = ["GROUP", "REQUESTS", "SERVER_ERRORS", "CLIENT_ERRORS", "REFUSALS", "TOKENS_IN", "TOKENS_OUT",
-              "P50_TTFT_MS", "P95_TTFT_MS", "P99_TTFT_MS", "P50_LATENCY_MS", "P95_LATENCY_MS", "P99_LATENCY_MS"]
+CTL_HEADER = [
+    "GROUP",
+    "REQUESTS",
+    "SERVER_ERRORS",
+    "CLIENT_ERRORS",
+    "REFUSALS",
+    "TOKENS_IN",
+    "TOKENS_OUT",
+    "P50_TTFT_MS",
+    "P95_TTFT_MS",
+    "P99_TTFT_MS",
+    "P50_LATENCY_MS",
+    "P95_LATENCY_MS",
+    "P99_LATENCY_MS",
+]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_ctl_usage_prints_a_dash_where_nothing_was_timed(live_server, bob, tree, key_for, capsys, monkeypatch,
-                                                         tmp_path) -> None:
+def test_ctl_usage_prints_a_dash_where_nothing_was_timed(
+    live_server, bob, tree, key_for, capsys, monkeypatch, tmp_path
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     key = make_key(bob, tree.project)
-    write_records_sync([
-        record(key, model="timed", total_ms=300.0, first_token_ms=0.36),
-        record(key, model="untimed", total_ms=None, first_token_ms=None, prompt_tokens=None,
-               completion_tokens=None, status=502, error="upstream refused the connection"),
-        record(key, model="-", total_ms=2.0, first_token_ms=None, prompt_tokens=None, completion_tokens=None,
-               status=404, error="The model “gpt-4” does not exist."),
-    ])
+    write_records_sync(
+        [
+            record(key, model="timed", total_ms=300.0, first_token_ms=0.36),
+            record(
+                key,
+                model="untimed",
+                total_ms=None,
+                first_token_ms=None,
+                prompt_tokens=None,
+                completion_tokens=None,
+                status=502,
+                error="upstream refused the connection",
+            ),
+            record(
+                key,
+                model="-",
+                total_ms=2.0,
+                first_token_ms=None,
+                prompt_tokens=None,
+                completion_tokens=None,
+                status=404,
+                error="The model “gpt-4” does not exist.",
+            ),
+        ]
+    )
     secret = key_for(bob, name="cli")
     assert main(["ctl", "--server", live_server.url, "--key", secret, "usage", "--by", "model", "--since", "1h"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -361,13 +445,14 @@ def test_ctl_usage_prints_a_dash_where_nothing_was_timed(live_server, bob, tree,
 def line_of(lines: list[str], label: str) -> list[str]:
     """The cells after a row's label (which may hold spaces)."""
     line = next(line for line in lines if line.startswith(label))
-    return line[len(label):].split()
+    return line[len(label) :].split()
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_ctl_usage_json_may_come_before_or_after_the_command(live_server, bob, tree, key_for, capsys, monkeypatch,
-                                                             tmp_path, where) -> None:
+def test_ctl_usage_json_may_come_before_or_after_the_command(
+    live_server, bob, tree, key_for, capsys, monkeypatch, tmp_path, where
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     write_records_sync([record(make_key(bob, tree.project), total_ms=30_000.0, status=400, error="bad body")])
     secret = key_for(bob, name="cli")

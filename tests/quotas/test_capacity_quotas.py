@@ -38,8 +38,9 @@ def test_billing_sets_a_quota_changes_it_and_removes_it(acme) -> None:
     assert (quota.gpus, quota.replicas, quota.organization_id) == (16, 4, acme.pk)
     assert client.delete(f"/api/v1/quotas/{pk}").status_code == 204
     assert not CapacityQuota.objects.exists()
-    actions = list(AuditEvent.objects.filter(action__startswith="capacity_quota.").order_by("id")
-                   .values_list("action", "changes"))
+    actions = list(
+        AuditEvent.objects.filter(action__startswith="capacity_quota.").order_by("id").values_list("action", "changes")
+    )
     assert actions == [
         ("capacity_quota.create", {"gpus": [None, 8], "replicas": [None, 4], "owner": f"org:{acme.pk}"}),
         ("capacity_quota.update", {"gpus": [8, 16], "owner": f"org:{acme.pk}"}),

@@ -76,8 +76,11 @@ def test_every_quantile_is_within_one_percent_of_the_exact_one(values: list[floa
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.sampled_from(["log-uniform", "uniform", "exponential", "lognormal", "pareto", "bimodal", "few values"]),
-       st.integers(min_value=1, max_value=3000), st.integers(min_value=0, max_value=2**32))
+@given(
+    st.sampled_from(["log-uniform", "uniform", "exponential", "lognormal", "pareto", "bimodal", "few values"]),
+    st.integers(min_value=1, max_value=3000),
+    st.integers(min_value=0, max_value=2**32),
+)
 def test_quantiles_of_drawn_distributions_are_within_one_percent(distribution: str, size: int, seed: int) -> None:
     assert_quantiles_close(draw(distribution, size, seed))
 
@@ -99,8 +102,12 @@ def test_a_single_30_s_request_is_30_s_at_p50_and_p99() -> None:
 
 def test_the_rank_is_nearest_rank() -> None:
     assert [nearest_rank(q, 1) for q in (0.0, 0.5, 0.99, 1.0)] == [1, 1, 1, 1]
-    assert (nearest_rank(0.95, 20), nearest_rank(0.07, 100), nearest_rank(0.5, 4), nearest_rank(0.5, 5)) == \
-        (19, 7, 2, 3)
+    assert (nearest_rank(0.95, 20), nearest_rank(0.07, 100), nearest_rank(0.5, 4), nearest_rank(0.5, 5)) == (
+        19,
+        7,
+        2,
+        3,
+    )
     for n in range(1, 300):
         for q in QUANTILES:
             assert nearest_rank(float(q), n) == max(1, math.ceil(Fraction(q) * n))
@@ -137,7 +144,7 @@ def test_nonsense_times_neither_overflow_nor_crash() -> None:
 
 
 def test_a_sketch_never_keeps_more_than_max_bins_and_keeps_its_count() -> None:
-    values = [1.0001 ** -i * 1e-3 for i in range(0, 3000 * 250, 250)] + [900.0] * 10  # 3000 buckets apart
+    values = [1.0001**-i * 1e-3 for i in range(0, 3000 * 250, 250)] + [900.0] * 10  # 3000 buckets apart
     sketch = sketch_of(*values)
     assert len(sketch["bins"]) <= MAX_BINS
     assert count(sketch) == len(values)
@@ -150,8 +157,13 @@ def test_a_quantile_outside_0_to_1_is_a_mistake() -> None:
 
 
 def test_stored_garbage_reads_as_nothing_rather_than_failing() -> None:
-    for stored in ("x", 3, {"v": 1, "zero": "a", "bins": {"x": 1, "4": "y", "5": -2}}, {"v": 99, "bins": {"1": 5}},
-                   [None, "a", True, -4]):
+    for stored in (
+        "x",
+        3,
+        {"v": 1, "zero": "a", "bins": {"x": 1, "4": "y", "5": -2}},
+        {"v": 99, "bins": {"1": 5}},
+        [None, "a", True, -4],
+    ):
         assert percentile(stored, 0.5) is None
 
 

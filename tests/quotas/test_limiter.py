@@ -62,8 +62,9 @@ async def test_the_request_over_the_limit_is_refused_with_the_numbers(limiter: A
     for _ in range(3):
         assert await limiter.admit(limits, NOW) is None
     refusal = await limiter.admit(limits, NOW)
-    assert refusal == Refusal(limit="requests per minute", scope="team:3", label="team Vision", used=3, allowed=3,
-                              retry_after_s=12)
+    assert refusal == Refusal(
+        limit="requests per minute", scope="team:3", label="team Vision", used=3, allowed=3, retry_after_s=12
+    )
     assert refusal.message == "team Vision is over its limit of 3 requests per minute (3 used); retry in 12 s"
 
 
@@ -258,9 +259,11 @@ def test_the_limiter_imports_no_models() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import apps.quotas.limiter; "
-            "assert not [m for m in sys.modules if m.endswith('.models') or m == 'django.db.models'], "
-            "sorted(m for m in sys.modules if 'models' in m)")
+    code = (
+        "import sys; import apps.quotas.limiter; "
+        "assert not [m for m in sys.modules if m.endswith('.models') or m == 'django.db.models'], "
+        "sorted(m for m in sys.modules if 'models' in m)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -39,8 +39,14 @@ async def redis() -> AsyncIterator[RedisClient]:
 async def test_commands_answer_integers_strings_nil_arrays_and_errors(redis: RedisClient) -> None:
     key = f"llmgw:test:resp:{uuid.uuid4().hex}"
     try:
-        replies = await redis.execute(("SET", key, "5"), ("INCRBY", key, 7), ("GET", key), ("GET", key + ":none"),
-                                      ("EVAL", "return {1, 'two', {3}}", 0), ("INCRBY", key, "seven"))
+        replies = await redis.execute(
+            ("SET", key, "5"),
+            ("INCRBY", key, 7),
+            ("GET", key),
+            ("GET", key + ":none"),
+            ("EVAL", "return {1, 'two', {3}}", 0),
+            ("INCRBY", key, "seven"),
+        )
         assert replies[:5] == ["OK", 12, b"12", None, [1, b"two", [3]]]
         assert isinstance(replies[5], RedisError) and "not an integer" in str(replies[5])
         assert await redis.execute(("EXPIRE", key, 60)) == [1]  # the connection goes on after an error reply

@@ -50,6 +50,7 @@ class SpyWrite:
 
 # Writing records and rollups ----------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_records_are_stored_with_minute_and_hour_rollups(alice, bob, tree) -> None:
     key = make_key(bob, tree.project)
@@ -73,8 +74,9 @@ def test_records_are_stored_with_minute_and_hour_rollups(alice, bob, tree) -> No
 def test_rollups_add_up_across_batches(bob, tree) -> None:
     key = make_key(bob, tree.project)
     write_records_sync([record(key, total_ms=5.0), record(key, total_ms=15.0)])
-    write_records_sync([record(key, total_ms=30.0), record(key, status=429, total_ms=1.0, prompt_tokens=0,
-                                                           completion_tokens=0)])
+    write_records_sync(
+        [record(key, total_ms=30.0), record(key, status=429, total_ms=1.0, prompt_tokens=0, completion_tokens=0)]
+    )
     minute = UsageRollup.objects.get(period="minute")
     assert (minute.requests, minute.refusals, minute.errors) == (4, 1, 0)
     assert (minute.prompt_tokens, minute.completion_tokens) == (30, 60)
@@ -87,8 +89,12 @@ def test_percentiles_from_rollups_are_the_nearest_rank_ones_within_one_percent(a
     key = make_key(bob, tree.project)
     # Two batches and two minutes, so the sketches are merged on write and on read.
     write_records_sync([record(key, total_ms=5.0), record(key, total_ms=15.0)])
-    write_records_sync([record(key, total_ms=30.0, created_at=recent_minute(3)),
-                        record(key, total_ms=200.0, created_at=recent_minute(3))])
+    write_records_sync(
+        [
+            record(key, total_ms=30.0, created_at=recent_minute(3)),
+            record(key, total_ms=200.0, created_at=recent_minute(3)),
+        ]
+    )
     (row,) = summary(alice)
     # Nearest-rank of four: p50 is the 2nd, p95 and p99 the 4th.
     assert row.latency_ms_p50 == pytest.approx(15.0, rel=0.01)
@@ -102,9 +108,19 @@ def test_percentiles_from_rollups_are_the_nearest_rank_ones_within_one_percent(a
 @pytest.mark.django_db
 def test_client_errors_server_errors_and_refusals_are_counted_apart(alice, bob, tree) -> None:
     key = make_key(bob, tree.project)
-    statuses = [(200, ""), (200, "the engine closed the stream"), (500, "boom"), (502, "unreachable"),
-                (503, "busy"), (400, "bad body"), (403, "not this model"), (404, "no such model"), (413, "too big"),
-                (499, "the client went away"), (429, "over its limit")]
+    statuses = [
+        (200, ""),
+        (200, "the engine closed the stream"),
+        (500, "boom"),
+        (502, "unreachable"),
+        (503, "busy"),
+        (400, "bad body"),
+        (403, "not this model"),
+        (404, "no such model"),
+        (413, "too big"),
+        (499, "the client went away"),
+        (429, "over its limit"),
+    ]
     write_records_sync([record(key, status=status, error=error) for status, error in statuses])
     minute = UsageRollup.objects.get(period="minute")
     assert (minute.requests, minute.errors, minute.client_errors, minute.refusals) == (11, 4, 5, 1)
@@ -115,9 +131,13 @@ def test_client_errors_server_errors_and_refusals_are_counted_apart(alice, bob, 
 @pytest.mark.django_db
 def test_unknown_token_counts_stay_unknown(alice, bob, tree) -> None:
     key = make_key(bob, tree.project)
-    write_records_sync([record(key, model="a", prompt_tokens=None, completion_tokens=None),
-                        record(key, model="b", prompt_tokens=None, completion_tokens=None),
-                        record(key, model="b", prompt_tokens=7, completion_tokens=3)])
+    write_records_sync(
+        [
+            record(key, model="a", prompt_tokens=None, completion_tokens=None),
+            record(key, model="b", prompt_tokens=None, completion_tokens=None),
+            record(key, model="b", prompt_tokens=7, completion_tokens=3),
+        ]
+    )
     stored = UsageRecord.objects.filter(model="a").get()
     assert stored.prompt_tokens is None and stored.completion_tokens is None
     rows = {row.group: row for row in summary(alice)}
@@ -174,8 +194,17 @@ def test_last_used_moves_forward_at_most_once_a_minute_per_key(bob, tree) -> Non
 @pytest.mark.django_db
 def test_odd_values_are_stored_as_unknown_rather_than_failing_the_batch(bob, tree) -> None:
     key = make_key(bob, tree.project)
-    odd = record(key, model="m" * 500, prompt_tokens="12", completion_tokens=-3, total_ms=float("nan"),
-                 first_token_ms="soon", replica=None, created_at=1_790_000_000.0, unknown_field=1)
+    odd = record(
+        key,
+        model="m" * 500,
+        prompt_tokens="12",
+        completion_tokens=-3,
+        total_ms=float("nan"),
+        first_token_ms="soon",
+        replica=None,
+        created_at=1_790_000_000.0,
+        unknown_field=1,
+    )
     assert write_records_sync([odd]) == 1
     stored = UsageRecord.objects.get()
     assert len(stored.model) == 200 and stored.replica == ""
@@ -185,6 +214,7 @@ def test_odd_values_are_stored_as_unknown_rather_than_failing_the_batch(bob, tre
 
 
 # The writer ---------------------------------------------------------------------------------
+
 
 @pytest.mark.django_db(transaction=True)
 def test_the_writer_writes_many_emits_in_one_bulk_insert(bob, tree) -> None:
@@ -333,8 +363,10 @@ def test_writers_in_several_processes_add_into_the_same_rollups(bob, tree) -> No
         thread.join()
     assert failures == []
     assert UsageRecord.objects.count() == 40
-    assert list(UsageRollup.objects.values_list("period", "requests").order_by("period")) == [("hour", 40),
-                                                                                             ("minute", 40)]
+    assert list(UsageRollup.objects.values_list("period", "requests").order_by("period")) == [
+        ("hour", 40),
+        ("minute", 40),
+    ]
 
 
 @pytest.mark.django_db(transaction=True)

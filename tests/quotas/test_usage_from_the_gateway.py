@@ -13,8 +13,9 @@ from tests.gateway.harness import HELLO, KEY, engine_fixture, entry, gateway_fix
 from tests.quotas.conftest import make_key
 
 
-def through_the_gateway(key: Any, calls: list[dict[str, Any]], *, delete_model_midway: bool = False) -> \
-        tuple[list[int], list[dict[str, Any]]]:
+def through_the_gateway(
+    key: Any, calls: list[dict[str, Any]], *, delete_model_midway: bool = False
+) -> tuple[list[int], list[dict[str, Any]]]:
     """Send chat requests (bodies) through a gateway serving model "m" with Bob's key; the statuses
     and the usage records it emitted."""
 
@@ -26,8 +27,16 @@ def through_the_gateway(key: Any, calls: list[dict[str, Any]], *, delete_model_m
             gw = await anext(gateways)
             try:
                 project = key.project
-                gw.set_key(KEY, entry(key_id=key.pk, user_id=key.user_id, project_id=project.pk,
-                                      team_id=project.team_id, org_id=project.team.organization_id))
+                gw.set_key(
+                    KEY,
+                    entry(
+                        key_id=key.pk,
+                        user_id=key.user_id,
+                        project_id=project.pk,
+                        team_id=project.team_id,
+                        org_id=project.team.organization_id,
+                    ),
+                )
                 statuses = []
                 for body in calls:
                     if delete_model_midway:
@@ -59,13 +68,16 @@ def usage_by_model(api: Any, user: Any) -> dict[str, dict[str, Any]]:
 @pytest.mark.django_db
 def test_made_up_model_names_are_grouped_under_a_dash_as_client_errors(api, bob, tree) -> None:
     key = make_key(bob, tree.project)
-    statuses, records = through_the_gateway(key, [
-        {"model": "m", "messages": HELLO},
-        {"model": "gpt-4", "messages": HELLO},
-        {"model": "gpt-4o-mini", "messages": HELLO},
-        {"model": "m", "messages": HELLO, "mock": "error"},  # the engine answers 400
-        {"messages": HELLO},  # no model named
-    ])
+    statuses, records = through_the_gateway(
+        key,
+        [
+            {"model": "m", "messages": HELLO},
+            {"model": "gpt-4", "messages": HELLO},
+            {"model": "gpt-4o-mini", "messages": HELLO},
+            {"model": "m", "messages": HELLO, "mock": "error"},  # the engine answers 400
+            {"messages": HELLO},  # no model named
+        ],
+    )
     assert statuses == [200, 404, 404, 400, 400]
     assert [r["model"] for r in records] == ["m", "-", "-", "m", "-"]
     assert write_records_sync(records) == 5
@@ -74,8 +86,13 @@ def test_made_up_model_names_are_grouped_under_a_dash_as_client_errors(api, bob,
     assert set(rows) == {"m", "-"}
     made_up = rows["-"]
     assert made_up["label"] == "(no such model)"
-    assert (made_up["requests"], made_up["client_errors"], made_up["server_errors"], made_up["errors"],
-            made_up["refusals"]) == (3, 3, 0, 0, 0)
+    assert (
+        made_up["requests"],
+        made_up["client_errors"],
+        made_up["server_errors"],
+        made_up["errors"],
+        made_up["refusals"],
+    ) == (3, 3, 0, 0, 0)
     assert made_up["latency_ms_p50"] is not None  # a refusal of the gateway's is timed, a limit's is not
     served = rows["m"]
     assert (served["requests"], served["client_errors"], served["server_errors"]) == (2, 1, 0)

@@ -26,7 +26,7 @@ def signed_in(user: User) -> Client:
 
 def rows(page: str) -> dict[str, dict[str, str]]:
     """{group label: {column: text}} from the usage table."""
-    table = page[page.index('id="usage-table"'):]
+    table = page[page.index('id="usage-table"') :]
     found = {}
     for body in re.findall(r"<tr data-group=[^>]*>(.*?)</tr>", table, re.DOTALL):
         label = re.search(r'<td class="clip" title="([^"]*)"', body).group(1)
@@ -40,18 +40,35 @@ def traffic(bob: User, charlie: User, tree: Tree) -> dict[str, Any]:
     """Bob's key in the Search project and Charlie's in Dictation, each with some requests."""
     bobs = make_key(bob, tree.project, name="bob-ci")
     charlies = make_key(charlie, tree.other_project, name="charlie-ci")
-    write_records_sync([
-        record(bobs, first_token_ms=40.0, total_ms=400.0),
-        record(bobs, first_token_ms=45.0, total_ms=450.0),
-        record(bobs, status=503, error="upstream timed out", first_token_ms=None, total_ms=None),
-        record(bobs, status=429, prompt_tokens=0, completion_tokens=0, first_token_ms=None, total_ms=None),
-        record(bobs, model="-", status=404, error="The model “gpt-4” does not exist.", first_token_ms=None,
-               total_ms=0.36, prompt_tokens=None, completion_tokens=None),
-        record(charlies, model="qwen-72b", first_token_ms=900.0, total_ms=3000.0),
-        # A model nobody timed: its percentiles are unknown.
-        record(charlies, model="untimed", first_token_ms=None, total_ms=None, prompt_tokens=None,
-               completion_tokens=None, tokens_estimated=False),
-    ])
+    write_records_sync(
+        [
+            record(bobs, first_token_ms=40.0, total_ms=400.0),
+            record(bobs, first_token_ms=45.0, total_ms=450.0),
+            record(bobs, status=503, error="upstream timed out", first_token_ms=None, total_ms=None),
+            record(bobs, status=429, prompt_tokens=0, completion_tokens=0, first_token_ms=None, total_ms=None),
+            record(
+                bobs,
+                model="-",
+                status=404,
+                error="The model “gpt-4” does not exist.",
+                first_token_ms=None,
+                total_ms=0.36,
+                prompt_tokens=None,
+                completion_tokens=None,
+            ),
+            record(charlies, model="qwen-72b", first_token_ms=900.0, total_ms=3000.0),
+            # A model nobody timed: its percentiles are unknown.
+            record(
+                charlies,
+                model="untimed",
+                first_token_ms=None,
+                total_ms=None,
+                prompt_tokens=None,
+                completion_tokens=None,
+                tokens_estimated=False,
+            ),
+        ]
+    )
     return {"bob": bobs, "charlie": charlies}
 
 
@@ -76,9 +93,17 @@ def test_client_errors_nobody_counted_are_a_dash(alice: User, bob: User, tree: T
     from tests.quotas.conftest import recent_minute
 
     key = make_key(bob, tree.project)
-    UsageRollup.objects.create(period="minute", bucket_start=recent_minute(), api_key_id=key.pk, user_id=bob.pk,
-                               model="old", requests=2, errors=1, client_errors=None,
-                               latency_hist=[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0])
+    UsageRollup.objects.create(
+        period="minute",
+        bucket_start=recent_minute(),
+        api_key_id=key.pk,
+        user_id=bob.pk,
+        model="old",
+        requests=2,
+        errors=1,
+        client_errors=None,
+        latency_hist=[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0],
+    )
     row = rows(signed_in(alice).get("/usage/?period=hour&group=model").content.decode())["old"]
     assert (row["requests"], row["server-errors"], row["client-errors"]) == ("2", "1", "-")
     assert row["latency"].split(" / ")[0].endswith(" s")
@@ -109,8 +134,7 @@ def test_billing_and_administrators_see_everyone(role: str, traffic: dict[str, A
 
 def test_a_manager_sees_their_branch(tree: Tree, traffic: dict[str, Any]) -> None:
     manager = make_user("manager@example.com")
-    Membership.objects.create(user=manager, organization=tree.org, team=tree.other_team,
-                              role=MembershipRole.MANAGER)
+    Membership.objects.create(user=manager, organization=tree.org, team=tree.other_team, role=MembershipRole.MANAGER)
     shown = rows(signed_in(manager).get("/usage/?group=team").content.decode())
     assert list(shown) == ["Acme / Speech"]
 

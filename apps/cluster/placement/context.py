@@ -18,11 +18,22 @@ class PlacementContext:
     to cache what they compute once (keyed by plugin name).
     """
 
-    __slots__ = ("cores", "gpu_class", "gpus", "inventory", "memory", "multi_node", "nodes", "profile", "registry",
-                 "request", "scratch", "shard")
+    __slots__ = (
+        "cores",
+        "gpu_class",
+        "gpus",
+        "inventory",
+        "memory",
+        "multi_node",
+        "nodes",
+        "profile",
+        "registry",
+        "request",
+        "scratch",
+        "shard",
+    )
 
-    def __init__(self, inventory: Inventory, request: ReplicaRequest, profile: ProfileSpec,
-                 registry: Registry) -> None:
+    def __init__(self, inventory: Inventory, request: ReplicaRequest, profile: ProfileSpec, registry: Registry) -> None:
         self.inventory = inventory
         self.request = request
         self.profile = profile

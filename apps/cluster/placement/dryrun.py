@@ -33,8 +33,9 @@ def _class_rank(capacity_rank: dict[str, int], name: str) -> int:
     return capacity_rank.get("standard", 0)
 
 
-def preemption_candidates(inventory: Inventory, request: ReplicaRequest, *,
-                          capacity_rank: dict[str, int] | None = None) -> list[str]:
+def preemption_candidates(
+    inventory: Inventory, request: ReplicaRequest, *, capacity_rank: dict[str, int] | None = None
+) -> list[str]:
     """Replicas the request may stop, cheapest first: every replica of a lower class, and of the same
     class only those marked above_minimum (grown above their model's minimum under load); never one
     of the request's own model. Cheapest: lowest class, then fewest GPUs, then least memory, then newest."""
@@ -52,10 +53,17 @@ def _candidates(inventory: Inventory, request: ReplicaRequest, capacity_rank: di
         above = all(c.above_minimum for c in claims)
         if rank > mine or (rank == mine and not above):
             continue
-        found.append(_Candidate(
-            replica, rank, sum(len(c.gpu_indices) for c in claims), sum(c.memory_bytes for c in claims),
-            inventory.replica_seq(replica), frozenset(c.node_id for c in claims),
-            frozenset(k for c in claims for k in c.owner)))
+        found.append(
+            _Candidate(
+                replica,
+                rank,
+                sum(len(c.gpu_indices) for c in claims),
+                sum(c.memory_bytes for c in claims),
+                inventory.replica_seq(replica),
+                frozenset(c.node_id for c in claims),
+                frozenset(k for c in claims for k in c.owner),
+            )
+        )
     found.sort(key=lambda c: (c.rank, c.gpus, c.memory, -c.seq, c.replica))
     return found
 
@@ -72,16 +80,20 @@ def _useful_nodes(inventory: Inventory, request: ReplicaRequest, registry: Regis
     return useful
 
 
-def _fits(inventory: Inventory, request: ReplicaRequest, victims: list[str], registry: Registry
-          ) -> Placement | None:
+def _fits(inventory: Inventory, request: ReplicaRequest, victims: list[str], registry: Registry) -> Placement | None:
     trial = inventory.copy()
     for replica in victims:
         trial.release(replica)
     return place(trial, request, registry=registry, collect=False).placement
 
 
-def plan_preemption(inventory: Inventory, request: ReplicaRequest, *, capacity_rank: dict[str, int] | None = None,
-                    registry: Registry | None = None) -> PreemptionPlan | None:
+def plan_preemption(
+    inventory: Inventory,
+    request: ReplicaRequest,
+    *,
+    capacity_rank: dict[str, int] | None = None,
+    registry: Registry | None = None,
+) -> PreemptionPlan | None:
     """What to stop so that the request (a model below its minimum) fits, and where it then goes.
 
     Victims (see preemption_candidates) are released whole on a copy, cheapest first, until the
@@ -96,8 +108,7 @@ def plan_preemption(inventory: Inventory, request: ReplicaRequest, *, capacity_r
         return PreemptionPlan([], now)
     useful = _useful_nodes(inventory, request, registry)
     owners = set(request.owner)
-    candidates = [c for c in _candidates(inventory, request, capacity_rank)
-                  if c.nodes & useful or c.owner & owners]
+    candidates = [c for c in _candidates(inventory, request, capacity_rank) if c.nodes & useful or c.owner & owners]
     trial = inventory.copy()
     victims: list[str] = []
     placement = None
@@ -118,8 +129,15 @@ def plan_preemption(inventory: Inventory, request: ReplicaRequest, *, capacity_r
     return PreemptionPlan(victims, placement)
 
 
-def headroom(inventory: Inventory, request: ReplicaRequest, *, preempt: bool = False, limit: int = 1000,
-             capacity_rank: dict[str, int] | None = None, registry: Registry | None = None) -> int:
+def headroom(
+    inventory: Inventory,
+    request: ReplicaRequest,
+    *,
+    preempt: bool = False,
+    limit: int = 1000,
+    capacity_rank: dict[str, int] | None = None,
+    registry: Registry | None = None,
+) -> int:
     """How many more replicas of the request fit, placing them one after another on a copy (at most
     `limit`). With preempt=True a replica that does not fit may stop what its class outranks."""
     registry = registry or REGISTRY
@@ -137,7 +155,12 @@ def headroom(inventory: Inventory, request: ReplicaRequest, *, preempt: bool = F
             for victim in plan.victims:
                 trial.release(victim)
             placement = plan.placement
-        trial.apply(placement, f"{base}#headroom-{count}", model=request.model, owner=request.owner,
-                    capacity_class=request.capacity_class)
+        trial.apply(
+            placement,
+            f"{base}#headroom-{count}",
+            model=request.model,
+            owner=request.owner,
+            capacity_class=request.capacity_class,
+        )
         count += 1
     return count

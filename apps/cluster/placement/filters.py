@@ -142,11 +142,13 @@ def quota(ctx: PlacementContext) -> Iterator[Reason]:
 
 REGISTRY.register_filter(ready, name="ready", order=10)
 REGISTRY.register_filter(not_cordoned, name="cordon", order=11)
-REGISTRY.register_filter(node_selector, name="node_selector", order=20,
-                         applies=lambda ctx: bool(ctx.profile.node_selector))
+REGISTRY.register_filter(
+    node_selector, name="node_selector", order=20, applies=lambda ctx: bool(ctx.profile.node_selector)
+)
 REGISTRY.register_filter(gpu_class, name="gpu_class", order=30, applies=lambda ctx: ctx.gpu_class is not None)
-REGISTRY.register_filter(free_gpus, name="free_gpus", order=40,
-                         applies=lambda ctx: ctx.gpu_class is not None and ctx.gpus > 0)
+REGISTRY.register_filter(
+    free_gpus, name="free_gpus", order=40, applies=lambda ctx: ctx.gpu_class is not None and ctx.gpus > 0
+)
 REGISTRY.register_filter(memory, name="memory", order=50, applies=lambda ctx: ctx.memory > 0)
 REGISTRY.register_filter(cpu_cores, name="cpu_cores", order=60, applies=lambda ctx: ctx.cores > 0)
 REGISTRY.register_filter(engine, name="engine", order=70)

@@ -127,9 +127,16 @@ class Rejection:
     template: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"profile_id": self.profile_id, "profile": self.profile_name, "node_id": self.node_id,
-                "node": self.node_name, "code": self.code, "message": self.message, "template": self.template,
-                "params": dict(self.params)}
+        return {
+            "profile_id": self.profile_id,
+            "profile": self.profile_name,
+            "node_id": self.node_id,
+            "node": self.node_name,
+            "code": self.code,
+            "message": self.message,
+            "template": self.template,
+            "params": dict(self.params),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +228,12 @@ class Inventory:
     Claims are kept oldest first; preemption takes the newest of equal cost first.
     """
 
-    def __init__(self, nodes: dict[int, NodeSnapshot], claims: list[Claim] | None = None,
-                 quotas: dict[str, CapacityQuota] | None = None) -> None:
+    def __init__(
+        self,
+        nodes: dict[int, NodeSnapshot],
+        claims: list[Claim] | None = None,
+        quotas: dict[str, CapacityQuota] | None = None,
+    ) -> None:
         self.nodes = nodes
         self.claims: list[Claim] = []
         self.quotas: dict[str, CapacityQuota] = dict(quotas or {})
@@ -245,7 +256,8 @@ class Inventory:
         self._fabrics: tuple[str, ...] = tuple(sorted({n.fabric for n in ordered if n.fabric is not None}))
         self._class_fabrics: dict[str, tuple[str, ...]] = {
             cls: tuple(sorted({f for i in ids if (f := nodes[i].fabric) is not None}))
-            for cls, ids in self._class_nodes.items()}
+            for cls, ids in self._class_nodes.items()
+        }
         # Mutable: claims and what follows from them.
         self._owner: dict[int, dict[int, str]] = {n.id: {} for n in ordered}
         self._mem: dict[int, int] = dict.fromkeys(nodes, 0)
@@ -283,8 +295,18 @@ class Inventory:
         other.nodes = self.nodes
         other.claims = list(self.claims)
         other.quotas = dict(self.quotas)
-        for name in ("_order", "_rank", "_slots", "_classes", "_gpuless", "_gpu_nodes", "_weights", "_class_nodes",
-                     "_fabrics", "_class_fabrics"):
+        for name in (
+            "_order",
+            "_rank",
+            "_slots",
+            "_classes",
+            "_gpuless",
+            "_gpu_nodes",
+            "_weights",
+            "_class_nodes",
+            "_fabrics",
+            "_class_fabrics",
+        ):
             setattr(other, name, getattr(self, name))
         other._owner = {k: dict(v) for k, v in self._owner.items()}
         other._mem = dict(self._mem)
@@ -324,8 +346,11 @@ class Inventory:
         """Healthy, unclaimed GPUs of the node (of one class if given), lowest index first."""
         owned = self._owner[node_id]
         slots = self._slots[node_id]
-        return [slots[i] for i in sorted(slots) if slots[i].healthy and i not in owned
-                and (gpu_class is None or slots[i].gpu_class == gpu_class)]
+        return [
+            slots[i]
+            for i in sorted(slots)
+            if slots[i].healthy and i not in owned and (gpu_class is None or slots[i].gpu_class == gpu_class)
+        ]
 
     def free_count(self, node_id: int, gpu_class: str) -> int:
         return self._free[node_id].get(gpu_class, 0)
@@ -381,14 +406,35 @@ class Inventory:
 
     # -- changing ------------------------------------------------------------------------------
 
-    def apply(self, placement: Placement, replica_id: str, *, model: str = "", owner: tuple[str, ...] = (),
-              capacity_class: str = "standard", above_minimum: bool = False) -> list[Claim]:
+    def apply(
+        self,
+        placement: Placement,
+        replica_id: str,
+        *,
+        model: str = "",
+        owner: tuple[str, ...] = (),
+        capacity_class: str = "standard",
+        above_minimum: bool = False,
+    ) -> list[Claim]:
         """Claim what a placement chose, as replica `replica_id`; raises PlacementConflict, claiming
         nothing, when a GPU is taken or unhealthy, or memory or cores would be over-committed."""
         if replica_id in self._replicas:
             raise PlacementConflict(f"replica {replica_id} already holds claims")
-        claims = [Claim(replica_id, s.rank, s.node_id, tuple(s.gpu_indices), s.memory_bytes, s.cpu_cores,
-                        tuple(owner), capacity_class, model, above_minimum) for s in placement.shards]
+        claims = [
+            Claim(
+                replica_id,
+                s.rank,
+                s.node_id,
+                tuple(s.gpu_indices),
+                s.memory_bytes,
+                s.cpu_cores,
+                tuple(owner),
+                capacity_class,
+                model,
+                above_minimum,
+            )
+            for s in placement.shards
+        ]
         if len({c.node_id for c in claims}) != len(claims):
             raise PlacementConflict(f"replica {replica_id} has two shards on one node")
         for claim in claims:
@@ -397,10 +443,22 @@ class Inventory:
             self._add(claim, check=False)
         return claims
 
-    def apply_request(self, placement: Placement, request: ReplicaRequest, replica_id: str | None = None, *,
-                      above_minimum: bool = False) -> list[Claim]:
-        return self.apply(placement, replica_id or request.replica_id, model=request.model, owner=request.owner,
-                          capacity_class=request.capacity_class, above_minimum=above_minimum)
+    def apply_request(
+        self,
+        placement: Placement,
+        request: ReplicaRequest,
+        replica_id: str | None = None,
+        *,
+        above_minimum: bool = False,
+    ) -> list[Claim]:
+        return self.apply(
+            placement,
+            replica_id or request.replica_id,
+            model=request.model,
+            owner=request.owner,
+            capacity_class=request.capacity_class,
+            above_minimum=above_minimum,
+        )
 
     def add_claim(self, claim: Claim) -> None:
         """Record one existing claim (checked like apply)."""

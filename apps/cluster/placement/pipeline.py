@@ -146,13 +146,29 @@ class _Evaluator:
 
     def reject(self, node: NodeSnapshot, reason: Reason) -> Rejection:
         profile = self.ctx.profile
-        return Rejection(profile.id, profile.name, node.id, node.name, reason.code, reason.template % reason.params,
-                         reason.params, reason.template)
+        return Rejection(
+            profile.id,
+            profile.name,
+            node.id,
+            node.name,
+            reason.code,
+            reason.template % reason.params,
+            reason.params,
+            reason.template,
+        )
 
     def reject_profile(self, reason: Reason) -> Rejection:
         profile = self.ctx.profile
-        return Rejection(profile.id, profile.name, None, None, reason.code, reason.template % reason.params,
-                         reason.params, reason.template)
+        return Rejection(
+            profile.id,
+            profile.name,
+            None,
+            None,
+            reason.code,
+            reason.template % reason.params,
+            reason.params,
+            reason.template,
+        )
 
     def check(self) -> list[Reason]:
         ctx = self.ctx
@@ -205,8 +221,9 @@ class _Stream:
         return None
 
 
-def _walk_buckets(ev: _Evaluator, buckets: list[list[int]], ks: Iterable[int], skip: set[int],
-                  need_fabric: bool) -> Iterator[Item]:
+def _walk_buckets(
+    ev: _Evaluator, buckets: list[list[int]], ks: Iterable[int], skip: set[int], need_fabric: bool
+) -> Iterator[Item]:
     inventory = ev.ctx.inventory
     order = inventory.order
     nodes = ev.nodes
@@ -232,9 +249,13 @@ def _stream(ev: _Evaluator) -> _Stream:
     cls = ctx.gpu_class
     if cls is not None:
         need = ctx.gpus
-        held = [(ev.key(nodes[i]), inventory.rank(i), i) for i in holders
-                if inventory.free_count(i, cls) >= need and cls in inventory.gpu_classes(i)
-                and not (multi and nodes[i].fabric is None)]
+        held = [
+            (ev.key(nodes[i]), inventory.rank(i), i)
+            for i in holders
+            if inventory.free_count(i, cls) >= need
+            and cls in inventory.gpu_classes(i)
+            and not (multi and nodes[i].fabric is None)
+        ]
         held.sort(key=_item_order)
         stream.add_sorted(iter(held))
         buckets = inventory.free_buckets(cls)
@@ -257,6 +278,7 @@ def _stream(ev: _Evaluator) -> _Stream:
     def segment(ids: list[int]) -> Callable[[], list[Item]]:
         def produce() -> list[Item]:
             return [(ev.key(nodes[i]), inventory.rank(i), i) for i in ids if i not in skip and room(i)]
+
         return produce
 
     held = [(ev.key(nodes[i]), inventory.rank(i), i) for i in holders if room(i)]
@@ -267,8 +289,9 @@ def _stream(ev: _Evaluator) -> _Stream:
     return stream
 
 
-def _pick_single(ev: _Evaluator, stream: _Stream, rejections: list[Rejection] | None,
-                 seen: set[int] | None) -> list[int] | None:
+def _pick_single(
+    ev: _Evaluator, stream: _Stream, rejections: list[Rejection] | None, seen: set[int] | None
+) -> list[int] | None:
     nodes = ev.nodes
     pmax = ev.pmax
     has_plugins = bool(ev.plugins)
@@ -341,8 +364,9 @@ def _settled(tops: dict[str, list[Entry]], fabrics: Iterable[str], need: int, ca
     return True
 
 
-def _pick_multi(ev: _Evaluator, stream: _Stream, rejections: list[Rejection] | None,
-                seen: set[int] | None) -> tuple[list[int] | None, dict[str, int]]:
+def _pick_multi(
+    ev: _Evaluator, stream: _Stream, rejections: list[Rejection] | None, seen: set[int] | None
+) -> tuple[list[int] | None, dict[str, int]]:
     ctx = ev.ctx
     nodes = ev.nodes
     need = ctx.nodes
@@ -381,8 +405,9 @@ def _pick_multi(ev: _Evaluator, stream: _Stream, rejections: list[Rejection] | N
     return [entry[3] for entry in tops[best]], counts
 
 
-def _place_profile(inventory: Inventory, request: ReplicaRequest, profile: ProfileSpec, registry: Registry,
-                   collect: bool) -> tuple[Placement | None, list[Rejection]]:
+def _place_profile(
+    inventory: Inventory, request: ReplicaRequest, profile: ProfileSpec, registry: Registry, collect: bool
+) -> tuple[Placement | None, list[Rejection]]:
     ctx = PlacementContext(inventory, request, profile, registry)
     ev = _Evaluator(ctx)
     refused = ev.check()
@@ -435,8 +460,9 @@ def _summarise(ev: _Evaluator, rejections: list[Rejection], counts: dict[str, in
         rejections.append(ev.reject_profile(reasons.no_fit(ctx.profile.name, refused, len(ctx.inventory.nodes))))
 
 
-def place(inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None,
-          collect: bool = True) -> PlacementResult:
+def place(
+    inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None, collect: bool = True
+) -> PlacementResult:
     """Where one replica of the request goes, or None, with the refusals met.
 
     Nothing is claimed: pass the placement to `inventory.apply_request` (or `apply`) to claim it.
@@ -453,8 +479,7 @@ def place(inventory: Inventory, request: ReplicaRequest, *, registry: Registry |
     return PlacementResult(None, found)
 
 
-def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None
-            ) -> list[ProfileExplain]:
+def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None) -> list[ProfileExplain]:
     """For each profile (in the order place() tries them), every node with every reason it is refused
     (all filters run, not just the first), the score of each node that passes, and whether the profile
     fits (with the placement it would get). Nodes that fit come first, best first; then the rest by name."""
@@ -477,8 +502,16 @@ def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry
             for fn in filters:
                 reason = fn(ctx, node)
                 if reason is not None:
-                    rejection = Rejection(pid, pname, node_id, node.name, reason.code,
-                                          reason.template % reason.params, reason.params, reason.template)
+                    rejection = Rejection(
+                        pid,
+                        pname,
+                        node_id,
+                        node.name,
+                        reason.code,
+                        reason.template % reason.params,
+                        reason.params,
+                        reason.template,
+                    )
                     if found is None:
                         found = [rejection]
                     else:
@@ -488,8 +521,9 @@ def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry
                 continue
             key = ev.key(node)
             score = key + ev.extra(node) if ev.plugins else key
-            fitting.append((-score, -key, rank(node_id), NodeVerdict(node_id, node.name, [], True, score,
-                                                                     ev.breakdown(node))))
+            fitting.append(
+                (-score, -key, rank(node_id), NodeVerdict(node_id, node.name, [], True, score, ev.breakdown(node)))
+            )
             if node.fabric is not None:
                 counts[node.fabric] = counts.get(node.fabric, 0) + 1
         fitting.sort(key=lambda entry: entry[:3])

@@ -57,14 +57,17 @@ def _listing(values: frozenset[str]) -> str:
 
 # Node-level reasons, one per built-in filter.
 
+
 def not_ready(node: str, status: str) -> Reason:
-    return Reason("not_ready", gettext_noop("node %(node)s is not ready (%(status)s)"),
-                  {"node": node, "status": status})
+    return Reason(
+        "not_ready", gettext_noop("node %(node)s is not ready (%(status)s)"), {"node": node, "status": status}
+    )
 
 
 def source_missing(node: str, source: str) -> Reason:
-    return Reason("source_missing", gettext_noop("%(source)s is not on node %(node)s"),
-                  {"node": node, "source": source})
+    return Reason(
+        "source_missing", gettext_noop("%(source)s is not on node %(node)s"), {"node": node, "source": source}
+    )
 
 
 def cordoned(node: str, reason: str) -> Reason:
@@ -72,86 +75,133 @@ def cordoned(node: str, reason: str) -> Reason:
 
 
 def missing_label(node: str, key: str, value: str, actual: str | None) -> Reason:
-    return Reason("label", gettext_noop("node %(node)s lacks label %(key)s=%(value)s"),
-                  {"node": node, "key": key, "value": value, "actual": actual})
+    return Reason(
+        "label",
+        gettext_noop("node %(node)s lacks label %(key)s=%(value)s"),
+        {"node": node, "key": key, "value": value, "actual": actual},
+    )
 
 
 def no_gpu_class(node: str, gpu_class: str, classes: Iterable[str]) -> Reason:
-    return Reason("gpu_class", gettext_noop("node %(node)s has no %(gpu_class)s GPUs (it has %(classes)s)"),
-                  {"node": node, "gpu_class": gpu_class, "classes": listing(classes)})
+    return Reason(
+        "gpu_class",
+        gettext_noop("node %(node)s has no %(gpu_class)s GPUs (it has %(classes)s)"),
+        {"node": node, "gpu_class": gpu_class, "classes": listing(classes)},
+    )
 
 
 def too_few_gpus(node: str, gpu_class: str, free: int, need: int, total: int, unhealthy: int) -> Reason:
-    return Reason("gpus", gettext_noop("node %(node)s has %(free)s free healthy %(gpu_class)s GPUs, needs %(need)s"),
-                  {"node": node, "gpu_class": gpu_class, "free": free, "need": need, "total": total,
-                   "unhealthy": unhealthy})
+    return Reason(
+        "gpus",
+        gettext_noop("node %(node)s has %(free)s free healthy %(gpu_class)s GPUs, needs %(need)s"),
+        {"node": node, "gpu_class": gpu_class, "free": free, "need": need, "total": total, "unhealthy": unhealthy},
+    )
 
 
 def too_little_memory(node: str, free: int, total: int, need: int) -> Reason:
-    return Reason("memory",
-                  gettext_noop("node %(node)s has %(free_gb)s GB of memory free of %(total_gb)s, needs %(need_gb)s"),
-                  {"node": node, "free_gb": gb(free), "total_gb": gb(total), "need_gb": gb(need),
-                   "free_bytes": free, "total_bytes": total, "need_bytes": need})
+    return Reason(
+        "memory",
+        gettext_noop("node %(node)s has %(free_gb)s GB of memory free of %(total_gb)s, needs %(need_gb)s"),
+        {
+            "node": node,
+            "free_gb": gb(free),
+            "total_gb": gb(total),
+            "need_gb": gb(need),
+            "free_bytes": free,
+            "total_bytes": total,
+            "need_bytes": need,
+        },
+    )
 
 
 def too_few_cores(node: str, free: float, total: int, need: float) -> Reason:
-    return Reason("cpu", gettext_noop("node %(node)s has %(free)s of %(total)s CPU cores free, needs %(need)s"),
-                  {"node": node, "free": number(free), "total": total, "need": number(need)})
+    return Reason(
+        "cpu",
+        gettext_noop("node %(node)s has %(free)s of %(total)s CPU cores free, needs %(need)s"),
+        {"node": node, "free": number(free), "total": total, "need": number(need)},
+    )
 
 
 def no_engine(node: str, engine: str, engines: Iterable[str]) -> Reason:
-    return Reason("engine", gettext_noop("node %(node)s does not run the %(engine)s engine"),
-                  {"node": node, "engine": engine, "engines": listing(engines)})
+    return Reason(
+        "engine",
+        gettext_noop("node %(node)s does not run the %(engine)s engine"),
+        {"node": node, "engine": engine, "engines": listing(engines)},
+    )
 
 
 def no_fabric(node: str, nodes: int) -> Reason:
-    return Reason("fabric",
-                  gettext_noop("node %(node)s is on no fabric, and a replica across %(nodes)s nodes needs one"),
-                  {"node": node, "nodes": nodes})
+    return Reason(
+        "fabric",
+        gettext_noop("node %(node)s is on no fabric, and a replica across %(nodes)s nodes needs one"),
+        {"node": node, "nodes": nodes},
+    )
 
 
 # Profile-level reasons (Rejection.node_id is None).
 
+
 def quota_gpus(owner: str, used: int, limit: int, need: int) -> Reason:
-    return Reason("quota_gpus",
-                  gettext_noop("quota of %(owner)s: %(used)s of %(limit)s GPUs in use, needs %(need)s more"),
-                  {"owner": owner, "used": used, "limit": limit, "need": need})
+    return Reason(
+        "quota_gpus",
+        gettext_noop("quota of %(owner)s: %(used)s of %(limit)s GPUs in use, needs %(need)s more"),
+        {"owner": owner, "used": used, "limit": limit, "need": need},
+    )
 
 
 def quota_cores(owner: str, used: float, limit: float, need: float) -> Reason:
-    return Reason("quota_cores",
-                  gettext_noop("quota of %(owner)s: %(used)s of %(limit)s CPU cores in use, needs %(need)s more"),
-                  {"owner": owner, "used": number(used), "limit": number(limit), "need": number(need)})
+    return Reason(
+        "quota_cores",
+        gettext_noop("quota of %(owner)s: %(used)s of %(limit)s CPU cores in use, needs %(need)s more"),
+        {"owner": owner, "used": number(used), "limit": number(limit), "need": number(need)},
+    )
 
 
 def quota_memory(owner: str, used: int, limit: int, need: int) -> Reason:
-    return Reason("quota_memory",
-                  gettext_noop("quota of %(owner)s: %(used_gb)s of %(limit_gb)s GB of memory in use, "
-                               "needs %(need_gb)s more"),
-                  {"owner": owner, "used_gb": gb(used), "limit_gb": gb(limit), "need_gb": gb(need),
-                   "used_bytes": used, "limit_bytes": limit, "need_bytes": need})
+    return Reason(
+        "quota_memory",
+        gettext_noop("quota of %(owner)s: %(used_gb)s of %(limit_gb)s GB of memory in use, needs %(need_gb)s more"),
+        {
+            "owner": owner,
+            "used_gb": gb(used),
+            "limit_gb": gb(limit),
+            "need_gb": gb(need),
+            "used_bytes": used,
+            "limit_bytes": limit,
+            "need_bytes": need,
+        },
+    )
 
 
 def quota_replicas(owner: str, used: int, limit: int) -> Reason:
-    return Reason("quota_replicas",
-                  gettext_noop("quota of %(owner)s: %(used)s of %(limit)s replicas in use, needs 1 more"),
-                  {"owner": owner, "used": used, "limit": limit, "need": 1})
+    return Reason(
+        "quota_replicas",
+        gettext_noop("quota of %(owner)s: %(used)s of %(limit)s replicas in use, needs 1 more"),
+        {"owner": owner, "used": used, "limit": limit, "need": 1},
+    )
 
 
 def fabric_count(fabric: str, count: int, need: int) -> Reason:
-    return Reason("fabric_count",
-                  gettext_noop("only %(count)s nodes of fabric %(fabric)s can take a shard, needs %(need)s"),
-                  {"fabric": fabric, "count": count, "need": need})
+    return Reason(
+        "fabric_count",
+        gettext_noop("only %(count)s nodes of fabric %(fabric)s can take a shard, needs %(need)s"),
+        {"fabric": fabric, "count": count, "need": need},
+    )
 
 
 def no_fit(profile: str, refused: int, nodes: int) -> Reason:
-    return Reason("no_fit",
-                  gettext_noop("no node can take profile %(profile)s: %(refused)s of %(nodes)s nodes refused it"),
-                  {"profile": profile, "refused": refused, "nodes": nodes})
+    return Reason(
+        "no_fit",
+        gettext_noop("no node can take profile %(profile)s: %(refused)s of %(nodes)s nodes refused it"),
+        {"profile": profile, "refused": refused, "nodes": nodes},
+    )
 
 
 def no_fabric_fits(profile: str, need: int, fabrics: int) -> Reason:
-    return Reason("no_fabric",
-                  gettext_noop("no fabric has %(need)s nodes that can take a shard of profile %(profile)s "
-                               "(%(fabrics)s fabrics tried)"),
-                  {"profile": profile, "need": need, "fabrics": fabrics})
+    return Reason(
+        "no_fabric",
+        gettext_noop(
+            "no fabric has %(need)s nodes that can take a shard of profile %(profile)s (%(fabrics)s fabrics tried)"
+        ),
+        {"profile": profile, "need": need, "fabrics": fabrics},
+    )

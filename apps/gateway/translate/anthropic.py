@@ -434,9 +434,7 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def chat_to_message(
-    resp: dict[str, Any], model: str, *, stop_sequences: Iterable[str] | None = None
-) -> dict[str, Any]:
+def chat_to_message(resp: dict[str, Any], model: str, *, stop_sequences: Iterable[str] | None = None) -> dict[str, Any]:
     """A chat completion as an Anthropic message (see the module docstring). `stop_sequences`: the
     request's, so a matched one is reported as such."""
     choice = first_choice(resp)

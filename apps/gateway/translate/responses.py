@@ -864,8 +864,18 @@ class ChatToResponsesStream(ChatChunkReader):
     either, output_tokens is `tokens_counted` (one per content/argument delta) and input_tokens 0.
     """
 
-    __slots__ = ("_base", "_names", "_open", "_seq", "_text", "created_at", "items", "request", "response_id",
-                 "upstream_model")
+    __slots__ = (
+        "_base",
+        "_names",
+        "_open",
+        "_seq",
+        "_text",
+        "created_at",
+        "items",
+        "request",
+        "response_id",
+        "upstream_model",
+    )
 
     def __init__(self, request: dict[str, Any], response_id: str, created_at: int) -> None:
         super().__init__()

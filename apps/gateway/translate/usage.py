@@ -176,8 +176,9 @@ def count_chunk_tokens(chunk: Any) -> int:
             continue
         delta = choice.get("delta")
         # A chat chunk's delta, or a completions chunk's text.
-        if (isinstance(delta, dict) and delta_has_tokens(delta)) or (isinstance(choice.get("text"), str)
-                                                                      and choice["text"]):
+        if (isinstance(delta, dict) and delta_has_tokens(delta)) or (
+            isinstance(choice.get("text"), str) and choice["text"]
+        ):
             count += 1
     return count
 
