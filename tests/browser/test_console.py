@@ -353,6 +353,19 @@ def test_no_console_page_is_wider_than_the_screen(
     assert not csp_violations, csp_violations
 
 
+@pytest.mark.parametrize("width", [PHONE, DESKTOP])
+def test_no_console_page_is_wider_than_the_screen_in_turkish(
+    page: Any, plane: ControlPlane, csp_violations: list[str], width: int
+) -> None:
+    """Turkish words run longer than English ones: every page again, in Turkish."""
+    page.goto(plane.url + "/")
+    page.locator("footer a[lang=tr]").click()
+    sync_api.expect(page.locator("html")).to_have_attribute("lang", "tr")
+    too_wide = check_widths(page, plane, console_pages(plane), width, shots=False)
+    assert not too_wide, "\n".join(too_wide)
+    assert not csp_violations, csp_violations
+
+
 def test_what_a_new_key_shows_fits_a_phone(page: Any, plane: ControlPlane, csp_violations: list[str]) -> None:
     """The secret, the commands and the files shown once after making a key scroll or fold on a phone."""
     page.goto(plane.url + "/account/keys/")
