@@ -50,11 +50,12 @@ def test_a_gpu_node_joins_is_measured_cordoned_lost_and_found(tmp_path) -> None:
         code, out, _ = plane.ctl("nodes")
         assert code == 0
         header, *rows = out.splitlines()
-        assert header.split() == ["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "AGE"]
+        assert header.split() == ["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "AGE"]
         gpu_row = next(row.split() for row in rows if row.startswith("gpu1 "))
         assert gpu_row[1] == "ready"
         assert gpu_row[4] == "8×H100-80GB"
         assert gpu_row[5] == "-"  # no model directories configured: disk unknown, not 0
+        assert gpu_row[6] == "none"  # its agent.yaml names no engine binary, and it said so
         assert len(rows) == 2
 
         # The node page shows each H100's temperature and power.
