@@ -9,7 +9,9 @@ heartbeat_interval: 10                 # seconds; the server's value wins once r
 root: /                                # where /proc and /sys are read (tests point it elsewhere)
 tools: {nvidia-smi: /usr/bin/nvidia-smi, dmesg: dmesg}
 fabrics: []                            # declared fabrics, used by placement later
-engines: {llama.cpp: /opt/llama/llama-server}
+engines: {llama.cpp: /opt/llama/llama-server}   # named on purpose: used as is, never replaced
+engine_recheck_interval: 600           # seconds between checks of the engines llmgw installed
+engine_retry_after: 60                 # seconds before a failed engine install is tried again
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 __all__ = ["AgentConfig", "ConfigError", "load_config", "parse_config"]
 
-DEFAULT_TOOLS = {"nvidia-smi": "nvidia-smi", "dmesg": "dmesg"}
+DEFAULT_TOOLS = {"nvidia-smi": "nvidia-smi", "dmesg": "dmesg", "ldd": "ldd", "apt-get": "apt-get"}
 
 
 class ConfigError(ValueError):
@@ -42,6 +44,8 @@ class AgentConfig:
     fabrics: list[dict[str, Any]] = field(default_factory=list)
     engines: dict[str, str] = field(default_factory=dict)
     hostname: str | None = None
+    engine_recheck_interval: float = 600.0
+    engine_retry_after: float = 60.0
     # The address the control plane and gateway reach this node's engines at (else the address
     # its websocket comes from).
     advertise_address: str | None = None
@@ -84,6 +88,8 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         "engines",
         "hostname",
         "advertise_address",
+        "engine_recheck_interval",
+        "engine_retry_after",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -103,6 +109,12 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
     tools.update(
         {str(k): str(v) for k, v in (_expect(data, "tools", dict, "a mapping of tool names to paths") or {}).items()}
     )
+    recheck = _expect(data, "engine_recheck_interval", (int, float), "a number of seconds")
+    if recheck is not None and not 1 <= recheck <= 86400:
+        raise ConfigError(f"engine_recheck_interval: expected 1 to 86400 seconds, got {recheck}")
+    retry = _expect(data, "engine_retry_after", (int, float), "a number of seconds")
+    if retry is not None and not 1 <= retry <= 86400:
+        raise ConfigError(f"engine_retry_after: expected 1 to 86400 seconds, got {retry}")
     fabrics = _expect(data, "fabrics", list, "a list of fabrics") or []
     for i, fabric in enumerate(fabrics):
         if not isinstance(fabric, dict) or not fabric.get("name"):
@@ -121,6 +133,8 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         engines={str(k): str(v) for k, v in (_expect(data, "engines", dict, "a mapping") or {}).items()},
         hostname=_expect(data, "hostname", str, "a host name"),
         advertise_address=_expect(data, "advertise_address", str, "an address"),
+        engine_recheck_interval=float(recheck or 600),
+        engine_retry_after=float(retry or 60),
     )
 
 

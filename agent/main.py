@@ -32,6 +32,8 @@ from typing import Any
 from agent import protocol
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.engines import parse_shard
+from agent.install.builds import NodeFacts
+from agent.install.manager import Installer, has_cuda_runtime, parse_desired_engines
 from agent.sampler import Sampler
 from agent.supervisor import Supervisor
 
@@ -163,9 +165,26 @@ class Agent:
     ) -> None:
         self.config = config
         self.config_path = config_path
-        self.supervisor = supervisor or Supervisor(
-            config.state_dir, config.engines, advertise_host=config.advertise_address, on_change=self.engines_changed
+        self.hardware: dict[str, Any] = {}
+        self.installer = Installer(
+            config.state_dir,
+            facts=self.node_facts,
+            configured=config.engines,
+            tools=config.tools,
+            on_change=self.installer_changed,
+            recheck_interval=config.engine_recheck_interval,
+            retry_after=config.engine_retry_after,
+            server=config.server,
+            credential=lambda: read_credential(self.config),
         )
+        self.supervisor = supervisor or Supervisor(
+            config.state_dir,
+            self.installer.binaries(),
+            advertise_host=config.advertise_address,
+            on_change=self.engines_changed,
+        )
+        self.specs: list[Any] | None = None
+        self.rechecks: asyncio.Task[None] | None = None
         self.sampler = sampler or Sampler(config, managed_pids=self.supervisor.managed_pids)
         self.ws: Any = None
         self.invalid_shards: list[dict[str, Any]] = []
@@ -245,6 +264,8 @@ class Agent:
         from websockets.exceptions import ConnectionClosed
 
         self.registered.clear()
+        if self.rechecks is None or self.rechecks.done():
+            self.rechecks = asyncio.create_task(self.installer.run_rechecks())
         versions = await asyncio.to_thread(self.engine_versions)
         async with connect(
             self.config.websocket_url,
@@ -254,8 +275,8 @@ class Agent:
             open_timeout=15,
         ) as ws:
             hardware, warnings = await self.sampler.hardware()
-            hardware["engines"] = self.available_engines()
-            hardware["engine_versions"] = versions
+            self.hardware = dict(hardware)
+            hardware.update(self.engines_report(versions))
             if self.config.advertise_address:
                 hardware["advertise_address"] = self.config.advertise_address
             await self.supervisor.adopt()
@@ -319,7 +340,24 @@ class Agent:
         elif message.type == "replaced":
             log.warning("another agent connected as this node; this connection ends")
         elif message.type == "desired":
+            if "engines" in message.body:
+                wanted = parse_desired_engines(message.body["engines"])
+                asyncio.get_running_loop().create_task(self.install_engines(wanted))
             await self.desired(message.body["shards"])
+        elif message.type == "request" and message.body["kind"] == "doctor":
+            from agent import doctor
+
+            checks = await asyncio.to_thread(doctor.run_checks, self.config, installed=self.installer.manifest_copy())
+            await ws.send(
+                protocol.encode(
+                    "response",
+                    {
+                        "request_id": message.body["request_id"],
+                        "ok": True,
+                        "result": {"checks": [check.as_dict() for check in checks]},
+                    },
+                )
+            )
         elif message.type == "request":
             await ws.send(
                 protocol.encode(
@@ -349,16 +387,63 @@ class Agent:
     # Engines -----------------------------------------------------------------------------
 
     def available_engines(self) -> list[str]:
-        """Engines whose binary this node has (named in agent.yaml and executable)."""
+        """Engines this node can start: installed by the agent and passing their checks, or named
+        in agent.yaml on purpose (and executable there). Never whatever happens to be on PATH."""
         return sorted(
             name
-            for name, path in self.config.engines.items()
-            if shutil.which(path) is not None or os.access(path, os.X_OK)
+            for name, path in self.installer.binaries().items()
+            if (name not in self.config.engines and os.access(path, os.X_OK))
+            or (name in self.config.engines and (shutil.which(path) is not None or os.access(path, os.X_OK)))
         )
 
     def engine_versions(self) -> dict[str, str | None]:
-        """The version of each engine in `available_engines()`, None where it cannot be read."""
-        return {name: engine_version(self.config.engines[name]) for name in self.available_engines()}
+        """The version of each engine in `available_engines()`, None where it cannot be read: an
+        installed engine's release and build ("b10991 (cpu-x64)"), a named one's `--version`."""
+        installed = {item["engine"]: item for item in self.installer.report()["installed"]}
+        versions: dict[str, str | None] = {}
+        for name in self.available_engines():
+            if name in installed:
+                versions[name] = f"{installed[name]['version']} ({installed[name]['build']})"
+            else:
+                versions[name] = engine_version(self.config.engines[name])
+        return versions
+
+    def engines_report(self, versions: dict[str, str | None] | None = None) -> dict[str, Any]:
+        """What the node says of its engines: the usable ones with versions, that it has looked
+        (so an empty list means none), and what each install is doing in its own words."""
+        state = self.installer.report()
+        return {
+            "engines": self.available_engines(),
+            "engine_versions": self.engine_versions() if versions is None else versions,
+            "engines_probed": state["probed"],
+            "engine_status": state["status"],
+        }
+
+    def node_facts(self) -> NodeFacts:
+        return NodeFacts.from_hardware(self.hardware, has_cuda_runtime=has_cuda_runtime())
+
+    async def install_engines(self, wanted: list[Any]) -> None:
+        try:
+            await self.installer.converge(wanted)
+        except Exception:
+            log.exception("installing the engines failed")
+
+    def installer_changed(self) -> None:
+        """An install progressed, finished or failed, or a re-check withdrew an engine: hand the
+        supervisor the binaries now usable, start shards that waited for one, and tell the server."""
+        binaries = self.installer.binaries()
+        grew = set(binaries) - set(self.supervisor.engines) or any(
+            self.supervisor.engines.get(k) != v for k, v in binaries.items()
+        )
+        self.supervisor.engines = binaries
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if grew and self.specs is not None:
+            loop.create_task(self.desired_specs(self.specs, self.invalid_shards))
+        if self.ws is not None:
+            loop.create_task(self.report())
 
     async def desired(self, shards: list[dict[str, Any]]) -> None:
         """Converge on the server's whole shard list, in the background (engines take time)."""
@@ -374,7 +459,11 @@ class Agent:
                         "message": f"the agent cannot use this shard: {exc}",
                     }
                 )
+        await self.desired_specs(specs, invalid)
+
+    async def desired_specs(self, specs: list[Any], invalid: list[dict[str, Any]]) -> None:
         self.invalid_shards = invalid
+        self.specs = specs
         previous = self.converging
 
         async def run() -> None:
@@ -397,8 +486,9 @@ class Agent:
         if ws is None:
             return
         states = [{k: v for k, v in state.items() if v is not None} for state in self.supervisor.states()]
+        engines = await asyncio.to_thread(self.engines_report)
         try:
-            await ws.send(protocol.encode("report", {"shards": states + self.invalid_shards}))
+            await ws.send(protocol.encode("report", {"shards": states + self.invalid_shards, "engines": engines}))
         except Exception:
             log.debug("could not send a report", exc_info=True)
 
@@ -422,6 +512,8 @@ def run(config_path: str) -> int:
         try:
             await agent.run()
         finally:
+            if agent.rechecks is not None:
+                agent.rechecks.cancel()
             await agent.supervisor.close()  # the engines keep running, to be adopted next time
 
     try:

@@ -170,6 +170,7 @@ GPU = obj(
     {
         "uuid": STR,
         "name": STR,
+        "architecture": STR,
         "gpu_class": STR,
         "pci_bus_id": STR,
         "memory_total_mib": INT,
@@ -211,6 +212,32 @@ STORAGE = obj(
     },
 )
 
+#: What a node says of its engines, at registration (in its hardware) and in every report.
+ENGINE_FIELDS: dict[str, Check] = {
+    "engines": nullable(array(string(64), 64)),
+    # True once the agent has looked: an empty `engines` then means "has none".
+    "engines_probed": nullable(boolean),
+    # Engine -> what its install is doing, in the node's words ("installing: downloading ...").
+    "engine_status": nullable(mapping(string(2000), 64)),
+}
+
+ENGINE_REPORT = obj({}, {**ENGINE_FIELDS, "engine_versions": nullable(mapping(nullable(string(200)), 64))})
+
+#: One engine the control plane wants on the node, with the assets of its release.
+DESIRED_ENGINE = obj(
+    {"engine": string(32), "version": string(64)},
+    {
+        "note": STR,
+        "assets": array(
+            obj(
+                {"name": string(300)},
+                {"size": INT, "digest": STR, "urls": array(string(4096), 8), "browser_download_url": STR},
+            ),
+            512,
+        ),
+    },
+)
+
 HARDWARE = obj(
     {},
     {
@@ -230,6 +257,7 @@ HARDWARE = obj(
         "gpus": array(GPU, 256),
         # Engine name -> what its `--version` says; null when that could not be read.
         "engine_versions": nullable(mapping(nullable(string(200)), 64)),
+        **ENGINE_FIELDS,
     },
 )
 
@@ -270,12 +298,15 @@ SCHEMAS: dict[str, Check] = {
         },
     ),
     "heartbeat": obj({"sample": SAMPLE}),
-    "report": obj({"shards": array(SHARD_STATE, 1024)}),
+    "report": obj({"shards": array(SHARD_STATE, 1024)}, {"engines": ENGINE_REPORT}),
     "response": obj({"request_id": string(64), "ok": boolean}, {"result": lambda v, p: None, "error": STR}),
     "error": obj({"code": string(64), "message": string(2000)}, {"in_reply_to": STR}),
     # server to agent
     "registered": obj({"node": string(200), "heartbeat_interval": number}),
-    "desired": obj({"shards": array(obj({"shard": string(200)}, {}), 1024)}, {"generation": INT}),
+    "desired": obj(
+        {"shards": array(obj({"shard": string(200)}, {}), 1024)},
+        {"generation": INT, "engines": array(DESIRED_ENGINE, 16)},
+    ),
     "request": obj({"request_id": string(64), "kind": string(64)}, {"params": mapping()}),
     "replaced": obj({}, {"message": STR}),
 }

@@ -67,6 +67,9 @@ class GpuInfo:
     index: int
     uuid: str | None = None
     name: str | None = None
+    #: "Product Architecture" (Volta, Turing, Ampere, Ada Lovelace, Hopper, Blackwell); drivers
+    #: before about 470 do not print it.
+    architecture: str | None = None
     gpu_class: str | None = None
     pci_bus_id: str | None = None
     memory_total_mib: int | None = None
@@ -550,6 +553,7 @@ def _gpu_from_text(index: int, node: _Node, bus_id: str | None) -> GpuInfo:
         index=index,
         uuid=node.val("GPU UUID"),
         name=node.val("Product Name"),
+        architecture=node.val("Product Architecture"),
         pci_bus_id=_first_str(bus_id, node.val("PCI", "Bus Id")),
         memory_total_mib=_mib(node.val("FB Memory Usage", "Total")),
         memory_used_mib=_mib(node.val("FB Memory Usage", "Used")),
@@ -603,6 +607,7 @@ def _gpu_from_xml(index: int, node: _Node, bus_id: str | None) -> GpuInfo:
         index=index,
         uuid=node.val("uuid"),
         name=node.val("product_name"),
+        architecture=node.val("product_architecture"),
         pci_bus_id=_first_str(bus_id, node.val("pci", "pci_bus_id")),
         memory_total_mib=_mib(node.val("fb_memory_usage", "total")),
         memory_used_mib=_mib(node.val("fb_memory_usage", "used")),

@@ -1,0 +1,923 @@
+"""The checks behind ``llmgw doctor``: is this node fit to run engines for the control plane?
+
+Each check reads a file or runs a tool with a timeout and gives one :class:`Check`: ``pass``,
+``warn`` or ``fail``, what was found (with numbers), and what to do about it.  Nothing here
+raises: a check that meets an error it did not expect reports that error as its finding.
+Unknown is not fine: a value that could not be read is reported as a warning, never as a pass.
+
+The probes' parsers are reused (``agent.probes.nvidia`` for nvidia-smi, ``agent.probes.procfs``
+for /proc/cpuinfo, ``agent.probes.storage`` for mounts and free space), so the doctor sees the
+node the way the agent reports it.
+
+No Django import; importable on Python 3.11.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import ipaddress
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from agent.config import AgentConfig
+from agent.install.verify import NOT_FOUND_RE, library_fix, parse_version
+from agent.main import parse_engine_version
+from agent.probes import nvidia, procfs, storage
+
+__all__ = [
+    "FAIL",
+    "PASS",
+    "WARN",
+    "Check",
+    "control_plane_checks",
+    "cpu_checks",
+    "engine_checks",
+    "exit_status",
+    "format_lines",
+    "gpu_checks",
+    "library_fix",
+    "load_installed",
+    "model_dir_checks",
+    "run_checks",
+]
+
+PASS = "pass"
+WARN = "warn"
+FAIL = "fail"
+
+#: An engine's ``--version`` (vLLM imports torch before it answers).
+VERSION_TIMEOUT_S = 15.0
+#: ``nvidia-smi -q`` on an eight-GPU host without persistence mode takes several seconds.
+NVIDIA_SMI_TIMEOUT_S = 20.0
+#: Drivers below this cannot run CUDA 12.8 builds on GPUs those builds ship only as PTX.
+DRIVER_MIN_CUDA_12_8 = 570
+#: CUDA 13 builds (llama.cpp, vLLM's cu13 wheels) need this driver branch.
+DRIVER_MIN_CUDA_13 = 580
+CERT_WARN_DAYS = 14
+CLOCK_WARN_S = 5.0
+CLOCK_FAIL_S = 60.0
+FREE_WARN_FRACTION = 0.05
+NAME_WIDTH = 20
+# Shared libraries scanned next to an engine binary (llama.cpp loads its GPU backends from there).
+_MAX_LIBRARIES = 64
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: ``name`` is a short stable id, ``status`` is pass, warn or fail."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
+
+
+# --------------------------------------------------------------------------- running things
+
+
+@dataclass(frozen=True)
+class _Result:
+    returncode: int | None  # None when it could not be started or did not finish in time
+    stdout: str
+    stderr: str
+    problem: str | None = None  # why there is no return code
+
+
+def _run(argv: Sequence[str], timeout: float) -> _Result:
+    """Run a tool in its own process group with the C locale; kill the group on timeout."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LLMGW_")}
+    env["LC_ALL"] = "C"
+    try:
+        process = subprocess.Popen(  # noqa: S603 - the operator's tools and engines
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return _Result(None, "", "", f"cannot run {argv[0]}: {exc.strerror or exc}")
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=2)
+        return _Result(None, "", "", f"{argv[0]} did not answer within {timeout:g} s")
+    return _Result(process.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _in_thread(fn: Callable[[], _T], timeout: float, what: str) -> _T:  # noqa: UP047 - runs on Python 3.11
+    """``fn()`` with a time limit, for calls that can hang in the kernel (a dead NFS mount, DNS).
+
+    A call that overruns is left behind in a daemon thread, which does not keep the process alive.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"doctor: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not finish within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def _read(root: str, relative: str) -> tuple[str | None, str | None]:
+    """(text, None), or (None, why it could not be read)."""
+    path = os.path.join(root, relative.lstrip("/"))
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read(), None
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror or exc}"
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _guarded(name: str, produce: Callable[[], list[Check]]) -> list[Check]:
+    """The checks ``produce`` gives, or one failed check that says what went wrong."""
+    try:
+        return produce()
+    except Exception as exc:
+        return [Check(name, FAIL, f"the check itself failed: {type(exc).__name__}: {exc}")]
+
+
+# --------------------------------------------------------------------------- engines
+
+_TAG_RE = re.compile(r"^b(\d+)$")
+
+
+def _ldd_missing(ldd: str, target: str, timeout: float) -> tuple[list[str] | None, str]:
+    """(libraries ldd reports missing, how the binary links); None when ldd could not tell."""
+    result = _run([ldd, target], timeout)
+    if result.returncode is None:
+        return None, f"libraries not checked ({result.problem})"
+    text = result.stdout + result.stderr
+    if "not a dynamic executable" in text or "statically linked" in text:
+        return [], "static binary"
+    return sorted(set(NOT_FOUND_RE.findall(text))), "libraries found"
+
+
+def _neighbour_libraries(directories: Iterable[str]) -> list[str]:
+    """Shared libraries that sit in the engine's directories (its backends and bundled runtimes)."""
+    found: list[str] = []
+    for directory in directories:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            if (name.endswith(".so") or ".so." in name) and os.path.isfile(path) and path not in found:
+                found.append(path)
+    return found[:_MAX_LIBRARIES]
+
+
+def _describe_version(version: str) -> str:
+    new = re.search(r"\(build (\d+), commit ([0-9A-Za-z]+)\)", version)
+    if new:
+        release = version[: new.start()].strip()
+        prefix = f"{release} " if release else ""
+        return f"{prefix}build {new.group(1)} (commit {new.group(2)})"
+    old = re.match(r"^(\d+) \(([0-9A-Za-z]+)\)$", version)
+    if old:
+        return f"build {old.group(1)} (commit {old.group(2)})"
+    return f"version {version}"
+
+
+def _build_number(version: str) -> int | None:
+    parsed = parse_version(f"version: {version}")
+    return parsed[0] if parsed else None
+
+
+def _engine_check(
+    label: str, binary: str, entry: Mapping[str, Any] | None, config: AgentConfig, timeout: float
+) -> Check:
+    where = "installed.json" if entry is not None else "agent.yaml engines:"
+    path = binary if os.sep in binary else shutil.which(binary)
+    if path is None:
+        return Check(label, FAIL, f"{binary} not found on PATH", f"give its absolute path in {where}")
+    if not os.path.exists(path):
+        return Check(label, FAIL, f"{path} does not exist", f"reinstall the engine or correct its path in {where}")
+    if not os.path.isfile(path):
+        return Check(label, FAIL, f"{path} is not a file", f"correct its path in {where}")
+    if not os.access(path, os.X_OK):
+        return Check(label, FAIL, f"{path} is not executable", f"chmod +x {path}")
+
+    ldd = config.tools.get("ldd", "ldd")
+    missing: list[str] = []
+    needed_by: dict[str, str] = {}
+    missing_own, linking = _ldd_missing(ldd, path, timeout)
+    for library in missing_own or []:
+        if library not in missing:
+            missing.append(library)
+    directories = [os.path.dirname(os.path.abspath(path))]
+    if entry is not None and isinstance(entry.get("dir"), str) and entry["dir"] not in directories:
+        directories.append(entry["dir"])
+    if missing_own is not None:
+        for library_path in _neighbour_libraries(directories):
+            for library in _ldd_missing(ldd, library_path, timeout)[0] or []:
+                if library not in missing:
+                    missing.append(library)
+                    needed_by[library] = os.path.basename(library_path)
+    if missing:
+        names = ", ".join(f"{lib} (needed by {needed_by[lib]})" if lib in needed_by else lib for lib in missing)
+        return Check(label, FAIL, f"{path}: missing shared libraries: {names}", library_fix(missing))
+
+    result = _run([path, "--version"], VERSION_TIMEOUT_S)
+    output = result.stdout + result.stderr
+    if result.returncode is None:
+        return Check(label, FAIL, f"{path} --version: {result.problem}", "run it by hand to see what it waits for")
+    if result.returncode != 0:
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        said = f": {_one_line(lines[-1], 200)}" if lines else " and printed nothing"
+        return Check(
+            label,
+            FAIL,
+            f"{path} --version exited with status {result.returncode}{said}",
+            "run it by hand; reinstall the engine if it is damaged or built for another CPU",
+        )
+
+    version = parse_engine_version(output)
+    extras = [linking]
+    if entry is not None and isinstance(entry.get("build"), str) and entry["build"]:
+        extras.insert(0, f"{entry['build']} build")
+    if version is None:
+        return Check(
+            label,
+            WARN,
+            f"{path} --version ran but printed no version",
+            "the control plane will list this engine with an unknown version",
+        )
+    found = _describe_version(version)
+    detail = f"{found}, {', '.join(extras)}, {path}"
+    recorded = entry.get("version") if entry is not None else None
+    tag = _TAG_RE.match(recorded) if isinstance(recorded, str) else None
+    build = _build_number(version)
+    if tag and build is not None and int(tag.group(1)) != build:
+        return Check(
+            label,
+            WARN,
+            f"{detail}; installed.json records {recorded}",
+            "the binary and the record of it disagree: reinstall the engine",
+        )
+    return Check(label, PASS, detail)
+
+
+def _safe_engine_check(
+    label: str, binary: str, entry: Mapping[str, Any] | None, config: AgentConfig, timeout: float
+) -> Check:
+    try:
+        return _engine_check(label, binary, entry, config, timeout)
+    except Exception as exc:
+        return Check(label, FAIL, f"the check itself failed: {type(exc).__name__}: {exc}")
+
+
+def load_installed(config: AgentConfig) -> tuple[dict[str, Any], Check | None]:
+    """The installed-engines manifest from ``<state_dir>/engines/installed.json`` ({} when absent),
+    and a warning when it exists but cannot be read."""
+    path = Path(config.state_dir) / "engines" / "installed.json"
+    name = "engines manifest"
+    try:
+        text = _in_thread(path.read_text, 5.0, f"reading {path}")
+    except FileNotFoundError:
+        return {}, None
+    except PermissionError:
+        return {}, Check(name, WARN, f"cannot read {path}: permission denied", "run llmgw doctor as the agent's user")
+    except (OSError, TimeoutError) as exc:
+        return {}, Check(name, WARN, f"cannot read {path}: {exc}")
+    shape = "a JSON object of engine name -> {version, build, path, dir}"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return {}, Check(name, WARN, f"{path} is not valid JSON ({exc})", f"it should hold {shape}")
+    if not isinstance(data, dict):
+        return {}, Check(name, WARN, f"{path} holds a {type(data).__name__}", f"it should hold {shape}")
+    return data, None
+
+
+def engine_checks(
+    config: AgentConfig, installed: Mapping[str, Mapping[str, Any]] | None = None, *, timeout: float = 5.0
+) -> list[Check]:
+    """One check per engine in the manifest and per engine agent.yaml names (each binary once)."""
+    checks: list[Check] = []
+    manifest: Mapping[str, Any]
+    if installed is None:
+        manifest, problem = load_installed(config)
+        if problem is not None:
+            checks.append(problem)
+    else:
+        manifest = installed
+    seen: dict[str, str] = {}  # real path -> label
+    labels: set[str] = set()
+    for name, entry in manifest.items():
+        label = f"engine {name}"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str) or not entry["path"]:
+            checks.append(Check(label, WARN, "installed.json has no binary path for it", "reinstall the engine"))
+            labels.add(label)
+            continue
+        seen[os.path.realpath(entry["path"])] = label
+        labels.add(label)
+        checks.append(_safe_engine_check(label, entry["path"], entry, config, timeout))
+    for name, binary in config.engines.items():
+        label = f"engine {name}"
+        resolved = binary if os.sep in binary else shutil.which(binary) or binary
+        if os.path.realpath(resolved) in seen:
+            continue
+        if label in labels:
+            label = f"engine {name} (agent.yaml)"
+        seen[os.path.realpath(resolved)] = label
+        labels.add(label)
+        checks.append(_safe_engine_check(label, binary, None, config, timeout))
+    if not any(c.name.startswith("engine ") for c in checks):
+        checks.append(
+            Check(
+                "engines",
+                WARN,
+                "none installed yet",
+                "the agent installs one when the control plane places a model here; "
+                "or name a binary under engines: in agent.yaml",
+            )
+        )
+    return checks
+
+
+# --------------------------------------------------------------------------- GPUs
+
+_KERNEL_MODULE_RE = re.compile(r"Kernel Module\b.*?\s(\d{3}\.\d+(?:\.\d+)?)\s")
+
+
+def _gpu_summary(gpus: Sequence[nvidia.GpuInfo]) -> str:
+    counts: dict[str, int] = {}
+    for gpu in gpus:
+        counts[gpu.name or "unnamed GPU"] = counts.get(gpu.name or "unnamed GPU", 0) + 1
+    return ", ".join(f"{name} ×{count}" if count > 1 else name for name, count in counts.items())
+
+
+def _gpu_report(tool: str) -> tuple[nvidia.GpuReport | None, str]:
+    """The parsed ``nvidia-smi -q -x`` (else ``-q``) report, and what the tool said when it failed."""
+    said: list[str] = []
+    report: nvidia.GpuReport | None = None
+    xml = _run([tool, "-q", "-x"], NVIDIA_SMI_TIMEOUT_S)
+    if xml.returncode == 0 and xml.stdout.strip():
+        report = nvidia.parse_nvidia_smi_xml(xml.stdout)
+    else:
+        said.append(xml.problem or xml.stdout.strip() or xml.stderr.strip() or f"exit status {xml.returncode}")
+    if report is None or (not report.gpus and report.warnings):
+        text = _run([tool, "-q"], NVIDIA_SMI_TIMEOUT_S)
+        if text.returncode == 0 and text.stdout.strip():
+            report = nvidia.parse_nvidia_smi_text(text.stdout)
+        else:
+            said.append(text.problem or text.stdout.strip() or text.stderr.strip() or f"exit status {text.returncode}")
+    message = next((s for s in said if s), "no output")
+    return report, _one_line(message, 300)
+
+
+def _gpu_problems(gpus: Sequence[nvidia.GpuInfo]) -> tuple[list[str], list[str]]:
+    """What is wrong with the GPUs (MIG, memory errors), and what to do about it."""
+    problems: list[str] = []
+    fixes: list[str] = []
+
+    def advise(fix: str) -> None:
+        if fix not in fixes:
+            fixes.append(fix)
+
+    mig = [gpu.index for gpu in gpus if (gpu.mig_mode or "").lower() == "enabled"]
+    for gpu in gpus:
+        where = f"GPU {gpu.index}" + (f" ({gpu.pci_bus_id})" if gpu.pci_bus_id else "")
+        if gpu.index in mig:
+            problems.append(f"{where}: MIG enabled, engines see its MIG instances, not the whole GPU")
+        if gpu.remapped_rows_failure:
+            problems.append(f"{where}: row remapping failed")
+            advise("a GPU whose row remapping failed needs service")
+        if gpu.remapped_rows_pending or gpu.retired_pages_pending:
+            problems.append(f"{where}: memory {'rows to remap' if gpu.remapped_rows_pending else 'pages to retire'}")
+            advise("reset the GPU (or reboot) to apply pending row remaps and page retirements")
+        if gpu.ecc_uncorrected_volatile:
+            problems.append(f"{where}: {gpu.ecc_uncorrected_volatile} uncorrected ECC errors since the last reset")
+            advise("look at dmesg for Xid 48/63/94 and drain the GPU if errors keep coming")
+    if mig:
+        indices = ",".join(str(index) for index in mig)
+        fixes.insert(
+            0, f"where the whole GPU should serve, turn MIG off: nvidia-smi -i {indices} -mig 0, then reset it"
+        )
+    return problems, fixes
+
+
+def gpu_checks(config: AgentConfig) -> list[Check]:
+    """The checks "gpu driver" and "gpu devices", or one pass line on a node without an NVIDIA driver."""
+    tool = config.tools.get("nvidia-smi", "nvidia-smi")
+    found = shutil.which(tool)
+    proc_driver = os.path.join(config.root, "proc", "driver", "nvidia")
+    if found is None:
+        if not os.path.isdir(proc_driver):
+            return [Check("gpu driver", PASS, "no NVIDIA GPU (CPU node)")]
+        text, _ = _read(config.root, "proc/driver/nvidia/version")
+        match = _KERNEL_MODULE_RE.search(text or "")
+        module = f" (kernel module {match.group(1)})" if match else ""
+        return [
+            Check(
+                "gpu driver",
+                FAIL,
+                f"the NVIDIA kernel driver is loaded{module} but {tool} is not found",
+                "install the driver's utilities (nvidia-utils), or set tools: {nvidia-smi: /path} in agent.yaml",
+            )
+        ]
+    report, message = _gpu_report(found)
+    if report is None or (not report.gpus and report.driver_version is None):
+        return [
+            Check(
+                "gpu driver",
+                FAIL,
+                f"nvidia-smi failed: {message}",
+                "load or reinstall the NVIDIA driver (a kernel update without a DKMS rebuild often causes this); "
+                "dmesg shows why it did not load",
+            )
+        ]
+    checks: list[Check] = []
+    driver = report.driver_version
+    cuda = f", CUDA {report.cuda_version}" if report.cuda_version else ""
+    if driver is None:
+        checks.append(Check("gpu driver", WARN, f"nvidia-smi did not report a driver version{cuda}"))
+    else:
+        try:
+            major: int | None = int(driver.split(".")[0])
+        except ValueError:
+            major = None
+        if major is not None and major < DRIVER_MIN_CUDA_12_8:
+            checks.append(
+                Check(
+                    "gpu driver",
+                    WARN,
+                    f"driver {driver}{cuda}: below {DRIVER_MIN_CUDA_12_8}",
+                    f"upgrade the driver: CUDA 12.8 llama.cpp builds need driver ≥ {DRIVER_MIN_CUDA_12_8} for GPUs "
+                    f"they ship only as PTX; CUDA 13 builds and vLLM's cu13 wheels need ≥ {DRIVER_MIN_CUDA_13}",
+                )
+            )
+        elif major is not None and major < DRIVER_MIN_CUDA_13:
+            checks.append(
+                Check("gpu driver", PASS, f"driver {driver}{cuda} (CUDA 13 builds need ≥ {DRIVER_MIN_CUDA_13})")
+            )
+        else:
+            checks.append(Check("gpu driver", PASS, f"driver {driver}{cuda}"))
+    if not report.gpus:
+        checks.append(Check("gpu devices", FAIL, "nvidia-smi lists no GPUs", "dmesg shows whether a GPU fell off"))
+        return checks
+    count = len(report.gpus)
+    listing = f"{count} GPU{'s' if count != 1 else ''}: {_gpu_summary(report.gpus)}"
+    problems, fixes = _gpu_problems(report.gpus)
+    problems += [w if w.startswith("nvidia-smi") else f"nvidia-smi: {w}" for w in report.warnings]
+    if problems:
+        checks.append(Check("gpu devices", WARN, f"{listing}; " + "; ".join(problems), "; ".join(fixes)))
+    else:
+        checks.append(Check("gpu devices", PASS, listing))
+    return checks
+
+
+# --------------------------------------------------------------------------- CPU
+
+_ARM_FEATURES = (("asimd", "NEON"), ("asimddp", "dotprod"), ("i8mm", "i8mm"), ("sve", "SVE"), ("sve2", "SVE2"))
+_X86_MACHINES = frozenset({"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"})
+
+
+def cpu_checks(config: AgentConfig) -> list[Check]:
+    """The check "avx2": whether llama.cpp's CPU build gets the vector instructions it is built for."""
+    text, problem = _read(config.root, "proc/cpuinfo")
+    if text is None:
+        return [Check("avx2", WARN, f"{problem}: AVX2 support is unknown")]
+    cpu = procfs.parse_cpuinfo(text)
+    model = f" ({cpu.model})" if cpu.model else ""
+    is_x86 = cpu.is_x86
+    machine = cpu.architecture
+    if is_x86 is None and config.root == "/":
+        machine = platform.machine() or None
+        is_x86 = machine.lower() in _X86_MACHINES if machine else None
+    if is_x86 is None:
+        reason = "; ".join(cpu.warnings) or "no vendor or architecture in it"
+        return [Check("avx2", WARN, f"cannot tell the CPU type from /proc/cpuinfo ({reason})")]
+    if not is_x86:
+        features = [label for flag, label in _ARM_FEATURES if flag in cpu.flags]
+        arch = "arm64" if machine in ("aarch64", "arm64") else machine or "not x86"
+        shown = ", ".join(features) if features else "no vector features listed"
+        return [Check("avx2", PASS, f"{arch}: {shown}{model}")]
+    if cpu.has_avx2 is None:
+        return [Check("avx2", WARN, f"no CPU flags listed in /proc/cpuinfo{model}: AVX2 support is unknown")]
+    if not cpu.has_avx2:
+        return [
+            Check(
+                "avx2",
+                WARN,
+                f"this CPU has no AVX2{model}: llama.cpp's CPU build runs about 5× slower "
+                "(a VM CPU type such as kvm64 hides it; use host-passthrough)",
+                "on a VM give the guest the host's CPU model (libvirt <cpu mode='host-passthrough'/>, "
+                "Proxmox cpu: host); on old hardware serve CPU models elsewhere",
+            )
+        ]
+    present = ["AVX2", "FMA"] if "fma" in cpu.flags else ["AVX2"]
+    if cpu.has_avx512:
+        present.append("AVX-512")
+    found = ", ".join(present[:-1]) + " and " + present[-1] if len(present) > 1 else present[0]
+    missing_fma = "" if "fma" in cpu.flags else " (no FMA)"
+    return [Check("avx2", PASS, f"{found} present{missing_fma}{model}")]
+
+
+# --------------------------------------------------------------------------- model directories
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" or value >= 100 else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} PiB"  # unreachable; keeps type checkers content
+
+
+def _model_dir_check(directory: str, mounts: list[storage.Mount], statvfs: Callable[[str], Any]) -> Check:
+    name = f"model dir {directory}"
+    if not os.path.exists(directory):
+        return Check(
+            name,
+            FAIL,
+            "does not exist",
+            f"create it (mkdir -p {directory}), mount the filer, or remove it from model_dirs",
+        )
+    if not os.path.isdir(directory):
+        return Check(name, FAIL, "is not a directory", "point model_dirs at a directory")
+    try:
+        if not os.access(directory, os.R_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+        os.listdir(directory)
+    except OSError as exc:
+        return Check(
+            name,
+            FAIL,
+            f"not readable by uid {os.getuid()}: {exc.strerror or exc}",
+            "let the agent's user read it (chmod/chown, or the filer's export options)",
+        )
+    pools = storage.storage_pools([directory], mounts, statvfs=statvfs)
+    pool = pools[0] if pools else None
+    where = "file system type unknown"
+    if pool is not None and pool.fstype:
+        where = f"{pool.fstype} on {pool.mount_point}" + (", shared" if pool.shared else "")
+    writable = "" if os.access(directory, os.W_OK) else ", read-only for this user"
+    if pool is None or pool.free_bytes is None or not pool.total_bytes:
+        return Check(name, WARN, f"{where}{writable}; free space unknown (statvfs failed)")
+    fraction = pool.free_bytes / pool.total_bytes
+    space = f"{_size(pool.free_bytes)} free of {_size(pool.total_bytes)} ({fraction:.0%})"
+    if fraction < FREE_WARN_FRACTION:
+        return Check(
+            name,
+            WARN,
+            f"{where}{writable}; nearly full: {space}",
+            "free space or move model_dirs to a larger file system: downloads fail when it fills",
+        )
+    return Check(name, PASS, f"{where}{writable}; {space}")
+
+
+def model_dir_checks(
+    config: AgentConfig, *, timeout: float = 5.0, statvfs: Callable[[str], Any] | None = None
+) -> list[Check]:
+    """One check per directory in model_dirs (each with a time limit: a filer may hang)."""
+    if not config.model_dirs:
+        return [
+            Check(
+                "model dirs",
+                WARN,
+                "no model_dirs in agent.yaml: only absolute paths and downloads can be served",
+                "list the directories that hold weights under model_dirs: in agent.yaml",
+            )
+        ]
+    text, _ = _read(config.root, "proc/self/mountinfo")
+    mounts = storage.parse_mountinfo(text or "")
+    stat = statvfs or os.statvfs
+    checks = []
+    for directory in config.model_dirs:
+        name = f"model dir {directory}"
+
+        def probe(directory: str = directory) -> Check:
+            return _model_dir_check(directory, mounts, stat)
+
+        try:
+            checks.append(_in_thread(probe, timeout, f"looking at {directory}"))
+        except TimeoutError as exc:
+            checks.append(
+                Check(name, FAIL, str(exc), "a hung network file system: check the mount (umount -l, remount)")
+            )
+        except Exception as exc:
+            checks.append(Check(name, FAIL, f"the check itself failed: {type(exc).__name__}: {exc}"))
+    return checks
+
+
+# --------------------------------------------------------------------------- control plane
+
+
+@dataclass
+class _Answer:
+    status: int
+    reason: str
+    date: str | None
+    local_time: float  # this node's clock halfway through the request
+
+
+def _get(sock: socket.socket, host: str, port: int, default_port: int, path: str, timeout: float) -> _Answer:
+    """GET ``path`` over an open (and, for https, already verified) connection."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    connection.sock = sock
+    shown_host = f"[{host}]" if ":" in host else host
+    if port != default_port:
+        shown_host += f":{port}"
+    try:
+        started = time.time()
+        connection.request(
+            "GET", path, headers={"Host": shown_host, "User-Agent": "llmgw-doctor", "Connection": "close"}
+        )
+        response = connection.getresponse()
+        answered = time.time()
+        response.read(65536)
+        return _Answer(response.status, response.reason, response.getheader("Date"), (started + answered) / 2)
+    finally:
+        connection.close()
+
+
+def _connect(addresses: list[tuple[Any, ...]], timeout: float) -> tuple[socket.socket | None, list[str]]:
+    errors: list[str] = []
+    for family, kind, proto, _, sockaddr in addresses:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(sockaddr)
+        except OSError as exc:
+            sock.close()
+            reason = "no answer (timed out)" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+            errors.append(reason if len(addresses) == 1 else f"{sockaddr[0]}: {reason}")
+            continue
+        return sock, errors
+    return None, errors
+
+
+def _clock_check(answer: _Answer | None, why_not: str, now: float | None, note: str = "") -> Check:
+    if answer is None:
+        return Check("clock", WARN, f"not compared: {why_not}")
+    if not answer.date:
+        return Check("clock", WARN, "not compared: the control plane's answer has no Date header")
+    try:
+        server_dt = parsedate_to_datetime(answer.date)
+    except (TypeError, ValueError, IndexError):
+        return Check("clock", WARN, f"not compared: unreadable Date header {answer.date!r}")
+    if server_dt.tzinfo is None:
+        server_dt = server_dt.replace(tzinfo=UTC)
+    local = now if now is not None else answer.local_time
+    # The header has whole seconds: the server's clock was somewhere in the second it names.
+    skew = local - (server_dt.timestamp() + 0.5)
+    direction = "ahead of" if skew > 0 else "behind"
+    said = f"this node's clock is {abs(skew):.0f} s {direction} the control plane{note}"
+    fix = "enable time sync: timedatectl set-ntp true (chrony or systemd-timesyncd)"
+    if abs(skew) > CLOCK_FAIL_S:
+        return Check("clock", FAIL, f"{said}: TLS and token expiry checks break", fix)
+    if abs(skew) > CLOCK_WARN_S:
+        return Check("clock", WARN, said, fix)
+    return Check("clock", PASS, f"within {CLOCK_WARN_S:g} s of the control plane (off by {abs(skew):.0f} s){note}")
+
+
+def _certificate_check(cert: dict[str, Any], now: float) -> Check:
+    not_after = cert.get("notAfter")
+    if not isinstance(not_after, str):
+        return Check("certificate", WARN, "the server's certificate has no expiry date the doctor could read")
+    expires = ssl.cert_time_to_seconds(not_after)
+    days = (expires - now) / 86400
+    when = datetime.fromtimestamp(expires, tz=UTC).strftime("%Y-%m-%d")
+    fields = {key: value for rdn in cert.get("issuer", ()) for key, value in rdn}
+    issuer_name = fields.get("commonName") or fields.get("organizationName")
+    issuer = f", issued by {issuer_name}" if issuer_name else ""
+    fix = "renew the control plane's certificate"
+    if days < 0:
+        return Check("certificate", FAIL, f"expired {-days:.0f} days ago ({when}){issuer}", fix)
+    if days < CERT_WARN_DAYS:
+        return Check("certificate", WARN, f"expires in {days:.0f} days ({when}){issuer}", fix)
+    return Check("certificate", PASS, f"valid until {when} ({days:.0f} days){issuer}")
+
+
+def control_plane_checks(config: AgentConfig, *, now: float | None = None, timeout: float = 5.0) -> list[Check]:
+    """The checks "control plane" (reach it, TLS, /healthz), "certificate" and "clock"."""
+    server = config.server.rstrip("/")
+    parts = urlsplit(server)
+    scheme = parts.scheme.lower()
+    host = parts.hostname
+    try:
+        port = parts.port
+    except ValueError:
+        return [Check("control plane", FAIL, f"server URL {server} has an invalid port", "fix server: in agent.yaml")]
+    if scheme not in ("http", "https") or not host:
+        return [Check("control plane", FAIL, f"server URL {server} is not an http(s) URL with a host")]
+    default_port = 443 if scheme == "https" else 80
+    port = port or default_port
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    path = parts.path.rstrip("/") + "/healthz"
+    checks: dict[str, Check] = {}
+    clock: Check | None = None
+
+    def finish() -> list[Check]:
+        result = [checks[key] for key in ("control plane", "certificate") if key in checks]
+        return [*result, clock or _clock_check(None, "the control plane did not answer", now)]
+
+    try:
+        addresses = _in_thread(
+            lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout, f"resolving {host}"
+        )
+    except (OSError, TimeoutError) as exc:
+        checks["control plane"] = Check(
+            "control plane", FAIL, f"cannot resolve {host}: {exc}", "check server: in agent.yaml and this node's DNS"
+        )
+        return finish()
+
+    if scheme == "http":
+        try:
+            loopback = all(ipaddress.ip_address(str(a[4][0]).split("%")[0]).is_loopback for a in addresses)
+        except ValueError:
+            loopback = False
+        if loopback:
+            checks["certificate"] = Check(
+                "certificate", PASS, "none: plain http to loopback, nothing crosses the network"
+            )
+        else:
+            checks["certificate"] = Check(
+                "certificate",
+                WARN,
+                "plain http: the node credential crosses the network unencrypted",
+                "serve the control plane over https and use an https:// server URL in agent.yaml",
+            )
+
+    sock, errors = _connect(addresses, timeout)
+    if sock is None:
+        checks["control plane"] = Check(
+            "control plane",
+            FAIL,
+            f"cannot connect to {where}: {'; '.join(errors) or 'no address'}",
+            f"check that the control plane is running and that this node may reach {where} (firewall, proxy)",
+        )
+        return finish()
+
+    local_now = now if now is not None else time.time()
+    if scheme == "https":
+        context = ssl.create_default_context()
+        try:
+            tls = context.wrap_socket(sock, server_hostname=host)
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            message = exc.verify_message or exc.reason or str(exc)
+            checks["control plane"] = Check(
+                "control plane",
+                FAIL,
+                f"TLS to {where}: certificate verify failed: {message}",
+                "give the server a certificate from a CA this node trusts, or add its CA to the system store "
+                "(update-ca-certificates; SSL_CERT_FILE for a private CA)",
+            )
+            clock = _unverified_clock(addresses, host, port, default_port, path, timeout, now)
+            return finish()
+        except (ssl.SSLError, OSError) as exc:
+            sock.close()
+            reason = "no answer (timed out)" if isinstance(exc, TimeoutError) else str(exc)
+            checks["control plane"] = Check(
+                "control plane",
+                FAIL,
+                f"TLS handshake with {where} failed: {reason}",
+                "check the scheme and port in server: (https:// must reach a TLS listener)",
+            )
+            return finish()
+        checks["certificate"] = _certificate_check(tls.getpeercert() or {}, local_now)
+        sock = tls
+
+    try:
+        answer = _get(sock, host, port, default_port, path, timeout)
+    except (OSError, http.client.HTTPException) as exc:
+        reason = "no answer (timed out)" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+        checks["control plane"] = Check(
+            "control plane",
+            FAIL,
+            f"connected to {where}, but GET {path} got no HTTP answer: {reason}",
+            "check the scheme and port in server: (http:// vs https://)",
+        )
+        return finish()
+    finally:
+        sock.close()
+    if answer.status == 200:
+        checks["control plane"] = Check("control plane", PASS, f"{server}: {path} answered 200")
+    else:
+        fix = (
+            "check that server: in agent.yaml is the llmgw control plane's URL"
+            if answer.status == 404
+            else "the control plane (or a proxy in front of it) is not healthy: look at its logs"
+        )
+        checks["control plane"] = Check(
+            "control plane", WARN, f"{server}: {path} answered {answer.status} {answer.reason}".rstrip(), fix
+        )
+    clock = _clock_check(answer, "", now)
+    return finish()
+
+
+def _unverified_clock(
+    addresses: list[tuple[Any, ...]],
+    host: str,
+    port: int,
+    default_port: int,
+    path: str,
+    timeout: float,
+    now: float | None,
+) -> Check:
+    """The clock check over a connection whose certificate is not verified: a clock that is far off
+    is itself a reason for "certificate is not yet valid" or "has expired"."""
+    sock, errors = _connect(addresses, timeout)
+    if sock is None:
+        return _clock_check(None, f"cannot connect again: {'; '.join(errors)}", now)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        tls = context.wrap_socket(sock, server_hostname=host)
+        try:
+            answer = _get(tls, host, port, default_port, path, timeout)
+        finally:
+            tls.close()
+    except (OSError, http.client.HTTPException) as exc:
+        sock.close()
+        return _clock_check(None, f"no answer over TLS: {exc}", now)
+    return _clock_check(answer, "", now, " (read over a connection whose certificate was not verified)")
+
+
+# --------------------------------------------------------------------------- all of it
+
+
+def run_checks(
+    config: AgentConfig,
+    *,
+    installed: Mapping[str, Mapping[str, Any]] | None = None,
+    now: float | None = None,
+    timeout: float = 5.0,
+) -> list[Check]:
+    """Every check, in a fixed order: engines, GPU, CPU, model directories, control plane.
+
+    ``installed`` is the installed-engines manifest (engine name -> {version, build, path, dir});
+    when None it is read from ``<state_dir>/engines/installed.json``.  ``now`` is this node's
+    clock (Unix seconds) for the certificate and clock checks; None means ``time.time()``.
+    ``timeout`` bounds each network step and each ldd run.
+    """
+    checks: list[Check] = []
+    checks += _guarded("engines", lambda: engine_checks(config, installed, timeout=timeout))
+    checks += _guarded("gpu driver", lambda: gpu_checks(config))
+    checks += _guarded("avx2", lambda: cpu_checks(config))
+    checks += _guarded("model dirs", lambda: model_dir_checks(config, timeout=timeout))
+    checks += _guarded("control plane", lambda: control_plane_checks(config, now=now, timeout=timeout))
+    return checks
+
+
+def format_lines(checks: Sequence[Check]) -> str:
+    """One line per check, ``status  name  detail — fix``, names padded to a fixed column so the
+    output lines up and greps the same on every node.  No trailing newline."""
+    lines = []
+    for check in checks:
+        line = f"{check.status:<4}  {check.name:<{NAME_WIDTH}} {_one_line(check.detail, 1000)}"
+        if check.fix and check.status != PASS:
+            line += f" — {_one_line(check.fix, 1000)}"
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def exit_status(checks: Sequence[Check]) -> int:
+    """0 when no check failed (warnings alone included), else 1."""
+    return 1 if any(check.status == FAIL for check in checks) else 0

@@ -1,0 +1,483 @@
+"""The engines this node installs, converged on from the control plane's list and kept working.
+
+The control plane sends, with the node's desired state, the engines and versions the node
+should have, each with its release's assets (name, size, sha256, where to fetch it). For each:
+
+1. an engine named in agent.yaml is the operator's word: it is used as named, never replaced;
+2. an engine already installed at that version, and still passing its checks, is kept;
+3. otherwise the builds this node may run (`builds.choose_builds`) are tried best first: the
+   archive (and the CUDA runtime archive where the host has none) is downloaded to disk and
+   checked against its sha256, unpacked into an empty staging directory (`archive.extract`),
+   checked (`verify.check`: ldd, `--version`, and on a GPU build `--list-devices`; a library
+   the node's package sources have is installed with apt-get once, when the agent runs as
+   root), and only then renamed to `<state_dir>/engines/<engine>/<version>-<build>/` and
+   written to `installed.json`. A build that fails gives way to the next; when none works the
+   reasons are reported and the engine that worked before stays in use.
+
+Installed engines are checked again every `recheck_interval` seconds (ten minutes): one that
+fails (an upgrade removed a library) is withdrawn at once, so placement stops offering it, and
+installed again after `retry_after` seconds.
+
+`report()` is what the agent tells the control plane: `probed` (so an empty list reads "has
+none"), each usable engine with its version and build, and per engine what is happening in the
+node's own words ("installing: downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB, 40 %)",
+"failed: ...").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.install import verify
+from agent.install.archive import UnsafeArchive, extract
+from agent.install.builds import Asset, Build, NodeFacts, choose_builds, parse_assets
+from agent.install.fetch import FetchError, download, progress_text
+
+__all__ = ["DesiredEngine", "InstallError", "Installer", "has_cuda_runtime", "parse_desired_engines"]
+
+log = logging.getLogger("llmgw.agent.install")
+
+MANIFEST = "installed.json"
+RECHECK_INTERVAL_S = 600.0
+RETRY_AFTER_S = 60.0
+BINARIES = {"llama.cpp": "llama-server"}
+APT_TIMEOUT_S = 900.0
+
+#: Where a host's CUDA user-space libraries live when it has them (besides ldconfig's cache).
+CUDA_LIBRARY_DIRS = ("/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
+
+
+class InstallError(Exception):
+    """No build of an engine could be installed; str() lists each build's reason."""
+
+
+@dataclass(frozen=True)
+class DesiredEngine:
+    engine: str
+    version: str
+    assets: tuple[Asset, ...] = ()
+    note: str | None = None  # the control plane's word when it has no asset listing to give
+
+
+def parse_desired_engines(items: Any) -> list[DesiredEngine]:
+    """The `engines` list of a desired message; an item that cannot be read is skipped with a warning."""
+    wanted = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, Mapping) or not isinstance(item.get("engine"), str):
+            log.warning("the control plane sent an engine entry this agent cannot read: %r", item)
+            continue
+        engine, version = item["engine"], str(item.get("version") or "")
+        if engine not in BINARIES:
+            log.warning("the control plane asked for engine %s, which this agent does not install", engine)
+            continue
+        wanted.append(
+            DesiredEngine(
+                engine=engine,
+                version=version,
+                assets=tuple(parse_assets({"assets": item.get("assets") or []})),
+                note=str(item["note"]) if item.get("note") else None,
+            )
+        )
+    return wanted
+
+
+def has_cuda_runtime(root: str = "/") -> bool:
+    """True when the host has libcudart and libcublas (so the cudart archive is not needed)."""
+    found: set[str] = set()
+    try:
+        done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10, check=False)  # noqa: S607
+        listing = done.stdout
+    except (OSError, subprocess.TimeoutExpired):
+        listing = ""
+    for lib in ("libcudart.so", "libcublas.so"):
+        if lib in listing:
+            found.add(lib)
+    for directory in CUDA_LIBRARY_DIRS:
+        base = Path(root) / directory.lstrip("/")
+        for lib in ("libcudart.so", "libcublas.so"):
+            if any(base.glob(lib + "*")):
+                found.add(lib)
+    return found == {"libcudart.so", "libcublas.so"}
+
+
+@dataclass
+class _State:
+    status: str | None = None
+    failed_at: float | None = None
+
+
+@dataclass
+class Installer:
+    state_dir: Path
+    facts: Callable[[], NodeFacts]
+    configured: Mapping[str, str] = field(default_factory=dict)
+    tools: Mapping[str, str] = field(default_factory=dict)
+    on_change: Callable[[], None] | None = None
+    recheck_interval: float = RECHECK_INTERVAL_S
+    retry_after: float = RETRY_AFTER_S
+    # The control plane: a relative asset URL is its own copy, fetched with the node's credential.
+    server: str = ""
+    credential: Callable[[], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.state_dir) / "engines"
+        self.manifest: dict[str, dict[str, Any]] = self._load()
+        self.states: dict[str, _State] = {}
+        self.desired: list[DesiredEngine] | None = None
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.converging: asyncio.Task[None] | None = None
+        # The manifest was read: an empty one means this node has no installed engine.
+        self.probed = True
+
+    # ----------------------------------------------------------------- what the node has
+
+    def binaries(self) -> dict[str, str]:
+        """Engine -> binary the supervisor starts: installed engines, and agent.yaml's over them."""
+        with self.lock:
+            found = {name: entry["path"] for name, entry in self.manifest.items() if entry.get("path")}
+        found.update(self.configured)
+        return found
+
+    def manifest_copy(self) -> dict[str, dict[str, Any]]:
+        with self.lock:
+            return {name: dict(entry) for name, entry in self.manifest.items()}
+
+    def report(self) -> dict[str, Any]:
+        with self.lock:
+            installed = [
+                {
+                    "engine": name,
+                    "version": entry.get("version"),
+                    "build": entry.get("build"),
+                    "path": entry.get("path"),
+                    "devices": entry.get("devices") or [],
+                }
+                for name, entry in sorted(self.manifest.items())
+                if name not in self.configured
+            ]
+            status = {name: state.status for name, state in sorted(self.states.items()) if state.status}
+        return {"probed": self.probed, "installed": installed, "status": status}
+
+    def _changed(self) -> None:
+        callback, loop = self.on_change, self.loop
+        if callback is None:
+            return
+        if loop is not None and loop.is_running():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(callback)
+        else:
+            callback()
+
+    def _status(self, engine: str, text: str | None) -> None:
+        with self.lock:
+            state = self.states.setdefault(engine, _State())
+            if state.status == text:
+                return
+            state.status = text
+        if text:
+            log.info("engine %s: %s", engine, text)
+        self._changed()
+
+    # ----------------------------------------------------------------- manifest
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        path = self.root / MANIFEST
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("cannot read %s (%s): installing the engines again", path, exc)
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(v, dict) and isinstance(v.get("path"), str)}
+
+    def _save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / MANIFEST
+        tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
+        with self.lock:
+            text = json.dumps(self.manifest, indent=2, sort_keys=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+    # ----------------------------------------------------------------- converging
+
+    async def converge(self, desired: Sequence[DesiredEngine]) -> None:
+        """Install what is missing, in a thread; one convergence at a time."""
+        self.loop = asyncio.get_running_loop()
+        self.desired = list(desired)
+        previous = self.converging
+
+        async def run() -> None:
+            if previous is not None and not previous.done():
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await previous
+            await asyncio.to_thread(self.converge_sync, list(desired))
+
+        self.converging = asyncio.create_task(run())
+        await asyncio.shield(self.converging)
+
+    def converge_sync(self, desired: Sequence[DesiredEngine]) -> None:
+        wanted = {item.engine for item in desired}
+        changed = False
+        with self.lock:
+            for name in [n for n in self.manifest if n not in wanted]:
+                log.info("engine %s is no longer wanted on this node", name)
+                del self.manifest[name]
+                changed = True
+            for name in [n for n in self.states if n not in wanted]:
+                del self.states[name]
+        if changed:
+            self._save()
+        for item in desired:
+            if item.engine in self.configured:
+                self._status(item.engine, None)
+                continue
+            with self.lock:
+                entry = self.manifest.get(item.engine)
+                state = self.states.setdefault(item.engine, _State())
+            if entry is not None and entry.get("version") == item.version:
+                continue
+            if state.failed_at is not None and time.monotonic() - state.failed_at < self.retry_after:
+                continue
+            if not item.assets:
+                self._status(item.engine, "waiting: " + (item.note or f"no release listing for {item.version} yet"))
+                continue
+            try:
+                self.install(item)
+            except InstallError as exc:
+                state.failed_at = time.monotonic()
+                self._status(item.engine, f"failed: {exc}")
+                log.warning("engine %s %s: %s", item.engine, item.version, exc)
+            else:
+                state.failed_at = None
+        self._changed()
+
+    def install(self, item: DesiredEngine) -> dict[str, Any]:
+        facts = self.facts()
+        builds, skipped = choose_builds(facts, item.assets)
+        reasons = list(skipped)
+        for build in builds:
+            try:
+                entry = self._install_build(item, build)
+            except (FetchError, UnsafeArchive, verify.VerifyError, InstallError, OSError, ValueError) as exc:
+                reasons.append(f"{build.key}: {exc}")
+                log.warning("engine %s %s, build %s: %s", item.engine, item.version, build.key, exc)
+                continue
+            self._status(item.engine, None)
+            return entry
+        if not builds and not reasons:
+            reasons.append("no build of this release suits this node")
+        raise InstallError("; ".join(reasons))
+
+    def _fetch(self, engine: str, asset: Asset, folder: Path) -> Path:
+        if not asset.sha256:
+            raise FetchError(f"no sha256 published for {asset.name}: refusing an unchecked download")
+        if not asset.urls:
+            raise FetchError(f"no address to fetch {asset.name} from")
+        dest = folder / asset.name
+        failures = []
+        for listed in asset.urls:
+            url, headers = self._address(listed)
+
+            def progress(done: int, total: int | None, name: str = asset.name) -> None:
+                self._status(engine, "installing: " + progress_text(name, done, total))
+
+            try:
+                download(
+                    url,
+                    dest,
+                    sha256=asset.sha256,
+                    size=asset.size,
+                    progress=progress,
+                    headers=headers,
+                    ca_file=self.tools.get("ca-file"),
+                )
+                return dest
+            except FetchError as exc:
+                failures.append(str(exc))
+        raise FetchError("; ".join(failures))
+
+    def _address(self, listed: str) -> tuple[str, dict[str, str]]:
+        """A listed URL made absolute; the control plane's own (relative) ones carry the credential."""
+        if listed.startswith(("http://", "https://")):
+            return listed, {}
+        url = urllib.parse.urljoin(self.server.rstrip("/") + "/", listed.lstrip("/"))
+        secret = self.credential() if self.credential is not None else None
+        return url, ({"Authorization": f"Bearer {secret}"} if secret else {})
+
+    def _install_build(self, item: DesiredEngine, build: Build) -> dict[str, Any]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        scratch = self.root / f".staging-{item.engine}-{secrets.token_hex(4)}"
+        downloads = scratch / "downloads"
+        tree = scratch / "tree"
+        try:
+            downloads.mkdir(parents=True)
+            archive = self._fetch(item.engine, build.asset, downloads)
+            self._status(item.engine, f"installing: unpacking {build.asset.name}")
+            extract(archive, tree)
+            archive.unlink()
+            binary = _find_binary(tree, BINARIES[item.engine])
+            if build.runtime is not None:
+                runtime = self._fetch(item.engine, build.runtime, downloads)
+                self._status(item.engine, f"installing: unpacking {build.runtime.name}")
+                extract(runtime, scratch / "runtime")
+                runtime.unlink()
+                _merge_libraries(scratch / "runtime", binary.parent)
+            self._status(item.engine, f"installing: checking {build.key}")
+            checked = self._verify(binary, build)
+            final = self.root / item.engine / f"{item.version}-{build.key}"
+            final.parent.mkdir(parents=True, exist_ok=True)
+            relative = binary.relative_to(tree)
+            old = None
+            if final.exists():
+                old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
+                final.rename(old)
+            tree.rename(final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+            entry = {
+                "engine": item.engine,
+                "version": item.version,
+                "build": build.key,
+                "dir": str(final),
+                "path": str(final / relative),
+                "gpu": build.gpu,
+                "llama_build": checked.build,
+                "commit": checked.commit,
+                "version_line": checked.version_line,
+                "devices": list(checked.devices),
+                "installed_at": time.time(),
+                "checked_at": time.time(),
+            }
+            with self.lock:
+                previous = self.manifest.get(item.engine)
+                self.manifest[item.engine] = entry
+            self._save()
+            self._prune(
+                item.engine, keep={final, Path(previous["dir"])} if previous and previous.get("dir") else {final}
+            )
+            log.info("engine %s %s installed: build %s at %s", item.engine, item.version, build.key, entry["path"])
+            return entry
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _verify(self, binary: Path, build: Build) -> verify.Verified:
+        ldd = self.tools.get("ldd", "ldd")
+        try:
+            return verify.check(binary, gpu=build.gpu, ldd=ldd)
+        except verify.VerifyError:
+            missing = verify.missing_libraries(binary, ldd=ldd)
+            packages = sorted({p for lib in missing if (p := verify.package_for(lib))})
+            if not packages or not self._install_packages(packages):
+                raise
+            return verify.check(binary, gpu=build.gpu, ldd=ldd)
+
+    def _install_packages(self, packages: list[str]) -> bool:
+        """Install OS packages from the node's own sources (apt-get, as root); False when it cannot."""
+        apt = self.tools.get("apt-get", "apt-get")
+        if not apt or not shutil.which(apt) or os.geteuid() != 0:
+            return False
+        log.info("installing OS packages %s with %s", ", ".join(packages), apt)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        try:
+            done = subprocess.run(  # noqa: S603 - argv built here
+                [apt, "install", "-y", "--no-install-recommends", *packages],
+                capture_output=True,
+                text=True,
+                timeout=APT_TIMEOUT_S,
+                env=env,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("%s install %s failed: %s", apt, " ".join(packages), exc)
+            return False
+        if done.returncode != 0:
+            log.warning("%s install %s failed: %s", apt, " ".join(packages), done.stderr.strip()[-500:])
+        return done.returncode == 0
+
+    def _prune(self, engine: str, keep: set[Path]) -> None:
+        """Remove an engine's older installs (the one before stays: engines may still run from it)."""
+        folder = self.root / engine
+        for child in folder.iterdir() if folder.is_dir() else ():
+            if child not in keep and not child.name.startswith("."):
+                shutil.rmtree(child, ignore_errors=True)
+
+    # ----------------------------------------------------------------- re-checks
+
+    def recheck_sync(self) -> list[str]:
+        """Check every installed engine again; withdraw those that fail. Returns the withdrawn."""
+        with self.lock:
+            entries = dict(self.manifest)
+        withdrawn = []
+        for name, entry in entries.items():
+            binary = Path(entry["path"])
+            try:
+                verify.check(binary, gpu=bool(entry.get("gpu")), ldd=self.tools.get("ldd", "ldd"))
+            except verify.VerifyError as exc:
+                with self.lock:
+                    if self.manifest.get(name) is entry:
+                        del self.manifest[name]
+                    state = self.states.setdefault(name, _State())
+                    state.failed_at = time.monotonic()
+                withdrawn.append(name)
+                self._save()
+                self._status(name, f"failed: re-check of {entry.get('version')} ({entry.get('build')}): {exc}")
+                log.warning("engine %s failed its re-check and is withdrawn: %s", name, exc)
+            else:
+                with self.lock:
+                    entry["checked_at"] = time.time()
+        return withdrawn
+
+    async def run_rechecks(self) -> None:
+        """Check the installed engines at once and then every recheck_interval, and converge again
+        every retry_after (cheap when nothing is missing; a withdrawn engine is installed again)."""
+        self.loop = asyncio.get_running_loop()
+        next_check = 0.0
+        while True:
+            try:
+                now = time.monotonic()
+                if self.manifest and now >= next_check:
+                    await asyncio.to_thread(self.recheck_sync)
+                    next_check = now + self.recheck_interval
+                if self.desired is not None:
+                    await self.converge(self.desired)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("re-checking the installed engines failed")
+            await asyncio.sleep(min(self.recheck_interval, self.retry_after))
+
+
+def _find_binary(tree: Path, name: str) -> Path:
+    found = sorted((p for p in tree.rglob(name) if p.is_file() and not p.is_symlink()), key=lambda p: len(p.parts))
+    if not found:
+        raise InstallError(f"the archive holds no {name}")
+    return found[0]
+
+
+def _merge_libraries(source: Path, target: Path) -> None:
+    """Move the CUDA runtime's shared objects next to the engine (its RUNPATH is $ORIGIN)."""
+    for path in sorted(source.rglob("*")):
+        if ".so" in path.name and (path.is_file() or path.is_symlink()):
+            dest = target / path.name
+            if dest.exists() or dest.is_symlink():
+                dest.unlink()
+            path.rename(dest)

@@ -1,0 +1,285 @@
+"""The agent installs llama.cpp from a release, as it would from GitHub: a local server of ours
+speaks the releases API and serves real archives of the real llama-server; bad ones are refused
+with the reason and the engine that worked before stays."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.install.builds import NodeFacts, parse_assets
+from agent.install.manager import DesiredEngine, Installer, parse_desired_engines
+from agent.probes import nvidia
+from tests.agent.fixturefiles import fixtures_root, read_text
+from tests.engine_releases import LAUNCH_LIBRARY, ReleaseServer, cudart_tarball, have_cc, llama_tarball
+from tests.enginebin import llama_server_path, missing_reason
+
+SERVER = llama_server_path()
+pytestmark = pytest.mark.skipif(SERVER is None, reason=missing_reason())
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    assert SERVER is not None
+    folder = tmp_path_factory.mktemp("archives")
+    made = {
+        "b100": llama_tarball(folder / "b100", "b100", server=SERVER),
+        "b200": llama_tarball(folder / "b200", "b200", server=SERVER),
+    }
+    if have_cc():
+        made["b300"] = llama_tarball(folder / "b300", "b300", server=SERVER, launcher=True)
+    return made
+
+
+@pytest.fixture
+def releases() -> Iterator[ReleaseServer]:
+    with ReleaseServer() as server:
+        yield server
+
+
+def desired(server: ReleaseServer, tag: str) -> DesiredEngine:
+    """What the control plane sends for a release: its listing, relayed (it never calls GitHub for the node)."""
+    (item,) = parse_desired_engines([{"engine": "llama.cpp", "version": tag, "assets": server.release(tag)["assets"]}])
+    return item
+
+
+def installer(tmp_path: Path, facts: NodeFacts | None = None, **kwargs: object) -> tuple[Installer, list[str]]:
+    seen: list[str] = []
+    made: Installer
+
+    def changed() -> None:
+        status = made.report()["status"].get("llama.cpp")
+        if status:
+            seen.append(status)
+
+    made = Installer(tmp_path / "state", facts=lambda: facts or NodeFacts(), on_change=changed, **kwargs)  # type: ignore[arg-type]
+    return made, seen
+
+
+def test_a_node_from_nothing_installs_the_cpu_build_and_reports_it(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path]
+) -> None:
+    releases.add("b100", archives["b100"])
+    engines, seen = installer(tmp_path)
+    assert engines.report() == {"probed": True, "installed": [], "status": {}}  # looked, has none
+    engines.converge_sync([desired(releases, "b100")])
+    report = engines.report()
+    (entry,) = report["installed"]
+    assert entry["engine"] == "llama.cpp" and entry["version"] == "b100" and entry["build"] == "cpu-x64"
+    binary = Path(entry["path"])
+    assert binary.name == "llama-server" and os.access(binary, os.X_OK)
+    assert binary.is_relative_to(tmp_path / "state" / "engines" / "llama.cpp" / "b100-cpu-x64")
+    assert engines.binaries() == {"llama.cpp": str(binary)}
+    assert report["status"] == {}
+    assert any(s.startswith("installing: downloading llama-b100-bin-ubuntu-x64.tar.gz (") for s in seen)
+    assert any(s.startswith("installing: checking cpu-x64") for s in seen)
+    # nothing left behind but the install and its manifest
+    assert sorted(p.name for p in (tmp_path / "state" / "engines").iterdir()) == ["installed.json", "llama.cpp"]
+    # the node asks GitHub for nothing but the files: the listing came from the control plane
+    assert not any(r.startswith("/repos/") for r in releases.requests)
+    # a new agent process reads the manifest and does not download again
+    again, _ = installer(tmp_path)
+    count = len(releases.requests)
+    again.converge_sync([desired(releases, "b100")])
+    assert again.binaries() == engines.binaries() and len(releases.requests) == count
+
+
+def test_an_upgrade_replaces_the_install_and_keeps_the_one_before(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path]
+) -> None:
+    releases.add("b100", archives["b100"])
+    releases.add("b200", archives["b200"])
+    engines, _ = installer(tmp_path)
+    engines.converge_sync([desired(releases, "b100")])
+    engines.converge_sync([desired(releases, "b200")])
+    assert engines.report()["installed"][0]["version"] == "b200"
+    folder = tmp_path / "state" / "engines" / "llama.cpp"
+    assert sorted(p.name for p in folder.iterdir()) == ["b100-cpu-x64", "b200-cpu-x64"]
+    engines.converge_sync([])  # no longer wanted
+    assert engines.binaries() == {}
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("digest", "digest mismatch"),
+        ("truncate", "truncated"),
+        ("missing", "HTTP 404"),
+        ("no-digest", "no sha256 published"),
+    ],
+)
+def test_a_bad_download_is_refused_with_its_reason_and_the_old_engine_stays(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path], fault: str, reason: str
+) -> None:
+    releases.add("b100", archives["b100"])
+    releases.add("b200", archives["b200"])
+    engines, _ = installer(tmp_path, retry_after=3600)
+    engines.converge_sync([desired(releases, "b100")])
+    before = engines.binaries()
+    name = archives["b200"].name
+    if fault == "digest":
+        releases.digest_override[name] = "sha256:" + "0" * 64
+    elif fault == "truncate":
+        releases.truncate[name] = 1000
+    elif fault == "missing":
+        releases.drop.add(name)
+    else:
+        releases.digest_override[name] = None
+    engines.converge_sync([desired(releases, "b200")])
+    status = engines.report()["status"]["llama.cpp"]
+    assert status.startswith("failed: cpu-x64: ") and reason in status
+    assert engines.binaries() == before  # still b100
+    assert engines.report()["installed"][0]["version"] == "b100"
+    assert not list((tmp_path / "state" / "engines").glob(".staging-*"))
+
+
+def _evil(tmp_path: Path, tag: str, kind: str) -> Path:
+    """A release archive with one member that would leave the install directory."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    archive = tmp_path / f"llama-{tag}-bin-ubuntu-x64.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        assert SERVER is not None
+        tar.add(SERVER, f"llama-{tag}/llama-server")
+        info = tarfile.TarInfo()
+        if kind == "traversal":
+            info.name, data = f"llama-{tag}/../../../escaped", b"x"
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        elif kind == "absolute":
+            info.name, data = str(tmp_path.parent / "escaped"), b"x"
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        elif kind == "symlink":
+            info.name, info.type, info.linkname = f"llama-{tag}/lib", tarfile.SYMTYPE, "../../../.."
+            tar.addfile(info)
+        elif kind == "hardlink":
+            info.name, info.type, info.linkname = f"llama-{tag}/passwd", tarfile.LNKTYPE, "/etc/passwd"
+            tar.addfile(info)
+        elif kind == "device":
+            info.name, info.type = f"llama-{tag}/null", tarfile.CHRTYPE
+            info.devmajor, info.devminor = 1, 3
+            tar.addfile(info)
+    return archive
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("traversal", "leaves"),
+        ("absolute", "absolute"),
+        ("symlink", "symlink"),
+        ("hardlink", "hard link"),
+        ("device", "device"),
+    ],
+)
+def test_a_malicious_archive_is_refused_before_anything_is_written(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path], kind: str, reason: str
+) -> None:
+    releases.add("b100", archives["b100"])
+    releases.add("b666", _evil(tmp_path / "evil", "b666", kind))
+    engines, _ = installer(tmp_path, retry_after=3600)
+    engines.converge_sync([desired(releases, "b100")])
+    engines.converge_sync([desired(releases, "b666")])
+    status = engines.report()["status"]["llama.cpp"]
+    assert status.startswith("failed: cpu-x64: ") and reason in status.lower()
+    assert engines.report()["installed"][0]["version"] == "b100"
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "state" / "escaped").exists()
+
+
+@pytest.mark.skipif(not have_cc(), reason="needs cc to build the dynamically linked launcher")
+def test_an_engine_whose_library_goes_is_withdrawn_at_the_next_recheck(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path]
+) -> None:
+    releases.add("b300", archives["b300"])
+    engines, _ = installer(tmp_path, retry_after=3600)
+    engines.converge_sync([desired(releases, "b300")])
+    (entry,) = engines.report()["installed"]
+    assert engines.recheck_sync() == []
+    (Path(entry["path"]).parent / LAUNCH_LIBRARY).unlink()  # as an upgrade removing a package would
+    assert engines.recheck_sync() == ["llama.cpp"]
+    assert engines.binaries() == {}
+    status = engines.report()["status"]["llama.cpp"]
+    assert status.startswith("failed: re-check of b300 (cpu-x64): missing shared libraries: " + LAUNCH_LIBRARY)
+    # within retry_after it is not fetched again; after it, it is installed afresh and works
+    engines.converge_sync([desired(releases, "b300")])
+    assert engines.binaries() == {}
+    engines.retry_after = 0
+    engines.converge_sync([desired(releases, "b300")])
+    assert engines.report()["installed"][0]["version"] == "b300" and engines.report()["status"] == {}
+
+
+@pytest.mark.skipif(not have_cc(), reason="needs cc to build the dynamically linked launcher")
+def test_a_build_missing_a_library_is_refused_naming_it(tmp_path: Path, releases: ReleaseServer) -> None:
+    assert SERVER is not None
+    broken = tmp_path / "broken"
+    archive = llama_tarball(broken, "b400", server=SERVER, launcher=True)
+    # repack without the library the launcher needs
+    stripped = tmp_path / "stripped" / archive.name
+    stripped.parent.mkdir()
+    with tarfile.open(archive) as src, tarfile.open(stripped, "w:gz") as dst:
+        for member in src.getmembers():
+            if LAUNCH_LIBRARY not in member.name and "libllmgw-launch.so" not in member.name:
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    releases.add("b400", stripped)
+    engines, _ = installer(tmp_path, tools={"apt-get": ""}, retry_after=3600)
+    engines.converge_sync([desired(releases, "b400")])
+    assert engines.binaries() == {}
+    assert f"missing shared libraries: {LAUNCH_LIBRARY}" in engines.report()["status"]["llama.cpp"]
+
+
+def _gpu_facts() -> NodeFacts:
+    path = fixtures_root() / "nvidia-smi-q" / "h100-80gb-hbm3-vm-drv590-idle-masked.txt"
+    if not path.exists():
+        pytest.skip(f"{path} not found (set LLMGW_FIXTURES_DIR)")
+    report = nvidia.parse_nvidia_smi_text(read_text(path))
+    return NodeFacts(driver_version=report.driver_version, gpus=[dataclasses.asdict(g) for g in report.gpus])
+
+
+def test_a_gpu_build_that_runs_on_the_cpu_is_refused_and_the_cpu_build_never_tried(
+    tmp_path: Path, releases: ReleaseServer
+) -> None:
+    """A CUDA archive whose GPU backend cannot load still runs (on the CPU): `--list-devices`
+    shows no GPU, so it is not used; neither is the Vulkan one; and never the CPU build."""
+    assert SERVER is not None
+    tag = "b500"
+    for name in (
+        f"llama-{tag}-bin-ubuntu-cuda-13.3-x64.tar.gz",
+        f"llama-{tag}-bin-ubuntu-vulkan-x64.tar.gz",
+        f"llama-{tag}-bin-ubuntu-x64.tar.gz",
+    ):
+        releases.add(tag, llama_tarball(tmp_path / name, tag, server=SERVER, name=name))
+    releases.add(tag, cudart_tarball(tmp_path / "cudart", tag, "13.3"))
+    engines, _ = installer(tmp_path, facts=_gpu_facts(), tools={"apt-get": ""}, retry_after=3600)
+    engines.converge_sync([desired(releases, tag)])
+    assert engines.binaries() == {}
+    status = engines.report()["status"]["llama.cpp"]
+    assert "cuda-13.3-x64: llama-server --list-devices shows no GPU" in status
+    assert "vulkan-x64: llama-server --list-devices shows no GPU" in status
+    assert "CPU build is never used" in status or "cpu-x64" not in status
+    downloaded = [r for r in releases.requests if r.startswith("/objects/")]
+    assert f"/objects/llama-{tag}-bin-ubuntu-x64.tar.gz" not in downloaded
+    assert f"/objects/cudart-llama-{tag}-bin-ubuntu-cuda-13.3-x64.tar.gz" in downloaded
+
+
+def test_an_engine_named_in_agent_yaml_is_used_as_named(tmp_path: Path, releases: ReleaseServer) -> None:
+    assert SERVER is not None
+    engines, _ = installer(tmp_path, configured={"llama.cpp": str(SERVER)})
+    engines.converge_sync([DesiredEngine("llama.cpp", "b100", tuple(parse_assets({"assets": []})))])
+    assert engines.binaries() == {"llama.cpp": str(SERVER)}
+    assert engines.report()["installed"] == [] and releases.requests == []
+
+
+def test_a_release_the_control_plane_could_not_read_waits_with_its_words(tmp_path: Path) -> None:
+    engines, _ = installer(tmp_path)
+    (item,) = parse_desired_engines(
+        [{"engine": "llama.cpp", "version": "b9", "note": "the control plane cannot read release b9: HTTP 404"}]
+    )
+    engines.converge_sync([item])
+    assert engines.report()["status"] == {"llama.cpp": "waiting: the control plane cannot read release b9: HTTP 404"}
+    assert parse_desired_engines([{"engine": "tensorrt", "version": "1"}, "junk", {"version": 2}]) == []
