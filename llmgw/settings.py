@@ -195,6 +195,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "reconcile": {"task": "apps.cluster.tasks.reconcile", "schedule": 5.0},
     # Messages are notifications, never the only copy: resend every node its shard list.
     "push-desired-state": {"task": "apps.cluster.tasks.push_desired_state", "schedule": 60.0},
+    # Engine releases the nodes want and the control plane has not read yet (or failed to read).
+    "fetch-engine-releases": {"task": "apps.cluster.tasks.fetch_engine_releases", "schedule": 60.0},
 }
 
 # Where the gateway's usage batches are written: "worker" (a Celery task, so web processes
@@ -245,6 +247,13 @@ if PROVIDER_CA_BUNDLE and not Path(PROVIDER_CA_BUNDLE).exists():
 ENGINE_PORT_MIN = env_int("LLMGW_ENGINE_PORT_MIN", 20000, minimum=1024, maximum=65000)
 ENGINE_PORT_MAX = env_int("LLMGW_ENGINE_PORT_MAX", 29999, minimum=1024, maximum=65535)
 ENGINE_STOP_GRACE = env_int("LLMGW_ENGINE_STOP_GRACE_SECONDS", 10, minimum=1, maximum=600)
+# Where the control plane reads engine releases (GitHub's REST API: releases/tags/<tag>), with an
+# optional token (unauthenticated calls are limited to 60 an hour); nodes never call it themselves.
+# Reached through HTTPS_PROXY/NO_PROXY like external providers, with the same CA bundle.
+ENGINE_RELEASES_API = (env_str("LLMGW_ENGINE_RELEASES_API") or "https://api.github.com").rstrip("/")
+ENGINE_RELEASES_TOKEN = env_secret("LLMGW_ENGINE_RELEASES_TOKEN") or ""
+# Engine archives the control plane holds and serves its nodes (uploaded, or fetched once).
+ENGINE_FILES_DIR = Path(env_str("LLMGW_ENGINE_FILES_DIR") or str(DATA_DIR / "engine-files")).expanduser()
 # Scaling under load: a replica is added while the gateway keeps queueing requests (every
 # replica busy within the last SCALE_UP_WINDOW seconds), one at a time, and one is removed
 # after SCALE_DOWN_AFTER seconds without such a moment.

@@ -13,6 +13,8 @@ from apps.accounts.choices import StaffRole
 from apps.accounts.models import User
 
 BACKEND = os.environ.get("LLMGW_TEST_BACKEND", "")
+#: A port nothing listens on: engine releases are read from here unless a test serves them.
+CLOSED_RELEASES_API = "http://127.0.0.1:9"
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +25,8 @@ def _plain_static_storage(settings: Any) -> None:
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Nothing in the suite reaches GitHub: a test that reads releases starts a server of its own.
+    settings.ENGINE_RELEASES_API = CLOSED_RELEASES_API
 
 
 @pytest.fixture(autouse=True)

@@ -279,7 +279,9 @@ class ControlPlane:
         labels: dict[str, str] | None = None,
         heartbeat: float = 1.0,
         start: bool = True,
+        settings: dict[str, Any] | None = None,
     ) -> FleetAgent:
+        """An agent on a host built from captured output; `settings` adds to or replaces its agent.yaml."""
         answer = self.api("POST", "nodes/enrollments", {"name": name, "labels": labels or {}})
         root = self.tmp / "hosts" / name
         root.mkdir(parents=True)
@@ -294,6 +296,7 @@ class ControlPlane:
             "hostname": name,
             "model_dirs": [],
             "labels": {},
+            **(settings or {}),
         }
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))

@@ -17,7 +17,7 @@ from django.utils.translation import ngettext
 
 from apps.accounts.admin import AuditedAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
 from apps.cluster import services
-from apps.cluster.models import ControlLock, EnrollmentToken, Gpu, Node, Replica, Shard
+from apps.cluster.models import ControlLock, EngineChoice, EngineRelease, EnrollmentToken, Gpu, Node, Replica, Shard
 from llmgw.http import client_address
 
 
@@ -34,8 +34,9 @@ class NodeAdmin(AuditedAdmin):
     # below), and a node is revoked before it is deleted (node.delete), so its agent is cut off.
     # Its status is written by heartbeats, what it is (agent, hardware, address, samples) by its
     # agent, drains by services.drain_node and its credential by enrollment: all read-only, as
-    # is its name, which its agent and `llmgw ctl` know it by. Its labels are audited here
-    # (node.update).
+    # is its name, which its agent and `llmgw ctl` know it by. Its disabled engines change with
+    # `ctl node engines` (services.set_disabled_engines, which tells the node). Its labels are
+    # audited here (node.update).
     list_display = ["name", "status", "cordoned", "agent_version", "address", "last_seen_at", "registered_at"]
     list_filter = ["status", "cordoned"]
     search_fields = ["name", "address"]
@@ -58,6 +59,7 @@ class NodeAdmin(AuditedAdmin):
         "revoked_at",
         "address",
         "desired_version",
+        "disabled_engines",
     ]
     audit_exclude = ("cordoned", "cordon_reason")
     inlines = [GpuInline]
@@ -172,3 +174,18 @@ class ShardAdmin(ReadOnlyAdmin):
 class ControlLockAdmin(ReadOnlyAdmin):
     # The reconciler's lock row.
     list_display = ["name"]
+
+
+@admin.register(EngineChoice)
+class EngineChoiceAdmin(ReadOnlyAdmin):
+    # Set by server.yaml's `engines:`, `llmgw ctl engine set|unset` and the API
+    # (apps.cluster.engines, which audits each change and tells the nodes).
+    list_display = ["engine", "version", "scope", "match", "updated_at"]
+    list_filter = ["engine", "scope"]
+
+
+@admin.register(EngineRelease)
+class EngineReleaseAdmin(ReadOnlyAdmin):
+    # Read from the releases API by the worker (apps.cluster.engines.fetch_release).
+    list_display = ["engine", "version", "fetched_at", "tried_at", "error"]
+    list_filter = ["engine"]

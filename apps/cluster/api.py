@@ -7,6 +7,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, inline_serializer
@@ -18,14 +20,24 @@ from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
-from apps.accounts.access import IsOperator
+from apps.accounts.access import IsOperator, public
+from apps.cluster import engines as engine_choices
 from apps.cluster import selectors, services
 from apps.cluster.choices import NodeStatus
-from apps.cluster.models import Gpu, Node
+from apps.cluster.models import EngineChoice, EngineRelease, Gpu, Node
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
 
-__all__ = ["AgentEnrollView", "EngineSerializer", "NodeEnrollmentView", "NodeViewSet", "node_summary"]
+__all__ = [
+    "AgentEnrollView",
+    "EngineChoicesView",
+    "EngineRefreshView",
+    "EngineRemoveView",
+    "EngineSerializer",
+    "NodeEnrollmentView",
+    "NodeViewSet",
+    "node_summary",
+]
 
 
 def node_summary(node: Node, now: Any = None) -> dict[str, Any]:
@@ -75,6 +87,12 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
     engines = serializers.SerializerMethodField(
         help_text=_("The engines the node has, with their versions; empty when it has none, null when it never said.")
     )
+    engine_status = serializers.SerializerMethodField(
+        help_text=_(
+            "Per engine, what its install on the node is doing, in the node's words "
+            "(“installing: downloading … (16 MB, 40 %)”, “failed: …”); empty when nothing is under way."
+        )
+    )
     # Unreachable as soon as its heartbeats are stale, whether or not the scheduler marked it yet.
     status = serializers.ChoiceField(choices=NodeStatus.choices, source="live_status", read_only=True)
 
@@ -90,6 +108,8 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
             "agent_version",
             "features",
             "engines",
+            "engine_status",
+            "disabled_engines",
             "warnings",
             "created_at",
             "registered_at",
@@ -106,6 +126,10 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
         if engines is None:
             return None
         return [{"name": engine.name, "version": engine.version} for engine in engines]
+
+    @extend_schema_field(serializers.DictField(child=serializers.CharField()))
+    def get_engine_status(self, node: Node) -> dict[str, str]:
+        return selectors.node_engine_status(node)
 
     def get_summary(self, node: Node) -> dict[str, Any]:
         return node_summary(node)
@@ -156,6 +180,15 @@ class DrainSerializer(serializers.Serializer[Any]):
     )
     force = serializers.BooleanField(
         required=False, default=False, help_text=_("Stop replicas that cannot be placed elsewhere anyway.")
+    )
+
+
+class NodeEnginesSerializer(serializers.Serializer[Any]):
+    disable = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(engine_choices.ENGINE_REPOS)), required=False, default=list
+    )
+    enable = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(engine_choices.ENGINE_REPOS)), required=False, default=list
     )
 
 
@@ -210,6 +243,21 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         )
         return Response(NodeDetailSerializer(node).data)
 
+    @extend_schema(request=NodeEnginesSerializer, responses=NodeDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def engines(self, request: Request, name: str | None = None) -> Response:
+        """Keep engines off this node (`disable`), or let them back (`enable`)."""
+        data = NodeEnginesSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.set_disabled_engines(
+            self.get_object(),
+            disable=data.validated_data["disable"],
+            enable=data.validated_data["enable"],
+            actor=request.user,  # type: ignore[arg-type]
+            address=self._address(),
+        )
+        return Response(NodeDetailSerializer(node).data)
+
     @extend_schema(request=None, responses=NodeDetailSerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, name: str | None = None) -> Response:
@@ -221,6 +269,12 @@ class EnrollmentRequestSerializer(serializers.Serializer[Any]):
     name = serializers.CharField(max_length=63)
     labels = serializers.DictField(child=serializers.CharField(max_length=256), required=False)
     expires_in_seconds = serializers.IntegerField(min_value=60, max_value=7 * 24 * 3600, required=False)
+    disabled_engines = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(engine_choices.ENGINE_REPOS)),
+        required=False,
+        default=list,
+        help_text=_("Engines this node must not install or run."),
+    )
 
     def validate_name(self, value: str) -> str:
         try:
@@ -267,6 +321,7 @@ class NodeEnrollmentView(APIView):
             data.validated_data["name"],
             labels=labels,
             expires_in=timedelta(seconds=seconds),
+            disabled_engines=data.validated_data["disabled_engines"],
             actor=request.user,  # type: ignore[arg-type]
         )
         server = settings.PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
@@ -319,3 +374,152 @@ class AgentEnrollView(APIView):
         except services.EnrollmentRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
         return Response({"node": node.name, "credential": credential, "enrolled_at": timezone.now()})
+
+
+# Engines ----------------------------------------------------------------------------------------
+
+
+class EngineChoiceSerializer(serializers.ModelSerializer[EngineChoice]):
+    engine = serializers.ChoiceField(choices=sorted(engine_choices.ENGINE_REPOS))
+    version = serializers.CharField(
+        max_length=64, help_text=_("A release tag (llama.cpp: b10991), or “none” to keep the engine off.")
+    )
+    match = serializers.CharField(
+        max_length=300,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text=_("The GPU class, the label as key=value, or the node name; empty for every node."),
+    )
+
+    class Meta:
+        model = EngineChoice
+        fields = ["engine", "version", "scope", "match", "updated_at"]
+        read_only_fields = ["updated_at"]
+
+
+class EngineReleaseSerializer(serializers.ModelSerializer[EngineRelease]):
+    assets = serializers.SerializerMethodField()
+
+    class Meta:
+        model = EngineRelease
+        fields = ["engine", "version", "fetched_at", "tried_at", "error", "assets"]
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_assets(self, release: EngineRelease) -> int:
+        return len(release.assets or [])
+
+
+class EngineOverviewSerializer(serializers.Serializer[Any]):
+    defaults = serializers.DictField(child=serializers.CharField())
+    choices = EngineChoiceSerializer(many=True)
+    releases = EngineReleaseSerializer(many=True)
+
+
+class EngineRemoveSerializer(serializers.Serializer[Any]):
+    engine = serializers.ChoiceField(choices=sorted(engine_choices.ENGINE_REPOS))
+    scope = serializers.ChoiceField(choices=EngineChoice.Scope.choices, default=EngineChoice.Scope.ALL)
+    match = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+def _overview() -> dict[str, Any]:
+    return {
+        "defaults": engine_choices.DEFAULT_VERSIONS,
+        "choices": EngineChoiceSerializer(EngineChoice.objects.all(), many=True).data,
+        "releases": EngineReleaseSerializer(EngineRelease.objects.all(), many=True).data,
+    }
+
+
+class EngineChoicesView(APIView):
+    """Which engine versions the nodes should have: the rules, and the releases read for them.
+
+    GET lists them; POST sets one rule (the most specific rule that matches a node wins: node,
+    label, GPU class, every node; without one, `defaults`)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=EngineOverviewSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(_overview())
+
+    @extend_schema(request=EngineChoiceSerializer, responses=EngineOverviewSerializer)
+    def post(self, request: Request) -> Response:
+        data = EngineChoiceSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            engine_choices.set_choice(
+                data.validated_data["engine"],
+                data.validated_data["version"],
+                data.validated_data.get("scope", EngineChoice.Scope.ALL),
+                data.validated_data.get("match", ""),
+                actor=request.user,
+                address=client_address(request),
+            )
+        except engine_choices.EngineConfigError as exc:
+            raise serializers.ValidationError({"detail": str(exc)}) from None
+        return Response(_overview())
+
+
+class EngineRemoveView(APIView):
+    """Remove one engine rule; the nodes it picked fall back to the next that matches them."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        request=EngineRemoveSerializer,
+        responses={
+            200: EngineOverviewSerializer,
+            404: OpenApiResponse(ErrorSerializer, description=_("No such rule.")),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = EngineRemoveSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        removed = engine_choices.remove_choice(
+            data.validated_data["engine"],
+            data.validated_data["scope"],
+            data.validated_data["match"],
+            actor=request.user,
+            address=client_address(request),
+        )
+        if not removed:
+            return Response({"detail": _("No such engine rule.")}, status=status.HTTP_404_NOT_FOUND)
+        return Response(_overview())
+
+
+class EngineRefreshView(APIView):
+    """Read the engine releases the nodes want now, instead of at the worker's next pass."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=None, responses=EngineOverviewSerializer)
+    def post(self, request: Request) -> Response:
+        for engine, version in sorted(engine_choices.wanted_versions()):
+            release = EngineRelease.objects.filter(engine=engine, version=version).first()
+            if release is None or release.fetched_at is None:
+                engine_choices.fetch_release(engine, version)
+        engine_choices.nodes_changed(None)
+        return Response(_overview())
+
+
+@public
+def engine_file(request: HttpRequest, name: str) -> HttpResponseBase:
+    """An engine archive the control plane holds, for its nodes (their credential as a Bearer
+    token) and its staff; the node checks it against the release's digest as it would GitHub's."""
+    from django.http import FileResponse, JsonResponse
+
+    header = request.headers.get("Authorization", "")
+    bearer = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    allowed = (bearer and services.authenticate_node(bearer) is not None) or (
+        request.user.is_authenticated and request.user.is_staff
+    )
+    if not allowed:
+        return JsonResponse({"detail": str(_("A node credential is needed to fetch engine files."))}, status=401)
+    if request.method not in ("GET", "HEAD"):
+        return JsonResponse({"detail": str(_("Only GET and HEAD."))}, status=405)
+    path = engine_choices.held_file(name)
+    if path is None:
+        return JsonResponse(
+            {"detail": str(_("The control plane holds no engine file named %(name)s.") % {"name": name})}, status=404
+        )
+    return FileResponse(open(path, "rb"), as_attachment=True, filename=name)  # noqa: SIM115 - closed by the response

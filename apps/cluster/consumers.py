@@ -17,7 +17,7 @@ from apps.cluster import services
 from apps.cluster.heartbeats import writer as heartbeat_writer
 from apps.cluster.metrics import MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
 from apps.cluster.models import Node
-from apps.cluster.reconciler import desired_shards
+from apps.cluster.reconciler import desired_message
 
 __all__ = ["AgentConsumer"]
 
@@ -166,6 +166,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
             await self.send_desired(node.desired_version)
         elif message.type == "report":
+            if "engines" in message.body:
+                await database_sync_to_async(services.record_engines, thread_sensitive=False)(
+                    self.node_id, message.body["engines"]
+                )
             await database_sync_to_async(services.record_report)(self.node_id, message.body["shards"])
         elif message.type == "heartbeat":
             sample = message.body["sample"]
@@ -178,6 +182,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
                     self.node_id, health, self.gpu_health
                 )
             self.gpu_health = health
+        elif message.type == "response":
+            if str(message.body["request_id"]).startswith("doctor-"):
+                await database_sync_to_async(services.record_doctor, thread_sensitive=False)(self.node_id, message.body)
         elif message.type == "error":
             log.warning(
                 "node %s reports an error: %s: %s",
@@ -203,8 +210,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def send_desired(self, version: int) -> None:
         assert self.node_id is not None
         node = await database_sync_to_async(Node.objects.get)(pk=self.node_id)
-        shards = await database_sync_to_async(desired_shards)(node)
-        await self.send(protocol.encode("desired", {"shards": shards, "generation": version}))
+        body = await database_sync_to_async(desired_message)(node, version)
+        await self.send(protocol.encode("desired", body))
         self.desired_sent = version
 
     # Messages from the channel layer -------------------------------------------------------

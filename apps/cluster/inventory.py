@@ -59,6 +59,9 @@ def _snapshot(node: Node) -> NodeSnapshot:
         cpus=node.cpus,
         gpus=gpus,
         engines=frozenset(engines) if isinstance(engines, list) else None,
+        engine_status={
+            str(k): str(v) for k, v in (node.hardware.get("engine_status") or {}).items() if isinstance(v, str)
+        },
         fabric=None,
         weights=weights,
         weight_dirs=weight_dirs,

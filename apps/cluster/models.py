@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 
-__all__ = ["ControlLock", "EnrollmentToken", "Gpu", "Node", "Replica", "Shard"]
+__all__ = ["ControlLock", "EngineChoice", "EngineRelease", "EnrollmentToken", "Gpu", "Node", "Replica", "Shard"]
 
 
 class Node(models.Model):
@@ -51,6 +51,12 @@ class Node(models.Model):
     desired_version = models.PositiveIntegerField(_("desired state version"), default=0)
     # The channel of the node's newest agent connection; an older one closes when it sees another here.
     connection = models.CharField(_("agent connection"), max_length=200, blank=True, editable=False)
+    # Engines this node must not install or run, whatever the engine choices say.
+    disabled_engines = models.JSONField(_("disabled engines"), default=list, blank=True)
+    # The checks `llmgw doctor` last ran on the node when asked from the console: [{name, status, detail, fix}].
+    doctor = models.JSONField(_("doctor's checks"), null=True, blank=True, editable=False)
+    doctor_requested_at = models.DateTimeField(_("doctor asked"), null=True, blank=True, editable=False)
+    doctor_at = models.DateTimeField(_("doctor answered"), null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = _("node")
@@ -130,6 +136,8 @@ class EnrollmentToken(models.Model):
 
     node_name = models.CharField(_("node name"), max_length=200)
     labels = models.JSONField(_("labels"), default=dict, blank=True)
+    # Engines the node must not install or run (`llmgw ctl node add --disable-engine`).
+    disabled_engines = models.JSONField(_("disabled engines"), default=list, blank=True)
     token_hash = models.CharField(_("token hash"), max_length=64, unique=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -248,3 +256,64 @@ class ControlLock(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class EngineChoice(models.Model):
+    """Which version of an engine the nodes a rule picks should have (`engines:` in server.yaml).
+
+    A node takes, per engine, the most specific rule that matches it: its name, then one of its
+    labels, then one of its GPU classes, then the rule for every node; without any, the version
+    this release was checked against (apps.cluster.engines.DEFAULT_VERSIONS). Version "none"
+    keeps the engine off the nodes the rule picks.
+    """
+
+    class Scope(models.TextChoices):
+        ALL = "all", _("every node")
+        GPU_CLASS = "gpu_class", _("GPU class")
+        LABEL = "label", _("label")
+        NODE = "node", _("node")
+
+    engine = models.CharField(_("engine"), max_length=32)
+    version = models.CharField(_("version"), max_length=64)
+    scope = models.CharField(_("applies to"), max_length=16, choices=Scope.choices, default=Scope.ALL)
+    # The GPU class, "key=value" of a label, or the node name; "" for every node.
+    match = models.CharField(_("match"), max_length=300, blank=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("engine choice")
+        verbose_name_plural = _("engine choices")
+        ordering = ["engine", "scope", "match"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["engine", "scope", "match"], name="%(app_label)s_%(class)s_unique_engine_scope_match"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        where = self.get_scope_display() if self.scope == self.Scope.ALL else f"{self.scope} {self.match}"
+        return f"{self.engine} {self.version} ({where})"
+
+
+class EngineRelease(models.Model):
+    """An engine release's asset listing, fetched once by the control plane (GitHub's
+    `releases/tags/<tag>`) and handed to the nodes: they never call GitHub themselves."""
+
+    engine = models.CharField(_("engine"), max_length=32)
+    version = models.CharField(_("version"), max_length=64)
+    # [{"name", "size", "digest": "sha256:<hex>", "browser_download_url"}], as the releases API lists them.
+    assets = models.JSONField(_("assets"), default=list, blank=True)
+    fetched_at = models.DateTimeField(_("fetched"), null=True, blank=True)
+    error = models.CharField(_("last error"), max_length=1000, blank=True)
+    tried_at = models.DateTimeField(_("last tried"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("engine release")
+        verbose_name_plural = _("engine releases")
+        ordering = ["engine", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["engine", "version"], name="%(app_label)s_%(class)s_unique_engine_version"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.engine} {self.version}"

@@ -569,6 +569,13 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
     return out
 
 
+def desired_message(node: Node, generation: int) -> dict[str, Any]:
+    """The body of a node's "desired" message: its shards and the engines it should have."""
+    from apps.cluster.engines import desired_engines
+
+    return {"shards": desired_shards(node), "engines": desired_engines(node), "generation": generation}
+
+
 def push_desired_state(node_ids: set[int] | None = None) -> None:
     """Send each node (or the ones named) its whole shard list over its websocket."""
     from asgiref.sync import async_to_sync
@@ -584,9 +591,7 @@ def push_desired_state(node_ids: set[int] | None = None) -> None:
     if node_ids is not None:
         nodes = nodes.filter(pk__in=node_ids)
     for node in nodes:
-        text = protocol.encode(
-            "desired", {"shards": desired_shards(node), "generation": int(timezone.now().timestamp())}
-        )
+        text = protocol.encode("desired", desired_message(node, int(timezone.now().timestamp())))
         try:
             async_to_sync(layer.group_send)(node_group(node.pk), {"type": "agent.send", "text": text})
         except Exception:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -36,6 +36,9 @@ __all__ = [
     "list_node_rows",
     "node_charts",
     "node_detail",
+    "node_doctor",
+    "node_engine_rows",
+    "node_engine_status",
     "node_engines",
     "node_row",
 ]
@@ -156,6 +159,70 @@ def node_engines(node: Node) -> list[Engine] | None:
     else:
         return None
     return [Engine(name, known.get(name)) for name in sorted(set(names))]
+
+
+def node_engine_status(node: Node) -> dict[str, str]:
+    """Per engine, what its install on the node is doing, in the node's words; {} when nothing."""
+    status = (node.hardware or {}).get("engine_status")
+    if not isinstance(status, dict):
+        return {}
+    return {str(k): str(v)[:2000] for k, v in sorted(status.items()) if isinstance(v, str) and v}
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    """One engine on the node page: what it should have, what it has, what is under way."""
+
+    name: str
+    wanted: str  # a version, or "none" (kept off)
+    why: str
+    installed: str | None  # the version the node reports; None when it has none
+    status: str  # the node's own words for an install under way or failed; "" for none
+    disabled: bool
+
+
+def node_engine_rows(node: Node) -> list[EngineRow]:
+    from apps.cluster.engines import NONE, choices_for
+
+    have = {engine.name: engine.version or "-" for engine in node_engines(node) or []}
+    status = node_engine_status(node)
+    rows = []
+    for name, (version, why) in sorted(choices_for(node).items()):
+        rows.append(
+            EngineRow(
+                name=name,
+                wanted=version,
+                why=why,
+                installed=have.pop(name, None),
+                status=status.get(name, ""),
+                disabled=version == NONE and name in (node.disabled_engines or []),
+            )
+        )
+    for name, version in sorted(have.items()):  # named in the node's agent.yaml, not chosen here
+        rows.append(EngineRow(name, "-", "", version, status.get(name, ""), False))
+    return rows
+
+
+@dataclass(frozen=True)
+class Doctor:
+    checks: list[dict[str, str]] | None
+    at: datetime | None
+    asked: datetime | None
+
+    @property
+    def waiting(self) -> bool:
+        """Asked and not answered since (given up on after two minutes)."""
+        if self.asked is None or (self.at is not None and self.at >= self.asked):
+            return False
+        return timezone.now() - self.asked < timedelta(minutes=2)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for check in self.checks or [] if check.get("status") == "fail")
+
+
+def node_doctor(node: Node) -> Doctor:
+    return Doctor(checks=node.doctor, at=node.doctor_at, asked=node.doctor_requested_at)
 
 
 def engines_text(engines: list[Engine] | None) -> str:

@@ -38,10 +38,14 @@ __all__ = [
     "issue_credential",
     "mark_unreachable_nodes",
     "node_group",
+    "record_doctor",
+    "record_engines",
     "record_heartbeats",
     "record_report",
     "register_node",
+    "request_doctor",
     "revoke_node",
+    "set_disabled_engines",
     "sample_health",
     "sample_history",
     "set_connection",
@@ -100,6 +104,7 @@ def create_enrollment(
     *,
     labels: dict[str, str] | None = None,
     expires_in: timedelta = timedelta(hours=1),
+    disabled_engines: list[str] | None = None,
     actor: User | None,
 ) -> NewEnrollment:
     name = validate_node_name(name)
@@ -107,12 +112,19 @@ def create_enrollment(
     token = EnrollmentToken.objects.create(
         node_name=name,
         labels=dict(labels or {}),
+        disabled_engines=sorted(set(disabled_engines or [])),
         token_hash=_hash(secret),
         created_by=actor,
         expires_at=timezone.now() + expires_in,
     )
     audit.record(
-        actor, "node.enrollment_create", token, node=name, labels=labels or {}, expires_at=token.expires_at.isoformat()
+        actor,
+        "node.enrollment_create",
+        token,
+        node=name,
+        labels=labels or {},
+        disabled_engines=token.disabled_engines or None,
+        expires_at=token.expires_at.isoformat(),
     )
     return NewEnrollment(token=token, secret=secret)
 
@@ -146,7 +158,11 @@ def enroll_node(secret: str, *, address: str | None = None) -> tuple[Node, str]:
     node.revoked_at = None
     node.status = NodeStatus.PENDING
     node.labels = {**node.labels, **token.labels}
-    node.save(update_fields=["credential_hash", "revoked_at", "status", "labels"])
+    fields = ["credential_hash", "revoked_at", "status", "labels"]
+    if token.disabled_engines:
+        node.disabled_engines = sorted(set(node.disabled_engines or []) | set(token.disabled_engines))
+        fields.append("disabled_engines")
+    node.save(update_fields=fields)
     EnrollmentToken.objects.filter(pk=token.pk).update(node=node)
     audit.record(None, "node.enroll", node, address=address, token=token.pk, created=created)
     if not created:
@@ -220,6 +236,77 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
     if sample:
         append_histories({node.pk: sample})
     return node
+
+
+def request_doctor(node: Node, *, actor: User | None, address: str | None = None) -> bool:
+    """Ask the node's agent to run `llmgw doctor` now; its answer lands in `node.doctor`.
+    False when the request could not be sent (no channel layer reaches the agent)."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from agent import protocol
+
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(doctor_requested_at=now)
+    node.doctor_requested_at = now
+    audit.record(actor, "node.doctor", node, address=address)
+    layer = get_channel_layer()
+    if layer is None:
+        return False
+    text = protocol.encode("request", {"request_id": f"doctor-{secrets.token_hex(8)}", "kind": "doctor"})
+    try:
+        async_to_sync(layer.group_send)(node_group(node.pk), {"type": "agent.send", "text": text})
+    except Exception:
+        log.warning("could not ask node %s to run its checks", node.name, exc_info=True)
+        return False
+    return True
+
+
+def record_doctor(node_id: int, body: dict[str, Any]) -> None:
+    """The agent's answer to a doctor request: its checks, kept on the node."""
+    result = body.get("result") if body.get("ok") else None
+    checks = result.get("checks") if isinstance(result, dict) else None
+    if not isinstance(checks, list):
+        checks = [{"name": "doctor", "status": "fail", "detail": str(body.get("error") or "no answer"), "fix": ""}]
+    clean = [
+        {k: str(item.get(k) or "")[:2000] for k in ("name", "status", "detail", "fix")}
+        for item in checks[:200]
+        if isinstance(item, dict)
+    ]
+    Node.objects.filter(pk=node_id).update(doctor=clean, doctor_at=timezone.now())
+
+
+ENGINE_KEYS = ("engines", "engine_versions", "engines_probed", "engine_status")
+
+
+def record_engines(node_id: int, report: dict[str, Any]) -> bool:
+    """Take the agent's word for its engines (usable ones, versions, installs in progress or
+    failed). A node that gained an engine gets a reconciler pass: its pending models may fit now.
+    Returns whether anything changed."""
+    from apps.cluster.reconciler import request_reconcile
+
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(pk=node_id).first()
+        if node is None:
+            return False
+        before = {key: node.hardware.get(key) for key in ENGINE_KEYS}
+        after = {key: report.get(key) for key in ENGINE_KEYS if key in report}
+        if all(before.get(k) == v for k, v in after.items()):
+            return False
+        node.hardware = {**node.hardware, **after}
+        node.save(update_fields=["hardware"])
+        gained = set(after.get("engines") or []) - set(before.get("engines") or [])
+        lost = set(before.get("engines") or []) - set(after.get("engines") or [])
+        if gained or lost:
+            audit.record(
+                None,
+                "node.engines",
+                node,
+                changes={"engines": [sorted(before.get("engines") or []), sorted(after.get("engines") or [])]},
+            )
+        if gained:
+            request_reconcile()
+    return True
 
 
 GPU_FIELDS = (
@@ -452,6 +539,25 @@ def cordon_node(node: Node, *, reason: str, actor: User | None, address: str | N
     node.save(update_fields=["cordoned", "cordon_reason"])
     after = {"cordoned": True, "reason": node.cordon_reason}
     audit.record(actor, "node.cordon", node, changes=audit.diff(before, after), address=address)
+    return node
+
+
+@transaction.atomic
+def set_disabled_engines(
+    node: Node, *, disable: list[str], enable: list[str], actor: User | None, address: str | None = None
+) -> Node:
+    """Keep engines off a node, or let them back; the node hears at once (its desired state)."""
+    from apps.cluster.engines import nodes_changed
+
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    before = sorted(node.disabled_engines or [])
+    after = sorted((set(before) | set(disable)) - set(enable))
+    if after != before:
+        node.disabled_engines = after
+        node.save(update_fields=["disabled_engines"])
+        audit.record(actor, "node.engines", node, changes={"disabled_engines": [before, after]}, address=address)
+        pk = node.pk
+        transaction.on_commit(lambda: nodes_changed({pk}))
     return node
 
 

@@ -37,3 +37,10 @@ def push_desired_state() -> None:
     from apps.cluster.reconciler import push_desired_state as push
 
     push()
+
+
+@shared_task(ignore_result=True)
+def fetch_engine_releases() -> None:
+    from apps.cluster.engines import fetch_wanted_releases
+
+    fetch_wanted_releases()

@@ -23,7 +23,17 @@ from apps.cluster import overview, selectors, services
 from apps.cluster.models import Node
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
-__all__ = ["cluster", "node_add", "node_cordon", "node_detail", "node_drain", "node_uncordon", "nodes"]
+__all__ = [
+    "cluster",
+    "node_add",
+    "node_cordon",
+    "node_detail",
+    "node_doctor",
+    "node_doctor_run",
+    "node_drain",
+    "node_uncordon",
+    "nodes",
+]
 
 AGENT_CONFIG_PATH = "/etc/llmgw/agent.yaml"
 AGENT_STATE_DIR = "/var/lib/llmgw-agent"
@@ -49,6 +59,7 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name)
     context: dict[str, Any] = {
         "detail": selectors.node_detail(node),
+        "doctor": selectors.node_doctor(node),
         "node": node,
         "can_change": can_change_cluster(request.user),
         "drain": services.drain_status(node),
@@ -56,7 +67,39 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     if is_fragment(request):
         return render(request, "cluster/node_detail.html#node-live", context)
     context["charts"] = selectors.node_charts(node)
+    context["engine_rows"] = selectors.node_engine_rows(node)
     return render(request, "cluster/node_detail.html", context)
+
+
+@requires("read_everything", methods=["GET"])
+def node_doctor(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """The checks `llmgw doctor` last ran on the node; polled every 2 s while an answer is awaited."""
+    node = selectors.get_node_for_user(request.user, name)
+    return _doctor(request, node, None)
+
+
+@requires("change_cluster", methods=["POST"])
+def node_doctor_run(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Ask the node's agent to run `llmgw doctor` now."""
+    node = selectors.get_node_for_user(request.user, name, perm="change")
+    user: User = request.user  # type: ignore[assignment]
+    sent = services.request_doctor(node, actor=user, address=client_address(request))
+    node.refresh_from_db()
+    return _doctor(request, node, sent)
+
+
+def _doctor(request: HtmxHttpRequest, node: Node, sent: bool | None) -> HttpResponse:
+    if not is_fragment(request):
+        if request.method == "GET":
+            return node_detail(request, node.name)
+        return HttpResponseRedirect(reverse("cluster:node", args=[node.name]) + "#doctor")
+    context = {
+        "node": node,
+        "can_change": can_change_cluster(request.user),
+        "doctor": selectors.node_doctor(node),
+        "sent": sent,
+    }
+    return render(request, "cluster/node_detail.html#node-doctor", context)
 
 
 def _after_cordon(request: HtmxHttpRequest, node: Node, error: str | None = None) -> HttpResponse:

@@ -90,6 +90,49 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return run_agent(args.config)
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check this node: its engines and their libraries, GPUs, AVX2, model directories, the
+    control plane and the clock. One line per check; exit 1 when one failed."""
+    import json
+
+    try:
+        from agent import doctor
+        from agent.config import ConfigError, load_config
+    except ImportError:
+        sys.exit("llmgw: the agent is not part of this installation")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"fail  agent.yaml           {args.config}: {exc}")
+        return 1
+    checks = doctor.run_checks(config)
+    if args.json:
+        print(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        print(doctor.format_lines(checks))
+    return doctor.exit_status(checks)
+
+
+def cmd_engine_files(args: argparse.Namespace) -> int:
+    """Keep engine archives on the control plane, to serve its nodes (sites without the internet)."""
+    _django_setup()
+    from pathlib import Path
+
+    from apps.cluster.engines import EngineConfigError, store_file
+
+    for name in args.files:
+        path = Path(name)
+        try:
+            with open(path, "rb") as handle:
+                stored, digest, size = store_file(path.name, iter(lambda: handle.read(1 << 20), b""))
+        except OSError as exc:
+            sys.exit(f"llmgw engine-files: cannot read {path}: {exc.strerror}")
+        except EngineConfigError as exc:
+            sys.exit(f"llmgw engine-files: {exc}")
+        print(f"{stored.name}: {size} bytes, sha256 {digest}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmgw", description="A private LLM service over your own servers.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -125,6 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="path of agent.yaml (default ./agent.yaml or LLMGW_AGENT_CONFIG)",
     )
     p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("doctor", help="check this node: engines, GPUs, AVX2, model directories, control plane, clock")
+    p.add_argument(
+        "--config",
+        default=os.environ.get("LLMGW_AGENT_CONFIG", "agent.yaml"),
+        help="path of agent.yaml (default ./agent.yaml or LLMGW_AGENT_CONFIG)",
+    )
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("engine-files", help="keep engine archives on the control plane for its nodes")
+    p.add_argument("files", nargs="+", metavar="FILE", help="release archives, named as the release names them")
+    p.set_defaults(func=cmd_engine_files)
 
     p = sub.add_parser("manage", help="Django management commands", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -68,13 +68,17 @@ def _gpus(node: dict[str, Any]) -> str | None:
 
 def _engines(node: dict[str, Any]) -> str | None:
     """Each engine with its version, "-" where the node gave none ("llama.cpp b6500, vllm -"); "none"
-    for a node that has none; None (shown "-") for one that never said, or a server too old to tell."""
+    for a node that has none; None (shown "-") for one that never said, or a server too old to tell.
+    An install under way or failed follows in the node's words ("llama.cpp installing: ...")."""
     engines = node.get("engines")
+    status = node.get("engine_status") or {}
+    listed = [f"{engine['name']} {engine.get('version') or '-'}" for engine in engines or []]
+    listed += [f"{name} {text}" for name, text in sorted(status.items())]
+    if listed:
+        return ", ".join(listed)
     if engines is None:
         return None
-    if not engines:
-        return "none"
-    return ", ".join(f"{engine['name']} {engine.get('version') or '-'}" for engine in engines)
+    return "none"
 
 
 def node_row(node: dict[str, Any]) -> list[Any]:
@@ -184,7 +188,12 @@ def _duration(text: str) -> int:
 def cmd_node_add(client: Client, args: argparse.Namespace) -> int:
     answer = client.post(
         "nodes/enrollments",
-        {"name": args.name, "labels": _labels(args.label), "expires_in_seconds": _duration(args.expires)},
+        {
+            "name": args.name,
+            "labels": _labels(args.label),
+            "expires_in_seconds": _duration(args.expires),
+            "disabled_engines": args.disable_engine or [],
+        },
     )
     if args.json:
         print(json.dumps(answer, indent=2))
@@ -194,6 +203,100 @@ def cmd_node_add(client: Client, args: argparse.Namespace) -> int:
     print(answer["agent_yaml"])
     print(f"then start the agent:\n\n  {answer['command']}\n")
     return 0
+
+
+def cmd_node_engines(client: Client, args: argparse.Namespace) -> int:
+    node = client.post(f"nodes/{args.name}/engines", {"disable": args.disable, "enable": args.enable})
+    if args.json:
+        print(json.dumps(node, indent=2))
+        return 0
+    print(f"node {node['name']}: disabled engines: {', '.join(node.get('disabled_engines') or []) or 'none'}")
+    return 0
+
+
+# Engines ----------------------------------------------------------------------------------------
+
+
+def _scope(args: argparse.Namespace) -> tuple[str, str]:
+    picked = [(k, v) for k, v in (("gpu_class", args.gpu_class), ("label", args.label), ("node", args.node)) if v]
+    if len(picked) > 1:
+        raise SystemExit("llmgw ctl: name at most one of --gpu-class, --label and --node")
+    return picked[0] if picked else ("all", "")
+
+
+def _print_engines(answer: dict[str, Any]) -> None:
+    rows = [[engine, version, "every node (built in)", None] for engine, version in sorted(answer["defaults"].items())]
+    for choice in answer["choices"]:
+        where = "every node" if choice["scope"] == "all" else f"{choice['scope'].replace('_', ' ')} {choice['match']}"
+        rows.append([choice["engine"], choice["version"], where, human_age(choice.get("updated_at"))])
+    print(format_table(["ENGINE", "VERSION", "APPLIES TO", "CHANGED"], rows))
+    releases = answer.get("releases") or []
+    if releases:
+        print()
+        table = []
+        for r in releases:
+            state = f"{r['assets']} assets" if r.get("fetched_at") else (r.get("error") or "not read yet")
+            table.append([r["engine"], r["version"], state])
+        print(format_table(["ENGINE", "RELEASE", "LISTING"], table))
+
+
+def cmd_engines(client: Client, args: argparse.Namespace) -> int:
+    answer = client.get("engines")
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    _print_engines(answer)
+    return 0
+
+
+def cmd_engine_set(client: Client, args: argparse.Namespace) -> int:
+    scope, match = _scope(args)
+    answer = client.post("engines", {"engine": args.engine, "version": args.version, "scope": scope, "match": match})
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    _print_engines(answer)
+    return 0
+
+
+def cmd_engine_unset(client: Client, args: argparse.Namespace) -> int:
+    scope, match = _scope(args)
+    answer = client.post("engines/remove", {"engine": args.engine, "scope": scope, "match": match})
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    _print_engines(answer)
+    return 0
+
+
+def cmd_engine_refresh(client: Client, args: argparse.Namespace) -> int:
+    answer = client.post("engines/refresh", None)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    _print_engines(answer)
+    return 0
+
+
+def add_engine_commands(ctl_sub: Any) -> None:
+    p = ctl_sub.add_parser("engines", help="which engine versions the nodes should have, and the releases read")
+    p.set_defaults(ctl_func=cmd_engines)
+    engine = ctl_sub.add_parser("engine", help="set or unset the version of an engine for some nodes")
+    engine_sub = engine.add_subparsers(dest="engine_command", required=True, metavar="ACTION")
+    for verb, func, text in (
+        ("set", cmd_engine_set, "give the nodes picked (every node by default) this version; 'none' keeps it off"),
+        ("unset", cmd_engine_unset, "remove a rule; the nodes it picked take the next one that matches"),
+    ):
+        p = engine_sub.add_parser(verb, help=text)
+        p.add_argument("engine", help="llama.cpp")
+        if verb == "set":
+            p.add_argument("version", help="a release tag (b10991) or none")
+        p.add_argument("--gpu-class", help="only nodes with a GPU of this class (H100-80GB)")
+        p.add_argument("--label", metavar="KEY=VALUE", help="only nodes with this label")
+        p.add_argument("--node", help="only this node")
+        p.set_defaults(ctl_func=func)
+    p = engine_sub.add_parser("refresh", help="read the releases the nodes want now (from the releases API)")
+    p.set_defaults(ctl_func=cmd_engine_refresh)
 
 
 def _action(verb: str) -> Any:
@@ -235,7 +338,15 @@ def add_all(ctl_sub: Any) -> None:
     p.add_argument("name")
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="a label for the node (repeatable)")
     p.add_argument("--expires", default="1h", help="how long the token is good for (default 1h)")
+    p.add_argument(
+        "--disable-engine", action="append", metavar="ENGINE", help="keep an engine off this node (repeatable)"
+    )
     p.set_defaults(ctl_func=cmd_node_add)
+    p = node_sub.add_parser("engines", help="keep engines off a node, or let them back")
+    p.add_argument("name")
+    p.add_argument("--disable", action="append", metavar="ENGINE", default=[], help="keep this engine off (repeatable)")
+    p.add_argument("--enable", action="append", metavar="ENGINE", default=[], help="let this engine back (repeatable)")
+    p.set_defaults(ctl_func=cmd_node_engines)
     p = node_sub.add_parser("cordon", help="keep new replicas off a node")
     p.add_argument("name")
     p.add_argument("--reason", required=True, help="why (shown to other operators)")
@@ -253,6 +364,7 @@ def add_all(ctl_sub: Any) -> None:
     p = node_sub.add_parser("revoke", help="cut a node off: its credential stops working at once")
     p.add_argument("name")
     p.set_defaults(ctl_func=_action("revoke"))
+    add_engine_commands(ctl_sub)
     add_model_commands(ctl_sub)
     add_usage_commands(ctl_sub)
     add_limit_commands(ctl_sub)

@@ -206,6 +206,14 @@ def apply_server_config() -> None:
     for result in results:
         if result.outcome != "unchanged":
             print(f"llmgw: {path}: model {result.name} {result.outcome}", flush=True)
+    from apps.cluster.engines import EngineConfigError, apply_server_engines
+
+    try:
+        rules = apply_server_engines(path)
+    except EngineConfigError as exc:
+        sys.exit(f"llmgw: {path}: {exc}")
+    if rules is not None:
+        print(f"llmgw: {path}: {len(rules)} engine choice(s) applied", flush=True)
 
 
 def run_beat(args: argparse.Namespace) -> int:

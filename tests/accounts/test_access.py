@@ -65,6 +65,7 @@ PUBLIC: dict[str, str] = {
     "set-language": "sets the language cookie and redirects",
     "connect-script": "`curl … | sh` has no session; the script holds no secret",
     "api-agent-enroll": "an agent has no account: it trades a one-time token for its credential",
+    "api-engine-file": "an agent has no account: it shows its node credential (or a staff session) for the archive",
     "api-schema": "describes the API; holds no data",
     "api-docs": "Swagger UI for the schema; holds no data",
     "docs": "the manual's contents; LLMGW_DOCS_REQUIRE_SIGNIN sends strangers to sign in first",
@@ -205,6 +206,14 @@ def org_membership(world: World, role: str) -> dict[str, Any]:
     return {"pk": membership.pk}
 
 
+def engine_rule_to_remove() -> dict[str, dict[str, Any]]:
+    """A rule for every node, made anew before each call, so that removing it succeeds."""
+    from apps.cluster.models import EngineChoice
+
+    EngineChoice.objects.get_or_create(engine="llama.cpp", scope="all", match="", defaults={"version": "b1"})
+    return {"POST": {"engine": "llama.cpp"}}
+
+
 @dataclass(frozen=True)
 class Route:
     """`rule` is what the view must declare: one rule for a console view, (read, write) for the API."""
@@ -266,6 +275,8 @@ MATRIX: dict[str, Route] = {
     "cluster:node-cordon": Route("change_cluster", node, bodies=lambda w: {"POST": {"reason": "fan"}}),
     "cluster:node-uncordon": Route("change_cluster", node),
     "cluster:node-drain": Route("change_cluster", node),
+    "cluster:node-doctor": Route("read_everything", node),
+    "cluster:node-doctor-run": Route("change_cluster", node),
     "catalog:models": Route("read_everything"),
     "catalog:model-apply": Route(
         "change_cluster", bodies=lambda w: {"POST": {"spec": "models:\n  - " + json.dumps(MODEL_SPEC)}}
@@ -307,6 +318,12 @@ MATRIX: dict[str, Route] = {
     "node-uncordon": Route(("read_everything", "change_cluster"), node),
     "node-drain": Route(("read_everything", "change_cluster"), node),
     "node-revoke": Route(("read_everything", "change_cluster"), node),
+    "node-engines": Route(("read_everything", "change_cluster"), node, bodies=lambda w: {"POST": {"disable": []}}),
+    "api-engines": Route(
+        ("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"engine": "llama.cpp", "version": "b1"}}
+    ),
+    "api-engines-remove": Route(("read_everything", "change_cluster"), bodies=lambda w: engine_rule_to_remove()),
+    "api-engines-refresh": Route(("read_everything", "change_cluster")),
     "model-list": Route(("read_everything", "change_cluster")),
     "model-apply": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"models": [MODEL_SPEC]}}),
     "model-detail": Route(("read_everything", "change_cluster"), model),

@@ -32,7 +32,7 @@ from apps.accounts.models import AuditEvent, Membership, Organization, Project, 
 from apps.catalog.models import Model
 from apps.cluster import services as cluster_services
 from apps.cluster.choices import ReplicaState
-from apps.cluster.models import ControlLock, Node, Replica
+from apps.cluster.models import ControlLock, EngineChoice, EngineRelease, Node, Replica
 from apps.gateway.models import TableVersion
 from apps.quotas import services as quotas
 from apps.quotas.models import UsageRecord, UsageRollup
@@ -123,6 +123,10 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     "cluster.Replica": lambda w: w.replica,
     "cluster.Shard": lambda w: w.replica.shards.get(),
     "cluster.ControlLock": lambda w: ControlLock.objects.get(),
+    "cluster.EngineChoice": lambda w: EngineChoice.objects.get_or_create(
+        engine="llama.cpp", scope="all", match="", defaults={"version": "b1"}
+    )[0],
+    "cluster.EngineRelease": lambda w: EngineRelease.objects.get_or_create(engine="llama.cpp", version="b1")[0],
     "gateway.TableVersion": lambda w: TableVersion.objects.get(),
 }
 
@@ -136,6 +140,8 @@ READ_ONLY = {
     "cluster.Replica": "placed, rolled and removed by the reconciler",
     "cluster.Shard": "reported by the agents for the reconciler's replicas",
     "cluster.ControlLock": "the reconciler's lock row",
+    "cluster.EngineChoice": "set by server.yaml, `ctl engine` and the API, which audit it and tell the nodes",
+    "cluster.EngineRelease": "a release's asset listing, read by the worker from the releases API",
     "gateway.TableVersion": "bumped by the gateway's signals with every change it must reload for",
 }
 

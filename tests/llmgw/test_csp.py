@@ -47,6 +47,7 @@ POST_ONLY = {
     "cluster:node-cordon",
     "cluster:node-uncordon",
     "cluster:node-drain",
+    "cluster:node-doctor-run",
     "catalog:model-delete",
     "catalog:model-owner",
     "catalog:model-target",
@@ -69,6 +70,7 @@ POST_ONLY = {
 # Pages with arguments, opened on the objects the `fleet` fixture makes.
 ARGUMENTS: dict[str, list[dict[str, str]]] = {
     "cluster:node": [{"name": "gpu1"}, {"name": "bare"}],
+    "cluster:node-doctor": [{"name": "gpu1"}],
     "catalog:model": [{"name": "qwen"}, {"name": "hosted"}],
     "catalog:model-explain": [{"name": "qwen"}, {"name": "hosted"}],
     "docs-page": [{"slug": "quickstart"}, {"slug": "clients"}],

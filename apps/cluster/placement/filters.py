@@ -110,6 +110,9 @@ def engine(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     engines = node.engines
     if engines is None or ctx.profile.engine in engines:
         return None
+    status = node.engine_status.get(ctx.profile.engine)
+    if status:
+        return reasons.engine_not_yet(node.name, ctx.profile.engine, status)
     return reasons.no_engine(node.name, ctx.profile.engine, engines)
 
 

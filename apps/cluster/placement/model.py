@@ -39,6 +39,8 @@ class NodeSnapshot:
     cpus: int | None = None  # None: the agent did not say; the node stays usable
     gpus: list[GpuSlot] = field(default_factory=list)
     engines: frozenset[str] | None = None  # None: the agent did not say, do not filter
+    # Engine -> what its install on the node is doing, in the node's words ("installing: ...").
+    engine_status: dict[str, str] = field(default_factory=dict)
     fabric: str | None = None  # physical fabric identity; None: on no fabric
     weights: frozenset[str] = frozenset()  # model sources (paths on the node) whose weights it holds, whole
     # The directories it reports what it holds for: a source inside one and not held there is not on

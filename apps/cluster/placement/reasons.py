@@ -130,6 +130,15 @@ def no_engine(node: str, engine: str, engines: Iterable[str]) -> Reason:
     )
 
 
+def engine_not_yet(node: str, engine: str, status: str) -> Reason:
+    """The node is installing the engine, or could not: its own words say which."""
+    return Reason(
+        "engine",
+        gettext_noop("node %(node)s does not run the %(engine)s engine yet: %(status)s"),
+        {"node": node, "engine": engine, "status": status[:500]},
+    )
+
+
 def no_fabric(node: str, nodes: int) -> Reason:
     return Reason(
         "fabric",

@@ -1,0 +1,492 @@
+"""Which engines every node should have, decided here; the nodes install them.
+
+- Choices (`EngineChoice`): per engine, a version for every node, for a GPU class, for nodes
+  with a label, or for one node; the most specific rule that matches a node wins (node, label,
+  GPU class, every node), and without any the version this release was checked against
+  (`DEFAULT_VERSIONS`). Version "none" keeps an engine off; so does the node's own
+  `disabled_engines` (`llmgw ctl node add --disable-engine`). `engines:` in server.yaml states
+  the whole set of choices, applied at start like `models:`.
+- Releases (`EngineRelease`): the asset listing of each wanted version, read once from the
+  releases API (GitHub's `GET /repos/<repo>/releases/tags/<tag>`) by the worker and kept, so
+  nodes never call GitHub (60 calls an hour without a token). An archive the control plane holds
+  itself (`ENGINE_FILES_DIR`, uploaded or fetched once) is offered first, at its own URL, with the
+  same digest; GitHub's address comes after it.
+- `desired_engines(node)` is what goes to the node with its shards, in the "desired" message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from apps.accounts import audit
+from apps.cluster.models import EngineChoice, EngineRelease, Node
+
+__all__ = [
+    "DEFAULT_VERSIONS",
+    "ENGINE_REPOS",
+    "EngineConfigError",
+    "apply_engine_config",
+    "apply_server_engines",
+    "choices_for",
+    "desired_engines",
+    "fetch_release",
+    "fetch_wanted_releases",
+    "held_file",
+    "nodes_changed",
+    "remove_choice",
+    "parse_engine_config",
+    "set_choice",
+    "store_file",
+    "wanted_versions",
+]
+
+log = logging.getLogger(__name__)
+
+#: The engines the agent installs, and where their releases are published.
+ENGINE_REPOS = {"llama.cpp": "ggml-org/llama.cpp"}
+#: The version of each engine this release of llmgw was checked against: what a node gets when
+#: no choice names another.
+DEFAULT_VERSIONS = {"llama.cpp": "b10991"}
+NONE = "none"
+RETRY_FAILED_AFTER_S = 600.0
+FETCH_TIMEOUT_S = 30.0
+_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+_SCOPE_KEYS = {
+    "gpu_class": EngineChoice.Scope.GPU_CLASS,
+    "label": EngineChoice.Scope.LABEL,
+    "node": EngineChoice.Scope.NODE,
+}
+_SPECIFICITY = {
+    EngineChoice.Scope.NODE: 0,
+    EngineChoice.Scope.LABEL: 1,
+    EngineChoice.Scope.GPU_CLASS: 2,
+    EngineChoice.Scope.ALL: 3,
+}
+
+
+class EngineConfigError(ValueError):
+    """An engine choice that cannot be taken; str() names the field and why."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    engine: str
+    version: str
+    scope: str
+    match: str
+
+
+# --------------------------------------------------------------------------- choices
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINE_REPOS:
+        raise EngineConfigError(
+            _("unknown engine %(engine)s (llmgw installs: %(known)s)")
+            % {"engine": engine, "known": ", ".join(sorted(ENGINE_REPOS))}
+        )
+    return engine
+
+
+def check_version(version: Any, where: str) -> str:
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        raise EngineConfigError(
+            _("%(where)s: expected a release tag such as %(example)s, or “none”, got %(value)r")
+            % {"where": where, "example": DEFAULT_VERSIONS["llama.cpp"], "value": version}
+        )
+    return version
+
+
+def check_match(scope: str, match: str) -> str:
+    if scope == EngineChoice.Scope.ALL:
+        return ""
+    if not match or len(match) > 300 or "\x00" in match:
+        raise EngineConfigError(_("%(scope)s: a value is needed") % {"scope": scope})
+    if scope == EngineChoice.Scope.LABEL and "=" not in match:
+        raise EngineConfigError(_("label: expected key=value, got %(value)r") % {"value": match})
+    return match
+
+
+def parse_engine_config(data: Any) -> list[Rule]:
+    """server.yaml's `engines:`, strictly: unknown keys and engines are errors with their path.
+
+    engines:
+      llama.cpp: b10991            # every node
+      overrides:
+        - gpu_class: H100-80GB     # or `node: n3`, or `label: rack=r12`
+          llama.cpp: b11070        # or none
+    """
+    if data is None:
+        return []
+    if not isinstance(data, Mapping):
+        raise EngineConfigError(_("engines: expected a mapping of engine names to versions"))
+    rules: list[Rule] = []
+    for key, value in data.items():
+        if key == "overrides":
+            if not isinstance(value, list):
+                raise EngineConfigError(_("engines.overrides: expected a list"))
+            for i, item in enumerate(value):
+                rules += _parse_override(item, f"engines.overrides[{i}]")
+            continue
+        check_engine(str(key))
+        rules.append(Rule(str(key), check_version(value, f"engines.{key}"), EngineChoice.Scope.ALL, ""))
+    return rules
+
+
+def _parse_override(item: Any, where: str) -> list[Rule]:
+    if not isinstance(item, Mapping):
+        raise EngineConfigError(_("%(where)s: expected a mapping") % {"where": where})
+    scopes = [k for k in item if k in _SCOPE_KEYS]
+    if len(scopes) != 1:
+        raise EngineConfigError(_("%(where)s: name exactly one of gpu_class, label or node") % {"where": where})
+    scope = _SCOPE_KEYS[scopes[0]]
+    match = check_match(scope, str(item[scopes[0]]))
+    rules = []
+    for key, value in item.items():
+        if key == scopes[0]:
+            continue
+        if key not in ENGINE_REPOS:
+            raise EngineConfigError(
+                _("%(where)s.%(key)s: unknown field (expected gpu_class, label or node, and engine names: %(known)s)")
+                % {"where": where, "key": key, "known": ", ".join(sorted(ENGINE_REPOS))}
+            )
+        rules.append(Rule(key, check_version(value, f"{where}.{key}"), scope, match))
+    if not rules:
+        raise EngineConfigError(_("%(where)s: names no engine") % {"where": where})
+    return rules
+
+
+def apply_server_engines(path: str) -> list[Rule] | None:
+    """server.yaml's `engines:` (None when the file has none: the choices stay as they are)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise EngineConfigError(str(exc)) from None
+    if not isinstance(data, dict) or "engines" not in data:
+        return None
+    return apply_engine_config(data["engines"])
+
+
+@transaction.atomic
+def apply_engine_config(data: Any) -> list[Rule]:
+    """Make the choices exactly what server.yaml's `engines:` states (it states the whole set)."""
+    rules = parse_engine_config(data)
+    keep = set()
+    changed = False
+    for rule in rules:
+        before = EngineChoice.objects.filter(engine=rule.engine, scope=rule.scope, match=rule.match).first()
+        choice, _created = EngineChoice.objects.update_or_create(
+            engine=rule.engine, scope=rule.scope, match=rule.match, defaults={"version": rule.version}
+        )
+        keep.add(choice.pk)
+        if before is None or before.version != rule.version:
+            changed = True
+            audit.record(
+                None, "engine.set", choice, changes={"version": [before.version if before else None, rule.version]}
+            )
+    for gone in EngineChoice.objects.exclude(pk__in=keep):
+        changed = True
+        audit.record(None, "engine.remove", gone, changes={"version": [gone.version, None]})
+        gone.delete()
+    if changed:
+        transaction.on_commit(lambda: nodes_changed(None))
+    return rules
+
+
+@transaction.atomic
+def set_choice(
+    engine: str,
+    version: str,
+    scope: str = EngineChoice.Scope.ALL,
+    match: str = "",
+    *,
+    actor: Any = None,
+    address: str | None = None,
+) -> EngineChoice:
+    check_engine(engine)
+    check_version(version, "version")
+    if scope not in EngineChoice.Scope.values:
+        raise EngineConfigError(_("scope: expected one of %(known)s") % {"known": ", ".join(EngineChoice.Scope.values)})
+    match = check_match(scope, match)
+    before = EngineChoice.objects.filter(engine=engine, scope=scope, match=match).first()
+    choice, _created = EngineChoice.objects.update_or_create(
+        engine=engine, scope=scope, match=match, defaults={"version": version}
+    )
+    audit.record(
+        actor,
+        "engine.set",
+        choice,
+        changes={"version": [before.version if before else None, version]},
+        address=address,
+    )
+    transaction.on_commit(lambda: nodes_changed(None))
+    return choice
+
+
+@transaction.atomic
+def remove_choice(
+    engine: str,
+    scope: str = EngineChoice.Scope.ALL,
+    match: str = "",
+    *,
+    actor: Any = None,
+    address: str | None = None,
+) -> int:
+    choice = EngineChoice.objects.filter(engine=engine, scope=scope, match=match if scope != "all" else "").first()
+    if choice is None:
+        return 0
+    audit.record(actor, "engine.remove", choice, changes={"version": [choice.version, None]}, address=address)
+    choice.delete()
+    transaction.on_commit(lambda: nodes_changed(None))
+    return 1
+
+
+def _node_gpu_classes(node: Node) -> set[str]:
+    return {gpu.gpu_class for gpu in node.gpus.all() if gpu.gpu_class}
+
+
+def choices_for(node: Node, rules: Iterable[EngineChoice] | None = None) -> dict[str, tuple[str, str]]:
+    """Engine -> (version, why) for this node; version "none" where the engine is kept off."""
+    rules = list(EngineChoice.objects.all() if rules is None else rules)
+    labels = {f"{k}={v}" for k, v in (node.labels or {}).items()}
+    classes = _node_gpu_classes(node)
+    out: dict[str, tuple[str, str]] = {
+        engine: (version, _("the version this release was checked against"))
+        for engine, version in DEFAULT_VERSIONS.items()
+    }
+    best: dict[str, int] = {}
+    for rule in rules:
+        if rule.scope == EngineChoice.Scope.NODE and rule.match != node.name:
+            continue
+        if rule.scope == EngineChoice.Scope.LABEL and rule.match not in labels:
+            continue
+        if rule.scope == EngineChoice.Scope.GPU_CLASS and rule.match not in classes:
+            continue
+        rank = _SPECIFICITY[EngineChoice.Scope(rule.scope)]
+        if rule.engine in best and best[rule.engine] <= rank:
+            continue
+        best[rule.engine] = rank
+        out[rule.engine] = (rule.version, str(rule))
+    for engine in node.disabled_engines or []:
+        if engine in out:
+            out[engine] = (NONE, _("disabled on this node"))
+    return out
+
+
+def wanted_versions() -> set[tuple[str, str]]:
+    """Every (engine, version) some node should have now."""
+    rules = list(EngineChoice.objects.all())
+    wanted: set[tuple[str, str]] = set()
+    nodes = Node.objects.filter(revoked_at__isnull=True).only("name", "labels", "disabled_engines")
+    for node in nodes.prefetch_related("gpus"):
+        for engine, (version, _why) in choices_for(node, rules).items():
+            if version != NONE:
+                wanted.add((engine, version))
+    return wanted
+
+
+# --------------------------------------------------------------------------- what nodes get
+
+
+def held_file(name: str) -> Path | None:
+    """The control plane's own copy of an archive, when it holds one."""
+    if "/" in name or name.startswith(".") or not name:
+        return None
+    path = Path(settings.ENGINE_FILES_DIR) / name
+    return path if path.is_file() else None
+
+
+def _held_digest(path: Path) -> str | None:
+    sidecar = path.with_name(path.name + ".sha256")
+    try:
+        return sidecar.read_text().split()[0].lower()
+    except (OSError, IndexError):
+        return None
+
+
+def file_url(name: str) -> str:
+    """Relative: the agent resolves it against the server it connects to, and sends its credential."""
+    return f"/api/v1/engine-files/{name}"
+
+
+def _assets_for_node(release: EngineRelease) -> list[dict[str, Any]]:
+    out = []
+    for asset in release.assets or []:
+        if not isinstance(asset, dict) or not isinstance(asset.get("name"), str):
+            continue
+        urls = []
+        held = held_file(asset["name"])
+        digest = asset.get("digest")
+        if held is not None and isinstance(digest, str) and _held_digest(held) == digest.split(":", 1)[-1].lower():
+            urls.append(file_url(asset["name"]))
+        if isinstance(asset.get("browser_download_url"), str):
+            urls.append(asset["browser_download_url"])
+        out.append({"name": asset["name"], "size": asset.get("size"), "digest": digest, "urls": urls[:8]})
+    return out
+
+
+def desired_engines(node: Node) -> list[dict[str, Any]]:
+    """The engines this node should have, with their release's assets (or why there are none yet)."""
+    out = []
+    releases = {(r.engine, r.version): r for r in EngineRelease.objects.all()}
+    for engine, (version, _why) in sorted(choices_for(node).items()):
+        if version == NONE:
+            continue
+        entry: dict[str, Any] = {"engine": engine, "version": version}
+        release = releases.get((engine, version))
+        if release is not None and release.fetched_at is not None:
+            entry["assets"] = _assets_for_node(release)
+        elif release is not None and release.error:
+            entry["note"] = _("the control plane cannot read release %(version)s: %(error)s") % {
+                "version": version,
+                "error": release.error,
+            }
+        else:
+            entry["note"] = _("the control plane has not read release %(version)s yet") % {"version": version}
+        out.append(entry)
+    return out
+
+
+# --------------------------------------------------------------------------- releases
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    context = ssl.create_default_context()
+    bundle = settings.PROVIDER_CA_BUNDLE
+    if bundle:
+        if os.path.isdir(bundle):
+            context.load_verify_locations(capath=bundle)
+        else:
+            context.load_verify_locations(cafile=bundle)
+    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), urllib.request.ProxyHandler())
+
+
+def fetch_release(engine: str, version: str) -> EngineRelease:
+    """Read one release's assets from the releases API and keep them (or the error)."""
+    repo = ENGINE_REPOS[engine]
+    url = f"{settings.ENGINE_RELEASES_API}/repos/{repo}/releases/tags/{urllib.parse.quote(version, safe='')}"
+    headers = {"Accept": "application/vnd.github+json", "User-Agent": "llmgw", "X-GitHub-Api-Version": "2022-11-28"}
+    if settings.ENGINE_RELEASES_TOKEN:
+        headers["Authorization"] = f"Bearer {settings.ENGINE_RELEASES_TOKEN}"
+    release, _created = EngineRelease.objects.get_or_create(engine=engine, version=version)
+    release.tried_at = timezone.now()
+    try:
+        with _opener().open(urllib.request.Request(url, headers=headers), timeout=FETCH_TIMEOUT_S) as answer:
+            data = json.loads(answer.read(16 * 1024 * 1024))
+        assets = _clean_assets(data)
+    except urllib.error.HTTPError as exc:
+        release.error = f"HTTP {exc.code} {exc.reason} from {url}"[:1000]
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        release.error = f"cannot reach {url}: {reason}"[:1000]
+    except ValueError as exc:
+        release.error = f"{url} did not answer a release: {exc}"[:1000]
+    else:
+        release.assets = assets
+        release.fetched_at = timezone.now()
+        release.error = ""
+    release.save()
+    if release.error:
+        log.warning("engine release %s %s: %s", engine, version, release.error)
+    return release
+
+
+def _clean_assets(data: Any) -> list[dict[str, Any]]:
+    if not isinstance(data, dict) or not isinstance(data.get("assets"), list):
+        raise ValueError("no assets list")
+    assets = []
+    for item in data["assets"][:512]:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            continue
+        digest = item.get("digest")
+        assets.append(
+            {
+                "name": item["name"][:300],
+                "size": item["size"] if isinstance(item.get("size"), int) else None,
+                "digest": digest if isinstance(digest, str) and re.match(r"^sha256:[0-9a-fA-F]{64}$", digest) else None,
+                "browser_download_url": item.get("browser_download_url")
+                if isinstance(item.get("browser_download_url"), str)
+                else None,
+            }
+        )
+    return assets
+
+
+def fetch_wanted_releases() -> list[EngineRelease]:
+    """Read the releases some node wants and nobody has read yet (failed ones again after 10 min);
+    then tell the nodes, whose desired state now carries the assets."""
+    now = timezone.now()
+    known = {(r.engine, r.version): r for r in EngineRelease.objects.all()}
+    fetched = []
+    for engine, version in sorted(wanted_versions()):
+        release = known.get((engine, version))
+        if release is not None and release.fetched_at is not None:
+            continue
+        if release is not None and release.tried_at and (now - release.tried_at).total_seconds() < RETRY_FAILED_AFTER_S:
+            continue
+        fetched.append(fetch_release(engine, version))
+    if any(r.fetched_at is not None for r in fetched):
+        nodes_changed(None)
+    return fetched
+
+
+def nodes_changed(node_ids: set[int] | None) -> None:
+    """Bump the desired version of the nodes (every node when None) and push their desired state."""
+    from django.db.models import F
+
+    from apps.cluster.reconciler import push_desired_state
+
+    nodes = Node.objects.filter(revoked_at__isnull=True)
+    if node_ids is not None:
+        nodes = nodes.filter(pk__in=node_ids)
+    nodes.update(desired_version=F("desired_version") + 1)
+    try:
+        push_desired_state(node_ids)
+    except Exception:
+        log.warning("could not push the engines to the nodes; their next heartbeat will fetch them", exc_info=True)
+
+
+# --------------------------------------------------------------------------- held files
+
+
+def store_file(name: str, chunks: Iterable[bytes]) -> tuple[Path, str, int]:
+    """Keep an engine archive the control plane will serve (with a `.sha256` beside it)."""
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,299}$", name):
+        raise EngineConfigError(
+            _("file name: letters, digits, dots, dashes and pluses only, got %(name)r") % {"name": name}
+        )
+    folder = Path(settings.ENGINE_FILES_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.{os.getpid()}.part"
+    digest = hashlib.sha256()
+    size = 0
+    with open(tmp, "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
+    final = folder / name
+    os.replace(tmp, final)
+    final.with_name(name + ".sha256").write_text(f"{digest.hexdigest()}  {name}\n")
+    nodes_changed(None)
+    return final, digest.hexdigest(), size

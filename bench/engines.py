@@ -1,0 +1,223 @@
+"""Installing llama.cpp's CPU build from a local release server, and what keeping it costs.
+
+    .venv/bin/python bench/engines.py [--rounds 3]
+
+One run, on loopback:
+
+- a local server speaking GitHub's releases API (tests/engine_releases.py) serves a release
+  archive of the real llama-server (LLMGW_LLAMA_SERVER, ../shared/bin/llama-server, or the one
+  scripts/ensure-llama-server builds), packed as llama.cpp packs its Linux builds;
+- the baseline, measured in the same run: what a person would do by hand, as separate processes:
+  `curl -o` (or urllib when there is no curl), `sha256sum`, `tar xzf`, and one `--version`;
+- the agent's installer (agent/install/manager.py) on the same archive, from nothing each round:
+  download with sha256 on the way, the safe pre-scan and unpack, ldd, `--version`, rename;
+- its peak Python heap during an install (tracemalloc), next to the archive's size: the download
+  is streamed, never held whole;
+- the longest gap between two progress reports while the archive downloads from a server that
+  sends it slowly (64 kB every 20 ms);
+- the re-check the agent runs every ten minutes (ldd and `--version` per installed engine): wall
+  and CPU time (the children's included) per engine, for 1 and for 8 installed engines, and that
+  cost as a share of the ten minutes; and the agent's idle heap with 1 and with 8 installed.
+
+Prints the figures and the ratios; no assertions (a script, not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from agent.install.builds import NodeFacts  # noqa: E402
+from agent.install.manager import Installer, parse_desired_engines  # noqa: E402
+from tests.engine_releases import ReleaseServer, llama_tarball  # noqa: E402
+from tests.enginebin import llama_server_path, missing_reason  # noqa: E402
+
+RECHECK_INTERVAL_S = 600.0
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def by_hand(url: str, work: Path) -> float:
+    """curl, sha256sum, tar, --version: the floor an install cannot go under."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    started = time.perf_counter()
+    target = work / "archive.tar.gz"
+    if shutil.which("curl"):
+        subprocess.run(["curl", "-sSfL", "-o", str(target), url], check=True)
+    else:
+        with urllib.request.urlopen(url) as answer, open(target, "wb") as out:  # noqa: S310 - loopback
+            shutil.copyfileobj(answer, out, 1 << 20)
+    if shutil.which("sha256sum"):
+        subprocess.run(["sha256sum", str(target)], check=True, capture_output=True)
+    else:
+        hashlib.sha256(target.read_bytes()).hexdigest()
+    subprocess.run(["tar", "xzf", str(target), "-C", str(work)], check=True)
+    binary = next(work.glob("llama-*/llama-server"))
+    subprocess.run([str(binary), "--version"], check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def installer_for(state: Path, **kwargs: Any) -> Installer:
+    return Installer(state, facts=lambda: NodeFacts(arch="x86_64"), tools={"apt-get": ""}, **kwargs)
+
+
+def install_once(github: ReleaseServer, tag: str, state: Path) -> tuple[float, float, Installer]:
+    if state.exists():
+        shutil.rmtree(state)
+    engines = installer_for(state)
+    wanted = parse_desired_engines([{"engine": "llama.cpp", "version": tag, "assets": github.release(tag)["assets"]}])
+    started, cpu = time.perf_counter(), own_cpu() + children_cpu()
+    engines.converge_sync(wanted)
+    elapsed = time.perf_counter() - started
+    if not engines.binaries():
+        raise SystemExit(f"the install failed: {engines.report()['status']}")
+    return elapsed, own_cpu() + children_cpu() - cpu, engines
+
+
+class SlowServer:
+    """Serves one file 64 kB at a time, 20 ms apart, for the progress gaps."""
+
+    def __init__(self, path: Path) -> None:
+        data = path.read_bytes()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                for i in range(0, len(data), 64 * 1024):
+                    self.wfile.write(data[i : i + 64 * 1024])
+                    time.sleep(0.02)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/{path.name}"
+
+
+def progress_gaps(archive: Path, digest: str, work: Path) -> tuple[float, int, float]:
+    from agent.install.fetch import download
+
+    slow = SlowServer(archive)
+    times: list[float] = []
+    started = time.perf_counter()
+    download(
+        slow.url, work / archive.name, sha256=digest, progress=lambda done, total: times.append(time.perf_counter())
+    )
+    total = time.perf_counter() - started
+    slow.httpd.shutdown()
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    return max(gaps) if gaps else total, len(times), total
+
+
+def recheck_cost(engines: Installer, count: int, state: Path) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one re-check with `count` installed engines, and the heap the
+    agent keeps for them while idle (its manifest, read back as a new agent process would)."""
+    import json
+
+    entry = next(iter(engines.manifest.values()))
+    (state / "engines").mkdir(parents=True, exist_ok=True)
+    manifest = {f"llama.cpp#{i}": dict(entry) for i in range(count)}
+    (state / "engines" / "installed.json").write_text(json.dumps(manifest))
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    many = installer_for(state)
+    idle_heap = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    started, cpu = time.perf_counter(), own_cpu() + children_cpu()
+    withdrawn = many.recheck_sync()
+    assert not withdrawn, withdrawn
+    return time.perf_counter() - started, own_cpu() + children_cpu() - cpu, idle_heap
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    server = llama_server_path()
+    if server is None:
+        print(f"bench/engines.py: {missing_reason()}")
+        return 1
+    tag = "b900"
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-engines-") as tmp:
+        root = Path(tmp)
+        archive = llama_tarball(root / "release", tag, server=server)
+        size = archive.stat().st_size
+        with ReleaseServer() as github:
+            github.add(tag, archive)
+            asset = github.release(tag)["assets"][0]
+            url = f"{github.url}/objects/{archive.name}"
+            hand, ours, ours_cpu = [], [], []
+            engines: Installer | None = None
+            for i in range(args.rounds):
+                hand.append(by_hand(url, root / "by-hand"))
+                elapsed, cpu, engines = install_once(github, tag, root / f"state-{i % 2}")
+                ours.append(elapsed)
+                ours_cpu.append(cpu)
+            assert engines is not None
+            tracemalloc.start()
+            install_once(github, tag, root / "state-heap")
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            gap, calls, slow_total = progress_gaps(archive, asset["digest"], root / "slow")
+            one = recheck_cost(engines, 1, root / "state-one")
+            eight = recheck_cost(engines, 8, root / "state-eight")
+
+    hand_s, ours_s = statistics.median(hand), statistics.median(ours)
+    print(f"Engine install bench: {os.cpu_count()} CPUs, loopback, archive {archive.name} ({size / 1e6:.1f} MB)")
+    print("=" * 100)
+    print(f"by hand (curl, sha256sum, tar, --version), median of {args.rounds}: {hand_s * 1000:.0f} ms")
+    print(
+        f"the agent's install (sha256 streamed, pre-scan, unpack, ldd, --version, rename), median of {args.rounds}: "
+        f"{ours_s * 1000:.0f} ms, CPU {statistics.median(ours_cpu) * 1000:.0f} ms: {ours_s / hand_s:.2f}x by hand"
+    )
+    print(f"  peak Python heap during an install: {peak / 1e6:.2f} MB, {peak / size:.3f}x the archive (streamed)")
+    print(
+        f"  progress while downloading slowly ({slow_total:.1f} s): {calls} reports, longest gap {gap:.2f} s "
+        f"(target at most 2 s: {'MET' if gap <= 2.0 else 'MISSED'})"
+    )
+    for label, (wall, cpu, heap), count in (("1 engine", one, 1), ("8 engines", eight, 8)):
+        print(
+            f"re-check with {label}: {wall * 1000:.0f} ms wall, {cpu * 1000:.0f} ms CPU "
+            f"({cpu / count * 1000:.0f} ms per engine), {cpu / RECHECK_INTERVAL_S * 100:.4f} % of a CPU over its "
+            f"10-minute interval; the agent's idle heap for them {heap / 1000:.1f} kB"
+        )
+    print(
+        f"  8 engines / 1 engine: re-check CPU {eight[1] / one[1]:.1f}x (one ldd and --version each); "
+        "between re-checks the agent does nothing per engine"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Engines decided on the control plane: choices, server.yaml, releases read from a server that
+speaks GitHub's API, what a node is sent, what it reports back, the API, ctl and the pages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import protocol
+from apps.accounts.models import AuditEvent
+from apps.cluster import engines, services
+from apps.cluster.models import EngineChoice, EngineRelease, Node
+from apps.cluster.placement.filters import engine as engine_filter
+from apps.cluster.reconciler import desired_message
+from tests.builders import make_node
+from tests.conftest import make_user
+from tests.engine_releases import ReleaseServer, sha256_of
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(db: Any) -> Any:
+    from apps.accounts.choices import StaffRole
+
+    return make_user("olga@example.com", role=StaffRole.OPERATOR, name="Olga")
+
+
+def rules(data: Any) -> list[tuple[str, str, str, str]]:
+    return [(r.engine, r.version, r.scope, r.match) for r in engines.parse_engine_config(data)]
+
+
+def test_server_yaml_engines_are_read_strictly() -> None:
+    assert rules({"llama.cpp": "b11070", "overrides": [{"gpu_class": "V100-16GB", "llama.cpp": "b10000"}]}) == [
+        ("llama.cpp", "b11070", "all", ""),
+        ("llama.cpp", "b10000", "gpu_class", "V100-16GB"),
+    ]
+    assert rules({"overrides": [{"label": "rack=r12", "llama.cpp": "none"}, {"node": "n3", "llama.cpp": "b1"}]}) == [
+        ("llama.cpp", "none", "label", "rack=r12"),
+        ("llama.cpp", "b1", "node", "n3"),
+    ]
+    for bad, fragment in (
+        ({"llama.ccp": "b1"}, "unknown engine llama.ccp"),
+        ({"llama.cpp": 11070}, "engines.llama.cpp: expected a release tag"),
+        ({"llama.cpp": "b1; rm -rf /"}, "expected a release tag"),
+        ({"overrides": [{"gpu_klass": "x", "llama.cpp": "b1"}]}, "exactly one of gpu_class, label or node"),
+        ({"overrides": [{"node": "n1", "llama.cpp": "b1", "vlm": "1"}]}, "engines.overrides[0].vlm: unknown field"),
+        ({"overrides": [{"label": "rack", "llama.cpp": "b1"}]}, "label: expected key=value"),
+        ({"overrides": [{"node": "n1"}]}, "names no engine"),
+        (["llama.cpp"], "expected a mapping"),
+    ):
+        with pytest.raises(engines.EngineConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+            engines.parse_engine_config(bad)
+
+
+def test_the_most_specific_choice_wins_and_a_disabled_engine_is_off() -> None:
+    node = make_node("n1", gpus=2, labels={"rack": "r12"})
+    assert engines.choices_for(node)["llama.cpp"][0] == engines.DEFAULT_VERSIONS["llama.cpp"]
+    engines.apply_engine_config(
+        {
+            "llama.cpp": "b1",
+            "overrides": [
+                {"gpu_class": "H100-80GB", "llama.cpp": "b2"},
+                {"label": "rack=r12", "llama.cpp": "b3"},
+            ],
+        }
+    )
+    assert engines.choices_for(node)["llama.cpp"][0] == "b3"
+    engines.set_choice("llama.cpp", "b4", "node", "n1")
+    assert engines.choices_for(node)["llama.cpp"][0] == "b4"
+    other = make_node("n2", gpus=0)
+    assert engines.choices_for(other)["llama.cpp"][0] == "b1"
+    services.set_disabled_engines(other, disable=["llama.cpp"], enable=[], actor=None)
+    other.refresh_from_db()
+    assert engines.choices_for(other)["llama.cpp"][0] == "none"
+    assert desired_message(other, 1)["engines"] == []
+    assert engines.wanted_versions() == {("llama.cpp", "b4")}
+    # server.yaml states the whole set: applying it again without the overrides drops them
+    engines.apply_engine_config({"llama.cpp": "b1"})
+    assert list(EngineChoice.objects.values_list("scope", flat=True)) == ["all"]
+    assert AuditEvent.objects.filter(action="engine.remove").count() == 3  # gpu_class, label, node
+
+
+def test_releases_are_read_once_from_the_releases_api_and_sent_to_the_nodes(settings: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "llama-b7-bin-ubuntu-x64.tar.gz"
+    archive.write_bytes(b"not really an archive")
+    node = make_node("n1")
+    engines.set_choice("llama.cpp", "b7")
+    first = desired_message(node, 1)["engines"]
+    assert first == [{"engine": "llama.cpp", "version": "b7", "note": "the control plane has not read release b7 yet"}]
+    # nothing answers: the reason reaches the node, and it is not asked again for ten minutes
+    engines.fetch_wanted_releases()
+    (release,) = EngineRelease.objects.all()
+    assert release.fetched_at is None and "cannot reach http://127.0.0.1:9/repos/ggml-org/llama.cpp" in release.error
+    assert "the control plane cannot read release b7: cannot reach" in desired_message(node, 2)["engines"][0]["note"]
+    assert engines.fetch_wanted_releases() == []
+    with ReleaseServer() as github:
+        github.add("b7", archive)
+        settings.ENGINE_RELEASES_API = github.url
+        settings.ENGINE_RELEASES_TOKEN = "ghp_test"
+        EngineRelease.objects.update(tried_at=None)
+        before = Node.objects.get(pk=node.pk).desired_version
+        engines.fetch_wanted_releases()
+        assert github.requests == ["/repos/ggml-org/llama.cpp/releases/tags/b7"]
+    assert Node.objects.get(pk=node.pk).desired_version == before + 1  # the node hears of it
+    (sent,) = desired_message(node, 3)["engines"]
+    (asset,) = sent["assets"]
+    assert asset["name"] == archive.name and asset["digest"] == "sha256:" + sha256_of(archive)
+    assert asset["urls"] == [f"{github.url}/ggml-org/llama.cpp/releases/download/b7/{archive.name}"]
+    # the message passes the agent's own schema
+    protocol.parse_message(protocol.encode("desired", desired_message(node, 3)), expect="server")
+    # once the control plane holds the file itself it is offered first, at its own address
+    settings.ENGINE_FILES_DIR = str(tmp_path / "held")
+    with open(archive, "rb") as handle:
+        engines.store_file(archive.name, iter(lambda: handle.read(7), b""))
+    assert desired_message(node, 4)["engines"][0]["assets"][0]["urls"][0] == f"/api/v1/engine-files/{archive.name}"
+
+
+def test_engine_files_are_served_to_nodes_only(client: Any, settings: Any, tmp_path: Path) -> None:
+    settings.ENGINE_FILES_DIR = str(tmp_path)
+    engines.store_file("llama-b7-bin-ubuntu-x64.tar.gz", [b"abc", b"def"])
+    node, credential = services.enroll_node(services.create_enrollment("n1", actor=None).secret)
+    url = "/api/v1/engine-files/llama-b7-bin-ubuntu-x64.tar.gz"
+    assert client.get(url).status_code == 401
+    assert client.get(url, HTTP_AUTHORIZATION="Bearer llmgwn_wrong").status_code == 401
+    answer = client.get(url, HTTP_AUTHORIZATION=f"Bearer {credential}")
+    assert answer.status_code == 200 and b"".join(answer.streaming_content) == b"abcdef"
+    missing = client.get("/api/v1/engine-files/nope.tar.gz", HTTP_AUTHORIZATION=f"Bearer {credential}")
+    assert missing.status_code == 404 and "nope.tar.gz" in missing.json()["detail"]
+    assert (
+        client.get("/api/v1/engine-files/..%2F..%2Fsecret", HTTP_AUTHORIZATION=f"Bearer {credential}").status_code
+        == 404
+    )
+    with pytest.raises(engines.EngineConfigError):
+        engines.store_file("../escape", [b"x"])
+
+
+def test_what_a_node_reports_of_its_engines_is_kept_and_refuses_with_its_words() -> None:
+    node = make_node("n1", engines=())
+    services.record_engines(
+        node.pk,
+        {
+            "engines": [],
+            "engine_versions": {},
+            "engines_probed": True,
+            "engine_status": {"llama.cpp": "installing: downloading llama-b7-bin-ubuntu-x64.tar.gz (16 MB, 40 %)"},
+        },
+    )
+    from apps.cluster.inventory import _snapshot
+
+    node.refresh_from_db()
+    snapshot = _snapshot(node)
+
+    class Ctx:
+        class profile:  # noqa: N801 - a stand-in for the placement context's profile
+            engine = "llama.cpp"
+
+    reason = engine_filter(Ctx, snapshot)  # type: ignore[arg-type]
+    assert reason is not None
+    assert reason.message() == (
+        "node n1 does not run the llama.cpp engine yet: installing: downloading "
+        "llama-b7-bin-ubuntu-x64.tar.gz (16 MB, 40 %)"
+    )
+    assert services.record_engines(node.pk, {"engines": ["llama.cpp"], "engine_status": {}}) is True
+    assert services.record_engines(node.pk, {"engines": ["llama.cpp"], "engine_status": {}}) is False
+    assert AuditEvent.objects.filter(action="node.engines").count() == 1
+
+
+def test_the_engines_api_and_ctl(api: Any, operator: Any, capsys: Any) -> None:
+    api.force_authenticate(operator)
+    answer = api.get("/api/v1/engines").json()
+    assert answer["defaults"] == engines.DEFAULT_VERSIONS and answer["choices"] == []
+    answer = api.post(
+        "/api/v1/engines",
+        {"engine": "llama.cpp", "version": "b9", "scope": "gpu_class", "match": "L4-24GB"},
+        format="json",
+    )
+    assert answer.status_code == 200
+    assert answer.json()["choices"][0] | {"updated_at": None} == {
+        "engine": "llama.cpp",
+        "version": "b9",
+        "scope": "gpu_class",
+        "match": "L4-24GB",
+        "updated_at": None,
+    }
+    bad = api.post("/api/v1/engines", {"engine": "llama.cpp", "version": "b9 b10"}, format="json")
+    assert bad.status_code == 400 and "release tag" in json.dumps(bad.json())
+    unknown = api.post("/api/v1/engines", {"engine": "ollama", "version": "1"}, format="json")
+    assert unknown.status_code == 400
+    assert api.post("/api/v1/engines/remove", {"engine": "llama.cpp"}, format="json").status_code == 404
+    gone = api.post(
+        "/api/v1/engines/remove", {"engine": "llama.cpp", "scope": "gpu_class", "match": "L4-24GB"}, format="json"
+    )
+    assert gone.status_code == 200 and gone.json()["choices"] == []
+    assert AuditEvent.objects.filter(action__in=["engine.set", "engine.remove"], actor=operator).count() == 2
+    make_node("n1")
+    node = api.post("/api/v1/nodes/n1/engines", {"disable": ["llama.cpp"]}, format="json").json()
+    assert node["disabled_engines"] == ["llama.cpp"] and node["engine_status"] == {}
+    node = api.post("/api/v1/nodes/n1/engines", {"enable": ["llama.cpp"]}, format="json").json()
+    assert node["disabled_engines"] == []
+    enrolment = api.post(
+        "/api/v1/nodes/enrollments", {"name": "n2", "disabled_engines": ["llama.cpp"]}, format="json"
+    ).json()
+    joined, _ = services.enroll_node(enrolment["token"])
+    assert joined.disabled_engines == ["llama.cpp"]
+
+
+def test_a_viewer_reads_engines_but_cannot_change_them(api: Any) -> None:
+    from apps.accounts.choices import StaffRole
+
+    api.force_authenticate(make_user("vic@example.com", role=StaffRole.VIEWER))
+    assert api.post("/api/v1/engines", {"engine": "llama.cpp", "version": "b9"}, format="json").status_code == 403
