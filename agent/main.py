@@ -412,11 +412,14 @@ class Agent:
         """What the node says of its engines: the usable ones with versions, that it has looked
         (so an empty list means none), and what each install is doing in its own words."""
         state = self.installer.report()
+        usable = self.available_engines()
         return {
-            "engines": self.available_engines(),
+            "engines": usable,
             "engine_versions": self.engine_versions() if versions is None else versions,
             "engines_probed": state["probed"],
             "engine_status": state["status"],
+            # Named in agent.yaml on purpose (the control plane need not fetch it), or installed here.
+            "engine_sources": {name: "configured" if name in self.config.engines else "installed" for name in usable},
         }
 
     def node_facts(self) -> NodeFacts:

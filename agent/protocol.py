@@ -219,6 +219,8 @@ ENGINE_FIELDS: dict[str, Check] = {
     "engines_probed": nullable(boolean),
     # Engine -> what its install is doing, in the node's words ("installing: downloading ...").
     "engine_status": nullable(mapping(string(2000), 64)),
+    # Engine -> "configured" (named in agent.yaml) or "installed" (by the agent).
+    "engine_sources": nullable(mapping(string(32), 64)),
 }
 
 ENGINE_REPORT = obj({}, {**ENGINE_FIELDS, "engine_versions": nullable(mapping(nullable(string(200)), 64))})

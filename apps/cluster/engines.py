@@ -294,13 +294,15 @@ def choices_for(node: Node, rules: Iterable[EngineChoice] | None = None) -> dict
 
 
 def wanted_versions() -> set[tuple[str, str]]:
-    """Every (engine, version) some node should have now."""
+    """Every (engine, version) some node should install now (not those whose agent.yaml names
+    the engine's binary on purpose: they run that one)."""
     rules = list(EngineChoice.objects.all())
     wanted: set[tuple[str, str]] = set()
-    nodes = Node.objects.filter(revoked_at__isnull=True).only("name", "labels", "disabled_engines")
+    nodes = Node.objects.filter(revoked_at__isnull=True).only("name", "labels", "disabled_engines", "hardware")
     for node in nodes.prefetch_related("gpus"):
+        sources = node.hardware.get("engine_sources") or {}
         for engine, (version, _why) in choices_for(node, rules).items():
-            if version != NONE:
+            if version != NONE and sources.get(engine) != "configured":
                 wanted.add((engine, version))
     return wanted
 
@@ -363,8 +365,28 @@ def desired_engines(node: Node) -> list[dict[str, Any]]:
             }
         else:
             entry["note"] = _("the control plane has not read release %(version)s yet") % {"version": version}
+            _ask_for_releases()
         out.append(entry)
     return out
+
+
+def _ask_for_releases() -> None:
+    """Have the worker read the releases nodes wait for now (at most once a minute), rather than
+    at beat's next minute: a node that joins is told its engine's assets within seconds."""
+    from django.core.cache import cache
+
+    if not cache.add("llmgw:engines:fetch-asked", 1, 60):
+        return
+
+    def kick() -> None:
+        try:
+            from apps.cluster.tasks import fetch_engine_releases
+
+            fetch_engine_releases.delay()
+        except Exception:  # the broker being away must not fail the desired state
+            log.warning("could not ask the worker to read engine releases; beat will", exc_info=True)
+
+    transaction.on_commit(kick)
 
 
 # --------------------------------------------------------------------------- releases

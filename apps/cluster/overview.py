@@ -241,6 +241,8 @@ def _columns(rows: list[selectors.NodeRow]) -> set[str]:
             shown.add("disk")
         if row.node.agent_version:
             shown.add("agent")
+        if row.engines is not None or row.engine_status:
+            shown.add("engines")
         if row.warnings:
             shown.add("warnings")
         if row.node.labels:

@@ -36,6 +36,7 @@ __all__ = [
     "list_node_rows",
     "node_charts",
     "node_detail",
+    "engine_overview",
     "node_doctor",
     "node_engine_rows",
     "node_engine_status",
@@ -221,13 +222,44 @@ class Doctor:
         return sum(1 for check in self.checks or [] if check.get("status") == "fail")
 
 
+@dataclass(frozen=True)
+class EngineRule:
+    choice: Any  # an EngineChoice
+    release: Any | None  # its EngineRelease; None when the control plane never tried to read it
+
+
+@dataclass(frozen=True)
+class EngineOverview:
+    defaults: dict[str, str]
+    rules: list[EngineRule]
+    engines: list[str]
+    scopes: list[tuple[str, str]]
+
+
+def engine_overview() -> EngineOverview:
+    """The cluster page's engines: the rules, the built-in versions and the releases read."""
+    from apps.cluster.engines import DEFAULT_VERSIONS, ENGINE_REPOS
+    from apps.cluster.models import EngineChoice, EngineRelease
+
+    releases = {(r.engine, r.version): r for r in EngineRelease.objects.all()}
+    return EngineOverview(
+        defaults=dict(DEFAULT_VERSIONS),
+        rules=[EngineRule(c, releases.get((c.engine, c.version))) for c in EngineChoice.objects.all()],
+        engines=sorted(ENGINE_REPOS),
+        scopes=[(str(value), str(label)) for value, label in EngineChoice.Scope.choices],
+    )
+
+
 def node_doctor(node: Node) -> Doctor:
     return Doctor(checks=node.doctor, at=node.doctor_at, asked=node.doctor_requested_at)
 
 
-def engines_text(engines: list[Engine] | None) -> str:
-    """The engines as one line of plain text (a tooltip): "llama.cpp b6500, vllm -"."""
-    return ", ".join(f"{e.name} {e.version or '-'}" for e in engines or [])
+def engines_text(engines: list[Engine] | None, status: dict[str, str] | None = None) -> str:
+    """The engines as one line of plain text (a tooltip): "llama.cpp b6500, vllm -", then what
+    is under way in the node's words ("vllm installing: ...")."""
+    parts = [f"{e.name} {e.version or '-'}" for e in engines or []]
+    parts += [f"{name} {text}" for name, text in sorted((status or {}).items())]
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -244,6 +276,7 @@ class NodeRow:
     disk: Disk
     warnings: list[str] = field(default_factory=list)
     engines: list[Engine] | None = None
+    engine_status: dict[str, str] = field(default_factory=dict)
 
     @property
     def memory_pct(self) -> float | None:
@@ -255,7 +288,7 @@ class NodeRow:
 
     @property
     def engines_text(self) -> str:
-        return engines_text(self.engines)
+        return engines_text(self.engines, self.engine_status)
 
 
 def _gpu_groups(gpus: list[Gpu]) -> list[tuple[int, str]]:
@@ -284,6 +317,7 @@ def node_row(node: Node, now: datetime) -> NodeRow:
         disk=disk_summary(sample),
         warnings=_warnings(node, sample),
         engines=node_engines(node),
+        engine_status=node_engine_status(node),
     )
 
 
@@ -475,6 +509,7 @@ class NodeDetail:
     gpus: list[GpuCard]
     warnings: list[str]
     engines: list[Engine] | None = None
+    engine_status: dict[str, str] = field(default_factory=dict)
     shards: list[ShardRow] = field(default_factory=list)
 
     @property
@@ -487,7 +522,7 @@ class NodeDetail:
 
     @property
     def engines_text(self) -> str:
-        return engines_text(self.engines)
+        return engines_text(self.engines, self.engine_status)
 
 
 def _pools(sample: dict[str, Any] | None) -> list[Pool]:
@@ -540,6 +575,7 @@ def node_detail(node: Node, now: datetime | None = None) -> NodeDetail:
         gpus=_gpu_cards(node, sample),
         warnings=_warnings(node, sample),
         engines=node_engines(node),
+        engine_status=node_engine_status(node),
         shards=_shard_rows(node, sample),
     )
 

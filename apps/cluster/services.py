@@ -276,7 +276,7 @@ def record_doctor(node_id: int, body: dict[str, Any]) -> None:
     Node.objects.filter(pk=node_id).update(doctor=clean, doctor_at=timezone.now())
 
 
-ENGINE_KEYS = ("engines", "engine_versions", "engines_probed", "engine_status")
+ENGINE_KEYS = ("engines", "engine_versions", "engines_probed", "engine_status", "engine_sources")
 
 
 def record_engines(node_id: int, report: dict[str, Any]) -> bool:

@@ -25,6 +25,8 @@ from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
 __all__ = [
     "cluster",
+    "engine_remove",
+    "engine_set",
     "node_add",
     "node_cordon",
     "node_detail",
@@ -241,7 +243,52 @@ def cluster(request: HtmxHttpRequest) -> HttpResponse:
     template = "cluster/cluster.html"
     if is_fragment(request):
         template += "#cluster-live"
-    return render(request, template, {"overview": overview.cluster_overview(colour), "colours": _colours()})
+    context: dict[str, Any] = {"overview": overview.cluster_overview(colour), "colours": _colours()}
+    if not is_fragment(request):
+        context["engines"] = selectors.engine_overview()
+        context["can_change"] = can_change_cluster(request.user)
+    return render(request, template, context)
+
+
+@requires("change_cluster", methods=["POST"])
+def engine_set(request: HtmxHttpRequest) -> HttpResponse:
+    """Set which version of an engine the nodes a rule picks should have; they hear at once."""
+    from apps.cluster import engines
+
+    user: User = request.user  # type: ignore[assignment]
+    try:
+        engines.set_choice(
+            request.POST.get("engine", ""),
+            request.POST.get("version", "").strip(),
+            request.POST.get("scope", "all"),
+            request.POST.get("match", "").strip(),
+            actor=user,
+            address=client_address(request),
+        )
+    except engines.EngineConfigError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, _("Engine choice saved; the nodes it picks install it now."))
+    return HttpResponseRedirect(reverse("cluster") + "#engines")
+
+
+@requires("change_cluster", methods=["POST"])
+def engine_remove(request: HtmxHttpRequest) -> HttpResponse:
+    from apps.cluster import engines
+
+    user: User = request.user  # type: ignore[assignment]
+    removed = engines.remove_choice(
+        request.POST.get("engine", ""),
+        request.POST.get("scope", "all"),
+        request.POST.get("match", ""),
+        actor=user,
+        address=client_address(request),
+    )
+    if removed:
+        messages.success(request, _("Engine choice removed; the nodes it picked take the next one that matches."))
+    else:
+        messages.error(request, _("No such engine choice."))
+    return HttpResponseRedirect(reverse("cluster") + "#engines")
 
 
 def _colours() -> list[tuple[str, str]]:

@@ -45,8 +45,10 @@ READY_TIMEOUT_S = 90.0
 LOG_ROTATE_BYTES = 32 * 1024 * 1024
 TAIL_LINES = 15  # a child's last lines, shown when it exits on its own
 NO_ENGINE = (
-    "llmgw up: this machine has no llama.cpp engine, so models will stay pending; to get one, set "
-    "LLMGW_LLAMA_SERVER=/path/to/llama-server, put llama-server on PATH, or run scripts/ensure-llama-server"
+    "llmgw up: this machine has no llama.cpp engine, so models will stay pending until the local agent "
+    "has installed the llama.cpp release the control plane chooses (progress below; it needs GitHub, or "
+    "the archive added with `llmgw engine-files add`); or set LLMGW_LLAMA_SERVER=/path/to/llama-server, "
+    "put llama-server on PATH, or run scripts/ensure-llama-server"
 )
 
 
@@ -58,8 +60,9 @@ _LEVEL = re.compile(r"^\s*\[?(?:\d{4}-\d\d-\d\d[ T][\d:.,]+\]?:?\s+)?(WARNING|WA
 _PY_WARNING = re.compile(r"\b\w*Warning: ")
 #: The CLI's own words ("llmgw worker: it stopped (exit code 1); starting it again in 1 s").
 _LLMGW_LINE = re.compile(r"^llmgw( \w+)?: ")
-#: The agent's engine supervisor logs only changes: started, adopted, restarting, ready, failed, stopped.
-_ENGINE_CHANGE = re.compile(r" llmgw\.agent\.supervisor: ")
+#: The agent's engine supervisor logs only changes: started, adopted, restarting, ready, failed, stopped;
+#: its installer what an install is doing (downloading, with progress, checking, failed, installed).
+_ENGINE_CHANGE = re.compile(r" llmgw\.agent\.(?:supervisor|install): ")
 #: Warnings that say nothing to a person running `llmgw up`: Celery's about running as root, and
 #: kombu's about the filesystem broker, which has no host name to give.
 _NOISE = (

@@ -276,6 +276,8 @@ MATRIX: dict[str, Route] = {
     "cluster:node-uncordon": Route("change_cluster", node),
     "cluster:node-drain": Route("change_cluster", node),
     "cluster:node-doctor": Route("read_everything", node),
+    "cluster-engine-set": Route("change_cluster", bodies=lambda w: {"POST": {"engine": "llama.cpp", "version": "b1"}}),
+    "cluster-engine-remove": Route("change_cluster", bodies=lambda w: engine_rule_to_remove()),
     "cluster:node-doctor-run": Route("change_cluster", node),
     "catalog:models": Route("read_everything"),
     "catalog:model-apply": Route(

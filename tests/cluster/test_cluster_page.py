@@ -196,7 +196,8 @@ def test_columns_empty_on_every_row_are_left_out(alice: User, fleet: dict[str, A
     page = signed_in(alice).get("/cluster/").content.decode()
     table = page[page.index('id="cluster-node-table"') :]
     header = table[: table.index("</thead>")]
-    assert re.findall(r'<th data-col="([\w-]+)"', header) == ["cpu", "memory", "gpus"]
+    # every node of the fleet reports its engines
+    assert re.findall(r'<th data-col="([\w-]+)"', header) == ["cpu", "memory", "gpus", "engines"]
     assert 'data-col="agent"' not in table and 'data-col="warnings"' not in table and 'data-col="disk"' not in table
 
 
@@ -204,7 +205,15 @@ def test_a_column_one_node_fills_is_shown(alice: User, fleet: dict[str, Any]) ->
     Node.objects.filter(name="gpu-r1-02").update(agent_version="0.9.1", labels={"rack": "r12"}, warnings=["fan 3 slow"])
     page = signed_in(alice).get("/cluster/").content.decode()
     header = page[page.index('id="cluster-node-table"') : page.index("</thead>")]
-    assert re.findall(r'<th data-col="([\w-]+)"', header) == ["cpu", "memory", "gpus", "agent", "labels", "warnings"]
+    assert re.findall(r'<th data-col="([\w-]+)"', header) == [
+        "cpu",
+        "memory",
+        "gpus",
+        "engines",
+        "agent",
+        "labels",
+        "warnings",
+    ]
     assert '<td data-col="labels" class="clip" title="rack=r12">rack=r12</td>' in page
     assert 'title="fan 3 slow"' in page
 

@@ -78,6 +78,9 @@ def test_the_most_specific_choice_wins_and_a_disabled_engine_is_off() -> None:
     assert engines.choices_for(other)["llama.cpp"][0] == "none"
     assert desired_message(other, 1)["engines"] == []
     assert engines.wanted_versions() == {("llama.cpp", "b4")}
+    # a node running the binary its agent.yaml names needs no release read for it
+    Node.objects.filter(pk=node.pk).update(hardware={**node.hardware, "engine_sources": {"llama.cpp": "configured"}})
+    assert engines.wanted_versions() == set()
     # server.yaml states the whole set: applying it again without the overrides drops them
     engines.apply_engine_config({"llama.cpp": "b1"})
     assert list(EngineChoice.objects.values_list("scope", flat=True)) == ["all"]
@@ -213,3 +216,29 @@ def test_a_viewer_reads_engines_but_cannot_change_them(api: Any) -> None:
 
     api.force_authenticate(make_user("vic@example.com", role=StaffRole.VIEWER))
     assert api.post("/api/v1/engines", {"engine": "llama.cpp", "version": "b9"}, format="json").status_code == 403
+
+
+def test_the_pages_show_what_nodes_install_and_operators_set_versions_there(client: Any, operator: Any) -> None:
+    node = make_node("n1", engines=())
+    services.record_engines(
+        node.pk, {"engines": [], "engine_status": {"llama.cpp": "failed: cpu-x64: digest mismatch"}}
+    )
+    client.force_login(operator)
+    for url in ("/nodes/", "/cluster/", "/nodes/n1/"):
+        page = client.get(url).content.decode()
+        assert 'data-engine-status="llama.cpp">llama.cpp failed: cpu-x64: digest mismatch<' in page, url
+    page = client.get("/nodes/n1/").content.decode()
+    assert 'data-engine-row="llama.cpp"' in page and engines.DEFAULT_VERSIONS["llama.cpp"] in page
+    answer = client.post(
+        "/cluster/engines/set", {"engine": "llama.cpp", "version": "b5", "scope": "label", "match": "rack=r1"}
+    )
+    assert answer.status_code == 302
+    assert EngineChoice.objects.get().match == "rack=r1"
+    page = client.get("/cluster/").content.decode()
+    assert 'data-rule="label:rack=r1"' in page and "not read yet" in page
+    client.post("/cluster/engines/set", {"engine": "llama.cpp", "version": "b5 oops"})
+    assert EngineChoice.objects.count() == 1
+    page = client.get("/cluster/").content.decode()
+    assert "expected a release tag" in page
+    client.post("/cluster/engines/remove", {"engine": "llama.cpp", "scope": "label", "match": "rack=r1"})
+    assert not EngineChoice.objects.exists()

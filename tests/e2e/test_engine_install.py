@@ -4,6 +4,7 @@ at the next re-check once an upgrade takes a library away."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.error
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmgw.cli.up import stop_local_engines
 from tests.engine_releases import LAUNCH_LIBRARY, ReleaseServer, have_cc, llama_tarball
 from tests.enginebin import llama_server_path, missing_reason
 from tests.fleet import FIXTURES, HOSTS, ControlPlane, fixtures_available
@@ -48,12 +50,15 @@ def test_a_node_from_nothing_installs_its_engine_serves_and_loses_it_with_a_libr
     server = llama_server_path()
     assert server is not None
     weights = make_tiny_gguf(tmp_path / "tiny.gguf")
-    with ReleaseServer() as github:
+    with contextlib.ExitStack() as stack, ReleaseServer() as github:
         github.add("b1", llama_tarball(tmp_path / "release", "b1", server=server, launcher=True))
         env = {**FAST, "LLMGW_ENGINE_RELEASES_API": github.url}
         with ControlPlane(tmp_path, extra_env=env, local_agent=False) as plane:
             assert plane.ctl("engine", "set", "llama.cpp", "b1")[0] == 0
             agent = plane.add_agent("cpu1", HOSTS["cpu"], settings={"engine_recheck_interval": 3})
+            state = Path(agent.config_path).parent / "state"
+            # Engines outlive their agent by design: the one this node starts is stopped at the end.
+            stack.callback(stop_local_engines, state)
             plane.wait_for(lambda: plane.node("cpu1").get("status") == "ready", what="cpu1 ready")
             # Until the release is read the node says why it has no engine, in its own words.
             plane.wait_for(
@@ -131,7 +136,7 @@ def test_a_node_from_nothing_installs_its_engine_serves_and_loses_it_with_a_libr
 
             # An upgrade takes a library away: at the next re-check the node withdraws the engine,
             # says why, and is no longer offered it.
-            install = Path(agent.config_path).parent / "state" / "engines" / "llama.cpp" / "b1-cpu-x64"
+            install = state / "engines" / "llama.cpp" / "b1-cpu-x64"
             (install / "llama-b1" / LAUNCH_LIBRARY).unlink()
             node = plane.wait_for(
                 lambda: (n := plane.node("cpu1"))["engines"] == [] and n,

@@ -118,7 +118,7 @@ def test_every_line_goes_to_the_log_and_only_needed_ones_to_the_terminal(tmp_pat
 def test_without_an_engine_up_says_how_to_get_one(tmp_path: Path) -> None:
     line = no_engine_line(None, None)
     assert line == NO_ENGINE
-    assert line.startswith("llmgw up: this machine has no llama.cpp engine, so models will stay pending")
+    assert line.startswith("llmgw up: this machine has no llama.cpp engine, so models will stay pending until")
     for way in ("LLMGW_LLAMA_SERVER=/path/to/llama-server", "llama-server on PATH", "scripts/ensure-llama-server"):
         assert way in line
     assert no_engine_line(None, "/nowhere/llama-server") == (

@@ -48,6 +48,8 @@ POST_ONLY = {
     "cluster:node-uncordon",
     "cluster:node-drain",
     "cluster:node-doctor-run",
+    "cluster-engine-set",
+    "cluster-engine-remove",
     "catalog:model-delete",
     "catalog:model-owner",
     "catalog:model-target",
