@@ -25,6 +25,7 @@ from apps.cluster import engines as engine_choices
 from apps.cluster import selectors, services
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import EngineChoice, EngineRelease, Gpu, Node
+from apps.cluster.onboarding import install_command
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
 
@@ -308,6 +309,7 @@ class NodeEnrollmentView(APIView):
                     "expires_at": serializers.DateTimeField(),
                     "agent_yaml": serializers.CharField(),
                     "command": serializers.CharField(),
+                    "install_command": serializers.CharField(),
                 },
             )
         },
@@ -332,6 +334,7 @@ class NodeEnrollmentView(APIView):
                 "expires_at": new.token.expires_at,
                 "agent_yaml": agent_yaml(server, new.secret, labels),
                 "command": "llmgw agent --config /etc/llmgw/agent.yaml",
+                "install_command": install_command(server, new.secret),
             },
             status=status.HTTP_201_CREATED,
         )
@@ -396,6 +399,7 @@ class EngineChoiceSerializer(serializers.ModelSerializer[EngineChoice]):
         model = EngineChoice
         fields = ["engine", "version", "scope", "match", "updated_at"]
         read_only_fields = ["updated_at"]
+        validators: list[Any] = []  # POST sets a rule, whether or not one exists for the same nodes
 
 
 class EngineReleaseSerializer(serializers.ModelSerializer[EngineRelease]):

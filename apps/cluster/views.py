@@ -11,13 +11,14 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.cache import never_cache
 
-from apps.accounts.access import can_change_cluster, requires
+from apps.accounts.access import can_change_cluster, public, requires
 from apps.accounts.models import User
 from apps.cluster import overview, selectors, services
 from apps.cluster.models import Node
@@ -27,6 +28,8 @@ __all__ = [
     "cluster",
     "engine_remove",
     "engine_set",
+    "install_bundle",
+    "install_script",
     "node_add",
     "node_cordon",
     "node_detail",
@@ -220,8 +223,11 @@ def node_add(request: HtmxHttpRequest) -> HttpResponse:
             except ValueError as exc:
                 form.add_error("name", str(exc))
             else:
-                server = (settings.PUBLIC_URL or request.build_absolute_uri("/")).rstrip("/")
+                from apps.cluster.onboarding import install_command
+
+                server = _server(request)
                 enrollment = {
+                    "install_command": install_command(server, new.secret),
                     "name": new.token.node_name,
                     "expires_at": new.token.expires_at,
                     "secret": new.secret,
@@ -293,3 +299,37 @@ def engine_remove(request: HtmxHttpRequest) -> HttpResponse:
 
 def _colours() -> list[tuple[str, str]]:
     return [("util", _("Utilisation")), ("mem", _("Memory")), ("temp", _("Temperature"))]
+
+
+# Onboarding: what a new node fetches, before it has a credential ------------------------------
+
+
+def _server(request: HtmxHttpRequest) -> str:
+    return (settings.PUBLIC_URL or request.build_absolute_uri("/")).rstrip("/")
+
+
+@public
+def install_script(request: HtmxHttpRequest) -> HttpResponse:
+    """The shell script `curl … | sudo LLMGW_TOKEN=… sh` runs on a new node (it holds no secret)."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405)
+    from apps.cluster.onboarding import install_script as script
+
+    return HttpResponse(script(_server(request)), content_type="text/x-shellscript; charset=utf-8")
+
+
+@public
+def install_bundle(request: HtmxHttpRequest, name: str) -> HttpResponseBase:
+    """The agent's one-file bundle and its sha256, built from this installation's code."""
+    from django.http import FileResponse, Http404
+
+    from apps.cluster.onboarding import agent_bundle
+
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405)
+    bundle, digest = agent_bundle()
+    if name == "llmgw-agent.pyz":
+        return FileResponse(open(bundle, "rb"), as_attachment=True, filename=name)  # noqa: SIM115 - closed by the response
+    if name == "llmgw-agent.pyz.sha256":
+        return HttpResponse(f"{digest}  llmgw-agent.pyz\n", content_type="text/plain; charset=utf-8")
+    raise Http404(name)

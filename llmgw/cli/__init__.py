@@ -93,24 +93,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check this node: its engines and their libraries, GPUs, AVX2, model directories, the
     control plane and the clock. One line per check; exit 1 when one failed."""
-    import json
-
     try:
-        from agent import doctor
-        from agent.config import ConfigError, load_config
+        from agent.cli import doctor
     except ImportError:
         sys.exit("llmgw: the agent is not part of this installation")
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"fail  agent.yaml           {args.config}: {exc}")
-        return 1
-    checks = doctor.run_checks(config)
-    if args.json:
-        print(json.dumps([c.as_dict() for c in checks], indent=2))
-    else:
-        print(doctor.format_lines(checks))
-    return doctor.exit_status(checks)
+    return doctor(args.config, as_json=args.json)
 
 
 def cmd_engine_files(args: argparse.Namespace) -> int:

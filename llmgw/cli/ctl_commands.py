@@ -199,7 +199,12 @@ def cmd_node_add(client: Client, args: argparse.Namespace) -> int:
         print(json.dumps(answer, indent=2))
         return 0
     print(f"Enrollment token for node {answer['node']} (one use, expires {answer['expires_at']}).")
-    print("On the node, write this to /etc/llmgw/agent.yaml:\n")
+    if answer.get("install_command"):
+        print("On the node, run (it installs the agent from this control plane, checks the node, starts it):\n")
+        print(f"  {answer['install_command']}\n")
+        print("Or, where llmgw is installed already, write this to /etc/llmgw/agent.yaml:\n")
+    else:
+        print("On the node, write this to /etc/llmgw/agent.yaml:\n")
     print(answer["agent_yaml"])
     print(f"then start the agent:\n\n  {answer['command']}\n")
     return 0

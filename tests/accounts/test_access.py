@@ -65,6 +65,8 @@ PUBLIC: dict[str, str] = {
     "set-language": "sets the language cookie and redirects",
     "connect-script": "`curl … | sh` has no session; the script holds no secret",
     "api-agent-enroll": "an agent has no account: it trades a one-time token for its credential",
+    "install-script": "a new node has no credential yet: the onboarding script holds no secret",
+    "install-bundle": "a new node has no credential yet: the agent's code and its sha256, no data",
     "api-engine-file": "an agent has no account: it shows its node credential (or a staff session) for the archive",
     "api-schema": "describes the API; holds no data",
     "api-docs": "Swagger UI for the schema; holds no data",

@@ -189,6 +189,12 @@ def test_the_engines_api_and_ctl(api: Any, operator: Any, capsys: Any) -> None:
         "match": "L4-24GB",
         "updated_at": None,
     }
+    again = api.post(
+        "/api/v1/engines",
+        {"engine": "llama.cpp", "version": "b10", "scope": "gpu_class", "match": "L4-24GB"},
+        format="json",
+    )
+    assert again.status_code == 200 and again.json()["choices"][0]["version"] == "b10"  # set again, not refused
     bad = api.post("/api/v1/engines", {"engine": "llama.cpp", "version": "b9 b10"}, format="json")
     assert bad.status_code == 400 and "release tag" in json.dumps(bad.json())
     unknown = api.post("/api/v1/engines", {"engine": "ollama", "version": "1"}, format="json")
@@ -198,7 +204,7 @@ def test_the_engines_api_and_ctl(api: Any, operator: Any, capsys: Any) -> None:
         "/api/v1/engines/remove", {"engine": "llama.cpp", "scope": "gpu_class", "match": "L4-24GB"}, format="json"
     )
     assert gone.status_code == 200 and gone.json()["choices"] == []
-    assert AuditEvent.objects.filter(action__in=["engine.set", "engine.remove"], actor=operator).count() == 2
+    assert AuditEvent.objects.filter(action__in=["engine.set", "engine.remove"], actor=operator).count() == 3
     make_node("n1")
     node = api.post("/api/v1/nodes/n1/engines", {"disable": ["llama.cpp"]}, format="json").json()
     assert node["disabled_engines"] == ["llama.cpp"] and node["engine_status"] == {}

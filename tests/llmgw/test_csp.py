@@ -32,6 +32,8 @@ NOT_PAGES = {
     "healthz",
     "readyz",
     "connect-script",
+    "install-script",
+    "install-bundle",
     "oidc_authentication_init",
     "oidc_authentication_callback",
     "oidc_logout",
