@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -283,3 +284,45 @@ def test_a_release_the_control_plane_could_not_read_waits_with_its_words(tmp_pat
     engines.converge_sync([item])
     assert engines.report()["status"] == {"llama.cpp": "waiting: the control plane cannot read release b9: HTTP 404"}
     assert parse_desired_engines([{"engine": "tensorrt", "version": "1"}, "junk", {"version": 2}]) == []
+
+
+@pytest.mark.skipif(not have_cc(), reason="needs cc to build the dynamically linked launcher")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent installs OS packages only as root")
+def test_a_missing_os_library_is_installed_from_the_nodes_package_tool(
+    tmp_path: Path, releases: ReleaseServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build needs a library the OS lacks: the agent names its package to the node's package
+    tool (apt-get; here a stand-in that puts the library where the loader finds it, since a real
+    install would change this machine) and checks the build again."""
+    assert SERVER is not None
+    archive = llama_tarball(tmp_path / "full", "b401", server=SERVER, launcher=True)
+    library = tmp_path / "library" / LAUNCH_LIBRARY
+    library.parent.mkdir()
+    stripped = tmp_path / "stripped" / archive.name
+    stripped.parent.mkdir()
+    with tarfile.open(archive) as src, tarfile.open(stripped, "w:gz") as dst:
+        for member in src.getmembers():
+            if "libllmgw-launch" in member.name:
+                if member.isfile():
+                    library.write_bytes(src.extractfile(member).read())  # type: ignore[union-attr]
+                continue
+            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    releases.add("b401", stripped)
+    calls = tmp_path / "apt-calls"
+    apt = tmp_path / "apt-get"
+    apt.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        f'for dir in $(find {tmp_path / "state"} -path "*staging*" -name llama-server -printf "%h\\n"); do\n'
+        f'  cp {library} "$dir/"\n'
+        "done\n"
+    )
+    apt.chmod(0o755)
+    from agent.install import verify
+
+    sources = (*verify.LIBRARY_SOURCES, (re.compile(r"^libllmgw-launch\.so\.0$"), "llmgw-launch1"))
+    monkeypatch.setattr(verify, "LIBRARY_SOURCES", sources)
+    engines, _ = installer(tmp_path, tools={"apt-get": str(apt)}, retry_after=3600)
+    engines.converge_sync([desired(releases, "b401")])
+    assert calls.read_text().split() == ["install", "-y", "--no-install-recommends", "llmgw-launch1"]
+    assert engines.report()["installed"][0]["version"] == "b401" and engines.report()["status"] == {}

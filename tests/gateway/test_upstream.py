@@ -299,7 +299,7 @@ async def test_a_connection_is_not_used_past_the_idle_time_the_server_announced(
 
 
 @pytest.mark.parametrize(
-    ("header", "seconds"),
+    ("header", "expected"),
     [
         ("timeout=5, max=100", 5.0),
         ("max=3, Timeout = 2", 2.0),
@@ -309,10 +309,10 @@ async def test_a_connection_is_not_used_past_the_idle_time_the_server_announced(
         ("", None),
     ],
 )
-def test_the_keep_alive_timeout_is_read_from_the_header(header: str, seconds: float | None) -> None:
+def test_the_keep_alive_timeout_is_read_from_the_header(header: str, expected: float | None) -> None:
     from apps.gateway.upstream import _keep_alive_timeout
 
-    assert _keep_alive_timeout(header) == seconds
+    assert _keep_alive_timeout(header) == expected
 
 
 async def test_a_new_connection_closed_before_any_answer_is_disconnected(

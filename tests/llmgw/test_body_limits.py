@@ -298,7 +298,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                             break
                 except (urllib.error.URLError, ConnectionError):
                     pass
-                assert time.monotonic() < deadline, "llmgw web did not answer /healthz"
+                if time.monotonic() >= deadline:
+                    pytest.fail("llmgw web did not answer /healthz")
                 time.sleep(0.1)
             yield Server(port=port, pid=web.pid, tmpdir=tmpdir, log=log, key=key)
         finally:
