@@ -230,6 +230,10 @@ DESIRED_ENGINE = obj(
     {"engine": string(32), "version": string(64)},
     {
         "note": STR,
+        "unreachable": nullable(boolean),
+        "source": nullable(
+            obj({"package": string(200), "version": string(64), "sha256": string(64)}, {"subdir": string(300)})
+        ),
         "assets": array(
             obj(
                 {"name": string(300)},

@@ -46,6 +46,8 @@ from agent.install import verify
 from agent.install.archive import UnsafeArchive, extract
 from agent.install.builds import Asset, Build, NodeFacts, choose_builds, parse_assets
 from agent.install.fetch import FetchError, download, progress_text
+from agent.install.source import SourceBuild, SourceError, parse_source
+from agent.install.source import build as build_from_source
 
 __all__ = ["DesiredEngine", "InstallError", "Installer", "has_cuda_runtime", "parse_desired_engines"]
 
@@ -71,6 +73,8 @@ class DesiredEngine:
     version: str
     assets: tuple[Asset, ...] = ()
     note: str | None = None  # the control plane's word when it has no asset listing to give
+    unreachable: bool = False  # the control plane could not read the release (not merely not yet)
+    source: SourceBuild | None = None  # a source distribution to compile a CPU build from, last
 
 
 def parse_desired_engines(items: Any) -> list[DesiredEngine]:
@@ -90,6 +94,8 @@ def parse_desired_engines(items: Any) -> list[DesiredEngine]:
                 version=version,
                 assets=tuple(parse_assets({"assets": item.get("assets") or []})),
                 note=str(item["note"]) if item.get("note") else None,
+                unreachable=item.get("unreachable") is True,
+                source=parse_source(item.get("source")),
             )
         )
     return wanted
@@ -257,7 +263,7 @@ class Installer:
                 continue
             if state.failed_at is not None and time.monotonic() - state.failed_at < self.retry_after:
                 continue
-            if not item.assets:
+            if not item.assets and not (item.unreachable and item.source is not None):
                 self._status(item.engine, "waiting: " + (item.note or f"no release listing for {item.version} yet"))
                 continue
             try:
@@ -273,7 +279,8 @@ class Installer:
     def install(self, item: DesiredEngine) -> dict[str, Any]:
         facts = self.facts()
         builds, skipped = choose_builds(facts, item.assets)
-        reasons = list(skipped)
+        # Without a listing, what the control plane said is the reason, not the builds it lacks.
+        reasons = list(skipped) if item.assets else [item.note] if item.note else []
         for build in builds:
             try:
                 entry = self._install_build(item, build)
@@ -283,9 +290,35 @@ class Installer:
                 continue
             self._status(item.engine, None)
             return entry
+        if item.source is not None and not facts.nvidia and facts.os == "linux":
+            # Neither GitHub nor the control plane gave a working archive: compile one.
+            try:
+                entry = self._install_source(item, item.source, facts)
+            except (SourceError, UnsafeArchive, verify.VerifyError, InstallError, OSError, ValueError) as exc:
+                reasons.append(f"{item.source.key}: {exc}")
+            else:
+                self._status(item.engine, None)
+                return entry
         if not builds and not reasons:
             reasons.append("no build of this release suits this node")
         raise InstallError("; ".join(reasons))
+
+    def _install_source(self, item: DesiredEngine, source: SourceBuild, facts: NodeFacts) -> dict[str, Any]:
+        scratch = self.root / f".staging-{item.engine}-{secrets.token_hex(4)}"
+        try:
+            built = build_from_source(
+                source, scratch / "work", tools=self.tools, status=lambda text: self._status(item.engine, text)
+            )
+            tree = scratch / "tree" / f"llama-{source.key}"
+            tree.mkdir(parents=True)
+            binary = tree / BINARIES[item.engine]
+            shutil.copy2(built, binary)
+            shutil.rmtree(scratch / "work", ignore_errors=True)
+            arch = "arm64" if facts.arch.lower() in ("aarch64", "arm64") else "x64"
+            build = Build(key=f"{source.key}-{arch}", asset=Asset(source.key, None, source.sha256, ()), gpu=False)
+            return self._place(item, build, scratch / "tree", binary)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _fetch(self, engine: str, asset: Asset, folder: Path) -> Path:
         if not asset.sha256:
@@ -341,43 +374,45 @@ class Installer:
                 extract(runtime, scratch / "runtime")
                 runtime.unlink()
                 _merge_libraries(scratch / "runtime", binary.parent)
-            self._status(item.engine, f"installing: checking {build.key}")
-            checked = self._verify(binary, build)
-            final = self.root / item.engine / f"{item.version}-{build.key}"
-            final.parent.mkdir(parents=True, exist_ok=True)
-            relative = binary.relative_to(tree)
-            old = None
-            if final.exists():
-                old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
-                final.rename(old)
-            tree.rename(final)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-            entry = {
-                "engine": item.engine,
-                "version": item.version,
-                "build": build.key,
-                "dir": str(final),
-                "path": str(final / relative),
-                "gpu": build.gpu,
-                "llama_build": checked.build,
-                "commit": checked.commit,
-                "version_line": checked.version_line,
-                "devices": list(checked.devices),
-                "installed_at": time.time(),
-                "checked_at": time.time(),
-            }
-            with self.lock:
-                previous = self.manifest.get(item.engine)
-                self.manifest[item.engine] = entry
-            self._save()
-            self._prune(
-                item.engine, keep={final, Path(previous["dir"])} if previous and previous.get("dir") else {final}
-            )
-            log.info("engine %s %s installed: build %s at %s", item.engine, item.version, build.key, entry["path"])
-            return entry
+            return self._place(item, build, tree, binary)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _place(self, item: DesiredEngine, build: Build, tree: Path, binary: Path) -> dict[str, Any]:
+        """Check the unpacked (or built) engine, then rename it into place and record it."""
+        self._status(item.engine, f"installing: checking {build.key}")
+        checked = self._verify(binary, build)
+        final = self.root / item.engine / f"{item.version}-{build.key}"
+        final.parent.mkdir(parents=True, exist_ok=True)
+        relative = binary.relative_to(tree)
+        old = None
+        if final.exists():
+            old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
+            final.rename(old)
+        tree.rename(final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        entry = {
+            "engine": item.engine,
+            "version": item.version,
+            "build": build.key,
+            "dir": str(final),
+            "path": str(final / relative),
+            "gpu": build.gpu,
+            "llama_build": checked.build,
+            "commit": checked.commit,
+            "version_line": checked.version_line,
+            "devices": list(checked.devices),
+            "installed_at": time.time(),
+            "checked_at": time.time(),
+        }
+        with self.lock:
+            previous = self.manifest.get(item.engine)
+            self.manifest[item.engine] = entry
+        self._save()
+        self._prune(item.engine, keep={final, Path(previous["dir"])} if previous and previous.get("dir") else {final})
+        log.info("engine %s %s installed: build %s at %s", item.engine, item.version, build.key, entry["path"])
+        return entry
 
     def _verify(self, binary: Path, build: Build) -> verify.Verified:
         ldd = self.tools.get("ldd", "ldd")

@@ -64,6 +64,16 @@ ENGINE_REPOS = {"llama.cpp": "ggml-org/llama.cpp"}
 #: The version of each engine this release of llmgw was checked against: what a node gets when
 #: no choice names another.
 DEFAULT_VERSIONS = {"llama.cpp": "b10991"}
+#: Where a CPU node compiles llama.cpp when no release archive can be had: the source
+#: distribution scripts/ensure-llama-server builds (llama.cpp 0c1e570, vendored), by its digest.
+SOURCE_BUILDS: dict[str, dict[str, str]] = {
+    "llama.cpp": {
+        "package": "llama-cpp-python",
+        "version": "0.3.36",
+        "sha256": "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+        "subdir": "vendor/llama.cpp",
+    }
+}
 NONE = "none"
 RETRY_FAILED_AFTER_S = 600.0
 FETCH_TIMEOUT_S = 30.0
@@ -355,6 +365,8 @@ def desired_engines(node: Node) -> list[dict[str, Any]]:
         if version == NONE:
             continue
         entry: dict[str, Any] = {"engine": engine, "version": version}
+        if engine in SOURCE_BUILDS:
+            entry["source"] = SOURCE_BUILDS[engine]
         release = releases.get((engine, version))
         if release is not None and release.fetched_at is not None:
             entry["assets"] = _assets_for_node(release)
@@ -363,6 +375,7 @@ def desired_engines(node: Node) -> list[dict[str, Any]]:
                 "version": version,
                 "error": release.error,
             }
+            entry["unreachable"] = True
         else:
             entry["note"] = _("the control plane has not read release %(version)s yet") % {"version": version}
             _ask_for_releases()

@@ -93,12 +93,21 @@ def test_releases_are_read_once_from_the_releases_api_and_sent_to_the_nodes(sett
     node = make_node("n1")
     engines.set_choice("llama.cpp", "b7")
     first = desired_message(node, 1)["engines"]
-    assert first == [{"engine": "llama.cpp", "version": "b7", "note": "the control plane has not read release b7 yet"}]
+    assert first == [
+        {
+            "engine": "llama.cpp",
+            "version": "b7",
+            "note": "the control plane has not read release b7 yet",
+            "source": engines.SOURCE_BUILDS["llama.cpp"],  # compiled on a CPU node when nothing else can be had
+        }
+    ]
     # nothing answers: the reason reaches the node, and it is not asked again for ten minutes
     engines.fetch_wanted_releases()
     (release,) = EngineRelease.objects.all()
     assert release.fetched_at is None and "cannot reach http://127.0.0.1:9/repos/ggml-org/llama.cpp" in release.error
-    assert "the control plane cannot read release b7: cannot reach" in desired_message(node, 2)["engines"][0]["note"]
+    unreachable = desired_message(node, 2)["engines"][0]
+    assert "the control plane cannot read release b7: cannot reach" in unreachable["note"]
+    assert unreachable["unreachable"] is True
     assert engines.fetch_wanted_releases() == []
     with ReleaseServer() as github:
         github.add("b7", archive)
