@@ -25,7 +25,7 @@ from apps.cluster import engines as engine_choices
 from apps.cluster import selectors, services
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import EngineChoice, EngineRelease, Gpu, Node
-from apps.cluster.onboarding import install_command
+from apps.cluster.onboarding import agent_yaml, install_command
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
 
@@ -282,15 +282,6 @@ class EnrollmentRequestSerializer(serializers.Serializer[Any]):
             return services.validate_node_name(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
-
-
-def agent_yaml(server: str, secret: str, labels: dict[str, str]) -> str:
-    import yaml
-
-    return yaml.safe_dump(
-        {"server": server, "token": secret, "state_dir": "/var/lib/llmgw-agent", "labels": labels, "model_dirs": []},
-        sort_keys=False,
-    )
 
 
 class NodeEnrollmentView(APIView):

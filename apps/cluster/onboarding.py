@@ -27,7 +27,10 @@ from pathlib import Path
 
 from django.conf import settings
 
-__all__ = ["agent_bundle", "install_command", "install_script"]
+__all__ = ["AGENT_CONFIG_PATH", "AGENT_STATE_DIR", "agent_bundle", "agent_yaml", "install_command", "install_script"]
+
+AGENT_CONFIG_PATH = "/etc/llmgw/agent.yaml"
+AGENT_STATE_DIR = "/var/lib/llmgw-agent"
 
 #: The packages the bundle carries: the agent, and what it imports.
 PACKAGES = ("agent", "websockets", "yaml")
@@ -85,6 +88,17 @@ def agent_bundle() -> tuple[Path, str]:
         sidecar.write_text(f"{digest}  llmgw-agent.pyz\n")
         stamp.write_text(key)
         return bundle, digest
+
+
+def agent_yaml(server: str, secret: str, labels: dict[str, str]) -> str:
+    """The agent.yaml for a node where llmgw is installed already (the one-line install writes its own)."""
+    import yaml
+
+    return yaml.safe_dump(
+        {"server": server, "token": secret, "state_dir": AGENT_STATE_DIR, "labels": labels, "model_dirs": []},
+        sort_keys=False,
+        allow_unicode=True,
+    )
 
 
 def install_command(server: str, token: str) -> str:

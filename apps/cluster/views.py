@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import yaml
 from django import forms
 from django.conf import settings
 from django.contrib import messages
@@ -22,6 +21,7 @@ from apps.accounts.access import can_change_cluster, public, requires
 from apps.accounts.models import User
 from apps.cluster import overview, selectors, services
 from apps.cluster.models import Node
+from apps.cluster.onboarding import AGENT_CONFIG_PATH, agent_yaml, install_command
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
 __all__ = [
@@ -39,9 +39,6 @@ __all__ = [
     "node_uncordon",
     "nodes",
 ]
-
-AGENT_CONFIG_PATH = "/etc/llmgw/agent.yaml"
-AGENT_STATE_DIR = "/var/lib/llmgw-agent"
 
 
 @requires("read_everything", methods=["GET"])
@@ -195,14 +192,6 @@ class NodeAddForm(forms.Form):
         return labels
 
 
-def agent_yaml(server: str, secret: str, labels: dict[str, str]) -> str:
-    return yaml.safe_dump(
-        {"server": server, "token": secret, "state_dir": AGENT_STATE_DIR, "labels": labels, "model_dirs": []},
-        sort_keys=False,
-        allow_unicode=True,
-    )
-
-
 @never_cache  # the page that shows a token must not linger in a cache
 @requires("change_cluster", methods=["GET", "POST"])
 def node_add(request: HtmxHttpRequest) -> HttpResponse:
@@ -223,8 +212,6 @@ def node_add(request: HtmxHttpRequest) -> HttpResponse:
             except ValueError as exc:
                 form.add_error("name", str(exc))
             else:
-                from apps.cluster.onboarding import install_command
-
                 server = _server(request)
                 enrollment = {
                     "install_command": install_command(server, new.secret),
