@@ -259,9 +259,13 @@ class Installer:
             with self.lock:
                 entry = self.manifest.get(item.engine)
                 state = self.states.setdefault(item.engine, _State())
-            if entry is not None and entry.get("version") == item.version:
-                continue
+            compiled = entry is not None and str(entry.get("build", "")).startswith("source-")
+            if entry is not None and entry.get("version") == item.version and not (compiled and item.assets):
+                continue  # installed; a compiled stand-in gives way once the release's archives can be had
             if state.failed_at is not None and time.monotonic() - state.failed_at < self.retry_after:
+                continue
+            if compiled and item.assets and entry is not None and entry.get("version") == item.version:
+                self._replace_compiled(item, state)
                 continue
             if not item.assets and not (item.unreachable and item.source is not None):
                 self._status(item.engine, "waiting: " + (item.note or f"no release listing for {item.version} yet"))
@@ -275,6 +279,21 @@ class Installer:
             else:
                 state.failed_at = None
         self._changed()
+
+    def _replace_compiled(self, item: DesiredEngine, state: _State) -> None:
+        """Try the release's own builds over an engine compiled from source; keep it when none works."""
+        facts = self.facts()
+        for build in choose_builds(facts, item.assets)[0]:
+            try:
+                self._install_build(item, build)
+            except (FetchError, UnsafeArchive, verify.VerifyError, InstallError, OSError, ValueError) as exc:
+                log.info(
+                    "engine %s %s, build %s, instead of the compiled one: %s", item.engine, item.version, build.key, exc
+                )
+                continue
+            state.failed_at = None
+            return
+        state.failed_at = time.monotonic()  # the compiled one stays; try again after retry_after
 
     def install(self, item: DesiredEngine) -> dict[str, Any]:
         facts = self.facts()

@@ -144,3 +144,25 @@ def test_the_package_index_is_the_nodes_own(monkeypatch: pytest.MonkeyPatch, tmp
     (tmp_path / ".config" / "pip" / "pip.conf").write_text("[global]\nindex-url = https://pip.corp/simple\n")
     if not Path("/etc/pip.conf").exists():
         assert index_url() == "https://pip.corp/simple"
+
+
+def test_a_compiled_engine_gives_way_to_the_release_once_it_can_be_had(tmp_path: Path, index: tuple[str, Path]) -> None:
+    from tests.engine_releases import ReleaseServer, llama_tarball
+    from tests.enginebin import llama_server_path
+
+    server = llama_server_path()
+    if server is None:
+        pytest.skip("no llama-server binary")
+    url, archive = index
+    engines = Installer(
+        tmp_path / "state", facts=lambda: NodeFacts(arch="x86_64"), tools={"package-index": url, "apt-get": ""}
+    )
+    engines.converge_sync(wanted(hashlib.sha256(archive.read_bytes()).hexdigest()))
+    assert engines.report()["installed"][0]["build"].startswith("source-")
+    with ReleaseServer() as github:
+        github.add("b10991", llama_tarball(tmp_path / "release", "b10991", server=server))
+        (item,) = parse_desired_engines(
+            [{"engine": "llama.cpp", "version": "b10991", "assets": github.release("b10991")["assets"]}]
+        )
+        engines.converge_sync([item])
+    assert engines.report()["installed"][0]["build"] == "cpu-x64"
