@@ -292,8 +292,10 @@ class Installer:
                 )
                 continue
             state.failed_at = None
+            self._status(item.engine, None)
             return
         state.failed_at = time.monotonic()  # the compiled one stays; try again after retry_after
+        self._status(item.engine, None)  # and it works: nothing is wrong on the node
 
     def install(self, item: DesiredEngine) -> dict[str, Any]:
         facts = self.facts()

@@ -165,4 +165,4 @@ def test_a_compiled_engine_gives_way_to_the_release_once_it_can_be_had(tmp_path:
             [{"engine": "llama.cpp", "version": "b10991", "assets": github.release("b10991")["assets"]}]
         )
         engines.converge_sync([item])
-    assert engines.report()["installed"][0]["build"] == "cpu-x64"
+    assert engines.report()["installed"][0]["build"] == "cpu-x64" and engines.report()["status"] == {}
