@@ -285,7 +285,9 @@ class ControlPlane:
         answer = self.api("POST", "nodes/enrollments", {"name": name, "labels": labels or {}})
         root = self.tmp / "hosts" / name
         root.mkdir(parents=True)
-        tools = build_host(spec, root)
+        extra = dict(settings or {})
+        # A test's agents never fetch from a real package index (a source build of an engine).
+        tools = {"package-index": "http://127.0.0.1:9/simple", **build_host(spec, root), **extra.pop("tools", {})}
         config = {
             "server": self.url,
             "token": answer["token"],
@@ -296,7 +298,7 @@ class ControlPlane:
             "hostname": name,
             "model_dirs": [],
             "labels": {},
-            **(settings or {}),
+            **extra,
         }
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))

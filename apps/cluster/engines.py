@@ -375,7 +375,9 @@ def desired_engines(node: Node) -> list[dict[str, Any]]:
                 "version": version,
                 "error": release.error,
             }
-            entry["unreachable"] = True
+            # Only when the API could not be reached at all may a CPU node compile instead (a
+            # release that does not exist is an operator's mistake, not a reason to build for 18 min).
+            entry["unreachable"] = release.unreachable
         else:
             entry["note"] = _("the control plane has not read release %(version)s yet") % {"version": version}
             _ask_for_releases()
@@ -431,15 +433,19 @@ def fetch_release(engine: str, version: str) -> EngineRelease:
         assets = _clean_assets(data)
     except urllib.error.HTTPError as exc:
         release.error = f"HTTP {exc.code} {exc.reason} from {url}"[:1000]
+        release.unreachable = False
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         reason = getattr(exc, "reason", exc)
         release.error = f"cannot reach {url}: {reason}"[:1000]
+        release.unreachable = True
     except ValueError as exc:
         release.error = f"{url} did not answer a release: {exc}"[:1000]
+        release.unreachable = False
     else:
         release.assets = assets
         release.fetched_at = timezone.now()
         release.error = ""
+        release.unreachable = False
     release.save()
     if release.error:
         log.warning("engine release %s %s: %s", engine, version, release.error)
@@ -469,7 +475,7 @@ def _clean_assets(data: Any) -> list[dict[str, Any]]:
 
 def fetch_wanted_releases() -> list[EngineRelease]:
     """Read the releases some node wants and nobody has read yet (failed ones again after 10 min);
-    then tell the nodes, whose desired state now carries the assets."""
+    then tell the nodes, whose desired state now carries the assets (or why there are none)."""
     now = timezone.now()
     known = {(r.engine, r.version): r for r in EngineRelease.objects.all()}
     fetched = []
@@ -480,7 +486,7 @@ def fetch_wanted_releases() -> list[EngineRelease]:
         if release is not None and release.tried_at and (now - release.tried_at).total_seconds() < RETRY_FAILED_AFTER_S:
             continue
         fetched.append(fetch_release(engine, version))
-    if any(r.fetched_at is not None for r in fetched):
+    if fetched:  # read, or failed with a reason the nodes waiting for it should show
         nodes_changed(None)
     return fetched
 

@@ -305,6 +305,8 @@ class EngineRelease(models.Model):
     assets = models.JSONField(_("assets"), default=list, blank=True)
     fetched_at = models.DateTimeField(_("fetched"), null=True, blank=True)
     error = models.CharField(_("last error"), max_length=1000, blank=True)
+    # The releases API could not be reached at all (not: it answered that there is no such release).
+    unreachable = models.BooleanField(_("unreachable"), default=False)
     tried_at = models.DateTimeField(_("last tried"), null=True, blank=True)
 
     class Meta:

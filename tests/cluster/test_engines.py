@@ -108,6 +108,13 @@ def test_releases_are_read_once_from_the_releases_api_and_sent_to_the_nodes(sett
     unreachable = desired_message(node, 2)["engines"][0]
     assert "the control plane cannot read release b7: cannot reach" in unreachable["note"]
     assert unreachable["unreachable"] is True
+    with ReleaseServer() as github:  # an API that answers, but has no such release
+        settings.ENGINE_RELEASES_API = github.url
+        engines.fetch_release("llama.cpp", "b7")
+        missing = desired_message(node, 2)["engines"][0]
+        assert "HTTP 404" in missing["note"] and missing["unreachable"] is False
+        settings.ENGINE_RELEASES_API = "http://127.0.0.1:9"
+    engines.fetch_release("llama.cpp", "b7")
     assert engines.fetch_wanted_releases() == []
     with ReleaseServer() as github:
         github.add("b7", archive)

@@ -51,7 +51,7 @@ def test_a_node_from_nothing_installs_its_engine_serves_and_loses_it_with_a_libr
     assert server is not None
     weights = make_tiny_gguf(tmp_path / "tiny.gguf")
     with contextlib.ExitStack() as stack, ReleaseServer() as github:
-        github.add("b1", llama_tarball(tmp_path / "release", "b1", server=server, launcher=True))
+        release = llama_tarball(tmp_path / "release", "b1", server=server, launcher=True)
         env = {**FAST, "LLMGW_ENGINE_RELEASES_API": github.url}
         with ControlPlane(tmp_path, extra_env=env, local_agent=False) as plane:
             assert plane.ctl("engine", "set", "llama.cpp", "b1")[0] == 0
@@ -60,11 +60,15 @@ def test_a_node_from_nothing_installs_its_engine_serves_and_loses_it_with_a_libr
             # Engines outlive their agent by design: the one this node starts is stopped at the end.
             stack.callback(stop_local_engines, state)
             plane.wait_for(lambda: plane.node("cpu1").get("status") == "ready", what="cpu1 ready")
-            # Until the release is read the node says why it has no engine, in its own words.
-            plane.wait_for(
-                lambda: "waiting:" in (plane.node("cpu1").get("engine_status") or {}).get("llama.cpp", ""),
-                what="the node waiting for the release",
-            )
+
+            # The releases API has no such release yet: the node says so in its own words.
+            def word() -> str | None:
+                text = (plane.node("cpu1").get("engine_status") or {}).get("llama.cpp", "")
+                return text if "cannot read" in text else None
+
+            status = plane.wait_for(word, what="the node's word on its engine")
+            assert status.startswith("waiting: the control plane cannot read release b1: HTTP 404"), status
+            github.add("b1", release)
             code, out, _ = plane.ctl("engine", "refresh")
             assert code == 0 and re.search(r"llama\.cpp\s+b1\s+\d+ assets", out), out
             node = plane.wait_for(
