@@ -510,11 +510,17 @@ def run(config_path: str) -> int:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            agent.stopping.set()
+            agent.installer.stop()  # an install under way ends now rather than hold the exit
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, agent.stopping.set)
+            loop.add_signal_handler(sig, stop)
         try:
             await agent.run()
         finally:
+            agent.installer.stop()
             if agent.rechecks is not None:
                 agent.rechecks.cancel()
             await agent.supervisor.close()  # the engines keep running, to be adopted next time

@@ -147,6 +147,9 @@ class Installer:
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.converging: asyncio.Task[None] | None = None
+        # Set when the agent stops: an install under way (a download, an 18-minute compile) ends at
+        # its next progress report instead of holding the agent's exit.
+        self.stopping = threading.Event()
         # The manifest was read: an empty one means this node has no installed engine.
         self.probed = True
 
@@ -189,7 +192,13 @@ class Installer:
         else:
             callback()
 
+    def stop(self) -> None:
+        """End any install under way (the agent is exiting); what was installed stays."""
+        self.stopping.set()
+
     def _status(self, engine: str, text: str | None) -> None:
+        if self.stopping.is_set() and text and text.startswith("installing:"):
+            raise InstallError("stopped: the agent is stopping")
         with self.lock:
             state = self.states.setdefault(engine, _State())
             if state.status == text:
@@ -253,6 +262,8 @@ class Installer:
         if changed:
             self._save()
         for item in desired:
+            if self.stopping.is_set():
+                break
             if item.engine in self.configured:
                 self._status(item.engine, None)
                 continue
@@ -306,12 +317,14 @@ class Installer:
             try:
                 entry = self._install_build(item, build)
             except (FetchError, UnsafeArchive, verify.VerifyError, InstallError, OSError, ValueError) as exc:
+                if self.stopping.is_set():
+                    raise InstallError("stopped: the agent is stopping") from None
                 reasons.append(f"{build.key}: {exc}")
                 log.warning("engine %s %s, build %s: %s", item.engine, item.version, build.key, exc)
                 continue
             self._status(item.engine, None)
             return entry
-        if item.source is not None and not facts.nvidia and facts.os == "linux":
+        if item.source is not None and not facts.nvidia and facts.os == "linux" and not self.stopping.is_set():
             # Neither GitHub nor the control plane gave a working archive: compile one.
             try:
                 entry = self._install_source(item, item.source, facts)

@@ -13,10 +13,12 @@ AVX2, static, server only): about 18 minutes on 2 cores, its progress reported f
 from __future__ import annotations
 
 import configparser
+import contextlib
 import html
 import os
 import re
 import shutil
+import signal
 import subprocess
 import urllib.parse
 import urllib.request
@@ -180,25 +182,36 @@ def build(
 
 
 def _run(argv: list[str], log: Path, say: Callable[[str], None], what: str) -> None:
-    """Run one CMake step, its output to `log`, its progress ("[ 45%]") to `say`."""
+    """Run one CMake step, its output to `log`, its progress ("[ 45%]") to `say`. When `say`
+    raises (the agent is stopping) the step's whole process group is killed: no compiler is left."""
     say(f"installing: {what} llama.cpp")
     with open(log, "w") as handle:
         process = subprocess.Popen(  # noqa: S603 - argv built here
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True
         )
-        assert process.stdout is not None
-        last = -1
-        for line in process.stdout:
-            handle.write(line)
-            percent = None
-            if match := _PERCENT_RE.match(line):
-                percent = int(match.group(1))
-            elif (match := _STEPS_RE.match(line)) and int(match.group(2)) > 0:
-                percent = int(match.group(1)) * 100 // int(match.group(2))
-            if percent is not None and percent != last:
-                last = percent
-                say(f"installing: {what} llama.cpp ({last} %)")
-        code = process.wait(timeout=BUILD_TIMEOUT_S)
+        try:
+            code = _follow(process, handle, say, what)
+        finally:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
     if code != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         raise SourceError(f"{what} llama.cpp failed (exit code {code}): {tail[0][:300]}")
+
+
+def _follow(process: subprocess.Popen[str], handle: Any, say: Callable[[str], None], what: str) -> int:
+    assert process.stdout is not None
+    last = -1
+    for line in process.stdout:
+        handle.write(line)
+        percent = None
+        if match := _PERCENT_RE.match(line):
+            percent = int(match.group(1))
+        elif (match := _STEPS_RE.match(line)) and int(match.group(2)) > 0:
+            percent = int(match.group(1)) * 100 // int(match.group(2))
+        if percent is not None and percent != last:
+            last = percent
+            say(f"installing: {what} llama.cpp ({last} %)")
+    return process.wait(timeout=BUILD_TIMEOUT_S)

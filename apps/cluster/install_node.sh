@@ -54,7 +54,10 @@ say "checking this node (llmgw doctor):"
 if [ "${LLMGW_NO_SYSTEMD:-}" = "1" ] || ! command -v systemctl >/dev/null 2>&1; then
   # Restart an agent this script started before (its engines keep running; the new one adopts them).
   if [ -f "$STATE_DIR/agent.pid" ] && kill -0 "$(cat "$STATE_DIR/agent.pid")" 2>/dev/null; then
-    kill "$(cat "$STATE_DIR/agent.pid")" && sleep 1
+    old="$(cat "$STATE_DIR/agent.pid")"
+    kill "$old"
+    for _ in $(seq 30); do kill -0 "$old" 2>/dev/null || break; sleep 0.5; done
+    kill -0 "$old" 2>/dev/null && kill -9 "$old"
   fi
   nohup "$PYTHON" "$PREFIX/llmgw-agent.pyz" agent --config "$CONFIG" >> "$STATE_DIR/agent.log" 2>&1 &
   echo $! > "$STATE_DIR/agent.pid"

@@ -166,3 +166,54 @@ def test_a_compiled_engine_gives_way_to_the_release_once_it_can_be_had(tmp_path:
         )
         engines.converge_sync([item])
     assert engines.report()["installed"][0]["build"] == "cpu-x64" and engines.report()["status"] == {}
+
+
+def test_stopping_the_agent_ends_a_build_under_way_and_leaves_no_compiler(
+    tmp_path: Path, index: tuple[str, Path]
+) -> None:
+    """An 18-minute compile must not hold the agent's exit: stop() ends it at its next progress
+    line and kills the build's whole process group (a stand-in CMake that runs a child for minutes)."""
+    import os
+    import time
+
+    url, archive = index
+    cmake = tmp_path / "cmake"
+    pid_file = tmp_path / "child.pid"
+    cmake.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in --build) ;; *) exit 0 ;; esac\n'
+        f"sleep 300 & echo $! > {pid_file}\n"
+        'i=0; while [ $i -lt 600 ]; do i=$((i+1)); echo "[ $((i % 100))%] Building CXX object x$i.o"; sleep 0.1; done\n'
+    )
+    cmake.chmod(0o755)
+    engines = Installer(
+        tmp_path / "state",
+        facts=lambda: NodeFacts(arch="x86_64"),
+        tools={"package-index": url, "cmake": str(cmake), "apt-get": ""},
+        retry_after=3600,
+    )
+    worker = threading.Thread(
+        target=engines.converge_sync, args=(wanted(hashlib.sha256(archive.read_bytes()).hexdigest()),)
+    )
+    worker.start()
+    deadline = time.monotonic() + 60
+    while "compiling" not in str(engines.report()["status"].get("llama.cpp")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "compiling" in str(engines.report()["status"].get("llama.cpp"))
+    engines.stop()
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    assert engines.report()["status"]["llama.cpp"].startswith("failed: ")
+    assert "stopped: the agent is stopping" in engines.report()["status"]["llama.cpp"]
+    child = int(pid_file.read_text())
+    for _ in range(50):  # killed with its group; reaped by init
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the build's child {child} still runs")
+    assert engines.binaries() == {}

@@ -39,6 +39,9 @@ def test_a_node_joins_with_the_one_line_ctl_node_add_prints(tmp_path: Path) -> N
             "LLMGW_CONFIG_DIR": str(node / "etc"),
             "LLMGW_STATE_DIR": str(node / "state"),
             "LLMGW_NO_SYSTEMD": "1",
+            # The control plane reads no release here, so this CPU node would compile llama.cpp from
+            # the sdist on its package index: keep it off any real one.
+            "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
         }
         done = subprocess.run(["sh", "-c", command], env=node_env, capture_output=True, text=True, timeout=120)
         pid_file = node / "state" / "agent.pid"
