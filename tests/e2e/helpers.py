@@ -109,8 +109,10 @@ def drop_pg_database(url: str) -> None:
 def llmgw_env(data_dir: Path, port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_", "PROMETHEUS_"))}
     env.update({"LLMGW_DATA_DIR": str(data_dir), "LLMGW_LISTEN": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"})
-    # Engine releases come from a server of the test's own, or from nowhere: never GitHub.
+    # Engine releases come from a server of the test's own, or from nowhere: never GitHub; and a
+    # local agent without an engine never compiles one from a real package index.
     env["LLMGW_ENGINE_RELEASES_API"] = "http://127.0.0.1:9"
+    env["PIP_INDEX_URL"] = "http://127.0.0.1:9/simple"
     if os.environ.get("LLMGW_REDIS_URL"):
         env["LLMGW_REDIS_URL"] = os.environ["LLMGW_REDIS_URL"]
         env["LLMGW_REDIS_PREFIX"] = f"llmgw-e2e-{uuid.uuid4().hex[:8]}"
