@@ -40,6 +40,7 @@ from apps.cluster.models import EngineChoice, EngineRelease, Node
 
 __all__ = [
     "DEFAULT_VERSIONS",
+    "EngineTables",
     "ENGINE_REPOS",
     "EngineConfigError",
     "apply_engine_config",
@@ -357,11 +358,24 @@ def _assets_for_node(release: EngineRelease) -> list[dict[str, Any]]:
     return out
 
 
-def desired_engines(node: Node) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class EngineTables:
+    """The rules and releases, read once for a push to many nodes."""
+
+    rules: list[EngineChoice]
+    releases: dict[tuple[str, str], EngineRelease]
+
+    @classmethod
+    def read(cls) -> EngineTables:
+        return cls(list(EngineChoice.objects.all()), {(r.engine, r.version): r for r in EngineRelease.objects.all()})
+
+
+def desired_engines(node: Node, tables: EngineTables | None = None) -> list[dict[str, Any]]:
     """The engines this node should have, with their release's assets (or why there are none yet)."""
     out = []
-    releases = {(r.engine, r.version): r for r in EngineRelease.objects.all()}
-    for engine, (version, _why) in sorted(choices_for(node).items()):
+    tables = tables or EngineTables.read()
+    releases = tables.releases
+    for engine, (version, _why) in sorted(choices_for(node, tables.rules).items()):
         if version == NONE:
             continue
         entry: dict[str, Any] = {"engine": engine, "version": version}

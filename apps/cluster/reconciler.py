@@ -569,11 +569,12 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
     return out
 
 
-def desired_message(node: Node, generation: int) -> dict[str, Any]:
-    """The body of a node's "desired" message: its shards and the engines it should have."""
+def desired_message(node: Node, generation: int, tables: Any = None) -> dict[str, Any]:
+    """The body of a node's "desired" message: its shards and the engines it should have
+    (`tables`: the engine rules and releases, when the caller read them once for many nodes)."""
     from apps.cluster.engines import desired_engines
 
-    return {"shards": desired_shards(node), "engines": desired_engines(node), "generation": generation}
+    return {"shards": desired_shards(node), "engines": desired_engines(node, tables), "generation": generation}
 
 
 def push_desired_state(node_ids: set[int] | None = None) -> None:
@@ -587,11 +588,14 @@ def push_desired_state(node_ids: set[int] | None = None) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    nodes = Node.objects.filter(revoked_at__isnull=True)
+    from apps.cluster.engines import EngineTables
+
+    nodes = Node.objects.filter(revoked_at__isnull=True).prefetch_related("gpus")
     if node_ids is not None:
         nodes = nodes.filter(pk__in=node_ids)
+    tables = EngineTables.read()  # once for the push, not once per node
     for node in nodes:
-        text = protocol.encode("desired", desired_message(node, int(timezone.now().timestamp())))
+        text = protocol.encode("desired", desired_message(node, int(timezone.now().timestamp()), tables))
         try:
             async_to_sync(layer.group_send)(node_group(node.pk), {"type": "agent.send", "text": text})
         except Exception:
