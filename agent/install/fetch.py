@@ -27,6 +27,7 @@ __all__ = [
     "PROGRESS_EVERY_S",
     "FetchError",
     "download",
+    "fetch_text",
     "human_bytes",
     "progress_text",
 ]
@@ -248,3 +249,23 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def fetch_text(
+    url: str, *, headers: Mapping[str, str] | None = None, ca_file: str | None = None, limit: int = 32 * 2**20
+) -> str:
+    """A small text document (a `.sha256` sidecar, a simple-API page); FetchError on failure."""
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise FetchError(f"cannot read {url}: only http and https URLs are supported")
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with _opener(ca_file).open(request, timeout=30.0) as response:
+            body = response.read(limit + 1)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        raise FetchError(f"HTTP {exc.code} {exc.reason} from {url}") from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise FetchError(f"cannot read {url}: {_reason(exc, 30.0)}") from None
+    if len(body) > limit:
+        raise FetchError(f"too large: {url} sent more than {limit:,} bytes")
+    return body.decode("utf-8", "replace")

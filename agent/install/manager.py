@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.install import verify
+from agent.install import pyenv, verify
 from agent.install.archive import UnsafeArchive, extract
 from agent.install.builds import Asset, Build, NodeFacts, choose_builds, parse_assets
-from agent.install.fetch import FetchError, download, progress_text
-from agent.install.source import SourceBuild, SourceError, parse_source
+from agent.install.fetch import FetchError, download, fetch_text, human_bytes, progress_text
+from agent.install.source import SourceBuild, SourceError, index_url, parse_source
 from agent.install.source import build as build_from_source
 
 __all__ = ["DesiredEngine", "InstallError", "Installer", "has_cuda_runtime", "parse_desired_engines"]
@@ -57,6 +57,8 @@ MANIFEST = "installed.json"
 RECHECK_INTERVAL_S = 600.0
 RETRY_AFTER_S = 60.0
 BINARIES = {"llama.cpp": "llama-server"}
+#: Engines that are Python environments built by uv (agent/install/pyenv.py).
+PYTHON_ENGINES = frozenset(pyenv.PACKAGES)
 APT_TIMEOUT_S = 900.0
 
 #: Where a host's CUDA user-space libraries live when it has them (besides ldconfig's cache).
@@ -67,6 +69,10 @@ class InstallError(Exception):
     """No build of an engine could be installed; str() lists each build's reason."""
 
 
+class Unavailable(InstallError):
+    """The node cannot have this engine (no GPU, a driver too old): said, but not a fault."""
+
+
 @dataclass(frozen=True)
 class DesiredEngine:
     engine: str
@@ -75,6 +81,8 @@ class DesiredEngine:
     note: str | None = None  # the control plane's word when it has no asset listing to give
     unreachable: bool = False  # the control plane could not read the release (not merely not yet)
     source: SourceBuild | None = None  # a source distribution to compile a CPU build from, last
+    python: pyenv.PythonEngine | None = None  # for vLLM and SGLang: how to build the environment
+    listed: bool = False  # the control plane has read (or tried to read) the release
 
 
 def parse_desired_engines(items: Any) -> list[DesiredEngine]:
@@ -85,7 +93,7 @@ def parse_desired_engines(items: Any) -> list[DesiredEngine]:
             log.warning("the control plane sent an engine entry this agent cannot read: %r", item)
             continue
         engine, version = item["engine"], str(item.get("version") or "")
-        if engine not in BINARIES:
+        if engine not in BINARIES and engine not in PYTHON_ENGINES:
             log.warning("the control plane asked for engine %s, which this agent does not install", engine)
             continue
         wanted.append(
@@ -96,6 +104,8 @@ def parse_desired_engines(items: Any) -> list[DesiredEngine]:
                 note=str(item["note"]) if item.get("note") else None,
                 unreachable=item.get("unreachable") is True,
                 source=parse_source(item.get("source")),
+                python=pyenv.parse_python_engine(item) if engine in PYTHON_ENGINES else None,
+                listed="assets" in item,
             )
         )
     return wanted
@@ -270,6 +280,9 @@ class Installer:
             with self.lock:
                 entry = self.manifest.get(item.engine)
                 state = self.states.setdefault(item.engine, _State())
+            if item.python is not None:
+                self._converge_python(item, entry, state)
+                continue
             compiled = entry is not None and str(entry.get("build", "")).startswith("source-")
             if entry is not None and entry.get("version") == item.version and not (compiled and item.assets):
                 continue  # installed; a compiled stand-in gives way once the release's archives can be had
@@ -290,6 +303,28 @@ class Installer:
             else:
                 state.failed_at = None
         self._changed()
+
+    def _converge_python(self, item: DesiredEngine, entry: dict[str, Any] | None, state: _State) -> None:
+        spec = item.python
+        assert spec is not None
+        if entry is not None and entry.get("version") == item.version and _build_matches(spec.build, entry):
+            return
+        if state.failed_at is not None and time.monotonic() - state.failed_at < self.retry_after:
+            return
+        if not item.listed:
+            self._status(item.engine, "waiting: " + (item.note or f"no release listing for {item.version} yet"))
+            return
+        try:
+            self._install_python(item, spec)
+        except Unavailable as exc:
+            state.failed_at = time.monotonic()
+            self._status(item.engine, f"unavailable: {exc}")
+        except InstallError as exc:
+            state.failed_at = time.monotonic()
+            self._status(item.engine, f"failed: {exc}")
+            log.warning("engine %s %s: %s", item.engine, item.version, exc)
+        else:
+            state.failed_at = None
 
     def _replace_compiled(self, item: DesiredEngine, state: _State) -> None:
         """Try the release's own builds over an engine compiled from source; keep it when none works."""
@@ -353,6 +388,244 @@ class Installer:
             return self._place(item, build, scratch / "tree", binary)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+    # ----------------------------------------------------------------- vLLM and SGLang
+
+    def _install_python(self, item: DesiredEngine, spec: pyenv.PythonEngine) -> dict[str, Any]:
+        if spec.unsupported:
+            raise Unavailable(spec.unsupported)
+        facts = self.facts()
+        variants = pyenv.parse_variants(item.engine, item.version, item.assets, facts.arch, spec)
+        chosen, skipped = pyenv.choose_variants(facts, variants, spec, item.engine)
+        if not chosen:
+            raise Unavailable("; ".join(skipped) or "no build of this version suits this node")
+        self.root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.root).free
+        if spec.min_free_bytes and free < spec.min_free_bytes:
+            raise InstallError(
+                f"needs {human_bytes(spec.min_free_bytes)} free in {self.root} while it installs; "
+                f"{human_bytes(free)} is free"
+            )
+        uv = self._ensure_uv(item.engine, spec, facts)
+        reasons = list(skipped)
+        for variant in chosen:
+            try:
+                entry = self._install_variant(item, variant, uv)
+            except (pyenv.PythonError, FetchError, InstallError, OSError, ValueError) as exc:
+                if self.stopping.is_set():
+                    raise InstallError("stopped: the agent is stopping") from None
+                reasons.append(f"{variant.key}: {exc}")
+                log.warning("engine %s %s, build %s: %s", item.engine, item.version, variant.key, exc)
+                continue
+            self._status(item.engine, self._gcc_warning())
+            return entry
+        raise InstallError("; ".join(reasons))
+
+    def _ensure_uv(self, engine: str, spec: pyenv.PythonEngine, facts: NodeFacts) -> pyenv.UvTool:
+        """uv as agent.yaml names it, as installed before, or installed now: from its release
+        (checked against its .sha256 and the digest), else from the node's package index."""
+        index = self.tools.get("package-index") or None
+        python = self.tools.get("python") or None
+        if self.tools.get("uv"):
+            return pyenv.UvTool(Path(self.tools["uv"]), self.state_dir, index, python)
+        if not spec.uv_version:
+            raise InstallError("the control plane named no uv version to build the environment with")
+        folder = self.root / ".tools" / f"uv-{spec.uv_version}"
+        binary = folder / "uv"
+        if binary.is_file() and self._uv_runs(binary, spec.uv_version):
+            return pyenv.UvTool(binary, self.state_dir, index, python)
+        reasons = []
+        archive, sidecar = pyenv.uv_asset(spec.uv_assets, facts.arch)
+        scratch = self.root / f".staging-uv-{secrets.token_hex(4)}"
+        try:
+            if archive is not None:
+                try:
+                    self._install_uv_release(engine, archive, sidecar, scratch / "release", folder, spec.uv_version)
+                    return pyenv.UvTool(binary, self.state_dir, index, python)
+                except (pyenv.PythonError, FetchError, UnsafeArchive, InstallError, OSError, ValueError) as exc:
+                    reasons.append(f"{archive.name}: {exc}")
+            else:
+                reasons.append(f"the uv {spec.uv_version} release lists no archive for {facts.arch}")
+            try:
+                self._install_uv_wheel(engine, spec.uv_version, facts.arch, scratch / "wheel", folder)
+                return pyenv.UvTool(binary, self.state_dir, index, python)
+            except (pyenv.PythonError, FetchError, InstallError, OSError, ValueError) as exc:
+                reasons.append(f"uv from the package index: {exc}")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise InstallError("cannot install uv: " + "; ".join(reasons))
+
+    def _install_uv_release(
+        self, engine: str, archive: Asset, sidecar: Asset | None, scratch: Path, folder: Path, version: str
+    ) -> None:
+        digest = archive.sha256
+        if sidecar is not None:
+            url, headers = self._address(sidecar.urls[0]) if sidecar.urls else ("", {})
+            if not url:
+                raise FetchError(f"no address to fetch {sidecar.name} from")
+            published = pyenv.parse_sidecar(
+                fetch_text(url, headers=headers, ca_file=self.tools.get("ca-file")), archive.name
+            )
+            if digest and digest != published:
+                raise FetchError(
+                    f"{sidecar.name} says sha256 {published[:12]}…, the release's digest says {digest[:12]}…"
+                )
+            digest = published
+        if not digest:
+            raise FetchError(f"no sha256 published for {archive.name}: refusing an unchecked download")
+        scratch.mkdir(parents=True)
+        path = self._fetch(engine, Asset(archive.name, archive.size, digest, archive.urls), scratch)
+        self._status(engine, f"installing: unpacking {archive.name}")
+        extract(path, scratch / "tree")
+        found = _find_binary(scratch / "tree", "uv")
+        self._place_uv(found, folder, version)
+
+    def _install_uv_wheel(self, engine: str, version: str, arch: str, scratch: Path, folder: Path) -> None:
+        index = index_url(self.tools)
+
+        def read(url: str) -> str:
+            return fetch_text(url, headers={"Accept": "text/html"}, ca_file=self.tools.get("ca-file"))
+
+        wheel = pyenv.find_index_wheel("uv", version, arch, index, opener=read)
+        scratch.mkdir(parents=True)
+        path = self._fetch(engine, wheel, scratch)
+        found = pyenv.binary_from_wheel(path, scratch / "bin" / "uv")
+        self._place_uv(found, folder, version)
+
+    def _place_uv(self, found: Path, folder: Path, version: str) -> None:
+        if not self._uv_runs(found, version):
+            raise InstallError(f"the uv binary does not run or is not version {version}")
+        staging = folder.with_name(f".{folder.name}-{secrets.token_hex(4)}")
+        staging.mkdir(parents=True)
+        shutil.copy2(found, staging / "uv")
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+
+    @staticmethod
+    def _uv_runs(binary: Path, version: str) -> bool:
+        try:
+            done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False)  # noqa: S603
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        words = done.stdout.split()
+        return done.returncode == 0 and len(words) >= 2 and words[0] == "uv" and words[1] == version
+
+    def _install_variant(self, item: DesiredEngine, variant: pyenv.Variant, uv: pyenv.UvTool) -> dict[str, Any]:
+        package = pyenv.PACKAGES[item.engine]
+        scratch = self.root / f".staging-{item.engine}-{secrets.token_hex(4)}"
+        env = scratch / "env"
+        log_path = scratch / "install.log"
+        environ = uv.env()
+        say = lambda text: self._status(item.engine, text)  # noqa: E731
+        lock = self.root / item.engine / ".locks" / f"{item.version}-{variant.key}.txt"
+        try:
+            scratch.mkdir(parents=True)
+            find_links = None
+            if variant.wheel is not None:
+                find_links = scratch / "wheels"
+                find_links.mkdir()
+                self._fetch(item.engine, variant.wheel, find_links)
+            pyenv.run_logged(
+                [str(uv.binary), "venv", "--relocatable", "--python", uv.python or pyenv.PYTHON_VERSION, str(env)],
+                env=environ,
+                log=log_path,
+                say=say,
+                what=f"creating the Python environment for {item.engine} {item.version}",
+            )
+            python = env / "bin" / "python"
+            requirements = env / pyenv.REQUIREMENTS
+            indexes = uv.index_args(variant, find_links)
+            if lock.is_file():
+                shutil.copy2(lock, requirements)  # resolved before: the same packages again
+            else:
+                wanted = scratch / "requirements.in"
+                pin = f"{item.version}+{variant.key}" if variant.wheel is not None else item.version
+                wanted.write_text(f"{package}=={pin}\n")
+                pyenv.run_logged(
+                    [
+                        str(uv.binary),
+                        "pip",
+                        "compile",
+                        "--quiet",
+                        "--generate-hashes",
+                        "--python",
+                        str(python),
+                        *indexes,
+                        "-o",
+                        str(requirements),
+                        str(wanted),
+                    ],
+                    env=environ,
+                    log=log_path,
+                    say=say,
+                    what=f"resolving {package} {pin} ({variant.key})",
+                )
+            pyenv.run_logged(
+                [
+                    str(uv.binary),
+                    "pip",
+                    "install",
+                    "--require-hashes",
+                    "--python",
+                    str(python),
+                    *indexes,
+                    "-r",
+                    str(requirements),
+                ],
+                env=environ,
+                log=log_path,
+                say=say,
+                what=f"installing {package} {item.version} ({variant.key})",
+            )
+            say(f"installing: checking {item.engine} {item.version} ({variant.key}) on the GPU")
+            answer = pyenv.run_check(python, package, gpu=True)
+            got = str(answer.get("version") or "")
+            if got.split("+", 1)[0] != item.version:
+                raise pyenv.PythonError(f"the environment has {package} {got}, not {item.version}")
+            final = self.root / item.engine / f"{item.version}-{variant.key}"
+            final.parent.mkdir(parents=True, exist_ok=True)
+            old = None
+            if final.exists():
+                old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
+                final.rename(old)
+            env.rename(final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+            pyenv.run_check(final / "bin" / "python", package, gpu=False, script=pyenv.RECHECK_SCRIPT)
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(final / pyenv.REQUIREMENTS, lock)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        entry = {
+            "engine": item.engine,
+            "kind": "python",
+            "version": item.version,
+            "build": variant.key,
+            "dir": str(final),
+            "path": str(pyenv.entry_point(item.engine, final)),
+            "gpu": True,
+            "package_version": got,
+            "torch": answer.get("torch"),
+            "cuda": answer.get("cuda"),
+            "devices": [str(d) for d in answer.get("devices") or []],
+            "installed_at": time.time(),
+            "checked_at": time.time(),
+        }
+        with self.lock:
+            previous = self.manifest.get(item.engine)
+            self.manifest[item.engine] = entry
+        self._save()
+        keep = {final, Path(previous["dir"])} if previous and previous.get("dir") else {final}
+        self._prune(item.engine, keep=keep)
+        log.info("engine %s %s installed: build %s at %s", item.engine, item.version, variant.key, final)
+        return entry
+
+    def _gcc_warning(self) -> str | None:
+        """Triton compiles its launcher with the C compiler at the first model load."""
+        if shutil.which(self.tools.get("gcc", "gcc")) or self._install_packages(["gcc"]):
+            return None
+        return "warning: no gcc on this node: Triton compiles its launcher when a model first loads; install gcc"
 
     def _fetch(self, engine: str, asset: Asset, folder: Path) -> Path:
         if not asset.sha256:
@@ -499,8 +772,11 @@ class Installer:
         for name, entry in entries.items():
             binary = Path(entry["path"])
             try:
-                verify.check(binary, gpu=bool(entry.get("gpu")), ldd=self.tools.get("ldd", "ldd"))
-            except verify.VerifyError as exc:
+                if entry.get("kind") == "python":
+                    _recheck_python(name, entry)
+                else:
+                    verify.check(binary, gpu=bool(entry.get("gpu")), ldd=self.tools.get("ldd", "ldd"))
+            except (verify.VerifyError, pyenv.PythonError) as exc:
                 with self.lock:
                     if self.manifest.get(name) is entry:
                         del self.manifest[name]
@@ -533,6 +809,27 @@ class Installer:
             except Exception:
                 log.exception("re-checking the installed engines failed")
             await asyncio.sleep(min(self.recheck_interval, self.retry_after))
+
+
+def _build_matches(choice: str, entry: Mapping[str, Any]) -> bool:
+    """Whether an installed environment's variant is what the node's build choice asks for."""
+    build = str(entry.get("build") or "")
+    if choice == "cu13":
+        return build.startswith("cu13")
+    if choice == "cu129":
+        return build == "cu129"
+    return True
+
+
+def _recheck_python(engine: str, entry: Mapping[str, Any]) -> None:
+    package = pyenv.PACKAGES.get(engine, engine)
+    python = Path(entry["dir"]) / "bin" / "python"
+    answer = pyenv.run_check(python, package, gpu=False, script=pyenv.RECHECK_SCRIPT, timeout=pyenv.RECHECK_TIMEOUT_S)
+    got = str(answer.get("version") or "")
+    if got.split("+", 1)[0] != entry.get("version"):
+        raise pyenv.PythonError(f"the environment now has {package} {got}, not {entry.get('version')}")
+    if not Path(entry["path"]).exists():
+        raise pyenv.PythonError(f"{entry['path']} is gone")
 
 
 def _find_binary(tree: Path, name: str) -> Path:
