@@ -226,6 +226,13 @@ ENGINE_FIELDS: dict[str, Check] = {
 ENGINE_REPORT = obj({}, {**ENGINE_FIELDS, "engine_versions": nullable(mapping(nullable(string(200)), 64))})
 
 #: One engine the control plane wants on the node, with the assets of its release.
+_RELEASE_ASSETS = array(
+    obj(
+        {"name": string(300)},
+        {"size": INT, "digest": STR, "urls": array(string(4096), 8), "browser_download_url": STR},
+    ),
+    512,
+)
 DESIRED_ENGINE = obj(
     {"engine": string(32), "version": string(64)},
     {
@@ -234,13 +241,15 @@ DESIRED_ENGINE = obj(
         "source": nullable(
             obj({"package": string(200), "version": string(64), "sha256": string(64)}, {"subdir": string(300)})
         ),
-        "assets": array(
-            obj(
-                {"name": string(300)},
-                {"size": INT, "digest": STR, "urls": array(string(4096), 8), "browser_download_url": STR},
-            ),
-            512,
-        ),
+        "assets": _RELEASE_ASSETS,
+        # vLLM and SGLang (uv-built environments)
+        "build": string(16),
+        "index_variant": string(16),
+        "torch_index": string(2048),
+        "min_compute": string(8),
+        "min_free_bytes": INT,
+        "unsupported": STR,
+        "uv": nullable(obj({"version": string(64)}, {"assets": _RELEASE_ASSETS})),
     },
 )
 

@@ -254,6 +254,12 @@ ENGINE_RELEASES_API = (env_str("LLMGW_ENGINE_RELEASES_API") or "https://api.gith
 ENGINE_RELEASES_TOKEN = env_secret("LLMGW_ENGINE_RELEASES_TOKEN") or ""
 # Engine archives the control plane holds and serves its nodes (uploaded, or fetched once).
 ENGINE_FILES_DIR = Path(env_str("LLMGW_ENGINE_FILES_DIR") or str(DATA_DIR / "engine-files")).expanduser()
+# vLLM and SGLang environments: the CUDA build the nodes' package index publishes (PyPI's vLLM is
+# built for CUDA 12.9), where torch comes from for a release's other builds ({variant}: cu130),
+# and the free space a node needs while it installs one.
+PYTHON_ENGINE_INDEX_VARIANT = env_str("LLMGW_PYTHON_ENGINE_INDEX_VARIANT") or "cu129"
+TORCH_INDEX_URL = env_str("LLMGW_TORCH_INDEX_URL") or "https://download.pytorch.org/whl/{variant}"
+PYTHON_ENGINE_FREE_GB = env_float("LLMGW_PYTHON_ENGINE_FREE_GB", 25.0, minimum=0.0, maximum=10000.0)
 # Scaling under load: a replica is added while the gateway keeps queueing requests (every
 # replica busy within the last SCALE_UP_WINDOW seconds), one at a time, and one is removed
 # after SCALE_DOWN_AFTER seconds without such a moment.

@@ -80,6 +80,7 @@ urlpatterns = [
     path("install/node.sh", cluster_views.install_script, name="install-script"),
     path("install/<str:name>", cluster_views.install_bundle, name="install-bundle"),
     path("cluster/engines/remove", cluster_views.engine_remove, name="cluster-engine-remove"),
+    path("cluster/engine-build/<str:name>", cluster_views.engine_build, name="cluster-engine-build"),
     path("people/", people_views.people, name="people"),
     path("people/members/", people_views.people_members, name="people-members"),
     path("people/limits/", people_views.people_limits, name="people-limits"),

@@ -138,8 +138,10 @@ def cudart_tarball(dest: Path, tag: str, cuda: str) -> Path:
 class ReleaseServer:
     """GitHub's releases API and downloads, on 127.0.0.1, in a thread."""
 
-    def __init__(self, repo: str = "ggml-org/llama.cpp") -> None:
+    def __init__(self, repo: str = "ggml-org/llama.cpp", *, also: tuple[str, ...] = ()) -> None:
         self.repo = repo
+        self.repos = (repo, *also)  # one API for several projects, as GitHub's is
+        self.tag_repo: dict[str, str] = {}
         self.files: dict[str, Path] = {}
         self.releases: dict[str, list[str]] = {}
         self.digest_override: dict[str, str | None] = {}
@@ -174,14 +176,15 @@ class ReleaseServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def add(self, tag: str, path: Path) -> None:
+    def add(self, tag: str, path: Path, *, repo: str | None = None) -> None:
         self.files[path.name] = path
+        self.tag_repo[tag] = repo or self.repo
         self.releases.setdefault(tag, [])
         if path.name not in self.releases[tag]:
             self.releases[tag].append(path.name)
 
     def release(self, tag: str) -> dict[str, Any]:
-        owner_repo = self.repo
+        owner_repo = self.tag_repo.get(tag, self.repo)
         assets = []
         for name in self.releases[tag]:
             path = self.files[name]
@@ -199,11 +202,19 @@ class ReleaseServer:
 
     def answer(self, handler: BaseHTTPRequestHandler) -> None:
         path = handler.path.split("?", 1)[0]
-        prefix = f"/repos/{self.repo}/releases/tags/"
-        if path.startswith(prefix) and path[len(prefix) :] in self.releases:
-            body = json.dumps(self.release(path[len(prefix) :])).encode()
+        listing = next(
+            (
+                path[len(f"/repos/{repo}/releases/tags/") :]
+                for repo in self.repos
+                if path.startswith(f"/repos/{repo}/releases/tags/")
+                and self.tag_repo.get(path[len(f"/repos/{repo}/releases/tags/") :], self.repo) == repo
+            ),
+            None,
+        )
+        if listing is not None and listing in self.releases:
+            body = json.dumps(self.release(listing)).encode()
             self._send(handler, 200, body, "application/json")
-        elif path.startswith(f"/{self.repo}/releases/download/"):
+        elif any(path.startswith(f"/{repo}/releases/download/") for repo in self.repos):
             name = path.rsplit("/", 1)[-1]
             handler.send_response(302)
             handler.send_header("Location", f"{self.url}/objects/{name}")

@@ -111,6 +111,7 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
             "engines",
             "engine_status",
             "disabled_engines",
+            "engine_build",
             "warnings",
             "created_at",
             "registered_at",
@@ -184,6 +185,12 @@ class DrainSerializer(serializers.Serializer[Any]):
     )
 
 
+class EngineBuildSerializer(serializers.Serializer[Any]):
+    build = serializers.ChoiceField(
+        choices=Node.EngineBuild.choices, help_text=_("Which CUDA build of vLLM and SGLang the node installs.")
+    )
+
+
 class NodeEnginesSerializer(serializers.Serializer[Any]):
     disable = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(engine_choices.ENGINE_REPOS)), required=False, default=list
@@ -254,6 +261,21 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
             self.get_object(),
             disable=data.validated_data["disable"],
             enable=data.validated_data["enable"],
+            actor=request.user,  # type: ignore[arg-type]
+            address=self._address(),
+        )
+        return Response(NodeDetailSerializer(node).data)
+
+    @extend_schema(request=EngineBuildSerializer, responses=NodeDetailSerializer)
+    @action(detail=True, methods=["post"], url_path="engine-build")
+    def engine_build(self, request: Request, name: str | None = None) -> Response:
+        """Choose which CUDA build of vLLM and SGLang this node installs: `auto` (the best its driver
+        and GPUs allow), `cu13`, `cu129`, or `none`."""
+        data = EngineBuildSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.set_engine_build(
+            self.get_object(),
+            data.validated_data["build"],
             actor=request.user,  # type: ignore[arg-type]
             address=self._address(),
         )

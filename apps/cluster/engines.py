@@ -12,6 +12,12 @@
   itself (`ENGINE_FILES_DIR`, uploaded or fetched once) is offered first, at its own URL, with the
   same digest; GitHub's address comes after it.
 - `desired_engines(node)` is what goes to the node with its shards, in the "desired" message.
+- vLLM and SGLang are Python environments the node builds with uv (agent/install/pyenv.py). They
+  install only where a choice names a version (no default: they are gigabytes and need a GPU).
+  The control plane relays the engine's release listing (its `+cuNNN` wheels) and uv's, the
+  node's build choice (`Node.engine_build`: auto, cu13, cu129, none), the oldest GPU generation
+  the version is built for, and, for a node whose GPUs are older than that, the newest version
+  built for them instead.
 """
 
 from __future__ import annotations
@@ -61,7 +67,20 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The engines the agent installs, and where their releases are published.
-ENGINE_REPOS = {"llama.cpp": "ggml-org/llama.cpp"}
+ENGINE_REPOS = {"llama.cpp": "ggml-org/llama.cpp", "vllm": "vllm-project/vllm", "sglang": "sgl-project/sglang"}
+#: Engines that are Python environments built by uv on the node.
+PYTHON_ENGINES = frozenset({"vllm", "sglang"})
+#: Tools the nodes install with those engines, where they are published, and the version used.
+TOOL_REPOS = {"uv": "astral-sh/uv"}
+UV_VERSION = "0.13.9"
+#: How each project writes a version as a release tag.
+TAG_FORMAT = {"vllm": "v{version}", "sglang": "v{version}"}
+#: The compute capability current vLLM builds need (T4 and newer); versions up to 0.11 were
+#: still built for Volta (7.0). A node whose GPUs are older than a version's floor gets the
+#: newest version built for them.
+VLLM_MIN_COMPUTE = (7, 5)
+VLLM_OLDER_GPUS = (((7, 0), "0.11.0"),)
+SGLANG_MIN_COMPUTE = (7, 5)
 #: The version of each engine this release of llmgw was checked against: what a node gets when
 #: no choice names another.
 DEFAULT_VERSIONS = {"llama.cpp": "b10991"}
@@ -114,6 +133,56 @@ def check_engine(engine: str) -> str:
             % {"engine": engine, "known": ", ".join(sorted(ENGINE_REPOS))}
         )
     return engine
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in re.split(r"[.+-]", version.lstrip("v")):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def min_compute(engine: str, version: str) -> tuple[int, int] | None:
+    """The oldest GPU generation (compute capability) a version of a Python engine is built for."""
+    if engine == "vllm":
+        return (7, 0) if (0,) < _version_tuple(version) < (0, 12) else VLLM_MIN_COMPUTE
+    if engine == "sglang":
+        return SGLANG_MIN_COMPUTE
+    return None
+
+
+def oldest_gpu(node: Node) -> tuple[int, int] | None:
+    """The lowest compute capability among the node's GPUs, from its hardware report."""
+    from agent.install.builds import compute_capability
+
+    gpus = (node.hardware or {}).get("gpus") or []
+    known = [cc for gpu in gpus if isinstance(gpu, Mapping) and (cc := compute_capability(gpu)) is not None]
+    if not known:
+        known = [cc for gpu in node.gpus.all() if (cc := compute_capability({"name": gpu.name})) is not None]
+    return min(known) if known else None
+
+
+def _for_older_gpus(engine: str, version: str, oldest: tuple[int, int] | None) -> tuple[str, str] | None:
+    """(version, why) when the node's GPUs are older than `version` is built for and an older
+    version still runs on them."""
+    floor = min_compute(engine, version)
+    if engine != "vllm" or oldest is None or floor is None or oldest >= floor:
+        return None
+    for cc, older in VLLM_OLDER_GPUS:
+        if oldest >= cc and _version_tuple(older) < _version_tuple(version):
+            why = _("the newest vLLM built for compute capability %(have)s (%(version)s needs %(floor)s or newer)") % {
+                "have": _cc(oldest),
+                "version": version,
+                "floor": _cc(floor),
+            }
+            return older, why
+    return None
+
+
+def _cc(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
 
 
 def check_version(version: Any, where: str) -> str:
@@ -301,6 +370,14 @@ def choices_for(node: Node, rules: Iterable[EngineChoice] | None = None) -> dict
     for engine in node.disabled_engines or []:
         if engine in out:
             out[engine] = (NONE, _("disabled on this node"))
+    for engine in PYTHON_ENGINES & set(out):
+        version = out[engine][0]
+        if version == NONE:
+            continue
+        if node.engine_build == Node.EngineBuild.NONE:
+            out[engine] = (NONE, _("this node's vLLM/SGLang build is set to none"))
+        elif older := _for_older_gpus(engine, version, oldest_gpu(node)):
+            out[engine] = older
     return out
 
 
@@ -309,12 +386,16 @@ def wanted_versions() -> set[tuple[str, str]]:
     the engine's binary on purpose: they run that one)."""
     rules = list(EngineChoice.objects.all())
     wanted: set[tuple[str, str]] = set()
-    nodes = Node.objects.filter(revoked_at__isnull=True).only("name", "labels", "disabled_engines", "hardware")
+    nodes = Node.objects.filter(revoked_at__isnull=True).only(
+        "name", "labels", "disabled_engines", "hardware", "engine_build"
+    )
     for node in nodes.prefetch_related("gpus"):
         sources = node.hardware.get("engine_sources") or {}
         for engine, (version, _why) in choices_for(node, rules).items():
             if version != NONE and sources.get(engine) != "configured":
                 wanted.add((engine, version))
+                if engine in PYTHON_ENGINES:
+                    wanted.add(("uv", UV_VERSION))
     return wanted
 
 
@@ -379,6 +460,9 @@ def desired_engines(node: Node, tables: EngineTables | None = None) -> list[dict
         if version == NONE:
             continue
         entry: dict[str, Any] = {"engine": engine, "version": version}
+        if engine in PYTHON_ENGINES:
+            out.append(_python_engine(node, engine, version, releases))
+            continue
         if engine in SOURCE_BUILDS:
             entry["source"] = SOURCE_BUILDS[engine]
         release = releases.get((engine, version))
@@ -397,6 +481,44 @@ def desired_engines(node: Node, tables: EngineTables | None = None) -> list[dict
             _ask_for_releases()
         out.append(entry)
     return out
+
+
+def _python_engine(
+    node: Node, engine: str, version: str, releases: Mapping[tuple[str, str], EngineRelease]
+) -> dict[str, Any]:
+    """vLLM or SGLang for this node: the release's wheels and uv's archives once both were read
+    (or tried: the package index's build needs no listing), and how to build the environment."""
+    floor = min_compute(engine, version) or (7, 5)
+    entry: dict[str, Any] = {
+        "engine": engine,
+        "version": version,
+        "build": node.engine_build if node.engine_build != Node.EngineBuild.NONE else "auto",
+        "index_variant": settings.PYTHON_ENGINE_INDEX_VARIANT,
+        "torch_index": settings.TORCH_INDEX_URL,
+        "min_compute": _cc(floor),
+        "min_free_bytes": int(settings.PYTHON_ENGINE_FREE_GB * 10**9),
+    }
+    oldest = oldest_gpu(node)
+    if oldest is not None and oldest < floor:
+        entry["unsupported"] = _(
+            "%(engine)s %(version)s needs compute capability %(floor)s or newer and no version llmgw knows is "
+            "built for this node's %(have)s"
+        ) % {"engine": engine, "version": version, "floor": _cc(floor), "have": _cc(oldest)}
+    release, uv = releases.get((engine, version)), releases.get(("uv", UV_VERSION))
+    tried = [r for r in (release, uv) if r is not None and (r.fetched_at is not None or r.error)]
+    if len(tried) < 2:
+        entry["note"] = _("the control plane has not read release %(version)s yet") % {"version": version}
+        _ask_for_releases()
+        return entry
+    assert release is not None and uv is not None
+    entry["assets"] = _assets_for_node(release) if release.fetched_at is not None else []
+    entry["uv"] = {"version": UV_VERSION, "assets": _assets_for_node(uv) if uv.fetched_at is not None else []}
+    errors = [f"{r.engine} {r.version}: {r.error}" for r in (release, uv) if r.fetched_at is None and r.error]
+    if errors:
+        entry["note"] = _("the control plane cannot read %(what)s; the package index's build is used") % {
+            "what": "; ".join(errors)
+        }
+    return entry
 
 
 def _ask_for_releases() -> None:
@@ -434,8 +556,9 @@ def _opener() -> urllib.request.OpenerDirector:
 
 def fetch_release(engine: str, version: str) -> EngineRelease:
     """Read one release's assets from the releases API and keep them (or the error)."""
-    repo = ENGINE_REPOS[engine]
-    url = f"{settings.ENGINE_RELEASES_API}/repos/{repo}/releases/tags/{urllib.parse.quote(version, safe='')}"
+    repo = ENGINE_REPOS.get(engine) or TOOL_REPOS[engine]
+    tag = TAG_FORMAT.get(engine, "{version}").format(version=version)
+    url = f"{settings.ENGINE_RELEASES_API}/repos/{repo}/releases/tags/{urllib.parse.quote(tag, safe='')}"
     headers = {"Accept": "application/vnd.github+json", "User-Agent": "llmgw", "X-GitHub-Api-Version": "2022-11-28"}
     if settings.ENGINE_RELEASES_TOKEN:
         headers["Authorization"] = f"Bearer {settings.ENGINE_RELEASES_TOKEN}"

@@ -53,6 +53,17 @@ class Node(models.Model):
     connection = models.CharField(_("agent connection"), max_length=200, blank=True, editable=False)
     # Engines this node must not install or run, whatever the engine choices say.
     disabled_engines = models.JSONField(_("disabled engines"), default=list, blank=True)
+
+    class EngineBuild(models.TextChoices):
+        AUTO = "auto", _("auto (the best the driver and GPUs allow)")
+        CU13 = "cu13", _("CUDA 13")
+        CU129 = "cu129", _("CUDA 12.9")
+        NONE = "none", _("none (no vLLM or SGLang on this node)")
+
+    # Which CUDA build of vLLM and SGLang this node installs.
+    engine_build = models.CharField(
+        _("vLLM/SGLang build"), max_length=8, choices=EngineBuild.choices, default=EngineBuild.AUTO
+    )
     # The checks `llmgw doctor` last ran on the node when asked from the console: [{name, status, detail, fix}].
     doctor = models.JSONField(_("doctor's checks"), null=True, blank=True, editable=False)
     doctor_requested_at = models.DateTimeField(_("doctor asked"), null=True, blank=True, editable=False)

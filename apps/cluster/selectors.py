@@ -234,19 +234,41 @@ class EngineOverview:
     rules: list[EngineRule]
     engines: list[str]
     scopes: list[tuple[str, str]]
+    builds: list[BuildRow] = field(default_factory=list)
+    build_choices: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BuildRow:
+    """A GPU node's vLLM/SGLang build choice, with what its install of them is doing."""
+
+    node: Node
+    build: str
+    status: dict[str, str]
 
 
 def engine_overview() -> EngineOverview:
     """The cluster page's engines: the rules, the built-in versions and the releases read."""
-    from apps.cluster.engines import DEFAULT_VERSIONS, ENGINE_REPOS
+    from apps.cluster.engines import DEFAULT_VERSIONS, ENGINE_REPOS, PYTHON_ENGINES
     from apps.cluster.models import EngineChoice, EngineRelease
 
     releases = {(r.engine, r.version): r for r in EngineRelease.objects.all()}
+    gpu_nodes = Node.objects.filter(revoked_at__isnull=True, gpus__isnull=False).distinct().order_by("name")
+    builds = [
+        BuildRow(
+            node=node,
+            build=node.engine_build,
+            status={k: v for k, v in node_engine_status(node).items() if k in PYTHON_ENGINES},
+        )
+        for node in gpu_nodes
+    ]
     return EngineOverview(
         defaults=dict(DEFAULT_VERSIONS),
         rules=[EngineRule(c, releases.get((c.engine, c.version))) for c in EngineChoice.objects.all()],
         engines=sorted(ENGINE_REPOS),
         scopes=[(str(value), str(label)) for value, label in EngineChoice.Scope.choices],
+        builds=builds,
+        build_choices=[(str(value), str(label)) for value, label in Node.EngineBuild.choices],
     )
 
 

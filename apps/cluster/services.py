@@ -562,6 +562,28 @@ def set_disabled_engines(
 
 
 @transaction.atomic
+def set_engine_build(node: Node, build: str, *, actor: User | None, address: str | None = None) -> Node:
+    """Choose which CUDA build of vLLM and SGLang the node installs (auto, cu13, cu129, none);
+    the node hears at once and installs that build (the one it has stays until the new one works)."""
+    from apps.cluster.engines import EngineConfigError, nodes_changed
+
+    if build not in Node.EngineBuild.values:
+        raise EngineConfigError(
+            _("build: expected one of %(known)s, got %(value)r")
+            % {"known": ", ".join(Node.EngineBuild.values), "value": build}
+        )
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    before = node.engine_build
+    if build != before:
+        node.engine_build = build
+        node.save(update_fields=["engine_build"])
+        audit.record(actor, "node.engine_build", node, changes={"engine_build": [before, build]}, address=address)
+        pk = node.pk
+        transaction.on_commit(lambda: nodes_changed({pk}))
+    return node
+
+
+@transaction.atomic
 def uncordon_node(node: Node, *, actor: User | None, address: str | None = None) -> Node:
     """Let replicas be placed on the node again; a drain under way ends (what moved stays moved)."""
     before = {"cordoned": node.cordoned, "reason": node.cordon_reason, "draining": node.drain_requested_at is not None}

@@ -11,7 +11,7 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpResponse, HttpResponseRedirect
 from django.http.response import HttpResponseBase
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -263,6 +263,22 @@ def engine_set(request: HtmxHttpRequest) -> HttpResponse:
     else:
         messages.success(request, _("Engine choice saved; the nodes it picks install it now."))
     return HttpResponseRedirect(reverse("cluster") + "#engines")
+
+
+@requires("change_cluster", methods=["POST"])
+def engine_build(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Choose a node's vLLM/SGLang build (auto, cu13, cu129, none); the node hears at once."""
+    from apps.cluster import engines
+
+    user: User = request.user  # type: ignore[assignment]
+    node = get_object_or_404(Node, name=name, revoked_at__isnull=True)
+    try:
+        services.set_engine_build(node, request.POST.get("build", ""), actor=user, address=client_address(request))
+    except engines.EngineConfigError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, _("Build saved; %(node)s installs it now.") % {"node": node.name})
+    return HttpResponseRedirect(reverse("cluster") + "#engine-builds")
 
 
 @requires("change_cluster", methods=["POST"])

@@ -283,6 +283,18 @@ def cmd_engine_refresh(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engine_build(client: Client, args: argparse.Namespace) -> int:
+    node = client.post(f"nodes/{args.name}/engine-build", {"build": args.build})
+    if args.json:
+        print(json.dumps(node, indent=2))
+        return 0
+    print(f"node {node['name']}: vLLM/SGLang build {node['engine_build']}")
+    for engine, text in sorted((node.get("engine_status") or {}).items()):
+        if engine in ("vllm", "sglang"):
+            print(f"  {engine} {text}")
+    return 0
+
+
 def add_engine_commands(ctl_sub: Any) -> None:
     p = ctl_sub.add_parser("engines", help="which engine versions the nodes should have, and the releases read")
     p.set_defaults(ctl_func=cmd_engines)
@@ -293,7 +305,7 @@ def add_engine_commands(ctl_sub: Any) -> None:
         ("unset", cmd_engine_unset, "remove a rule; the nodes it picked take the next one that matches"),
     ):
         p = engine_sub.add_parser(verb, help=text)
-        p.add_argument("engine", help="llama.cpp")
+        p.add_argument("engine", help="llama.cpp, vllm or sglang")
         if verb == "set":
             p.add_argument("version", help="a release tag (b10991) or none")
         p.add_argument("--gpu-class", help="only nodes with a GPU of this class (H100-80GB)")
@@ -302,6 +314,12 @@ def add_engine_commands(ctl_sub: Any) -> None:
         p.set_defaults(ctl_func=func)
     p = engine_sub.add_parser("refresh", help="read the releases the nodes want now (from the releases API)")
     p.set_defaults(ctl_func=cmd_engine_refresh)
+    p = ctl_sub.add_parser(
+        "engine-build", help="which CUDA build of vLLM and SGLang a node installs: auto, cu13, cu129 or none"
+    )
+    p.add_argument("name", help="the node")
+    p.add_argument("build", choices=["auto", "cu13", "cu129", "none"])
+    p.set_defaults(ctl_func=cmd_engine_build)
 
 
 def _action(verb: str) -> Any:

@@ -280,6 +280,7 @@ MATRIX: dict[str, Route] = {
     "cluster:node-doctor": Route("read_everything", node),
     "cluster-engine-set": Route("change_cluster", bodies=lambda w: {"POST": {"engine": "llama.cpp", "version": "b1"}}),
     "cluster-engine-remove": Route("change_cluster", bodies=lambda w: engine_rule_to_remove()),
+    "cluster-engine-build": Route("change_cluster", node, bodies=lambda w: {"POST": {"build": "cu129"}}),
     "cluster:node-doctor-run": Route("change_cluster", node),
     "catalog:models": Route("read_everything"),
     "catalog:model-apply": Route(
@@ -323,6 +324,9 @@ MATRIX: dict[str, Route] = {
     "node-drain": Route(("read_everything", "change_cluster"), node),
     "node-revoke": Route(("read_everything", "change_cluster"), node),
     "node-engines": Route(("read_everything", "change_cluster"), node, bodies=lambda w: {"POST": {"disable": []}}),
+    "node-engine-build": Route(
+        ("read_everything", "change_cluster"), node, bodies=lambda w: {"POST": {"build": "cu129"}}
+    ),
     "api-engines": Route(
         ("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"engine": "llama.cpp", "version": "b1"}}
     ),

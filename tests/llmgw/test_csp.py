@@ -52,6 +52,7 @@ POST_ONLY = {
     "cluster:node-doctor-run",
     "cluster-engine-set",
     "cluster-engine-remove",
+    "cluster-engine-build",
     "catalog:model-delete",
     "catalog:model-owner",
     "catalog:model-target",
