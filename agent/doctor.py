@@ -299,10 +299,32 @@ def _engine_check(
     return Check(label, PASS, detail)
 
 
+def _python_engine_check(label: str, entry: Mapping[str, Any], timeout: float) -> Check:
+    """A vLLM or SGLang environment: its Python runs and the engine's package is there, at its version."""
+    from agent.install import pyenv
+
+    name = label.removeprefix("engine ")
+    env = str(entry.get("dir") or "")
+    package = pyenv.PACKAGES.get(name, name)
+    fix = "the agent withdraws it at its next re-check and builds it again; or remove " + env
+    try:
+        answer = pyenv.run_check(
+            Path(env) / "bin" / "python", package, gpu=False, script=pyenv.RECHECK_SCRIPT, timeout=max(timeout, 30.0)
+        )
+    except pyenv.PythonError as exc:
+        return Check(label, FAIL, f"{env}: {exc}", fix)
+    torch = f", torch {entry['torch']}" if entry.get("torch") else ""
+    cuda = f" (CUDA {entry['cuda']})" if entry.get("cuda") else ""
+    build = f" ({entry['build']})" if entry.get("build") else ""
+    return Check(label, PASS, f"{package} {answer.get('version')}{build}{torch}{cuda} at {env}")
+
+
 def _safe_engine_check(
     label: str, binary: str, entry: Mapping[str, Any] | None, config: AgentConfig, timeout: float
 ) -> Check:
     try:
+        if entry is not None and entry.get("kind") == "python":
+            return _python_engine_check(label, entry, timeout)
         return _engine_check(label, binary, entry, config, timeout)
     except Exception as exc:
         return Check(label, FAIL, f"the check itself failed: {type(exc).__name__}: {exc}")
@@ -506,7 +528,38 @@ def gpu_checks(config: AgentConfig) -> list[Check]:
         checks.append(Check("gpu devices", WARN, f"{listing}; " + "; ".join(problems), "; ".join(fixes)))
     else:
         checks.append(Check("gpu devices", PASS, listing))
+    checks.append(_vllm_check(driver, report.gpus))
     return checks
+
+
+def _vllm_check(driver: str | None, gpus: Sequence[nvidia.GpuInfo]) -> Check:
+    """Whether this node can run vLLM's builds (CUDA 13 and the package index's CUDA 12.9), and
+    whether Triton will find the C compiler it needs at the first model load."""
+    from agent.install import pyenv
+    from agent.install.builds import NodeFacts
+
+    facts = NodeFacts(
+        driver_version=driver or "0",
+        gpus=tuple({"name": g.name, "architecture": g.architecture} for g in gpus),
+    )
+    variants = [pyenv.Variant("cu130", 13), pyenv.Variant("cu129", 12)]
+    chosen, skipped = pyenv.choose_variants(facts, variants, pyenv.PythonEngine())
+    gcc = shutil.which("gcc") is not None
+    if not chosen:
+        return Check(
+            "vllm",
+            WARN,
+            "cannot be installed: " + "; ".join(skipped),
+            "upgrade the NVIDIA driver, or run llama.cpp here",
+        )
+    detail = "can be installed: " + ", ".join(v.label for v in chosen)
+    if skipped:
+        detail += "; " + "; ".join(skipped)
+    if not gcc:
+        return Check(
+            "vllm", WARN, detail + "; no gcc", "install gcc: Triton compiles its launcher at the first model load"
+        )
+    return Check("vllm", PASS, detail)
 
 
 # --------------------------------------------------------------------------- CPU

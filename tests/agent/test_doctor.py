@@ -28,6 +28,7 @@ from fixturefiles import fixture_files, read_text
 from agent import doctor
 from agent.config import AgentConfig
 from agent.doctor import Check
+from agent.install.builds import compute_capability
 from agent.probes.nvidia import parse_nvidia_smi_text, parse_nvidia_smi_xml
 from agent.probes.procfs import parse_cpuinfo
 from tests import enginebin
@@ -353,6 +354,20 @@ def test_on_captured_gpu_hardware(tmp_path: Path, path: Path) -> None:
     assert ("MIG enabled" in devices.detail) == mig
     troubled = mig or report.warnings or any(g.remapped_rows_pending or g.ecc_uncorrected_volatile for g in report.gpus)
     assert devices.status == ("warn" if troubled else "pass")
+    # Whether vLLM can be installed here: CUDA 13 from driver 580, CUDA 12.9 from 525, Turing or newer.
+    vllm = found["vllm"]
+    major = int(report.driver_version.split(".")[0])
+    ccs = [compute_capability({"name": g.name, "architecture": g.architecture}) for g in report.gpus]
+    old = [cc for cc in ccs if cc is not None and cc < (7, 5)]
+    if old:
+        assert vllm.status == "warn" and "needs compute capability 7.5 or newer" in vllm.detail, vllm
+    else:
+        installable = vllm.detail.split(";")[0] if vllm.detail.startswith("can be installed: ") else ""
+        assert ("CUDA 13.0 (cu130)" in installable) == (major >= 580), vllm
+        assert ("CUDA 12.9 (cu129)" in installable) == (major >= 525), vllm
+        assert vllm.status == ("pass" if major >= 525 and shutil.which("gcc") else "warn"), vllm
+        if major < 525:
+            assert f"needs NVIDIA driver 525 or newer, this node has {major}" in vllm.detail, vllm
 
 
 # --------------------------------------------------------------------------- CPU

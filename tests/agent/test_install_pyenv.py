@@ -240,17 +240,29 @@ def test_without_a_verified_uv_nothing_is_installed_and_the_reasons_are_named(
 def test_a_damaged_environment_is_withdrawn_at_its_recheck_and_installed_again_from_its_lock(
     tmp_path: Path, servers: Servers
 ) -> None:
+    from agent import doctor
+    from agent.config import AgentConfig
+
     made = installer(tmp_path, servers, [H100], "590.48.01")
     item = servers.item()
     converge(made, item)
     env = Path(made.manifest["vllm"]["dir"])
     assert made.recheck_sync() == []
+    config = AgentConfig(server="http://127.0.0.1:1", state_dir=tmp_path / "state", root=str(tmp_path))
+    (check,) = doctor.engine_checks(config)
+    assert check.name == "engine vllm" and check.status == "pass"
+    assert check.detail == f"vllm {VERSION}+cu130 (cu130), torch 2.9.0+cu130 (CUDA 13.0) at {env}"
     for package in env.glob("lib/python*/site-packages/vllm"):
         shutil.rmtree(package)  # an unrelated upgrade, or a hand, removed the engine's files
     assert made.recheck_sync() == ["vllm"]
     status = made.report()["status"]["vllm"]
     assert status.startswith(f"failed: re-check of {VERSION} (cu130): vllm is not importable")
     assert "vllm" not in made.binaries()
+    made.manifest["vllm"] = {"kind": "python", "dir": str(env), "path": str(env / "bin" / "vllm"), "version": VERSION}
+    made._save()  # as it stood before the re-check: what doctor, run by hand, reads
+    (check,) = doctor.engine_checks(config)
+    assert check.status == "fail" and check.detail == f"{env}: vllm is not importable", check
+    del made.manifest["vllm"]
 
     lock = made.root / "vllm" / ".locks" / f"{VERSION}-cu130.txt"
     lock.write_text(lock.read_text() + "# resolved on the first install\n")
@@ -299,3 +311,19 @@ def test_the_variants_are_read_off_the_release_listing() -> None:
     assert skipped == ["CUDA 13.0 (cu130): needs NVIDIA driver 580 or newer, this node has 535"]
     chosen, skipped = pyenv.choose_variants(facts, variants, pyenv.PythonEngine(build="cu13"))
     assert chosen == [] and skipped == ["CUDA 13.0 (cu130): needs NVIDIA driver 580 or newer, this node has 535"]
+
+
+def test_sglang_is_built_the_same_way_and_started_as_its_python(tmp_path: Path, built: dict[str, Path]) -> None:
+    engine_wheel(built["index_gpu"], "0.5.3", engine="sglang")
+    with Servers(built, built["index_gpu"]) as made_servers:
+        made = installer(tmp_path, made_servers, [H100], "550.54.15")
+        item = made_servers.item() | {"engine": "sglang", "version": "0.5.3", "assets": []}
+        report = converge(made, item)
+    (installed,) = report["installed"]
+    assert installed["engine"] == "sglang" and installed["build"] == "cu129"
+    env = Path(made.manifest["sglang"]["dir"])
+    assert installed["path"] == str(env / "bin" / "python")  # `python -m sglang.launch_server`
+    import subprocess
+
+    out = subprocess.run([installed["path"], "-m", "sglang.launch_server"], capture_output=True, text=True)
+    assert out.stdout.strip() == "launch_server"
