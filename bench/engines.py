@@ -19,6 +19,11 @@ One run, on loopback:
   and CPU time (the children's included) per engine, for 1 and for 8 installed engines, and that
   cost as a share of the ten minutes; and the agent's idle heap with 1 and with 8 installed.
 
+- a vLLM environment (a stand-in vLLM and torch from a local package index, built with the real
+  uv of the dev environment): the agent's install (resolve with hashes, install with
+  --require-hashes, check, rename) against `uv venv` + `uv pip install` by hand, and the cost of
+  its re-check (one Python start per environment).
+
 Prints the figures and the ratios; no assertions (a script, not a test).
 """
 
@@ -160,6 +165,64 @@ def recheck_cost(engines: Installer, count: int, state: Path) -> tuple[float, fl
     return time.perf_counter() - started, own_cpu() + children_cpu() - cpu, idle_heap
 
 
+def python_engine(root: Path, rounds: int) -> tuple[float, float, float, float] | None:
+    """(by hand s, the agent's s, re-check wall s, re-check CPU s) for a vLLM environment, or None
+    without uv."""
+    from tests.python_index import SimpleIndex, engine_wheel, torch_wheel
+
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.is_file():
+        return None
+    index = root / "index"
+    engine_wheel(index, "0.11.0")
+    torch_wheel(index, "2.9.0", available=True, cuda="12.9")
+    facts = NodeFacts(arch="x86_64", driver_version="550.54.15", gpus=({"name": "NVIDIA H100 80GB HBM3"},))
+    hand, ours = [], []
+    installer = None
+    with SimpleIndex(index) as pypi:
+        item = {"engine": "vllm", "version": "0.11.0", "assets": [], "uv": {"version": "0", "assets": []}}
+        for i in range(rounds):
+            work = root / f"hand-{i}"
+            env = dict(os.environ, UV_CACHE_DIR=str(work / "cache"), UV_PYTHON_DOWNLOADS="never")
+            started = time.perf_counter()
+            subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(work / "env")], env=env, check=True)
+            subprocess.run(
+                [
+                    str(uv),
+                    "pip",
+                    "install",
+                    "-q",
+                    "--python",
+                    str(work / "env" / "bin" / "python"),
+                    "--index-url",
+                    pypi.url,
+                    "vllm==0.11.0",
+                ],
+                env=env,
+                check=True,
+            )
+            subprocess.run([str(work / "env" / "bin" / "python"), "-c", "import vllm, torch"], check=True)
+            hand.append(time.perf_counter() - started)
+            installer = Installer(
+                root / f"state-py-{i}",
+                facts=lambda: facts,
+                tools={"package-index": pypi.url, "python": sys.executable, "uv": str(uv), "apt-get": ""},
+            )
+            started = time.perf_counter()
+            installer.converge_sync(parse_desired_engines([item]))
+            ours.append(time.perf_counter() - started)
+            assert installer.report()["installed"], installer.report()
+    assert installer is not None
+    started, cpu = time.perf_counter(), own_cpu() + children_cpu()
+    assert installer.recheck_sync() == []
+    return (
+        statistics.median(hand),
+        statistics.median(ours),
+        time.perf_counter() - started,
+        own_cpu() + children_cpu() - cpu,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -192,6 +255,7 @@ def main() -> int:
             gap, calls, slow_total = progress_gaps(archive, asset["digest"], root / "slow")
             one = recheck_cost(engines, 1, root / "state-one")
             eight = recheck_cost(engines, 8, root / "state-eight")
+        python = python_engine(root, args.rounds)
 
     hand_s, ours_s = statistics.median(hand), statistics.median(ours)
     print(f"Engine install bench: {os.cpu_count()} CPUs, loopback, archive {archive.name} ({size / 1e6:.1f} MB)")
@@ -216,6 +280,19 @@ def main() -> int:
         f"  8 engines / 1 engine: re-check CPU {eight[1] / one[1]:.1f}x (one ldd and --version each); "
         "between re-checks the agent does nothing per engine"
     )
+    if python is None:
+        print("vLLM environment: skipped (no uv in this environment: install the dev extra)")
+    else:
+        p_hand, p_ours, p_wall, p_cpu = python
+        print(
+            f"vLLM environment (stand-in wheels, local index), median of {args.rounds}: by hand (uv venv, uv pip "
+            f"install, import) {p_hand * 1000:.0f} ms; the agent's (resolve with hashes, --require-hashes install, "
+            f"check, rename) {p_ours * 1000:.0f} ms: {p_ours / p_hand:.2f}x by hand"
+        )
+        print(
+            f"  its re-check: {p_wall * 1000:.0f} ms wall, {p_cpu * 1000:.0f} ms CPU, "
+            f"{p_cpu / RECHECK_INTERVAL_S * 100:.4f} % of a CPU over the 10-minute interval"
+        )
     return 0
 
 
