@@ -13,6 +13,32 @@ from apps.accounts.choices import StaffRole
 from apps.accounts.models import User
 
 BACKEND = os.environ.get("LLMGW_TEST_BACKEND", "")
+#: Set by scripts/test for its SQLite run after a PostgreSQL one: the agent's own tests, which use
+#: neither the database nor the web stack, ran in the first and are not run a second time.
+SKIP_BACKEND_FREE = os.environ.get("LLMGW_TEST_SKIP_BACKEND_FREE") == "1"
+_DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "live_server", "django_db_reset_sequences", "django_db_serialized_rollback"}
+)
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    if not SKIP_BACKEND_FREE:
+        return
+    agent_tests = os.path.join(os.path.dirname(__file__), "agent") + os.sep
+    keep, backend_free = [], []
+    for item in items:
+        uses_database = bool(_DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))) or item.get_closest_marker(
+            "django_db"
+        )
+        if str(item.path).startswith(agent_tests) and not uses_database:
+            backend_free.append(item)
+        else:
+            keep.append(item)
+    if backend_free:
+        config.hook.pytest_deselected(items=backend_free)
+        items[:] = keep
+
+
 #: A port nothing listens on: engine releases are read from here unless a test serves them.
 CLOSED_RELEASES_API = "http://127.0.0.1:9"
 
