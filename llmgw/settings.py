@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "apps.fabrics",
     "apps.facility",
     "apps.gateway",
+    "apps.mirror",
 ]
 
 MIDDLEWARE = [
@@ -197,6 +198,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "push-desired-state": {"task": "apps.cluster.tasks.push_desired_state", "schedule": 60.0},
     # Engine releases the nodes want and the control plane has not read yet (or failed to read).
     "fetch-engine-releases": {"task": "apps.cluster.tasks.fetch_engine_releases", "schedule": 60.0},
+    "start-mirror-fetches": {"task": "apps.mirror.tasks.start_mirror_fetches", "schedule": 60.0},
 }
 
 # Where the gateway's usage batches are written: "worker" (a Celery task, so web processes
@@ -254,6 +256,13 @@ ENGINE_RELEASES_API = (env_str("LLMGW_ENGINE_RELEASES_API") or "https://api.gith
 ENGINE_RELEASES_TOKEN = env_secret("LLMGW_ENGINE_RELEASES_TOKEN") or ""
 # Engine archives the control plane holds and serves its nodes (uploaded, or fetched once).
 ENGINE_FILES_DIR = Path(env_str("LLMGW_ENGINE_FILES_DIR") or str(DATA_DIR / "engine-files")).expanduser()
+# The model mirror: where it keeps what it fetched, the Hub it fetches from (any Hub-compatible
+# server), how many files download at once, and the space it leaves free on its disk.
+MIRROR_DIR = Path(env_str("LLMGW_MIRROR_DIR") or str(DATA_DIR / "mirror")).expanduser()
+HF_ENDPOINT = (env_str("LLMGW_HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+HF_TOKEN = env_secret("LLMGW_HF_TOKEN") or ""
+MIRROR_CONCURRENT_FETCHES = env_int("LLMGW_MIRROR_CONCURRENT_FETCHES", 2, minimum=1, maximum=32)
+MIRROR_RESERVE_GB = env_float("LLMGW_MIRROR_RESERVE_GB", 5.0, minimum=0.0, maximum=100000.0)
 # vLLM and SGLang environments: the CUDA build the nodes' package index publishes (PyPI's vLLM is
 # built for CUDA 12.9), where torch comes from for a release's other builds ({variant}: cu130),
 # and the free space a node needs while it installs one.

@@ -28,6 +28,7 @@ __all__ = [
     "FetchError",
     "download",
     "fetch_text",
+    "opener",
     "human_bytes",
     "progress_text",
 ]
@@ -105,6 +106,11 @@ class _RedirectHandler(urllib.request.HTTPRedirectHandler):
             for key in [key for key in new.headers if key.lower() in _CREDENTIAL_HEADERS]:
                 del new.headers[key]
         return new
+
+
+def opener(ca_file: str | None) -> urllib.request.OpenerDirector:
+    """urllib's opener with the CA bundle, dropping credentials on a redirect to another host."""
+    return _opener(ca_file)
 
 
 def _opener(ca_file: str | None) -> urllib.request.OpenerDirector:

@@ -1,0 +1,190 @@
+"""The Hub, through `huggingface_hub` (`HfApi` with the endpoint and token from settings, so any
+Hub-compatible server works): search, a repository's files, and what a source URL names.
+
+A repository's files are grouped into what can be fetched (`Group`): each GGUF file on its own (its
+quantisation read off the name), each split GGUF set (`…-00001-of-00003.gguf`) whole, the
+safetensors set with its index, config and tokenizer files, and projectors (`mmproj`). Adapters
+are GGUF files whose header says `general.type = adapter`; the name is only a hint until the
+header is read.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.utils.translation import gettext as _
+
+__all__ = ["Group", "HubFile", "MirrorError", "group_files", "parse_source", "repo_files", "search"]
+
+#: Files a safetensors set needs besides its shards.
+SET_FILES = re.compile(
+    r"^(config\.json|generation_config\.json|tokenizer\.json|tokenizer_config\.json|tokenizer\.model|"
+    r"special_tokens_map\.json|vocab\.json|merges\.txt|chat_template\.jinja|preprocessor_config\.json|"
+    r"model\.safetensors\.index\.json)$"
+)
+_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+_QUANT = re.compile(
+    r"(?:^|[-_.])((?:IQ\d_[A-Z0-9_]+|Q\d_K(?:_[SML])?|Q\d_\d|Q\d_K_XL|F16|BF16|F32|MXFP4(?:_MOE)?|TQ\d_\d))(?:[-_.]|$)",
+    re.IGNORECASE,
+)
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+class MirrorError(ValueError):
+    """A source or request the mirror cannot take; str() says why."""
+
+
+@dataclass(frozen=True)
+class HubFile:
+    path: str
+    size: int | None
+    sha256: str | None  # the LFS digest, for large files
+    blob_id: str | None  # the git blob id, for small ones
+
+
+@dataclass
+class Group:
+    """Something to fetch: one or more files, with its kind and a name."""
+
+    kind: str  # "gguf", "split", "safetensors", "projector", "adapter"
+    name: str
+    files: list[HubFile] = field(default_factory=list)
+
+    @property
+    def size(self) -> int | None:
+        sizes = [f.size for f in self.files]
+        return None if any(s is None for s in sizes) else sum(s for s in sizes if s is not None)
+
+
+def api() -> Any:
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=settings.HF_ENDPOINT, token=settings.HF_TOKEN or False)
+
+
+def check_repo(repo: str) -> str:
+    if not _REPO.match(repo or ""):
+        raise MirrorError(_("%(repo)r is not a repository id (expected owner/name)") % {"repo": repo})
+    return repo
+
+
+def search(query: str, *, limit: int = 20) -> list[dict[str, Any]]:
+    try:
+        found = list(api().list_models(search=query or None, limit=limit))
+    except Exception as exc:  # the Hub's errors come as several exception types
+        raise MirrorError(_("the Hub at %(hub)s did not answer: %(error)s") % hub_error(exc)) from None
+    return [
+        {
+            "id": m.id,
+            "downloads": getattr(m, "downloads", None),
+            "likes": getattr(m, "likes", None),
+            "tags": list(getattr(m, "tags", None) or []),
+        }
+        for m in found
+    ]
+
+
+def hub_error(exc: BaseException) -> dict[str, str]:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return {"hub": settings.HF_ENDPOINT, "error": text[:300]}
+
+
+def repo_files(repo: str, revision: str = "main") -> tuple[str, list[HubFile]]:
+    """(commit, files) of a repository at a revision, with each file's size and digest."""
+    check_repo(repo)
+    try:
+        info = api().model_info(repo, revision=revision, files_metadata=True)
+    except Exception as exc:
+        raise MirrorError(
+            _("cannot read %(repo)s at %(revision)s from %(hub)s: %(error)s")
+            % {"repo": repo, "revision": revision, **hub_error(exc)}
+        ) from None
+    files = []
+    for sibling in info.siblings or []:
+        lfs = getattr(sibling, "lfs", None)
+        sha256 = None
+        if lfs is not None:
+            sha256 = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+        files.append(
+            HubFile(
+                path=sibling.rfilename,
+                size=getattr(sibling, "size", None),
+                sha256=sha256,
+                blob_id=getattr(sibling, "blob_id", None),
+            )
+        )
+    if not info.sha:
+        raise MirrorError(_("%(hub)s gave no commit for %(repo)s") % {"hub": settings.HF_ENDPOINT, "repo": repo})
+    return info.sha, files
+
+
+def quantisation(name: str) -> str | None:
+    stem = name.rsplit("/", 1)[-1].removesuffix(".gguf")
+    match = _QUANT.search(stem)
+    return match.group(1).upper() if match else None
+
+
+def group_files(files: Iterable[HubFile]) -> list[Group]:
+    """What a repository offers to fetch, one group per GGUF, split set, safetensors set or projector."""
+    files = list(files)
+    groups: list[Group] = []
+    splits: dict[str, Group] = {}
+    for file in files:
+        base = file.path.rsplit("/", 1)[-1]
+        if not base.lower().endswith(".gguf"):
+            continue
+        if match := _SPLIT.match(file.path):
+            stem = match.group("stem")
+            group = splits.setdefault(stem, Group("split", stem.rsplit("/", 1)[-1]))
+            group.files.append(file)
+            continue
+        lower = base.lower()
+        if "mmproj" in lower:
+            groups.append(Group("projector", base, [file]))
+        elif "lora" in lower or "adapter" in lower:
+            groups.append(Group("adapter", base, [file]))
+        else:
+            groups.append(Group("gguf", quantisation(base) or base, [file]))
+    groups += sorted(splits.values(), key=lambda g: g.name)
+    shards = [f for f in files if f.path.endswith(".safetensors") and "/" not in f.path]
+    if shards:
+        extras = [f for f in files if SET_FILES.match(f.path)]
+        groups.append(Group("safetensors", "safetensors", sorted(shards + extras, key=lambda f: f.path)))
+    return groups
+
+
+def parse_source(url: str) -> tuple[str, str, str]:
+    """(repo, revision, path) a source names: `https://<hub>/<owner>/<name>/resolve/<rev>/<path>`
+    (or `/blob/`), or `hf://<owner>/<name>/<path>` (revision main). A repository page is refused."""
+    text = (url or "").strip()
+    if text.startswith("hf://"):
+        parts = text[len("hf://") :].split("/", 2)
+        if len(parts) < 3 or not parts[2]:
+            raise MirrorError(_("%(url)s names no file: use hf://owner/name/FILE") % {"url": text})
+        rev = "main"
+        repo_part, path = "/".join(parts[:2]), parts[2]
+        if "@" in repo_part:
+            repo_part, rev = repo_part.split("@", 1)
+        return check_repo(repo_part), rev, path
+    split = urllib.parse.urlsplit(text)
+    if split.scheme not in ("http", "https") or not split.netloc:
+        raise MirrorError(_("%(url)r is not a Hub URL (https://…/owner/name/resolve/main/FILE)") % {"url": text})
+    parts = [urllib.parse.unquote(p) for p in split.path.strip("/").split("/")]
+    if parts[:1] == ["models"]:
+        parts = parts[1:]
+    if len(parts) >= 5 and parts[2] in ("resolve", "blob"):
+        return check_repo("/".join(parts[:2])), parts[3], "/".join(parts[4:])
+    if len(parts) >= 2:
+        raise MirrorError(
+            _(
+                "%(url)s is a repository page, not a file: name a file (…/%(repo)s/resolve/main/FILE.gguf), "
+                "or pick a GGUF or safetensors set in the explorer"
+            )
+            % {"url": text, "repo": "/".join(parts[:2])}
+        )
+    raise MirrorError(_("%(url)r names no repository") % {"url": text})

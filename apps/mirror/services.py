@@ -1,0 +1,294 @@
+"""What the mirror does: take sources to fetch, run the fetches within a limit, hand out manifests.
+
+- `add_sources(urls)`: each URL names one file on the Hub (a repository page is refused). A GGUF
+  file comes alone, a split GGUF part brings its whole set, a safetensors shard or index brings
+  the set with its index, config and tokenizer files. The commit the revision points at is read
+  once, with each file's size and digest, so what is fetched is what was listed. A fetch that
+  would not fit in the mirror's free space (less `MIRROR_RESERVE_GB`) is refused before it starts,
+  with the numbers.
+- `start_fetches()`: at most `MIRROR_CONCURRENT_FETCHES` files download at once; the rest queue.
+- `manifest(version)`: each file with its sha256 and size, given only once nothing of the
+  version is downloading and every file is held.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from apps.accounts import audit
+from apps.mirror import hub
+from apps.mirror.fetch import FetchFailed, download, resolve_url
+from apps.mirror.hub import HubFile, MirrorError
+from apps.mirror.models import MirrorFile, MirrorVersion
+
+__all__ = [
+    "Space",
+    "add_sources",
+    "fetch_one",
+    "manifest",
+    "remove_version",
+    "resume_interrupted",
+    "space",
+    "start_fetches",
+]
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Space:
+    free: int | None
+    used: int
+    reserve: int
+
+
+def human(n: int) -> str:
+    from agent.install.fetch import human_bytes
+
+    return human_bytes(n)
+
+
+def space() -> Space:
+    folder = Path(settings.MIRROR_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        free: int | None = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    used = MirrorFile.objects.filter(state=MirrorFile.State.HELD).aggregate(total=Sum("size"))["total"] or 0
+    return Space(free=free, used=used, reserve=int(settings.MIRROR_RESERVE_GB * 10**9))
+
+
+def _safe_path(path: str) -> str:
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in path:
+        raise MirrorError(_("%(path)r is not a file path inside a repository") % {"path": path})
+    return path
+
+
+def _set_for(path: str, files: list[HubFile]) -> tuple[str, str, list[HubFile]]:
+    """(kind, name, files) a source path brings: itself, its split set, or its safetensors set."""
+    by_path = {f.path: f for f in files}
+    if path not in by_path:
+        raise MirrorError(_("the repository has no file %(path)s") % {"path": path})
+    for group in hub.group_files(files):
+        if any(f.path == path for f in group.files):
+            if group.kind == "split":
+                return MirrorVersion.Kind.GGUF, group.name, group.files
+            if group.kind == "safetensors":
+                return MirrorVersion.Kind.SAFETENSORS, "safetensors", group.files
+            return MirrorVersion.Kind.GGUF, path, group.files
+    return MirrorVersion.Kind.FILES, path, [by_path[path]]
+
+
+def add_sources(urls: Iterable[str], *, actor: Any = None, address: str | None = None) -> list[MirrorVersion]:
+    """Queue what each URL names; every URL is checked before any is queued."""
+    planned: list[tuple[str, str, str, str, str, list[HubFile]]] = []
+    for url in urls:
+        repo, revision, path = hub.parse_source(url)
+        _safe_path(path)
+        commit, files = hub.repo_files(repo, revision)
+        kind, name, chosen = _set_for(path, files)
+        for file in chosen:
+            _safe_path(file.path)
+            if not file.sha256 and not file.blob_id:
+                raise MirrorError(_("the Hub gives no digest for %(path)s") % {"path": file.path})
+        planned.append((repo, revision, commit, kind, name, chosen))
+    if not planned:
+        raise MirrorError(_("no source given"))
+    held = {
+        (f.version.repo, f.version.commit, f.path)
+        for f in MirrorFile.objects.filter(state=MirrorFile.State.HELD).select_related("version")
+    }
+    needed = sum(
+        f.size or 0
+        for repo, _rev, commit, _k, _n, chosen in planned
+        for f in chosen
+        if (repo, commit, f.path) not in held
+    )
+    room = space()
+    if room.free is not None and needed > room.free - room.reserve:
+        raise MirrorError(
+            _(
+                "not enough space in the mirror (%(folder)s): this needs %(needed)s, %(free)s is free and "
+                "%(reserve)s is kept free"
+            )
+            % {
+                "folder": settings.MIRROR_DIR,
+                "needed": human(needed),
+                "free": human(room.free),
+                "reserve": human(room.reserve),
+            }
+        )
+    versions = []
+    with transaction.atomic():
+        for repo, revision, commit, kind, name, chosen in planned:
+            version, created = MirrorVersion.objects.get_or_create(
+                repo=repo, commit=commit, name=name, defaults={"revision": revision, "kind": kind, "created_by": actor}
+            )
+            for file in chosen:
+                row, made = MirrorFile.objects.get_or_create(
+                    version=version,
+                    path=file.path,
+                    defaults={"size": file.size, "sha256": file.sha256 or "", "blob_id": file.blob_id or ""},
+                )
+                if not made and row.state == MirrorFile.State.FAILED:
+                    row.state, row.error, row.attempts = MirrorFile.State.QUEUED, "", 0
+                    row.save(update_fields=["state", "error", "attempts"])
+            if created:
+                audit.record(actor, "mirror.add", version, changes={"files": [None, len(chosen)]}, address=address)
+            versions.append(version)
+        transaction.on_commit(start_fetches)
+    return versions
+
+
+def start_fetches() -> int:
+    """Start queued files while fewer than the limit download; returns how many started."""
+    from apps.mirror.tasks import fetch_mirror_file
+
+    started = []
+    with transaction.atomic():
+        running = MirrorFile.objects.filter(state=MirrorFile.State.DOWNLOADING).count()
+        room = settings.MIRROR_CONCURRENT_FETCHES - running
+        if room <= 0:
+            return 0
+        queued = list(
+            MirrorFile.objects.select_for_update(skip_locked=True)
+            .filter(state=MirrorFile.State.QUEUED)
+            .order_by("id")[:room]
+        )
+        for file in queued:
+            file.state = MirrorFile.State.DOWNLOADING
+            file.started_at = timezone.now()
+            file.save(update_fields=["state", "started_at"])
+            started.append(file.pk)
+    for pk in started:
+        try:
+            fetch_mirror_file.delay(pk)
+        except Exception:
+            # The broker is away: the file waits in the queue for beat's next start_mirror_fetches.
+            log.warning("could not hand mirror file %s to the worker; it stays queued", pk, exc_info=True)
+            MirrorFile.objects.filter(pk=pk).update(state=MirrorFile.State.QUEUED, started_at=None)
+    return len(started)
+
+
+def resume_interrupted(older_than_s: float = 120.0) -> int:
+    """Files marked downloading whose progress stopped (the worker died mid-file) queue again:
+    their .part is resumed."""
+    from datetime import timedelta
+
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    stale = MirrorFile.objects.filter(state=MirrorFile.State.DOWNLOADING, started_at__lt=cutoff)
+    count = 0
+    for file in stale:
+        part = file.local_path.with_name(file.local_path.name + ".part")
+        size = part.stat().st_size if part.exists() else 0
+        if size == file.bytes_done or size == 0:  # not moving
+            MirrorFile.objects.filter(pk=file.pk, state=MirrorFile.State.DOWNLOADING).update(
+                state=MirrorFile.State.QUEUED
+            )
+            count += 1
+    return count
+
+
+def fetch_one(pk: int) -> MirrorFile:
+    """Download one file (the worker's task); then start the next queued ones."""
+    file = MirrorFile.objects.select_related("version").get(pk=pk)
+    version = file.version
+    last = {"at": 0.0}
+
+    def progress(done: int, rate: float | None) -> None:
+        MirrorFile.objects.filter(pk=pk).update(bytes_done=done, rate=rate)
+        last["at"] = done
+
+    try:
+        digest = download(
+            resolve_url(version.repo, version.commit, file.path),
+            file.local_path,
+            size=file.size,
+            sha256=file.sha256 or None,
+            blob_id=file.blob_id or None,
+            progress=progress,
+            token=settings.HF_TOKEN or None,
+        )
+    except FetchFailed as exc:
+        file.refresh_from_db()
+        file.attempts += 1
+        again = exc.resumable and file.attempts < MAX_ATTEMPTS
+        file.state = MirrorFile.State.QUEUED if again else MirrorFile.State.FAILED
+        file.error = str(exc)[:2000]
+        file.rate = None
+        file.save(update_fields=["state", "error", "attempts", "rate"])
+        log.warning("mirror %s: %s%s", file, exc, " (will resume)" if again else "")
+    else:
+        file.refresh_from_db()
+        file.state = MirrorFile.State.HELD
+        file.bytes_done = file.size if file.size is not None else file.local_path.stat().st_size
+        file.sha256 = digest
+        file.error = ""
+        file.rate = None
+        file.finished_at = timezone.now()
+        file.save(update_fields=["state", "bytes_done", "sha256", "error", "rate", "finished_at"])
+    start_fetches()
+    return file
+
+
+def version_state(version: MirrorVersion) -> str:
+    states = {f.state for f in version.files.all()}
+    if MirrorFile.State.DOWNLOADING in states:
+        return "downloading"
+    if MirrorFile.State.QUEUED in states:
+        return "queued"
+    if MirrorFile.State.FAILED in states:
+        return "failed"
+    return "held" if states == {MirrorFile.State.HELD} else "empty"
+
+
+def manifest(version: MirrorVersion) -> dict[str, Any]:
+    """The version's files with sha256 and size, once every file is held and nothing downloads;
+    MirrorError saying what is missing otherwise."""
+    files = list(version.files.all())
+    waiting = [f for f in files if f.state != MirrorFile.State.HELD]
+    if not files or waiting:
+        counts: dict[str, int] = {}
+        for f in waiting:
+            counts[f.state] = counts.get(f.state, 0) + 1
+        detail = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        raise MirrorError(
+            _("%(held)d of %(total)d files are held (%(detail)s): the manifest is given once all are")
+            % {"held": len(files) - len(waiting), "total": len(files), "detail": detail or _("no files")}
+        )
+    return {
+        "repo": version.repo,
+        "commit": version.commit,
+        "name": version.name,
+        "kind": version.kind,
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in files],
+    }
+
+
+def remove_version(version: MirrorVersion, *, actor: Any = None, address: str | None = None) -> int:
+    """Delete a held version's files and rows; refused while any of its files downloads."""
+    if version.files.filter(state=MirrorFile.State.DOWNLOADING).exists():
+        raise MirrorError(_("%(version)s is downloading: wait for it, then remove it") % {"version": str(version)})
+    freed = 0
+    for file in version.files.all():
+        for path in (file.local_path, file.local_path.with_name(file.local_path.name + ".part")):
+            if path.exists():
+                freed += path.stat().st_size
+                path.unlink()
+    audit.record(actor, "mirror.remove", version, changes={"files": [version.files.count(), None]}, address=address)
+    version.delete()
+    return freed
