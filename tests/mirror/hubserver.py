@@ -21,6 +21,7 @@ repositories that answer 404 (a repository that disappears).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -191,7 +192,7 @@ class HubServer:
                 )
                 return None
             return self._bytes(handler, file, data, head, ETag=f'"{git_blob_sha1(data)}"', **common)
-        self._missing(handler, head)
+        return self._missing(handler, head)
 
     def _search(self, handler: BaseHTTPRequestHandler, query: dict[str, list[str]], head: bool) -> None:
         words = (query.get("search") or [""])[0].lower()
@@ -217,7 +218,7 @@ class HubServer:
         if repo is None or match is None or match.group(2) not in repo.files:
             return self._missing(handler, head)
         file = match.group(2)
-        self._bytes(handler, file, repo.files[file], head, ETag=f'"{repo.sha256(file)}"')
+        return self._bytes(handler, file, repo.files[file], head, ETag=f'"{repo.sha256(file)}"')
 
     def _bytes(self, handler: BaseHTTPRequestHandler, name: str, data: bytes, head: bool, **headers: str) -> None:
         size = len(data)
@@ -227,7 +228,8 @@ class HubServer:
             start = int(wanted.group(1))
             end = min(int(wanted.group(2)) if wanted.group(2) else size - 1, size - 1)
             if start >= size:
-                return self._send(handler, 416, b"", "text/plain", head, Content_Range=f"bytes */{size}")
+                self._send(handler, 416, b"", "text/plain", head, Content_Range=f"bytes */{size}")
+                return
             code = 206
         handler.send_response(code)
         handler.send_header("Content-Type", "application/octet-stream")
@@ -239,7 +241,7 @@ class HubServer:
             handler.send_header(key.replace("_", "-"), value)
         handler.end_headers()
         if head:
-            return None
+            return
         body = data[start : end + 1]
         changed = self.change_after.get(name)
         if changed is not None and start + len(body) > changed:
@@ -249,7 +251,5 @@ class HubServer:
         if cut_at is not None and start + len(body) > cut_at:
             body = body[: max(cut_at - start, 0)]
             handler.close_connection = True
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             handler.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
