@@ -14,6 +14,7 @@ from apps.catalog import api as catalog_api
 from apps.cluster import api as cluster_api
 from apps.cluster import views as cluster_views
 from apps.gateway import views as chat_views
+from apps.mirror import api as mirror_api
 from apps.quotas import api as quotas_api
 from apps.quotas import views as usage_views
 from llmgw import ops
@@ -44,6 +45,11 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("nodes/enrollments", cluster_api.NodeEnrollmentView.as_view(), name="api-node-enrollments"),
     path("agent/enroll", cluster_api.AgentEnrollView.as_view(), name="api-agent-enroll"),
     path("engines", cluster_api.EngineChoicesView.as_view(), name="api-engines"),
+    path("mirror", mirror_api.MirrorView.as_view(), name="api-mirror"),
+    path("mirror/search", mirror_api.MirrorSearchView.as_view(), name="api-mirror-search"),
+    path("mirror/repos/<str:owner>/<str:name>", mirror_api.MirrorRepoView.as_view(), name="api-mirror-repo"),
+    path("mirror/<int:pk>", mirror_api.MirrorVersionView.as_view(), name="api-mirror-version"),
+    path("mirror/<int:pk>/manifest", mirror_api.MirrorManifestView.as_view(), name="api-mirror-manifest"),
     path("engines/remove", cluster_api.EngineRemoveView.as_view(), name="api-engines-remove"),
     path("engines/refresh", cluster_api.EngineRefreshView.as_view(), name="api-engines-refresh"),
     path("engine-files/<str:name>", cluster_api.engine_file, name="api-engine-file"),

@@ -53,6 +53,7 @@ def _plain_static_storage(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Nothing in the suite reaches GitHub: a test that reads releases starts a server of its own.
     settings.ENGINE_RELEASES_API = CLOSED_RELEASES_API
+    settings.HF_ENDPOINT = CLOSED_RELEASES_API  # nor the Hub: the mirror's tests run a Hub of their own
 
 
 @pytest.fixture(autouse=True)

@@ -388,6 +388,9 @@ def add_all(ctl_sub: Any) -> None:
     p.add_argument("name")
     p.set_defaults(ctl_func=_action("revoke"))
     add_engine_commands(ctl_sub)
+    from llmgw.cli.ctl_mirror import add_mirror_commands
+
+    add_mirror_commands(ctl_sub)
     add_model_commands(ctl_sub)
     add_usage_commands(ctl_sub)
     add_limit_commands(ctl_sub)

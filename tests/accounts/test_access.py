@@ -27,8 +27,10 @@ from apps.accounts.models import ApiKey, AuditEvent, Membership, Organization, P
 from apps.catalog.models import Model, Profile
 from apps.cluster.choices import NodeStatus, ReplicaState
 from apps.cluster.models import Node, Replica
+from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas.models import CapacityQuota, RateLimit, UsageRecord
 from tests.conftest import make_user
+from tests.mirror.hubserver import HubServer, Repo
 
 pytestmark = pytest.mark.django_db
 
@@ -107,6 +109,8 @@ class World:
     quota: CapacityQuota
     record: UsageRecord
     event: AuditEvent
+    mirror: MirrorVersion
+    hub_url: str
 
     def key_of(self, role: str) -> ApiKey:
         """The caller's own key (the keys API shows each person only theirs)."""
@@ -114,7 +118,15 @@ class World:
 
 
 @pytest.fixture
-def world(db: Any) -> World:
+def hub(settings: Any) -> Iterator[HubServer]:
+    """A Hub of ours for the mirror's routes (search, a repository, a file to fetch)."""
+    with HubServer([Repo("acme/tiny-GGUF", {"tiny-Q4_K_M.gguf": b"GGUF" + bytes(60), "README.md": b"#\n"})]) as server:
+        settings.HF_ENDPOINT = server.url
+        yield server
+
+
+@pytest.fixture
+def world(db: Any, hub: HubServer) -> World:
     users: dict[str, User | None] = {
         "anonymous": None,
         "member": make_user("member@example.com"),
@@ -157,6 +169,8 @@ def world(db: Any) -> World:
     )
     event = AuditEvent.objects.filter(action="api_key.create").first()
     assert event is not None
+    mirror = MirrorVersion.objects.create(repo="acme/tiny-GGUF", commit="a" * 40, name="tiny-Q4_K_M.gguf", kind="gguf")
+    MirrorFile.objects.create(version=mirror, path="tiny-Q4_K_M.gguf", size=64, sha256="b" * 64, state="held")
     return World(
         users=users,
         keys=keys,
@@ -170,6 +184,8 @@ def world(db: Any) -> World:
         quota=quota,
         record=record,
         event=event,
+        mirror=mirror,
+        hub_url=hub.url,
     )
 
 
@@ -332,6 +348,16 @@ MATRIX: dict[str, Route] = {
     ),
     "api-engines-remove": Route(("read_everything", "change_cluster"), bodies=lambda w: engine_rule_to_remove()),
     "api-engines-refresh": Route(("read_everything", "change_cluster")),
+    "api-mirror": Route(
+        ("read_everything", "change_cluster"),
+        bodies=lambda w: {"POST": {"urls": [f"{w.hub_url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"]}},
+    ),
+    "api-mirror-search": Route(("read_everything", "change_cluster")),
+    "api-mirror-repo": Route(
+        ("read_everything", "change_cluster"), lambda w, role: {"owner": "acme", "name": "tiny-GGUF"}
+    ),
+    "api-mirror-version": Route(("read_everything", "change_cluster"), pk_of("mirror")),
+    "api-mirror-manifest": Route(("read_everything", "change_cluster"), pk_of("mirror")),
     "model-list": Route(("read_everything", "change_cluster")),
     "model-apply": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"models": [MODEL_SPEC]}}),
     "model-detail": Route(("read_everything", "change_cluster"), model),

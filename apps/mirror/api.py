@@ -1,0 +1,204 @@
+"""The mirror over the REST API: what it holds with each file's progress, fetching from the Hub,
+manifests, and the explorer (search, a repository's files grouped into what can be fetched)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from django.utils.translation import gettext_lazy as _
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.access import IsOperator
+from apps.mirror import hub, services
+from apps.mirror.hub import MirrorError
+from apps.mirror.models import MirrorFile, MirrorVersion
+from llmgw.api import ErrorSerializer
+from llmgw.http import client_address
+
+__all__ = ["MirrorManifestView", "MirrorRepoView", "MirrorSearchView", "MirrorVersionView", "MirrorView"]
+
+
+class MirrorFileSerializer(serializers.ModelSerializer[MirrorFile]):
+    seconds_left = serializers.FloatField(
+        read_only=True, allow_null=True, help_text=_("Time left at the current rate; null when unknown.")
+    )
+
+    class Meta:
+        model = MirrorFile
+        fields = ["path", "size", "sha256", "state", "bytes_done", "rate", "seconds_left", "error", "attempts"]
+
+
+class MirrorVersionSerializer(serializers.ModelSerializer[MirrorVersion]):
+    files = MirrorFileSerializer(many=True, read_only=True)
+    state = serializers.SerializerMethodField(help_text=_("held, downloading, queued or failed."))
+
+    class Meta:
+        model = MirrorVersion
+        fields = ["id", "repo", "revision", "commit", "name", "kind", "state", "created_at", "files"]
+
+    def get_state(self, version: MirrorVersion) -> str:
+        return services.version_state(version)
+
+
+class MirrorOverviewSerializer(serializers.Serializer[Any]):
+    free_bytes = serializers.IntegerField(allow_null=True, help_text=_("Free space on the mirror's disk."))
+    used_bytes = serializers.IntegerField(help_text=_("What the held files take."))
+    reserve_bytes = serializers.IntegerField(help_text=_("The space fetches leave free."))
+    versions = MirrorVersionSerializer(many=True)
+
+
+class MirrorAddSerializer(serializers.Serializer[Any]):
+    urls = serializers.ListField(
+        child=serializers.CharField(max_length=2000),
+        min_length=1,
+        max_length=64,
+        help_text=_("Hub file URLs (…/owner/name/resolve/main/FILE) or hf://owner/name/FILE."),
+    )
+
+
+def overview() -> dict[str, Any]:
+    room = services.space()
+    versions = MirrorVersion.objects.prefetch_related("files")
+    return {
+        "free_bytes": room.free,
+        "used_bytes": room.used,
+        "reserve_bytes": room.reserve,
+        "versions": MirrorVersionSerializer(versions, many=True).data,
+    }
+
+
+def inline_freed() -> Any:
+    from drf_spectacular.utils import inline_serializer
+
+    return inline_serializer("MirrorFreed", {"freed_bytes": serializers.IntegerField()})
+
+
+class MirrorView(APIView):
+    """What the mirror holds and is fetching (GET); fetch more from the Hub (POST)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=MirrorOverviewSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(overview())
+
+    @extend_schema(
+        request=MirrorAddSerializer,
+        responses={
+            201: MirrorOverviewSerializer,
+            400: OpenApiResponse(ErrorSerializer, description=_("A source that cannot be fetched, and why.")),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = MirrorAddSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            services.add_sources(data.validated_data["urls"], actor=request.user, address=client_address(request))
+        except MirrorError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(overview(), status=status.HTTP_201_CREATED)
+
+
+class MirrorVersionView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses={200: MirrorVersionSerializer, 404: ErrorSerializer})
+    def get(self, request: Request, pk: int) -> Response:
+        version = get_object_or_404(MirrorVersion.objects.prefetch_related("files"), pk=pk)
+        return Response(MirrorVersionSerializer(version).data)
+
+    @extend_schema(
+        responses={
+            200: inline_freed(),
+            404: ErrorSerializer,
+            409: OpenApiResponse(ErrorSerializer, description=_("It is downloading.")),
+        }
+    )
+    def delete(self, request: Request, pk: int) -> Response:
+        version = get_object_or_404(MirrorVersion, pk=pk)
+        try:
+            freed = services.remove_version(version, actor=request.user, address=client_address(request))
+        except MirrorError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response({"freed_bytes": freed})
+
+
+class MirrorManifestView(APIView):
+    """Each file of a version with its sha256 and size, once every file is held (409 until then)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(description=_("The manifest.")),
+            404: ErrorSerializer,
+            409: OpenApiResponse(ErrorSerializer, description=_("Files are still missing, and how many.")),
+        }
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        version = get_object_or_404(MirrorVersion, pk=pk)
+        try:
+            return Response(services.manifest(version))
+        except MirrorError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+
+
+class MirrorSearchView(APIView):
+    """Search the Hub (the configured endpoint)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("q", str, description=_("Words to search for."))],
+        responses={200: OpenApiResponse(description=_("Repositories found.")), 502: ErrorSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        try:
+            return Response({"results": hub.search(str(request.query_params.get("q", ""))[:200])})
+        except MirrorError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_502_BAD_GATEWAY)
+
+
+class MirrorRepoView(APIView):
+    """A repository's files, grouped into what can be fetched."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("revision", str, description=_("A branch, tag or commit (default main)."))],
+        responses={200: OpenApiResponse(description=_("The files.")), 400: ErrorSerializer, 502: ErrorSerializer},
+    )
+    def get(self, request: Request, owner: str, name: str) -> Response:
+        repo = f"{owner}/{name}"
+        revision = str(request.query_params.get("revision", "") or "main")[:200]
+        try:
+            hub.check_repo(repo)
+        except MirrorError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        try:
+            commit, files = hub.repo_files(repo, revision)
+        except MirrorError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_502_BAD_GATEWAY)
+        groups = [
+            {
+                "kind": g.kind,
+                "name": g.name,
+                "size": g.size,
+                "files": [f.path for f in g.files],
+                "source": f"hf://{repo}@{commit}/{g.files[0].path}",
+            }
+            for g in hub.group_files(files)
+        ]
+        return Response(
+            {
+                "repo": repo,
+                "commit": commit,
+                "groups": groups,
+                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in files],
+            }
+        )
