@@ -105,6 +105,7 @@ urlpatterns = [
     path("org/", people_views.org, name="org"),
     path("org/limits/", people_views.org_limits, name="org-limits"),
     path("org/usage/", people_views.org_usage, name="org-usage"),
+    path("mirror/", include("apps.mirror.urls")),
     path("nodes/", include("apps.cluster.urls")),
     path("models/", include("apps.catalog.urls")),
     path("api/v1/", include(api_urlpatterns)),

@@ -298,6 +298,13 @@ MATRIX: dict[str, Route] = {
     "cluster-engine-remove": Route("change_cluster", bodies=lambda w: engine_rule_to_remove()),
     "cluster-engine-build": Route("change_cluster", node, bodies=lambda w: {"POST": {"build": "cu129"}}),
     "cluster:node-doctor-run": Route("change_cluster", node),
+    "mirror:held": Route("read_everything"),
+    "mirror:explore": Route("read_everything"),
+    "mirror:fetch": Route(
+        "change_cluster",
+        bodies=lambda w: {"POST": {"urls": f"{w.hub_url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"}},
+    ),
+    "mirror:remove": Route("change_cluster", pk_of("mirror")),
     "catalog:models": Route("read_everything"),
     "catalog:model-apply": Route(
         "change_cluster", bodies=lambda w: {"POST": {"spec": "models:\n  - " + json.dumps(MODEL_SPEC)}}

@@ -53,6 +53,7 @@ POST_ONLY = {
     "cluster-engine-set",
     "cluster-engine-remove",
     "cluster-engine-build",
+    "mirror:remove",
     "catalog:model-delete",
     "catalog:model-owner",
     "catalog:model-target",

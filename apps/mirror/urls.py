@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from apps.mirror import views
+
+app_name = "mirror"
+
+urlpatterns = [
+    path("", views.held, name="held"),
+    path("explore", views.explore, name="explore"),
+    path("fetch", views.fetch, name="fetch"),
+    path("<int:pk>/remove", views.remove, name="remove"),
+]

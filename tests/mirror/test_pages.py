@@ -1,0 +1,76 @@
+"""The mirror's console: Held (live only while something downloads), Explore (search the Hub,
+open a repository, fetch a group) and Fetch (a refusal comes back to the form with the reason)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.mirror.models import MirrorFile, MirrorVersion
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(client: Any) -> Iterator[Any]:
+    from apps.accounts.choices import StaffRole
+    from tests.conftest import make_user
+
+    client.force_login(make_user("ops@example.com", role=StaffRole.OPERATOR))
+    yield client
+
+
+def test_explore_searches_opens_a_repository_and_fetches_a_group(operator: Any, hub: Any, eager: Any) -> None:
+    page = operator.get("/mirror/explore", {"q": "tiny"}).content.decode()
+    assert 'data-repo="acme/tiny-GGUF"' in page and 'data-repo="acme/tiny"' in page
+    page = operator.get("/mirror/explore", {"repo": "acme/tiny-GGUF"}).content.decode()
+    assert 'data-group="gguf:Q4_K_M"' in page and 'data-group="split:big"' in page
+    commit = hub.repos["acme/tiny-GGUF"].commit
+    assert f'value="hf://acme/tiny-GGUF@{commit}/tiny-Q4_K_M.gguf"' in page
+    with eager(execute=True):
+        answer = operator.post(
+            "/mirror/fetch", {"urls": f"hf://acme/tiny-GGUF@{commit}/tiny-Q4_K_M.gguf", "back": "/mirror/explore"}
+        )
+    assert answer.status_code == 302 and answer["Location"] == "/mirror/"
+    assert MirrorFile.objects.get().state == MirrorFile.State.HELD
+    page = operator.get("/mirror/").content.decode()
+    assert 'data-file="tiny-Q4_K_M.gguf" data-state="held"' in page
+    assert 'data-active="false"' in page and 'hx-trigger="every 2s"' not in page  # nothing to follow
+
+
+def test_held_refreshes_itself_only_while_a_file_downloads(operator: Any, hub: Any) -> None:
+    version = MirrorVersion.objects.create(repo="acme/tiny-GGUF", commit="c" * 40, name="x.gguf", kind="gguf")
+    MirrorFile.objects.create(
+        version=version, path="x.gguf", size=1000, bytes_done=400, rate=100.0, sha256="d" * 64, state="downloading"
+    )
+    page = operator.get("/mirror/").content.decode()
+    assert 'hx-trigger="every 2s"' in page and 'data-active="true"' in page
+    assert '<progress class="h-2 w-28" max="100" value="40" data-progress>' in page and "6 s left" in page
+    fragment = operator.get("/mirror/", HTTP_HX_REQUEST="true").content.decode()
+    assert fragment.lstrip().startswith('<div id="mirror-held"') and "<html" not in fragment  # only the list
+
+
+def test_a_refused_fetch_returns_to_its_form_with_the_reason(operator: Any, hub: Any) -> None:
+    page = f"{hub.url}/acme/tiny-GGUF"
+    answer = operator.post("/mirror/fetch", {"urls": page})
+    assert answer.status_code == 400
+    text = answer.content.decode()
+    assert "is a repository page, not a file" in text and f">{page}</textarea>" in text
+    back = "/mirror/explore?repo=acme/tiny-GGUF"
+    answer = operator.post("/mirror/fetch", {"urls": "hf://acme/tiny-GGUF/nope.gguf", "back": back})
+    assert answer.status_code == 302 and answer["Location"] == back
+    assert "the repository has no file nope.gguf" in operator.get(back).content.decode()
+    assert not MirrorVersion.objects.exists()
+
+
+def test_a_viewer_reads_the_mirror_but_cannot_fetch(client: Any, hub: Any, tmp_path: Path) -> None:
+    from apps.accounts.choices import StaffRole
+    from tests.conftest import make_user
+
+    client.force_login(make_user("vic@example.com", role=StaffRole.VIEWER))
+    assert client.get("/mirror/").status_code == 200
+    assert 'data-tab="fetch"' not in client.get("/mirror/").content.decode()
+    assert client.post("/mirror/fetch", {"urls": "hf://acme/tiny-GGUF/tiny-Q4_K_M.gguf"}).status_code == 403
