@@ -14,6 +14,8 @@ import hashlib
 import http.client
 import logging
 import os
+import queue
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -50,6 +52,29 @@ def _hashers(size: int | None, git: bool) -> tuple[hashlib._Hash, hashlib._Hash 
     sha = hashlib.sha256()
     blob = hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False) if git and size is not None else None
     return sha, blob
+
+
+class _Hasher:
+    """sha256 (and the git blob id) of the chunks put, computed in a thread of its own: hashlib
+    releases the GIL on large buffers, so hashing overlaps the network and the disk."""
+
+    def __init__(self, *hashes: hashlib._Hash | None) -> None:
+        self.hashes = [h for h in hashes if h is not None]
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=16)
+        self.thread = threading.Thread(target=self._run, name="mirror-hash", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            for h in self.hashes:
+                h.update(chunk)
+
+    def put(self, chunk: bytes) -> None:
+        self.queue.put(chunk)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
 
 
 def download(
@@ -99,36 +124,39 @@ def download(
                 mode = "ab"
             else:
                 mode = "wb"
-            with open(part, mode) as out:
-                started, last = time.monotonic(), 0.0
-                first = done
-                while True:
-                    try:
-                        chunk = answer.read1(CHUNK_BYTES)
-                    except http.client.IncompleteRead as exc:
-                        out.write(exc.partial)
-                        sha.update(exc.partial)
-                        done += len(exc.partial)
-                        raise FetchFailed(
-                            f"interrupted at {done:,} of {size:,} bytes" if size else f"interrupted at {done:,} bytes",
-                            resumable=True,
-                        ) from None
-                    if not chunk:
-                        break
-                    if size is not None and done + len(chunk) > size:
-                        raise FetchFailed(f"the server sent more than the {size:,} bytes the Hub lists")
-                    out.write(chunk)
-                    sha.update(chunk)
-                    if blob is not None:
-                        blob.update(chunk)
-                    done += len(chunk)
-                    now = time.monotonic()
-                    if progress is not None and now - last >= PROGRESS_EVERY_S:
-                        elapsed = now - started
-                        progress(done, (done - first) / elapsed if elapsed > 0 else None)
-                        last = now
-                out.flush()
-                os.fsync(out.fileno())
+            hasher = _Hasher(sha, blob)
+            try:
+                with open(part, mode) as out:
+                    started, last = time.monotonic(), 0.0
+                    first = done
+                    while True:
+                        try:
+                            chunk = answer.read(CHUNK_BYTES)
+                        except http.client.IncompleteRead as exc:
+                            out.write(exc.partial)
+                            done += len(exc.partial)
+                            raise FetchFailed(
+                                f"interrupted at {done:,} of {size:,} bytes"
+                                if size
+                                else f"interrupted at {done:,} bytes",
+                                resumable=True,
+                            ) from None
+                        if not chunk:
+                            break
+                        if size is not None and done + len(chunk) > size:
+                            raise FetchFailed(f"the server sent more than the {size:,} bytes the Hub lists")
+                        out.write(chunk)
+                        hasher.put(chunk)  # hashed in another thread while the next chunk arrives
+                        done += len(chunk)
+                        now = time.monotonic()
+                        if progress is not None and now - last >= PROGRESS_EVERY_S:
+                            elapsed = now - started
+                            progress(done, (done - first) / elapsed if elapsed > 0 else None)
+                            last = now
+                    out.flush()
+                    os.fsync(out.fileno())
+            finally:
+                hasher.close()
     except FetchFailed:
         raise
     except urllib.error.HTTPError as exc:
