@@ -50,6 +50,7 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("mirror/repos/<str:owner>/<str:name>", mirror_api.MirrorRepoView.as_view(), name="api-mirror-repo"),
     path("mirror/<int:pk>", mirror_api.MirrorVersionView.as_view(), name="api-mirror-version"),
     path("mirror/<int:pk>/manifest", mirror_api.MirrorManifestView.as_view(), name="api-mirror-manifest"),
+    path("mirror/<int:pk>/estimate", mirror_api.MirrorEstimateView.as_view(), name="api-mirror-estimate"),
     path("engines/remove", cluster_api.EngineRemoveView.as_view(), name="api-engines-remove"),
     path("engines/refresh", cluster_api.EngineRefreshView.as_view(), name="api-engines-refresh"),
     path("engine-files/<str:name>", cluster_api.engine_file, name="api-engine-file"),

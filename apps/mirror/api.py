@@ -20,7 +20,14 @@ from apps.mirror.models import MirrorFile, MirrorVersion
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
 
-__all__ = ["MirrorManifestView", "MirrorRepoView", "MirrorSearchView", "MirrorVersionView", "MirrorView"]
+__all__ = [
+    "MirrorEstimateView",
+    "MirrorManifestView",
+    "MirrorRepoView",
+    "MirrorSearchView",
+    "MirrorVersionView",
+    "MirrorView",
+]
 
 
 class MirrorFileSerializer(serializers.ModelSerializer[MirrorFile]):
@@ -146,6 +153,54 @@ class MirrorManifestView(APIView):
             return Response(services.manifest(version))
         except MirrorError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+
+
+class MirrorEstimateView(APIView):
+    """A held GGUF version's shape and the memory llama.cpp allocates to serve it, part by part."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("ctx_size", int, description=_("Tokens of context the slots share (default 4096).")),
+            OpenApiParameter("parallel", int, description=_("Parallel requests (default 1).")),
+        ],
+        responses={
+            200: OpenApiResponse(description=_("The estimate's parts.")),
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        version = get_object_or_404(MirrorVersion.objects.prefetch_related("files"), pk=pk)
+        try:
+            ctx = int(request.query_params.get("ctx_size", 4096))
+            parallel = int(request.query_params.get("parallel", 1))
+        except ValueError:
+            return Response({"detail": str(_("ctx_size and parallel must be whole numbers"))}, status=400)
+        if not (1 <= ctx <= 10**8 and 1 <= parallel <= 1024):
+            return Response({"detail": str(_("ctx_size must be 1 to 100,000,000 and parallel 1 to 1,024"))}, status=400)
+        try:
+            found = services.summary(version, ctx_size=ctx, parallel=parallel)
+        except MirrorError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        if found is None:
+            return Response(
+                {"detail": str(_("only a held GGUF version has a header to read"))}, status=status.HTTP_409_CONFLICT
+            )
+        body: dict[str, Any] = {
+            "architecture": found.architecture,
+            "kind": found.kind,
+            "adapter_type": found.adapter_type,
+            "block_count": found.block_count,
+            "context_length": found.context_length,
+            "ctx_size": ctx,
+            "parallel": parallel,
+            "estimate": None,
+        }
+        if found.estimate is not None:
+            body["estimate"] = {**found.estimate.parts(), "total": found.estimate.total}
+        return Response(body)
 
 
 class MirrorSearchView(APIView):

@@ -141,6 +141,25 @@ def shape_of(header: Header) -> Shape:
     if not isinstance(arch, str) or not arch:
         raise GGUFError("the header has no general.architecture")
     kind = str(meta.get("general.type") or ("mmproj" if arch == "clip" else "model"))
+    if kind in ("adapter", "mmproj"):
+        # Not a model to size: what it is, and the architecture it is for, is what counts.
+        adapter = meta.get("adapter.type")
+        return Shape(
+            architecture=arch,
+            kind=kind,
+            block_count=_int(meta, f"{arch}.block_count") or 0,
+            embedding_length=_int(meta, f"{arch}.embedding_length") or 0,
+            context_length=None,
+            feed_forward_length=None,
+            head_count=(),
+            head_count_kv=(),
+            key_length=(),
+            value_length=(),
+            swa_layers=(),
+            sliding_window=None,
+            kv_layers=(),
+            adapter_type=str(adapter) if isinstance(adapter, str) else None,
+        )
     layers = _int(meta, f"{arch}.block_count", required=True) or 0
     if layers > 4096:
         raise GGUFError(f"{arch}.block_count is {layers:,}, more than any model has")

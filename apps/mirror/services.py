@@ -279,6 +279,51 @@ def manifest(version: MirrorVersion) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Summary:
+    """What a held GGUF version is, from its header: its shape and the memory it needs."""
+
+    architecture: str
+    kind: str  # "model", "adapter", "mmproj"
+    adapter_type: str | None
+    block_count: int
+    context_length: int | None
+    estimate: Any  # apps.mirror.estimate.Estimate, None for an adapter or projector
+    ctx_size: int
+    parallel: int
+
+
+def summary(version: MirrorVersion, *, ctx_size: int = 4096, parallel: int = 1) -> Summary | None:
+    """The header of a held GGUF version (its first file) and, for a model, the memory llama.cpp
+    allocates at `ctx_size` tokens over `parallel` slots; None when there is no held GGUF."""
+    from apps.mirror.estimate import estimate, shape_of
+    from apps.mirror.gguf import FileSource, GGUFError, read_header
+
+    files = [f for f in version.files.all() if f.path.endswith(".gguf")]
+    if version.kind != MirrorVersion.Kind.GGUF or not files or any(f.state != MirrorFile.State.HELD for f in files):
+        return None
+    try:
+        shape = shape_of(read_header(FileSource(files[0].local_path)))
+    except (GGUFError, OSError) as exc:
+        raise MirrorError(_("%(file)s: %(error)s") % {"file": files[0].path, "error": exc}) from None
+    weights = sum(f.size or 0 for f in files)
+    ours = (
+        estimate(shape, weights, ctx_size=ctx_size, parallel=parallel)
+        if shape.kind not in ("adapter", "mmproj")
+        else None
+    )
+    return Summary(
+        architecture=shape.architecture,
+        kind=shape.kind,
+        adapter_type=shape.adapter_type,
+        block_count=shape.block_count,
+        context_length=shape.context_length,
+        estimate=ours,
+        ctx_size=ctx_size,
+        parallel=parallel,
+    )
+
+
 def remove_version(version: MirrorVersion, *, actor: Any = None, address: str | None = None) -> int:
     """Delete a held version's files and rows; refused while any of its files downloads."""
     if version.files.filter(state=MirrorFile.State.DOWNLOADING).exists():

@@ -25,7 +25,12 @@ def _held_context() -> dict[str, Any]:
     for version in versions:
         state = services.version_state(version)
         active = active or state in ("downloading", "queued")
-        rows.append({"version": version, "state": state, "files": list(version.files.all())})
+        row: dict[str, Any] = {"version": version, "state": state, "files": list(version.files.all())}
+        try:
+            row["summary"] = services.summary(version)
+        except MirrorError as exc:
+            row["summary_error"] = str(exc)
+        rows.append(row)
     return {"rows": rows, "space": services.space(), "active": active}
 
 

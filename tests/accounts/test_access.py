@@ -30,6 +30,7 @@ from apps.cluster.models import Node, Replica
 from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas.models import CapacityQuota, RateLimit, UsageRecord
 from tests.conftest import make_user
+from tests.mirror.ggufbytes import header
 from tests.mirror.hubserver import HubServer, Repo
 
 pytestmark = pytest.mark.django_db
@@ -170,7 +171,17 @@ def world(db: Any, hub: HubServer) -> World:
     event = AuditEvent.objects.filter(action="api_key.create").first()
     assert event is not None
     mirror = MirrorVersion.objects.create(repo="acme/tiny-GGUF", commit="a" * 40, name="tiny-Q4_K_M.gguf", kind="gguf")
-    MirrorFile.objects.create(version=mirror, path="tiny-Q4_K_M.gguf", size=64, sha256="b" * 64, state="held")
+    held = header(
+        {
+            "general.architecture": "llama",
+            "llama.block_count": 2,
+            "llama.embedding_length": 64,
+            "llama.attention.head_count": 4,
+        }
+    )
+    mirror.folder.mkdir(parents=True, exist_ok=True)
+    (mirror.folder / "tiny-Q4_K_M.gguf").write_bytes(held)
+    MirrorFile.objects.create(version=mirror, path="tiny-Q4_K_M.gguf", size=len(held), sha256="b" * 64, state="held")
     return World(
         users=users,
         keys=keys,
@@ -365,6 +376,7 @@ MATRIX: dict[str, Route] = {
     ),
     "api-mirror-version": Route(("read_everything", "change_cluster"), pk_of("mirror")),
     "api-mirror-manifest": Route(("read_everything", "change_cluster"), pk_of("mirror")),
+    "api-mirror-estimate": Route(("read_everything", "change_cluster"), pk_of("mirror")),
     "model-list": Route(("read_everything", "change_cluster")),
     "model-apply": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"models": [MODEL_SPEC]}}),
     "model-detail": Route(("read_everything", "change_cluster"), model),

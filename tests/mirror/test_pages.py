@@ -74,3 +74,41 @@ def test_a_viewer_reads_the_mirror_but_cannot_fetch(client: Any, hub: Any, tmp_p
     assert client.get("/mirror/").status_code == 200
     assert 'data-tab="fetch"' not in client.get("/mirror/").content.decode()
     assert client.post("/mirror/fetch", {"urls": "hf://acme/tiny-GGUF/tiny-Q4_K_M.gguf"}).status_code == 403
+
+
+def test_a_held_gguf_shows_its_shape_and_estimate_and_an_adapter_says_so(
+    operator: Any, hub: Any, eager: Any, api: Any
+) -> None:
+    from apps.mirror.estimate import FIXED_OVERHEAD
+    from tests.mirror.ggufbytes import header
+    from tests.mirror.hubserver import Repo
+
+    model = header(
+        {
+            "general.architecture": "llama",
+            "llama.block_count": 2,
+            "llama.embedding_length": 64,
+            "llama.attention.head_count": 4,
+            "llama.attention.head_count_kv": 2,
+            "llama.feed_forward_length": 128,
+        }
+    )
+    adapter = header({"general.architecture": "llama", "general.type": "adapter", "adapter.type": "lora"})
+    hub.add(Repo("acme/lora", {"model.gguf": model + bytes(1000), "style-lora.gguf": adapter + bytes(100)}))
+    with eager(execute=True):
+        first, second = __import__("apps.mirror.services", fromlist=["x"]).add_sources(
+            ["hf://acme/lora/model.gguf", "hf://acme/lora/style-lora.gguf"]
+        )
+    page = operator.get("/mirror/").content.decode()
+    assert "llama, 2 layers. At 4096 tokens it needs" in page
+    assert "lora adapter for llama" in page
+    from apps.accounts.choices import StaffRole
+    from tests.conftest import make_user
+
+    api.force_authenticate(make_user("o2@example.com", role=StaffRole.OPERATOR))
+    answer = api.get(f"/api/v1/mirror/{first.pk}/estimate", {"ctx_size": 1024, "parallel": 2}).json()
+    # 2 layers x 2 KV heads x (16 + 16) x 2 bytes x 512 cells x 2 slots
+    assert answer["estimate"]["kv_cache"] == 2 * 2 * 32 * 2 * 512 * 2
+    assert answer["estimate"]["weights"] == len(model) + 1000 and answer["estimate"]["overhead"] == FIXED_OVERHEAD
+    assert api.get(f"/api/v1/mirror/{second.pk}/estimate").json()["estimate"] is None
+    assert api.get(f"/api/v1/mirror/{first.pk}/estimate", {"ctx_size": "x"}).status_code == 400
