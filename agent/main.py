@@ -177,6 +177,9 @@ class Agent:
             server=config.server,
             credential=lambda: read_credential(self.config),
         )
+        from agent.mirror import MirrorSync
+
+        self.mirror = MirrorSync(config.state_dir, config.model_dirs, address=self.installer._address)
         self.supervisor = supervisor or Supervisor(
             config.state_dir,
             self.installer.binaries(),
@@ -343,6 +346,8 @@ class Agent:
             if "engines" in message.body:
                 wanted = parse_desired_engines(message.body["engines"])
                 asyncio.get_running_loop().create_task(self.install_engines(wanted))
+            if "mirror" in message.body:
+                await self.mirror.converge(message.body["mirror"])
             await self.desired(message.body["shards"])
         elif message.type == "request" and message.body["kind"] == "doctor":
             from agent import doctor

@@ -253,6 +253,17 @@ DESIRED_ENGINE = obj(
     },
 )
 
+#: A model version the node keeps from the control plane's mirror: each file into `dir`.
+DESIRED_MIRROR = obj(
+    {"version": INT, "dir": string(4096)},
+    {
+        "files": array(
+            obj({"path": string(1000), "url": string(4096)}, {"size": INT, "sha256": string(64)}),
+            4096,
+        )
+    },
+)
+
 HARDWARE = obj(
     {},
     {
@@ -320,7 +331,7 @@ SCHEMAS: dict[str, Check] = {
     "registered": obj({"node": string(200), "heartbeat_interval": number}),
     "desired": obj(
         {"shards": array(obj({"shard": string(200)}, {}), 1024)},
-        {"generation": INT, "engines": array(DESIRED_ENGINE, 16)},
+        {"generation": INT, "engines": array(DESIRED_ENGINE, 16), "mirror": array(DESIRED_MIRROR, 1024)},
     ),
     "request": obj({"request_id": string(64), "kind": string(64)}, {"params": mapping()}),
     "replaced": obj({}, {"message": STR}),

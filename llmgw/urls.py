@@ -54,6 +54,7 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("engines/remove", cluster_api.EngineRemoveView.as_view(), name="api-engines-remove"),
     path("engines/refresh", cluster_api.EngineRefreshView.as_view(), name="api-engines-refresh"),
     path("engine-files/<str:name>", cluster_api.engine_file, name="api-engine-file"),
+    path("mirror-files/<int:pk>/<path:path>", mirror_api.mirror_file, name="api-mirror-file"),
     path("usage", quotas_api.UsageView.as_view(), name="api-usage"),
     path("requests/<str:request_id>", quotas_api.RequestView.as_view(), name="api-request"),
     path("schema", SpectacularAPIView.as_view(), name="api-schema"),

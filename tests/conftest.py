@@ -13,8 +13,9 @@ from apps.accounts.choices import StaffRole
 from apps.accounts.models import User
 
 BACKEND = os.environ.get("LLMGW_TEST_BACKEND", "")
-#: Set by scripts/test for its SQLite run after a PostgreSQL one: the agent's own tests, which use
-#: neither the database nor the web stack, ran in the first and are not run a second time.
+#: Set by scripts/test for its SQLite run after a PostgreSQL one: the tests that use neither the
+#: database nor the web stack (the agent's own, placement's, the mirror's file readers) ran in the
+#: first and are not run a second time.
 SKIP_BACKEND_FREE = os.environ.get("LLMGW_TEST_SKIP_BACKEND_FREE") == "1"
 _DATABASE_FIXTURES = frozenset(
     {"db", "transactional_db", "live_server", "django_db_reset_sequences", "django_db_serialized_rollback"}
@@ -24,13 +25,14 @@ _DATABASE_FIXTURES = frozenset(
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if not SKIP_BACKEND_FREE:
         return
-    agent_tests = os.path.join(os.path.dirname(__file__), "agent") + os.sep
+    here = os.path.dirname(__file__)
+    backend_free_dirs = tuple(os.path.join(here, name) + os.sep for name in ("agent", "placement", "mirror"))
     keep, backend_free = [], []
     for item in items:
         uses_database = bool(_DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))) or item.get_closest_marker(
             "django_db"
         )
-        if str(item.path).startswith(agent_tests) and not uses_database:
+        if str(item.path).startswith(backend_free_dirs) and not uses_database:
             backend_free.append(item)
         else:
             keep.append(item)

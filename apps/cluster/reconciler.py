@@ -573,8 +573,14 @@ def desired_message(node: Node, generation: int, tables: Any = None) -> dict[str
     """The body of a node's "desired" message: its shards and the engines it should have
     (`tables`: the engine rules and releases, when the caller read them once for many nodes)."""
     from apps.cluster.engines import desired_engines
+    from apps.mirror.services import node_fetches
 
-    return {"shards": desired_shards(node), "engines": desired_engines(node, tables), "generation": generation}
+    return {
+        "shards": desired_shards(node),
+        "engines": desired_engines(node, tables),
+        "mirror": node_fetches(),
+        "generation": generation,
+    }
 
 
 def push_desired_state(node_ids: set[int] | None = None) -> None:

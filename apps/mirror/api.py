@@ -3,8 +3,12 @@ manifests, and the explorer (search, a repository's files grouped into what can 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import Any
 
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -13,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.access import IsOperator
+from apps.accounts.access import IsOperator, public
 from apps.mirror import hub, services
 from apps.mirror.hub import MirrorError
 from apps.mirror.models import MirrorFile, MirrorVersion
@@ -257,3 +261,53 @@ class MirrorRepoView(APIView):
                 "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in files],
             }
         )
+
+
+@public
+def mirror_file(request: HttpRequest, pk: int, path: str) -> HttpResponseBase:
+    """A held file of the mirror, for the nodes (their credential as a Bearer token) and staff,
+    with Range (206) so a node resumes where it stopped; it checks the file against the manifest."""
+    from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+
+    from apps.cluster.services import authenticate_node
+
+    header = request.headers.get("Authorization", "")
+    bearer = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    allowed = (bearer and authenticate_node(bearer) is not None) or (
+        request.user.is_authenticated and request.user.is_staff
+    )
+    if not allowed:
+        return JsonResponse({"detail": str(_("A node credential is needed to fetch mirror files."))}, status=401)
+    if request.method not in ("GET", "HEAD"):
+        return JsonResponse({"detail": str(_("Only GET and HEAD."))}, status=405)
+    file = MirrorFile.objects.select_related("version").filter(version_id=pk, path=path).first()
+    if file is None or file.state != MirrorFile.State.HELD or not file.local_path.is_file():
+        return JsonResponse({"detail": str(_("The mirror holds no such file."))}, status=404)
+    size = file.local_path.stat().st_size
+    start, end, code = 0, size - 1, 200
+    wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("Range", ""))
+    if wanted:
+        start = int(wanted.group(1))
+        end = min(int(wanted.group(2)) if wanted.group(2) else size - 1, size - 1)
+        if start >= size:
+            refused = HttpResponse(status=416)
+            refused["Content-Range"] = f"bytes */{size}"
+            return refused
+        code = 206
+
+    def chunks() -> Iterator[bytes]:
+        with open(file.local_path, "rb") as handle:
+            handle.seek(start)
+            left = end - start + 1
+            while left > 0 and (chunk := handle.read(min(left, 2**20))):
+                left -= len(chunk)
+                yield chunk
+
+    answer = StreamingHttpResponse(chunks() if request.method == "GET" else iter(()), status=code)
+    answer["Content-Type"] = "application/octet-stream"
+    answer["Content-Length"] = str(end - start + 1)
+    answer["Accept-Ranges"] = "bytes"
+    answer["ETag"] = f'"{file.sha256}"'
+    if code == 206:
+        answer["Content-Range"] = f"bytes {start}-{end}/{size}"
+    return answer

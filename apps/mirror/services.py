@@ -241,6 +241,8 @@ def fetch_one(pk: int) -> MirrorFile:
         file.rate = None
         file.finished_at = timezone.now()
         file.save(update_fields=["state", "bytes_done", "sha256", "error", "rate", "finished_at"])
+        if version_state(version) == "held" and node_fetches():
+            tell_nodes()
     start_fetches()
     return file
 
@@ -324,16 +326,86 @@ def summary(version: MirrorVersion, *, ctx_size: int = 4096, parallel: int = 1) 
     )
 
 
+def node_dir(version: MirrorVersion) -> str:
+    """Where a node keeps a version: the same path on every node."""
+    return f"{settings.MIRROR_NODE_DIR}/{version.repo.replace('/', '--')}/{version.commit}"
+
+
+def node_path(version: MirrorVersion, path: str) -> str:
+    """A file of a version as a model names it for its source."""
+    return f"{node_dir(version)}/{path}"
+
+
+def node_fetches() -> list[dict[str, Any]]:
+    """What the nodes should fetch from the mirror: every held version a declared model's source
+    names, with each file's size, sha256 and the control plane's own URL for it."""
+    from apps.catalog.models import Model
+
+    prefix = settings.MIRROR_NODE_DIR + "/"
+    sources = set(Model.objects.filter(source__startswith=prefix).values_list("source", flat=True))
+    if not sources:
+        return []
+    out = []
+    for version in MirrorVersion.objects.prefetch_related("files"):
+        files = list(version.files.all())
+        if not files or any(f.state != MirrorFile.State.HELD for f in files):
+            continue
+        if not any(node_path(version, f.path) in sources for f in files):
+            continue
+        out.append(
+            {
+                "version": version.pk,
+                "dir": node_dir(version),
+                "files": [
+                    {
+                        "path": f.path,
+                        "size": f.size,
+                        "sha256": f.sha256,
+                        "url": f"/api/v1/mirror-files/{version.pk}/{f.path}",
+                    }
+                    for f in files
+                ],
+            }
+        )
+    return out
+
+
+def tell_nodes() -> None:
+    """Push the nodes their desired state (which now names what to fetch from the mirror)."""
+    from apps.cluster.engines import nodes_changed
+
+    try:
+        nodes_changed(None)
+    except Exception:
+        log.warning("could not tell the nodes what to fetch from the mirror", exc_info=True)
+
+
 def remove_version(version: MirrorVersion, *, actor: Any = None, address: str | None = None) -> int:
-    """Delete a held version's files and rows; refused while any of its files downloads."""
+    """Delete a held version's files and rows; refused while any of its files downloads or a
+    declared model is served from it."""
     if version.files.filter(state=MirrorFile.State.DOWNLOADING).exists():
         raise MirrorError(_("%(version)s is downloading: wait for it, then remove it") % {"version": str(version)})
+    from apps.catalog.models import Model
+
+    users = sorted(Model.objects.filter(source__startswith=node_dir(version) + "/").values_list("name", flat=True))
+    if users:
+        raise MirrorError(
+            _("%(version)s is the source of %(models)s: change or delete those models first")
+            % {"version": str(version), "models": ", ".join(users)}
+        )
     freed = 0
+    paths = []
     for file in version.files.all():
         for path in (file.local_path, file.local_path.with_name(file.local_path.name + ".part")):
             if path.exists():
                 freed += path.stat().st_size
-                path.unlink()
+                paths.append(path)
+
+    def delete_files() -> None:  # only once the rows are gone for good
+        for path in paths:
+            path.unlink(missing_ok=True)
+
     audit.record(actor, "mirror.remove", version, changes={"files": [version.files.count(), None]}, address=address)
     version.delete()
+    transaction.on_commit(delete_files)
     return freed

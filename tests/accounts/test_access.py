@@ -71,6 +71,7 @@ PUBLIC: dict[str, str] = {
     "install-script": "a new node has no credential yet: the onboarding script holds no secret",
     "install-bundle": "a new node has no credential yet: the agent's code and its sha256, no data",
     "api-engine-file": "an agent has no account: it shows its node credential (or a staff session) for the archive",
+    "api-mirror-file": "an agent has no account: it shows its node credential (or a staff session) for the file",
     "api-schema": "describes the API; holds no data",
     "api-docs": "Swagger UI for the schema; holds no data",
     "docs": "the manual's contents; LLMGW_DOCS_REQUIRE_SIGNIN sends strangers to sign in first",

@@ -170,5 +170,46 @@ def test_removing_a_version_frees_its_files(hub: HubServer, eager: Any) -> None:
     with eager(execute=True):
         (version,) = services.add_sources([f"{hub.url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"])
     path = version.files.get().local_path
-    assert services.remove_version(version) == len(hub.repos["acme/tiny-GGUF"].files["tiny-Q4_K_M.gguf"])
+    from apps.catalog.models import Model
+
+    model = Model.objects.create(
+        name="tiny", source=services.node_path(version, "tiny-Q4_K_M.gguf"), min_replicas=0, max_replicas=1
+    )
+    with pytest.raises(MirrorError, match="is the source of tiny: change or delete those models first"):
+        services.remove_version(version)
+    model.delete()
+    with eager(execute=True):
+        freed = services.remove_version(version)
+    assert freed == len(hub.repos["acme/tiny-GGUF"].files["tiny-Q4_K_M.gguf"])
     assert not path.exists() and not MirrorVersion.objects.exists()
+
+
+def test_nodes_are_told_what_to_fetch_and_fetch_it_with_their_credential(
+    hub: HubServer, eager: Any, client: Any
+) -> None:
+    from apps.catalog.models import Model
+    from apps.cluster.reconciler import desired_message
+    from apps.cluster.services import create_enrollment, enroll_node
+
+    with eager(execute=True):
+        (version,) = services.add_sources([f"{hub.url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"])
+    node, credential = enroll_node(create_enrollment("n1", actor=None).secret)
+    assert desired_message(node, 1)["mirror"] == []  # no model is served from it yet
+    source = services.node_path(version, "tiny-Q4_K_M.gguf")
+    Model.objects.create(name="tiny", source=source, min_replicas=0, max_replicas=1)
+    (wanted,) = desired_message(node, 2)["mirror"]
+    assert wanted["dir"] == services.node_dir(version) and source.startswith(wanted["dir"] + "/")
+    (file,) = wanted["files"]
+    data = hub.repos["acme/tiny-GGUF"].files["tiny-Q4_K_M.gguf"]
+    assert file == {
+        "path": "tiny-Q4_K_M.gguf",
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "url": f"/api/v1/mirror-files/{version.pk}/tiny-Q4_K_M.gguf",
+    }
+    assert client.get(file["url"]).status_code == 401  # a node credential, or staff
+    whole = client.get(file["url"], HTTP_AUTHORIZATION=f"Bearer {credential}")
+    assert whole.status_code == 200 and b"".join(whole.streaming_content) == data
+    part = client.get(file["url"], HTTP_AUTHORIZATION=f"Bearer {credential}", HTTP_RANGE="bytes=100-199")
+    assert part.status_code == 206 and part["Content-Range"] == f"bytes 100-199/{len(data)}"
+    assert b"".join(part.streaming_content) == data[100:200]

@@ -1,0 +1,138 @@
+"""Model files a node keeps from the control plane's mirror.
+
+The control plane's desired state names, under "mirror", each held version a model is served
+from: a directory (the same path on every node) and its files with size, sha256 and the control
+plane's URL for them. The agent fetches each file there with its node credential (Range,
+resumable: agent/install/resumable.py), checked against the manifest's sha256 before it is
+renamed into place, so only a whole, verified file is ever where a model's source points; the
+storage probe then reports it as held and placement can use the node.
+
+A directory outside the agent's `model_dirs` is refused (the probe would never see it, and the
+control plane must not write anywhere it likes); so is a file path that leaves its directory.
+Files that pass are remembered (`mirror.json` in the state directory, by path, size and mtime) so
+a file is hashed once, not at every desired message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.install.resumable import FetchFailed, download
+
+__all__ = ["MirrorSync"]
+
+log = logging.getLogger("llmgw.agent.mirror")
+STATE = "mirror.json"
+
+
+@dataclass
+class MirrorSync:
+    state_dir: Path
+    model_dirs: Sequence[str]
+    address: Callable[[str], tuple[str, dict[str, str]]]  # a listed URL -> (absolute URL, headers)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.state_dir) / STATE
+        self.verified: dict[str, dict[str, Any]] = self._load()
+        self.status: dict[str, str] = {}
+        self.running: asyncio.Task[None] | None = None
+        self.wanted: list[Mapping[str, Any]] = []
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{STATE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.verified, indent=2, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def _allowed(self, directory: Path) -> bool:
+        resolved = directory.resolve()
+        for base in self.model_dirs:
+            root = Path(base).resolve()
+            if resolved == root or root in resolved.parents:
+                return True
+        return False
+
+    def _known_good(self, target: Path, size: int | None, sha256: str | None) -> bool:
+        entry = self.verified.get(str(target))
+        try:
+            stat = target.stat()
+        except OSError:
+            return False
+        return (
+            entry is not None
+            and entry.get("sha256") == sha256
+            and entry.get("size") == stat.st_size
+            and entry.get("mtime") == stat.st_mtime
+            and (size is None or size == stat.st_size)
+        )
+
+    async def converge(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """Fetch what is missing, in a thread; one pass at a time (a newer list waits its turn)."""
+        self.wanted = list(items)
+        if self.running is not None and not self.running.done():
+            return  # the pass under way picks up the newest list when it ends
+        self.running = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            items = self.wanted
+            await asyncio.to_thread(self.converge_sync, items)
+            if items is self.wanted:
+                return
+
+    def converge_sync(self, items: Sequence[Mapping[str, Any]]) -> None:
+        for item in items:
+            directory = Path(str(item.get("dir") or ""))
+            key = str(item.get("version"))
+            if not directory.is_absolute() or not self._allowed(directory):
+                self.status[key] = f"refused: {directory} is not inside this node's model_dirs"
+                log.warning("mirror version %s: %s", key, self.status[key])
+                continue
+            failures = []
+            for file in item.get("files") or []:
+                relative = str(file.get("path") or "")
+                parts = relative.split("/")
+                if not relative or relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                    failures.append(f"{relative!r}: not a path inside the version")
+                    continue
+                target = directory / relative
+                size, sha256 = file.get("size"), file.get("sha256")
+                if self._known_good(target, size, sha256):
+                    continue
+                url, headers = self.address(str(file.get("url") or ""))
+                self.status[key] = f"fetching {relative}"
+                log.info("mirror: fetching %s into %s", relative, directory)
+                try:
+                    download(
+                        url,
+                        target,
+                        size=size if isinstance(size, int) else None,
+                        sha256=sha256 if isinstance(sha256, str) else None,
+                        blob_id=None,
+                        headers=headers,
+                        authority="the mirror's manifest",
+                    )
+                except FetchFailed as exc:
+                    failures.append(f"{relative}: {exc}")
+                    log.warning("mirror: %s: %s", relative, exc)
+                    continue
+                stat = target.stat()
+                self.verified[str(target)] = {"sha256": sha256, "size": stat.st_size, "mtime": stat.st_mtime}
+                with contextlib.suppress(OSError):
+                    self._save()
+            self.status[key] = ("failed: " + "; ".join(failures)) if failures else "held"

@@ -1,0 +1,63 @@
+"""What a node keeps from the mirror: only inside its model_dirs, only whole and verified against
+the manifest, resumed where it stopped, and hashed once rather than at every desired message."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from agent.mirror import MirrorSync
+from tests.mirror.ggufbytes import RangeServer
+
+
+def sync(tmp_path: Path, server: RangeServer) -> MirrorSync:
+    return MirrorSync(tmp_path / "state", [str(tmp_path / "models")], address=lambda url: (server.url(url), {}))
+
+
+def item(tmp_path: Path, data: bytes, *, path: str = "m.gguf", sha256: str | None = None, folder: Path | None = None):
+    return {
+        "version": 7,
+        "dir": str(folder or tmp_path / "models" / "mirror" / "acme--m" / "c0ffee"),
+        "files": [
+            {"path": path, "size": len(data), "sha256": sha256 or hashlib.sha256(data).hexdigest(), "url": "m.gguf"}
+        ],
+    }
+
+
+def test_a_file_is_fetched_verified_and_not_hashed_again(tmp_path: Path) -> None:
+    data = os.urandom(300_000)
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "m.gguf").write_bytes(data)
+    with RangeServer(tmp_path / "served") as server:
+        mirror = sync(tmp_path, server)
+        wanted = item(tmp_path, data)
+        mirror.converge_sync([wanted])
+        assert mirror.status["7"] == "held"
+        target = Path(wanted["dir"]) / "m.gguf"
+        assert target.read_bytes() == data
+        before = len(server.requests)
+        MirrorSync(tmp_path / "state", [str(tmp_path / "models")], address=mirror.address).converge_sync([wanted])
+        assert len(server.requests) == before  # a new agent trusts what it verified, by size and mtime
+
+
+def test_a_wrong_digest_leaves_nothing_where_the_source_points(tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "m.gguf").write_bytes(data)
+    with RangeServer(tmp_path / "served") as server:
+        mirror = sync(tmp_path, server)
+        wanted = item(tmp_path, data, sha256="0" * 64)
+        mirror.converge_sync([wanted])
+    assert mirror.status["7"].startswith("failed: m.gguf: digest mismatch for m.gguf: the mirror's manifest gives")
+    assert not (Path(wanted["dir"]) / "m.gguf").exists()
+
+
+def test_a_directory_outside_model_dirs_and_a_path_that_leaves_are_refused(tmp_path: Path) -> None:
+    with RangeServer(tmp_path) as server:
+        mirror = sync(tmp_path, server)
+        mirror.converge_sync([item(tmp_path, b"x", folder=tmp_path / "elsewhere")])
+        assert mirror.status["7"] == f"refused: {tmp_path / 'elsewhere'} is not inside this node's model_dirs"
+        mirror.converge_sync([item(tmp_path, b"x", path="../../escape.gguf")])
+        assert mirror.status["7"] == "failed: '../../escape.gguf': not a path inside the version"
+        assert server.requests == []
