@@ -281,6 +281,11 @@ def _card_context(
         # A form for a profile that does not exist has no place of its own on the card.
         orphan = failed is not None and all(failed.data.get("profile") != p.name for p in profiles)
         context["resources_error"] = failed.non_field_errors() if orphan and failed is not None else None
+    if any(p.engine == "llama.cpp" for p in profiles):
+        from apps.mirror import lora
+
+        context["adapters"] = lora.attached(model)
+        context["held_adapters"] = lora.held_adapters() if can_change else []
     return context
 
 

@@ -83,6 +83,16 @@ def overview() -> dict[str, Any]:
     }
 
 
+def _version(pk: str, *related: str) -> MirrorVersion:
+    """The version named in the URL; 404 (as JSON) for an id that is not one."""
+    from rest_framework.exceptions import NotFound
+
+    if not str(pk).isdigit():
+        raise NotFound(_("No mirrored version has the id %(pk)s.") % {"pk": pk})
+    query = MirrorVersion.objects.prefetch_related(*related) if related else MirrorVersion.objects.all()
+    return get_object_or_404(query, pk=int(pk))
+
+
 def inline_freed() -> Any:
     from drf_spectacular.utils import inline_serializer
 
@@ -119,8 +129,8 @@ class MirrorVersionView(APIView):
     permission_classes = [IsOperator]
 
     @extend_schema(responses={200: MirrorVersionSerializer, 404: ErrorSerializer})
-    def get(self, request: Request, pk: int) -> Response:
-        version = get_object_or_404(MirrorVersion.objects.prefetch_related("files"), pk=pk)
+    def get(self, request: Request, pk: str) -> Response:
+        version = _version(pk, "files")
         return Response(MirrorVersionSerializer(version).data)
 
     @extend_schema(
@@ -130,8 +140,8 @@ class MirrorVersionView(APIView):
             409: OpenApiResponse(ErrorSerializer, description=_("It is downloading.")),
         }
     )
-    def delete(self, request: Request, pk: int) -> Response:
-        version = get_object_or_404(MirrorVersion, pk=pk)
+    def delete(self, request: Request, pk: str) -> Response:
+        version = _version(pk)
         try:
             freed = services.remove_version(version, actor=request.user, address=client_address(request))
         except MirrorError as exc:
@@ -151,8 +161,8 @@ class MirrorManifestView(APIView):
             409: OpenApiResponse(ErrorSerializer, description=_("Files are still missing, and how many.")),
         }
     )
-    def get(self, request: Request, pk: int) -> Response:
-        version = get_object_or_404(MirrorVersion, pk=pk)
+    def get(self, request: Request, pk: str) -> Response:
+        version = _version(pk, "files")
         try:
             return Response(services.manifest(version))
         except MirrorError as exc:
@@ -175,8 +185,8 @@ class MirrorEstimateView(APIView):
             409: ErrorSerializer,
         },
     )
-    def get(self, request: Request, pk: int) -> Response:
-        version = get_object_or_404(MirrorVersion.objects.prefetch_related("files"), pk=pk)
+    def get(self, request: Request, pk: str) -> Response:
+        version = _version(pk, "files")
         try:
             ctx = int(request.query_params.get("ctx_size", 4096))
             parallel = int(request.query_params.get("parallel", 1))
@@ -230,7 +240,12 @@ class MirrorRepoView(APIView):
 
     @extend_schema(
         parameters=[OpenApiParameter("revision", str, description=_("A branch, tag or commit (default main)."))],
-        responses={200: OpenApiResponse(description=_("The files.")), 400: ErrorSerializer, 502: ErrorSerializer},
+        responses={
+            200: OpenApiResponse(description=_("The files.")),
+            400: ErrorSerializer,
+            404: OpenApiResponse(ErrorSerializer, description=_("The Hub has no such repository or revision.")),
+            502: ErrorSerializer,
+        },
     )
     def get(self, request: Request, owner: str, name: str) -> Response:
         repo = f"{owner}/{name}"
@@ -241,6 +256,8 @@ class MirrorRepoView(APIView):
             return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
         try:
             commit, files = hub.repo_files(repo, revision)
+        except hub.HubNotFound as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
         except MirrorError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_502_BAD_GATEWAY)
         groups = [
@@ -264,7 +281,7 @@ class MirrorRepoView(APIView):
 
 
 @public
-def mirror_file(request: HttpRequest, pk: int, path: str) -> HttpResponseBase:
+def mirror_file(request: HttpRequest, pk: str, path: str) -> HttpResponseBase:
     """A held file of the mirror, for the nodes (their credential as a Bearer token) and staff,
     with Range (206) so a node resumes where it stopped; it checks the file against the manifest."""
     from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
@@ -280,7 +297,11 @@ def mirror_file(request: HttpRequest, pk: int, path: str) -> HttpResponseBase:
         return JsonResponse({"detail": str(_("A node credential is needed to fetch mirror files."))}, status=401)
     if request.method not in ("GET", "HEAD"):
         return JsonResponse({"detail": str(_("Only GET and HEAD."))}, status=405)
-    file = MirrorFile.objects.select_related("version").filter(version_id=pk, path=path).first()
+    file = (
+        MirrorFile.objects.select_related("version").filter(version_id=int(pk), path=path).first()
+        if str(pk).isdigit()
+        else None
+    )
     if file is None or file.state != MirrorFile.State.HELD or not file.local_path.is_file():
         return JsonResponse({"detail": str(_("The mirror holds no such file."))}, status=404)
     size = file.local_path.stat().st_size

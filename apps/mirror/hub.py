@@ -19,7 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-__all__ = ["Group", "HubFile", "MirrorError", "group_files", "parse_source", "repo_files", "search"]
+__all__ = ["Group", "HubFile", "HubNotFound", "MirrorError", "group_files", "parse_source", "repo_files", "search"]
 
 #: Files a safetensors set needs besides its shards.
 SET_FILES = re.compile(
@@ -37,6 +37,17 @@ _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{
 
 class MirrorError(ValueError):
     """A source or request the mirror cannot take; str() says why."""
+
+
+class HubNotFound(MirrorError):
+    """The Hub answered that the repository, revision or file does not exist."""
+
+
+def _not_found(exc: BaseException) -> bool:
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return status == 404 or bool(names & {"RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,24 @@ def search(query: str, *, limit: int = 20) -> list[dict[str, Any]]:
     ]
 
 
+def adapters_for(repo: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    """Adapters the Hub lists as made from `repo` (its `base_model:adapter:<repo>` tag)."""
+    check_repo(repo)
+    try:
+        found = list(api().list_models(filter=f"base_model:adapter:{repo}", limit=limit))
+    except Exception as exc:
+        raise MirrorError(_("the Hub at %(hub)s did not answer: %(error)s") % hub_error(exc)) from None
+    return [
+        {
+            "id": m.id,
+            "downloads": getattr(m, "downloads", None),
+            "likes": getattr(m, "likes", None),
+            "tags": list(getattr(m, "tags", None) or []),
+        }
+        for m in found
+    ]
+
+
 def hub_error(exc: BaseException) -> dict[str, str]:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return {"hub": settings.HF_ENDPOINT, "error": text[:300]}
@@ -100,7 +129,8 @@ def repo_files(repo: str, revision: str = "main") -> tuple[str, list[HubFile]]:
     try:
         info = api().model_info(repo, revision=revision, files_metadata=True)
     except Exception as exc:
-        raise MirrorError(
+        kind = HubNotFound if _not_found(exc) else MirrorError
+        raise kind(
             _("cannot read %(repo)s at %(revision)s from %(hub)s: %(error)s")
             % {"repo": repo, "revision": revision, **hub_error(exc)}
         ) from None

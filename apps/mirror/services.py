@@ -272,6 +272,12 @@ def manifest(version: MirrorVersion) -> dict[str, Any]:
             _("%(held)d of %(total)d files are held (%(detail)s): the manifest is given once all are")
             % {"held": len(files) - len(waiting), "total": len(files), "detail": detail or _("no files")}
         )
+    if version.kind == MirrorVersion.Kind.SAFETENSORS:
+        from apps.mirror.safetensors import check_set
+
+        problems = check_set(version.folder, {f.path: f.sha256 for f in files if f.path.endswith(".safetensors")})
+        if problems:
+            raise MirrorError(_("the safetensors set is not whole: %(problems)s") % {"problems": "; ".join(problems)})
     return {
         "repo": version.repo,
         "commit": version.commit,
@@ -339,10 +345,13 @@ def node_path(version: MirrorVersion, path: str) -> str:
 def node_fetches() -> list[dict[str, Any]]:
     """What the nodes should fetch from the mirror: every held version a declared model's source
     names, with each file's size, sha256 and the control plane's own URL for it."""
-    from apps.catalog.models import Model
+    from apps.catalog.models import Model, Profile
+    from apps.mirror.lora import lora_paths
 
     prefix = settings.MIRROR_NODE_DIR + "/"
     sources = set(Model.objects.filter(source__startswith=prefix).values_list("source", flat=True))
+    for args in Profile.objects.filter(engine="llama.cpp").values_list("extra_args", flat=True):
+        sources |= {path for path, _scale in lora_paths(args or []) if path.startswith(prefix)}
     if not sources:
         return []
     out = []
@@ -350,7 +359,7 @@ def node_fetches() -> list[dict[str, Any]]:
         files = list(version.files.all())
         if not files or any(f.state != MirrorFile.State.HELD for f in files):
             continue
-        if not any(node_path(version, f.path) in sources for f in files):
+        if node_dir(version) not in sources and not any(node_path(version, f.path) in sources for f in files):
             continue
         out.append(
             {

@@ -11,4 +11,7 @@ urlpatterns = [
     path("explore", views.explore, name="explore"),
     path("fetch", views.fetch, name="fetch"),
     path("<int:pk>/remove", views.remove, name="remove"),
+    path("<int:pk>/serve", views.serve, name="serve"),
+    path("adapters/<str:model>/attach", views.adapter_attach, name="adapter-attach"),
+    path("adapters/<str:model>/detach", views.adapter_detach, name="adapter-detach"),
 ]

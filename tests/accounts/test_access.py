@@ -317,6 +317,17 @@ MATRIX: dict[str, Route] = {
         bodies=lambda w: {"POST": {"urls": f"{w.hub_url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"}},
     ),
     "mirror:remove": Route("change_cluster", pk_of("mirror")),
+    "mirror:adapter-attach": Route(
+        "change_cluster", lambda w, role: {"model": w.model.name}, bodies=lambda w: {"POST": {"version": "0"}}
+    ),
+    "mirror:adapter-detach": Route(
+        "change_cluster", lambda w, role: {"model": w.model.name}, bodies=lambda w: {"POST": {"path": "/x"}}
+    ),
+    "mirror:serve": Route(
+        "change_cluster",
+        pk_of("mirror"),
+        bodies=lambda w: {"POST": {"name": "served", "placement": "cpu", "context": "256", "allow_cpu": "on"}},
+    ),
     "catalog:models": Route("read_everything"),
     "catalog:model-apply": Route(
         "change_cluster", bodies=lambda w: {"POST": {"spec": "models:\n  - " + json.dumps(MODEL_SPEC)}}

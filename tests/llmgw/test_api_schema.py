@@ -166,6 +166,21 @@ def build_world() -> World:
 
     event = AuditEvent.objects.order_by("pk").first()
     assert event is not None
+    from apps.mirror.models import MirrorFile, MirrorVersion
+    from tests.mirror.ggufbytes import header
+
+    held = MirrorVersion.objects.create(repo="acme/tiny-GGUF", commit="a" * 40, name="tiny.gguf", kind="gguf")
+    data = header(
+        {
+            "general.architecture": "llama",
+            "llama.block_count": 2,
+            "llama.embedding_length": 64,
+            "llama.attention.head_count": 4,
+        }
+    )
+    held.folder.mkdir(parents=True, exist_ok=True)
+    (held.folder / "tiny.gguf").write_bytes(data)
+    MirrorFile.objects.create(version=held, path="tiny.gguf", size=len(data), sha256="b" * 64, state="held")
     values = {
         "id": {
             "/api/v1/limits/": limit.pk,
@@ -175,8 +190,10 @@ def build_world() -> World:
             "/api/v1/projects/": project.pk,
             "/api/v1/replicas/": replica.pk,
             "/api/v1/audit/": event.pk,
+            "/api/v1/mirror/": held.pk,
         },
-        "name": {"/api/v1/nodes/": node.name, "/api/v1/models/": model.name},
+        "name": {"/api/v1/nodes/": node.name, "/api/v1/models/": model.name, "/api/v1/mirror/repos/": "tiny-GGUF"},
+        "owner": {"/api/v1/mirror/repos/": "acme"},
         "request_id": {"/api/v1/requests/": records[0]["request_id"]},
     }
     return World(
@@ -202,7 +219,13 @@ def known_path_parameters(world: World, role: str, operation: Any) -> dict[str, 
 
 @pytest.fixture
 def world(settings: Any) -> Iterator[World]:
+    from tests.mirror.hubserver import HubServer, Repo
+
     settings.ALLOWED_HOSTS = ["localhost", "testserver"]  # schemathesis calls the app as localhost
+    # The mirror's explorer asks a Hub: one of ours, holding one repository.
+    hub = HubServer([Repo("acme/tiny-GGUF", {"tiny.gguf": b"GGUF" + bytes(60), "README.md": b"#\n"})])
+    hub.__enter__()
+    settings.HF_ENDPOINT = hub.url
     # Thousands of 4xx answers would each log a warning; a 500 still logs its traceback.
     requests_log = logging.getLogger("django.request")
     level = requests_log.level
@@ -211,6 +234,7 @@ def world(settings: Any) -> Iterator[World]:
         yield build_world()
     finally:
         requests_log.setLevel(level)
+        hub.__exit__()
 
 
 @pytest.fixture

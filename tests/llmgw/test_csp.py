@@ -54,6 +54,8 @@ POST_ONLY = {
     "cluster-engine-remove",
     "cluster-engine-build",
     "mirror:remove",
+    "mirror:adapter-attach",
+    "mirror:adapter-detach",
     "catalog:model-delete",
     "catalog:model-owner",
     "catalog:model-target",
@@ -80,6 +82,7 @@ ARGUMENTS: dict[str, list[dict[str, str]]] = {
     "catalog:model": [{"name": "qwen"}, {"name": "hosted"}],
     "catalog:model-explain": [{"name": "qwen"}, {"name": "hosted"}],
     "docs-page": [{"slug": "quickstart"}, {"slug": "clients"}],
+    "mirror:serve": [{"pk": "1"}],
 }
 # Pages for people who are not signed in (they redirect an administrator away).
 ANONYMOUS = {"login", "signup", "signup-done", "sso-failed"}
@@ -237,6 +240,22 @@ def fleet(db: Any) -> None:
     Model.objects.create(
         name="hosted", min_replicas=0, max_replicas=0, external_url="https://api.example/v1", external_model="gpt-x"
     )
+    # A held GGUF in the mirror, for its serve form.
+    from apps.mirror.models import MirrorFile, MirrorVersion
+    from tests.mirror.ggufbytes import header
+
+    held = MirrorVersion.objects.create(pk=1, repo="acme/tiny-GGUF", commit="a" * 40, name="tiny.gguf", kind="gguf")
+    data = header(
+        {
+            "general.architecture": "llama",
+            "llama.block_count": 2,
+            "llama.embedding_length": 64,
+            "llama.attention.head_count": 4,
+        }
+    )
+    held.folder.mkdir(parents=True, exist_ok=True)
+    (held.folder / "tiny.gguf").write_bytes(data)
+    MirrorFile.objects.create(version=held, path="tiny.gguf", size=len(data), sha256="b" * 64, state="held")
 
 
 def test_every_console_page_is_served_under_the_strict_policy(client: Client, alice: User, fleet: None) -> None:

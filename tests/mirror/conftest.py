@@ -16,7 +16,13 @@ from tests.mirror.test_safetensors import shard
 
 
 def gguf(arch: str = "llama", pad: int = 300_000, **extra: Any) -> bytes:
-    meta = {"general.architecture": arch, f"{arch}.block_count": 2, f"{arch}.embedding_length": 64, **extra}
+    meta = {
+        "general.architecture": arch,
+        f"{arch}.block_count": 2,
+        f"{arch}.embedding_length": 64,
+        f"{arch}.attention.head_count": 4,
+        **extra,
+    }
     return header(meta) + os.urandom(pad)
 
 

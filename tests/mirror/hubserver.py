@@ -196,7 +196,9 @@ class HubServer:
 
     def _search(self, handler: BaseHTTPRequestHandler, query: dict[str, list[str]], head: bool) -> None:
         words = (query.get("search") or [""])[0].lower()
+        tags = query.get("filter") or []
         found = [r for r in sorted(self.repos.values(), key=lambda r: -r.downloads) if words in r.id.lower()]
+        found = [r for r in found if all(t in r.tags for t in tags)]
         found = [r for r in found if r.id not in self.gone]
         limit = int((query.get("limit") or [str(self.page_size)])[0])
         size = min(limit, self.page_size)

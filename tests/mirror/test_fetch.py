@@ -93,6 +93,11 @@ def test_a_split_set_and_a_safetensors_set_are_fetched_whole(hub: HubServer, eag
     digests = {f.path: f.sha256 for f in tensors.files.all()}
     assert check_set(tensors.folder, digests) == []
     assert len(services.manifest(tensors)["files"]) == 5
+    # A shard changed on disk after it was held: the set is no longer whole, and no manifest is given.
+    shard_path = tensors.folder / "model-00002-of-00002.safetensors"
+    shard_path.write_bytes(shard_path.read_bytes()[:-4])
+    with pytest.raises(MirrorError, match="the safetensors set is not whole: model-00002-of-00002.safetensors is"):
+        services.manifest(tensors)
 
 
 def test_no_manifest_while_a_file_is_missing(hub: HubServer) -> None:

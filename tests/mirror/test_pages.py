@@ -112,3 +112,47 @@ def test_a_held_gguf_shows_its_shape_and_estimate_and_an_adapter_says_so(
     assert answer["estimate"]["weights"] == len(model) + 1000 and answer["estimate"]["overhead"] == FIXED_OVERHEAD
     assert api.get(f"/api/v1/mirror/{second.pk}/estimate").json()["estimate"] is None
     assert api.get(f"/api/v1/mirror/{first.pk}/estimate", {"ctx_size": "x"}).status_code == 400
+
+
+def test_adapters_made_from_a_held_model_are_listed_from_the_hub(operator: Any, hub: Any) -> None:
+    from tests.mirror.hubserver import Repo
+
+    hub.add(Repo("someone/tiny-style-lora", {"lora.gguf": b"GGUF"}, tags=["base_model:adapter:acme/tiny-GGUF"]))
+    hub.add(Repo("someone/other-lora", {"lora.gguf": b"GGUF"}, tags=["base_model:adapter:acme/other"]))
+    page = operator.get("/mirror/explore", {"adapters_for": "acme/tiny-GGUF"}).content.decode()
+    assert 'data-adapters-for="acme/tiny-GGUF"' in page
+    assert 'data-repo="someone/tiny-style-lora"' in page and "someone/other-lora" not in page
+
+
+def test_the_serve_form_places_on_the_freest_gpu_class_refuses_an_idle_cpu_and_declares_a_model(
+    operator: Any, hub: Any, eager: Any
+) -> None:
+    from apps.catalog.models import Model
+    from apps.mirror import services
+    from tests.builders import make_node
+
+    make_node("gpu1", gpus=2)
+    make_node("cpu1", gpus=0)
+    with eager(execute=True):
+        (version,) = services.add_sources([f"{hub.url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"])
+    page = operator.get(f"/mirror/{version.pk}/serve").content.decode()
+    assert '<option value="H100-80GB" selected>H100-80GB (2 of 2 free)</option>' in page  # the freest chosen
+    assert "Runs as llama.cpp, profile h100-80gb, from" in page and "Memory:" in page
+    # The CPU while GPUs are free is refused, with the reason, unless ticked.
+    answer = operator.post(f"/mirror/{version.pk}/serve", {"name": "tiny", "placement": "cpu", "context": "512"})
+    assert answer.status_code == 400 and "2 GPUs are free: on the CPU" in answer.content.decode()
+    assert not Model.objects.exists()
+    answer = operator.post(
+        f"/mirror/{version.pk}/serve", {"name": "tiny", "placement": "cpu", "context": "512", "allow_cpu": "on"}
+    )
+    assert answer.status_code == 302 and answer["Location"] == "/models/tiny/"
+    model = Model.objects.get(name="tiny")
+    assert model.source == services.node_path(version, "tiny-Q4_K_M.gguf")
+    (profile,) = model.profiles.all()
+    assert (profile.name, profile.engine, profile.accelerator, profile.context_size) == ("cpu", "llama.cpp", "cpu", 512)
+    assert profile.memory_bytes > 8 * 2**20  # the estimate, rounded up to a MiB
+    # The nodes are told to fetch what the new model is served from.
+    from apps.cluster.models import Node
+    from apps.cluster.reconciler import desired_message
+
+    assert desired_message(Node.objects.get(name="cpu1"), 1)["mirror"][0]["version"] == version.pk
