@@ -34,6 +34,7 @@ from apps.cluster import services as cluster_services
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import ControlLock, EngineChoice, EngineRelease, Node, Replica
 from apps.gateway.models import TableVersion
+from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas import services as quotas
 from apps.quotas.models import UsageRecord, UsageRollup
 from tests.builders import make_model, make_node, make_replica
@@ -128,6 +129,16 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     )[0],
     "cluster.EngineRelease": lambda w: EngineRelease.objects.get_or_create(engine="llama.cpp", version="b1")[0],
     "gateway.TableVersion": lambda w: TableVersion.objects.get(),
+    "mirror.MirrorVersion": lambda w: MirrorVersion.objects.get_or_create(
+        repo="acme/m", commit="a" * 40, name="m.gguf", defaults={"kind": "gguf"}
+    )[0],
+    "mirror.MirrorFile": lambda w: MirrorFile.objects.get_or_create(
+        version=MirrorVersion.objects.get_or_create(
+            repo="acme/m", commit="a" * 40, name="m.gguf", defaults={"kind": "gguf"}
+        )[0],
+        path="m.gguf",
+        defaults={"size": 4, "sha256": "b" * 64},
+    )[0],
 }
 
 # Models whose rows the admin shows but never changes, and why.
@@ -143,6 +154,8 @@ READ_ONLY = {
     "cluster.EngineChoice": "set by server.yaml, `ctl engine` and the API, which audit it and tell the nodes",
     "cluster.EngineRelease": "a release's asset listing, read by the worker from the releases API",
     "gateway.TableVersion": "bumped by the gateway's signals with every change it must reload for",
+    "mirror.MirrorVersion": "added by Fetch, `ctl mirror add` and the API, which check the source and the disk",
+    "mirror.MirrorFile": "written by the worker's fetch as it downloads and verifies",
 }
 
 # Changes for fields whose value cannot be worked out from the form field alone.
