@@ -17,6 +17,15 @@ BACKEND = os.environ.get("LLMGW_TEST_BACKEND", "")
 #: database nor the web stack (the agent's own, placement's, the mirror's file readers) ran in the
 #: first and are not run a second time.
 SKIP_BACKEND_FREE = os.environ.get("LLMGW_TEST_SKIP_BACKEND_FREE") == "1"
+#: Files the SQLite run leaves to the PostgreSQL one although they use a database: what they check
+#: does not depend on which (the API's shapes against its schema; the agent installing engines and
+#: fetching models, where the control plane only relays).
+SECOND_RUN_SKIPS = (
+    "llmgw/test_api_schema.py",
+    "e2e/test_engine_install.py",
+    "e2e/test_python_engine_install.py",
+    "e2e/test_mirror.py",
+)
 _DATABASE_FIXTURES = frozenset(
     {"db", "transactional_db", "live_server", "django_db_reset_sequences", "django_db_serialized_rollback"}
 )
@@ -27,15 +36,15 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         return
     here = os.path.dirname(__file__)
     backend_free_dirs = tuple(os.path.join(here, name) + os.sep for name in ("agent", "placement", "mirror"))
-    keep, backend_free = [], []
+    second_run_skips = tuple(os.path.join(here, *name.split("/")) for name in SECOND_RUN_SKIPS)
+    keep: list[Any] = []
+    backend_free: list[Any] = []
     for item in items:
-        uses_database = bool(_DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))) or item.get_closest_marker(
-            "django_db"
-        )
-        if str(item.path).startswith(backend_free_dirs) and not uses_database:
-            backend_free.append(item)
-        else:
-            keep.append(item)
+        path = str(item.path)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        uses_database = bool(_DATABASE_FIXTURES & fixtures) or item.get_closest_marker("django_db") is not None
+        free = path.startswith(backend_free_dirs) and not uses_database
+        (backend_free if free or path in second_run_skips else keep).append(item)
     if backend_free:
         config.hook.pytest_deselected(items=backend_free)
         items[:] = keep
