@@ -17,14 +17,17 @@ BACKEND = os.environ.get("LLMGW_TEST_BACKEND", "")
 #: database nor the web stack (the agent's own, placement's, the mirror's file readers) ran in the
 #: first and are not run a second time.
 SKIP_BACKEND_FREE = os.environ.get("LLMGW_TEST_SKIP_BACKEND_FREE") == "1"
-#: Files the SQLite run leaves to the PostgreSQL one although they use a database: what they check
-#: does not depend on which (the API's shapes against its schema; the agent installing engines and
-#: fetching models, where the control plane only relays).
+#: Files (and folders, ending in /) the SQLite run leaves to the PostgreSQL one although they use a
+#: database: what they check does not depend on which (the API's shapes against its schema; the
+#: agent installing engines and fetching models, where the control plane only relays; the editor
+#: CLIs and the browser, which see only HTTP).
 SECOND_RUN_SKIPS = (
     "llmgw/test_api_schema.py",
     "e2e/test_engine_install.py",
     "e2e/test_python_engine_install.py",
     "e2e/test_mirror.py",
+    "e2e/test_editor_clients.py",
+    "browser/",
 )
 _DATABASE_FIXTURES = frozenset(
     {"db", "transactional_db", "live_server", "django_db_reset_sequences", "django_db_serialized_rollback"}
@@ -36,7 +39,10 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         return
     here = os.path.dirname(__file__)
     backend_free_dirs = tuple(os.path.join(here, name) + os.sep for name in ("agent", "placement", "mirror"))
-    second_run_skips = tuple(os.path.join(here, *name.split("/")) for name in SECOND_RUN_SKIPS)
+    second_run_files = {os.path.join(here, *name.split("/")) for name in SECOND_RUN_SKIPS if not name.endswith("/")}
+    second_run_dirs = tuple(
+        os.path.join(here, name.rstrip("/")) + os.sep for name in SECOND_RUN_SKIPS if name.endswith("/")
+    )
     keep: list[Any] = []
     backend_free: list[Any] = []
     for item in items:
@@ -44,7 +50,8 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         fixtures = set(getattr(item, "fixturenames", ()))
         uses_database = bool(_DATABASE_FIXTURES & fixtures) or item.get_closest_marker("django_db") is not None
         free = path.startswith(backend_free_dirs) and not uses_database
-        (backend_free if free or path in second_run_skips else keep).append(item)
+        skipped = path in second_run_files or path.startswith(second_run_dirs)
+        (backend_free if free or skipped else keep).append(item)
     if backend_free:
         config.hook.pytest_deselected(items=backend_free)
         items[:] = keep
