@@ -584,14 +584,7 @@ class Installer:
             if got.split("+", 1)[0] != item.version:
                 raise pyenv.PythonError(f"the environment has {package} {got}, not {item.version}")
             final = self.root / item.engine / f"{item.version}-{variant.key}"
-            final.parent.mkdir(parents=True, exist_ok=True)
-            old = None
-            if final.exists():
-                old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
-                final.rename(old)
-            env.rename(final)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            _rename_into_place(env, final)
             pyenv.run_check(final / "bin" / "python", package, gpu=False, script=pyenv.RECHECK_SCRIPT)
             lock.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(final / pyenv.REQUIREMENTS, lock)
@@ -690,15 +683,8 @@ class Installer:
         self._status(item.engine, f"installing: checking {build.key}")
         checked = self._verify(binary, build)
         final = self.root / item.engine / f"{item.version}-{build.key}"
-        final.parent.mkdir(parents=True, exist_ok=True)
         relative = binary.relative_to(tree)
-        old = None
-        if final.exists():
-            old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
-            final.rename(old)
-        tree.rename(final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _rename_into_place(tree, final)
         entry = {
             "engine": item.engine,
             "version": item.version,
@@ -809,6 +795,19 @@ class Installer:
             except Exception:
                 log.exception("re-checking the installed engines failed")
             await asyncio.sleep(min(self.recheck_interval, self.retry_after))
+
+
+def _rename_into_place(staged: Path, final: Path) -> None:
+    """Put a checked install where it is used: the one there before is moved aside first and
+    removed only once the new one is in place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
+        final.rename(old)
+    staged.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _build_matches(choice: str, entry: Mapping[str, Any]) -> bool:

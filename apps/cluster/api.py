@@ -525,12 +525,7 @@ def engine_file(request: HttpRequest, name: str) -> HttpResponseBase:
     token) and its staff; the node checks it against the release's digest as it would GitHub's."""
     from django.http import FileResponse, JsonResponse
 
-    header = request.headers.get("Authorization", "")
-    bearer = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    allowed = (bearer and services.authenticate_node(bearer) is not None) or (
-        request.user.is_authenticated and request.user.is_staff
-    )
-    if not allowed:
+    if not services.node_or_staff(request):
         return JsonResponse({"detail": str(_("A node credential is needed to fetch engine files."))}, status=401)
     if request.method not in ("GET", "HEAD"):
         return JsonResponse({"detail": str(_("Only GET and HEAD."))}, status=405)

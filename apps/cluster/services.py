@@ -130,6 +130,16 @@ def create_enrollment(
 
 
 @transaction.atomic
+def node_or_staff(request: Any) -> bool:
+    """Whether a file the control plane serves its nodes may go to this caller: a node's credential
+    as a Bearer token (agents have no account), or a staff member's session."""
+    header = request.headers.get("Authorization", "")
+    bearer = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    if bearer and authenticate_node(bearer) is not None:
+        return True
+    return bool(request.user.is_authenticated and request.user.is_staff)
+
+
 def enroll_node(secret: str, *, address: str | None = None) -> tuple[Node, str]:
     """Trade a one-time enrollment token for a node credential (returned once, stored hashed)."""
     now = timezone.now()

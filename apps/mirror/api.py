@@ -286,14 +286,9 @@ def mirror_file(request: HttpRequest, pk: str, path: str) -> HttpResponseBase:
     with Range (206) so a node resumes where it stopped; it checks the file against the manifest."""
     from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
-    from apps.cluster.services import authenticate_node
+    from apps.cluster.services import node_or_staff
 
-    header = request.headers.get("Authorization", "")
-    bearer = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    allowed = (bearer and authenticate_node(bearer) is not None) or (
-        request.user.is_authenticated and request.user.is_staff
-    )
-    if not allowed:
+    if not node_or_staff(request):
         return JsonResponse({"detail": str(_("A node credential is needed to fetch mirror files."))}, status=401)
     if request.method not in ("GET", "HEAD"):
         return JsonResponse({"detail": str(_("Only GET and HEAD."))}, status=405)

@@ -27,10 +27,10 @@ from apps.accounts.models import ApiKey, AuditEvent, Membership, Organization, P
 from apps.catalog.models import Model, Profile
 from apps.cluster.choices import NodeStatus, ReplicaState
 from apps.cluster.models import Node, Replica
-from apps.mirror.models import MirrorFile, MirrorVersion
+from apps.mirror.models import MirrorVersion
 from apps.quotas.models import CapacityQuota, RateLimit, UsageRecord
 from tests.conftest import make_user
-from tests.mirror.ggufbytes import header
+from tests.mirror.ggufbytes import held_gguf
 from tests.mirror.hubserver import HubServer, Repo
 
 pytestmark = pytest.mark.django_db
@@ -171,18 +171,7 @@ def world(db: Any, hub: HubServer) -> World:
     )
     event = AuditEvent.objects.filter(action="api_key.create").first()
     assert event is not None
-    mirror = MirrorVersion.objects.create(repo="acme/tiny-GGUF", commit="a" * 40, name="tiny-Q4_K_M.gguf", kind="gguf")
-    held = header(
-        {
-            "general.architecture": "llama",
-            "llama.block_count": 2,
-            "llama.embedding_length": 64,
-            "llama.attention.head_count": 4,
-        }
-    )
-    mirror.folder.mkdir(parents=True, exist_ok=True)
-    (mirror.folder / "tiny-Q4_K_M.gguf").write_bytes(held)
-    MirrorFile.objects.create(version=mirror, path="tiny-Q4_K_M.gguf", size=len(held), sha256="b" * 64, state="held")
+    mirror = held_gguf("tiny-Q4_K_M.gguf")
     return World(
         users=users,
         keys=keys,

@@ -166,21 +166,9 @@ def build_world() -> World:
 
     event = AuditEvent.objects.order_by("pk").first()
     assert event is not None
-    from apps.mirror.models import MirrorFile, MirrorVersion
-    from tests.mirror.ggufbytes import header
+    from tests.mirror.ggufbytes import held_gguf
 
-    held = MirrorVersion.objects.create(repo="acme/tiny-GGUF", commit="a" * 40, name="tiny.gguf", kind="gguf")
-    data = header(
-        {
-            "general.architecture": "llama",
-            "llama.block_count": 2,
-            "llama.embedding_length": 64,
-            "llama.attention.head_count": 4,
-        }
-    )
-    held.folder.mkdir(parents=True, exist_ok=True)
-    (held.folder / "tiny.gguf").write_bytes(data)
-    MirrorFile.objects.create(version=held, path="tiny.gguf", size=len(data), sha256="b" * 64, state="held")
+    held = held_gguf()
     values = {
         "id": {
             "/api/v1/limits/": limit.pk,

@@ -241,21 +241,9 @@ def fleet(db: Any) -> None:
         name="hosted", min_replicas=0, max_replicas=0, external_url="https://api.example/v1", external_model="gpt-x"
     )
     # A held GGUF in the mirror, for its serve form.
-    from apps.mirror.models import MirrorFile, MirrorVersion
-    from tests.mirror.ggufbytes import header
+    from tests.mirror.ggufbytes import held_gguf
 
-    held = MirrorVersion.objects.create(pk=1, repo="acme/tiny-GGUF", commit="a" * 40, name="tiny.gguf", kind="gguf")
-    data = header(
-        {
-            "general.architecture": "llama",
-            "llama.block_count": 2,
-            "llama.embedding_length": 64,
-            "llama.attention.head_count": 4,
-        }
-    )
-    held.folder.mkdir(parents=True, exist_ok=True)
-    (held.folder / "tiny.gguf").write_bytes(data)
-    MirrorFile.objects.create(version=held, path="tiny.gguf", size=len(data), sha256="b" * 64, state="held")
+    held_gguf(pk=1)
 
 
 def test_every_console_page_is_served_under_the_strict_policy(client: Client, alice: User, fleet: None) -> None:

@@ -118,3 +118,24 @@ class RangeServer:
                     left -= len(chunk)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the reader took what it needed and hung up
+
+
+def held_gguf(name: str = "tiny.gguf", *, repo: str = "acme/tiny-GGUF", pk: int | None = None) -> Any:
+    """A held GGUF version in the mirror (a llama header on disk, its file row held), for tests of
+    pages and routes that need one."""
+    from apps.mirror.models import MirrorFile, MirrorVersion
+
+    extra = {"pk": pk} if pk is not None else {}
+    version = MirrorVersion.objects.create(repo=repo, commit="a" * 40, name=name, kind="gguf", **extra)
+    data = header(
+        {
+            "general.architecture": "llama",
+            "llama.block_count": 2,
+            "llama.embedding_length": 64,
+            "llama.attention.head_count": 4,
+        }
+    )
+    version.folder.mkdir(parents=True, exist_ok=True)
+    (version.folder / name).write_bytes(data)
+    MirrorFile.objects.create(version=version, path=name, size=len(data), sha256="b" * 64, state="held")
+    return version
