@@ -83,7 +83,7 @@ def main() -> int:
 
             path = package.assemble()
             hub.add(Repo("google/gemma-3-270m-GGUF", {path.name: path.read_bytes()}))
-            source = HttpSource(f"{hub.storage.url}/blobs/google/gemma-3-270m-GGUF/{path.name}")
+            source = HttpSource(f"{hub.storage.base}/blobs/google/gemma-3-270m-GGUF/{path.name}")
             header = read_header(source)
             gemma = (header.architecture, source.reads, source.bytes_read, len(header.metadata))
         except ImportError:

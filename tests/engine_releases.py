@@ -26,10 +26,11 @@ import json
 import shutil
 import subprocess
 import tarfile
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+from tests.localhttp import LocalHTTP
 
 __all__ = ["LAUNCH_LIBRARY", "ReleaseServer", "cudart_tarball", "have_cc", "llama_tarball", "sha256_of"]
 
@@ -148,33 +149,22 @@ class ReleaseServer:
         self.truncate: dict[str, int] = {}
         self.drop: set[str] = set()
         self.requests: list[str] = []
-        server = self
+        self.http = LocalHTTP(self._request)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                server.requests.append(self.path)
-                server.answer(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+    def _request(self, handler: BaseHTTPRequestHandler, head: bool) -> None:
+        self.requests.append(handler.path)
+        self.answer(handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return self.http.base
 
     def __enter__(self) -> ReleaseServer:
-        self.thread.start()
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.stop()
 
     def add(self, tag: str, path: Path, *, repo: str | None = None) -> None:
         self.files[path.name] = path

@@ -20,14 +20,13 @@ import hashlib
 import html
 import re
 import tarfile
-import threading
 import zipfile
 from collections.abc import Iterable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
 
 from tests.engine_releases import sha256_of
+from tests.localhttp import LocalHTTP
 
 __all__ = ["SimpleIndex", "engine_wheel", "make_wheel", "torch_wheel", "uv_tarball", "uv_wheel"]
 
@@ -183,36 +182,23 @@ class SimpleIndex:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.requests: list[str] = []
-        index = self
+        self.http = LocalHTTP(self._request)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                index.requests.append(self.path)
-                index.answer(self)
-
-            def do_HEAD(self) -> None:  # uv asks first whether the file server takes ranges
-                index.answer(self, head=True)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+    def _request(self, handler: BaseHTTPRequestHandler, head: bool) -> None:
+        if not head:  # uv asks first (HEAD) whether the file server takes ranges
+            self.requests.append(handler.path)
+        self.answer(handler, head=head)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/simple"
+        return self.http.base + "/simple"
 
     def __enter__(self) -> SimpleIndex:
-        self.thread.start()
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.stop()
 
     @staticmethod
     def _project(filename: str) -> str:

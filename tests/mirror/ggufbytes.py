@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 import struct
-import threading
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+from tests.localhttp import LocalHTTP
 
 
 def gguf_string(text: str) -> bytes:
@@ -55,31 +56,17 @@ class RangeServer:
         self.ranges = ranges
         self.requests: list[str | None] = []
         self.sent = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                server.answer(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.http = LocalHTTP(lambda handler, head: self.answer(handler))
 
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
+        return f"{self.http.base}/{name}"
 
     def __enter__(self) -> RangeServer:
-        self.thread.start()
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.stop()
 
     def answer(self, handler: BaseHTTPRequestHandler) -> None:
         path = self.folder / handler.path.lstrip("/")

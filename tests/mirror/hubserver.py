@@ -25,11 +25,12 @@ import contextlib
 import hashlib
 import json
 import re
-import threading
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.localhttp import LocalHTTP
 
 LFS_SUFFIXES = (".gguf", ".safetensors", ".bin")
 
@@ -65,32 +66,6 @@ class Repo:
         return item
 
 
-class _Server:
-    def __init__(self, handler: Any) -> None:
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                handler(self, head=False)
-
-            def do_HEAD(self) -> None:
-                handler(self, head=True)
-
-        self.owner = owner
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-
 class HubServer:
     def __init__(self, repos: list[Repo] | None = None, *, page_size: int = 2) -> None:
         self.repos = {r.id: r for r in repos or []}
@@ -99,26 +74,25 @@ class HubServer:
         self.change_after: dict[str, int] = {}
         self.gone: set[str] = set()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range)
-        self.api = _Server(self._answer_api)
-        self.storage = _Server(self._answer_storage)
+        self.api = LocalHTTP(lambda handler, head: self._answer_api(handler, head=head))
+        self.storage = LocalHTTP(lambda handler, head: self._answer_storage(handler, head=head))
 
     @property
     def url(self) -> str:
-        return self.api.url
+        return self.api.base
 
     def add(self, repo: Repo) -> Repo:
         self.repos[repo.id] = repo
         return repo
 
     def __enter__(self) -> HubServer:
-        self.api.thread.start()
-        self.storage.thread.start()
+        self.api.start()
+        self.storage.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         for server in (self.api, self.storage):
-            server.httpd.shutdown()
-            server.httpd.server_close()
+            server.stop()
 
     # ------------------------------------------------------------------ answers
 
@@ -178,7 +152,7 @@ class HubServer:
             data = repo.files[file]
             common = {"X_Repo_Commit": repo.commit}
             if repo.lfs(file):
-                location = f"{self.storage.url}/blobs/{repo.id}/{urllib.parse.quote(file)}"
+                location = f"{self.storage.base}/blobs/{repo.id}/{urllib.parse.quote(file)}"
                 self._send(
                     handler,
                     302,
