@@ -129,7 +129,6 @@ def create_enrollment(
     return NewEnrollment(token=token, secret=secret)
 
 
-@transaction.atomic
 def node_or_staff(request: Any) -> bool:
     """Whether a file the control plane serves its nodes may go to this caller: a node's credential
     as a Bearer token (agents have no account), or a staff member's session."""
@@ -140,6 +139,7 @@ def node_or_staff(request: Any) -> bool:
     return bool(request.user.is_authenticated and request.user.is_staff)
 
 
+@transaction.atomic
 def enroll_node(secret: str, *, address: str | None = None) -> tuple[Node, str]:
     """Trade a one-time enrollment token for a node credential (returned once, stored hashed)."""
     now = timezone.now()
