@@ -36,6 +36,7 @@ from apps.cluster.placement import (
     plan_preemption,
     preemption_candidates,
 )
+from apps.fabrics import placement as fabric_plugins
 
 GIB = 1024**3
 CLASSES = ("H100-80GB", "A100-80GB")
@@ -54,6 +55,28 @@ class Cluster:
     nodes: dict[int, NodeSnapshot]
     claims: list[Claim] = field(default_factory=list)
     quotas: dict[str, CapacityQuota] = field(default_factory=dict)
+
+
+@st.composite
+def attachments(draw: st.DrawFn) -> dict[str, object]:
+    """A fabric attachment as the fabrics app puts it in the snapshot (see apps/fabrics/placement.py)."""
+    return {
+        "name": draw(st.sampled_from(("ib-a", "ib-b"))),
+        "identity": draw(st.sampled_from((None, "ib:0x01", "ib:0x02", "roce:10.0.0.0/24"))),
+        "problem": draw(st.sampled_from(("", "", "", "its adapters sit on two fabrics"))),
+        "leaf": draw(st.sampled_from((None, "0xL1", "0xL2"))),
+        "short": draw(st.integers(0, 4)) == 0,
+    }
+
+
+def physical_groups(node: NodeSnapshot) -> set[str]:
+    """The fabrics a node can take a shard of a replica across nodes on, worked out independently."""
+    found = set()
+    for att in node.extra.get("fabrics") or []:
+        if att["problem"]:
+            continue
+        found.add(att["identity"] or f"unverified:{att['name']}")
+    return found
 
 
 @st.composite
@@ -89,6 +112,7 @@ def clusters(draw: st.DrawFn) -> Cluster:
             engines=draw(st.one_of(st.none(), st.frozensets(st.sampled_from(("vllm", "llama.cpp"))))),
             fabric=draw(st.sampled_from(FABRICS)),
             weights=draw(st.frozensets(st.sampled_from(MODELS))),
+            extra={"fabrics": draw(st.lists(attachments(), max_size=2))},
         )
         # What the node already holds: some GPUs by slot, some by claim, memory and cores within its size.
         for slot in gpus:
@@ -163,11 +187,14 @@ def jitter(ctx: PlacementContext, node: NodeSnapshot) -> float:
     return (zlib.crc32(f"{node.name}/{ctx.request.model}".encode()) % 101) / 100
 
 
-def registries(weight: float) -> Registry:
-    if not weight:
+def registries(weight: float, physical: bool = False) -> Registry:
+    if not weight and not physical:
         return REGISTRY
     registry = REGISTRY.copy()
-    registry.register_scorer(jitter, name="test.jitter", weight=weight)
+    if weight:
+        registry.register_scorer(jitter, name="test.jitter", weight=weight)
+    if physical:
+        fabric_plugins.register(registry)
     return registry
 
 
@@ -207,7 +234,7 @@ def usage(inventory: Inventory, key: str) -> tuple[int, float, int, int]:
     )
 
 
-def assert_valid(inventory: Inventory, request: ReplicaRequest, placement: Placement) -> None:
+def assert_valid(inventory: Inventory, request: ReplicaRequest, placement: Placement, physical: bool = False) -> None:
     profile = placement.profile
     shards = placement.shards
     assert len(shards) == profile.nodes_needed
@@ -235,8 +262,13 @@ def assert_valid(inventory: Inventory, request: ReplicaRequest, placement: Place
     else:
         assert classes <= {profile.accelerator}
     if len(shards) > 1:
-        fabrics = {inventory.nodes[s.node_id].fabric for s in shards}
-        assert len(fabrics) == 1 and None not in fabrics
+        assert placement.group is not None
+        if physical:
+            for shard in shards:
+                assert placement.group[0] in physical_groups(inventory.nodes[shard.node_id])
+        else:
+            fabrics = {inventory.nodes[s.node_id].fabric for s in shards}
+            assert fabrics == {placement.group[0]}
     n = profile.nodes_needed
     for key in request.owner:
         quota = inventory.quotas.get(key)
@@ -251,14 +283,23 @@ def assert_valid(inventory: Inventory, request: ReplicaRequest, placement: Place
         assert quota.replicas is None or replicas + 1 <= quota.replicas
 
 
-def best_multi(verdicts: ProfileExplain, inventory: Inventory, need: int) -> float | None:
-    by_fabric: dict[str, list[float]] = {}
+def best_multi(verdicts: ProfileExplain, inventory: Inventory, need: int) -> tuple[bool, float] | None:
+    """The best a replica across nodes can get from explain's verdicts: (in one finer group, sum of
+    scores); a finer group (leaf) that holds the whole replica comes first."""
+    by_group: dict[object, list[float]] = {}
+    by_sub: dict[object, list[float]] = {}
     for verdict in verdicts.nodes:
-        fabric = inventory.nodes[verdict.node_id].fabric
-        if verdict.fits and fabric is not None and verdict.score is not None:
-            by_fabric.setdefault(fabric, []).append(verdict.score)
-    sums = [sum(sorted(scores, reverse=True)[:need]) for scores in by_fabric.values() if len(scores) >= need]
-    return max(sums) if sums else None
+        if not verdict.fits or verdict.score is None:
+            continue
+        for group in verdict.groups:
+            by_group.setdefault(group, []).append(verdict.score)
+        for sub in verdict.prefer:
+            by_sub.setdefault(sub, []).append(verdict.score)
+    for finer, table in ((True, by_sub), (False, by_group)):
+        sums = [sum(sorted(scores, reverse=True)[:need]) for scores in table.values() if len(scores) >= need]
+        if sums:
+            return finer, max(sums)
+    return None
 
 
 def assert_agrees_with_explain(
@@ -286,14 +327,22 @@ def assert_agrees_with_explain(
     else:
         scores = {v.node_id: v.score for v in first.nodes if v.fits}
         total = sum(scores[s.node_id] or 0.0 for s in placement.shards)
-        best_total = best_multi(first, inventory, placement.profile.nodes_needed)
-        assert best_total is not None and math.isclose(total, best_total, rel_tol=1e-9, abs_tol=1e-9)
+        best = best_multi(first, inventory, placement.profile.nodes_needed)
+        assert best is not None and math.isclose(total, best[1], rel_tol=1e-9, abs_tol=1e-9)
+        assert (placement.subgroup is not None) == best[0]
 
 
 @SETTINGS
-@given(cluster=clusters(), data=st.data(), weight=st.sampled_from((0.0, 0.0, 0.3, 1.5)))
-def test_random_clusters_and_requests(cluster: Cluster, data: st.DataObject, weight: float) -> None:
-    registry = registries(weight)
+@given(
+    cluster=clusters(),
+    data=st.data(),
+    weight=st.sampled_from((0.0, 0.0, 0.3, 1.5)),
+    physical=st.booleans(),
+)
+def test_random_clusters_and_requests(cluster: Cluster, data: st.DataObject, weight: float, physical: bool) -> None:
+    """With the built-in grouping by declared fabric, and with the fabrics app's physical fabrics,
+    leaves and cable scorer on."""
+    registry = registries(weight, physical)
     inventory = Inventory(cluster.nodes, cluster.claims, cluster.quotas)
     assert_consistent(inventory)
     for serial in range(data.draw(st.integers(1, 8))):
@@ -308,7 +357,7 @@ def test_random_clusters_and_requests(cluster: Cluster, data: st.DataObject, wei
         if result.placement is None:
             assert result.rejections and all(r.message == r.template % r.params for r in result.rejections)
             continue
-        assert_valid(inventory, request, result.placement)
+        assert_valid(inventory, request, result.placement, physical)
         inventory.apply_request(result.placement, request)
         assert_consistent(inventory)
 

@@ -119,8 +119,8 @@ def test_module_level_registration() -> None:
         "cpu_cores",
         "engine",
         "weights",
-        "fabric",
     ]
+    assert [e.name for e in REGISTRY.prefilters()] == ["fabric"]
     assert [e.name for e in REGISTRY.scorers()] == ["binpack", "weights", "spare_gpus"]
     assert [e.name for e in REGISTRY.checks()] == ["quota"]
 

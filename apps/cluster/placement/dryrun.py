@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 from .context import PlacementContext
 from .model import Inventory, Placement, PreemptionPlan, ReplicaRequest
-from .pipeline import ordered_profiles, place
+from .pipeline import ordered_profiles, place, static_prefilters
 from .registry import REGISTRY, Registry
 
 DEFAULT_CAPACITY_RANK: dict[str, int] = {"opportunistic": 0, "standard": 1, "critical": 2}
 
 # Filters that do not depend on what is claimed: a node they refuse stays refused whatever is stopped.
-_STATIC_FILTERS = frozenset({"ready", "cordon", "node_selector", "gpu_class", "engine", "fabric"})
+# Pre-filters registered as static count as well.
+_STATIC_FILTERS = frozenset({"ready", "cordon", "node_selector", "gpu_class", "engine"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +75,10 @@ def _useful_nodes(inventory: Inventory, request: ReplicaRequest, registry: Regis
     useful: set[int] = set()
     for profile in ordered_profiles(request.profiles):
         ctx = PlacementContext(inventory, request, profile, registry)
+        pre = static_prefilters(ctx)
+        checks = static + pre
         for node_id, node in inventory.nodes.items():
-            if node_id not in useful and all(fn(ctx, node) is None for fn in static):
+            if node_id not in useful and all(fn(ctx, node) is None for fn in checks):
                 useful.add(node_id)
     return useful
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from . import reasons
 from .context import PlacementContext
-from .model import CORE_EPSILON, NodeSnapshot
+from .model import CORE_EPSILON, Inventory, NodeSnapshot, PreFilterResult
 from .reasons import Reason
 from .registry import REGISTRY
 
@@ -116,11 +116,16 @@ def engine(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     return reasons.no_engine(node.name, ctx.profile.engine, engines)
 
 
-def fabric(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
-    """A replica across nodes needs every node on one fabric, so a node on none cannot take a shard."""
-    if not ctx.multi_node or node.fabric is not None:
-        return None
-    return reasons.no_fabric(node.name, ctx.nodes)
+def fabric_index(inventory: Inventory) -> dict[int, tuple[str, ...]]:
+    """Node id -> the fabric it is on, for the nodes on one."""
+    return {node_id: (node.fabric,) for node_id, node in inventory.nodes.items() if node.fabric is not None}
+
+
+def fabric(ctx: PlacementContext, index: dict[int, tuple[str, ...]]) -> PreFilterResult:
+    """A replica across nodes is formed on one fabric, so a node on none cannot take a shard of one.
+    The fabrics app replaces this (same name) with the physical fabrics its agents report."""
+    need = ctx.nodes
+    return PreFilterResult(groups=index, refuse=lambda node: reasons.no_fabric(node.name, need))
 
 
 def quota(ctx: PlacementContext) -> Iterator[Reason]:
@@ -156,5 +161,7 @@ REGISTRY.register_filter(memory, name="memory", order=50, applies=lambda ctx: ct
 REGISTRY.register_filter(cpu_cores, name="cpu_cores", order=60, applies=lambda ctx: ctx.cores > 0)
 REGISTRY.register_filter(engine, name="engine", order=70)
 REGISTRY.register_filter(weights_on_node, name="weights", order=75, applies=_local_source)
-REGISTRY.register_filter(fabric, name="fabric", order=80, applies=lambda ctx: ctx.multi_node)
+REGISTRY.register_prefilter(
+    fabric, name="fabric", order=80, index=fabric_index, applies=lambda ctx: ctx.multi_node, static=True
+)
 REGISTRY.register_check(quota, name="quota", order=10)

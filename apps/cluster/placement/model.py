@@ -8,8 +8,12 @@ and releasing change only the inventory's claims and its indexes, which is why
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from .reasons import Reason
 
 CPU = "cpu"
 # Cores are fractional and summed; a claim this close to the limit still fits.
@@ -41,7 +45,9 @@ class NodeSnapshot:
     engines: frozenset[str] | None = None  # None: the agent did not say, do not filter
     # Engine -> what its install on the node is doing, in the node's words ("installing: ...").
     engine_status: dict[str, str] = field(default_factory=dict)
-    fabric: str | None = None  # physical fabric identity; None: on no fabric
+    # The fabric a replica across nodes may form on, for the built-in grouping; None: on none. The
+    # fabrics app replaces that grouping with the physical fabrics its agents report (`extra`).
+    fabric: str | None = None
     weights: frozenset[str] = frozenset()  # model sources (paths on the node) whose weights it holds, whole
     # The directories it reports what it holds for: a source inside one and not held there is not on
     # the node. None: it reports none (an older agent, no model_dirs), so nothing is refused for it.
@@ -151,11 +157,38 @@ class ShardPlan:
     cpu_cores: float
 
 
+Group = tuple[str, ...]  # one part per pre-filter that groups: ("ib:0x...",), ("ib:0x...", "rack-4")
+
+
+@dataclass(slots=True)
+class PreFilterResult:
+    """What a pre-filter makes of the nodes for one profile (see registry.py).
+
+    `nodes`: the node ids the replica may use at all (None: every node); a node outside it is
+    refused with `refuse(node)`. `groups`: for a replica across nodes, node id -> the groups it can
+    form one in (a node absent from it is in none, and refused); `prefer`: node id -> finer groups,
+    each `(group, part)`, a replica that fits whole inside one is placed there first (one leaf of a
+    fabric). `notes(node_id)`: what explain shows of the node ({"fabric": ..., "leaf": ...}).
+    `label(group part)`: how a group reads in a refusal.
+    """
+
+    nodes: Collection[int] | None = None
+    refuse: Callable[[NodeSnapshot], Reason] | None = None
+    groups: Mapping[int, tuple[str, ...]] | None = None
+    prefer: Mapping[int, tuple[tuple[str, str], ...]] | None = None
+    notes: Callable[[int], dict[str, str]] | None = None
+    label: Callable[[str], str] | None = None
+
+
 @dataclass(slots=True)
 class Placement:
     profile: ProfileSpec
     shards: list[ShardPlan]
     rejections: list[Rejection] = field(default_factory=list)
+    # For a replica across nodes: the group it was formed in (its fabric), and the finer group
+    # (leaf) when the whole replica fits in one; None otherwise.
+    group: Group | None = None
+    subgroup: str | None = None
 
     @property
     def node_ids(self) -> list[int]:
@@ -185,6 +218,11 @@ class NodeVerdict:
     score: float | None
     # For a node that fits: each scorer's weighted part of its score, by the scorer's name.
     scores: dict[str, float] | None = None
+    # The groups it can form a replica across nodes in, and the finer ones (pre-filters'), and
+    # what the pre-filters say of it (its fabric and leaf).
+    groups: tuple[Group, ...] = ()
+    prefer: tuple[tuple[Group, str], ...] = ()
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -255,11 +293,8 @@ class Inventory:
         for n in ordered:
             for cls in sorted(self._classes[n.id]):
                 self._class_nodes.setdefault(cls, []).append(n.id)
-        self._fabrics: tuple[str, ...] = tuple(sorted({n.fabric for n in ordered if n.fabric is not None}))
-        self._class_fabrics: dict[str, tuple[str, ...]] = {
-            cls: tuple(sorted({f for i in ids if (f := nodes[i].fabric) is not None}))
-            for cls, ids in self._class_nodes.items()
-        }
+        # Pre-filters' own indexes of the (static) nodes, built on first use and shared by copies.
+        self._plugin_index: dict[tuple[str, Callable[[Inventory], Any]], Any] = {}
         # Mutable: claims and what follows from them.
         self._owner: dict[int, dict[int, str]] = {n.id: {} for n in ordered}
         self._mem: dict[int, int] = dict.fromkeys(nodes, 0)
@@ -306,8 +341,7 @@ class Inventory:
             "_gpu_nodes",
             "_weights",
             "_class_nodes",
-            "_fabrics",
-            "_class_fabrics",
+            "_plugin_index",
         ):
             setattr(other, name, getattr(self, name))
         other._owner = {k: dict(v) for k, v in self._owner.items()}
@@ -400,11 +434,17 @@ class Inventory:
     def gpu_nodes(self) -> list[int]:
         return self._gpu_nodes
 
-    def fabrics(self, gpu_class: str | None = None) -> tuple[str, ...]:
-        """The fabric identities of all nodes, or of the nodes that have GPUs of a class."""
-        if gpu_class is None:
-            return self._fabrics
-        return self._class_fabrics.get(gpu_class, ())
+    def class_nodes(self, gpu_class: str) -> list[int]:
+        """Nodes with at least one GPU of the class, in rank order."""
+        return self._class_nodes.get(gpu_class, [])
+
+    def plugin_index(self, name: str, build: Callable[[Inventory], Any]) -> Any:
+        """A plugin's index of the nodes, built once per snapshot (nodes never change in one)."""
+        key = (name, build)
+        index = self._plugin_index.get(key)
+        if index is None:
+            index = self._plugin_index[key] = build(self)
+        return index
 
     # -- changing ------------------------------------------------------------------------------
 

@@ -16,21 +16,28 @@ Filters run only on the nodes walked. Every other scorer adds at most its weight
 the next node's K plus those weights cannot beat the best node found, the walk stops. With
 only the built-in scorers the first node that passes every filter in the best bucket wins.
 Nodes the index skips (wrong class, too few free GPUs, memory or cores short for a CPU
-profile, no fabric for a multi-node replica) are exactly nodes a built-in filter refuses
-(gpu_class, free_gpus, memory, cpu_cores, fabric: these five are assumed registered; the
-others may be replaced or removed freely). explain() does not use the index at all.
+profile) are exactly nodes a built-in filter refuses (gpu_class, free_gpus, memory,
+cpu_cores: these four are assumed registered; the others may be replaced or removed
+freely). explain() does not use the index at all.
 
-Multi-node replicas (nodes_per_replica > 1) take one shard per node, all on one fabric: the
-nodes must share the same non-None `fabric` identity (a node on no fabric never takes a
-shard of one), and one GPU class (the profile's). Per fabric the best N nodes are taken;
-the fabric whose N nodes score highest in sum wins (ties: fabric name).
+Pre-filters (registry.py) run once per profile before the walk. The nodes one leaves out are
+skipped by the walk, and refused with its reason at its place among the filters, in place()
+and explain() alike, so the two cannot disagree about a node whatever a plugin decides.
+
+Multi-node replicas (nodes_per_replica > 1) take one shard per node, all from one group of
+the pre-filters' (the built-in one groups by `NodeSnapshot.fabric`; the fabrics app's by
+physical fabric): a node in no group never takes a shard of one. Per group the best N nodes
+are taken; the group whose N nodes score highest in sum wins (ties: group name). When a
+pre-filter names finer groups (leaves), a finer group that holds N nodes is taken first, the
+best of those by the same sum; the walk then looks at every candidate.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from bisect import insort
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import cast
 
 from . import reasons
@@ -38,12 +45,14 @@ from .context import PlacementContext
 from .gpus import choose_gpus
 from .model import (
     CORE_EPSILON,
+    Group,
     Inventory,
     NodeSnapshot,
     NodeVerdict,
     Placement,
     PlacementConflict,
     PlacementResult,
+    PreFilterResult,
     ProfileExplain,
     ProfileSpec,
     Rejection,
@@ -51,7 +60,7 @@ from .model import (
     ShardPlan,
 )
 from .reasons import Reason
-from .registry import REGISTRY, Registry
+from .registry import REGISTRY, FilterFn, Registry
 from .scorers import INDEXED, binpack, spare_gpus, weights
 
 Item = tuple[float, int, int]  # (built-in score K, rank, node id)
@@ -77,16 +86,133 @@ def _item_order(item: Item) -> tuple[float, int]:
     return (-item[0], item[1])
 
 
+def _left_out(node: NodeSnapshot, name: str) -> Reason:
+    return reasons.left_out(node.name, name)
+
+
+class _Pre:
+    """The pre-filters' answers for one profile, combined: which nodes the walk may skip, the
+    refusal each stands for, and the groups a replica across nodes is formed in."""
+
+    __slots__ = ("group_maps", "labels", "members", "multi", "notes", "prefer_maps", "refusers", "static")
+
+    def __init__(self, ctx: PlacementContext) -> None:
+        self.multi = ctx.multi_node
+        self.members: list[Collection[int] | Mapping[int, object]] = []
+        self.group_maps: list[Mapping[int, tuple[str, ...]]] = []
+        self.prefer_maps: list[tuple[int, Mapping[int, tuple[tuple[str, str], ...]]]] = []
+        self.labels: list[Callable[[str], str] | None] = []
+        self.notes: list[Callable[[int], dict[str, str]]] = []
+        self.refusers: list[tuple[int, str, FilterFn]] = []
+        self.static: set[str] = set()
+        inventory = ctx.inventory
+        for entry in ctx.registry.prefilters():
+            if entry.applies is not None and not entry.applies(ctx):
+                continue
+            index = inventory.plugin_index(entry.name, entry.index) if entry.index is not None else None
+            result = entry.fn(ctx, index)
+            if result is None:
+                continue
+            self._add(entry.name, entry.order, entry.static, result)
+
+    def _add(self, name: str, order: int, static: bool, result: PreFilterResult) -> None:
+        kept: list[Collection[int] | Mapping[int, object]] = []
+        if result.nodes is not None:
+            kept.append(result.nodes)
+        if self.multi and result.groups is not None:
+            if result.prefer is not None:
+                self.prefer_maps.append((len(self.group_maps), result.prefer))
+            self.group_maps.append(result.groups)
+            self.labels.append(result.label)
+            kept.append(result.groups)
+        if result.notes is not None:
+            self.notes.append(result.notes)
+        if not kept:
+            return
+        self.members.extend(kept)
+        refuse = result.refuse
+
+        def refused(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+            node_id = node.id
+            for members in kept:
+                if node_id not in members:
+                    return refuse(node) if refuse is not None else _left_out(node, name)
+            return None
+
+        self.refusers.append((order, name, refused))
+        if static:
+            self.static.add(name)
+
+    def allows(self, node_id: int) -> bool:
+        return all(node_id in members for members in self.members)
+
+    def groups(self, node_id: int) -> tuple[Group, ...]:
+        """The groups the node can form a replica across nodes in (one () when nothing groups)."""
+        maps = self.group_maps
+        if not maps:
+            return ((),)
+        if len(maps) == 1:
+            return tuple(dict.fromkeys((part,) for part in maps[0].get(node_id, ())))
+        return tuple(dict.fromkeys(itertools.product(*(m.get(node_id, ()) for m in maps))))
+
+    def preferred(self, node_id: int, groups: tuple[Group, ...]) -> tuple[tuple[Group, str], ...]:
+        """The finer groups the node is in: (group, part) for each of its groups."""
+        found: list[tuple[Group, str]] = []
+        for position, prefer in self.prefer_maps:
+            for part, sub in prefer.get(node_id, ()):
+                for group in groups:
+                    if group[position] == part:
+                        found.append((group, sub))
+        return tuple(dict.fromkeys(found))  # a node counts once in a group, however many adapters it has there
+
+    def all_groups(self, ctx: PlacementContext) -> list[Group]:
+        """Every group some node of the profile's GPU class (or any node) is in."""
+        if not self.group_maps:
+            return [()]
+        inventory = ctx.inventory
+        ids = inventory.class_nodes(ctx.gpu_class) if ctx.gpu_class is not None else inventory.order
+        found: set[Group] = set()
+        for node_id in ids:
+            if self.allows(node_id):
+                found.update(self.groups(node_id))
+        return sorted(found)
+
+    def label(self, group: Group) -> str:
+        parts = []
+        for position, part in enumerate(group):
+            label = self.labels[position] if position < len(self.labels) else None
+            parts.append(label(part) if label is not None else part)
+        return "/".join(parts) or "-"
+
+    def node_notes(self, node_id: int) -> dict[str, str]:
+        notes: dict[str, str] = {}
+        for fn in self.notes:
+            notes.update(fn(node_id))
+        return notes
+
+
+def static_prefilters(ctx: PlacementContext) -> list[FilterFn]:
+    """The refusals of the pre-filters whose answer does not depend on claims, as filters."""
+    pre = _Pre(ctx)
+    return [fn for _, name, fn in pre.refusers if name in pre.static]
+
+
 class _Evaluator:
     """The registered plugins bound to one profile's context."""
 
-    __slots__ = ("ctx", "filters", "indexed", "named", "nodes", "plugins", "pmax")
+    __slots__ = ("ctx", "filters", "indexed", "named", "nodes", "plugins", "pmax", "pre")
 
     def __init__(self, ctx: PlacementContext) -> None:
         registry = ctx.registry
         self.ctx = ctx
         self.nodes = ctx.inventory.nodes
-        self.filters = tuple(e.fn for e in registry.filters() if e.applies is None or e.applies(ctx))
+        self.pre = _Pre(ctx)
+        chain: list[tuple[int, str, FilterFn]] = [
+            (e.order, e.name, e.fn) for e in registry.filters() if e.applies is None or e.applies(ctx)
+        ]
+        chain.extend(self.pre.refusers)
+        chain.sort(key=lambda entry: (entry[0], entry[1]))
+        self.filters = tuple(fn for _, _, fn in chain)
         scorers = registry.scorers()
         self.indexed = tuple((e.fn, e.weight) for e in scorers if e.fn in INDEXED)
         self.plugins = tuple((e.fn, e.weight) for e in scorers if e.fn not in INDEXED)
@@ -221,21 +347,18 @@ class _Stream:
         return None
 
 
-def _walk_buckets(
-    ev: _Evaluator, buckets: list[list[int]], ks: Iterable[int], skip: set[int], need_fabric: bool
-) -> Iterator[Item]:
+def _walk_buckets(ev: _Evaluator, buckets: list[list[int]], ks: Iterable[int], skip: set[int]) -> Iterator[Item]:
     inventory = ev.ctx.inventory
     order = inventory.order
     nodes = ev.nodes
+    pre = ev.pre
+    narrowed = bool(pre.members)
     for k in ks:
         for rank in buckets[k]:
             node_id = order[rank]
-            if node_id in skip:
+            if node_id in skip or (narrowed and not pre.allows(node_id)):
                 continue
-            node = nodes[node_id]
-            if need_fabric and node.fabric is None:
-                continue
-            yield (ev.key(node), rank, node_id)
+            yield (ev.key(nodes[node_id]), rank, node_id)
 
 
 def _stream(ev: _Evaluator) -> _Stream:
@@ -244,6 +367,7 @@ def _stream(ev: _Evaluator) -> _Stream:
     nodes = ev.nodes
     stream = _Stream()
     multi = ctx.multi_node
+    pre = ev.pre
     holders = inventory.weights_nodes(ctx.request.source)
     skip = set(holders)
     cls = ctx.gpu_class
@@ -252,22 +376,20 @@ def _stream(ev: _Evaluator) -> _Stream:
         held = [
             (ev.key(nodes[i]), inventory.rank(i), i)
             for i in holders
-            if inventory.free_count(i, cls) >= need
-            and cls in inventory.gpu_classes(i)
-            and not (multi and nodes[i].fabric is None)
+            if inventory.free_count(i, cls) >= need and cls in inventory.gpu_classes(i) and pre.allows(i)
         ]
         held.sort(key=_item_order)
         stream.add_sorted(iter(held))
         buckets = inventory.free_buckets(cls)
         ks = range(len(buckets) - 1, need - 1, -1) if multi else range(need, len(buckets))
-        stream.add_sorted(_walk_buckets(ev, buckets, ks, skip, multi))
+        stream.add_sorted(_walk_buckets(ev, buckets, ks, skip))
         return stream
 
     memory, cores = ctx.memory, ctx.cores
 
     def room(node_id: int) -> bool:
         node = nodes[node_id]
-        if multi and node.fabric is None:
+        if not pre.allows(node_id):
             return False
         total = node.memory_total_bytes
         if memory and total is not None and inventory.memory_claimed(node_id) + memory > total:
@@ -330,53 +452,63 @@ def _sum(top: list[Entry]) -> float:
     return total
 
 
-def _best_fabric(tops: dict[str, list[Entry]], need: int) -> str | None:
-    best: str | None = None
+def _best_group[K: (Group, tuple[Group, str])](tops: Mapping[K, list[Entry]], need: int) -> K | None:
+    best: K | None = None
     best_sum = 0.0
-    for fabric in sorted(tops):
-        top = tops[fabric]
+    for group in sorted(tops):
+        top = tops[group]
         if len(top) < need:
             continue
         total = _sum(top)
         if best is None or total > best_sum:
-            best, best_sum = fabric, total
+            best, best_sum = group, total
     return best
 
 
-def _settled(tops: dict[str, list[Entry]], fabrics: Iterable[str], need: int, cap: float) -> bool:
-    """Whether no node still to come (each scoring at most `cap`) can change the chosen fabric or nodes."""
-    best = _best_fabric(tops, need)
+def _settled(tops: dict[Group, list[Entry]], groups: Iterable[Group], need: int, cap: float) -> bool:
+    """Whether no node still to come (each scoring at most `cap`) can change the chosen group or nodes."""
+    best = _best_group(tops, need)
     if best is None:
         return False
     top = tops[best]
     if cap > -top[-1][0]:
         return False
     best_sum = _sum(top)
-    for fabric in fabrics:
-        if fabric == best:
+    for group in groups:
+        if group == best:
             continue
-        values = sorted([-e[0] for e in tops.get(fabric, ())] + [cap] * need, reverse=True)[:need]
+        values = sorted([-e[0] for e in tops.get(group, ())] + [cap] * need, reverse=True)[:need]
         bound = 0.0
         for value in values:
             bound += value
-        if bound > best_sum or (bound == best_sum and fabric < best):
+        if bound > best_sum or (bound == best_sum and group < best):
             return False
     return True
 
 
+def _keep(tops: dict, key: object, entry: Entry, need: int) -> None:  # type: ignore[type-arg]
+    top = tops.setdefault(key, [])
+    insort(top, entry)
+    if len(top) > need:
+        top.pop()
+
+
 def _pick_multi(
     ev: _Evaluator, stream: _Stream, rejections: list[Rejection] | None, seen: set[int] | None
-) -> tuple[list[int] | None, dict[str, int]]:
+) -> tuple[list[int] | None, dict[Group, int], Group | None, str | None]:
     ctx = ev.ctx
     nodes = ev.nodes
+    pre = ev.pre
     need = ctx.nodes
     pmax = ev.pmax
-    fabrics = ctx.inventory.fabrics(ctx.gpu_class)
-    tops: dict[str, list[Entry]] = {}
-    counts: dict[str, int] = {}
+    finer = bool(pre.prefer_maps)
+    groups = pre.all_groups(ctx) if not finer else []
+    tops: dict[Group, list[Entry]] = {}
+    subtops: dict[tuple[Group, str], list[Entry]] = {}
+    counts: dict[Group, int] = {}
     while True:
         bound = stream.bound()
-        if bound is None or (tops and _settled(tops, fabrics, need, bound + pmax)):
+        if bound is None or (not finer and tops and _settled(tops, groups, need, bound + pmax)):
             break
         item = stream.pop()
         if item is None:
@@ -390,19 +522,21 @@ def _pick_multi(
             if rejections is not None:
                 rejections.append(ev.reject(node, reason))
             continue
-        fabric = node.fabric
-        if fabric is None:  # only if the built-in fabric filter was unregistered
-            continue
-        counts[fabric] = counts.get(fabric, 0) + 1
-        score = key + ev.extra(node)
-        top = tops.setdefault(fabric, [])
-        insort(top, (-score, -key, rank, node_id))
-        if len(top) > need:
-            top.pop()
-    best = _best_fabric(tops, need)
+        entry = (-(key + ev.extra(node)), -key, rank, node_id)
+        in_groups = pre.groups(node_id)
+        for group in in_groups:
+            counts[group] = counts.get(group, 0) + 1
+            _keep(tops, group, entry, need)
+        if finer:
+            for sub in pre.preferred(node_id, in_groups):
+                _keep(subtops, sub, entry, need)
+    best_sub = _best_group(subtops, need)
+    if best_sub is not None:
+        return [entry[3] for entry in subtops[best_sub]], counts, best_sub[0], best_sub[1]
+    best = _best_group(tops, need)
     if best is None:
-        return None, counts
-    return [entry[3] for entry in tops[best]], counts
+        return None, counts, None, None
+    return [entry[3] for entry in tops[best]], counts, best, None
 
 
 def _place_profile(
@@ -416,9 +550,11 @@ def _place_profile(
     rejections: list[Rejection] | None = [] if collect else None
     seen: set[int] | None = set() if collect else None
     stream = _stream(ev)
-    counts: dict[str, int] = {}
+    counts: dict[Group, int] = {}
+    group: Group | None = None
+    subgroup: str | None = None
     if ctx.multi_node:
-        chosen, counts = _pick_multi(ev, stream, rejections, seen)
+        chosen, counts, group, subgroup = _pick_multi(ev, stream, rejections, seen)
     else:
         chosen = _pick_single(ev, stream, rejections, seen)
     if chosen is None:
@@ -445,17 +581,18 @@ def _place_profile(
             gpus = chosen_gpus
         shards.append(ShardPlan(rank, node_id, node.name, gpus, ctx.memory, ctx.cores))
     found = rejections or []
-    return Placement(profile, shards, list(found)), found
+    return Placement(profile, shards, list(found), group, subgroup), found
 
 
-def _summarise(ev: _Evaluator, rejections: list[Rejection], counts: dict[str, int], refused: int) -> None:
+def _summarise(ev: _Evaluator, rejections: list[Rejection], counts: dict[Group, int], refused: int) -> None:
     ctx = ev.ctx
     if ctx.multi_node:
-        for fabric in sorted(counts):
-            if counts[fabric] < ctx.nodes:
-                rejections.append(ev.reject_profile(reasons.fabric_count(fabric, counts[fabric], ctx.nodes)))
-        fabrics = ctx.inventory.fabrics(ctx.gpu_class)
-        rejections.append(ev.reject_profile(reasons.no_fabric_fits(ctx.profile.name, ctx.nodes, len(fabrics))))
+        pre = ev.pre
+        for group in sorted(counts):
+            if counts[group] < ctx.nodes:
+                rejections.append(ev.reject_profile(reasons.fabric_count(pre.label(group), counts[group], ctx.nodes)))
+        groups = [g for g in pre.all_groups(ctx) if g] if pre.group_maps else []
+        rejections.append(ev.reject_profile(reasons.no_fabric_fits(ctx.profile.name, ctx.nodes, len(groups))))
     else:
         rejections.append(ev.reject_profile(reasons.no_fit(ctx.profile.name, refused, len(ctx.inventory.nodes))))
 
@@ -492,7 +629,10 @@ def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry
         profile_reasons = [ev.reject_profile(reason) for reason in ev.check()]
         fitting: list[tuple[float, float, int, NodeVerdict]] = []
         refused: list[NodeVerdict] = []
-        counts: dict[str, int] = {}
+        counts: dict[Group, int] = {}
+        pre = ev.pre
+        multi = ctx.multi_node
+        noted = bool(pre.notes)
         # The loop over every node is the whole cost of explaining: the filters and the refusals
         # are spelled out here with locals rather than through _Evaluator's helpers.
         filters, pid, pname, rank = ev.filters, profile.id, profile.name, inventory.rank
@@ -517,15 +657,23 @@ def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry
                     else:
                         found.append(rejection)
             if found is not None:
-                refused.append(NodeVerdict(node_id, node.name, found, False, None))
+                verdict = NodeVerdict(node_id, node.name, found, False, None)
+                if noted:
+                    verdict.notes = pre.node_notes(node_id)
+                refused.append(verdict)
                 continue
             key = ev.key(node)
             score = key + ev.extra(node) if ev.plugins else key
-            fitting.append(
-                (-score, -key, rank(node_id), NodeVerdict(node_id, node.name, [], True, score, ev.breakdown(node)))
-            )
-            if node.fabric is not None:
-                counts[node.fabric] = counts.get(node.fabric, 0) + 1
+            verdict = NodeVerdict(node_id, node.name, [], True, score, ev.breakdown(node))
+            if noted:
+                verdict.notes = pre.node_notes(node_id)
+            if multi:
+                in_groups = pre.groups(node_id)
+                verdict.groups = in_groups
+                verdict.prefer = pre.preferred(node_id, in_groups)
+                for group in in_groups:
+                    counts[group] = counts.get(group, 0) + 1
+            fitting.append((-score, -key, rank(node_id), verdict))
         fitting.sort(key=lambda entry: entry[:3])
         placement = None
         if not profile_reasons:

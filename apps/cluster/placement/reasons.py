@@ -190,6 +190,14 @@ def quota_replicas(owner: str, used: int, limit: int) -> Reason:
     )
 
 
+def left_out(node: str, plugin: str) -> Reason:
+    return Reason(
+        "left_out",
+        gettext_noop("node %(node)s is left out by %(plugin)s"),
+        {"node": node, "plugin": plugin},
+    )
+
+
 def fabric_count(fabric: str, count: int, need: int) -> Reason:
     return Reason(
         "fabric_count",

@@ -13,6 +13,15 @@ replaces the earlier entry, so a ready() that runs twice does no harm.
   is the weighted sum. Scorers only order the nodes every filter let through.
 - A check is `fn(ctx) -> Iterable[Reason]`: a constraint on the whole replica (quotas), run
   once per profile before any node is looked at.
+- A pre-filter is `fn(ctx, index) -> PreFilterResult | None`, run once per profile before any node is
+  walked (as the Kubernetes scheduler's PreFilter): it narrows the nodes the replica may use at
+  all, saying why for each node it leaves out, and for a replica across nodes it groups them
+  (one group per physical fabric, NVLink domain, rack): every shard of one replica comes from
+  one group, and a finer group that can hold the whole replica (a leaf) is preferred. Its
+  `index(inventory)`, when given, is built once per inventory snapshot from the nodes (which
+  never change within a snapshot) and shared by its copies, and handed to `fn` (None without
+  one). `static=True` says its answer does not depend on claims,
+  so dry runs may treat a node it leaves out as refused whatever is stopped.
 - A snapshot field is a named entry of `NodeSnapshot.extra` with its default, read with
   `snapshot_field(node, name)`; the Django side fills the registered fields.
 """
@@ -25,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .context import PlacementContext
-    from .model import NodeSnapshot
+    from .model import Inventory, NodeSnapshot, PreFilterResult
     from .reasons import Reason
 
 FilterFn = Callable[["PlacementContext", "NodeSnapshot"], "Reason | None"]
@@ -34,6 +43,8 @@ CheckFn = Callable[["PlacementContext"], "Iterable[Reason]"]
 
 
 AppliesFn = Callable[["PlacementContext"], Any]
+PreFilterFn = Callable[["PlacementContext", Any], "PreFilterResult | None"]
+IndexFn = Callable[["Inventory"], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +63,16 @@ class ScorerEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class PreFilterEntry:
+    name: str
+    fn: PreFilterFn
+    order: int  # where its refusals stand among the filters' (a node's first reason)
+    index: IndexFn | None = None
+    applies: AppliesFn | None = None
+    static: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CheckEntry:
     name: str
     fn: CheckFn
@@ -63,6 +84,7 @@ class Registry:
         self._filters: dict[str, FilterEntry] = {}
         self._scorers: dict[str, ScorerEntry] = {}
         self._checks: dict[str, CheckEntry] = {}
+        self._prefilters: dict[str, PreFilterEntry] = {}
         self._fields: dict[str, Any] = {}
         self._cache: dict[str, tuple[Any, ...]] = {}
 
@@ -71,6 +93,7 @@ class Registry:
         other._filters = dict(self._filters)
         other._scorers = dict(self._scorers)
         other._checks = dict(self._checks)
+        other._prefilters = dict(self._prefilters)
         other._fields = dict(self._fields)
         return other
 
@@ -91,6 +114,20 @@ class Registry:
         self._cache.clear()
         return fn
 
+    def register_prefilter(
+        self,
+        fn: PreFilterFn,
+        *,
+        name: str,
+        order: int,
+        index: IndexFn | None = None,
+        applies: AppliesFn | None = None,
+        static: bool = False,
+    ) -> PreFilterFn:
+        self._prefilters[name] = PreFilterEntry(name, fn, order, index, applies, static)
+        self._cache.clear()
+        return fn
+
     def register_snapshot_field(self, name: str, default: Any) -> None:
         self._fields[name] = default
 
@@ -99,6 +136,7 @@ class Registry:
         self._filters.pop(name, None)
         self._scorers.pop(name, None)
         self._checks.pop(name, None)
+        self._prefilters.pop(name, None)
         self._cache.clear()
 
     def filters(self) -> tuple[FilterEntry, ...]:
@@ -118,6 +156,18 @@ class Registry:
         if cached is None:
             cached = self._cache["checks"] = tuple(sorted(self._checks.values(), key=lambda e: (e.order, e.name)))
         return cached
+
+    def prefilters(self) -> tuple[PreFilterEntry, ...]:
+        cached = self._cache.get("prefilters")
+        if cached is None:
+            cached = self._cache["prefilters"] = tuple(
+                sorted(self._prefilters.values(), key=lambda e: (e.order, e.name))
+            )
+        return cached
+
+    def index_builder(self, name: str) -> IndexFn | None:
+        entry = self._prefilters.get(name)
+        return entry.index if entry is not None else None
 
     def snapshot_fields(self) -> dict[str, Any]:
         return dict(self._fields)
@@ -141,6 +191,18 @@ def register_scorer(fn: ScorerFn, *, name: str, weight: float) -> ScorerFn:
 
 def register_check(fn: CheckFn, *, name: str, order: int) -> CheckFn:
     return REGISTRY.register_check(fn, name=name, order=order)
+
+
+def register_prefilter(
+    fn: PreFilterFn,
+    *,
+    name: str,
+    order: int,
+    index: IndexFn | None = None,
+    applies: AppliesFn | None = None,
+    static: bool = False,
+) -> PreFilterFn:
+    return REGISTRY.register_prefilter(fn, name=name, order=order, index=index, applies=applies, static=static)
 
 
 def register_snapshot_field(name: str, default: Any) -> None:

@@ -1,0 +1,151 @@
+"""Placement by physical fabric: the pre-filter and scorer the fabrics app registers (no Django).
+
+Each node's snapshot carries `extra["fabrics"]`: one attachment per fabric name it declares,
+as the control plane last worked it out from the node's ports (apps.fabrics.services):
+
+    {"name": "ib-a", "kind": "ib", "identity": "ib:0x0002c90300a1b2c3" | None,
+     "problem": "" | why the node cannot be placed on it,
+     "hcas": ["mlx5_0", "mlx5_1"], "netdevs": ["ib0"], "leaf": "0x..." | None,
+     "leaf_name": "lf01", "short": False}
+
+A replica across nodes is formed inside one physical fabric (`identity`), whatever names the
+nodes give it: two names of one fabric are one group, one name over two fabrics two groups. A
+node whose identity is unknown (its ports are up but no subnet manager answered it yet) is
+grouped with the other unknown nodes of that name only, never with nodes that could say. An
+attachment with a `problem` (its adapters for the name sit on two fabrics) is no group at all.
+Inside a fabric the nodes of one leaf are preferred when the whole replica fits in it, and a
+node whose cable trained below its kind's rate scores lower than one that did not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.cluster.placement import (
+    REGISTRY,
+    Inventory,
+    NodeSnapshot,
+    PlacementContext,
+    PreFilterResult,
+    Reason,
+    Registry,
+    gettext_noop,
+    reasons,
+)
+
+__all__ = ["SNAPSHOT_FIELD", "FabricIndex", "attachments", "build_index", "register", "unverified"]
+
+SNAPSHOT_FIELD = "fabrics"
+CABLE_WEIGHT = 3.0  # above binpack's 1 and weights' 2: a short cable slows every collective of the replica
+UNVERIFIED = "unverified:"
+
+
+def unverified(name: str) -> str:
+    return f"{UNVERIFIED}{name}"
+
+
+def attachments(node: NodeSnapshot) -> list[dict[str, Any]]:
+    value = node.extra.get(SNAPSHOT_FIELD)
+    return [a for a in value if isinstance(a, dict)] if isinstance(value, list) else []
+
+
+@dataclass(slots=True)
+class FabricIndex:
+    """The fabrics of every node of one snapshot (nodes never change within one)."""
+
+    groups: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    prefer: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    short: set[int] = field(default_factory=set)
+    notes: dict[int, dict[str, str]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    problems: dict[int, str] = field(default_factory=dict)
+    names: dict[int, list[str]] = field(default_factory=dict)
+
+
+def build_index(inventory: Inventory) -> FabricIndex:
+    index = FabricIndex()
+    for node_id, node in inventory.nodes.items():
+        found = attachments(node)
+        if not found:
+            continue
+        groups: list[str] = []
+        prefer: list[tuple[str, str]] = []
+        fabrics: list[str] = []
+        leaves: list[str] = []
+        problems: list[str] = []
+        for att in found:
+            name = str(att.get("name") or "")
+            fabrics.append(name)
+            problem = str(att.get("problem") or "")
+            if problem:
+                problems.append(problem)
+                continue
+            identity = att.get("identity")
+            group = str(identity) if identity else unverified(name)
+            if group not in groups:
+                groups.append(group)
+            index.labels.setdefault(group, _label(name, identity))
+            leaf = att.get("leaf")
+            if identity and leaf and (group, str(leaf)) not in prefer:
+                prefer.append((group, str(leaf)))
+                leaves.append(str(att.get("leaf_name") or leaf))
+            if att.get("short"):
+                index.short.add(node_id)
+        index.names[node_id] = fabrics
+        if groups:
+            index.groups[node_id] = tuple(groups)
+        if prefer:
+            index.prefer[node_id] = tuple(prefer)
+        if problems:
+            index.problems[node_id] = "; ".join(problems)
+        notes = {"fabric": ", ".join(index.labels[g] for g in groups) if groups else "-"}
+        notes["leaf"] = ", ".join(leaves) if leaves else "-"
+        index.notes[node_id] = notes
+    return index
+
+
+def _label(name: str, identity: object) -> str:
+    if not identity:
+        return f"{name} (unverified)"
+    return f"{name} ({identity})"
+
+
+def refusal(node: NodeSnapshot, index: FabricIndex, need: int) -> Reason:
+    problem = index.problems.get(node.id)
+    if problem:
+        return Reason(
+            "fabric_split",
+            gettext_noop("node %(node)s cannot take a shard of a replica across nodes: %(problem)s"),
+            {"node": node.name, "problem": problem},
+        )
+    return reasons.no_fabric(node.name, need)
+
+
+def prefilter(ctx: PlacementContext, index: FabricIndex) -> PreFilterResult:
+    need = ctx.nodes
+    notes = index.notes
+    return PreFilterResult(
+        groups=index.groups,
+        prefer=index.prefer,
+        refuse=lambda node: refusal(node, index, need),
+        notes=lambda node_id: notes.get(node_id, {"fabric": "-", "leaf": "-"}),
+        label=lambda group: index.labels.get(group, group),
+    )
+
+
+def cable(ctx: PlacementContext, node: NodeSnapshot) -> float:
+    """1 unless the node is to take a shard of a replica across nodes over a cable that trained short."""
+    if not ctx.multi_node:
+        return 1.0
+    index: FabricIndex = ctx.inventory.plugin_index("fabric", build_index)
+    return 0.0 if node.id in index.short else 1.0
+
+
+def register(registry: Registry = REGISTRY) -> None:
+    """Replace the built-in grouping by declared fabric with the physical one (same name)."""
+    registry.register_snapshot_field(SNAPSHOT_FIELD, [])
+    registry.register_prefilter(
+        prefilter, name="fabric", order=80, index=build_index, applies=lambda ctx: ctx.multi_node, static=True
+    )
+    registry.register_scorer(cable, name="fabric.cable", weight=CABLE_WEIGHT)
