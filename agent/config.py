@@ -8,7 +8,9 @@ model_dirs: [/models, /mnt/filer/models]
 heartbeat_interval: 10                 # seconds; the server's value wins once registered
 root: /                                # where /proc and /sys are read (tests point it elsewhere)
 tools: {nvidia-smi: /usr/bin/nvidia-smi, dmesg: dmesg}
-fabrics: []                            # declared fabrics, used by placement later
+fabrics: [{name: ib-a, hcas: [mlx5_0, mlx5_1]}]   # declared fabrics and their adapters (or netdevs)
+fabric_check_interval: 60              # seconds between asking each port for its subnet manager
+fabric_change_interval: 30             # a change of the fabrics the node carries is said at most this often
 engines: {llama.cpp: /opt/llama/llama-server}   # named on purpose: used as is, never replaced
 engine_recheck_interval: 600           # seconds between checks of the engines llmgw installed
 engine_retry_after: 60                 # seconds before a failed engine install is tried again
@@ -46,6 +48,8 @@ class AgentConfig:
     hostname: str | None = None
     engine_recheck_interval: float = 600.0
     engine_retry_after: float = 60.0
+    fabric_check_interval: float = 60.0
+    fabric_change_interval: float = 30.0
     # The address the control plane and gateway reach this node's engines at (else the address
     # its websocket comes from).
     advertise_address: str | None = None
@@ -90,6 +94,8 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         "advertise_address",
         "engine_recheck_interval",
         "engine_retry_after",
+        "fabric_check_interval",
+        "fabric_change_interval",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -119,6 +125,21 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
     for i, fabric in enumerate(fabrics):
         if not isinstance(fabric, dict) or not fabric.get("name"):
             raise ConfigError(f"fabrics[{i}]: expected a mapping with a name")
+        stray = sorted(set(fabric) - {"name", "hcas", "netdevs"})
+        if stray:
+            raise ConfigError(
+                f"fabrics[{i}]: unknown setting(s): {', '.join(map(str, stray))} (known: hcas, name, netdevs)"
+            )
+        for key in ("hcas", "netdevs"):
+            value = fabric.get(key)
+            if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+                raise ConfigError(f"fabrics[{i}].{key}: expected a list of names")
+    intervals = {}
+    for key, default, low in (("fabric_check_interval", 60.0, 1), ("fabric_change_interval", 30.0, 0)):
+        value = _expect(data, key, (int, float), "a number of seconds")
+        if value is not None and not low <= value <= 86400:
+            raise ConfigError(f"{key}: expected {low} to 86400 seconds, got {value}")
+        intervals[key] = float(default if value is None else value)
     return AgentConfig(
         server=server,
         state_dir=state_dir,
@@ -135,6 +156,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         advertise_address=_expect(data, "advertise_address", str, "an address"),
         engine_recheck_interval=float(recheck or 600),
         engine_retry_after=float(retry or 60),
+        **intervals,
     )
 
 

@@ -40,7 +40,7 @@ from agent.supervisor import Supervisor
 __all__ = ["AGENT_VERSION", "Agent", "engine_version", "parse_engine_version", "run"]
 
 AGENT_VERSION = "0.1.0"
-FEATURES = ["heartbeat.v1", "engines.v1"]
+FEATURES = ["heartbeat.v1", "engines.v1", "fabrics.v1"]
 REPORT_EVERY = 6  # heartbeats between full reports (besides one on every change)
 REFUSED = frozenset({protocol.CLOSE_BAD_CREDENTIAL, protocol.CLOSE_REVOKED})
 NEW_TOKEN_CHECK_S = 30.0  # how often a refused node looks for a new enrollment token
@@ -284,19 +284,18 @@ class Agent:
                 hardware["advertise_address"] = self.config.advertise_address
             await self.supervisor.adopt()
             sample = await self.sampler.sample(force=True)
-            await ws.send(
-                protocol.encode(
-                    "register",
-                    {
-                        "agent_version": AGENT_VERSION,
-                        "features": FEATURES,
-                        "labels": self.config.labels,
-                        "hardware": hardware,
-                        "sample": sample,
-                        "warnings": warnings,
-                    },
-                )
-            )
+            register: dict[str, Any] = {
+                "agent_version": AGENT_VERSION,
+                "features": FEATURES,
+                "labels": self.config.labels,
+                "hardware": hardware,
+                "sample": sample,
+                "warnings": warnings,
+            }
+            fabrics = self.sampler.fabrics.snapshot()
+            if fabrics is not None:
+                register["fabrics"] = fabrics
+            await ws.send(protocol.encode("register", register))
             self.ws = ws
             heartbeats = asyncio.create_task(self.heartbeats(ws))
             stop = asyncio.create_task(self.stopping.wait())
@@ -385,6 +384,9 @@ class Agent:
             if usage:
                 sample["shards"] = usage
             await ws.send(protocol.encode("heartbeat", {"sample": sample}))
+            fabrics = self.sampler.fabrics.due()
+            if fabrics is not None:
+                await ws.send(protocol.encode("fabrics", fabrics))
             count += 1
             if count % REPORT_EVERY == 0:
                 await self.report()

@@ -7,6 +7,7 @@ Every message is one JSON object on the websocket:
 Agent to server:
     register    hardware, agent version, features (requests it can answer), labels
     heartbeat   a sample of what the node measures now
+    fabrics     the InfiniBand/RoCE ports it can carry traffic on, when that changed
     report      the state of each shard the agent runs (used by the models issue)
     response    the answer to a server request (used later)
     error       a message the agent could not use
@@ -52,7 +53,7 @@ PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_DEPTH = 32  # no message nests deeper; 2,000 levels made the reader recurse until it failed
 INT64 = 2**63
-AGENT_TO_SERVER = frozenset({"register", "heartbeat", "report", "response", "error"})
+AGENT_TO_SERVER = frozenset({"register", "heartbeat", "fabrics", "report", "response", "error"})
 SERVER_TO_AGENT = frozenset({"registered", "desired", "request", "error", "replaced"})
 
 # Close codes the server uses (4000-4999 are for applications).
@@ -264,6 +265,43 @@ DESIRED_MIRROR = obj(
     },
 )
 
+IB_PORT = obj(
+    {"device": string(64), "port": integer},
+    {
+        "fabric": string(200),
+        "link_layer": STR,
+        "state": INT,
+        "state_name": STR,
+        "phys_state": INT,
+        "phys_state_name": STR,
+        "up": nullable(boolean),
+        "rate_gbps": NUM,
+        "lid": INT,
+        "sm_lid": INT,
+        "node_guid": STR,
+        "port_guid": STR,
+        "sm_guid": STR,
+        "netdev": STR,
+        "roce_ip": STR,
+        "roce_gid_index": INT,
+        "network": STR,
+        "xmit_bytes": INT,
+        "rcv_bytes": INT,
+        "errors": nullable(mapping(integer, 64)),
+        "flaps": INT,
+    },
+)
+
+SUBNET_MANAGERS = obj(
+    {"via": string(100), "master": string(32)},
+    {"managers": array(obj({"guid": string(32)}, {"lid": INT, "priority": INT, "state": INT, "act_count": INT}), 64)},
+)
+
+FABRICS = obj(
+    {"ports": array(IB_PORT, 256)},
+    {"declared": array(string(200), 64), "flaps": mapping(integer, 256)},
+)
+
 HARDWARE = obj(
     {},
     {
@@ -302,6 +340,8 @@ SAMPLE = obj(
         "cpu_package_power_w": NUM,
         "gpus": array(GPU, 256),
         "storage": array(STORAGE, 256),
+        "ib_ports": array(IB_PORT, 256),
+        "subnet_managers": array(SUBNET_MANAGERS, 64),
         "shards": array(obj({"shard": string(200)}, {"cpu_cores": NUM, "memory_bytes": INT}), 1024),
         "warnings": array(string(2000), 256),
     },
@@ -321,9 +361,11 @@ SCHEMAS: dict[str, Check] = {
             "labels": mapping(string(256), 256),
             "sample": SAMPLE,
             "warnings": array(string(2000), 256),
+            "fabrics": FABRICS,
         },
     ),
     "heartbeat": obj({"sample": SAMPLE}),
+    "fabrics": FABRICS,
     "report": obj({"shards": array(SHARD_STATE, 1024)}, {"engines": ENGINE_REPORT}),
     "response": obj({"request_id": string(64), "ok": boolean}, {"result": lambda v, p: None, "error": STR}),
     "error": obj({"code": string(64), "message": string(2000)}, {"in_reply_to": STR}),

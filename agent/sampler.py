@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.config import AgentConfig
+from agent.fabrics import FabricWatcher
 from agent.probes import hwmon, nvidia, procfs, rapl, storage, xid
 from agent.runner import CommandRunner
 
@@ -63,6 +64,13 @@ class Sampler:
         self._xids: dict[str, dict[int, int]] = {}
         self._xids_read = False  # whether the kernel log was read: then a card without XIDs has none
         self._has_nvidia: bool | None = None
+        self.fabrics = FabricWatcher(
+            self.root,
+            config.fabrics,
+            self.runner,
+            check_interval=config.fabric_check_interval,
+            change_interval=config.fabric_change_interval,
+        )
 
     # Registration ---------------------------------------------------------------------
 
@@ -114,6 +122,15 @@ class Sampler:
         # Off the event loop: a model directory on a slow filer, or GGUF headers read for the first
         # time, must not hold up the agent's websocket.
         await asyncio.to_thread(self._storage, sample, warnings)
+        try:
+            ports, managers = await self.fabrics.sample(warnings)
+            if ports:
+                sample["ib_ports"] = ports
+            if managers:
+                sample["subnet_managers"] = managers
+        except Exception as exc:
+            log.exception("reading the InfiniBand ports failed")
+            warnings.append(f"InfiniBand ports could not be read: {exc}")
         report = await self._gpu_report(warnings)
         if report is not None:
             if now - self._slow_at >= SLOW_INTERVAL_S:

@@ -13,6 +13,7 @@ from apps.accounts import views as accounts_views
 from apps.catalog import api as catalog_api
 from apps.cluster import api as cluster_api
 from apps.cluster import views as cluster_views
+from apps.fabrics import api as fabrics_api
 from apps.gateway import views as chat_views
 from apps.mirror import api as mirror_api
 from apps.quotas import api as quotas_api
@@ -45,6 +46,7 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("nodes/enrollments", cluster_api.NodeEnrollmentView.as_view(), name="api-node-enrollments"),
     path("agent/enroll", cluster_api.AgentEnrollView.as_view(), name="api-agent-enroll"),
     path("engines", cluster_api.EngineChoicesView.as_view(), name="api-engines"),
+    path("fabrics", fabrics_api.FabricsView.as_view(), name="api-fabrics"),
     path("mirror", mirror_api.MirrorView.as_view(), name="api-mirror"),
     path("mirror/search", mirror_api.MirrorSearchView.as_view(), name="api-mirror-search"),
     path("mirror/repos/<str:owner>/<str:name>", mirror_api.MirrorRepoView.as_view(), name="api-mirror-repo"),

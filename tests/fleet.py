@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,9 @@ class HostSpec:
     rapl_tree: str | None = None  # a `grep -r .` listing of /sys/class/powercap
     os_release: str = 'PRETTY_NAME="Ubuntu 22.04.4 LTS"\n'
     kernel: str = "5.15.0-105-generic\n"
+    # A capture of /sys/.../infiniband (JSON path -> contents), laid out as real files with
+    # /sys/class/infiniband/<dev> links; sminfo and saquery answer from files under <root>/ib.
+    ib_tree: str | None = None
 
 
 HOSTS = {
@@ -76,6 +79,14 @@ HOSTS = {
         nvidia_xml="nvidia-smi-q-xml/rtx3090-drv590-schema-v13.xml",
     ),
 }
+# Eight HDR ports, two of them INIT (a link, no subnet manager activating it).
+HOSTS["h100-ib"] = replace(
+    HOSTS["h100x8"], ib_tree="sysfs-infiniband/dgx-a100-cx6-hdr-two-ports-2-INIT-ipoib-down.json.txt"
+)
+# Eight ports all trained at 100 Gb/s EDR instead of 200 HDR.
+HOSTS["h100-ib-edr"] = replace(
+    HOSTS["h100x8"], ib_tree="sysfs-infiniband/dgx-a100-cx6-ports-at-100-edr-instead-of-hdr.json.txt"
+)
 
 
 def fixtures_available() -> bool:
@@ -154,6 +165,69 @@ def build_host(spec: HostSpec, root: Path) -> dict[str, str]:
     )
     dmesg.chmod(0o755)
     tools["dmesg"] = str(dmesg)
+    if spec.ib_tree:
+        tools.update(_infiniband(json.loads(fixture(spec.ib_tree)), root, bin_dir))
+    return tools
+
+
+SMINFO = """#!/bin/sh
+# sminfo -C <dev> -P <port>: the master this port sees, from <root>/ib/master (empty: no answer).
+master=$(cat {ib}/master-"$2" 2>/dev/null || cat {ib}/master)
+if [ -z "$master" ]; then echo "sminfo: iberror: failed: query" >&2; exit 255; fi
+echo "sminfo: sm lid 1 sm guid $master, activity count 41234 priority 14 state 3 SMINFO_MASTER"
+"""
+
+SAQUERY = """#!/bin/sh
+# saquery -C <dev> -P <port> SMIR: the subnet managers of the fabric, from <root>/ib/smir.
+cat {ib}/smir
+"""
+
+
+def smir(*managers: tuple[str, int, int]) -> str:
+    """saquery SMIR's text for (guid, priority, state) managers, as rdma-core prints it."""
+    blocks = []
+    for lid, (guid, priority, state) in enumerate(managers, start=1):
+        blocks.append(
+            "SMInfoRecord dump:\n\t\tRID\n\t\tLID...................{lid}\n\t\tSMInfo dump:\n"
+            "\t\tGUID..................0x{guid:0>16}\n\t\tSM_Key................0x0000000000000000\n"
+            "\t\tActCount..............1234\n\t\tPriority..............{priority}\n"
+            "\t\tSMState...............{state}\n".format(
+                lid=lid, guid=guid.removeprefix("0x"), priority=priority, state=state
+            )
+        )
+    return "".join(blocks)
+
+
+def _infiniband(tree: dict[str, str], root: Path, bin_dir: Path) -> dict[str, str]:
+    devices: dict[str, Path] = {}
+    for path, value in tree.items():
+        destination = root / path.lstrip("/")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_text(value)
+        parts = Path(path).parts
+        if "infiniband" in parts:
+            at = parts.index("infiniband")
+            if at + 1 < len(parts):
+                devices[parts[at + 1]] = root / Path(*parts[1 : at + 2])
+    links = root / "sys" / "class" / "infiniband"
+    links.mkdir(parents=True, exist_ok=True)
+    for name, target in devices.items():
+        if not (links / name).exists():
+            (links / name).symlink_to(target)
+    ib = root / "ib"
+    ib.mkdir(exist_ok=True)
+    (ib / "master").write_text("0x0002c90300a1b2c3\n")
+    (ib / "smir").write_text(smir(("0x0002c90300a1b2c3", 14, 3), ("0x0002c90300a1b2d0", 10, 2)))
+    tools = {}
+    for name, text in (("sminfo", SMINFO), ("saquery", SAQUERY)):
+        script = bin_dir / name
+        script.write_text(text.format(ib=shlex.quote(str(ib))))
+        script.chmod(0o755)
+        tools[name] = str(script)
+    ip = bin_dir / "ip"
+    ip.write_text("#!/bin/sh\necho '[]'\n")
+    ip.chmod(0o755)
+    tools["ip"] = str(ip)
     return tools
 
 
@@ -188,6 +262,21 @@ class FleetAgent:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    @property
+    def root(self) -> Path:
+        return self.config_path.parent
+
+    def set_port(self, device: str, state: str, phys_state: str) -> None:
+        """Bring one InfiniBand port down or up, as a cable pulled or plugged in would."""
+        for port in (self.root / "sys" / "class" / "infiniband" / device / "ports").iterdir():
+            (port / "state").write_text(state + "\n")
+            (port / "phys_state").write_text(phys_state + "\n")
+
+    def set_subnet_managers(self, master: str, *managers: tuple[str, int, int]) -> None:
+        """Which master every port sees now, and the managers saquery lists (a failover, a new fabric)."""
+        (self.root / "ib" / "master").write_text(master + "\n")
+        (self.root / "ib" / "smir").write_text(smir(*managers))
 
 
 @dataclass

@@ -63,6 +63,7 @@ class ShardSerializer(serializers.ModelSerializer[Shard]):
             "log_tail",
             "message",
             "reported_at",
+            "env",
         ]
 
 
@@ -162,6 +163,8 @@ def explain_model(model: Model) -> list[dict[str, Any]]:
                         "scores": n.scores,
                         "weights": _weights_note(n, holders, request.source),
                         "reasons": [selectors.translate_reason(_rejection(r)) for r in n.reasons],
+                        # what the placement plugins say of the node: its fabric and leaf
+                        "notes": dict(n.notes),
                     }
                     for n in verdict.nodes
                 ],

@@ -18,6 +18,7 @@ from apps.cluster.heartbeats import writer as heartbeat_writer
 from apps.cluster.metrics import MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
 from apps.cluster.models import Node
 from apps.cluster.reconciler import desired_message
+from apps.fabrics.services import record_fabrics
 
 __all__ = ["AgentConsumer"]
 
@@ -135,6 +136,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             await self.dispatch_message(message)
             MESSAGE_SECONDS.labels(type=message.type).observe(time.perf_counter() - started)
+        except OSError as exc:
+            # The agent went (uvicorn's ClientDisconnected is an OSError) while its message was being
+            # answered: nothing to tell it, and nothing wrong here.
+            log.info("node %s went while its %s was answered: %s", self.node_name, message.type, type(exc).__name__)
         except Exception:
             # A message that passes the schema but still breaks a service must not end the
             # connection: log it, tell the agent, go on.
@@ -154,6 +159,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 self.node_id, message.body, address=client[0]
             )
             self.gpu_health = services.sample_health(message.body.get("sample") or {})
+            if "fabrics" in message.body:
+                await database_sync_to_async(record_fabrics, thread_sensitive=False)(
+                    self.node_id, message.body["fabrics"]
+                )
             await self.send(
                 protocol.encode(
                     "registered",
@@ -182,6 +191,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
                     self.node_id, health, self.gpu_health
                 )
             self.gpu_health = health
+        elif message.type == "fabrics":
+            await database_sync_to_async(record_fabrics, thread_sensitive=False)(self.node_id, message.body)
         elif message.type == "response":
             if str(message.body["request_id"]).startswith("doctor-"):
                 await database_sync_to_async(services.record_doctor, thread_sensitive=False)(self.node_id, message.body)

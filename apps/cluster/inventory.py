@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from apps.catalog.models import Model, Profile
@@ -35,6 +35,19 @@ def running_spec(model: Model, profile: Profile) -> dict[str, Any]:
         "profile": profile.name,
         **{name: getattr(profile, name) for name in RUNNING_FIELDS},
     }
+
+
+# Other apps' parts of the snapshot (the fabrics each node is on): each fills `extra` of the nodes.
+SNAPSHOT_HOOKS: list[Callable[[dict[int, NodeSnapshot]], None]] = []
+# What other apps add to a shard's environment on its node, given the group its replica was formed in.
+SHARD_ENV_HOOKS: list[Callable[[int, tuple[str, ...] | None], dict[str, str]]] = []
+
+
+def shard_env(node_id: int, group: tuple[str, ...] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for hook in SHARD_ENV_HOOKS:
+        env.update(hook(node_id, group))
+    return env
 
 
 # Replicas whose shards hold their claims: a stopping replica still occupies its node until it stopped.
@@ -91,6 +104,8 @@ def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None]:
 def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:
     excluded = set(exclude_replicas)
     nodes = {n.pk: _snapshot(n) for n in Node.objects.exclude(status=NodeStatus.REVOKED).prefetch_related("gpus")}
+    for hook in SNAPSHOT_HOOKS:
+        hook(nodes)
     claims = []
     shards = Shard.objects.filter(replica__state__in=CLAIMING_STATES).select_related(
         "replica__model__organization", "replica__model__team__organization", "replica__model__project__team"

@@ -238,6 +238,9 @@ class Shard(models.Model):
     # What the engine's process group uses, from the node's heartbeats (None until measured).
     cores_used = models.FloatField(_("cores used"), null=True, blank=True)
     memory_used_bytes = models.BigIntegerField(_("memory used"), null=True, blank=True)
+    # What placement adds to the engine's environment on this node (NCCL's adapters for the fabric
+    # the replica was formed on); the profile's own env wins over it.
+    env = models.JSONField(_("environment"), default=dict, blank=True)
 
     class Meta:
         verbose_name = _("shard")

@@ -452,7 +452,7 @@ def _place(
     plan = result.placement
     placed = Replica.objects.filter(model=model).exclude(state__in=(ReplicaState.PENDING, ReplicaState.STOPPING))
     above = placed.count() >= model.min_replicas  # added for load or on demand, beyond the minimum
-    from apps.cluster.inventory import running_spec
+    from apps.cluster.inventory import running_spec, shard_env
 
     profile = next(p for p in model.profiles.all() if p.pk == plan.profile.id)
     replica.profile_id = plan.profile.id
@@ -473,6 +473,7 @@ def _place(
             cpu_cores=shard.cpu_cores,
             port=_allocate_port(shard.node_id, ports),
             secret=secrets.token_urlsafe(24),
+            env=shard_env(shard.node_id, plan.group) if len(plan.shards) > 1 else {},
         )
         report.nodes_changed.add(shard.node_id)
     inventory.apply(
@@ -552,7 +553,7 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
                 context_size=spec.get("context_size"),
                 parallel=int(spec.get("parallel") or 1),
                 extra_args=list(spec.get("extra_args") or []),
-                env=dict(spec.get("env") or {}),
+                env={**(shard.env or {}), **(spec.get("env") or {})},
                 api_key=shard.secret,
                 port=shard.port,
                 host=host,

@@ -22,6 +22,7 @@ from apps.accounts.models import User
 from apps.cluster import overview, selectors, services
 from apps.cluster.models import Node
 from apps.cluster.onboarding import AGENT_CONFIG_PATH, agent_yaml, install_command
+from apps.fabrics.services import node_ports
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
 __all__ = [
@@ -65,6 +66,7 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
         "node": node,
         "can_change": can_change_cluster(request.user),
         "drain": services.drain_status(node),
+        "ports": node_ports(node),
     }
     if is_fragment(request):
         return render(request, "cluster/node_detail.html#node-live", context)

@@ -557,6 +557,12 @@ def cmd_model_show(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _notes(node: dict[str, Any]) -> str:
+    """What placement's plugins say of a node (its fabric and leaf), as "; fabric ib-a (...), leaf lf01"."""
+    notes = node.get("notes") or {}
+    return "".join(f"; {key} {value}" for key, value in notes.items())
+
+
 def cmd_model_explain(client: Client, args: argparse.Namespace) -> int:
     answer = client.get(f"models/{args.name}/explain")
     if args.json:
@@ -574,9 +580,9 @@ def cmd_model_explain(client: Client, args: argparse.Namespace) -> int:
                     score += ": " + ", ".join(f"{name} {value:.2f}" for name, value in node["scores"].items())
                 score += ")" if score else ""
                 weights = f"; {node['weights']}" if node.get("weights") else ""
-                print(f"  {node['node']}: fits{score}{weights}")
-            for reason in node["reasons"]:
-                print(f"  {node['node']}: {reason}")
+                print(f"  {node['node']}: fits{score}{weights}{_notes(node)}")
+            for index, reason in enumerate(node["reasons"]):
+                print(f"  {node['node']}: {reason}{_notes(node) if index == 0 else ''}")
     placed = [r for r in answer["replicas"] if r["rejections"]]
     for replica in placed:
         print(f"replica {replica['id']} ({replica['state']}) was refused by:")

@@ -367,6 +367,7 @@ MATRIX: dict[str, Route] = {
     ),
     "api-engines-remove": Route(("read_everything", "change_cluster"), bodies=lambda w: engine_rule_to_remove()),
     "api-engines-refresh": Route(("read_everything", "change_cluster")),
+    "api-fabrics": Route(("read_everything", "administrator")),
     "api-mirror": Route(
         ("read_everything", "change_cluster"),
         bodies=lambda w: {"POST": {"urls": [f"{w.hub_url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"]}},

@@ -93,7 +93,17 @@ def test_the_register_schema_takes_engine_versions() -> None:
         protocol.parse_message(register(["6500"]), expect="agent")
 
 
+class _NoFabrics:
+    def snapshot(self) -> None:
+        return None
+
+    def due(self) -> None:
+        return None
+
+
 class _StillSampler:
+    fabrics = _NoFabrics()
+
     async def hardware(self) -> tuple[dict[str, Any], list[str]]:
         return {"hostname": "test"}, []
 

@@ -46,6 +46,15 @@ from .registry import (
     snapshot_field,
 )
 
+
+def builtin_registry() -> Registry:
+    """A registry of the built-in filters, scorers, checks and pre-filter only (no app's plugins)."""
+    registry = Registry()
+    filters.register(registry)
+    scorers.register(registry)
+    return registry
+
+
 __all__ = [
     "CPU",
     "DEFAULT_CAPACITY_RANK",
@@ -71,6 +80,7 @@ __all__ = [
     "ReplicaRequest",
     "ShardPlan",
     "Usage",
+    "builtin_registry",
     "choose_gpus",
     "explain",
     "filters",

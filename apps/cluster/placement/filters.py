@@ -11,7 +11,7 @@ from . import reasons
 from .context import PlacementContext
 from .model import CORE_EPSILON, Inventory, NodeSnapshot, PreFilterResult
 from .reasons import Reason
-from .registry import REGISTRY
+from .registry import REGISTRY, Registry
 
 
 def ready(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
@@ -148,20 +148,25 @@ def quota(ctx: PlacementContext) -> Iterator[Reason]:
             yield reasons.quota_replicas(key, used.replicas, limit.replicas)
 
 
-REGISTRY.register_filter(ready, name="ready", order=10)
-REGISTRY.register_filter(not_cordoned, name="cordon", order=11)
-REGISTRY.register_filter(
-    node_selector, name="node_selector", order=20, applies=lambda ctx: bool(ctx.profile.node_selector)
-)
-REGISTRY.register_filter(gpu_class, name="gpu_class", order=30, applies=lambda ctx: ctx.gpu_class is not None)
-REGISTRY.register_filter(
-    free_gpus, name="free_gpus", order=40, applies=lambda ctx: ctx.gpu_class is not None and ctx.gpus > 0
-)
-REGISTRY.register_filter(memory, name="memory", order=50, applies=lambda ctx: ctx.memory > 0)
-REGISTRY.register_filter(cpu_cores, name="cpu_cores", order=60, applies=lambda ctx: ctx.cores > 0)
-REGISTRY.register_filter(engine, name="engine", order=70)
-REGISTRY.register_filter(weights_on_node, name="weights", order=75, applies=_local_source)
-REGISTRY.register_prefilter(
-    fabric, name="fabric", order=80, index=fabric_index, applies=lambda ctx: ctx.multi_node, static=True
-)
-REGISTRY.register_check(quota, name="quota", order=10)
+def register(registry: Registry) -> None:
+    """Register the built-ins on a registry (done for REGISTRY on import)."""
+    registry.register_filter(ready, name="ready", order=10)
+    registry.register_filter(not_cordoned, name="cordon", order=11)
+    registry.register_filter(
+        node_selector, name="node_selector", order=20, applies=lambda ctx: bool(ctx.profile.node_selector)
+    )
+    registry.register_filter(gpu_class, name="gpu_class", order=30, applies=lambda ctx: ctx.gpu_class is not None)
+    registry.register_filter(
+        free_gpus, name="free_gpus", order=40, applies=lambda ctx: ctx.gpu_class is not None and ctx.gpus > 0
+    )
+    registry.register_filter(memory, name="memory", order=50, applies=lambda ctx: ctx.memory > 0)
+    registry.register_filter(cpu_cores, name="cpu_cores", order=60, applies=lambda ctx: ctx.cores > 0)
+    registry.register_filter(engine, name="engine", order=70)
+    registry.register_filter(weights_on_node, name="weights", order=75, applies=_local_source)
+    registry.register_prefilter(
+        fabric, name="fabric", order=80, index=fabric_index, applies=lambda ctx: ctx.multi_node, static=True
+    )
+    registry.register_check(quota, name="quota", order=10)
+
+
+register(REGISTRY)

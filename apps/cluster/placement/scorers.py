@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .context import PlacementContext
 from .model import NodeSnapshot
-from .registry import REGISTRY
+from .registry import REGISTRY, Registry
 
 
 def _best_fit(leftover: int) -> float:
@@ -68,6 +68,12 @@ SPARE_GPUS_WEIGHT = 4.0
 # The scorers the pipeline's index can order by (see pipeline._Stream).
 INDEXED = frozenset({binpack, weights, spare_gpus})
 
-REGISTRY.register_scorer(binpack, name="binpack", weight=BINPACK_WEIGHT)
-REGISTRY.register_scorer(weights, name="weights", weight=WEIGHTS_WEIGHT)
-REGISTRY.register_scorer(spare_gpus, name="spare_gpus", weight=SPARE_GPUS_WEIGHT)
+
+def register(registry: Registry) -> None:
+    """Register the built-ins on a registry (done for REGISTRY on import)."""
+    registry.register_scorer(binpack, name="binpack", weight=BINPACK_WEIGHT)
+    registry.register_scorer(weights, name="weights", weight=WEIGHTS_WEIGHT)
+    registry.register_scorer(spare_gpus, name="spare_gpus", weight=SPARE_GPUS_WEIGHT)
+
+
+register(REGISTRY)

@@ -1,0 +1,374 @@
+"""Nodes' ports → physical fabrics: what placement reads, what the API and pages list.
+
+A port's physical identity is what every port of one fabric shares and ports of separate
+fabrics cannot: for InfiniBand the subnet managers of its fabric — the master it sees, merged
+with every manager listed together with it (`saquery SMIR`), named by the lowest GUID among
+them so the name survives a failover — and for RoCE the IP network of its RoCE v2 address.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from apps.cluster.placement import Group, NodeSnapshot
+from apps.fabrics.models import MasterChange, NodeFabrics
+from apps.fabrics.placement import UNVERIFIED
+
+__all__ = [
+    "attachments_for",
+    "node_ports",
+    "contribute_snapshots",
+    "fabrics_overview",
+    "port_identity",
+    "record_fabrics",
+    "shard_env",
+    "subnet_manager_sets",
+]
+
+PORT_FIELDS = (
+    "device",
+    "port",
+    "fabric",
+    "link_layer",
+    "up",
+    "state",
+    "phys_state",
+    "port_guid",
+    "sm_guid",
+    "network",
+    "rate_gbps",
+    "netdev",
+)
+
+
+def _natural(text: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _key(port: dict[str, Any]) -> str:
+    return f"{port.get('device')}/{port.get('port')}"
+
+
+@transaction.atomic
+def record_fabrics(node_id: int, body: dict[str, Any]) -> NodeFabrics:
+    """Replace the node's ports with what its agent says it carries now; keep each change of master."""
+    row, _created = NodeFabrics.objects.select_for_update().get_or_create(node_id=node_id)
+    before = {_key(p): p.get("sm_guid") for p in row.ports or [] if isinstance(p, dict)}
+    ports = [{k: p[k] for k in PORT_FIELDS if k in p} for p in body.get("ports") or [] if isinstance(p, dict)]
+    for port in ports:
+        old, new = before.get(_key(port)), port.get("sm_guid")
+        if old and new and old != new:
+            MasterChange.objects.create(node_id=node_id, port=_key(port), previous=old, master=new)
+    row.ports = ports
+    row.declared = [str(n) for n in body.get("declared") or []]
+    row.flaps = {str(k): int(v) for k, v in (body.get("flaps") or {}).items()}
+    row.changes += 1
+    row.changed_at = timezone.now()
+    row.save()
+    return row
+
+
+def subnet_manager_sets(samples: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """From the nodes' samples: every subnet manager GUID -> its fabric's name (the lowest GUID of the
+    managers listed together), and GUID -> what is known of that manager (priority, state, lid)."""
+    parent: dict[str, str] = {}
+
+    def find(guid: str) -> str:
+        while parent.setdefault(guid, guid) != guid:
+            parent[guid] = parent[parent[guid]]
+            guid = parent[guid]
+        return guid
+
+    managers: dict[str, dict[str, Any]] = {}
+    for sample in samples:
+        for entry in (sample or {}).get("subnet_managers") or []:
+            if not isinstance(entry, dict) or not entry.get("master"):
+                continue
+            master = str(entry["master"])
+            find(master)
+            for record in entry.get("managers") or []:
+                guid = str(record.get("guid") or "")
+                if not guid:
+                    continue
+                managers[guid] = {k: record.get(k) for k in ("lid", "priority", "state", "act_count")}
+                a, b = find(master), find(guid)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return {guid: find(guid) for guid in list(parent)}, managers
+
+
+def port_identity(port: dict[str, Any], sm_sets: dict[str, str]) -> str | None:
+    if port.get("link_layer") == "Ethernet":
+        network = port.get("network")
+        return f"roce:{network}" if network else None
+    master = port.get("sm_guid")
+    return f"ib:{sm_sets.get(master, master)}" if master else None
+
+
+def _expected_rates(rows: Iterable[NodeFabrics], sm_sets: dict[str, str]) -> dict[str, float]:
+    """Per physical fabric, the rate most of its up ports run at (ties: the higher)."""
+    rates: dict[str, Counter[float]] = {}
+    for row in rows:
+        for port in row.ports or []:
+            identity = port_identity(port, sm_sets)
+            rate = port.get("rate_gbps")
+            if port.get("up") and identity and isinstance(rate, int | float):
+                rates.setdefault(identity, Counter())[float(rate)] += 1
+    return {k: max(c.items(), key=lambda item: (item[1], item[0]))[0] for k, c in rates.items()}
+
+
+def attachments_for(row: NodeFabrics, sm_sets: dict[str, str], expected: dict[str, float]) -> list[dict[str, Any]]:
+    """The node's declared fabrics as placement's snapshot holds them (see apps.fabrics.placement)."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for port in row.ports or []:
+        if port.get("up") and port.get("fabric"):
+            by_name.setdefault(str(port["fabric"]), []).append(port)
+    out = []
+    for name in sorted(by_name):
+        ports = sorted(by_name[name], key=lambda p: (_natural(str(p.get("device"))), p.get("port") or 0))
+        on: dict[str, list[dict[str, Any]]] = {}
+        for port in ports:
+            identity = port_identity(port, sm_sets)
+            if identity:
+                on.setdefault(identity, []).append(port)
+        kind = "roce" if all(p.get("link_layer") == "Ethernet" for p in ports) else "ib"
+        attachment: dict[str, Any] = {"name": name, "kind": kind, "identity": None, "problem": "", "leaf": None}
+        if len(on) > 1:
+            attachment["problem"] = _("its adapters for %(name)s sit on %(count)s fabrics: %(where)s") % {
+                "name": name,
+                "count": len(on),
+                "where": "; ".join(
+                    f"{', '.join(str(p['device']) for p in found)} on {identity}"
+                    for identity, found in sorted(on.items())
+                ),
+            }
+            chosen = ports
+        elif on:
+            [(identity, chosen)] = on.items()
+            attachment["identity"] = identity
+        else:
+            chosen = ports
+        attachment["hcas"] = sorted({str(p["device"]) for p in chosen}, key=_natural)
+        attachment["netdevs"] = sorted({str(p["netdev"]) for p in chosen if p.get("netdev")}, key=_natural)
+        rate = expected.get(attachment["identity"] or "")
+        attachment["short"] = bool(
+            rate and any(isinstance(p.get("rate_gbps"), int | float) and p["rate_gbps"] < rate for p in chosen)
+        )
+        out.append(attachment)
+    return out
+
+
+def _load(node_ids: Iterable[int] | None = None) -> tuple[list[NodeFabrics], dict[str, str], dict[str, Any]]:
+    from apps.cluster.models import Node
+
+    rows = NodeFabrics.objects.select_related("node")
+    nodes = Node.objects.all()
+    if node_ids is not None:
+        ids = list(node_ids)
+        rows = rows.filter(node_id__in=ids)
+        nodes = nodes.filter(pk__in=ids)
+    rows_list = list(rows)
+    sm_sets, managers = subnet_manager_sets(sample or {} for sample in nodes.values_list("sample", flat=True))
+    return rows_list, sm_sets, managers
+
+
+def contribute_snapshots(snapshots: dict[int, NodeSnapshot]) -> None:
+    """Give each node of a placement snapshot its fabrics (`extra["fabrics"]`)."""
+    rows, sm_sets, _managers = _load()
+    expected = _expected_rates(rows, sm_sets)
+    for row in rows:
+        snapshot = snapshots.get(row.node_id)
+        if snapshot is not None:
+            snapshot.extra["fabrics"] = attachments_for(row, sm_sets, expected)
+
+
+def shard_env(node_id: int, group: Group | None) -> dict[str, str]:
+    """What NCCL needs on one node of a replica formed on the fabric `group` names: its adapters on
+    that fabric by exact name (a bare mlx5_1 would also match mlx5_10), and for RoCE the netdevs and
+    the RoCE v2 / IPv4 GID NCCL is to pick."""
+    if not group:
+        return {}
+    identity = group[0]
+    row = NodeFabrics.objects.filter(node_id=node_id).first()
+    if row is None:
+        return {}
+    rows, sm_sets, _managers = _load([node_id])
+    for att in attachments_for(row, sm_sets, {}):
+        matches = att["identity"] == identity or (att["identity"] is None and identity == f"{UNVERIFIED}{att['name']}")
+        if not matches or att["problem"] or not att["hcas"]:
+            continue
+        env = {"NCCL_IB_HCA": "=" + ",".join(att["hcas"]), "NCCL_IB_DISABLE": "0"}
+        if att["kind"] == "roce":
+            env["NCCL_IB_ROCE_VERSION_NUM"] = "2"
+            env["NCCL_IB_ADDR_FAMILY"] = "AF_INET"
+            if att["netdevs"]:
+                env["NCCL_SOCKET_IFNAME"] = "=" + ",".join(att["netdevs"])
+        return env
+    return {}
+
+
+def node_ports(node: Any) -> list[dict[str, Any]]:
+    """A node's ports for its page: state, rate, the declared and the physical fabric each carries,
+    its master subnet manager, and the error counters that are not zero. [] when it has none."""
+    ports = [p for p in (node.sample or {}).get("ib_ports") or [] if isinstance(p, dict)]
+    if not ports:
+        return []
+    _rows, sm_sets, _managers = _load()
+    out = []
+    for port in ports:
+        errors = {k: v for k, v in (port.get("errors") or {}).items() if isinstance(v, int) and v}
+        out.append(
+            {
+                "name": _key(port),
+                "link_layer": port.get("link_layer"),
+                "up": port.get("up"),
+                "state": port.get("state_name") or port.get("state"),
+                "phys_state": port.get("phys_state_name") or port.get("phys_state"),
+                "rate_gbps": port.get("rate_gbps"),
+                "fabric": port.get("fabric") or "",
+                "identity": port_identity(port, sm_sets) if port.get("up") else None,
+                "sm_guid": port.get("sm_guid"),
+                "network": port.get("network"),
+                "errors": sorted(errors.items()),
+                "flaps": port.get("flaps") or 0,
+            }
+        )
+    return out
+
+
+def fabrics_overview() -> dict[str, Any]:
+    """Every physical fabric with its nodes, names and subnet managers, and what is wrong."""
+    rows, sm_sets, managers = _load()
+    expected = _expected_rates(rows, sm_sets)
+    fabrics: dict[str, dict[str, Any]] = {}
+    problems: list[dict[str, Any]] = []
+    names: dict[str, set[str]] = {}
+    hour_ago = timezone.now() - timedelta(hours=1)
+    day_ago = timezone.now() - timedelta(days=1)
+    for row in rows:
+        node = row.node.name
+        for port in row.ports or []:
+            identity = port_identity(port, sm_sets)
+            name = str(port.get("fabric") or "")
+            where = f"{node} {_key(port)}"
+            if port.get("link_layer") == "InfiniBand" and port.get("state") == 2 and port.get("phys_state") == 5:
+                problems.append(
+                    {
+                        "code": "no_sm",
+                        "message": _("%(port)s has a link but no subnet manager brought it up (INIT)")
+                        % {"port": where},
+                    }
+                )
+            if not port.get("up"):
+                continue
+            if not name:
+                problems.append(
+                    {"code": "undeclared", "message": _("%(port)s is up but on no declared fabric") % {"port": where}}
+                )
+            if identity is None:
+                problems.append(
+                    {
+                        "code": "unchecked",
+                        "message": _("%(port)s is up but its fabric cannot be checked (no subnet manager answered it)")
+                        % {"port": where},
+                    }
+                )
+                continue
+            fabric = fabrics.setdefault(
+                identity,
+                {
+                    "id": identity,
+                    "kind": "roce" if identity.startswith("roce:") else "ib",
+                    "names": set(),
+                    "nodes": set(),
+                    "ports": 0,
+                    "masters": set(),
+                    "expected_gbps": expected.get(identity),
+                    "short": [],
+                },
+            )
+            fabric["ports"] += 1
+            fabric["nodes"].add(node)
+            if name:
+                fabric["names"].add(name)
+                names.setdefault(name, set()).add(identity)
+            if port.get("sm_guid"):
+                fabric["masters"].add(str(port["sm_guid"]))
+            rate = port.get("rate_gbps")
+            if fabric["expected_gbps"] and isinstance(rate, int | float) and rate < fabric["expected_gbps"]:
+                fabric["short"].append({"port": where, "rate_gbps": rate})
+    for name, identities in sorted(names.items()):
+        if len(identities) > 1:
+            problems.append(
+                {
+                    "code": "name_splits",
+                    "message": _("fabric name %(name)s covers %(count)s fabrics: %(ids)s")
+                    % {"name": name, "count": len(identities), "ids": ", ".join(sorted(identities))},
+                }
+            )
+    out = []
+    for identity in sorted(fabrics):
+        fabric = fabrics[identity]
+        if len(fabric["names"]) > 1:
+            problems.append(
+                {
+                    "code": "names_share",
+                    "message": _("fabric %(id)s goes by %(count)s names: %(names)s")
+                    % {"id": identity, "count": len(fabric["names"]), "names": ", ".join(sorted(fabric["names"]))},
+                }
+            )
+        sms = []
+        if fabric["kind"] == "ib":
+            root = identity[3:]
+            members = sorted(g for g, r in sm_sets.items() if r == root)
+            sms = [{"guid": g, **managers.get(g, {}), "master": g in fabric["masters"]} for g in members]
+            if len(fabric["masters"]) > 1:
+                problems.append(
+                    {
+                        "code": "masters_disagree",
+                        "message": _("ports of fabric %(id)s disagree on the master subnet manager: %(masters)s")
+                        % {"id": identity, "masters": ", ".join(sorted(fabric["masters"]))},
+                    }
+                )
+            if len(sms) < 2:
+                problems.append(
+                    {
+                        "code": "no_standby",
+                        "message": _("fabric %(id)s has no standby subnet manager") % {"id": identity},
+                    }
+                )
+            changes = list(MasterChange.objects.filter(master__in=members, at__gte=day_ago).order_by("-at")[:50])
+            fabric["master_changes"] = [
+                {"at": c.at.isoformat(), "node": c.node_id, "port": c.port, "previous": c.previous, "master": c.master}
+                for c in changes
+            ]
+            if any(c.at >= hour_ago for c in changes):
+                problems.append(
+                    {
+                        "code": "master_changed",
+                        "message": _("the master subnet manager of fabric %(id)s changed in the last hour")
+                        % {"id": identity},
+                    }
+                )
+        out.append(
+            {
+                "id": identity,
+                "kind": fabric["kind"],
+                "names": sorted(fabric["names"]),
+                "nodes": sorted(fabric["nodes"]),
+                "ports": fabric["ports"],
+                "expected_gbps": fabric["expected_gbps"],
+                "short": fabric["short"],
+                "subnet_managers": sms,
+                "master_changes": fabric.get("master_changes", []),
+            }
+        )
+    return {"fabrics": out, "problems": problems}
