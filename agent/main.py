@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from agent import protocol
+from agent import protocol, requests
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.engines import parse_shard
 from agent.install.builds import NodeFacts
@@ -40,7 +40,7 @@ from agent.supervisor import Supervisor
 __all__ = ["AGENT_VERSION", "Agent", "engine_version", "parse_engine_version", "run"]
 
 AGENT_VERSION = "0.1.0"
-FEATURES = ["heartbeat.v1", "engines.v1", "fabrics.v1"]
+FEATURES = ["heartbeat.v1", "engines.v1", "fabrics.v1", *requests.FEATURES]
 REPORT_EVERY = 6  # heartbeats between full reports (besides one on every change)
 REFUSED = frozenset({protocol.CLOSE_BAD_CREDENTIAL, protocol.CLOSE_REVOKED})
 NEW_TOKEN_CHECK_S = 30.0  # how often a refused node looks for a new enrollment token
@@ -188,6 +188,7 @@ class Agent:
         )
         self.specs: list[Any] | None = None
         self.rechecks: asyncio.Task[None] | None = None
+        self.answering: set[asyncio.Task[None]] = set()  # requests being answered in the background
         self.sampler = sampler or Sampler(config, managed_pids=self.supervisor.managed_pids)
         self.ws: Any = None
         self.invalid_shards: list[dict[str, Any]] = []
@@ -362,6 +363,10 @@ class Agent:
                     },
                 )
             )
+        elif message.type == "request" and message.body["kind"] in requests.HANDLERS:
+            task = asyncio.get_running_loop().create_task(self.answer(message.body))
+            self.answering.add(task)
+            task.add_done_callback(self.answering.discard)
         elif message.type == "request":
             await ws.send(
                 protocol.encode(
@@ -373,6 +378,23 @@ class Agent:
                     },
                 )
             )
+
+    async def answer(self, body: dict[str, Any]) -> None:
+        """Run one request's handler and send its answer on whichever connection is open then."""
+        request_id, kind = body["request_id"], body["kind"]
+        try:
+            result = await requests.HANDLERS[kind](dict(body.get("params") or {}), self.sampler.runner)
+            answer: dict[str, Any] = {"request_id": request_id, "ok": True, "result": result}
+        except requests.RequestFailed as exc:
+            answer = {"request_id": request_id, "ok": False, "error": str(exc)}
+        except Exception as exc:
+            log.exception("answering %s %s failed", kind, request_id)
+            answer = {"request_id": request_id, "ok": False, "error": f"the agent failed: {exc}"}
+        ws = self.ws
+        if ws is None:
+            log.warning("the answer to %s %s is lost: not connected (the control plane times it out)", kind, request_id)
+            return
+        await ws.send(protocol.encode("response", answer))
 
     async def heartbeats(self, ws: Any) -> None:
         await self.registered.wait()

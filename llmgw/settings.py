@@ -186,6 +186,8 @@ CELERY_BROKER_CONNECTION_RETRY = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# How often each InfiniBand fabric is mapped (ibnetdiscover through one of its nodes), in seconds.
+FABRIC_MAP_INTERVAL = env_float("LLMGW_FABRIC_MAP_INTERVAL", 300.0, minimum=5, maximum=86400)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # The one beat schedule: task names as strings, intervals in seconds.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
@@ -199,6 +201,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # Engine releases the nodes want and the control plane has not read yet (or failed to read).
     "fetch-engine-releases": {"task": "apps.cluster.tasks.fetch_engine_releases", "schedule": 60.0},
     "start-mirror-fetches": {"task": "apps.mirror.tasks.start_mirror_fetches", "schedule": 60.0},
+    "expire-agent-requests": {"task": "apps.cluster.tasks.expire_agent_requests", "schedule": 15.0},
+    # One node per InfiniBand fabric maps it with ibnetdiscover.
+    "map-fabrics": {"task": "apps.fabrics.tasks.map_fabrics", "schedule": FABRIC_MAP_INTERVAL},
 }
 
 # Where the gateway's usage batches are written: "worker" (a Celery task, so web processes

@@ -183,6 +183,13 @@ cat {ib}/smir
 """
 
 
+IBNETDISCOVER = """#!/bin/sh
+# ibnetdiscover -C <dev> -P <port>: the fabric's topology, from <root>/ib/ibnetdiscover.
+if [ ! -f {ib}/ibnetdiscover ]; then echo "ibnetdiscover: iberror: failed: discover failed" >&2; exit 255; fi
+cat {ib}/ibnetdiscover
+"""
+
+
 def smir(*managers: tuple[str, int, int]) -> str:
     """saquery SMIR's text for (guid, priority, state) managers, as rdma-core prints it."""
     blocks = []
@@ -219,7 +226,7 @@ def _infiniband(tree: dict[str, str], root: Path, bin_dir: Path) -> dict[str, st
     (ib / "master").write_text("0x0002c90300a1b2c3\n")
     (ib / "smir").write_text(smir(("0x0002c90300a1b2c3", 14, 3), ("0x0002c90300a1b2d0", 10, 2)))
     tools = {}
-    for name, text in (("sminfo", SMINFO), ("saquery", SAQUERY)):
+    for name, text in (("sminfo", SMINFO), ("saquery", SAQUERY), ("ibnetdiscover", IBNETDISCOVER)):
         script = bin_dir / name
         script.write_text(text.format(ib=shlex.quote(str(ib))))
         script.chmod(0o755)
@@ -272,6 +279,22 @@ class FleetAgent:
         for port in (self.root / "sys" / "class" / "infiniband" / device / "ports").iterdir():
             (port / "state").write_text(state + "\n")
             (port / "phys_state").write_text(phys_state + "\n")
+
+    def set_port_guid(self, device: str, guid: str) -> None:
+        """Give a port its GUID (the low half of its gids/0, as the kernel shows it)."""
+        digits = guid.removeprefix("0x").rjust(16, "0")
+        groups = ":".join(digits[i : i + 4] for i in range(0, 16, 4))
+        gids = self.root / "sys" / "class" / "infiniband" / device / "ports" / "1" / "gids"
+        gids.mkdir(exist_ok=True)
+        (gids / "0").write_text(f"fe80:0000:0000:0000:{groups}\n")
+
+    def set_topology(self, text: str | None) -> None:
+        """What ibnetdiscover prints on this host (None: it fails)."""
+        target = self.root / "ib" / "ibnetdiscover"
+        if text is None:
+            target.unlink(missing_ok=True)
+        else:
+            target.write_text(text)
 
     def set_subnet_managers(self, master: str, *managers: tuple[str, int, int]) -> None:
         """Which master every port sees now, and the managers saquery lists (a failover, a new fabric)."""

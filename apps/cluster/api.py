@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, OpenApiTypes, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
@@ -21,10 +21,10 @@ from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from apps.accounts.access import IsOperator, public
+from apps.cluster import agent_requests, selectors, services
 from apps.cluster import engines as engine_choices
-from apps.cluster import selectors, services
 from apps.cluster.choices import NodeStatus
-from apps.cluster.models import EngineChoice, EngineRelease, Gpu, Node
+from apps.cluster.models import AgentRequest, EngineChoice, EngineRelease, Gpu, Node
 from apps.cluster.onboarding import agent_yaml, install_command
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
@@ -535,3 +535,54 @@ def engine_file(request: HttpRequest, name: str) -> HttpResponseBase:
             {"detail": str(_("The control plane holds no engine file named %(name)s.") % {"name": name})}, status=404
         )
     return FileResponse(open(path, "rb"), as_attachment=True, filename=name)  # noqa: SIM115 - closed by the response
+
+
+def _request_row(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.pk,
+        "node": row.node.name,
+        "kind": row.kind,
+        "params": row.params,
+        "state": row.state,
+        "error": row.error,
+        "group": row.group,
+        "retry_of": row.retry_of_id,
+        "created_at": row.created_at.isoformat(),
+        "sent_at": row.sent_at.isoformat() if row.sent_at else None,
+        "answered_at": row.answered_at.isoformat() if row.answered_at else None,
+        "result": row.result,
+    }
+
+
+class AgentRequestsView(APIView):
+    """Requests sent to agents (fabric maps, bandwidth tests), newest first: pending, sent, answered,
+    failed or timed out, with the answer or the error. Filter with ?node=, ?kind=, ?state=, ?group=."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        rows = AgentRequest.objects.select_related("node")
+        for name in ("kind", "state", "group"):
+            if request.query_params.get(name):
+                rows = rows.filter(**{name: request.query_params[name]})
+        if request.query_params.get("node"):
+            rows = rows.filter(node__name=request.query_params["node"])
+        return Response({"results": [_request_row(r) for r in rows[:200]]})
+
+
+class AgentRequestRetryView(APIView):
+    """POST: the same request again, as a new row (a failed or timed-out one)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, pk: int) -> Response:
+        row = AgentRequest.objects.select_related("node").filter(pk=pk).first()
+        if row is None:
+            return Response({"detail": _("No such request.")}, status=status.HTTP_404_NOT_FOUND)
+        try:
+            again = agent_requests.retry(row)
+        except agent_requests.RequestRefused as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(_request_row(again), status=status.HTTP_202_ACCEPTED)

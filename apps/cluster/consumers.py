@@ -13,7 +13,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from agent import protocol
-from apps.cluster import services
+from apps.cluster import agent_requests, services
 from apps.cluster.heartbeats import writer as heartbeat_writer
 from apps.cluster.metrics import MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
 from apps.cluster.models import Node
@@ -174,6 +174,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 )
             )
             await self.send_desired(node.desired_version)
+            await self.send_requests()
         elif message.type == "report":
             if "engines" in message.body:
                 await database_sync_to_async(services.record_engines, thread_sensitive=False)(
@@ -194,8 +195,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif message.type == "fabrics":
             await database_sync_to_async(record_fabrics, thread_sensitive=False)(self.node_id, message.body)
         elif message.type == "response":
-            if str(message.body["request_id"]).startswith("doctor-"):
+            request_id = str(message.body["request_id"])
+            if request_id.startswith("doctor-"):
                 await database_sync_to_async(services.record_doctor, thread_sensitive=False)(self.node_id, message.body)
+            elif request_id.startswith("req-"):
+                await database_sync_to_async(agent_requests.record_response, thread_sensitive=False)(
+                    self.node_id, message.body
+                )
         elif message.type == "error":
             log.warning(
                 "node %s reports an error: %s: %s",
@@ -215,6 +221,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 version = await database_sync_to_async(services.desired_version, thread_sensitive=False)(self.node_id)
                 if version is not None and version != self.desired_sent:
                     await self.send_desired(version)
+                if await database_sync_to_async(agent_requests.has_pending, thread_sensitive=False)(self.node_id):
+                    await self.send_requests()
             except Exception:
                 log.warning("could not check the desired state of node %s", self.node_name, exc_info=True)
 
@@ -225,7 +233,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(protocol.encode("desired", body))
         self.desired_sent = version
 
+    async def send_requests(self) -> None:
+        """Send the node's pending requests (each marked sent as it goes)."""
+        assert self.node_id is not None
+        for body in await database_sync_to_async(agent_requests.claim, thread_sensitive=False)(self.node_id):
+            await self.send(protocol.encode("request", body))
+
     # Messages from the channel layer -------------------------------------------------------
+
+    async def agent_request(self, event: dict[str, Any]) -> None:
+        await self.send_requests()
 
     async def agent_replace(self, event: dict[str, Any]) -> None:
         if event.get("channel") != self.channel_name:

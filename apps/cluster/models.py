@@ -12,7 +12,17 @@ from django.utils.translation import gettext_lazy as _
 
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 
-__all__ = ["ControlLock", "EngineChoice", "EngineRelease", "EnrollmentToken", "Gpu", "Node", "Replica", "Shard"]
+__all__ = [
+    "AgentRequest",
+    "ControlLock",
+    "EngineChoice",
+    "EngineRelease",
+    "EnrollmentToken",
+    "Gpu",
+    "Node",
+    "Replica",
+    "Shard",
+]
 
 
 class Node(models.Model):
@@ -333,3 +343,44 @@ class EngineRelease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.engine} {self.version}"
+
+
+class AgentRequest(models.Model):
+    """A question only a node's agent can answer (its fabric's map, a bandwidth test), kept as a row
+    so it can be seen, waited for and tried again: pending until sent, then answered, failed or
+    timed out."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", _("pending")
+        SENT = "sent", _("sent")
+        ANSWERED = "answered", _("answered")
+        FAILED = "failed", _("failed")
+        TIMED_OUT = "timed_out", _("timed out")
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="requests", verbose_name=_("node"))
+    kind = models.CharField(_("kind"), max_length=64)
+    params = models.JSONField(_("parameters"), default=dict, blank=True)
+    state = models.CharField(_("state"), max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
+    result = models.JSONField(_("result"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True)
+    timeout_s = models.PositiveIntegerField(_("timeout (s)"), default=300)
+    # Several requests answered together (the two sides of a bandwidth test) share a group.
+    group = models.CharField(_("group"), max_length=64, blank=True, db_index=True)
+    retry_of = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", verbose_name=_("retry of")
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
+    answered_at = models.DateTimeField(_("answered"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("agent request")
+        verbose_name_plural = _("agent requests")
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk}"
+
+    @property
+    def request_id(self) -> str:
+        return f"req-{self.pk}"

@@ -44,3 +44,10 @@ def fetch_engine_releases() -> None:
     from apps.cluster.engines import fetch_wanted_releases
 
     fetch_wanted_releases()
+
+
+@shared_task(ignore_result=True)
+def expire_agent_requests() -> int:
+    from apps.cluster.agent_requests import expire
+
+    return expire()

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiTypes, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.access import IsStaffReader
-from apps.fabrics.services import fabrics_overview
+from apps.accounts.access import IsOperator, IsStaffReader
+from apps.fabrics.maps import request_map
+from apps.fabrics.services import fabrics_overview, topology_view
 
 
 class FabricsView(APIView):
@@ -24,3 +26,28 @@ class FabricsView(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         return Response(fabrics_overview())
+
+
+class FabricTopologyView(APIView):
+    """The fabric's newest ibnetdiscover map (switch tiers, adapters and their leaves, cables with
+    their rates and the degraded ones, rails) with the cluster's own adapters live on it (`live`:
+    port GUID -> node, state and data counters), and its last map requests. POST asks one of its
+    nodes to map it now."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, fabric: str) -> Response:
+        view = topology_view(fabric)
+        if view is None:
+            return Response({"detail": _("No such fabric.")}, status=404)
+        return Response(view)
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, fabric: str) -> Response:
+        row = request_map(fabric)
+        if row is None:
+            return Response(
+                {"detail": _("No ready node on fabric %(fabric)s can map it.") % {"fabric": fabric}}, status=409
+            )
+        return Response({"request": row.pk, "node": row.node.name, "state": row.state}, status=202)

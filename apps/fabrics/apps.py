@@ -10,11 +10,13 @@ class FabricsConfig(AppConfig):
     verbose_name = _("Fabrics")
 
     def ready(self) -> None:
-        from apps.cluster import inventory
+        from apps.cluster import agent_requests, inventory
         from apps.fabrics import placement, services
+        from apps.fabrics.maps import record_map
         from apps.fabrics.metrics import FabricCollector
         from llmgw.metrics import add_collector
 
+        agent_requests.register_handler("ibnetdiscover", record_map)
         placement.register()
         add_collector(FabricCollector)
         if services.contribute_snapshots not in inventory.SNAPSHOT_HOOKS:

@@ -47,3 +47,23 @@ class MasterChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.port}: {self.previous} -> {self.master}"
+
+
+class FabricMap(models.Model):
+    """One ibnetdiscover map of a physical fabric, parsed here (apps.fabrics.topology.to_dict)."""
+
+    fabric = models.CharField(_("fabric"), max_length=100, db_index=True)
+    node = models.ForeignKey(
+        "cluster.Node", on_delete=models.SET_NULL, null=True, related_name="+", verbose_name=_("mapped from")
+    )
+    device = models.CharField(_("adapter"), max_length=64, blank=True)
+    taken_at = models.DateTimeField(_("taken"), auto_now_add=True, db_index=True)
+    data = models.JSONField(_("map"), default=dict)
+
+    class Meta:
+        verbose_name = _("fabric map")
+        verbose_name_plural = _("fabric maps")
+        ordering = ["-taken_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.fabric} @ {self.taken_at:%Y-%m-%d %H:%M}"

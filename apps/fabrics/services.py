@@ -125,8 +125,17 @@ def _expected_rates(rows: Iterable[NodeFabrics], sm_sets: dict[str, str]) -> dic
     return {k: max(c.items(), key=lambda item: (item[1], item[0]))[0] for k, c in rates.items()}
 
 
-def attachments_for(row: NodeFabrics, sm_sets: dict[str, str], expected: dict[str, float]) -> list[dict[str, Any]]:
-    """The node's declared fabrics as placement's snapshot holds them (see apps.fabrics.placement)."""
+def attachments_for(
+    row: NodeFabrics,
+    sm_sets: dict[str, str],
+    expected: dict[str, float],
+    leaves: dict[str, dict[str, dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """The node's declared fabrics as placement's snapshot holds them (see apps.fabrics.placement).
+
+    With the fabrics' maps (`leaves`: fabric -> port GUID -> its leaf), a node's leaf is the set of
+    leaves its ports on the fabric are cabled to: one switch on a plain fat tree, one leaf per rail
+    on a rail-optimised one (nodes with the same set share their rails' leaves)."""
     by_name: dict[str, list[dict[str, Any]]] = {}
     for port in row.ports or []:
         if port.get("up") and port.get("fabric"):
@@ -162,6 +171,13 @@ def attachments_for(row: NodeFabrics, sm_sets: dict[str, str], expected: dict[st
         attachment["short"] = bool(
             rate and any(isinstance(p.get("rate_gbps"), int | float) and p["rate_gbps"] < rate for p in chosen)
         )
+        mapped = (leaves or {}).get(attachment["identity"] or "", {})
+        found = [mapped[str(p["port_guid"])] for p in chosen if p.get("port_guid") and str(p["port_guid"]) in mapped]
+        if found and len(found) == len(chosen) and all(f["leaf"] for f in found):
+            attachment["leaf"] = ",".join(sorted({str(f["leaf"]) for f in found}))
+            attachment["leaf_name"] = ", ".join(dict.fromkeys(str(f["leaf_name"]) for f in found))
+        if any(f["degraded"] for f in found):
+            attachment["short"] = True
         out.append(attachment)
     return out
 
@@ -182,12 +198,15 @@ def _load(node_ids: Iterable[int] | None = None) -> tuple[list[NodeFabrics], dic
 
 def contribute_snapshots(snapshots: dict[int, NodeSnapshot]) -> None:
     """Give each node of a placement snapshot its fabrics (`extra["fabrics"]`)."""
+    from apps.fabrics.maps import latest_maps, port_leaves
+
     rows, sm_sets, _managers = _load()
     expected = _expected_rates(rows, sm_sets)
+    leaves = port_leaves(latest_maps()) if rows else {}
     for row in rows:
         snapshot = snapshots.get(row.node_id)
         if snapshot is not None:
-            snapshot.extra["fabrics"] = attachments_for(row, sm_sets, expected)
+            snapshot.extra["fabrics"] = attachments_for(row, sm_sets, expected, leaves)
 
 
 def shard_env(node_id: int, group: Group | None) -> dict[str, str]:
@@ -372,3 +391,53 @@ def fabrics_overview() -> dict[str, Any]:
             }
         )
     return {"fabrics": out, "problems": problems}
+
+
+def topology_view(fabric: str) -> dict[str, Any] | None:
+    """The fabric's newest map with the cluster's own adapters live on it: for each port GUID the
+    node and port it is, whether it is up, and its data counters (bytes) as last sampled. None when
+    the fabric has never been mapped."""
+    from apps.cluster.models import AgentRequest
+    from apps.fabrics.maps import latest_maps
+
+    kept = latest_maps().get(fabric)
+    requests = [
+        {
+            "id": r.pk,
+            "node": r.node.name,
+            "state": r.state,
+            "error": r.error,
+            "created_at": r.created_at.isoformat(),
+            "answered_at": r.answered_at.isoformat() if r.answered_at else None,
+        }
+        for r in AgentRequest.objects.filter(kind="ibnetdiscover", params__fabric=fabric)
+        .select_related("node")
+        .order_by("-created_at")[:5]
+    ]
+    if kept is None:
+        return {"fabric": fabric, "map": None, "live": {}, "requests": requests}
+    live: dict[str, dict[str, Any]] = {}
+    for row in NodeFabrics.objects.select_related("node"):
+        sample = row.node.sample or {}
+        for port in sample.get("ib_ports") or []:
+            guid = port.get("port_guid") if isinstance(port, dict) else None
+            if guid:
+                live[str(guid)] = {
+                    "node": row.node.name,
+                    "port": _key(port),
+                    "up": port.get("up"),
+                    "state": port.get("state_name"),
+                    "phys_state": port.get("phys_state_name"),
+                    "rate_gbps": port.get("rate_gbps"),
+                    "xmit_bytes": port.get("xmit_bytes"),
+                    "rcv_bytes": port.get("rcv_bytes"),
+                    "taken_at": sample.get("taken_at"),
+                }
+    return {
+        "fabric": fabric,
+        "taken_at": kept.taken_at.isoformat(),
+        "mapped_from": kept.node.name if kept.node else None,
+        "map": kept.data,
+        "live": live,
+        "requests": requests,
+    }

@@ -203,6 +203,24 @@ def node(world: World, role: str) -> dict[str, Any]:
     return {"name": world.node.name}
 
 
+def mapped_fabric(world: World, role: str) -> dict[str, Any]:
+    """A fabric one ready node (whose agent maps fabrics) is on."""
+    from apps.fabrics.models import NodeFabrics
+
+    Node.objects.filter(pk=world.node.pk).update(features=["ibnetdiscover.v1"])
+    port = {"device": "mlx5_0", "port": 1, "fabric": "ib-a", "link_layer": "InfiniBand", "up": True}
+    NodeFabrics.objects.update_or_create(node=world.node, defaults={"ports": [{**port, "sm_guid": "0x01"}]})
+    return {"fabric": "ib:0x01"}
+
+
+def failed_request(world: World, role: str) -> dict[str, Any]:
+    from apps.cluster.models import AgentRequest
+
+    mapped_fabric(world, role)
+    row = AgentRequest.objects.create(node=world.node, kind="ibnetdiscover", state="failed", error="no cable")
+    return {"pk": row.pk}
+
+
 def model(world: World, role: str) -> dict[str, Any]:
     return {"name": world.model.name}
 
@@ -368,6 +386,9 @@ MATRIX: dict[str, Route] = {
     "api-engines-remove": Route(("read_everything", "change_cluster"), bodies=lambda w: engine_rule_to_remove()),
     "api-engines-refresh": Route(("read_everything", "change_cluster")),
     "api-fabrics": Route(("read_everything", "administrator")),
+    "api-fabric-topology": Route(("read_everything", "change_cluster"), mapped_fabric),
+    "api-agent-requests": Route(("read_everything", "change_cluster")),
+    "api-agent-request-retry": Route(("read_everything", "change_cluster"), failed_request),
     "api-mirror": Route(
         ("read_everything", "change_cluster"),
         bodies=lambda w: {"POST": {"urls": [f"{w.hub_url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"]}},
