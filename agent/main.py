@@ -383,7 +383,7 @@ class Agent:
         """Run one request's handler and send its answer on whichever connection is open then."""
         request_id, kind = body["request_id"], body["kind"]
         try:
-            result = await requests.HANDLERS[kind](dict(body.get("params") or {}), self.sampler.runner)
+            result = await requests.HANDLERS[kind](dict(body.get("params") or {}), self.sampler)
             answer: dict[str, Any] = {"request_id": request_id, "ok": True, "result": result}
         except requests.RequestFailed as exc:
             answer = {"request_id": request_id, "ok": False, "error": str(exc)}

@@ -190,6 +190,14 @@ cat {ib}/ibnetdiscover
 """
 
 
+IB_WRITE_BW = """#!/bin/sh
+# ib_write_bw: perftest's table as a real run printed it (<root>/ib/perftest), with its arguments logged.
+echo "$*" >> {ib}/perftest.log
+case "$1" in --version) echo "Version: 6.10"; exit 0 ;; esac
+cat {ib}/perftest
+"""
+
+
 def smir(*managers: tuple[str, int, int]) -> str:
     """saquery SMIR's text for (guid, priority, state) managers, as rdma-core prints it."""
     blocks = []
@@ -226,7 +234,11 @@ def _infiniband(tree: dict[str, str], root: Path, bin_dir: Path) -> dict[str, st
     (ib / "master").write_text("0x0002c90300a1b2c3\n")
     (ib / "smir").write_text(smir(("0x0002c90300a1b2c3", 14, 3), ("0x0002c90300a1b2d0", 10, 2)))
     tools = {}
-    for name, text in (("sminfo", SMINFO), ("saquery", SAQUERY), ("ibnetdiscover", IBNETDISCOVER)):
+    (ib / "perftest").write_text(
+        (FIXTURES / "perftest" / "ib_write_bw-report-gbits-roce-q4-rdma-cm-oci-100g.txt").read_text()
+    )
+    scripts = (("sminfo", SMINFO), ("saquery", SAQUERY), ("ibnetdiscover", IBNETDISCOVER), ("ib_write_bw", IB_WRITE_BW))
+    for name, text in scripts:
         script = bin_dir / name
         script.write_text(text.format(ib=shlex.quote(str(ib))))
         script.chmod(0o755)

@@ -9,7 +9,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.access import IsOperator, IsStaffReader
+from apps.cluster.models import Node
+from apps.fabrics import perf
 from apps.fabrics.maps import request_map
+from apps.fabrics.models import FabricTest
 from apps.fabrics.services import fabrics_overview, topology_view
 
 
@@ -51,3 +54,50 @@ class FabricTopologyView(APIView):
                 {"detail": _("No ready node on fabric %(fabric)s can map it.") % {"fabric": fabric}}, status=409
             )
         return Response({"request": row.pk, "node": row.node.name, "state": row.state}, status=202)
+
+
+class FabricTestsView(APIView):
+    """POST {"a": client node, "b": server node, "duration": seconds per rail}: measure the fabric the
+    two nodes share with ib_write_bw, rail by rail (refused at once, with the reason, when they share
+    none or an agent cannot run it). GET lists the last tests."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        tests = FabricTest.objects.select_related("client", "server")[:50]
+        return Response({"results": [perf.as_dict(t) for t in tests]})
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request) -> Response:
+        data = request.data if isinstance(request.data, dict) else {}
+        names = [str(data.get(k) or "") for k in ("a", "b")]
+        nodes = {n.name: n for n in Node.objects.filter(name__in=names)}
+        missing = [n for n in names if n not in nodes]
+        if missing or names[0] == names[1]:
+            detail = _("Name two different nodes (unknown: %(names)s).") % {"names": ", ".join(missing) or "-"}
+            return Response({"detail": detail}, status=400)
+        try:
+            duration = int(data.get("duration") or 5)
+        except (TypeError, ValueError):
+            duration = 0
+        if not 1 <= duration <= 60:
+            return Response({"detail": _("duration: 1 to 60 seconds per rail.")}, status=400)
+        try:
+            test = perf.start_test(nodes[names[0]], nodes[names[1]], duration_s=duration)
+        except perf.TestRefused as exc:
+            return Response({"detail": str(exc)}, status=409)
+        return Response(perf.as_dict(test), status=202)
+
+
+class FabricTestView(APIView):
+    """One fabric test: each rail's adapters, link rate, measured bandwidth, share and grade."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, pk: int) -> Response:
+        test = FabricTest.objects.select_related("client", "server").filter(pk=pk).first()
+        if test is None:
+            return Response({"detail": _("No such test.")}, status=404)
+        return Response(perf.as_dict(test))

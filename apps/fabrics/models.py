@@ -67,3 +67,31 @@ class FabricMap(models.Model):
 
     def __str__(self) -> str:
         return f"{self.fabric} @ {self.taken_at:%Y-%m-%d %H:%M}"
+
+
+class FabricTest(models.Model):
+    """`ctl fabric-test A B`: ib_write_bw between two nodes, adapter by adapter as NCCL pairs
+    them, one rail at a time; each rail graded against its link's rate (`rails`)."""
+
+    class State(models.TextChoices):
+        RUNNING = "running", _("running")
+        DONE = "done", _("done")
+        FAILED = "failed", _("failed")
+
+    client = models.ForeignKey("cluster.Node", on_delete=models.CASCADE, related_name="+", verbose_name=_("client"))
+    server = models.ForeignKey("cluster.Node", on_delete=models.CASCADE, related_name="+", verbose_name=_("server"))
+    fabric = models.CharField(_("fabric"), max_length=100)
+    state = models.CharField(_("state"), max_length=16, choices=State.choices, default=State.RUNNING)
+    duration_s = models.PositiveSmallIntegerField(_("seconds per rail"), default=5)
+    rails = models.JSONField(_("rails"), default=list)
+    error = models.TextField(_("error"), blank=True)
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("fabric test")
+        verbose_name_plural = _("fabric tests")
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.client_id} -> {self.server_id}"

@@ -391,6 +391,9 @@ def add_all(ctl_sub: Any) -> None:
     from llmgw.cli.ctl_mirror import add_mirror_commands
 
     add_mirror_commands(ctl_sub)
+    from llmgw.cli.ctl_fabrics import add_fabric_commands
+
+    add_fabric_commands(ctl_sub)
     add_model_commands(ctl_sub)
     add_usage_commands(ctl_sub)
     add_limit_commands(ctl_sub)

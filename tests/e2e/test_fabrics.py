@@ -32,7 +32,7 @@ UP_PORTS = "=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_7,mlx5_9"  # mlx5_6 and mlx5_8 are
 def agent_settings(tmp: Path) -> dict[str, Any]:
     engine = tmp / "fake-vllm"
     if not engine.exists():
-        engine.write_text("#!/bin/sh\nexec sleep 120\n")
+        engine.write_text('#!/bin/sh\ncase "$1" in --version) echo "0.11.0"; exit 0 ;; esac\nexec sleep 120\n')
         engine.chmod(0o755)
     return {
         "fabrics": [{"name": "ib-a"}],
