@@ -936,6 +936,66 @@ def _unverified_clock(
 # --------------------------------------------------------------------------- all of it
 
 
+def fabric_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
+    """Each InfiniBand and RoCE port: its state and rate, the master subnet manager an active IB port
+    sees (sminfo), and ports whose link trained below the rest. Nothing on a node without adapters."""
+    from agent.probes import infiniband
+    from agent.probes.sysfs import SysfsReader
+
+    report = infiniband.read_ports(SysfsReader(config.root))
+    if not report.ports:
+        return []
+    sminfo = config.tools.get("sminfo", "sminfo")
+    checks = []
+    missing = False
+    for port in report.ports:
+        name = f"port {port.device}/{port.port}"
+        rate = f"{port.rate_gbps:g} Gb/s" if port.rate_gbps is not None else "rate unknown"
+        state = f"{port.state_name or port.state} / {port.phys_state_name or port.phys_state}"
+        if not infiniband.port_is_up(port):
+            if port.state == 2 and port.phys_state == 5:
+                checks.append(
+                    Check(
+                        name,
+                        FAIL,
+                        f"{state}, {rate}: a link, but no subnet manager brought it up",
+                        "check the fabric's subnet manager (sminfo, saquery SMIR)",
+                    )
+                )
+            else:
+                checks.append(Check(name, WARN, f"{state}: no link", "check the cable and the switch port"))
+            continue
+        if port.link_layer != "InfiniBand":
+            checks.append(Check(name, PASS, f"RoCE, {state}, {rate}, {port.roce_ip or 'no RoCE v2 IPv4 address'}"))
+            continue
+        if missing:
+            checks.append(Check(name, WARN, f"{state}, {rate}; subnet manager not checked", "install infiniband-diags"))
+            continue
+        result = _run([sminfo, "-C", port.device, "-P", str(port.port)], timeout)
+        info = infiniband.parse_sminfo(result.stdout + "\n" + result.stderr)
+        if result.returncode is None and result.problem and "cannot run" in result.problem:
+            missing = True
+            checks.append(Check(name, WARN, f"{state}, {rate}; sminfo is missing", "install infiniband-diags"))
+        elif info is None or info.error is not None:
+            checks.append(
+                Check(name, FAIL, f"{state}, {rate}; no subnet manager answered", "check the fabric's subnet manager")
+            )
+        else:
+            checks.append(
+                Check(name, PASS, f"{state}, {rate}, master subnet manager {info.guid} (priority {info.priority})")
+            )
+    for port, found, expected in infiniband.expected_rate_mismatch(report.ports):
+        checks.append(
+            Check(
+                f"port {port.device}/{port.port} rate",
+                WARN,
+                f"{found:g} Gb/s where the node's other ports run at {expected:g}",
+                "reseat or replace the cable; check the switch port's speed",
+            )
+        )
+    return checks
+
+
 def run_checks(
     config: AgentConfig,
     *,
@@ -955,6 +1015,7 @@ def run_checks(
     checks += _guarded("gpu driver", lambda: gpu_checks(config))
     checks += _guarded("avx2", lambda: cpu_checks(config))
     checks += _guarded("model dirs", lambda: model_dir_checks(config, timeout=timeout))
+    checks += _guarded("fabric ports", lambda: fabric_checks(config, timeout=timeout))
     checks += _guarded("control plane", lambda: control_plane_checks(config, now=now, timeout=timeout))
     return checks
 

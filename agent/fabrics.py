@@ -82,6 +82,7 @@ class FabricWatcher:
         self._last: tuple[Any, dict[str, Any]] | None = None
         self._changed = False
         self.sminfo_missing = False
+        self._install_tried = False
 
     def present(self) -> bool:
         return bool(self.reader.listdir("sys/class/infiniband"))
@@ -114,9 +115,11 @@ class FabricWatcher:
                 continue
             result = await self.runner.run("sminfo", "-C", port.device, "-P", str(port.port), timeout=10)
             if result.returncode is None and ("No such file" in result.stderr or "not found" in result.stderr):
-                self.sminfo_missing = True
-                warnings.append("sminfo is not installed (infiniband-diags): the fabric of each port cannot be checked")
-                break
+                if await self._install_diags(warnings):
+                    result = await self.runner.run("sminfo", "-C", port.device, "-P", str(port.port), timeout=10)
+                else:
+                    self.sminfo_missing = True
+                    break
             info = infiniband.parse_sminfo(result.stdout + "\n" + result.stderr)
             masters[_port_key(port)] = info.guid if info is not None and info.error is None else None
         self._masters = masters
@@ -149,6 +152,24 @@ class FabricWatcher:
         if any(p.link_layer == "Ethernet" for p in ports):
             result = await self.runner.run("ip", "-j", "addr", "show", timeout=10)
             self._networks = infiniband.parse_ip_addr_json(result.stdout) if result.ok else {}
+
+    async def _install_diags(self, warnings: list[str]) -> bool:
+        """infiniband-diags (sminfo, saquery, ibnetdiscover), installed once when missing."""
+        if self._install_tried:
+            return False
+        self._install_tried = True
+        log.info("sminfo is missing on a node with InfiniBand adapters: installing infiniband-diags")
+        result = await self.runner.run(
+            "apt-get", "install", "-y", "--no-install-recommends", "infiniband-diags", timeout=600
+        )
+        if result.ok:
+            return True
+        why = (result.stderr.strip() or result.stdout.strip() or "apt-get is not available")[-300:]
+        warnings.append(
+            f"sminfo is not installed and installing infiniband-diags failed ({why}): "
+            "the fabric of each port cannot be checked"
+        )
+        return False
 
     def _port_dict(self, port: infiniband.IbPort) -> dict[str, Any]:
         key = _port_key(port)

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 import llmgw
-from apps.accounts.access import IsSignedIn
+from apps.accounts.access import IsSignedIn, can_read_everything
 from llmgw import readiness
 
 __all__ = ["ApiKeyScheme", "AutoSchema", "ErrorSerializer", "StatusView", "exception_handler", "router"]
@@ -129,10 +129,21 @@ class StatusView(APIView):
                 "version": serializers.CharField(),
                 "counts": serializers.DictField(child=serializers.IntegerField()),
                 "checks": serializers.DictField(child=serializers.CharField()),
+                "fabrics": serializers.DictField(child=serializers.ListField(child=serializers.DictField())),
             },
         )
     )
     def get(self, request: Request) -> Response:
         from llmgw.console.selectors import landing_counts
 
-        return Response({"version": llmgw.__version__, "counts": landing_counts(), "checks": readiness.run_checks()})
+        body: dict[str, Any] = {
+            "version": llmgw.__version__,
+            "counts": landing_counts(),
+            "checks": readiness.run_checks(),
+        }
+        if can_read_everything(request.user):
+            from apps.fabrics.services import fabric_weights
+
+            # Per physical fabric, the models whose weights its nodes hold (a shared filer once).
+            body["fabrics"] = fabric_weights()
+        return Response(body)

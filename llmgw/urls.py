@@ -116,6 +116,7 @@ urlpatterns = [
     path("org/usage/", people_views.org_usage, name="org-usage"),
     path("mirror/", include("apps.mirror.urls")),
     path("nodes/", include("apps.cluster.urls")),
+    path("fabrics/", include("apps.fabrics.urls")),
     path("models/", include("apps.catalog.urls")),
     path("api/v1/", include(api_urlpatterns)),
     # The admin signs in through /login/, under the same bounds as everyone else.

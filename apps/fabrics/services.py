@@ -441,3 +441,35 @@ def topology_view(fabric: str) -> dict[str, Any] | None:
         "live": live,
         "requests": requests,
     }
+
+
+def fabric_weights() -> dict[str, list[dict[str, Any]]]:
+    """For each physical fabric, the models whose weights its nodes hold, and how many copies: a
+    node's local copy counts one, a shared filer (the same mount on several nodes) once per fabric,
+    since "can this fabric serve it without a copy over the management network" is the question."""
+    from apps.catalog.models import Model
+
+    sources: dict[str, str] = {}
+    for name, source in Model.objects.live().exclude(source="").values_list("name", "source"):
+        sources.setdefault(str(source), str(name))
+    rows, sm_sets, _managers = _load()
+    held: dict[str, dict[str, set[str]]] = {}
+    for row in rows:
+        identities = {port_identity(p, sm_sets) for p in row.ports or [] if p.get("up")} - {None}
+        pools = (row.node.sample or {}).get("storage") or []
+        for pool in pools:
+            if not isinstance(pool, dict):
+                continue
+            where = (
+                f"shared:{pool.get('fstype')}:{pool.get('mount_point')}" if pool.get("shared") else f"{row.node.name}"
+            )
+            for entry in pool.get("weights") or []:
+                model = sources.get(str(entry))
+                if model is None:
+                    continue
+                for identity in identities:
+                    held.setdefault(str(identity), {}).setdefault(model, set()).add(where)
+    return {
+        fabric: [{"model": m, "copies": len(where)} for m, where in sorted(models.items())]
+        for fabric, models in sorted(held.items())
+    }

@@ -153,6 +153,14 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     rows += [(name, value) for name, value in status.get("counts", {}).items()]
     rows += [(name, value) for name, value in status.get("checks", {}).items()]
     print(format_table(["FIELD", "VALUE"], rows))
+    held = [
+        (fabric, entry["model"], entry["copies"])
+        for fabric, models in (status.get("fabrics") or {}).items()
+        for entry in models
+    ]
+    if held:
+        print()
+        print(format_table(["FABRIC", "MODEL", "COPIES"], held))
     return 0
 
 

@@ -221,6 +221,29 @@ def failed_request(world: World, role: str) -> dict[str, Any]:
     return {"pk": row.pk}
 
 
+def two_on_a_fabric(world: World) -> dict[str, dict[str, Any]]:
+    """A second node on the first's fabric, both agents able to run perftest: a test of them starts."""
+    from apps.fabrics.models import NodeFabrics
+
+    mapped_fabric(world, "")
+    other, _ = Node.objects.get_or_create(
+        name="n2", defaults={"status": NodeStatus.READY, "registered_at": timezone.now(), "address": "10.0.0.2"}
+    )
+    features = ["ibnetdiscover.v1", "perftest.v1"]
+    Node.objects.filter(pk__in=[world.node.pk, other.pk]).update(features=features, address="10.0.0.2")
+    port = {"device": "mlx5_0", "port": 1, "fabric": "ib-a", "link_layer": "InfiniBand", "up": True}
+    NodeFabrics.objects.update_or_create(node=other, defaults={"ports": [{**port, "sm_guid": "0x01"}]})
+    return {"POST": {"a": world.node.name, "b": "n2"}}
+
+
+def a_fabric_test(world: World, role: str) -> dict[str, Any]:
+    from apps.fabrics.models import FabricTest
+
+    two_on_a_fabric(world)
+    test = FabricTest.objects.create(client=world.node, server=Node.objects.get(name="n2"), fabric="ib:0x01")
+    return {"pk": test.pk}
+
+
 def model(world: World, role: str) -> dict[str, Any]:
     return {"name": world.model.name}
 
@@ -305,6 +328,8 @@ MATRIX: dict[str, Route] = {
     "org-limits": Route("manages_branch"),
     "org-usage": Route("manages_branch"),
     "cluster:nodes": Route("read_everything"),
+    "fabrics:fabrics": Route("read_everything"),
+    "fabrics:fabric": Route("read_everything", mapped_fabric),
     "cluster:node-add": Route(
         "change_cluster", bodies=lambda w: {"POST": {"name": "n2", "labels": "", "expires_hours": "1"}}
     ),
@@ -388,6 +413,8 @@ MATRIX: dict[str, Route] = {
     "api-fabrics": Route(("read_everything", "administrator")),
     "api-fabric-topology": Route(("read_everything", "change_cluster"), mapped_fabric),
     "api-agent-requests": Route(("read_everything", "change_cluster")),
+    "api-fabric-tests": Route(("read_everything", "change_cluster"), bodies=two_on_a_fabric),
+    "api-fabric-test": Route(("read_everything", "change_cluster"), a_fabric_test),
     "api-agent-request-retry": Route(("read_everything", "change_cluster"), failed_request),
     "api-mirror": Route(
         ("read_everything", "change_cluster"),

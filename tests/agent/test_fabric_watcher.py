@@ -132,11 +132,22 @@ def test_a_failover_is_seen_at_the_next_check(tmp_path: Path) -> None:
 def test_without_sminfo_the_ports_are_reported_and_the_fabric_cannot_be_checked(tmp_path: Path) -> None:
     root, tools = host(tmp_path)
     tools["sminfo"] = str(tmp_path / "no-sminfo-here")
-    w = watcher(root, tools, Clock())
+    apt = tmp_path / "apt-get"
+    apt.write_text(
+        "#!/bin/sh\necho \"$*\" >> $0.log\necho 'E: Unable to locate package infiniband-diags' >&2\nexit 100\n"
+    )
+    apt.chmod(0o755)
+    tools["apt-get"] = str(apt)
+    clock = Clock()
+    w = watcher(root, tools, clock)
     ports, managers, warnings = sample(w)
     assert sum(p["up"] for p in ports) == 6
     assert all("sm_guid" not in p for p in ports) and managers == []
-    assert any("sminfo is not installed" in w for w in warnings)
+    assert any("installing infiniband-diags failed (E: Unable to locate package" in w for w in warnings)
+    assert (tmp_path / "apt-get.log").read_text() == "install -y --no-install-recommends infiniband-diags\n"
+    clock.now += 120
+    sample(w)  # tried once, not at every check
+    assert len((tmp_path / "apt-get.log").read_text().splitlines()) == 1
 
 
 def test_a_master_that_does_not_answer_leaves_the_port_unchecked(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ OPTIONAL_PAGES = {
     "chat": "chat",
     "usage": "usage",
     "cluster": "cluster",
+    "fabrics:fabrics": "fabrics",
     "people": "people",
     "docs": "docs",
     "about": "about",

@@ -167,3 +167,22 @@ def test_a_bad_answer_fails_the_request_with_why_and_keeps_no_map() -> None:
     assert failed is not None and failed.state == AgentRequest.State.FAILED
     assert failed.error.startswith("The answer could not be used")
     assert FabricMap.objects.count() == 0
+
+
+def test_status_says_which_models_each_fabric_holds_a_shared_filer_once(api: Any, alice: Any) -> None:
+    from apps.catalog.models import Model
+
+    Model.objects.create(name="llama", source="/filer/llama", min_replicas=0, max_replicas=1)
+    Model.objects.create(name="qwen", source="/local/qwen", min_replicas=0, max_replicas=1)
+    filer = {"mount_point": "/filer", "fstype": "nfs4", "shared": True, "weights": ["/filer/llama"]}
+    local = {"mount_point": "/local", "fstype": "ext4", "shared": False, "weights": ["/local/qwen"]}
+    node("n1", ib("mlx5_0"), sample={"storage": [filer]})
+    node("n2", ib("mlx5_0"), sample={"storage": [filer, local]})
+    node("n3", ib("mlx5_0", SM_B), sample={"storage": [local]})
+    assert services.fabric_weights() == {
+        f"ib:{SM_A}": [{"model": "llama", "copies": 1}, {"model": "qwen", "copies": 1}],
+        f"ib:{SM_B}": [{"model": "qwen", "copies": 1}],
+    }
+    api.force_authenticate(alice)
+    body = api.get("/api/v1/status").json()
+    assert body["fabrics"][f"ib:{SM_B}"] == [{"model": "qwen", "copies": 1}]

@@ -83,6 +83,7 @@ ARGUMENTS: dict[str, list[dict[str, str]]] = {
     "catalog:model-explain": [{"name": "qwen"}, {"name": "hosted"}],
     "docs-page": [{"slug": "quickstart"}, {"slug": "clients"}],
     "mirror:serve": [{"pk": "1"}],
+    "fabrics:fabric": [{"fabric": "ib:0x000000000000000a"}],
 }
 # Pages for people who are not signed in (they redirect an administrator away).
 ANONYMOUS = {"login", "signup", "signup-done", "sso-failed"}
@@ -244,6 +245,17 @@ def fleet(db: Any) -> None:
     from tests.mirror.ggufbytes import held_gguf
 
     held_gguf(pk=1)
+    # gpu1 on an InfiniBand fabric that has been mapped: its page draws the map.
+    from apps.fabrics import topology
+    from apps.fabrics.models import FabricMap, NodeFabrics
+    from tests.fabrics.fattree import fat_tree
+
+    port = {"device": "mlx5_0", "port": 1, "fabric": "ib-a", "link_layer": "InfiniBand", "up": True}
+    NodeFabrics.objects.create(node=gpu1, ports=[{**port, "sm_guid": "0x000000000000000a"}])
+    tree = fat_tree(pods=1, sus_per_pod=1, hosts_per_su=2, rails=2, spines_per_pod=2, uplinks=2, cores_per_group=0)
+    FabricMap.objects.create(
+        fabric="ib:0x000000000000000a", node=gpu1, data=topology.to_dict(topology.parse(tree.text))
+    )
 
 
 def test_every_console_page_is_served_under_the_strict_policy(client: Client, alice: User, fleet: None) -> None:

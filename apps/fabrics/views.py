@@ -1,0 +1,63 @@
+"""The fabric pages: every physical fabric with its subnet managers and problems, and a page per
+fabric that draws its map (templates/fabrics/, console/fabric.js)."""
+
+from __future__ import annotations
+
+from django.http import Http404, HttpResponse
+from django.shortcuts import render
+from django.utils.translation import gettext as _
+
+from apps.accounts.access import requires
+from apps.fabrics.services import fabrics_overview, topology_view
+from llmgw.http import HtmxHttpRequest
+
+
+@requires("read_everything", methods=["GET"])
+def fabrics(request: HtmxHttpRequest) -> HttpResponse:
+    return render(request, "fabrics/fabrics.html", {"overview": fabrics_overview()})
+
+
+@requires("read_everything", methods=["GET"])
+def fabric(request: HtmxHttpRequest, fabric: str) -> HttpResponse:
+    overview = fabrics_overview()
+    found = next((f for f in overview["fabrics"] if f["id"] == fabric), None)
+    view = topology_view(fabric)
+    if found is None and (view is None or view.get("map") is None):
+        raise Http404
+    problems = [p for p in overview["problems"] if fabric in p["message"]]
+    return render(
+        request,
+        "fabrics/fabric.html",
+        {
+            "fabric": found or {"id": fabric},
+            "view": view,
+            "problems": problems,
+            "fabric_id": fabric,
+            "labels": labels(),
+        },
+    )
+
+
+def labels() -> dict[str, str]:
+    """What the drawing says, translated here (console/fabric.js holds no text of its own)."""
+    return {
+        "core": _("core"),
+        "spine": _("spine"),
+        "leaf": _("leaf"),
+        "switch": _("switch"),
+        "adapter": _("adapter"),
+        "degraded": _("below its kind's rate"),
+        "expected": _("expected"),
+        "down": _("down"),
+        "ports": _("ports"),
+        "rail": _("rail"),
+        "host": _("host"),
+        "node": _("node"),
+        "rate": _("rate"),
+        "traffic": _("traffic"),
+        "cables": _("cables"),
+        "lid": _("LID"),
+        "gbps": _("Gb/s"),
+        "not_found": _("no node of that name on this fabric"),
+        "failed": _("The map could not be read."),
+    }
