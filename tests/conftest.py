@@ -14,19 +14,22 @@ from apps.accounts.models import User
 
 BACKEND = os.environ.get("LLMGW_TEST_BACKEND", "")
 #: Set by scripts/test for its SQLite run after a PostgreSQL one: the tests that use neither the
-#: database nor the web stack (the agent's own, placement's, the mirror's file readers) ran in the
-#: first and are not run a second time.
+#: database nor the web stack (the agent's own, placement's, the mirror's file readers, the fabric
+#: map's parser and placement plugins) ran in the first and are not run a second time.
 SKIP_BACKEND_FREE = os.environ.get("LLMGW_TEST_SKIP_BACKEND_FREE") == "1"
 #: Files (and folders, ending in /) the SQLite run leaves to the PostgreSQL one although they use a
 #: database: what they check does not depend on which (the API's shapes against its schema; the
-#: agent installing engines and fetching models, where the control plane only relays; the editor
-#: CLIs and the browser, which see only HTTP).
+#: agent installing engines and fetching models, where the control plane only relays; fleets of
+#: agents on InfiniBand hosts, whose database side the fabric map's end-to-end test and the
+#: fabrics' own tests cover on both; the editor CLIs and the browser, which see only HTTP).
 SECOND_RUN_SKIPS = (
     "llmgw/test_api_schema.py",
     "e2e/test_engine_install.py",
     "e2e/test_python_engine_install.py",
     "e2e/test_mirror.py",
     "e2e/test_editor_clients.py",
+    "e2e/test_fabrics.py",
+    "e2e/test_fabric_test.py",
     "browser/",
 )
 _DATABASE_FIXTURES = frozenset(
@@ -38,7 +41,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if not SKIP_BACKEND_FREE:
         return
     here = os.path.dirname(__file__)
-    backend_free_dirs = tuple(os.path.join(here, name) + os.sep for name in ("agent", "placement", "mirror"))
+    backend_free_dirs = tuple(os.path.join(here, name) + os.sep for name in ("agent", "placement", "mirror", "fabrics"))
     second_run_files = {os.path.join(here, *name.split("/")) for name in SECOND_RUN_SKIPS if not name.endswith("/")}
     second_run_dirs = tuple(
         os.path.join(here, name.rstrip("/")) + os.sep for name in SECOND_RUN_SKIPS if name.endswith("/")
