@@ -240,6 +240,9 @@ def cluster(request: HtmxHttpRequest) -> HttpResponse:
         template += "#cluster-live"
     context: dict[str, Any] = {"overview": overview.cluster_overview(colour), "colours": _colours()}
     if not is_fragment(request):
+        from apps.fabrics.services import fabrics_overview
+
+        context["fabrics"] = fabrics_overview()
         context["engines"] = selectors.engine_overview()
         context["can_change"] = can_change_cluster(request.user)
     return render(request, template, context)

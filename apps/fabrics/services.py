@@ -387,6 +387,7 @@ def fabrics_overview() -> dict[str, Any]:
                 "expected_gbps": fabric["expected_gbps"],
                 "short": fabric["short"],
                 "subnet_managers": sms,
+                "standbys": sum(1 for sm in sms if not sm["master"]) if fabric["kind"] == "ib" else None,
                 "master_changes": fabric.get("master_changes", []),
             }
         )

@@ -186,3 +186,15 @@ def test_status_says_which_models_each_fabric_holds_a_shared_filer_once(api: Any
     api.force_authenticate(alice)
     body = api.get("/api/v1/status").json()
     assert body["fabrics"][f"ib:{SM_B}"] == [{"model": "qwen", "copies": 1}]
+
+
+def test_the_cluster_page_lists_each_fabric_with_its_master_and_standbys(client: Any, alice: Any) -> None:
+    node("n1", ib("mlx5_0"), sample=managers(SM_A, SM_A, SM_A2))
+    client.force_login(alice)
+    page = client.get("/cluster/").content.decode()
+    section = page[page.index('data-section="fabrics"') :]
+    section = section[: section.index("</section>")]
+    assert f"ib:{SM_A}" in section and f"<code>{SM_A}</code>" in section
+    assert "<td>1</td></tr>" in section  # one standby
+    empty = services.fabrics_overview()
+    assert empty["fabrics"][0]["standbys"] == 1
