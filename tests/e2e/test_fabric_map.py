@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.e2e.test_fabrics import FAST, MASTER, agent_settings
+from tests.e2e.test_fabrics import FAST, MASTER, agent_settings, apply_two_node_model
 from tests.fabrics.fattree import fat_tree
 from tests.fleet import HOSTS, ControlPlane, fixtures_available
 
@@ -59,30 +58,7 @@ def test_a_fabric_is_mapped_by_its_own_node_and_a_replica_across_nodes_keeps_to_
         ][:1]
         assert request["result"]["counts"]["switches"] == counts["switches"]
 
-        spec = tmp_path / "models.yaml"
-        spec.write_text(
-            yaml.safe_dump(
-                {
-                    "models": [
-                        {
-                            "name": "big",
-                            "source": "/models/big",
-                            "replicas": 1,
-                            "profiles": [
-                                {
-                                    "name": "2x8",
-                                    "engine": "vllm",
-                                    "accelerator": "H100-80GB",
-                                    "gpus_per_shard": 8,
-                                    "nodes_per_replica": 2,
-                                }
-                            ],
-                        }
-                    ]
-                }
-            )
-        )
-        assert plane.ctl("model", "apply", "-f", str(spec))[0] == 0
+        apply_two_node_model(plane, tmp_path)
 
         def placed() -> set[str] | None:
             replicas = plane.api("GET", "models/big")["replicas"]
