@@ -129,7 +129,9 @@ class StatusView(APIView):
                 "version": serializers.CharField(),
                 "counts": serializers.DictField(child=serializers.IntegerField()),
                 "checks": serializers.DictField(child=serializers.CharField()),
-                "fabrics": serializers.DictField(child=serializers.ListField(child=serializers.DictField())),
+                "fabrics": serializers.DictField(
+                    child=serializers.ListField(child=serializers.DictField()), required=False
+                ),
             },
         )
     )

@@ -576,9 +576,16 @@ class AgentRequestRetryView(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, pk: int) -> Response:
-        row = AgentRequest.objects.select_related("node").filter(pk=pk).first()
+    @extend_schema(
+        request=None,
+        responses={
+            202: OpenApiTypes.OBJECT,
+            404: OpenApiResponse(ErrorSerializer, description=_("No such request.")),
+            409: OpenApiResponse(ErrorSerializer, description=_("It is still waiting, or its node cannot be asked.")),
+        },
+    )
+    def post(self, request: Request, pk: str) -> Response:
+        row = AgentRequest.objects.select_related("node").filter(pk=int(pk)).first() if pk.isdigit() else None
         if row is None:
             return Response({"detail": _("No such request.")}, status=status.HTTP_404_NOT_FOUND)
         try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.utils.translation import gettext as _
-from drf_spectacular.utils import OpenApiTypes, extend_schema
+from django.utils.translation import gettext_lazy
+from drf_spectacular.utils import OpenApiResponse, OpenApiTypes, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -14,6 +17,11 @@ from apps.fabrics import perf
 from apps.fabrics.maps import request_map
 from apps.fabrics.models import FabricTest
 from apps.fabrics.services import fabrics_overview, topology_view
+from llmgw.api import ErrorSerializer
+
+
+def _error(text: Any) -> OpenApiResponse:
+    return OpenApiResponse(ErrorSerializer, description=text)
 
 
 class FabricsView(APIView):
@@ -39,14 +47,17 @@ class FabricTopologyView(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: _error(gettext_lazy("No such fabric."))})
     def get(self, request: Request, fabric: str) -> Response:
         view = topology_view(fabric)
         if view is None:
             return Response({"detail": _("No such fabric.")}, status=404)
         return Response(view)
 
-    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        request=None,
+        responses={202: OpenApiTypes.OBJECT, 409: _error(gettext_lazy("No ready node on the fabric can map it."))},
+    )
     def post(self, request: Request, fabric: str) -> Response:
         row = request_map(fabric)
         if row is None:
@@ -68,7 +79,14 @@ class FabricTestsView(APIView):
         tests = FabricTest.objects.select_related("client", "server")[:50]
         return Response({"results": [perf.as_dict(t) for t in tests]})
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={
+            202: OpenApiTypes.OBJECT,
+            400: _error(gettext_lazy("Two different nodes and a duration of 1 to 60 s are needed.")),
+            409: _error(gettext_lazy("The nodes share no fabric, or an agent cannot run the test.")),
+        },
+    )
     def post(self, request: Request) -> Response:
         data = request.data if isinstance(request.data, dict) else {}
         names = [str(data.get(k) or "") for k in ("a", "b")]
@@ -95,9 +113,11 @@ class FabricTestView(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
-    def get(self, request: Request, pk: int) -> Response:
-        test = FabricTest.objects.select_related("client", "server").filter(pk=pk).first()
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: _error(gettext_lazy("No such test."))})
+    def get(self, request: Request, pk: str) -> Response:
+        test = (
+            FabricTest.objects.select_related("client", "server").filter(pk=int(pk)).first() if pk.isdigit() else None
+        )
         if test is None:
             return Response({"detail": _("No such test.")}, status=404)
         return Response(perf.as_dict(test))
