@@ -149,9 +149,10 @@ class FabricWatcher:
                 }
             )
         self._managers = managers
-        if any(p.link_layer == "Ethernet" for p in ports):
-            result = await self.runner.run("ip", "-j", "addr", "show", timeout=10)
-            self._networks = infiniband.parse_ip_addr_json(result.stdout) if result.ok else {}
+        # The node's interfaces and their addresses: the RoCE ports' networks, and the netdev NCCL is
+        # to bootstrap over (the one holding the address the control plane knows the node by).
+        result = await self.runner.run("ip", "-j", "addr", "show", timeout=10)
+        self._networks = infiniband.parse_ip_addr_json(result.stdout) if result.ok else {}
 
     async def _install_diags(self, warnings: list[str]) -> bool:
         """infiniband-diags (sminfo, saquery, ibnetdiscover), installed once when missing."""
@@ -231,6 +232,9 @@ class FabricWatcher:
                 ],
                 "declared": [str(f["name"]) for f in self.fabrics],
                 "flaps": dict(self.flaps),
+                "interfaces": {
+                    name: [ip for ip, _prefix in addresses][:16] for name, addresses in sorted(self._networks.items())
+                },
             },
         )
         self._changed = carried != self._sent

@@ -299,7 +299,12 @@ SUBNET_MANAGERS = obj(
 
 FABRICS = obj(
     {"ports": array(IB_PORT, 256)},
-    {"declared": array(string(200), 64), "flaps": mapping(integer, 256)},
+    {
+        "declared": array(string(200), 64),
+        "flaps": mapping(integer, 256),
+        # netdev -> its addresses, for the interface NCCL bootstraps over
+        "interfaces": mapping(array(string(64), 16), 256),
+    },
 )
 
 HARDWARE = obj(

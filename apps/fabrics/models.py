@@ -20,6 +20,8 @@ class NodeFabrics(models.Model):
     ports = models.JSONField(_("ports"), default=list, blank=True)
     declared = models.JSONField(_("declared fabrics"), default=list, blank=True)
     flaps = models.JSONField(_("flaps"), default=dict, blank=True)
+    # netdev -> its IP addresses, as the agent read them (`ip -j addr`)
+    interfaces = models.JSONField(_("interfaces"), default=dict, blank=True)
     changes = models.PositiveIntegerField(_("changes"), default=0)
     changed_at = models.DateTimeField(_("changed"), null=True, blank=True)
 

@@ -70,6 +70,9 @@ def record_fabrics(node_id: int, body: dict[str, Any]) -> NodeFabrics:
     row.ports = ports
     row.declared = [str(n) for n in body.get("declared") or []]
     row.flaps = {str(k): int(v) for k, v in (body.get("flaps") or {}).items()}
+    row.interfaces = {
+        str(k): [str(a) for a in v] for k, v in (body.get("interfaces") or {}).items() if isinstance(v, list)
+    }
     row.changes += 1
     row.changed_at = timezone.now()
     row.save()
@@ -216,7 +219,7 @@ def shard_env(node_id: int, group: Group | None) -> dict[str, str]:
     if not group:
         return {}
     identity = group[0]
-    row = NodeFabrics.objects.filter(node_id=node_id).first()
+    row = NodeFabrics.objects.select_related("node").filter(node_id=node_id).first()
     if row is None:
         return {}
     rows, sm_sets, _managers = _load([node_id])
@@ -230,6 +233,13 @@ def shard_env(node_id: int, group: Group | None) -> dict[str, str]:
             env["NCCL_IB_ADDR_FAMILY"] = "AF_INET"
             if att["netdevs"]:
                 env["NCCL_SOCKET_IFNAME"] = "=" + ",".join(att["netdevs"])
+        else:
+            # NCCL's bootstrap is TCP: over the interface holding the address the other shards reach
+            # this node at (the control plane's), when the agent said which that is.
+            address = row.node.address
+            bootstrap = sorted(name for name, ips in (row.interfaces or {}).items() if address and address in ips)
+            if bootstrap:
+                env["NCCL_SOCKET_IFNAME"] = "=" + bootstrap[0]
         return env
     return {}
 

@@ -198,3 +198,15 @@ def test_the_cluster_page_lists_each_fabric_with_its_master_and_standbys(client:
     assert "<td>1</td></tr>" in section  # one standby
     empty = services.fabrics_overview()
     assert empty["fabrics"][0]["standbys"] == 1
+
+
+def test_nccl_bootstraps_over_the_interface_holding_the_nodes_address() -> None:
+    row = node("n1", ib("mlx5_0"), address="10.0.0.5")
+    services.record_fabrics(
+        row.pk,
+        {"ports": [ib("mlx5_0")], "interfaces": {"lo": ["127.0.0.1"], "eno1": ["10.0.0.5"], "ib0": ["192.168.9.5"]}},
+    )
+    assert services.shard_env(row.pk, (f"ib:{SM_A}",))["NCCL_SOCKET_IFNAME"] == "=eno1"
+    # Without the agent's interfaces, NCCL picks its own (it leaves out lo and docker*).
+    services.record_fabrics(row.pk, {"ports": [ib("mlx5_0")]})
+    assert "NCCL_SOCKET_IFNAME" not in services.shard_env(row.pk, (f"ib:{SM_A}",))
