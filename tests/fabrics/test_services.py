@@ -210,3 +210,16 @@ def test_nccl_bootstraps_over_the_interface_holding_the_nodes_address() -> None:
     # Without the agent's interfaces, NCCL picks its own (it leaves out lo and docker*).
     services.record_fabrics(row.pk, {"ports": [ib("mlx5_0")]})
     assert "NCCL_SOCKET_IFNAME" not in services.shard_env(row.pk, (f"ib:{SM_A}",))
+
+
+def test_the_explain_page_names_each_nodes_fabric(client: Any, alice: Any) -> None:
+    from apps.catalog.models import Model, Profile
+
+    model = Model.objects.create(name="big", source="/models/big", min_replicas=0, max_replicas=1)
+    Profile.objects.create(
+        model=model, name="2x8", engine="vllm", accelerator="H100-80GB", gpus_per_shard=8, nodes_per_replica=2
+    )
+    node("n1", ib("mlx5_0"))
+    client.force_login(alice)
+    page = client.get("/models/big/explain").content.decode()
+    assert f'data-field="notes">fabric ib-a (ib:{SM_A}) · leaf -</div>' in page
