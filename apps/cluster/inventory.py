@@ -38,7 +38,8 @@ def running_spec(model: Model, profile: Profile) -> dict[str, Any]:
 
 
 # Other apps' parts of the snapshot (the fabrics each node is on): each fills `extra` of the nodes.
-SNAPSHOT_HOOKS: list[Callable[[dict[int, NodeSnapshot]], None]] = []
+# Each is given the snapshots and the Node rows they were built from.
+SNAPSHOT_HOOKS: list[Callable[[dict[int, NodeSnapshot], dict[int, Node]], None]] = []
 # What other apps add to a shard's environment on its node, given the group its replica was formed in.
 SHARD_ENV_HOOKS: list[Callable[[int, tuple[str, ...] | None], dict[str, str]]] = []
 
@@ -103,9 +104,10 @@ def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None]:
 
 def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:
     excluded = set(exclude_replicas)
-    nodes = {n.pk: _snapshot(n) for n in Node.objects.exclude(status=NodeStatus.REVOKED).prefetch_related("gpus")}
+    rows = {n.pk: n for n in Node.objects.exclude(status=NodeStatus.REVOKED).prefetch_related("gpus")}
+    nodes = {pk: _snapshot(n) for pk, n in rows.items()}
     for hook in SNAPSHOT_HOOKS:
-        hook(nodes)
+        hook(nodes, rows)
     claims = []
     shards = Shard.objects.filter(replica__state__in=CLAIMING_STATES).select_related(
         "replica__model__organization", "replica__model__team__organization", "replica__model__project__team"

@@ -185,25 +185,30 @@ def attachments_for(
     return out
 
 
-def _load(node_ids: Iterable[int] | None = None) -> tuple[list[NodeFabrics], dict[str, str], dict[str, Any]]:
+def _load(
+    node_ids: Iterable[int] | None = None, samples: Iterable[dict[str, Any]] | None = None
+) -> tuple[list[NodeFabrics], dict[str, str], dict[str, Any]]:
+    """The nodes' ports, and the subnet managers their samples list (every node's: a fabric's
+    managers are what any of its nodes saw). `samples`, when the caller holds them already."""
     from apps.cluster.models import Node
 
     rows = NodeFabrics.objects.select_related("node")
-    nodes = Node.objects.all()
     if node_ids is not None:
-        ids = list(node_ids)
-        rows = rows.filter(node_id__in=ids)
-        nodes = nodes.filter(pk__in=ids)
+        rows = rows.filter(node_id__in=list(node_ids))
     rows_list = list(rows)
-    sm_sets, managers = subnet_manager_sets(sample or {} for sample in nodes.values_list("sample", flat=True))
+    if samples is None:
+        samples = (s or {} for s in Node.objects.exclude(fabric_ports=None).values_list("sample", flat=True))
+    sm_sets, managers = subnet_manager_sets(samples)
     return rows_list, sm_sets, managers
 
 
-def contribute_snapshots(snapshots: dict[int, NodeSnapshot]) -> None:
-    """Give each node of a placement snapshot its fabrics (`extra["fabrics"]`)."""
+def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Any] | None = None) -> None:
+    """Give each node of a placement snapshot its fabrics (`extra["fabrics"]`); `nodes`: the Node rows
+    the snapshot was built from, whose samples hold the subnet managers."""
     from apps.fabrics.maps import latest_maps, port_leaves
 
-    rows, sm_sets, _managers = _load()
+    samples = [n.sample or {} for n in nodes.values()] if nodes is not None else None
+    rows, sm_sets, _managers = _load(samples=samples)
     expected = _expected_rates(rows, sm_sets)
     leaves = port_leaves(latest_maps()) if rows else {}
     for row in rows:
