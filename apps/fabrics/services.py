@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -32,6 +33,9 @@ __all__ = [
     "shard_env",
     "subnet_manager_sets",
 ]
+
+SM_CACHE_KEY = "fabrics:subnet-managers"
+SM_CACHE_SECONDS = 10
 
 PORT_FIELDS = (
     "device",
@@ -196,9 +200,17 @@ def _load(
     if node_ids is not None:
         rows = rows.filter(node_id__in=list(node_ids))
     rows_list = list(rows)
-    if samples is None:
-        samples = (s or {} for s in Node.objects.exclude(fabric_ports=None).values_list("sample", flat=True))
-    sm_sets, managers = subnet_manager_sets(samples)
+    if samples is not None:
+        sm_sets, managers = subnet_manager_sets(samples)
+        return rows_list, sm_sets, managers
+    # Pages that refresh every few seconds (a node's, the fabrics') share one reading of the
+    # subnet managers for a while rather than reading every node's sample each time.
+    cached = cache.get(SM_CACHE_KEY)
+    if cached is None:
+        found = (s or {} for s in Node.objects.exclude(fabric_ports=None).values_list("sample", flat=True))
+        cached = subnet_manager_sets(found)
+        cache.set(SM_CACHE_KEY, cached, SM_CACHE_SECONDS)
+    sm_sets, managers = cached
     return rows_list, sm_sets, managers
 
 
