@@ -17,7 +17,17 @@ from django.utils.translation import ngettext
 
 from apps.accounts.admin import AuditedAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
 from apps.cluster import services
-from apps.cluster.models import ControlLock, EngineChoice, EngineRelease, EnrollmentToken, Gpu, Node, Replica, Shard
+from apps.cluster.models import (
+    AgentRequest,
+    ControlLock,
+    EngineChoice,
+    EngineRelease,
+    EnrollmentToken,
+    Gpu,
+    Node,
+    Replica,
+    Shard,
+)
 from llmgw.http import client_address
 
 
@@ -189,3 +199,11 @@ class EngineReleaseAdmin(ReadOnlyAdmin):
     # Read from the releases API by the worker (apps.cluster.engines.fetch_release).
     list_display = ["engine", "version", "fetched_at", "tried_at", "error"]
     list_filter = ["engine"]
+
+
+@admin.register(AgentRequest)
+class AgentRequestAdmin(ReadOnlyAdmin):
+    # Made by beat (fabric maps) and ctl fabric-test (apps.cluster.agent_requests), answered by agents.
+    list_display = ["pk", "node", "kind", "state", "created_at", "answered_at", "error"]
+    list_filter = ["kind", "state"]
+    search_fields = ["node__name", "kind", "group"]
