@@ -32,7 +32,8 @@ from apps.accounts.models import AuditEvent, Membership, Organization, Project, 
 from apps.catalog.models import Model
 from apps.cluster import services as cluster_services
 from apps.cluster.choices import ReplicaState
-from apps.cluster.models import ControlLock, EngineChoice, EngineRelease, Node, Replica
+from apps.cluster.models import AgentRequest, ControlLock, EngineChoice, EngineRelease, Node, Replica
+from apps.fabrics.models import FabricMap, FabricTest, MasterChange, NodeFabrics
 from apps.gateway.models import TableVersion
 from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas import services as quotas
@@ -129,6 +130,13 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     )[0],
     "cluster.EngineRelease": lambda w: EngineRelease.objects.get_or_create(engine="llama.cpp", version="b1")[0],
     "gateway.TableVersion": lambda w: TableVersion.objects.get(),
+    "cluster.AgentRequest": lambda w: AgentRequest.objects.get_or_create(node=w.node, kind="ibnetdiscover")[0],
+    "fabrics.NodeFabrics": lambda w: NodeFabrics.objects.get_or_create(node=w.node)[0],
+    "fabrics.MasterChange": lambda w: MasterChange.objects.get_or_create(
+        node=w.node, port="mlx5_0/1", previous="0x01", master="0x02"
+    )[0],
+    "fabrics.FabricMap": lambda w: FabricMap.objects.get_or_create(fabric="ib:0x01", node=w.node)[0],
+    "fabrics.FabricTest": lambda w: FabricTest.objects.get_or_create(client=w.node, server=w.node, fabric="ib:0x01")[0],
     "mirror.MirrorVersion": lambda w: MirrorVersion.objects.get_or_create(
         repo="acme/m", commit="a" * 40, name="m.gguf", defaults={"kind": "gguf"}
     )[0],
@@ -156,6 +164,11 @@ READ_ONLY = {
     "gateway.TableVersion": "bumped by the gateway's signals with every change it must reload for",
     "mirror.MirrorVersion": "added by Fetch, `ctl mirror add` and the API, which check the source and the disk",
     "mirror.MirrorFile": "written by the worker's fetch as it downloads and verifies",
+    "cluster.AgentRequest": "made by beat and ctl fabric-test, answered by agents",
+    "fabrics.NodeFabrics": "written from each agent's fabrics message",
+    "fabrics.MasterChange": "kept when a port reports another master subnet manager",
+    "fabrics.FabricMap": "parsed from an agent's ibnetdiscover answer",
+    "fabrics.FabricTest": "started by ctl fabric-test and run by the worker",
 }
 
 # Changes for fields whose value cannot be worked out from the form field alone.
