@@ -233,7 +233,8 @@ class FabricWatcher:
                 "declared": [str(f["name"]) for f in self.fabrics],
                 "flaps": dict(self.flaps),
                 "interfaces": {
-                    name: [ip for ip, _prefix in addresses][:16] for name, addresses in sorted(self._networks.items())
+                    name: list(dict.fromkeys(ip for ip, _prefix in addresses))[:16]
+                    for name, addresses in sorted(self._networks.items())
                 },
             },
         )

@@ -243,8 +243,20 @@ def _infiniband(tree: dict[str, str], root: Path, bin_dir: Path) -> dict[str, st
         script.write_text(text.format(ib=shlex.quote(str(ib))))
         script.chmod(0o755)
         tools[name] = str(script)
+    # `ip -j addr` answers with the addresses of the host's RoCE v2 GIDs (a /24 each), as the
+    # kernel would list them on those netdevs; a host of InfiniBand ports only has none.
+    from agent.probes.infiniband import read_ports
+
+    addresses: dict[str, list[dict[str, Any]]] = {}
+    for port in read_ports(str(root)).ports:
+        for gid in port.roce_gids:
+            entry = {"family": "inet", "local": gid.ip, "prefixlen": 24}
+            if gid.netdev and gid.ip and gid.family == 4 and entry not in addresses.get(gid.netdev, []):
+                addresses.setdefault(gid.netdev, []).append(entry)
+    listing = [{"ifname": name, "addr_info": info} for name, info in sorted(addresses.items())]
+    (ib / "ip.json").write_text(json.dumps(listing))
     ip = bin_dir / "ip"
-    ip.write_text("#!/bin/sh\necho '[]'\n")
+    ip.write_text(f"#!/bin/sh\ncat {shlex.quote(str(ib / 'ip.json'))}\n")
     ip.chmod(0o755)
     tools["ip"] = str(ip)
     return tools

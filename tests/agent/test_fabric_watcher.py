@@ -171,3 +171,40 @@ def test_a_host_without_adapters_reports_nothing(tmp_path: Path) -> None:
     w = watcher(root, tools, Clock())
     assert sample(w) == ([], [], [])
     assert w.snapshot() is None and w.due() is None
+
+
+def test_a_roce_port_is_on_the_network_of_its_roce_v2_address(tmp_path: Path) -> None:
+    from tests.fleet import _infiniband
+
+    base = "/sys/devices/pci0000:00/0000:00:01.0/0000:17:00.0/infiniband/mlx5_0"
+    port = f"{base}/ports/1"
+    mapped = "0000:0000:0000:0000:0000:ffff:0a01:0203"  # 10.1.2.3
+    tree = {
+        f"{base}/node_guid": "b859:9f03:0012:3456\n",
+        f"{port}/state": "4: ACTIVE\n",
+        f"{port}/phys_state": "5: LinkUp\n",
+        f"{port}/rate": "100 Gb/sec (4X EDR)\n",
+        f"{port}/link_layer": "Ethernet\n",
+        f"{port}/lid": "0x0\n",
+        f"{port}/sm_lid": "0x0\n",
+        f"{port}/gids/0": "fe80:0000:0000:0000:ba59:9fff:fe12:3456\n",
+        f"{port}/gids/1": "fe80:0000:0000:0000:ba59:9fff:fe12:3456\n",
+        f"{port}/gids/2": f"{mapped}\n",
+        f"{port}/gids/3": f"{mapped}\n",
+        f"{port}/gid_attrs/types/0": "IB/RoCE v1\n",
+        f"{port}/gid_attrs/types/1": "RoCE v2\n",
+        f"{port}/gid_attrs/types/2": "IB/RoCE v1\n",
+        f"{port}/gid_attrs/types/3": "RoCE v2\n",
+        **{f"{port}/gid_attrs/ndevs/{i}": "ens1f0np0\n" for i in range(4)},
+    }
+    root = tmp_path / "host"
+    (root / "bin").mkdir(parents=True)
+    tools = _infiniband(tree, root, root / "bin")
+    w = watcher(root, tools, Clock(), fabrics=[{"name": "roce", "netdevs": ["ens1f0np0"]}])
+    ports, managers, _ = sample(w)
+    [roce] = ports
+    assert (roce["fabric"], roce["link_layer"], roce["up"]) == ("roce", "Ethernet", True)
+    assert (roce["roce_ip"], roce["roce_gid_index"], roce["network"]) == ("10.1.2.3", 3, "10.1.2.0/24")
+    assert "sm_guid" not in roce and managers == []  # no subnet manager on Ethernet
+    body = w.snapshot()
+    assert body is not None and body["interfaces"] == {"ens1f0np0": ["10.1.2.3"]}
