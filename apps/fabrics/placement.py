@@ -60,7 +60,6 @@ class FabricIndex:
     notes: dict[int, dict[str, str]] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     problems: dict[int, str] = field(default_factory=dict)
-    names: dict[int, list[str]] = field(default_factory=dict)
 
 
 def build_index(inventory: Inventory) -> FabricIndex:
@@ -71,12 +70,10 @@ def build_index(inventory: Inventory) -> FabricIndex:
             continue
         groups: list[str] = []
         prefer: list[tuple[str, str]] = []
-        fabrics: list[str] = []
         leaves: list[str] = []
         problems: list[str] = []
         for att in found:
             name = str(att.get("name") or "")
-            fabrics.append(name)
             problem = str(att.get("problem") or "")
             if problem:
                 problems.append(problem)
@@ -92,7 +89,6 @@ def build_index(inventory: Inventory) -> FabricIndex:
                 leaves.append(str(att.get("leaf_name") or leaf))
             if att.get("short"):
                 index.short.add(node_id)
-        index.names[node_id] = fabrics
         if groups:
             index.groups[node_id] = tuple(groups)
         if prefer:

@@ -165,10 +165,6 @@ class Registry:
             )
         return cached
 
-    def index_builder(self, name: str) -> IndexFn | None:
-        entry = self._prefilters.get(name)
-        return entry.index if entry is not None else None
-
     def snapshot_fields(self) -> dict[str, Any]:
         return dict(self._fields)
 
