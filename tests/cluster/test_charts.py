@@ -70,3 +70,10 @@ def test_the_label_is_escaped() -> None:
     assert "<script>" not in svg
     assert "&lt;script&gt;" in svg
     assert "<script>" not in line_chart([], label="<script>")
+
+
+def test_two_points_of_one_time_one_unknown_are_drawn_not_compared() -> None:
+    # Two samples of one second, one without the value (a model chart over two shards): sorting
+    # the points by value as well as time raised TypeError and the node page answered 500.
+    svg = line_chart([(10.0, None), (10.0, 3.0), (20.0, 4.0)], label="tokens")
+    assert "<svg" in svg and "no data" not in svg
