@@ -11,6 +11,7 @@ tools: {nvidia-smi: /usr/bin/nvidia-smi, dmesg: dmesg}
 fabrics: [{name: ib-a, hcas: [mlx5_0, mlx5_1]}]   # declared fabrics and their adapters (or netdevs)
 fabric_check_interval: 60              # seconds between asking each port for its subnet manager
 fabric_change_interval: 30             # a change of the fabrics the node carries is said at most this often
+gpu_check_interval: 60                 # seconds between reads of NVLink counters, XIDs and IMEX
 engines: {llama.cpp: /opt/llama/llama-server}   # named on purpose: used as is, never replaced
 engine_recheck_interval: 600           # seconds between checks of the engines llmgw installed
 engine_retry_after: 60                 # seconds before a failed engine install is tried again
@@ -50,6 +51,7 @@ class AgentConfig:
     engine_retry_after: float = 60.0
     fabric_check_interval: float = 60.0
     fabric_change_interval: float = 30.0
+    gpu_check_interval: float = 60.0
     # The address the control plane and gateway reach this node's engines at (else the address
     # its websocket comes from).
     advertise_address: str | None = None
@@ -96,6 +98,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         "engine_retry_after",
         "fabric_check_interval",
         "fabric_change_interval",
+        "gpu_check_interval",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -135,7 +138,11 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
             if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
                 raise ConfigError(f"fabrics[{i}].{key}: expected a list of names")
     intervals = {}
-    for key, default, low in (("fabric_check_interval", 60.0, 1), ("fabric_change_interval", 30.0, 0)):
+    for key, default, low in (
+        ("fabric_check_interval", 60.0, 1),
+        ("fabric_change_interval", 30.0, 0),
+        ("gpu_check_interval", 60.0, 1),
+    ):
         value = _expect(data, key, (int, float), "a number of seconds")
         if value is not None and not low <= value <= 86400:
             raise ConfigError(f"{key}: expected {low} to 86400 seconds, got {value}")

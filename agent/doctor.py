@@ -996,6 +996,194 @@ def fabric_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
     return checks
 
 
+def nvlink_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
+    """Each GPU's NVLink fabric registration (``nvidia-smi -q`` Fabric block), the node's NVLink
+    domain, and on a multi-node NVLink domain (non-zero ClusterUUID) the IMEX daemon, the IMEX
+    domain and the IMEX channels.  Nothing on a node without NVSwitch fabric (no Fabric block, or
+    State Not Supported / N/A), nor where nvidia-smi fails (the "gpu driver" check says why)."""
+    from agent.probes import nvlink
+
+    tool = config.tools.get("nvidia-smi", "nvidia-smi")
+    result = _run([tool, "-q"], max(timeout, NVIDIA_SMI_TIMEOUT_S))
+    if result.returncode != 0 or not result.stdout.strip():
+        return []
+    report = nvidia.parse_nvidia_smi_text(result.stdout)
+    fabrics: list[tuple[int, nvidia.FabricInfo]] = []
+    for gpu in report.gpus:
+        if gpu.fabric is not None and (gpu.fabric.state or "").lower() not in ("", "not supported", "n/a"):
+            fabrics.append((gpu.index, gpu.fabric))
+    if not fabrics:
+        return []
+
+    def zero(uuid: str | None) -> bool:
+        return not (uuid or "").replace("-", "").strip("0")
+
+    def domain_of(fabric: nvidia.FabricInfo) -> str:
+        clique = "?" if fabric.clique_id is None else str(fabric.clique_id)
+        return f"{(fabric.cluster_uuid or '').lower()}.{clique}" if not zero(fabric.cluster_uuid) else "none"
+
+    fm_fix = (
+        "check nvidia-fabricmanager (systemctl status nvidia-fabricmanager; its log) and, on a multi-node "
+        "system, the NVLink switch trays and that the node's partition is active"
+    )
+    checks: list[Check] = []
+    for index, fabric in fabrics:
+        name = f"GPU {index} NVLink fabric"
+        state, status = fabric.state or "", fabric.status
+        if state.lower() != "completed":
+            said = (
+                "fabric manager or NVLink switch not done, or the partition not active"
+                if state.lower() == "in progress"
+                else "not registered with the fabric manager"
+            )
+            checks.append(
+                Check(name, FAIL, f"fabric State {state}: {said}; no NVLink P2P or multi-node NVLink yet", fm_fix)
+            )
+            continue
+        fails: list[str] = []
+        warns: list[str] = []
+        fixes: list[str] = []
+        if status is None:
+            warns.append("State Completed but no Status reported")
+        elif status.lower() != "success":
+            fails.append(f"State Completed with Status {status}")
+            fixes.append(fm_fix)
+        health = fabric.health_summary
+        clique = f"CliqueId {fabric.clique_id}" if fabric.clique_id is not None else "no CliqueId"
+        if health is not None and health.lower() == "unhealthy":
+            fails.append(f"health Summary Unhealthy ({clique} reported, but the fabric is not fit to use)")
+            fixes.append(
+                "check the NVLink switch trays and nvidia-fabricmanager; drain the node from its NVLink domain"
+            )
+        elif health is not None and health.lower() == "limited capacity":
+            warns.append("health Summary Limited Capacity")
+        bandwidth = getattr(fabric, "bandwidth", None)
+        if isinstance(bandwidth, str) and bandwidth.strip() and bandwidth.strip().lower() != "full":
+            warns.append(f"Bandwidth {bandwidth.strip()} (not Full)")
+            fixes.append("look for NVLink errors (nvidia-smi nvlink -e) and degraded links to the NVLink switches")
+        if zero(fabric.cluster_uuid):
+            found = "Completed/Success: a single machine's NVSwitch, no multi-node domain"
+        else:
+            found = f"Completed/Success, NVLink domain {domain_of(fabric)}"
+        if fails or warns:
+            named = "" if zero(fabric.cluster_uuid) else f"; NVLink domain {domain_of(fabric)}"
+            found = "; ".join([*fails, *warns]) + named
+        status_word = FAIL if fails else WARN if warns else PASS
+        fix = "; ".join(dict.fromkeys(fixes)) or ("" if status_word == PASS else fm_fix)
+        checks.append(Check(name, status_word, found, fix))
+
+    pairs: dict[str, list[int]] = {}
+    for index, fabric in fabrics:
+        pairs.setdefault(domain_of(fabric), []).append(index)
+    multi_node = any(not zero(fabric.cluster_uuid) for _, fabric in fabrics)
+    if len(pairs) > 1:
+        listing = "; ".join(
+            f"{'no domain' if key == 'none' else key}: GPU {','.join(map(str, indices))}"
+            for key, indices in pairs.items()
+        )
+        checks.append(
+            Check(
+                "NVLink domain",
+                FAIL,
+                f"the GPUs report different ClusterUUID.CliqueId pairs ({listing}): a node must be in one domain",
+                fm_fix,
+            )
+        )
+    elif multi_node:
+        (key,) = pairs
+        checks.append(Check("NVLink domain", PASS, f"{len(fabrics)} GPUs in NVLink domain {key}"))
+    if not multi_node:
+        return checks
+
+    imex = config.tools.get("nvidia-imex-ctl", "nvidia-imex-ctl")
+    state_result = _run([imex, "-q"], timeout)
+    if state_result.returncode is None and (state_result.problem or "").startswith("cannot run"):
+        checks.append(
+            Check(
+                "IMEX daemon",
+                FAIL,
+                f"{imex} not found: without IMEX the domain's GPUs cannot share memory across nodes",
+                "install and start nvidia-imex (systemctl enable --now nvidia-imex), unless DRA ComputeDomains run "
+                "their own IMEX daemons on this node",
+            )
+        )
+    else:
+        imex_fix = (
+            "systemctl status nvidia-imex and /var/log/nvidia-imex.log; "
+            "restart it once every node's fabric is Completed"
+        )
+        output = state_result.stdout + "\n" + state_result.stderr
+        daemon = nvlink.parse_imex_state(output)
+        if state_result.returncode is None:
+            checks.append(Check("IMEX daemon", FAIL, f"{imex} -q: {state_result.problem}", imex_fix))
+        elif daemon == "READY":
+            checks.append(Check("IMEX daemon", PASS, "READY"))
+        elif daemon is not None:
+            checks.append(Check("IMEX daemon", FAIL, f"state {daemon}, not READY", imex_fix))
+        else:
+            said = _one_line(output, 200) or f"nothing (exit status {state_result.returncode})"
+            checks.append(Check("IMEX daemon", FAIL, f"{imex} -q gave no state: {said}", imex_fix))
+
+        nodes_result = _run([imex, "-N"], timeout)
+        domain = nvlink.parse_imex_nodes(nodes_result.stdout + "\n" + nodes_result.stderr)
+        config_fix = (
+            "list the IP address of every node of the NVLink domain, one a line, in "
+            "/etc/nvidia-imex/nodes_config.cfg (the same file on all of them) and restart nvidia-imex"
+        )
+        not_ready = [f"node #{n.index} {n.address} {n.state}" for n in domain.nodes if n.state.upper() != "READY"]
+        marks = [
+            f"{source}→{target} {mark}"
+            for source, row in sorted(domain.connectivity.items())
+            for target, mark in sorted(row.items())
+            if mark != "C"
+        ]
+        count = f"{len(domain.nodes)} node{'s' if len(domain.nodes) != 1 else ''}"
+        problems = "; ".join(
+            part
+            for part in (
+                f"not READY: {', '.join(not_ready)}" if not_ready else "",
+                f"links not connected: {', '.join(marks[:20])}" if marks else "",
+            )
+            if part
+        )
+        tail = f"; {problems}" if problems else ""
+        if nodes_result.returncode is None:
+            checks.append(Check("IMEX domain", FAIL, f"{imex} -N: {nodes_result.problem}", imex_fix))
+        elif not domain.configured:
+            checks.append(
+                Check("IMEX domain", FAIL, "nvidia-imex-ctl -N: Failed to read node configuration file", config_fix)
+            )
+        elif domain.domain_state == "UP":
+            checks.append(Check("IMEX domain", WARN if problems else PASS, f"UP, {count}{tail}", imex_fix))
+        elif domain.domain_state == "DEGRADED":
+            checks.append(Check("IMEX domain", WARN, f"DEGRADED, {count}{tail}", imex_fix))
+        elif domain.domain_state == "DOWN":
+            checks.append(Check("IMEX domain", FAIL, f"DOWN, {count}{tail}", imex_fix))
+        elif domain.domain_state is not None:
+            checks.append(Check("IMEX domain", WARN, f"domain state {domain.domain_state}, {count}{tail}", imex_fix))
+        else:
+            said = _one_line(nodes_result.stdout + " " + nodes_result.stderr, 200) or "nothing"
+            checks.append(Check("IMEX domain", WARN, f"{imex} -N printed no Domain State: {said}", imex_fix))
+
+    channels = nvlink.imex_channels(config.root)
+    where = "/dev/nvidia-caps-imex-channels"
+    if not channels:
+        checks.append(
+            Check(
+                "IMEX channels",
+                FAIL,
+                f"no IMEX channel under {where}",
+                "create channel0 (nvidia-modprobe -i 0:1 or the driver's NVreg_CreateImexChannel0=1)",
+            )
+        )
+    else:
+        shown = ", ".join(f"channel{n}" for n in channels[:8])
+        if len(channels) > 8:
+            shown = f"{len(channels)} channels: {shown}, … channel{channels[-1]}"
+        checks.append(Check("IMEX channels", PASS, f"{shown} under {where}"))
+    return checks
+
+
 def run_checks(
     config: AgentConfig,
     *,
@@ -1016,6 +1204,7 @@ def run_checks(
     checks += _guarded("avx2", lambda: cpu_checks(config))
     checks += _guarded("model dirs", lambda: model_dir_checks(config, timeout=timeout))
     checks += _guarded("fabric ports", lambda: fabric_checks(config, timeout=timeout))
+    checks += _guarded("NVLink fabric", lambda: nvlink_checks(config, timeout=timeout))
     checks += _guarded("control plane", lambda: control_plane_checks(config, now=now, timeout=timeout))
     return checks
 

@@ -193,7 +193,19 @@ GPU = obj(
         "pcie_replay_count": INT,
         "mig_mode": STR,
         "processes": nullable(array(obj({}, {"pid": INT, "name": STR, "used_memory_mib": INT}), 1024)),
-        "fabric": nullable(obj({}, {"state": STR, "status": STR, "clique_id": INT, "cluster_uuid": STR})),
+        "fabric": nullable(
+            obj(
+                {},
+                {
+                    "state": STR,
+                    "status": STR,
+                    "clique_id": INT,
+                    "cluster_uuid": STR,
+                    "health_summary": STR,
+                    "bandwidth": STR,
+                },
+            )
+        ),
         "xids": nullable(mapping(integer, 256)),
         "nvlink_errors": nullable(mapping(integer, 64)),
         "foreign_processes": INT,
@@ -307,6 +319,42 @@ FABRICS = obj(
     },
 )
 
+# `nvidia-smi topo -m`, per GPU: its NVLink peers (index -> bonded links), the matrix's path to each
+# other GPU and adapter, the closest adapters and its NUMA node.
+GPU_TOPOLOGY = obj(
+    {
+        "gpus": array(
+            obj(
+                {"index": integer},
+                {
+                    "links": mapping(integer, 256),
+                    "paths": mapping(string(16), 256),
+                    "nics": mapping(string(16), 256),
+                    "nearest_nics": array(string(64), 64),
+                    "nearest_path": STR,
+                    "numa_node": INT,
+                    "cpu_affinity": nullable(string(400)),
+                },
+            ),
+            256,
+        )
+    },
+    {"nics": array(string(64), 256)},
+)
+
+# nvidia-imex-ctl -q / -N and the channels under /dev/nvidia-caps-imex-channels.
+IMEX = obj(
+    {"installed": boolean},
+    {
+        "state": STR,
+        "domain_state": STR,
+        "configured": nullable(boolean),
+        "nodes": array(obj({"index": integer}, {"address": STR, "state": STR, "version": STR}), 256),
+        "channels": nullable(array(integer, 4096)),
+        "error": STR,
+    },
+)
+
 HARDWARE = obj(
     {},
     {
@@ -324,6 +372,7 @@ HARDWARE = obj(
         "driver_version": STR,
         "cuda_version": STR,
         "gpus": array(GPU, 256),
+        "gpu_topology": nullable(GPU_TOPOLOGY),
         # Engine name -> what its `--version` says; null when that could not be read.
         "engine_versions": nullable(mapping(nullable(string(200)), 64)),
         **ENGINE_FIELDS,
@@ -347,6 +396,7 @@ SAMPLE = obj(
         "storage": array(STORAGE, 256),
         "ib_ports": array(IB_PORT, 256),
         "subnet_managers": array(SUBNET_MANAGERS, 64),
+        "imex": nullable(IMEX),
         "shards": array(obj({"shard": string(200)}, {"cpu_cores": NUM, "memory_bytes": INT}), 1024),
         "warnings": array(string(2000), 256),
     },

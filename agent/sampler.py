@@ -19,7 +19,7 @@ from typing import Any
 
 from agent.config import AgentConfig
 from agent.fabrics import FabricWatcher
-from agent.probes import hwmon, nvidia, procfs, rapl, storage, xid
+from agent.probes import hwmon, nvidia, nvlink, procfs, rapl, storage, xid
 from agent.runner import CommandRunner
 
 __all__ = ["Sampler"]
@@ -27,7 +27,6 @@ __all__ = ["Sampler"]
 log = logging.getLogger("llmgw.agent")
 
 GPU_INTERVAL_S = 10.0  # a sample is taken at most this often, however often it is asked for
-SLOW_INTERVAL_S = 60.0  # NVLink counters and kernel XIDs: once a minute
 
 
 def _read(root: str, relative: str) -> str | None:
@@ -42,6 +41,12 @@ def _gpu_dict(gpu: nvidia.GpuInfo) -> dict[str, Any]:
     data = dataclasses.asdict(gpu)
     # Keep the message small and free of Nones the server would only store.
     return {key: value for key, value in data.items() if value is not None}
+
+
+def _in_domain(fabric: nvidia.FabricInfo | None) -> bool:
+    """Whether a card reports a multi-node NVLink domain (a non-zero ClusterUUID)."""
+    uuid = (fabric.cluster_uuid or "") if fabric is not None else ""
+    return bool(uuid.strip("0-")) and uuid.upper() != "N/A"
 
 
 class Sampler:
@@ -64,6 +69,7 @@ class Sampler:
         self._xids: dict[str, dict[int, int]] = {}
         self._xids_read = False  # whether the kernel log was read: then a card without XIDs has none
         self._has_nvidia: bool | None = None
+        self._imex: dict[str, Any] | None = None
         self.fabrics = FabricWatcher(
             self.root,
             config.fabrics,
@@ -100,6 +106,8 @@ class Sampler:
         hardware["driver_version"] = report.driver_version if report else None
         hardware["cuda_version"] = report.cuda_version if report else None
         hardware["gpus"] = [_gpu_dict(g) for g in report.gpus] if report else []
+        if report is not None and report.gpus:
+            hardware["gpu_topology"] = await self._gpu_topology(warnings)
         return {k: v for k, v in hardware.items() if v is not None or k == "gpus"}, warnings
 
     def _os_name(self) -> str | None:
@@ -133,10 +141,12 @@ class Sampler:
             warnings.append(f"InfiniBand ports could not be read: {exc}")
         report = await self._gpu_report(warnings)
         if report is not None:
-            if now - self._slow_at >= SLOW_INTERVAL_S:
+            if now - self._slow_at >= self.config.gpu_check_interval:
                 self._slow_at = now
                 await self._slow_gpu_checks(report, warnings)
             sample["gpus"] = self._gpus(report)
+            if self._imex is not None:
+                sample["imex"] = self._imex
         sample["warnings"] = warnings
         self._last_sample, self._last_sample_at = sample, now
         return sample
@@ -247,7 +257,63 @@ class Sampler:
         warnings += [f"nvidia-smi: {w}" for w in report.warnings]
         return report
 
+    async def _gpu_topology(self, warnings: list[str]) -> dict[str, Any] | None:
+        """`nvidia-smi topo -m`: which cards are linked, their NUMA nodes and closest adapters."""
+        try:
+            result = await self.runner.run("nvidia-smi", "topo", "-m")
+            if not result.ok:
+                warnings.append(f"nvidia-smi topo -m could not be read: {(result.stderr or 'no output').strip()[:200]}")
+                return None
+            topology = nvlink.parse_topo_matrix(result.stdout)
+        except Exception as exc:
+            log.exception("parsing nvidia-smi topo -m failed")
+            warnings.append(f"nvidia-smi topo -m could not be read: {exc}")
+            return None
+        warnings += [f"nvidia-smi topo -m: {w}" for w in topology.warnings]
+        if not topology.gpus:
+            return None
+        gpus = []
+        for gpu in topology.gpus:
+            entry: dict[str, Any] = {
+                "index": gpu.index,
+                "links": {str(k): v for k, v in gpu.links.items()},
+                "paths": {str(k): v[:16] for k, v in gpu.paths.items()},
+                "nics": {k[:16]: v[:16] for k, v in gpu.nics.items()},
+                "nearest_nics": [n[:64] for n in gpu.nearest_nics],
+                "nearest_path": gpu.nearest_path,
+                "numa_node": gpu.numa_node,
+                "cpu_affinity": gpu.cpu_affinity[:400] if gpu.cpu_affinity else None,
+            }
+            gpus.append(entry)
+        return {"gpus": gpus[:256], "nics": [n[:64] for n in topology.nics][:256]}
+
+    async def _read_imex(self, report: nvidia.GpuReport, warnings: list[str]) -> dict[str, Any] | None:
+        """IMEX, on a node whose cards are in a multi-node NVLink domain (None elsewhere: not asked)."""
+        if not any(_in_domain(gpu.fabric) for gpu in report.gpus):
+            return None
+        channels = nvlink.imex_channels(self.root)
+        state = await self.runner.run("nvidia-imex-ctl", "-q", timeout=10)
+        if state.returncode is None and not state.stdout:
+            return {"installed": False, "channels": channels, "error": state.stderr.strip()[:500] or None}
+        imex: dict[str, Any] = {"installed": True, "channels": channels}
+        imex["state"] = nvlink.parse_imex_state(state.stdout + "\n" + state.stderr)
+        nodes = await self.runner.run("nvidia-imex-ctl", "-N", timeout=10)
+        domain = nvlink.parse_imex_nodes(nodes.stdout + "\n" + nodes.stderr)
+        imex["configured"] = domain.configured
+        imex["domain_state"] = domain.domain_state
+        imex["nodes"] = [
+            {"index": n.index, "address": n.address[:200], "state": n.state[:200], "version": n.version}
+            for n in domain.nodes[:256]
+        ]
+        warnings += [f"nvidia-imex-ctl -N: {w}" for w in domain.warnings[:8]]
+        return imex
+
     async def _slow_gpu_checks(self, report: nvidia.GpuReport, warnings: list[str]) -> None:
+        try:
+            self._imex = await self._read_imex(report, warnings)
+        except Exception as exc:
+            log.exception("reading IMEX failed")
+            warnings.append(f"IMEX could not be read: {exc}")
         try:
             result = await self.runner.run("nvidia-smi", "nvlink", "-e")
             if result.ok:

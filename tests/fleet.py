@@ -54,6 +54,11 @@ class HostSpec:
     # A capture of /sys/.../infiniband (JSON path -> contents), laid out as real files with
     # /sys/class/infiniband/<dev> links; sminfo and saquery answer from files under <root>/ib.
     ib_tree: str | None = None
+    nvidia_topo: str | None = None  # `nvidia-smi topo -m`
+    # A tray of a multi-node NVLink domain (ClusterUUID, CliqueId, cards): `nvidia-smi -q` and
+    # `topo -m` are written under <root>/nvidia from the captures' shapes, so a test can change a
+    # card's fabric; nvidia-imex-ctl answers from <root>/imex, with channel0 under <root>/dev.
+    nvlink_domain: tuple[str, int, int] | None = None
 
 
 HOSTS = {
@@ -79,10 +84,18 @@ HOSTS = {
         nvidia_xml="nvidia-smi-q-xml/rtx3090-drv590-schema-v13.xml",
     ),
 }
+HOSTS["h100x8"] = replace(HOSTS["h100x8"], nvidia_topo="nvidia-smi-topo/m-h100-8gpu-nv18-ht-cpu-affinity.txt")
+# A GB200 NVL72 compute tray: four Blackwell cards in domain 3b4f…/7 (no GB200 `nvidia-smi -q` is
+# captured yet: the H100 report of the same driver generation, its Fabric block filled as GB200
+# trays print it, its matrix cut to four cards).
+GB200_CLUSTER = "3b4f1a2c-9d0e-4b7f-8a61-5c2d9e0f7a11"
+HOSTS["gb200"] = replace(HOSTS["h100x8"], nvidia_text=None, nvidia_topo=None, nvlink_domain=(GB200_CLUSTER, 7, 4))
 # Eight HDR ports, two of them INIT (a link, no subnet manager activating it).
 HOSTS["h100-ib"] = replace(
     HOSTS["h100x8"], ib_tree="sysfs-infiniband/dgx-a100-cx6-hdr-two-ports-2-INIT-ipoib-down.json.txt"
 )
+# A GB200 tray also on the InfiniBand fabric (the same ports as h100-ib): the fallback.
+HOSTS["gb200-ib"] = replace(HOSTS["gb200"], ib_tree=HOSTS["h100-ib"].ib_tree)
 # Eight ports all trained at 100 Gb/s EDR instead of 200 HDR.
 HOSTS["h100-ib-edr"] = replace(
     HOSTS["h100x8"], ib_tree="sysfs-infiniband/dgx-a100-cx6-ports-at-100-edr-instead-of-hdr.json.txt"
@@ -152,7 +165,11 @@ def build_host(spec: HostSpec, root: Path) -> dict[str, str]:
         cases.append(f'  "-q") cat {shlex.quote(str(FIXTURES / spec.nvidia_text))} ;;')
     if spec.nvlink_errors:
         cases.append(f'  "nvlink -e") cat {shlex.quote(str(FIXTURES / spec.nvlink_errors))} ;;')
-    if spec.nvidia_text or spec.nvidia_xml:
+    if spec.nvidia_topo:
+        cases.append(f'  "topo -m") cat {shlex.quote(str(FIXTURES / spec.nvidia_topo))} ;;')
+    if spec.nvlink_domain:
+        tools.update(_nvlink_tray(spec.nvlink_domain, root, bin_dir, cases))
+    if spec.nvidia_text or spec.nvidia_xml or spec.nvlink_domain:
         script = bin_dir / "nvidia-smi"
         script.write_text('#!/bin/sh\ncase "$*" in\n' + "\n".join(cases) + "\n  *) exit 2 ;;\nesac\n")
         script.chmod(0o755)
@@ -262,6 +279,112 @@ def _infiniband(tree: dict[str, str], root: Path, bin_dir: Path) -> dict[str, st
     return tools
 
 
+TRAY_BASE = "nvidia-smi-q/h100-sxm-80gb-x8-drv565-fabric-clique0-zero-uuid.txt"
+_GPU_BLOCK_RE = re.compile(r"(?m)^GPU [0-9A-Fa-f]{8}:")
+_FABRIC_RE = re.compile(r"(?m)^    Fabric\n(?:        .*\n)+")
+
+
+def fabric_block(
+    cluster: str | None,
+    clique: int | None,
+    state: str = "Completed",
+    status: str = "Success",
+    health: str = "Healthy",
+    bandwidth: str = "Full",
+) -> str:
+    """A card's Fabric block as `nvidia-smi -q` prints it (N/A where the fabric gave nothing)."""
+    rows = [
+        ("State", state),
+        ("Status", status if state == "Completed" else "N/A"),
+        ("CliqueId", str(clique) if clique is not None else "N/A"),
+        ("ClusterUUID", cluster or "N/A"),
+    ]
+    lines = ["    Fabric"] + [f"        {key:<34}: {value}" for key, value in rows]
+    lines += ["        Health", f"            {'Summary':<30}: {health}", f"            {'Bandwidth':<30}: {bandwidth}"]
+    return "\n".join(lines) + "\n"
+
+
+def tray_report(cluster: str, clique: int, cards: int, fabrics: dict[int, str] | None = None) -> str:
+    """`nvidia-smi -q` of a tray: the base capture's first `cards` GPUs named GB200, each with its Fabric."""
+    text = (FIXTURES / TRAY_BASE).read_text()
+    starts = [m.start() for m in _GPU_BLOCK_RE.finditer(text)] + [len(text)]
+    head = re.sub(r"(Attached GPUs\s+:) \d+", rf"\1 {cards}", text[: starts[0]])
+    blocks = []
+    for index in range(cards):
+        block = text[starts[index] : starts[index + 1]].replace("NVIDIA H100 80GB HBM3", "NVIDIA GB200")
+        fabric = (fabrics or {}).get(index) or fabric_block(cluster, clique)
+        blocks.append(_FABRIC_RE.sub(lambda _m, f=fabric: f, block, count=1))
+    return head + "".join(blocks)
+
+
+def tray_topology(cards: int) -> str:
+    """`nvidia-smi topo -m` of a tray: every card on NV18 to the others, two per NUMA node, one NIC each."""
+    names = [f"GPU{i}" for i in range(cards)] + [f"NIC{i}" for i in range(cards)]
+    lines = ["\t" + "\t".join(names) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
+    for i in range(cards):
+        cells = [" X " if j == i else "NV18" for j in range(cards)]
+        cells += ["PIX" if j == i else "SYS" for j in range(cards)]
+        numa = i * 2 // cards
+        lines.append(f"GPU{i}\t" + "\t".join(cells) + f"\t{numa * 72}-{numa * 72 + 71}\t{numa}\t\tN/A")
+    for i in range(cards):
+        cells = ["PIX" if j == i else "SYS" for j in range(cards)]
+        cells += [" X " if j == i else "SYS" for j in range(cards)]
+        lines.append(f"NIC{i}\t" + "\t".join(cells) + "\t\t\t")
+    lines += ["", "Legend:", "", "  X    = Self", "  NV#  = Connection traversing a bonded set of # NVLinks", ""]
+    lines += ["NIC Legend:", ""] + [f"  NIC{i}: mlx5_{i}" for i in range(cards)]
+    return "\n".join(lines) + "\n"
+
+
+def imex_nodes(addresses: list[str], states: list[str] | None = None, domain: str = "UP") -> str:
+    """`nvidia-imex-ctl -N` of a domain, in the capture's layout."""
+    legend = (FIXTURES / "nvidia-imex-ctl" / "N-gh200-2node-domain-up-drv570.txt").read_text().split("\n\n")[0]
+    states = states or ["READY"] * len(addresses)
+    rows = [
+        f"Node #{i:<3} - {address:<15} - {state}"
+        for i, (address, state) in enumerate(zip(addresses, states, strict=True))
+    ]
+    header = " Nodes From\\To  " + "  ".join(str(i) for i in range(len(addresses)))
+    matrix = [
+        f"       {i}        "
+        + "  ".join("C" if states[i] == "READY" and states[j] == "READY" else "N" for j in range(len(addresses)))
+        for i in range(len(addresses))
+    ]
+    return "\n".join(
+        [legend, "", "3/25/2025 10:42:08.082", "Nodes:", *rows, "", header, *matrix, f"Domain State: {domain}", ""]
+    )
+
+
+IMEX_CTL = """#!/bin/sh
+# nvidia-imex-ctl -q / -N: the daemon's state and the domain, from <root>/imex.
+case "$1" in
+  -q) cat {imex}/q ;;
+  -N) cat {imex}/N ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def _nvlink_tray(domain: tuple[str, int, int], root: Path, bin_dir: Path, cases: list[str]) -> dict[str, str]:
+    cluster, clique, cards = domain
+    nvidia = root / "nvidia"
+    nvidia.mkdir(exist_ok=True)
+    (nvidia / "q.txt").write_text(tray_report(cluster, clique, cards))
+    (nvidia / "topo.txt").write_text(tray_topology(cards))
+    cases.append(f'  "-q") cat {shlex.quote(str(nvidia / "q.txt"))} ;;')
+    cases.append(f'  "topo -m") cat {shlex.quote(str(nvidia / "topo.txt"))} ;;')
+    imex = root / "imex"
+    imex.mkdir(exist_ok=True)
+    (imex / "q").write_text("READY\n")
+    (imex / "N").write_text(imex_nodes(["127.0.0.1"]))
+    channels = root / "dev" / "nvidia-caps-imex-channels"
+    channels.mkdir(parents=True, exist_ok=True)
+    (channels / "channel0").write_text("")
+    script = bin_dir / "nvidia-imex-ctl"
+    script.write_text(IMEX_CTL.format(imex=shlex.quote(str(imex))))
+    script.chmod(0o755)
+    return {"nvidia-imex-ctl": str(script)}
+
+
 @dataclass
 class FleetAgent:
     name: str
@@ -319,6 +442,22 @@ class FleetAgent:
             target.unlink(missing_ok=True)
         else:
             target.write_text(text)
+
+    def set_fabrics(self, domain: tuple[str, int, int], fabrics: dict[int, str] | None = None) -> None:
+        """What each card's Fabric block says now (`fabric_block`); cards not named are joined."""
+        cluster, clique, cards = domain
+        (self.root / "nvidia" / "q.txt").write_text(tray_report(cluster, clique, cards, fabrics))
+
+    def set_imex(self, state: str = "READY", nodes: str | None = None, channel: bool = True) -> None:
+        """The IMEX daemon's state (`-q`), its domain (`-N`, see imex_nodes) and whether channel0 exists."""
+        (self.root / "imex" / "q").write_text(state + "\n")
+        if nodes is not None:
+            (self.root / "imex" / "N").write_text(nodes)
+        target = self.root / "dev" / "nvidia-caps-imex-channels" / "channel0"
+        if channel:
+            target.write_text("")
+        else:
+            target.unlink(missing_ok=True)
 
     def set_subnet_managers(self, master: str, *managers: tuple[str, int, int]) -> None:
         """Which master every port sees now, and the managers saquery lists (a failover, a new fabric)."""

@@ -58,6 +58,8 @@ class FabricInfo:
     cluster_uuid: str | None
     #: ``Fabric > Health > Summary`` on drivers that print it (590+).
     health_summary: str | None = None
+    #: ``Fabric > Health > Bandwidth``: "Full", or a degraded reading; None where not printed or N/A.
+    bandwidth: str | None = None
 
 
 @dataclass
@@ -493,6 +495,7 @@ def _fabric(section: _Node | None) -> FabricInfo | None:
         clique_id=_int(section.val(("CliqueId", "cliqueId", "Clique Id"))),
         cluster_uuid=section.val(("ClusterUUID", "clusterUuid", "Cluster UUID")),
         health_summary=section.val(("Health", "health"), ("Summary", "summary")),
+        bandwidth=section.val(("Health", "health"), ("Bandwidth", "bandwidth")),
     )
 
 

@@ -166,3 +166,46 @@ def test_without_a_readable_kernel_log_the_xids_are_unknown(tmp_path: Path) -> N
     failing.write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n")
     sample = asyncio.run(sampler.sample())
     assert all("xids" not in g for g in sample["gpus"])
+
+
+def test_an_h100_host_reports_its_nvlink_matrix_and_no_imex(tmp_path: Path) -> None:
+    # topo -m of the captured HGX: all eight cards on NV18, two NUMA nodes. Its cards' ClusterUUID
+    # is zeros (no multi-node domain), so IMEX is not asked.
+    sampler = sampler_for(tmp_path, "h100x8")
+    hardware, _warnings = asyncio.run(sampler.hardware())
+    topology = hardware["gpu_topology"]
+    assert [g["index"] for g in topology["gpus"]] == list(range(8))
+    assert topology["gpus"][0]["links"] == {str(i): 18 for i in range(1, 8)}
+    assert [g["numa_node"] for g in topology["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert topology["gpus"][4]["cpu_affinity"] == "52-103,156-207"
+    sample = asyncio.run(sampler.sample())
+    assert "imex" not in sample
+
+
+def test_a_gb200_tray_reports_its_domain_imex_and_channel(tmp_path: Path) -> None:
+    from tests.fleet import GB200_CLUSTER
+
+    sampler = sampler_for(tmp_path, "gb200", gpu_check_interval=1)
+    hardware, warnings = asyncio.run(sampler.hardware())
+    assert not [w for w in warnings if "topo" in w or "nvidia-smi" in w], warnings
+    assert {g["fabric"]["cluster_uuid"] for g in hardware["gpus"]} == {GB200_CLUSTER}
+    assert {g["fabric"]["clique_id"] for g in hardware["gpus"]} == {7}
+    assert hardware["gpu_topology"]["gpus"][1]["nearest_nics"] == ["mlx5_1"]
+    sample = asyncio.run(sampler.sample())
+    assert sample["imex"] == {
+        "installed": True,
+        "channels": [0],
+        "state": "READY",
+        "configured": True,
+        "domain_state": "UP",
+        "nodes": [{"index": 0, "address": "127.0.0.1", "state": "READY", "version": None}],
+    }
+    protocol.parse_message(
+        protocol.encode("register", {"agent_version": "t", "hardware": hardware, "sample": sample}), expect="agent"
+    )
+    # nvidia-imex-ctl gone: IMEX is said to be missing, not skipped.
+    sampler.runner.tools["nvidia-imex-ctl"] = str(tmp_path / "no-such-tool")
+    sampler._slow_at = 0.0
+    again = asyncio.run(sampler.sample(force=True))
+    assert again["imex"]["installed"] is False and again["imex"]["channels"] == [0]
+    assert "no-such-tool" in again["imex"]["error"]
