@@ -55,9 +55,7 @@ def _empty(width: int, height: int, label: str) -> SafeString:
 def _clean(series: Sequence[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
     """Points in time order, without unusable times; a value that is not a finite number is None."""
     # By time alone: two points of one time, one of them None, cannot be compared by value.
-    points = sorted(
-        ((float(t), v) for t, v in series if t is not None and math.isfinite(float(t))), key=lambda p: p[0]
-    )
+    points = sorted(((float(t), v) for t, v in series if t is not None and math.isfinite(float(t))), key=lambda p: p[0])
     return [(t, float(v) if v is not None and math.isfinite(float(v)) else None) for t, v in points]
 
 

@@ -169,7 +169,9 @@ class PreFilterResult:
     form one in (a node absent from it is in none, and refused); `prefer`: node id -> finer groups,
     each `(group, part)`, a replica that fits whole inside one is placed there first (one leaf of a
     fabric). `notes(node_id)`: what explain shows of the node ({"fabric": ..., "leaf": ...}).
-    `label(group part)`: how a group reads in a refusal.
+    `label(group part)`: how a group reads in a refusal. `tier(group part)`: groups of a lower tier are
+    taken before any of a higher one whatever their scores (one NVLink domain before one InfiniBand
+    fabric); None: every group is tier 0.
     """
 
     nodes: Collection[int] | None = None
@@ -178,6 +180,7 @@ class PreFilterResult:
     prefer: Mapping[int, tuple[tuple[str, str], ...]] | None = None
     notes: Callable[[int], dict[str, str]] | None = None
     label: Callable[[str], str] | None = None
+    tier: Callable[[str], int] | None = None
 
 
 @dataclass(slots=True)

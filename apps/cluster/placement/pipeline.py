@@ -29,7 +29,9 @@ the pre-filters' (the built-in one groups by `NodeSnapshot.fabric`; the fabrics 
 physical fabric): a node in no group never takes a shard of one. Per group the best N nodes
 are taken; the group whose N nodes score highest in sum wins (ties: group name). When a
 pre-filter names finer groups (leaves), a finer group that holds N nodes is taken first, the
-best of those by the same sum; the walk then looks at every candidate.
+best of those by the same sum; the walk then looks at every candidate. A pre-filter may also put
+its groups in tiers: a group of a lower tier that holds N nodes is taken before any of a higher
+one (a multi-node NVLink domain before an InfiniBand fabric), again looking at every candidate.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class _Pre:
     """The pre-filters' answers for one profile, combined: which nodes the walk may skip, the
     refusal each stands for, and the groups a replica across nodes is formed in."""
 
-    __slots__ = ("group_maps", "labels", "members", "multi", "notes", "prefer_maps", "refusers", "static")
+    __slots__ = ("group_maps", "labels", "members", "multi", "notes", "prefer_maps", "refusers", "static", "tiers")
 
     def __init__(self, ctx: PlacementContext) -> None:
         self.multi = ctx.multi_node
@@ -102,6 +104,7 @@ class _Pre:
         self.group_maps: list[Mapping[int, tuple[str, ...]]] = []
         self.prefer_maps: list[tuple[int, Mapping[int, tuple[tuple[str, str], ...]]]] = []
         self.labels: list[Callable[[str], str] | None] = []
+        self.tiers: list[Callable[[str], int] | None] = []
         self.notes: list[Callable[[int], dict[str, str]]] = []
         self.refusers: list[tuple[int, str, FilterFn]] = []
         self.static: set[str] = set()
@@ -124,6 +127,7 @@ class _Pre:
                 self.prefer_maps.append((len(self.group_maps), result.prefer))
             self.group_maps.append(result.groups)
             self.labels.append(result.label)
+            self.tiers.append(result.tier)
             kept.append(result.groups)
         if result.notes is not None:
             self.notes.append(result.notes)
@@ -176,6 +180,18 @@ class _Pre:
             if self.allows(node_id):
                 found.update(self.groups(node_id))
         return sorted(found)
+
+    @property
+    def tiered(self) -> bool:
+        return any(tier is not None for tier in self.tiers)
+
+    def tier(self, group: Group) -> int:
+        total = 0
+        for position, part in enumerate(group):
+            tier = self.tiers[position] if position < len(self.tiers) else None
+            if tier is not None:
+                total += tier(part)
+        return total
 
     def label(self, group: Group) -> str:
         parts = []
@@ -452,16 +468,18 @@ def _sum(top: list[Entry]) -> float:
     return total
 
 
-def _best_group[K: (Group, tuple[Group, str])](tops: Mapping[K, list[Entry]], need: int) -> K | None:
+def _best_group[K: (Group, tuple[Group, str])](
+    tops: Mapping[K, list[Entry]], need: int, tier: Callable[[K], int] | None = None
+) -> K | None:
     best: K | None = None
-    best_sum = 0.0
+    best_key: tuple[int, float] = (0, 0.0)
     for group in sorted(tops):
         top = tops[group]
         if len(top) < need:
             continue
-        total = _sum(top)
-        if best is None or total > best_sum:
-            best, best_sum = group, total
+        key = (tier(group) if tier is not None else 0, -_sum(top))
+        if best is None or key < best_key:
+            best, best_key = group, key
     return best
 
 
@@ -501,7 +519,7 @@ def _pick_multi(
     pre = ev.pre
     need = ctx.nodes
     pmax = ev.pmax
-    finer = bool(pre.prefer_maps)
+    finer = bool(pre.prefer_maps) or pre.tiered  # a finer or a lower-tier group may come last
     groups = pre.all_groups(ctx) if not finer else []
     tops: dict[Group, list[Entry]] = {}
     subtops: dict[tuple[Group, str], list[Entry]] = {}
@@ -530,10 +548,12 @@ def _pick_multi(
         if finer:
             for sub in pre.preferred(node_id, in_groups):
                 _keep(subtops, sub, entry, need)
-    best_sub = _best_group(subtops, need)
-    if best_sub is not None:
+    tiered = pre.tiered
+    best_sub = _best_group(subtops, need, (lambda sub: pre.tier(sub[0])) if tiered else None)
+    best = _best_group(tops, need, pre.tier if tiered else None)
+    # A finer group first (one leaf), unless a group of a lower tier holds the replica whole.
+    if best_sub is not None and (best is None or not tiered or pre.tier(best_sub[0]) <= pre.tier(best)):
         return [entry[3] for entry in subtops[best_sub]], counts, best_sub[0], best_sub[1]
-    best = _best_group(tops, need)
     if best is None:
         return None, counts, None, None
     return [entry[3] for entry in tops[best]], counts, best, None
