@@ -47,6 +47,7 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("agent/enroll", cluster_api.AgentEnrollView.as_view(), name="api-agent-enroll"),
     path("engines", cluster_api.EngineChoicesView.as_view(), name="api-engines"),
     path("fabrics", fabrics_api.FabricsView.as_view(), name="api-fabrics"),
+    path("nvlink", fabrics_api.NVLinkView.as_view(), name="api-nvlink"),
     path("fabric-tests", fabrics_api.FabricTestsView.as_view(), name="api-fabric-tests"),
     path("fabric-tests/<str:pk>", fabrics_api.FabricTestView.as_view(), name="api-fabric-test"),
     path("agent-requests", cluster_api.AgentRequestsView.as_view(), name="api-agent-requests"),

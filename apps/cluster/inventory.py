@@ -55,9 +55,42 @@ def shard_env(node_id: int, group: tuple[str, ...] | None) -> dict[str, str]:
 CLAIMING_STATES = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING, ReplicaState.FAILED)
 
 
+def nvlink_groups(hardware: dict[str, Any]) -> dict[int, str]:
+    """GPU index -> its NVLink group inside the node, from `nvidia-smi topo -m` as the agent sent it at
+    registration: cards joined by NVLink (directly or through others) share a group, a card linked
+    to none is a group of its own. {} when the topology was not reported (unknown)."""
+    topology = hardware.get("gpu_topology")
+    if not isinstance(topology, dict):
+        return {}
+    parent: dict[int, int] = {}
+
+    def find(index: int) -> int:
+        while parent.setdefault(index, index) != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    for gpu in topology.get("gpus") or []:
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
+            continue
+        find(gpu["index"])
+        for peer, links in (gpu.get("links") or {}).items():
+            if isinstance(links, int) and links > 0 and str(peer).isdigit():
+                a, b = find(gpu["index"]), find(int(peer))
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return {index: f"nvl{find(index)}" for index in parent}
+
+
 def _snapshot(node: Node) -> NodeSnapshot:
+    linked = nvlink_groups(node.hardware or {})
     gpus = [
-        GpuSlot(index=g.index, gpu_class=g.gpu_class or g.name or "unknown", healthy=g.healthy, nvlink_group=None)
+        GpuSlot(
+            index=g.index,
+            gpu_class=g.gpu_class or g.name or "unknown",
+            healthy=g.healthy,
+            nvlink_group=linked.get(g.index),
+        )
         for g in node.gpus.all()
     ]
     engines = node.hardware.get("engines")

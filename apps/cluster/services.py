@@ -223,6 +223,13 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
         "memory": node.hardware.get("memory_total_bytes"),
     }
     hardware["gpus_summary"] = [g.get("gpu_class") or g.get("name") for g in gpus]
+    # The multi-node NVLink domain the cards name now, else the one they named before (a tray that
+    # registers while its fabric manager restarts is still shown in its rack, out of it).
+    from apps.fabrics.nvlink import registered_domain
+
+    domain = registered_domain(gpus) or node.hardware.get("nvlink_domain")
+    if domain:
+        hardware["nvlink_domain"] = domain
     now = timezone.now()
     node.hardware = hardware
     node.agent_version = body["agent_version"]

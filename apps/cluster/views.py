@@ -22,6 +22,7 @@ from apps.accounts.models import User
 from apps.cluster import overview, selectors, services
 from apps.cluster.models import Node
 from apps.cluster.onboarding import AGENT_CONFIG_PATH, agent_yaml, install_command
+from apps.fabrics import nvlink
 from apps.fabrics.services import node_ports
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
@@ -67,6 +68,7 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
         "can_change": can_change_cluster(request.user),
         "drain": services.drain_status(node),
         "ports": node_ports(node),
+        "nvlink": nvlink.node_view(node),
     }
     if is_fragment(request):
         return render(request, "cluster/node_detail.html#node-live", context)

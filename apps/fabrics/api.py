@@ -39,6 +39,23 @@ class FabricsView(APIView):
         return Response(fabrics_overview())
 
 
+class NVLinkView(APIView):
+    """The multi-node NVLink domains (`<ClusterUUID>.<CliqueId>`): each node (tray) with every card's
+    fabric state, status, health and bandwidth, whether it is joined, its IMEX daemon and channels,
+    whether the node is ready to take a shard across the domain and what keeps it out; `at_risk`:
+    running replicas formed over NVLink with a shard on a node that is now out. `standalone`: nodes
+    whose cards are on a single machine's NVSwitch (no domain); `stale`: domain nodes whose sample
+    is too old to say."""
+
+    permission_classes = [IsStaffReader]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        from apps.fabrics.nvlink import domains_overview
+
+        return Response(domains_overview())
+
+
 class FabricTopologyView(APIView):
     """The fabric's newest ibnetdiscover map (switch tiers, adapters and their leaves, cables with
     their rates and the degraded ones, rails) with the cluster's own adapters live on it (`live`:

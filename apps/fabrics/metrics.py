@@ -39,11 +39,39 @@ class FabricCollector(Collector):
         flaps = CounterMetricFamily(
             "llmgw_ib_port_flaps", "Times the port went down or up since its agent started", labels=PORT
         )
-        nodes = Node.objects.exclude(status=NodeStatus.REVOKED).only("name", "sample", "sampled_at")
+        joined = GaugeMetricFamily(
+            "llmgw_gpu_nvlink_joined",
+            "1 when the card is joined to its node's multi-node NVLink domain (fabric Completed/Success, "
+            "healthy, that domain's ClusterUUID and CliqueId); absent on a node in no such domain",
+            labels=["node", "gpu", "domain", "state"],
+        )
+        imex = GaugeMetricFamily(
+            "llmgw_imex_up",
+            "1 when the node's IMEX daemon is READY, its domain UP and a channel present; absent on a node "
+            "that is in no NVLink domain",
+            labels=["node", "state", "domain_state"],
+        )
+        from apps.fabrics import nvlink
+
+        nodes = Node.objects.exclude(status=NodeStatus.REVOKED).only("name", "sample", "sampled_at", "hardware")
         for node in nodes:
             sample = node.fresh_sample(now, FRESH)
             if sample is None:
                 continue
+            state = nvlink.read_node(sample, node.hardware)
+            if state is not None and state.domain is not None:
+                for card in state.cards:
+                    joined.add_metric(
+                        [node.name, str(card.index), card.domain or state.domain or "-", card.state or "-"],
+                        1.0 if card.joined else 0.0,
+                    )
+                up = state.imex_up
+                if up is not None:
+                    summary = nvlink.imex_summary(state.imex) or {}
+                    imex.add_metric(
+                        [node.name, str(summary.get("state") or "-"), str(summary.get("domain_state") or "-")],
+                        1.0 if up else 0.0,
+                    )
             for port in sample.get("ib_ports") or []:
                 if not isinstance(port, dict):
                     continue
@@ -68,7 +96,7 @@ class FabricCollector(Collector):
                         counters.add_metric([*labels, str(name)], float(value))
                 if isinstance(port.get("flaps"), int):
                     flaps.add_metric(labels, float(port["flaps"]))
-        yield from (active, rate, counters, flaps)
+        yield from (active, rate, counters, flaps, joined, imex)
 
         overview = fabrics_overview()
         master = GaugeMetricFamily(

@@ -15,6 +15,12 @@ grouped with the other unknown nodes of that name only, never with nodes that co
 attachment with a `problem` (its adapters for the name sit on two fabrics) is no group at all.
 Inside a fabric the nodes of one leaf are preferred when the whole replica fits in it, and a
 node whose cable trained below its kind's rate scores lower than one that did not.
+
+A multi-node NVLink domain (`extra["nvlink"]`, apps.fabrics.nvlink) is a fabric of its own, of a
+lower tier: a replica that fits whole among a domain's ready nodes (every card joined, IMEX up)
+is formed there before any InfiniBand fabric is tried, and its shards are told to use NVLink. A
+domain's node that is not ready can still take a shard over InfiniBand; explain says what kept
+it out of its domain.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ __all__ = ["SNAPSHOT_FIELD", "FabricIndex", "attachments", "build_index", "regis
 SNAPSHOT_FIELD = "fabrics"
 CABLE_WEIGHT = 3.0  # above binpack's 1 and weights' 2: a short cable slows every collective of the replica
 UNVERIFIED = "unverified:"
+NVLINK_FIELD = "nvlink"  # apps.fabrics.nvlink.SNAPSHOT_FIELD
+NVLINK_PREFIX = "nvlink:"  # apps.fabrics.nvlink.GROUP_PREFIX
 
 
 def unverified(name: str) -> str:
@@ -60,15 +68,32 @@ class FabricIndex:
     notes: dict[int, dict[str, str]] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     problems: dict[int, str] = field(default_factory=dict)
+    # node id -> (domain label, what keeps it out) for nodes of an NVLink domain that are not ready
+    nvlink_out: dict[int, tuple[str, str]] = field(default_factory=dict)
+    tiered: bool = False
 
 
 def build_index(inventory: Inventory) -> FabricIndex:
     index = FabricIndex()
     for node_id, node in inventory.nodes.items():
         found = attachments(node)
-        if not found:
+        domain = _nvlink(node)
+        if not found and domain is None:
             continue
         groups: list[str] = []
+        nvlink_note = "-"
+        if domain is not None:
+            label = str(domain.get("label") or domain["domain"])
+            if domain.get("ready"):
+                group = NVLINK_PREFIX + str(domain["domain"])
+                groups.append(group)
+                index.labels.setdefault(group, f"NVLink {label}")
+                index.tiered = True
+                nvlink_note = label
+            else:
+                problems_text = "; ".join(str(p) for p in domain.get("problems") or []) or "-"
+                index.nvlink_out[node_id] = (label, problems_text)
+                nvlink_note = f"{label}: {problems_text}"
         prefer: list[tuple[str, str]] = []
         leaves: list[str] = []
         problems: list[str] = []
@@ -97,6 +122,8 @@ def build_index(inventory: Inventory) -> FabricIndex:
             index.problems[node_id] = "; ".join(problems)
         notes = {"fabric": ", ".join(index.labels[g] for g in groups) if groups else "-"}
         notes["leaf"] = ", ".join(leaves) if leaves else "-"
+        if domain is not None:
+            notes["nvlink"] = nvlink_note
         index.notes[node_id] = notes
     return index
 
@@ -107,7 +134,26 @@ def _label(name: str, identity: object) -> str:
     return f"{name} ({identity})"
 
 
+def _nvlink(node: NodeSnapshot) -> dict[str, Any] | None:
+    value = node.extra.get(NVLINK_FIELD)
+    return value if isinstance(value, dict) and value.get("domain") else None
+
+
+def tier(group: str) -> int:
+    """NVLink domains first (0), then InfiniBand and RoCE fabrics (1)."""
+    return 0 if group.startswith(NVLINK_PREFIX) else 1
+
+
 def refusal(node: NodeSnapshot, index: FabricIndex, need: int) -> Reason:
+    out = index.nvlink_out.get(node.id)
+    if out is not None and node.id not in index.groups:
+        return Reason(
+            "nvlink_out",
+            gettext_noop(
+                "node %(node)s is kept out of NVLink domain %(domain)s (%(problem)s) and is on no other fabric"
+            ),
+            {"node": node.name, "domain": out[0], "problem": out[1]},
+        )
     problem = index.problems.get(node.id)
     if problem:
         return Reason(
@@ -127,6 +173,7 @@ def prefilter(ctx: PlacementContext, index: FabricIndex) -> PreFilterResult:
         refuse=lambda node: refusal(node, index, need),
         notes=lambda node_id: notes.get(node_id, {"fabric": "-", "leaf": "-"}),
         label=lambda group: index.labels.get(group, group),
+        tier=tier if index.tiered else None,
     )
 
 
@@ -141,6 +188,7 @@ def cable(ctx: PlacementContext, node: NodeSnapshot) -> float:
 def register(registry: Registry = REGISTRY) -> None:
     """Replace the built-in grouping by declared fabric with the physical one (same name)."""
     registry.register_snapshot_field(SNAPSHOT_FIELD, [])
+    registry.register_snapshot_field(NVLINK_FIELD, None)
     registry.register_prefilter(
         prefilter, name="fabric", order=80, index=build_index, applies=lambda ctx: ctx.multi_node, static=True
     )

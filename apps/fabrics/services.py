@@ -235,6 +235,11 @@ def shard_env(node_id: int, group: Group | None) -> dict[str, str]:
     the RoCE v2 / IPv4 GID NCCL is to pick."""
     if not group:
         return {}
+    from apps.fabrics.nvlink import shard_env as nvlink_env
+
+    mnnvl = nvlink_env(group)
+    if mnnvl is not None:
+        return mnnvl
     identity = group[0]
     row = NodeFabrics.objects.select_related("node").filter(node_id=node_id).first()
     if row is None:

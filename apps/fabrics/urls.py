@@ -8,5 +8,6 @@ app_name = "fabrics"
 
 urlpatterns = [
     path("", views.fabrics, name="fabrics"),
+    path("nvlink/", views.nvlink, name="nvlink"),
     path("<str:fabric>/", views.fabric, name="fabric"),
 ]

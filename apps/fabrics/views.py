@@ -9,12 +9,23 @@ from django.utils.translation import gettext as _
 
 from apps.accounts.access import requires
 from apps.fabrics.services import fabrics_overview, topology_view
-from llmgw.http import HtmxHttpRequest
+from llmgw.http import HtmxHttpRequest, is_fragment
 
 
 @requires("read_everything", methods=["GET"])
 def fabrics(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "fabrics/fabrics.html", {"overview": fabrics_overview()})
+
+
+@requires("read_everything", methods=["GET"])
+def nvlink(request: HtmxHttpRequest) -> HttpResponse:
+    """Each multi-node NVLink domain drawn as a rack of trays, with what keeps a tray out."""
+    from apps.fabrics.nvlink import domains_overview
+
+    template = "fabrics/nvlink.html"
+    if is_fragment(request):
+        template += "#nvlink-live"
+    return render(request, template, {"overview": domains_overview()})
 
 
 @requires("read_everything", methods=["GET"])

@@ -329,6 +329,7 @@ MATRIX: dict[str, Route] = {
     "org-usage": Route("manages_branch"),
     "cluster:nodes": Route("read_everything"),
     "fabrics:fabrics": Route("read_everything"),
+    "fabrics:nvlink": Route("read_everything"),
     "fabrics:fabric": Route("read_everything", mapped_fabric),
     "cluster:node-add": Route(
         "change_cluster", bodies=lambda w: {"POST": {"name": "n2", "labels": "", "expires_hours": "1"}}
@@ -411,6 +412,7 @@ MATRIX: dict[str, Route] = {
     "api-engines-remove": Route(("read_everything", "change_cluster"), bodies=lambda w: engine_rule_to_remove()),
     "api-engines-refresh": Route(("read_everything", "change_cluster")),
     "api-fabrics": Route(("read_everything", "administrator")),
+    "api-nvlink": Route(("read_everything", "administrator")),
     "api-fabric-topology": Route(("read_everything", "change_cluster"), mapped_fabric),
     "api-agent-requests": Route(("read_everything", "change_cluster")),
     "api-fabric-tests": Route(("read_everything", "change_cluster"), bodies=two_on_a_fabric),

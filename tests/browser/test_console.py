@@ -57,6 +57,7 @@ OPTIONAL_PAGES = {
     "usage": "usage",
     "cluster": "cluster",
     "fabrics:fabrics": "fabrics",
+    "fabrics:nvlink": "nvlink",
     "people": "people",
     "docs": "docs",
     "about": "about",

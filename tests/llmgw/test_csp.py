@@ -218,13 +218,35 @@ def fleet(db: Any) -> None:
         "cpu_utilization_pct": 12.0,
         "load": [0.5, 0.4, 0.3],
         "shards": [],
+        # In a multi-node NVLink domain with one card out, IMEX up: the NVLink page draws its rack.
+        "gpus": [
+            {
+                "index": index,
+                "fabric": {
+                    "state": "Completed" if index == 0 else "In Progress",
+                    "status": "Success",
+                    "cluster_uuid": "3b4f1a2c-0000-4000-8000-00000000beef",
+                    "clique_id": 7,
+                    "health_summary": "Healthy",
+                    "bandwidth": "Full",
+                },
+            }
+            for index in range(2)
+        ],
+        "imex": {"installed": True, "state": "READY", "domain_state": "UP", "channels": [0], "nodes": []},
+    }
+    topology = {
+        "gpus": [
+            {"index": 0, "links": {"1": 18}, "paths": {"1": "NV18"}, "nearest_nics": ["mlx5_0"], "numa_node": 0},
+            {"index": 1, "links": {"0": 18}, "paths": {"0": "NV18"}, "nearest_nics": ["mlx5_1"], "numa_node": 1},
+        ]
     }
     gpu1 = Node.objects.create(
         name="gpu1",
         status=NodeStatus.READY,
         agent_version="0.1.0",
         registered_at=now,
-        hardware={"cpus": 32, "memory_total_bytes": 64 * 1024**3, "gpu_count": 2},
+        hardware={"cpus": 32, "memory_total_bytes": 64 * 1024**3, "gpu_count": 2, "gpu_topology": topology},
         labels={"rack": "r12"},
         sample=sample,
         sampled_at=now,
