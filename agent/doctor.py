@@ -1057,10 +1057,16 @@ def nvlink_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
             )
         elif health is not None and health.lower() == "limited capacity":
             warns.append("health Summary Limited Capacity")
-        bandwidth = getattr(fabric, "bandwidth", None)
-        if isinstance(bandwidth, str) and bandwidth.strip() and bandwidth.strip().lower() != "full":
-            warns.append(f"Bandwidth {bandwidth.strip()} (not Full)")
+        bandwidth = (fabric.bandwidth or "").strip()
+        # Early GB200 drivers print "Not Supported" in every Health row: unknown, not degraded.
+        if bandwidth and bandwidth.lower() not in ("not supported", "n/a") and not bandwidth.lower().startswith("full"):
+            warns.append(f"Bandwidth {bandwidth} (not Full)")
             fixes.append("look for NVLink errors (nvidia-smi nvlink -e) and degraded links to the NVLink switches")
+        if fabric.health_faults:
+            warns.append("health reports " + ", ".join(fabric.health_faults))
+            fixes.append(
+                "check the NVLink switch trays and nvidia-fabricmanager's log for route and configuration faults"
+            )
         if zero(fabric.cluster_uuid):
             found = "Completed/Success: a single machine's NVSwitch, no multi-node domain"
         else:

@@ -203,6 +203,7 @@ GPU = obj(
                     "cluster_uuid": STR,
                     "health_summary": STR,
                     "bandwidth": STR,
+                    "health_faults": nullable(array(string(200), 16)),
                 },
             )
         ),

@@ -60,6 +60,9 @@ class FabricInfo:
     health_summary: str | None = None
     #: ``Fabric > Health > Bandwidth``: "Full", or a degraded reading; None where not printed or N/A.
     bandwidth: str | None = None
+    #: The Health rows that report a fault (Route Unhealthy: True, Incorrect Configuration: <what>...);
+    #: None where the block has no such rows, [] where it has them and none is set.
+    health_faults: list[str] | None = None
 
 
 @dataclass
@@ -486,6 +489,27 @@ def _ecc_uncorrected(section: _Node | None) -> int | None:
     return _sum_known(values)
 
 
+# Health rows that are not a fault flag: the summary and the bandwidth are read on their own.
+_HEALTH_OWN = {"summary", "bandwidth"}
+_UNSET = {"false", "no", "none", "not supported", "n/a", "0"}
+
+
+def _health_faults(health: _Node | None) -> list[str] | None:
+    if health is None:
+        return None
+    rows = [c for c in health.children if c.key.strip().lower() not in _HEALTH_OWN]
+    if not rows:
+        return None
+    faults = []
+    for row in rows:
+        value = (_clean(row.value) or "").strip()
+        if not value or value.lower() in _UNSET:
+            continue
+        key = row.key.strip().replace("_", " ")
+        faults.append(key if value.lower() in ("true", "yes") else f"{key}: {value}"[:200])
+    return faults[:16]
+
+
 def _fabric(section: _Node | None) -> FabricInfo | None:
     if section is None:
         return None
@@ -496,6 +520,7 @@ def _fabric(section: _Node | None) -> FabricInfo | None:
         cluster_uuid=section.val(("ClusterUUID", "clusterUuid", "Cluster UUID")),
         health_summary=section.val(("Health", "health"), ("Summary", "summary")),
         bandwidth=section.val(("Health", "health"), ("Bandwidth", "bandwidth")),
+        health_faults=_health_faults(section.child(("Health", "health"))),
     )
 
 

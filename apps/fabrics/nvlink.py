@@ -70,6 +70,7 @@ class CardFabric:
     joined: bool
     degraded: bool  # joined, on less than full bandwidth or limited capacity
     problem: str  # why it is not joined ("" when it is)
+    faults: list[str] = field(default_factory=list)  # Health rows set (Route Unhealthy...): degraded
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +85,7 @@ class CardFabric:
             "joined": self.joined,
             "degraded": self.degraded,
             "problem": self.problem,
+            "faults": list(self.faults),
         }
 
 
@@ -108,6 +110,10 @@ def card_fabric(gpu: dict[str, Any]) -> CardFabric | None:
     status, uuid, health, bandwidth = (
         _text(fabric.get(key)) for key in ("status", "cluster_uuid", "health_summary", "bandwidth")
     )
+    # Older GB200 drivers print "Not Supported" for every Health row: unknown, not degraded.
+    health = None if (health or "").strip().lower() in NO_FABRIC else health
+    bandwidth = None if (bandwidth or "").strip().lower() in NO_FABRIC else bandwidth
+    faults = [str(f) for f in _list(fabric.get("health_faults"))]
     clique = fabric.get("clique_id")
     clique_id = clique if isinstance(clique, int) and not isinstance(clique, bool) else None
     domain = f"{uuid}.{clique_id}" if not _zero_uuid(uuid) and clique_id is not None else None
@@ -122,8 +128,9 @@ def card_fabric(gpu: dict[str, Any]) -> CardFabric | None:
         problem = _("no CliqueId")
     joined = not problem and domain is not None
     degraded = joined and (
-        (bandwidth is not None and str(bandwidth).lower() != FULL_BANDWIDTH)
+        (bandwidth is not None and not bandwidth.strip().lower().startswith(FULL_BANDWIDTH))
         or (health or "").lower() == "limited capacity"
+        or bool(faults)
     )
     return CardFabric(
         index=index,
@@ -137,6 +144,7 @@ def card_fabric(gpu: dict[str, Any]) -> CardFabric | None:
         joined=joined,
         degraded=degraded,
         problem=problem,
+        faults=faults,
     )
 
 

@@ -319,3 +319,25 @@ def test_run_checks_runs_it_after_the_fabric_ports(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(doctor, "nvlink_checks", broken)
     found = by_name(doctor.run_checks(config, installed={}, timeout=0.5))
     assert found["NVLink fabric"] == Check("NVLink fabric", FAIL, "the check itself failed: RuntimeError: parser bug")
+
+
+def test_health_rows_not_supported_are_not_a_warning_and_faults_are(tmp_path: Path) -> None:
+    text = fixture_text("nvidia-smi-q", HGX)
+    unsupported = (
+        "            Summary                       : Not Supported\n"
+        "            Bandwidth                     : Not Supported"
+    )
+    text = text.replace("            Bandwidth                     : N/A", unsupported)
+    faulty = text.replace(
+        unsupported,
+        "            Summary                       : Healthy\n"
+        "            Bandwidth                     : Full\n"
+        "            Route Recovery in progress    : True",
+        1,
+    )
+    for name, body, status in (("quiet", text, PASS), ("faulty", faulty, WARN)):
+        checks = nvlink_checks(node(tmp_path / name, body))
+        first = next(c for c in checks if c.name == "GPU 0 NVLink fabric")
+        assert first.status == status, first
+        if status == WARN:
+            assert "health reports Route Recovery in progress" in first.detail

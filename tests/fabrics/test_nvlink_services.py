@@ -66,11 +66,20 @@ def test_no_fabric_or_not_supported_is_no_card_at_all() -> None:
     assert nvlink.read_node({"gpus": [{"index": 0}, {"index": 1, "fabric": None}]}) is None
 
 
-def test_degraded_bandwidth_or_limited_capacity_is_joined_but_degraded() -> None:
+def test_degraded_bandwidth_limited_capacity_or_a_health_fault_is_joined_but_degraded() -> None:
     slow = nvlink.card_fabric(card(0, bandwidth="Degraded"))
     limited = nvlink.card_fabric(card(1, health_summary="Limited Capacity"))
-    assert slow is not None and slow.joined and slow.degraded
-    assert limited is not None and limited.joined and limited.degraded
+    fault = nvlink.card_fabric(card(2, health_faults=["Route Recovery in progress"]))
+    for found in (slow, limited, fault):
+        assert found is not None and found.joined and found.degraded
+    assert fault is not None and fault.as_dict()["faults"] == ["Route Recovery in progress"]
+
+
+def test_health_rows_an_older_driver_does_not_support_are_unknown_not_degraded() -> None:
+    # GB200 on an early driver: Completed/Success in clique 4026, every Health row Not Supported.
+    found = nvlink.card_fabric(card(0, clique_id=4026, health_summary="Not Supported", bandwidth="Not Supported"))
+    assert found is not None and found.joined and not found.degraded
+    assert (found.health, found.bandwidth) == (None, None)
 
 
 @pytest.mark.parametrize(
