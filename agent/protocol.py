@@ -320,8 +320,9 @@ FABRICS = obj(
     },
 )
 
-# `nvidia-smi topo -m`, per GPU: its NVLink peers (index -> bonded links), the matrix's path to each
-# other GPU and adapter, the closest adapters and its NUMA node.
+# `nvidia-smi topo -m`, per GPU: its NVLink group inside the node (cards joined by NVLink, directly or
+# through others), its NVLink peers (index -> bonded links), the matrix's path to each other GPU and
+# adapter, the closest adapters and its NUMA node.
 GPU_TOPOLOGY = obj(
     {
         "gpus": array(

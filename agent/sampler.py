@@ -272,10 +272,12 @@ class Sampler:
         warnings += [f"nvidia-smi topo -m: {w}" for w in topology.warnings]
         if not topology.gpus:
             return None
+        groups = nvlink.nvlink_groups(topology)
         gpus = []
         for gpu in topology.gpus:
             entry: dict[str, Any] = {
                 "index": gpu.index,
+                "group": groups.get(gpu.index),
                 "links": {str(k): v for k, v in gpu.links.items()},
                 "paths": {str(k): v[:16] for k, v in gpu.paths.items()},
                 "nics": {k[:16]: v[:16] for k, v in gpu.nics.items()},

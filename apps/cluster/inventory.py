@@ -56,30 +56,17 @@ CLAIMING_STATES = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPP
 
 
 def nvlink_groups(hardware: dict[str, Any]) -> dict[int, str]:
-    """GPU index -> its NVLink group inside the node, from `nvidia-smi topo -m` as the agent sent it at
-    registration: cards joined by NVLink (directly or through others) share a group, a card linked
-    to none is a group of its own. {} when the topology was not reported (unknown)."""
+    """GPU index -> its NVLink group inside the node, as the agent worked it out from `nvidia-smi
+    topo -m` at registration (cards joined by NVLink share one). {} when not reported (unknown)."""
     topology = hardware.get("gpu_topology")
-    if not isinstance(topology, dict):
+    gpus = topology.get("gpus") if isinstance(topology, dict) else None
+    if not isinstance(gpus, list):
         return {}
-    parent: dict[int, int] = {}
-
-    def find(index: int) -> int:
-        while parent.setdefault(index, index) != index:
-            parent[index] = parent[parent[index]]
-            index = parent[index]
-        return index
-
-    for gpu in topology.get("gpus") or []:
-        if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
-            continue
-        find(gpu["index"])
-        for peer, links in (gpu.get("links") or {}).items():
-            if isinstance(links, int) and links > 0 and str(peer).isdigit():
-                a, b = find(gpu["index"]), find(int(peer))
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    return {index: f"nvl{find(index)}" for index in parent}
+    return {
+        gpu["index"]: str(gpu["group"])
+        for gpu in gpus
+        if isinstance(gpu, dict) and isinstance(gpu.get("index"), int) and gpu.get("group")
+    }
 
 
 def _snapshot(node: Node) -> NodeSnapshot:

@@ -176,6 +176,7 @@ def test_an_h100_host_reports_its_nvlink_matrix_and_no_imex(tmp_path: Path) -> N
     topology = hardware["gpu_topology"]
     assert [g["index"] for g in topology["gpus"]] == list(range(8))
     assert topology["gpus"][0]["links"] == {str(i): 18 for i in range(1, 8)}
+    assert {g["group"] for g in topology["gpus"]} == {"nvl0"}  # one NVSwitch: one group
     assert [g["numa_node"] for g in topology["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert topology["gpus"][4]["cpu_affinity"] == "52-103,156-207"
     sample = asyncio.run(sampler.sample())

@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.core import Metric
 
+from agent.probes.nvlink import nvlink_groups as probe_groups
+from agent.probes.nvlink import parse_topo_matrix
 from apps.cluster.inventory import build_inventory, nvlink_groups
 from apps.cluster.placement.gpus import choose_gpus
 from apps.fabrics import nvlink
@@ -193,11 +195,14 @@ def test_a_tray_registering_remembers_the_domain_its_cards_named() -> None:
 
 
 def linked(pairs: list[tuple[int, int]], cards: int) -> dict[str, Any]:
-    gpus = []
-    for index in range(cards):
-        links = {str(b if a == index else a): 2 for a, b in pairs if index in (a, b)}
-        gpus.append({"index": index, "links": links})
-    return {"gpu_topology": {"gpus": gpus}}
+    """The registration of a node whose cards are bridged in `pairs`, as its agent reads topo -m."""
+    lines = ["\t" + "\t".join(f"GPU{i}" for i in range(cards)) + "\tCPU Affinity\tNUMA Affinity"]
+    for i in range(cards):
+        cells = [" X " if i == j else ("NV2" if (i, j) in pairs or (j, i) in pairs else "PHB") for j in range(cards)]
+        lines.append(f"GPU{i}\t" + "\t".join(cells) + "\t0-15\t0")
+    topology = parse_topo_matrix("\n".join(lines) + "\n")
+    groups = probe_groups(topology)
+    return {"gpu_topology": {"gpus": [{"index": g.index, "group": groups[g.index]} for g in topology.gpus]}}
 
 
 def test_nvlink_groups_follow_the_links_and_unknown_is_empty() -> None:
@@ -205,6 +210,7 @@ def test_nvlink_groups_follow_the_links_and_unknown_is_empty() -> None:
     assert nvlink_groups(linked([(0, 1), (1, 2)], 4)) == {0: "nvl0", 1: "nvl0", 2: "nvl0", 3: "nvl3"}
     assert nvlink_groups({}) == {}
     assert nvlink_groups({"gpu_topology": "garbage"}) == {}
+    assert nvlink_groups({"gpu_topology": {"gpus": [{"index": 0}, "x", {"index": "1", "group": "a"}]}}) == {}
 
 
 @pytest.mark.django_db

@@ -237,8 +237,22 @@ def fleet(db: Any) -> None:
     }
     topology = {
         "gpus": [
-            {"index": 0, "links": {"1": 18}, "paths": {"1": "NV18"}, "nearest_nics": ["mlx5_0"], "numa_node": 0},
-            {"index": 1, "links": {"0": 18}, "paths": {"0": "NV18"}, "nearest_nics": ["mlx5_1"], "numa_node": 1},
+            {
+                "index": 0,
+                "group": "nvl0",
+                "links": {"1": 18},
+                "paths": {"1": "NV18"},
+                "nearest_nics": ["mlx5_0"],
+                "numa_node": 0,
+            },
+            {
+                "index": 1,
+                "group": "nvl0",
+                "links": {"0": 18},
+                "paths": {"0": "NV18"},
+                "nearest_nics": ["mlx5_1"],
+                "numa_node": 1,
+            },
         ]
     }
     gpu1 = Node.objects.create(
