@@ -14,6 +14,7 @@ from apps.catalog import api as catalog_api
 from apps.cluster import api as cluster_api
 from apps.cluster import views as cluster_views
 from apps.fabrics import api as fabrics_api
+from apps.facility import api as facility_api
 from apps.gateway import views as chat_views
 from apps.mirror import api as mirror_api
 from apps.quotas import api as quotas_api
@@ -48,6 +49,9 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("engines", cluster_api.EngineChoicesView.as_view(), name="api-engines"),
     path("fabrics", fabrics_api.FabricsView.as_view(), name="api-fabrics"),
     path("nvlink", fabrics_api.NVLinkView.as_view(), name="api-nvlink"),
+    path("facility", facility_api.FacilityView.as_view(), name="api-facility"),
+    path("facility/holds", facility_api.HoldsView.as_view(), name="api-facility-holds"),
+    path("facility/release", facility_api.ReleaseView.as_view(), name="api-facility-release"),
     path("fabric-tests", fabrics_api.FabricTestsView.as_view(), name="api-fabric-tests"),
     path("fabric-tests/<str:pk>", fabrics_api.FabricTestView.as_view(), name="api-fabric-test"),
     path("agent-requests", cluster_api.AgentRequestsView.as_view(), name="api-agent-requests"),

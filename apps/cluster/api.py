@@ -84,6 +84,12 @@ class EngineSerializer(serializers.Serializer[Any]):
 
 class NodeSerializer(serializers.ModelSerializer[Node]):
     summary = serializers.SerializerMethodField()
+    location = serializers.SerializerMethodField(
+        help_text=_(
+            "Site, room, row, rack and PDU from the llmgw.io/ labels (the stored ones over the agent's); "
+            "null where the node does not say."
+        )
+    )
     draining = serializers.SerializerMethodField()
     engines = serializers.SerializerMethodField(
         help_text=_("The engines the node has, with their versions; empty when it has none, null when it never said.")
@@ -102,6 +108,7 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
         fields = [
             "name",
             "labels",
+            "location",
             "status",
             "cordoned",
             "cordon_reason",
@@ -118,6 +125,11 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
             "last_seen_at",
             "summary",
         ]
+
+    def get_location(self, row: Node) -> dict[str, str | None]:
+        from apps.facility.services import node_location
+
+        return node_location(row)
 
     def get_draining(self, node: Node) -> bool:
         return node.drain_requested_at is not None
@@ -200,6 +212,29 @@ class NodeEnginesSerializer(serializers.Serializer[Any]):
     )
 
 
+_LABEL_KEY = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$", max_length=100)
+
+
+class LabelsSerializer(serializers.Serializer[Any]):
+    set = serializers.DictField(
+        child=serializers.CharField(max_length=256, allow_blank=False),
+        required=False,
+        default=dict,
+        help_text=_("Labels to keep on the node, over what its agent says (llmgw.io/rack: r12)."),
+    )
+    remove = serializers.ListField(
+        child=serializers.CharField(max_length=100),
+        required=False,
+        default=list,
+        help_text=_("Stored labels to drop (the agent's own, if it says one, then shows again)."),
+    )
+
+    def validate_set(self, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            _LABEL_KEY.run_validation(key)
+        return value
+
+
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Node]):
     """Nodes and what their agents last said. Unknown figures are null."""
 
@@ -224,6 +259,20 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         node = services.cordon_node(
             self.get_object(),
             reason=data.validated_data["reason"],
+            actor=request.user,  # type: ignore[arg-type]
+            address=self._address(),
+        )
+        return Response(NodeDetailSerializer(node).data)
+
+    @extend_schema(request=LabelsSerializer, responses=NodeDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def labels(self, request: Request, name: str | None = None) -> Response:
+        data = LabelsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.set_labels(
+            self.get_object(),
+            set_labels=data.validated_data["set"],
+            remove=data.validated_data["remove"],
             actor=request.user,  # type: ignore[arg-type]
             address=self._address(),
         )

@@ -312,6 +312,15 @@ class NodeRow:
     def engines_text(self) -> str:
         return engines_text(self.engines, self.engine_status)
 
+    @property
+    def location(self) -> str:
+        """site/room/row/rack as far as the node says them, then its PDU; "" when it says none."""
+        from apps.facility.services import node_location
+
+        place = node_location(self.node)
+        path = "/".join(str(place[level]) for level in ("site", "room", "row", "rack") if place[level])
+        return " · ".join(part for part in (path, f"PDU {place['pdu']}" if place["pdu"] else "") if part)
+
 
 def _gpu_groups(gpus: list[Gpu]) -> list[tuple[int, str]]:
     counts = Counter(g.gpu_class or g.name or "?" for g in gpus)

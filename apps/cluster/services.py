@@ -620,6 +620,33 @@ def uncordon_node(node: Node, *, actor: User | None, address: str | None = None)
 
 
 @transaction.atomic
+def set_labels(
+    node: Node, *, set_labels: dict[str, str], remove: list[str], actor: User | None, address: str | None = None
+) -> Node:
+    """Keep labels on the node over what its agent says (a rack it was moved to), or drop kept ones."""
+    from apps.cluster.reconciler import request_reconcile
+
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        before = dict(node.labels or {})
+        after = {k: v for k, v in before.items() if k not in set(remove)}
+        after.update({str(k): str(v) for k, v in set_labels.items()})
+        if after == before:
+            return node
+        node.labels = after
+        node.save(update_fields=["labels"])
+        changed = sorted(set(before) ^ set(after) | {k for k in after if before.get(k) != after[k]})
+        audit.record(
+            actor,
+            "node.labels",
+            node,
+            changes={k: [before.get(k), after.get(k)] for k in changed},
+            address=address,
+        )
+    request_reconcile()
+    return node
+
+
 def drain_node(
     node: Node, *, grace: int | None = None, force: bool = False, actor: User | None, address: str | None = None
 ) -> Node:

@@ -58,6 +58,31 @@ def nodes(request: HtmxHttpRequest) -> HttpResponse:
     )
 
 
+def location_form(node: Node) -> list[dict[str, Any]]:
+    """Each level of the node's location: what placement sees, what is kept, what the agent says."""
+    from apps.facility.locations import LEVELS, label_of
+
+    agent = (node.hardware or {}).get("labels") or {}
+    kept = node.labels or {}
+    names = {
+        "site": _("Site"),
+        "room": _("Room"),
+        "row": _("Row"),
+        "rack": _("Rack"),
+        "pdu": _("PDU"),
+    }
+    return [
+        {
+            "level": level,
+            "label": names[level],
+            "value": kept.get(label_of(level)) or agent.get(label_of(level)) or "",
+            "agent": agent.get(label_of(level)),
+            "kept": label_of(level) in kept,
+        }
+        for level in LEVELS
+    ]
+
+
 @requires("read_everything", methods=["GET"])
 def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name)
@@ -69,6 +94,7 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
         "drain": services.drain_status(node),
         "ports": node_ports(node),
         "nvlink": nvlink.node_view(node),
+        "location": location_form(node),
     }
     if is_fragment(request):
         return render(request, "cluster/node_detail.html#node-live", context)
@@ -132,6 +158,27 @@ def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     if not is_fragment(request):
         messages.success(request, _("Node “%(name)s” cordoned.") % {"name": node.name})
     return _after_cordon(request, node)
+
+
+@requires("change_cluster", methods=["POST"])
+def node_location(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Keep where the node is (site, room, row, rack, PDU) over what its agent says; an emptied field
+    drops the kept value, and the agent's own, if it says one, shows again. Audited."""
+    from apps.facility.locations import LEVELS, label_of
+
+    node = selectors.get_node_for_user(request.user, name, perm="change")
+    set_labels: dict[str, str] = {}
+    remove: list[str] = []
+    for level in LEVELS:
+        value = request.POST.get(level, "").strip()[:100]
+        if value:
+            set_labels[label_of(level)] = value
+        elif label_of(level) in (node.labels or {}):
+            remove.append(label_of(level))
+    user: User = request.user  # type: ignore[assignment]
+    services.set_labels(node, set_labels=set_labels, remove=remove, actor=user, address=client_address(request))
+    messages.success(request, _("Location of “%(name)s” saved.") % {"name": node.name})
+    return HttpResponseRedirect(reverse("cluster:node", args=[node.name]) + "#location")
 
 
 @requires("change_cluster", methods=["POST"])

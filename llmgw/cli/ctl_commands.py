@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmgw.cli.ctl import Client, cell, format_table
+from llmgw.cli.ctl_facility import location_text
 
 __all__ = ["add_all", "human_age", "human_bytes"]
 
@@ -91,16 +92,22 @@ def node_row(node: dict[str, Any]) -> list[Any]:
         _gpus(node),
         _pair(s.get("disk_free_bytes"), s.get("disk_total_bytes")),
         _engines(node),
+        location_text(node),
         human_age(node.get("created_at")),
     ]
 
 
 def cmd_nodes(client: Client, args: argparse.Namespace) -> int:
+    from llmgw.cli.ctl_facility import matches_domain
+
     nodes = client.get("nodes")["results"]
+    if args.domain:
+        nodes = [n for n in nodes if matches_domain(n, args.domain)]
     if args.json:
         print(json.dumps(nodes, indent=2))
         return 0
-    print(format_table(["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "AGE"], [node_row(n) for n in nodes]))
+    header = ["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "LOCATION", "AGE"]
+    print(format_table(header, [node_row(n) for n in nodes]))
     return 0
 
 
@@ -116,6 +123,7 @@ def cmd_node_show(client: Client, args: argparse.Namespace) -> int:
         ("status", _status(node)),
         ("cordon reason", node.get("cordon_reason")),
         ("labels", [f"{k}={v}" for k, v in sorted((node.get("labels") or {}).items())]),
+        ("location", location_text(node)),
         ("agent", node.get("agent_version")),
         ("cpu", hw.get("cpu_model")),
         ("cpus", s.get("cpus")),
@@ -350,7 +358,8 @@ def _drain_line(drain: dict[str, Any]) -> str:
 
 
 def add_all(ctl_sub: Any) -> None:
-    p = ctl_sub.add_parser("nodes", help="list nodes: NAME STATUS CPU MEM GPU DISK ENGINES AGE")
+    p = ctl_sub.add_parser("nodes", help="list nodes: NAME STATUS CPU MEM GPU DISK ENGINES LOCATION AGE")
+    p.add_argument("--domain", metavar="LEVEL=NAME", help="only the nodes in one site, room, row, rack or PDU")
     p.set_defaults(ctl_func=cmd_nodes)
     node = ctl_sub.add_parser("node", help="one node: show, add, cordon, uncordon, drain, revoke")
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
@@ -394,6 +403,9 @@ def add_all(ctl_sub: Any) -> None:
     from llmgw.cli.ctl_fabrics import add_fabric_commands
 
     add_fabric_commands(ctl_sub)
+    from llmgw.cli.ctl_facility import add_facility_commands
+
+    add_facility_commands(ctl_sub)
     add_model_commands(ctl_sub)
     add_usage_commands(ctl_sub)
     add_limit_commands(ctl_sub)

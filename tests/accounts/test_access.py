@@ -9,6 +9,7 @@ entered in MATRIX below, with the objects its URL names and the bodies its chang
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -203,6 +204,13 @@ def node(world: World, role: str) -> dict[str, Any]:
     return {"name": world.node.name}
 
 
+def held() -> str:
+    """A rack held just now, for a release to end."""
+    from apps.facility.models import Hold
+
+    return Hold.objects.create(level="rack", name=f"r{uuid.uuid4().hex[:8]}").domain
+
+
 def mapped_fabric(world: World, role: str) -> dict[str, Any]:
     """A fabric one ready node (whose agent maps fabrics) is on."""
     from apps.fabrics.models import NodeFabrics
@@ -338,6 +346,7 @@ MATRIX: dict[str, Route] = {
     "cluster:node-cordon": Route("change_cluster", node, bodies=lambda w: {"POST": {"reason": "fan"}}),
     "cluster:node-uncordon": Route("change_cluster", node),
     "cluster:node-drain": Route("change_cluster", node),
+    "cluster:node-location": Route("change_cluster", node, bodies=lambda w: {"POST": {"rack": "r12"}}),
     "cluster:node-doctor": Route("read_everything", node),
     "cluster-engine-set": Route("change_cluster", bodies=lambda w: {"POST": {"engine": "llama.cpp", "version": "b1"}}),
     "cluster-engine-remove": Route("change_cluster", bodies=lambda w: engine_rule_to_remove()),
@@ -402,6 +411,9 @@ MATRIX: dict[str, Route] = {
     "node-uncordon": Route(("read_everything", "change_cluster"), node),
     "node-drain": Route(("read_everything", "change_cluster"), node),
     "node-revoke": Route(("read_everything", "change_cluster"), node),
+    "node-labels": Route(
+        ("read_everything", "change_cluster"), node, bodies=lambda w: {"POST": {"set": {"llmgw.io/rack": "r12"}}}
+    ),
     "node-engines": Route(("read_everything", "change_cluster"), node, bodies=lambda w: {"POST": {"disable": []}}),
     "node-engine-build": Route(
         ("read_everything", "change_cluster"), node, bodies=lambda w: {"POST": {"build": "cu129"}}
@@ -416,6 +428,11 @@ MATRIX: dict[str, Route] = {
     "api-fabric-topology": Route(("read_everything", "change_cluster"), mapped_fabric),
     "api-agent-requests": Route(("read_everything", "change_cluster")),
     "api-fabric-tests": Route(("read_everything", "change_cluster"), bodies=two_on_a_fabric),
+    "api-facility": Route(("read_everything", "administrator")),
+    "api-facility-holds": Route(
+        ("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"domain": f"rack=r{uuid.uuid4().hex[:8]}"}}
+    ),
+    "api-facility-release": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"domain": held()}}),
     "api-fabric-test": Route(("read_everything", "change_cluster"), a_fabric_test),
     "api-agent-request-retry": Route(("read_everything", "change_cluster"), failed_request),
     "api-mirror": Route(

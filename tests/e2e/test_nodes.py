@@ -50,7 +50,7 @@ def test_a_gpu_node_joins_is_measured_cordoned_lost_and_found(tmp_path) -> None:
         code, out, _ = plane.ctl("nodes")
         assert code == 0
         header, *rows = out.splitlines()
-        assert header.split() == ["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "AGE"]
+        assert header.split() == ["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "LOCATION", "AGE"]
         gpu_row = next(row.split() for row in rows if row.startswith("gpu1 "))
         assert gpu_row[1] == "ready"
         assert gpu_row[4] == "8×H100-80GB"

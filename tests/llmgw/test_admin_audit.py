@@ -34,6 +34,7 @@ from apps.cluster import services as cluster_services
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import AgentRequest, ControlLock, EngineChoice, EngineRelease, Node, Replica
 from apps.fabrics.models import FabricMap, FabricTest, MasterChange, NodeFabrics
+from apps.facility.models import Hold
 from apps.gateway.models import TableVersion
 from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas import services as quotas
@@ -137,6 +138,7 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     )[0],
     "fabrics.FabricMap": lambda w: FabricMap.objects.get_or_create(fabric="ib:0x01", node=w.node)[0],
     "fabrics.FabricTest": lambda w: FabricTest.objects.get_or_create(client=w.node, server=w.node, fabric="ib:0x01")[0],
+    "facility.Hold": lambda w: Hold.objects.get_or_create(level="rack", name="r12")[0],
     "mirror.MirrorVersion": lambda w: MirrorVersion.objects.get_or_create(
         repo="acme/m", commit="a" * 40, name="m.gguf", defaults={"kind": "gguf"}
     )[0],
@@ -169,6 +171,7 @@ READ_ONLY = {
     "fabrics.MasterChange": "kept when a port reports another master subnet manager",
     "fabrics.FabricMap": "parsed from an agent's ibnetdiscover answer",
     "fabrics.FabricTest": "started by ctl fabric-test and run by the worker",
+    "facility.Hold": "made and released with ctl facility hold / release or the API, which audit them",
 }
 
 # Changes for fields whose value cannot be worked out from the form field alone.

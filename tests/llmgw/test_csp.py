@@ -49,6 +49,7 @@ POST_ONLY = {
     "cluster:node-cordon",
     "cluster:node-uncordon",
     "cluster:node-drain",
+    "cluster:node-location",
     "cluster:node-doctor-run",
     "cluster-engine-set",
     "cluster-engine-remove",

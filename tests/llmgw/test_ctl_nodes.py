@@ -56,7 +56,7 @@ def test_nodes_lists_each_nodes_engines_with_versions(ctl, capsys) -> None:
     nodes_with_engines()
     status, out = ctl("nodes", capsys=capsys)
     assert status == 0
-    assert out.splitlines()[0].split() == ["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "AGE"]
+    assert out.splitlines()[0].split() == ["NAME", "STATUS", "CPU", "MEM", "GPU", "DISK", "ENGINES", "LOCATION", "AGE"]
     assert column(out, "cpu1", "ENGINES") == "llama.cpp b6500, vllm -"
     assert column(out, "bare", "ENGINES") == "none"
     assert column(out, "silent", "ENGINES") == "-"

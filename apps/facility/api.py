@@ -1,0 +1,88 @@
+"""/api/v1/facility: the domains nodes name (site, room, row, rack, PDU) and the holds on them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.translation import gettext_lazy
+from drf_spectacular.utils import OpenApiResponse, OpenApiTypes, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.access import IsOperator, IsStaffReader
+from apps.facility import services
+from apps.facility.locations import parse_domain
+from llmgw.api import ErrorSerializer
+from llmgw.http import client_address
+
+
+def _error(text: Any) -> OpenApiResponse:
+    return OpenApiResponse(ErrorSerializer, description=text)
+
+
+class HoldInput(serializers.Serializer[Any]):
+    domain = serializers.CharField(max_length=120, help_text="LEVEL=NAME, e.g. rack=r12")
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class FacilityView(APIView):
+    """Each domain some node names, level by level (site, room, row, rack, pdu) with its nodes and
+    the hold on it; `unplaced`: nodes that name no location; `holds`: the active holds."""
+
+    permission_classes = [IsStaffReader]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(services.facility_overview())
+
+
+class HoldsView(APIView):
+    """The active holds (GET); hold a domain (POST `{"domain": "rack=r12", "reason": "..."}`): nothing
+    new is placed on its nodes until it is released."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response({"results": [services.hold_dict(h) for h in services.active_holds()]})
+
+    @extend_schema(
+        request=HoldInput,
+        responses={
+            201: OpenApiTypes.OBJECT,
+            400: _error(gettext_lazy("The domain is not LEVEL=NAME, or it is already held.")),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = HoldInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            level, name = parse_domain(data.validated_data["domain"])
+            row = services.hold(
+                level, name, reason=data.validated_data["reason"], actor=request.user, address=client_address(request)
+            )
+        except ValueError as exc:
+            return Response({"detail": str(exc)}, status=400)
+        return Response(services.hold_dict(row), status=201)
+
+
+class ReleaseView(APIView):
+    """End the active hold on a domain (POST `{"domain": "rack=r12"}`)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        request=HoldInput,
+        responses={200: OpenApiTypes.OBJECT, 400: _error(gettext_lazy("The domain is not held."))},
+    )
+    def post(self, request: Request) -> Response:
+        data = HoldInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            level, name = parse_domain(data.validated_data["domain"])
+            row = services.release(level, name, actor=request.user, address=client_address(request))
+        except ValueError as exc:
+            return Response({"detail": str(exc)}, status=400)
+        return Response(services.hold_dict(row))

@@ -1,0 +1,143 @@
+"""Locations and holds: what the facility pages, the API and `llmgw ctl facility` read and change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from apps.accounts import audit
+from apps.cluster.placement import NodeSnapshot
+from apps.facility.locations import LEVELS, location
+from apps.facility.models import Hold
+
+__all__ = [
+    "HoldError",
+    "active_holds",
+    "contribute_snapshots",
+    "facility_overview",
+    "hold",
+    "hold_dict",
+    "node_labels",
+    "node_location",
+    "release",
+]
+
+
+class HoldError(ValueError):
+    """A hold that cannot be made or released, and why."""
+
+
+def node_labels(node: Any) -> dict[str, str]:
+    """The labels placement sees: the agent's, with the stored ones over them."""
+    return {**((node.hardware or {}).get("labels") or {}), **(node.labels or {})}
+
+
+def node_location(node: Any) -> dict[str, str | None]:
+    return location(node_labels(node))
+
+
+def active_holds() -> list[Hold]:
+    return list(Hold.objects.filter(released_at__isnull=True).select_related("created_by").order_by("level", "name"))
+
+
+def _held(place: dict[str, str | None], holds: Iterable[Hold]) -> list[dict[str, Any]]:
+    return [{"domain": h.domain, "reason": h.reason} for h in holds if place.get(h.level) == h.name]
+
+
+def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Any] | None = None) -> None:
+    """Give each node of a placement snapshot its location and the holds on it (`extra["facility"]`)."""
+    holds = active_holds()
+    for snapshot in snapshots.values():
+        place = location(snapshot.labels)
+        if not any(place.values()) and not holds:
+            continue
+        snapshot.extra["facility"] = {"location": place, "held": _held(place, holds)}
+
+
+def hold(level: str, name: str, *, reason: str, actor: Any, address: str | None = None) -> Hold:
+    """Hold a domain: no new replica is placed on its nodes until it is released."""
+    from apps.cluster.reconciler import request_reconcile
+
+    if level not in LEVELS:
+        raise HoldError(
+            _("no such level %(level)s (one of %(levels)s)") % {"level": level, "levels": ", ".join(LEVELS)}
+        )
+    try:
+        with transaction.atomic():
+            row = Hold.objects.create(level=level, name=name, reason=reason[:500], created_by=actor)
+            audit.record(
+                actor, "facility.hold", row, changes={"held": [False, True]}, reason=reason or None, address=address
+            )
+    except IntegrityError:
+        raise HoldError(_("%(domain)s is already held") % {"domain": f"{level}={name}"}) from None
+    request_reconcile()
+    return row
+
+
+def release(level: str, name: str, *, actor: Any, address: str | None = None) -> Hold:
+    """End the active hold on a domain."""
+    from apps.cluster.reconciler import request_reconcile
+
+    with transaction.atomic():
+        row = Hold.objects.select_for_update().filter(level=level, name=name, released_at__isnull=True).first()
+        if row is None:
+            raise HoldError(_("%(domain)s is not held") % {"domain": f"{level}={name}"})
+        row.released_at = timezone.now()
+        row.released_by = actor
+        row.save(update_fields=["released_at", "released_by"])
+        audit.record(actor, "facility.release", row, changes={"held": [True, False]}, address=address)
+    request_reconcile()
+    return row
+
+
+def hold_dict(row: Hold) -> dict[str, Any]:
+    return {
+        "id": row.pk,
+        "domain": row.domain,
+        "level": row.level,
+        "name": row.name,
+        "reason": row.reason,
+        "held_at": row.created_at.isoformat(),
+        "held_by": getattr(row.created_by, "email", None),
+        "released_at": row.released_at.isoformat() if row.released_at else None,
+    }
+
+
+def facility_overview() -> dict[str, Any]:
+    """Every domain some node names, level by level, with its nodes and its hold; the nodes that
+    name no location; and the active holds (a hold may name a domain no node is in yet)."""
+    from apps.cluster.choices import NodeStatus
+    from apps.cluster.models import Node
+
+    holds = active_holds()
+    by_domain = {h.domain: h for h in holds}
+    domains: dict[tuple[str, str], list[str]] = {}
+    unplaced: list[str] = []
+    nodes = Node.objects.exclude(status=NodeStatus.REVOKED).only("name", "labels", "hardware").order_by("name")
+    for node in nodes:
+        place = node_location(node)
+        if not any(place.values()):
+            unplaced.append(node.name)
+        for level in LEVELS:
+            if place[level]:
+                domains.setdefault((level, str(place[level])), []).append(node.name)
+    rows = []
+    for level in LEVELS:
+        for (lvl, name), members in sorted(domains.items()):
+            if lvl != level:
+                continue
+            held = by_domain.get(f"{level}={name}")
+            rows.append(
+                {
+                    "domain": f"{level}={name}",
+                    "level": level,
+                    "name": name,
+                    "nodes": members,
+                    "hold": hold_dict(held) if held else None,
+                }
+            )
+    return {"levels": list(LEVELS), "domains": rows, "unplaced": unplaced, "holds": [hold_dict(h) for h in holds]}

@@ -1,0 +1,103 @@
+"""ctl subcommands for the facility: labels that say where a node is, the domains, and holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from llmgw.cli.ctl import Client, format_table
+
+__all__ = ["add_facility_commands", "location_text", "matches_domain"]
+
+LEVELS = ("site", "room", "row", "rack", "pdu")
+
+
+def location_text(node: dict[str, Any]) -> str | None:
+    """site/room/row/rack as far as the node says them, then its PDU: "dc1/hall-a/r3/r12 pdu r12-a"."""
+    place = node.get("location") or {}
+    path = "/".join(str(place[level]) for level in LEVELS[:4] if place.get(level))
+    pdu = f"pdu {place['pdu']}" if place.get("pdu") else ""
+    return " ".join(part for part in (path, pdu) if part) or None
+
+
+def matches_domain(node: dict[str, Any], domain: str) -> bool:
+    level, _sep, name = domain.partition("=")
+    return bool((node.get("location") or {}).get(level.strip().lower()) == name.strip())
+
+
+def _domain(text: str) -> str:
+    level, sep, name = text.partition("=")
+    if not sep or level.strip().lower() not in LEVELS or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected LEVEL=NAME with LEVEL one of {', '.join(LEVELS)}, got {text!r}")
+    return f"{level.strip().lower()}={name.strip()}"
+
+
+def cmd_facility(client: Client, args: argparse.Namespace) -> int:
+    answer = client.get("facility")
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    rows = []
+    for domain in answer["domains"]:
+        hold = domain.get("hold")
+        held = f"held: {hold['reason'] or '-'}" if hold else "-"
+        rows.append([domain["domain"], len(domain["nodes"]), ",".join(domain["nodes"]), held])
+    print(format_table(["DOMAIN", "NODES", "NAMES", "HOLD"], rows))
+    named = {d["domain"] for d in answer["domains"]}
+    for hold in answer["holds"]:
+        if hold["domain"] not in named:
+            print(f"! {hold['domain']} is held but no node is in it")
+    if answer["unplaced"]:
+        print(f"no location: {', '.join(answer['unplaced'])}")
+    return 0
+
+
+def cmd_hold(client: Client, args: argparse.Namespace) -> int:
+    hold = client.post("facility/holds", {"domain": args.domain, "reason": args.reason or ""})
+    print(f"{hold['domain']} held: nothing new is placed there until `llmgw ctl facility release {hold['domain']}`")
+    return 0
+
+
+def cmd_release(client: Client, args: argparse.Namespace) -> int:
+    hold = client.post("facility/release", {"domain": args.domain})
+    print(f"{hold['domain']} released")
+    return 0
+
+
+def cmd_label(client: Client, args: argparse.Namespace) -> int:
+    """`ctl label NODE llmgw.io/rack=r12 llmgw.io/pdu-`: set a label, or drop a kept one (KEY-)."""
+    set_labels: dict[str, str] = {}
+    remove: list[str] = []
+    for item in args.labels:
+        if item.endswith("-") and "=" not in item:
+            remove.append(item[:-1])
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            print(f"llmgw ctl: expected KEY=VALUE or KEY- (to drop it), got {item!r}")
+            return 2
+        set_labels[key] = value
+    node = client.post(f"nodes/{args.name}/labels", {"set": set_labels, "remove": remove})
+    print(f"{node['name']}: " + (" ".join(f"{k}={v}" for k, v in sorted(node["labels"].items())) or "no kept labels"))
+    location = location_text(node)
+    if location:
+        print(f"location: {location}")
+    return 0
+
+
+def add_facility_commands(ctl_sub: Any) -> None:
+    p = ctl_sub.add_parser("label", help="keep labels on a node over its agent's (KEY=VALUE), or drop one (KEY-)")
+    p.add_argument("name")
+    p.add_argument("labels", nargs="+", metavar="KEY=VALUE|KEY-")
+    p.set_defaults(ctl_func=cmd_label)
+    facility = ctl_sub.add_parser("facility", help="sites, rooms, rows, racks and PDUs with their nodes and holds")
+    facility.set_defaults(ctl_func=cmd_facility)
+    facility_sub = facility.add_subparsers(dest="facility_command", metavar="ACTION")
+    p = facility_sub.add_parser("hold", help="place nothing new in a domain (rack=r12) until it is released")
+    p.add_argument("domain", type=_domain, metavar="LEVEL=NAME")
+    p.add_argument("--reason", help="why (shown in explain and to other operators)")
+    p.set_defaults(ctl_func=cmd_hold)
+    p = facility_sub.add_parser("release", help="end the hold on a domain")
+    p.add_argument("domain", type=_domain, metavar="LEVEL=NAME")
+    p.set_defaults(ctl_func=cmd_release)
