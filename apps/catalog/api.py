@@ -40,6 +40,7 @@ class ProfileSerializer(serializers.ModelSerializer[Profile]):
             "memory_bytes",
             "cpu_cores",
             "node_selector",
+            "keep_within",
             "extra_args",
             "env",
         ]

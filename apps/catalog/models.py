@@ -177,6 +177,14 @@ class Profile(models.Model):
     memory_bytes = models.BigIntegerField(_("memory claim (bytes)"), default=0)
     cpu_cores = models.FloatField(_("CPU cores"), default=0)
     node_selector = models.JSONField(_("node labels required"), default=dict, blank=True)
+    # A replica across nodes is formed within one of these (its nodes' llmgw.io/<level> label); "" none.
+    keep_within = models.CharField(
+        _("keep within"),
+        max_length=8,
+        blank=True,
+        default="",
+        choices=[("", "-"), ("site", "site"), ("room", "room"), ("row", "row"), ("rack", "rack"), ("pdu", "pdu")],
+    )
     extra_args = models.JSONField(_("extra engine arguments"), default=list, blank=True)
     env = models.JSONField(_("extra environment"), default=dict, blank=True)
 

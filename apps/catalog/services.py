@@ -60,6 +60,7 @@ PROFILE_FIELDS = (
     "memory_bytes",
     "cpu_cores",
     "node_selector",
+    "keep_within",
     "extra_args",
     "env",
 )
@@ -103,6 +104,7 @@ MODEL_KEYS = frozenset({"name", "class", "replicas", "source", "fallbacks", "pro
 REPLICA_KEYS = frozenset({"min", "max"})
 EXTERNAL_KEYS = frozenset({"url", "model", "api_key_file"})
 OWNER_KEYS = frozenset({"organization", "team", "project"})
+KEEP_WITHIN = ("site", "room", "row", "rack", "pdu")  # apps.facility.locations.LEVELS
 PROFILE_KEYS = frozenset(
     {
         "name",
@@ -114,6 +116,7 @@ PROFILE_KEYS = frozenset(
         "parallel",
         "context_size",
         "node_selector",
+        "keep_within",
         "extra_args",
         "env",
         "memory",
@@ -297,6 +300,7 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         "parallel": int,
         "context_size": int,
         "node_selector": dict,
+        "keep_within": str,
         "extra_args": list,
         "env": dict,
     }
@@ -309,6 +313,7 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         "parallel": 4,
         "context_size": None,
         "node_selector": {},
+        "keep_within": "",
         "extra_args": [],
         "env": {},
     }
@@ -327,6 +332,12 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         values[key] = value
     if values.get("accelerator", "cpu") != "cpu" and "gpus_per_shard" not in spec:
         values["gpus_per_shard"] = 1
+    within = values.get("keep_within")
+    if within and within not in KEEP_WITHIN:
+        errors.setdefault(f"{path}.keep_within", []).append(
+            _("Expected one of %(levels)s; got “%(value)s”.") % {"levels": ", ".join(KEEP_WITHIN), "value": within}
+        )
+        values.pop("keep_within")
     memory = spec.get("memory", spec.get("memory_gb"))
     try:
         values["memory_bytes"] = parse_memory(memory) if memory is not None else 0

@@ -172,6 +172,7 @@ def profile_spec(profile: Profile) -> ProfileSpec:
         memory_bytes=profile.memory_bytes,
         cpu_cores=profile.cpu_cores,
         node_selector=dict(profile.node_selector or {}),
+        keep_within=profile.keep_within or "",
     )
 
 

@@ -6,7 +6,9 @@ Each node's snapshot carries `extra["facility"]` (apps.facility.services.contrib
      "held": [{"domain": "rack=r12", "reason": "PDU swap"}]}
 
 A node in a held domain takes no new shard; explain says which hold, and shows each node's rack
-and PDU.
+and PDU. A replica across nodes whose profile says `keep_within: rack` (or site, room, row, pdu) is
+formed among the nodes of one rack only, on top of the fabric it needs: a node that does not say
+its rack takes no shard of it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from apps.cluster.placement import (
 __all__ = ["SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register"]
 
 SNAPSHOT_FIELD = "facility"
+INDEX = "facility.hold"  # the pre-filter whose index (every node's location and holds) both share
 
 
 @dataclass(slots=True)
@@ -35,6 +38,17 @@ class FacilityIndex:
     held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     notes: dict[int, dict[str, str]] = field(default_factory=dict)
     free: set[int] = field(default_factory=set)
+    places: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # level -> node id -> (its domain at that level,), built when a profile first asks
+    within: dict[str, dict[int, tuple[str, ...]]] = field(default_factory=dict)
+
+    def groups_at(self, level: str) -> dict[int, tuple[str, ...]]:
+        found = self.within.get(level)
+        if found is None:
+            found = self.within[level] = {
+                node_id: (f"{level}={place[level]}",) for node_id, place in self.places.items() if place.get(level)
+            }
+        return found
 
 
 def build_index(inventory: Inventory) -> FacilityIndex:
@@ -44,6 +58,7 @@ def build_index(inventory: Inventory) -> FacilityIndex:
         facility = value if isinstance(value, dict) else {}
         place: dict[str, Any] = facility["location"] if isinstance(facility.get("location"), dict) else {}
         if any(place.values()):
+            index.places[node_id] = place
             index.notes[node_id] = {"rack": str(place.get("rack") or "-"), "pdu": str(place.get("pdu") or "-")}
         held = [h for h in facility.get("held") or [] if isinstance(h, dict)]
         if held:
@@ -71,6 +86,30 @@ def prefilter(ctx: PlacementContext, index: FacilityIndex) -> PreFilterResult:
     )
 
 
+def keep_within(ctx: PlacementContext, _index: object) -> PreFilterResult:
+    index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
+    level = ctx.profile.keep_within
+    profile = ctx.profile.name
+
+    def refuse(node: NodeSnapshot) -> Reason:
+        return Reason(
+            "keep_within_unknown",
+            gettext_noop(
+                "node %(node)s does not say its %(level)s, and profile %(profile)s keeps a replica within one %(level)s"
+            ),
+            {"node": node.name, "level": level, "profile": profile},
+        )
+
+    return PreFilterResult(groups=index.groups_at(level), refuse=refuse, label=lambda group: group)
+
+
 def register(registry: Registry = REGISTRY) -> None:
     registry.register_snapshot_field(SNAPSHOT_FIELD, None)
-    registry.register_prefilter(prefilter, name="facility.hold", order=15, index=build_index, static=True)
+    registry.register_prefilter(prefilter, name=INDEX, order=15, index=build_index, static=True)
+    registry.register_prefilter(
+        keep_within,
+        name="facility.keep_within",
+        order=85,
+        applies=lambda ctx: ctx.multi_node and bool(ctx.profile.keep_within),
+        static=True,
+    )

@@ -97,6 +97,8 @@ class ProfileSpec:
     memory_bytes: int = 0  # per shard; 0 claims nothing
     cpu_cores: float = 0  # per shard; 0 claims nothing
     node_selector: dict[str, str] = field(default_factory=dict)
+    # A replica across nodes stays within one domain of this level (rack, pdu...); "" anywhere.
+    keep_within: str = ""
 
     @property
     def is_cpu(self) -> bool:
