@@ -9,6 +9,11 @@ A node in a held domain takes no new shard; explain says which hold, and shows e
 and PDU. A replica across nodes whose profile says `keep_within: rack` (or site, room, row, pdu) is
 formed among the nodes of one rack only, on top of the fabric it needs: a node that does not say
 its rack takes no shard of it.
+
+A model's replicas spread across racks and PDUs: a node scores 1/(1 + the model's shards already
+in its rack), averaged with the same for its PDU (nodes that say no rack count as one rack of
+their own). The count is read per placement from the inventory's claims by model, so a batch of
+placements spreads as it goes.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from apps.cluster.placement import (
 __all__ = ["SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register"]
 
 SNAPSHOT_FIELD = "facility"
+SPREAD_WEIGHT = 1.5  # above binpack's 1: a model's second replica in another rack before a tighter fit
+SPREAD = "facility.spread"
 INDEX = "facility.hold"  # the pre-filter whose index (every node's location and holds) both share
 
 
@@ -103,6 +110,26 @@ def keep_within(ctx: PlacementContext, _index: object) -> PreFilterResult:
     return PreFilterResult(groups=index.groups_at(level), refuse=refuse, label=lambda group: group)
 
 
+def spread(ctx: PlacementContext, node: NodeSnapshot) -> float:
+    """1 where the model has no shard in the node's rack or PDU yet, less the more it has there."""
+    counts = ctx.scratch.get(SPREAD)
+    if counts is None:
+        index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
+        racks: dict[object, int] = {}
+        pdus: dict[object, int] = {}
+        if index.places:
+            for node_id, shards in ctx.inventory.model_shards(ctx.request.model).items():
+                place = index.places.get(node_id) or {}
+                racks[place.get("rack")] = racks.get(place.get("rack"), 0) + shards
+                pdus[place.get("pdu")] = pdus.get(place.get("pdu"), 0) + shards
+        counts = ctx.scratch[SPREAD] = (index, racks, pdus)
+    index, racks, pdus = counts
+    if not racks:
+        return 1.0
+    place = index.places.get(node.id) or {}
+    return 0.5 / (1 + racks.get(place.get("rack"), 0)) + 0.5 / (1 + pdus.get(place.get("pdu"), 0))
+
+
 def register(registry: Registry = REGISTRY) -> None:
     registry.register_snapshot_field(SNAPSHOT_FIELD, None)
     registry.register_prefilter(prefilter, name=INDEX, order=15, index=build_index, static=True)
@@ -113,3 +140,4 @@ def register(registry: Registry = REGISTRY) -> None:
         applies=lambda ctx: ctx.multi_node and bool(ctx.profile.keep_within),
         static=True,
     )
+    registry.register_scorer(spread, name=SPREAD, weight=SPREAD_WEIGHT)

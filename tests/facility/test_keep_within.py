@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from apps.cluster.placement import REGISTRY, Inventory, Registry, explain, place
+from apps.cluster.placement import Inventory, Registry, builtin_registry, explain, place
 from apps.fabrics import placement as fabric_plugins
 from apps.facility import placement as facility_plugins
 from tests.placement.builders import gpu_node, gpu_profile, req
@@ -16,7 +16,7 @@ IB = "ib:0x0002c90300000001"
 
 @pytest.fixture
 def registry() -> Registry:
-    registry = REGISTRY.copy()
+    registry = builtin_registry()
     fabric_plugins.register(registry)
     facility_plugins.register(registry)
     return registry

@@ -309,6 +309,7 @@ class Inventory:
         self._usage: dict[str, _Owned] = {}
         self._seq: dict[str, int] = {}  # replica -> order it first claimed in (higher is newer)
         self._next_seq = 0
+        self._models: dict[str, dict[int, int]] = {}  # model -> node id -> its shards there
         for n in ordered:
             for g in n.gpus:
                 if g.claimed_by is not None:
@@ -357,6 +358,7 @@ class Inventory:
         other._usage = {k: v.copy() for k, v in self._usage.items()}
         other._seq = dict(self._seq)
         other._next_seq = self._next_seq
+        other._models = {k: dict(v) for k, v in self._models.items()}
         other._free = {k: dict(v) for k, v in self._free.items()}
         other._buckets = {k: [list(b) for b in v] for k, v in self._buckets.items()}
         return other
@@ -443,6 +445,10 @@ class Inventory:
         """Nodes with at least one GPU of the class, in rank order."""
         return self._class_nodes.get(gpu_class, [])
 
+    def model_shards(self, model: str) -> Mapping[int, int]:
+        """Node id -> how many shards of the model's replicas it holds now (claims as they change)."""
+        return self._models.get(model, {})
+
     def plugin_index(self, name: str, build: Callable[[Inventory], Any]) -> Any:
         """A plugin's index of the nodes, built once per snapshot (nodes never change in one)."""
         key = (name, build)
@@ -520,6 +526,11 @@ class Inventory:
             gone = {id(c) for c in claims}
             self.claims = [c for c in self.claims if id(c) not in gone]
         for claim in claims:
+            shards = self._models.get(claim.model) if claim.model else None
+            if shards is not None and claim.node_id in shards:
+                shards[claim.node_id] -= 1
+                if not shards[claim.node_id]:
+                    del shards[claim.node_id]
             owned = self._owner.get(claim.node_id)
             if owned is not None:
                 for index in claim.gpu_indices:
@@ -592,6 +603,9 @@ class Inventory:
         if claim.replica not in self._seq:
             self._seq[claim.replica] = self._next_seq
             self._next_seq += 1
+        if claim.model:
+            shards = self._models.setdefault(claim.model, {})
+            shards[claim.node_id] = shards.get(claim.node_id, 0) + 1
         owned = self._owner.get(claim.node_id)
         if owned is not None:  # a claim on a node outside the snapshot still counts against quotas
             for index in claim.gpu_indices:
