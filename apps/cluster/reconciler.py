@@ -175,6 +175,10 @@ def _pass(now: Any) -> PassReport:
         )
     )
     draining = {n.pk: n for n in Node.objects.filter(drain_requested_at__isnull=False)}
+    from apps.facility.services import draining_nodes
+
+    for node in draining_nodes():  # a rack (or PDU, row...) held with drain
+        draining.setdefault(node.pk, node)
     for model in sorted(models, key=lambda m: (-m.class_rank, m.name)):
         _reconcile_model(model, inventory, ports, now, report, draining)
     return report

@@ -25,6 +25,9 @@ def _error(text: Any) -> OpenApiResponse:
 class HoldInput(serializers.Serializer[Any]):
     domain = serializers.CharField(max_length=120, help_text="LEVEL=NAME, e.g. rack=r12")
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    drain = serializers.BooleanField(
+        required=False, default=False, help_text="also move the replicas out, each replaced elsewhere first"
+    )
 
 
 class FacilityView(APIView):
@@ -39,8 +42,9 @@ class FacilityView(APIView):
 
 
 class HoldsView(APIView):
-    """The active holds (GET); hold a domain (POST `{"domain": "rack=r12", "reason": "..."}`): nothing
-    new is placed on its nodes until it is released."""
+    """The active holds (GET); hold a domain (POST `{"domain": "rack=r12", "reason": "...", "drain":
+    false}`): nothing new is placed on its nodes until it is released, and with `drain` the replicas
+    on them are moved out, each replaced elsewhere first."""
 
     permission_classes = [IsOperator]
 
@@ -61,7 +65,12 @@ class HoldsView(APIView):
         try:
             level, name = parse_domain(data.validated_data["domain"])
             row = services.hold(
-                level, name, reason=data.validated_data["reason"], actor=request.user, address=client_address(request)
+                level,
+                name,
+                reason=data.validated_data["reason"],
+                drain=data.validated_data["drain"],
+                actor=request.user,
+                address=client_address(request),
             )
         except ValueError as exc:
             return Response({"detail": str(exc)}, status=400)

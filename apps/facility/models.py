@@ -12,10 +12,12 @@ from apps.facility.locations import LEVELS
 
 class Hold(models.Model):
     """A domain (`level`=`name`, e.g. rack=r12) placement keeps new replicas out of while it is active
-    (not released). Replicas already in it keep running."""
+    (not released). Replicas already in it keep running, unless `drain`: then they are moved out as
+    a node drain moves them (each replaced elsewhere first, the model's minimum kept), until it ends."""
 
     level = models.CharField(_("level"), max_length=8, choices=[(level, level) for level in LEVELS])
     name = models.CharField(_("name"), max_length=100)
+    drain = models.BooleanField(_("drain"), default=False)
     reason = models.CharField(_("reason"), max_length=500, blank=True)
     created_at = models.DateTimeField(_("held"), auto_now_add=True)
     created_by = models.ForeignKey(

@@ -18,6 +18,7 @@ __all__ = [
     "HoldError",
     "active_holds",
     "contribute_snapshots",
+    "draining_nodes",
     "facility_overview",
     "hold",
     "hold_dict",
@@ -58,8 +59,9 @@ def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, An
         snapshot.extra["facility"] = {"location": place, "held": _held(place, holds)}
 
 
-def hold(level: str, name: str, *, reason: str, actor: Any, address: str | None = None) -> Hold:
-    """Hold a domain: no new replica is placed on its nodes until it is released."""
+def hold(level: str, name: str, *, reason: str, actor: Any, drain: bool = False, address: str | None = None) -> Hold:
+    """Hold a domain: no new replica is placed on its nodes until it is released; with `drain`, the
+    replicas on them are moved out too, each replaced elsewhere first."""
     from apps.cluster.reconciler import request_reconcile
 
     if level not in LEVELS:
@@ -68,9 +70,15 @@ def hold(level: str, name: str, *, reason: str, actor: Any, address: str | None 
         )
     try:
         with transaction.atomic():
-            row = Hold.objects.create(level=level, name=name, reason=reason[:500], created_by=actor)
+            row = Hold.objects.create(level=level, name=name, reason=reason[:500], drain=drain, created_by=actor)
             audit.record(
-                actor, "facility.hold", row, changes={"held": [False, True]}, reason=reason or None, address=address
+                actor,
+                "facility.hold",
+                row,
+                changes={"held": [False, True]},
+                reason=reason or None,
+                drain=drain or None,
+                address=address,
             )
     except IntegrityError:
         raise HoldError(_("%(domain)s is already held") % {"domain": f"{level}={name}"}) from None
@@ -101,10 +109,30 @@ def hold_dict(row: Hold) -> dict[str, Any]:
         "level": row.level,
         "name": row.name,
         "reason": row.reason,
+        "drain": row.drain,
         "held_at": row.created_at.isoformat(),
         "held_by": getattr(row.created_by, "email", None),
         "released_at": row.released_at.isoformat() if row.released_at else None,
     }
+
+
+def draining_nodes() -> list[Any]:
+    """The nodes in a domain held with drain: the reconciler moves their replicas out as from a
+    drained node (never forced, the server's stop grace)."""
+    from apps.cluster.choices import NodeStatus
+    from apps.cluster.models import Node
+
+    holds = [h for h in active_holds() if h.drain]
+    if not holds:
+        return []
+    found = []
+    for node in Node.objects.exclude(status=NodeStatus.REVOKED):
+        place = node_location(node)
+        if any(place.get(h.level) == h.name for h in holds):
+            node.drain_force = False
+            node.drain_grace = None
+            found.append(node)
+    return found
 
 
 def facility_overview() -> dict[str, Any]:

@@ -41,7 +41,7 @@ def cmd_facility(client: Client, args: argparse.Namespace) -> int:
     rows = []
     for domain in answer["domains"]:
         hold = domain.get("hold")
-        held = f"held: {hold['reason'] or '-'}" if hold else "-"
+        held = f"{'draining' if hold.get('drain') else 'held'}: {hold['reason'] or '-'}" if hold else "-"
         rows.append([domain["domain"], len(domain["nodes"]), ",".join(domain["nodes"]), held])
     print(format_table(["DOMAIN", "NODES", "NAMES", "HOLD"], rows))
     named = {d["domain"] for d in answer["domains"]}
@@ -54,8 +54,12 @@ def cmd_facility(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_hold(client: Client, args: argparse.Namespace) -> int:
-    hold = client.post("facility/holds", {"domain": args.domain, "reason": args.reason or ""})
-    print(f"{hold['domain']} held: nothing new is placed there until `llmgw ctl facility release {hold['domain']}`")
+    hold = client.post("facility/holds", {"domain": args.domain, "reason": args.reason or "", "drain": args.drain})
+    moving = "; its replicas are moved out, each replaced elsewhere first" if hold.get("drain") else ""
+    print(
+        f"{hold['domain']} held: nothing new is placed there until "
+        f"`llmgw ctl facility release {hold['domain']}`{moving}"
+    )
     return 0
 
 
@@ -97,6 +101,7 @@ def add_facility_commands(ctl_sub: Any) -> None:
     p = facility_sub.add_parser("hold", help="place nothing new in a domain (rack=r12) until it is released")
     p.add_argument("domain", type=_domain, metavar="LEVEL=NAME")
     p.add_argument("--reason", help="why (shown in explain and to other operators)")
+    p.add_argument("--drain", action="store_true", help="also move its replicas out, each replaced elsewhere first")
     p.set_defaults(ctl_func=cmd_hold)
     p = facility_sub.add_parser("release", help="end the hold on a domain")
     p.add_argument("domain", type=_domain, metavar="LEVEL=NAME")

@@ -123,6 +123,10 @@ def test_label_nodes_list_by_domain_hold_and_release_from_the_cli(ctl: Any, caps
     assert status == 0 and "rack=r12 released" in out
     assert services.active_holds() == []
     assert AuditEvent.objects.filter(action="node.labels").count() == 3
+    status, out = ctl("facility", "hold", "rack=r12", "--drain", "--reason", "swap", capsys=capsys)
+    assert status == 0 and "its replicas are moved out" in out
+    assert "draining: swap" in ctl("facility", capsys=capsys)[1]
+    assert [h.drain for h in services.active_holds()] == [True]
 
 
 @pytest.mark.django_db
