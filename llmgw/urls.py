@@ -52,6 +52,7 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("facility", facility_api.FacilityView.as_view(), name="api-facility"),
     path("facility/holds", facility_api.HoldsView.as_view(), name="api-facility-holds"),
     path("facility/release", facility_api.ReleaseView.as_view(), name="api-facility-release"),
+    path("facility/budgets", facility_api.BudgetsView.as_view(), name="api-facility-budgets"),
     path("fabric-tests", fabrics_api.FabricTestsView.as_view(), name="api-fabric-tests"),
     path("fabric-tests/<str:pk>", fabrics_api.FabricTestView.as_view(), name="api-fabric-test"),
     path("agent-requests", cluster_api.AgentRequestsView.as_view(), name="api-agent-requests"),
@@ -122,6 +123,7 @@ urlpatterns = [
     path("mirror/", include("apps.mirror.urls")),
     path("nodes/", include("apps.cluster.urls")),
     path("fabrics/", include("apps.fabrics.urls")),
+    path("facility/", include("apps.facility.urls")),
     path("models/", include("apps.catalog.urls")),
     path("api/v1/", include(api_urlpatterns)),
     # The admin signs in through /login/, under the same bounds as everyone else.

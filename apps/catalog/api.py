@@ -41,6 +41,7 @@ class ProfileSerializer(serializers.ModelSerializer[Profile]):
             "cpu_cores",
             "node_selector",
             "keep_within",
+            "power_watts",
             "extra_args",
             "env",
         ]

@@ -177,6 +177,9 @@ class Profile(models.Model):
     memory_bytes = models.BigIntegerField(_("memory claim (bytes)"), default=0)
     cpu_cores = models.FloatField(_("CPU cores"), default=0)
     node_selector = models.JSONField(_("node labels required"), default=dict, blank=True)
+    # What one shard draws, as the operator knows it (W); placement counts the highest of this, the
+    # cards' TDP and what its cards were measured at against a rack's or PDU's power cap.
+    power_watts = models.PositiveIntegerField(_("power per shard (W)"), null=True, blank=True)
     # A replica across nodes is formed within one of these (its nodes' llmgw.io/<level> label); "" none.
     keep_within = models.CharField(
         _("keep within"),

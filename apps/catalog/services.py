@@ -61,6 +61,7 @@ PROFILE_FIELDS = (
     "cpu_cores",
     "node_selector",
     "keep_within",
+    "power_watts",
     "extra_args",
     "env",
 )
@@ -95,6 +96,7 @@ PROFILE_INT_RANGES: dict[str, tuple[int, int]] = {
     "nodes_per_replica": _POSITIVE_INT,
     "parallel": _POSITIVE_INT,
     "context_size": _POSITIVE_INT,
+    "power_watts": (1, 1_000_000),
 }
 
 
@@ -117,6 +119,7 @@ PROFILE_KEYS = frozenset(
         "context_size",
         "node_selector",
         "keep_within",
+        "power_watts",
         "extra_args",
         "env",
         "memory",
@@ -301,6 +304,7 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         "context_size": int,
         "node_selector": dict,
         "keep_within": str,
+        "power_watts": int,
         "extra_args": list,
         "env": dict,
     }
@@ -314,6 +318,7 @@ def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]
         "context_size": None,
         "node_selector": {},
         "keep_within": "",
+        "power_watts": None,
         "extra_args": [],
         "env": {},
     }

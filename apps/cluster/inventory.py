@@ -173,6 +173,7 @@ def profile_spec(profile: Profile) -> ProfileSpec:
         cpu_cores=profile.cpu_cores,
         node_selector=dict(profile.node_selector or {}),
         keep_within=profile.keep_within or "",
+        power_watts=profile.power_watts,
     )
 
 

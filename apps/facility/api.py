@@ -95,3 +95,39 @@ class ReleaseView(APIView):
         except ValueError as exc:
             return Response({"detail": str(exc)}, status=400)
         return Response(services.hold_dict(row))
+
+
+class BudgetsView(APIView):
+    """The power caps (GET); set one (POST `{"domain": "rack=r12", "watts": 15000}`, or with `feeds`
+    `[{"name": "A", "watts": 17300}, ...]` and `redundant`: an A/B-fed domain's cap is one feed). A
+    shard that would take a capped domain past its cap is not placed there, and says so."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        from apps.facility.models import Budget
+        from apps.facility.power import budget_dict
+
+        return Response({"results": [budget_dict(b) for b in Budget.objects.all()]})
+
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={201: OpenApiTypes.OBJECT, 400: _error(gettext_lazy("The budget is not valid; the errors say why."))},
+    )
+    def post(self, request: Request) -> Response:
+        from apps.accounts import audit
+        from apps.facility.power import BudgetError, apply_budgets, budget_dict
+
+        try:
+            [row] = apply_budgets([request.data], source="api", replace=False)
+        except BudgetError as exc:
+            return Response({"detail": str(exc), "errors": exc.errors}, status=400)
+        audit.record(
+            request.user,  # type: ignore[arg-type]
+            "facility.budget",
+            row,
+            changes={"cap_watts": [None, row.cap_watts]},
+            address=client_address(request),
+        )
+        return Response(budget_dict(row), status=201)

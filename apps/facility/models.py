@@ -44,3 +44,38 @@ class Hold(models.Model):
     @property
     def domain(self) -> str:
         return f"{self.level}={self.name}"
+
+
+class Budget(models.Model):
+    """A power cap on a domain (rack=r12, pdu=r12-a, row=3), from server.yaml's facility.budgets or
+    the API. `feeds`: the circuits feeding it, each [{"name": "A", "watts": 17300}]; an A/B-fed
+    (`redundant`) domain's budget is one feed, since either must carry it alone, not their sum."""
+
+    level = models.CharField(_("level"), max_length=8, choices=[(level, level) for level in LEVELS])
+    name = models.CharField(_("name"), max_length=100)
+    watts = models.PositiveIntegerField(_("cap (W)"), null=True, blank=True)
+    feeds = models.JSONField(_("feeds"), default=list, blank=True)
+    redundant = models.BooleanField(_("A/B fed"), default=False)
+    source = models.CharField(_("source"), max_length=16, default="api")
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("power budget")
+        verbose_name_plural = _("power budgets")
+        ordering = ["level", "name"]
+        constraints = [models.UniqueConstraint(fields=["level", "name"], name="facility_one_budget_per_domain")]
+
+    def __str__(self) -> str:
+        return f"{self.level}={self.name}"
+
+    @property
+    def domain(self) -> str:
+        return f"{self.level}={self.name}"
+
+    @property
+    def cap_watts(self) -> int | None:
+        """What the domain may draw: one feed when A/B fed (the smallest), all of them otherwise."""
+        feeds = [int(f["watts"]) for f in self.feeds or [] if isinstance(f, dict) and isinstance(f.get("watts"), int)]
+        if feeds:
+            return min(feeds) if self.redundant else sum(feeds)
+        return self.watts

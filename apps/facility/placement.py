@@ -37,12 +37,18 @@ __all__ = ["SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register"]
 SNAPSHOT_FIELD = "facility"
 SPREAD_WEIGHT = 1.5  # above binpack's 1: a model's second replica in another rack before a tighter fit
 SPREAD = "facility.spread"
+POWER = "facility.power"
 INDEX = "facility.hold"  # the pre-filter whose index (every node's location and holds) both share
 
 
 @dataclass(slots=True)
 class FacilityIndex:
     held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    # Power: domain -> cap (W); node id -> its capped domains; domain -> (known draw W, nodes unknown)
+    caps: dict[str, int] = field(default_factory=dict)
+    capped: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    drawn: dict[str, tuple[float, int]] = field(default_factory=dict)
+    first_claims: frozenset[int] = frozenset()  # the claims the snapshot's draws already count
     notes: dict[int, dict[str, str]] = field(default_factory=dict)
     free: set[int] = field(default_factory=set)
     places: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -59,7 +65,7 @@ class FacilityIndex:
 
 
 def build_index(inventory: Inventory) -> FacilityIndex:
-    index = FacilityIndex()
+    index = FacilityIndex(first_claims=frozenset(id(c) for c in inventory.claims))
     for node_id, node in inventory.nodes.items():
         value = node.extra.get(SNAPSHOT_FIELD)
         facility = value if isinstance(value, dict) else {}
@@ -67,6 +73,17 @@ def build_index(inventory: Inventory) -> FacilityIndex:
         if any(place.values()):
             index.places[node_id] = place
             index.notes[node_id] = {"rack": str(place.get("rack") or "-"), "pdu": str(place.get("pdu") or "-")}
+        caps = facility.get("caps") if isinstance(facility.get("caps"), dict) else {}
+        if caps:
+            index.capped[node_id] = tuple(str(d) for d in caps)
+            draw = facility.get("draw_w")
+            for domain, cap in caps.items():
+                index.caps[str(domain)] = int(cap)
+                known, unknown = index.drawn.get(str(domain), (0.0, 0))
+                if isinstance(draw, int | float):
+                    index.drawn[str(domain)] = (known + float(draw), unknown)
+                else:
+                    index.drawn[str(domain)] = (known, unknown + 1)
         held = [h for h in facility.get("held") or [] if isinstance(h, dict)]
         if held:
             index.held[node_id] = held
@@ -130,6 +147,56 @@ def spread(ctx: PlacementContext, node: NodeSnapshot) -> float:
     return 0.5 / (1 + racks.get(place.get("rack"), 0)) + 0.5 / (1 + pdus.get(place.get("pdu"), 0))
 
 
+def _kw(watts: float) -> str:
+    return f"{watts / 1000:.1f} kW"
+
+
+def _batch_draws(ctx: PlacementContext, index: FacilityIndex) -> dict[str, float]:
+    """Domain -> what the claims made since the snapshot add (their cards' TDP), once per placement."""
+    from apps.facility.power import derived_watts
+
+    found = ctx.scratch.get(POWER)
+    if found is None:
+        found = ctx.scratch[POWER] = {}
+        inventory = ctx.inventory
+        for claim in inventory.claims:
+            if id(claim) in index.first_claims or claim.node_id not in index.capped:
+                continue
+            node = inventory.nodes.get(claim.node_id)
+            classes = {g.index: g.gpu_class for g in node.gpus} if node is not None else {}
+            cls = classes.get(claim.gpu_indices[0]) if claim.gpu_indices else None
+            watts = derived_watts(cls, len(claim.gpu_indices)) or 0
+            for domain in index.capped[claim.node_id]:
+                found[domain] = found.get(domain, 0.0) + watts
+    return found  # type: ignore[no-any-return]
+
+
+def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """Refuse a shard that would take one of the node's domains past its power cap, with the numbers.
+    A shard whose draw is unknown (nothing declared, cards of no known TDP) is not refused."""
+    from apps.facility.power import derived_watts, shard_watts
+
+    index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
+    domains = index.capped.get(node.id)
+    if not domains:
+        return None
+    adds = shard_watts(ctx.profile.power_watts, derived_watts(ctx.gpu_class, ctx.gpus))
+    if adds is None:
+        return None
+    batch = _batch_draws(ctx, index)
+    for domain in domains:
+        known, _unknown = index.drawn.get(domain, (0.0, 0))
+        drawn = known + batch.get(domain, 0.0)
+        cap = index.caps[domain]
+        if drawn + adds > cap:
+            return Reason(
+                "power_cap",
+                gettext_noop("%(domain)s: %(drawn)s of %(cap)s drawn, this replica adds %(adds)s"),
+                {"domain": domain, "drawn": _kw(drawn), "cap": _kw(cap), "adds": _kw(adds)},
+            )
+    return None
+
+
 def register(registry: Registry = REGISTRY) -> None:
     registry.register_snapshot_field(SNAPSHOT_FIELD, None)
     registry.register_prefilter(prefilter, name=INDEX, order=15, index=build_index, static=True)
@@ -141,3 +208,4 @@ def register(registry: Registry = REGISTRY) -> None:
         static=True,
     )
     registry.register_scorer(spread, name=SPREAD, weight=SPREAD_WEIGHT)
+    registry.register_filter(power_cap, name=POWER, order=90)

@@ -11,6 +11,7 @@ from django.utils.translation import gettext as _
 
 from apps.accounts import audit
 from apps.cluster.placement import NodeSnapshot
+from apps.facility import power
 from apps.facility.locations import LEVELS, location
 from apps.facility.models import Hold
 
@@ -50,13 +51,25 @@ def _held(place: dict[str, str | None], holds: Iterable[Hold]) -> list[dict[str,
 
 
 def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Any] | None = None) -> None:
-    """Give each node of a placement snapshot its location and the holds on it (`extra["facility"]`)."""
+    """Give each node of a placement snapshot its location, the holds on it, and where power caps
+    are set its draw now and the caps of its domains (`extra["facility"]`)."""
     holds = active_holds()
-    for snapshot in snapshots.values():
+    budgets = power.caps()
+    draws = power.node_draws(nodes) if budgets and nodes else {}
+    for node_id, snapshot in snapshots.items():
         place = location(snapshot.labels)
         if not any(place.values()) and not holds:
             continue
-        snapshot.extra["facility"] = {"location": place, "held": _held(place, holds)}
+        facility: dict[str, Any] = {"location": place, "held": _held(place, holds)}
+        capped = {
+            f"{level}={place[level]}": budgets[f"{level}={place[level]}"]
+            for level in LEVELS
+            if place[level] and f"{level}={place[level]}" in budgets
+        }
+        if capped:
+            facility["caps"] = capped
+            facility["draw_w"] = draws.get(node_id)
+        snapshot.extra["facility"] = facility
 
 
 def hold(level: str, name: str, *, reason: str, actor: Any, drain: bool = False, address: str | None = None) -> Hold:
@@ -145,7 +158,11 @@ def facility_overview() -> dict[str, Any]:
     by_domain = {h.domain: h for h in holds}
     domains: dict[tuple[str, str], list[str]] = {}
     unplaced: list[str] = []
-    nodes = Node.objects.exclude(status=NodeStatus.REVOKED).only("name", "labels", "hardware").order_by("name")
+    nodes = list(
+        Node.objects.exclude(status=NodeStatus.REVOKED)
+        .only("name", "labels", "hardware", "sample", "sampled_at")
+        .order_by("name")
+    )
     for node in nodes:
         place = node_location(node)
         if not any(place.values()):
@@ -153,6 +170,14 @@ def facility_overview() -> dict[str, Any]:
         for level in LEVELS:
             if place[level]:
                 domains.setdefault((level, str(place[level])), []).append(node.name)
+    budgets = {b.domain: b for b in power.Budget.objects.all()}
+    capped_nodes = {n.pk: n for n in nodes if any(f"{lv}={v}" in budgets for lv, v in node_location(n).items() if v)}
+    draws = power.node_draws(capped_nodes) if capped_nodes else {}
+    members_of: dict[str, list[int]] = {}
+    for node in capped_nodes.values():
+        for level, value in node_location(node).items():
+            if value:
+                members_of.setdefault(f"{level}={value}", []).append(node.pk)
     rows = []
     for level in LEVELS:
         for (lvl, name), members in sorted(domains.items()):
@@ -166,6 +191,27 @@ def facility_overview() -> dict[str, Any]:
                     "name": name,
                     "nodes": members,
                     "hold": hold_dict(held) if held else None,
+                    **_power(
+                        budgets.get(f"{level}={name}"),
+                        [draws.get(pk) for pk in members_of.get(f"{level}={name}", [])],
+                    ),
                 }
             )
-    return {"levels": list(LEVELS), "domains": rows, "unplaced": unplaced, "holds": [hold_dict(h) for h in holds]}
+    return {
+        "levels": list(LEVELS),
+        "domains": rows,
+        "unplaced": unplaced,
+        "holds": [hold_dict(h) for h in holds],
+        "budgets": [power.budget_dict(b) for b in budgets.values()],
+    }
+
+
+def _power(budget: Any, draws: list[float | None]) -> dict[str, Any]:
+    """A domain's cap and what its nodes draw: known watts, and how many nodes' draw is unknown."""
+    if budget is None:
+        return {"cap_watts": None, "drawn_watts": None, "draw_unknown": None}
+    return {
+        "cap_watts": budget.cap_watts,
+        "drawn_watts": sum(d for d in draws if d is not None),
+        "draw_unknown": sum(1 for d in draws if d is None),
+    }

@@ -42,14 +42,57 @@ def cmd_facility(client: Client, args: argparse.Namespace) -> int:
     for domain in answer["domains"]:
         hold = domain.get("hold")
         held = f"{'draining' if hold.get('drain') else 'held'}: {hold['reason'] or '-'}" if hold else "-"
-        rows.append([domain["domain"], len(domain["nodes"]), ",".join(domain["nodes"]), held])
-    print(format_table(["DOMAIN", "NODES", "NAMES", "HOLD"], rows))
+        rows.append(
+            [
+                domain["domain"],
+                len(domain["nodes"]),
+                ",".join(domain["nodes"]),
+                _draw(domain),
+                _kw(domain.get("cap_watts")),
+                held,
+            ]
+        )
+    print(format_table(["DOMAIN", "NODES", "NAMES", "DRAW", "CAP", "HOLD"], rows))
     named = {d["domain"] for d in answer["domains"]}
     for hold in answer["holds"]:
         if hold["domain"] not in named:
             print(f"! {hold['domain']} is held but no node is in it")
     if answer["unplaced"]:
         print(f"no location: {', '.join(answer['unplaced'])}")
+    return 0
+
+
+def _kw(watts: float | None) -> str | None:
+    return f"{watts / 1000:.1f} kW" if isinstance(watts, int | float) else None
+
+
+def _draw(domain: dict[str, Any]) -> str | None:
+    """What a capped domain draws: the known part, and how many nodes' draw is unknown."""
+    if domain.get("cap_watts") is None:
+        return None
+    known = _kw(domain.get("drawn_watts")) or "-"
+    unknown = domain.get("draw_unknown") or 0
+    return f"{known} (+{unknown} unknown)" if unknown else known
+
+
+def cmd_budget(client: Client, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"domain": args.domain, "redundant": args.redundant}
+    if args.watts is not None:
+        body["watts"] = args.watts
+    if args.feed:
+        feeds = []
+        for item in args.feed:
+            name, _sep, watts = item.partition("=")
+            if not watts.isdigit():
+                print(f"llmgw ctl: expected --feed NAME=WATTS, got {item!r}")
+                return 2
+            feeds.append({"name": name, "watts": int(watts)})
+        body["feeds"] = feeds
+    budget = client.post("facility/budgets", body)
+    print(
+        f"{budget['domain']}: cap {_kw(budget['cap_watts'])}"
+        + (" (one feed of an A/B pair)" if budget["redundant"] else "")
+    )
     return 0
 
 
@@ -103,6 +146,12 @@ def add_facility_commands(ctl_sub: Any) -> None:
     p.add_argument("--reason", help="why (shown in explain and to other operators)")
     p.add_argument("--drain", action="store_true", help="also move its replicas out, each replaced elsewhere first")
     p.set_defaults(ctl_func=cmd_hold)
+    p = facility_sub.add_parser("budget", help="set a domain's power cap, in watts or by the feeds that carry it")
+    p.add_argument("domain", type=_domain, metavar="LEVEL=NAME")
+    p.add_argument("--watts", type=int, help="the cap in watts")
+    p.add_argument("--feed", action="append", metavar="NAME=WATTS", help="a circuit feeding it (repeatable)")
+    p.add_argument("--redundant", action="store_true", help="A/B fed: either feed must carry it alone")
+    p.set_defaults(ctl_func=cmd_budget)
     p = facility_sub.add_parser("release", help="end the hold on a domain")
     p.add_argument("domain", type=_domain, metavar="LEVEL=NAME")
     p.set_defaults(ctl_func=cmd_release)

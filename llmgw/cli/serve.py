@@ -214,6 +214,14 @@ def apply_server_config() -> None:
         sys.exit(f"llmgw: {path}: {exc}")
     if rules is not None:
         print(f"llmgw: {path}: {len(rules)} engine choice(s) applied", flush=True)
+    from apps.facility.power import BudgetError, apply_server_budgets
+
+    try:
+        budgets = apply_server_budgets(path)
+    except BudgetError as exc:
+        sys.exit(f"llmgw: {path}: {exc}")
+    if budgets is not None:
+        print(f"llmgw: {path}: {len(budgets)} power budget(s) applied", flush=True)
 
 
 def run_beat(args: argparse.Namespace) -> int:

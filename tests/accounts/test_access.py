@@ -339,6 +339,14 @@ MATRIX: dict[str, Route] = {
     "fabrics:fabrics": Route("read_everything"),
     "fabrics:nvlink": Route("read_everything"),
     "fabrics:fabric": Route("read_everything", mapped_fabric),
+    "facility:facility": Route("read_everything"),
+    "facility:hold": Route(
+        "change_cluster",
+        bodies=lambda w: {"POST": {"level": "rack", "name": f"r{uuid.uuid4().hex[:8]}", "reason": "PDU swap"}},
+    ),
+    "facility:release": Route(
+        "change_cluster", bodies=lambda w: {"POST": dict(zip(("level", "name"), held().split("="), strict=True))}
+    ),
     "cluster:node-add": Route(
         "change_cluster", bodies=lambda w: {"POST": {"name": "n2", "labels": "", "expires_hours": "1"}}
     ),
@@ -433,6 +441,10 @@ MATRIX: dict[str, Route] = {
         ("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"domain": f"rack=r{uuid.uuid4().hex[:8]}"}}
     ),
     "api-facility-release": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"domain": held()}}),
+    "api-facility-budgets": Route(
+        ("read_everything", "change_cluster"),
+        bodies=lambda w: {"POST": {"domain": f"rack=r{uuid.uuid4().hex[:8]}", "watts": 15000}},
+    ),
     "api-fabric-test": Route(("read_everything", "change_cluster"), a_fabric_test),
     "api-agent-request-retry": Route(("read_everything", "change_cluster"), failed_request),
     "api-mirror": Route(

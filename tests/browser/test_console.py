@@ -58,6 +58,7 @@ OPTIONAL_PAGES = {
     "cluster": "cluster",
     "fabrics:fabrics": "fabrics",
     "fabrics:nvlink": "nvlink",
+    "facility:facility": "facility",
     "people": "people",
     "docs": "docs",
     "about": "about",

@@ -127,6 +127,12 @@ def test_label_nodes_list_by_domain_hold_and_release_from_the_cli(ctl: Any, caps
     assert status == 0 and "its replicas are moved out" in out
     assert "draining: swap" in ctl("facility", capsys=capsys)[1]
     assert [h.drain for h in services.active_holds()] == [True]
+    status, out = ctl(
+        "facility", "budget", "rack=r12", "--feed", "A=17300", "--feed", "B=17300", "--redundant", capsys=capsys
+    )
+    assert status == 0 and "rack=r12: cap 17.3 kW (one feed of an A/B pair)" in out, out
+    line = next(line for line in ctl("facility", capsys=capsys)[1].splitlines() if line.startswith("rack=r12"))
+    assert line.split()[3:6] == ["1.0", "kW", "17.3"]  # gpu1's eight cards at 120.5 W; cap one feed
 
 
 @pytest.mark.django_db

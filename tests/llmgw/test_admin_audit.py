@@ -34,7 +34,7 @@ from apps.cluster import services as cluster_services
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import AgentRequest, ControlLock, EngineChoice, EngineRelease, Node, Replica
 from apps.fabrics.models import FabricMap, FabricTest, MasterChange, NodeFabrics
-from apps.facility.models import Hold
+from apps.facility.models import Budget, Hold
 from apps.gateway.models import TableVersion
 from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas import services as quotas
@@ -139,6 +139,7 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     "fabrics.FabricMap": lambda w: FabricMap.objects.get_or_create(fabric="ib:0x01", node=w.node)[0],
     "fabrics.FabricTest": lambda w: FabricTest.objects.get_or_create(client=w.node, server=w.node, fabric="ib:0x01")[0],
     "facility.Hold": lambda w: Hold.objects.get_or_create(level="rack", name="r12")[0],
+    "facility.Budget": lambda w: Budget.objects.get_or_create(level="rack", name="r12", defaults={"watts": 15000})[0],
     "mirror.MirrorVersion": lambda w: MirrorVersion.objects.get_or_create(
         repo="acme/m", commit="a" * 40, name="m.gguf", defaults={"kind": "gguf"}
     )[0],
@@ -172,6 +173,7 @@ READ_ONLY = {
     "fabrics.FabricMap": "parsed from an agent's ibnetdiscover answer",
     "fabrics.FabricTest": "started by ctl fabric-test and run by the worker",
     "facility.Hold": "made and released with ctl facility hold / release or the API, which audit them",
+    "facility.Budget": "from server.yaml's facility.budgets, or set with ctl facility budget or the API",
 }
 
 # Changes for fields whose value cannot be worked out from the form field alone.

@@ -51,6 +51,8 @@ POST_ONLY = {
     "cluster:node-drain",
     "cluster:node-location",
     "cluster:node-doctor-run",
+    "facility:hold",
+    "facility:release",
     "cluster-engine-set",
     "cluster-engine-remove",
     "cluster-engine-build",

@@ -99,6 +99,8 @@ class ProfileSpec:
     node_selector: dict[str, str] = field(default_factory=dict)
     # A replica across nodes stays within one domain of this level (rack, pdu...); "" anywhere.
     keep_within: str = ""
+    # What one shard draws as declared (W); None: not declared.
+    power_watts: int | None = None
 
     @property
     def is_cpu(self) -> bool:

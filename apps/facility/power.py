@@ -1,0 +1,244 @@
+"""What nodes and shards draw, and the power caps of racks, PDUs and rows.
+
+A shard's draw is the highest of what is known of it: declared (its profile's `power_watts`),
+derived (its cards' TDP, by GPU class), measured (its cards' power draw in the node's fresh
+sample). A node draws the most of what its sample measured (every card's draw and the CPU
+packages' RAPL power) and the sum of its shards' draws. Where nothing is known the draw is None,
+said as unknown, never counted as zero.
+
+Budgets come from server.yaml (`facility: {budgets: [...]}`, which states its whole set) or the
+API; each is `{domain: rack=r12, watts: 15000}` or, for a domain fed by several circuits,
+`{domain: rack=r12, feeds: [{name: A, watts: 17300}, {name: B, watts: 17300}], redundant: true}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.utils.translation import gettext as _
+
+from apps.facility.locations import parse_domain
+from apps.facility.models import Budget
+
+__all__ = [
+    "BudgetError",
+    "apply_budgets",
+    "apply_server_budgets",
+    "budget_dict",
+    "caps",
+    "derived_watts",
+    "node_draws",
+    "shard_watts",
+]
+
+# Board power of one card by GPU class prefix (../shared/reference/fabrics-facility.md section 7),
+# longest prefix first so that H100-NVL is not read as an H100 SXM.
+GPU_TDP_W: tuple[tuple[str, int], ...] = (
+    ("GB300", 1400),
+    ("B300", 1400),
+    ("GB200", 1200),
+    ("B200", 1000),
+    ("H200-NVL", 600),
+    ("H200", 700),
+    ("H100-NVL", 400),
+    ("H100-PCIE", 350),
+    ("H100", 700),
+    ("A100", 400),
+    ("L40S", 350),
+    ("L40", 300),
+    ("L4", 72),
+)
+MAX_WATTS = 10_000_000  # 10 MW: beyond any one domain
+
+
+class BudgetError(ValueError):
+    """A budget that cannot be taken, and why (field -> messages)."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
+        self.errors = errors
+
+
+def tdp_watts(gpu_class: str) -> int | None:
+    upper = gpu_class.upper()
+    for prefix, watts in GPU_TDP_W:
+        if upper.startswith(prefix):
+            return watts
+    return None
+
+
+def derived_watts(gpu_class: str | None, gpus: int) -> int | None:
+    """The cards' TDP for a shard of `gpus` cards of the class (None: unknown class, or no cards)."""
+    if not gpu_class or gpus <= 0:
+        return None
+    tdp = tdp_watts(gpu_class)
+    return tdp * gpus if tdp is not None else None
+
+
+def shard_watts(*known: float | None) -> float | None:
+    """The highest of what is known of a shard's draw; None when nothing is."""
+    values = [float(v) for v in known if isinstance(v, int | float)]
+    return max(values) if values else None
+
+
+def _measured(sample: dict[str, Any] | None, indices: Iterable[int] | None = None) -> float | None:
+    """The cards' power draw in a sample (those of `indices`, else every card, plus RAPL); None when
+    a card it needs did not report one."""
+    if not isinstance(sample, dict):
+        return None
+    gpus = {g.get("index"): g for g in sample.get("gpus") or [] if isinstance(g, dict)}
+    wanted = list(indices) if indices is not None else list(gpus)
+    total = 0.0
+    for index in wanted:
+        draw = (gpus.get(index) or {}).get("power_draw_w")
+        if not isinstance(draw, int | float):
+            return None
+        total += float(draw)
+    if indices is None:
+        rapl = sample.get("cpu_package_power_w")
+        if isinstance(rapl, int | float):
+            total += float(rapl)
+        elif not wanted:
+            return None
+    return total
+
+
+def node_draws(nodes: dict[int, Any]) -> dict[int, float | None]:
+    """Node id -> what it draws now (W), from its fresh sample and the shards it holds; None unknown."""
+    from apps.cluster.inventory import CLAIMING_STATES
+    from apps.cluster.models import Shard
+
+    shards: dict[int, list[float | None]] = {}
+    rows = (
+        Shard.objects.filter(node_id__in=list(nodes), replica__state__in=CLAIMING_STATES)
+        .select_related("replica__profile")
+        .only("node_id", "gpu_indices", "replica__profile__power_watts", "replica__profile__accelerator")
+    )
+    for shard in rows:
+        node = nodes[shard.node_id]
+        profile = shard.replica.profile
+        cards = list(shard.gpu_indices or [])
+        sample = node.fresh_sample()
+        shards.setdefault(shard.node_id, []).append(
+            shard_watts(
+                profile.power_watts if profile else None,
+                derived_watts(profile.accelerator if profile else None, len(cards)),
+                _measured(sample, cards) if cards else None,
+            )
+        )
+    out: dict[int, float | None] = {}
+    for node_id, node in nodes.items():
+        measured = _measured(node.fresh_sample())
+        held = shards.get(node_id, [])
+        claimed = sum(v for v in held if v is not None) if held and all(v is not None for v in held) else None
+        out[node_id] = shard_watts(measured, claimed)
+    return out
+
+
+def caps() -> dict[str, int]:
+    """Domain (rack=r12) -> its cap in watts."""
+    return {b.domain: cap for b in Budget.objects.all() if (cap := b.cap_watts) is not None}
+
+
+def budget_dict(row: Budget) -> dict[str, Any]:
+    return {
+        "domain": row.domain,
+        "watts": row.watts,
+        "feeds": row.feeds,
+        "redundant": row.redundant,
+        "cap_watts": row.cap_watts,
+        "source": row.source,
+    }
+
+
+def _parse(entries: Any, path: str) -> list[dict[str, Any]]:
+    errors: dict[str, list[str]] = {}
+    if not isinstance(entries, list):
+        raise BudgetError({path: [_("Expected a list of budgets.")]})
+    parsed: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}]"
+        if not isinstance(entry, dict):
+            errors.setdefault(where, []).append(_("Expected a mapping with a domain and watts or feeds."))
+            continue
+        unknown = sorted(set(entry) - {"domain", "watts", "feeds", "redundant"})
+        if unknown:
+            errors.setdefault(where, []).append(
+                _("Unknown key(s) %(keys)s (known: domain, watts, feeds, redundant).") % {"keys": ", ".join(unknown)}
+            )
+        try:
+            level, name = parse_domain(str(entry.get("domain") or ""))
+        except ValueError as exc:
+            errors.setdefault(f"{where}.domain", []).append(str(exc))
+            continue
+        if f"{level}={name}" in seen:
+            errors.setdefault(f"{where}.domain", []).append(_("Given twice."))
+        seen.add(f"{level}={name}")
+        watts = entry.get("watts")
+        feeds = entry.get("feeds") or []
+        good = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_WATTS  # noqa: E731
+        if watts is not None and not good(watts):
+            errors.setdefault(f"{where}.watts", []).append(
+                _("Expected whole watts from 1 to %(max)s; got “%(value)s”.") % {"max": MAX_WATTS, "value": watts}
+            )
+        clean_feeds = []
+        if not isinstance(feeds, list) or not all(isinstance(f, dict) and good(f.get("watts")) for f in feeds):
+            errors.setdefault(f"{where}.feeds", []).append(_("Expected a list of {name, watts} with whole watts."))
+        else:
+            clean_feeds = [
+                {"name": str(f.get("name") or chr(65 + n)), "watts": f["watts"]} for n, f in enumerate(feeds)
+            ]
+        if watts is None and not clean_feeds:
+            errors.setdefault(where, []).append(_("Give the cap as watts, or the feeds that carry it."))
+        redundant = entry.get("redundant", False)
+        if not isinstance(redundant, bool):
+            errors.setdefault(f"{where}.redundant", []).append(_("Expected true or false."))
+        parsed.append(
+            {"level": level, "name": name, "watts": watts, "feeds": clean_feeds, "redundant": redundant is True}
+        )
+    if errors:
+        raise BudgetError(errors)
+    return parsed
+
+
+@transaction.atomic
+def apply_budgets(entries: Any, *, source: str, replace: bool) -> list[Budget]:
+    """Take budgets (validated whole first: one bad entry writes nothing); with `replace`, the
+    budgets of `source` not listed are removed (server.yaml states its whole set)."""
+    parsed = _parse(entries, "facility.budgets")
+    rows = []
+    for entry in parsed:
+        row, _created = Budget.objects.update_or_create(
+            level=entry["level"],
+            name=entry["name"],
+            defaults={
+                "watts": entry["watts"],
+                "feeds": entry["feeds"],
+                "redundant": entry["redundant"],
+                "source": source,
+            },
+        )
+        rows.append(row)
+    if replace:
+        Budget.objects.filter(source=source).exclude(pk__in=[r.pk for r in rows]).delete()
+    return rows
+
+
+def apply_server_budgets(path: str) -> list[Budget] | None:
+    """server.yaml's `facility.budgets` (None when it has none: the budgets stay as they are)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise BudgetError({"server.yaml": [str(exc)]}) from None
+    facility = data.get("facility") if isinstance(data, dict) else None
+    if facility is None:
+        return None
+    if not isinstance(facility, dict) or set(facility) - {"budgets"}:
+        raise BudgetError({"facility": [_("Expected a mapping with a “budgets” list.")]})
+    return apply_budgets(facility.get("budgets") or [], source="server.yaml", replace=True)
