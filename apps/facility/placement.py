@@ -153,7 +153,7 @@ def _kw(watts: float) -> str:
 
 def _batch_draws(ctx: PlacementContext, index: FacilityIndex) -> dict[str, float]:
     """Domain -> what the claims made since the snapshot add (their cards' TDP), once per placement."""
-    from apps.facility.power import derived_watts
+    from apps.facility.draw import derived_watts
 
     found = ctx.scratch.get(POWER)
     if found is None:
@@ -174,7 +174,7 @@ def _batch_draws(ctx: PlacementContext, index: FacilityIndex) -> dict[str, float
 def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     """Refuse a shard that would take one of the node's domains past its power cap, with the numbers.
     A shard whose draw is unknown (nothing declared, cards of no known TDP) is not refused."""
-    from apps.facility.power import derived_watts, shard_watts
+    from apps.facility.draw import derived_watts, shard_watts
 
     index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
     domains = index.capped.get(node.id)

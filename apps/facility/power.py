@@ -19,6 +19,7 @@ from typing import Any
 from django.db import transaction
 from django.utils.translation import gettext as _
 
+from apps.facility.draw import derived_watts, shard_watts
 from apps.facility.locations import parse_domain
 from apps.facility.models import Budget
 
@@ -33,23 +34,6 @@ __all__ = [
     "shard_watts",
 ]
 
-# Board power of one card by GPU class prefix (../shared/reference/fabrics-facility.md section 7),
-# longest prefix first so that H100-NVL is not read as an H100 SXM.
-GPU_TDP_W: tuple[tuple[str, int], ...] = (
-    ("GB300", 1400),
-    ("B300", 1400),
-    ("GB200", 1200),
-    ("B200", 1000),
-    ("H200-NVL", 600),
-    ("H200", 700),
-    ("H100-NVL", 400),
-    ("H100-PCIE", 350),
-    ("H100", 700),
-    ("A100", 400),
-    ("L40S", 350),
-    ("L40", 300),
-    ("L4", 72),
-)
 MAX_WATTS = 10_000_000  # 10 MW: beyond any one domain
 
 
@@ -59,28 +43,6 @@ class BudgetError(ValueError):
     def __init__(self, errors: dict[str, list[str]]) -> None:
         super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
         self.errors = errors
-
-
-def tdp_watts(gpu_class: str) -> int | None:
-    upper = gpu_class.upper()
-    for prefix, watts in GPU_TDP_W:
-        if upper.startswith(prefix):
-            return watts
-    return None
-
-
-def derived_watts(gpu_class: str | None, gpus: int) -> int | None:
-    """The cards' TDP for a shard of `gpus` cards of the class (None: unknown class, or no cards)."""
-    if not gpu_class or gpus <= 0:
-        return None
-    tdp = tdp_watts(gpu_class)
-    return tdp * gpus if tdp is not None else None
-
-
-def shard_watts(*known: float | None) -> float | None:
-    """The highest of what is known of a shard's draw; None when nothing is."""
-    values = [float(v) for v in known if isinstance(v, int | float)]
-    return max(values) if values else None
 
 
 def _measured(sample: dict[str, Any] | None, indices: Iterable[int] | None = None) -> float | None:
