@@ -48,7 +48,8 @@ class FacilityIndex:
     caps: dict[str, int] = field(default_factory=dict)
     capped: dict[int, tuple[str, ...]] = field(default_factory=dict)
     drawn: dict[str, tuple[float, int]] = field(default_factory=dict)
-    first_claims: frozenset[int] = frozenset()  # the claims the snapshot's draws already count
+    first_claims: frozenset[int] = frozenset()  # ids of the claims the snapshot's draws already count
+    kept: tuple[object, ...] = ()  # those claims, held so that no later claim can reuse an id
     notes: dict[int, dict[str, str]] = field(default_factory=dict)
     free: set[int] = field(default_factory=set)
     places: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -65,7 +66,8 @@ class FacilityIndex:
 
 
 def build_index(inventory: Inventory) -> FacilityIndex:
-    index = FacilityIndex(first_claims=frozenset(id(c) for c in inventory.claims))
+    claims = tuple(inventory.claims)
+    index = FacilityIndex(first_claims=frozenset(id(c) for c in claims), kept=claims)
     for node_id, node in inventory.nodes.items():
         value = node.extra.get(SNAPSHOT_FIELD)
         facility = value if isinstance(value, dict) else {}
