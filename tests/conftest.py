@@ -30,6 +30,9 @@ SECOND_RUN_SKIPS = (
     "e2e/test_editor_clients.py",
     "e2e/test_fabrics.py",
     "e2e/test_fabric_test.py",
+    "e2e/test_fabric_map.py",
+    "e2e/test_nvlink.py",
+    "e2e/test_facility.py",
     "browser/",
 )
 _DATABASE_FIXTURES = frozenset(
