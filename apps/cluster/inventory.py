@@ -88,7 +88,7 @@ def _snapshot(node: Node) -> NodeSnapshot:
         ready=node.live_status == NodeStatus.READY,
         cordoned=node.cordoned,
         cordon_reason=node.cordon_reason,
-        labels={**(node.hardware.get("labels") or {}), **(node.labels or {})},
+        labels=node.placement_labels,
         memory_total_bytes=node.memory_total_bytes,
         cpus=node.cpus,
         gpus=gpus,

@@ -100,6 +100,11 @@ class Node(models.Model):
     def get_live_status_display(self) -> str:
         return str(NodeStatus(self.live_status).label)
 
+    @property
+    def placement_labels(self) -> dict[str, str]:
+        """The labels placement sees: the agent's (agent.yaml), with the ones kept here over them."""
+        return {**((self.hardware or {}).get("labels") or {}), **(self.labels or {})}
+
     def fresh_sample(
         self, now: datetime | None = None, max_age: timedelta = timedelta(minutes=1)
     ) -> dict[str, Any] | None:

@@ -23,7 +23,6 @@ __all__ = [
     "facility_overview",
     "hold",
     "hold_dict",
-    "node_labels",
     "node_location",
     "release",
 ]
@@ -33,13 +32,8 @@ class HoldError(ValueError):
     """A hold that cannot be made or released, and why."""
 
 
-def node_labels(node: Any) -> dict[str, str]:
-    """The labels placement sees: the agent's, with the stored ones over them."""
-    return {**((node.hardware or {}).get("labels") or {}), **(node.labels or {})}
-
-
 def node_location(node: Any) -> dict[str, str | None]:
-    return location(node_labels(node))
+    return location(node.placement_labels)
 
 
 def active_holds() -> list[Hold]:

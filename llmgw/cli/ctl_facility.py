@@ -6,11 +6,10 @@ import argparse
 import json
 from typing import Any
 
+from apps.facility.locations import LEVELS, parse_domain
 from llmgw.cli.ctl import Client, format_table
 
 __all__ = ["add_facility_commands", "location_text", "matches_domain"]
-
-LEVELS = ("site", "room", "row", "rack", "pdu")
 
 
 def location_text(node: dict[str, Any]) -> str | None:
@@ -27,10 +26,11 @@ def matches_domain(node: dict[str, Any], domain: str) -> bool:
 
 
 def _domain(text: str) -> str:
-    level, sep, name = text.partition("=")
-    if not sep or level.strip().lower() not in LEVELS or not name.strip():
-        raise argparse.ArgumentTypeError(f"expected LEVEL=NAME with LEVEL one of {', '.join(LEVELS)}, got {text!r}")
-    return f"{level.strip().lower()}={name.strip()}"
+    try:
+        level, name = parse_domain(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"{level}={name}"
 
 
 def cmd_facility(client: Client, args: argparse.Namespace) -> int:
