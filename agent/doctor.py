@@ -1015,8 +1015,7 @@ def nvlink_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
     if not fabrics:
         return []
 
-    def zero(uuid: str | None) -> bool:
-        return not (uuid or "").replace("-", "").strip("0")
+    zero = nvlink.zero_cluster_uuid
 
     def domain_of(fabric: nvidia.FabricInfo) -> str:
         clique = "?" if fabric.clique_id is None else str(fabric.clique_id)

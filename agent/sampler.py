@@ -45,8 +45,7 @@ def _gpu_dict(gpu: nvidia.GpuInfo) -> dict[str, Any]:
 
 def _in_domain(fabric: nvidia.FabricInfo | None) -> bool:
     """Whether a card reports a multi-node NVLink domain (a non-zero ClusterUUID)."""
-    uuid = (fabric.cluster_uuid or "") if fabric is not None else ""
-    return bool(uuid.strip("0-")) and uuid.upper() != "N/A"
+    return fabric is not None and not nvlink.zero_cluster_uuid(fabric.cluster_uuid)
 
 
 class Sampler:

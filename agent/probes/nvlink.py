@@ -48,6 +48,7 @@ __all__ = [
     "parse_imex_nodes",
     "parse_imex_state",
     "parse_topo_matrix",
+    "zero_cluster_uuid",
 ]
 
 #: ``nvidia-imex-ctl -q`` answers (DCGM ``DcgmImexManager.cpp``), in the daemon's order.
@@ -333,6 +334,12 @@ def parse_topo_matrix(text: str) -> Topology:
         warnings.add("no GPU rows under the header")
     topology.warnings = list(warnings)
     return topology
+
+
+def zero_cluster_uuid(uuid: str | None) -> bool:
+    """A ClusterUUID of zeros (or none): a single machine's NVSwitch, no multi-node NVLink domain."""
+    text = (uuid or "").strip()
+    return text.upper() == "N/A" or not text.replace("-", "").strip("0")
 
 
 def nvlink_groups(topology: Topology) -> dict[int, str]:
