@@ -12,6 +12,7 @@ fabrics: [{name: ib-a, hcas: [mlx5_0, mlx5_1]}]   # declared fabrics and their a
 fabric_check_interval: 60              # seconds between asking each port for its subnet manager
 fabric_change_interval: 30             # a change of the fabrics the node carries is said at most this often
 gpu_check_interval: 60                 # seconds between reads of NVLink counters, XIDs and IMEX
+sample_interval: 10                    # a sample of the node (GPUs, CPU, memory, power) is taken at most this often
 engines: {llama.cpp: /opt/llama/llama-server}   # named on purpose: used as is, never replaced
 engine_recheck_interval: 600           # seconds between checks of the engines llmgw installed
 engine_retry_after: 60                 # seconds before a failed engine install is tried again
@@ -52,6 +53,7 @@ class AgentConfig:
     fabric_check_interval: float = 60.0
     fabric_change_interval: float = 30.0
     gpu_check_interval: float = 60.0
+    sample_interval: float = 10.0
     # The address the control plane and gateway reach this node's engines at (else the address
     # its websocket comes from).
     advertise_address: str | None = None
@@ -99,6 +101,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         "fabric_check_interval",
         "fabric_change_interval",
         "gpu_check_interval",
+        "sample_interval",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -142,6 +145,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         ("fabric_check_interval", 60.0, 1),
         ("fabric_change_interval", 30.0, 0),
         ("gpu_check_interval", 60.0, 1),
+        ("sample_interval", 10.0, 1),
     ):
         value = _expect(data, key, (int, float), "a number of seconds")
         if value is not None and not low <= value <= 86400:

@@ -26,7 +26,7 @@ __all__ = ["Sampler"]
 
 log = logging.getLogger("llmgw.agent")
 
-GPU_INTERVAL_S = 10.0  # a sample is taken at most this often, however often it is asked for
+GPU_INTERVAL_S = 10.0  # the default of agent.yaml's sample_interval: a sample is taken at most this often
 
 
 def _read(root: str, relative: str) -> str | None:
@@ -120,7 +120,7 @@ class Sampler:
 
     async def sample(self, *, force: bool = False) -> dict[str, Any]:
         now = time.monotonic()
-        if not force and self._last_sample is not None and now - self._last_sample_at < GPU_INTERVAL_S:
+        if not force and self._last_sample is not None and now - self._last_sample_at < self.config.sample_interval:
             return self._last_sample
         warnings: list[str] = []
         sample: dict[str, Any] = {"taken_at": time.time()}

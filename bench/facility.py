@@ -7,7 +7,10 @@ fabrics with leaves) spread over `--racks` racks of two PDUs each, a few racks h
 and applies the same replicas twice: with the built-in filters and scorers only, then with the
 fabric plugins (physical fabric, leaf, cable) and the facility ones (holds, keep_within, spread
 across racks and PDUs). Prints each run's total, per-placement p50/p99, the ratio of the
-plugged run to the plain one, and the median of five explains of a multi-node model.
+plugged run to the plain one, and the median of five explains of a multi-node model (as the API
+and the page ask for it: 200 nodes spelled out per profile, the rest counted; and with every node).
+On more than 1,000 nodes the walk scores a sample of 100 feasible nodes (see
+apps/cluster/placement/pipeline.py for what that gives up).
 Targets: 5,000 replicas onto 10,000 nodes in 5 s with the plugins, explain in 50 ms.
 """
 
@@ -26,7 +29,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import placement as base  # noqa: E402  (bench/placement.py)
 
-from apps.cluster.placement import Inventory, Registry, builtin_registry, explain  # noqa: E402
+from apps.cluster.placement import EXPLAIN_NODES, Inventory, Registry, builtin_registry, explain  # noqa: E402
 from apps.fabrics import placement as fabric_plugins  # noqa: E402
 from apps.facility import placement as facility_plugins  # noqa: E402
 
@@ -72,9 +75,19 @@ def main() -> None:
     explains = []
     for _ in range(EXPLAIN_REPEATS):
         started = time.perf_counter()
-        explain(inventory, multi, registry=registry)
+        explain(inventory, multi, registry=registry, limit=EXPLAIN_NODES)
         explains.append(time.perf_counter() - started)
     explain_s = statistics.median(explains)
+    whole = []
+    for _ in range(EXPLAIN_REPEATS):
+        started = time.perf_counter()
+        explain(inventory, multi, registry=registry)
+        whole.append(time.perf_counter() - started)
+    plain_explain = []
+    for _ in range(EXPLAIN_REPEATS):
+        started = time.perf_counter()
+        explain(plain_inventory, multi, registry=builtin_registry(), limit=EXPLAIN_NODES)
+        plain_explain.append(time.perf_counter() - started)
 
     racks: dict[str, set[str]] = {}
     for claim in inventory.claims:
@@ -94,8 +107,11 @@ def main() -> None:
     )
     print(f"racks each model's replicas landed in: {spread}")
     print(
-        f"explain {multi.model} across {len(inventory.nodes)} nodes: median {explain_s * 1000:.1f} ms of "
-        f"{EXPLAIN_REPEATS} (min {min(explains) * 1000:.1f}, max {max(explains) * 1000:.1f})"
+        f"explain {multi.model} across {len(inventory.nodes)} nodes, {EXPLAIN_NODES} spelled out per profile "
+        f"(what the API and the page show): median {explain_s * 1000:.1f} ms of {EXPLAIN_REPEATS} "
+        f"(min {min(explains) * 1000:.1f}, max {max(explains) * 1000:.1f}); built-in only "
+        f"{statistics.median(plain_explain) * 1000:.1f} ms, ratio {explain_s / statistics.median(plain_explain):.2f}; "
+        f"every node spelled out (nodes=all): {statistics.median(whole) * 1000:.1f} ms"
     )
     ok = total_s <= 5.0 and explain_s <= 0.05
     print(f"targets (5,000 replicas in 5 s with the plugins, explain in 50 ms): {'met' if ok else 'MISSED'}")

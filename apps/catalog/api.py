@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -19,6 +19,7 @@ from apps.catalog import selectors, services
 from apps.catalog.choices import CapacityClass
 from apps.catalog.models import Model, Profile
 from apps.cluster.models import Replica, Shard
+from apps.cluster.placement import EXPLAIN_NODES
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
 
@@ -140,8 +141,26 @@ def _errors(exc: ValidationError) -> dict[str, list[str]]:
     return exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
 
 
-def explain_model(model: Model) -> list[dict[str, Any]]:
-    """For each profile, each node and every reason it was refused; plus what placed replicas met."""
+def explain_nodes(value: str | None) -> int | None:
+    """The `nodes` query parameter: a count (at least 1), or "all"; absent: EXPLAIN_NODES."""
+    if value is None or value == "":
+        return EXPLAIN_NODES
+    if value == "all":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValidationError(gettext("nodes must be a number or all, not %(value)s") % {"value": value}) from None
+    if count < 1:
+        raise ValidationError(gettext("nodes must be at least 1, not %(value)s") % {"value": value})
+    return count
+
+
+def explain_model(model: Model, limit: int | None = EXPLAIN_NODES) -> list[dict[str, Any]]:
+    """For each profile, each node and every reason it was refused; plus what placed replicas met.
+
+    With a limit, that many nodes per profile are spelled out (those that fit first, best first)
+    and the others counted: `more_fit`, and `more_refused` by reason with one example each."""
     from apps.cluster import placement
     from apps.cluster.inventory import build_inventory, replica_request
 
@@ -149,7 +168,7 @@ def explain_model(model: Model) -> list[dict[str, Any]]:
     request = replica_request(model)
     holders = set(inventory.weights_nodes(request.source))
     out = []
-    for verdict in placement.explain(inventory, request):
+    for verdict in placement.explain(inventory, request, limit=limit):
         out.append(
             {
                 "profile": verdict.profile.name,
@@ -169,6 +188,11 @@ def explain_model(model: Model) -> list[dict[str, Any]]:
                         "notes": dict(n.notes),
                     }
                     for n in verdict.nodes
+                ],
+                "more_fit": verdict.more_fit,
+                "more_refused": [
+                    {"code": code, "count": count, "example": selectors.translate_reason(_rejection(example))}
+                    for code, (count, example) in sorted(verdict.more_refused.items(), key=lambda item: -item[1][0])
                 ],
             }
         )
@@ -373,6 +397,13 @@ class ModelViewSet(
         return Response(ModelSerializer(self.get_queryset().get(pk=model.pk)).data)
 
     @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "nodes",
+                str,
+                description="nodes spelled out per profile (the others counted), or all; default 200",
+            )
+        ],
         responses=inline_serializer(
             "Explain",
             {
@@ -380,11 +411,15 @@ class ModelViewSet(
                 "profiles": serializers.ListField(child=serializers.DictField()),
                 "replicas": serializers.ListField(child=serializers.DictField()),
             },
-        )
+        ),
     )
     @action(detail=True, methods=["get"])
     def explain(self, request: Request, name: str | None = None) -> Response:
         model = self.get_object()
+        try:
+            limit = explain_nodes(request.query_params.get("nodes"))
+        except ValidationError as exc:
+            return Response({"detail": exc.messages[0], "errors": {"nodes": exc.messages}}, status=400)
         replicas = [
             {
                 "id": r.pk,
@@ -397,7 +432,7 @@ class ModelViewSet(
             }
             for r in model.replicas.all()
         ]
-        return Response({"model": model.name, "profiles": explain_model(model), "replicas": replicas})
+        return Response({"model": model.name, "profiles": explain_model(model, limit), "replicas": replicas})
 
     @extend_schema(
         responses=inline_serializer(

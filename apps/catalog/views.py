@@ -489,7 +489,9 @@ def model_resources(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Each profile against every node with all the reasons it was refused; and what each replica met."""
     model = _get_model_for_user(request.user, name)
-    verdicts = [] if model.is_external else sorted(api.explain_model(model), key=lambda v: -v["priority"])
+    show_all = request.GET.get("nodes") == "all"
+    limit = None if show_all else api.EXPLAIN_NODES
+    verdicts = [] if model.is_external else sorted(api.explain_model(model, limit), key=lambda v: -v["priority"])
     replicas: list[dict[str, Any]] = [
         {
             "replica": replica,
@@ -508,7 +510,13 @@ def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
     return render(
         request,
         "catalog/model_explain.html",
-        {"model": model, "verdicts": verdicts, "replicas": replicas, "runs_somewhere": runs_somewhere},
+        {
+            "model": model,
+            "verdicts": verdicts,
+            "replicas": replicas,
+            "runs_somewhere": runs_somewhere,
+            "limit": limit,
+        },
     )
 
 

@@ -56,6 +56,10 @@ class FacilityIndex:
     # level -> node id -> (its domain at that level,), built when a profile first asks
     within: dict[str, dict[int, tuple[str, ...]]] = field(default_factory=dict)
 
+    def level_of(self, level: str) -> dict[int, Any]:
+        """Node id -> its domain's name at the level, for the nodes that say one."""
+        return {node_id: place[level] for node_id, place in self.places.items() if place.get(level)}
+
     def groups_at(self, level: str) -> dict[int, tuple[str, ...]]:
         found = self.within.get(level)
         if found is None:
@@ -134,18 +138,19 @@ def spread(ctx: PlacementContext, node: NodeSnapshot) -> float:
     counts = ctx.scratch.get(SPREAD)
     if counts is None:
         index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
-        racks: dict[object, int] = {}
-        pdus: dict[object, int] = {}
-        if index.places:
-            for node_id, shards in ctx.inventory.model_shards(ctx.request.model).items():
-                place = index.places.get(node_id) or {}
-                racks[place.get("rack")] = racks.get(place.get("rack"), 0) + shards
-                pdus[place.get("pdu")] = pdus.get(place.get("pdu"), 0) + shards
-        counts = ctx.scratch[SPREAD] = (index, racks, pdus)
+        if not index.places:
+            counts = ctx.scratch[SPREAD] = (index, {}, {})
+        else:
+            inventory, model = ctx.inventory, ctx.request.model
+            racks = inventory.model_tally("facility.rack", model, lambda: index.level_of("rack"))
+            pdus = inventory.model_tally("facility.pdu", model, lambda: index.level_of("pdu"))
+            counts = ctx.scratch[SPREAD] = (index, racks, pdus)
     index, racks, pdus = counts
     if not racks:
         return 1.0
-    place = index.places.get(node.id) or {}
+    place = index.places.get(node.id)
+    if place is None:
+        return 0.5 / (1 + racks.get(None, 0)) + 0.5 / (1 + pdus.get(None, 0))
     return 0.5 / (1 + racks.get(place.get("rack"), 0)) + 0.5 / (1 + pdus.get(place.get("pdu"), 0))
 
 

@@ -579,7 +579,7 @@ def _notes(node: dict[str, Any]) -> str:
 
 
 def cmd_model_explain(client: Client, args: argparse.Namespace) -> int:
-    answer = client.get(f"models/{args.name}/explain")
+    answer = client.get(f"models/{args.name}/explain?nodes={'all' if args.all else args.nodes}")
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
@@ -598,6 +598,10 @@ def cmd_model_explain(client: Client, args: argparse.Namespace) -> int:
                 print(f"  {node['node']}: fits{score}{weights}{_notes(node)}")
             for index, reason in enumerate(node["reasons"]):
                 print(f"  {node['node']}: {reason}{_notes(node) if index == 0 else ''}")
+        if profile.get("more_fit"):
+            print(f"  ... {profile['more_fit']} more nodes fit")
+        for group in profile.get("more_refused") or []:
+            print(f"  ... {group['count']} more refused, such as: {group['example']}")
     placed = [r for r in answer["replicas"] if r["rejections"]]
     for replica in placed:
         print(f"replica {replica['id']} ({replica['state']}) was refused by:")
@@ -679,6 +683,8 @@ def add_model_commands(ctl_sub: Any) -> None:
     p.set_defaults(ctl_func=cmd_model_show)
     p = sub.add_parser("explain", help="where the model fits, and why every other node was refused")
     p.add_argument("name")
+    p.add_argument("--nodes", type=int, default=200, help="nodes spelled out per profile, the rest counted")
+    p.add_argument("--all", action="store_true", help="spell out every node")
     p.set_defaults(ctl_func=cmd_model_explain)
     p = sub.add_parser("target", help="set always-running (--min) and under-load (--max) replicas")
     p.add_argument("name")

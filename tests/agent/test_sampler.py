@@ -210,3 +210,16 @@ def test_a_gb200_tray_reports_its_domain_imex_and_channel(tmp_path: Path) -> Non
     again = asyncio.run(sampler.sample(force=True))
     assert again["imex"]["installed"] is False and again["imex"]["channels"] == [0]
     assert "no-such-tool" in again["imex"]["error"]
+
+
+def test_a_sample_is_taken_at_most_once_per_sample_interval(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "cpu", sample_interval=3600)
+    first = asyncio.run(sampler.sample())
+    assert asyncio.run(sampler.sample()) is first  # asked again within the interval: the same sample
+    assert asyncio.run(sampler.sample(force=True)) is not first
+    quick = sampler_for(tmp_path / "quick", "cpu", sample_interval=1)
+    one = asyncio.run(quick.sample())
+    quick._last_sample_at -= 1.5  # as if a second and a half had passed
+    assert asyncio.run(quick.sample()) is not one
+    with pytest.raises(ConfigError, match="sample_interval: expected 1 to 86400 seconds, got 0"):
+        sampler_for(tmp_path, "cpu", sample_interval=0)

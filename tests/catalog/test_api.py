@@ -158,3 +158,23 @@ def test_explain_breaks_each_fitting_node_score_into_its_scorers_and_says_who_ho
         assert sum(node["scores"].values()) == pytest.approx(node["score"])
     assert nodes["holder"]["scores"]["weights"] > nodes["fetcher"]["scores"]["weights"]
     assert nodes["holder"]["score"] > nodes["fetcher"]["score"]
+
+
+def test_explain_spells_out_as_many_nodes_as_asked_and_counts_the_rest(api, operator) -> None:
+    from apps.cluster.models import Node
+
+    for name in ("n1", "n2", "n3", "n4"):
+        make_node(name, memory_gb=64)
+    Node.objects.filter(name="n4").update(cordoned=True, cordon_reason="fan")
+    make_model("tiny", memory_gb=1, cores=1, replicas=0)
+    client = as_user(api, operator)
+    [every] = client.get("/api/v1/models/tiny/explain").json()["profiles"]
+    assert len(every["nodes"]) == 4 and every["more_fit"] == 0 and every["more_refused"] == []
+    [two] = client.get("/api/v1/models/tiny/explain?nodes=2").json()["profiles"]
+    assert [n["node"] for n in two["nodes"]] == [n["node"] for n in every["nodes"]][:2]
+    assert two["more_fit"] == 1
+    assert two["more_refused"] == [{"code": "cordoned", "count": 1, "example": "node n4 is cordoned: fan"}]
+    bad = client.get("/api/v1/models/tiny/explain?nodes=none")
+    assert bad.status_code == 400 and "nodes must be a number or all" in bad.json()["detail"]
+    assert client.get("/api/v1/models/tiny/explain?nodes=0").status_code == 400
+    assert len(client.get("/api/v1/models/tiny/explain?nodes=all").json()["profiles"][0]["nodes"]) == 4

@@ -442,6 +442,29 @@ def test_explain_shows_every_node_with_its_reasons_and_what_replicas_met(client:
     assert "cpu-small: 4 GB memory, 8 GB needed" in text(row(content, "data-replica", replica.pk))
 
 
+def test_explain_on_a_large_fleet_shows_the_first_nodes_and_counts_the_rest(
+    client: Client, viola, placement, monkeypatch
+) -> None:
+    from apps.catalog import api
+    from apps.cluster.models import Node
+
+    monkeypatch.setattr(api, "EXPLAIN_NODES", 1)
+    for name in ("cpu-a", "cpu-b", "cpu-c"):
+        make_node(name, memory_gb=64)
+    Node.objects.filter(name="cpu-c").update(cordoned=True, cordon_reason="fan")
+    make_model("qwen", max_replicas=2, profile="cpu", memory_gb=8, cores=1)
+    page = signed_in(client, viola).get("/models/qwen/explain").content.decode()
+    assert page.count('<tr data-node="') == 1
+    found = re.search(r"<div [^>]*data-more>(.*?)</div>", page, re.S)
+    assert found is not None
+    more = text(found.group(1))
+    assert "1 node shown." in more and "1 more fits." in more
+    assert "1 more refused, such as: node cpu-c is cordoned: fan" in more
+    assert 'href="?nodes=all"' in page
+    every = signed_in(client, viola).get("/models/qwen/explain?nodes=all").content.decode()
+    assert every.count('<tr data-node="') == 3 and "data-more" not in every
+
+
 @pytest.mark.django_db
 def test_an_operator_declares_models_in_the_console_and_a_bad_field_changes_nothing(client, alice, viola) -> None:
     from apps.catalog.models import Model as CatalogModel

@@ -56,7 +56,7 @@ def shards_of(plane: ControlPlane, model: str) -> list[dict[str, Any]] | None:
 
 def test_trays_are_placed_inside_their_domain_and_followed_through_failures(tmp_path: Path) -> None:
     with ControlPlane(tmp_path, extra_env=FAST, local_agent=False) as plane:
-        settings = {**agent_settings(tmp_path), "gpu_check_interval": 1}
+        settings = {**agent_settings(tmp_path), "gpu_check_interval": 1, "sample_interval": 1}
         agents = {name: plane.add_agent(name, HOSTS["gb200-ib"], settings=settings) for name in NAMES}
         for name in agents:
             plane.wait_for(lambda name=name: plane.node(name).get("status") == "ready", what=f"{name} ready")

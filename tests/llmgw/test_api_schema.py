@@ -51,6 +51,9 @@ pytestmark = pytest.mark.django_db
 GENERATED_EXAMPLES = 10
 KNOWN_EXAMPLES = 15
 ROLES = ["admin", "operator", "billing", "viewer", "member", "anonymous"]
+# The roles most operations refuse before any of their own code runs (401, 403) are asked half as
+# often: what the handlers do with odd input is walked by the roles they serve.
+FEWER = {"billing": 2, "viewer": 2, "member": 2, "anonymous": 2}
 
 
 @dataclass
@@ -316,7 +319,7 @@ def test_the_api_answers_as_its_schema_says(role: str, world: World, app: Any) -
                     operation,
                     mode=mode,
                     headers=headers,
-                    examples=KNOWN_EXAMPLES,
+                    examples=KNOWN_EXAMPLES // FEWER.get(role, 1),
                     path_parameters=known,
                     checks=checks,
                     tally=tally,
@@ -326,14 +329,14 @@ def test_the_api_answers_as_its_schema_says(role: str, world: World, app: Any) -
                     operation,
                     mode=mode,
                     headers=headers,
-                    examples=GENERATED_EXAMPLES,
+                    examples=GENERATED_EXAMPLES // FEWER.get(role, 1),
                     path_parameters={},
                     checks=checks,
                     tally=tally,
                 )
     print(f"{role}: {tally.operations} operations, {tally.examples} examples")
     assert not tally.failures, "\n\n".join(tally.failures)
-    assert tally.operations >= 45 and tally.examples >= 10 * tally.operations  # it really ran
+    assert tally.operations >= 45 and tally.examples >= 10 * tally.operations // FEWER.get(role, 1)  # it really ran
 
 
 def test_the_schema_declares_keys_sessions_errors_and_the_shapes_answered(api: Any) -> None:

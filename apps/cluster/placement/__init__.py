@@ -33,7 +33,7 @@ from .model import (
     ShardPlan,
     Usage,
 )
-from .pipeline import explain, ordered_profiles, place
+from .pipeline import EXPLAIN_NODES, explain, ordered_profiles, place
 from .reasons import Reason, gettext_noop
 from .registry import (
     REGISTRY,
@@ -58,6 +58,7 @@ def builtin_registry() -> Registry:
 __all__ = [
     "CPU",
     "DEFAULT_CAPACITY_RANK",
+    "EXPLAIN_NODES",
     "REGISTRY",
     "CapacityQuota",
     "Claim",

@@ -240,6 +240,11 @@ class ProfileExplain:
     # Refusals that concern the profile rather than one node: quota, fabric, "no node fits".
     reasons: list[Rejection] = field(default_factory=list)
     placement: Placement | None = None
+    # With a limit on the nodes spelled out: how many more fit, and the others refused, counted by
+    # the code of the first reason met (nodes without the profile's GPU class under that reason),
+    # each with the first such refusal as an example.
+    more_fit: int = 0
+    more_refused: dict[str, tuple[int, Rejection]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -302,6 +307,8 @@ class Inventory:
                 self._class_nodes.setdefault(cls, []).append(n.id)
         # Pre-filters' own indexes of the (static) nodes, built on first use and shared by copies.
         self._plugin_index: dict[tuple[str, Callable[[Inventory], Any]], Any] = {}
+        # What follows from the nodes alone (never from claims), computed once and shared by copies.
+        self._memo: dict[Any, Any] = {}
         # Mutable: claims and what follows from them.
         self._owner: dict[int, dict[int, str]] = {n.id: {} for n in ordered}
         self._mem: dict[int, int] = dict.fromkeys(nodes, 0)
@@ -312,6 +319,8 @@ class Inventory:
         self._seq: dict[str, int] = {}  # replica -> order it first claimed in (higher is newer)
         self._next_seq = 0
         self._models: dict[str, dict[int, int]] = {}  # model -> node id -> its shards there
+        # Tallies: name -> (node id -> its domain, model -> domain -> the model's shards there).
+        self._tallies: dict[str, tuple[Mapping[int, Any], dict[str, dict[Any, int]]]] = {}
         for n in ordered:
             for g in n.gpus:
                 if g.claimed_by is not None:
@@ -350,6 +359,7 @@ class Inventory:
             "_weights",
             "_class_nodes",
             "_plugin_index",
+            "_memo",
         ):
             setattr(other, name, getattr(self, name))
         other._owner = {k: dict(v) for k, v in self._owner.items()}
@@ -361,6 +371,10 @@ class Inventory:
         other._seq = dict(self._seq)
         other._next_seq = self._next_seq
         other._models = {k: dict(v) for k, v in self._models.items()}
+        other._tallies = {
+            name: (keys, {model: dict(counts) for model, counts in by_model.items()})
+            for name, (keys, by_model) in self._tallies.items()
+        }
         other._free = {k: dict(v) for k, v in self._free.items()}
         other._buckets = {k: [list(b) for b in v] for k, v in self._buckets.items()}
         return other
@@ -451,6 +465,30 @@ class Inventory:
         """Node id -> how many shards of the model's replicas it holds now (claims as they change)."""
         return self._models.get(model, {})
 
+    def model_tally(self, name: str, model: str, keys: Callable[[], Mapping[int, Any]]) -> Mapping[Any, int]:
+        """The model's shards counted by a node's domain (its rack, say): `keys()` maps node ids to
+        their domain (nodes it leaves out count under None) and is asked once per snapshot; the
+        counts are kept as claims change, so reading them costs nothing per placement."""
+        tally = self._tallies.get(name)
+        if tally is None:
+            of = keys()
+            by_model: dict[str, dict[Any, int]] = {}
+            for each, shards in self._models.items():
+                counts = by_model[each] = {}
+                for node_id, count in shards.items():
+                    key = of.get(node_id)
+                    counts[key] = counts.get(key, 0) + count
+            tally = self._tallies[name] = (of, by_model)
+        return tally[1].get(model, {})
+
+    def _count(self, model: str, node_id: int, delta: int) -> None:
+        for keys, by_model in self._tallies.values():
+            counts = by_model.setdefault(model, {})
+            key = keys.get(node_id)
+            counts[key] = counts.get(key, 0) + delta
+            if not counts[key]:
+                del counts[key]
+
     def plugin_index(self, name: str, build: Callable[[Inventory], Any]) -> Any:
         """A plugin's index of the nodes, built once per snapshot (nodes never change in one)."""
         key = (name, build)
@@ -458,6 +496,13 @@ class Inventory:
         if index is None:
             index = self._plugin_index[key] = build(self)
         return index
+
+    def memo(self, key: Any, build: Callable[[], Any]) -> Any:
+        """A value that depends on the nodes only (not on claims), built once per snapshot."""
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = build()
+        return found
 
     # -- changing ------------------------------------------------------------------------------
 
@@ -533,6 +578,8 @@ class Inventory:
                 shards[claim.node_id] -= 1
                 if not shards[claim.node_id]:
                     del shards[claim.node_id]
+                if self._tallies:
+                    self._count(claim.model, claim.node_id, -1)
             owned = self._owner.get(claim.node_id)
             if owned is not None:
                 for index in claim.gpu_indices:
@@ -608,6 +655,8 @@ class Inventory:
         if claim.model:
             shards = self._models.setdefault(claim.model, {})
             shards[claim.node_id] = shards.get(claim.node_id, 0) + 1
+            if self._tallies:
+                self._count(claim.model, claim.node_id, +1)
         owned = self._owner.get(claim.node_id)
         if owned is not None:  # a claim on a node outside the snapshot still counts against quotas
             for index in claim.gpu_indices:

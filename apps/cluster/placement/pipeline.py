@@ -32,6 +32,17 @@ pre-filter names finer groups (leaves), a finer group that holds N nodes is take
 best of those by the same sum; the walk then looks at every candidate. A pre-filter may also put
 its groups in tiers: a group of a lower tier that holds N nodes is taken before any of a higher
 one (a multi-node NVLink domain before an InfiniBand fabric), again looking at every candidate.
+
+Sampling, on a fleet larger than the registry's `sample_above` (1,000 nodes): the walk stops
+once `sample_size` (100) nodes have passed every filter, and the best of those wins. Because
+the walk goes in descending built-in score, the sample is the best 100 by the built-in scorers,
+not an arbitrary 100. What it gives up: another scorer (spreading across racks, a fabric's
+cable) chooses only among those, so a node further down the walk that it would have preferred
+is not seen; a CPU profile on GPU nodes looks for its best fit among the first nodes with room
+in name order rather than among all; a replica across nodes is formed from the groups (leaves,
+fabrics) found in the sample, and stops early only when the best of them is of the lowest tier
+(a multi-node NVLink domain when there are any). Feasibility is never given up: the walk only
+stops early once something fits.
 """
 
 from __future__ import annotations
@@ -44,6 +55,8 @@ from typing import cast
 
 from . import reasons
 from .context import PlacementContext
+from .filters import free_gpus as free_gpus_filter
+from .filters import gpu_class as gpu_class_filter
 from .gpus import choose_gpus
 from .model import (
     CORE_EPSILON,
@@ -66,6 +79,8 @@ from .registry import REGISTRY, FilterFn, Registry
 from .scorers import INDEXED, binpack, spare_gpus, weights
 
 Item = tuple[float, int, int]  # (built-in score K, rank, node id)
+
+EXPLAIN_NODES = 200  # what the API and the page spell out of explain per profile; the rest are counted
 
 _LAZY = 0
 _ITER = 1
@@ -96,7 +111,18 @@ class _Pre:
     """The pre-filters' answers for one profile, combined: which nodes the walk may skip, the
     refusal each stands for, and the groups a replica across nodes is formed in."""
 
-    __slots__ = ("group_maps", "labels", "members", "multi", "notes", "prefer_maps", "refusers", "static", "tiers")
+    __slots__ = (
+        "group_maps",
+        "labels",
+        "members",
+        "multi",
+        "names",
+        "notes",
+        "prefer_maps",
+        "refusers",
+        "static",
+        "tiers",
+    )
 
     def __init__(self, ctx: PlacementContext) -> None:
         self.multi = ctx.multi_node
@@ -108,6 +134,7 @@ class _Pre:
         self.notes: list[Callable[[int], dict[str, str]]] = []
         self.refusers: list[tuple[int, str, FilterFn]] = []
         self.static: set[str] = set()
+        self.names: list[str] = []  # the pre-filters that narrowed or grouped, in order
         inventory = ctx.inventory
         for entry in ctx.registry.prefilters():
             if entry.applies is not None and not entry.applies(ctx):
@@ -123,7 +150,7 @@ class _Pre:
         if result.nodes is not None:
             kept.append(result.nodes)
         if self.multi and result.groups is not None:
-            if result.prefer is not None:
+            if result.prefer:  # an empty map names no finer group
                 self.prefer_maps.append((len(self.group_maps), result.prefer))
             self.group_maps.append(result.groups)
             self.labels.append(result.label)
@@ -133,6 +160,7 @@ class _Pre:
             self.notes.append(result.notes)
         if not kept:
             return
+        self.names.append(name)
         self.members.extend(kept)
         refuse = result.refuse
 
@@ -174,12 +202,22 @@ class _Pre:
         if not self.group_maps:
             return [()]
         inventory = ctx.inventory
-        ids = inventory.class_nodes(ctx.gpu_class) if ctx.gpu_class is not None else inventory.order
-        found: set[Group] = set()
-        for node_id in ids:
-            if self.allows(node_id):
-                found.update(self.groups(node_id))
-        return sorted(found)
+
+        def build() -> list[Group]:
+            ids = inventory.class_nodes(ctx.gpu_class) if ctx.gpu_class is not None else inventory.order
+            found: set[Group] = set()
+            for node_id in ids:
+                if self.allows(node_id):
+                    found.update(self.groups(node_id))
+            return sorted(found)
+
+        if all(name in self.static for name in self.names):
+            # Only static pre-filters: the answer follows from the nodes, the same for every placement.
+            # A static pre-filter may still read the profile (keep_within's level): the key names it.
+            profile = ctx.profile
+            key = ("all_groups", profile.id, profile.name, profile.accelerator, profile.keep_within, tuple(self.names))
+            return inventory.memo(key, build)  # type: ignore[no-any-return]
+        return build()
 
     @property
     def tiered(self) -> bool:
@@ -216,7 +254,7 @@ def static_prefilters(ctx: PlacementContext) -> list[FilterFn]:
 class _Evaluator:
     """The registered plugins bound to one profile's context."""
 
-    __slots__ = ("ctx", "filters", "indexed", "named", "nodes", "plugins", "pmax", "pre")
+    __slots__ = ("ctx", "filters", "indexed", "named", "nodes", "plugins", "pmax", "pre", "sample")
 
     def __init__(self, ctx: PlacementContext) -> None:
         registry = ctx.registry
@@ -237,6 +275,8 @@ class _Evaluator:
         for _, weight in self.plugins:
             pmax += weight
         self.pmax = pmax
+        # 0: score every candidate (the exact answer); otherwise stop after this many fit.
+        self.sample = registry.sample_size if len(ctx.inventory.order) > registry.sample_above else 0
 
     def first_reason(self, node: NodeSnapshot) -> Reason | None:
         ctx = self.ctx
@@ -340,7 +380,7 @@ class _Stream:
         if first is not None:
             self._push(-first[0], first[1], _ITER, (first, items))
 
-    def add_lazy(self, bound: float, produce: Callable[[], list[Item]]) -> None:
+    def add_lazy(self, bound: float, produce: Callable[[], Iterator[Item]]) -> None:
         self._push(-bound, -1, _LAZY, produce)
 
     def bound(self) -> float | None:
@@ -351,9 +391,7 @@ class _Stream:
         while heap:
             _, _, _, kind, payload = heapq.heappop(heap)
             if kind == _LAZY:
-                items = cast(Callable[[], list[Item]], payload)()
-                items.sort(key=_item_order)
-                self.add_sorted(iter(items))
+                self.add_sorted(cast(Callable[[], Iterator[Item]], payload)())
                 continue
             item, rest = cast(tuple[Item, Iterator[Item]], payload)
             following = next(rest, None)
@@ -370,11 +408,16 @@ def _walk_buckets(ev: _Evaluator, buckets: list[list[int]], ks: Iterable[int], s
     pre = ev.pre
     narrowed = bool(pre.members)
     for k in ks:
+        # Every node walked here has k free GPUs of the class and does not hold the weights (those
+        # are in `skip`), so the built-in scorers give each the same K: computed once per bucket.
+        key: float | None = None
         for rank in buckets[k]:
             node_id = order[rank]
             if node_id in skip or (narrowed and not pre.allows(node_id)):
                 continue
-            yield (ev.key(nodes[node_id]), rank, node_id)
+            if key is None:
+                key = ev.key(nodes[node_id])
+            yield (key, rank, node_id)
 
 
 def _stream(ev: _Evaluator) -> _Stream:
@@ -413,9 +456,29 @@ def _stream(ev: _Evaluator) -> _Stream:
         cpus = node.cpus
         return not (cores and cpus is not None and inventory.cores_claimed(node_id) + cores > cpus + CORE_EPSILON)
 
-    def segment(ids: list[int]) -> Callable[[], list[Item]]:
-        def produce() -> list[Item]:
-            return [(ev.key(nodes[i]), inventory.rank(i), i) for i in ids if i not in skip and room(i)]
+    sample = ev.sample
+
+    def segment(ids: list[int]) -> Callable[[], Iterator[Item]]:
+        def produce() -> Iterator[Item]:
+            if not sample or len(ids) <= sample:
+                items = [(ev.key(nodes[i]), inventory.rank(i), i) for i in ids if i not in skip and room(i)]
+                items.sort(key=_item_order)
+                return iter(items)
+            return chunks()
+
+        def chunks() -> Iterator[Item]:
+            # Sampled: the nodes with room in name order, a sample's worth at a time, each sorted.
+            chunk: list[Item] = []
+            for i in ids:
+                if i in skip or not room(i):
+                    continue
+                chunk.append((ev.key(nodes[i]), inventory.rank(i), i))
+                if len(chunk) >= sample:
+                    chunk.sort(key=_item_order)
+                    yield from chunk
+                    chunk = []
+            chunk.sort(key=_item_order)
+            yield from chunk
 
         return produce
 
@@ -433,11 +496,13 @@ def _pick_single(
     nodes = ev.nodes
     pmax = ev.pmax
     has_plugins = bool(ev.plugins)
+    sample = ev.sample
+    fitted = 0
     best_score = 0.0
     best: int | None = None
     while True:
         bound = stream.bound()
-        if bound is None or (best is not None and bound + pmax <= best_score):
+        if bound is None or (best is not None and (bound + pmax <= best_score or (sample and fitted >= sample))):
             break
         item = stream.pop()
         if item is None:
@@ -451,6 +516,7 @@ def _pick_single(
             if rejections is not None:
                 rejections.append(ev.reject(node, reason))
             continue
+        fitted += 1
         score = key + ev.extra(node) if has_plugins else key
         # Walked in (-K, rank) order, so an equal score found later loses the tie.
         if best is None or score > best_score:
@@ -524,9 +590,18 @@ def _pick_multi(
     tops: dict[Group, list[Entry]] = {}
     subtops: dict[tuple[Group, str], list[Entry]] = {}
     counts: dict[Group, int] = {}
+    sample = ev.sample
+    fitted = 0
+    leaves = bool(pre.prefer_maps)
+    tiered = pre.tiered
+    group_whole = sub_whole = False
     while True:
         bound = stream.bound()
         if bound is None or (not finer and tops and _settled(tops, groups, need, bound + pmax)):
+            break
+        # Sampled: stop once a group of the lowest tier holds the replica (a leaf of one, when the
+        # pre-filters name leaves).
+        if sample and fitted >= sample and (sub_whole if leaves else group_whole):
             break
         item = stream.pop()
         if item is None:
@@ -540,15 +615,19 @@ def _pick_multi(
             if rejections is not None:
                 rejections.append(ev.reject(node, reason))
             continue
+        fitted += 1
         entry = (-(key + ev.extra(node)), -key, rank, node_id)
         in_groups = pre.groups(node_id)
         for group in in_groups:
             counts[group] = counts.get(group, 0) + 1
             _keep(tops, group, entry, need)
+            if counts[group] == need and not group_whole:
+                group_whole = not tiered or pre.tier(group) == 0
         if finer:
             for sub in pre.preferred(node_id, in_groups):
                 _keep(subtops, sub, entry, need)
-    tiered = pre.tiered
+                if not sub_whole and len(subtops[sub]) == need:
+                    sub_whole = not tiered or pre.tier(sub[0]) == 0
     best_sub = _best_group(subtops, need, (lambda sub: pre.tier(sub[0])) if tiered else None)
     best = _best_group(tops, need, pre.tier if tiered else None)
     # A finer group first (one leaf), unless a group of a lower tier holds the replica whole.
@@ -636,10 +715,18 @@ def place(
     return PlacementResult(None, found)
 
 
-def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None) -> list[ProfileExplain]:
+def explain(
+    inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None, limit: int | None = None
+) -> list[ProfileExplain]:
     """For each profile (in the order place() tries them), every node with every reason it is refused
     (all filters run, not just the first), the score of each node that passes, and whether the profile
-    fits (with the placement it would get). Nodes that fit come first, best first; then the rest by name."""
+    fits (with the placement it would get). Nodes that fit come first, best first; then the rest by name.
+
+    With `limit`, only that many nodes per profile are spelled out (those that fit first, best first):
+    the others are counted (ProfileExplain.more_fit, more_refused by the first reason's code). Only the
+    nodes of the profile's GPU class are run through the filters then; a node without it is refused
+    by gpu_class whatever else is true of it.
+    """
     registry = registry or REGISTRY
     nodes = inventory.nodes
     out = []
@@ -647,59 +734,147 @@ def explain(inventory: Inventory, request: ReplicaRequest, *, registry: Registry
         ctx = PlacementContext(inventory, request, profile, registry)
         ev = _Evaluator(ctx)
         profile_reasons = [ev.reject_profile(reason) for reason in ev.check()]
-        fitting: list[tuple[float, float, int, NodeVerdict]] = []
-        refused: list[NodeVerdict] = []
-        counts: dict[Group, int] = {}
         pre = ev.pre
         multi = ctx.multi_node
         noted = bool(pre.notes)
-        # The loop over every node is the whole cost of explaining: the filters and the refusals
-        # are spelled out here with locals rather than through _Evaluator's helpers.
-        filters, pid, pname, rank = ev.filters, profile.id, profile.name, inventory.rank
+        counts: dict[Group, int] = {}
+        rank = inventory.rank
+        # With a limit, the capacity index says which nodes no filter could pass: those without the
+        # class, and those with too few of its GPUs free; only the rest are run through the filters.
+        cls = ctx.gpu_class
+        classed: set[int] | None = None
+        short: set[int] = set()
+        if limit is not None and cls is not None:
+            classed = set()
+            order = inventory.order
+            for k, bucket in enumerate(inventory.free_buckets(cls)):
+                for position in bucket:
+                    (classed if k >= ctx.gpus else short).add(order[position])
+        # Which nodes fit, and the score of each that does (every scorer run once, its parts kept).
+        fitting: list[tuple[float, float, int, int, dict[str, float]]] = []
+        refused_ids: list[int] = []
+        first: dict[int, Reason] = {}
+        every: dict[int, list[Rejection]] = {}
+        filters = ev.filters
+        named = [(name, fn, weight, fn in INDEXED) for name, fn, weight in ev.named]
         for node_id in inventory.order:
-            node = nodes[node_id]
-            found: list[Rejection] | None = None
-            for fn in filters:
-                reason = fn(ctx, node)
-                if reason is not None:
-                    rejection = Rejection(
-                        pid,
-                        pname,
-                        node_id,
-                        node.name,
-                        reason.code,
-                        reason.template % reason.params,
-                        reason.params,
-                        reason.template,
-                    )
-                    if found is None:
-                        found = [rejection]
-                    else:
-                        found.append(rejection)
-            if found is not None:
-                verdict = NodeVerdict(node_id, node.name, found, False, None)
-                if noted:
-                    verdict.notes = pre.node_notes(node_id)
-                refused.append(verdict)
+            if classed is not None and node_id not in classed:
+                refused_ids.append(node_id)
+                if node_id in short:
+                    first[node_id] = _FREE_GPUS
                 continue
-            key = ev.key(node)
-            score = key + ev.extra(node) if ev.plugins else key
-            verdict = NodeVerdict(node_id, node.name, [], True, score, ev.breakdown(node))
+            node = nodes[node_id]
+            if limit is None:  # every node spelled out: all its reasons at once
+                found = _all_reasons(ctx, filters, node)
+                if found:
+                    refused_ids.append(node_id)
+                    every[node_id] = found
+                    continue
+            else:
+                reason = ev.first_reason(node)
+                if reason is not None:
+                    refused_ids.append(node_id)
+                    first[node_id] = reason
+                    continue
+            parts = {}
+            score = key = 0.0
+            for name, fn, weight, built_in in named:
+                part = weight * _clamp(fn(ctx, node))
+                parts[name] = part
+                score += part
+                if built_in:
+                    key += part
+            fitting.append((-score, -key, rank(node_id), node_id, parts))
+            if multi:
+                for group in pre.groups(node_id):
+                    counts[group] = counts.get(group, 0) + 1
+        fitting.sort(key=lambda entry: entry[:3])
+        shown = len(fitting) + len(refused_ids) if limit is None else limit
+        verdicts: list[NodeVerdict] = []
+        for neg_score, _, _, node_id, parts in fitting[:shown]:
+            verdict = NodeVerdict(node_id, nodes[node_id].name, [], True, -neg_score, parts)
+            if multi:
+                verdict.groups = pre.groups(node_id)
+                verdict.prefer = pre.preferred(node_id, verdict.groups)
             if noted:
                 verdict.notes = pre.node_notes(node_id)
-            if multi:
-                in_groups = pre.groups(node_id)
-                verdict.groups = in_groups
-                verdict.prefer = pre.preferred(node_id, in_groups)
-                for group in in_groups:
-                    counts[group] = counts.get(group, 0) + 1
-            fitting.append((-score, -key, rank(node_id), verdict))
-        fitting.sort(key=lambda entry: entry[:3])
+            verdicts.append(verdict)
+        room = max(shown - len(verdicts), 0)
+        more_refused: dict[str, tuple[int, Rejection]] = {}
+        # Counted by the first reason's code, the index's refusals (no class, too few free) asked of the
+        # filter for the first such node only, as the example.
+        for node_id in refused_ids[room:]:
+            reason = first.get(node_id)
+            code = (
+                reasons.CODE_FREE_GPUS
+                if reason is _FREE_GPUS
+                else reasons.CODE_GPU_CLASS
+                if reason is None
+                else reason.code
+            )
+            tally = more_refused.get(code)
+            if tally is not None:
+                more_refused[code] = (tally[0] + 1, tally[1])
+                continue
+            node = nodes[node_id]
+            if reason is None or reason is _FREE_GPUS:
+                reason = first_filter(ctx, node, gpu_class_filter if reason is None else free_gpus_filter)
+            more_refused[code] = (1, ev.reject(node, reason))
+        for node_id in refused_ids[:room]:
+            node = nodes[node_id]
+            found = every.get(node_id) or _all_reasons(ctx, filters, node)
+            verdict = NodeVerdict(node_id, node.name, found, False, None)
+            if noted:
+                verdict.notes = pre.node_notes(node_id)
+            verdicts.append(verdict)
         placement = None
         if not profile_reasons:
             placement, _ = _place_profile(inventory, request, profile, registry, collect=False)
             if placement is None:
-                _summarise(ev, profile_reasons, counts, len(refused))
-        verdicts = [entry[3] for entry in fitting] + refused
-        out.append(ProfileExplain(profile, placement is not None, verdicts, profile_reasons, placement))
+                _summarise(ev, profile_reasons, counts, len(refused_ids))
+        out.append(
+            ProfileExplain(
+                profile,
+                placement is not None,
+                verdicts,
+                profile_reasons,
+                placement,
+                more_fit=max(len(fitting) - shown, 0),
+                more_refused=more_refused,
+            )
+        )
     return out
+
+
+def _all_reasons(ctx: PlacementContext, filters: tuple[FilterFn, ...], node: NodeSnapshot) -> list[Rejection]:
+    """Every filter's refusal of the node (what explain shows): spelled out with locals, as this is
+    most of explain's cost."""
+    found: list[Rejection] = []
+    profile = ctx.profile
+    for fn in filters:
+        reason = fn(ctx, node)
+        if reason is not None:
+            found.append(
+                Rejection(
+                    profile.id,
+                    profile.name,
+                    node.id,
+                    node.name,
+                    reason.code,
+                    reason.template % reason.params,
+                    reason.params,
+                    reason.template,
+                )
+            )
+    return found
+
+
+_FREE_GPUS = reasons.Reason(reasons.CODE_FREE_GPUS, "", {})  # marks a node the index finds too few free GPUs on
+
+
+def first_filter(ctx: PlacementContext, node: NodeSnapshot, fn: FilterFn) -> Reason:
+    """What a built-in filter says of a node the index already knows it refuses."""
+    reason = fn(ctx, node)
+    if reason is None:  # pragma: no cover - the index and the filter agree by construction
+        raise PlacementConflict(f"{node.name}: the capacity index and the filters disagree")
+    return reason

@@ -82,9 +82,13 @@ def missing_label(node: str, key: str, value: str, actual: str | None) -> Reason
     )
 
 
+CODE_GPU_CLASS = "gpu_class"
+CODE_FREE_GPUS = "gpus"
+
+
 def no_gpu_class(node: str, gpu_class: str, classes: Iterable[str]) -> Reason:
     return Reason(
-        "gpu_class",
+        CODE_GPU_CLASS,
         gettext_noop("node %(node)s has no %(gpu_class)s GPUs (it has %(classes)s)"),
         {"node": node, "gpu_class": gpu_class, "classes": listing(classes)},
     )
@@ -92,7 +96,7 @@ def no_gpu_class(node: str, gpu_class: str, classes: Iterable[str]) -> Reason:
 
 def too_few_gpus(node: str, gpu_class: str, free: int, need: int, total: int, unhealthy: int) -> Reason:
     return Reason(
-        "gpus",
+        CODE_FREE_GPUS,
         gettext_noop("node %(node)s has %(free)s free healthy %(gpu_class)s GPUs, needs %(need)s"),
         {"node": node, "gpu_class": gpu_class, "free": free, "need": need, "total": total, "unhealthy": unhealthy},
     )

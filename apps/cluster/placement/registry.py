@@ -22,6 +22,10 @@ replaces the earlier entry, so a ready() that runs twice does no harm.
   never change within a snapshot) and shared by its copies, and handed to `fn` (None without
   one). `static=True` says its answer does not depend on claims,
   so dry runs may treat a node it leaves out as refused whatever is stopped.
+- Sampling (`sample_above`, `sample_size`): on a fleet of more than `sample_above` nodes, a
+  walk stops once `sample_size` nodes have passed every filter, and the best of those wins (the
+  Kubernetes scheduler's percentageOfNodesToScore, taken in the walk's order rather than from a
+  rotating start). See pipeline.py for what it gives up.
 - A snapshot field is a named entry of `NodeSnapshot.extra` with its default, read with
   `snapshot_field(node, name)`; the Django side fills the registered fields.
 """
@@ -79,8 +83,14 @@ class CheckEntry:
     order: int
 
 
+SAMPLE_ABOVE = 1000  # fleets of at most this many nodes are always scored whole
+SAMPLE_SIZE = 100  # beyond it, the walk scores this many nodes that pass every filter
+
+
 class Registry:
     def __init__(self) -> None:
+        self.sample_above = SAMPLE_ABOVE
+        self.sample_size = SAMPLE_SIZE
         self._filters: dict[str, FilterEntry] = {}
         self._scorers: dict[str, ScorerEntry] = {}
         self._checks: dict[str, CheckEntry] = {}
@@ -95,6 +105,8 @@ class Registry:
         other._checks = dict(self._checks)
         other._prefilters = dict(self._prefilters)
         other._fields = dict(self._fields)
+        other.sample_above = self.sample_above
+        other.sample_size = self.sample_size
         return other
 
     def register_filter(self, fn: FilterFn, *, name: str, order: int, applies: AppliesFn | None = None) -> FilterFn:
