@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -408,6 +409,7 @@ def _history_point(sample: dict[str, Any], models: dict[str, list[Any]] | None =
             ]
             for g in sample.get("gpus") or []
         },
+        "rapl": sample.get("cpu_package_power_w"),
     }
     if models is not None:
         point["models"] = models
@@ -537,6 +539,37 @@ def sample_history(node_id: int) -> list[dict[str, Any]]:
         return []
     cutoff = timezone.now().timestamp() - HISTORY_SECONDS
     return [p for p in points if (p.get("t") or 0) >= cutoff]
+
+
+RECENT_POINTS = 60  # what recent_history reads of each node: ten minutes of 10-second heartbeats
+
+
+def recent_history(node_ids: Iterable[int], seconds: float) -> dict[int, list[dict[str, Any]]]:
+    """Each node's points of the last `seconds` (at most its last RECENT_POINTS), oldest first:
+    one round trip for them all. A node without history, or a cache that does not answer, gives []."""
+    ids = list(node_ids)
+    cutoff = timezone.now().timestamp() - seconds
+    found: dict[int, list[dict[str, Any]]] = dict.fromkeys(ids, [])
+    if not ids:
+        return found
+    try:
+        client = _redis()
+        if client is None:
+            raw = {node_id: list(cache.get(_history_key(node_id)) or [])[-RECENT_POINTS:] for node_id in ids}
+        else:
+            pipe = client.pipeline(transaction=False)
+            for node_id in ids:
+                pipe.lrange(_history_key(node_id), -RECENT_POINTS, -1)
+            raw = {
+                node_id: [json.loads(item) for item in items]
+                for node_id, items in zip(ids, pipe.execute(), strict=True)
+            }
+    except Exception:
+        log.warning("could not read the recent history of %s nodes", len(ids), exc_info=True)
+        return found
+    for node_id, points in raw.items():
+        found[node_id] = [p for p in points if isinstance(p, dict) and (p.get("t") or 0) >= cutoff]
+    return found
 
 
 def mark_unreachable_nodes(grace: timedelta) -> int:

@@ -116,18 +116,10 @@ class BudgetsView(APIView):
         responses={201: OpenApiTypes.OBJECT, 400: _error(gettext_lazy("The budget is not valid; the errors say why."))},
     )
     def post(self, request: Request) -> Response:
-        from apps.accounts import audit
-        from apps.facility.power import BudgetError, apply_budgets, budget_dict
+        from apps.facility.power import BudgetError, budget_dict, set_budget
 
         try:
-            [row] = apply_budgets([request.data], source="api", replace=False)
+            row = set_budget(request.data, source="api", actor=request.user, address=client_address(request))
         except BudgetError as exc:
             return Response({"detail": str(exc), "errors": exc.errors}, status=400)
-        audit.record(
-            request.user,  # type: ignore[arg-type]
-            "facility.budget",
-            row,
-            changes={"cap_watts": [None, row.cap_watts]},
-            address=client_address(request),
-        )
         return Response(budget_dict(row), status=201)

@@ -180,7 +180,9 @@ def _batch_draws(ctx: PlacementContext, index: FacilityIndex) -> dict[str, float
 
 def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     """Refuse a shard that would take one of the node's domains past its power cap, with the numbers.
-    A shard whose draw is unknown (nothing declared, cards of no known TDP) is not refused."""
+    A shard whose draw is unknown (nothing declared, cards of no known TDP) is not refused. A replica
+    across nodes is counted whole against each domain (every shard may land in it, and with
+    keep_within every shard does): a domain short of room for all of them takes none."""
     from apps.facility.draw import derived_watts, shard_watts
 
     index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
@@ -190,6 +192,7 @@ def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     adds = shard_watts(ctx.profile.power_watts, derived_watts(ctx.gpu_class, ctx.gpus))
     if adds is None:
         return None
+    adds *= ctx.nodes
     batch = _batch_draws(ctx, index)
     for domain in domains:
         known, _unknown = index.drawn.get(domain, (0.0, 0))

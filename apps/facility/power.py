@@ -1,10 +1,12 @@
 """What nodes and shards draw, and the power caps of racks, PDUs and rows.
 
 A shard's draw is the highest of what is known of it: declared (its profile's `power_watts`),
-derived (its cards' TDP, by GPU class), measured (its cards' power draw in the node's fresh
-sample). A node draws the most of what its sample measured (every card's draw and the CPU
-packages' RAPL power) and the sum of its shards' draws. Where nothing is known the draw is None,
-said as unknown, never counted as zero.
+derived (its cards' TDP, by GPU class), measured (its cards' power draw, the highest reading of
+the last five minutes of the node's history and its fresh sample). A node draws the most of what
+was measured of it over that window (every card's draw and the CPU packages' RAPL power, read
+together) and what is derived: its base (the `llmgw.io/base-watts` label: fans, CPUs, NICs,
+drives at their most) plus its shards' draws. Where nothing is known the draw is None, said as
+unknown, never counted as zero; a node whose base is not given counts its shards only.
 
 Budgets come from server.yaml (`facility: {budgets: [...]}`, which states its whole set) or the
 API; each is `{domain: rack=r12, watts: 15000}` or, for a domain fed by several circuits,
@@ -25,6 +27,9 @@ from apps.facility.models import Budget
 
 __all__ = [
     "BudgetError",
+    "base_watts",
+    "remove_budget",
+    "set_budget",
     "apply_budgets",
     "apply_server_budgets",
     "budget_dict",
@@ -35,6 +40,8 @@ __all__ = [
 ]
 
 MAX_WATTS = 10_000_000  # 10 MW: beyond any one domain
+WINDOW_S = 300  # measured draw: the highest reading of the last five minutes
+BASE_LABEL = "llmgw.io/base-watts"
 
 
 class BudgetError(ValueError):
@@ -67,10 +74,50 @@ def _measured(sample: dict[str, Any] | None, indices: Iterable[int] | None = Non
     return total
 
 
+def _point_measured(point: dict[str, Any], indices: Iterable[int] | None = None) -> float | None:
+    """What one history point (apps.cluster.services._history_point) measured: the cards of
+    `indices` (else every card plus RAPL); None when a card it needs reported no draw."""
+    found = point.get("gpus")
+    gpus: dict[str, Any] = found if isinstance(found, dict) else {}
+    wanted = [str(i) for i in indices] if indices is not None else list(gpus)
+    total = 0.0
+    for index in wanted:
+        figures = gpus.get(index)
+        draw = figures[2] if isinstance(figures, list) and len(figures) > 2 else None
+        if not isinstance(draw, int | float):
+            return None
+        total += float(draw)
+    if indices is None:
+        rapl = point.get("rapl")
+        if isinstance(rapl, int | float):
+            total += float(rapl)
+        elif not wanted:
+            return None
+    return total
+
+
+def _windowed(sample: dict[str, Any] | None, points: list[dict[str, Any]], indices: list[int] | None) -> float | None:
+    """The highest of the fresh sample's reading and the window's."""
+    return shard_watts(_measured(sample, indices), *(_point_measured(p, indices) for p in points))
+
+
+def base_watts(node: Any) -> int | None:
+    """The node's base draw from its llmgw.io/base-watts label (whole watts), None when not given."""
+    labels = getattr(node, "placement_labels", None) or getattr(node, "labels", None) or {}
+    value = str(labels.get(BASE_LABEL) or "").strip()
+    if not value.isdigit() or not 0 < int(value) <= MAX_WATTS:
+        return None
+    return int(value)
+
+
 def node_draws(nodes: dict[int, Any]) -> dict[int, float | None]:
-    """Node id -> what it draws now (W), from its fresh sample and the shards it holds; None unknown."""
+    """Node id -> what it draws now (W), from what was measured of it over the window, its base and
+    the shards it holds; None unknown."""
     from apps.cluster.inventory import CLAIMING_STATES
     from apps.cluster.models import Shard
+    from apps.cluster.services import recent_history
+
+    history = recent_history(nodes, WINDOW_S)
 
     shards: dict[int, list[float | None]] = {}
     rows = (
@@ -87,15 +134,20 @@ def node_draws(nodes: dict[int, Any]) -> dict[int, float | None]:
             shard_watts(
                 profile.power_watts if profile else None,
                 derived_watts(profile.accelerator if profile else None, len(cards)),
-                _measured(sample, cards) if cards else None,
+                _windowed(sample, history.get(shard.node_id, []), cards) if cards else None,
             )
         )
     out: dict[int, float | None] = {}
     for node_id, node in nodes.items():
-        measured = _measured(node.fresh_sample())
+        measured = _windowed(node.fresh_sample(), history.get(node_id, []), None)
         held = shards.get(node_id, [])
-        claimed = sum(v for v in held if v is not None) if held and all(v is not None for v in held) else None
-        out[node_id] = shard_watts(measured, claimed)
+        claimed = sum(v for v in held if v is not None) if all(v is not None for v in held) else None
+        base = base_watts(node)
+        if base is not None:
+            derived = base + (claimed or 0.0) if claimed is not None or not held else None
+        else:
+            derived = claimed if held else None
+        out[node_id] = shard_watts(measured, derived)
     return out
 
 
@@ -204,3 +256,45 @@ def apply_server_budgets(path: str) -> list[Budget] | None:
     if not isinstance(facility, dict) or set(facility) - {"budgets"}:
         raise BudgetError({"facility": [_("Expected a mapping with a “budgets” list.")]})
     return apply_budgets(facility.get("budgets") or [], source="server.yaml", replace=True)
+
+
+@transaction.atomic
+def set_budget(entry: Any, *, source: str, actor: Any, address: str | None = None) -> Budget:
+    """Set one domain's cap (the API's and the console's way), audited."""
+    from apps.accounts import audit
+
+    before = Budget.objects.filter(**_level_name(entry)).first()
+    [row] = apply_budgets([entry], source=source, replace=False)
+    audit.record(
+        actor,
+        "facility.budget",
+        row,
+        changes={"cap_watts": [before.cap_watts if before else None, row.cap_watts]},
+        address=address,
+    )
+    return row
+
+
+def _level_name(entry: Any) -> dict[str, str]:
+    try:
+        level, name = parse_domain(str((entry or {}).get("domain") or "")) if isinstance(entry, dict) else ("", "")
+    except ValueError:
+        return {"level": "", "name": ""}
+    return {"level": level, "name": name}
+
+
+@transaction.atomic
+def remove_budget(domain: str, *, actor: Any, address: str | None = None) -> Budget:
+    """Remove a domain's cap, audited; BudgetError when it has none."""
+    from apps.accounts import audit
+
+    try:
+        level, name = parse_domain(domain)
+    except ValueError as exc:
+        raise BudgetError({"domain": [str(exc)]}) from None
+    row = Budget.objects.filter(level=level, name=name).first()
+    if row is None:
+        raise BudgetError({"domain": [_("%(domain)s has no power cap.") % {"domain": f"{level}={name}"}]})
+    audit.record(actor, "facility.budget_removed", row, changes={"cap_watts": [row.cap_watts, None]}, address=address)
+    row.delete()
+    return row

@@ -1,8 +1,9 @@
 """What the facility page (templates/facility/facility.html) shows: every node's place as a tree of
 sites, rooms, rows and racks, each rack with its nodes, the models running there and the holds on it.
 
-Four queries whatever the number of nodes: the nodes, their GPUs, the shards of replicas that claim
-resources on them, and the active holds.
+Six queries whatever the number of nodes: the nodes, their GPUs, the shards of replicas that claim
+resources on them, the active holds, the power budgets, and (where budgets are set) the shards
+whose draw counts against them; plus one round trip to the sample history for the measured draw.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def facility_page() -> dict[str, Any]:
     holds = active_holds()
     nodes = list(
         Node.objects.exclude(status=NodeStatus.REVOKED)
-        .only("name", "labels", "hardware", "status", "cordoned", "cordon_reason", "last_seen_at")
+        .only(
+            "name", "labels", "hardware", "status", "cordoned", "cordon_reason", "last_seen_at", "sample", "sampled_at"
+        )
         .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.only("node_id", "index", "gpu_class", "name")))
         .order_by("name")
     )
@@ -159,8 +162,15 @@ def facility_page() -> dict[str, Any]:
         site["rooms"] = rooms
         tree.append(site)
 
+    budgets = power_rows(nodes)
+    for site in tree:
+        for room in site["rooms"]:
+            for row_group in room["rows"]:
+                for rack in row_group["racks"]:
+                    rack["power"] = budgets.get(rack["domain"])
     pdu_holds = {h.name: h for h in holds if h.level == "pdu"}
     return {
+        "budgets": list(budgets.values()),
         "levels": list(LEVELS),
         "sites": tree,
         "racks": sum(len(row["racks"]) for site in tree for room in site["rooms"] for row in room["rows"]),
@@ -168,8 +178,61 @@ def facility_page() -> dict[str, Any]:
         "placed": placed,
         "without_rack": without_rack,
         "pdus": [
-            {"name": name, "domain": f"pdu={name}", "nodes": members, "hold": pdu_holds.get(name)}
+            {
+                "name": name,
+                "domain": f"pdu={name}",
+                "nodes": members,
+                "hold": pdu_holds.get(name),
+                "power": budgets.get(f"pdu={name}"),
+            }
             for name, members in sorted(pdus.items())
         ],
         "holds": [_hold_row(h, nodes=covered[h.domain]) for h in holds],
     }
+
+
+def power_rows(nodes: list[Any]) -> dict[str, dict[str, Any]]:
+    """Domain -> its budget with what its nodes draw: the cap, the feeds, the known draw, how many of
+    its nodes' draw is unknown, and the share of the cap drawn (for the bar; None when nothing is
+    known)."""
+    from apps.facility import power
+    from apps.facility.models import Budget
+
+    budgets = {b.domain: b for b in Budget.objects.all()}
+    if not budgets:
+        return {}
+    members: dict[str, list[int]] = defaultdict(list)
+    capped: dict[int, Any] = {}
+    for node in nodes:
+        for level, value in node_location(node).items():
+            domain = f"{level}={value}"
+            if value and domain in budgets:
+                members[domain].append(node.pk)
+                capped[node.pk] = node
+    draws = power.node_draws(capped) if capped else {}
+    rows: dict[str, dict[str, Any]] = {}
+    for domain, budget in budgets.items():
+        ids = members.get(domain, [])
+        known = [d for i in ids if (d := draws.get(i)) is not None]
+        unknown = len(ids) - len(known)
+        drawn = sum(known) if known else None
+        cap = budget.cap_watts
+        share = None if drawn is None or not cap else drawn / cap * 100
+        rows[domain] = {
+            "domain": domain,
+            "level": budget.level,
+            "name": budget.name,
+            "cap_watts": cap,
+            "watts": budget.watts,
+            "feeds": budget.feeds,
+            "redundant": budget.redundant,
+            "source": budget.source,
+            "nodes": len(ids),
+            "drawn_watts": drawn,
+            "draw_unknown": unknown,
+            "share": share,
+            "bar": None if share is None else min(share, 100.0),
+            "over": share is not None and share > 100,
+            "near": share is not None and 90 <= share <= 100,
+        }
+    return rows

@@ -16,7 +16,7 @@ from apps.facility.locations import LEVELS
 from apps.facility.selectors import facility_page
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
-__all__ = ["facility", "hold", "release"]
+__all__ = ["budget", "facility", "hold", "release", "remove_budget"]
 
 
 def level_names() -> list[tuple[str, str]]:
@@ -85,4 +85,61 @@ def release(request: HtmxHttpRequest) -> HttpResponse:
         messages.error(request, str(exc))
         return _back()
     messages.success(request, _("%(domain)s is released.") % {"domain": row.domain})
+    return _back()
+
+
+def _watts(value: str) -> int | str | None:
+    """A form's watts: a whole number, None when left empty; what was typed when it is not a number
+    (the budget's check then refuses it with its message)."""
+    value = value.strip().replace(" ", "").replace(",", "")
+    if not value:
+        return None
+    return int(value) if value.isdigit() else value
+
+
+@requires("change_cluster", methods=["POST"])
+def budget(request: HtmxHttpRequest) -> HttpResponse:
+    """Set a domain's power cap: watts, or the feeds that carry it (one feed counts when A/B fed)."""
+    from apps.facility.power import BudgetError, set_budget
+
+    level = request.POST.get("level", "").strip()
+    name = request.POST.get("name", "").strip()
+    entry: dict[str, object] = {"domain": f"{level}={name}", "redundant": bool(request.POST.get("redundant"))}
+    watts = _watts(request.POST.get("watts", ""))
+    feeds = [
+        {"name": feed, "watts": value}
+        for feed in ("A", "B")
+        if (value := _watts(request.POST.get(f"feed_{feed.lower()}", ""))) is not None
+    ]
+    if watts is not None:
+        entry["watts"] = watts
+    if feeds:
+        entry["feeds"] = feeds
+    user: User = request.user  # type: ignore[assignment]
+    try:
+        row = set_budget(entry, source="console", actor=user, address=client_address(request))
+    except BudgetError as exc:
+        messages.error(request, " ".join(message for found in exc.errors.values() for message in found))
+        return _back()
+    messages.success(
+        request,
+        _("%(domain)s may draw %(kw)s kW.") % {"domain": row.domain, "kw": f"{(row.cap_watts or 0) / 1000:.1f}"},
+    )
+    return _back()
+
+
+@requires("change_cluster", methods=["POST"])
+def remove_budget(request: HtmxHttpRequest) -> HttpResponse:
+    """Remove a domain's power cap. Audited."""
+    from apps.facility.power import BudgetError
+    from apps.facility.power import remove_budget as remove
+
+    domain = request.POST.get("domain", "").strip()
+    user: User = request.user  # type: ignore[assignment]
+    try:
+        row = remove(domain, actor=user, address=client_address(request))
+    except BudgetError as exc:
+        messages.error(request, " ".join(message for found in exc.errors.values() for message in found))
+        return _back()
+    messages.success(request, _("%(domain)s has no power cap any more.") % {"domain": row.domain})
     return _back()

@@ -211,6 +211,13 @@ def held() -> str:
     return Hold.objects.create(level="rack", name=f"r{uuid.uuid4().hex[:8]}").domain
 
 
+def budgeted() -> str:
+    """A rack with a power cap just set, for a removal to end."""
+    from apps.facility.models import Budget
+
+    return Budget.objects.create(level="rack", name=f"r{uuid.uuid4().hex[:8]}", watts=9000).domain
+
+
 def mapped_fabric(world: World, role: str) -> dict[str, Any]:
     """A fabric one ready node (whose agent maps fabrics) is on."""
     from apps.fabrics.models import NodeFabrics
@@ -347,6 +354,11 @@ MATRIX: dict[str, Route] = {
     "facility:release": Route(
         "change_cluster", bodies=lambda w: {"POST": dict(zip(("level", "name"), held().split("="), strict=True))}
     ),
+    "facility:budget": Route(
+        "change_cluster",
+        bodies=lambda w: {"POST": {"level": "rack", "name": f"r{uuid.uuid4().hex[:8]}", "watts": "9000"}},
+    ),
+    "facility:budget-remove": Route("change_cluster", bodies=lambda w: {"POST": {"domain": budgeted()}}),
     "cluster:node-add": Route(
         "change_cluster", bodies=lambda w: {"POST": {"name": "n2", "labels": "", "expires_hours": "1"}}
     ),

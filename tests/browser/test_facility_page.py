@@ -150,3 +150,38 @@ def test_hold_and_release_through_the_page_and_it_refreshes_itself(
     assert slots(page, "r9") == [("c1", "rack-slot rack-slot-held")]
     plane.api("POST", "facility/release", {"domain": "site=dc2"})
     assert csp_violations == []
+
+
+def test_a_power_cap_set_through_the_page_is_drawn_as_a_bar_on_its_rack(
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
+    page.set_viewport_size({"width": DESKTOP, "height": 900})
+    page.goto(f"{plane.url}/facility/")
+    form = page.locator("[data-section=budget-form] form")
+    form.locator("select[name=level]").select_option("rack")
+    form.locator("input[name=name]").fill("r1")
+    form.locator("input[name=feed_a]").fill("12000")
+    form.locator("input[name=feed_b]").fill("12000")
+    form.locator("input[name=redundant]").check()
+    form.locator("[data-action=budget]").click()
+    page.wait_for_url(f"{plane.url}/facility/")
+    sync_api.expect(page.locator("main")).to_contain_text("rack=r1 may draw 12.0 kW.")  # one feed of the two
+    row = page.locator("tr[data-budget='rack=r1']")
+    sync_api.expect(row.locator("[data-col=draw]")).to_contain_text("of 12.0 kW")
+    sync_api.expect(row.locator("[data-col=feeds]")).to_contain_text("A/B fed")
+    power = rack(page, "r1").locator("[data-section=rack-power]")
+    sync_api.expect(power).to_contain_text("of 12.0 kW")
+    [budget] = plane.api("GET", "facility/budgets")["results"]
+    assert (budget["domain"], budget["cap_watts"], budget["source"]) == ("rack=r1", 12000, "console")
+    # The bar fits a phone with the rest of the page.
+    page.set_viewport_size({"width": PHONE, "height": console.HEIGHT})
+    page.reload()
+    found = console.measure(page)
+    assert found["scrollWidth"] <= found["innerWidth"] and not found["spilling"], found
+    console.screenshot(page, "facility-power", PHONE)
+    page.set_viewport_size({"width": DESKTOP, "height": 900})
+    page.locator("tr[data-budget='rack=r1'] [data-action=remove-budget]").click()
+    page.wait_for_url(f"{plane.url}/facility/")
+    sync_api.expect(page.locator("main")).to_contain_text("rack=r1 has no power cap any more.")
+    assert plane.api("GET", "facility/budgets")["results"] == []
+    assert csp_violations == []

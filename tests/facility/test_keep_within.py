@@ -95,3 +95,22 @@ def test_keep_within_is_declared_in_the_model_file_and_a_wrong_level_is_refused(
     del spec["profiles"][0]["keep_within"]
     catalog.apply_models([spec], actor=None)
     assert Profile.objects.get(model__name="big").keep_within == ""
+
+
+def capped(node_id: int, name: str, rack: str, drawn: float) -> Any:
+    snapshot = node(node_id, name, rack)
+    snapshot.extra["facility"]["caps"] = {f"rack={rack}": 12000}
+    snapshot.extra["facility"]["draw_w"] = drawn
+    return snapshot
+
+
+def test_a_replica_across_nodes_counts_whole_against_a_rack_cap(registry: Registry) -> None:
+    # Rack r1 has 7.2 kW left of 12 kW: one 8 x H100 shard (5.6 kW) would fit, the replica (11.2 kW) does not.
+    nodes = {1: capped(1, "a1", "r1", 2400.0), 2: capped(2, "a2", "r1", 2400.0)}
+    nodes.update({3: capped(3, "b1", "r2", 0.0), 4: capped(4, "b2", "r2", 0.0)})
+    result = place(Inventory(nodes), req(within()), registry=registry)
+    assert result.placement is not None
+    assert sorted(s.node_name for s in result.placement.shards) == ["b1", "b2"]
+    [explained] = explain(Inventory(nodes), req(within()), registry=registry)
+    a1 = next(v for v in explained.nodes if v.node_name == "a1")
+    assert [r.message for r in a1.reasons] == ["rack=r1: 4.8 kW of 12.0 kW drawn, this replica adds 11.2 kW"]

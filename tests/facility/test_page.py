@@ -219,4 +219,46 @@ def test_the_queries_do_not_grow_with_the_nodes(operator: Client) -> None:
     assert _queries(operator) == few
     with CaptureQueriesContext(connection) as selector:
         facility_page()
-    assert len(selector.captured_queries) == 4  # nodes, their GPUs, the claiming shards, the holds
+    assert len(selector.captured_queries) == 5  # nodes, their GPUs, the claiming shards, the holds, budgets
+    from apps.facility import power
+
+    power.apply_budgets([{"domain": "row=row1", "watts": 50000}], source="api", replace=False)
+    with CaptureQueriesContext(connection) as capped:
+        facility_page()
+    assert len(capped.captured_queries) == 6  # and the shards whose draw counts against the caps
+    add(30, 10)
+    with CaptureQueriesContext(connection) as more:
+        facility_page()
+    assert len(more.captured_queries) == 6
+
+
+def test_power_caps_are_set_shown_as_a_bar_and_removed_from_the_page(operator: Client) -> None:
+    from apps.facility.models import Budget
+
+    gpus = [{"index": i, "gpu_class": "H100-80GB", "power_draw_w": 600.0} for i in range(8)]
+    make_node("p1", gpus=8, labels=at("dc1", "hall", "row1", "r12", pdu="r12-a"), sample={"gpus": gpus})
+    silent = [{"index": i, "gpu_class": "H100-80GB"} for i in range(8)]  # no card says its draw
+    make_node("p2", gpus=8, labels=at("dc1", "hall", "row1", "r12", pdu="r12-b"), sample={"gpus": silent})
+    answer = operator.post(
+        "/facility/budget", {"level": "rack", "name": "r12", "feed_a": "6000", "feed_b": "6000", "redundant": "on"}
+    )
+    assert answer.status_code == 302
+    row = Budget.objects.get(level="rack", name="r12")
+    assert (row.cap_watts, row.redundant, row.source) == (6000, True, "console")  # one feed, not both
+    event = AuditEvent.objects.get(action="facility.budget")
+    assert event.changes == {"cap_watts": [None, 6000]}
+    page = operator.get("/facility/").content.decode()
+    assert 'data-budget="rack=r12"' in page and 'data-section="rack-power"' in page
+    [budget] = facility_page()["budgets"]
+    assert (budget["drawn_watts"], budget["draw_unknown"], budget["nodes"]) == (4800.0, 1, 2)
+    assert budget["share"] == 80.0 and not budget["over"]
+    assert "4.8 kW of 6.0 kW" in page and "(+1 node unknown)" in page
+    bad = operator.post("/facility/budget", {"level": "rack", "name": "r13", "watts": "lots"}, follow=True)
+    assert "Expected whole watts from 1 to 10000000; got “lots”." in bad.content.decode()
+    assert not Budget.objects.filter(name="r13").exists()
+    operator.post("/facility/budget", {"level": "rack", "name": "r12", "watts": "4000"})
+    assert facility_page()["budgets"][0]["over"]  # 4.8 kW drawn of a 4 kW cap
+    assert "over its cap" in operator.get("/facility/").content.decode()
+    operator.post("/facility/budget/remove", {"domain": "rack=r12"})
+    assert not Budget.objects.exists()
+    assert AuditEvent.objects.filter(action="facility.budget_removed").count() == 1

@@ -148,3 +148,33 @@ def test_unknown_draw_is_said_in_the_overview() -> None:
     power.apply_budgets([{"domain": "rack=r1", "watts": 20000}], source="api", replace=False)
     [rack] = [d for d in services.facility_overview()["domains"] if d["domain"] == "rack=r1"]
     assert (rack["drawn_watts"], rack["draw_unknown"]) == (8 * 600 + 200, 1)
+
+
+def test_measured_draw_is_the_highest_reading_of_the_last_five_minutes() -> None:
+    from django.utils import timezone
+
+    from apps.cluster.services import append_histories
+
+    node = make_node("w", gpus=8, labels={RACK: "r1"}, sample=sample(300.0, rapl=100.0))
+    now = timezone.now().timestamp()
+    for age, watts in ((900, 1000.0), (120, 650.0), (30, 300.0)):  # fifteen minutes ago, two, half a minute
+        append_histories({node.pk: {**sample(watts, rapl=200.0), "taken_at": now - age}})
+    draws = power.node_draws({node.pk: Node.objects.get(pk=node.pk)})
+    assert draws[node.pk] == 8 * 650 + 200  # the peak within the window; the older one is past it
+    make_replica(make_model("m", gpus=8), node, gpu_indices=tuple(range(8)))
+    overview = {d["domain"]: d for d in services.facility_overview()["domains"]}
+    assert overview["rack=r1"]["cap_watts"] is None
+    assert power.node_draws({node.pk: Node.objects.get(pk=node.pk)})[node.pk] == 8 * 700  # TDP beats 650 W
+
+
+def test_a_nodes_base_counts_with_its_shards_and_alone() -> None:
+    base = "llmgw.io/base-watts"
+    busy = make_node("busy", gpus=8, labels={base: "2000"}, sample=sample(None, rapl=None))
+    idle = make_node("idle", gpus=8, labels={base: "1800"}, sample=sample(None, rapl=None))
+    typo = make_node("typo", gpus=8, labels={base: "lots"}, sample=sample(None, rapl=None))
+    make_replica(make_model("m", gpus=2), busy, gpu_indices=(0, 1))
+    nodes = {n.pk: Node.objects.get(pk=n.pk) for n in (busy, idle, typo)}
+    draws = power.node_draws(nodes)
+    assert draws[busy.pk] == 2000 + 2 * 700  # its base and its shard's TDP
+    assert draws[idle.pk] == 1800  # powered on with nothing placed: its base
+    assert draws[typo.pk] is None  # a base that is not a number says nothing

@@ -53,6 +53,8 @@ POST_ONLY = {
     "cluster:node-doctor-run",
     "facility:hold",
     "facility:release",
+    "facility:budget",
+    "facility:budget-remove",
     "cluster-engine-set",
     "cluster-engine-remove",
     "cluster-engine-build",

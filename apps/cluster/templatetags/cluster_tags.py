@@ -65,6 +65,14 @@ def pct(value: Any) -> str:
 
 
 @register.filter
+def kw(value: Any) -> str:
+    """Watts shown as kilowatts with one decimal, or "-"."""
+    if not _is_number(value):
+        return UNKNOWN
+    return _("%(value)s kW") % {"value": num(value / 1000, 1)}
+
+
+@register.filter
 def meter(value: Any) -> str:
     """The value of a 0-100 <meter>: clipped, with a dot whatever the language."""
     if not _is_number(value):
