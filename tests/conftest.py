@@ -33,6 +33,7 @@ SECOND_RUN_SKIPS = (
     "e2e/test_fabric_map.py",
     "e2e/test_nvlink.py",
     "e2e/test_facility.py",
+    "e2e/test_facility_power.py",
     "browser/",
 )
 _DATABASE_FIXTURES = frozenset(
