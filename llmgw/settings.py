@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "apps.cluster",
     "apps.fabrics",
     "apps.facility",
+    "apps.guardrails",
     "apps.gateway",
     "apps.mirror",
 ]

@@ -34,6 +34,11 @@ SECOND_RUN_SKIPS = (
     "e2e/test_nvlink.py",
     "e2e/test_facility.py",
     "e2e/test_facility_power.py",
+    # What the reconciler decides (scaling, rolling, revoking) does not depend on the database; the
+    # single-machine default on SQLite is walked by test_up*, test_models, test_nodes and the rest.
+    "e2e/test_scaling.py",
+    "e2e/test_rolling.py",
+    "e2e/test_revoke.py",
     "browser/",
 )
 _DATABASE_FIXTURES = frozenset(
@@ -45,7 +50,9 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if not SKIP_BACKEND_FREE:
         return
     here = os.path.dirname(__file__)
-    backend_free_dirs = tuple(os.path.join(here, name) + os.sep for name in ("agent", "placement", "mirror", "fabrics"))
+    backend_free_dirs = tuple(
+        os.path.join(here, name) + os.sep for name in ("agent", "placement", "mirror", "fabrics", "guardrails")
+    )
     second_run_files = {os.path.join(here, *name.split("/")) for name in SECOND_RUN_SKIPS if not name.endswith("/")}
     second_run_dirs = tuple(
         os.path.join(here, name.rstrip("/")) + os.sep for name in SECOND_RUN_SKIPS if name.endswith("/")

@@ -112,6 +112,8 @@ class Accountant:
         first = (call.first_token_at - call.started) if call.first_token_at is not None else None
         label = self._model_label(call)
         metrics.observe(label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
+        for finding in call.guard:
+            metrics.guardrail_action(str(finding.get("policy")), str(finding.get("action")))
         if call.entry is None or self.usage is None:
             return
         if call.status == 429:
@@ -144,5 +146,6 @@ class Accountant:
                 "total_ms": elapsed * 1000,
                 "status": call.status,
                 "error": call.error[:2000],
+                "guardrail": call.guard or None,
             }
         )

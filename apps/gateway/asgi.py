@@ -29,6 +29,7 @@ from typing import Any
 
 from apps.gateway.accounting import CANCELLED, Accountant
 from apps.gateway.errors import Refused, send_error
+from apps.gateway.guard import check_request
 from apps.gateway.intake import (
     COUNT_TOKENS,
     ENDPOINTS,
@@ -369,6 +370,9 @@ class GatewayApp:
                 kind="permission_error",
                 code="model_not_allowed",
             )
+        policies = self.tables.guards.for_call(call.entry, call.model) if self.tables.guards else None
+        if policies is not None:
+            check_request(call, policies)
         check_size(call.body, most_messages=self.max_messages, most_parts=self.max_parts)
         contexts = [u.context_size for u in route.upstreams if u.context_size]
         check_fits(call.body, min(contexts) if contexts and len(contexts) == len(route.upstreams) else None)
@@ -680,6 +684,12 @@ class GatewayApp:
         try:
             async for chunk in response.iter_chunks():
                 out = relay.feed(chunk)
+                if relay.stopped:
+                    # A guardrail ended the answer: nothing more is read, and leaving the stream
+                    # closes the engine's request, which cancels it.
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    break
                 if relay.finished and call.lease is not None and not call.lease.released:
                     # The engine is done ([DONE]): its slot is free before the client hears so, for a
                     # client that starts its next turn on [DONE] (the engine may close a moment later).
@@ -757,6 +767,11 @@ class GatewayApp:
         if upstream is not None:
             headers.append((b"x-llmgw-replica", f"{upstream.model}/{upstream.id}".encode()))
             headers.append((b"x-llmgw-hardware", upstream.hardware.encode()))
+        if call.guard:
+            # What guardrails did to the prompt, said to the client: "redact; pii/cards" and the like.
+            done = sorted({f"{f['action']}; {f['policy']}/{f['rule']}" for f in call.guard if f.get("action") != "log"})
+            if done:
+                headers.append((b"x-llmgw-guardrail", ", ".join(done).encode("utf-8", "replace")[:1000]))
         return headers
 
     async def models(self, scope: dict[str, Any], send: Send, model_id: str | None) -> None:

@@ -85,6 +85,7 @@ class Call:
     """One request on its way through the gateway, and what its usage record will say."""
 
     __slots__ = (
+        "answer_guard",
         "body",
         "body_bytes",
         "client_wants_usage",
@@ -94,6 +95,7 @@ class Call:
         "entry",
         "error",
         "first_token_at",
+        "guard",
         "lease",
         "model",
         "original",
@@ -124,6 +126,8 @@ class Call:
         self.tokens_estimated = False
         self.lease: Lease | None = None  # the slot it holds, while it holds one
         self.counter: StreamUsage | None = None  # a stream's running count of what was relayed
+        self.guard: list[dict[str, Any]] = []  # what guardrail rules matched (apps.gateway.guard)
+        self.answer_guard: Any = None  # the answer's check as it passes, when a policy watches answers
 
     @property
     def upstream(self) -> Upstream | None:

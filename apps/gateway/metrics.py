@@ -26,6 +26,12 @@ QUEUE_DEPTH = Gauge(
     "llmgw_gateway_queue_depth", "Requests waiting for a replica slot, by model", ["model"], multiprocess_mode="livesum"
 )
 
+GUARDRAIL_ACTIONS = Counter(
+    "llmgw_guardrail_actions",
+    "What guardrail rules did to requests and answers, by policy and action",
+    ["policy", "action"],
+)
+
 SHARED_SLOT_FAILURES = Counter(
     "llmgw_gateway_shared_slots_failures",
     "Redis calls for shared replica slots that failed (this process then counts alone)",
@@ -58,3 +64,7 @@ def observe(
         _child(TOKENS, model, "prompt").inc(prompt)
     if completion:
         _child(TOKENS, model, "completion").inc(completion)
+
+
+def guardrail_action(policy: str, action: str) -> None:
+    _child(GUARDRAIL_ACTIONS, policy[:100], action).inc()

@@ -22,6 +22,7 @@ from typing import Any
 
 from apps.gateway.errors import Refused, upstream_refusal
 from apps.gateway.intake import EMBEDDINGS, MESSAGES, RESPONSES, Call
+from apps.gateway.tokens import estimate_prompt_tokens
 from apps.gateway.translate import (
     ChatToAnthropicStream,
     ChatToResponsesStream,
@@ -77,7 +78,7 @@ def translator_for(call: Call) -> Any:
 class StreamRelay:
     """One stream from the engine to the client (see the module docstring)."""
 
-    __slots__ = ("_buffer", "call", "counter", "finished", "translator")
+    __slots__ = ("_buffer", "call", "counter", "finished", "stopped", "translator")
 
     def __init__(self, call: Call, translator: Any = None) -> None:
         self.call = call
@@ -85,12 +86,15 @@ class StreamRelay:
         self.counter = call.counter = StreamUsage("chat")
         self._buffer = b""
         self.finished = False  # the engine ended the stream properly ([DONE])
+        self.stopped = False  # a guardrail ended the answer: the rest of the engine's stream is not read
 
     def start(self) -> bytes:
         """What opens the client's stream before any chunk (Anthropic's message_start, …)."""
         return _events(self.translator.start()) if self.translator is not None else b""
 
     def feed(self, data: bytes) -> bytes:
+        if self.stopped:
+            return b""
         self._buffer += data
         if b"\n\n" not in self._buffer:
             return b""
@@ -98,6 +102,8 @@ class StreamRelay:
         out: list[bytes] = []
         for event in events:
             self._event(event, out)
+            if self.stopped:
+                break
         return b"".join(out)
 
     def _event(self, event: bytes, out: list[bytes]) -> None:
@@ -122,10 +128,41 @@ class StreamRelay:
         if call.first_token_at is None and has_token(data):
             call.first_token_at = time.perf_counter()
         self.counter.feed(data)
+        guard = call.answer_guard
+        if guard is not None:
+            data = guard.chunk(data)
+            payload = json.dumps(data, ensure_ascii=False).encode()
+            if guard.stopped is not None:
+                self.stopped = self.finished = True
         if translator is not None:
             out.append(_events(translator.feed(data)))
             return
         out.append(self._passed_on(data, payload))
+        if self.stopped:
+            out.append(self._stopped_tail())
+
+    def _stopped_tail(self) -> bytes:
+        """After an OpenAI stream a guardrail stopped: the usage chunk the client asked for (what was
+        sent), and [DONE]."""
+        call = self.call
+        tail = b""
+        if call.client_wants_usage:
+            usage = self.counter.usage
+            prompt = usage.input_tokens if usage.input_tokens is not None else estimate_prompt_tokens(call.body)
+            tail += _data(
+                {
+                    "id": call.request_id,
+                    "object": "chat.completion.chunk" if call.endpoint.name != "completions" else "text_completion",
+                    "model": call.model,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt,
+                        "completion_tokens": usage.output_tokens or 0,
+                        "total_tokens": prompt + (usage.output_tokens or 0),
+                    },
+                }
+            )
+        return tail + b"data: [DONE]\n\n"
 
     def _passed_on(self, data: dict[str, Any], payload: bytes) -> bytes:
         call = self.call
@@ -194,6 +231,9 @@ def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
         usage = usage_from_response(data, "chat")
         if usage is not None:
             call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
+    if call.answer_guard is not None:
+        data = call.answer_guard.whole(data)
+        raw = json.dumps(data, ensure_ascii=False).encode()
     if call.endpoint is MESSAGES:
         return json.dumps(
             chat_to_message(data, call.model, stop_sequences=call.original.get("stop_sequences"))

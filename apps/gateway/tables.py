@@ -122,10 +122,72 @@ class KeyEntry:
 
 
 @dataclass
+class Guards:
+    """The enabled policies' rules by where they are attached, and the rule sets made of them."""
+
+    everyone: list[Any] = field(default_factory=list)
+    organizations: dict[int, list[Any]] = field(default_factory=dict)
+    teams: dict[int, list[Any]] = field(default_factory=dict)
+    projects: dict[int, list[Any]] = field(default_factory=dict)
+    models: dict[str, list[Any]] = field(default_factory=dict)
+    compiled: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.everyone or self.organizations or self.teams or self.projects or self.models)
+
+    def for_call(self, entry: KeyEntry, model: str) -> Any:
+        """The PolicySet in force for a key and a model (compiled once per combination), or None."""
+        from apps.guardrails.engine import PolicySet
+
+        key = (entry.org_id, entry.team_id, entry.project_id, model)
+        found = self.compiled.get(key)
+        if found is None:
+            rules = [
+                *self.everyone,
+                *self.organizations.get(entry.org_id or 0, ()),
+                *self.teams.get(entry.team_id or 0, ()),
+                *self.projects.get(entry.project_id or 0, ()),
+                *self.models.get(model, ()),
+            ]
+            found = self.compiled[key] = PolicySet(rules) if rules else False
+        return found or None
+
+
+def load_guards() -> Guards:
+    from django.db.models import Prefetch
+
+    from apps.guardrails.models import Policy, Rule
+
+    guards = Guards()
+    policies = (
+        Policy.objects.filter(enabled=True)
+        .select_related("model")
+        .prefetch_related(Prefetch("rules", queryset=Rule.objects.filter(enabled=True).order_by("order", "pk")))
+        .order_by("name")
+    )
+    for policy in policies:
+        specs = [rule.spec() for rule in policy.rules.all()]
+        if not specs:
+            continue
+        if policy.model is not None:
+            guards.models.setdefault(policy.model.name, []).extend(specs)
+        elif policy.project_id:
+            guards.projects.setdefault(policy.project_id, []).extend(specs)
+        elif policy.team_id:
+            guards.teams.setdefault(policy.team_id, []).extend(specs)
+        elif policy.organization_id:
+            guards.organizations.setdefault(policy.organization_id, []).extend(specs)
+        else:
+            guards.everyone.extend(specs)
+    return guards
+
+
+@dataclass
 class Tables:
     keys: dict[str, KeyEntry] = field(default_factory=dict)
     models: dict[str, ModelRoute] = field(default_factory=dict)
     version: int = -1
+    guards: Guards = field(default_factory=Guards)
 
     def upstreams(self) -> list[Upstream]:
         return [upstream for route in self.models.values() for upstream in route.upstreams]
@@ -250,7 +312,7 @@ def load_tables() -> Tables:
             starting=starting,
             unplaceable=unplaceable,
         )
-    return Tables(keys=keys, models=models, version=version)
+    return Tables(keys=keys, models=models, version=version, guards=load_guards())
 
 
 def tables_channel() -> str:

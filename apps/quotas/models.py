@@ -222,6 +222,8 @@ class UsageRecord(models.Model):
     total_ms = models.FloatField(_("total time (ms)"), null=True, blank=True)
     status = models.PositiveSmallIntegerField(_("HTTP status"))
     error = models.TextField(_("error"), blank=True)
+    # What guardrail policies did: [{"policy", "rule", "kind", "action"}, ...]; null when none matched.
+    guardrail = models.JSONField(_("guardrail verdict"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("usage record")

@@ -41,6 +41,7 @@ class MockEngine:
     def __init__(self) -> None:
         self.mode = "ok"
         self.chunks = 3
+        self.pieces: list[str] | None = None  # the answer's text, a chunk per piece (else "t0 t1 …")
         self.stream_usage = True
         self.prompt_tokens = 7
         self.error_status = 400
@@ -115,7 +116,14 @@ class MockEngine:
             "created": 0,
             "model": body.get("model"),
             "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "Hello there"}, "finish_reason": "stop"}
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": "".join(self.pieces) if self.pieces is not None else "Hello there",
+                    },
+                    "finish_reason": "stop",
+                }
             ],
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
@@ -139,8 +147,10 @@ class MockEngine:
         response.enable_chunked_encoding()
         await response.prepare(request)
         chunks = body["mock_chunks"] if isinstance(body.get("mock_chunks"), int) else self.chunks
-        for i in range(chunks):
-            delta: dict[str, Any] = {"content": f"t{i} "}
+        pieces = self.pieces if self.pieces is not None else [f"t{i} " for i in range(chunks)]
+        chunks = len(pieces)
+        for i, piece in enumerate(pieces):
+            delta: dict[str, Any] = {"content": piece}
             if i == 0:
                 delta["role"] = "assistant"
             await response.write(self._chunk(body, delta))

@@ -36,6 +36,7 @@ from apps.cluster.models import AgentRequest, ControlLock, EngineChoice, EngineR
 from apps.fabrics.models import FabricMap, FabricTest, MasterChange, NodeFabrics
 from apps.facility.models import Budget, Hold
 from apps.gateway.models import TableVersion
+from apps.guardrails.models import Policy, Rule
 from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas import services as quotas
 from apps.quotas.models import UsageRecord, UsageRollup
@@ -140,6 +141,12 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     "fabrics.FabricTest": lambda w: FabricTest.objects.get_or_create(client=w.node, server=w.node, fabric="ib:0x01")[0],
     "facility.Hold": lambda w: Hold.objects.get_or_create(level="rack", name="r12")[0],
     "facility.Budget": lambda w: Budget.objects.get_or_create(level="rack", name="r12", defaults={"watts": 15000})[0],
+    "guardrails.Policy": lambda w: Policy.objects.get_or_create(name="pii")[0],
+    "guardrails.Rule": lambda w: Rule.objects.get_or_create(
+        policy=[Policy.objects.get_or_create(name=name)[0] for name in ("pii", "other")][0],  # another to move it to
+        name="cards",
+        defaults={"kind": "detector", "detector": "card"},
+    )[0],
     "mirror.MirrorVersion": lambda w: MirrorVersion.objects.get_or_create(
         repo="acme/m", commit="a" * 40, name="m.gguf", defaults={"kind": "gguf"}
     )[0],
@@ -177,9 +184,34 @@ READ_ONLY = {
 }
 
 # Changes for fields whose value cannot be worked out from the form field alone.
-CHANGES: dict[tuple[str, str], dict[str, list[str]]] = {
+CHANGES: dict[tuple[str, str], Any] = {
     # A reason is kept only while the node is cordoned.
     ("cluster.Node", "cordon_reason"): {"cordoned": ["on"], "cordon_reason": ["disk replaced"]},
+}
+
+
+def _attach(scope: str) -> Callable[[Any], dict[str, list[str]]]:
+    """A policy attached elsewhere is attached to one place only: the others are cleared."""
+
+    def change(form: Any) -> dict[str, list[str]]:
+        spare = [value for value in form.options[scope] if value and value not in form.data().get(scope, [""])]
+        cleared = {other: [""] for other in ("organization", "team", "project", "model") if other != scope}
+        return {**cleared, scope: spare[:1]}
+
+    return change
+
+
+# A rule of another kind says what it matches.
+CHANGES[("guardrails.Rule", "kind")] = {"kind": ["terms"], "terms": ['["hush"]']}
+for _scope in ("organization", "team", "project", "model"):
+    CHANGES[("guardrails.Policy", _scope)] = _attach(_scope)
+
+# The management form of a policy's rules, left empty.
+EMPTY_RULES = {
+    "rules-TOTAL_FORMS": "0",
+    "rules-INITIAL_FORMS": "0",
+    "rules-MIN_NUM_FORMS": "0",
+    "rules-MAX_NUM_FORMS": "1000",
 }
 
 # A new row for every model the admin may add: the fields to fill in, and the event expected.
@@ -211,6 +243,22 @@ ADDS: dict[str, tuple[Callable[[World], dict[str, str]], str]] = {
     ),
     "quotas.CapacityQuota": (lambda w: {"project": str(w.project.pk), "gpus": "2"}, "capacity_quota.create"),
     "quotas.RateLimit": (lambda w: {"team": str(w.team.pk), "requests_per_minute": "30"}, "rate_limit.create"),
+    "guardrails.Policy": (lambda w: {"name": "secrets", "enabled": "on", **EMPTY_RULES}, "policy.create"),
+    "guardrails.Rule": (
+        lambda w: {
+            "policy": str(Policy.objects.get_or_create(name="pii")[0].pk),
+            "name": "mails",
+            "order": "0",
+            "kind": "detector",
+            "action": "redact",
+            "applies_to": "both",
+            "terms": "[]",
+            "detector": "email",
+            "model_names": "[]",
+            "enabled": "on",
+        },
+        "rule.create",
+    ),
 }
 
 # A row to delete for every model the admin may delete, and the event expected.
@@ -234,6 +282,11 @@ DELETES: dict[str, tuple[Callable[[World], models.Model], str]] = {
         "rate_limit.delete",
     ),
     "catalog.Model": (lambda w: make_model("retired", gpus=1), "model.delete"),
+    "guardrails.Policy": (lambda w: Policy.objects.create(name="old"), "policy.delete"),
+    "guardrails.Rule": (
+        lambda w: Rule.objects.create(policy=Policy.objects.get_or_create(name="pii")[0], name="old", kind="detector"),
+        "rule.delete",
+    ),
     "cluster.Node": (lambda w: make_node("spare"), "node.delete"),
     "cluster.EnrollmentToken": (
         lambda w: cluster_services.create_enrollment("gpu3", actor=None).token,
@@ -356,7 +409,8 @@ def editable_fields(model_admin: admin.ModelAdmin, request: Any, obj: models.Mod
 def generated_change(label: str, name: str, field: forms.Field, form: FormFields) -> dict[str, list[str]]:
     """A valid new value for one field, worked out from the kind of form field and its value now."""
     if (label, name) in CHANGES:
-        return CHANGES[(label, name)]
+        found = CHANGES[(label, name)]
+        return found(form) if callable(found) else found  # type: ignore[no-any-return]
     data = form.data()
     current = data.get(name, [""])
     if isinstance(field, forms.SplitDateTimeField):

@@ -1,0 +1,194 @@
+"""Guardrails on the gateway's path: the prompt checked before it reaches an engine, the answer as it
+passes (apps.guardrails.engine holds the rules).
+
+On the way in (`check_request`), for every API (chat, completions, embeddings, and Messages and
+Responses after their translation to chat): a model the policies do not allow, a prompt over an
+input cap, a text a refusing rule matches are refused in the client's own error shape, naming the
+policy and the rule, never what matched; a redacting rule masks its matches in the prompt the
+engine is sent and nothing else; an output cap lowers the request's max_tokens (or refuses one
+asking for more). Every rule that matched is kept on the call for its usage record and metrics.
+
+On the way out (`AnswerGuard`), the engine's chat chunks are rewritten before they are relayed
+or translated: each choice's text goes through an OutputGuard, which holds back a short window so
+that a match split across chunks is caught whole. A stopping rule ends the answer where the match
+begins: the chunk carries finish_reason "content_filter" (Anthropic's stop_reason "refusal",
+Responses' incomplete with reason content_filter, by the translators), and the gateway stops
+reading the engine, which cancels its request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.gateway.errors import Refused
+from apps.guardrails.engine import Finding, OutputGuard, PolicySet
+
+__all__ = ["AnswerGuard", "check_request", "describe"]
+
+WHAT = {
+    "terms": "a blocked term",
+    "regex": "a pattern it blocks",
+    "email": "an e-mail address",
+    "phone": "a phone number",
+    "card": "a payment card number",
+    "iban": "an IBAN",
+    "tckn": "a Turkish national ID number",
+    "api_key": "an API key or token",
+    "llmgw_key": "an llmgw API key",
+}
+
+
+def describe(finding: Finding, where: str = "prompt") -> str:
+    """What a rule found, in words, without what it matched."""
+    if finding.kind == "detector":
+        return f"{WHAT.get(finding.detector, 'personal data')} in the {where}"
+    return f"{WHAT.get(finding.kind, 'a match')} in the {where}"
+
+
+def _refusal(finding: Finding, reason: str, status: int = 400, kind: str = "invalid_request_error") -> Refused:
+    return Refused(
+        status,
+        f"Refused by guardrail policy “{finding.policy}”, rule “{finding.rule}”: {reason}.",
+        kind=kind,
+        code="guardrail_refused",
+    )
+
+
+def _text_slots(body: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """(container, key) of every text the engine will read: message contents and their text parts, a
+    completion's prompt, an embedding's input."""
+    slots: list[tuple[Any, Any]] = []
+    for message in body.get("messages") or []:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            slots.append((message, "content"))
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    slots.append((part, "text"))
+    for field in ("prompt", "input"):
+        value = body.get(field)
+        if isinstance(value, str):
+            slots.append((body, field))
+        elif isinstance(value, list):
+            slots.extend((value, i) for i, item in enumerate(value) if isinstance(item, str))
+    return slots
+
+
+def _estimate_tokens(texts: list[str]) -> int:
+    return sum(len(text) for text in texts) // 4 + 1
+
+
+def check_request(call: Any, policies: PolicySet) -> None:
+    """Apply the policies to the request on its way in (see the module docstring)."""
+    found: list[Finding] = []
+    model = policies.check_model(call.model)
+    if model is not None:
+        found.append(model)
+        if model.action == "refuse":
+            call.guard = [f.to_dict() for f in found]
+            raise _refusal(model, f"the model “{call.model}” is not among those it allows", 403, "permission_error")
+    slots = _text_slots(call.body)
+    texts = [container[key] for container, key in slots]
+    verdict, masked = policies.check_texts(texts)
+    found.extend(verdict.findings)
+    call.guard = [f.to_dict() for f in found]
+    if verdict.refusal is not None:
+        raise _refusal(verdict.refusal, describe(verdict.refusal))
+    if verdict.redacted:
+        for (container, key), text in zip(slots, masked, strict=True):
+            container[key] = text
+    tokens = policies.check_input_tokens(_estimate_tokens(masked))
+    if tokens is not None:
+        found.append(tokens)
+        call.guard = [f.to_dict() for f in found]
+        if tokens.action == "refuse":
+            raise _refusal(tokens, f"the prompt is over its cap of {_limit(policies, tokens)} tokens")
+    cap = policies.max_output_tokens()
+    if cap is not None:
+        rule, limit = cap
+        asked = [call.body.get(k) for k in ("max_tokens", "max_completion_tokens") if isinstance(call.body.get(k), int)]
+        if asked and max(asked) > limit:
+            finding = Finding(rule.policy, rule.name, rule.kind, rule.action)
+            found.append(finding)
+            call.guard = [f.to_dict() for f in found]
+            if rule.action == "refuse":
+                raise _refusal(finding, f"{max(asked)} output tokens asked for, its cap is {limit}")
+        for key in ("max_tokens", "max_completion_tokens"):
+            if key in call.body or key == "max_tokens":
+                current = call.body.get(key)
+                call.body[key] = min(current, limit) if isinstance(current, int) else limit
+    if policies.watches_output and call.endpoint.name != "embeddings":
+        call.answer_guard = AnswerGuard(policies, call)
+
+
+def _limit(policies: PolicySet, finding: Finding) -> int | None:
+    return next((r.limit for r in policies.caps if r.name == finding.rule and r.policy == finding.policy), None)
+
+
+class AnswerGuard:
+    """The answer's choices checked as they stream (or whole): see the module docstring."""
+
+    def __init__(self, policies: PolicySet, call: Any) -> None:
+        self.policies = policies
+        self.call = call
+        self.guards: dict[int, OutputGuard] = {}
+        self.stopped: Finding | None = None
+
+    def _guard(self, index: int) -> OutputGuard:
+        guard = self.guards.get(index)
+        if guard is None:
+            guard = self.guards[index] = OutputGuard(self.policies)
+        return guard
+
+    def _note(self, guard: OutputGuard, seen: int) -> None:
+        for finding in guard.findings[seen:]:
+            self.call.guard.append(finding.to_dict())
+
+    def chunk(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A chat (or completions) chunk with its text as it may be sent now."""
+        for choice in data.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", 0) if isinstance(choice.get("index", 0), int) else 0
+            guard = self._guard(index)
+            delta = choice.get("delta")
+            holder, key = (delta, "content") if isinstance(delta, dict) else (choice, "text")
+            text = holder.get(key) if isinstance(holder, dict) else None
+            seen = len(guard.findings)
+            if guard.stopped is not None:
+                released = ""
+            elif isinstance(text, str):
+                released = guard.feed(text)
+            else:
+                released = ""
+            if choice.get("finish_reason") is not None and guard.stopped is None:
+                released += guard.finish()  # the end: what was held back goes now
+            self._note(guard, seen)
+            if isinstance(holder, dict) and (isinstance(text, str) or released):
+                holder[key] = released
+            if guard.stopped is not None:
+                choice["finish_reason"] = "content_filter"
+                if self.stopped is None:
+                    self.stopped = guard.stopped
+        return data
+
+    def whole(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A whole (not streamed) answer with its text checked: masked, or cut where it must stop."""
+        for choice in data.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            message = choice.get("message")
+            holder, key = (message, "content") if isinstance(message, dict) else (choice, "text")
+            text = holder.get(key) if isinstance(holder, dict) else None
+            if not isinstance(text, str) or not isinstance(holder, dict):
+                continue
+            guard = OutputGuard(self.policies)
+            holder[key] = guard.feed(text) + guard.finish()
+            self._note(guard, 0)
+            if guard.stopped is not None:
+                choice["finish_reason"] = "content_filter"
+                self.stopped = self.stopped or guard.stopped
+        return data

@@ -1,0 +1,205 @@
+"""Guardrails on every API, with the official OpenAI and Anthropic SDKs, streamed and not.
+
+The gateway runs for real (uvicorn) with its tables in memory; the engine is the scriptable mock,
+because what an answer must say for a rule to stop it (a key, a card number split across two
+chunks) cannot be asked of a real model. The rules are the engine's own (apps.guardrails.engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from apps.gateway import metrics
+from apps.gateway.tables import Guards
+from apps.guardrails.engine import RuleSpec
+from tests.gateway.harness import WAIT, Gateway, anthropic, openai, sse_events
+from tests.gateway.mock_engine import MockEngine
+
+CARD = "4111 1111 1111 1111"
+SECRET = "sk-ant-" + "q" * 40
+
+
+def policies(gw: Gateway, *rules: RuleSpec) -> None:
+    gw.app.tables.guards = Guards(everyone=list(rules))
+
+
+def rule(name: str, kind: str, action: str, **kw: Any) -> RuleSpec:
+    return RuleSpec("company", name, kind, action, **kw)
+
+
+CARDS_REFUSED = rule("no cards", "detector", "refuse", detector="card")
+CARDS_MASKED = rule("mask cards", "detector", "redact", detector="card")
+KEYS_STOPPED = rule("no keys out", "detector", "stop", detector="api_key", applies_to="output")
+CODENAME = rule("codename", "terms", "refuse", terms=("Project Falcon",))
+
+
+def ask(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+async def test_a_refused_prompt_gets_an_openai_error_naming_the_policy_and_never_the_match(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    policies(gw, CARDS_REFUSED)
+    client = gw.openai()
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(model="m", messages=ask(f"charge {CARD} now"), stream=stream)
+        error = caught.value
+        assert error.code == "guardrail_refused"
+        assert "policy “company”, rule “no cards”: a payment card number in the prompt" in error.message
+        assert CARD not in error.message and "4111" not in str(error.body)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model="m", input=f"my card: {CARD}")
+    assert "rule “no cards”" in caught.value.message
+    with pytest.raises(openai.BadRequestError):
+        await client.completions.create(model="m", prompt=f"card {CARD}")
+    assert engine.seen == []  # nothing reached the engine
+    record = await gw.usage.wait()
+    assert record["guardrail"] == [
+        {"policy": "company", "rule": "no cards", "kind": "detector", "action": "refuse", "detector": "card"}
+    ]
+    assert record["status"] == 400
+
+
+async def test_a_refused_messages_request_gets_anthropics_error_shape(gw: Gateway, engine: MockEngine) -> None:
+    policies(gw, CODENAME)
+    client = gw.anthropic()
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(
+            model="m", max_tokens=20, messages=[{"role": "user", "content": "status of project falcon?"}]
+        )
+    assert caught.value.body["type"] == "error"  # type: ignore[index]
+    assert caught.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "rule “codename”: a blocked term in the prompt" in caught.value.message
+    assert engine.seen == []
+
+
+async def test_redaction_changes_only_what_the_engine_sees_and_says_so(gw: Gateway, engine: MockEngine) -> None:
+    policies(gw, CARDS_MASKED)
+    client = gw.openai()
+    raw = await client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "system", "content": "Be brief."}, *ask("card ４１１１ 1111 1111 1111 ok?")]
+    )
+    answer = raw.parse()
+    assert answer.choices[0].message.content == "Hello there"
+    assert raw.headers["x-llmgw-guardrail"] == "redact; company/mask cards"
+    sent = engine.seen[-1].body["messages"]
+    assert sent == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "card [redacted] ok?"}]
+    # The Messages API's prompt too, after its translation (a content block of text).
+    await gw.anthropic().messages.create(
+        model="m", max_tokens=20, messages=[{"role": "user", "content": [{"type": "text", "text": f"pay {CARD}"}]}]
+    )
+    assert "[redacted]" in str(engine.seen[-1].body["messages"]) and "4111" not in str(engine.seen[-1].body)
+
+
+async def test_a_streamed_answer_is_stopped_where_the_secret_begins_and_the_engine_request_cancelled(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    policies(gw, KEYS_STOPPED)
+    engine.pieces = ["Here it is: sk-", "ant-" + "q" * 20, "q" * 20, " and more"]
+    engine.mode = "hang"  # the engine would go on: only the gateway's cancel ends it
+    stream = await gw.openai().chat.completions.create(
+        model="m", messages=ask("the key?"), stream=True, stream_options={"include_usage": True}
+    )
+    text, finish, usage = "", None, None
+    async for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert text == "Here it is: " and finish == "content_filter"
+    assert usage is not None and usage.completion_tokens is not None
+    async with asyncio.timeout(WAIT):
+        await engine.closed.wait()  # the engine saw its request go away
+    record = await gw.usage.wait()
+    assert {
+        "policy": "company",
+        "rule": "no keys out",
+        "kind": "detector",
+        "action": "stop",
+        "detector": "api_key",
+    } in (record["guardrail"])
+
+
+async def test_anthropic_and_responses_streams_end_properly_when_stopped(gw: Gateway, engine: MockEngine) -> None:
+    policies(gw, KEYS_STOPPED)
+    engine.pieces = ["Sure: ", SECRET[:10], SECRET[10:], " tail"]
+    async with gw.anthropic().messages.stream(model="m", max_tokens=50, messages=ask("key?")) as stream:
+        async for _event in stream:
+            pass
+        message = await stream.get_final_message()
+    assert message.stop_reason == "refusal"
+    assert "".join(block.text for block in message.content if block.type == "text") == "Sure: "
+    events = []
+    responses = await gw.openai().responses.create(model="m", input="key?", stream=True)
+    async for event in responses:
+        events.append(event)
+    last = events[-1]
+    assert last.type == "response.incomplete"
+    assert last.response.incomplete_details is not None and last.response.incomplete_details.reason == "content_filter"
+    assert last.response.output_text == "Sure: "
+
+
+@pytest.mark.parametrize("split", [3, 8, 12, 16, 20])
+async def test_a_card_split_across_chunks_is_masked_in_the_stream(gw: Gateway, engine: MockEngine, split: int) -> None:
+    policies(gw, rule("mask cards out", "detector", "redact", detector="card", applies_to="output"))
+    answer = f"Card {CARD} is on file."
+    engine.pieces = [answer[:split], answer[split:]]
+    stream = await gw.openai().chat.completions.create(model="m", messages=ask("card?"), stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == "Card [redacted] is on file."
+
+
+async def test_a_whole_answer_is_checked_too(gw: Gateway, engine: MockEngine) -> None:
+    policies(gw, KEYS_STOPPED, rule("mask cards out", "detector", "redact", detector="card", applies_to="output"))
+    engine.pieces = [f"Your card {CARD}. The key: {SECRET} end"]
+    answer = await gw.openai().chat.completions.create(model="m", messages=ask("both?"))
+    assert answer.choices[0].message.content == "Your card [redacted]. The key: "
+    assert answer.choices[0].finish_reason == "content_filter"
+    message = await gw.anthropic().messages.create(model="m", max_tokens=50, messages=ask("both?"))
+    assert message.stop_reason == "refusal"
+
+
+async def test_models_and_token_caps(gw: Gateway, engine: MockEngine) -> None:
+    policies(
+        gw,
+        rule("only others", "models", "refuse", models=("other",)),
+    )
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        await gw.openai().chat.completions.create(model="m", messages=ask("hi"))
+    assert "the model “m” is not among those it allows" in caught.value.message
+    policies(gw, rule("short answers", "max_output_tokens", "refuse", limit=64))
+    await gw.openai().chat.completions.create(model="m", messages=ask("hi"))
+    assert engine.seen[-1].body["max_tokens"] == 64  # none asked: the cap is asked for
+    with pytest.raises(openai.BadRequestError) as caught:
+        await gw.openai().chat.completions.create(model="m", messages=ask("hi"), max_tokens=500)
+    assert "500 output tokens asked for, its cap is 64" in caught.value.message
+    policies(gw, rule("short prompts", "max_input_tokens", "refuse", limit=10))
+    with pytest.raises(openai.BadRequestError) as caught:
+        await gw.openai().chat.completions.create(model="m", messages=ask("word " * 200))
+    assert "over its cap of 10 tokens" in caught.value.message
+
+
+async def test_log_only_rules_change_nothing_and_every_action_is_counted(gw: Gateway, engine: MockEngine) -> None:
+    policies(gw, rule("watch mails", "detector", "log", detector="email"))
+    before = metrics.GUARDRAIL_ACTIONS.labels("company", "log")._value.get()
+    raw = await gw.openai().chat.completions.with_raw_response.create(model="m", messages=ask("mail a@b.example"))
+    assert "x-llmgw-guardrail" not in raw.headers
+    assert engine.seen[-1].body["messages"] == ask("mail a@b.example")
+    record = await gw.usage.wait()
+    assert record["guardrail"][0]["action"] == "log"
+    assert metrics.GUARDRAIL_ACTIONS.labels("company", "log")._value.get() == before + 1
+
+
+async def test_a_raw_stream_ends_with_done_after_a_stop(gw: Gateway, engine: MockEngine) -> None:
+    policies(gw, KEYS_STOPPED)
+    engine.pieces = ["x ", SECRET, " y"]
+    answer = await gw.post("/v1/chat/completions", {"model": "m", "messages": ask("k"), "stream": True})
+    events = sse_events(answer.text)
+    assert events[-1] == (None, "[DONE]")
+    assert '"finish_reason": "content_filter"' in answer.text
