@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,8 @@ TEXT_KINDS = ("terms", "regex", "detector")
 KINDS = (*TEXT_KINDS, "max_input_tokens", "max_output_tokens", "models")
 MASK = "[redacted]"
 MAX_PATTERN = 2000  # characters of a rule's expression
-WINDOW = 96  # characters of an answer held back so that a match split across chunks is caught whole
+WINDOW = 64  # characters of an answer held back so that a match split across chunks is caught whole
+STEP = 32  # an answer is scanned once this many characters beyond the window have come, not every chunk
 
 # --- folding ----------------------------------------------------------------------------------
 
@@ -70,8 +71,11 @@ _HOMOGLYPHS = str.maketrans(
 )
 
 
-def fold(text: str) -> tuple[str, list[int]]:
-    """The text as it is matched, and for each of its characters the index in `text` it came from."""
+def fold(text: str) -> tuple[str, list[int] | None]:
+    """The text as it is matched, and for each of its characters the index in `text` it came from
+    (None when they are the same: plain ASCII, only lower-cased)."""
+    if text.isascii():
+        return text.lower(), None
     out: list[str] = []
     where: list[int] = []
     for index, char in enumerate(text):
@@ -262,11 +266,31 @@ class Finding:
         return found
 
 
-def _term_expression(terms: Iterable[str]) -> str:
-    words = sorted({fold(t.strip())[0] for t in terms if t.strip()}, key=len, reverse=True)
-    if not words:
-        return ""
-    return r"(?<!\w)(?:" + "|".join(re.escape(w) for w in words) + r")(?!\w)"
+_WORD = re.compile(r"\w+")
+_SEPARATOR = re.compile(r"\W+")
+# What a detector's match cannot do without: a text lacking it is not scanned for the detector.
+_NEEDS: dict[str, Any] = {
+    "email": lambda t: "@" in t,
+    "phone": re.compile(r"\d[\d\s().-]{8,17}\d").search,
+    "card": re.compile(r"\d(?:[ -]?\d){12}").search,
+    "iban": re.compile(r"[a-z]{2}\d{2}").search,
+    "tckn": re.compile(r"\d{11}").search,
+    "api_key": lambda t: any(p in t for p in ("sk-", "gh", "github_pat_", "akia", "xox", "aiza", "eyj")),
+    "llmgw_key": lambda t: "llmgw" in t,
+}
+
+
+def _phrase(term: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """A term as its words and the separators between them, when it starts and ends with a word
+    character (others are matched as an expression)."""
+    folded = fold(term.strip())[0]
+    words = tuple(_WORD.findall(folded))
+    if not words or not re.fullmatch(r"\w.*\w|\w", folded, re.S):
+        return None
+    separators = tuple(_SEPARATOR.findall(folded))
+    if len(separators) != len(words) - 1:
+        return None
+    return words, separators
 
 
 def _inline(pattern: str) -> str:
@@ -275,42 +299,83 @@ def _inline(pattern: str) -> str:
 
 
 class _Matcher:
-    """The text rules of one direction, combined into one expression with a group per rule."""
+    """The text rules of one direction. Terms are looked up word by word in an index of their first
+    words; the users' expressions (and terms that do not start and end with a word character) are
+    one combined expression; each detector is its own expression, run only on a text that has what
+    its match needs (a digit run for a card, an @ for an e-mail address). Matches are reported in
+    the order of the text, each attributed to its rule."""
 
     def __init__(self, rules: Sequence[RuleSpec]) -> None:
         self.rules: list[RuleSpec] = []
+        self.first_words: dict[str, list[tuple[tuple[str, ...], tuple[str, ...], int]]] = {}
         parts: list[str] = []
+        self.detectors: list[tuple[int, Any, Any, Any]] = []
         for rule in rules:
+            position = len(self.rules)
             if rule.kind == "terms":
-                expression = _term_expression(rule.terms)
-            elif rule.kind == "regex":
-                expression = _inline(rule.pattern)
+                used = False
+                for term in rule.terms:
+                    found = _phrase(term)
+                    if found is not None:
+                        words, separators = found
+                        self.first_words.setdefault(words[0], []).append((words, separators, position))
+                        used = True
+                    elif term.strip():
+                        parts.append(f"(?P<r{position}>(?<!\\w){re.escape(fold(term.strip())[0])}(?!\\w))")
+                        used = True
+                if not used:
+                    continue
+            elif rule.kind == "regex" and rule.pattern:
+                parts.append(f"(?P<r{position}>{_inline(rule.pattern)})")
             elif rule.kind == "detector" and rule.detector in DETECTORS:
-                expression = DETECTORS[rule.detector][0]
+                expression, check = DETECTORS[rule.detector]
+                self.detectors.append((position, re.compile(expression, re.IGNORECASE), check, _NEEDS[rule.detector]))
             else:
                 continue
-            if not expression:
-                continue
-            parts.append(f"(?P<r{len(self.rules)}>{expression})")
             self.rules.append(rule)
         self.expression = re.compile("|".join(parts), re.IGNORECASE) if parts else None
 
+    @property
+    def empty(self) -> bool:
+        return not self.rules
+
+    def _spans(self, folded: str) -> list[tuple[int, int, int]]:
+        """(start, end, rule position) of every match in the folded text."""
+        found: list[tuple[int, int, int]] = []
+        if self.first_words:
+            index = self.first_words
+            tokens = [(m.group(), m.start(), m.end()) for m in _WORD.finditer(folded)]
+            for i, (word, start, _end) in enumerate(tokens):
+                for words, separators, position in index.get(word, ()):
+                    last = i + len(words) - 1
+                    if last >= len(tokens):
+                        continue
+                    if all(tokens[i + k][0] == words[k] for k in range(1, len(words))) and all(
+                        folded[tokens[i + k][2] : tokens[i + k + 1][1]] == separators[k] for k in range(len(separators))
+                    ):
+                        found.append((start, tokens[last][2], position))
+        if self.expression is not None:
+            for match in self.expression.finditer(folded):
+                if match.lastgroup is not None:
+                    found.append((match.start(), match.end(), int(match.lastgroup[1:])))
+        for position, expression, check, needs in self.detectors:
+            if not needs(folded):
+                continue
+            for match in expression.finditer(folded):
+                if check is None or check(match.group()):
+                    found.append((match.start(), match.end(), position))
+        found.sort()
+        return found
+
     def find(self, text: str) -> Iterator[Finding]:
         """Each match in the text, in order, mapped back to the original characters."""
-        if self.expression is None or not text:
+        if not self.rules or not text:
             return
         folded, where = fold(text)
-        for match in self.expression.finditer(folded):
-            group = match.lastgroup
-            if group is None:
-                continue
-            rule = self.rules[int(group[1:])]
-            if rule.kind == "detector":
-                check = DETECTORS[rule.detector][1]
-                if check is not None and not check(match.group()):
-                    continue
-            start = where[match.start()]
-            end = where[match.end() - 1] + 1
+        for start, end, position in self._spans(folded):
+            rule = self.rules[position]
+            if where is not None:
+                start, end = where[start], where[end - 1] + 1
             yield Finding(rule.policy, rule.name, rule.kind, rule.action, start, end, rule.detector)
 
 
@@ -339,7 +404,7 @@ class PolicySet:
 
     @property
     def watches_output(self) -> bool:
-        return self.outbound.expression is not None
+        return not self.outbound.empty
 
     def max_output_tokens(self) -> tuple[RuleSpec, int] | None:
         found = [(r, r.limit) for r in self.caps if r.kind == "max_output_tokens" and r.limit]
@@ -394,13 +459,15 @@ def _mask(text: str, spans: list[tuple[int, int]]) -> str:
 
 class OutputGuard:
     """An answer's text checked as it streams: `feed(delta)` returns what may be sent now, holding
-    back the last WINDOW characters so that a match split across chunks is seen whole; `finish()`
-    returns the rest. Once a stopping rule matches, `stopped` holds its finding and everything from
+    back the last WINDOW characters so that a match split across chunks is seen whole (and scanning
+    only once STEP more have come, so a stream of short chunks is not scanned chunk by chunk);
+    `finish()` returns the rest. Once a stopping rule matches, `stopped` holds its finding and everything from
     the match on is dropped. Redacting rules mask their match; logging rules are only recorded."""
 
-    def __init__(self, policies: PolicySet, window: int = WINDOW) -> None:
+    def __init__(self, policies: PolicySet, window: int = WINDOW, step: int = STEP) -> None:
         self.matcher = policies.outbound
         self.window = window
+        self.step = step
         self.pending = ""
         self.findings: list[Finding] = []
         self.stopped: Finding | None = None
@@ -411,6 +478,8 @@ class OutputGuard:
         if self.stopped is not None:
             return ""
         self.pending += delta
+        if len(self.pending) < self.window + self.step:
+            return ""  # not scanned yet: nothing of it is sent before it is
         return self._release(final=False)
 
     def finish(self) -> str:

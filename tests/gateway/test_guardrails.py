@@ -100,8 +100,8 @@ async def test_a_streamed_answer_is_stopped_where_the_secret_begins_and_the_engi
     gw: Gateway, engine: MockEngine
 ) -> None:
     policies(gw, KEYS_STOPPED)
-    engine.pieces = ["Here it is: sk-", "ant-" + "q" * 20, "q" * 20, " and more"]
-    engine.mode = "hang"  # the engine would go on: only the gateway's cancel ends it
+    engine.pieces = ["Here it is: sk-", "ant-" + "q" * 20, "q" * 20, *[" and more"] * 12]
+    engine.mode = "hang"  # then the engine would go on: only the gateway's cancel ends it
     stream = await gw.openai().chat.completions.create(
         model="m", messages=ask("the key?"), stream=True, stream_options={"include_usage": True}
     )
