@@ -16,6 +16,7 @@ from apps.cluster import views as cluster_views
 from apps.fabrics import api as fabrics_api
 from apps.facility import api as facility_api
 from apps.gateway import views as chat_views
+from apps.guardrails import views as guardrails_views
 from apps.mirror import api as mirror_api
 from apps.quotas import api as quotas_api
 from apps.quotas import views as usage_views
@@ -124,6 +125,7 @@ urlpatterns = [
     path("nodes/", include("apps.cluster.urls")),
     path("fabrics/", include("apps.fabrics.urls")),
     path("facility/", include("apps.facility.urls")),
+    path("guardrails/", guardrails_views.guardrails, name="guardrails"),
     path("models/", include("apps.catalog.urls")),
     path("api/v1/", include(api_urlpatterns)),
     # The admin signs in through /login/, under the same bounds as everyone else.

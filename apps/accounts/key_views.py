@@ -187,7 +187,10 @@ def _connection(tool: editors.Tool, server: str, model: str, new: services.NewKe
 @never_cache  # the page that shows a new key must not linger in a cache
 @requires("signed_in", methods=["GET", "POST"])
 def account(request: HttpRequest) -> HttpResponse:
-    """The person's account: their keys at a glance, and a key and settings for each editor."""
+    """The person's account: their keys at a glance, the guardrail policies their requests meet, and
+    a key and settings for each editor."""
+    from apps.guardrails.selectors import policies_for
+
     user: User = request.user  # type: ignore[assignment]
     server = server_address(request)
     model_names = list(_models().values_list("name", flat=True))
@@ -223,6 +226,7 @@ def account(request: HttpRequest) -> HttpResponse:
             "server": server,
             "api_base": editors.api_base(server),
             "active_keys": active_keys,
+            "policies": policies_for(user),
         },
     )
 

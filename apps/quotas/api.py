@@ -163,6 +163,7 @@ class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
             "total_ms",
             "status",
             "error",
+            "guardrail",
         ]
 
     def get_api_key(self, record: UsageRecord) -> str | None:

@@ -91,7 +91,9 @@ RECORD_FIELDS = {
     "total_ms",
     "status",
     "error",
+    "guardrail",
 }
+GUARDRAIL_KEYS = ("policy", "rule", "kind", "action", "detector")
 REFERENCES = {  # record field -> (app label, model name)
     "user_id": ("accounts", "User"),
     "api_key_id": ("accounts", "ApiKey"),
@@ -148,6 +150,13 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
     clean["status"] = min(_number(clean.get("status"), int) or 0, 32767)
     clean["stream"] = bool(clean.get("stream"))
     clean["tokens_estimated"] = bool(clean.get("tokens_estimated"))
+    found = clean.get("guardrail")
+    verdict = [
+        {key: str(item[key])[:100] for key in GUARDRAIL_KEYS if item.get(key) is not None}
+        for item in (found if isinstance(found, list) else [])[:50]
+        if isinstance(item, dict)
+    ]
+    clean["guardrail"] = verdict or None
     return clean
 
 

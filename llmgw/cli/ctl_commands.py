@@ -782,7 +782,21 @@ def cmd_request(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record, indent=2))
         return 0
-    print(format_table(["FIELD", "VALUE"], [(name, value) for name, value in record.items()]))
+    rows = []
+    for name, value in record.items():
+        if name == "guardrail":
+            # What each guardrail rule did: "refuse company/no cards (card); log pii/mails (email)".
+            value = (
+                "; ".join(
+                    f"{f.get('action')} {f.get('policy')}/{f.get('rule')}"
+                    + (f" ({f['detector']})" if f.get("detector") else "")
+                    for f in value
+                )
+                if value
+                else None
+            )
+        rows.append((name, value))
+    print(format_table(["FIELD", "VALUE"], rows))
     return 0
 
 

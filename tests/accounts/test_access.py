@@ -347,6 +347,7 @@ MATRIX: dict[str, Route] = {
     "fabrics:nvlink": Route("read_everything"),
     "fabrics:fabric": Route("read_everything", mapped_fabric),
     "facility:facility": Route("read_everything"),
+    "guardrails": Route("read_everything"),
     "facility:hold": Route(
         "change_cluster",
         bodies=lambda w: {"POST": {"level": "rack", "name": f"r{uuid.uuid4().hex[:8]}", "reason": "PDU swap"}},

@@ -59,6 +59,7 @@ OPTIONAL_PAGES = {
     "fabrics:fabrics": "fabrics",
     "fabrics:nvlink": "nvlink",
     "facility:facility": "facility",
+    "guardrails": "guardrails",
     "people": "people",
     "docs": "docs",
     "about": "about",

@@ -1,0 +1,87 @@
+"""Policies as they are kept: checked when saved, loaded into the gateway's tables by where they are
+attached, shown on the Guardrails page and a person's account page, and the verdict on a request
+told by `ctl request`."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.test import Client
+
+from apps.accounts import services
+from apps.accounts.choices import StaffRole
+from apps.gateway.tables import load_tables
+from apps.guardrails.models import Policy, Rule
+from apps.quotas.usage import write_records_sync
+from tests.builders import make_model
+from tests.conftest import make_user
+from tests.quotas.conftest import make_key, record
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_rule_is_checked_when_saved() -> None:
+    policy = Policy.objects.create(name="p")
+    with pytest.raises(ValidationError) as caught:
+        Rule(policy=policy, name="r", kind="regex", pattern="(a+)+$", action="refuse").full_clean()
+    assert "nests repetitions" in str(caught.value)
+    with pytest.raises(ValidationError, match="Give at least one term"):
+        Rule(policy=policy, name="t", kind="terms", terms=[" "], action="refuse").full_clean()
+    with pytest.raises(ValidationError, match="Only an answer can be stopped"):
+        Rule(policy=policy, name="s", kind="detector", detector="card", action="stop", applies_to="input").full_clean()
+    org = services.create_organization(name="Acme", actor=None)
+    both = Policy(name="two", organization=org, model=make_model("m", gpus=1))
+    with pytest.raises(ValidationError, match="not 2 of them"):
+        both.full_clean()
+
+
+def test_the_gateway_tables_carry_each_policy_where_it_is_attached() -> None:
+    alice = make_user("alice@example.com")
+    org = services.create_organization(name="Acme", actor=None)
+    team = services.create_team(org, name="Search", actor=None)
+    project = services.create_project(team, name="Crawler", actor=None)
+    key = make_key(alice, project)
+    model = make_model("m", gpus=1)
+    for name, where in (("all", {}), ("org", {"organization": org}), ("model", {"model": model})):
+        policy = Policy.objects.create(name=name, **where)
+        Rule.objects.create(policy=policy, name=f"{name}-terms", kind="terms", terms=[name], action="log")
+    off = Policy.objects.create(name="off", enabled=False, project=project)
+    Rule.objects.create(policy=off, name="never", kind="terms", terms=["x"], action="refuse")
+    tables = load_tables()
+    entry = next(e for e in tables.keys.values() if e.key_id == key.pk)
+    rules = tables.guards.for_call(entry, "m")
+    assert [r.name for r in rules.rules] == ["all-terms", "org-terms", "model-terms"]  # org, then the model last
+    assert [r.name for r in tables.guards.for_call(entry, "other").rules] == ["all-terms", "org-terms"]
+    assert tables.guards.for_call(entry, "m") is rules  # compiled once
+
+
+def test_the_page_lists_policies_where_they_apply_and_what_they_did(client: Client) -> None:
+    alice = make_user("alice@example.com")
+    key = make_key(alice)
+    policy = Policy.objects.create(name="pii", description="Personal data stays in")
+    Rule.objects.create(policy=policy, name="cards", kind="detector", detector="card", action="redact")
+    verdict = [{"policy": "pii", "rule": "cards", "kind": "detector", "action": "redact", "detector": "card"}]
+    write_records_sync([record(key, request_id="req_guarded", guardrail=verdict), record(key)])
+    client.force_login(make_user("vic@example.com", role=StaffRole.VIEWER))
+    page = client.get("/guardrails/").content.decode()
+    assert 'data-policy="pii"' in page and "payment cards (Luhn-checked)" in page
+    assert "redacted 1" in page and 'data-request="req_guarded"' in page
+    client.force_login(alice)
+    assert client.get("/guardrails/").status_code == 403
+    account = client.get("/account/").content.decode()
+    assert 'data-policy="pii"' in account and "on everyone" in account
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ctl_request_tells_the_verdict(live_server, capsys, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from llmgw.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    alice = make_user("alice@example.com")
+    key = make_key(alice)
+    verdict = [{"policy": "pii", "rule": "cards", "kind": "detector", "action": "refuse", "detector": "card"}]
+    write_records_sync([record(key, request_id="req_refused", status=400, guardrail=verdict)])
+    secret = services.create_api_key(alice, name="cli", actor=alice).secret
+    assert main(["ctl", "--server", live_server.url, "--key", secret, "request", "req_refused"]) == 0
+    out = capsys.readouterr().out
+    assert "refuse pii/cards (card)" in out
