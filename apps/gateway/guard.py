@@ -173,6 +173,10 @@ class AnswerGuard:
                 choice["finish_reason"] = "content_filter"
                 if self.stopped is None:
                     self.stopped = guard.stopped
+        if self.stopped is not None:
+            # Said beside the standard fields (clients ignore what they do not know): the chat page
+            # names the policy that stopped the answer.
+            data["llmgw_guardrail"] = {"policy": self.stopped.policy, "rule": self.stopped.rule, "action": "stop"}
         return data
 
     def whole(self, data: dict[str, Any]) -> dict[str, Any]:

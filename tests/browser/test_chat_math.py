@@ -168,3 +168,83 @@ def test_a_kept_conversation_is_typeset_on_reload_leaving_code_and_broken_formul
     assert found["scrollWidth"] <= found["innerWidth"] and not found["spilling"], found
     screenshot(page, "chat-math", PHONE)
     assert not csp_violations, csp_violations
+
+
+SECRET = "sk-ant-" + "a1b2c3d4e5" * 3
+RULES = {
+    "name": "secrets",
+    "description": "",
+    "enabled": "on",
+    "rules-TOTAL_FORMS": "2",
+    "rules-INITIAL_FORMS": "0",
+    "rules-MIN_NUM_FORMS": "0",
+    "rules-MAX_NUM_FORMS": "1000",
+    **{
+        f"rules-{i}-{field}": value
+        for i, rule in enumerate(
+            [
+                {"name": "keys", "kind": "detector", "detector": "api_key", "action": "stop", "applies_to": "output"},
+                {"name": "codename", "kind": "terms", "terms": '["Project Falcon"]', "action": "refuse"},
+            ]
+        )
+        for field, value in {
+            "order": str(i),
+            "applies_to": "both",
+            "terms": "[]",
+            "pattern": "",
+            "detector": "",
+            "limit": "",
+            "model_names": "[]",
+            "enabled": "on",
+            **rule,
+        }.items()
+    },
+}
+
+
+def test_the_chat_page_names_the_policy_that_refused_a_prompt_or_stopped_an_answer(
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    assert plane.browser is not None
+    status, answer = plane.browser.post_form("/django-admin/guardrails/policy/add/", RULES)
+    assert status == 200 and "was added successfully" in answer, answer[-2000:]
+
+    def refused() -> bool:  # the gateway has reloaded its tables with the policy
+        request = urllib.request.Request(
+            plane.url + "/v1/chat/completions",
+            data=json.dumps(
+                {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "project falcon"}]}
+            ).encode(),
+            headers={"Authorization": f"Bearer {plane.key}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30):
+                return False
+        except urllib.error.HTTPError as exc:
+            return exc.code == 400 and "guardrail_refused" in exc.read().decode()
+
+    plane.wait_for(refused, timeout=30, what="the policy in force")
+    _open_chat(page, plane)
+    sync_api.expect(page.locator("#chat-send")).to_be_enabled()
+    page.fill("#chat-prompt", "What is the status of Project Falcon?")
+    page.locator("#chat-send").click()
+    reply = page.locator("#chat-log article[data-role=assistant]").last
+    sync_api.expect(reply.locator(".chat-note")).to_contain_text(
+        "Refused by guardrail policy “secrets”, rule “codename”: a blocked term in the prompt.", timeout=30_000
+    )
+    sync_api.expect(page.locator("#chat-send")).to_have_attribute("data-state", "send")
+
+    # The real model, made to write a key, is stopped where the key begins.
+    _answer_with(page, f"Here is the key: {SECRET} and more words after it.")
+    page.fill("#chat-prompt", "Give me a key.")
+    page.locator("#chat-send").click()
+    reply = page.locator("#chat-log article[data-role=assistant]").last
+    sync_api.expect(reply.locator(".chat-note")).to_contain_text(
+        "The answer was stopped by guardrail policy “secrets”, rule “keys”.", timeout=60_000
+    )
+    sync_api.expect(reply.locator(".chat-text")).to_have_text("Here is the key: ")
+    assert "sk-ant" not in page.content()
+    assert not csp_violations, csp_violations

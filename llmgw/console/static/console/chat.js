@@ -396,6 +396,9 @@
       }
       if (choice && choice.finish_reason) {
         reply.finished = true;
+        if (choice.finish_reason === "content_filter") {
+          reply.guard = payload.llmgw_guardrail || { policy: "-", rule: "-" };
+        }
       }
     });
   }
@@ -474,6 +477,9 @@
         if (reply.error) {
           turn.failed = true;
           turn.note = say(data.tBroke, { reason: reply.error });
+        } else if (reply.guard) {
+          turn.failed = true;
+          turn.note = say(data.tGuardStopped, { policy: reply.guard.policy, rule: reply.guard.rule });
         } else if (!done && !reply.finished) {
           turn.failed = true;
           turn.note = say(data.tBroke, { reason: data.tEndedEarly });
