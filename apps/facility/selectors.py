@@ -1,9 +1,10 @@
 """What the facility page (templates/facility/facility.html) shows: every node's place as a tree of
 sites, rooms, rows and racks, each rack with its nodes, the models running there and the holds on it.
 
-Six queries whatever the number of nodes: the nodes, their GPUs, the shards of replicas that claim
-resources on them, the active holds, the power budgets, and (where budgets are set) the shards
-whose draw counts against them; plus one round trip to the sample history for the measured draw.
+Seven queries whatever the number of nodes: the nodes, their GPUs, the shards of replicas that claim
+resources on them, the active holds, the power budgets, and (where budgets are set) the capped
+nodes' samples and the shards whose draw counts against them; plus one round trip to the sample
+history for the measured draw.
 """
 
 from __future__ import annotations
@@ -101,9 +102,7 @@ def facility_page() -> dict[str, Any]:
     holds = active_holds()
     nodes = list(
         Node.objects.exclude(status=NodeStatus.REVOKED)
-        .only(
-            "name", "labels", "hardware", "status", "cordoned", "cordon_reason", "last_seen_at", "sample", "sampled_at"
-        )
+        .only("name", "labels", "hardware", "status", "cordoned", "cordon_reason", "last_seen_at")
         .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.only("node_id", "index", "gpu_class", "name")))
         .order_by("name")
     )
@@ -201,15 +200,19 @@ def power_rows(nodes: list[Any]) -> dict[str, dict[str, Any]]:
     budgets = {b.domain: b for b in Budget.objects.all()}
     if not budgets:
         return {}
+    from apps.cluster.models import Node
+
     members: dict[str, list[int]] = defaultdict(list)
-    capped: dict[int, Any] = {}
+    capped: set[int] = set()
     for node in nodes:
         for level, value in node_location(node).items():
             domain = f"{level}={value}"
             if value and domain in budgets:
                 members[domain].append(node.pk)
-                capped[node.pk] = node
-    draws = power.node_draws(capped) if capped else {}
+                capped.add(node.pk)
+    # Only the capped nodes' samples are read (a sample is large, and most nodes may have no cap).
+    sampled = Node.objects.filter(pk__in=capped).only("labels", "hardware", "sample", "sampled_at") if capped else []
+    draws = power.node_draws({node.pk: node for node in sampled}) if capped else {}
     rows: dict[str, dict[str, Any]] = {}
     for domain, budget in budgets.items():
         ids = members.get(domain, [])
