@@ -29,7 +29,14 @@ from typing import Any
 
 from apps.gateway.accounting import CANCELLED, Accountant
 from apps.gateway.errors import Refused, send_error
-from apps.gateway.guard import check_request
+from apps.gateway.guard import (
+    GuardUnavailable,
+    check_request,
+    guard_prompt,
+    guard_refusal,
+    guard_unavailable,
+    prompt_text,
+)
 from apps.gateway.intake import (
     COUNT_TOKENS,
     ENDPOINTS,
@@ -373,6 +380,8 @@ class GatewayApp:
         policies = self.tables.guards.for_call(call.entry, call.model) if self.tables.guards else None
         if policies is not None:
             check_request(call, policies)
+            for rule in policies.guard_models:
+                await self.ask_guard(call, rule)
         check_size(call.body, most_messages=self.max_messages, most_parts=self.max_parts)
         contexts = [u.context_size for u in route.upstreams if u.context_size]
         check_fits(call.body, min(contexts) if contexts and len(contexts) == len(route.upstreams) else None)
@@ -385,6 +394,66 @@ class GatewayApp:
             raise Refused(503, f"No replica of “{call.model}” can take the request.", kind="overloaded_error")
         call.lease = lease
         await self.forward(call, route, receive, send)
+
+    async def ask_guard(self, call: Call, rule: Any) -> None:
+        """Ask a guard model (a model llmgw serves, hosted or external) for its verdict on the prompt,
+        within the rule's time; a model that gives none follows the rule's fail mode."""
+        from apps.guardrails.engine import GUARD_TIMEOUT_MS, Finding, guard_verdict
+
+        model = rule.models[0]
+        finding = Finding(rule.policy, rule.name, rule.kind, rule.action)
+        timeout = (rule.limit or GUARD_TIMEOUT_MS) / 1000
+        try:
+            answer = await asyncio.wait_for(self._guard_answer(call, model), timeout)
+            verdict = guard_verdict(answer)
+            if verdict is None:
+                raise GuardUnavailable(f"it answered neither safe nor unsafe: {answer[:60]!r}")
+        except (TimeoutError, GuardUnavailable) as exc:
+            why = f"no answer within {timeout * 1000:.0f} ms" if isinstance(exc, TimeoutError) else str(exc)
+            call.guard.append({**finding.to_dict(), "action": "log" if rule.fail_open else "refuse", "error": why})
+            if not rule.fail_open:
+                raise guard_unavailable(finding, model, why) from None
+            return
+        if verdict:
+            call.guard.append(finding.to_dict())
+            if rule.action == "refuse":
+                raise guard_refusal(finding, model, answer)
+
+    async def _guard_answer(self, call: Call, model: str) -> str:
+        route = self.tables.models.get(model)
+        if route is None or not route.upstreams:
+            raise GuardUnavailable(f"“{model}” has no replica ready" if route else f"“{model}” is not in the catalog")
+        lease = await self.keeper.acquire(route.upstreams, None)
+        if lease is None:
+            raise GuardUnavailable(f"every replica of “{model}” is busy")
+        try:
+            upstream = lease.upstream
+            body = {
+                "model": upstream.upstream_model,
+                "messages": guard_prompt(prompt_text(call.body)),
+                "max_tokens": 16,
+                "temperature": 0,
+            }
+            headers = [("Content-Type", "application/json"), ("x-llmgw-request-id", call.request_id)]
+            secret = upstream.api_key()
+            if secret:
+                headers.append(("Authorization", f"Bearer {secret}"))
+            try:
+                response = await self.pool_for(upstream).post(
+                    upstream.url + "/v1/chat/completions", json.dumps(body).encode(), headers
+                )
+                async with response:
+                    raw = await response.read()
+            except (ConnectError, Disconnected, UpstreamError) as exc:
+                raise GuardUnavailable(f"it could not be asked: {exc}") from None
+            if response.status != 200:
+                raise GuardUnavailable(f"it answered {response.status}")
+            try:
+                return str(json.loads(raw)["choices"][0]["message"]["content"] or "")
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise GuardUnavailable("its answer is not a chat completion") from None
+        finally:
+            self.keeper.release(lease)
 
     def chat_request(self, call: Call, body: dict[str, Any]) -> dict[str, Any]:
         """What the engine is asked: the body itself, or its translation to chat completions."""

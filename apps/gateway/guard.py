@@ -23,7 +23,7 @@ from typing import Any
 from apps.gateway.errors import Refused
 from apps.guardrails.engine import Finding, OutputGuard, PolicySet
 
-__all__ = ["AnswerGuard", "check_request", "describe"]
+__all__ = ["AnswerGuard", "GuardUnavailable", "check_request", "describe", "guard_prompt", "prompt_text"]
 
 WHAT = {
     "terms": "a blocked term",
@@ -75,6 +75,37 @@ def _text_slots(body: dict[str, Any]) -> list[tuple[Any, Any]]:
         elif isinstance(value, list):
             slots.extend((value, i) for i, item in enumerate(value) if isinstance(item, str))
     return slots
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The prompt's texts (after redaction) as one, for a guard model to judge."""
+    return "\n\n".join(container[key] for container, key in _text_slots(body))
+
+
+class GuardUnavailable(Exception):
+    """A guard model that gave no verdict: not served, busy, slow, failing, or saying neither."""
+
+
+def guard_prompt(text: str) -> list[dict[str, str]]:
+    """What a guard model is asked: the user's turn as it is (Llama Guard and ShieldGemma take the
+    conversation to judge as their input and answer safe/unsafe, or Yes/No)."""
+    return [{"role": "user", "content": text}]
+
+
+def guard_refusal(finding: Finding, model: str, answer: str) -> Refused:
+    reason = answer.strip().splitlines()
+    categories = f" ({reason[1].strip()})" if len(reason) > 1 and reason[1].strip() else ""
+    return _refusal(finding, f"the guard model “{model}” judged the prompt unsafe{categories}")
+
+
+def guard_unavailable(finding: Finding, model: str, why: str) -> Refused:
+    return Refused(
+        503,
+        f"Refused by guardrail policy “{finding.policy}”, rule “{finding.rule}”: the guard model “{model}” "
+        f"gave no verdict ({why}), and the rule refuses when it cannot tell.",
+        kind="api_error",
+        code="guardrail_unavailable",
+    )
 
 
 def _estimate_tokens(texts: list[str]) -> int:

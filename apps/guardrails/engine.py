@@ -51,11 +51,13 @@ __all__ = [
     "iban_ok",
     "tckn_ok",
     "check_pattern",
+    "guard_verdict",
 ]
 
 ACTIONS = ("refuse", "redact", "stop", "log")
 TEXT_KINDS = ("terms", "regex", "detector")
-KINDS = (*TEXT_KINDS, "max_input_tokens", "max_output_tokens", "models")
+KINDS = (*TEXT_KINDS, "max_input_tokens", "max_output_tokens", "models", "guard_model")
+GUARD_TIMEOUT_MS = 2000  # a guard model's time to answer when its rule gives none
 MASK = "[redacted]"
 MAX_PATTERN = 2000  # characters of a rule's expression
 WINDOW = 64  # characters of an answer held back so that a match split across chunks is caught whole
@@ -245,6 +247,7 @@ class RuleSpec:
     limit: int | None = None
     models: tuple[str, ...] = ()
     applies_to: str = "both"  # "input", "output" or "both"
+    fail_open: bool = False  # a guard model that does not answer: let the request through (else refuse)
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +401,7 @@ class PolicySet:
         self.inbound = _Matcher([r for r in self.rules if r.kind in TEXT_KINDS and r.applies_to in ("input", "both")])
         self.outbound = _Matcher([r for r in self.rules if r.kind in TEXT_KINDS and r.applies_to in ("output", "both")])
         self.caps = [r for r in self.rules if r.kind in ("max_input_tokens", "max_output_tokens", "models")]
+        self.guard_models = [r for r in self.rules if r.kind == "guard_model" and r.models]
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -514,3 +518,16 @@ class OutputGuard:
         self._offset += cut
         self.pending = text[cut:]
         return released
+
+
+def guard_verdict(answer: str) -> bool | None:
+    """What a guard model's answer says of the text: True when it is unsafe (Llama Guard's "unsafe",
+    ShieldGemma's "Yes", it violates the policy), False when safe ("safe", "No"), None when the answer
+    says neither."""
+    words = answer.strip().split()
+    first = words[0].strip(".,:;!").casefold() if words else ""
+    if first in ("unsafe", "yes"):
+        return True
+    if first in ("safe", "no"):
+        return False
+    return None

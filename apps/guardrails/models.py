@@ -21,6 +21,7 @@ KIND_CHOICES = [
     ("max_input_tokens", _("input token cap")),
     ("max_output_tokens", _("output token cap")),
     ("models", _("allowed models")),
+    ("guard_model", _("a guard model's verdict")),
 ]
 ACTION_CHOICES = [
     ("refuse", _("refuse")),
@@ -121,6 +122,11 @@ class Rule(models.Model):
     detector = models.CharField(_("detector"), max_length=20, choices=DETECTOR_CHOICES, blank=True)
     limit = models.PositiveIntegerField(_("limit"), null=True, blank=True, help_text=_("For a token cap."))
     model_names = models.JSONField(_("models"), default=list, blank=True, help_text=_("For allowed models."))
+    fail_open = models.BooleanField(
+        _("fail open"),
+        default=False,
+        help_text=_("For a guard model: let the request through when the model does not answer in time."),
+    )
     enabled = models.BooleanField(_("enabled"), default=True)
 
     class Meta:
@@ -152,7 +158,16 @@ class Rule(models.Model):
             not isinstance(self.model_names, list) or not all(isinstance(m, str) and m for m in self.model_names)
         ):
             errors["model_names"] = [str(_("Give the models allowed, by name."))]
-        if self.kind in ("max_input_tokens", "max_output_tokens", "models") and self.action not in ("refuse", "log"):
+        elif self.kind == "guard_model" and (
+            not isinstance(self.model_names, list) or len(self.model_names) != 1 or not self.model_names[0]
+        ):
+            errors["model_names"] = [str(_("Name the one guard model to ask."))]
+        if self.kind == "guard_model" and self.applies_to != "input":
+            errors["applies_to"] = [str(_("A guard model is asked about the prompt, before the request goes on."))]
+        if self.kind in ("max_input_tokens", "max_output_tokens", "models", "guard_model") and self.action not in (
+            "refuse",
+            "log",
+        ):
             errors["action"] = [str(_("A cap or a model list can refuse or only log."))]
         if self.action == "stop" and self.applies_to == "input":
             errors["action"] = [str(_("Only an answer can be stopped; apply the rule to the answer."))]
@@ -171,4 +186,5 @@ class Rule(models.Model):
             limit=self.limit,
             models=tuple(str(m) for m in self.model_names or ()),
             applies_to=self.applies_to,
+            fail_open=self.fail_open,
         )

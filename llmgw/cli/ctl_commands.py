@@ -790,6 +790,7 @@ def cmd_request(client: Client, args: argparse.Namespace) -> int:
                 "; ".join(
                     f"{f.get('action')} {f.get('policy')}/{f.get('rule')}"
                     + (f" ({f['detector']})" if f.get("detector") else "")
+                    + (f" [no verdict: {f['error']}]" if f.get("error") else "")
                     for f in value
                 )
                 if value

@@ -42,6 +42,8 @@ class MockEngine:
         self.mode = "ok"
         self.chunks = 3
         self.pieces: list[str] | None = None  # the answer's text, a chunk per piece (else "t0 t1 …")
+        self.replies: dict[str, str] = {}  # a model's own whole answer (a guard model's verdict)
+        self.delays: dict[str, float] = {}  # seconds a model's answers wait
         self.stream_usage = True
         self.prompt_tokens = 7
         self.error_status = 400
@@ -93,6 +95,8 @@ class MockEngine:
                 await self.gate.wait()
             if self.delay:
                 await asyncio.sleep(self.delay)
+            if body.get("model") in self.delays:
+                await asyncio.sleep(self.delays[body["model"]])
             mode = body.get("mock") if isinstance(body.get("mock"), str) else self.mode
             if mode == "error":
                 return _error(
@@ -120,7 +124,9 @@ class MockEngine:
                     "index": 0,
                     "message": {
                         "role": "assistant",
-                        "content": "".join(self.pieces) if self.pieces is not None else "Hello there",
+                        "content": self.replies.get(
+                            body.get("model"), "".join(self.pieces) if self.pieces is not None else "Hello there"
+                        ),
                     },
                     "finish_reason": "stop",
                 }

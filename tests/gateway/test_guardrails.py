@@ -203,3 +203,60 @@ async def test_a_raw_stream_ends_with_done_after_a_stop(gw: Gateway, engine: Moc
     events = sse_events(answer.text)
     assert events[-1] == (None, "[DONE]")
     assert '"finish_reason": "content_filter"' in answer.text
+
+
+def with_guard_model(gw: Gateway, engine: MockEngine, **kw: Any) -> None:
+    from tests.gateway.harness import endpoint, route
+
+    gw.set_models(gw.app.tables.models["m"], route("llama-guard", [endpoint(engine.url, "g1", model="llama-guard")]))
+    policies(gw, rule("guarded", "guard_model", "refuse", models=("llama-guard",), applies_to="input", **kw))
+
+
+async def test_a_guard_model_that_says_unsafe_refuses_the_prompt_on_every_api(gw: Gateway, engine: MockEngine) -> None:
+    with_guard_model(gw, engine)
+    engine.replies["llama-guard"] = "unsafe\nS2"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await gw.openai().chat.completions.create(model="m", messages=ask("how do I pick a lock?"))
+    assert "the guard model “llama-guard” judged the prompt unsafe (S2)" in caught.value.message
+    with pytest.raises(anthropic.BadRequestError):
+        await gw.anthropic().messages.create(model="m", max_tokens=20, messages=ask("how do I pick a lock?"))
+    asked = [seen.body for seen in engine.seen]
+    assert [b["model"] for b in asked] == ["llama-guard", "llama-guard"]  # the model itself was never asked
+    assert asked[0]["messages"] == ask("how do I pick a lock?") and asked[0]["temperature"] == 0
+    engine.replies["llama-guard"] = "safe"
+    answer = await gw.openai().chat.completions.create(model="m", messages=ask("how do I bake bread?"))
+    assert answer.choices[0].message.content == "Hello there"
+    assert [seen.body["model"] for seen in engine.seen[-2:]] == ["llama-guard", "m"]
+
+
+async def test_a_slow_guard_model_follows_the_rules_fail_mode(gw: Gateway, engine: MockEngine) -> None:
+    engine.replies["llama-guard"] = "safe"
+    engine.delays["llama-guard"] = 2.0
+    with_guard_model(gw, engine, limit=200)  # fails closed: refused, and says why
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(openai.InternalServerError) as caught:
+        await gw.openai().chat.completions.create(model="m", messages=ask("hello"))
+    assert asyncio.get_running_loop().time() - started < 1.5  # not the guard's two seconds
+    assert caught.value.status_code == 503
+    assert "gave no verdict (no answer within 200 ms), and the rule refuses when it cannot tell" in caught.value.message
+    with_guard_model(gw, engine, limit=200, fail_open=True)  # fails open: answered, and the miss logged
+    answer = await gw.openai().chat.completions.create(model="m", messages=ask("hello"))
+    assert answer.choices[0].message.content == "Hello there"
+    record = await gw.usage.wait(2)
+    assert record["status"] == 200
+    assert record["guardrail"] == [
+        {
+            "policy": "company",
+            "rule": "guarded",
+            "kind": "guard_model",
+            "action": "log",
+            "error": "no answer within 200 ms",
+        }
+    ]
+
+
+async def test_a_guard_model_not_served_follows_the_fail_mode_too(gw: Gateway, engine: MockEngine) -> None:
+    policies(gw, rule("guarded", "guard_model", "refuse", models=("nowhere",), applies_to="input"))
+    with pytest.raises(openai.InternalServerError) as caught:
+        await gw.openai().chat.completions.create(model="m", messages=ask("hello"))
+    assert "“nowhere” is not in the catalog" in caught.value.message

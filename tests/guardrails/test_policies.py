@@ -29,6 +29,11 @@ def test_a_rule_is_checked_when_saved() -> None:
         Rule(policy=policy, name="t", kind="terms", terms=[" "], action="refuse").full_clean()
     with pytest.raises(ValidationError, match="Only an answer can be stopped"):
         Rule(policy=policy, name="s", kind="detector", detector="card", action="stop", applies_to="input").full_clean()
+    with pytest.raises(ValidationError, match="Name the one guard model"):
+        Rule(policy=policy, name="g", kind="guard_model", model_names=[], applies_to="input").full_clean()
+    with pytest.raises(ValidationError, match="asked about the prompt"):
+        Rule(policy=policy, name="g", kind="guard_model", model_names=["llama-guard"], applies_to="both").full_clean()
+    Rule(policy=policy, name="g", kind="guard_model", model_names=["llama-guard"], applies_to="input").full_clean()
     org = services.create_organization(name="Acme", actor=None)
     both = Policy(name="two", organization=org, model=make_model("m", gpus=1))
     with pytest.raises(ValidationError, match="not 2 of them"):
