@@ -233,10 +233,10 @@ async def test_a_slow_guard_model_follows_the_rules_fail_mode(gw: Gateway, engin
     engine.replies["llama-guard"] = "safe"
     engine.delays["llama-guard"] = 2.0
     with_guard_model(gw, engine, limit=200)  # fails closed: refused, and says why
-    started = asyncio.get_running_loop().time()
     with pytest.raises(openai.InternalServerError) as caught:
         await gw.openai().chat.completions.create(model="m", messages=ask("hello"))
-    assert asyncio.get_running_loop().time() - started < 1.5  # not the guard's two seconds
+    async with asyncio.timeout(WAIT):
+        await engine.closed.wait()  # the guard's request was given up, not waited out
     assert caught.value.status_code == 503
     assert "gave no verdict (no answer within 200 ms), and the rule refuses when it cannot tell" in caught.value.message
     with_guard_model(gw, engine, limit=200, fail_open=True)  # fails open: answered, and the miss logged
