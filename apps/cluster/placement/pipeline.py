@@ -751,12 +751,14 @@ def explain(
                 for position in bucket:
                     (classed if k >= ctx.gpus else short).add(order[position])
         # Which nodes fit, and the score of each that does (every scorer run once, its parts kept).
-        fitting: list[tuple[float, float, int, int, dict[str, float]]] = []
+        fitting: list[tuple[float, float, int, int, dict[str, float] | None]] = []
         refused_ids: list[int] = []
         first: dict[int, Reason] = {}
         every: dict[int, list[Rejection]] = {}
         filters = ev.filters
         named = [(name, fn, weight, fn in INDEXED) for name, fn, weight in ev.named]
+        holders = set(inventory.weights_nodes(request.source))
+        keys: dict[tuple[int, bool], float] = {}
         for node_id in inventory.order:
             if classed is not None and node_id not in classed:
                 refused_ids.append(node_id)
@@ -776,22 +778,34 @@ def explain(
                     refused_ids.append(node_id)
                     first[node_id] = reason
                     continue
-            parts = {}
-            score = key = 0.0
-            for name, fn, weight, built_in in named:
-                part = weight * _clamp(fn(ctx, node))
-                parts[name] = part
-                score += part
-                if built_in:
-                    key += part
-            fitting.append((-score, -key, rank(node_id), node_id, parts))
+            if classed is not None:
+                # With a limit, a GPU profile's built-in score K follows from the node's free GPUs of
+                # the class and whether it holds the weights: computed once per pair. Each scorer's
+                # part is spelled out below only for the nodes shown.
+                pair = (inventory.free_count(node_id, cls), node_id in holders)  # type: ignore[arg-type]
+                key = keys.get(pair)
+                if key is None:
+                    key = keys[pair] = ev.key(node)
+                score = key + ev.extra(node) if ev.plugins else key
+                fitting.append((-score, -key, rank(node_id), node_id, None))
+            else:
+                parts = {}
+                score = key = 0.0
+                for name, fn, weight, built_in in named:
+                    part = weight * _clamp(fn(ctx, node))
+                    parts[name] = part
+                    score += part
+                    if built_in:
+                        key += part
+                fitting.append((-score, -key, rank(node_id), node_id, parts))
             if multi:
                 for group in pre.groups(node_id):
                     counts[group] = counts.get(group, 0) + 1
         fitting.sort(key=lambda entry: entry[:3])
         shown = len(fitting) + len(refused_ids) if limit is None else limit
         verdicts: list[NodeVerdict] = []
-        for neg_score, _, _, node_id, parts in fitting[:shown]:
+        for neg_score, _, _, node_id, known in fitting[:shown]:
+            parts = known if known is not None else ev.breakdown(nodes[node_id])
             verdict = NodeVerdict(node_id, nodes[node_id].name, [], True, -neg_score, parts)
             if multi:
                 verdict.groups = pre.groups(node_id)
