@@ -147,16 +147,13 @@ def facility_overview() -> dict[str, Any]:
     name no location; and the active holds (a hold may name a domain no node is in yet)."""
     from apps.cluster.choices import NodeStatus
     from apps.cluster.models import Node
+    from apps.facility.selectors import power_rows
 
     holds = active_holds()
     by_domain = {h.domain: h for h in holds}
     domains: dict[tuple[str, str], list[str]] = {}
     unplaced: list[str] = []
-    nodes = list(
-        Node.objects.exclude(status=NodeStatus.REVOKED)
-        .only("name", "labels", "hardware", "sample", "sampled_at")
-        .order_by("name")
-    )
+    nodes = list(Node.objects.exclude(status=NodeStatus.REVOKED).only("name", "labels", "hardware").order_by("name"))
     for node in nodes:
         place = node_location(node)
         if not any(place.values()):
@@ -164,20 +161,16 @@ def facility_overview() -> dict[str, Any]:
         for level in LEVELS:
             if place[level]:
                 domains.setdefault((level, str(place[level])), []).append(node.name)
-    budgets = {b.domain: b for b in power.Budget.objects.all()}
-    capped_nodes = {n.pk: n for n in nodes if any(f"{lv}={v}" in budgets for lv, v in node_location(n).items() if v)}
-    draws = power.node_draws(capped_nodes) if capped_nodes else {}
-    members_of: dict[str, list[int]] = {}
-    for node in capped_nodes.values():
-        for level, value in node_location(node).items():
-            if value:
-                members_of.setdefault(f"{level}={value}", []).append(node.pk)
+    # Each cap with what its nodes draw, from what the facility page draws too: the known draw (None
+    # when no node's is known) and how many of its nodes' draw is unknown.
+    caps = power_rows(nodes)
     rows = []
     for level in LEVELS:
         for (lvl, name), members in sorted(domains.items()):
             if lvl != level:
                 continue
             held = by_domain.get(f"{level}={name}")
+            cap = caps.get(f"{level}={name}") or {}
             rows.append(
                 {
                     "domain": f"{level}={name}",
@@ -185,27 +178,16 @@ def facility_overview() -> dict[str, Any]:
                     "name": name,
                     "nodes": members,
                     "hold": hold_dict(held) if held else None,
-                    **_power(
-                        budgets.get(f"{level}={name}"),
-                        [draws.get(pk) for pk in members_of.get(f"{level}={name}", [])],
-                    ),
+                    "cap_watts": cap.get("cap_watts"),
+                    "drawn_watts": cap.get("drawn_watts"),
+                    "draw_unknown": cap.get("draw_unknown"),
                 }
             )
+    budget_keys = ("domain", "watts", "feeds", "redundant", "cap_watts", "source")
     return {
         "levels": list(LEVELS),
         "domains": rows,
         "unplaced": unplaced,
         "holds": [hold_dict(h) for h in holds],
-        "budgets": [power.budget_dict(b) for b in budgets.values()],
-    }
-
-
-def _power(budget: Any, draws: list[float | None]) -> dict[str, Any]:
-    """A domain's cap and what its nodes draw: known watts, and how many nodes' draw is unknown."""
-    if budget is None:
-        return {"cap_watts": None, "drawn_watts": None, "draw_unknown": None}
-    return {
-        "cap_watts": budget.cap_watts,
-        "drawn_watts": sum(d for d in draws if d is not None),
-        "draw_unknown": sum(1 for d in draws if d is None),
+        "budgets": [{key: row[key] for key in budget_keys} for row in caps.values()],
     }
