@@ -113,19 +113,18 @@ def _estimate_tokens(texts: list[str]) -> int:
 
 
 def check_request(call: Any, policies: PolicySet) -> None:
-    """Apply the policies to the request on its way in (see the module docstring)."""
-    found: list[Finding] = []
+    """Apply the policies to the request on its way in (see the module docstring). Every rule that
+    matched is on `call.guard` as it is found, so a refusal's record names it too."""
+    noted = call.guard
+
     model = policies.check_model(call.model)
     if model is not None:
-        found.append(model)
+        noted.append(model.to_dict())
         if model.action == "refuse":
-            call.guard = [f.to_dict() for f in found]
             raise _refusal(model, f"the model “{call.model}” is not among those it allows", 403, "permission_error")
     slots = _text_slots(call.body)
-    texts = [container[key] for container, key in slots]
-    verdict, masked = policies.check_texts(texts)
-    found.extend(verdict.findings)
-    call.guard = [f.to_dict() for f in found]
+    verdict, masked = policies.check_texts([container[key] for container, key in slots])
+    noted.extend(f.to_dict() for f in verdict.findings)
     if verdict.refusal is not None:
         raise _refusal(verdict.refusal, describe(verdict.refusal))
     if verdict.redacted:
@@ -133,8 +132,7 @@ def check_request(call: Any, policies: PolicySet) -> None:
             container[key] = text
     tokens = policies.check_input_tokens(_estimate_tokens(masked))
     if tokens is not None:
-        found.append(tokens)
-        call.guard = [f.to_dict() for f in found]
+        noted.append(tokens.to_dict())
         if tokens.action == "refuse":
             raise _refusal(tokens, f"the prompt is over its cap of {_limit(policies, tokens)} tokens")
     cap = policies.max_output_tokens()
@@ -143,8 +141,7 @@ def check_request(call: Any, policies: PolicySet) -> None:
         asked = [call.body.get(k) for k in ("max_tokens", "max_completion_tokens") if isinstance(call.body.get(k), int)]
         if asked and max(asked) > limit:
             finding = Finding(rule.policy, rule.name, rule.kind, rule.action)
-            found.append(finding)
-            call.guard = [f.to_dict() for f in found]
+            noted.append(finding.to_dict())
             if rule.action == "refuse":
                 raise _refusal(finding, f"{max(asked)} output tokens asked for, its cap is {limit}")
         for key in ("max_tokens", "max_completion_tokens"):
