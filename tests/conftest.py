@@ -15,7 +15,8 @@ from apps.accounts.models import User
 BACKEND = os.environ.get("LLMGW_TEST_BACKEND", "")
 #: Set by scripts/test for its SQLite run after a PostgreSQL one: the tests that use neither the
 #: database nor the web stack (the agent's own, placement's, the mirror's file readers, the fabric
-#: map's parser and placement plugins) ran in the first and are not run a second time.
+#: map's parser and placement plugins, guardrails' rules, the gateway on its in-memory tables) ran
+#: in the first and are not run a second time.
 SKIP_BACKEND_FREE = os.environ.get("LLMGW_TEST_SKIP_BACKEND_FREE") == "1"
 #: Files (and folders, ending in /) the SQLite run leaves to the PostgreSQL one although they use a
 #: database: what they check does not depend on which (the API's shapes against its schema; the
@@ -50,9 +51,8 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if not SKIP_BACKEND_FREE:
         return
     here = os.path.dirname(__file__)
-    backend_free_dirs = tuple(
-        os.path.join(here, name) + os.sep for name in ("agent", "placement", "mirror", "fabrics", "guardrails")
-    )
+    free_dirs = ("agent", "placement", "mirror", "fabrics", "guardrails", "gateway")
+    backend_free_dirs = tuple(os.path.join(here, name) + os.sep for name in free_dirs)
     second_run_files = {os.path.join(here, *name.split("/")) for name in SECOND_RUN_SKIPS if not name.endswith("/")}
     second_run_dirs = tuple(
         os.path.join(here, name.rstrip("/")) + os.sep for name in SECOND_RUN_SKIPS if name.endswith("/")

@@ -31,6 +31,7 @@ from apps.gateway.accounting import CANCELLED, Accountant
 from apps.gateway.errors import Refused, send_error
 from apps.gateway.guard import (
     GuardUnavailable,
+    answer_text,
     check_request,
     guard_prompt,
     guard_refusal,
@@ -81,6 +82,9 @@ MISS_RECHECK_S = 0.1
 UNREACHABLE_S = 5.0
 # How long an Anthropic stream's first event waits for the engine to count the prompt.
 PROMPT_COUNT_WAIT_S = 2.0
+# A guard model judging a streamed answer is asked about it each time this many more characters
+# have passed (about 250 tokens), besides its end.
+JUDGE_EVERY = 1000
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -380,8 +384,8 @@ class GatewayApp:
         policies = self.tables.guards.for_call(call.entry, call.model) if self.tables.guards else None
         if policies is not None:
             check_request(call, policies)
-            for rule in policies.guard_models:
-                await self.ask_guard(call, rule)
+            if policies.guard_prompts:
+                await _unless_client_leaves(self.judge_prompt(call, policies.guard_prompts), receive)
         check_size(call.body, most_messages=self.max_messages, most_parts=self.max_parts)
         contexts = [u.context_size for u in route.upstreams if u.context_size]
         check_fits(call.body, min(contexts) if contexts and len(contexts) == len(route.upstreams) else None)
@@ -395,31 +399,53 @@ class GatewayApp:
         call.lease = lease
         await self.forward(call, route, receive, send)
 
-    async def ask_guard(self, call: Call, rule: Any) -> None:
-        """Ask a guard model (a model llmgw serves, hosted or external) for its verdict on the prompt,
-        within the rule's time; a model that gives none follows the rule's fail mode."""
+    async def judge_prompt(self, call: Call, rules: list[Any]) -> None:
+        """The guard models' verdicts on the prompt, in the rules' order: refused when one holds it."""
+        for rule in rules:
+            held = await self.judge(call, rule)
+            if held is not None:
+                finding, unsafe, detail = held
+                model = rule.models[0]
+                raise guard_refusal(finding, model, detail) if unsafe else guard_unavailable(finding, model, detail)
+
+    async def judge_answer(self, call: Call, answer: str) -> Any:
+        """The guard models' verdicts on an answer: the finding that stops it, or None."""
+        guard = call.answer_guard
+        for rule in guard.policies.guard_answers if guard is not None else ():
+            held = await self.judge(call, rule, answer)
+            if held is not None:
+                return held[0]
+        return None
+
+    async def judge(self, call: Call, rule: Any, answer: str | None = None) -> tuple[Any, bool, str] | None:
+        """Ask a rule's guard model (a model llmgw serves, hosted or external) for its verdict on the
+        prompt, or on the answer when one is given, within the rule's time. None when the request (or
+        answer) goes on; else (finding, unsafe, detail): judged unsafe (detail: the model's answer) or
+        no verdict from a rule that fails closed (detail: why). Every outcome is on the call's record."""
         from apps.guardrails.engine import GUARD_TIMEOUT_MS, Finding, guard_verdict
 
         model = rule.models[0]
-        finding = Finding(rule.policy, rule.name, rule.kind, rule.action)
+        holds = rule.action != "log"
+        acted = ("stop" if answer is not None else "refuse") if holds else "log"
+        finding = Finding(rule.policy, rule.name, rule.kind, acted)
+        where = {"where": "answer"} if answer is not None else {}
         timeout = (rule.limit or GUARD_TIMEOUT_MS) / 1000
         try:
-            answer = await asyncio.wait_for(self._guard_answer(call, model), timeout)
-            verdict = guard_verdict(answer)
+            said = await asyncio.wait_for(self._guard_answer(call, model, answer), timeout)
+            verdict = guard_verdict(said)
             if verdict is None:
-                raise GuardUnavailable(f"it answered neither safe nor unsafe: {answer[:60]!r}")
+                raise GuardUnavailable(f"it answered neither safe nor unsafe: {said[:60]!r}")
         except (TimeoutError, GuardUnavailable) as exc:
             why = f"no answer within {timeout * 1000:.0f} ms" if isinstance(exc, TimeoutError) else str(exc)
-            call.guard.append({**finding.to_dict(), "action": "log" if rule.fail_open else "refuse", "error": why})
-            if not rule.fail_open:
-                raise guard_unavailable(finding, model, why) from None
-            return
-        if verdict:
-            call.guard.append(finding.to_dict())
-            if rule.action == "refuse":
-                raise guard_refusal(finding, model, answer)
+            closed = not rule.fail_open
+            call.guard.append({**finding.to_dict(), **where, "action": acted if closed else "log", "error": why})
+            return (finding, False, why) if closed else None
+        if not verdict:
+            return None
+        call.guard.append({**finding.to_dict(), **where})
+        return (finding, True, said) if holds else None
 
-    async def _guard_answer(self, call: Call, model: str) -> str:
+    async def _guard_answer(self, call: Call, model: str, answer: str | None) -> str:
         route = self.tables.models.get(model)
         if route is None or not route.upstreams:
             raise GuardUnavailable(f"“{model}” has no replica ready" if route else f"“{model}” is not in the catalog")
@@ -430,7 +456,7 @@ class GatewayApp:
             upstream = lease.upstream
             body = {
                 "model": upstream.upstream_model,
-                "messages": guard_prompt(prompt_text(call.body)),
+                "messages": guard_prompt(prompt_text(call.body), answer),
                 "max_tokens": 16,
                 "temperature": 0,
             }
@@ -717,6 +743,14 @@ class GatewayApp:
                 raise _read_refusal(call, exc) from None
         # The engine is done with it: its slot is free before the client hears the answer.
         await self.keeper.give_back(call.lease)
+        guard = call.answer_guard
+        if response.status == 200 and guard is not None and guard.policies.guard_answers:
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                data = None
+            if isinstance(data, dict):
+                guard.judged = await self.judge_answer(call, answer_text(data))
         out = whole_answer(call, response.status, raw)
         await send(
             {
@@ -750,8 +784,26 @@ class GatewayApp:
         if opening:
             await send({"type": "http.response.body", "body": opening, "more_body": True})
         error = None
+        # A guard model judging the answer is asked again each JUDGE_EVERY characters while it
+        # streams (in the background: the stream does not wait), and once more at its end, which is
+        # held until the verdict.
+        check: asyncio.Task[Any] | None = None
+        judge_at = JUDGE_EVERY
+        chunks = aiter(response.iter_chunks())
         try:
-            async for chunk in response.iter_chunks():
+            while True:
+                if check is None:
+                    chunk = await anext(chunks, None)
+                else:  # the next chunk, or the verdict if it comes first
+                    chunk, stop = await _next_or_verdict(chunks, check)
+                    if chunk is None and stop is not None:
+                        check = None
+                        await send({"type": "http.response.body", "body": relay.stop(stop), "more_body": True})
+                        break
+                    if check.done():
+                        check = None
+                if chunk is None:
+                    break
                 out = relay.feed(chunk)
                 if relay.stopped:
                     # A guardrail ended the answer: nothing more is read, and leaving the stream
@@ -765,10 +817,23 @@ class GatewayApp:
                     await self.keeper.give_back(call.lease)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                if relay.judging and relay.held is None and check is None and relay.answer_chars >= judge_at:
+                    judge_at = relay.answer_chars + JUDGE_EVERY
+                    check = asyncio.create_task(self.judge_answer(call, "".join(relay.answer)))
         except UpstreamError as exc:  # the upstream died mid-stream
             error = f"the upstream stream broke: {type(exc).__name__}: {exc}"
+        finally:
+            if check is not None:
+                check.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await check
         if call.lease is not None:
             await self.keeper.give_back(call.lease)  # before the client's stream ends
+        if relay.held is not None:
+            stop = await self.judge_answer(call, "".join(relay.answer))
+            out = relay.release(stop)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
         tail = relay.end(error)
         usage = relay.counter.usage
         call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
@@ -892,6 +957,42 @@ def _model_object(name: str, route: ModelRoute) -> dict[str, Any]:
         "owned_by": "llmgw",
         "llmgw": {"hardware": route.hardware, "ready_replicas": len(route.upstreams)},
     }
+
+
+async def _next_or_verdict(chunks: Any, check: asyncio.Task[Any]) -> tuple[bytes | None, Any]:
+    """(the stream's next chunk, None) when it comes before a stopping verdict; (None, the finding)
+    when the verdict stops the answer first (the chunk is not waited for). A safe verdict that comes
+    first is taken and the chunk still waited for."""
+    if check.done():
+        stop = check.result()
+        return (None, stop) if stop is not None else (await anext(chunks, None), None)
+    following = asyncio.ensure_future(anext(chunks, None))
+    await asyncio.wait({following, check}, return_when=asyncio.FIRST_COMPLETED)
+    if check.done() and check.result() is not None:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await following
+        return None, check.result()
+    return await following, None
+
+
+async def _unless_client_leaves(work: Awaitable[None], receive: Receive) -> None:
+    """Await work (a guard model's verdict) while watching the client: one that goes away ends it
+    (the guard model's request is cancelled) with ClientLeft."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_watch_disconnect(receive))
+    try:
+        done, _pending = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise ClientLeft("the client went away while a guard model judged its prompt")
+        task.result()
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
 
 
 async def _watch_disconnect(receive: Receive) -> None:

@@ -18,12 +18,22 @@ reading the engine, which cancels its request.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from apps.gateway.errors import Refused
 from apps.guardrails.engine import Finding, OutputGuard, PolicySet
 
-__all__ = ["AnswerGuard", "GuardUnavailable", "check_request", "describe", "guard_prompt", "prompt_text"]
+__all__ = [
+    "AnswerGuard",
+    "GuardUnavailable",
+    "answer_text",
+    "check_request",
+    "chunk_text",
+    "describe",
+    "guard_prompt",
+    "prompt_text",
+]
 
 WHAT = {
     "terms": "a blocked term",
@@ -86,10 +96,34 @@ class GuardUnavailable(Exception):
     """A guard model that gave no verdict: not served, busy, slow, failing, or saying neither."""
 
 
-def guard_prompt(text: str) -> list[dict[str, str]]:
-    """What a guard model is asked: the user's turn as it is (Llama Guard and ShieldGemma take the
-    conversation to judge as their input and answer safe/unsafe, or Yes/No)."""
-    return [{"role": "user", "content": text}]
+def guard_prompt(text: str, answer: str | None = None) -> list[dict[str, str]]:
+    """What a guard model is asked: the user's turn as it is, and the answer as the assistant's turn
+    when the answer is judged (Llama Guard and ShieldGemma take the conversation to judge as their
+    input, its last turn the one judged, and answer safe/unsafe, or Yes/No)."""
+    turns = [{"role": "user", "content": text}]
+    if answer is not None:
+        turns.append({"role": "assistant", "content": answer})
+    return turns
+
+
+def answer_text(data: dict[str, Any]) -> str:
+    """A whole chat (or completions) answer's first choice's text."""
+    choices = data.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def chunk_text(data: dict[str, Any]) -> str:
+    """The text a chat (or completions) chunk adds to its first choice."""
+    text = ""
+    for choice in data.get("choices") or []:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            text += piece if isinstance(piece, str) else ""
+    return text
 
 
 def guard_refusal(finding: Finding, model: str, answer: str) -> Refused:
@@ -164,6 +198,7 @@ class AnswerGuard:
         self.call = call
         self.guards: dict[int, OutputGuard] = {}
         self.stopped: Finding | None = None
+        self.judged: Finding | None = None  # a guard model's verdict that withholds a whole answer
 
     def _guard(self, index: int) -> OutputGuard:
         guard = self.guards.get(index)
@@ -207,8 +242,40 @@ class AnswerGuard:
             data["llmgw_guardrail"] = {"policy": self.stopped.policy, "rule": self.stopped.rule, "action": "stop"}
         return data
 
+    def stopping_chunk(self, finding: Finding) -> dict[str, Any]:
+        """The chunk that ends a streamed answer a guard model stopped (the rest is not sent)."""
+        self.stopped = finding
+        call = self.call
+        completions = call.endpoint.name == "completions"
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "content_filter"}
+        if completions:
+            choice["text"] = ""
+        else:
+            choice["delta"] = {}
+        return {
+            "id": call.request_id,
+            "object": "text_completion" if completions else "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": call.model,
+            "choices": [choice],
+            "llmgw_guardrail": {"policy": finding.policy, "rule": finding.rule, "action": "stop"},
+        }
+
     def whole(self, data: dict[str, Any]) -> dict[str, Any]:
-        """A whole (not streamed) answer with its text checked: masked, or cut where it must stop."""
+        """A whole (not streamed) answer with its text checked: masked, cut where it must stop, or
+        withheld when a guard model judged it."""
+        if self.judged is not None:
+            for choice in data.get("choices") or []:
+                if not isinstance(choice, dict):
+                    continue
+                if isinstance(choice.get("message"), dict):
+                    choice["message"] = {"role": "assistant", "content": ""}
+                else:
+                    choice["text"] = ""
+                choice["finish_reason"] = "content_filter"
+            self.stopped = self.judged
+            data["llmgw_guardrail"] = {"policy": self.judged.policy, "rule": self.judged.rule, "action": "stop"}
+            return data
         for choice in data.get("choices") or []:
             if not isinstance(choice, dict):
                 continue
@@ -223,4 +290,6 @@ class AnswerGuard:
             if guard.stopped is not None:
                 choice["finish_reason"] = "content_filter"
                 self.stopped = self.stopped or guard.stopped
+        if self.stopped is not None:
+            data["llmgw_guardrail"] = {"policy": self.stopped.policy, "rule": self.stopped.rule, "action": "stop"}
         return data

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from apps.gateway.errors import Refused, upstream_refusal
+from apps.gateway.guard import chunk_text
 from apps.gateway.intake import EMBEDDINGS, MESSAGES, RESPONSES, Call
 from apps.gateway.tokens import estimate_prompt_tokens
 from apps.gateway.translate import (
@@ -78,7 +79,18 @@ def translator_for(call: Call) -> Any:
 class StreamRelay:
     """One stream from the engine to the client (see the module docstring)."""
 
-    __slots__ = ("_buffer", "call", "counter", "finished", "stopped", "translator")
+    __slots__ = (
+        "_buffer",
+        "answer",
+        "answer_chars",
+        "call",
+        "counter",
+        "finished",
+        "held",
+        "judging",
+        "stopped",
+        "translator",
+    )
 
     def __init__(self, call: Call, translator: Any = None) -> None:
         self.call = call
@@ -87,6 +99,13 @@ class StreamRelay:
         self._buffer = b""
         self.finished = False  # the engine ended the stream properly ([DONE])
         self.stopped = False  # a guardrail ended the answer: the rest of the engine's stream is not read
+        # A guard model judges the answer: its end (the finishing chunk, the usage, [DONE]) is held
+        # until the verdict (`release`), and its text is kept to be judged.
+        guard = call.answer_guard
+        self.judging = guard is not None and bool(guard.policies.guard_answers)
+        self.held: list[bytes] | None = None
+        self.answer: list[str] = []
+        self.answer_chars = 0
 
     def start(self) -> bytes:
         """What opens the client's stream before any chunk (Anthropic's message_start, …)."""
@@ -107,6 +126,9 @@ class StreamRelay:
         return b"".join(out)
 
     def _event(self, event: bytes, out: list[bytes]) -> None:
+        if self.held is not None:
+            self.held.append(event)
+            return
         payload = _sse_data(event)
         translator = self.translator
         if payload is None:
@@ -115,7 +137,9 @@ class StreamRelay:
             return
         if payload == b"[DONE]":
             self.finished = True
-            if translator is None:
+            if self.judging:
+                self.held = [event]
+            elif translator is None:
                 out.append(b"data: [DONE]\n\n")
             return
         try:
@@ -127,6 +151,14 @@ class StreamRelay:
         call = self.call
         if call.first_token_at is None and has_token(data):
             call.first_token_at = time.perf_counter()
+        if self.judging:
+            text = chunk_text(data)
+            if text:
+                self.answer.append(text)
+                self.answer_chars += len(text)
+            if any(isinstance(c, dict) and c.get("finish_reason") is not None for c in data.get("choices") or []):
+                self.held = [event]
+                return
         self.counter.feed(data)
         guard = call.answer_guard
         if guard is not None:
@@ -140,6 +172,38 @@ class StreamRelay:
         out.append(self._passed_on(data, payload))
         if self.stopped:
             out.append(self._stopped_tail())
+
+    def release(self, stop: Any = None) -> bytes:
+        """The held end of a judged answer, as the engine sent it (`stop` None), or the answer
+        stopped there by the guard model's finding (what was held back is not sent)."""
+        held, self.held, self.judging = self.held or [], None, False
+        if stop is None:
+            out: list[bytes] = []
+            for event in held:
+                self._event(event, out)
+            return b"".join(out)
+        for event in held:  # the usage the engine reported, for the record
+            payload = _sse_data(event)
+            if payload is not None and payload != b"[DONE]":
+                try:
+                    data = json.loads(payload)
+                except ValueError:
+                    continue
+                if isinstance(data, dict):
+                    self.counter.feed(data)
+        return self.stop(stop)
+
+    def stop(self, finding: Any) -> bytes:
+        """End the answer here, for a guard model's finding: the stopping chunk in the client's protocol
+        and, for an OpenAI client, the usage it asked for and [DONE]."""
+        guard = self.call.answer_guard
+        assert guard is not None
+        data = guard.stopping_chunk(finding)
+        self.held, self.judging = None, False
+        self.stopped = self.finished = True
+        if self.translator is not None:
+            return _events(self.translator.feed(data))
+        return self._passed_on(data, json.dumps(data, ensure_ascii=False).encode()) + self._stopped_tail()
 
     def _stopped_tail(self) -> bytes:
         """After an OpenAI stream a guardrail stopped: the usage chunk the client asked for (what was

@@ -401,14 +401,16 @@ class PolicySet:
         self.inbound = _Matcher([r for r in self.rules if r.kind in TEXT_KINDS and r.applies_to in ("input", "both")])
         self.outbound = _Matcher([r for r in self.rules if r.kind in TEXT_KINDS and r.applies_to in ("output", "both")])
         self.caps = [r for r in self.rules if r.kind in ("max_input_tokens", "max_output_tokens", "models")]
-        self.guard_models = [r for r in self.rules if r.kind == "guard_model" and r.models]
+        guards = [r for r in self.rules if r.kind == "guard_model" and r.models]
+        self.guard_prompts = [r for r in guards if r.applies_to in ("input", "both")]
+        self.guard_answers = [r for r in guards if r.applies_to in ("output", "both")]
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
     @property
     def watches_output(self) -> bool:
-        return not self.outbound.empty
+        return not self.outbound.empty or bool(self.guard_answers)
 
     def max_output_tokens(self) -> tuple[RuleSpec, int] | None:
         found = [(r, r.limit) for r in self.caps if r.kind == "max_output_tokens" and r.limit]
@@ -481,6 +483,8 @@ class OutputGuard:
     def feed(self, delta: str) -> str:
         if self.stopped is not None:
             return ""
+        if self.matcher.empty:
+            return delta  # only a guard model watches this answer: nothing to hold back
         self.pending += delta
         if len(self.pending) < self.window + self.step:
             return ""  # not scanned yet: nothing of it is sent before it is

@@ -162,13 +162,10 @@ class Rule(models.Model):
             not isinstance(self.model_names, list) or len(self.model_names) != 1 or not self.model_names[0]
         ):
             errors["model_names"] = [str(_("Name the one guard model to ask."))]
-        if self.kind == "guard_model" and self.applies_to != "input":
-            errors["applies_to"] = [str(_("A guard model is asked about the prompt, before the request goes on."))]
-        if self.kind in ("max_input_tokens", "max_output_tokens", "models", "guard_model") and self.action not in (
-            "refuse",
-            "log",
-        ):
+        if self.kind in ("max_input_tokens", "max_output_tokens", "models") and self.action not in ("refuse", "log"):
             errors["action"] = [str(_("A cap or a model list can refuse or only log."))]
+        if self.kind == "guard_model" and self.action == "redact":
+            errors["action"] = [str(_("A guard model's verdict can refuse, stop the answer or only log."))]
         if self.action == "stop" and self.applies_to == "input":
             errors["action"] = [str(_("Only an answer can be stopped; apply the rule to the answer."))]
         if errors:

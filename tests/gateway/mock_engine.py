@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,8 @@ class MockEngine:
         self.mode = "ok"
         self.chunks = 3
         self.pieces: list[str] | None = None  # the answer's text, a chunk per piece (else "t0 t1 …")
-        self.replies: dict[str, str] = {}  # a model's own whole answer (a guard model's verdict)
+        # A model's own whole answer (a guard model's verdict), or a function of the request's body.
+        self.replies: dict[str, str | Callable[[dict[str, Any]], str]] = {}
         self.delays: dict[str, float] = {}  # seconds a model's answers wait
         self.stream_usage = True
         self.prompt_tokens = 7
@@ -104,7 +106,7 @@ class MockEngine:
                     self.error_message,
                     "server_error" if self.error_status >= 500 else "invalid_request_error",
                 )
-            if mode == "ok" and not body.get("stream"):
+            if (mode == "ok" or body.get("model") in self.replies) and not body.get("stream"):
                 return web.json_response(self._completion(body))
             return await self._stream(request, body, mode)
         except (asyncio.CancelledError, ConnectionResetError):
@@ -112,6 +114,14 @@ class MockEngine:
             raise
         finally:
             self.active -= 1
+
+    def _reply(self, body: dict[str, Any]) -> str:
+        reply = self.replies.get(body.get("model"))
+        if callable(reply):
+            return reply(body)
+        if reply is not None:
+            return reply
+        return "".join(self.pieces) if self.pieces is not None else "Hello there"
 
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -124,9 +134,7 @@ class MockEngine:
                     "index": 0,
                     "message": {
                         "role": "assistant",
-                        "content": self.replies.get(
-                            body.get("model"), "".join(self.pieces) if self.pieces is not None else "Hello there"
-                        ),
+                        "content": self._reply(body),
                     },
                     "finish_reason": "stop",
                 }

@@ -8,6 +8,7 @@ chunks) cannot be asked of a real model. The rules are the engine's own (apps.gu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from apps.gateway import metrics
 from apps.gateway.tables import Guards
 from apps.guardrails.engine import RuleSpec
-from tests.gateway.harness import WAIT, Gateway, anthropic, openai, sse_events
+from tests.gateway.harness import KEY, WAIT, Gateway, anthropic, openai, sse_events
 from tests.gateway.mock_engine import MockEngine
 
 CARD = "4111 1111 1111 1111"
@@ -260,3 +261,139 @@ async def test_a_guard_model_not_served_follows_the_fail_mode_too(gw: Gateway, e
     with pytest.raises(openai.InternalServerError) as caught:
         await gw.openai().chat.completions.create(model="m", messages=ask("hello"))
     assert "“nowhere” is not in the catalog" in caught.value.message
+
+
+def judge_answers(body: dict[str, Any]) -> str:
+    """A guard model that finds an answer about poison unsafe (the answer is the conversation's last
+    turn, the assistant's) and every prompt safe."""
+    turns = body["messages"]
+    if turns[-1]["role"] == "assistant" and "poison" in turns[-1]["content"]:
+        return "unsafe\nS9"
+    return "safe"
+
+
+def guard_answers(gw: Gateway, engine: MockEngine, action: str = "stop", **kw: Any) -> None:
+    from tests.gateway.harness import endpoint, route
+
+    gw.set_models(gw.app.tables.models["m"], route("llama-guard", [endpoint(engine.url, "g1", model="llama-guard")]))
+    policies(gw, rule("judged", "guard_model", action, models=("llama-guard",), applies_to="output", **kw))
+    engine.replies["llama-guard"] = judge_answers
+
+
+STOPPED_BY_JUDGE = {"policy": "company", "rule": "judged", "kind": "guard_model", "action": "stop", "where": "answer"}
+
+
+async def test_a_guard_model_judges_a_whole_answer_and_an_unsafe_one_is_withheld(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    guard_answers(gw, engine)
+    engine.pieces = ["Mix the poison ", "into the soup."]
+    answer = await gw.openai().chat.completions.create(model="m", messages=ask("a recipe?"))
+    assert answer.choices[0].message.content == ""
+    assert answer.choices[0].finish_reason == "content_filter"
+    judged = [seen.body for seen in engine.seen if seen.body["model"] == "llama-guard"]
+    said = {"role": "assistant", "content": "Mix the poison into the soup."}
+    assert judged[-1]["messages"] == [*ask("a recipe?"), said]
+    record = await gw.usage.wait()
+    assert record["guardrail"] == [STOPPED_BY_JUDGE]
+    message = await gw.anthropic().messages.create(model="m", max_tokens=50, messages=ask("a recipe?"))
+    assert message.stop_reason == "refusal" and not [b for b in message.content if b.type == "text" and b.text]
+    response = await gw.openai().responses.create(model="m", input="a recipe?")
+    assert response.status == "incomplete" and response.output_text == ""
+    assert response.incomplete_details is not None and response.incomplete_details.reason == "content_filter"
+    engine.pieces = ["Knead the dough."]  # a safe answer is returned as it is
+    answer = await gw.openai().chat.completions.create(model="m", messages=ask("a recipe?"))
+    assert answer.choices[0].message.content == "Knead the dough." and answer.choices[0].finish_reason == "stop"
+
+
+async def test_a_streamed_answer_ends_with_the_guard_models_verdict_on_every_api(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    guard_answers(gw, engine)
+    engine.pieces = ["Mix the poison ", "into the soup."]
+    stream = await gw.openai().chat.completions.create(
+        model="m", messages=ask("a recipe?"), stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["content_filter"]  # the engine's own "stop" never reached the client
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2  # what the engine said
+    async with gw.anthropic().messages.stream(model="m", max_tokens=50, messages=ask("a recipe?")) as events:
+        message = await events.get_final_message()
+    assert message.stop_reason == "refusal"
+    responses = [event async for event in await gw.openai().responses.create(model="m", input="r?", stream=True)]
+    assert responses[-1].type == "response.incomplete"
+    assert responses[-1].response.incomplete_details.reason == "content_filter"  # type: ignore[union-attr]
+    raw = await gw.post("/v1/chat/completions", {"model": "m", "messages": ask("r?"), "stream": True})
+    events = sse_events(raw.text)
+    assert events[-1] == (None, "[DONE]") and '"llmgw_guardrail": {"policy": "company", "rule": "judged"' in raw.text
+    engine.pieces = ["Knead ", "the dough."]
+    stream = await gw.openai().chat.completions.create(model="m", messages=ask("bread?"), stream=True)
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Knead the dough."
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_a_long_streamed_answer_is_judged_as_it_goes_and_stopped_with_the_engine_cancelled(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    guard_answers(gw, engine)
+    engine.pieces = ["Take the poison. ", *["And so on and on. "] * 60]  # 1,097 characters
+    engine.mode = "hang"  # then the engine goes on without end: only the verdict on what came ends it
+    stream = await gw.openai().chat.completions.create(model="m", messages=ask("go on"), stream=True)
+    text, finish = "", None
+    async for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert finish == "content_filter"
+    assert text.startswith("Take the poison.") and len(text) >= 1000  # judged once 1,000 had passed
+    async with asyncio.timeout(WAIT):
+        await engine.closed.wait()
+    record = await gw.usage.wait()
+    assert STOPPED_BY_JUDGE in record["guardrail"]
+
+
+async def test_a_guard_model_that_cannot_judge_an_answer_follows_the_fail_mode(gw: Gateway, engine: MockEngine) -> None:
+    guard_answers(gw, engine, limit=200)
+    engine.delays["llama-guard"] = 2.0
+    engine.pieces = ["Knead the dough."]
+    answer = await gw.openai().chat.completions.create(model="m", messages=ask("bread?"))
+    assert answer.choices[0].finish_reason == "content_filter"  # fails closed: withheld
+    record = await gw.usage.wait()
+    assert record["guardrail"] == [{**STOPPED_BY_JUDGE, "error": "no answer within 200 ms"}]
+    guard_answers(gw, engine, limit=200, fail_open=True)
+    engine.delays["llama-guard"] = 2.0
+    stream = await gw.openai().chat.completions.create(model="m", messages=ask("bread?"), stream=True)
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Knead the dough."
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    record = await gw.usage.wait(2)
+    assert record["guardrail"] == [{**STOPPED_BY_JUDGE, "action": "log", "error": "no answer within 200 ms"}]
+
+
+async def test_a_client_that_leaves_while_the_guard_model_judges_its_prompt_cancels_the_guards_request(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    with_guard_model(gw, engine, limit=30_000)
+    engine.replies["llama-guard"] = "safe"
+    engine.delays["llama-guard"] = 20.0
+    body = {"model": "m", "messages": ask("hello")}
+
+    async def post() -> None:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with gw.client.post(gw.url + "/v1/chat/completions", json=body, headers=headers) as answer:
+            await answer.read()
+
+    request = asyncio.create_task(post())
+    async with asyncio.timeout(WAIT):
+        await engine.arrived.wait()
+    request.cancel()  # the client closes its connection
+    with contextlib.suppress(asyncio.CancelledError):
+        await request
+    async with asyncio.timeout(WAIT):
+        await engine.closed.wait()  # the guard model's request went away with the client
+    record = await gw.usage.wait()
+    assert record["status"] == 499
+    assert record["error"] == "the client went away while a guard model judged its prompt"
+    assert [seen.body["model"] for seen in engine.seen] == ["llama-guard"]  # the model itself was never asked

@@ -31,9 +31,12 @@ def test_a_rule_is_checked_when_saved() -> None:
         Rule(policy=policy, name="s", kind="detector", detector="card", action="stop", applies_to="input").full_clean()
     with pytest.raises(ValidationError, match="Name the one guard model"):
         Rule(policy=policy, name="g", kind="guard_model", model_names=[], applies_to="input").full_clean()
-    with pytest.raises(ValidationError, match="asked about the prompt"):
-        Rule(policy=policy, name="g", kind="guard_model", model_names=["llama-guard"], applies_to="both").full_clean()
-    Rule(policy=policy, name="g", kind="guard_model", model_names=["llama-guard"], applies_to="input").full_clean()
+    with pytest.raises(ValidationError, match="can refuse, stop the answer or only log"):
+        Rule(policy=policy, name="g", kind="guard_model", model_names=["lg"], action="redact").full_clean()
+    with pytest.raises(ValidationError, match="A cap or a model list can refuse or only log"):
+        Rule(policy=policy, name="c", kind="max_input_tokens", limit=5, action="stop", applies_to="output").full_clean()
+    for where in ("input", "output", "both"):  # a guard model judges the prompt, the answer or both
+        Rule(policy=policy, name="g", kind="guard_model", model_names=["llama-guard"], applies_to=where).full_clean()
     org = services.create_organization(name="Acme", actor=None)
     both = Policy(name="two", organization=org, model=make_model("m", gpus=1))
     with pytest.raises(ValidationError, match="not 2 of them"):
