@@ -16,6 +16,7 @@ from apps.cluster import views as cluster_views
 from apps.fabrics import api as fabrics_api
 from apps.facility import api as facility_api
 from apps.gateway import views as chat_views
+from apps.guardrails import api as guardrails_api
 from apps.guardrails import views as guardrails_views
 from apps.mirror import api as mirror_api
 from apps.quotas import api as quotas_api
@@ -54,6 +55,8 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("facility/holds", facility_api.HoldsView.as_view(), name="api-facility-holds"),
     path("facility/release", facility_api.ReleaseView.as_view(), name="api-facility-release"),
     path("facility/budgets", facility_api.BudgetsView.as_view(), name="api-facility-budgets"),
+    path("guardrails", guardrails_api.PoliciesView.as_view(), name="api-guardrails"),
+    path("guardrails/<str:name>", guardrails_api.PolicyView.as_view(), name="api-guardrail"),
     path("fabric-tests", fabrics_api.FabricTestsView.as_view(), name="api-fabric-tests"),
     path("fabric-tests/<str:pk>", fabrics_api.FabricTestView.as_view(), name="api-fabric-test"),
     path("agent-requests", cluster_api.AgentRequestsView.as_view(), name="api-agent-requests"),
@@ -126,6 +129,8 @@ urlpatterns = [
     path("fabrics/", include("apps.fabrics.urls")),
     path("facility/", include("apps.facility.urls")),
     path("guardrails/", guardrails_views.guardrails, name="guardrails"),
+    path("guardrails/set", guardrails_views.set_policy, name="guardrails-set"),
+    path("guardrails/remove", guardrails_views.remove_policy, name="guardrails-remove"),
     path("models/", include("apps.catalog.urls")),
     path("api/v1/", include(api_urlpatterns)),
     # The admin signs in through /login/, under the same bounds as everyone else.

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from apps.guardrails.models import Policy, Rule
 
-__all__ = ["guardrails_page", "policies_for"]
+__all__ = ["action_counts", "guardrails_page", "policies_for"]
 
 RECENT = 50  # actions listed
 COUNTED = 10_000  # the most recent verdicts counted per policy
@@ -47,24 +47,44 @@ def _policies() -> Any:
     ).prefetch_related(Prefetch("rules", queryset=Rule.objects.order_by("order", "pk")))
 
 
-def guardrails_page(hours: int = 24) -> dict[str, Any]:
-    """Every policy with its rules; counts of what each did in the last `hours` by action; the most
-    recent actions with their request."""
+ACTIONS = ("refuse", "redact", "stop", "log")
+
+
+def _verdicts(hours: int, **filters: Any) -> Any:
     from apps.quotas.models import UsageRecord
 
     since = timezone.now() - timedelta(hours=hours)
-    counts: dict[str, Counter[str]] = {}
-    recent: list[dict[str, Any]] = []
-    records = (
-        UsageRecord.objects.filter(guardrail__isnull=False, created_at__gte=since)
+    return (
+        UsageRecord.objects.filter(guardrail__isnull=False, created_at__gte=since, **filters)
         .order_by("-created_at")
         .values("request_id", "created_at", "model", "endpoint", "status", "guardrail")[:COUNTED]
     )
-    for record in records:
-        for finding in record["guardrail"] or []:
-            if not isinstance(finding, dict):
-                continue
-            counts.setdefault(str(finding.get("policy")), Counter())[str(finding.get("action"))] += 1
+
+
+def _count(counts: dict[str, Counter[str]], record: dict[str, Any]) -> list[dict[str, Any]]:
+    findings = [f for f in record["guardrail"] or [] if isinstance(f, dict)]
+    for finding in findings:
+        counts.setdefault(str(finding.get("policy")), Counter())[str(finding.get("action"))] += 1
+    return findings
+
+
+def action_counts(hours: int = 24, **filters: Any) -> dict[str, dict[str, int]]:
+    """What each policy's rules did in the last `hours`, by action: {"pii": {"refuse": 3, ...}}, only
+    the policies that did something (of the most recent COUNTED requests with a verdict). `filters`
+    narrow the usage records (a key's, a project's)."""
+    counts: dict[str, Counter[str]] = {}
+    for record in _verdicts(hours, **filters):
+        _count(counts, record)
+    return {policy: {a: found.get(a, 0) for a in ACTIONS} for policy, found in sorted(counts.items())}
+
+
+def guardrails_page(hours: int = 24) -> dict[str, Any]:
+    """Every policy with its rules; counts of what each did in the last `hours` by action; the most
+    recent actions with their request."""
+    counts: dict[str, Counter[str]] = {}
+    recent: list[dict[str, Any]] = []
+    for record in _verdicts(hours):
+        for finding in _count(counts, record):
             if len(recent) < RECENT:
                 recent.append(
                     {**{k: record[k] for k in ("request_id", "created_at", "model", "endpoint", "status")}, **finding}
@@ -72,7 +92,7 @@ def guardrails_page(hours: int = 24) -> dict[str, Any]:
     policies = [_policy_row(p) for p in _policies()]
     for row in policies:
         found = counts.get(row["name"], Counter())
-        row["counts"] = {action: found.get(action, 0) for action in ("refuse", "redact", "stop", "log")}
+        row["counts"] = {action: found.get(action, 0) for action in ACTIONS}
     return {"policies": policies, "recent": recent, "hours": hours}
 
 

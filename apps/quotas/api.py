@@ -103,6 +103,10 @@ class UsageView(APIView):
                 "until": serializers.DateTimeField(),
                 "period": serializers.CharField(),
                 "results": serializers.ListField(child=USAGE_ROW),
+                "guardrails": serializers.ListField(
+                    child=serializers.DictField(),
+                    help_text="per guardrail policy: the requests it refused, redacted, stopped or only logged",
+                ),
             },
         ),
     )
@@ -125,6 +129,11 @@ class UsageView(APIView):
                 "until": params["until"],
                 "period": period,
                 "results": [row.as_dict() for row in rows],
+                "guardrails": selectors.guardrail_counts(
+                    request.user,  # type: ignore[arg-type]
+                    since=params["since"],
+                    until=params["until"],
+                ),
             }
         )
 

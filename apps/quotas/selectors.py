@@ -22,6 +22,7 @@ __all__ = [
     "UNKNOWN_MODEL",
     "UsageRow",
     "get_request_for_user",
+    "guardrail_counts",
     "period_for",
     "usage_summary",
     "visible_rollups",
@@ -226,3 +227,28 @@ def get_request_for_user(user: User, request_id: str) -> UsageRecord | None:
     if can_read_everything(user) or (record.user_id is not None and record.user_id == getattr(user, "pk", None)):
         return record
     return None
+
+
+GUARDRAIL_ACTIONS = ("refuse", "redact", "stop", "log")
+
+
+def guardrail_counts(user: User, *, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    """What each guardrail policy did to the requests the person may see in [since, until): per
+    policy, the requests it refused, redacted, stopped or only logged (a request counts once per
+    policy and action, however many of its rules acted), busiest first. Read from the requests'
+    own verdicts, so a policy since renamed or deleted is counted under the name it had."""
+    records = UsageRecord.objects.filter(guardrail__isnull=False, created_at__gte=since, created_at__lt=until)
+    visible = _visibility(user)
+    if visible is not None:
+        records = records.filter(visible)
+    counts: dict[str, dict[str, int]] = {}
+    for verdict in records.values_list("guardrail", flat=True).iterator(chunk_size=2000):
+        seen = {
+            (str(f.get("policy")), str(f.get("action")))
+            for f in verdict or []
+            if isinstance(f, dict) and f.get("action") in GUARDRAIL_ACTIONS
+        }
+        for policy, action in seen:
+            counts.setdefault(policy, dict.fromkeys(GUARDRAIL_ACTIONS, 0))[action] += 1
+    rows = [{"policy": policy, **found} for policy, found in counts.items()]
+    return sorted(rows, key=lambda r: (-(r["refuse"] + r["stop"] + r["redact"] + r["log"]), r["policy"]))

@@ -89,6 +89,7 @@ def usage(request: HtmxHttpRequest) -> HttpResponse:
         "group_label": UsageGroup(group).label,
         "since": since,
         "until": until,
+        "guardrails": selectors.guardrail_counts(request.user, since=since, until=until),  # type: ignore[arg-type]
     }
     template = "quotas/usage.html"
     if request.htmx and not request.htmx.boosted:

@@ -406,6 +406,9 @@ def add_all(ctl_sub: Any) -> None:
     from llmgw.cli.ctl_facility import add_facility_commands
 
     add_facility_commands(ctl_sub)
+    from llmgw.cli.ctl_guardrails import add_guardrail_commands
+
+    add_guardrail_commands(ctl_sub)
     add_model_commands(ctl_sub)
     add_usage_commands(ctl_sub)
     add_limit_commands(ctl_sub)

@@ -211,6 +211,13 @@ def held() -> str:
     return Hold.objects.create(level="rack", name=f"r{uuid.uuid4().hex[:8]}").domain
 
 
+def a_policy() -> str:
+    """A guardrail policy made just now, for a change or removal."""
+    from apps.guardrails.models import Policy
+
+    return Policy.objects.create(name=f"p{uuid.uuid4().hex[:8]}").name
+
+
 def budgeted() -> str:
     """A rack with a power cap just set, for a removal to end."""
     from apps.facility.models import Budget
@@ -348,6 +355,10 @@ MATRIX: dict[str, Route] = {
     "fabrics:fabric": Route("read_everything", mapped_fabric),
     "facility:facility": Route("read_everything"),
     "guardrails": Route("read_everything"),
+    "guardrails-set": Route(
+        "administrator", bodies=lambda w: {"POST": {"policy": f"name: p{uuid.uuid4().hex[:8]}\nrules: []\n"}}
+    ),
+    "guardrails-remove": Route("administrator", bodies=lambda w: {"POST": {"name": a_policy()}}),
     "facility:hold": Route(
         "change_cluster",
         bodies=lambda w: {"POST": {"level": "rack", "name": f"r{uuid.uuid4().hex[:8]}", "reason": "PDU swap"}},
@@ -450,6 +461,14 @@ MATRIX: dict[str, Route] = {
     "api-agent-requests": Route(("read_everything", "change_cluster")),
     "api-fabric-tests": Route(("read_everything", "change_cluster"), bodies=two_on_a_fabric),
     "api-facility": Route(("read_everything", "administrator")),
+    "api-guardrails": Route(
+        ("read_everything", "administrator"), bodies=lambda w: {"POST": {"name": f"p{uuid.uuid4().hex[:8]}"}}
+    ),
+    "api-guardrail": Route(
+        ("read_everything", "administrator"),
+        lambda w, role: {"name": a_policy()},
+        bodies=lambda w: {"PUT": {"description": "changed"}, "DELETE": {}},
+    ),
     "api-facility-holds": Route(
         ("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"domain": f"rack=r{uuid.uuid4().hex[:8]}"}}
     ),

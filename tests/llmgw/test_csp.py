@@ -55,6 +55,8 @@ POST_ONLY = {
     "facility:release",
     "facility:budget",
     "facility:budget-remove",
+    "guardrails-set",
+    "guardrails-remove",
     "cluster-engine-set",
     "cluster-engine-remove",
     "cluster-engine-build",
