@@ -93,7 +93,7 @@ RECORD_FIELDS = {
     "error",
     "guardrail",
 }
-GUARDRAIL_KEYS = ("policy", "rule", "kind", "action", "detector", "error")
+GUARDRAIL_KEYS = ("policy", "rule", "kind", "action", "detector", "where", "error")
 REFERENCES = {  # record field -> (app label, model name)
     "user_id": ("accounts", "User"),
     "api_key_id": ("accounts", "ApiKey"),

@@ -793,6 +793,7 @@ def cmd_request(client: Client, args: argparse.Namespace) -> int:
                 "; ".join(
                     f"{f.get('action')} {f.get('policy')}/{f.get('rule')}"
                     + (f" ({f['detector']})" if f.get("detector") else "")
+                    + (" on the answer" if f.get("where") == "answer" else "")
                     + (f" [no verdict: {f['error']}]" if f.get("error") else "")
                     for f in value
                 )
