@@ -69,6 +69,7 @@ class MockEngine:
         """Serve on a free port of 127.0.0.1; with an SSL context, over TLS (as a provider would)."""
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._chat)  # the same answers, as text completions
         # handler_cancellation: a client that goes away cancels the handler, which is how we see it.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -107,7 +108,7 @@ class MockEngine:
                     "server_error" if self.error_status >= 500 else "invalid_request_error",
                 )
             if (mode == "ok" or body.get("model") in self.replies) and not body.get("stream"):
-                return web.json_response(self._completion(body))
+                return web.json_response(self._completion(body, request.path == "/v1/completions"))
             return await self._stream(request, body, mode)
         except (asyncio.CancelledError, ConnectionResetError):
             self.closed.set()  # the client (the gateway) went away before we were done
@@ -123,7 +124,20 @@ class MockEngine:
             return reply
         return "".join(self.pieces) if self.pieces is not None else "Hello there"
 
-    def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _completion(self, body: dict[str, Any], text_api: bool = False) -> dict[str, Any]:
+        if text_api:
+            return {
+                "id": "cmpl-mock",
+                "object": "text_completion",
+                "created": 0,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "text": self._reply(body), "finish_reason": "stop"}],
+                "usage": {
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": 2,
+                    "total_tokens": self.prompt_tokens + 2,
+                },
+            }
         return {
             "id": "chatcmpl-mock",
             "object": "chat.completion",
@@ -146,7 +160,18 @@ class MockEngine:
             },
         }
 
-    def _chunk(self, body: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def _chunk(
+        self, body: dict[str, Any], delta: dict[str, Any], finish: str | None = None, text_api: bool = False
+    ) -> bytes:
+        if text_api:
+            data: dict[str, Any] = {
+                "id": "cmpl-mock",
+                "object": "text_completion",
+                "created": 0,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}],
+            }
+            return b"data: " + json.dumps(data).encode() + b"\n\n"
         data = {
             "id": "chatcmpl-mock",
             "object": "chat.completion.chunk",
@@ -157,6 +182,7 @@ class MockEngine:
         return b"data: " + json.dumps(data).encode() + b"\n\n"
 
     async def _stream(self, request: web.Request, body: dict[str, Any], mode: str) -> web.StreamResponse:
+        text_api = request.path == "/v1/completions"
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         response.enable_chunked_encoding()
         await response.prepare(request)
@@ -167,7 +193,7 @@ class MockEngine:
             delta: dict[str, Any] = {"content": piece}
             if i == 0:
                 delta["role"] = "assistant"
-            await response.write(self._chunk(body, delta))
+            await response.write(self._chunk(body, delta, text_api=text_api))
         if mode == "die":
             # Drop the connection without the last chunk of the chunked body: the client sees a
             # payload that was never completed.
@@ -178,7 +204,7 @@ class MockEngine:
             await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
         if self.hold is not None:
             await self.hold.wait()
-        await response.write(self._chunk(body, {}, "stop"))
+        await response.write(self._chunk(body, {}, "stop", text_api=text_api))
         if self.stream_usage:
             usage = {
                 "prompt_tokens": self.prompt_tokens,
