@@ -171,35 +171,11 @@ def test_a_kept_conversation_is_typeset_on_reload_leaving_code_and_broken_formul
 
 
 SECRET = "sk-ant-" + "a1b2c3d4e5" * 3
-RULES = {
-    "name": "secrets",
-    "description": "",
-    "enabled": "on",
-    "rules-TOTAL_FORMS": "2",
-    "rules-INITIAL_FORMS": "0",
-    "rules-MIN_NUM_FORMS": "0",
-    "rules-MAX_NUM_FORMS": "1000",
-    **{
-        f"rules-{i}-{field}": value
-        for i, rule in enumerate(
-            [
-                {"name": "keys", "kind": "detector", "detector": "api_key", "action": "stop", "applies_to": "output"},
-                {"name": "codename", "kind": "terms", "terms": '["Project Falcon"]', "action": "refuse"},
-            ]
-        )
-        for field, value in {
-            "order": str(i),
-            "applies_to": "both",
-            "terms": "[]",
-            "pattern": "",
-            "detector": "",
-            "limit": "",
-            "model_names": "[]",
-            "enabled": "on",
-            **rule,
-        }.items()
-    },
-}
+POLICY = """name: secrets
+rules:
+  - {name: keys, kind: detector, detector: api_key, action: stop, applies_to: output}
+  - {name: codename, kind: terms, terms: [Project Falcon], action: refuse}
+"""
 
 
 def test_the_chat_page_names_the_policy_that_refused_a_prompt_or_stopped_an_answer(
@@ -208,9 +184,12 @@ def test_the_chat_page_names_the_policy_that_refused_a_prompt_or_stopped_an_answ
     import urllib.error
     import urllib.request
 
-    assert plane.browser is not None
-    status, answer = plane.browser.post_form("/django-admin/guardrails/policy/add/", RULES)
-    assert status == 200 and "was added successfully" in answer, answer[-2000:]
+    # An administrator sets the policy on the Guardrails page.
+    page.goto(plane.url + "/guardrails/")
+    page.fill("#policy-text", POLICY)
+    page.locator("[data-action=set-policy]").click()
+    sync_api.expect(page.locator("main")).to_contain_text("Policy “secrets” is set, with 2 rules.")
+    sync_api.expect(page.locator("tr[data-policy=secrets] [data-rule=codename]")).to_be_visible()
 
     def refused() -> bool:  # the gateway has reloaded its tables with the policy
         request = urllib.request.Request(
@@ -247,4 +226,13 @@ def test_the_chat_page_names_the_policy_that_refused_a_prompt_or_stopped_an_answ
     )
     sync_api.expect(reply.locator(".chat-text")).to_have_text("Here is the key: ")
     assert "sk-ant" not in page.content()
+
+    # The Guardrails page counts what the policy did, once the usage records are written.
+    def counted() -> bool:
+        page.goto(plane.url + "/guardrails/")
+        counts = page.locator("tr[data-policy=secrets] [data-col=counts]").inner_text()
+        return "stopped 1" in counts and "refused 0" not in counts
+
+    plane.wait_for(counted, timeout=60, what="the policy's refusals and stop counted")
+    sync_api.expect(page.locator("[data-section=recent] tr[data-request] [data-col=action]").first).to_be_visible()
     assert not csp_violations, csp_violations
