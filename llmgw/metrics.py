@@ -28,6 +28,14 @@ class BuildInfo(Collector):
         family = GaugeMetricFamily("llmgw_build_info", "llmgw version", labels=["version"])
         family.add_metric([llmgw.__version__], 1)
         yield family
+        from django.conf import settings
+
+        limit = GaugeMetricFamily(
+            "llmgw_gateway_queue_limit",
+            "The most requests that wait for a model's replicas at once (LLMGW_GATEWAY_QUEUE_MAX)",
+        )
+        limit.add_metric([], settings.GATEWAY_QUEUE_MAX)
+        yield limit
 
 
 def register_collectors(registry: CollectorRegistry) -> CollectorRegistry:

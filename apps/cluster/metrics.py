@@ -143,6 +143,13 @@ class NodeCollector(Collector):
                     gpu.get("remapped_rows_uncorrectable"),
                 )
                 put("llmgw_gpu_pcie_replays", "PCIe replay counter", labels, gpu.get("pcie_replay_count"))
+                for reason in gpu.get("throttle_reasons") or []:
+                    put(
+                        "llmgw_gpu_clock_event",
+                        "1 for each reason the card's clocks are held down now (heat, power cap, idle, ...)",
+                        {**labels, "reason": str(reason)},
+                        1,
+                    )
                 for code, count in (gpu.get("xids") or {}).items():
                     put("llmgw_gpu_xid_errors", "Kernel XID events seen, by code", {**labels, "xid": str(code)}, count)
                 for counter, count in (gpu.get("nvlink_errors") or {}).items():
@@ -152,7 +159,8 @@ class NodeCollector(Collector):
                         {**labels, "counter": str(counter)},
                         count,
                     )
-        _shards(put, {node.pk: node.fresh_sample(now, FRESH) for node in nodes})
+        held = _shards(put, {node.pk: node.fresh_sample(now, FRESH) for node in nodes})
+        _quotas(put, held)
         _replicas(put)
         yield from g.values()
 
@@ -171,9 +179,10 @@ def owner_label(model: Any) -> str:
     return "/".join(parts) or "-"
 
 
-def _shards(put: Put, samples: dict[int, dict[str, Any] | None]) -> None:
+def _shards(put: Put, samples: dict[int, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
     """What each shard of a live model claims, what its engine uses (from a fresh sample), and the
-    GPUs it holds. A deleted model's shards are left out, so its series end with it."""
+    GPUs it holds. A deleted model's shards are left out, so its series end with it. Returns what
+    the shards hold per capacity-quota owner key, as placement counts it against a quota."""
     from apps.cluster.inventory import CLAIMING_STATES
     from apps.cluster.models import Shard
 
@@ -187,8 +196,15 @@ def _shards(put: Put, samples: dict[int, dict[str, Any] | None]) -> None:
         )
         .order_by("node__name", "replica_id", "rank")
     )
+    held: dict[str, dict[str, Any]] = {}
     for shard in shards:
         model = shard.replica.model
+        for key in model.owner_keys():
+            found = held.setdefault(key, {"gpus": 0, "cpu_cores": 0.0, "memory_bytes": 0, "replicas": set()})
+            found["gpus"] += len(shard.gpu_indices or ())
+            found["cpu_cores"] += shard.cpu_cores or 0
+            found["memory_bytes"] += shard.memory_bytes or 0
+            found["replicas"].add(shard.replica_id)
         labels = {"node": shard.node.name, "model": model.name, "replica": str(shard.replica_id)}
         put(
             "llmgw_shard_cpu_cores",
@@ -229,6 +245,32 @@ def _shards(put: Put, samples: dict[int, dict[str, Any] | None]) -> None:
                     },
                     1,
                 )
+    return held
+
+
+def _quotas(put: Put, held: dict[str, dict[str, Any]]) -> None:
+    """Each capacity quota's limits that are set, and what its owner's replicas hold of them."""
+    from apps.quotas.models import CapacityQuota
+
+    levels = {"org": "organization", "team": "team", "project": "project"}
+    rows = CapacityQuota.objects.select_related("organization", "team__organization", "project__team__organization")
+    for row in rows:
+        owner = row.organization or row.team or row.project
+        key = row.owner_key
+        labels = {"owner": str(owner), "level": levels[key.split(":")[0]]}
+        found = held.get(key, {})
+        for resource in ("gpus", "cpu_cores", "memory_bytes", "replicas"):
+            limit = getattr(row, resource)
+            if limit is None:
+                continue
+            used = found.get(resource, 0)
+            put("llmgw_capacity_quota_limit", "A capacity quota's limit", {**labels, "resource": resource}, limit)
+            put(
+                "llmgw_capacity_quota_used",
+                "What the owner's replicas hold of a capacity quota, as placement counts it",
+                {**labels, "resource": resource},
+                len(used) if isinstance(used, set) else used,
+            )
 
 
 def _replicas(put: Put) -> None:
@@ -256,3 +298,16 @@ def _replicas(put: Put) -> None:
                 {"model": name, "state": state},
                 counts.get((name, state), 0),
             )
+    failing = (
+        Replica.objects.filter(model__deleted_at__isnull=True)
+        .exclude(state=ReplicaState.STOPPING)
+        .values_list("pk", "model__name", "failures")
+        .order_by("model__name", "pk")
+    )
+    for pk, name, failures in failing:
+        put(
+            "llmgw_replica_failures",
+            "Times in a row the replica's engines failed",
+            {"model": name, "replica": str(pk)},
+            failures,
+        )

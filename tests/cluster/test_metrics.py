@@ -63,3 +63,38 @@ def test_a_sample_older_than_a_minute_is_left_out_not_repeated(client: Client) -
     lines = metrics(client)
     assert 'llmgw_node_up{node="old"} 0.0' in lines
     assert not any('node="old"' in line and "cpu" in line for line in lines)
+
+
+def test_clock_events_replica_failures_quotas_and_the_queue_limit(client: Client) -> None:
+    from apps.accounts import services as accounts
+    from apps.cluster.choices import ReplicaState
+    from apps.cluster.models import Replica, Shard
+    from apps.quotas.models import CapacityQuota
+    from tests.builders import make_model
+
+    gpu = {"index": 0, "gpu_class": "H100-80GB", "uuid": "GPU-a"}
+    node = Node.objects.create(
+        name="gpu1",
+        status=NodeStatus.READY,
+        sampled_at=timezone.now(),
+        sample={"gpus": [{**gpu, "throttle_reasons": ["sw_power_cap"]}, {**gpu, "index": 1, "uuid": "GPU-b"}]},
+    )
+    org = accounts.create_organization(name="Acme", actor=None)
+    model = make_model("m", gpus=2)
+    model.organization = org
+    model.save()
+    replica = Replica.objects.create(model=model, profile=model.profiles.first(), state=ReplicaState.READY)
+    Shard.objects.create(replica=replica, node=node, rank=0, port=9000, secret="s", gpu_indices=[0, 1])
+    Replica.objects.create(model=model, profile=model.profiles.first(), state=ReplicaState.FAILED, failures=2)
+    CapacityQuota.objects.create(organization=org, gpus=8, cpu_cores=None)
+    lines = metrics(client)
+    clock = [line for line in lines if line.startswith("llmgw_gpu_clock_event{")]
+    assert clock == [
+        'llmgw_gpu_clock_event{class="H100-80GB",gpu="0",node="gpu1",reason="sw_power_cap",uuid="GPU-a"} 1.0'
+    ]  # the second card reports none: none held down, and no line
+    assert f'llmgw_replica_failures{{model="m",replica="{replica.pk}"}} 0.0' in lines
+    assert any(line.startswith("llmgw_replica_failures{") and line.endswith(" 2.0") for line in lines)
+    assert 'llmgw_capacity_quota_limit{level="organization",owner="Acme",resource="gpus"} 8.0' in lines
+    assert 'llmgw_capacity_quota_used{level="organization",owner="Acme",resource="gpus"} 2.0' in lines
+    assert not any('resource="cpu_cores"' in line for line in lines)  # no limit set: nothing to compare with
+    assert "llmgw_gateway_queue_limit 256.0" in lines
