@@ -205,6 +205,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "expire-agent-requests": {"task": "apps.cluster.tasks.expire_agent_requests", "schedule": 15.0},
     # One node per InfiniBand fabric maps it with ibnetdiscover.
     "map-fabrics": {"task": "apps.fabrics.tasks.map_fabrics", "schedule": FABRIC_MAP_INTERVAL},
+    # GPU and core time held per owner (a released shard's last stretch is counted as it goes).
+    "accrue-held-time": {"task": "apps.quotas.tasks.accrue_held_time", "schedule": 60.0},
 }
 
 # Where the gateway's usage batches are written: "worker" (a Celery task, so web processes

@@ -239,6 +239,9 @@ class Shard(models.Model):
     rank = models.PositiveSmallIntegerField(_("rank"), default=0)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="shards", verbose_name=_("node"))
     gpu_indices = models.JSONField(_("GPUs"), default=list, blank=True)
+    # Since when the shard's claim has not been counted as held time yet (apps.quotas.held): set
+    # when the shard is placed, moved on each time its time is counted.
+    held_since = models.DateTimeField(_("held time counted until"), default=timezone.now)
     memory_bytes = models.BigIntegerField(_("memory claimed"), default=0)
     cpu_cores = models.FloatField(_("cores claimed"), default=0)
     port = models.PositiveIntegerField(_("port"))

@@ -14,7 +14,7 @@ from django.http import HttpRequest
 
 from apps.accounts.admin import ReadOnlyAdmin, actor_of, adopt
 from apps.quotas import services
-from apps.quotas.models import LIMIT_FIELDS, CapacityQuota, RateLimit, UsageRecord, UsageRollup
+from apps.quotas.models import LIMIT_FIELDS, CapacityQuota, HeldTime, RateLimit, UsageRecord, UsageRollup
 from llmgw.http import client_address
 
 
@@ -113,3 +113,11 @@ class UsageRollupAdmin(ReadOnlyAdmin):
         "completion_tokens",
     ]
     list_filter = ["period", "model"]
+
+
+@admin.register(HeldTime)
+class HeldTimeAdmin(ReadOnlyAdmin):
+    # Counted by apps.quotas.held only (every minute, and as a shard goes).
+    list_display = ["bucket_start", "model", "gpu_class", "gpu_seconds", "core_seconds", "organization_id", "team_id"]
+    list_filter = ["gpu_class"]
+    search_fields = ["model"]

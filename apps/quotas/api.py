@@ -69,6 +69,15 @@ USAGE_ROW = inline_serializer(
         "prompt_tokens": serializers.IntegerField(allow_null=True, help_text="null when no request had token counts"),
         "completion_tokens": serializers.IntegerField(allow_null=True),
         "requests_without_tokens": serializers.IntegerField(help_text="requests missing from the token sums"),
+        "gpu_hours": serializers.DictField(
+            child=serializers.FloatField(),
+            allow_null=True,
+            help_text="GPU-hours the group's replicas held, by GPU class, over the range's whole hours; "
+            "null where held time is not counted (per key or person) or not visible to the caller",
+        ),
+        "core_hours": serializers.FloatField(
+            allow_null=True, help_text="core-hours held by the group's replicas that hold no GPU; null as gpu_hours"
+        ),
         **{
             f"{name}_ms_{q}": serializers.FloatField(
                 allow_null=True,

@@ -298,3 +298,37 @@ class UsageRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.period} {self.bucket_start:%Y-%m-%d %H:%M} {self.model} key {self.api_key_id}"
+
+
+class HeldTime(models.Model):
+    """The time replicas held their cards (or, without a GPU, their cores), per hour, per model,
+    its owner (organisation, team and project ids, 0 for none, as in UsageRollup) and GPU class.
+
+    `gpu_seconds` is cards × seconds held (a replica on 8 cards for an hour adds 28,800);
+    `core_seconds` the same for cores claimed by shards that hold no GPU. Held means claimed by
+    placement: from the moment a replica's shard is placed until it is released, starting and
+    stopping included, whether or not requests came (apps.quotas.held writes these rows).
+    """
+
+    bucket_start = models.DateTimeField(_("hour"))
+    model = models.CharField(_("model"), max_length=200)
+    organization_id = models.PositiveBigIntegerField(_("organisation"), default=0)
+    team_id = models.PositiveBigIntegerField(_("team"), default=0)
+    project_id = models.PositiveBigIntegerField(_("project"), default=0)
+    gpu_class = models.CharField(_("GPU class"), max_length=100, blank=True)
+    gpu_seconds = models.FloatField(_("GPU seconds"), default=0)
+    core_seconds = models.FloatField(_("core seconds"), default=0)
+
+    class Meta:
+        verbose_name = _("held time")
+        verbose_name_plural = _("held time")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["bucket_start", "model", "organization_id", "team_id", "project_id", "gpu_class"],
+                name="%(app_label)s_%(class)s_unique_bucket",
+            ),
+        ]
+        indexes = [models.Index(fields=["bucket_start"], name="quotas_heldtime_bucket_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.bucket_start:%Y-%m-%d %H:00} {self.model} {self.gpu_class or 'cpu'}"

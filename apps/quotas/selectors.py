@@ -66,6 +66,10 @@ class UsageRow:
     latency_ms_p50: float | None = None
     latency_ms_p95: float | None = None
     latency_ms_p99: float | None = None
+    # GPU-hours held by the group's replicas, by GPU class, and core-hours of those that hold no
+    # GPU (apps.quotas.held); None where held time is not counted (per key, per person) or not shown.
+    gpu_hours: dict[str, float] | None = None
+    core_hours: float | None = None
     first_token_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
     latency_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
 
@@ -88,6 +92,8 @@ class UsageRow:
                 "prompt_tokens",
                 "completion_tokens",
                 "requests_without_tokens",
+                "gpu_hours",
+                "core_hours",
                 "first_token_ms_p50",
                 "first_token_ms_p95",
                 "first_token_ms_p99",
@@ -141,6 +147,67 @@ def _labels(group_by: str, ids: Iterable[Any]) -> dict[Any, str]:
     if group_by == UsageGroup.KEY:
         return {k.pk: f"{k.name} ({k.prefix}…)" for k in ApiKey.objects.filter(pk__in=wanted).only("name", "prefix")}
     return {u.pk: u.email for u in User.objects.filter(pk__in=wanted).only("email")}
+
+
+# The groups held time is counted for: a model's owner and the model (not keys or people).
+HELD_GROUPS = {UsageGroup.ORGANIZATION, UsageGroup.TEAM, UsageGroup.PROJECT, UsageGroup.MODEL}
+
+
+def _held_visibility(user: User) -> Q | None:
+    """None: every owner's held time; else the branches the person manages (held time belongs to
+    owners, not to a person, so a member who manages nothing sees none)."""
+    if can_read_everything(user):
+        return None
+    visible = Q(pk__in=[])
+    if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
+        return visible
+    for org_id, team_id, project_id in Membership.objects.filter(user=user, role=MembershipRole.MANAGER).values_list(
+        "organization_id", "team_id", "project_id"
+    ):
+        if project_id:
+            visible |= Q(project_id=project_id)
+        elif team_id:
+            visible |= Q(team_id=team_id)
+        else:
+            visible |= Q(organization_id=org_id)
+    return visible
+
+
+def _held_time(
+    user: User,
+    groups: dict[Any, UsageRow],
+    group_by: str,
+    since: datetime,
+    until: datetime,
+    within: dict[str, int] | None,
+) -> None:
+    """Add each group's GPU-hours (by class) and core-hours over the hours overlapping [since, until);
+    a group that held cards and served nothing gets a row of its own."""
+    from apps.quotas.models import HeldTime
+
+    visible = _held_visibility(user)
+    rows = HeldTime.objects.filter(bucket_start__gt=since - timedelta(hours=1), bucket_start__lt=until)
+    if visible is not None:
+        rows = rows.filter(visible)
+    if within:
+        rows = rows.filter(**within)
+    column = GROUP_COLUMNS[UsageGroup(group_by)]
+    seen = False
+    for group, gpu_class, gpu_seconds, core_seconds in rows.values_list(
+        column, "gpu_class", "gpu_seconds", "core_seconds"
+    ).iterator():
+        seen = True
+        summary = groups.setdefault(group, UsageRow(group=group, label=""))
+        if gpu_seconds:
+            summary.gpu_hours = summary.gpu_hours or {}
+            name = gpu_class or "-"
+            summary.gpu_hours[name] = summary.gpu_hours.get(name, 0.0) + gpu_seconds / 3600
+        if core_seconds:
+            summary.core_hours = (summary.core_hours or 0.0) + core_seconds / 3600
+    if visible is None or seen:
+        for summary in groups.values():  # counted, and none held: 0, not unknown
+            summary.gpu_hours = summary.gpu_hours or {}
+            summary.core_hours = summary.core_hours or 0.0
 
 
 def usage_summary(
@@ -199,6 +266,8 @@ def usage_summary(
         known_tokens[group] = known_tokens.get(group, False) or without < requests
         histograms.merge_into(summary.first_token_hist, first_hist)
         histograms.merge_into(summary.latency_hist, latency_hist)
+    if group_by in HELD_GROUPS:
+        _held_time(user, groups, group_by, since, until, within)
     labels = _labels(group_by, groups)
     for group, summary in groups.items():
         if not group:
@@ -207,7 +276,7 @@ def usage_summary(
             summary.label = _("(no such model)")
         else:
             summary.label = labels.get(group) or _("#%(id)s (deleted)") % {"id": group}
-        if not known_tokens[group]:  # every request's counts unknown: unknown, not zero
+        if not known_tokens.get(group, False):  # every request's counts unknown: unknown, not zero
             summary.prompt_tokens = summary.completion_tokens = None
         for q, suffix in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
             setattr(summary, f"first_token_ms_{suffix}", histograms.percentile(summary.first_token_hist, q))

@@ -23,3 +23,11 @@ def write_usage(records: list[dict[str, Any]]) -> int:
     from apps.quotas.usage import write_records_sync
 
     return write_records_sync(records)
+
+
+@shared_task(ignore_result=True)
+def accrue_held_time() -> int:
+    """Count the GPU and core time every placed replica held since the last count (every minute)."""
+    from apps.quotas.held import accrue_held_time as accrue
+
+    return accrue()

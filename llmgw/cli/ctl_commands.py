@@ -748,6 +748,8 @@ USAGE_COLUMNS = (  # header, field of the API's row
     ("REFUSALS", "refusals"),
     ("TOKENS_IN", "prompt_tokens"),
     ("TOKENS_OUT", "completion_tokens"),
+    ("GPU_HOURS", "gpu_hours"),
+    ("CORE_HOURS", "core_hours"),
     ("P50_TTFT_MS", "first_token_ms_p50"),
     ("P95_TTFT_MS", "first_token_ms_p95"),
     ("P99_TTFT_MS", "first_token_ms_p99"),
@@ -755,6 +757,17 @@ USAGE_COLUMNS = (  # header, field of the API's row
     ("P95_LATENCY_MS", "latency_ms_p95"),
     ("P99_LATENCY_MS", "latency_ms_p99"),
 )
+
+
+def _usage_cell(name: str, value: Any) -> Any:
+    if name.endswith(("_p50", "_p95", "_p99")):
+        return _ms(value)
+    if name == "gpu_hours" and isinstance(value, dict):  # by GPU class: "10.0 (H100-80GB)"
+        classes = ",".join(sorted(value))
+        return f"{sum(value.values()):.1f}" + (f" ({classes})" if classes else "")
+    if name == "core_hours" and isinstance(value, int | float):
+        return f"{value:.1f}"
+    return value
 
 
 def cmd_usage(client: Client, args: argparse.Namespace) -> int:
@@ -768,12 +781,7 @@ def cmd_usage(client: Client, args: argparse.Namespace) -> int:
     for result in answer["results"]:
         # A server from before server_errors and client_errors: its errors were the server's; client ones unknown.
         row = {"server_errors": result.get("errors"), "client_errors": None, **result}
-        rows.append(
-            [
-                _ms(row.get(name)) if name.endswith(("_p50", "_p95", "_p99")) else row.get(name)
-                for _header, name in USAGE_COLUMNS
-            ]
-        )
+        rows.append([_usage_cell(name, row.get(name)) for _header, name in USAGE_COLUMNS])
     print(format_table([header for header, _name in USAGE_COLUMNS], rows))
     return 0
 

@@ -485,8 +485,9 @@ def test_the_tree_page_does_not_query_per_branch(alice: User, django_assert_max_
     client = signed_in(alice)
     client.get("/people/members/")  # the session, warmed
     # Session and user, the branch, the tree (3), and the panel: members with their memberships (2),
-    # the limit and the quota (2), or the children and usage by child and by model (3).
-    for tab, queries in (("members", 8), ("limits", 8), ("usage", 9)):
+    # the limit and the quota (2), or the children and usage by child and by model (3) with the
+    # GPU time each held (2).
+    for tab, queries in (("members", 8), ("limits", 8), ("usage", 11)):
         with django_assert_max_num_queries(queries):
             response = client.get(f"/people/{tab}/?branch=org:{tree.orgs[0].pk}")
         assert response.status_code == 200

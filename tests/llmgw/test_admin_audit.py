@@ -39,7 +39,7 @@ from apps.gateway.models import TableVersion
 from apps.guardrails.models import Policy, Rule
 from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas import services as quotas
-from apps.quotas.models import UsageRecord, UsageRollup
+from apps.quotas.models import HeldTime, UsageRecord, UsageRollup
 from tests.builders import make_model, make_node, make_replica
 from tests.conftest import make_user
 from tests.quotas.conftest import make_key, recent_minute, record
@@ -90,6 +90,7 @@ def world(alice: User, bob: User) -> World:
     TableVersion.objects.get_or_create(pk=1, defaults={"version": 1})
     UsageRecord.objects.create(**record(key))
     UsageRollup.objects.create(period="minute", bucket_start=recent_minute(), model="qwen", requests=1)
+    HeldTime.objects.create(bucket_start=recent_minute(), model="qwen", gpu_class="H100-80GB", gpu_seconds=60)
     return World(
         alice=alice,
         bob=bob,
@@ -118,6 +119,7 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     "quotas.RateLimit": lambda w: w.project.rate_limit,
     "quotas.UsageRecord": lambda w: UsageRecord.objects.get(),
     "quotas.UsageRollup": lambda w: UsageRollup.objects.get(),
+    "quotas.HeldTime": lambda w: HeldTime.objects.get(),
     # The external one: its provider fields can change, and it has no profiles to disagree.
     "catalog.Model": lambda w: w.hosted,
     "catalog.Profile": lambda w: w.qwen.profiles.get(),
@@ -164,6 +166,7 @@ READ_ONLY = {
     "accounts.AuditEvent": "the log itself: written by the services, never edited or deleted",
     "quotas.UsageRecord": "usage history, written by the gateway",
     "quotas.UsageRollup": "usage sums, written by the gateway's usage writer",
+    "quotas.HeldTime": "GPU and core time held, counted by the held-time accrual",
     "cluster.Gpu": "written by the node's registration and heartbeats",
     "cluster.EnrollmentToken": "made and used up by enrollment; it can only be withdrawn (deleted) here",
     "cluster.Replica": "placed, rolled and removed by the reconciler",

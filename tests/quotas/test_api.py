@@ -386,6 +386,8 @@ CTL_HEADER = [
     "REFUSALS",
     "TOKENS_IN",
     "TOKENS_OUT",
+    "GPU_HOURS",
+    "CORE_HOURS",
     "P50_TTFT_MS",
     "P95_TTFT_MS",
     "P99_TTFT_MS",
@@ -431,10 +433,10 @@ def test_ctl_usage_prints_a_dash_where_nothing_was_timed(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == CTL_HEADER
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["untimed"] == ["untimed", "1", "1", "0", "0", "-", "-", "-", "-", "-", "-", "-", "-"]
-    assert rows["timed"][:7] == ["timed", "1", "0", "0", "0", "10", "20"]
-    assert float(rows["timed"][7]) == pytest.approx(0.36, rel=0.02)  # TTFT in ms, not rounded to 0
-    assert float(rows["timed"][10]) == pytest.approx(300.0, rel=0.02)
+    assert rows["untimed"] == ["untimed", "1", "1", "0", "0", *["-"] * 10]  # GPU time too: not his to see
+    assert rows["timed"][:9] == ["timed", "1", "0", "0", "0", "10", "20", "-", "-"]
+    assert float(rows["timed"][9]) == pytest.approx(0.36, rel=0.02)  # TTFT in ms, not rounded to 0
+    assert float(rows["timed"][12]) == pytest.approx(300.0, rel=0.02)
     assert line_of(lines, "(no such model)")[:4] == ["1", "0", "1", "0"]
 
     request_id = UsageRecord.objects.filter(user=bob, status=502).values_list("request_id", flat=True).get()
