@@ -78,6 +78,14 @@ USAGE_ROW = inline_serializer(
         "core_hours": serializers.FloatField(
             allow_null=True, help_text="core-hours held by the group's replicas that hold no GPU; null as gpu_hours"
         ),
+        "watt_hours": serializers.FloatField(
+            allow_null=True,
+            help_text="energy the held cards (and CPU shards' share of RAPL) drew; null unless all was measured",
+        ),
+        "tokens_per_gpu_hour": serializers.FloatField(
+            allow_null=True, help_text="tokens served (prompt and completion) per GPU-hour held"
+        ),
+        "tokens_per_watt_hour": serializers.FloatField(allow_null=True, help_text="tokens served per watt-hour drawn"),
         **{
             f"{name}_ms_{q}": serializers.FloatField(
                 allow_null=True,

@@ -7,6 +7,11 @@ shard's own deletion (its replica released, a failed replica's claims given back
 deleted), for its last stretch. Both lock the shard's row and move `held_since` in the same
 transaction as the time they add, so no second is counted twice or lost; a stretch across an hour
 boundary is split between the two hours.
+
+The energy the held cards drew is counted with the time: each card's measured power (a CPU
+shard's share of the node's RAPL package power, by cores) from the node's latest fresh sample,
+times the stretch. A stretch without a reading adds time and no energy, and `measured_seconds`
+says how much of the time was measured, so a figure per watt-hour is given only when all of it was.
 """
 
 from __future__ import annotations
@@ -48,36 +53,68 @@ def _stretches(start: datetime, end: datetime) -> Iterable[tuple[datetime, float
         moment = stop
 
 
+def _power(sample: dict[str, Any] | None, shard: Any) -> dict[Any, float]:
+    """What the node's latest fresh sample says each of the shard's cards draws now (watts, by GPU
+    index), or for a shard without a GPU its share of the CPU package power by its cores (key
+    None); a reading the node does not give is absent."""
+    if sample is None:
+        return {}
+    if shard.gpu_indices:
+        draws = {
+            g.get("index"): g["power_draw_w"]
+            for g in sample.get("gpus") or []
+            if isinstance(g, dict) and isinstance(g.get("power_draw_w"), int | float)
+        }
+        return {i: float(draws[i]) for i in shard.gpu_indices if i in draws}
+    package, cpus = sample.get("cpu_package_power_w"), sample.get("cpus")
+    if isinstance(package, int | float) and isinstance(cpus, int) and cpus > 0 and shard.cpu_cores:
+        return {None: float(package) * min(shard.cpu_cores / cpus, 1.0)}
+    return {}
+
+
 def _held(shards: Iterable[Any], until: datetime) -> dict[tuple[Any, ...], list[float]]:
-    """What the shards held from their `held_since` to `until`, by HeldTime's key."""
-    from apps.cluster.models import Gpu
+    """What the shards held from their `held_since` to `until`, by HeldTime's key: [GPU seconds,
+    core seconds, joules, measured seconds]. The power each draws now stands for the stretch (the
+    beat counts every minute, so a stretch is a minute but for one after an outage)."""
+    from apps.cluster.models import Gpu, Node
 
     shards = list(shards)
+    node_ids = {s.node_id for s in shards}
     classes = {
         (node_id, index): gpu_class
-        for node_id, index, gpu_class in Gpu.objects.filter(node_id__in={s.node_id for s in shards}).values_list(
+        for node_id, index, gpu_class in Gpu.objects.filter(node_id__in=node_ids).values_list(
             "node_id", "index", "gpu_class"
         )
     }
-    sums: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    samples = {n.pk: n.fresh_sample(until) for n in Node.objects.filter(pk__in=node_ids).only("sample", "sampled_at")}
+    sums: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for shard in shards:
         if shard.held_since >= until:
             continue
         model = shard.replica.model
         owner = owner_ids(model)
-        cards: dict[str, int] = defaultdict(int)
+        cards: dict[str, list[Any]] = defaultdict(list)
         for index in shard.gpu_indices or ():
-            cards[classes.get((shard.node_id, index), "")] += 1
+            cards[classes.get((shard.node_id, index), "")].append(index)
+        power = _power(samples.get(shard.node_id), shard)
         for hour, seconds in _stretches(shard.held_since, until):
-            for gpu_class, count in cards.items():
-                sums[(hour, model.name, *owner, gpu_class)][0] += count * seconds
+            for gpu_class, indices in cards.items():
+                found = sums[(hour, model.name, *owner, gpu_class)]
+                found[0] += len(indices) * seconds
+                measured = [power[i] for i in indices if i in power]
+                found[2] += sum(measured) * seconds
+                found[3] += len(measured) * seconds
             if not cards and shard.cpu_cores:
-                sums[(hour, model.name, *owner, "")][1] += shard.cpu_cores * seconds
+                found = sums[(hour, model.name, *owner, "")]
+                found[1] += shard.cpu_cores * seconds
+                if None in power:
+                    found[2] += power[None] * seconds
+                    found[3] += shard.cpu_cores * seconds
     return sums
 
 
 def _add(sums: dict[tuple[Any, ...], list[float]]) -> None:
-    for (hour, model, org, team, project, gpu_class), (gpu_seconds, core_seconds) in sums.items():
+    for (hour, model, org, team, project, gpu_class), (gpu_seconds, core_seconds, joules, measured) in sums.items():
         key = {
             "bucket_start": hour,
             "model": model,
@@ -86,11 +123,14 @@ def _add(sums: dict[tuple[Any, ...], list[float]]) -> None:
             "project_id": project,
             "gpu_class": gpu_class,
         }
-        updated = HeldTime.objects.filter(**key).update(
-            gpu_seconds=F("gpu_seconds") + gpu_seconds, core_seconds=F("core_seconds") + core_seconds
-        )
-        if not updated:
-            HeldTime.objects.create(**key, gpu_seconds=gpu_seconds, core_seconds=core_seconds)
+        figures = {
+            "gpu_seconds": gpu_seconds,
+            "core_seconds": core_seconds,
+            "energy_joules": joules,
+            "measured_seconds": measured,
+        }
+        if not HeldTime.objects.filter(**key).update(**{name: F(name) + value for name, value in figures.items()}):
+            HeldTime.objects.create(**key, **figures)
 
 
 def _claiming() -> Any:

@@ -318,6 +318,11 @@ class HeldTime(models.Model):
     gpu_class = models.CharField(_("GPU class"), max_length=100, blank=True)
     gpu_seconds = models.FloatField(_("GPU seconds"), default=0)
     core_seconds = models.FloatField(_("core seconds"), default=0)
+    # The energy the held cards drew (their measured power), or for a CPU shard its share of the
+    # node's RAPL package power by cores, over `measured_seconds`: the part of the held card- or
+    # core-seconds for which a reading was known. Unmeasured time adds nothing to either.
+    energy_joules = models.FloatField(_("energy (J)"), default=0)
+    measured_seconds = models.FloatField(_("measured seconds"), default=0)
 
     class Meta:
         verbose_name = _("held time")

@@ -70,6 +70,13 @@ class UsageRow:
     # GPU (apps.quotas.held); None where held time is not counted (per key, per person) or not shown.
     gpu_hours: dict[str, float] | None = None
     core_hours: float | None = None
+    # The energy that held time drew (None unless every held second was measured), and the tokens
+    # served (prompt and completion) per GPU-hour and per watt-hour.
+    watt_hours: float | None = None
+    tokens_per_gpu_hour: float | None = None
+    tokens_per_watt_hour: float | None = None
+    energy_joules: float = field(default=0.0, repr=False)
+    measured_seconds: float = field(default=0.0, repr=False)
     first_token_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
     latency_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
 
@@ -94,6 +101,9 @@ class UsageRow:
                 "requests_without_tokens",
                 "gpu_hours",
                 "core_hours",
+                "watt_hours",
+                "tokens_per_gpu_hour",
+                "tokens_per_watt_hour",
                 "first_token_ms_p50",
                 "first_token_ms_p95",
                 "first_token_ms_p99",
@@ -193,11 +203,13 @@ def _held_time(
         rows = rows.filter(**within)
     column = GROUP_COLUMNS[UsageGroup(group_by)]
     seen = False
-    for group, gpu_class, gpu_seconds, core_seconds in rows.values_list(
-        column, "gpu_class", "gpu_seconds", "core_seconds"
+    for group, gpu_class, gpu_seconds, core_seconds, joules, measured in rows.values_list(
+        column, "gpu_class", "gpu_seconds", "core_seconds", "energy_joules", "measured_seconds"
     ).iterator():
         seen = True
         summary = groups.setdefault(group, UsageRow(group=group, label=""))
+        summary.energy_joules += joules
+        summary.measured_seconds += measured
         if gpu_seconds:
             summary.gpu_hours = summary.gpu_hours or {}
             name = gpu_class or "-"
@@ -208,6 +220,21 @@ def _held_time(
         for summary in groups.values():  # counted, and none held: 0, not unknown
             summary.gpu_hours = summary.gpu_hours or {}
             summary.core_hours = summary.core_hours or 0.0
+            held = sum(summary.gpu_hours.values()) * 3600 + summary.core_hours * 3600
+            if held and summary.measured_seconds >= held * 0.999:  # all of it measured
+                summary.watt_hours = summary.energy_joules / 3600
+
+
+def _efficiency(summary: UsageRow) -> None:
+    """Tokens served per GPU-hour and per watt-hour, where both sides are known."""
+    if summary.prompt_tokens is None and summary.completion_tokens is None:
+        return
+    tokens = (summary.prompt_tokens or 0) + (summary.completion_tokens or 0)
+    gpu_hours = sum((summary.gpu_hours or {}).values())
+    if gpu_hours > 0:
+        summary.tokens_per_gpu_hour = tokens / gpu_hours
+    if summary.watt_hours:
+        summary.tokens_per_watt_hour = tokens / summary.watt_hours
 
 
 def usage_summary(
@@ -278,6 +305,7 @@ def usage_summary(
             summary.label = labels.get(group) or _("#%(id)s (deleted)") % {"id": group}
         if not known_tokens.get(group, False):  # every request's counts unknown: unknown, not zero
             summary.prompt_tokens = summary.completion_tokens = None
+        _efficiency(summary)
         for q, suffix in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
             setattr(summary, f"first_token_ms_{suffix}", histograms.percentile(summary.first_token_hist, q))
             setattr(summary, f"latency_ms_{suffix}", histograms.percentile(summary.latency_hist, q))

@@ -160,3 +160,31 @@ def test_ctl_usage_shows_gpu_and_core_hours(live_server, key_for, capsys, monkey
     at = header.index("GPU_HOURS")
     assert rows["llama-70b"][at : at + 3] == ["10.0", "(H100-80GB)", "0.0"]
     assert rows["qwen-cpu"][at : at + 2] == ["0.0", "18.0"]
+
+
+def test_tokens_per_gpu_hour_and_per_watt_hour_from_the_cards_measured_power() -> None:
+    cards = [{"index": i, "gpu_class": "H100-80GB", "power_draw_w": 350.0} for i in range(4)]
+    with time_machine.travel(T0, tick=False):
+        node = make_node("gpu1", cards=[*cards, {"index": 4, "gpu_class": "H100-80GB"}])  # card 4: no reading
+        measured = make_replica(make_model("measured", gpus=4), node, gpu_indices=(0, 1, 2, 3))
+        partly = make_replica(make_model("partly", gpus=2), node, gpu_indices=(3, 4), port=9100)
+    accrue_held_time(T0 + timedelta(seconds=60))
+    held = HeldTime.objects.get(model="measured")
+    assert (held.gpu_seconds, held.energy_joules, held.measured_seconds) == (240, 4 * 350 * 60, 240)
+    key = make_key(make_user("alice@example.com"))
+    at = T0 + timedelta(seconds=30)
+    write_records_sync(
+        [
+            record(key, model=name, prompt_tokens=1000, completion_tokens=400, created_at=at)
+            for name in ("measured", "partly")
+        ]
+    )
+    staff = make_user("vic@example.com", role=StaffRole.VIEWER)
+    rows = {row.group: row for row in usage_summary(staff, group_by="model", since=T0, until=T0 + timedelta(minutes=1))}
+    assert rows["measured"].watt_hours == pytest.approx(4 * 350 / 60)  # four cards, a minute
+    assert rows["measured"].tokens_per_gpu_hour == pytest.approx(1400 / (240 / 3600))
+    assert rows["measured"].tokens_per_watt_hour == pytest.approx(1400 / (4 * 350 / 60))
+    # One of its two cards reports no power: its energy is unknown, not half.
+    assert rows["partly"].tokens_per_gpu_hour == pytest.approx(1400 / (120 / 3600))
+    assert rows["partly"].watt_hours is None and rows["partly"].tokens_per_watt_hour is None
+    assert measured.pk != partly.pk
