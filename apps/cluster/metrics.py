@@ -255,9 +255,16 @@ def _quotas(put: Put, held: dict[str, dict[str, Any]]) -> None:
     levels = {"org": "organization", "team": "team", "project": "project"}
     rows = CapacityQuota.objects.select_related("organization", "team__organization", "project__team__organization")
     for row in rows:
-        owner = row.organization or row.team or row.project
         key = row.owner_key
-        labels = {"owner": str(owner), "level": levels[key.split(":")[0]]}
+        if row.project is not None:
+            project = row.project
+            owner = f"{project.team.organization.slug}/{project.team.slug}/{project.slug}"
+        elif row.team is not None:
+            owner = f"{row.team.organization.slug}/{row.team.slug}"
+        else:
+            owner = row.organization.slug if row.organization is not None else "-"
+        # By slug, as llmgw_gpu_assigned's owner: unique, and the same after a rename.
+        labels = {"owner": owner, "level": levels[key.split(":")[0]]}
         found = held.get(key, {})
         for resource in ("gpus", "cpu_cores", "memory_bytes", "replicas"):
             limit = getattr(row, resource)

@@ -408,16 +408,19 @@ class GatewayApp:
                 model = rule.models[0]
                 raise guard_refusal(finding, model, detail) if unsafe else guard_unavailable(finding, model, detail)
 
-    async def judge_answer(self, call: Call, answer: str) -> Any:
-        """The guard models' verdicts on an answer: the finding that stops it, or None."""
+    async def judge_answer(self, call: Call, answer: str, *, final: bool = True) -> Any:
+        """The guard models' verdicts on an answer: the finding that stops it, or None. A check while
+        it streams (not `final`) stops it only on an unsafe verdict, and records only that."""
         guard = call.answer_guard
         for rule in guard.policies.guard_answers if guard is not None else ():
-            held = await self.judge(call, rule, answer)
+            held = await self.judge(call, rule, answer, final=final)
             if held is not None:
                 return held[0]
         return None
 
-    async def judge(self, call: Call, rule: Any, answer: str | None = None) -> tuple[Any, bool, str] | None:
+    async def judge(
+        self, call: Call, rule: Any, answer: str | None = None, *, final: bool = True
+    ) -> tuple[Any, bool, str] | None:
         """Ask a rule's guard model (a model llmgw serves, hosted or external) for its verdict on the
         prompt, or on the answer when one is given, within the rule's time. None when the request (or
         answer) goes on; else (finding, unsafe, detail): judged unsafe (detail: the model's answer) or
@@ -437,11 +440,13 @@ class GatewayApp:
                 raise GuardUnavailable(f"it answered neither safe nor unsafe: {said[:60]!r}")
         except (TimeoutError, GuardUnavailable) as exc:
             why = f"no answer within {timeout * 1000:.0f} ms" if isinstance(exc, TimeoutError) else str(exc)
-            closed = not rule.fail_open
+            if not final:
+                return None  # a check while the answer streams: its end is judged again, and recorded
+            closed = holds and not rule.fail_open
             call.guard.append({**finding.to_dict(), **where, "action": acted if closed else "log", "error": why})
             return (finding, False, why) if closed else None
-        if not verdict:
-            return None
+        if not verdict or (not final and not holds):
+            return None  # safe; or a logging rule's verdict while the answer streams (its end is recorded)
         call.guard.append({**finding.to_dict(), **where})
         return (finding, True, said) if holds else None
 
@@ -819,7 +824,7 @@ class GatewayApp:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 if relay.judging and relay.held is None and check is None and relay.answer_chars >= judge_at:
                     judge_at = relay.answer_chars + JUDGE_EVERY
-                    check = asyncio.create_task(self.judge_answer(call, "".join(relay.answer)))
+                    check = asyncio.create_task(self.judge_answer(call, "".join(relay.answer), final=False))
         except UpstreamError as exc:  # the upstream died mid-stream
             error = f"the upstream stream broke: {type(exc).__name__}: {exc}"
         finally:
@@ -829,6 +834,9 @@ class GatewayApp:
                     await check
         if call.lease is not None:
             await self.keeper.give_back(call.lease)  # before the client's stream ends
+        flushed = relay.flush() if error is None and not relay.stopped else b""
+        if flushed:
+            await send({"type": "http.response.body", "body": flushed, "more_body": True})
         if relay.held is not None:
             stop = await self.judge_answer(call, "".join(relay.answer))
             out = relay.release(stop)
@@ -967,13 +975,16 @@ async def _next_or_verdict(chunks: Any, check: asyncio.Task[Any]) -> tuple[bytes
         stop = check.result()
         return (None, stop) if stop is not None else (await anext(chunks, None), None)
     following = asyncio.ensure_future(anext(chunks, None))
-    await asyncio.wait({following, check}, return_when=asyncio.FIRST_COMPLETED)
-    if check.done() and check.result() is not None:
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await following
-        return None, check.result()
-    return await following, None
+    try:
+        await asyncio.wait({following, check}, return_when=asyncio.FIRST_COMPLETED)
+        if check.done() and check.result() is not None:
+            return None, check.result()
+        return await following, None
+    finally:
+        if not following.done():  # the verdict came first, or this request was cancelled
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await following
 
 
 async def _unless_client_leaves(work: Awaitable[None], receive: Receive) -> None:
@@ -984,12 +995,13 @@ async def _unless_client_leaves(work: Awaitable[None], receive: Receive) -> None
     try:
         done, _pending = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task not in done:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
             raise ClientLeft("the client went away while a guard model judged its prompt")
         task.result()
     finally:
+        if not task.done():  # the client left, or this request was cancelled
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await watcher

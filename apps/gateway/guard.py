@@ -182,6 +182,12 @@ def check_request(call: Any, policies: PolicySet) -> None:
             if key in call.body or key == "max_tokens":
                 current = call.body.get(key)
                 call.body[key] = min(current, limit) if isinstance(current, int) else limit
+    choices = call.body.get("n")
+    if policies.guard_answers and isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
+        judge = policies.guard_answers[0]
+        finding = Finding(judge.policy, judge.name, judge.kind, "refuse")
+        noted.append(finding.to_dict())
+        raise _refusal(finding, f"a guard model judges each answer here, so one is asked at a time ({choices} asked)")
     if policies.watches_output and call.endpoint.name != "embeddings":
         call.answer_guard = AnswerGuard(policies, call)
 

@@ -179,10 +179,17 @@ class StreamRelay:
         held, self.held, self.judging = self.held or [], None, False
         if stop is None:
             out: list[bytes] = []
-            for event in held:
+            for i, event in enumerate(held):
                 self._event(event, out)
+                if self.stopped:  # a text rule stopped it in the held tail: the rest only counts
+                    self._count(held[i + 1 :])
+                    break
             return b"".join(out)
-        for event in held:  # the usage the engine reported, for the record
+        return self.stop(stop, held)
+
+    def _count(self, events: list[bytes]) -> None:
+        """Feed held events' chunks to the usage count only (the usage the engine reported)."""
+        for event in events:
             payload = _sse_data(event)
             if payload is not None and payload != b"[DONE]":
                 try:
@@ -191,13 +198,17 @@ class StreamRelay:
                     continue
                 if isinstance(data, dict):
                     self.counter.feed(data)
-        return self.stop(stop)
 
-    def stop(self, finding: Any) -> bytes:
+    def flush(self) -> bytes:
+        """What a last event without its closing blank line gives, once the engine's stream ended."""
+        return self.feed(b"\n\n") if self._buffer.strip() else b""
+
+    def stop(self, finding: Any, held: list[bytes] | None = None) -> bytes:
         """End the answer here, for a guard model's finding: the stopping chunk in the client's protocol
-        and, for an OpenAI client, the usage it asked for and [DONE]."""
+        and, for an OpenAI client, the usage it asked for and [DONE]. What was held is only counted."""
         guard = self.call.answer_guard
         assert guard is not None
+        self._count(held if held is not None else self.held or [])
         data = guard.stopping_chunk(finding)
         self.held, self.judging = None, False
         self.stopped = self.finished = True

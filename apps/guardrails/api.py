@@ -81,8 +81,9 @@ class PolicyView(APIView):
         },
     )
     def put(self, request: Request, name: str) -> Response:
-        data = request.data if isinstance(request.data, dict) else {}
-        return _set(request, {**data, "name": name})
+        if not isinstance(request.data, dict):
+            return Response({"detail": "A policy is a JSON object: its fields and rules."}, status=400)
+        return _set(request, {**request.data, "name": name})
 
     @extend_schema(responses={204: None, 404: _error(gettext_lazy("No policy of that name."))})
     def delete(self, request: Request, name: str) -> Response:

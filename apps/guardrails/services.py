@@ -186,6 +186,8 @@ def set_policy(data: Any, *, actor: Any = None, address: str | None = None) -> P
     if not name:
         errors["name"] = ["give the policy a name"]
     scope = _scope(data, errors)
+    if not isinstance(data.get("enabled", True), bool):
+        errors["enabled"] = ["true or false"]
     if errors:
         raise PolicyError(errors)
     policy = Policy.objects.select_for_update().filter(name=name).first()
@@ -193,7 +195,7 @@ def set_policy(data: Any, *, actor: Any = None, address: str | None = None) -> P
     if policy is None:
         policy = Policy(name=name)
     policy.description = str(data.get("description") or "")
-    policy.enabled = bool(data.get("enabled", True))
+    policy.enabled = data.get("enabled", True)
     for key, row in scope.items():
         setattr(policy, key, row)
     try:
@@ -208,7 +210,7 @@ def set_policy(data: Any, *, actor: Any = None, address: str | None = None) -> P
     Rule.objects.bulk_create(rules)  # the policy's save above has the gateway read its tables again
     after = policy_dict(policy)
     if before is None:
-        audit.record(actor, "policy.create", policy, changes=after, address=address)
+        audit.record(actor, "policy.create", policy, changes=audit.diff({}, after), address=address)
     elif before != after:
         audit.record(actor, "policy.update", policy, changes=audit.diff(before, after), address=address)
     return policy
@@ -219,5 +221,5 @@ def delete_policy(name: str, *, actor: Any = None, address: str | None = None) -
     policy = Policy.objects.filter(name=name).first()
     if policy is None:
         raise PolicyError({"name": [f"no policy “{name}”"]})
-    audit.record(actor, "policy.delete", policy, changes=policy_dict(policy), address=address)
+    audit.record(actor, "policy.delete", policy, changes=audit.diff(policy_dict(policy), {}), address=address)
     policy.delete()

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -35,12 +35,12 @@ HOUR = timedelta(hours=1)
 def owner_ids(model: Any) -> tuple[int, int, int]:
     """(organisation, team, project) ids of a model's owner, each filled in from the one below it
     (a project's team and organisation), 0 where it has none."""
-    project, team, org = model.project, model.team, model.organization
-    if project is not None:
-        team = team or project.team
-    if team is not None:
-        org = org or team.organization
-    return (org.pk if org else 0, team.pk if team else 0, project.pk if project else 0)
+    project_id, team_id, org_id = model.project_id, model.team_id, model.organization_id
+    if project_id and not team_id:
+        team_id = model.project.team_id
+    if team_id and not org_id:
+        org_id = (model.team or model.project.team).organization_id  # ids only: no query for the organisation
+    return (org_id or 0, team_id or 0, project_id or 0)
 
 
 def _stretches(start: datetime, end: datetime) -> Iterable[tuple[datetime, float]]:
@@ -129,8 +129,14 @@ def _add(sums: dict[tuple[Any, ...], list[float]]) -> None:
             "energy_joules": joules,
             "measured_seconds": measured,
         }
-        if not HeldTime.objects.filter(**key).update(**{name: F(name) + value for name, value in figures.items()}):
-            HeldTime.objects.create(**key, **figures)
+        added = {name: F(name) + value for name, value in figures.items()}
+        if HeldTime.objects.filter(**key).update(**added):
+            continue
+        try:
+            with transaction.atomic():  # a savepoint: another count may start the same hour's row
+                HeldTime.objects.create(**key, **figures)
+        except IntegrityError:
+            HeldTime.objects.filter(**key).update(**added)
 
 
 def _claiming() -> Any:
@@ -151,6 +157,7 @@ def accrue_shards(pks: Iterable[int], until: datetime | None = None) -> None:
     shards = list(
         Shard.objects.select_for_update(of=("self",))
         .filter(pk__in=list(pks))
+        .order_by("pk")  # locked in one order by every count, so two never wait on each other
         .select_related(
             "replica__model__organization", "replica__model__team__organization", "replica__model__project__team"
         )

@@ -202,27 +202,28 @@ def _held_time(
     if within:
         rows = rows.filter(**within)
     column = GROUP_COLUMNS[UsageGroup(group_by)]
-    seen = False
     for group, gpu_class, gpu_seconds, core_seconds, joules, measured in rows.values_list(
         column, "gpu_class", "gpu_seconds", "core_seconds", "energy_joules", "measured_seconds"
     ).iterator():
-        seen = True
         summary = groups.setdefault(group, UsageRow(group=group, label=""))
+        summary.gpu_hours = summary.gpu_hours or {}
+        summary.core_hours = summary.core_hours or 0.0
         summary.energy_joules += joules
         summary.measured_seconds += measured
         if gpu_seconds:
-            summary.gpu_hours = summary.gpu_hours or {}
             name = gpu_class or "-"
             summary.gpu_hours[name] = summary.gpu_hours.get(name, 0.0) + gpu_seconds / 3600
         if core_seconds:
-            summary.core_hours = (summary.core_hours or 0.0) + core_seconds / 3600
-    if visible is None or seen:
-        for summary in groups.values():  # counted, and none held: 0, not unknown
+            summary.core_hours += core_seconds / 3600
+    for summary in groups.values():
+        if visible is None:  # every owner's held time is counted here: none held is 0, not unknown
             summary.gpu_hours = summary.gpu_hours or {}
             summary.core_hours = summary.core_hours or 0.0
-            held = sum(summary.gpu_hours.values()) * 3600 + summary.core_hours * 3600
-            if held and summary.measured_seconds >= held * 0.999:  # all of it measured
-                summary.watt_hours = summary.energy_joules / 3600
+        if summary.gpu_hours is None and summary.core_hours is None:
+            continue
+        held = sum((summary.gpu_hours or {}).values()) * 3600 + (summary.core_hours or 0.0) * 3600
+        if held and summary.measured_seconds >= held * 0.999:  # all of it measured
+            summary.watt_hours = summary.energy_joules / 3600
 
 
 def _efficiency(summary: UsageRow) -> None:
@@ -305,7 +306,8 @@ def usage_summary(
             summary.label = labels.get(group) or _("#%(id)s (deleted)") % {"id": group}
         if not known_tokens.get(group, False):  # every request's counts unknown: unknown, not zero
             summary.prompt_tokens = summary.completion_tokens = None
-        _efficiency(summary)
+        if group_by == UsageGroup.MODEL:  # tokens are the callers' and held time the model owner's:
+            _efficiency(summary)  # only per model are they of the same thing
         for q, suffix in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
             setattr(summary, f"first_token_ms_{suffix}", histograms.percentile(summary.first_token_hist, q))
             setattr(summary, f"latency_ms_{suffix}", histograms.percentile(summary.latency_hist, q))

@@ -94,7 +94,7 @@ def test_clock_events_replica_failures_quotas_and_the_queue_limit(client: Client
     ]  # the second card reports none: none held down, and no line
     assert f'llmgw_replica_failures{{model="m",replica="{replica.pk}"}} 0.0' in lines
     assert any(line.startswith("llmgw_replica_failures{") and line.endswith(" 2.0") for line in lines)
-    assert 'llmgw_capacity_quota_limit{level="organization",owner="Acme",resource="gpus"} 8.0' in lines
-    assert 'llmgw_capacity_quota_used{level="organization",owner="Acme",resource="gpus"} 2.0' in lines
+    assert 'llmgw_capacity_quota_limit{level="organization",owner="acme",resource="gpus"} 8.0' in lines
+    assert 'llmgw_capacity_quota_used{level="organization",owner="acme",resource="gpus"} 2.0' in lines
     assert not any('resource="cpu_cores"' in line for line in lines)  # no limit set: nothing to compare with
     assert "llmgw_gateway_queue_limit 256.0" in lines

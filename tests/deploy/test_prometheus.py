@@ -139,7 +139,7 @@ def test_llmgws_metrics_pass_promtool_check_metrics(client: Any) -> None:
     body = client.get("/metrics").content
     text = body.decode()
     assert 'llmgw_gpu_clock_event{class="H100-80GB",gpu="0",node="h100-a"' in text
-    assert 'llmgw_capacity_quota_used{level="team",owner="Acme / Search",resource="gpus"} 4.0' in text
+    assert 'llmgw_capacity_quota_used{level="team",owner="acme/search",resource="gpus"} 4.0' in text
     assert 'llmgw_replica_failures{model="llama-70b"' in text and "llmgw_gateway_queue_limit 256.0" in text
     checked = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
     assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()

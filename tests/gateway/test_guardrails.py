@@ -397,3 +397,43 @@ async def test_a_client_that_leaves_while_the_guard_model_judges_its_prompt_canc
     assert record["status"] == 499
     assert record["error"] == "the client went away while a guard model judged its prompt"
     assert [seen.body["model"] for seen in engine.seen] == ["llama-guard"]  # the model itself was never asked
+
+
+async def test_a_text_rule_that_stops_the_held_tail_of_a_judged_answer_ends_it_once(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    guard_answers(gw, engine)
+    gw.app.tables.guards = Guards(everyone=[KEYS_STOPPED, *gw.app.tables.guards.everyone])
+    engine.pieces = ["Short: ", SECRET]  # the key is in the window held back until the end
+    body = {"model": "m", "messages": ask("k"), "stream": True, "stream_options": {"include_usage": True}}
+    answer = await gw.post("/v1/chat/completions", body)
+    events = [data for _name, data in sse_events(answer.text)]
+    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+    assert sum('"usage": {' in e for e in events) == 1
+    assert '"finish_reason": "content_filter"' in answer.text and "sk-ant" not in answer.text
+
+
+async def test_a_logging_guard_rule_that_cannot_judge_never_holds_anything_back(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    with_guard_model(gw, engine, limit=200)
+    policies(gw, rule("watch", "guard_model", "log", models=("llama-guard",), applies_to="both", limit=200))
+    engine.replies["llama-guard"] = "safe"
+    engine.delays["llama-guard"] = 2.0
+    answer = await gw.openai().chat.completions.create(model="m", messages=ask("hello"))
+    assert answer.choices[0].message.content == "Hello there" and answer.choices[0].finish_reason == "stop"
+    record = await gw.usage.wait()
+    assert [f["action"] for f in record["guardrail"]] == ["log", "log"]  # the prompt's and the answer's
+    assert all(f["error"] == "no answer within 200 ms" for f in record["guardrail"])
+
+
+async def test_a_request_for_several_answers_is_refused_where_a_guard_model_judges_answers(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    guard_answers(gw, engine)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await gw.openai().chat.completions.create(model="m", messages=ask("two?"), n=2)
+    assert "rule “judged”: a guard model judges each answer here, so one is asked at a time (2 asked)" in (
+        caught.value.message
+    )
+    assert [s.body["model"] for s in engine.seen] == []

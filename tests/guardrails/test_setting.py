@@ -85,7 +85,8 @@ def test_a_policy_is_set_whole_replaced_and_deleted_with_each_change_audited() -
     events = list(AuditEvent.objects.filter(target_type="guardrails.policy").order_by("pk"))
     assert [e.action for e in events] == ["policy.create", "policy.update", "policy.delete"]
     assert events[0].actor == admin and events[0].address == "10.0.0.5"
-    assert events[0].changes["rules"][0]["name"] == "cards"
+    assert events[0].changes["rules"][0] is None and events[0].changes["rules"][1][0]["name"] == "cards"
+    assert events[2].changes["name"] == ["pii", None]  # as the Audit page reads changes: old → new
     assert list(events[1].changes) == ["rules"]  # only what changed
     assert not Policy.objects.exists()
 
@@ -105,6 +106,7 @@ def test_a_policy_is_set_whole_replaced_and_deleted_with_each_change_audited() -
         ({"organization": "nowhere"}, "organization", "no organization “nowhere” (give it as SLUG)"),
         ({"organization": None, "team": "acme/x", "model": "m"}, "model", "not 2"),
         ({"name": " "}, "name", "give the policy a name"),
+        ({"enabled": "false"}, "enabled", "true or false"),
     ],
 )
 def test_a_policy_that_cannot_be_set_says_where_and_why_and_changes_nothing(
@@ -134,6 +136,7 @@ def test_the_api_lists_sets_replaces_and_deletes_policies_for_administrators_onl
     assert moved.status_code == 200 and moved.json()["model"] == "m" and "organization" not in moved.json()
     bad = api.put("/api/v1/guardrails/pii", {"rules": [{"kind": "regex", "pattern": "(x*)*y"}]}, format="json")
     assert bad.status_code == 400 and "rules[0].pattern" in bad.json()["errors"]
+    assert api.put("/api/v1/guardrails/pii", ["not", "a", "policy"], format="json").status_code == 400
     assert api.get("/api/v1/guardrails/pii").json()["model"] == "m"  # the bad one changed nothing
     key = make_key(make_user("alice@example.com"))
     verdict = [{"policy": "pii", "rule": "cards", "kind": "detector", "action": "refuse", "detector": "card"}]
