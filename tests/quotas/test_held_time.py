@@ -170,7 +170,8 @@ def test_tokens_per_gpu_hour_and_per_watt_hour_from_the_cards_measured_power() -
         partly = make_replica(make_model("partly", gpus=2), node, gpu_indices=(3, 4), port=9100)
     accrue_held_time(T0 + timedelta(seconds=60))
     held = HeldTime.objects.get(model="measured")
-    assert (held.gpu_seconds, held.energy_joules, held.measured_seconds) == (240, 4 * 350 * 60, 240)
+    counted = (held.gpu_seconds, held.energy_joules, held.measured_seconds)  # card-seconds, joules, card-seconds
+    assert counted == (240, 4 * 350 * 60, 240)
     key = make_key(make_user("alice@example.com"))
     at = T0 + timedelta(seconds=30)
     write_records_sync(
