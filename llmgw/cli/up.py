@@ -63,11 +63,13 @@ _LLMGW_LINE = re.compile(r"^llmgw( \w+)?: ")
 #: The agent's engine supervisor logs only changes: started, adopted, restarting, ready, failed, stopped;
 #: its installer what an install is doing (downloading, with progress, checking, failed, installed).
 _ENGINE_CHANGE = re.compile(r" llmgw\.agent\.(?:supervisor|install): ")
-#: Warnings that say nothing to a person running `llmgw up`: Celery's about running as root, and
-#: kombu's about the filesystem broker, which has no host name to give.
+#: Warnings that say nothing to a person running `llmgw up`: Celery's about running as root;
+#: kombu's about the filesystem broker, which has no host name to give; and kombu's about a task it
+#: had fetched while the worker was stopping, which it puts back on the queue for the next start.
 _NOISE = (
     re.compile(r"SecurityWarning: You're running the worker with superuser privileges"),
     re.compile(r"kombu\.connection: No hostname was supplied"),
+    re.compile(r"kombu\.transport\.virtual\.base: Requeuing undeliverable message for queue '[^']*': No consumers"),
 )
 
 

@@ -70,6 +70,8 @@ def test_the_terminal_shows_warnings_errors_and_changes_and_hides_routine_lines(
         "with superuser privileges: this is",
         "absolutely not recommended!",
         "2026-12-01 12:31:21,715 WARNING kombu.connection: No hostname was supplied. Reverting to default 'localhost'",
+        "2026-12-03 14:52:41,921 WARNING kombu.transport.virtual.base: Requeuing undeliverable message for queue "
+        "'celery': No consumers.",
     ]
     assert shown(*routine) == []
     needed = [
