@@ -404,6 +404,10 @@ class Agent:
             sample = dict(await self.sampler.sample())
             usage = self.supervisor.process_usage()
             if usage:
+                figures = await self.supervisor.engine_metrics()
+                for item in usage:
+                    if item["shard"] in figures:
+                        item["engine"] = figures[item["shard"]]
                 sample["shards"] = usage
             await ws.send(protocol.encode("heartbeat", {"sample": sample}))
             fabrics = self.sampler.fabrics.due()

@@ -399,7 +399,12 @@ SAMPLE = obj(
         "ib_ports": array(IB_PORT, 256),
         "subnet_managers": array(SUBNET_MANAGERS, 64),
         "imex": nullable(IMEX),
-        "shards": array(obj({"shard": string(200)}, {"cpu_cores": NUM, "memory_bytes": INT}), 1024),
+        # Per running engine: its CPU and memory, and (rank 0) its own figures in llmgw's names
+        # (agent.engine_metrics).
+        "shards": array(
+            obj({"shard": string(200)}, {"cpu_cores": NUM, "memory_bytes": INT, "engine": nullable(mapping(NUM, 64))}),
+            1024,
+        ),
         "warnings": array(string(2000), 256),
     },
 )

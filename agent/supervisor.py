@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.engine_metrics import read_engine_metrics
 from agent.engines import ShardSpec, build_command, health_path, parse_shard, serves_http, spec_fingerprint
 from agent.probes.procfs import process_group_usage
 
@@ -413,6 +414,37 @@ class Supervisor:
                     item["cpu_cores"] = max(0.0, (usage.cpu_seconds - previous[1]) / (now - previous[0]))
                 self._usage[shard] = (now, usage.cpu_seconds)
             out.append(item)
+        return out
+
+    async def engine_metrics(self, timeout: float = 2.0) -> dict[str, dict[str, Any]]:
+        """The figures of each ready engine that answers HTTP (rank 0 of a replica), read at once:
+        one request per engine. An engine that does not answer in `timeout` is left out."""
+        targets: list[tuple[str, ShardSpec]] = []
+        for shard in sorted(self._entries):
+            entry = self._entries[shard]
+            if entry.state != READY or entry.spec is None:
+                continue
+            try:
+                if not serves_http(entry.spec):
+                    continue
+            except ValueError:
+                continue
+            targets.append((shard, entry.spec))
+        if not targets:
+            return {}
+        results = await asyncio.gather(
+            *(
+                read_engine_metrics(spec.engine, _probe_host(spec.host), spec.port, spec.api_key, timeout)
+                for _, spec in targets
+            ),
+            return_exceptions=True,
+        )
+        out: dict[str, dict[str, Any]] = {}
+        for (shard, _spec), result in zip(targets, results, strict=True):
+            if isinstance(result, BaseException):
+                log.debug("reading the metrics of shard %s failed", shard, exc_info=result)
+            elif result is not None:
+                out[shard] = result
         return out
 
     async def wait_settled(self, timeout: float | None = None) -> bool:

@@ -245,6 +245,51 @@ DASHBOARDS: dict[str, tuple[str, list[str], list[Panel]]] = {
                 "none",
                 [('max by (model) (llmgw_replica_failures{model=~"$model"})', "{{model}}")],
             ),
+            (
+                "Inside the engines: requests running and waiting",
+                "none",
+                [
+                    ('sum by (model) (llmgw_engine_requests_running{model=~"$model"})', "{{model}} running"),
+                    ('sum by (model) (llmgw_engine_requests_waiting{model=~"$model"})', "{{model}} waiting"),
+                ],
+            ),
+            (
+                "Inside the engines: KV cache in use",
+                "percentunit",
+                [('avg by (model) (llmgw_engine_kv_cache_usage_ratio{model=~"$model"})', "{{model}}")],
+            ),
+            (
+                "Inside the engines: time to first token and per output token (mean)",
+                "s",
+                [
+                    (
+                        'sum by (model) (rate(llmgw_engine_time_to_first_token_seconds_sum{model=~"$model"}[5m]))'
+                        ' / sum by (model) (rate(llmgw_engine_time_to_first_token_seconds_count{model=~"$model"}[5m]))',
+                        "{{model}} first token",
+                    ),
+                    (
+                        'sum by (model) (rate(llmgw_engine_time_per_output_token_seconds_sum{model=~"$model"}[5m]))'
+                        " / sum by (model) "
+                        '(rate(llmgw_engine_time_per_output_token_seconds_count{model=~"$model"}[5m]))',
+                        "{{model}} per output token",
+                    ),
+                ],
+            ),
+            (
+                "Inside the engines: tokens per second and prefix-cache hits",
+                "none",
+                [
+                    (
+                        'sum by (model) (rate(llmgw_engine_generation_tokens_total{model=~"$model"}[5m]))',
+                        "{{model}} generated",
+                    ),
+                    (
+                        'sum by (model) (rate(llmgw_engine_prefix_cache_hits_total{model=~"$model"}[5m]))'
+                        ' / sum by (model) (rate(llmgw_engine_prefix_cache_queries_total{model=~"$model"}[5m]))',
+                        "{{model}} share of prompt tokens cached",
+                    ),
+                ],
+            ),
         ],
     ),
     "llmgw-owners": (

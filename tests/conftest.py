@@ -104,8 +104,9 @@ def _empty_cache() -> Iterator[None]:
 
     client = services._redis()
     if client is not None:
-        for key in client.scan_iter("llmgw:cluster:history:*"):
-            client.delete(key)
+        for pattern in ("llmgw:cluster:history:*", "llmgw:cluster:engine-history:*"):
+            for key in client.scan_iter(pattern):
+                client.delete(key)
     yield
 
 

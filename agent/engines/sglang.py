@@ -3,7 +3,7 @@ interpreter of the environment SGLang is installed in.
 
     <python> -m sglang.launch_server --model-path <source> --host H --port P --api-key K
              --served-model-name N --tp T [--pp-size PP] [--context-length <context_size>]
-             --max-running-requests <parallel> [--device cpu]
+             --max-running-requests <parallel> --enable-metrics [--device cpu]
              [--nnodes N --node-rank R --dist-init-addr A:MP]  [extra_args...]
     env: CUDA_VISIBLE_DEVICES=<gpu indices>; multi-node also NCCL_DEBUG=WARN, NCCL_IB_DISABLE=0
 
@@ -81,7 +81,8 @@ def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, st
         argv += ["--pp-size", str(pp)]
     if spec.context_size is not None:
         argv += ["--context-length", str(spec.context_size)]
-    argv += ["--max-running-requests", str(spec.parallel)]
+    # --enable-metrics: its /metrics page, which the agent reads for llmgw_engine_* (agent.engine_metrics).
+    argv += ["--max-running-requests", str(spec.parallel), "--enable-metrics"]
     if not spec.gpu_indices:
         argv += ["--device", "cpu"]
     defaults: dict[str, str] = {}

@@ -296,8 +296,13 @@ def model_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
         return render(
             request, "catalog/model_detail.html#model-replicas", {"model": model, "replicas": _replica_rows(model)}
         )
+    from apps.cluster.engine_history import model_charts
+
+    charts = [] if model.is_external else model_charts(model.name)
     return render(
-        request, "catalog/model_detail.html", {**_card_context(request, model), "replicas": _replica_rows(model)}
+        request,
+        "catalog/model_detail.html",
+        {**_card_context(request, model), "replicas": _replica_rows(model), "engine_charts": charts},
     )
 
 

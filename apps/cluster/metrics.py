@@ -7,13 +7,14 @@ measure is absent, never 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = ["MESSAGE_SECONDS", "NodeCollector", "PROTOCOL_ERRORS", "PROTOCOL_MESSAGES", "owner_label"]
@@ -31,7 +32,7 @@ FRESH = timedelta(minutes=1)
 
 
 class NodeCollector(Collector):
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         from apps.cluster.choices import NodeStatus
         from apps.cluster.models import Node
 
@@ -159,10 +160,12 @@ class NodeCollector(Collector):
                         {**labels, "counter": str(counter)},
                         count,
                     )
-        held = _shards(put, {node.pk: node.fresh_sample(now, FRESH) for node in nodes})
+        engines = EngineFamilies()
+        held = _shards(put, {node.pk: node.fresh_sample(now, FRESH) for node in nodes}, engines)
         _quotas(put, held)
         _replicas(put)
         yield from g.values()
+        yield from engines.families()
 
 
 Put = Callable[[str, str, dict[str, str], float | int | None], None]
@@ -179,7 +182,66 @@ def owner_label(model: Any) -> str:
     return "/".join(parts) or "-"
 
 
-def _shards(put: Put, samples: dict[int, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+ENGINE_LABELS = ["model", "replica", "engine"]
+
+
+class EngineFamilies:
+    """`llmgw_engine_*`: what each replica's engine says of itself (read by its node's agent from
+    the engine's own /metrics, agent.engine_metrics), under one set of names whatever the engine.
+    A figure the engine does not publish is absent (llama.cpp has no time to first token)."""
+
+    GAUGES = (
+        ("requests_running", "llmgw_engine_requests_running", "Requests the engine is working on"),
+        ("requests_waiting", "llmgw_engine_requests_waiting", "Requests waiting inside the engine"),
+        ("kv_cache_usage_ratio", "llmgw_engine_kv_cache_usage_ratio", "Share of the engine's KV cache in use (0-1)"),
+    )
+    COUNTERS = (
+        ("prompt_tokens", "llmgw_engine_prompt_tokens", "Prompt tokens the engine took in, cached ones too"),
+        ("generation_tokens", "llmgw_engine_generation_tokens", "Tokens the engine generated"),
+        ("prefix_cache_queries", "llmgw_engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+        ("prefix_cache_hits", "llmgw_engine_prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+    )
+    SUMMARIES = (
+        ("ttft", "llmgw_engine_time_to_first_token_seconds", "Time to first token inside the engine"),
+        ("tpot", "llmgw_engine_time_per_output_token_seconds", "Time per output token after the first"),
+    )
+
+    def __init__(self) -> None:
+        self._gauges = {key: GaugeMetricFamily(name, doc, labels=ENGINE_LABELS) for key, name, doc in self.GAUGES}
+        self._counters = {key: CounterMetricFamily(name, doc, labels=ENGINE_LABELS) for key, name, doc in self.COUNTERS}
+        self._summaries = {
+            key: SummaryMetricFamily(name, doc, labels=ENGINE_LABELS) for key, name, doc in self.SUMMARIES
+        }
+
+    def add(self, labels: list[str], figures: dict[str, Any]) -> None:
+        def number(key: str) -> float | None:
+            value = figures.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                return None
+            return float(value)
+
+        for key, family in self._gauges.items():
+            value = number(key)
+            if value is not None:
+                family.add_metric(labels, value)
+        for key, counter in self._counters.items():
+            value = number(key)
+            if value is not None and value >= 0:
+                counter.add_metric(labels, value)
+        for key, summary in self._summaries.items():
+            total, count = number(f"{key}_sum"), number(f"{key}_count")
+            if total is not None and count is not None and count >= 0:
+                summary.add_metric(labels, count_value=int(count), sum_value=total)
+
+    def families(self) -> Iterable[Metric]:
+        for family in (*self._gauges.values(), *self._counters.values(), *self._summaries.values()):
+            if family.samples:
+                yield family
+
+
+def _shards(
+    put: Put, samples: dict[int, dict[str, Any] | None], engines: EngineFamilies | None = None
+) -> dict[str, dict[str, Any]]:
     """What each shard of a live model claims, what its engine uses (from a fresh sample), and the
     GPUs it holds. A deleted model's shards are left out, so its series end with it. Returns what
     the shards hold per capacity-quota owner key, as placement counts it against a quota."""
@@ -230,6 +292,10 @@ def _shards(put: Put, samples: dict[int, dict[str, Any] | None]) -> dict[str, di
                 labels,
                 entry.get("memory_bytes"),
             )
+            figures = entry.get("engine")
+            if engines is not None and isinstance(figures, dict):
+                engine = str((shard.replica.spec or {}).get("engine") or "")
+                engines.add([model.name, str(shard.replica_id), engine], figures)
         owner = owner_label(model)
         for index in shard.gpu_indices or []:
             if isinstance(index, int) and not isinstance(index, bool):

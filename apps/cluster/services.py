@@ -896,7 +896,11 @@ def write_gpu_health(
 def append_histories(samples: dict[int, dict[str, Any]]) -> None:
     """Add one history point per node: the last hour of points, kept outside the database in a
     capped Redis list per node (one round trip for them all), or in the local cache without Redis.
-    Each point carries its node's per-model claims, use and queues where they were read."""
+    Each point carries its node's per-model claims, use and queues where they were read. The
+    engines' own figures in the samples go to their models' histories (apps.cluster.engine_history)."""
+    from apps.cluster import engine_history
+
+    engine_history.record(samples)
     try:
         client = _redis()
         if client is None:

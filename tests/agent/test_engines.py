@@ -348,6 +348,7 @@ def test_sglang_single_node() -> None:
         "32768",
         "--max-running-requests",
         "128",
+        "--enable-metrics",
     ]
     assert env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
 

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from django.utils import timezone
 
+from agent.engine_metrics import normalise, parse_exposition
 from agent.probes.nvidia import parse_nvidia_smi_text
 from agent.probes.xid import count_xids, parse_xid_lines
 from agent.sampler import _gpu_dict
@@ -125,8 +126,14 @@ def _captured_fleet() -> None:
     model = make_model("llama-70b", gpus=4)
     model.team = team
     model.save()
-    ready = Replica.objects.create(model=model, profile=model.profiles.first(), state=ReplicaState.READY)
+    ready = Replica.objects.create(
+        model=model, profile=model.profiles.first(), state=ReplicaState.READY, spec={"engine": "sglang"}
+    )
     Shard.objects.create(replica=ready, node=node, rank=0, port=9001, secret="s", gpu_indices=[0, 1, 2, 3])
+    # Its engine's own figures, as the agent reads them from a captured SGLang page.
+    page = (Path(__file__).parents[1] / "agent" / "engine_metrics" / "sglang-docs.prom").read_text()
+    node.sample["shards"] = [{"shard": f"r{ready.pk}s0", "engine": normalise("sglang", parse_exposition(page))}]
+    node.save(update_fields=["sample"])
     Replica.objects.create(model=model, profile=model.profiles.first(), state=ReplicaState.FAILED, failures=4)
     CapacityQuota.objects.create(team=team, gpus=4)
 
@@ -141,6 +148,8 @@ def test_llmgws_metrics_pass_promtool_check_metrics(client: Any) -> None:
     assert 'llmgw_gpu_clock_event{class="H100-80GB",gpu="0",node="h100-a"' in text
     assert 'llmgw_capacity_quota_used{level="team",owner="acme/search",resource="gpus"} 4.0' in text
     assert 'llmgw_replica_failures{model="llama-70b"' in text and "llmgw_gateway_queue_limit 256.0" in text
+    assert 'llmgw_engine_requests_waiting{engine="sglang",model="llama-70b"' in text
+    assert "# TYPE llmgw_engine_time_to_first_token_seconds summary" in text
     checked = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=60)
     assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
 
@@ -239,6 +248,8 @@ def test_a_real_prometheus_scrapes_llmgw_and_evaluates_every_rule(live_server: A
             "llmgw-gpus/Clocks held down, by reason",
             "llmgw-models/GPUs held",
             "llmgw-models/Replica failures in a row",
+            "llmgw-models/Inside the engines: requests running and waiting",
+            "llmgw-models/Inside the engines: KV cache in use",
             "llmgw-owners/GPUs held now, by owner",
             # (The GPU-hours panels sample each minute: they have data from the first whole minute.)
             "llmgw-owners/Capacity quotas: held of the limit",

@@ -109,6 +109,20 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
             assert status == 200 and answer["usage"]["completion_tokens"] > 0
             assert chat(endpoint, None)[0] == 401
             assert chat(endpoint, "wrong")[0] == 401
+            # The agent reads the engine's own /metrics with its next heartbeat; the control plane
+            # exports it as llmgw_engine_*: the tokens the engine generated are those it answered.
+            replica = ready["replicas"][0]["id"]
+            generated = plane.wait_for(
+                lambda: engine_figure(plane.url, "llmgw_engine_generation_tokens_total", replica),
+                timeout=30,
+                what="the engine's figures in /metrics",
+            )
+            assert generated == answer["usage"]["completion_tokens"]
+            assert (
+                engine_figure(plane.url, "llmgw_engine_prompt_tokens_total", replica)
+                == (answer["usage"]["prompt_tokens"])
+            )
+            assert engine_figure(plane.url, "llmgw_engine_requests_running", replica) == 0
 
             # Too big for the node: explain names the node, the memory it has and the memory needed.
             code, out, _err = plane.ctl("model", "explain", "huge")
@@ -141,6 +155,16 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
             time.sleep(0.2)
         if plane is not None and plane.running is not None and plane.running.database:
             drop_pg_database(plane.running.database)
+
+
+def engine_figure(base: str, name: str, replica: int) -> float | None:
+    """The value of `name` for the replica in llmgw's /metrics, None while it has none."""
+    with urllib.request.urlopen(base.rstrip("/") + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'replica="{replica}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def _secret(plane: ControlPlane, replica_id: int) -> str:
