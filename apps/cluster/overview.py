@@ -46,6 +46,7 @@ __all__ = [
 # The measures the map can be coloured by: ?colour=util|mem|temp.
 COLOURS = ("util", "mem", "temp")
 IDLE_BELOW_PCT = 5.0
+IDLE_HOUR_SECONDS = 55 * 60  # a run of idle samples this long covers the hour the history keeps
 BUCKETS = 10
 # Temperatures are spread over 30-90 °C: 6 °C a step, from cool (gpu-0) to hot (gpu-9).
 TEMP_LOW_C = 30.0
@@ -182,12 +183,31 @@ class NodeGpus:
 
 @dataclass(frozen=True)
 class HeldIdle:
-    """A replica whose every card is under IDLE_BELOW_PCT busy."""
+    """A replica whose every card is under IDLE_BELOW_PCT busy now; how long they have been, as far
+    as its nodes' last hour of samples shows, and what that cost in GPU-hours held."""
 
     model: str
     replica_id: int
     cards: list[tuple[str, str, list[int]]]  # (short node name, full node name, indices)
     utilization: float  # the busiest of its cards
+    owner: str = "-"
+    idle_seconds: float | None = None  # None: no history to tell
+    whole_hour: bool = False  # idle in every sample the history keeps, over the whole hour
+
+    @property
+    def card_count(self) -> int:
+        return sum(len(indices) for _short, _full, indices in self.cards)
+
+    @property
+    def idle_minutes(self) -> str:
+        if self.idle_seconds is None:
+            return "-"
+        return _number(self.idle_seconds / 60)
+
+    @property
+    def gpu_hours(self) -> float | None:
+        """Card-hours held idle: its cards times how long they have rested."""
+        return None if self.idle_seconds is None else self.card_count * self.idle_seconds / 3600
 
     @property
     def cards_text(self) -> str:
@@ -254,7 +274,7 @@ def _holders() -> tuple[dict[tuple[int, int], Replica], list[Replica]]:
     """(node id, card index) -> the replica holding it, and the ready replicas that hold cards."""
     replicas = list(
         Replica.objects.exclude(state__in=[ReplicaState.PENDING, ReplicaState.FAILED])
-        .select_related("model")
+        .select_related("model__organization", "model__team__organization", "model__project__team__organization")
         .prefetch_related(Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank")))
     )
     held: dict[tuple[int, int], Replica] = {}
@@ -323,7 +343,38 @@ def _squares(
     return squares
 
 
-def _idle(ready: list[Replica], busy: dict[tuple[int, int], float | None], prefix: str) -> list[HeldIdle]:
+def owner_name(model: Any) -> str:
+    """The model's owner by name, widest first ("Acme / Search"), or "-" for nobody's."""
+    project, team, org = model.project, model.team, model.organization
+    if project is not None:
+        team = team or project.team
+    if team is not None:
+        org = org or team.organization
+    names = [o.name for o in (org, team, project) if o is not None]
+    return " / ".join(names) or "-"
+
+
+def _idle_since(points: list[dict[str, Any]], indices: list[int]) -> tuple[float | None, bool]:
+    """When the cards began to rest without a break, from a node's history (oldest first): the time
+    of the earliest sample of the run that ends now in which every card was known and under
+    IDLE_BELOW_PCT. (None, False) without history; True when the run is all the history holds."""
+    since: float | None = None
+    timed = [p for p in points if isinstance(p.get("t"), int | float)]
+    for point in sorted(timed, key=lambda p: p["t"], reverse=True):
+        t = point.get("t")
+        cards = point.get("gpus") or {}
+        values = [(cards.get(str(i)) or [None])[0] for i in indices]
+        if not isinstance(t, int | float) or any(
+            not isinstance(v, int | float) or isinstance(v, bool) or v >= IDLE_BELOW_PCT for v in values
+        ):
+            return since, False
+        since = float(t)
+    return since, since is not None
+
+
+def _idle(
+    ready: list[Replica], busy: dict[tuple[int, int], float | None], prefix: str, now: datetime
+) -> list[HeldIdle]:
     idle = []
     for replica in ready:
         figures: list[float | None] = []
@@ -335,9 +386,35 @@ def _idle(ready: list[Replica], busy: dict[tuple[int, int], float | None], prefi
             cards.append((short_name(shard.node.name, prefix), shard.node.name, indices))
             figures.extend(busy.get((shard.node_id, i)) for i in indices)
         known = [f for f in figures if f is not None]
-        if figures and len(known) == len(figures) and max(known) < IDLE_BELOW_PCT:
-            idle.append(HeldIdle(model=replica.model.name, replica_id=replica.pk, cards=cards, utilization=max(known)))
-    return sorted(idle, key=lambda h: (h.model, h.replica_id))
+        if not (figures and len(known) == len(figures) and max(known) < IDLE_BELOW_PCT):
+            continue
+        # Resting since the latest of its nodes' runs began, and not before it held the cards.
+        starts, whole = [], True
+        for shard in replica.shards.all():
+            indices = [i for i in shard.gpu_indices or [] if isinstance(i, int)]
+            if indices:
+                since, all_of_it = _idle_since(services.sample_history(shard.node_id), indices)
+                starts.append(since)
+                whole = whole and all_of_it
+        seconds = None
+        if starts and all(s is not None for s in starts):
+            begun = max(s for s in starts if s is not None)
+            if replica.placed_at is not None and replica.placed_at.timestamp() > begun:
+                begun, whole = replica.placed_at.timestamp(), False
+            seconds = max(0.0, now.timestamp() - begun)
+        idle.append(
+            HeldIdle(
+                model=replica.model.name,
+                replica_id=replica.pk,
+                cards=cards,
+                utilization=max(known),
+                owner=owner_name(replica.model),
+                idle_seconds=seconds,
+                whole_hour=whole and seconds is not None and seconds >= IDLE_HOUR_SECONDS,
+            )
+        )
+    # The costliest first: most card-hours held idle.
+    return sorted(idle, key=lambda h: (-(h.gpu_hours or 0.0), h.model, h.replica_id))
 
 
 def _fleet_charts(nodes: list[Node]) -> list[FleetChart]:
@@ -414,7 +491,7 @@ def cluster_overview(colour: str = "util", now: datetime | None = None, *, chart
         columns=_columns(rows),
         colour=colour,
         nodes=gpu_nodes,
-        idle=_idle(ready, busy, prefix),
+        idle=_idle(ready, busy, prefix, now),
         charts=_fleet_charts(nodes) if charts else [],
         legend=_legend(colour),
     )

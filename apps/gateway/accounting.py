@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from apps.gateway import metrics
+from apps.gateway import metrics, tracing
 from apps.gateway.intake import EMBEDDINGS, Call
 from apps.gateway.tokens import estimate_prompt_tokens
 
@@ -112,6 +112,9 @@ class Accountant:
         first = (call.first_token_at - call.started) if call.first_token_at is not None else None
         label = self._model_label(call)
         metrics.observe(label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
+        exporter = tracing.exporter()
+        if exporter is not None:
+            exporter.add(_spans(call, label, elapsed))
         for finding in call.guard:
             metrics.guardrail_action(str(finding.get("policy")), str(finding.get("action")))
         if call.entry is None or self.usage is None:
@@ -149,3 +152,37 @@ class Accountant:
                 "guardrail": call.guard or None,
             }
         )
+
+
+def _spans(call: Call, label: str, elapsed: float) -> list[dict[str, Any]]:
+    """The request's spans (apps.gateway.tracing), its perf_counter times put on the wall clock."""
+    end = time.time()
+    start = end - elapsed
+
+    def wall(at: float | None) -> float | None:
+        return None if at is None else start + (at - call.started)
+
+    queued, leased, first = wall(call.queued_at), wall(call.leased_at), wall(call.first_token_at)
+    upstream = call.upstream
+    status = "cancelled" if call.status == CANCELLED else call.status
+    return tracing.request_spans(
+        name=f"llmgw {call.endpoint.name}",
+        start=start,
+        end=end,
+        attributes={
+            "llmgw.request_id": call.request_id,
+            "gen_ai.request.model": label,
+            "gen_ai.usage.input_tokens": call.prompt_tokens,
+            "gen_ai.usage.output_tokens": call.completion_tokens,
+            "http.response.status_code": call.status if call.status != CANCELLED else None,
+            "llmgw.status": str(status),
+            "llmgw.stream": call.stream,
+            "llmgw.replica": f"{upstream.node}/{upstream.id}" if upstream else None,
+            "llmgw.hardware": upstream.hardware if upstream else None,
+        },
+        error=call.error if call.status == CANCELLED or call.status >= 500 else "",
+        queued=(queued, leased) if queued is not None and leased is not None else None,
+        upstream=(leased, end) if leased is not None else None,
+        first_token=first,
+        parent=tracing.parse_traceparent(call.traceparent),
+    )

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from apps.gateway import tracing
 from apps.gateway.accounting import CANCELLED, Accountant
 from apps.gateway.errors import Refused, send_error
 from apps.gateway.guard import (
@@ -160,6 +161,7 @@ class GatewayApp:
             proxies=ProxyConfig.from_env(),
         )
         self.limiter = make_limiter()
+        tracing.configure()
         writer_kwargs: dict[str, Any] = {}
         if getattr(settings, "USAGE_WRITER", "worker") == "worker":
             from apps.quotas.usage import write_via_worker
@@ -357,6 +359,10 @@ class GatewayApp:
         if self._wake is not None and self._wake.is_set():
             await self.reload_announced()  # a change was announced: route by the tables after it
         call.entry = await self.authenticate(scope)
+        if tracing.exporter() is not None:
+            call.traceparent = next(
+                (v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"traceparent"), None
+            )
         body = parse_body(await read_body(receive, self.max_body, self.bodies, call))
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise Refused(400, "Name the model in the body's “model” field.", code="missing_model")
@@ -393,10 +399,12 @@ class GatewayApp:
         if endpoint is COUNT_TOKENS:
             await self.count_tokens(call, route, send)
             return
+        call.queued_at = time.perf_counter()
         lease = await self.acquire(call, route, receive)
         if lease is None:  # cannot happen without exclusions; kept for the type checker
             raise Refused(503, f"No replica of “{call.model}” can take the request.", kind="overloaded_error")
         call.lease = lease
+        call.leased_at = time.perf_counter()
         await self.forward(call, route, receive, send)
 
     async def judge_prompt(self, call: Call, rules: list[Any]) -> None:

@@ -97,14 +97,17 @@ class Call:
         "first_token_at",
         "guard",
         "lease",
+        "leased_at",
         "model",
         "original",
         "prompt_tokens",
+        "queued_at",
         "request_id",
         "started",
         "status",
         "stream",
         "tokens_estimated",
+        "traceparent",
     )
 
     def __init__(self, endpoint: Endpoint) -> None:
@@ -128,6 +131,9 @@ class Call:
         self.counter: StreamUsage | None = None  # a stream's running count of what was relayed
         self.guard: list[dict[str, Any]] = []  # what guardrail rules matched (apps.gateway.guard)
         self.answer_guard: Any = None  # the answer's check as it passes, when a policy watches answers
+        self.queued_at: float | None = None  # when it began to ask for a replica's slot (perf_counter)
+        self.leased_at: float | None = None  # when it got one
+        self.traceparent: str | None = None  # the caller's W3C trace context, when it sent one
 
     @property
     def upstream(self) -> Upstream | None:

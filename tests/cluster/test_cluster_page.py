@@ -170,6 +170,47 @@ def test_replicas_whose_every_card_rests_are_held_and_idle(alice: User, fleet: d
     assert f'data-idle-replica="{fleet["blind"].pk}"' not in page
 
 
+def test_held_idle_cards_say_whose_they_are_how_long_they_rested_and_the_gpu_hours(
+    alice: User, fleet: dict[str, Any]
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.accounts import services as accounts
+    from apps.cluster.services import append_histories
+
+    org = accounts.create_organization(name="Acme", actor=None)
+    team = accounts.create_team(org, name="Search", actor=None)
+    model = fleet["idle"].model
+    model.team = team
+    model.save()
+    fleet["idle"].__class__.objects.filter(pk=fleet["idle"].pk).update(placed_at=timezone.now() - timedelta(hours=2))
+    now = timezone.now()
+    # gpu-r1-01's last 70 minutes, a sample every 10: its cards worked until 45 minutes ago, then rested.
+    for minutes in (70, 60, 50, 40, 30, 20, 10):
+        util = 50.0 if minutes > 45 else 2.0
+        sample = {"taken_at": (now - timedelta(minutes=minutes)).timestamp(), "gpus": [card(0, util), card(1, util)]}
+        append_histories({fleet["one"].pk: sample})
+    page = signed_in(alice).get("/cluster/").content.decode()
+    row = re.search(rf'<tr data-idle-replica="{fleet["idle"].pk}">(.*?)</tr>', page, re.DOTALL).group(1)
+    assert '<td class="clip" data-col="owner" title="Acme / Search">Acme / Search</td>' in row
+    # Resting since the sample 40 minutes ago: 2 cards x 40 min = 1.33 GPU-hours.
+    assert re.search(r'<td data-col="idle-for">4\d min</td>', row), row
+    assert '<td data-col="gpu-hours">1.3' in row
+
+    # Cards that rested in every sample the history holds rested the whole hour; a sample without
+    # a figure for one of them breaks the run, as a busy one does.
+    from apps.cluster.overview import _idle_since
+
+    t0 = now.timestamp()
+    rested = [{"t": t0 - m * 60, "gpus": {"0": [1.0], "1": [2.0]}} for m in (59, 40, 20, 0)]
+    assert _idle_since(rested, [0, 1]) == (t0 - 59 * 60, True)
+    blind = [*rested[:2], {"t": t0 - 30 * 60, "gpus": {"0": [1.0], "1": [None]}}, *rested[2:]]
+    assert _idle_since(blind, [0, 1]) == (t0 - 20 * 60, False)
+    assert _idle_since([], [0, 1]) == (None, False)
+
+
 def test_no_idle_replica_is_said_plainly(alice: User) -> None:
     page = signed_in(alice).get("/cluster/").content.decode()
     assert "No replica holds cards it leaves idle." in page

@@ -27,8 +27,57 @@ def _llama() -> str | None:
     return str(path) if path else None
 
 
+class Collector:
+    """An OpenTelemetry collector's OTLP/HTTP receiver: keeps every span posted to /v1/traces."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.spans: list[dict] = []
+        self.resources: list[dict] = []
+        self.headers: list[dict[str, str]] = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                collector.headers.append({k.lower(): v for k, v in self.headers.items()})
+                if self.path == "/v1/traces":
+                    for resource in body["resourceSpans"]:
+                        collector.resources.append(resource["resource"])
+                        for scope in resource["scopeSpans"]:
+                            collector.spans.extend(scope["spans"])
+                self.send_response(200 if self.path == "/v1/traces" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def trace(self, trace_id: str) -> list[dict]:
+        return [s for s in self.spans if s["traceId"] == trace_id]
+
+
+COLLECTOR: Collector | None = None
+
+
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def collector() -> Collector:
+    global COLLECTOR
+    if COLLECTOR is None:
+        COLLECTOR = Collector()
+    return COLLECTOR
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory, collector: Collector) -> Iterator[ControlPlane]:
     if _llama() is None:
         pytest.skip("no llama-server binary (run scripts/ensure-llama-server)")
     from tests.ggufgen import make_tiny_gguf
@@ -67,9 +116,14 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
             }
         )
     )
-    with ControlPlane(
-        tmp, extra_env={"LLMGW_LLAMA_SERVER": _llama() or "", "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120"}
-    ) as running:
+    env = {
+        "LLMGW_LLAMA_SERVER": _llama() or "",
+        "LLMGW_GATEWAY_COLD_START_TIMEOUT": "120",
+        # Each request a trace, sent to the test's collector.
+        "LLMGW_OTLP_ENDPOINT": collector.url,
+        "LLMGW_OTLP_HEADERS": "authorization=Bearer collector-token",
+    }
+    with ControlPlane(tmp, extra_env=env) as running:
         assert running.ctl("model", "apply", "-f", str(spec))[0] == 0
         running.wait_for(lambda: _models(running), timeout=90, what="tiny served by the gateway")
         yield running
@@ -383,3 +437,61 @@ def test_a_stream_the_client_leaves_is_recorded_with_the_prompt_counted_by_the_e
     assert record["completion_tokens"] is not None and record["completion_tokens"] >= 3
     if record["status"] == 499:  # the engine may finish first on a fast machine; then its usage stands
         assert record["tokens_estimated"] is True
+
+
+def test_each_request_is_a_trace_sent_over_otlp_continuing_the_callers(
+    plane: ControlPlane, collector: Collector
+) -> None:
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    raw = oai(plane).chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Count to three"}],
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+    )
+    chunks = list(raw.parse())
+    usage = chunks[-1].usage
+    assert usage is not None
+    request_id = raw.headers["x-llmgw-request-id"]
+    deadline = time.monotonic() + 30
+    while len(collector.trace(trace_id)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    spans = {s["name"]: s for s in collector.trace(trace_id)}
+    assert set(spans) == {"llmgw chat.completions", "queue", "upstream"}, spans
+    root, queue, upstream = spans["llmgw chat.completions"], spans["queue"], spans["upstream"]
+    # The caller's trace goes on: the request's span is a child of the caller's.
+    assert root["parentSpanId"] == parent and root["kind"] == 2
+    assert queue["parentSpanId"] == upstream["parentSpanId"] == root["spanId"]
+    attributes = {a["key"]: next(iter(a["value"].values())) for a in root["attributes"]}
+    assert attributes["llmgw.request_id"] == request_id
+    assert attributes["gen_ai.request.model"] == "tiny"
+    assert attributes["gen_ai.usage.output_tokens"] == str(usage.completion_tokens)
+    assert attributes["http.response.status_code"] == "200" and attributes["llmgw.stream"] is True
+    assert root["status"]["code"] == 1
+
+    def ns(span: dict, key: str) -> int:
+        return int(span[key])
+
+    # In order: the request, its wait for a slot, the engine's part with its first token, the end.
+    first = ns(root["events"][0], "timeUnixNano")
+    assert root["events"][0]["name"] == "first token"
+    assert ns(root, "startTimeUnixNano") <= ns(queue, "startTimeUnixNano") <= ns(queue, "endTimeUnixNano")
+    assert ns(queue, "endTimeUnixNano") <= ns(upstream, "startTimeUnixNano") <= first
+    assert first <= ns(upstream, "endTimeUnixNano") <= ns(root, "endTimeUnixNano")
+    # Sent with the collector's token, from a resource named llmgw.
+    assert any(h.get("authorization") == "Bearer collector-token" for h in collector.headers)
+    service = {a["key"]: a["value"]["stringValue"] for a in collector.resources[-1]["attributes"]}
+    assert service["service.name"] == "llmgw"
+
+    # A request without a trace context starts a trace of its own; a refused one is traced too.
+    before = len(collector.spans)
+    with pytest.raises(openai.NotFoundError):
+        oai(plane).chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    deadline = time.monotonic() + 30
+    while len(collector.spans) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    refused = collector.spans[-1]
+    assert refused["parentSpanId"] == "" and refused["traceId"] != trace_id
+    assert {a["key"]: a["value"] for a in refused["attributes"]}["http.response.status_code"] == {"intValue": "404"}
