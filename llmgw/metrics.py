@@ -1,26 +1,78 @@
 """Prometheus figures read from the database at scrape time.
 
 Apps add collectors with `add_collector()` from their AppConfig.ready(); each is asked on
-every scrape, so the answer is the same whichever web process serves /metrics.
+every scrape, so the answer is the same whichever web process serves /metrics. A collector
+with a `text()` method writes its part of the page itself, through `Exposition`: one
+f-string per series instead of prometheus_client's formatting, for the parts that grow with
+the fleet (the nodes' and GPUs' series: 2,000 nodes of 8 cards are some 300,000 lines).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
+from prometheus_client import generate_latest
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 import llmgw
 
-__all__ = ["add_collector", "register_collectors"]
+__all__ = ["Exposition", "add_collector", "database_metrics", "label_text", "register_collectors"]
 
-_factories: list[Callable[[], Collector]] = []
+_factories: list[Callable[[], Any]] = []
 
 
-def add_collector(factory: Callable[[], Collector]) -> None:
+def add_collector(factory: Callable[[], Any]) -> None:
     if factory not in _factories:
         _factories.append(factory)
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+def label_text(labels: dict[str, str]) -> str:
+    """Labels as the text format writes them inside the braces, by name as prometheus_client
+    orders them: `gpu="0",node="a"`."""
+    return ",".join(f'{key}="{_escape(str(labels[key]))}"' for key in sorted(labels))
+
+
+class Exposition:
+    """Families of series in Prometheus's text format, written as they are added and kept together
+    by family (the format wants each family's series in one block under its HELP and TYPE)."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def _lines(self, name: str, kind: str, doc: str) -> list[str]:
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = (kind, doc, [])
+        return family[2]
+
+    def add(self, name: str, doc: str, labels: str, value: float, kind: str = "gauge") -> None:
+        """One series: `labels` as label_text() writes them. A counter's series is `name_total`."""
+        sample = f"{name}_total" if kind == "counter" else name
+        braces = f"{{{labels}}}" if labels else ""
+        self._lines(name, kind, doc).append(f"{sample}{braces} {floatToGoString(value)}\n")
+
+    def add_summary(self, name: str, doc: str, labels: str, count: float, total: float) -> None:
+        lines = self._lines(name, "summary", doc)
+        lines.append(f"{name}_count{{{labels}}} {floatToGoString(count)}\n")
+        lines.append(f"{name}_sum{{{labels}}} {floatToGoString(total)}\n")
+
+    def text(self) -> str:
+        out = []
+        for name, (kind, doc, lines) in self._families.items():
+            shown = f"{name}_total" if kind == "counter" else name
+            help_text = doc.replace("\\", r"\\").replace("\n", r"\n")
+            out.append(f"# HELP {shown} {help_text}\n# TYPE {shown} {kind}\n")
+            out.extend(lines)
+        return "".join(out)
 
 
 class BuildInfo(Collector):
@@ -39,7 +91,17 @@ class BuildInfo(Collector):
 
 
 def register_collectors(registry: CollectorRegistry) -> CollectorRegistry:
+    """The collectors prometheus_client formats (those without a `text()` of their own)."""
     registry.register(BuildInfo())
     for factory in _factories:
-        registry.register(factory())
+        collector = factory()
+        if not hasattr(collector, "text"):
+            registry.register(collector)
     return registry
+
+
+def database_metrics() -> bytes:
+    """Every figure read from the database, as /metrics serves it."""
+    body = generate_latest(register_collectors(CollectorRegistry()))
+    texts = [collector.text() for collector in (factory() for factory in _factories) if hasattr(collector, "text")]
+    return body + "".join(texts).encode()

@@ -36,7 +36,7 @@ def readyz(request: HttpRequest) -> HttpResponse:
 def metrics(request: HttpRequest) -> HttpResponse:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-    from llmgw.metrics import register_collectors
+    from llmgw.metrics import database_metrics
 
     registry = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -50,5 +50,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
         registry = REGISTRY
     body = generate_latest(registry)
     # Figures read from the database at scrape time are the same whichever process answers.
-    body += generate_latest(register_collectors(CollectorRegistry()))
+    body += database_metrics()
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

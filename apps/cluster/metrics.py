@@ -8,14 +8,14 @@ measure is absent, never 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
-from prometheus_client.registry import Collector
+
+from llmgw.metrics import Exposition, label_text
 
 __all__ = ["MESSAGE_SECONDS", "NodeCollector", "PROTOCOL_ERRORS", "PROTOCOL_MESSAGES", "owner_label"]
 
@@ -31,29 +31,27 @@ PROTOCOL_ERRORS = Counter("llmgw_agent_protocol_errors", "Agent messages refused
 FRESH = timedelta(minutes=1)
 
 
-class NodeCollector(Collector):
-    def collect(self) -> Iterable[Metric]:
+class NodeCollector:
+    """The nodes', GPUs', shards', quotas' and replicas' series, written as text (llmgw.metrics.Exposition)."""
+
+    def text(self) -> str:
         from apps.cluster.choices import NodeStatus
         from apps.cluster.models import Node
 
         now = timezone.now()
-        g: dict[str, GaugeMetricFamily] = {}
+        out = Exposition()
 
-        def family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-            if name not in g:
-                g[name] = GaugeMetricFamily(name, doc, labels=labels)
-            return g[name]
-
-        def put(name: str, doc: str, labels: dict[str, str], value: float | int | None) -> None:
-            if value is None or isinstance(value, bool):
+        def put(name: str, doc: str, labels: dict[str, str] | str, value: float | int | None) -> None:
+            if value is None or isinstance(value, bool) or not isinstance(value, int | float):
                 return
-            family(name, doc, list(labels)).add_metric(list(labels.values()), float(value))
+            out.add(name, doc, labels if isinstance(labels, str) else label_text(labels), value)
 
         nodes = Node.objects.exclude(status=NodeStatus.REVOKED).only(
             "name", "status", "cordoned", "sample", "sampled_at", "hardware", "last_seen_at"
         )
+        fresh: dict[int, dict[str, Any] | None] = {}
         for node in nodes:
-            n = {"node": node.name}
+            n = label_text({"node": node.name})
             put(
                 "llmgw_node_up",
                 "1 when the node's agent is connected and heartbeating",
@@ -61,14 +59,14 @@ class NodeCollector(Collector):
                 1 if node.live_status == NodeStatus.READY else 0,
             )
             put("llmgw_node_cordoned", "1 when an operator cordoned the node", n, 1 if node.cordoned else 0)
-            sample = node.fresh_sample(now, FRESH)
+            sample = fresh[node.pk] = node.fresh_sample(now, FRESH)
             if sample is None:
                 continue
             put("llmgw_node_cpus", "Logical CPUs", n, sample.get("cpus"))
             put("llmgw_node_cpu_utilization_percent", "CPU busy across all cores", n, sample.get("cpu_utilization_pct"))
             load = sample.get("load") or []
             for period, value in zip(("1m", "5m", "15m"), load, strict=False):
-                put("llmgw_node_load", "Load average", {**n, "period": period}, value)
+                put("llmgw_node_load", "Load average", f'{n},period="{period}"', value)
             put("llmgw_node_memory_bytes", "Memory installed", n, sample.get("memory_total_bytes"))
             put("llmgw_node_memory_used_bytes", "Memory in use", n, sample.get("memory_used_bytes"))
             put(
@@ -88,12 +86,14 @@ class NodeCollector(Collector):
                 sample.get("cpu_package_power_w"),
             )
             for pool in sample.get("storage") or []:
-                s = {
-                    **n,
-                    "mountpoint": pool.get("mount_point", ""),
-                    "fstype": pool.get("fstype") or "",
-                    "kind": "shared" if pool.get("shared") else "local",
-                }
+                s = label_text(
+                    {
+                        "node": node.name,
+                        "mountpoint": str(pool.get("mount_point", "")),
+                        "fstype": str(pool.get("fstype") or ""),
+                        "kind": "shared" if pool.get("shared") else "local",
+                    }
+                )
                 put(
                     "llmgw_node_storage_free_bytes",
                     "Free space on a filesystem holding model directories",
@@ -107,12 +107,13 @@ class NodeCollector(Collector):
                     pool.get("total_bytes"),
                 )
             for gpu in sample.get("gpus") or []:
-                labels = {
-                    **n,
+                card = {
+                    "node": node.name,
                     "gpu": str(gpu.get("index")),
-                    "uuid": gpu.get("uuid") or "",
-                    "class": gpu.get("gpu_class") or "",
+                    "uuid": str(gpu.get("uuid") or ""),
+                    "class": str(gpu.get("gpu_class") or ""),
                 }
+                labels = label_text(card)
                 put("llmgw_gpu_utilization_percent", "GPU busy", labels, gpu.get("utilization_gpu_pct"))
                 put(
                     "llmgw_gpu_memory_bandwidth_percent",
@@ -148,27 +149,31 @@ class NodeCollector(Collector):
                     put(
                         "llmgw_gpu_clock_event",
                         "1 for each reason the card's clocks are held down now (heat, power cap, idle, ...)",
-                        {**labels, "reason": str(reason)},
+                        label_text({**card, "reason": str(reason)}),
                         1,
                     )
                 for code, count in (gpu.get("xids") or {}).items():
-                    put("llmgw_gpu_xid_errors", "Kernel XID events seen, by code", {**labels, "xid": str(code)}, count)
+                    put(
+                        "llmgw_gpu_xid_errors",
+                        "Kernel XID events seen, by code",
+                        label_text({**card, "xid": str(code)}),
+                        count,
+                    )
                 for counter, count in (gpu.get("nvlink_errors") or {}).items():
                     put(
                         "llmgw_gpu_nvlink_errors",
                         "NVLink error counters summed over links",
-                        {**labels, "counter": str(counter)},
+                        label_text({**card, "counter": str(counter)}),
                         count,
                     )
-        engines = EngineFamilies()
-        held = _shards(put, {node.pk: node.fresh_sample(now, FRESH) for node in nodes}, engines)
+        engines = EngineFamilies(out)
+        held = _shards(put, fresh, engines, {node.pk: node.name for node in nodes})
         _quotas(put, held)
         _replicas(put)
-        yield from g.values()
-        yield from engines.families()
+        return out.text()
 
 
-Put = Callable[[str, str, dict[str, str], float | int | None], None]
+Put = Callable[[str, str, dict[str, str] | str, float | int | None], None]
 
 
 def owner_label(model: Any) -> str:
@@ -180,9 +185,6 @@ def owner_label(model: Any) -> str:
         org = org or team.organization
     parts = [o.slug for o in (org, team) if o is not None]
     return "/".join(parts) or "-"
-
-
-ENGINE_LABELS = ["model", "replica", "engine"]
 
 
 class EngineFamilies:
@@ -206,41 +208,37 @@ class EngineFamilies:
         ("tpot", "llmgw_engine_time_per_output_token_seconds", "Time per output token after the first"),
     )
 
-    def __init__(self) -> None:
-        self._gauges = {key: GaugeMetricFamily(name, doc, labels=ENGINE_LABELS) for key, name, doc in self.GAUGES}
-        self._counters = {key: CounterMetricFamily(name, doc, labels=ENGINE_LABELS) for key, name, doc in self.COUNTERS}
-        self._summaries = {
-            key: SummaryMetricFamily(name, doc, labels=ENGINE_LABELS) for key, name, doc in self.SUMMARIES
-        }
+    def __init__(self, out: Exposition) -> None:
+        self.out = out
 
-    def add(self, labels: list[str], figures: dict[str, Any]) -> None:
+    def add(self, model: str, replica: str, engine: str, figures: dict[str, Any]) -> None:
+        labels = label_text({"model": model, "replica": replica, "engine": engine})
+
         def number(key: str) -> float | None:
             value = figures.get(key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 return None
             return float(value)
 
-        for key, family in self._gauges.items():
+        for key, name, doc in self.GAUGES:
             value = number(key)
             if value is not None:
-                family.add_metric(labels, value)
-        for key, counter in self._counters.items():
+                self.out.add(name, doc, labels, value)
+        for key, name, doc in self.COUNTERS:
             value = number(key)
             if value is not None and value >= 0:
-                counter.add_metric(labels, value)
-        for key, summary in self._summaries.items():
+                self.out.add(name, doc, labels, value, kind="counter")
+        for key, name, doc in self.SUMMARIES:
             total, count = number(f"{key}_sum"), number(f"{key}_count")
             if total is not None and count is not None and count >= 0:
-                summary.add_metric(labels, count_value=int(count), sum_value=total)
-
-    def families(self) -> Iterable[Metric]:
-        for family in (*self._gauges.values(), *self._counters.values(), *self._summaries.values()):
-            if family.samples:
-                yield family
+                self.out.add_summary(name, doc, labels, count, total)
 
 
 def _shards(
-    put: Put, samples: dict[int, dict[str, Any] | None], engines: EngineFamilies | None = None
+    put: Put,
+    samples: dict[int, dict[str, Any] | None],
+    engines: EngineFamilies | None = None,
+    names: dict[int, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """What each shard of a live model claims, what its engine uses (from a fresh sample), and the
     GPUs it holds. A deleted model's shards are left out, so its series end with it. Returns what
@@ -248,16 +246,21 @@ def _shards(
     from apps.cluster.inventory import CLAIMING_STATES
     from apps.cluster.models import Shard
 
-    shards = (
+    shards = list(
         Shard.objects.filter(replica__state__in=CLAIMING_STATES, replica__model__deleted_at__isnull=True)
         .select_related(
-            "node",
             "replica__model__organization",
             "replica__model__team__organization",
             "replica__model__project__team__organization",
         )
         .order_by("node__name", "replica_id", "rank")
     )
+    names = dict(names or {})
+    missing = {shard.node_id for shard in shards} - set(names)
+    if missing:  # a revoked node's shards, still claiming until they are replaced
+        from apps.cluster.models import Node
+
+        names.update(Node.objects.filter(pk__in=missing).values_list("pk", "name"))
     held: dict[str, dict[str, Any]] = {}
     for shard in shards:
         model = shard.replica.model
@@ -267,7 +270,8 @@ def _shards(
             found["cpu_cores"] += shard.cpu_cores or 0
             found["memory_bytes"] += shard.memory_bytes or 0
             found["replicas"].add(shard.replica_id)
-        labels = {"node": shard.node.name, "model": model.name, "replica": str(shard.replica_id)}
+        node_name = names.get(shard.node_id) or ""
+        labels = {"node": node_name, "model": model.name, "replica": str(shard.replica_id)}
         put(
             "llmgw_shard_cpu_cores",
             "CPU cores the shard claims on its node (0: its profile claims none)",
@@ -295,7 +299,7 @@ def _shards(
             figures = entry.get("engine")
             if engines is not None and isinstance(figures, dict):
                 engine = str((shard.replica.spec or {}).get("engine") or "")
-                engines.add([model.name, str(shard.replica_id), engine], figures)
+                engines.add(model.name, str(shard.replica_id), engine, figures)
         owner = owner_label(model)
         for index in shard.gpu_indices or []:
             if isinstance(index, int) and not isinstance(index, bool):
@@ -303,7 +307,7 @@ def _shards(
                     "llmgw_gpu_assigned",
                     "1 for each GPU a replica holds",
                     {
-                        "node": shard.node.name,
+                        "node": node_name,
                         "gpu": str(index),
                         "replica": str(shard.replica_id),
                         "model": model.name,

@@ -98,3 +98,23 @@ def test_clock_events_replica_failures_quotas_and_the_queue_limit(client: Client
     assert 'llmgw_capacity_quota_used{level="organization",owner="acme",resource="gpus"} 2.0' in lines
     assert not any('resource="cpu_cores"' in line for line in lines)  # no limit set: nothing to compare with
     assert "llmgw_gateway_queue_limit 256.0" in lines
+
+
+def test_labels_an_agent_sent_with_quotes_backslashes_or_newlines_are_escaped(client: Client) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    odd = 'GPU-"a"\\b\nc'
+    Node.objects.create(
+        name="gpu1",
+        status=NodeStatus.READY,
+        sampled_at=timezone.now(),
+        sample={"gpus": [{"index": 0, "uuid": odd, "gpu_class": "H100\\80GB", "temperature_gpu_c": 40}]},
+    )
+    text = client.get("/metrics").content.decode()
+    found = {
+        sample.labels["uuid"]: sample
+        for family in text_string_to_metric_families(text)
+        if family.name == "llmgw_gpu_temperature_celsius"
+        for sample in family.samples
+    }
+    assert found[odd].labels["class"] == "H100\\80GB" and found[odd].value == 40

@@ -1,0 +1,204 @@
+"""What a Prometheus scrape of /metrics costs on a large fleet, and how the cost grows.
+
+    .venv/bin/python bench/metrics.py [--nodes 2000] [--models 500] [--repeat 5]
+
+A fresh PostgreSQL database (SQLite with --sqlite) is filled in steps of a quarter, a half and
+all of the fleet: 8-GPU nodes whose samples carry the cards of a captured H100 report
+(nvidia-smi -q, with the XIDs of a captured kernel log), models with 8-card replicas filling
+the nodes, each replica's engine figures as the agent sends them (from a captured SGLang
+page), and a capacity quota per team. At each step the database-read collectors are scraped
+as /metrics serves them (llmgw.metrics.database_metrics)
+`--repeat` times, and the baseline is prometheus_client writing the same number of series from
+memory: what the text alone costs on this machine.
+
+Prints, per step: series, the median scrape time, its ratio to the baseline, and the time per
+node against the first step's (1.0 means the cost grows linearly). Target: the whole fleet
+(2,000 nodes x 8 GPUs, 500 models) in at most 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+FIXTURES = REPO.parent / "shared" / "fixtures"
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--models", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--sqlite", action="store_true", help="the SQLite default instead of PostgreSQL")
+    args = parser.parse_args()
+
+    database = None
+    os.environ["LLMGW_DATA_DIR"] = tempfile.mkdtemp(prefix="llmgw-bench-metrics-")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw.settings"
+    os.environ.pop("LLMGW_REDIS_URL", None)
+    if not args.sqlite:
+        import psycopg
+
+        database = f"llmgw_bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{database}"')
+        os.environ["LLMGW_DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{database}"
+    else:
+        os.environ.pop("LLMGW_DATABASE_URL", None)
+    try:
+        run(args)
+    finally:
+        if database is not None:
+            from django.db import connections
+
+            connections.close_all()
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def run(args: argparse.Namespace) -> None:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+    from django.utils import timezone
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from agent.engine_metrics import normalise, parse_exposition
+    from agent.probes.nvidia import parse_nvidia_smi_text
+    from agent.probes.xid import count_xids, parse_xid_lines
+    from agent.sampler import _gpu_dict
+    from apps.accounts import services as accounts
+    from apps.catalog.models import Model, Profile
+    from apps.cluster.choices import NodeStatus, ReplicaState
+    from apps.cluster.models import Gpu, Node, Replica, Shard
+    from apps.quotas.models import CapacityQuota
+    from llmgw.metrics import database_metrics
+
+    report = parse_nvidia_smi_text(
+        (FIXTURES / "nvidia-smi-q" / "h100-80gb-hbm3-x8-drv535.161-fabric-completed.txt").read_text()
+    )
+    cards = [_gpu_dict(gpu) for gpu in report.gpus]
+    xids = next(
+        iter(
+            count_xids(
+                parse_xid_lines((FIXTURES / "xid" / "xid48-dbe-xid63-rowremap-xid94-contained.log.txt").read_text())
+            ).values()
+        )
+    )
+    cards[0]["xids"] = {str(code): n for code, n in xids.items()}
+    page = (REPO / "tests" / "agent" / "engine_metrics" / "sglang-docs.prom").read_text()
+    figures = normalise("sglang", parse_exposition(page))
+    org = accounts.create_organization(name="Bench", actor=None)
+    teams = [accounts.create_team(org, name=f"Team {i}", actor=None) for i in range(20)]
+    for team in teams:
+        CapacityQuota.objects.create(team=team, gpus=800)
+
+    def scrape() -> tuple[float, int]:
+        times = []
+        size = 0
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            body = database_metrics()
+            times.append(time.perf_counter() - start)
+            size = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        return statistics.median(times), size
+
+    def baseline(series: int) -> float:
+        class Flat:
+            def collect(self):  # type: ignore[no-untyped-def]
+                family = GaugeMetricFamily("bench_series", "x", labels=["node", "gpu", "uuid", "class"])
+                for i in range(series):
+                    family.add_metric([f"bench-{i // 8:05d}", str(i % 8), f"GPU-{i:08d}", "H100-80GB"], float(i))
+                yield family
+
+        registry = CollectorRegistry()
+        registry.register(Flat())
+        times = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            generate_latest(registry)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    steps = sorted({max(1, args.nodes // 4), max(1, args.nodes // 2), args.nodes})
+    made_nodes = made_models = 0
+    first_per_node = None
+    header = ("nodes", 6), ("models", 6), ("series", 8), ("scrape ms", 10), ("baseline ms", 12), ("ratio", 6)
+    print(" ".join(f"{name:>{width}}" for name, width in header), f"{'per node vs first':>18}")
+    for nodes in steps:
+        models = max(1, args.models * nodes // args.nodes)
+        now = timezone.now()
+        new_nodes = [
+            Node(
+                name=f"bench-{i:05d}",
+                status=NodeStatus.READY,
+                agent_version="bench",
+                registered_at=now,
+                last_seen_at=now,
+                sampled_at=now,
+                hardware={"cpus": 224, "gpu_count": 8},
+                sample={"cpus": 224, "cpu_utilization_pct": 31.5, "memory_total_bytes": 2 << 40, "gpus": cards},
+            )
+            for i in range(made_nodes, nodes)
+        ]
+        Node.objects.bulk_create(new_nodes, batch_size=500)
+        rows = list(Node.objects.filter(name__in=[n.name for n in new_nodes]).order_by("name"))
+        Gpu.objects.bulk_create(
+            [Gpu(node=n, index=i, gpu_class="H100-80GB", name="NVIDIA H100 80GB HBM3") for n in rows for i in range(8)],
+            batch_size=2000,
+        )
+        for i in range(made_models, models):
+            model = Model.objects.create(
+                name=f"model-{i:04d}",
+                min_replicas=1,
+                max_replicas=8,
+                source=f"/models/m{i}",
+                team=teams[i % len(teams)],
+            )
+            Profile.objects.create(
+                model=model, name="gpu", engine="sglang", accelerator="H100-80GB", gpus_per_shard=8, parallel=64
+            )
+        # Spread the new nodes over the models: each node holds one 8-card replica.
+        live = list(Model.objects.order_by("name"))
+        shards = []
+        for j, node in enumerate(rows):
+            model = live[(made_nodes + j) % len(live)]
+            replica = Replica.objects.create(
+                model=model, profile=model.profiles.first(), state=ReplicaState.READY, spec={"engine": "sglang"}
+            )
+            shards.append(Shard(replica=replica, node=node, rank=0, port=30000, secret="s", gpu_indices=list(range(8))))
+            node.sample = {
+                **node.sample,
+                "shards": [{"shard": f"r{replica.pk}s0", "cpu_cores": 3.5, "engine": figures}],
+            }
+        Shard.objects.bulk_create(shards, batch_size=500)
+        Node.objects.bulk_update(rows, ["sample"], batch_size=500)
+        made_nodes, made_models = nodes, models
+
+        took, series = scrape()
+        base = baseline(series)
+        per_node = took / nodes
+        first_per_node = first_per_node or per_node
+        print(
+            f"{nodes:>6} {models:>6} {series:>8} {took * 1000:>10.0f} {base * 1000:>12.0f} "
+            f"{took / base:>6.1f} {per_node / first_per_node:>18.2f}"
+        )
+    print(f"target: the whole fleet in at most 1000 ms; measured {took * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
