@@ -127,6 +127,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Agents ------------------------------------------------------------------------------
 
+# How often the GPU and core time that replicas hold is counted for their owners (the usage page's
+# GPU-hours are this late at most).
+HELD_TIME_SECONDS = env_int("LLMGW_HELD_TIME_SECONDS", 60, minimum=1, maximum=3600)
 AGENT_HEARTBEAT_INTERVAL = env_int("LLMGW_AGENT_HEARTBEAT_SECONDS", 10, minimum=1, maximum=300)
 # A node is unreachable after this many heartbeats in a row went missing.
 AGENT_MISSED_HEARTBEATS = env_int("LLMGW_AGENT_MISSED_HEARTBEATS", 3, minimum=1, maximum=100)
@@ -206,7 +209,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # One node per InfiniBand fabric maps it with ibnetdiscover.
     "map-fabrics": {"task": "apps.fabrics.tasks.map_fabrics", "schedule": FABRIC_MAP_INTERVAL},
     # GPU and core time held per owner (a released shard's last stretch is counted as it goes).
-    "accrue-held-time": {"task": "apps.quotas.tasks.accrue_held_time", "schedule": 60.0},
+    "accrue-held-time": {"task": "apps.quotas.tasks.accrue_held_time", "schedule": float(HELD_TIME_SECONDS)},
 }
 
 # Where the gateway's usage batches are written: "worker" (a Celery task, so web processes

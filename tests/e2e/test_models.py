@@ -89,7 +89,8 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
     )
     engine_pid = None
     plane = None
-    env = {"LLMGW_LLAMA_SERVER": llama_server() or ""}
+    # Held time counted every 2 s instead of each minute, so that the run sees it counted.
+    env = {"LLMGW_LLAMA_SERVER": llama_server() or "", "LLMGW_HELD_TIME_SECONDS": "2"}
     try:
         # With --keep-engines: stopping it leaves the engine for the next `llmgw up` to adopt.
         with ControlPlane(tmp_path, extra_env=env, keep_database=True, up_args=["--keep-engines"]) as plane:
@@ -123,6 +124,16 @@ def test_a_tiny_model_runs_refuses_strangers_and_survives_a_control_plane_restar
                 == (answer["usage"]["prompt_tokens"])
             )
             assert engine_figure(plane.url, "llmgw_engine_requests_running", replica) == 0
+
+            # The replica's one claimed core, counted for the model from its placement to now: the
+            # usage API's core-hours are the seconds since placed_at, less at most a few counts late.
+            from datetime import datetime
+
+            placed = datetime.fromisoformat(ready["replicas"][0]["placed_at"]).timestamp()
+            time.sleep(5)
+            row = next(r for r in plane.api("GET", "usage?group_by=model")["results"] if r["group"] == "tiny")
+            held = time.time() - placed
+            assert row["gpu_hours"] == {} and held - 12 <= row["core_hours"] * 3600 <= held + 1, (row, held)
 
             # Too big for the node: explain names the node, the memory it has and the memory needed.
             code, out, _err = plane.ctl("model", "explain", "huge")
