@@ -35,6 +35,8 @@ SECOND_RUN_SKIPS = (
     "e2e/test_nvlink.py",
     "e2e/test_facility.py",
     "e2e/test_facility_power.py",
+    # GPU time on a captured fleet: counted by the same code the SQLite run's test_models checks.
+    "e2e/test_gpu_time.py",
     # What the reconciler decides (scaling, rolling, revoking) does not depend on the database; the
     # single-machine default on SQLite is walked by test_up*, test_models, test_nodes and the rest.
     "e2e/test_scaling.py",
