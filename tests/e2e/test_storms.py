@@ -27,7 +27,7 @@ from tests.e2e.helpers import REPO, descendants, drop_pg_database, free_port, ll
 
 pytestmark = pytest.mark.e2e
 
-AGENTS = int(os.environ.get("LLMGW_TEST_STORM_AGENTS", "1000"))
+AGENTS = int(os.environ.get("LLMGW_TEST_STORM_AGENTS", "600"))
 
 MAKE_NODES = """
 import secrets, hashlib
