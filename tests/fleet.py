@@ -538,6 +538,16 @@ class ControlPlane:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.load(response)
 
+    def serves(self, model: str) -> bool:
+        """Whether the gateway lists `model` with a ready replica for this plane's key."""
+        request = urllib.request.Request(f"{self.url}/v1/models", headers={"Authorization": f"Bearer {self.key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                data = json.load(response)["data"]
+        except urllib.error.HTTPError:
+            return False  # a new key has not reached the gateway's table yet
+        return any(m["id"] == model and m["llmgw"]["ready_replicas"] for m in data)
+
     def ctl(self, *args: str) -> tuple[int, str, str]:
         from llmgw.cli import main
 

@@ -143,14 +143,20 @@ class Model(models.Model):
     def class_rank(self) -> int:
         return CLASS_RANK[CapacityClass(self.effective_class)]
 
-    def owner_keys(self) -> tuple[str, ...]:
-        """The capacity-quota keys this model's replicas count against, widest first."""
-        keys: list[str] = []
+    def owners(self) -> tuple[Any, Any, Any]:
+        """(organisation, team, project) the model belongs to, each None where it has none; a
+        project's team and a team's organisation are filled in when only the narrower is set."""
         project, team, org = self.project, self.team, self.organization
         if project is not None:
             team = team or project.team
         if team is not None:
             org = org or team.organization
+        return org, team, project
+
+    def owner_keys(self) -> tuple[str, ...]:
+        """The capacity-quota keys this model's replicas count against, widest first."""
+        keys: list[str] = []
+        org, team, project = self.owners()
         if org is not None:
             keys.append(f"org:{org.pk}")
         if team is not None:

@@ -178,11 +178,7 @@ Put = Callable[[str, str, dict[str, str] | str, float | int | None], None]
 
 def owner_label(model: Any) -> str:
     """The model's organisation and team by slug ("acme/search", "acme"), or "-" for nobody's."""
-    project, team, org = model.project, model.team, model.organization
-    if project is not None:
-        team = team or project.team
-    if team is not None:
-        org = org or team.organization
+    org, team, _project = model.owners()
     parts = [o.slug for o in (org, team) if o is not None]
     return "/".join(parts) or "-"
 

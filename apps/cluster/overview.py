@@ -345,12 +345,7 @@ def _squares(
 
 def owner_name(model: Any) -> str:
     """The model's owner by name, widest first ("Acme / Search"), or "-" for nobody's."""
-    project, team, org = model.project, model.team, model.organization
-    if project is not None:
-        team = team or project.team
-    if team is not None:
-        org = org or team.organization
-    names = [o.name for o in (org, team, project) if o is not None]
+    names = [o.name for o in model.owners() if o is not None]
     return " / ".join(names) or "-"
 
 

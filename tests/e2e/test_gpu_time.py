@@ -68,7 +68,7 @@ def test_gpu_hours_per_owner_and_tokens_per_watt_hour_match_what_the_fleet_did(t
         assert len(cards) == 4
         placed = datetime.fromisoformat(replica["placed_at"]).timestamp()
 
-        plane.wait_for(lambda: _models_ready(plane), timeout=60, what="big served by the gateway")
+        plane.wait_for(lambda: plane.serves("big"), timeout=60, what="big served by the gateway")
         for _ in range(REQUESTS):
             assert _chat(plane)["usage"]["completion_tokens"] == standin_vllm.COMPLETION_TOKENS
         time.sleep(4 * HELD_EVERY_S)
@@ -80,8 +80,8 @@ def test_gpu_hours_per_owner_and_tokens_per_watt_hour_match_what_the_fleet_did(t
 
     # Worked out here: four cards from placement until now, less at most a few counts late.
     row = next(r for r in by_model if r["group"] == "big")
-    gpu_seconds = row["gpu_hours"]["H100-80GB"] * 3600
-    assert 4 * (held - 4 * HELD_EVERY_S - 3) <= gpu_seconds <= 4 * held, (row, held)
+    card_time = row["gpu_hours"]["H100-80GB"] * 3600
+    assert 4 * (held - 4 * HELD_EVERY_S - 3) <= card_time <= 4 * held, (row, held)
     owner = next(r for r in by_owner if r["group"] == org["id"])
     assert owner["gpu_hours"] == pytest.approx(row["gpu_hours"])
     tokens = REQUESTS * (standin_vllm.PROMPT_TOKENS + standin_vllm.COMPLETION_TOKENS)
@@ -91,22 +91,9 @@ def test_gpu_hours_per_owner_and_tokens_per_watt_hour_match_what_the_fleet_did(t
     # times the held seconds.
     report = parse_nvidia_smi_text((FIXTURES / HOSTS["h100x8"].nvidia_text).read_text())  # type: ignore[operator]
     watts = sum(_gpu_dict(g)["power_draw_w"] for g in report.gpus if _gpu_dict(g)["index"] in cards)
-    assert row["watt_hours"] == pytest.approx(watts * gpu_seconds / 4 / 3600, rel=0.01)
+    assert row["watt_hours"] == pytest.approx(watts * card_time / 4 / 3600, rel=0.01)
     assert row["tokens_per_watt_hour"] == pytest.approx(tokens / row["watt_hours"], rel=0.01)
     # The engine's own count, read by the agent from its /metrics page, agrees with the gateway's.
     line = next(x for x in metrics.splitlines() if x.startswith("llmgw_engine_generation_tokens_total{"))
     assert 'engine="vllm"' in line and 'model="big"' in line
     assert float(line.rsplit(" ", 1)[1]) == REQUESTS * standin_vllm.COMPLETION_TOKENS
-
-
-def _models_ready(plane: ControlPlane) -> bool:
-    import json
-    import urllib.error
-
-    request = urllib.request.Request(plane.url + "/v1/models", headers={"Authorization": f"Bearer {plane.key}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            data = json.load(response)["data"]
-    except urllib.error.HTTPError:
-        return False
-    return any(m["id"] == "big" and m["llmgw"]["ready_replicas"] for m in data)
