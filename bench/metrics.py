@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--sqlite", action="store_true", help="the SQLite default instead of PostgreSQL")
+    parser.add_argument("--profile", action="store_true", help="print where the last scrape spent its time")
     args = parser.parse_args()
 
     database = None
@@ -188,6 +189,8 @@ def run(args: argparse.Namespace) -> None:
         Shard.objects.bulk_create(shards, batch_size=500)
         Node.objects.bulk_update(rows, ["sample"], batch_size=500)
         made_nodes, made_models = nodes, models
+        # Every node heartbeating now: a sample older than a minute is left out of the scrape.
+        Node.objects.update(sampled_at=timezone.now(), last_seen_at=timezone.now())
 
         took, series = scrape()
         base = baseline(series)
@@ -198,6 +201,13 @@ def run(args: argparse.Namespace) -> None:
             f"{took / base:>6.1f} {per_node / first_per_node:>18.2f}"
         )
     print(f"target: the whole fleet in at most 1000 ms; measured {took * 1000:.0f} ms")
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.runcall(database_metrics)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,13 @@ the fleet (the nodes' and GPUs' series: 2,000 nodes of 8 cards are some 300,000 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 import llmgw
 
@@ -35,6 +35,16 @@ def _escape(value: str) -> str:
     return value
 
 
+def number_text(value: float) -> str:
+    """A sample's value as the text format writes it (1.0, 12.5, +Inf, NaN)."""
+    value = float(value)
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
 def label_text(labels: dict[str, str]) -> str:
     """Labels as the text format writes them inside the braces, by name as prometheus_client
     orders them: `gpu="0",node="a"`."""
@@ -48,6 +58,11 @@ class Exposition:
     def __init__(self) -> None:
         self._families: dict[str, tuple[str, str, list[str]]] = {}
 
+    def family(self, name: str, doc: str, kind: str = "gauge") -> list[str]:
+        """The list a family's lines go in, for a caller that writes many of them itself:
+        `f"{name}{{{labels}}} {number_text(value)}\\n"` (a family left empty is not written)."""
+        return self._lines(name, kind, doc)
+
     def _lines(self, name: str, kind: str, doc: str) -> list[str]:
         family = self._families.get(name)
         if family is None:
@@ -58,16 +73,18 @@ class Exposition:
         """One series: `labels` as label_text() writes them. A counter's series is `name_total`."""
         sample = f"{name}_total" if kind == "counter" else name
         braces = f"{{{labels}}}" if labels else ""
-        self._lines(name, kind, doc).append(f"{sample}{braces} {floatToGoString(value)}\n")
+        self._lines(name, kind, doc).append(f"{sample}{braces} {number_text(value)}\n")
 
     def add_summary(self, name: str, doc: str, labels: str, count: float, total: float) -> None:
         lines = self._lines(name, "summary", doc)
-        lines.append(f"{name}_count{{{labels}}} {floatToGoString(count)}\n")
-        lines.append(f"{name}_sum{{{labels}}} {floatToGoString(total)}\n")
+        lines.append(f"{name}_count{{{labels}}} {number_text(count)}\n")
+        lines.append(f"{name}_sum{{{labels}}} {number_text(total)}\n")
 
     def text(self) -> str:
         out = []
         for name, (kind, doc, lines) in self._families.items():
+            if not lines:
+                continue
             shown = f"{name}_total" if kind == "counter" else name
             help_text = doc.replace("\\", r"\\").replace("\n", r"\n")
             out.append(f"# HELP {shown} {help_text}\n# TYPE {shown} {kind}\n")
