@@ -1,12 +1,13 @@
 """What a Prometheus scrape of /metrics costs on a large fleet, and how the cost grows.
 
-    .venv/bin/python bench/metrics.py [--nodes 2000] [--models 500] [--repeat 5]
+    .venv/bin/python bench/metrics.py [--nodes 2000] [--models 500] [--repeat 5] [--ports 8]
 
 A fresh PostgreSQL database (SQLite with --sqlite) is filled in steps of a quarter, a half and
 all of the fleet: 8-GPU nodes whose samples carry the cards of a captured H100 report
 (nvidia-smi -q, with the XIDs of a captured kernel log), models with 8-card replicas filling
 the nodes, each replica's engine figures as the agent sends them (from a captured SGLang
-page), and a capacity quota per team. At each step the database-read collectors are scraped
+page), with --ports that many InfiniBand ports per node (copied from a captured DGX A100's
+sysfs tree), and a capacity quota per team. At each step the database-read collectors are scraped
 as /metrics serves them (llmgw.metrics.database_metrics)
 `--repeat` times, and the baseline is prometheus_client writing the same number of series from
 memory: what the text alone costs on this machine.
@@ -38,6 +39,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--models", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--ports", type=int, default=0, help="InfiniBand ports per node (from a captured sysfs tree), 0 for none"
+    )
     parser.add_argument("--sqlite", action="store_true", help="the SQLite default instead of PostgreSQL")
     parser.add_argument("--profile", action="store_true", help="print where the last scrape spent its time")
     args = parser.parse_args()
@@ -101,6 +105,7 @@ def run(args: argparse.Namespace) -> None:
         )
     )
     cards[0]["xids"] = {str(code): n for code, n in xids.items()}
+    ports = ib_ports(args.ports)
     page = (REPO / "tests" / "agent" / "engine_metrics" / "sglang-docs.prom").read_text()
     figures = normalise("sglang", parse_exposition(page))
     org = accounts.create_organization(name="Bench", actor=None)
@@ -152,7 +157,13 @@ def run(args: argparse.Namespace) -> None:
                 last_seen_at=now,
                 sampled_at=now,
                 hardware={"cpus": 224, "gpu_count": 8},
-                sample={"cpus": 224, "cpu_utilization_pct": 31.5, "memory_total_bytes": 2 << 40, "gpus": cards},
+                sample={
+                    "cpus": 224,
+                    "cpu_utilization_pct": 31.5,
+                    "memory_total_bytes": 2 << 40,
+                    "gpus": cards,
+                    **({"ib_ports": ports} if ports else {}),
+                },
             )
             for i in range(made_nodes, nodes)
         ]
@@ -202,12 +213,41 @@ def run(args: argparse.Namespace) -> None:
         )
     print(f"target: the whole fleet in at most 1000 ms; measured {took * 1000:.0f} ms")
     if args.profile:
+        from apps.cluster.metrics import scrape_nodes
+        from llmgw.metrics import _factories
+
+        # Each collector alone (outside a scrape, each reads the nodes itself), then the profile.
+        for factory in [scrape_nodes, *_factories]:
+            start = time.perf_counter()
+            collector = factory()
+            for method in ("text", "collect"):
+                if hasattr(collector, method):
+                    list(getattr(collector, method)())
+            print(f"{getattr(factory, '__name__', factory)}: {(time.perf_counter() - start) * 1000:.0f} ms")
         import cProfile
         import pstats
 
         profile = cProfile.Profile()
         profile.runcall(database_metrics)
         pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+
+
+def ib_ports(count: int) -> list[dict]:
+    """`count` ports as the agent sends them, copied from the ports of a captured DGX A100 sysfs tree."""
+    if count <= 0:
+        return []
+    import json
+
+    from agent.fabrics import FabricWatcher
+    from agent.probes.infiniband import read_ports
+    from agent.probes.sysfs import SysfsReader
+
+    tree = json.loads(
+        (FIXTURES / "sysfs-infiniband" / "dgx-a100-cx6-ports-at-100-edr-instead-of-hdr.json.txt").read_text()
+    )
+    watcher = FabricWatcher("/nonexistent", [], runner=None)  # type: ignore[arg-type]
+    captured = [watcher._port_dict(port) for port in read_ports(SysfsReader(tree)).ports]
+    return [{**captured[i % len(captured)], "device": f"mlx5_{i}", "port": 1} for i in range(count)]
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ the fleet (the nodes' and GPUs' series: 2,000 nodes of 8 cards are some 300,000 
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -19,9 +21,30 @@ from prometheus_client.registry import Collector
 
 import llmgw
 
-__all__ = ["Exposition", "add_collector", "database_metrics", "label_text", "register_collectors"]
+__all__ = [
+    "Exposition",
+    "add_collector",
+    "database_metrics",
+    "escape_label",
+    "label_text",
+    "number_text",
+    "per_scrape",
+    "register_collectors",
+]
 
 _factories: list[Callable[[], Any]] = []
+_scrape: ContextVar[dict[str, Any] | None] = ContextVar("llmgw_metrics_scrape", default=None)
+
+
+def per_scrape[T](key: str, build: Callable[[], T]) -> T:
+    """What `build()` returns, built once for all the collectors of one scrape (the fleet's nodes
+    and their samples, read once instead of once per collector); outside a scrape, built each call."""
+    memo = _scrape.get()
+    if memo is None:
+        return build()
+    if key not in memo:
+        memo[key] = build()
+    return memo[key]  # type: ignore[no-any-return]
 
 
 def add_collector(factory: Callable[[], Any]) -> None:
@@ -29,7 +52,7 @@ def add_collector(factory: Callable[[], Any]) -> None:
         _factories.append(factory)
 
 
-def _escape(value: str) -> str:
+def escape_label(value: str) -> str:
     if "\\" in value or "\n" in value or '"' in value:
         return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return value
@@ -48,7 +71,7 @@ def number_text(value: float) -> str:
 def label_text(labels: dict[str, str]) -> str:
     """Labels as the text format writes them inside the braces, by name as prometheus_client
     orders them: `gpu="0",node="a"`."""
-    return ",".join(f'{key}="{_escape(str(labels[key]))}"' for key in sorted(labels))
+    return ",".join(f'{key}="{escape_label(str(labels[key]))}"' for key in sorted(labels))
 
 
 class Exposition:
@@ -119,6 +142,19 @@ def register_collectors(registry: CollectorRegistry) -> CollectorRegistry:
 
 def database_metrics() -> bytes:
     """Every figure read from the database, as /metrics serves it."""
-    body = generate_latest(register_collectors(CollectorRegistry()))
-    texts = [collector.text() for collector in (factory() for factory in _factories) if hasattr(collector, "text")]
+    token = _scrape.set({})
+    # The scrape makes some hundred thousand objects (the samples' decoded documents) that live
+    # until it ends: the cyclic collector, run over them again and again as they pile up, would
+    # make its cost grow faster than the fleet. It is held off until the scrape is done (freeing
+    # by reference counts goes on; a scrape takes well under a second).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        body = generate_latest(register_collectors(CollectorRegistry()))
+        collectors = (factory() for factory in _factories)
+        texts = [collector.text() for collector in collectors if hasattr(collector, "text")]
+    finally:
+        _scrape.reset(token)
+        if collecting:
+            gc.enable()
     return body + "".join(texts).encode()

@@ -10,14 +10,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
 
-from llmgw.metrics import Exposition, label_text, number_text
+from llmgw.metrics import Exposition, escape_label, label_text, number_text, per_scrape
 
-__all__ = ["MESSAGE_SECONDS", "NodeCollector", "PROTOCOL_ERRORS", "PROTOCOL_MESSAGES", "owner_label"]
+__all__ = [
+    "MESSAGE_SECONDS",
+    "NodeCollector",
+    "NodeRow",
+    "PROTOCOL_ERRORS",
+    "PROTOCOL_MESSAGES",
+    "owner_label",
+    "scrape_nodes",
+]
 
 PROTOCOL_MESSAGES = Counter("llmgw_agent_messages", "Agent messages handled, by type", ["type"])
 MESSAGE_SECONDS = Histogram(
@@ -60,14 +68,62 @@ GPU_GAUGES = (
 )
 
 
+#: A node's plain figures: (metric, help, the sample's key).
+NODE_GAUGES = (
+    ("llmgw_node_cpus", "Logical CPUs", "cpus"),
+    ("llmgw_node_cpu_utilization_percent", "CPU busy across all cores", "cpu_utilization_pct"),
+    ("llmgw_node_memory_bytes", "Memory installed", "memory_total_bytes"),
+    ("llmgw_node_memory_used_bytes", "Memory in use", "memory_used_bytes"),
+    ("llmgw_node_memory_available_bytes", "Memory available to new work", "memory_available_bytes"),
+    ("llmgw_node_cpu_package_temperature_celsius", "Hottest CPU package", "cpu_package_temp_c"),
+    ("llmgw_node_inlet_temperature_celsius", "Board inlet temperature", "inlet_temp_c"),
+    ("llmgw_node_cpu_package_power_watts", "CPU package power from RAPL", "cpu_package_power_w"),
+)
+
+
+class NodeRow(NamedTuple):
+    """A node as a scrape reads it: `sample` is its latest sample if fresh (else None), and
+    `nvlink_domain` the NVLink domain it registered in (hardware["nvlink_domain"])."""
+
+    pk: int
+    name: str
+    up: bool
+    cordoned: bool
+    sample: dict[str, Any] | None
+    nvlink_domain: str | None
+
+
+def scrape_nodes() -> list[NodeRow]:
+    """The fleet's nodes (revoked ones left out) as plain rows, read once for every collector of
+    a scrape (llmgw.metrics.per_scrape): a model object per node costs more than its series."""
+    return per_scrape("cluster.nodes", _read_nodes)
+
+
+def _read_nodes() -> list[NodeRow]:
+    from django.conf import settings
+
+    from apps.cluster.choices import NodeStatus
+    from apps.cluster.models import Node
+
+    now = timezone.now()
+    # A node marked ready whose heartbeats stopped is down at once (Node.live_status).
+    grace = timedelta(seconds=settings.AGENT_HEARTBEAT_INTERVAL * settings.AGENT_MISSED_HEARTBEATS)
+    rows = Node.objects.exclude(status=NodeStatus.REVOKED).values_list(
+        "pk", "name", "status", "cordoned", "sample", "sampled_at", "last_seen_at", "hardware__nvlink_domain"
+    )
+    out = []
+    # Only the one key of the registered hardware (a large document) is read.
+    for pk, name, status, cordoned, sample, sampled_at, last_seen, domain in rows:
+        up = status == NodeStatus.READY and (last_seen is None or now - last_seen <= grace)
+        fresh = sample if isinstance(sample, dict) and sampled_at is not None and now - sampled_at <= FRESH else None
+        out.append(NodeRow(pk, name, up, bool(cordoned), fresh, str(domain) if domain else None))
+    return out
+
+
 class NodeCollector:
     """The nodes', GPUs', shards', quotas' and replicas' series, written as text (llmgw.metrics.Exposition)."""
 
     def text(self) -> str:
-        from apps.cluster.choices import NodeStatus
-        from apps.cluster.models import Node
-
-        now = timezone.now()
         out = Exposition()
 
         def put(name: str, doc: str, labels: dict[str, str] | str, value: float | int | None) -> None:
@@ -75,47 +131,39 @@ class NodeCollector:
                 return
             out.add(name, doc, labels if isinstance(labels, str) else label_text(labels), value)
 
-        nodes = Node.objects.exclude(status=NodeStatus.REVOKED).only(
-            "name", "status", "cordoned", "sample", "sampled_at", "hardware", "last_seen_at"
-        )
-        fresh: dict[int, dict[str, Any] | None] = {}
+        nodes = scrape_nodes()
+        up = out.family("llmgw_node_up", "1 when the node's agent is connected and heartbeating")
+        cordoned = out.family("llmgw_node_cordoned", "1 when an operator cordoned the node")
+        node_families = [(out.family(name, doc), name, key) for name, doc, key in NODE_GAUGES]
+        load_lines = out.family("llmgw_node_load", "Load average")
         gpu_families = [(out.family(name, doc), name, key, scale) for name, doc, key, scale in GPU_GAUGES]
+        clock_events = out.family(
+            "llmgw_gpu_clock_event",
+            "1 for each reason the card's clocks are held down now (heat, power cap, idle, ...)",
+        )
+        xid_lines = out.family("llmgw_gpu_xid_errors", "Kernel XID events seen, by code")
+        nvlink_lines = out.family("llmgw_gpu_nvlink_errors", "NVLink error counters summed over links")
+        # The plain figures are written straight into their families' lines (labels escaped and
+        # in prometheus_client's order, by name): 2,000 nodes of 8 cards are some 300,000 of them.
         for node in nodes:
-            n = label_text({"node": node.name})
-            put(
-                "llmgw_node_up",
-                "1 when the node's agent is connected and heartbeating",
-                n,
-                1 if node.live_status == NodeStatus.READY else 0,
-            )
-            put("llmgw_node_cordoned", "1 when an operator cordoned the node", n, 1 if node.cordoned else 0)
-            sample = fresh[node.pk] = node.fresh_sample(now, FRESH)
+            name = escape_label(node.name)
+            n = f'node="{name}"'
+            up.append(f"llmgw_node_up{{{n}}} {'1.0' if node.up else '0.0'}\n")
+            cordoned.append(f"llmgw_node_cordoned{{{n}}} {'1.0' if node.cordoned else '0.0'}\n")
+            sample = node.sample
             if sample is None:
                 continue
-            put("llmgw_node_cpus", "Logical CPUs", n, sample.get("cpus"))
-            put("llmgw_node_cpu_utilization_percent", "CPU busy across all cores", n, sample.get("cpu_utilization_pct"))
-            load = sample.get("load") or []
-            for period, value in zip(("1m", "5m", "15m"), load, strict=False):
-                put("llmgw_node_load", "Load average", f'{n},period="{period}"', value)
-            put("llmgw_node_memory_bytes", "Memory installed", n, sample.get("memory_total_bytes"))
-            put("llmgw_node_memory_used_bytes", "Memory in use", n, sample.get("memory_used_bytes"))
-            put(
-                "llmgw_node_memory_available_bytes",
-                "Memory available to new work",
-                n,
-                sample.get("memory_available_bytes"),
-            )
-            put(
-                "llmgw_node_cpu_package_temperature_celsius", "Hottest CPU package", n, sample.get("cpu_package_temp_c")
-            )
-            put("llmgw_node_inlet_temperature_celsius", "Board inlet temperature", n, sample.get("inlet_temp_c"))
-            put(
-                "llmgw_node_cpu_package_power_watts",
-                "CPU package power from RAPL",
-                n,
-                sample.get("cpu_package_power_w"),
-            )
+            for lines, metric, key in node_families:
+                value = sample.get(key)
+                if value.__class__ in NUMBERS:
+                    lines.append(f"{metric}{{{n}}} {number_text(value)}\n")
+            load = sample.get("load")
+            for period, value in zip(("1m", "5m", "15m"), load if isinstance(load, list) else (), strict=False):
+                if value.__class__ in NUMBERS:
+                    load_lines.append(f'llmgw_node_load{{{n},period="{period}"}} {number_text(value)}\n')
             for pool in sample.get("storage") or []:
+                if not isinstance(pool, dict):
+                    continue
                 s = label_text(
                     {
                         "node": node.name,
@@ -137,42 +185,41 @@ class NodeCollector:
                     pool.get("total_bytes"),
                 )
             for gpu in sample.get("gpus") or []:
-                card = {
-                    "node": node.name,
-                    "gpu": str(gpu.get("index")),
-                    "uuid": str(gpu.get("uuid") or ""),
-                    "class": str(gpu.get("gpu_class") or ""),
-                }
-                labels = label_text(card)
-                # The plain figures of a card, written straight into their families' lines: 2,000
-                # nodes of 8 cards are some 200,000 of them.
-                for lines, name, key, scale in gpu_families:
+                if not isinstance(gpu, dict):
+                    continue
+                index, uuid, gpu_class = gpu.get("index"), gpu.get("uuid") or "", gpu.get("gpu_class") or ""
+                # Labels in label_text's order (class, counter, gpu, node, reason, uuid, xid).
+                head = f'class="{escape_label(str(gpu_class))}"'
+                tail = f'gpu="{escape_label(str(index))}",{n}'
+                who = f'uuid="{escape_label(str(uuid))}"'
+                labels = f"{head},{tail},{who}"
+                for lines, metric, key, scale in gpu_families:
                     value = gpu.get(key)
                     if value.__class__ in NUMBERS:
-                        lines.append(f"{name}{{{labels}}} {number_text(value * scale)}\n")
+                        # number_text() inline for a finite figure (x - x is 0 for no infinity, no NaN).
+                        number = float(value * scale)
+                        text = repr(number) if number - number == 0 else number_text(number)
+                        lines.append(f"{metric}{{{labels}}} {text}\n")
                 for reason in gpu.get("throttle_reasons") or []:
-                    put(
-                        "llmgw_gpu_clock_event",
-                        "1 for each reason the card's clocks are held down now (heat, power cap, idle, ...)",
-                        label_text({**card, "reason": str(reason)}),
-                        1,
+                    clock_events.append(
+                        f'llmgw_gpu_clock_event{{{head},{tail},reason="{escape_label(str(reason))}",{who}}} 1.0\n'
                     )
-                for code, count in (gpu.get("xids") or {}).items():
-                    put(
-                        "llmgw_gpu_xid_errors",
-                        "Kernel XID events seen, by code",
-                        label_text({**card, "xid": str(code)}),
-                        count,
-                    )
-                for counter, count in (gpu.get("nvlink_errors") or {}).items():
-                    put(
-                        "llmgw_gpu_nvlink_errors",
-                        "NVLink error counters summed over links",
-                        label_text({**card, "counter": str(counter)}),
-                        count,
-                    )
+                xids = gpu.get("xids")
+                for code, count in xids.items() if isinstance(xids, dict) else ():
+                    if count.__class__ in NUMBERS:
+                        xid_lines.append(
+                            f'llmgw_gpu_xid_errors{{{head},{tail},{who},xid="{escape_label(str(code))}"}} '
+                            f"{number_text(count)}\n"
+                        )
+                nvlink_errors = gpu.get("nvlink_errors")
+                for counter, count in nvlink_errors.items() if isinstance(nvlink_errors, dict) else ():
+                    if count.__class__ in NUMBERS:
+                        nvlink_lines.append(
+                            f'llmgw_gpu_nvlink_errors{{{head},counter="{escape_label(str(counter))}",{tail},{who}}} '
+                            f"{number_text(count)}\n"
+                        )
         engines = EngineFamilies(out)
-        held = _shards(put, fresh, engines, {node.pk: node.name for node in nodes})
+        held = _shards(out, put, {node.pk: node.sample for node in nodes}, engines, {n.pk: n.name for n in nodes})
         _quotas(put, held)
         _replicas(put)
         return out.text()
@@ -236,6 +283,7 @@ class EngineFamilies:
 
 
 def _shards(
+    out: Exposition,
     put: Put,
     samples: dict[int, dict[str, Any] | None],
     engines: EngineFamilies | None = None,
@@ -249,36 +297,36 @@ def _shards(
     from apps.cluster.models import Shard
 
     # The shards as plain rows and each model once: a model object per shard, with its owners,
-    # cost more than the rest of a 2,000-node scrape.
+    # cost more than the rest of a 2,000-node scrape. No list of ids as query parameters either:
+    # 2,000 of them cost more to send than the rows to read.
+    claiming = Shard.objects.filter(replica__state__in=CLAIMING_STATES, replica__model__deleted_at__isnull=True)
     rows = list(
-        Shard.objects.filter(replica__state__in=CLAIMING_STATES, replica__model__deleted_at__isnull=True)
-        .order_by("node__name", "replica_id", "rank")
-        .values_list("node_id", "replica_id", "rank", "cpu_cores", "memory_bytes", "gpu_indices", "replica__model_id")
-    )
-    models = {
-        m.pk: m
-        for m in Model.objects.filter(pk__in={row[6] for row in rows}).select_related(
-            "organization", "team__organization", "project__team__organization"
+        claiming.order_by("node__name", "replica_id", "rank").values_list(
+            "node_id",
+            "replica_id",
+            "rank",
+            "cpu_cores",
+            "memory_bytes",
+            "gpu_indices",
+            "replica__model_id",
+            "replica__spec__engine",
         )
-    }
-    owners = {pk: (m.name, m.owner_keys(), owner_label(m)) for pk, m in models.items()}
+    )
+    models = Model.objects.filter(pk__in=claiming.values("replica__model_id")).select_related(
+        "organization", "team__organization", "project__team__organization"
+    )
+    owners = {m.pk: (m.name, m.owner_keys(), owner_label(m)) for m in models}
     names = dict(names or {})
     missing = {row[0] for row in rows} - set(names)
     if missing:  # a revoked node's shards, still claiming until they are replaced
         from apps.cluster.models import Node
 
         names.update(Node.objects.filter(pk__in=missing).values_list("pk", "name"))
-    engine_of: dict[int, str] = {}
-    if engines is not None:
-        from apps.cluster.models import Replica
-
-        wanted = {row[1] for row in rows if row[2] == 0}
-        engine_of = {
-            pk: str((spec or {}).get("engine") or "") if isinstance(spec, dict) else ""
-            for pk, spec in Replica.objects.filter(pk__in=wanted).values_list("pk", "spec")
-        }
     held: dict[str, dict[str, Any]] = {}
-    for node_id, replica_id, rank, cpu_cores, memory_bytes, gpu_indices, model_id in rows:
+    assigned = out.family("llmgw_gpu_assigned", "1 for each GPU a replica holds")
+    for node_id, replica_id, rank, cpu_cores, memory_bytes, gpu_indices, model_id, engine in rows:
+        if model_id not in owners:  # deleted between the two reads
+            continue
         model_name, keys, owner = owners[model_id]
         for key in keys:
             found = held.setdefault(key, {"gpus": 0, "cpu_cores": 0.0, "memory_bytes": 0, "replicas": set()})
@@ -315,23 +363,16 @@ def _shards(
             )
             figures = entry.get("engine")
             if engines is not None and isinstance(figures, dict):
-                engines.add(model_name, str(replica_id), engine_of.get(replica_id, ""), figures)
-        for index in gpu_indices or []:
-            if isinstance(index, int) and not isinstance(index, bool):
-                put(
-                    "llmgw_gpu_assigned",
-                    "1 for each GPU a replica holds",
-                    label_text(
-                        {
-                            "node": node_name,
-                            "gpu": str(index),
-                            "replica": str(replica_id),
-                            "model": model_name,
-                            "owner": owner,
-                        }
-                    ),
-                    1,
-                )
+                engines.add(model_name, str(replica_id), str(engine or ""), figures)
+        if gpu_indices:
+            # label_text's order (gpu, model, node, owner, replica), written once per shard.
+            rest = (
+                f'model="{escape_label(model_name)}",node="{escape_label(node_name)}",'
+                f'owner="{escape_label(owner)}",replica="{replica_id}"'
+            )
+            for index in gpu_indices:
+                if isinstance(index, int) and not isinstance(index, bool):
+                    assigned.append(f'llmgw_gpu_assigned{{gpu="{index}",{rest}}} 1.0\n')
     return held
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "CardFabric",
     "NodeNVLink",
     "card_fabric",
+    "may_name_domain",
     "contribute_snapshots",
     "domain_group",
     "domains_overview",
@@ -233,6 +234,17 @@ def _cards(report: dict[str, Any] | None) -> list[CardFabric]:
         return []
     found = (card_fabric(g) for g in _list(report.get("gpus")) if isinstance(g, dict))
     return [c for c in found if c is not None]
+
+
+def may_name_domain(sample: dict[str, Any]) -> bool:
+    """False when no card of the sample can name a multi-node NVLink domain (none prints a non-zero
+    ClusterUUID): a single HGX board's cards, or cards with no fabric. Cheaper than read_node()
+    for a caller that only wants nodes in a domain."""
+    for gpu in _list(sample.get("gpus")):
+        fabric = gpu.get("fabric") if isinstance(gpu, dict) else None
+        if isinstance(fabric, dict) and not _zero_uuid(_text(fabric.get("cluster_uuid"))):
+            return True
+    return False
 
 
 def _named(cards: Iterable[CardFabric]) -> dict[str, int]:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.probes.nvlink import nvlink_groups as probe_groups
 from agent.probes.nvlink import parse_topo_matrix
@@ -128,7 +129,7 @@ def test_during_a_fabric_manager_restart_the_tray_stays_in_the_domain_it_named()
 
 
 def collect() -> dict[str, Metric]:
-    return {m.name: m for m in FabricCollector().collect()}
+    return {m.name: m for m in text_string_to_metric_families(FabricCollector().text())}
 
 
 @pytest.mark.django_db
@@ -176,6 +177,19 @@ def test_domains_their_trays_the_replicas_at_risk_and_the_metrics() -> None:
     assert {node for node, _gpu in joined} == {"t1", "t2", "t3"}  # nothing for the HGX, plain or stale node
     imex = {s.labels["node"]: s.value for s in metrics["llmgw_imex_up"].samples}
     assert imex == {"t1": 1.0, "t2": 1.0, "t3": 1.0}
+
+    # A tray whose fabric manager restarts names no domain: its cards are shown out of the one
+    # it registered in (read from its hardware), not left out of the metrics.
+    lost = [card(i, state="In Progress", status=None, cluster_uuid=None, clique_id=None) for i in range(4)]
+    t4 = make_node("t4", cards=lost, sample=tray_sample(lost))
+    t4.hardware = {**t4.hardware, "nvlink_domain": DOMAIN}
+    t4.save(update_fields=["hardware"])
+    restarting = {
+        s.labels["gpu"]: (s.labels["domain"], s.value)
+        for s in collect()["llmgw_gpu_nvlink_joined"].samples
+        if s.labels["node"] == "t4"
+    }
+    assert restarting == {str(i): (DOMAIN, 0.0) for i in range(4)}
 
 
 @pytest.mark.django_db
@@ -266,3 +280,14 @@ def test_whatever_a_sample_holds_reading_it_never_raises(sample: Any, hardware: 
     if state is not None:
         state.as_dict()
         assert isinstance(state.ready, bool)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sample=samples)
+def test_a_sample_whose_cards_may_name_no_domain_is_in_none(sample: dict[str, Any]) -> None:
+    # The metrics skip reading such a node card by card: that must lose no domain.
+    if not nvlink.may_name_domain(sample):
+        state = nvlink.read_node(sample)
+        assert state is None or state.domain is None
+    assert nvlink.may_name_domain(tray_sample([card(0)]))
+    assert not nvlink.may_name_domain(tray_sample([card(0, cluster_uuid=ZEROS, clique_id=0)]))

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
+from agent.fabrics import FabricWatcher
+from agent.probes.infiniband import read_ports
+from agent.probes.sysfs import SysfsReader
 from apps.cluster import agent_requests
 from apps.cluster.choices import NodeStatus
 from apps.cluster.inventory import build_inventory
 from apps.cluster.models import AgentRequest, Node
 from apps.fabrics import maps, services
 from apps.fabrics.models import FabricMap, MasterChange
+from tests.agent.fixturefiles import fixture_files
 from tests.fabrics.fattree import fat_tree
 
 pytestmark = pytest.mark.django_db
@@ -223,3 +230,34 @@ def test_the_explain_page_names_each_nodes_fabric(client: Any, alice: Any) -> No
     client.force_login(alice)
     page = client.get("/models/big/explain").content.decode()
     assert f'data-field="notes">fabric ib-a (ib:{SM_A}) · leaf -</div>' in page
+
+
+@pytest.mark.parametrize("tree", fixture_files("sysfs-infiniband", "*.json*"))
+def test_each_captured_ports_figures_are_in_the_metrics_with_their_labels(tree: Path) -> None:
+    from apps.fabrics.metrics import FabricCollector
+
+    watcher = FabricWatcher("/nonexistent", [], runner=None)  # type: ignore[arg-type]
+    ports = [watcher._port_dict(p) for p in read_ports(SysfsReader(json.loads(tree.read_text()))).ports]
+    assert ports
+    Node.objects.create(name='gpu"1', status=NodeStatus.READY, sample={"ib_ports": ports}, sampled_at=timezone.now())
+    Node.objects.create(name="stale", status=NodeStatus.READY, sample={"ib_ports": ports})  # never sampled: absent
+    families = {f.name: f for f in text_string_to_metric_families(FabricCollector().text())}
+
+    def value(family: str, port: dict[str, Any], **labels: str) -> float:
+        where = {"node": 'gpu"1', "device": port["device"], "port": str(port["port"])}
+        [found] = [s.value for s in families[family].samples if s.labels == {**where, **labels}]
+        return found
+
+    for port in ports:
+        state = {
+            "link_layer": port["link_layer"],
+            "state": port["state_name"],
+            "phys_state": port["phys_state_name"],
+        }
+        assert value("llmgw_ib_port_active", port, **state) == (1.0 if port["up"] else 0.0)
+        if "rate_gbps" in port:
+            assert value("llmgw_ib_port_rate_gbps", port) == port["rate_gbps"]
+        for name, count in [*((n, port[n]) for n in ("xmit_bytes", "rcv_bytes") if n in port), *port["errors"].items()]:
+            assert value("llmgw_ib_port_counter", port, counter=name) == count
+        assert value("llmgw_ib_port_flaps", port) == 0.0
+    assert all(s.labels["node"] != "stale" for f in families.values() for s in f.samples)
