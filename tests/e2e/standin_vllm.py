@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     host = argv[argv.index("--host") + 1]
     name = argv[argv.index("--served-model-name") + 1]
     key = os.environ.get("VLLM_API_KEY", "")
-    counts = {"requests": 0}
+    counts = {"requests": 0, "metrics_pages": 0}
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -46,9 +46,13 @@ def main(argv: list[str]) -> int:
         def do_GET(self) -> None:
             if self.path == "/health":
                 self.reply(200, b"")
+            elif self.path == "/standin/counts":  # for the test: what it was asked
+                with lock:
+                    self.reply(200, json.dumps(counts).encode())
             elif self.path == "/metrics":
                 with lock:
                     n = counts["requests"]
+                    counts["metrics_pages"] += 1
                 labels = f'engine="0",model_name="{name}"'
                 page = (
                     f"vllm:num_requests_running{{{labels}}} 0.0\n"

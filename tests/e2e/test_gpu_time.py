@@ -9,6 +9,8 @@ page under vLLM's names, which the agent reads into llmgw_engine_*."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import time
 import urllib.request
@@ -31,8 +33,6 @@ REQUESTS = 10
 
 
 def _chat(plane: ControlPlane) -> dict:
-    import json
-
     body = json.dumps({"model": "big", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
     request = urllib.request.Request(
         plane.url + "/v1/chat/completions",
@@ -51,7 +51,7 @@ def test_gpu_hours_per_owner_and_tokens_per_watt_hour_match_what_the_fleet_did(t
     with ControlPlane(tmp_path, extra_env=env) as plane:
         org = plane.api("POST", "organizations", {"name": "Acme", "slug": "acme"})
         assert org["slug"] == "acme"
-        plane.add_agent("h100-a", HOSTS["h100x8"], settings={"engines": {"vllm": str(engine)}})
+        agent = plane.add_agent("h100-a", HOSTS["h100x8"], settings={"engines": {"vllm": str(engine)}})
         profile = {"name": "4x", "engine": "vllm", "accelerator": "H100-80GB", "gpus_per_shard": 4}
         spec = tmp_path / "models.yaml"
         model = {"name": "big", "source": "/models/big", "replicas": 1, "owner": {"organization": "acme"}}
@@ -72,6 +72,17 @@ def test_gpu_hours_per_owner_and_tokens_per_watt_hour_match_what_the_fleet_did(t
         for _ in range(REQUESTS):
             assert _chat(plane)["usage"]["completion_tokens"] == standin_vllm.COMPLETION_TOKENS
         time.sleep(4 * HELD_EVERY_S)
+
+        # Prometheus scraping llmgw asks the engine nothing: the agent reads each engine's page
+        # once a heartbeat, however often /metrics is scraped.
+        interval = float(re.findall(r"heartbeat every (\d+) s", agent.log_path.read_text())[-1])
+        engine = f"http://127.0.0.1:{replica['shards'][0]['port']}/standin/counts"
+        before, start = json.load(urllib.request.urlopen(engine, timeout=10))["metrics_pages"], time.monotonic()
+        for _ in range(5):
+            urllib.request.urlopen(plane.url + "/metrics", timeout=30).read()
+        time.sleep(2 * interval)
+        pages = json.load(urllib.request.urlopen(engine, timeout=10))["metrics_pages"] - before
+        assert 1 <= pages <= (time.monotonic() - start) / interval + 1, (pages, interval)
 
         by_model = plane.api("GET", "usage?group_by=model")["results"]
         by_owner = plane.api("GET", "usage?group_by=organization")["results"]
