@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Page, Paginator
 from django.db.models import Prefetch
 from django.http import Http404
 from django.utils import timezone
@@ -34,6 +35,7 @@ __all__ = [
     "engines_text",
     "get_node_for_user",
     "list_node_rows",
+    "node_rows_page",
     "node_charts",
     "node_detail",
     "engine_overview",
@@ -356,6 +358,20 @@ def list_node_rows(now: datetime | None = None) -> list[NodeRow]:
     """Every node with its current figures, in two queries (nodes, then their GPUs)."""
     now = now or timezone.now()
     return [node_row(node, now) for node in _nodes().order_by("name")]
+
+
+NODES_PER_PAGE = 100
+
+
+def node_rows_page(number: Any, find: str = "", now: datetime | None = None) -> tuple[Page[Node], list[NodeRow]]:
+    """One page of the nodes by name (`find`: those whose name contains it), with their figures:
+    the same few queries however many nodes there are (a count, the page, its GPUs)."""
+    now = now or timezone.now()
+    nodes = _nodes().order_by("name")
+    if find:
+        nodes = nodes.filter(name__icontains=find)
+    page = Paginator(nodes, NODES_PER_PAGE).get_page(number)
+    return page, [node_row(node, now) for node in page.object_list]
 
 
 # One node -------------------------------------------------------------------------------

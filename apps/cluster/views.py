@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
@@ -45,14 +46,23 @@ __all__ = [
 
 @requires("read_everything", methods=["GET"])
 def nodes(request: HtmxHttpRequest) -> HttpResponse:
+    """The nodes by name, a page of them at a time (?page=, ?find= a part of the name); htmx
+    refreshes the page shown in place."""
     template = "cluster/nodes.html"
     if is_fragment(request):
         template += "#node-table"
+    find = request.GET.get("find", "").strip()[:200]
+    page, rows = selectors.node_rows_page(request.GET.get("page"), find)
+    query = {"find": find} if find else {}
     return render(
         request,
         template,
         {
-            "rows": selectors.list_node_rows(),
+            "rows": rows,
+            "page": page,
+            "find": find,
+            "query": urlencode(query),
+            "here": urlencode({**query, "page": page.number}),
             "can_change": can_change_cluster(request.user),
         },
     )

@@ -241,6 +241,68 @@ def test_the_nodes_list_does_not_query_per_node(client: Client, alice, django_as
     assert response.content.count(b"<tr data-node=") == 20
 
 
+def test_a_large_fleet_is_listed_a_page_at_a_time_and_a_name_finds_a_node(
+    client: Client, alice, django_assert_num_queries
+) -> None:
+    from apps.cluster.selectors import NODES_PER_PAGE
+
+    now = timezone.now()
+    total = 2 * NODES_PER_PAGE + 5
+    Node.objects.bulk_create(
+        Node(name=f"n{i:04d}", status=NodeStatus.READY, last_seen_at=now, sampled_at=now, sample=make_sample())
+        for i in range(total)
+    )
+    signed_in(client, alice)
+    client.get("/nodes/")  # the session and the user are read once, as on any first page
+    with django_assert_num_queries(_nodes_page_queries(client, "/nodes/")):
+        first = client.get("/nodes/").content.decode()
+    assert first.count("<tr data-node=") == NODES_PER_PAGE
+    assert 'data-node="n0000"' in first and f'data-node="n{NODES_PER_PAGE:04d}"' not in first
+    assert f"Page 1 of 3 ({total} nodes)" in first and 'rel="next" href="?page=2"' in first
+    last = client.get("/nodes/?page=3").content.decode()
+    assert last.count("<tr data-node=") == 5 and 'rel="prev" href="?page=2"' in last
+    # htmx refreshes the page being looked at, not the first one.
+    fragment = client.get("/nodes/?page=3", headers={"HX-Request": "true"}).content.decode()
+    assert 'hx-get="/nodes/?page=3"' in fragment and f'data-node="n{total - 1:04d}"' in fragment
+    # A page past the end shows the last; junk shows the first.
+    assert client.get("/nodes/?page=99").content.decode().count("<tr data-node=") == 5
+    assert 'data-node="n0000"' in client.get("/nodes/?page=x").content.decode()
+
+    found = client.get("/nodes/?find=n012").content.decode()
+    assert found.count("<tr data-node=") == 10 and "Page 1 of" not in found
+    assert 'value="n012"' in found and 'hx-get="/nodes/?find=n012&amp;page=1"' in found
+    missing = client.get("/nodes/?find=zz%3Cb%3E").content.decode()
+    assert "No node's name contains “zz&lt;b&gt;”." in missing
+
+
+def _nodes_page_queries(client: Client, path: str) -> int:
+    """The queries one more page costs: the same for a fleet of 205 as for one of 3."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        client.get(path)
+    return len(captured)
+
+
+def test_the_nodes_page_queries_do_not_grow_with_the_fleet(client: Client, alice) -> None:
+    now = timezone.now()
+
+    def fleet(size: int) -> None:
+        Node.objects.bulk_create(
+            Node(name=f"f{i:04d}", status=NodeStatus.READY, last_seen_at=now, sampled_at=now, sample=make_sample())
+            for i in range(Node.objects.count(), size)
+        )
+
+    signed_in(client, alice)
+    fleet(3)
+    client.get("/nodes/")
+    small = _nodes_page_queries(client, "/nodes/")
+    fleet(250)
+    assert _nodes_page_queries(client, "/nodes/") == small
+    assert _nodes_page_queries(client, "/nodes/?page=2") == small
+
+
 # One node --------------------------------------------------------------------------------------
 
 
