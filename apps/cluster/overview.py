@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.core.paginator import Page, Paginator
 from django.db.models import Prefetch
 from django.utils import formats, timezone
 from django.utils.translation import gettext as _
@@ -47,6 +48,7 @@ __all__ = [
 COLOURS = ("util", "mem", "temp")
 IDLE_BELOW_PCT = 5.0
 IDLE_HOUR_SECONDS = 55 * 60  # a run of idle samples this long covers the hour the history keeps
+IDLE_ROWS = 50  # held idle replicas listed, the costliest first; the rest are counted
 BUCKETS = 10
 # Temperatures are spread over 30-90 °C: 6 °C a step, from cool (gpu-0) to hot (gpu-9).
 TEMP_LOW_C = 30.0
@@ -232,6 +234,8 @@ class Overview:
     idle: list[HeldIdle]
     charts: list[FleetChart]
     legend: list[tuple[str, str]] = field(default_factory=list)
+    page: Page[Node] | None = None  # the nodes the table and the map show, of all of them
+    gpus_elsewhere: int = 0  # the registered cards of the nodes on other pages
 
     @property
     def named_rows(self) -> list[tuple[selectors.NodeRow, str]]:
@@ -239,12 +243,28 @@ class Overview:
         return [(row, short_name(row.node.name, self.prefix)) for row in self.rows]
 
     @property
+    def idle_shown(self) -> list[HeldIdle]:
+        """The costliest IDLE_ROWS of the held idle replicas: the table a person reads."""
+        return self.idle[:IDLE_ROWS]
+
+    @property
+    def idle_rest(self) -> tuple[int, str | None] | None:
+        """How many held idle replicas the table leaves out, and the GPU-hours held idle of those
+        whose history tells (None when none does)."""
+        rest = self.idle[IDLE_ROWS:]
+        if not rest:
+            return None
+        known = [h.gpu_hours for h in rest if h.gpu_hours is not None]
+        return len(rest), formats.number_format(sum(known), 2) if known else None
+
+    @property
     def idle_below(self) -> str:
         return _number(IDLE_BELOW_PCT)
 
     @property
     def gpu_count(self) -> int:
-        return sum(len(n.squares) for n in self.nodes)
+        """Every card of the fleet: those on the map, and those of the nodes on other pages."""
+        return sum(len(n.squares) for n in self.nodes) + self.gpus_elsewhere
 
 
 def _columns(rows: list[selectors.NodeRow]) -> set[str]:
@@ -275,7 +295,15 @@ def _holders() -> tuple[dict[tuple[int, int], Replica], list[Replica]]:
     replicas = list(
         Replica.objects.exclude(state__in=[ReplicaState.PENDING, ReplicaState.FAILED])
         .select_related("model__organization", "model__team__organization", "model__project__team__organization")
-        .prefetch_related(Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank")))
+        .prefetch_related(
+            # A shard's node by its name only: its sample and hardware are large, and this is every shard.
+            Prefetch(
+                "shards",
+                queryset=Shard.objects.select_related("node")
+                .only("replica_id", "node_id", "rank", "gpu_indices", "node__name")
+                .order_by("rank"),
+            )
+        )
     )
     held: dict[tuple[int, int], Replica] = {}
     for replica in replicas:
@@ -412,26 +440,24 @@ def _idle(
     return sorted(idle, key=lambda h: (-(h.gpu_hours or 0.0), h.model, h.replica_id))
 
 
-def _fleet_charts(nodes: list[Node]) -> list[FleetChart]:
+def _fleet_charts() -> list[FleetChart]:
     """Average utilisation of each GPU class over the last hour, from every node's history."""
     classes: dict[tuple[int, str], str] = {}
     counts: dict[str, int] = defaultdict(int)
-    for node in nodes:
-        for gpu in node.gpus.all():
-            name = gpu.gpu_class or gpu.name or "?"
-            classes[(node.pk, str(gpu.index))] = name
-            counts[name] += 1
+    for node_id, index, class_name, name in Gpu.objects.values_list("node_id", "index", "gpu_class", "name"):
+        label = class_name or name or "?"
+        classes[(node_id, str(index))] = label
+        counts[label] += 1
+    with_gpus = {node_id for node_id, _index in classes}
     sums: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for node in nodes:
-        if not any(key[0] == node.pk for key in classes):
-            continue
-        for point in services.sample_history(node.pk):
+    for node_id in sorted(with_gpus):
+        for point in services.sample_history(node_id):
             t = point.get("t")
             if not isinstance(t, int | float):
                 continue
             slot = int(t // CHART_BUCKET_SECONDS)
             for index, values in (point.get("gpus") or {}).items():
-                gpu_class = classes.get((node.pk, str(index)))
+                gpu_class = classes.get((node_id, str(index)))
                 value = values[0] if isinstance(values, list) and values else None
                 if gpu_class is not None and isinstance(value, int | float) and not isinstance(value, bool):
                     sums[gpu_class][slot].append(float(value))
@@ -462,31 +488,48 @@ def _legend(colour: str) -> list[tuple[str, str]]:
     return steps
 
 
-def cluster_overview(colour: str = "util", now: datetime | None = None, *, charts: bool = True) -> Overview:
-    """Everything the cluster page shows, in a handful of queries."""
+def _busy(now: datetime) -> dict[tuple[int, int], float | None]:
+    """How busy each card of a node that a ready replica holds is now, from its fresh sample: the
+    nodes' samples alone, not their whole rows."""
+    nodes = Node.objects.filter(pk__in=Shard.objects.filter(replica__state=ReplicaState.READY).values("node_id"))
+    busy: dict[tuple[int, int], float | None] = {}
+    for pk, sample, sampled_at in nodes.values_list("pk", "sample", "sampled_at"):
+        fresh = Node(sample=sample, sampled_at=sampled_at).fresh_sample(now) or {}
+        for gpu in fresh.get("gpus") or []:
+            index = gpu.get("index") if isinstance(gpu, dict) else None
+            if isinstance(index, int) and not isinstance(index, bool):
+                busy[(pk, index)] = selectors.GpuCard(index=index, label="", row=None, live=gpu).utilization
+    return busy
+
+
+def cluster_overview(
+    colour: str = "util", now: datetime | None = None, *, charts: bool = True, page: Any = None
+) -> Overview:
+    """Everything the cluster page shows, in a handful of queries: the table and the map for one
+    page of nodes (`page`, NODES_PER_PAGE of them by name), the rest for the whole fleet."""
     now = now or timezone.now()
     colour = colour if colour in COLOURS else "util"
-    nodes = list(
-        Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index"))).order_by("name")
-    )
+    prefix = node_prefix(list(Node.objects.values_list("name", flat=True)))
+    nodes_by_name = Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
+    shown = Paginator(nodes_by_name.order_by("name"), selectors.NODES_PER_PAGE).get_page(page)
+    nodes = list(shown.object_list)
     rows = [selectors.node_row(node, now) for node in nodes]
-    prefix = node_prefix([node.name for node in nodes])
     held, ready = _holders()
     gpu_nodes = []
-    busy: dict[tuple[int, int], float | None] = {}
     for node in nodes:
         squares = _squares(node, _live_gpus(node, now), held, colour)
-        for square in squares:
-            busy[(node.pk, square.index)] = square.utilization
         if squares:
             gpu_nodes.append(NodeGpus(name=node.name, short=short_name(node.name, prefix), squares=squares))
+    elsewhere = Gpu.objects.exclude(node_id__in=[node.pk for node in nodes]).count() if shown.has_other_pages() else 0
     return Overview(
         rows=rows,
         prefix=prefix,
         columns=_columns(rows),
         colour=colour,
         nodes=gpu_nodes,
-        idle=_idle(ready, busy, prefix, now),
-        charts=_fleet_charts(nodes) if charts else [],
+        idle=_idle(ready, _busy(now), prefix, now),
+        charts=_fleet_charts() if charts else [],
         legend=_legend(colour),
+        page=shown,
+        gpus_elsewhere=elsewhere,
     )

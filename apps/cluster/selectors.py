@@ -7,6 +7,7 @@ did not answer); the templates print "-" for None, never 0.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -249,13 +250,16 @@ class BuildRow:
     status: dict[str, str]
 
 
-def engine_overview() -> EngineOverview:
-    """The cluster page's engines: the rules, the built-in versions and the releases read."""
+def engine_overview(nodes: Iterable[int] | None = None) -> EngineOverview:
+    """The cluster page's engines: the rules, the built-in versions and the releases read, and the
+    build of each GPU node (of those `nodes`, by id, when given: the page's)."""
     from apps.cluster.engines import DEFAULT_VERSIONS, ENGINE_REPOS, PYTHON_ENGINES
     from apps.cluster.models import EngineChoice, EngineRelease
 
     releases = {(r.engine, r.version): r for r in EngineRelease.objects.all()}
     gpu_nodes = Node.objects.filter(revoked_at__isnull=True, gpus__isnull=False).distinct().order_by("name")
+    if nodes is not None:
+        gpu_nodes = gpu_nodes.filter(pk__in=list(nodes))
     builds = [
         BuildRow(
             node=node,

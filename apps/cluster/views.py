@@ -291,18 +291,23 @@ def node_add(request: HtmxHttpRequest) -> HttpResponse:
 
 @requires("read_everything", methods=["GET"])
 def cluster(request: HtmxHttpRequest) -> HttpResponse:
-    """The fleet at a glance: nodes, a map of every GPU (?colour=util|mem|temp), held idle cards and
-    utilisation by GPU class. htmx refreshes the live part in place."""
+    """The fleet at a glance: nodes and a map of their GPUs (?colour=util|mem|temp), a page of
+    nodes at a time (?page=), held idle cards and utilisation by GPU class. htmx refreshes the live
+    part in place."""
     colour = request.GET.get("colour", "util")
     template = "cluster/cluster.html"
     if is_fragment(request):
         template += "#cluster-live"
-    context: dict[str, Any] = {"overview": overview.cluster_overview(colour), "colours": _colours()}
+    page = request.GET.get("page")
+    context: dict[str, Any] = {"overview": overview.cluster_overview(colour, page=page), "colours": _colours()}
     if not is_fragment(request):
         from apps.fabrics.services import fabrics_overview
 
         context["fabrics"] = fabrics_overview()
-        context["engines"] = selectors.engine_overview()
+        shown = context["overview"].page
+        paged = shown is not None and shown.has_other_pages()
+        context["engines"] = selectors.engine_overview([n.pk for n in shown.object_list] if paged else None)
+        context["builds_paged"] = paged
         context["can_change"] = can_change_cluster(request.user)
     return render(request, template, context)
 

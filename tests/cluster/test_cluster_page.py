@@ -315,3 +315,69 @@ def test_the_page_reads_in_a_fixed_number_of_queries(
         make_node(f"gpu-r1-1{index}", cards=[card(0, 50.0)], heartbeat=True, agent_version="")
     with django_assert_max_num_queries(12):
         client.get("/cluster/", HTTP_HX_REQUEST="true")
+
+
+def test_a_large_fleet_is_shown_a_page_of_nodes_at_a_time_and_the_rest_stays_whole(
+    alice: User, fleet: dict[str, Any], django_assert_max_num_queries: Any
+) -> None:
+    from django.utils import timezone
+
+    from apps.cluster.choices import NodeStatus
+    from apps.cluster.models import Gpu
+    from apps.cluster.selectors import NODES_PER_PAGE
+
+    now = timezone.now()
+    # gpu-r1-01 and gpu-r1-02 come first by name; then enough two-card nodes for a second page,
+    # the last of which holds a replica that rests.
+    extra = NODES_PER_PAGE + 3
+    made = Node.objects.bulk_create(
+        Node(
+            name=f"gpu-r2-{i:03d}",
+            status=NodeStatus.READY,
+            last_seen_at=now,
+            sampled_at=now,
+            sample={"gpus": [card(0, 1.0), card(1, 1.0)]},
+        )
+        for i in range(extra)
+    )
+    Gpu.objects.bulk_create(Gpu(node=n, index=i, gpu_class=H100, name="H100") for n in made for i in range(2))
+    resting = hold("resting", Node.objects.get(name=f"gpu-r2-{extra - 1:03d}"), [0, 1])
+    client = signed_in(alice)
+    client.get("/cluster/")
+    with django_assert_max_num_queries(16):
+        first = client.get("/cluster/").content.decode()
+    table = first[
+        first.index('id="cluster-node-table"') : first.index("</table>", first.index('id="cluster-node-table"'))
+    ]
+    assert table.count("<tr data-node=") == NODES_PER_PAGE
+    assert len({node for node, _index in squares(first)}) == NODES_PER_PAGE
+    total = 2 + extra
+    assert f"Nodes 1–{NODES_PER_PAGE} of {total}, in the table and on the map" in first
+    # The heading counts every card of the fleet, not only those on the map.
+    assert f"{2 + 3 + 2 * extra} GPUs" in first
+    # Held and idle is the whole fleet's: a replica on the second page is listed on the first.
+    assert f'data-idle-replica="{resting.pk}"' in first and f'data-idle-replica="{fleet["idle"].pk}"' in first
+    builds = first[first.index('id="engine-build-table"') :]
+    assert builds.count("data-build-row=") == NODES_PER_PAGE and 'data-builds="paged"' in first
+
+    second = client.get("/cluster/?colour=temp&page=2").content.decode()
+    assert len({node for node, _index in squares(second)}) == total - NODES_PER_PAGE
+    assert 'hx-get="/cluster/?colour=temp&amp;page=2"' in second  # htmx refreshes this page
+    assert 'href="?colour=mem&amp;page=2"' in second  # another colour keeps the page
+    assert 'rel="prev" href="?colour=temp&amp;page=1"' in second
+    live = client.get("/cluster/?page=2", HTTP_HX_REQUEST="true").content.decode()
+    assert f'data-map-node="gpu-r2-{extra - 1:03d}"' in live and 'data-map-node="gpu-r1-01"' not in live
+
+
+def test_held_idle_replicas_past_the_first_fifty_are_counted_not_listed(alice: User, fleet: dict[str, Any]) -> None:
+    from apps.cluster.overview import IDLE_ROWS
+
+    node = make_node("gpu-r3-01", cards=[card(i, 0.0) for i in range(IDLE_ROWS + 2)])
+    for i in range(IDLE_ROWS + 2):
+        hold(f"rest-{i:02d}", node, [i])
+    page = signed_in(alice).get("/cluster/").content.decode()
+    # 53 replicas rest (these and fleet's "idle"): 50 listed, the costliest first, 3 counted.
+    assert page.count("<tr data-idle-replica=") == IDLE_ROWS
+    assert 'data-idle-rest="3"' in page and "And 3 more replicas holding idle cards" in page
+    # With no history to say how long they rested, their GPU-hours are not known: not 0.
+    assert "And 3 more replicas holding idle cards." in page and "0.00 GPU-hours" not in page
