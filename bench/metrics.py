@@ -20,12 +20,14 @@ node against the first step's (1.0 means the cost grows linearly). Target: the w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,12 +47,18 @@ def main() -> None:
     parser.add_argument("--sqlite", action="store_true", help="the SQLite default instead of PostgreSQL")
     parser.add_argument("--profile", action="store_true", help="print where the last scrape spent its time")
     args = parser.parse_args()
+    with fresh_database(sqlite=args.sqlite, name="metrics"):
+        run(args)
 
+
+@contextlib.contextmanager
+def fresh_database(*, sqlite: bool, name: str) -> Iterator[None]:
+    """Django set up on an empty, migrated database of its own (PostgreSQL, dropped after; or SQLite)."""
     database = None
-    os.environ["LLMGW_DATA_DIR"] = tempfile.mkdtemp(prefix="llmgw-bench-metrics-")
+    os.environ["LLMGW_DATA_DIR"] = tempfile.mkdtemp(prefix=f"llmgw-bench-{name}-")
     os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw.settings"
     os.environ.pop("LLMGW_REDIS_URL", None)
-    if not args.sqlite:
+    if not sqlite:
         import psycopg
 
         database = f"llmgw_bench_{uuid.uuid4().hex[:8]}"
@@ -60,7 +68,13 @@ def main() -> None:
     else:
         os.environ.pop("LLMGW_DATABASE_URL", None)
     try:
-        run(args)
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        yield
     finally:
         if database is not None:
             from django.db import connections
@@ -70,48 +84,115 @@ def main() -> None:
                 conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
+class Fleet:
+    """Captured 8 x H100 nodes, each holding one 8-card SGLang replica of one of the models, grown
+    in steps (`grow`): samples as the agent sends them (nvidia-smi -q with a captured kernel log's
+    XIDs on card 0, InfiniBand ports from a captured sysfs tree, the engine's figures from a
+    captured SGLang page), and a capacity quota for each of 20 teams."""
+
+    def __init__(self, ports: int = 0) -> None:
+        from agent.engine_metrics import normalise, parse_exposition
+        from agent.probes.nvidia import parse_nvidia_smi_text
+        from agent.probes.xid import count_xids, parse_xid_lines
+        from agent.sampler import _gpu_dict
+        from apps.accounts import services as accounts
+        from apps.quotas.models import CapacityQuota
+
+        report = parse_nvidia_smi_text(
+            (FIXTURES / "nvidia-smi-q" / "h100-80gb-hbm3-x8-drv535.161-fabric-completed.txt").read_text()
+        )
+        self.cards = [_gpu_dict(gpu) for gpu in report.gpus]
+        log = (FIXTURES / "xid" / "xid48-dbe-xid63-rowremap-xid94-contained.log.txt").read_text()
+        xids = next(iter(count_xids(parse_xid_lines(log)).values()))
+        self.cards[0]["xids"] = {str(code): n for code, n in xids.items()}
+        self.ports = ib_ports(ports)
+        page = (REPO / "tests" / "agent" / "engine_metrics" / "sglang-docs.prom").read_text()
+        self.figures = normalise("sglang", parse_exposition(page))
+        org = accounts.create_organization(name="Bench", actor=None)
+        self.teams = [accounts.create_team(org, name=f"Team {i}", actor=None) for i in range(20)]
+        for team in self.teams:
+            CapacityQuota.objects.create(team=team, gpus=800)
+        self.nodes = self.models = 0
+
+    def grow(self, nodes: int, models: int) -> None:
+        """Up to `nodes` nodes and `models` models, every node heartbeating now."""
+        from django.utils import timezone
+
+        from apps.catalog.models import Model, Profile
+        from apps.cluster.choices import NodeStatus, ReplicaState
+        from apps.cluster.models import Gpu, Node, Replica, Shard
+
+        now = timezone.now()
+        new_nodes = [
+            Node(
+                name=f"bench-{i:05d}",
+                status=NodeStatus.READY,
+                agent_version="bench",
+                registered_at=now,
+                last_seen_at=now,
+                sampled_at=now,
+                hardware={"cpus": 224, "gpu_count": 8},
+                sample={
+                    "cpus": 224,
+                    "cpu_utilization_pct": 31.5,
+                    "memory_total_bytes": 2 << 40,
+                    "gpus": self.cards,
+                    **({"ib_ports": self.ports} if self.ports else {}),
+                },
+            )
+            for i in range(self.nodes, nodes)
+        ]
+        Node.objects.bulk_create(new_nodes, batch_size=500)
+        rows = list(Node.objects.filter(name__in=[n.name for n in new_nodes]).order_by("name"))
+        Gpu.objects.bulk_create(
+            [Gpu(node=n, index=i, gpu_class="H100-80GB", name="NVIDIA H100 80GB HBM3") for n in rows for i in range(8)],
+            batch_size=2000,
+        )
+        for i in range(self.models, models):
+            model = Model.objects.create(
+                name=f"model-{i:04d}",
+                min_replicas=1,
+                max_replicas=8,
+                source=f"/models/m{i}",
+                team=self.teams[i % len(self.teams)],
+            )
+            Profile.objects.create(
+                model=model, name="gpu", engine="sglang", accelerator="H100-80GB", gpus_per_shard=8, parallel=64
+            )
+        # Spread the new nodes over the models: each node holds one 8-card replica.
+        live = list(Model.objects.order_by("name"))
+        shards = []
+        for j, node in enumerate(rows):
+            model = live[(self.nodes + j) % len(live)]
+            replica = Replica.objects.create(
+                model=model, profile=model.profiles.first(), state=ReplicaState.READY, spec={"engine": "sglang"}
+            )
+            shards.append(Shard(replica=replica, node=node, rank=0, port=30000, secret="s", gpu_indices=list(range(8))))
+            node.sample = {
+                **node.sample,
+                "shards": [{"shard": f"r{replica.pk}s0", "cpu_cores": 3.5, "engine": self.figures}],
+            }
+        Shard.objects.bulk_create(shards, batch_size=500)
+        Node.objects.bulk_update(rows, ["sample"], batch_size=500)
+        self.nodes, self.models = nodes, models
+        self.touch()
+
+    def touch(self) -> None:
+        """Every node heartbeating now: a sample older than a minute is left out of what is shown."""
+        from django.utils import timezone
+
+        from apps.cluster.models import Node
+
+        Node.objects.update(sampled_at=timezone.now(), last_seen_at=timezone.now())
+
+
 def run(args: argparse.Namespace) -> None:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-    from django.utils import timezone
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    from agent.engine_metrics import normalise, parse_exposition
-    from agent.probes.nvidia import parse_nvidia_smi_text
-    from agent.probes.xid import count_xids, parse_xid_lines
-    from agent.sampler import _gpu_dict
-    from apps.accounts import services as accounts
-    from apps.catalog.models import Model, Profile
-    from apps.cluster.choices import NodeStatus, ReplicaState
-    from apps.cluster.models import Gpu, Node, Replica, Shard
-    from apps.quotas.models import CapacityQuota
     from llmgw.metrics import database_metrics
 
-    report = parse_nvidia_smi_text(
-        (FIXTURES / "nvidia-smi-q" / "h100-80gb-hbm3-x8-drv535.161-fabric-completed.txt").read_text()
-    )
-    cards = [_gpu_dict(gpu) for gpu in report.gpus]
-    xids = next(
-        iter(
-            count_xids(
-                parse_xid_lines((FIXTURES / "xid" / "xid48-dbe-xid63-rowremap-xid94-contained.log.txt").read_text())
-            ).values()
-        )
-    )
-    cards[0]["xids"] = {str(code): n for code, n in xids.items()}
-    ports = ib_ports(args.ports)
-    page = (REPO / "tests" / "agent" / "engine_metrics" / "sglang-docs.prom").read_text()
-    figures = normalise("sglang", parse_exposition(page))
-    org = accounts.create_organization(name="Bench", actor=None)
-    teams = [accounts.create_team(org, name=f"Team {i}", actor=None) for i in range(20)]
-    for team in teams:
-        CapacityQuota.objects.create(team=team, gpus=800)
+    fleet = Fleet(args.ports)
 
     def scrape() -> tuple[float, int]:
         times = []
@@ -141,68 +222,12 @@ def run(args: argparse.Namespace) -> None:
         return statistics.median(times)
 
     steps = sorted({max(1, args.nodes // 4), max(1, args.nodes // 2), args.nodes})
-    made_nodes = made_models = 0
     first_per_node = None
     header = ("nodes", 6), ("models", 6), ("series", 8), ("scrape ms", 10), ("baseline ms", 12), ("ratio", 6)
     print(" ".join(f"{name:>{width}}" for name, width in header), f"{'per node vs first':>18}")
     for nodes in steps:
         models = max(1, args.models * nodes // args.nodes)
-        now = timezone.now()
-        new_nodes = [
-            Node(
-                name=f"bench-{i:05d}",
-                status=NodeStatus.READY,
-                agent_version="bench",
-                registered_at=now,
-                last_seen_at=now,
-                sampled_at=now,
-                hardware={"cpus": 224, "gpu_count": 8},
-                sample={
-                    "cpus": 224,
-                    "cpu_utilization_pct": 31.5,
-                    "memory_total_bytes": 2 << 40,
-                    "gpus": cards,
-                    **({"ib_ports": ports} if ports else {}),
-                },
-            )
-            for i in range(made_nodes, nodes)
-        ]
-        Node.objects.bulk_create(new_nodes, batch_size=500)
-        rows = list(Node.objects.filter(name__in=[n.name for n in new_nodes]).order_by("name"))
-        Gpu.objects.bulk_create(
-            [Gpu(node=n, index=i, gpu_class="H100-80GB", name="NVIDIA H100 80GB HBM3") for n in rows for i in range(8)],
-            batch_size=2000,
-        )
-        for i in range(made_models, models):
-            model = Model.objects.create(
-                name=f"model-{i:04d}",
-                min_replicas=1,
-                max_replicas=8,
-                source=f"/models/m{i}",
-                team=teams[i % len(teams)],
-            )
-            Profile.objects.create(
-                model=model, name="gpu", engine="sglang", accelerator="H100-80GB", gpus_per_shard=8, parallel=64
-            )
-        # Spread the new nodes over the models: each node holds one 8-card replica.
-        live = list(Model.objects.order_by("name"))
-        shards = []
-        for j, node in enumerate(rows):
-            model = live[(made_nodes + j) % len(live)]
-            replica = Replica.objects.create(
-                model=model, profile=model.profiles.first(), state=ReplicaState.READY, spec={"engine": "sglang"}
-            )
-            shards.append(Shard(replica=replica, node=node, rank=0, port=30000, secret="s", gpu_indices=list(range(8))))
-            node.sample = {
-                **node.sample,
-                "shards": [{"shard": f"r{replica.pk}s0", "cpu_cores": 3.5, "engine": figures}],
-            }
-        Shard.objects.bulk_create(shards, batch_size=500)
-        Node.objects.bulk_update(rows, ["sample"], batch_size=500)
-        made_nodes, made_models = nodes, models
-        # Every node heartbeating now: a sample older than a minute is left out of the scrape.
-        Node.objects.update(sampled_at=timezone.now(), last_seen_at=timezone.now())
-
+        fleet.grow(nodes, models)
         took, series = scrape()
         base = baseline(series)
         per_node = took / nodes
