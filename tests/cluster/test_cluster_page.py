@@ -360,11 +360,11 @@ def test_a_large_fleet_is_shown_a_page_of_nodes_at_a_time_and_the_rest_stays_who
     builds = first[first.index('id="engine-build-table"') :]
     assert builds.count("data-build-row=") == NODES_PER_PAGE and 'data-builds="paged"' in first
 
-    second = client.get("/cluster/?colour=temp&page=2").content.decode()
-    assert len({node for node, _index in squares(second)}) == total - NODES_PER_PAGE
-    assert 'hx-get="/cluster/?colour=temp&amp;page=2"' in second  # htmx refreshes this page
-    assert 'href="?colour=mem&amp;page=2"' in second  # another colour keeps the page
-    assert 'rel="prev" href="?colour=temp&amp;page=1"' in second
+    page_two = client.get("/cluster/?colour=temp&page=2").content.decode()
+    assert len({node for node, _index in squares(page_two)}) == total - NODES_PER_PAGE
+    assert 'hx-get="/cluster/?colour=temp&amp;page=2"' in page_two  # htmx refreshes this page
+    assert 'href="?colour=mem&amp;page=2"' in page_two  # another colour keeps the page
+    assert 'rel="prev" href="?colour=temp&amp;page=1"' in page_two
     live = client.get("/cluster/?page=2", HTTP_HX_REQUEST="true").content.decode()
     assert f'data-map-node="gpu-r2-{extra - 1:03d}"' in live and 'data-map-node="gpu-r1-01"' not in live
 
