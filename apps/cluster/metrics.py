@@ -141,8 +141,13 @@ class NodeCollector:
             "llmgw_gpu_clock_event",
             "1 for each reason the card's clocks are held down now (heat, power cap, idle, ...)",
         )
-        xid_lines = out.family("llmgw_gpu_xid_errors", "Kernel XID events seen, by code")
-        nvlink_lines = out.family("llmgw_gpu_nvlink_errors", "NVLink error counters summed over links")
+        counted = [
+            (out.family(metric, doc), metric, key, label)
+            for metric, doc, key, label in (
+                ("llmgw_gpu_xid_errors", "Kernel XID events seen, by code", "xids", "xid"),
+                ("llmgw_gpu_nvlink_errors", "NVLink error counters summed over links", "nvlink_errors", "counter"),
+            )
+        ]
         # The plain figures are written straight into their families' lines (labels escaped and
         # in prometheus_client's order, by name): 2,000 nodes of 8 cards are some 300,000 of them.
         for node in nodes:
@@ -204,20 +209,15 @@ class NodeCollector:
                     clock_events.append(
                         f'llmgw_gpu_clock_event{{{head},{tail},reason="{escape_label(str(reason))}",{who}}} 1.0\n'
                     )
-                xids = gpu.get("xids")
-                for code, count in xids.items() if isinstance(xids, dict) else ():
-                    if count.__class__ in NUMBERS:
-                        xid_lines.append(
-                            f'llmgw_gpu_xid_errors{{{head},{tail},{who},xid="{escape_label(str(code))}"}} '
-                            f"{number_text(count)}\n"
-                        )
-                nvlink_errors = gpu.get("nvlink_errors")
-                for counter, count in nvlink_errors.items() if isinstance(nvlink_errors, dict) else ():
-                    if count.__class__ in NUMBERS:
-                        nvlink_lines.append(
-                            f'llmgw_gpu_nvlink_errors{{{head},counter="{escape_label(str(counter))}",{tail},{who}}} '
-                            f"{number_text(count)}\n"
-                        )
+                # Counts by code or counter: the extra label takes its place in label_text's order.
+                for lines, metric, key, label in counted:
+                    counts = gpu.get(key)
+                    for name, count in counts.items() if isinstance(counts, dict) else ():
+                        if count.__class__ in NUMBERS:
+                            extra = f'{label}="{escape_label(str(name))}"'
+                            lines.append(
+                                f"{metric}{{{','.join(sorted((head, tail, who, extra)))}}} {number_text(count)}\n"
+                            )
         engines = EngineFamilies(out)
         held = _shards(out, put, {node.pk: node.sample for node in nodes}, engines, {n.pk: n.name for n in nodes})
         _quotas(put, held)
