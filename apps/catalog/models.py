@@ -11,7 +11,8 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.models import Organization, Project, Team
-from apps.catalog.choices import CLASS_RANK, CapacityClass, Engine
+from apps.catalog.choices import CapacityClass, Engine
+from apps.catalog.scaling import Scaling
 
 __all__ = ["Model", "Profile"]
 
@@ -25,7 +26,7 @@ class ModelQuerySet(models.QuerySet["Model"]):
         return self.filter(deleted_at__isnull=True)
 
 
-class Model(models.Model):
+class Model(Scaling, models.Model):
     """A model people call by name through the gateway.
 
     Either it runs on the cluster (one or more profiles), or it is served by an external
@@ -121,27 +122,9 @@ class Model(models.Model):
         if errors:
             raise ValidationError(errors)
 
-    def wanted_replicas(self, now: Any) -> int:
-        """Always-running replicas, one while requests for an idle model keep coming, more under load."""
-        wanted = self.min_replicas
-        if self.demand_until and self.demand_until > now:
-            wanted = max(wanted, 1)
-        return max(wanted, min(self.load_replicas, self.max_replicas))
-
     @property
     def is_external(self) -> bool:
         return bool(self.external_url)
-
-    @property
-    def effective_class(self) -> str:
-        """Unset follows its scaling: a model kept running is standard, one started on demand opportunistic."""
-        if self.capacity_class:
-            return str(self.capacity_class)
-        return CapacityClass.STANDARD if self.min_replicas > 0 else CapacityClass.OPPORTUNISTIC
-
-    @property
-    def class_rank(self) -> int:
-        return CLASS_RANK[CapacityClass(self.effective_class)]
 
     def owners(self) -> tuple[Any, Any, Any]:
         """(organisation, team, project) the model belongs to, each None where it has none; a

@@ -5,37 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from apps.catalog.models import Model, Profile
+from apps.catalog.models import Model
+from apps.cluster import decisions
 from apps.cluster.choices import NodeStatus, ReplicaState
+from apps.cluster.decisions import RUNNING_FIELDS, profile_spec, running_spec
 from apps.cluster.models import Node, Replica, Shard
-from apps.cluster.placement import CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ProfileSpec, ReplicaRequest
+from apps.cluster.placement import CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ReplicaRequest
 from apps.quotas.models import CapacityQuota as QuotaRow
 
-__all__ = ["CLAIMING_STATES", "build_inventory", "held_weights", "profile_spec", "replica_request", "running_spec"]
-
-# What a replica's engines run, from its model and profile: a change to any of these is rolled out
-# by replacing the replica (apps.cluster.reconciler), never by restarting its engines in place.
-RUNNING_FIELDS = (
-    "engine",
-    "accelerator",
-    "gpus_per_shard",
-    "nodes_per_replica",
-    "parallel",
-    "context_size",
-    "memory_bytes",
-    "cpu_cores",
-    "extra_args",
-    "env",
-)
-
-
-def running_spec(model: Model, profile: Profile) -> dict[str, Any]:
-    return {
-        "source": model.source,
-        "profile": profile.name,
-        **{name: getattr(profile, name) for name in RUNNING_FIELDS},
-    }
-
+__all__ = [
+    "CLAIMING_STATES",
+    "RUNNING_FIELDS",
+    "build_inventory",
+    "held_weights",
+    "profile_spec",
+    "replica_request",
+    "running_spec",
+]
 
 # Other apps' parts of the snapshot (the fabrics each node is on): each fills `extra` of the nodes.
 # Each is given the snapshots and the Node rows they were built from.
@@ -129,8 +115,12 @@ def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:
     for hook in SNAPSHOT_HOOKS:
         hook(nodes, rows)
     claims = []
-    shards = Shard.objects.filter(replica__state__in=CLAIMING_STATES).select_related(
-        "replica__model__organization", "replica__model__team__organization", "replica__model__project__team"
+    shards = (
+        Shard.objects.filter(replica__state__in=CLAIMING_STATES)
+        .select_related(
+            "replica__model__organization", "replica__model__team__organization", "replica__model__project__team"
+        )
+        .order_by("replica_id", "rank")
     )
     for shard in shards:
         if shard.replica_id in excluded or shard.node_id not in nodes:
@@ -160,30 +150,5 @@ def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:
     return inventory
 
 
-def profile_spec(profile: Profile) -> ProfileSpec:
-    return ProfileSpec(
-        id=profile.pk,
-        name=profile.name,
-        priority=profile.priority,
-        engine=profile.engine,
-        accelerator=profile.accelerator,
-        gpus_per_shard=profile.gpus_per_shard,
-        nodes_per_replica=profile.nodes_per_replica,
-        memory_bytes=profile.memory_bytes,
-        cpu_cores=profile.cpu_cores,
-        node_selector=dict(profile.node_selector or {}),
-        keep_within=profile.keep_within or "",
-        power_watts=profile.power_watts,
-    )
-
-
 def replica_request(model: Model, replica: Replica | None = None) -> ReplicaRequest:
-    profiles = sorted((profile_spec(p) for p in model.profiles.all()), key=lambda p: (-p.priority, p.name))
-    return ReplicaRequest(
-        model=model.name,
-        profiles=profiles,
-        owner=model.owner_keys(),
-        capacity_class=model.effective_class,
-        replica_id=str(replica.pk) if replica else "",
-        source=model.source,
-    )
+    return decisions.replica_request(model, model.profiles.all(), replica)

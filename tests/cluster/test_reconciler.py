@@ -107,7 +107,8 @@ def test_a_critical_model_preempts_an_opportunistic_one_and_holds_it_back() -> N
     reconcile()
     make_model("vital", replicas=1, gpus=2, capacity_class="critical")
     reconcile()
-    victim = Replica.objects.get(model__name="spare")
+    # The victim stops; its model is held at once, its replacement left pending while held.
+    victim = Replica.objects.exclude(state=ReplicaState.PENDING).get(model__name="spare")
     assert victim.state == ReplicaState.STOPPING
     assert Model.objects.get(name="spare").held_until is not None
     assert Replica.objects.get(model__name="vital").state == ReplicaState.PENDING

@@ -272,6 +272,9 @@ class _Owned:
         return other
 
 
+_DRY_SEQ = 1 << 62
+
+
 class Inventory:
     """Nodes, the claims against them and the capacity quotas, indexed for placement.
 
@@ -316,7 +319,10 @@ class Inventory:
         self._replicas: dict[str, list[Claim]] = {}
         self._slot_claims: dict[str, list[tuple[int, int]]] = {}
         self._usage: dict[str, _Owned] = {}
-        self._seq: dict[str, int] = {}  # replica -> order it first claimed in (higher is newer)
+        # replica -> how new it is: a numeric replica id is its own (ids are handed out in creation
+        # order, so a snapshot read in any order and one kept up to date agree); others, a dry run's,
+        # are newer than all of those, in the order they first claimed.
+        self._seq: dict[str, int] = {}
         self._next_seq = 0
         self._models: dict[str, dict[int, int]] = {}  # model -> node id -> its shards there
         # Tallies: name -> (node id -> its domain, model -> domain -> the model's shards there).
@@ -650,8 +656,11 @@ class Inventory:
         self.claims.append(claim)
         self._replicas.setdefault(claim.replica, []).append(claim)
         if claim.replica not in self._seq:
-            self._seq[claim.replica] = self._next_seq
-            self._next_seq += 1
+            if claim.replica.isdigit():
+                self._seq[claim.replica] = int(claim.replica)
+            else:
+                self._seq[claim.replica] = _DRY_SEQ + self._next_seq
+                self._next_seq += 1
         if claim.model:
             shards = self._models.setdefault(claim.model, {})
             shards[claim.node_id] = shards.get(claim.node_id, 0) + 1
