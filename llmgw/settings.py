@@ -456,3 +456,8 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
     "apps.accounts.oidc.SsoBackend",
 ]
+
+# The fleet simulator: where the captured files its node types name are looked up (after the
+# scenario file's own folder), and the most steps a run from the console or the API may take.
+SIM_CAPTURES_DIR = Path(env_str("LLMGW_SIM_CAPTURES") or DATA_DIR / "captures").expanduser().resolve()
+SIM_MAX_WEB_STEPS = env_int("LLMGW_SIM_MAX_WEB_STEPS", 1441, minimum=1, maximum=100_000)

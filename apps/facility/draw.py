@@ -3,6 +3,8 @@ is known (declared, derived, measured). apps.facility.power reads the measured p
 
 from __future__ import annotations
 
+import functools
+
 __all__ = ["GPU_TDP_W", "derived_watts", "shard_watts", "tdp_watts"]
 
 # Board power of one card by GPU class prefix (../shared/reference/fabrics-facility.md section 7),
@@ -24,6 +26,7 @@ GPU_TDP_W: tuple[tuple[str, int], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=256)
 def tdp_watts(gpu_class: str) -> int | None:
     upper = gpu_class.upper()
     for prefix, watts in GPU_TDP_W:

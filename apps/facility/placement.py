@@ -18,11 +18,13 @@ placements spreads as it goes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from apps.cluster.placement import (
     REGISTRY,
+    Claim,
     Inventory,
     NodeSnapshot,
     PlacementContext,
@@ -158,24 +160,24 @@ def _kw(watts: float) -> str:
     return f"{watts / 1000:.1f} kW"
 
 
-def _batch_draws(ctx: PlacementContext, index: FacilityIndex) -> dict[str, float]:
-    """Domain -> what the claims made since the snapshot add (their cards' TDP), once per placement."""
+def _batch_draws(ctx: PlacementContext, index: FacilityIndex) -> Mapping[str, float]:
+    """Domain -> what the claims made since the snapshot add (their cards' TDP), kept by the
+    inventory as claims are applied and released."""
     from apps.facility.draw import derived_watts
 
-    found = ctx.scratch.get(POWER)
-    if found is None:
-        found = ctx.scratch[POWER] = {}
-        inventory = ctx.inventory
-        for claim in inventory.claims:
-            if id(claim) in index.first_claims or claim.node_id not in index.capped:
-                continue
-            node = inventory.nodes.get(claim.node_id)
-            classes = {g.index: g.gpu_class for g in node.gpus} if node is not None else {}
-            cls = classes.get(claim.gpu_indices[0]) if claim.gpu_indices else None
-            watts = derived_watts(cls, len(claim.gpu_indices)) or 0
-            for domain in index.capped[claim.node_id]:
-                found[domain] = found.get(domain, 0.0) + watts
-    return found  # type: ignore[no-any-return]
+    inventory = ctx.inventory
+    capped, first = index.capped, index.first_claims
+
+    def weigh(claim: Claim) -> dict[str, float] | None:
+        domains = capped.get(claim.node_id)
+        if not domains or not claim.gpu_indices:
+            return None
+        node = inventory.nodes.get(claim.node_id)
+        slot = next((g for g in node.gpus if g.index == claim.gpu_indices[0]), None) if node is not None else None
+        watts = derived_watts(slot.gpu_class if slot is not None else None, len(claim.gpu_indices)) or 0
+        return dict.fromkeys(domains, float(watts)) if watts else None
+
+    return inventory.claim_sum(f"{POWER}:{id(index)}", weigh, lambda claim: id(claim) not in first)
 
 
 def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:

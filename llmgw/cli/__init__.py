@@ -120,6 +120,38 @@ def cmd_engine_files(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim(args: argparse.Namespace) -> int:
+    """Run a fleet scenario through the reconciler's own decisions and print what happened."""
+    import json
+    from pathlib import Path
+
+    if args.captures:
+        os.environ["LLMGW_SIM_CAPTURES"] = args.captures
+    _django_setup()
+    from apps.sim import report as text_report
+    from apps.sim.service import ScenarioError, simulate_text
+
+    path = Path(args.scenario)
+    try:
+        source = sys.stdin.read() if args.scenario == "-" else path.read_text(encoding="utf-8")
+    except OSError as exc:
+        sys.exit(f"llmgw sim: cannot read {path}: {exc.strerror}")
+    try:
+        result = simulate_text(source, base=None if args.scenario == "-" else path.resolve().parent)
+    except ScenarioError as exc:
+        print(f"llmgw sim: {path} has {len(exc.problems)} problem(s):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print(text_report.as_text(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmgw", description="A private LLM service over your own servers.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -168,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("engine-files", help="keep engine archives on the control plane for its nodes")
     p.add_argument("files", nargs="+", metavar="FILE", help="release archives, named as the release names them")
     p.set_defaults(func=cmd_engine_files)
+
+    p = sub.add_parser("sim", help="what if: a fleet and a script of events through the real scheduler, in memory")
+    p.add_argument("scenario", metavar="SCENARIO", help="the scenario's YAML file (- for stdin); see docs/sim.md")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
+    p.add_argument("--captures", metavar="DIR", help="where captured files are looked up (LLMGW_SIM_CAPTURES)")
+    p.set_defaults(func=cmd_sim)
 
     p = sub.add_parser("manage", help="Django management commands", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

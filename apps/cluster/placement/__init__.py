@@ -33,7 +33,7 @@ from .model import (
     ShardPlan,
     Usage,
 )
-from .pipeline import EXPLAIN_NODES, explain, ordered_profiles, place
+from .pipeline import EXPLAIN_NODES, explain, ordered_profiles, place, usable_nodes
 from .reasons import Reason, gettext_noop
 from .registry import (
     REGISTRY,
@@ -98,4 +98,5 @@ __all__ = [
     "register_snapshot_field",
     "scorers",
     "snapshot_field",
+    "usable_nodes",
 ]

@@ -275,6 +275,42 @@ class _Owned:
 _DRY_SEQ = 1 << 62
 
 
+class _Sum:
+    """Key -> the sum of weigh(claim) over the claims `counts` accepts, kept as claims come and go."""
+
+    __slots__ = ("counts", "members", "totals", "weigh")
+
+    def __init__(self, weigh: Callable[[Claim], Mapping[str, float] | None], counts: Callable[[Claim], bool]) -> None:
+        self.weigh = weigh
+        self.counts = counts
+        self.totals: dict[str, float] = {}
+        self.members: dict[int, Mapping[str, float]] = {}
+
+    def add(self, claim: Claim) -> None:
+        if not self.counts(claim):
+            return
+        weights = self.weigh(claim)
+        if not weights:
+            return
+        self.members[id(claim)] = weights
+        totals = self.totals
+        for key, value in weights.items():
+            totals[key] = totals.get(key, 0.0) + value
+
+    def remove(self, claim: Claim) -> None:
+        weights = self.members.pop(id(claim), None)
+        if weights:
+            totals = self.totals
+            for key, value in weights.items():
+                totals[key] -= value
+
+    def copy(self) -> _Sum:
+        other = _Sum(self.weigh, self.counts)
+        other.totals = dict(self.totals)
+        other.members = dict(self.members)
+        return other
+
+
 class Inventory:
     """Nodes, the claims against them and the capacity quotas, indexed for placement.
 
@@ -327,6 +363,7 @@ class Inventory:
         self._models: dict[str, dict[int, int]] = {}  # model -> node id -> its shards there
         # Tallies: name -> (node id -> its domain, model -> domain -> the model's shards there).
         self._tallies: dict[str, tuple[Mapping[int, Any], dict[str, dict[Any, int]]]] = {}
+        self._sums: dict[str, _Sum] = {}  # name -> a sum over claims (claim_sum)
         for n in ordered:
             for g in n.gpus:
                 if g.claimed_by is not None:
@@ -381,6 +418,7 @@ class Inventory:
             name: (keys, {model: dict(counts) for model, counts in by_model.items()})
             for name, (keys, by_model) in self._tallies.items()
         }
+        other._sums = {k: v.copy() for k, v in self._sums.items()}
         other._free = {k: dict(v) for k, v in self._free.items()}
         other._buckets = {k: [list(b) for b in v] for k, v in self._buckets.items()}
         return other
@@ -487,6 +525,22 @@ class Inventory:
             tally = self._tallies[name] = (of, by_model)
         return tally[1].get(model, {})
 
+    def claim_sum(
+        self,
+        name: str,
+        weigh: Callable[[Claim], Mapping[str, float] | None],
+        counts: Callable[[Claim], bool],
+    ) -> Mapping[str, float]:
+        """Key -> the sum of `weigh(claim)` over the claims that `counts`, kept up to date as claims
+        are applied and released (and carried by copies): a placement reads it without walking
+        every claim. Built from the claims there are on first use under `name`."""
+        found = self._sums.get(name)
+        if found is None:
+            found = self._sums[name] = _Sum(weigh, counts)
+            for claim in self.claims:
+                found.add(claim)
+        return found.totals
+
     def _count(self, model: str, node_id: int, delta: int) -> None:
         for keys, by_model in self._tallies.values():
             counts = by_model.setdefault(model, {})
@@ -575,6 +629,9 @@ class Inventory:
         slot the snapshot marked as claimed by it."""
         claims = self._replicas.pop(replica_id, [])
         self._seq.pop(replica_id, None)
+        for tally in self._sums.values():
+            for claim in claims:
+                tally.remove(claim)
         if claims:
             gone = {id(c) for c in claims}
             self.claims = [c for c in self.claims if id(c) not in gone]
@@ -654,6 +711,9 @@ class Inventory:
             self._check(claim)
         indexed = hasattr(self, "_free")  # during __init__ the free counts are built afterwards
         self.claims.append(claim)
+        if indexed:
+            for tally in self._sums.values():
+                tally.add(claim)
         self._replicas.setdefault(claim.replica, []).append(claim)
         if claim.replica not in self._seq:
             if claim.replica.isdigit():

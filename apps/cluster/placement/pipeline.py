@@ -715,6 +715,28 @@ def place(
     return PlacementResult(None, found)
 
 
+def usable_nodes(
+    inventory: Inventory,
+    request: ReplicaRequest,
+    *,
+    nodes: Iterable[int] | None = None,
+    registry: Registry | None = None,
+) -> set[int]:
+    """The nodes (of `nodes`, default all) on which some profile of the request could place a
+    shard now: every filter and pre-filter passes, as placement asks them."""
+    registry = registry or REGISTRY
+    ids = list(inventory.order if nodes is None else nodes)
+    found: set[int] = set()
+    for profile in ordered_profiles(request.profiles):
+        ev = _Evaluator(PlacementContext(inventory, request, profile, registry))
+        if ev.check():
+            continue
+        for node_id in ids:
+            if node_id not in found and ev.first_reason(inventory.nodes[node_id]) is None:
+                found.add(node_id)
+    return found
+
+
 def explain(
     inventory: Inventory, request: ReplicaRequest, *, registry: Registry | None = None, limit: int | None = None
 ) -> list[ProfileExplain]:
