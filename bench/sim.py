@@ -44,6 +44,10 @@ def scenario(nodes: int, models: int, hours: int) -> dict:
             }
         mix.append(model)
     racks = nodes // 4
+
+    def rack(number: int) -> str:  # the events' racks, within a small fleet too
+        return f"r{max(1, min(number, racks)):02d}"
+
     return {
         "start": "2026-12-01T00:00:00Z",
         "step": "1m",
@@ -62,13 +66,13 @@ def scenario(nodes: int, models: int, hours: int) -> dict:
         "models": mix,
         "power": {"caps": {f"rack=r{r:02d}": 40000 for r in range(1, min(racks, 200) + 1)}},
         "events": [
-            {"at": "2h", "lose": {"rack": "r12"}},
+            {"at": "2h", "lose": {"rack": rack(12)}},
             {"at": "3h", "lose": {"count": 50}},
-            {"at": "4h", "restore": {"rack": "r12"}},
-            {"at": "6h", "hold": {"rack": "r20", "reason": "PDU swap", "drain": True}},
-            {"at": "8h", "release": {"rack": "r20"}},
+            {"at": "4h", "restore": {"rack": rack(12)}},
+            {"at": "6h", "hold": {"rack": rack(20), "reason": "PDU swap", "drain": True}},
+            {"at": "8h", "release": {"rack": rack(20)}},
             {"at": "9h", "load": {"model": "m0000", "factor": 3}},
-            {"at": "10h", "cap": {"domain": "rack=r30", "watts": "20kW"}},
+            {"at": "10h", "cap": {"domain": f"rack={rack(30 if racks >= 30 else racks - 1)}", "watts": "20kW"}},
             {"at": "12h", "sm_failover": {"fabric": "ib-a", "outage": "5m"}},
             {"at": "14h", "set": {"model": "m0001", "min": 6}},
             {"at": "20h", "restore": {"all": True}},

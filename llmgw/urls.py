@@ -21,6 +21,8 @@ from apps.guardrails import views as guardrails_views
 from apps.mirror import api as mirror_api
 from apps.quotas import api as quotas_api
 from apps.quotas import views as usage_views
+from apps.sim import api as sim_api
+from apps.sim import views as sim_views
 from llmgw import ops
 from llmgw.api import StatusView, router
 from llmgw.console import about, docs
@@ -47,6 +49,7 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("me", accounts_api.MeView.as_view(), name="api-me"),
     path("status", StatusView.as_view(), name="api-status"),
     path("nodes/enrollments", cluster_api.NodeEnrollmentView.as_view(), name="api-node-enrollments"),
+    path("sim", sim_api.SimView.as_view(), name="api-sim"),
     path("agent/enroll", cluster_api.AgentEnrollView.as_view(), name="api-agent-enroll"),
     path("engines", cluster_api.EngineChoicesView.as_view(), name="api-engines"),
     path("fabrics", fabrics_api.FabricsView.as_view(), name="api-fabrics"),
@@ -101,6 +104,8 @@ urlpatterns = [
     path("chat/render", chat_views.chat_render, name="chat-render"),
     path("usage/", usage_views.usage, name="usage"),
     path("cluster/", cluster_views.cluster, name="cluster"),
+    path("sim/", sim_views.sim, name="sim"),
+    path("sim/what-if", sim_views.sim_what_if, name="sim-what-if"),
     path("cluster/engines/set", cluster_views.engine_set, name="cluster-engine-set"),
     path("install/node.sh", cluster_views.install_script, name="install-script"),
     path("install/<str:name>", cluster_views.install_bundle, name="install-bundle"),

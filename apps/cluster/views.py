@@ -309,6 +309,12 @@ def cluster(request: HtmxHttpRequest) -> HttpResponse:
         context["engines"] = selectors.engine_overview([n.pk for n in shown.object_list] if paged else None)
         context["builds_paged"] = paged
         context["can_change"] = can_change_cluster(request.user)
+        context["what_if_kinds"] = [
+            ("node", _("Node lost")),
+            ("rack", _("Rack lost")),
+            ("pdu", _("PDU lost")),
+            ("model", _("Model")),
+        ]
     return render(request, template, context)
 
 

@@ -23,7 +23,7 @@ from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 from apps.cluster.decisions import backoff, replica_request, run_pass
 from apps.facility.draw import derived_watts
 from apps.facility.locations import LEVELS, label_of, location
-from apps.sim.scenario import Event, Scenario
+from apps.sim.scenario import Event, Scenario, ScenarioError
 from apps.sim.store import MemoryStore, SimDrain, SimModel, SimProfile, SimReplica, SimShard
 
 __all__ = ["Simulation", "live_fleet", "simulate"]
@@ -282,6 +282,7 @@ class Simulation:
         self.outages: dict[str, Any] = {}  # fabric name -> when its standby subnet manager has taken over
         self.initial_claims: dict[int, float] = {}
         self.store = MemoryStore(nodes, models, replicas, quotas, next_id=max((r.pk for r in replicas), default=0) + 1)
+        check_names(scenario, self.store.nodes, [m.name for m in models], self.caps if scenario.from_cluster else {})
         self.initial_claims = self._claimed_watts()
         self._contribute()
         self.store.rebuild()
@@ -734,6 +735,63 @@ class Simulation:
                 "nodes_unknown": unknown[domain],
             }
         return out
+
+
+def check_names(
+    scenario: Scenario, nodes: dict[int, placement.NodeSnapshot], models: list[str], live_caps: dict[str, float]
+) -> None:
+    """Every node, domain, fabric and model an event or the report names must be in the fleet: a
+    what-if about a rack that does not exist would otherwise answer as if nothing happened."""
+    import difflib
+
+    known: dict[str, set[str]] = {"nodes": set(), "fabric": set(), "model": set(models), "type": set()}
+    known["type"] = set(scenario.node_types)
+    for node in nodes.values():
+        known["nodes"].add(node.name)
+        for level, name in location(node.labels).items():
+            if name:
+                known.setdefault(level, set()).add(str(name))
+        for attachment in node.extra.get("fabrics") or []:
+            if attachment.get("name"):
+                known["fabric"].add(str(attachment["name"]))
+    problems: list[str] = []
+
+    def need(kind: str, value: Any, where: str) -> None:
+        names = known.get(kind, set())
+        if str(value) in names:
+            return
+        near = difflib.get_close_matches(str(value), sorted(names), n=1)
+        hint = (_(" (did you mean %(key)s?)") % {"key": near[0]}) if near else ""
+        problems.append(
+            _("%(where)s: no %(kind)s %(name)s in the fleet%(hint)s")
+            % {"where": where, "kind": kind.removesuffix("s"), "name": value, "hint": hint}
+        )
+
+    for event in scenario.events:
+        args, where = event.args, f"{event.path}.{event.kind}"
+        names = args.get("nodes")
+        for name in [names] if isinstance(names, str) else list(names or []):
+            need("nodes", name, f"{where}.nodes")
+        for level in LEVELS:
+            if args.get(level) and event.kind != "cap":
+                need(level, args[level], f"{where}.{level}")
+        if event.kind == "lose" and args.get("type"):
+            need("type", args["type"], f"{where}.type")
+        if event.kind == "cap":
+            level, _sep, name = str(args["domain"]).partition("=")
+            need(level, name, f"{where}.domain")
+        if event.kind == "sm_failover":
+            need("fabric", args["fabric"], f"{where}.fabric")
+        if event.kind in ("set", "load"):
+            need("model", args["model"], f"{where}.model")
+    for domain in scenario.caps:
+        if domain not in live_caps:
+            level, _sep, name = domain.partition("=")
+            need(level, name, f"power.caps.{domain}")
+    if scenario.report_model:
+        need("model", scenario.report_model, "report.model")
+    if problems:
+        raise ScenarioError(problems)
 
 
 def _offset(scenario: Scenario, now: Any) -> float:

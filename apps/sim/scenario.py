@@ -104,6 +104,7 @@ class Event:
     kind: str
     args: dict[str, Any]
     text: str  # the event as written, for the report
+    path: str = ""  # where it is in the scenario, for problems found once the fleet is built
 
 
 @dataclass
@@ -502,7 +503,7 @@ def _event(reader: _Reader, raw: Any, path: str) -> Event | None:
     if at is None:
         return None
     text = f"{kind} " + ", ".join(f"{k}={v}" for k, v in args.items())
-    return Event(at=at, kind=kind, args=dict(args), text=text)
+    return Event(at=at, kind=kind, args=dict(args), text=text, path=path)
 
 
 def parse(

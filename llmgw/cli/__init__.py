@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
 
@@ -128,14 +129,23 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if args.captures:
         os.environ["LLMGW_SIM_CAPTURES"] = args.captures
     _django_setup()
+    import yaml
+
     from apps.sim import report as text_report
     from apps.sim.service import ScenarioError, simulate_text
 
     path = Path(args.scenario)
     try:
-        source = sys.stdin.read() if args.scenario == "-" else path.read_text(encoding="utf-8")
+        source: Any = sys.stdin.read() if args.scenario == "-" else path.read_text(encoding="utf-8")
     except OSError as exc:
         sys.exit(f"llmgw sim: cannot read {path}: {exc.strerror}")
+    if args.from_cluster:  # the same as from_cluster: true in the file
+        try:
+            document = yaml.safe_load(source)
+        except yaml.YAMLError:
+            document = None  # the parser says what is wrong with it
+        if isinstance(document, dict):
+            source = {**document, "from_cluster": True}
     try:
         result = simulate_text(source, base=None if args.scenario == "-" else path.resolve().parent)
     except ScenarioError as exc:
@@ -206,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--captures", metavar="DIR", help="where captured files are looked up (LLMGW_SIM_CAPTURES)")
+    p.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="start from the live fleet's nodes, models, holds and caps (as from_cluster: true)",
+    )
     p.set_defaults(func=cmd_sim)
 
     p = sub.add_parser("manage", help="Django management commands", add_help=False)

@@ -56,6 +56,7 @@ OPTIONAL_PAGES = {
     "chat": "chat",
     "usage": "usage",
     "cluster": "cluster",
+    "sim": "sim",
     "fabrics:fabrics": "fabrics",
     "fabrics:nvlink": "nvlink",
     "facility:facility": "facility",
