@@ -1,6 +1,7 @@
 """Agent heartbeats against a real `llmgw web` on loopback.
 
     .venv/bin/python bench/heartbeats.py [--agents 2000] [--interval 10] [--duration 40]
+                                         [--web-processes 2] [--storm]
 
 N lightweight simulated agents (one asyncio process, realistic registrations and
 heartbeats: a quarter 8-GPU nodes, the rest CPU nodes) each hold a websocket to llmgw
@@ -11,13 +12,22 @@ transport itself costs on this machine.
 Prints heartbeats/s handled, the server's own p50/p99 time per heartbeat (from the
 llmgw_agent_message_seconds histogram), PostgreSQL row writes per heartbeat (from
 pg_stat_database), the web process's CPU per heartbeat, and the ratios to the baseline.
-Target: 2,000 agents at 10 s with p99 under 50 ms and at most one write per heartbeat.
+Target: 10,000 agents at 10 s on at most two web processes (--web-processes 2) with p99 under
+50 ms, web CPU per heartbeat at most 3 times the bare transport's, and at most one write per
+heartbeat.
+
+--storm then restarts llmgw web under the connected fleet, as an upgrade does: every agent is
+dropped and dials again (0.2-1 s apart, as the agent's backoff begins) until it is registered.
+Prints how long until every agent was registered again, whether each node's channel layer group
+holds its live connection and nothing else (read from Redis while the agents are still
+connected), and the errors and tracebacks the web processes logged (target: none).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import socket
@@ -145,54 +155,70 @@ def messages(gpus: int) -> tuple[str, str]:
     return register, heartbeat
 
 
-async def run_agents(
-    url: str, credentials: list[str], interval: float, duration: float, with_register: bool, window: Any = None
-) -> dict[str, float]:
+async def dial(url: str, credential: str, i: int) -> Any:
+    """One agent's connection, registered: the socket, or an exception when it could not."""
     from websockets.asyncio.client import connect
 
+    register, _heartbeat = MESSAGES[8 if i % 4 == 0 else 0]
+    ws = await connect(
+        url,
+        additional_headers={"Authorization": f"Bearer {credential}"},
+        proxy=None,
+        open_timeout=60,
+        max_size=2**20,
+        ping_interval=None,
+        compression=None,
+    )
+    try:
+        await ws.send(register)
+        while True:  # the registered answer; a desired state may come first on a busy server
+            answer = await asyncio.wait_for(ws.recv(), 120)
+            if '"type":"registered"' in answer:
+                return ws
+    except BaseException:
+        await ws.close()
+        raise
+
+
+async def run_agents(
+    url: str, credentials: list[str], interval: float, duration: float, window: Any = None
+) -> dict[str, float]:
     sent = 0
     failures = 0
     connected = 0
     registered = 0
-    start_at = time.monotonic() + 0.0
     deadline = None
 
     async def one(i: int, credential: str) -> None:
         nonlocal sent, failures, connected, registered
-        gpus = 8 if i % 4 == 0 else 0
-        register, heartbeat = MESSAGES[gpus]
+        _register, heartbeat = MESSAGES[8 if i % 4 == 0 else 0]
         try:
-            async with connect(
-                url,
-                additional_headers={"Authorization": f"Bearer {credential}"},
-                proxy=None,
-                open_timeout=60,
-                max_size=2**20,
-                ping_interval=None,
-                compression=None,
-            ) as ws:
-                connected += 1
-                if with_register:
-                    await ws.send(register)
-                    await asyncio.wait_for(ws.recv(), 120)
-                    registered += 1
-                await asyncio.sleep(random.uniform(0, interval))
-                while deadline is None or time.monotonic() < deadline:
-                    await ws.send(heartbeat)
-                    sent += 1
-                    await asyncio.sleep(interval)
+            ws = await dial(url, credential, i)
         except Exception:
             failures += 1
+            return
+        connected += 1
+        registered += 1
+        try:
+            await asyncio.sleep(random.uniform(0, interval))
+            while deadline is None or time.monotonic() < deadline:
+                await ws.send(heartbeat)
+                sent += 1
+                await asyncio.sleep(interval)
+        except Exception:
+            failures += 1
+        finally:
+            await ws.close()
 
     tasks = []
     for i, credential in enumerate(credentials):
         tasks.append(asyncio.create_task(one(i, credential)))
         if i % 50 == 49:
-            await asyncio.sleep(0.05)  # don't open 2,000 sockets in one burst
+            await asyncio.sleep(0.05)  # don't open thousands of sockets in one burst
     # Measure heartbeats only: wait until every agent registered (a fleet joining at once is another
     # load), then one interval more so every agent is in its heartbeat rhythm.
     waited = 0.0
-    while registered + failures < len(credentials) and waited < 180:
+    while registered + failures < len(credentials) and waited < 300:
         await asyncio.sleep(0.5)
         waited += 0.5
     await asyncio.sleep(interval + 2)
@@ -207,13 +233,63 @@ async def run_agents(
     if window:
         await asyncio.to_thread(window, "end")
     await asyncio.gather(*tasks, return_exceptions=True)
-    return {
-        "sent": measured,
-        "per_second": measured / elapsed,
-        "failures": failures,
-        "connected": connected,
-        "start": start_at,
-    }
+    return {"sent": measured, "per_second": measured / elapsed, "failures": failures, "connected": connected}
+
+
+async def run_storm(url: str, credentials: list[str], interval: float, restart: Any, check: Any) -> dict[str, Any]:
+    """Every agent connected and heartbeating; then `restart()` (the web goes and comes back) and
+    each agent dials again until registered. `check()` runs once all are back, still connected."""
+    registered_after: dict[int, float] = {}
+    restarted_at: float | None = None
+    stop = asyncio.Event()
+    ready = 0
+
+    async def one(i: int, credential: str) -> None:
+        nonlocal ready
+        _register, heartbeat = MESSAGES[8 if i % 4 == 0 else 0]
+        first = True
+        while not stop.is_set():
+            try:
+                ws = await dial(url, credential, i)
+            except Exception:
+                await asyncio.sleep(random.uniform(0.2, 1.0))
+                continue
+            if first:
+                ready += 1
+                first = False
+            elif restarted_at is not None and i not in registered_after:
+                registered_after[i] = time.monotonic() - restarted_at
+            try:
+                while not stop.is_set():
+                    await ws.send(heartbeat)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), random.uniform(0.5, 1.0) * interval)
+            except Exception:
+                await asyncio.sleep(random.uniform(0.2, 1.0))
+            finally:
+                with contextlib.suppress(Exception):
+                    await ws.close()
+
+    tasks = []
+    for i, credential in enumerate(credentials):
+        tasks.append(asyncio.create_task(one(i, credential)))
+        if i % 50 == 49:
+            await asyncio.sleep(0.05)
+    waited = 0.0
+    while ready < len(credentials) and waited < 300:
+        await asyncio.sleep(0.5)
+        waited += 0.5
+    await asyncio.sleep(interval)
+    restarted_at = time.monotonic()
+    await asyncio.to_thread(restart)
+    while len(registered_after) < len(credentials) and time.monotonic() - restarted_at < 300:
+        await asyncio.sleep(0.2)
+    back = max(registered_after.values(), default=float("nan"))
+    await asyncio.sleep(interval)  # a heartbeat or two on the new connections, then look
+    checked = await asyncio.to_thread(check)
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {"back": len(registered_after), "seconds": back, "checked": checked}
 
 
 MESSAGES: dict[int, tuple[str, str]] = {}
@@ -281,11 +357,84 @@ def pg_writes(database: str) -> dict[str, float]:
     return {name: float(count) for name, count in rows}
 
 
+def _is_error(line: str) -> bool:
+    return "Traceback" in line or " ERROR " in line or "Error:" in line and "Exception" in line or "CRITICAL" in line
+
+
+def groups_check(env: dict[str, str], database: str) -> dict[str, int]:
+    """Each node's channel layer group against the connection its row names: holding exactly that
+    one (ok), missing it, or holding others besides (stale)."""
+    import psycopg
+    import redis
+
+    with psycopg.connect(PG_ADMIN.rsplit("/", 1)[0] + f"/{database}", autocommit=True) as conn:
+        rows = conn.execute("SELECT id, connection FROM cluster_node").fetchall()
+    client = redis.Redis.from_url(env["LLMGW_REDIS_URL"])
+    pipe = client.pipeline(transaction=False)
+    for pk, _connection in rows:
+        pipe.zrange(f"{env['LLMGW_REDIS_PREFIX']}:group:agent.node.{pk}".encode(), 0, -1)
+    counts = {"ok": 0, "missing": 0, "stale": 0}
+    for (_pk, connection), members in zip(rows, pipe.execute(), strict=True):
+        names = {m.decode() for m in members}
+        if connection not in names:
+            counts["missing"] += 1
+        elif len(names) > 1:
+            counts["stale"] += 1
+        else:
+            counts["ok"] += 1
+    return counts
+
+
+def storm(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    database: str,
+    credentials: list[str],
+    port: int,
+    start_web: Any,
+    current: Any,
+    web_log: Path,
+) -> None:
+    holder: dict[str, Any] = {}
+
+    def restart() -> None:
+        process = current() if "web" not in holder else holder["web"]
+        process.terminate()
+        process.wait(timeout=120)
+        holder["web"] = start_web()
+
+    try:
+        result = asyncio.run(
+            run_storm(
+                f"ws://127.0.0.1:{port}/ws/agent/",
+                credentials,
+                args.interval,
+                restart,
+                lambda: groups_check(env, database),
+            )
+        )
+    finally:
+        if "web" in holder and holder["web"].poll() is None:
+            holder["web"].terminate()
+            holder["web"].wait(timeout=120)
+    checked = result["checked"]
+    print(
+        f"reconnect storm: {result['back']} of {len(credentials)} agents registered again within "
+        f"{result['seconds']:.1f} s of the restart (web start-up included)"
+    )
+    print(
+        f"node groups holding their live connection: {checked['ok']} of {len(credentials)}; "
+        f"missing it {checked['missing']}, stale members besides {checked['stale']}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--agents", type=int, default=2000)
     parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--web-processes", type=int, default=1, help="llmgw web --workers (at most 2 for the target)")
+    parser.add_argument("--storm", action="store_true", help="then restart the web under the connected fleet")
     args = parser.parse_args()
 
     import psycopg
@@ -346,19 +495,29 @@ def main() -> None:
         )
         time.sleep(2)
         cpu0 = process_tree_cpu(echo.pid)
-        base = asyncio.run(run_agents(f"ws://127.0.0.1:{echo_port}/", credentials, args.interval, args.duration, True))
+        base = asyncio.run(run_agents(f"ws://127.0.0.1:{echo_port}/", credentials, args.interval, args.duration))
         base_cpu = process_tree_cpu(echo.pid) - cpu0
         echo.terminate()
         echo.wait()
 
         port = free_port()
-        web = subprocess.Popen([python, "-m", "llmgw", "web", "--listen", f"127.0.0.1:{port}"], env=env, cwd=REPO)
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
+        web_log = tmp / "web.log"
+
+        def start_web() -> subprocess.Popen[bytes]:
+            command = [python, "-m", "llmgw", "web", "--listen", f"127.0.0.1:{port}"]
+            if args.web_processes > 1:
+                command += ["--workers", str(args.web_processes)]
+            with web_log.open("ab") as log:
+                process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            for _ in range(300):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            return process
+
+        web = start_web()
         marks: dict[str, Any] = {}
 
         def window(edge: str) -> None:
@@ -373,7 +532,7 @@ def main() -> None:
             marks[edge] = (pg_writes(database), process_tree_cpu(web.pid), metrics)
 
         result = asyncio.run(
-            run_agents(f"ws://127.0.0.1:{port}/ws/agent/", credentials, args.interval, args.duration, True, window)
+            run_agents(f"ws://127.0.0.1:{port}/ws/agent/", credentials, args.interval, args.duration, window)
         )
         per_table = {t: marks["end"][0].get(t, 0.0) - marks["start"][0].get(t, 0.0) for t in marks["end"][0]}
         writes = sum(per_table.values())
@@ -403,6 +562,13 @@ def main() -> None:
             + ", ".join(f"{t} {n:.0f}" for t, n in sorted(per_table.items(), key=lambda i: -i[1]) if n)
             + ")"
         )
+        print(f"web processes: {args.web_processes}")
+        if args.storm:
+            storm(args, env, database, credentials, port, start_web, lambda: web, web_log)
+        errors = [line for line in web_log.read_text(errors="replace").splitlines() if _is_error(line)]
+        print(f"errors and tracebacks in the web's log: {len(errors)} (target 0)")
+        for line in errors[:10]:
+            print("   ", line[:200])
     finally:
         for process in (web, echo):
             if process and process.poll() is None:

@@ -52,12 +52,16 @@ def main() -> None:
 
 
 @contextlib.contextmanager
-def fresh_database(*, sqlite: bool, name: str) -> Iterator[None]:
-    """Django set up on an empty, migrated database of its own (PostgreSQL, dropped after; or SQLite)."""
+def fresh_database(*, sqlite: bool, name: str, redis: str | None = None) -> Iterator[None]:
+    """Django set up on an empty, migrated database of its own (PostgreSQL, dropped after; or SQLite),
+    with Redis at `redis` (its keys under a prefix of their own) or none."""
     database = None
     os.environ["LLMGW_DATA_DIR"] = tempfile.mkdtemp(prefix=f"llmgw-bench-{name}-")
     os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw.settings"
     os.environ.pop("LLMGW_REDIS_URL", None)
+    if redis:
+        os.environ["LLMGW_REDIS_URL"] = redis
+        os.environ["LLMGW_REDIS_PREFIX"] = f"bench-{name}-{uuid.uuid4().hex[:6]}"
     if not sqlite:
         import psycopg
 
@@ -176,6 +180,24 @@ class Fleet:
         Node.objects.bulk_update(rows, ["sample"], batch_size=500)
         self.nodes, self.models = nodes, models
         self.touch()
+
+    def heartbeat(self) -> None:
+        """Every node heartbeats now through the connections' own write (apps.cluster.heartbeats):
+        its row, its history and the fleet rollup, 500 nodes a batch as the writer sends them."""
+        from django.utils import timezone
+
+        from apps.cluster.heartbeats import _write
+        from apps.cluster.models import Node
+
+        now, taken = timezone.now(), time.time()
+        batch = {}
+        for pk, sample in Node.objects.values_list("pk", "sample").iterator(chunk_size=500):
+            batch[pk] = ({**sample, "taken_at": taken}, now)
+            if len(batch) == 500:
+                _write(batch)
+                batch = {}
+        if batch:
+            _write(batch)
 
     def touch(self) -> None:
         """Every node heartbeating now: a sample older than a minute is left out of what is shown."""

@@ -1,10 +1,13 @@
 """What the cluster and nodes pages cost on the server as the fleet grows.
 
     .venv/bin/python bench/pages.py [--nodes 10000] [--models 2000] [--repeat 3] [--sqlite]
+                                    [--redis redis://127.0.0.1:6379/13]
 
 A fresh PostgreSQL database (SQLite with --sqlite) is filled in steps of a quarter, a half and
 all of the fleet with the captured 8 x H100 nodes of bench/metrics.py (each holding one 8-card
-replica). At each step an operator's browser session asks for /cluster/ and /nodes/ (the whole
+replica), every node heartbeating through the agent connections' own write (its row, its
+history and the fleet rollup; in Redis with --redis, as a fleet of several web processes keeps
+them, else in the local cache). At each step an operator's browser session asks for /cluster/ and /nodes/ (the whole
 page and the part htmx refreshes) `--repeat` times through Django's test client, the same
 request path as the server's; the baseline is the about page (/about), rendered in the same run.
 
@@ -40,9 +43,10 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=2_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sqlite", action="store_true", help="the SQLite default instead of PostgreSQL")
+    parser.add_argument("--redis", help="a Redis URL: histories and the rollup there, as with several web processes")
     parser.add_argument("--profile", action="store_true", help="print where the cluster page spent its time")
     args = parser.parse_args()
-    with fresh_database(sqlite=args.sqlite, name="pages"):
+    with fresh_database(sqlite=args.sqlite, name="pages", redis=args.redis):
         run(args)
 
 
@@ -82,6 +86,9 @@ def run(args: argparse.Namespace) -> None:
     worst: dict[str, tuple[float, int]] = {}
     for nodes in steps:
         fleet.grow(nodes, max(1, args.models * nodes // args.nodes))
+        started = time.perf_counter()
+        fleet.heartbeat()
+        print(f"{'':>20} {nodes:>6} heartbeats written in {time.perf_counter() - started:.1f} s")
         measure("/about", {})  # warm
         base, _queries, _size = measure("/about", {})
         for name, path, headers in PAGES:

@@ -96,19 +96,36 @@ def _plain_static_storage(settings: Any) -> None:
     settings.HF_ENDPOINT = CLOSED_RELEASES_API  # nor the Hub: the mirror's tests run a Hub of their own
 
 
+def forget_fleet_figures(*, history: bool = True) -> None:
+    """Drop the fleet rollup (and, with `history`, the nodes' and models' histories and the rest of
+    the cache) wherever they are kept: the local cache, or Redis."""
+    from django.conf import settings
+    from django.core.cache import cache
+
+    from apps.cluster import services
+
+    patterns = ["cluster:rollup:*"]
+    if history:
+        cache.clear()
+        patterns += ["cluster:history:*", "cluster:engine-history:*"]
+    else:
+        from django.core.cache import caches
+        from django.core.cache.backends.locmem import LocMemCache
+
+        local = caches["default"]
+        if isinstance(local, LocMemCache):  # its own keys read ":version:key"
+            local.delete_many([key.split(":", 2)[2] for key in list(local._cache) if ":cluster:rollup:" in key])
+    client = services._redis()
+    if client is not None:
+        for pattern in patterns:
+            for key in client.scan_iter(f"{settings.REDIS_PREFIX}:{pattern}"):
+                client.delete(key)
+
+
 @pytest.fixture(autouse=True)
 def _empty_cache() -> Iterator[None]:
     # Row ids repeat between tests, so anything cached by id must not outlive its test.
-    from django.core.cache import cache
-
-    cache.clear()
-    from apps.cluster import services
-
-    client = services._redis()
-    if client is not None:
-        for pattern in ("llmgw:cluster:history:*", "llmgw:cluster:engine-history:*"):
-            for key in client.scan_iter(pattern):
-                client.delete(key)
+    forget_fleet_figures()
     yield
 
 

@@ -135,11 +135,9 @@ class HeartbeatWriter:
 
 
 def _write(batch: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:
-    from apps.cluster.models import Node
-    from apps.cluster.services import record_heartbeats
+    from apps.cluster.services import write_heartbeats
 
-    record_heartbeats(batch)
-    return dict(Node.objects.filter(pk__in=list(batch)).values_list("pk", "desired_version"))
+    return write_heartbeats(batch)
 
 
 def _write_each(batch: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:

@@ -21,11 +21,11 @@ from datetime import datetime
 from typing import Any
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch
 from django.utils import formats, timezone
 from django.utils.translation import gettext as _
 
-from apps.cluster import selectors, services
+from apps.cluster import rollup, selectors, services
 from apps.cluster.charts import line_chart
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Gpu, Node, Replica, Shard
@@ -46,14 +46,13 @@ __all__ = [
 
 # The measures the map can be coloured by: ?colour=util|mem|temp.
 COLOURS = ("util", "mem", "temp")
-IDLE_BELOW_PCT = 5.0
-IDLE_HOUR_SECONDS = 55 * 60  # a run of idle samples this long covers the hour the history keeps
+IDLE_BELOW_PCT = rollup.IDLE_BELOW_PCT
 IDLE_ROWS = 50  # held idle replicas listed, the costliest first; the rest are counted
 BUCKETS = 10
 # Temperatures are spread over 30-90 °C: 6 °C a step, from cool (gpu-0) to hot (gpu-9).
 TEMP_LOW_C = 30.0
 TEMP_HIGH_C = 90.0
-CHART_BUCKET_SECONDS = 30  # points of different nodes within this many seconds are averaged together
+CHART_BUCKET_SECONDS = rollup.CHART_BUCKET_SECONDS  # points of different nodes in one slot are averaged together
 SEPARATORS = "-._:"
 
 
@@ -193,8 +192,8 @@ class HeldIdle:
     cards: list[tuple[str, str, list[int]]]  # (short node name, full node name, indices)
     utilization: float  # the busiest of its cards
     owner: str = "-"
-    idle_seconds: float | None = None  # None: no history to tell
-    whole_hour: bool = False  # idle in every sample the history keeps, over the whole hour
+    idle_seconds: float | None = None  # None: nothing tells
+    at_least: bool = False  # resting already when its nodes were first seen: longer than said
 
     @property
     def card_count(self) -> int:
@@ -231,11 +230,14 @@ class Overview:
     columns: set[str]
     colour: str
     nodes: list[NodeGpus]
-    idle: list[HeldIdle]
+    idle: list[HeldIdle]  # the costliest IDLE_ROWS held idle replicas
     charts: list[FleetChart]
     legend: list[tuple[str, str]] = field(default_factory=list)
     page: Page[Node] | None = None  # the nodes the table and the map show, of all of them
     gpus_elsewhere: int = 0  # the registered cards of the nodes on other pages
+    # The held idle replicas past the first IDLE_ROWS: how many, and the GPU-hours held idle of
+    # those whose rest is timed (None when none is).
+    idle_more: tuple[int, float | None] | None = None
 
     @property
     def named_rows(self) -> list[tuple[selectors.NodeRow, str]]:
@@ -250,12 +252,11 @@ class Overview:
     @property
     def idle_rest(self) -> tuple[int, str | None] | None:
         """How many held idle replicas the table leaves out, and the GPU-hours held idle of those
-        whose history tells (None when none does)."""
-        rest = self.idle[IDLE_ROWS:]
-        if not rest:
+        whose rest is timed (None when none is)."""
+        if not self.idle_more:
             return None
-        known = [h.gpu_hours for h in rest if h.gpu_hours is not None]
-        return len(rest), formats.number_format(sum(known), 2) if known else None
+        count, hours = self.idle_more
+        return count, None if hours is None else formats.number_format(hours, 2)
 
     @property
     def idle_below(self) -> str:
@@ -290,29 +291,19 @@ def _columns(rows: list[selectors.NodeRow]) -> set[str]:
     return shown
 
 
-def _holders() -> tuple[dict[tuple[int, int], Replica], list[Replica]]:
-    """(node id, card index) -> the replica holding it, and the ready replicas that hold cards."""
-    replicas = list(
-        Replica.objects.exclude(state__in=[ReplicaState.PENDING, ReplicaState.FAILED])
-        .select_related("model__organization", "model__team__organization", "model__project__team__organization")
-        .prefetch_related(
-            # A shard's node by its name only: its sample and hardware are large, and this is every shard.
-            Prefetch(
-                "shards",
-                queryset=Shard.objects.select_related("node")
-                .only("replica_id", "node_id", "rank", "gpu_indices", "node__name")
-                .order_by("rank"),
-            )
-        )
+def _page_holders(nodes: list[Node]) -> dict[tuple[int, int], str]:
+    """(node id, card index) -> "model #replica" for the cards of these nodes that a replica holds."""
+    held: dict[tuple[int, int], str] = {}
+    shards = (
+        Shard.objects.filter(node_id__in=[node.pk for node in nodes])
+        .exclude(replica__state__in=[ReplicaState.PENDING, ReplicaState.FAILED])
+        .values_list("node_id", "gpu_indices", "replica_id", "replica__model__name")
     )
-    held: dict[tuple[int, int], Replica] = {}
-    for replica in replicas:
-        for shard in replica.shards.all():
-            for index in shard.gpu_indices or []:
-                if isinstance(index, int):
-                    held[(shard.node_id, index)] = replica
-    ready = [r for r in replicas if r.state == ReplicaState.READY and any(s.gpu_indices for s in r.shards.all())]
-    return held, ready
+    for node_id, indices, replica_id, model in shards:
+        for index in indices or []:
+            if isinstance(index, int) and not isinstance(index, bool):
+                held[(node_id, index)] = f"{model} #{replica_id}"
+    return held
 
 
 def _live_gpus(node: Node, now: datetime) -> dict[int, dict[str, Any]]:
@@ -337,7 +328,7 @@ def _xids(value: Any) -> tuple[tuple[str, int], ...] | None:
 
 
 def _squares(
-    node: Node, live: dict[int, dict[str, Any]], held: dict[tuple[int, int], Replica], colour: str
+    node: Node, live: dict[int, dict[str, Any]], held: dict[tuple[int, int], str], colour: str
 ) -> list[GpuSquare]:
     rows = {g.index: g for g in node.gpus.all()}
     squares = []
@@ -347,7 +338,6 @@ def _squares(
         gpu_class = (
             card.live.get("gpu_class") or card.live.get("name") or (row.gpu_class or row.name if row else "") or "?"
         )
-        replica = held.get((node.pk, index))
         squares.append(
             GpuSquare(
                 node=node.name,
@@ -358,7 +348,7 @@ def _squares(
                 memory_used_mib=card.memory_used_mib,
                 memory_total_mib=card.memory_total_mib,
                 temperature=card.temperature,
-                held_by=f"{replica.model.name} #{replica.pk}" if replica is not None else "",
+                held_by=held.get((node.pk, index), ""),
                 colour=colour,
                 xids=_xids(card.live.get("xids")),
                 ecc_volatile=_count(card.live.get("ecc_uncorrected_volatile")),
@@ -395,77 +385,151 @@ def _idle_since(points: list[dict[str, Any]], indices: list[int]) -> tuple[float
     return since, since is not None
 
 
-def _idle(
-    ready: list[Replica], busy: dict[tuple[int, int], float | None], prefix: str, now: datetime
-) -> list[HeldIdle]:
+@dataclass
+class _Resting:
+    """A ready replica whose every card rests now, before its owner and node names are read."""
+
+    replica_id: int
+    shards: list[tuple[int, list[int]]]  # (node id, card indices), by rank
+    since: float | None = None
+    at_least: bool = False
+
+    @property
+    def cards(self) -> int:
+        return sum(len(indices) for _node, indices in self.shards)
+
+    def gpu_hours(self, now: float) -> float | None:
+        return None if self.since is None else self.cards * max(0.0, now - self.since) / 3600
+
+
+def _unrolled(node_ids: set[int], now: datetime) -> dict[int, rollup.Resting]:
+    """The resting cards of nodes the rollup has nothing fresh for, from their rows' fresh samples,
+    with no start (how long they rested is unknown). Nodes whose figures could not be folded
+    in, which is rare: one query for them."""
+    found: dict[int, rollup.Resting] = {}
+    if not node_ids:
+        return found
+    rows = Node.objects.filter(pk__in=node_ids).values_list("pk", "sample", "sampled_at")
+    for pk, sample, sampled_at in rows:
+        fresh = Node(sample=sample, sampled_at=sampled_at).fresh_sample(now) or {}
+        mask = 0
+        for gpu in fresh.get("gpus") or []:
+            index = gpu.get("index") if isinstance(gpu, dict) else None
+            if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < 1024:
+                util = selectors.GpuCard(index=index, label="", row=None, live=gpu).utilization
+                if util is not None and util < IDLE_BELOW_PCT:
+                    mask |= 1 << index
+        found[pk] = rollup.Resting(seen=now.timestamp(), t=now.timestamp(), runs=[(math.nan, False, mask)])
+    return found
+
+
+def _resting(now: datetime) -> list[_Resting]:
+    """Every ready replica whose every card rests now, from the rollup: one query and one read."""
+    by_replica: dict[int, tuple[list[tuple[int, list[int], int]], datetime | None]] = {}
+    rows = Shard.objects.filter(replica__state=ReplicaState.READY).values_list(
+        "replica_id", "node_id", "rank", "gpu_indices", "replica__placed_at"
+    )
+    for replica_id, node_id, rank, indices, placed_at in rows:
+        cards = [i for i in indices or [] if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024]
+        if cards:
+            by_replica.setdefault(replica_id, ([], placed_at))[0].append((rank, cards, node_id))
+    nodes = {node_id for shards, _placed in by_replica.values() for _rank, _cards, node_id in shards}
+    states = rollup.resting(nodes, services._redis(), now.timestamp())
+    states.update(_unrolled(nodes - set(states), now))
+    resting = []
+    for replica_id, (shards, placed_at) in by_replica.items():
+        since, at_least = -math.inf, False
+        for _rank, cards, node_id in shards:
+            state = states.get(node_id)
+            span = state.span(rollup.mask_of(cards)) if state is not None else None
+            if span is None:
+                break  # a card that is busy, or whose figure is unknown
+            if span[0] > since or math.isnan(span[0]):
+                since, at_least = span
+            elif span[0] == since:
+                at_least = at_least or span[1]
+        else:
+            held = _Resting(replica_id, [(node_id, cards) for _rank, cards, node_id in sorted(shards)])
+            if not math.isnan(since):
+                held.since, held.at_least = since, at_least
+                if placed_at is not None and placed_at.timestamp() > since:
+                    held.since, held.at_least = placed_at.timestamp(), False
+            resting.append(held)
+    return resting
+
+
+def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float | None] | None]:
+    """Held idle replicas, the costliest first. Only the first IDLE_ROWS are read in full (their
+    models and owners, nodes' names and samples, and the history of those whose run began before
+    their nodes were first seen); the rest are counted, with the GPU-hours they hold idle."""
+    moment = now.timestamp()
+    resting = sorted(_resting(now), key=lambda r: (-(r.gpu_hours(moment) or 0.0), r.replica_id))
+    shown, rest = resting[:IDLE_ROWS], resting[IDLE_ROWS:]
+    replicas = Replica.objects.select_related(
+        "model__organization", "model__team__organization", "model__project__team__organization"
+    ).in_bulk([r.replica_id for r in shown])
+    nodes = {
+        pk: (name, sample)
+        for pk, name, sample in Node.objects.filter(pk__in={n for r in shown for n, _c in r.shards}).values_list(
+            "pk", "name", "sample"
+        )
+    }
+    # Only a node whose history reaches back before the run can tell more of it: read the oldest
+    # point of each first, the whole hour of those alone.
+    oldest = services.oldest_points({n for r in shown if r.at_least for n, _c in r.shards})
     idle = []
-    for replica in ready:
-        figures: list[float | None] = []
-        cards = []
-        for shard in replica.shards.all():
-            indices = [i for i in shard.gpu_indices or [] if isinstance(i, int)]
-            if not indices:
-                continue
-            cards.append((short_name(shard.node.name, prefix), shard.node.name, indices))
-            figures.extend(busy.get((shard.node_id, i)) for i in indices)
-        known = [f for f in figures if f is not None]
-        if not (figures and len(known) == len(figures) and max(known) < IDLE_BELOW_PCT):
-            continue
-        # Resting since the latest of its nodes' runs began, and not before it held the cards.
-        starts, whole = [], True
-        for shard in replica.shards.all():
-            indices = [i for i in shard.gpu_indices or [] if isinstance(i, int)]
-            if indices:
-                since, all_of_it = _idle_since(services.sample_history(shard.node_id), indices)
+    for held in shown:
+        if held.at_least and any((oldest.get(n) or math.inf) < (held.since or -math.inf) for n, _c in held.shards):
+            # The history may know when the run began: the last hour of each of its nodes. A run
+            # that covers all of it may have begun before, and stays "at least".
+            starts, whole = [], True
+            for node_id, cards in held.shards:
+                since, all_of_it = _idle_since(services.sample_history(node_id), cards)
                 starts.append(since)
                 whole = whole and all_of_it
-        seconds = None
-        if starts and all(s is not None for s in starts):
-            begun = max(s for s in starts if s is not None)
-            if replica.placed_at is not None and replica.placed_at.timestamp() > begun:
-                begun, whole = replica.placed_at.timestamp(), False
-            seconds = max(0.0, now.timestamp() - begun)
+            if held.since is not None and starts and all(s is not None for s in starts):
+                held.since = min(held.since, max(s for s in starts if s is not None))
+                held.at_least = whole
+        replica = replicas.get(held.replica_id)
+        figures: list[float | None] = []
+        for node_id, cards in held.shards:
+            sample = nodes.get(node_id, ("", None))[1] or {}
+            by_index = {g.get("index"): g for g in sample.get("gpus") or [] if isinstance(g, dict)}
+            figures.extend(
+                selectors.GpuCard(index=i, label="", row=None, live=by_index.get(i) or {}).utilization for i in cards
+            )
+        known = [f for f in figures if f is not None]
         idle.append(
             HeldIdle(
-                model=replica.model.name,
-                replica_id=replica.pk,
-                cards=cards,
-                utilization=max(known),
-                owner=owner_name(replica.model),
-                idle_seconds=seconds,
-                whole_hour=whole and seconds is not None and seconds >= IDLE_HOUR_SECONDS,
+                model=replica.model.name if replica is not None else "-",
+                replica_id=held.replica_id,
+                cards=[
+                    (short_name(nodes.get(n, ("?",))[0], prefix), nodes.get(n, ("?",))[0], c) for n, c in held.shards
+                ],
+                utilization=max(known) if known else 0.0,
+                owner=owner_name(replica.model) if replica is not None else "-",
+                idle_seconds=None if held.since is None else max(0.0, moment - held.since),
+                at_least=held.at_least,
             )
         )
-    # The costliest first: most card-hours held idle.
-    return sorted(idle, key=lambda h: (-(h.gpu_hours or 0.0), h.model, h.replica_id))
+    idle.sort(key=lambda h: (-(h.gpu_hours or 0.0), h.model, h.replica_id))
+    if not rest:
+        return idle, None
+    # The rest are counted: how many, and the GPU-hours of those whose rest is timed.
+    hours = [h for r in rest if (h := r.gpu_hours(moment)) is not None]
+    return idle, (len(rest), sum(hours) if hours else None)
 
 
 def _fleet_charts() -> list[FleetChart]:
-    """Average utilisation of each GPU class over the last hour, from every node's history."""
-    classes: dict[tuple[int, str], str] = {}
+    """Average utilisation of each GPU class over the last hour, from the rollup's slots."""
     counts: dict[str, int] = defaultdict(int)
-    for node_id, index, class_name, name in Gpu.objects.values_list("node_id", "index", "gpu_class", "name"):
-        label = class_name or name or "?"
-        classes[(node_id, str(index))] = label
-        counts[label] += 1
-    with_gpus = {node_id for node_id, _index in classes}
-    sums: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for node_id in sorted(with_gpus):
-        for point in services.sample_history(node_id):
-            t = point.get("t")
-            if not isinstance(t, int | float):
-                continue
-            slot = int(t // CHART_BUCKET_SECONDS)
-            for index, values in (point.get("gpus") or {}).items():
-                gpu_class = classes.get((node_id, str(index)))
-                value = values[0] if isinstance(values, list) and values else None
-                if gpu_class is not None and isinstance(value, int | float) and not isinstance(value, bool):
-                    sums[gpu_class][slot].append(float(value))
+    for class_name, name, count in Gpu.objects.values_list("gpu_class", "name").annotate(count=Count("id")):
+        counts[class_name or name or "?"] += count
+    series = rollup.class_series(services._redis())
     charts = []
     for name in sorted(counts):
-        series = [(slot * CHART_BUCKET_SECONDS, sum(v) / len(v)) for slot, v in sorted(sums[name].items())]
         title = _("%(gpu_class)s utilisation, average of %(count)s cards") % {"gpu_class": name, "count": counts[name]}
-        svg = line_chart(series, label=title, y_max=100, unit="%", gap_seconds=CHART_BUCKET_SECONDS * 3)
+        svg = line_chart(series.get(name, []), label=title, y_max=100, unit="%", gap_seconds=CHART_BUCKET_SECONDS * 3)
         charts.append(FleetChart(title=title, gpu_class=name, cards=counts[name], svg=svg))
     return charts
 
@@ -488,20 +552,6 @@ def _legend(colour: str) -> list[tuple[str, str]]:
     return steps
 
 
-def _busy(now: datetime) -> dict[tuple[int, int], float | None]:
-    """How busy each card of a node that a ready replica holds is now, from its fresh sample: the
-    nodes' samples alone, not their whole rows."""
-    nodes = Node.objects.filter(pk__in=Shard.objects.filter(replica__state=ReplicaState.READY).values("node_id"))
-    busy: dict[tuple[int, int], float | None] = {}
-    for pk, sample, sampled_at in nodes.values_list("pk", "sample", "sampled_at"):
-        fresh = Node(sample=sample, sampled_at=sampled_at).fresh_sample(now) or {}
-        for gpu in fresh.get("gpus") or []:
-            index = gpu.get("index") if isinstance(gpu, dict) else None
-            if isinstance(index, int) and not isinstance(index, bool):
-                busy[(pk, index)] = selectors.GpuCard(index=index, label="", row=None, live=gpu).utilization
-    return busy
-
-
 def cluster_overview(
     colour: str = "util", now: datetime | None = None, *, charts: bool = True, page: Any = None
 ) -> Overview:
@@ -514,7 +564,8 @@ def cluster_overview(
     shown = Paginator(nodes_by_name.order_by("name"), selectors.NODES_PER_PAGE).get_page(page)
     nodes = list(shown.object_list)
     rows = [selectors.node_row(node, now) for node in nodes]
-    held, ready = _holders()
+    held = _page_holders(nodes)
+    idle, idle_more = _idle(prefix, now)
     gpu_nodes = []
     for node in nodes:
         squares = _squares(node, _live_gpus(node, now), held, colour)
@@ -527,7 +578,8 @@ def cluster_overview(
         columns=_columns(rows),
         colour=colour,
         nodes=gpu_nodes,
-        idle=_idle(ready, _busy(now), prefix, now),
+        idle=idle,
+        idle_more=idle_more,
         charts=_fleet_charts() if charts else [],
         legend=_legend(colour),
         page=shown,

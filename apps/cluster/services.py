@@ -41,7 +41,9 @@ __all__ = [
     "node_group",
     "record_doctor",
     "record_engines",
+    "oldest_points",
     "record_heartbeats",
+    "write_heartbeats",
     "record_report",
     "register_node",
     "request_doctor",
@@ -525,6 +527,31 @@ def _redis() -> Any:
     return _redis_client
 
 
+def oldest_points(node_ids: Iterable[int]) -> dict[int, float]:
+    """The time of each node's oldest point still kept, for the nodes that have one: one round trip."""
+    ids = list(node_ids)
+    if not ids:
+        return {}
+    found: dict[int, float] = {}
+    try:
+        client = _redis()
+        if client is None:
+            firsts = [(list(cache.get(_history_key(i)) or []) or [None])[0] for i in ids]
+        else:
+            pipe = client.pipeline(transaction=False)
+            for node_id in ids:
+                pipe.lindex(_history_key(node_id), 0)
+            firsts = [json.loads(raw) if raw else None for raw in pipe.execute()]
+    except Exception:
+        log.warning("could not read the sample history of %s nodes", len(ids), exc_info=True)
+        return {}
+    for node_id, point in zip(ids, firsts, strict=True):
+        t = point.get("t") if isinstance(point, dict) else None
+        if isinstance(t, int | float) and not isinstance(t, bool):
+            found[node_id] = float(t)
+    return found
+
+
 def sample_history(node_id: int) -> list[dict[str, Any]]:
     """Points of the last hour, oldest first."""
     key = _history_key(node_id)
@@ -852,32 +879,74 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
 
 
 def record_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> int:
-    """Store the latest sample of many nodes at once: one UPDATE statement per 500 nodes.
+    """Store the latest sample of many nodes at once; returns how many rows were written."""
+    return len(write_heartbeats(samples))
 
-    `samples` maps node id to (sample, time received). A node revoked meanwhile stays revoked.
-    Returns how many rows were written.
-    """
+
+# The rows locked in id order first, as every writer of node rows does (a registration locks one),
+# so two writers never hold one row each while waiting for the other's; then one UPDATE from the
+# arrays. A node revoked meanwhile stays revoked. One statement, one round trip, one row write
+# per node, and the desired state versions come back with it.
+HEARTBEATS_SQL = """
+WITH v AS (
+    SELECT * FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[]) AS v(id, sample, at)
+), locked AS (
+    SELECT n.id FROM {table} n JOIN v ON v.id = n.id ORDER BY n.id FOR UPDATE OF n
+)
+UPDATE {table} n
+SET sample = v.sample::jsonb, sampled_at = v.at, last_seen_at = v.at,
+    status = CASE WHEN n.revoked_at IS NULL THEN %s ELSE %s END
+FROM v, locked
+WHERE n.id = v.id AND locked.id = n.id
+RETURNING n.id, n.desired_version
+"""
+
+
+def write_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:
+    """Store the latest sample of many nodes at once and return {node id: desired state version}
+    of the rows written. `samples` maps node id to (sample, time received). On PostgreSQL one
+    statement per 500 nodes; elsewhere a bulk update. The samples also go to the nodes'
+    histories and the fleet rollup."""
     if not samples:
-        return 0
+        return {}
+    from django.db import connection
+
     ids = sorted(samples)
-    rows = [
-        Node(
-            pk=node_id,
-            sample=samples[node_id][0],
-            sampled_at=samples[node_id][1],
-            last_seen_at=samples[node_id][1],
-            status=NodeStatus.READY,
-        )
-        for node_id in ids
-    ]
-    with transaction.atomic():
-        # Lock the rows in id order first, as every writer of node rows does (a registration locks
-        # one): two writers never hold one row each while waiting for the other's.
-        list(Node.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", flat=True))
-        Node.objects.bulk_update(rows, ["sample", "sampled_at", "last_seen_at", "status"], batch_size=500)
-        Node.objects.filter(pk__in=list(samples), revoked_at__isnull=False).update(status=NodeStatus.REVOKED)
-    append_histories({node_id: sample for node_id, (sample, _at) in samples.items()})
-    return len(rows)
+    versions: dict[int, int] = {}
+    if connection.vendor == "postgresql":
+        sql = HEARTBEATS_SQL.format(table=connection.ops.quote_name(Node._meta.db_table))
+        with transaction.atomic(), connection.cursor() as cursor:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                cursor.execute(
+                    sql,
+                    [
+                        chunk,
+                        [json.dumps(samples[i][0], separators=(",", ":")) for i in chunk],
+                        [samples[i][1] for i in chunk],
+                        NodeStatus.READY,
+                        NodeStatus.REVOKED,
+                    ],
+                )
+                versions.update(cursor.fetchall())
+    else:
+        rows = [
+            Node(
+                pk=node_id,
+                sample=samples[node_id][0],
+                sampled_at=samples[node_id][1],
+                last_seen_at=samples[node_id][1],
+                status=NodeStatus.READY,
+            )
+            for node_id in ids
+        ]
+        with transaction.atomic():
+            list(Node.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", flat=True))
+            Node.objects.bulk_update(rows, ["sample", "sampled_at", "last_seen_at", "status"], batch_size=500)
+            Node.objects.filter(pk__in=ids, revoked_at__isnull=False).update(status=NodeStatus.REVOKED)
+            versions = dict(Node.objects.filter(pk__in=ids).values_list("pk", "desired_version"))
+    append_histories({node_id: sample for node_id, (sample, _at) in samples.items() if node_id in versions})
+    return versions
 
 
 def sample_health(sample: dict[str, Any]) -> dict[int, tuple[bool, int]]:
@@ -898,9 +967,13 @@ def append_histories(samples: dict[int, dict[str, Any]]) -> None:
     capped Redis list per node (one round trip for them all), or in the local cache without Redis.
     Each point carries its node's per-model claims, use and queues where they were read. The
     engines' own figures in the samples go to their models' histories (apps.cluster.engine_history)."""
-    from apps.cluster import engine_history
+    from apps.cluster import engine_history, rollup
 
     engine_history.record(samples)
+    try:
+        rollup.record(samples, _redis())
+    except Exception:  # the page's figures are a convenience too
+        log.warning("could not fold the samples of %s nodes into the fleet rollup", len(samples), exc_info=True)
     try:
         client = _redis()
         if client is None:
