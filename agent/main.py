@@ -313,6 +313,8 @@ class Agent:
             self.last_close = (code, reason)
             if code in {protocol.CLOSE_BAD_CREDENTIAL, protocol.CLOSE_REVOKED}:
                 log.error("the server refused this node: %s (%s)", reason, code)
+            elif code == protocol.CLOSE_BUSY:
+                log.warning("the control plane asked this node to come back later: %s", reason)
             elif code is not None:
                 log.info("connection closed: %s %s", code, reason)
         return self.registered.is_set()

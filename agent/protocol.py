@@ -61,6 +61,7 @@ CLOSE_BAD_CREDENTIAL = 4401
 CLOSE_REVOKED = 4403
 CLOSE_REPLACED = 4409
 CLOSE_TOO_MANY_ERRORS = 4429
+CLOSE_BUSY = 1013  # RFC 6455 "try again later": the server takes so many agents at once; back off and dial again
 
 
 class ProtocolError(ValueError):
@@ -70,16 +71,19 @@ class ProtocolError(ValueError):
         self.message = message
 
 
-Check = Callable[[Any, str], None]
+# A check takes the value and its path in the message, for the refusal's text. The path is None
+# on the first pass over a message (parse_message): no path is built for a message that passes,
+# and one that fails is checked again with paths to say where.
+Check = Callable[[Any, str | None], None]
 
 
-def _fail(path: str, expected: str, value: Any) -> None:
+def _fail(path: str | None, expected: str, value: Any) -> None:
     shown = json.dumps(value)[:60] if not isinstance(value, str) else repr(value[:60])
     raise ProtocolError("invalid", f"{path}: expected {expected}, got {shown}")
 
 
 def string(max_len: int = 1000) -> Check:
-    def check(value: Any, path: str) -> None:
+    def check(value: Any, path: str | None) -> None:
         if not isinstance(value, str):
             _fail(path, "a string", value)
         if len(value) > max_len:
@@ -88,7 +92,7 @@ def string(max_len: int = 1000) -> Check:
     return check
 
 
-def number(value: Any, path: str) -> None:
+def number(value: Any, path: str | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         _fail(path, "a number", value)
     if isinstance(value, float) and not math.isfinite(value):
@@ -97,20 +101,20 @@ def number(value: Any, path: str) -> None:
         raise ProtocolError("invalid", f"{path}: a number beyond 64 bits")
 
 
-def integer(value: Any, path: str) -> None:
+def integer(value: Any, path: str | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         _fail(path, "a whole number", value)
     if not -INT64 <= value < INT64:
         raise ProtocolError("invalid", f"{path}: a whole number beyond 64 bits")
 
 
-def boolean(value: Any, path: str) -> None:
+def boolean(value: Any, path: str | None) -> None:
     if not isinstance(value, bool):
         _fail(path, "true or false", value)
 
 
 def nullable(inner: Check) -> Check:
-    def check(value: Any, path: str) -> None:
+    def check(value: Any, path: str | None) -> None:
         if value is not None:
             inner(value, path)
 
@@ -118,13 +122,13 @@ def nullable(inner: Check) -> Check:
 
 
 def array(inner: Check, max_items: int = 4096) -> Check:
-    def check(value: Any, path: str) -> None:
+    def check(value: Any, path: str | None) -> None:
         if not isinstance(value, list):
             _fail(path, "a list", value)
         if len(value) > max_items:
             raise ProtocolError("invalid", f"{path}: more than {max_items} items")
         for i, item in enumerate(value):
-            inner(item, f"{path}[{i}]")
+            inner(item, None if path is None else f"{path}[{i}]")
 
     return check
 
@@ -132,14 +136,14 @@ def array(inner: Check, max_items: int = 4096) -> Check:
 def mapping(inner: Check | None = None, max_items: int = 4096) -> Check:
     """A JSON object with free keys (values checked by `inner` when given)."""
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any, path: str | None) -> None:
         if not isinstance(value, dict):
             _fail(path, "an object", value)
         if len(value) > max_items:
             raise ProtocolError("invalid", f"{path}: more than {max_items} keys")
         if inner is not None:
             for key, item in value.items():
-                inner(item, f"{path}.{key}")
+                inner(item, None if path is None else f"{path}.{key}")
 
     return check
 
@@ -148,16 +152,16 @@ def obj(required: Mapping[str, Check], optional: Mapping[str, Check] | None = No
     """A JSON object with known fields; unknown fields are allowed (newer peers add them)."""
     optional = optional or {}
 
-    def check(value: Any, path: str) -> None:
+    def check(value: Any, path: str | None) -> None:
         if not isinstance(value, dict):
             _fail(path, "an object", value)
         for name, inner in required.items():
             if name not in value:
                 raise ProtocolError("invalid", f"{path}.{name}: missing")
-            inner(value[name], f"{path}.{name}")
+            inner(value[name], None if path is None else f"{path}.{name}")
         for name, inner in optional.items():
             if name in value:
-                inner(value[name], f"{path}.{name}")
+                inner(value[name], None if path is None else f"{path}.{name}")
 
     return check
 
@@ -454,7 +458,7 @@ def parse_message(raw: str | bytes, *, expect: str) -> Message:
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ProtocolError("too_large", f"message of {len(raw)} bytes is over the limit of {MAX_MESSAGE_BYTES}")
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
+        data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise ProtocolError("invalid", f"nested deeper than {MAX_DEPTH} levels") from None
     except ProtocolError:
@@ -476,7 +480,11 @@ def parse_message(raw: str | bytes, *, expect: str) -> Message:
     message_id = data.get("id")
     if message_id is not None and not isinstance(message_id, str):
         raise ProtocolError("invalid", "id: expected a string")
-    SCHEMAS[kind](data, kind)
+    try:
+        SCHEMAS[kind](data, None)
+    except ProtocolError:
+        SCHEMAS[kind](data, kind)  # again, building the paths, to say where
+        raise
     body = {k: v for k, v in data.items() if k not in {"v", "type", "id"}}
     return Message(type=kind, body=body, id=message_id)
 
@@ -485,14 +493,40 @@ def _no_constant(name: str) -> Any:
     raise ProtocolError("invalid", f"{name} is not a number JSON allows")
 
 
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or an exponent; 1e999 would read as infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProtocolError("invalid", f"{text[:40]} is not a finite number")
+    return value
+
+
+_ESCAPE = re.compile(r"\\.")
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _depth(text: str) -> int:
+    """How deep a JSON text nests, its strings left out (escapes first, then what lies between
+    quotes): the work is done by str methods and re, and only the brackets are counted one by one."""
+    outside = "".join(_ESCAPE.sub("", text).split('"')[::2])
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(outside):
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
 def _check_values(data: dict[str, Any], raw: str | bytes) -> None:
     """Walk the message once, when it might hold what the schemas do not look at: deep nesting, and
-    NUL characters or non-finite numbers anywhere (free-form mappings included)."""
+    NUL characters anywhere (free-form mappings included). Non-finite numbers are refused as
+    they are read (_finite)."""
     text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
     nul = "\\u0000" in text
-    deep = text.count("{") + text.count("[") > MAX_DEPTH
-    overflow = "e" in text or "E" in text  # 1e999 reads as infinity
-    if not (nul or deep or overflow):
+    deep = text.count("{") + text.count("[") > MAX_DEPTH and _depth(text) > MAX_DEPTH
+    if not (nul or deep):
         return
     stack: list[tuple[Any, str, int]] = [(data, "", 1)]
     while stack:

@@ -133,6 +133,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 HELD_TIME_SECONDS = env_int("LLMGW_HELD_TIME_SECONDS", 60, minimum=1, maximum=3600)
 AGENT_HEARTBEAT_INTERVAL = env_int("LLMGW_AGENT_HEARTBEAT_SECONDS", 10, minimum=1, maximum=300)
 # A node is unreachable after this many heartbeats in a row went missing.
+# How many agents one web process takes through their first moments at once (credential check,
+# registration, first shard list), and how many more may wait for that with their connection
+# open; past those, an agent is told to come back after its backoff (apps.cluster.consumers).
+AGENT_JOINING_AT_ONCE = env_int("LLMGW_AGENT_JOINING_AT_ONCE", 4, minimum=1, maximum=1_000)
+AGENT_JOINS_WAITING = env_int("LLMGW_AGENT_JOINS_WAITING", 5_000, minimum=0, maximum=100_000)
 AGENT_MISSED_HEARTBEATS = env_int("LLMGW_AGENT_MISSED_HEARTBEATS", 3, minimum=1, maximum=100)
 AGENT_ENROLLMENT_TTL = env_int("LLMGW_AGENT_ENROLLMENT_SECONDS", 3600, minimum=60)
 
@@ -217,6 +222,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "map-fabrics": {"task": "apps.fabrics.tasks.map_fabrics", "schedule": FABRIC_MAP_INTERVAL},
     # GPU and core time held per owner (a released shard's last stretch is counted as it goes).
     "accrue-held-time": {"task": "apps.quotas.tasks.accrue_held_time", "schedule": float(HELD_TIME_SECONDS)},
+    # The cluster page's held idle cards, worked out once for every look at the page (its figure
+    # is apps.cluster.overview.IDLE_SUMMARY_SECONDS).
+    "summarise-idle-cards": {"task": "apps.cluster.tasks.summarise_idle_cards", "schedule": 15.0},
 }
 
 # Where the gateway's usage batches are written: "worker" (a Celery task, so web processes

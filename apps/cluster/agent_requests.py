@@ -115,6 +115,8 @@ def notify(node_id: int) -> None:
 
 def claim(node_id: int) -> list[dict[str, Any]]:
     """The node's pending requests, marked sent: the bodies of their "request" messages."""
+    if not has_pending(node_id):  # most often: one plain read, no transaction
+        return []
     with transaction.atomic():
         rows = list(
             AgentRequest.objects.select_for_update()

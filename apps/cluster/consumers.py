@@ -6,16 +6,20 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from agent import protocol
 from apps.cluster import agent_requests, services
 from apps.cluster.heartbeats import writer as heartbeat_writer
-from apps.cluster.metrics import MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
+from apps.cluster.metrics import JOINS_DEFERRED, MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
 from apps.cluster.models import Node
 from apps.cluster.reconciler import desired_message
 from apps.fabrics.services import record_fabrics
@@ -23,6 +27,54 @@ from apps.fabrics.services import record_fabrics
 __all__ = ["AgentConsumer"]
 
 log = logging.getLogger(__name__)
+
+
+class _Joining:
+    """The database work of agents joining this process (the credential check, the registration,
+    the first shard list) runs settings.AGENT_JOINING_AT_ONCE at a time; the rest wait their turn
+    with the connection open (the handshake is answered at once, so no agent's timeout runs out
+    and it dials again, adding to the queue). Past settings.AGENT_JOINS_WAITING waiting, a
+    connection is told to come back later (close code 1013) and the agent backs off. Heartbeats
+    of joined agents never wait here."""
+
+    waiting = 0
+    places: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def place(cls) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        places = cls.places.get(loop)
+        if places is None:
+            places = cls.places[loop] = asyncio.Semaphore(settings.AGENT_JOINING_AT_ONCE)
+        cls.waiting += 1
+        try:
+            await places.acquire()
+        finally:
+            cls.waiting -= 1
+        try:
+            yield
+        finally:
+            places.release()
+
+
+def _authenticate(secret: str, channel_name: str) -> Node | None:
+    """The node this credential names, now served by this connection; None for a bad credential."""
+    node = services.authenticate_node(secret)
+    if node is not None:
+        services.set_connection(node.pk, channel_name)
+    return node
+
+
+def _register(
+    node_id: int, body: dict[str, Any], address: str | None
+) -> tuple[str, int, dict[str, Any], list[dict[str, Any]]]:
+    """Record a registration; the node's name, its desired state (version and body) and its
+    pending requests, marked sent."""
+    node = services.register_node(node_id, body, address=address)
+    if "fabrics" in body:
+        record_fabrics(node_id, body["fabrics"])
+    return node.name, node.desired_version, desired_message(node, node.desired_version), agent_requests.claim(node_id)
 
 
 def _bearer(scope: dict[str, Any]) -> str:
@@ -47,18 +99,58 @@ class AgentConsumer(AsyncWebsocketConsumer):
     desired_sent: int | None = None
     poller: asyncio.Task[None] | None = None
     closing = False
+    closed = False
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """As Channels' own, without its hop to the one thread for synchronous code before every
+        message (to close that thread's stale database connections): with thousands of agents that
+        hop, once per heartbeat, queued every connection of the process behind one thread. Every
+        database call of this consumer runs through database_sync_to_async, which closes stale
+        connections in the thread it runs in."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+        """As the base class's; nothing once the connection was closed (replaced, revoked, told to
+        come back later): an answer under way then has no one to go to."""
+        if self.closed:
+            return
+        await super().send(text_data, bytes_data, close)
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(OSError):  # the agent went first (uvicorn's ClientDisconnected)
+            await super().close(code=code, reason=reason)
 
     async def connect(self) -> None:
-        node = await database_sync_to_async(services.authenticate_node)(_bearer(self.scope))
-        await self.accept()
+        await self.accept()  # at once: an agent waiting for its turn below is not timing out meanwhile
+        waiting, most = _Joining.waiting, settings.AGENT_JOINS_WAITING
+        if waiting >= most:
+            JOINS_DEFERRED.inc()
+            await self.close(
+                code=protocol.CLOSE_BUSY,
+                reason=f"busy: {waiting} agents are waiting to join this server process, which lets {most} wait; "
+                "dial again after a backoff",
+            )
+            return
+        async with _Joining.place():
+            await self.join()
+
+    async def join(self) -> None:
+        # The node's row names its newest connection: an older one, wherever it is, learns it was
+        # replaced from the channel layer at once, or from its process's next sweep of the rows.
+        node = await database_sync_to_async(_authenticate, thread_sensitive=False)(
+            _bearer(self.scope), self.channel_name
+        )
         if node is None:
             await self.close(code=protocol.CLOSE_BAD_CREDENTIAL, reason="unknown, revoked or missing node credential")
             return
         self.node_id = node.pk
         self.node_name = node.name
-        # The node's row names its newest connection: an older one, wherever it is, learns it was
-        # replaced from the channel layer at once, or from its process's next sweep of the rows.
-        await database_sync_to_async(services.set_connection, thread_sensitive=False)(node.pk, self.channel_name)
         group = services.node_group(node.pk)
         # Tell an older connection of this node to go, before joining the group ourselves. Without
         # the channel layer (Redis away) the connection still serves: heartbeats and reports go to
@@ -84,6 +176,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # the channel layer, so look for it every 2 s (one node, one cheap read) instead of waiting
             # for the next heartbeat.
             self.poller = asyncio.create_task(self.poll_desired())
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        """As Channels' own (this consumer keeps no `groups` of Channels'), without its hop to the
+        one thread for synchronous code: see dispatch."""
+        await self.disconnect(message["code"])
+        raise StopConsumer()
 
     async def disconnect(self, code: int) -> None:
         if self.poller is not None:
@@ -154,33 +252,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def dispatch_message(self, message: protocol.Message) -> None:
         assert self.node_id is not None
         if message.type == "register":
-            client = self.scope.get("client") or (None, None)
-            node = await database_sync_to_async(services.register_node, thread_sensitive=False)(
-                self.node_id, message.body, address=client[0]
-            )
-            self.gpu_health = services.sample_health(message.body.get("sample") or {})
-            if "fabrics" in message.body:
-                await database_sync_to_async(record_fabrics, thread_sensitive=False)(
-                    self.node_id, message.body["fabrics"]
-                )
-            await self.send(
-                protocol.encode(
-                    "registered",
-                    {
-                        "node": node.name,
-                        "heartbeat_interval": settings.AGENT_HEARTBEAT_INTERVAL,
-                    },
-                    id=message.id,
-                )
-            )
-            await self.send_desired(node.desired_version)
-            await self.send_requests()
+            async with _Joining.place():
+                await self.register(message)
         elif message.type == "report":
             if "engines" in message.body:
                 await database_sync_to_async(services.record_engines, thread_sensitive=False)(
                     self.node_id, message.body["engines"]
                 )
-            await database_sync_to_async(services.record_report)(self.node_id, message.body["shards"])
+            await database_sync_to_async(services.record_report, thread_sensitive=False)(
+                self.node_id, message.body["shards"]
+            )
         elif message.type == "heartbeat":
             sample = message.body["sample"]
             # The row (and the history point) are written behind, in a batch every second
@@ -212,6 +293,27 @@ class AgentConsumer(AsyncWebsocketConsumer):
         else:
             log.info("node %s sent %s, which this server does not use yet", self.node_name, message.type)
 
+    async def register(self, message: protocol.Message) -> None:
+        assert self.node_id is not None
+        client = self.scope.get("client") or (None, None)
+        # One trip to a database thread for all of it: with a fleet joining at once, each trip is a
+        # wait in the threads' queue.
+        name, version, desired, requests = await database_sync_to_async(_register, thread_sensitive=False)(
+            self.node_id, message.body, client[0]
+        )
+        self.gpu_health = services.sample_health(message.body.get("sample") or {})
+        await self.send(
+            protocol.encode(
+                "registered",
+                {"node": name, "heartbeat_interval": settings.AGENT_HEARTBEAT_INTERVAL},
+                id=message.id,
+            )
+        )
+        await self.send(protocol.encode("desired", desired))
+        self.desired_sent = version
+        for body in requests:
+            await self.send(protocol.encode("request", body))
+
     async def poll_desired(self) -> None:
         while True:
             await asyncio.sleep(2)
@@ -228,8 +330,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def send_desired(self, version: int) -> None:
         assert self.node_id is not None
-        node = await database_sync_to_async(Node.objects.get)(pk=self.node_id)
-        body = await database_sync_to_async(desired_message)(node, version)
+        node = await database_sync_to_async(Node.objects.get, thread_sensitive=False)(pk=self.node_id)
+        body = await database_sync_to_async(desired_message, thread_sensitive=False)(node, version)
         await self.send(protocol.encode("desired", body))
         self.desired_sent = version
 

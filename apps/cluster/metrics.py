@@ -35,6 +35,10 @@ MESSAGE_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 PROTOCOL_ERRORS = Counter("llmgw_agent_protocol_errors", "Agent messages refused or failed, by reason", ["code"])
+JOINS_DEFERRED = Counter(
+    "llmgw_agent_joins_deferred",
+    "Agent connections told to come back later because the process was taking in as many as it takes at once",
+)
 
 FRESH = timedelta(minutes=1)
 

@@ -348,6 +348,8 @@ def node_fetches() -> list[dict[str, Any]]:
     from apps.catalog.models import Model, Profile
     from apps.mirror.lora import lora_paths
 
+    if not MirrorVersion.objects.exists():  # nothing held: no model's source to look through
+        return []
     prefix = settings.MIRROR_NODE_DIR + "/"
     sources = set(Model.objects.filter(source__startswith=prefix).values_list("source", flat=True))
     for args in Profile.objects.filter(engine="llama.cpp").values_list("extra_args", flat=True):

@@ -97,6 +97,7 @@ async def test_a_bad_credential_closes_with_a_reason_code() -> None:
         ('{"v": 1, "type": "heartbeat", "sample": {"inlet_temp_c": 1e999}}', "invalid"),
         ('{"v": 1, "type": "heartbeat", "sample": {"warnings": ["fan\\u0000"]}}', "invalid"),
         ('{"v": 1, "type": "heartbeat", "sample": {}, "extra": ' + "[" * 3000 + "]" * 3000 + "}", "invalid"),
+        ('{"v": 1, "type": "heartbeat", "sample": {}, "extra": ' + "[" * 40 + "]" * 40 + "}", "invalid"),
     ],
 )
 async def test_a_bad_message_gets_an_error_and_the_connection_goes_on(raw: str, code: str) -> None:
@@ -274,3 +275,59 @@ async def test_an_agent_connects_heartbeats_and_leaves_while_redis_is_away(setti
     node = await database_sync(lambda: Node.objects.get(pk=node.pk))
     assert node.status == NodeStatus.READY and node.sample == {"cpus": 32}
     assert "the channel layer cannot be reached" in caplog.text
+
+
+def test_brackets_and_escapes_inside_strings_are_not_nesting() -> None:
+    """The depth check counts the brackets outside strings only: a warning full of brackets, or an
+    escaped quote before them, is text."""
+    text = '"fan [' + "[" * 40 + ']"'
+    for warning in (text, '"a \\" quote ' + "[" * 40 + '"', '"ends with a backslash \\\\"'):
+        raw = '{"v": 1, "type": "heartbeat", "sample": {"warnings": [' + warning + "]}}"
+        assert protocol.parse_message(raw, expect="agent").type == "heartbeat"
+    deep = '{"v": 1, "type": "heartbeat", "sample": {"warnings": ["\\\\"]}, "x": ' + "[" * 40 + "]" * 40 + "}"
+    with pytest.raises(protocol.ProtocolError, match="nested deeper than 32 levels"):
+        protocol.parse_message(deep, expect="agent")
+
+
+async def test_joining_agents_wait_their_turn_and_past_the_waiting_list_are_told_to_come_back_later(
+    settings: Any,
+) -> None:
+    """A fleet that dials at once is taken in a few at a time: the others wait with their connection
+    open (the handshake answered at once), and past the waiting list an agent is closed at once with
+    "try again later" and the reason, and gets in when it dials again after its backoff."""
+    from apps.cluster.consumers import _Joining
+    from apps.cluster.metrics import JOINS_DEFERRED
+
+    settings.AGENT_JOINING_AT_ONCE = 1
+    settings.AGENT_JOINS_WAITING = 1
+    _first_node, first_credential = await database_sync(lambda: enrolled("gpu1"))
+    _second_node, second_credential = await database_sync(lambda: enrolled("gpu2"))
+    deferred = JOINS_DEFERRED._value.get()
+    busy = _Joining.place()
+    await busy.__aenter__()  # the one place taken, as by an agent being registered
+    first = await connect(first_credential)  # answered at once, and waiting its turn
+    await first.send_to(
+        text_data=protocol.encode("register", {"agent_version": "0.1.0", "hardware": HARDWARE, "features": []})
+    )
+    async with asyncio.timeout(5):
+        while _Joining.waiting < 1:
+            await asyncio.sleep(0.01)
+    assert await first.receive_nothing(timeout=0.2)
+    second = WebsocketCommunicator(
+        application, "/ws/agent/", headers=[(b"authorization", f"Bearer {second_credential}".encode())]
+    )
+    await second.connect()
+    closed = await second.receive_output(timeout=5)
+    assert closed["type"] == "websocket.close" and closed["code"] == protocol.CLOSE_BUSY
+    assert "1 agents are waiting to join this server process, which lets 1 wait" in closed["reason"]
+    assert JOINS_DEFERRED._value.get() == deferred + 1
+    await second.disconnect()
+    # The place is free again: the waiting agent is registered, then the one that dials again.
+    await busy.__aexit__(None, None, None)
+    answer = json.loads(await first.receive_from(timeout=5))
+    assert answer["type"] == "registered" and answer["node"] == "gpu1"
+    second = await connect(second_credential)
+    assert (await register(second))["type"] == "registered"
+    assert _Joining.waiting == 0
+    await second.disconnect()
+    await first.disconnect()
