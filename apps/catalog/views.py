@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -24,6 +23,7 @@ from apps.catalog.forms import ClassForm, OwnerForm, ResourcesForm, TargetForm, 
 from apps.catalog.models import Model, Profile
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Node, Replica, Shard
+from apps.cluster.overview import fleet_prefix, short_name
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 
 __all__ = [
@@ -36,8 +36,6 @@ __all__ = [
     "model_target",
     "models",
 ]
-
-SEPARATORS = "-._:"
 
 
 def _get_model_for_user(user: Any, name: str, *, perm: str = "view") -> Model:
@@ -65,18 +63,6 @@ def _engine_label(engine: str) -> str:
 # The list ----------------------------------------------------------------------------------------
 
 
-def node_prefix(names: list[str]) -> str:
-    """The start every node name shares, cut back to a separator ("gpu-r1-01", "gpu-r1-02" → "gpu-r1-")."""
-    if len(set(names)) < 2:
-        return ""
-    common = os.path.commonprefix(names)
-    return common[: max(common.rfind(sep) for sep in SEPARATORS) + 1]
-
-
-def short_name(name: str, prefix: str) -> str:
-    return name[len(prefix) :] if prefix and name.startswith(prefix) and len(name) > len(prefix) else name
-
-
 @dataclass(frozen=True)
 class ModelRow:
     """One line of the models page."""
@@ -102,7 +88,7 @@ def _runs_on(model: Model) -> str:
 
 def _model_rows() -> list[ModelRow]:
     models = list(selectors.models_with_replicas().order_by("name"))
-    prefix = node_prefix(list(Node.objects.values_list("name", flat=True)))
+    prefix = fleet_prefix()
     rows = []
     for model in models:
         status = selectors.model_status(model)

@@ -13,16 +13,18 @@ remapped for uncorrectable errors, whether a remapping is pending, and whether o
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from django.core.cache import cache
 from django.core.paginator import Page, Paginator
 from django.db.models import Count, Prefetch
-from django.utils import formats, timezone
+from django.utils import formats, timezone, translation
 from django.utils.translation import gettext as _
 
 from apps.cluster import rollup, selectors, services
@@ -48,6 +50,11 @@ __all__ = [
 COLOURS = ("util", "mem", "temp")
 IDLE_BELOW_PCT = rollup.IDLE_BELOW_PCT
 IDLE_ROWS = 50  # held idle replicas listed, the costliest first; the rest are counted
+# The worker works the held idle replicas out this often for the page (apps.cluster.tasks);
+# a summary older than the stale limit is not used, and the page works them out itself.
+IDLE_SUMMARY_SECONDS = 15.0
+IDLE_SUMMARY_STALE_SECONDS = 45.0
+IDLE_SUMMARY_KEY = "cluster:idle-summary"
 BUCKETS = 10
 # Temperatures are spread over 30-90 °C: 6 °C a step, from cool (gpu-0) to hot (gpu-9).
 TEMP_LOW_C = 30.0
@@ -67,6 +74,20 @@ def node_prefix(names: list[str]) -> str:
     return common[: max(common.rfind(sep) for sep in SEPARATORS) + 1]
 
 
+def fleet_prefix() -> str:
+    """node_prefix of every node's name, from the first and the last of them in code point order
+    (what every name shares, the first and the last share): one small query, whatever the fleet."""
+    from django.db import connection
+    from django.db.models import F, Max, Min
+    from django.db.models.functions import Collate
+
+    name = Collate("name", "C") if connection.vendor == "postgresql" else F("name")
+    found = Node.objects.aggregate(first=Min(name), last=Max(name))
+    if found["first"] is None:
+        return ""
+    return node_prefix([found["first"], found["last"]])
+
+
 def short_name(name: str, prefix: str) -> str:
     return name[len(prefix) :] if prefix and name.startswith(prefix) and len(name) > len(prefix) else name
 
@@ -82,8 +103,46 @@ def bucket(value: float | None, colour: str) -> int | None:
     return min(BUCKETS - 1, max(0, int(share // (100 / BUCKETS))))
 
 
+@functools.lru_cache(maxsize=8)
+def _decimal_separator(language: str | None) -> str:
+    return str(formats.get_format("DECIMAL_SEPARATOR", language))
+
+
 def _number(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else str(formats.number_format(round(value, digits), digits))
+    """As formats.number_format(round(value, digits), digits) without grouping (llmgw does not
+    group thousands), at a fraction of its cost: the map writes a few thousand of these."""
+    if value is None:
+        return "-"
+    text = f"{round(value, digits):.{digits}f}"
+    return text.replace(".", _decimal_separator(translation.get_language())) if digits else text
+
+
+class _Texts:
+    """The tooltips' translated phrases, looked up once per language rather than once per card."""
+
+    def __init__(self) -> None:
+        self.memory = _("%(used)s of %(total)s GiB")
+        self.card = _("%(node)s GPU %(index)s, %(gpu_class)s")
+        self.busy = _("%(value)s%% busy")
+        self.memory_line = _("memory %(memory)s")
+        self.celsius = _("%(value)s °C")
+        self.held_by = _("held by %(replica)s")
+        self.not_held = _("not held")
+        self.none = _("none")
+        self.xids = _("XIDs: %(xids)s")
+        self.ecc = _("uncorrected ECC errors: volatile %(volatile)s, aggregate %(aggregate)s")
+        self.remapped = _("remapped rows: uncorrectable %(uncorrectable)s, pending %(pending)s, failed %(failed)s")
+        self.yes = _("yes")
+        self.no = _("no")
+
+
+@functools.lru_cache(maxsize=8)
+def _texts_of(language: str | None) -> _Texts:
+    return _Texts()
+
+
+def _texts() -> _Texts:
+    return _texts_of(translation.get_language())
 
 
 def _count(value: Any) -> int | None:
@@ -94,7 +153,7 @@ def _count(value: Any) -> int | None:
 
 
 def _yes_no(value: bool | None) -> str:
-    return "-" if value is None else (_("yes") if value else _("no"))
+    return "-" if value is None else (_texts().yes if value else _texts().no)
 
 
 @dataclass(frozen=True)
@@ -135,36 +194,36 @@ class GpuSquare:
 
     @property
     def title(self) -> str:
+        texts = _texts()
         memory = "-"
         if self.memory_used_mib is not None and self.memory_total_mib:
-            memory = _("%(used)s of %(total)s GiB") % {
+            memory = texts.memory % {
                 "used": _number(self.memory_used_mib / 1024, 1),
                 "total": _number(self.memory_total_mib / 1024, 1),
             }
         parts = [
-            _("%(node)s GPU %(index)s, %(gpu_class)s")
-            % {"node": self.node, "index": self.index, "gpu_class": self.gpu_class},
-            _("%(value)s%% busy") % {"value": _number(self.utilization)},
-            _("memory %(memory)s") % {"memory": memory},
-            _("%(value)s °C") % {"value": _number(self.temperature)},
+            texts.card % {"node": self.node, "index": self.index, "gpu_class": self.gpu_class},
+            texts.busy % {"value": _number(self.utilization)},
+            texts.memory_line % {"memory": memory},
+            texts.celsius % {"value": _number(self.temperature)},
+            texts.held_by % {"replica": self.held_by} if self.held_by else texts.not_held,
         ]
-        parts.append(_("held by %(replica)s") % {"replica": self.held_by} if self.held_by else _("not held"))
         return "\n".join([" · ".join(parts), *self.wear])
 
     @property
     def wear(self) -> list[str]:
         """The tooltip's lines on XIDs, ECC errors and remapped rows."""
+        texts = _texts()
         if self.xids is None:
             xids = "-"
         elif self.xids:
             xids = ", ".join(f"{code}×{_number(count)}" for code, count in self.xids)
         else:
-            xids = _("none")
+            xids = texts.none
         return [
-            _("XIDs: %(xids)s") % {"xids": xids},
-            _("uncorrected ECC errors: volatile %(volatile)s, aggregate %(aggregate)s")
-            % {"volatile": _number(self.ecc_volatile), "aggregate": _number(self.ecc_aggregate)},
-            _("remapped rows: uncorrectable %(uncorrectable)s, pending %(pending)s, failed %(failed)s")
+            texts.xids % {"xids": xids},
+            texts.ecc % {"volatile": _number(self.ecc_volatile), "aggregate": _number(self.ecc_aggregate)},
+            texts.remapped
             % {
                 "uncorrectable": _number(self.remapped_uncorrectable),
                 "pending": _yes_no(self.remapped_pending),
@@ -433,38 +492,103 @@ def _resting(now: datetime) -> list[_Resting]:
         cards = [i for i in indices or [] if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024]
         if cards:
             by_replica.setdefault(replica_id, ([], placed_at))[0].append((rank, cards, node_id))
-    nodes = {node_id for shards, _placed in by_replica.values() for _rank, _cards, node_id in shards}
-    states = rollup.resting(nodes, services._redis(), now.timestamp())
-    states.update(_unrolled(nodes - set(states), now))
+    states = _states({node_id for shards, _placed in by_replica.values() for _rank, _cards, node_id in shards}, now)
     resting = []
     for replica_id, (shards, placed_at) in by_replica.items():
-        since, at_least = -math.inf, False
-        for _rank, cards, node_id in shards:
-            state = states.get(node_id)
-            span = state.span(rollup.mask_of(cards)) if state is not None else None
-            if span is None:
-                break  # a card that is busy, or whose figure is unknown
-            if span[0] > since or math.isnan(span[0]):
-                since, at_least = span
-            elif span[0] == since:
-                at_least = at_least or span[1]
-        else:
-            held = _Resting(replica_id, [(node_id, cards) for _rank, cards, node_id in sorted(shards)])
-            if not math.isnan(since):
-                held.since, held.at_least = since, at_least
-                if placed_at is not None and placed_at.timestamp() > since:
-                    held.since, held.at_least = placed_at.timestamp(), False
-            resting.append(held)
+        ordered = [(node_id, cards) for _rank, cards, node_id in sorted(shards)]
+        rest = _rest_of(ordered, states)
+        if rest is None:
+            continue
+        held = _Resting(replica_id, ordered)
+        since, at_least = rest
+        if not math.isnan(since):
+            held.since, held.at_least = since, at_least
+            if placed_at is not None and placed_at.timestamp() > since:
+                held.since, held.at_least = placed_at.timestamp(), False
+        resting.append(held)
     return resting
+
+
+def _states(node_ids: set[int], now: datetime) -> dict[int, rollup.Resting]:
+    """What the rollup knows of these nodes now, and their rows' samples where it knows nothing."""
+    states = rollup.resting(node_ids, services._redis(), now.timestamp())
+    states.update(_unrolled(node_ids - set(states), now))
+    return states
+
+
+def _rest_of(shards: list[tuple[int, list[int]]], states: dict[int, rollup.Resting]) -> tuple[float, bool] | None:
+    """Since when every card of these shards has rested (NaN: unknown) and whether that is "at
+    least"; None when one of them is busy, or its figure unknown."""
+    since, at_least = -math.inf, False
+    for node_id, cards in shards:
+        state = states.get(node_id)
+        span = state.span(rollup.mask_of(cards)) if state is not None else None
+        if span is None:
+            return None
+        if span[0] > since or math.isnan(span[0]):
+            since, at_least = span
+        elif span[0] == since:
+            at_least = at_least or span[1]
+    return since, at_least
+
+
+@dataclass
+class IdleSummary:
+    """The fleet's held idle replicas at a moment: the costliest IDLE_ROWS whole, the rest counted.
+    The rest's GPU-hours grow with time: at `now` they are (card_seconds + timed_cards x (now - at)) / 3600."""
+
+    at: float
+    shown: list[_Resting]
+    more: int = 0
+    timed_cards: int = 0  # the cards of the rest whose rest is timed
+    card_seconds: float | None = None  # their cards times how long they had rested at `at`; None: none timed
+
+    def more_hours(self, now: float) -> float | None:
+        if self.card_seconds is None:
+            return None
+        return (self.card_seconds + self.timed_cards * max(0.0, now - self.at)) / 3600
+
+
+def summarise_idle(now: datetime | None = None, *, keep: bool = False) -> IdleSummary:
+    """Work out the fleet's held idle replicas from the rollup (every ready replica's shards: one
+    query and one read of the rollup, growing with the fleet). With `keep`, store it for the page
+    (the worker does so every IDLE_SUMMARY_SECONDS), so that a look at the page reads IDLE_ROWS
+    replicas rather than the fleet."""
+    now = now or timezone.now()
+    moment = now.timestamp()
+    resting = sorted(_resting(now), key=lambda r: (-(r.gpu_hours(moment) or 0.0), r.replica_id))
+    rest = resting[IDLE_ROWS:]
+    timed = [r for r in rest if r.since is not None]
+    summary = IdleSummary(
+        at=moment,
+        shown=resting[:IDLE_ROWS],
+        more=len(rest),
+        timed_cards=sum(r.cards for r in timed),
+        card_seconds=sum(r.cards * max(0.0, moment - (r.since or moment)) for r in timed) if timed else None,
+    )
+    if keep:
+        cache.set(IDLE_SUMMARY_KEY, summary, timeout=IDLE_SUMMARY_STALE_SECONDS)
+    return summary
+
+
+def _idle_summary(now: datetime) -> IdleSummary:
+    """The summary the worker kept, when it is fresh, with the replicas it lists that no longer rest
+    left out; else worked out now (no worker, or a stopped one)."""
+    kept = cache.get(IDLE_SUMMARY_KEY)
+    if not isinstance(kept, IdleSummary) or not 0 <= now.timestamp() - kept.at <= IDLE_SUMMARY_STALE_SECONDS:
+        return summarise_idle(now)
+    states = _states({n for r in kept.shown for n, _c in r.shards}, now)
+    return replace(kept, shown=[r for r in kept.shown if _rest_of(r.shards, states) is not None])
 
 
 def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float | None] | None]:
     """Held idle replicas, the costliest first. Only the first IDLE_ROWS are read in full (their
     models and owners, nodes' names and samples, and the history of those whose run began before
-    their nodes were first seen); the rest are counted, with the GPU-hours they hold idle."""
+    their nodes were first seen); the rest are counted, with the GPU-hours they hold idle. A listed
+    replica whose cards are busy again by their nodes' fresh samples is left out."""
     moment = now.timestamp()
-    resting = sorted(_resting(now), key=lambda r: (-(r.gpu_hours(moment) or 0.0), r.replica_id))
-    shown, rest = resting[:IDLE_ROWS], resting[IDLE_ROWS:]
+    summary = _idle_summary(now)
+    shown = [replace(r) for r in summary.shown]  # their starts may be read further from the history below
     replicas = Replica.objects.select_related(
         "model__organization", "model__team__organization", "model__project__team__organization"
     ).in_bulk([r.replica_id for r in shown])
@@ -513,11 +637,10 @@ def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float 
             )
         )
     idle.sort(key=lambda h: (-(h.gpu_hours or 0.0), h.model, h.replica_id))
-    if not rest:
+    if not summary.more:
         return idle, None
     # The rest are counted: how many, and the GPU-hours of those whose rest is timed.
-    hours = [h for r in rest if (h := r.gpu_hours(moment)) is not None]
-    return idle, (len(rest), sum(hours) if hours else None)
+    return idle, (summary.more, summary.more_hours(moment))
 
 
 def _fleet_charts() -> list[FleetChart]:
@@ -559,7 +682,7 @@ def cluster_overview(
     page of nodes (`page`, NODES_PER_PAGE of them by name), the rest for the whole fleet."""
     now = now or timezone.now()
     colour = colour if colour in COLOURS else "util"
-    prefix = node_prefix(list(Node.objects.values_list("name", flat=True)))
+    prefix = fleet_prefix()
     nodes_by_name = Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
     shown = Paginator(nodes_by_name.order_by("name"), selectors.NODES_PER_PAGE).get_page(page)
     nodes = list(shown.object_list)

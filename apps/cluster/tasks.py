@@ -51,3 +51,11 @@ def expire_agent_requests() -> int:
     from apps.cluster.agent_requests import expire
 
     return expire()
+
+
+@shared_task(ignore_result=True)
+def summarise_idle_cards() -> None:
+    """The fleet's held idle replicas, worked out for the cluster page (apps.cluster.overview)."""
+    from apps.cluster.overview import summarise_idle
+
+    summarise_idle(keep=True)

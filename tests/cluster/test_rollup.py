@@ -174,3 +174,55 @@ def test_the_rollup_of_a_large_fleet_is_kept_whole() -> None:
         rollup.record({i: samples[i] for i in range(start, start + 500)}, services._redis())
     states = rollup.resting(samples, services._redis())
     assert len(states) == 2000 and all(state.span(1) for state in states.values())
+
+
+def test_the_page_reads_the_workers_summary_while_it_is_fresh_and_works_it_out_when_stale(alice: User) -> None:
+    """The worker works the held idle replicas out every IDLE_SUMMARY_SECONDS; a look at the page
+    reads that, checks the listed replicas' cards against their nodes' fresh samples, and works the
+    list out itself when the summary is stale (a worker that stopped)."""
+    from dataclasses import replace
+
+    from apps.cluster import overview, tasks
+
+    one = make_node("gpu-01", cards=[card(0, None)])
+    first = held(one, [0], name="first")
+    beats(one, 10, -1, [1.0])
+    tasks.summarise_idle_cards.apply()
+    kept = cache.get(overview.IDLE_SUMMARY_KEY)
+    assert [r.replica_id for r in kept.shown] == [first.pk]
+
+    # A replica that began to rest after the summary was made shows at the worker's next pass.
+    two = make_node("gpu-02", cards=[card(0, None)])
+    second = held(two, [0], name="second")
+    beats(two, 10, -1, [1.0])
+    assert idle_row(alice, first.pk) is not None and idle_row(alice, second.pk) is None
+
+    # A listed replica whose card is busy again is not shown as idle, summary or not.
+    beat(one, -0.1, [60.0])
+    assert idle_row(alice, first.pk) is None
+
+    # A stale summary is not used: the page works the list out from the rollup.
+    cache.set(overview.IDLE_SUMMARY_KEY, replace(kept, at=kept.at - overview.IDLE_SUMMARY_STALE_SECONDS - 1))
+    assert idle_row(alice, second.pk) is not None and idle_row(alice, first.pk) is None
+    tasks.summarise_idle_cards.apply()
+    assert [r.replica_id for r in cache.get(overview.IDLE_SUMMARY_KEY).shown] == [second.pk]
+
+
+def test_the_replicas_past_the_listed_ones_are_counted_with_the_gpu_hours_they_hold_idle_now(alice: User) -> None:
+    from apps.cluster import overview
+
+    node = make_node("gpu-01", cards=[card(i, None) for i in range(overview.IDLE_ROWS + 2)])
+    replicas = [held(node, [i], name=f"m{i:02d}") for i in range(overview.IDLE_ROWS + 2)]
+    beats(node, 30, -1, [1.0] * (overview.IDLE_ROWS + 2))
+    summary = overview.summarise_idle(keep=True)
+    assert summary.more == 2 and summary.timed_cards == 2
+    assert {r.replica_id for r in summary.shown} | {r.pk for r in replicas[-2:]} >= {r.pk for r in replicas}
+    # Two cards resting some 30 minutes: about one GPU-hour, and more as time goes on.
+    assert 0.9 < summary.more_hours(summary.at) < 1.1
+    assert summary.more_hours(summary.at + 1800) == pytest.approx(summary.more_hours(summary.at) + 1.0)
+    page = Client()
+    page.force_login(alice)
+    assert re.search(
+        r'data-idle-rest="2">.*And 2 more replicas holding idle cards, 1\.\d\d GPU-hours',
+        page.get("/cluster/").content.decode(),
+    )
