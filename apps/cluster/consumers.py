@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -29,20 +29,25 @@ __all__ = ["AgentConsumer"]
 log = logging.getLogger(__name__)
 
 
+# A joined agent that has not sent its registration within this long gives its place back.
+REGISTER_SECONDS = 10.0
+
+
 class _Joining:
-    """The database work of agents joining this process (the credential check, the registration,
-    the first shard list) runs settings.AGENT_JOINING_AT_ONCE at a time; the rest wait their turn
-    with the connection open (the handshake is answered at once, so no agent's timeout runs out
-    and it dials again, adding to the queue). Past settings.AGENT_JOINS_WAITING waiting, a
-    connection is told to come back later (close code 1013) and the agent backs off. Heartbeats
-    of joined agents never wait here."""
+    """Agents joining this process hold one of settings.AGENT_JOINING_AT_ONCE places from their
+    credential check until their registration is answered (its shard list and requests sent;
+    the agent sends it right after the handshake, so it is most often waiting already). The rest
+    wait their turn with the connection open: the handshake is answered at once, so no agent's
+    timeout runs out and it dials again, adding to the queue. Past settings.AGENT_JOINS_WAITING
+    waiting, a connection is told to come back later (close code 1013) and the agent backs off.
+    Heartbeats of joined agents never wait here."""
 
     waiting = 0
     places: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
     @classmethod
-    @contextlib.asynccontextmanager
-    async def place(cls) -> AsyncIterator[None]:
+    async def take(cls) -> Callable[[], None]:
+        """Wait for a place; returns what gives it back (once, however often it is called)."""
         loop = asyncio.get_running_loop()
         places = cls.places.get(loop)
         if places is None:
@@ -52,10 +57,17 @@ class _Joining:
             await places.acquire()
         finally:
             cls.waiting -= 1
-        try:
-            yield
-        finally:
-            places.release()
+        held = True
+
+        def give_back() -> None:
+            nonlocal held
+            if held:
+                held = False
+                timer.cancel()
+                places.release()
+
+        timer = loop.call_later(REGISTER_SECONDS, give_back)
+        return give_back
 
 
 def _authenticate(secret: str, channel_name: str) -> Node | None:
@@ -101,6 +113,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
     closing = False
     closed = False
 
+    give_back: Callable[[], None] | None = None  # this connection's place among the joining agents
+
+    def joined(self) -> None:
+        """Give back this connection's place among the joining agents, if it holds one (_Joining.take)."""
+        if self.give_back is not None:
+            self.give_back()
+
     async def dispatch(self, message: dict[str, Any]) -> None:
         """As Channels' own, without its hop to the one thread for synchronous code before every
         message (to close that thread's stale database connections): with thousands of agents that
@@ -137,8 +156,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "dial again after a backoff",
             )
             return
-        async with _Joining.place():
+        self.give_back = await _Joining.take()
+        try:
             await self.join()
+        finally:
+            if self.node_id is None:  # refused: no registration to wait for
+                self.joined()
 
     async def join(self) -> None:
         # The node's row names its newest connection: an older one, wherever it is, learns it was
@@ -184,6 +207,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         raise StopConsumer()
 
     async def disconnect(self, code: int) -> None:
+        self.joined()
         if self.poller is not None:
             self.poller.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -252,8 +276,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def dispatch_message(self, message: protocol.Message) -> None:
         assert self.node_id is not None
         if message.type == "register":
-            async with _Joining.place():
+            try:
                 await self.register(message)
+            finally:
+                self.joined()
         elif message.type == "report":
             if "engines" in message.body:
                 await database_sync_to_async(services.record_engines, thread_sensitive=False)(

@@ -643,11 +643,16 @@ def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float 
     return idle, (summary.more, summary.more_hours(moment))
 
 
-def _fleet_charts() -> list[FleetChart]:
-    """Average utilisation of each GPU class over the last hour, from the rollup's slots."""
+def _class_counts() -> dict[str, int]:
+    """How many registered cards of each GPU class the fleet has: one grouped count."""
     counts: dict[str, int] = defaultdict(int)
     for class_name, name, count in Gpu.objects.values_list("gpu_class", "name").annotate(count=Count("id")):
         counts[class_name or name or "?"] += count
+    return counts
+
+
+def _fleet_charts(counts: dict[str, int]) -> list[FleetChart]:
+    """Average utilisation of each GPU class over the last hour, from the rollup's slots."""
     series = rollup.class_series(services._redis())
     charts = []
     for name in sorted(counts):
@@ -694,7 +699,9 @@ def cluster_overview(
         squares = _squares(node, _live_gpus(node, now), held, colour)
         if squares:
             gpu_nodes.append(NodeGpus(name=node.name, short=short_name(node.name, prefix), squares=squares))
-    elsewhere = Gpu.objects.exclude(node_id__in=[node.pk for node in nodes]).count() if shown.has_other_pages() else 0
+    counts = _class_counts()
+    # The cards of the nodes on other pages: the fleet's, less this page's (their rows are at hand).
+    elsewhere = sum(counts.values()) - sum(len(node.gpus.all()) for node in nodes) if shown.has_other_pages() else 0
     return Overview(
         rows=rows,
         prefix=prefix,
@@ -703,7 +710,7 @@ def cluster_overview(
         nodes=gpu_nodes,
         idle=idle,
         idle_more=idle_more,
-        charts=_fleet_charts() if charts else [],
+        charts=_fleet_charts(counts) if charts else [],
         legend=_legend(colour),
         page=shown,
         gpus_elsewhere=elsewhere,

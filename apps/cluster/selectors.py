@@ -257,7 +257,14 @@ def engine_overview(nodes: Iterable[int] | None = None) -> EngineOverview:
     from apps.cluster.models import EngineChoice, EngineRelease
 
     releases = {(r.engine, r.version): r for r in EngineRelease.objects.all()}
-    gpu_nodes = Node.objects.filter(revoked_at__isnull=True, gpus__isnull=False).distinct().order_by("name")
+    from django.db.models import Exists, OuterRef
+
+    # The node's name, build and install status alone: not its sample, nor a DISTINCT over whole rows.
+    gpu_nodes = (
+        Node.objects.filter(Exists(Gpu.objects.filter(node=OuterRef("pk"))), revoked_at__isnull=True)
+        .only("name", "engine_build", "hardware")
+        .order_by("name")
+    )
     if nodes is not None:
         gpu_nodes = gpu_nodes.filter(pk__in=list(nodes))
     builds = [

@@ -114,6 +114,11 @@ def run_web(args: argparse.Namespace) -> int:
         access_log=log_level in ("trace", "debug", "info"),
         timeout_graceful_shutdown=10,
         ws_max_size=4 * 1024 * 1024,
+        # A ping every 20 s, as uvicorn does, but a minute for the answer: under a fleet joining at
+        # once the process may be slow to read a pong, and closing a healthy agent's connection
+        # then only adds it to those joining. A dead agent's connection still goes within 80 s.
+        ws_ping_interval=20.0,
+        ws_ping_timeout=60.0,
     )
     return 0
 

@@ -303,8 +303,7 @@ async def test_joining_agents_wait_their_turn_and_past_the_waiting_list_are_told
     _first_node, first_credential = await database_sync(lambda: enrolled("gpu1"))
     _second_node, second_credential = await database_sync(lambda: enrolled("gpu2"))
     deferred = JOINS_DEFERRED._value.get()
-    busy = _Joining.place()
-    await busy.__aenter__()  # the one place taken, as by an agent being registered
+    give_back = await _Joining.take()  # the one place taken, as by an agent being registered
     first = await connect(first_credential)  # answered at once, and waiting its turn
     await first.send_to(
         text_data=protocol.encode("register", {"agent_version": "0.1.0", "hardware": HARDWARE, "features": []})
@@ -323,7 +322,7 @@ async def test_joining_agents_wait_their_turn_and_past_the_waiting_list_are_told
     assert JOINS_DEFERRED._value.get() == deferred + 1
     await second.disconnect()
     # The place is free again: the waiting agent is registered, then the one that dials again.
-    await busy.__aexit__(None, None, None)
+    give_back()
     answer = json.loads(await first.receive_from(timeout=5))
     assert answer["type"] == "registered" and answer["node"] == "gpu1"
     second = await connect(second_credential)

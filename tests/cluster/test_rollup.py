@@ -226,3 +226,16 @@ def test_the_replicas_past_the_listed_ones_are_counted_with_the_gpu_hours_they_h
         r'data-idle-rest="2">.*And 2 more replicas holding idle cards, 1\.\d\d GPU-hours',
         page.get("/cluster/").content.decode(),
     )
+
+
+def test_the_beat_works_the_summary_out_as_often_as_the_page_expects() -> None:
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    from apps.cluster import overview
+
+    entry = settings.CELERY_BEAT_SCHEDULE["summarise-idle-cards"]
+    assert entry["schedule"] == overview.IDLE_SUMMARY_SECONDS
+    assert 2 * entry["schedule"] < overview.IDLE_SUMMARY_STALE_SECONDS  # a late pass is not a stale page
+    import_string(entry["task"]).apply()
+    assert isinstance(cache.get(overview.IDLE_SUMMARY_KEY), overview.IdleSummary)
