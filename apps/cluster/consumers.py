@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # A joined agent that has not sent its registration within this long gives its place back.
 REGISTER_SECONDS = 10.0
+# Messages kept from an agent waiting to be taken in (the newest heartbeat counts once).
+HELD_MESSAGES = 32
 
 
 class _Joining:
@@ -114,6 +116,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
     closed = False
 
     give_back: Callable[[], None] | None = None  # this connection's place among the joining agents
+    joining: asyncio.Task[None] | None = None
+    held: list[str | bytes] | None = None  # what the agent sent before it was taken in
 
     def joined(self) -> None:
         """Give back this connection's place among the joining agents, if it holds one (_Joining.take)."""
@@ -156,12 +160,41 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "dial again after a backoff",
             )
             return
-        self.give_back = await _Joining.take()
+        self.held = []
+        self.joining = asyncio.create_task(self.join_in_turn())
+
+    async def join_in_turn(self) -> None:
+        """Wait for a place, join, then handle what the agent sent meanwhile, in order. This runs
+        beside the consumer's own loop, which goes on taking the agent's messages (held in
+        `self.held`): uvicorn reads nothing more from a socket, pongs included, until the consumer
+        has taken the message before, so a wait here would let the agent's keepalive or the
+        server's close a connection that is only waiting its turn."""
         try:
+            self.give_back = await _Joining.take()
             await self.join()
+            while self.node_id is not None and self.held:
+                await self.handle(self.held.pop(0))
+        except Exception as exc:
+            log.warning("an agent could not be taken in (%s: %s); it will dial again", type(exc).__name__, exc)
+            await self.close(code=1011, reason="the server could not take this agent in now; dial again")
         finally:
-            if self.node_id is None:  # refused: no registration to wait for
+            self.held = None
+            if self.node_id is None:  # refused, or failed: no registration to wait for
                 self.joined()
+
+    def hold(self, raw: str | bytes) -> None:
+        """Keep a message that came before the agent was taken in: the newest heartbeat only (each
+        replaces the one before), and at most HELD_MESSAGES in all."""
+        assert self.held is not None
+        if isinstance(raw, str) and raw.startswith('{"v":1,"type":"heartbeat"'):
+            self.held = [m for m in self.held if not (isinstance(m, str) and m.startswith('{"v":1,"type":"heartbeat"'))]
+        if len(self.held) >= HELD_MESSAGES:
+            PROTOCOL_ERRORS.labels(code="held").inc()
+            log.warning(
+                "an agent waiting to be taken in sent more than %s messages; the rest are dropped", HELD_MESSAGES
+            )
+            return
+        self.held.append(raw)
 
     async def join(self) -> None:
         # The node's row names its newest connection: an older one, wherever it is, learns it was
@@ -207,6 +240,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         raise StopConsumer()
 
     async def disconnect(self, code: int) -> None:
+        if self.joining is not None and not self.joining.done():
+            self.joining.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.joining
         self.joined()
         if self.poller is not None:
             self.poller.cancel()
@@ -243,9 +280,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         )
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        raw = text_data if text_data is not None else bytes_data or b""
+        if self.held is not None:  # still waiting to be taken in (join_in_turn)
+            self.hold(raw)
+            return
         if self.node_id is None:
             return
-        raw = text_data if text_data is not None else bytes_data or b""
+        await self.handle(raw)
+
+    async def handle(self, raw: str | bytes) -> None:
         started = time.perf_counter()
         try:
             message = protocol.parse_message(raw, expect="agent")

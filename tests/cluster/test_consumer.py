@@ -330,3 +330,28 @@ async def test_joining_agents_wait_their_turn_and_past_the_waiting_list_are_told
     assert _Joining.waiting == 0
     await second.disconnect()
     await first.disconnect()
+
+
+async def test_what_an_agent_sends_while_it_waits_its_turn_is_handled_once_it_is_taken_in(settings: Any) -> None:
+    """The connection keeps being read while the agent waits for a place (so pings and pongs keep
+    flowing): its registration and newest heartbeat are kept and handled, in order, once it is in."""
+    from apps.cluster.consumers import _Joining
+
+    settings.AGENT_JOINING_AT_ONCE = 1
+    node, credential = await database_sync(lambda: enrolled("gpu1"))
+    give_back = await _Joining.take()
+    ws = await connect(credential)
+    await ws.send_to(
+        text_data=protocol.encode("register", {"agent_version": "0.1.0", "hardware": HARDWARE, "features": []})
+    )
+    for cpus in (1, 2, 3):  # only the newest is kept
+        await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {"cpus": cpus}}))
+    assert await ws.receive_nothing(timeout=0.3)
+    give_back()
+    assert json.loads(await ws.receive_from(timeout=5))["type"] == "registered"
+    assert json.loads(await ws.receive_from(timeout=5))["type"] == "desired"
+    from apps.cluster.heartbeats import writer
+
+    await writer.flush()
+    assert (await database_sync(lambda: Node.objects.get(pk=node.pk))).sample == {"cpus": 3}
+    await ws.disconnect()
