@@ -1,10 +1,12 @@
 """Agent heartbeats against a real `llmgw web` on loopback.
 
     .venv/bin/python bench/heartbeats.py [--agents 2000] [--interval 10] [--duration 40]
-                                         [--web-processes 2] [--storm]
+                                         [--web-processes 2] [--storm] [--join-rate 200]
 
 N lightweight simulated agents (one asyncio process, realistic registrations and
-heartbeats: a quarter 8-GPU nodes, the rest CPU nodes) each hold a websocket to llmgw
+heartbeats: a quarter 8-GPU nodes, the rest CPU nodes, dialling for the first time at
+--join-rate a second, as a fleet is installed, and dialling again after the agent's own backoff
+when a dial fails) each hold a websocket to llmgw
 web and heartbeat every interval. The same load is sent, in the same run, to a bare
 uvicorn websocket server that only reads each message, as the baseline of what the
 transport itself costs on this machine.
@@ -17,7 +19,7 @@ Target: 10,000 agents at 10 s on at most two web processes (--web-processes 2) w
 heartbeat.
 
 --storm then restarts llmgw web under the connected fleet, as an upgrade does: every agent is
-dropped and dials again (0.2-1 s apart, as the agent's backoff begins) until it is registered.
+dropped and dials again after the agent's own backoff (exponential, full jitter) until it is registered.
 Prints how long until every agent was registered again, whether each node's channel layer group
 holds its live connection and nothing else (read from Redis while the agents are still
 connected), and the errors and tracebacks the web processes logged (target: none).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import os
 import random
@@ -164,7 +167,7 @@ async def dial(url: str, credential: str, i: int) -> Any:
         url,
         additional_headers={"Authorization": f"Bearer {credential}"},
         proxy=None,
-        open_timeout=60,
+        open_timeout=15,  # as the agent's own
         max_size=2**20,
         ping_interval=None,
         compression=None,
@@ -172,7 +175,10 @@ async def dial(url: str, credential: str, i: int) -> Any:
     try:
         await ws.send(register)
         while True:  # the registered answer; a desired state may come first on a busy server
-            answer = await asyncio.wait_for(ws.recv(), 120)
+            try:
+                answer = await asyncio.wait_for(ws.recv(), 300)  # the agent waits as long as it takes
+            except TimeoutError:
+                raise NotRegistered from None
             if '"type":"registered"' in answer:
                 return ws
     except BaseException:
@@ -180,23 +186,53 @@ async def dial(url: str, credential: str, i: int) -> Any:
         raise
 
 
+class NotRegistered(Exception):
+    """Connected, but no "registered" answer came."""
+
+
+JOIN_RATE = 200.0  # agents dialling for the first time per second (--join-rate)
+WHY: collections.Counter[str] = collections.Counter()  # why dials failed or connections dropped
+
+
+def _why(exc: BaseException) -> str:
+    code = getattr(getattr(exc, "rcvd", None), "code", None)
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return type(exc).__name__ + (f" {code}" if code else "") + (f" HTTP {status}" if status else "")
+
+
+def backoff(attempt: int, interval: float) -> float:
+    """How long the agent waits before dialling again (agent/main.py): exponential, at most twice
+    the heartbeat interval (and at least 10 s), with full jitter."""
+    return random.uniform(0, min(max(10.0, 2 * interval), 2.0 ** min(attempt, 10)))
+
+
 async def run_agents(
     url: str, credentials: list[str], interval: float, duration: float, window: Any = None
 ) -> dict[str, float]:
     sent = 0
     failures = 0
+    redials = 0
     connected = 0
     registered = 0
     deadline = None
+    joining_until = time.monotonic() + 300
 
     async def one(i: int, credential: str) -> None:
-        nonlocal sent, failures, connected, registered
+        nonlocal sent, failures, connected, registered, redials
         _register, heartbeat = MESSAGES[8 if i % 4 == 0 else 0]
-        try:
-            ws = await dial(url, credential, i)
-        except Exception:
-            failures += 1
-            return
+        attempt = 0
+        while True:  # as the agent: dial again after a backoff until registered
+            try:
+                ws = await dial(url, credential, i)
+                break
+            except Exception as exc:
+                WHY[_why(exc)] += 1
+                attempt += 1
+                redials += 1
+                if time.monotonic() > joining_until:
+                    failures += 1
+                    return
+                await asyncio.sleep(backoff(attempt, interval))
         connected += 1
         registered += 1
         try:
@@ -205,7 +241,8 @@ async def run_agents(
                 await ws.send(heartbeat)
                 sent += 1
                 await asyncio.sleep(interval)
-        except Exception:
+        except Exception as exc:
+            WHY[f"dropped: {_why(exc)}"] += 1
             failures += 1
         finally:
             await ws.close()
@@ -214,13 +251,14 @@ async def run_agents(
     for i, credential in enumerate(credentials):
         tasks.append(asyncio.create_task(one(i, credential)))
         if i % 50 == 49:
-            await asyncio.sleep(0.05)  # don't open thousands of sockets in one burst
+            await asyncio.sleep(50 / JOIN_RATE)  # a fleet installed over time, not in one burst
     # Measure heartbeats only: wait until every agent registered (a fleet joining at once is another
     # load), then one interval more so every agent is in its heartbeat rhythm.
     waited = 0.0
-    while registered + failures < len(credentials) and waited < 300:
+    while registered + failures < len(credentials) and waited < 330:
         await asyncio.sleep(0.5)
         waited += 0.5
+    joined = waited
     await asyncio.sleep(interval + 2)
     deadline = time.monotonic() + duration + interval
     if window:
@@ -233,7 +271,14 @@ async def run_agents(
     if window:
         await asyncio.to_thread(window, "end")
     await asyncio.gather(*tasks, return_exceptions=True)
-    return {"sent": measured, "per_second": measured / elapsed, "failures": failures, "connected": connected}
+    return {
+        "sent": measured,
+        "per_second": measured / elapsed,
+        "failures": failures,
+        "connected": connected,
+        "redials": redials,
+        "joined": joined,
+    }
 
 
 async def run_storm(url: str, credentials: list[str], interval: float, restart: Any, check: Any) -> dict[str, Any]:
@@ -248,12 +293,15 @@ async def run_storm(url: str, credentials: list[str], interval: float, restart: 
         nonlocal ready
         _register, heartbeat = MESSAGES[8 if i % 4 == 0 else 0]
         first = True
+        attempt = 0
         while not stop.is_set():
             try:
                 ws = await dial(url, credential, i)
             except Exception:
-                await asyncio.sleep(random.uniform(0.2, 1.0))
+                attempt += 1
+                await asyncio.sleep(backoff(attempt, interval))
                 continue
+            attempt = 0
             if first:
                 ready += 1
                 first = False
@@ -265,7 +313,8 @@ async def run_storm(url: str, credentials: list[str], interval: float, restart: 
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), random.uniform(0.5, 1.0) * interval)
             except Exception:
-                await asyncio.sleep(random.uniform(0.2, 1.0))
+                attempt += 1
+                await asyncio.sleep(backoff(attempt, interval))
             finally:
                 with contextlib.suppress(Exception):
                     await ws.close()
@@ -274,7 +323,7 @@ async def run_storm(url: str, credentials: list[str], interval: float, restart: 
     for i, credential in enumerate(credentials):
         tasks.append(asyncio.create_task(one(i, credential)))
         if i % 50 == 49:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(50 / JOIN_RATE)
     waited = 0.0
     while ready < len(credentials) and waited < 300:
         await asyncio.sleep(0.5)
@@ -435,7 +484,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=40.0)
     parser.add_argument("--web-processes", type=int, default=1, help="llmgw web --workers (at most 2 for the target)")
     parser.add_argument("--storm", action="store_true", help="then restart the web under the connected fleet")
+    parser.add_argument("--log-level", default="warning", help="the web's log level (its log: web.log, kept)")
+    parser.add_argument(
+        "--join-rate", type=float, default=200.0, help="agents dialling for the first time per second (the storm: all)"
+    )
     args = parser.parse_args()
+    global JOIN_RATE
+    JOIN_RATE = args.join_rate
 
     import psycopg
 
@@ -452,7 +507,7 @@ def main() -> None:
             "LLMGW_DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}",
             "LLMGW_REDIS_URL": REDIS,
             "LLMGW_REDIS_PREFIX": f"bench-{uuid.uuid4().hex[:6]}",
-            "LLMGW_LOG_LEVEL": "warning",
+            "LLMGW_LOG_LEVEL": args.log_level,
             "DJANGO_SETTINGS_MODULE": "llmgw.settings",
         }
     )
@@ -500,6 +555,7 @@ def main() -> None:
         echo.terminate()
         echo.wait()
 
+        WHY.clear()
         port = free_port()
         web_log = tmp / "web.log"
 
@@ -546,6 +602,11 @@ def main() -> None:
             f"interval {args.interval:.0f} s, measured {args.duration:.0f} s"
         )
         print(
+            f"joining: every agent registered within {result['joined']:.0f} s of the first dial, "
+            f"{result['redials']:.0f} dials tried again after a backoff (baseline transport: {base['joined']:.0f} s, "
+            f"{base['redials']:.0f})"
+        )
+        print(
             f"heartbeats handled: {result['per_second']:.1f}/s (target {args.agents / args.interval:.0f}/s); "
             f"baseline transport {base['per_second']:.1f}/s; ratio {result['per_second'] / base['per_second']:.2f}"
         )
@@ -563,9 +624,15 @@ def main() -> None:
             + ")"
         )
         print(f"web processes: {args.web_processes}")
+        print(
+            "why dials failed or connections dropped: " + (", ".join(f"{k} {n}" for k, n in WHY.most_common()) or "-")
+        )
         if args.storm:
             storm(args, env, database, credentials, port, start_web, lambda: web, web_log)
-        errors = [line for line in web_log.read_text(errors="replace").splitlines() if _is_error(line)]
+        lines = web_log.read_text(errors="replace").splitlines()
+        died = [line for line in lines if "Child process" in line and "died" in line]
+        print(f"web processes that died and were started again: {len(died)} (uvicorn's own count; --log-level info)")
+        errors = [line for line in lines if _is_error(line)]
         print(f"errors and tracebacks in the web's log: {len(errors)} (target 0)")
         for line in errors[:10]:
             print("   ", line[:200])

@@ -10,6 +10,8 @@ history and the fleet rollup; in Redis with --redis, as a fleet of several web p
 them, else in the local cache). At each step an operator's browser session asks for /cluster/ and /nodes/ (the whole
 page and the part htmx refreshes) `--repeat` times through Django's test client, the same
 request path as the server's; the baseline is the about page (/about), rendered in the same run.
+The held idle replicas the cluster page lists are worked out by the worker every 15 s
+(apps.cluster.overview.summarise_idle); that is timed on its own at each step.
 
 Prints, per page and step: the median time, its ratio to the baseline, the queries it made, the
 HTML it sent, and the time per node against the first step's (1.0: linear). Target: both pages
@@ -78,6 +80,8 @@ def run(args: argparse.Namespace) -> None:
             queries, size = len(captured), len(response.content)
         return statistics.median(times), queries, size
 
+    from apps.cluster.overview import summarise_idle
+
     fleet = Fleet()
     steps = sorted({max(1, args.nodes // 4), max(1, args.nodes // 2), args.nodes})
     first: dict[str, float] = {}
@@ -89,10 +93,19 @@ def run(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         fleet.heartbeat()
         print(f"{'':>20} {nodes:>6} heartbeats written in {time.perf_counter() - started:.1f} s")
+        # What the worker does every IDLE_SUMMARY_SECONDS, off the pages' path; timed here.
+        summaries = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            summarise_idle(keep=True)
+            summaries.append(time.perf_counter() - started)
+        summary = statistics.median(summaries)
+        print(f"{'held idle summary':>20} {nodes:>6} {summary * 1000:>8.0f}   (the worker's, every 15 s)")
         measure("/about", {})  # warm
         base, _queries, _size = measure("/about", {})
         for name, path, headers in PAGES:
             fleet.touch()
+            summarise_idle(keep=True)  # as fresh as the worker keeps it
             took, queries, size = measure(path, headers)
             first.setdefault(name, took / nodes)
             worst[name] = (took, queries)

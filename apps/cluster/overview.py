@@ -14,6 +14,7 @@ remapped for uncorrectable errors, whether a remapping is pending, and whether o
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 from collections import defaultdict
@@ -31,6 +32,8 @@ from apps.cluster import rollup, selectors, services
 from apps.cluster.charts import line_chart
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Gpu, Node, Replica, Shard
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "COLOURS",
@@ -574,7 +577,11 @@ def summarise_idle(now: datetime | None = None, *, keep: bool = False) -> IdleSu
 def _idle_summary(now: datetime) -> IdleSummary:
     """The summary the worker kept, when it is fresh, with the replicas it lists that no longer rest
     left out; else worked out now (no worker, or a stopped one)."""
-    kept = cache.get(IDLE_SUMMARY_KEY)
+    try:
+        kept = cache.get(IDLE_SUMMARY_KEY)
+    except Exception:  # one written by another version of llmgw, or a cache away: work it out
+        log.warning("could not read the held idle summary; working it out", exc_info=True)
+        kept = None
     if not isinstance(kept, IdleSummary) or not 0 <= now.timestamp() - kept.at <= IDLE_SUMMARY_STALE_SECONDS:
         return summarise_idle(now)
     states = _states({n for r in kept.shown for n, _c in r.shards}, now)
