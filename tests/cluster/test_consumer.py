@@ -355,3 +355,26 @@ async def test_what_an_agent_sends_while_it_waits_its_turn_is_handled_once_it_is
     await writer.flush()
     assert (await database_sync(lambda: Node.objects.get(pk=node.pk))).sample == {"cpus": 3}
     await ws.disconnect()
+
+
+async def test_agents_joining_open_no_redis_connection_each() -> None:
+    """Every agent's registration asks, at most once a minute, for the engine releases to be read:
+    through Django's cache that opened a Redis connection in each connection's own context, and a
+    fleet of 10,000 ran Redis out of clients."""
+    client = services._redis()
+    if client is None:
+        pytest.skip("without Redis there are no Redis connections to count")
+    from apps.cluster.models import EngineChoice
+
+    # Every node wants an engine whose release was never read: each registration asks.
+    await database_sync(lambda: EngineChoice.objects.create(engine="llama.cpp", version="b9999", scope="all"))
+    before = len(await database_sync(client.client_list))
+    agents = []
+    for i in range(20):
+        _node, credential = await database_sync(lambda i=i: enrolled(f"gpu{i}"))
+        ws = await connect(credential)
+        assert (await register(ws))["type"] == "registered"
+        agents.append(ws)
+    assert len(await database_sync(client.client_list)) - before < 10
+    for ws in agents:
+        await ws.disconnect()
