@@ -252,10 +252,9 @@ class NodeGpus:
         out = []
         for card in self.squares:
             step = card.bucket
-            css = "gpu-none" if step is None else f"gpu-{step}"
             held = " gpu-held" if card.held_by else ""
             out.append(
-                f'<span class="gpu-cell {css}{held}" title="{escape(card.title)}" data-gpu="{card.index}" '
+                f'<span class="gpu-cell {card.css_class}{held}" title="{escape(card.title)}" data-gpu="{card.index}" '
                 f'data-bucket="{"" if step is None else step}">{card.index}</span>'
             )
         return mark_safe("".join(out))  # noqa: S308 - every value above is a number, a fixed class or escaped
