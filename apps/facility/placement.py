@@ -19,7 +19,7 @@ placements spreads as it goes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apps.cluster.placement import (
@@ -34,7 +34,7 @@ from apps.cluster.placement import (
     gettext_noop,
 )
 
-__all__ = ["SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register"]
+__all__ = ["SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register", "renew_draws"]
 
 SNAPSHOT_FIELD = "facility"
 SPREAD_WEIGHT = 1.5  # above binpack's 1: a model's second replica in another rack before a tighter fit
@@ -98,6 +98,21 @@ def build_index(inventory: Inventory) -> FacilityIndex:
         else:
             index.free.add(node_id)
     return index
+
+
+def renew_draws(inventory: Inventory, index: FacilityIndex) -> FacilityIndex:
+    """The index with its capped nodes' draws read again (each node's report now counts the claims
+    there are): the rest of it (locations, holds, caps) is as built."""
+    claims = tuple(inventory.claims)
+    drawn: dict[str, tuple[float, int]] = {}
+    for node_id, domains in index.capped.items():
+        node = inventory.nodes.get(node_id)
+        facility = node.extra.get(SNAPSHOT_FIELD) if node is not None else None
+        draw = facility.get("draw_w") if isinstance(facility, dict) else None
+        for domain in domains:
+            known, unknown = drawn.get(domain, (0.0, 0))
+            drawn[domain] = (known + float(draw), unknown) if isinstance(draw, int | float) else (known, unknown + 1)
+    return replace(index, drawn=drawn, first_claims=frozenset(id(c) for c in claims), kept=claims)
 
 
 def refusal(node: NodeSnapshot, index: FacilityIndex) -> Reason:

@@ -23,6 +23,8 @@ from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 from apps.cluster.decisions import backoff, replica_request, run_pass
 from apps.facility.draw import derived_watts
 from apps.facility.locations import LEVELS, label_of, location
+from apps.facility.placement import INDEX as FACILITY_INDEX
+from apps.facility.placement import renew_draws
 from apps.sim.scenario import Event, Scenario, ScenarioError
 from apps.sim.store import MemoryStore, SimDrain, SimModel, SimProfile, SimReplica, SimShard
 
@@ -295,9 +297,11 @@ class Simulation:
 
     # -- the fleet's side of events ------------------------------------------------------------
 
-    def _claimed_watts(self) -> dict[int, float]:
+    def _claimed_watts(self, only: set[int] | None = None) -> dict[int, float]:
         found: dict[int, float] = {}
         for claim in self.store.inv.claims:
+            if only is not None and claim.node_id not in only:
+                continue
             node = self.store.nodes.get(claim.node_id)
             if node is None or not claim.gpu_indices:
                 continue
@@ -310,8 +314,10 @@ class Simulation:
         """Give every node its facility part (location, holds, caps and draw), as the facility app
         gives the live snapshot: the draw with nothing placed plus what the claims on it draw."""
         claimed = self._claimed_watts() if self.caps else {}
+        self.capped: set[int] = set()
+        places = {node_id: location(node.labels) for node_id, node in self.store.nodes.items()}
         for node_id, node in self.store.nodes.items():
-            place = location(node.labels)
+            place = places[node_id]
             if not any(place.values()) and not self.holds:
                 node.extra.pop("facility", None)
                 continue
@@ -327,6 +333,7 @@ class Simulation:
                 if place[level] and f"{level}={place[level]}" in self.caps
             }
             if capped:
+                self.capped.add(node_id)
                 facility["caps"] = capped
                 base = self.measured.get(node_id)
                 facility["draw_w"] = (
@@ -334,13 +341,29 @@ class Simulation:
                 )
             node.extra["facility"] = facility
         drains = {}
-        for node_id, node in self.store.nodes.items():
-            place = location(node.labels)
+        for node_id, place in places.items():
             for domain, hold in self.holds.items():
                 level, _sep, name = domain.partition("=")
                 if hold["drain"] and place.get(level) == name:
                     drains[node_id] = SimDrain()
         self.store.drains = drains
+
+    def _renew_draws(self) -> None:
+        """Claims were made or dropped since the last step: each capped node's draw becomes its draw
+        with nothing placed plus what its claims draw now, as the node's next report would say, and
+        the power index reads those draws again and counts every claim there is as in them (a claim
+        released and another made on one node leave its draw as it was, and the new one is in it).
+        Nothing else a model's turn reads changes, so the inventory is kept and no model that sleeps
+        is woken: only a placement reads the draw, and a model with a replica to place never sleeps."""
+        claimed = self._claimed_watts(self.capped)
+        for node_id in self.capped:
+            facility = self.store.nodes[node_id].extra.get("facility")
+            if isinstance(facility, dict):
+                base = self.measured.get(node_id)
+                facility["draw_w"] = (
+                    None if base is None else base + claimed.get(node_id, 0.0) - self.initial_claims.get(node_id, 0.0)
+                )
+        self.store.inv.renew_index(FACILITY_INDEX, renew_draws)
 
     def _select(self, args: dict[str, Any]) -> list[placement.NodeSnapshot]:
         nodes = self.store.nodes
@@ -427,14 +450,18 @@ class Simulation:
 
     # -- the agents' side ----------------------------------------------------------------------
 
-    def agents(self, now: Any) -> bool:
-        """Engines start, become ready, stop and fail with their nodes. True when a claim changed."""
+    def agents(self, now: Any, nodes_changed: bool = True) -> bool:
+        """Engines start, become ready, stop and fail with their nodes. True when a claim changed.
+        Without `nodes_changed` (no event since the last step) no node was lost, and a ready
+        replica, placed on ready nodes, has nothing to do."""
         nodes = self.store.nodes
         ready_after = self.scenario.ready_after
         changed = False
         for replica in list(self.store.replica_index.values()):
             state = replica.state
-            if state in (ReplicaState.PENDING, ReplicaState.FAILED):
+            if state in (ReplicaState.PENDING, ReplicaState.FAILED) or (
+                state == ReplicaState.READY and not nodes_changed
+            ):
                 continue
             lost = [s for s in replica.shards if s.node_id not in nodes or not nodes[s.node_id].ready]
             if state == ReplicaState.STOPPING:
@@ -470,13 +497,11 @@ class Simulation:
 
     def load(self, now: Any) -> None:
         """A model is busy while its requests per second exceed what its ready replicas serve."""
-        ready: Counter[int] = Counter()
-        for replica in self.store.replica_index.values():
-            if replica.state == ReplicaState.READY:
-                ready[replica.model.pk] += 1
+        replicas_of = self.store.replicas_of
         for model in self.store.by_id.values():
             if model.replica_rps is None:
                 continue
+            ready = sum(1 for r in replicas_of.get(model.pk, ()) if r.state == ReplicaState.READY)
             rps = model.load_rps
             if rps is None:
                 rps = 0.0
@@ -484,7 +509,7 @@ class Simulation:
                     if at > now:
                         break
                     rps = value
-            if rps * model.load_factor > ready[model.pk] * model.replica_rps:
+            if rps * model.load_factor > ready * model.replica_rps:
                 model.busy_at = now
                 self.store.touch(model.pk)
 
@@ -515,12 +540,15 @@ class Simulation:
                     self._fabric_identity(fabric, known=True)
                     del self.outages[fabric]
                     due.append((None, f"sm_failover: {fabric} back"))
-            claims_changed = self.agents(now)
+            claims_changed = self.agents(now, nodes_changed=bool(due) or k == 0)
             self.load(now)
-            if due or (self.caps and (claims_changed or self.power_dirty)):
+            if due:
                 self._contribute()
                 self.store.rebuild()
                 self.store.wake_all()
+                self.power_dirty = False
+            elif self.caps and (claims_changed or self.power_dirty):
+                self._renew_draws()
                 self.power_dirty = False
             before = time.perf_counter()
             report = run_pass(self.store, now)
@@ -564,7 +592,7 @@ class Simulation:
         states: Counter[str] = Counter(r.state for r in self.store.replica_index.values())
         inv = self.store.inv
         nodes = self.store.nodes
-        free = sum(inv.free_count(n, c) for n in inv.gpu_nodes() if nodes[n].ready for c in inv.gpu_classes(n))
+        free = inv.free_in_all() - sum(inv.free_total(n.id) for n in nodes.values() if n.gpus and not n.ready)
         return {
             "at": _offset(self.scenario, now),
             "ready": states[ReplicaState.READY],

@@ -110,6 +110,68 @@ def test_sleeping_models_decide_exactly_what_a_full_pass_decides() -> None:
     assert any(s["preempted"] for s in full["steps"]) or any(s["pending"] for s in full["steps"])
 
 
+def test_power_draws_renewed_in_place_decide_what_a_rebuilt_inventory_decides() -> None:
+    # Between events the simulation keeps its inventory and only reads the capped nodes' draws
+    # again; here every such step builds the whole inventory anew instead, as the fleet's next
+    # snapshot would be. A thousand capped nodes over ten hours see a replica released and
+    # another made on one node in a step, which leaves the node's draw as it was.
+    from bench.sim import scenario as fleet
+
+    def report(rebuild: bool) -> dict[str, Any]:
+        simulation = run.Simulation(scenario.parse(fleet(nodes=1000, models=200, hours=10), captures=FIXTURES))
+        if rebuild:
+
+            def renew() -> None:
+                simulation._contribute()
+                simulation.store.rebuild()
+
+            simulation._renew_draws = renew  # type: ignore[method-assign]
+        out = simulation.run()
+        out.pop("timing")
+        return out
+
+    renewed, rebuilt = report(False), report(True)
+    assert renewed["steps"] == rebuilt["steps"]
+    assert renewed["snapshots"] == rebuilt["snapshots"]
+
+
+def test_a_replica_refused_for_power_is_placed_once_a_release_brings_the_racks_draw_down() -> None:
+    # One rack of two 8-card H100 nodes, 1,500 W each idle, capped at 8.6 kW: 8 cards at 700 W.
+    # "first" holds those 8 cards, so "second" is refused for power; at minute 5 first drops to one
+    # replica, which stops and is released in the steps after, with no event on them: the draw the
+    # next placement reads must follow, or second waits for ever.
+    data = {
+        "step": "1m",
+        "duration": "12m",
+        "ready_after": "1m",
+        "node_types": {
+            "h100": {"gpus": {"class": "H100-80GB", "count": 8}, "cpus": 64, "memory": "1TiB", "idle_watts": 1500}
+        },
+        "nodes": [{"type": "h100", "count": 2, "rack": {"size": 2, "pdus": 1}}],
+        "models": [
+            {
+                "name": "first",
+                "min": 2,
+                "max": 2,
+                "class": "critical",
+                "profiles": [{"accelerator": "H100-80GB", "gpus": 4}],
+            },
+            {"name": "second", "min": 1, "profiles": [{"accelerator": "H100-80GB", "gpus": 4}]},
+        ],
+        "power": {"caps": {"rack=r01": "8.6kW"}},
+        "events": [{"at": "5m", "set": {"model": "first", "min": 1, "max": 1}}],
+    }
+    report = run.simulate(scenario.parse(data))
+    assert at(report, 4)["pending"] == 1
+    (row,) = report["snapshots"][1]["pending"]
+    assert row["model"] == "second" and row["reasons"][0]["code"] == "power_cap"
+    placed = [s["at"] for s in report["steps"] if s["placed"]]
+    assert placed[0] == 0 and len(placed) == 2 and 5 < placed[1] <= 8
+    end = report["snapshots"][-1]
+    assert end["replicas"]["pending"] == 0 and end["replicas"]["ready"] == 2
+    assert end["power"]["rack=r01"]["drawn_w"] == 8600.0
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [

@@ -326,7 +326,7 @@ class Inventory:
         quotas: dict[str, CapacityQuota] | None = None,
     ) -> None:
         self.nodes = nodes
-        self.claims: list[Claim] = []
+        self._claims: dict[int, Claim] = {}  # id -> claim, oldest first (see `claims`)
         self.quotas: dict[str, CapacityQuota] = dict(quotas or {})
         # Static: never changes after construction, shared by copies.
         ordered = sorted(nodes.values(), key=lambda n: (n.name, n.id))
@@ -384,13 +384,18 @@ class Inventory:
             for cls, k in counts.items():
                 self._bucket(cls, k).append(self._rank[n.id])  # appended in rank order: sorted
 
+    @property
+    def claims(self) -> list[Claim]:
+        """Every claim, oldest first (kept by identity, so a release costs no walk of them all)."""
+        return list(self._claims.values())
+
     # -- copying -------------------------------------------------------------------------------
 
     def copy(self) -> Inventory:
         """A copy to place on (dry runs): claims and indexes are copied, nodes are shared."""
         other = Inventory.__new__(Inventory)
         other.nodes = self.nodes
-        other.claims = list(self.claims)
+        other._claims = dict(self._claims)
         other.quotas = dict(self.quotas)
         for name in (
             "_order",
@@ -457,6 +462,14 @@ class Inventory:
 
     def free_count(self, node_id: int, gpu_class: str) -> int:
         return self._free[node_id].get(gpu_class, 0)
+
+    def free_total(self, node_id: int) -> int:
+        """The node's free healthy GPUs, of every class."""
+        return sum(self._free[node_id].values())
+
+    def free_in_all(self) -> int:
+        """Free healthy GPUs on all nodes, of every class (read from the free-count buckets)."""
+        return sum(k * len(bucket) for buckets in self._buckets.values() for k, bucket in enumerate(buckets))
 
     def gpu_classes(self, node_id: int) -> frozenset[str]:
         return self._classes[node_id]
@@ -537,7 +550,7 @@ class Inventory:
         found = self._sums.get(name)
         if found is None:
             found = self._sums[name] = _Sum(weigh, counts)
-            for claim in self.claims:
+            for claim in self._claims.values():
                 found.add(claim)
         return found.totals
 
@@ -556,6 +569,18 @@ class Inventory:
         if index is None:
             index = self._plugin_index[key] = build(self)
         return index
+
+    def renew_index(self, name: str, renew: Callable[[Inventory, Any], Any] | None = None) -> None:
+        """A node field that plugin index `name` reads has changed (a simulated fleet's measured
+        power draw catching up with its claims): `renew(inventory, index)` gives the index built so
+        far its new form, or without `renew` the index is built again on its next use. The sums
+        over claims are dropped with it, since a sum may be kept for one form of an index."""
+        for key in [key for key in self._plugin_index if key[0] == name]:
+            if renew is None:
+                del self._plugin_index[key]
+            else:
+                self._plugin_index[key] = renew(self, self._plugin_index[key])
+        self._sums.clear()
 
     def memo(self, key: Any, build: Callable[[], Any]) -> Any:
         """A value that depends on the nodes only (not on claims), built once per snapshot."""
@@ -632,9 +657,8 @@ class Inventory:
         for tally in self._sums.values():
             for claim in claims:
                 tally.remove(claim)
-        if claims:
-            gone = {id(c) for c in claims}
-            self.claims = [c for c in self.claims if id(c) not in gone]
+        for claim in claims:
+            self._claims.pop(id(claim), None)
         for claim in claims:
             shards = self._models.get(claim.model) if claim.model else None
             if shards is not None and claim.node_id in shards:
@@ -710,7 +734,7 @@ class Inventory:
         if check:
             self._check(claim)
         indexed = hasattr(self, "_free")  # during __init__ the free counts are built afterwards
-        self.claims.append(claim)
+        self._claims[id(claim)] = claim
         if indexed:
             for tally in self._sums.values():
                 tally.add(claim)
