@@ -80,6 +80,13 @@ def fresh_database(*, sqlite: bool, name: str, redis: str | None = None) -> Iter
         call_command("migrate", verbosity=0)
         yield
     finally:
+        if redis:  # the run's keys, under its own prefix
+            import redis as redis_client
+
+            client = redis_client.Redis.from_url(redis)
+            for key in client.scan_iter(f"{os.environ['LLMGW_REDIS_PREFIX']}:*", count=1000):
+                client.delete(key)
+            client.close()
         if database is not None:
             from django.db import connections
 

@@ -667,9 +667,10 @@ def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float 
 
 
 def _class_counts() -> dict[str, int]:
-    """How many registered cards of each GPU class the fleet has: one grouped count."""
+    """How many registered cards of each GPU class the fleet has: one grouped count (unordered: the
+    model's ordering by node name would join every card to its node)."""
     counts: dict[str, int] = defaultdict(int)
-    for class_name, name, count in Gpu.objects.values_list("gpu_class", "name").annotate(count=Count("id")):
+    for class_name, name, count in Gpu.objects.order_by().values_list("gpu_class", "name").annotate(count=Count("id")):
         counts[class_name or name or "?"] += count
     return counts
 
