@@ -92,18 +92,27 @@ def test_a_pending_replica_says_why_and_its_free_cards_count_as_stranded() -> No
     assert end["gpus_stranded"] == 2 and end["classes"]["L40S"]["stranded"] == 2
 
 
-def test_sleeping_models_decide_exactly_what_a_full_pass_decides() -> None:
+def fleet_report(nodes: int, models: int, hours: int, *, sleep: bool = True, rebuild: bool = False) -> dict[str, Any]:
+    """The bench's fleet simulated, timing left out. With `rebuild`, each step where claims changed
+    builds the whole inventory anew instead of reading the capped nodes' draws again."""
     from bench.sim import scenario as fleet
 
-    def report(sleep: bool) -> dict[str, Any]:
-        parsed = scenario.parse(fleet(nodes=64, models=40, hours=4), captures=FIXTURES)
-        simulation = run.Simulation(parsed)
-        simulation.store.sleep = sleep
-        out = simulation.run()
-        out.pop("timing")
-        return out
+    simulation = run.Simulation(scenario.parse(fleet(nodes=nodes, models=models, hours=hours), captures=FIXTURES))
+    simulation.store.sleep = sleep
+    if rebuild:
 
-    slept, full = report(True), report(False)
+        def renew() -> None:
+            simulation._contribute()
+            simulation.store.rebuild()
+
+        simulation._renew_draws = renew  # type: ignore[method-assign]
+    out = simulation.run()
+    out.pop("timing")
+    return out
+
+
+def test_sleeping_models_decide_exactly_what_a_full_pass_decides() -> None:
+    slept, full = fleet_report(64, 40, 4), fleet_report(64, 40, 4, sleep=False)
     assert slept["preemptions"] == full["preemptions"]
     assert slept["steps"] == full["steps"]
     assert slept["snapshots"] == full["snapshots"]
@@ -115,22 +124,7 @@ def test_power_draws_renewed_in_place_decide_what_a_rebuilt_inventory_decides() 
     # again; here every such step builds the whole inventory anew instead, as the fleet's next
     # snapshot would be. A thousand capped nodes over ten hours see a replica released and
     # another made on one node in a step, which leaves the node's draw as it was.
-    from bench.sim import scenario as fleet
-
-    def report(rebuild: bool) -> dict[str, Any]:
-        simulation = run.Simulation(scenario.parse(fleet(nodes=1000, models=200, hours=10), captures=FIXTURES))
-        if rebuild:
-
-            def renew() -> None:
-                simulation._contribute()
-                simulation.store.rebuild()
-
-            simulation._renew_draws = renew  # type: ignore[method-assign]
-        out = simulation.run()
-        out.pop("timing")
-        return out
-
-    renewed, rebuilt = report(False), report(True)
+    renewed, rebuilt = fleet_report(1000, 200, 10), fleet_report(1000, 200, 10, rebuild=True)
     assert renewed["steps"] == rebuilt["steps"]
     assert renewed["snapshots"] == rebuilt["snapshots"]
 
