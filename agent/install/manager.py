@@ -291,7 +291,7 @@ class Installer:
             if compiled and item.assets and entry is not None and entry.get("version") == item.version:
                 self._replace_compiled(item, state)
                 continue
-            if not item.assets and not (item.unreachable and item.source is not None):
+            if not item.assets and not (item.unreachable and item.source is not None and _compiles(self.facts())):
                 self._status(item.engine, "waiting: " + (item.note or f"no release listing for {item.version} yet"))
                 continue
             try:
@@ -359,7 +359,7 @@ class Installer:
                 continue
             self._status(item.engine, None)
             return entry
-        if item.source is not None and not facts.nvidia and facts.os == "linux" and not self.stopping.is_set():
+        if item.source is not None and _compiles(facts) and not self.stopping.is_set():
             # Neither GitHub nor the control plane gave a working archive: compile one.
             try:
                 entry = self._install_source(item, item.source, facts)
@@ -846,3 +846,9 @@ def _merge_libraries(source: Path, target: Path) -> None:
             if dest.exists() or dest.is_symlink():
                 dest.unlink()
             path.rename(dest)
+
+
+def _compiles(facts: NodeFacts) -> bool:
+    """Whether the node may compile an engine from source when no release archive can be had: a
+    Linux node without NVIDIA GPUs. A GPU node waits for the release's own CUDA builds instead."""
+    return not facts.nvidia and facts.os == "linux"
