@@ -72,8 +72,7 @@ class FacilityIndex:
 
 
 def build_index(inventory: Inventory) -> FacilityIndex:
-    claims = tuple(inventory.claims)
-    index = FacilityIndex(first_claims=frozenset(id(c) for c in claims), kept=claims)
+    index = FacilityIndex()
     for node_id, node in inventory.nodes.items():
         value = node.extra.get(SNAPSHOT_FIELD)
         facility = value if isinstance(value, dict) else {}
@@ -84,25 +83,20 @@ def build_index(inventory: Inventory) -> FacilityIndex:
         caps = facility.get("caps") if isinstance(facility.get("caps"), dict) else {}
         if caps:
             index.capped[node_id] = tuple(str(d) for d in caps)
-            draw = facility.get("draw_w")
             for domain, cap in caps.items():
                 index.caps[str(domain)] = int(cap)
-                known, unknown = index.drawn.get(str(domain), (0.0, 0))
-                if isinstance(draw, int | float):
-                    index.drawn[str(domain)] = (known + float(draw), unknown)
-                else:
-                    index.drawn[str(domain)] = (known, unknown + 1)
         held = [h for h in facility.get("held") or [] if isinstance(h, dict)]
         if held:
             index.held[node_id] = held
         else:
             index.free.add(node_id)
-    return index
+    return renew_draws(inventory, index)
 
 
 def renew_draws(inventory: Inventory, index: FacilityIndex) -> FacilityIndex:
-    """The index with its capped nodes' draws read again (each node's report now counts the claims
-    there are): the rest of it (locations, holds, caps) is as built."""
+    """The index with its capped nodes' draws read (again: each node's report now counts the claims
+    there are, as a simulated fleet's does after its claims change); the rest of it (locations,
+    holds, caps) is as built."""
     claims = tuple(inventory.claims)
     drawn: dict[str, tuple[float, int]] = {}
     for node_id, domains in index.capped.items():

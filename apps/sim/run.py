@@ -335,10 +335,7 @@ class Simulation:
             if capped:
                 self.capped.add(node_id)
                 facility["caps"] = capped
-                base = self.measured.get(node_id)
-                facility["draw_w"] = (
-                    None if base is None else base + claimed.get(node_id, 0.0) - self.initial_claims.get(node_id, 0.0)
-                )
+                facility["draw_w"] = self._draw(node_id, claimed)
             node.extra["facility"] = facility
         drains = {}
         for node_id, place in places.items():
@@ -359,11 +356,13 @@ class Simulation:
         for node_id in self.capped:
             facility = self.store.nodes[node_id].extra.get("facility")
             if isinstance(facility, dict):
-                base = self.measured.get(node_id)
-                facility["draw_w"] = (
-                    None if base is None else base + claimed.get(node_id, 0.0) - self.initial_claims.get(node_id, 0.0)
-                )
+                facility["draw_w"] = self._draw(node_id, claimed)
         self.store.inv.renew_index(FACILITY_INDEX, renew_draws)
+
+    def _draw(self, node_id: int, claimed: dict[int, float]) -> float | None:
+        """The node's draw with nothing placed plus what its claims (`claimed`) draw; None unknown."""
+        base = self.measured.get(node_id)
+        return None if base is None else base + claimed.get(node_id, 0.0) - self.initial_claims.get(node_id, 0.0)
 
     def _select(self, args: dict[str, Any]) -> list[placement.NodeSnapshot]:
         nodes = self.store.nodes

@@ -570,16 +570,13 @@ class Inventory:
             index = self._plugin_index[key] = build(self)
         return index
 
-    def renew_index(self, name: str, renew: Callable[[Inventory, Any], Any] | None = None) -> None:
+    def renew_index(self, name: str, renew: Callable[[Inventory, Any], Any]) -> None:
         """A node field that plugin index `name` reads has changed (a simulated fleet's measured
         power draw catching up with its claims): `renew(inventory, index)` gives the index built so
-        far its new form, or without `renew` the index is built again on its next use. The sums
-        over claims are dropped with it, since a sum may be kept for one form of an index."""
+        far its new form. The sums over claims are dropped with it, since a sum may be kept for one
+        form of an index."""
         for key in [key for key in self._plugin_index if key[0] == name]:
-            if renew is None:
-                del self._plugin_index[key]
-            else:
-                self._plugin_index[key] = renew(self, self._plugin_index[key])
+            self._plugin_index[key] = renew(self, self._plugin_index[key])
         self._sums.clear()
 
     def memo(self, key: Any, build: Callable[[], Any]) -> Any:
