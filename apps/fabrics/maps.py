@@ -8,8 +8,6 @@ parser has not met is a control plane upgrade, not one on every node.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import logging
 from datetime import timedelta
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from agent import bounded, protocol
 from apps.cluster import agent_requests
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import AgentRequest, Node
@@ -33,16 +32,17 @@ MAX_TEXT = 64 * 1024 * 1024  # a decompressed map larger than this is refused, n
 
 
 def _text(result: Any) -> str:
+    """The map's text: inflated with a bound (a few hundred kilobytes of gzip can hold gigabytes
+    of zeros), refused once it passes MAX_TEXT."""
     if not isinstance(result, dict):
         raise ValueError("the answer holds no map")
     if isinstance(result.get("text_gz"), str):
-        raw = gzip.decompress(base64.b64decode(result["text_gz"], validate=True))
-        if len(raw) > MAX_TEXT:
-            raise ValueError(f"the map is {len(raw)} bytes, more than {MAX_TEXT}")
-        return raw.decode("utf-8", errors="replace")
+        packed = bounded.b64decode(result["text_gz"], limit=protocol.MAX_MESSAGE_BYTES, what="the map")
+        return bounded.inflate(packed, limit=MAX_TEXT, what="the map").decode("utf-8", errors="replace")
     if isinstance(result.get("text"), str):
         return str(result["text"])
-    raise ValueError("the answer holds no map")
+    refused = result.get("refused") or []
+    raise ValueError("; ".join(["the answer holds no map", *map(str, refused)]))
 
 
 def record_map(row: AgentRequest, result: Any) -> dict[str, Any]:
