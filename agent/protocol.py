@@ -42,11 +42,13 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "DesiredShard",
     "PROTOCOL_VERSION",
+    "RESULTS",
     "ProtocolError",
     "encode",
     "error_message",
     "parse_message",
     "parse_shard",
+    "read_result",
 ]
 
 PROTOCOL_VERSION = 1
@@ -108,6 +110,27 @@ def integer(value: Any, path: str | None) -> None:
         raise ProtocolError("invalid", f"{path}: a whole number beyond 64 bits")
 
 
+# The integer columns the server keeps agent figures in, on PostgreSQL's sizes (SQLite holds 64
+# bits in all of them, so a figure checked only there would pass what PostgreSQL refuses). A
+# field the server stores in a column is checked against that column's range here, so a figure
+# past it is refused with its path instead of failing the database write. Each is held to its
+# model field by tests/cluster/test_protocol_columns.py.
+POSITIVE_SMALLINT = (0, 2**15 - 1)  # PositiveSmallIntegerField
+POSITIVE_INT = (0, 2**31 - 1)  # PositiveIntegerField
+INT32 = (-(2**31), 2**31 - 1)  # IntegerField
+
+
+def whole(low: int, high: int) -> Check:
+    """A whole number from `low` to `high` (the range of the column the server keeps it in)."""
+
+    def check(value: Any, path: str | None) -> None:
+        integer(value, path)
+        if not low <= value <= high:
+            raise ProtocolError("invalid", f"{path}: expected a whole number from {low} to {high}, got {value}")
+
+    return check
+
+
 def boolean(value: Any, path: str | None) -> None:
     if not isinstance(value, bool):
         _fail(path, "true or false", value)
@@ -166,19 +189,31 @@ def obj(required: Mapping[str, Check], optional: Mapping[str, Check] | None = No
     return check
 
 
+def within(minimum: float, maximum: float, *, whole: bool = False) -> Check:
+    """A number (a whole one with ``whole``) from ``minimum`` to ``maximum``: a figure that cannot
+    be true (a negative bandwidth, 1e308 Gb/s) is refused like one of the wrong type."""
+
+    def check(value: Any, path: str | None) -> None:
+        (integer if whole else number)(value, path)
+        if not minimum <= value <= maximum:
+            raise ProtocolError("invalid", f"{path}: expected {minimum:,g} to {maximum:,g}, got {value:,g}")
+
+    return check
+
+
 NUM = nullable(number)
 INT = nullable(integer)
 STR = nullable(string())
 
 GPU = obj(
-    {"index": integer},
+    {"index": whole(*POSITIVE_SMALLINT)},  # cluster.Gpu.index
     {
         "uuid": STR,
         "name": STR,
         "architecture": STR,
         "gpu_class": STR,
         "pci_bus_id": STR,
-        "memory_total_mib": INT,
+        "memory_total_mib": nullable(whole(*POSITIVE_INT)),  # cluster.Gpu.memory_total_mib
         "memory_used_mib": INT,
         "utilization_gpu_pct": NUM,
         "utilization_memory_pct": NUM,
@@ -213,7 +248,7 @@ GPU = obj(
         ),
         "xids": nullable(mapping(integer, 256)),
         "nvlink_errors": nullable(mapping(integer, 64)),
-        "foreign_processes": INT,
+        "foreign_processes": nullable(whole(*POSITIVE_INT)),  # cluster.Gpu.foreign_processes
     },
 )
 
@@ -415,7 +450,13 @@ SAMPLE = obj(
 
 SHARD_STATE = obj(
     {"shard": string(200), "state": string(32)},
-    {"pid": INT, "exit_code": INT, "log_tail": nullable(array(string(4000), 50)), "endpoint": STR, "message": STR},
+    {
+        "pid": nullable(whole(*POSITIVE_INT)),  # cluster.Shard.pid
+        "exit_code": nullable(whole(*INT32)),  # cluster.Shard.exit_code
+        "log_tail": nullable(array(string(4000), 50)),
+        "endpoint": STR,
+        "message": STR,
+    },
 )
 
 SCHEMAS: dict[str, Check] = {
@@ -444,6 +485,68 @@ SCHEMAS: dict[str, Check] = {
     "request": obj({"request_id": string(64), "kind": string(64)}, {"params": mapping()}),
     "replaced": obj({}, {"message": STR}),
 }
+
+
+# The answers to requests ("response" messages) ------------------------------------------------
+
+#: The fastest adapter port today is XDR InfiniBand at 800 Gb/s; ten times that leaves room for
+#: what comes next and still refuses a figure no port can reach.
+MAX_PORT_GBPS = 8000.0
+#: ib_write_bw's message rate on one port: a ConnectX-8 reaches a few hundred million a second.
+MAX_MESSAGE_RATE_MPPS = 100_000.0
+
+_PERFTEST_RESULT: dict[str, Check] = {
+    "bw_average_gbps": nullable(within(0, MAX_PORT_GBPS)),
+    "bw_peak_gbps": nullable(within(0, MAX_PORT_GBPS)),
+    "msg_rate_mpps": nullable(within(0, MAX_MESSAGE_RATE_MPPS)),
+    "unit": nullable(string(32)),
+    "device": nullable(string(64)),
+    "link_type": nullable(string(32)),
+    "warnings": array(string(2000), 10),
+}
+
+#: Per request kind, the fields its answer (the "result" of a "response") may hold. The answer
+#: is read field by field (read_result), not refused whole: one forged figure costs that figure.
+RESULTS: dict[str, dict[str, Check]] = {
+    "ibnetdiscover": {
+        "text_gz": string(MAX_MESSAGE_BYTES),
+        "text": string(MAX_MESSAGE_BYTES),
+        "exit_code": INT,
+        "bytes": nullable(within(0, INT64 - 1, whole=True)),
+    },
+    "perftest.server": _PERFTEST_RESULT,
+    "perftest.client": _PERFTEST_RESULT,
+}
+
+
+def read_result(kind: str, value: Any) -> dict[str, Any]:
+    """The answer to a ``kind`` request as the receiving side may keep it: each field RESULTS
+    knows, checked; one that fails is kept as unknown (None) and its reason listed under
+    ``"refused"`` (with the numbers: "bw_average_gbps: expected 0 to 8,000, got -5"). Fields
+    RESULTS does not name are dropped, and so is everything of a kind it does not know: nothing
+    an agent sends is kept as sent."""
+    fields = RESULTS.get(kind)
+    if fields is None:
+        return {"refused": [f"{kind}: this side does not know what such an answer holds"]}
+    try:
+        mapping()(value, "result")
+    except ProtocolError as exc:
+        return {"refused": [exc.message]}
+    kept: dict[str, Any] = {}
+    refused: list[str] = []
+    for name, check in fields.items():
+        if name not in value:
+            continue
+        try:
+            check(value[name], name)
+        except ProtocolError as exc:
+            kept[name] = None
+            refused.append(exc.message)
+        else:
+            kept[name] = value[name]
+    if refused:
+        kept["refused"] = refused
+    return kept
 
 
 @dataclass(frozen=True)

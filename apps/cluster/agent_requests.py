@@ -6,6 +6,9 @@ layer; without Redis, the web process holding the connection looks for pending r
 happened, and a failed or timed-out one can be tried again. An agent that does not list the
 request's feature at registration is refused at once, instead of being waited on for minutes.
 Apps register what to do with an answer (`register_handler`): the fabrics app parses a map.
+Every answer is read field by field against its kind's shape (agent.protocol.RESULTS) before
+a handler sees it: a figure that fails its check (a string, a negative or impossible number)
+is kept as null with the reason under "refused", never as the agent sent it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from agent import protocol
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import AgentRequest, Node
+from llmgw.ids import parse_id
 
 __all__ = [
     "FEATURES",
@@ -138,30 +143,39 @@ def has_pending(node_id: int) -> bool:
 def record_response(node_id: int, body: dict[str, Any]) -> AgentRequest | None:
     """The agent's answer: the row answered (its kind's handler run on the result) or failed."""
     request_id = str(body.get("request_id") or "")
-    if not request_id.startswith("req-") or not request_id[4:].isdigit():
+    pk = parse_id(request_id[4:], AgentRequest) if request_id.startswith("req-") else None
+    if pk is None:
         return None
     with transaction.atomic():
-        row = AgentRequest.objects.select_for_update().filter(pk=int(request_id[4:]), node_id=node_id).first()
+        row = AgentRequest.objects.select_for_update().filter(pk=pk, node_id=node_id).first()
         if row is None or row.state not in (AgentRequest.State.SENT, AgentRequest.State.PENDING):
             return row
         row.answered_at = timezone.now()
         if body.get("ok"):
-            result = body.get("result")
-            handler = _HANDLERS.get(row.kind)
-            try:
-                stored = handler(row, result) if handler is not None else result
-            except Exception as exc:
-                log.exception("the answer to %s from node %s could not be used", row, node_id)
-                row.state = AgentRequest.State.FAILED
-                row.error = _("The answer could not be used: %(error)s") % {"error": exc}
-            else:
-                row.state = AgentRequest.State.ANSWERED
-                row.result = stored
+            _use_answer(row, protocol.read_result(row.kind, body.get("result")), node_id)
         else:
             row.state = AgentRequest.State.FAILED
             row.error = str(body.get("error") or _("the agent gave no reason"))[:4000]
         row.save(update_fields=["state", "result", "error", "answered_at"])
     return row
+
+
+def _use_answer(row: AgentRequest, result: dict[str, Any], node_id: int) -> None:
+    """The row answered with what its kind's handler made of the answer (read field by field, a
+    refused figure kept as null with its reason under "refused"), or failed with the handler's
+    reason."""
+    handler = _HANDLERS.get(row.kind)
+    try:
+        stored = handler(row, result) if handler is not None else result
+    except Exception as exc:
+        log.exception("the answer to %s from node %s could not be used", row, node_id)
+        row.state = AgentRequest.State.FAILED
+        row.error = _("The answer could not be used: %(error)s") % {"error": exc}
+        return
+    if isinstance(stored, dict) and result.get("refused") and "refused" not in stored:
+        stored = {**stored, "refused": result["refused"]}
+    row.state = AgentRequest.State.ANSWERED
+    row.result = stored
 
 
 def expire(now: Any = None) -> int:

@@ -85,7 +85,11 @@ def plan(client: Node, server: Node) -> tuple[str, list[dict[str, Any]]]:
     rails = []
     for index, (a_dev, b_dev) in enumerate(zip(a_hcas, b_hcas, strict=False)):
         a_port, b_port = client_ports.get(a_dev, {}), server_ports.get(b_dev, {})
-        rates = [r for r in (a_port.get("rate_gbps"), b_port.get("rate_gbps")) if isinstance(r, int | float)]
+        rates = [
+            r
+            for r in (a_port.get("rate_gbps"), b_port.get("rate_gbps"))
+            if isinstance(r, int | float) and not isinstance(r, bool) and r > 0
+        ]
         rails.append(
             {
                 "rail": index,
@@ -155,17 +159,7 @@ def run_test(test_id: int) -> FabricTest:
                 group=group,
             )
             server, client = _wait([server, client], wait + 15)
-            measured = None
-            if client.state == AgentRequest.State.ANSWERED and isinstance(client.result, dict):
-                measured = client.result.get("bw_average_gbps")
-            rail["measured_gbps"] = measured
-            rail["share"] = round(measured / rail["link_gbps"], 3) if measured and rail.get("link_gbps") else None
-            rail["grade"] = grade(measured, rail.get("link_gbps"))
-            rail["state"] = "done" if measured is not None else "failed"
-            errors = [f"{r.node.name}: {r.error or r.state}" for r in (server, client) if r.state != "answered"]
-            if errors:
-                rail["error"] = "; ".join(errors)
-            rail["requests"] = [server.pk, client.pk]
+            _record_rail(rail, server, client)
             FabricTest.objects.filter(pk=test.pk).update(rails=rails)
         state = FabricTest.State.DONE
         error = ""
@@ -177,6 +171,30 @@ def run_test(test_id: int) -> FabricTest:
     FabricTest.objects.filter(pk=test.pk).update(rails=rails, state=state, error=error, finished_at=timezone.now())
     test.refresh_from_db()
     return test
+
+
+def _record_rail(rail: dict[str, Any], server: AgentRequest, client: AgentRequest) -> None:
+    """The rail's figures from its two answers: the bandwidth the client measured (null when it
+    did not answer or its figure was refused as it arrived, agent_requests), the share of the link
+    and the grade; each unanswered request and refused figure is named in the rail's error."""
+    answer = client.result if client.state == AgentRequest.State.ANSWERED else None
+    measured = answer.get("bw_average_gbps") if isinstance(answer, dict) else None
+    if isinstance(measured, bool) or not isinstance(measured, int | float):
+        measured = None  # an answer kept before figures were checked as they arrived
+    link = rail.get("link_gbps")
+    rail["measured_gbps"] = measured
+    rail["share"] = round(measured / link, 3) if measured is not None and link else None
+    rail["grade"] = grade(measured, link)
+    rail["state"] = "done" if measured is not None else "failed"
+    errors = []
+    for row in (server, client):
+        if row.state != AgentRequest.State.ANSWERED:
+            errors.append(f"{row.node.name}: {row.error or row.state}")
+        elif isinstance(row.result, dict):
+            errors += [f"{row.node.name}: {why}" for why in row.result.get("refused") or []]
+    if errors:
+        rail["error"] = "; ".join(errors)
+    rail["requests"] = [server.pk, client.pk]
 
 
 def as_dict(test: FabricTest) -> dict[str, Any]:
