@@ -8,7 +8,9 @@ renamed into place, so only a whole, verified file is ever where a model's sourc
 storage probe then reports it as held and placement can use the node.
 
 A directory outside the agent's `model_dirs` is refused (the probe would never see it, and the
-control plane must not write anywhere it likes); so is a file path that leaves its directory.
+control plane must not write anywhere it likes); so is a file path that leaves its directory, by
+symlinks included (agent/safepath.py, as the control plane checks what a Hub names). A redirect
+from the control plane is followed only where agent/install/redirects.py allows.
 Files that pass are remembered (`mirror.json` in the state directory, by path, size and mtime) so
 a file is hashed once, not at every desired message.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.install.resumable import FetchFailed, download
+from agent.safepath import UnsafePath, inside, is_inside
 
 __all__ = ["MirrorSync"]
 
@@ -60,12 +63,7 @@ class MirrorSync:
         os.replace(tmp, self.path)
 
     def _allowed(self, directory: Path) -> bool:
-        resolved = directory.resolve()
-        for base in self.model_dirs:
-            root = Path(base).resolve()
-            if resolved == root or root in resolved.parents:
-                return True
-        return False
+        return any(is_inside(directory, base) for base in self.model_dirs)
 
     def _known_good(self, target: Path, size: int | None, sha256: str | None) -> bool:
         entry = self.verified.get(str(target))
@@ -106,11 +104,11 @@ class MirrorSync:
             failures = []
             for file in item.get("files") or []:
                 relative = str(file.get("path") or "")
-                parts = relative.split("/")
-                if not relative or relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
-                    failures.append(f"{relative!r}: not a path inside the version")
+                try:
+                    target = inside(directory, relative, what="file path")
+                except UnsafePath as exc:
+                    failures.append(f"{relative[:200]!r}: not a path inside the version ({exc})")
                     continue
-                target = directory / relative
                 size, sha256 = file.get("size"), file.get("sha256")
                 if self._known_good(target, size, sha256):
                     continue
@@ -127,7 +125,7 @@ class MirrorSync:
                         headers=headers,
                         authority="the mirror's manifest",
                     )
-                except FetchFailed as exc:
+                except (FetchFailed, OSError) as exc:
                     failures.append(f"{relative}: {exc}")
                     log.warning("mirror: %s: %s", relative, exc)
                     continue

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from agent.install.redirects import Destinations, handlers
+
 __all__ = [
     "CHUNK_BYTES",
     "PROGRESS_EVERY_S",
@@ -41,10 +43,6 @@ PROGRESS_EVERY_S = 1.0
 CHUNK_BYTES = 2**20
 
 _HEX_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
-
-#: Headers that carry credentials: never sent on to another host after a redirect (GitHub's
-#: asset URLs redirect to a storage host that refuses requests with an Authorization header).
-_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 
 
 class FetchError(Exception):
@@ -87,40 +85,20 @@ def _expected_hex(sha256: str | None, name: str) -> str:
     return text
 
 
-class _RedirectHandler(urllib.request.HTTPRedirectHandler):
-    """Follows redirects like urllib does, but drops credential headers when the host changes."""
-
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: http.client.HTTPMessage,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
-            raise urllib.error.HTTPError(newurl, code, f"{msg}, redirecting to a non-HTTP URL", headers, fp)
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
-            for key in [key for key in new.headers if key.lower() in _CREDENTIAL_HEADERS]:
-                del new.headers[key]
-        return new
+def opener(ca_file: str | None, destinations: Destinations | None = None) -> urllib.request.OpenerDirector:
+    """urllib's opener with the CA bundle, following redirects only where
+    :mod:`agent.install.redirects` allows (never carrying credentials to another host)."""
+    return _opener(ca_file, destinations)
 
 
-def opener(ca_file: str | None) -> urllib.request.OpenerDirector:
-    """urllib's opener with the CA bundle, dropping credentials on a redirect to another host."""
-    return _opener(ca_file)
-
-
-def _opener(ca_file: str | None) -> urllib.request.OpenerDirector:
+def _opener(ca_file: str | None, destinations: Destinations | None = None) -> urllib.request.OpenerDirector:
     context = ssl.create_default_context()
     if ca_file:
         try:
             context.load_verify_locations(cafile=ca_file)
         except (OSError, ssl.SSLError) as exc:
             raise FetchError(f"cannot load the CA bundle {ca_file}: {exc}") from exc
-    return urllib.request.build_opener(_RedirectHandler(), urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(*handlers(context, destinations))
 
 
 def _reason(exc: BaseException, timeout: float) -> str:
@@ -142,6 +120,7 @@ def download(
     max_bytes: int = 64 * 2**30,
     headers: Mapping[str, str] | None = None,
     ca_file: str | None = None,
+    destinations: Destinations | None = None,
 ) -> str:
     """Download ``url`` to ``dest`` and return the body's sha256 as lower-case hex.
 
@@ -150,7 +129,8 @@ def download(
     must match the body exactly; ``max_bytes`` caps a body of unknown size.  ``timeout`` applies
     to connecting and to each wait for data.  ``headers`` are sent with the request; credential
     headers are dropped when a redirect leads to another host.  ``ca_file`` adds a CA bundle to
-    the system's for https.  ``progress(done, total)`` is called once the response starts, at most
+    the system's for https; ``destinations`` names the control plane's endpoints no redirect may
+    lead to (see :mod:`agent.install.redirects`).  ``progress(done, total)`` is called once the response starts, at most
     every :data:`PROGRESS_EVERY_S` seconds while bytes flow, and once at the end; ``total`` is the
     announced or expected size, or None.
 
@@ -165,7 +145,7 @@ def download(
     if size is not None and size > max_bytes:
         raise FetchError(f"too large: {name} is {size:,} bytes, more than the limit of {max_bytes:,}")
     part = dest.with_name(dest.name + ".part")
-    opener = _opener(ca_file)
+    opener = _opener(ca_file, destinations)
     request = urllib.request.Request(url, headers=dict(headers or {}))
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -258,14 +238,19 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def fetch_text(
-    url: str, *, headers: Mapping[str, str] | None = None, ca_file: str | None = None, limit: int = 32 * 2**20
+    url: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    ca_file: str | None = None,
+    limit: int = 32 * 2**20,
+    destinations: Destinations | None = None,
 ) -> str:
     """A small text document (a `.sha256` sidecar, a simple-API page); FetchError on failure."""
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise FetchError(f"cannot read {url}: only http and https URLs are supported")
     request = urllib.request.Request(url, headers=dict(headers or {}))
     try:
-        with _opener(ca_file).open(request, timeout=30.0) as response:
+        with _opener(ca_file, destinations).open(request, timeout=30.0) as response:
             body = response.read(limit + 1)
     except urllib.error.HTTPError as exc:
         exc.close()

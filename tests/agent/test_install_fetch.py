@@ -37,6 +37,7 @@ class _Server(ThreadingHTTPServer):
     #: (path, headers) of every request, in order
     seen: list[tuple[str, dict[str, str]]]
     release: threading.Event
+    other_port: int
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -54,8 +55,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.seen.append((self.path, dict(self.headers.items())))
-        host = self.headers.get("Host", "")
-        port = host.rsplit(":", 1)[-1]
         if self.path == "/file":
             self._head(len(BODY))
             self.wfile.write(BODY)
@@ -64,10 +63,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Location", "/file")
             self.send_header("Content-Length", "0")
             self.end_headers()
-        elif self.path == "/redirect-other-host":
-            other = "localhost" if host.startswith("127.0.0.1") else "127.0.0.1"
+        elif self.path == "/redirect-other-host":  # the same host, another port: another server
             self.send_response(302)
-            self.send_header("Location", f"http://{other}:{port}/file")
+            self.send_header("Location", f"http://127.0.0.1:{self.server.other_port}/file")
             self.send_header("Content-Length", "0")
             self.end_headers()
         elif self.path == "/no-length":  # HTTP/1.0: the body ends when the connection closes
@@ -98,16 +96,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[_Server]:
-    httpd = _Server(("127.0.0.1", 0), _Handler)
-    httpd.seen = []
-    httpd.release = threading.Event()
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.release.set()
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(5)
+    """The server the tests ask, and a second one on another port that it redirects to."""
+    servers = [_Server(("127.0.0.1", 0), _Handler) for _ in range(2)]
+    seen: list[tuple[str, dict[str, str]]] = []
+    threads = []
+    for httpd in servers:
+        httpd.seen, httpd.release, httpd.other_port = seen, threading.Event(), servers[1].server_address[1]
+        threads.append(threading.Thread(target=httpd.serve_forever, daemon=True))
+        threads[-1].start()
+    yield servers[0]
+    for httpd, thread in zip(servers, threads, strict=True):
+        httpd.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
 
 
 @pytest.fixture
@@ -167,7 +169,7 @@ def test_credentials_are_not_sent_on_to_another_host(base: str, server: _Server,
     assert first["Authorization"] == "Bearer secret"
     assert "Authorization" not in second
     assert second["Accept"] == "application/octet-stream"
-    assert second["Host"].startswith("localhost:")
+    assert second["Host"] == f"127.0.0.1:{server.other_port}"
 
 
 def test_body_without_content_length_is_checked_against_size(base: str, tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 from agent.mirror import MirrorSync
+from tests.localhttp import LocalHTTP
 from tests.mirror.ggufbytes import RangeServer
 
 
@@ -59,5 +61,45 @@ def test_a_directory_outside_model_dirs_and_a_path_that_leaves_are_refused(tmp_p
         mirror.converge_sync([item(tmp_path, b"x", folder=tmp_path / "elsewhere")])
         assert mirror.status["7"] == f"refused: {tmp_path / 'elsewhere'} is not inside this node's model_dirs"
         mirror.converge_sync([item(tmp_path, b"x", path="../../escape.gguf")])
-        assert mirror.status["7"] == "failed: '../../escape.gguf': not a path inside the version"
+        assert mirror.status["7"].startswith("failed: '../../escape.gguf': not a path inside the version")
         assert server.requests == []
+
+
+def test_a_symlink_out_of_model_dirs_and_a_name_no_file_system_takes_are_refused(tmp_path: Path) -> None:
+    """The control plane names a directory inside model_dirs, but a symlink there leads out; or a
+    file whose name is longer than a file system takes: refused with the reason, nothing asked."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "models" / "mirror").mkdir(parents=True)
+    (tmp_path / "models" / "mirror" / "acme--m").symlink_to(outside, target_is_directory=True)
+    with RangeServer(tmp_path) as server:
+        mirror = sync(tmp_path, server)
+        mirror.converge_sync([item(tmp_path, b"x")])
+        assert mirror.status["7"].startswith("refused: "), mirror.status["7"]
+        mirror.converge_sync([item(tmp_path, b"x", folder=tmp_path / "models" / "m", path="n" * 300)])
+        assert "has a name of 300 bytes; a file system takes 255" in mirror.status["7"]
+        assert server.requests == []
+    assert list(outside.iterdir()) == []
+
+
+def test_a_redirect_from_the_control_plane_to_a_link_local_address_is_not_followed(tmp_path: Path) -> None:
+    """A cloud's metadata service (169.254.169.254) is never asked, with the node's credential or not."""
+
+    def answer(handler: Any, head: bool) -> None:
+        handler.send_response(302)
+        handler.send_header("Location", "http://169.254.169.254/latest/meta-data/iam/")
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    server = LocalHTTP(answer)
+    server.start()
+    try:
+        mirror = MirrorSync(
+            tmp_path / "state",
+            [str(tmp_path / "models")],
+            address=lambda url: (f"{server.base}/{url}", {"Authorization": "Bearer node-token"}),
+        )
+        mirror.converge_sync([item(tmp_path, b"x")])
+    finally:
+        server.stop()
+    assert "is a link-local address (169.254.169.254)" in mirror.status["7"], mirror.status["7"]
