@@ -289,6 +289,9 @@ HF_ENDPOINT = (env_str("LLMGW_HF_ENDPOINT") or "https://huggingface.co").rstrip(
 HF_TOKEN = env_secret("LLMGW_HF_TOKEN") or ""
 MIRROR_CONCURRENT_FETCHES = env_int("LLMGW_MIRROR_CONCURRENT_FETCHES", 2, minimum=1, maximum=32)
 MIRROR_RESERVE_GB = env_float("LLMGW_MIRROR_RESERVE_GB", 5.0, minimum=0.0, maximum=100000.0)
+# The most taken for a file the Hub lists with no size (a small file kept in git, not LFS): counted
+# at this size against free space, and refused past it.
+MIRROR_UNSIZED_MAX_MB = env_int("LLMGW_MIRROR_UNSIZED_MAX_MB", 64, minimum=1, maximum=1_000_000)
 # Where nodes keep what they fetch from the mirror (the same path on every node, inside one of
 # their model_dirs): a model served from the mirror names its file there as its source.
 MIRROR_NODE_DIR = (env_str("LLMGW_MIRROR_NODE_DIR") or "/var/lib/llmgw/models/mirror").rstrip("/")

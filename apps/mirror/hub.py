@@ -19,6 +19,8 @@ from typing import Any
 from django.conf import settings
 from django.utils.translation import gettext as _
 
+from agent.install.redirects import MAX_REDIRECTS, endpoint
+
 __all__ = ["Group", "HubFile", "HubNotFound", "MirrorError", "group_files", "parse_source", "repo_files", "search"]
 
 #: Files a safetensors set needs besides its shards.
@@ -33,6 +35,12 @@ _QUANT = re.compile(
     re.IGNORECASE,
 )
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_BLOB = re.compile(r"^[0-9a-f]{40}$")
+_REVISION = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+#: Seconds to wait for the Hub's API to connect or send more of an answer.
+API_TIMEOUT_S = 30.0
 
 
 class MirrorError(ValueError):
@@ -75,7 +83,47 @@ class Group:
 def api() -> Any:
     from huggingface_hub import HfApi
 
+    _guard_client()
     return HfApi(endpoint=settings.HF_ENDPOINT, token=settings.HF_TOKEN or False)
+
+
+_guarded = False
+
+
+def _guard_client() -> None:
+    """huggingface_hub's HTTP client, once per process: a timeout on every wait, at most a few
+    redirects, and none to this machine's own services (apps/mirror/fetch.py: `destinations`)."""
+    global _guarded
+    if _guarded:
+        return
+    import httpx2
+    from huggingface_hub.utils import _http, set_client_factory
+
+    def guard(request: Any) -> None:
+        refused = redirect_refusal(str(request.url))
+        if refused:
+            raise httpx2.RequestError(refused, request=request)
+
+    def client() -> Any:
+        return httpx2.Client(
+            event_hooks={"request": [_http.hf_request_event_hook, guard]},
+            follow_redirects=True,
+            max_redirects=MAX_REDIRECTS,
+            timeout=API_TIMEOUT_S,
+        )
+
+    set_client_factory(client)
+    _guarded = True
+
+
+def redirect_refusal(url: str) -> str | None:
+    """Why the Hub's API may not be asked `url` (a redirect it gave); None when it may."""
+    from apps.mirror.fetch import destinations
+
+    origin = endpoint(settings.HF_ENDPOINT)
+    if endpoint(url) == origin:
+        return None
+    return destinations().url_refusal(url, origin=origin)
 
 
 def check_repo(repo: str) -> str:
@@ -123,9 +171,21 @@ def hub_error(exc: BaseException) -> dict[str, str]:
     return {"hub": settings.HF_ENDPOINT, "error": text[:300]}
 
 
+def check_revision(revision: str) -> str:
+    if not isinstance(revision, str) or not _REVISION.match(revision):
+        raise MirrorError(
+            _("%(revision)r is not a revision (a branch, tag or commit of at most 200 characters)")
+            % {"revision": str(revision)[:80]}
+        )
+    return revision
+
+
 def repo_files(repo: str, revision: str = "main") -> tuple[str, list[HubFile]]:
-    """(commit, files) of a repository at a revision, with each file's size and digest."""
+    """(commit, files) of a repository at a revision, with each file's size and digest. The commit
+    is 40 hexadecimal characters or MirrorError; a size or digest the Hub gives in another shape
+    is taken as not given."""
     check_repo(repo)
+    check_revision(revision)
     try:
         info = api().model_info(repo, revision=revision, files_metadata=True)
     except Exception as exc:
@@ -134,23 +194,30 @@ def repo_files(repo: str, revision: str = "main") -> tuple[str, list[HubFile]]:
             _("cannot read %(repo)s at %(revision)s from %(hub)s: %(error)s")
             % {"repo": repo, "revision": revision, **hub_error(exc)}
         ) from None
-    files = []
-    for sibling in info.siblings or []:
-        lfs = getattr(sibling, "lfs", None)
-        sha256 = None
-        if lfs is not None:
-            sha256 = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
-        files.append(
-            HubFile(
-                path=sibling.rfilename,
-                size=getattr(sibling, "size", None),
-                sha256=sha256,
-                blob_id=getattr(sibling, "blob_id", None),
-            )
+    commit = info.sha if isinstance(info.sha, str) else ""
+    if not _COMMIT.match(commit):
+        raise MirrorError(
+            _("%(hub)s gave %(commit)r as the commit of %(repo)s: a commit id is 40 hexadecimal characters")
+            % {"hub": settings.HF_ENDPOINT, "commit": str(info.sha)[:80], "repo": repo}
         )
-    if not info.sha:
-        raise MirrorError(_("%(hub)s gave no commit for %(repo)s") % {"hub": settings.HF_ENDPOINT, "repo": repo})
-    return info.sha, files
+    return commit, [_listed(sibling) for sibling in info.siblings or []]
+
+
+def _listed(sibling: Any) -> HubFile:
+    """A file as the Hub lists it; a size or digest of the wrong shape is taken as not given, so a
+    file is fetched only against a digest that can be checked (and refused with none)."""
+    lfs = getattr(sibling, "lfs", None)
+    sha256 = None
+    if lfs is not None:
+        sha256 = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+    size = getattr(sibling, "size", None)
+    blob_id = getattr(sibling, "blob_id", None)
+    return HubFile(
+        path=str(sibling.rfilename),
+        size=size if type(size) is int and 0 <= size < 2**63 else None,
+        sha256=sha256.lower() if isinstance(sha256, str) and _SHA256.match(sha256.lower()) else None,
+        blob_id=blob_id.lower() if isinstance(blob_id, str) and _BLOB.match(blob_id.lower()) else None,
+    )
 
 
 def quantisation(name: str) -> str | None:

@@ -8,6 +8,8 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from agent.safepath import inside
+
 __all__ = ["MirrorFile", "MirrorVersion"]
 
 
@@ -43,7 +45,9 @@ class MirrorVersion(models.Model):
 
     @property
     def folder(self) -> Path:
-        return Path(settings.MIRROR_DIR) / self.repo.replace("/", "--") / self.commit
+        """Where the version's files are, resolved under `MIRROR_DIR`; UnsafePath when the repository
+        or commit would lead anywhere else."""
+        return inside(Path(settings.MIRROR_DIR).absolute(), self.repo.replace("/", "--"), self.commit, what="version")
 
 
 class MirrorFile(models.Model):
@@ -66,6 +70,8 @@ class MirrorFile(models.Model):
     etag = models.CharField(_("ETag"), max_length=200, blank=True)
     attempts = models.PositiveSmallIntegerField(_("attempts"), default=0)
     started_at = models.DateTimeField(_("started"), null=True, blank=True)
+    # Renewed by the fetch as it reports; a downloading file whose fetch stopped reporting is resumed.
+    progress_at = models.DateTimeField(_("last progress"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
 
     class Meta:
@@ -79,7 +85,15 @@ class MirrorFile(models.Model):
 
     @property
     def local_path(self) -> Path:
-        return self.version.folder / self.path
+        """Where the file is, resolved under its version's folder; UnsafePath when its path (as the
+        Hub named it) would lead anywhere else."""
+        return inside(self.version.folder, self.path, what="file path")
+
+    @property
+    def part_path(self) -> Path:
+        """Where the file is written until it is whole and verified."""
+        local = self.local_path
+        return local.with_name(local.name + ".part")
 
     @property
     def seconds_left(self) -> float | None:

@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterable
+import urllib.parse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from agent.safepath import NAME_MAX, UnsafePath, check_relative, inside
 from apps.accounts import audit
 from apps.mirror import hub
-from apps.mirror.fetch import FetchFailed, download, resolve_url
+from apps.mirror.fetch import FetchFailed, destinations, download, resolve_url
 from apps.mirror.hub import HubFile, MirrorError
 from apps.mirror.models import MirrorFile, MirrorVersion
 
@@ -45,6 +47,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
+#: A fetch reports at least every minute while it lives (each read waits at most that long, and a
+#: resumed .part reports while it is hashed); one silent for this long has died.
+STALE_AFTER_S = 180.0
+#: What a file's name may take: the suffix it is written under until verified, and its column.
+PART = ".part"
+PATH_COLUMN = 1000
 
 
 @dataclass(frozen=True)
@@ -72,9 +80,30 @@ def space() -> Space:
 
 
 def _safe_path(path: str) -> str:
-    parts = path.split("/")
-    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in path:
-        raise MirrorError(_("%(path)r is not a file path inside a repository") % {"path": path})
+    """A file path as the Hub names it, refused unless it can be written under the mirror as named:
+    relative, no '.' or '..' part, no backslash or control character, each name short enough to
+    take its '.part' suffix, and short enough for its column."""
+    try:
+        parts = check_relative(path, what="file path")
+    except UnsafePath as exc:
+        raise MirrorError(
+            _("%(path)r is not a file path inside a repository: %(why)s") % {"path": path[:200], "why": exc}
+        ) from None
+    longest = max(len(part.encode()) for part in parts)
+    if longest > NAME_MAX - len(PART) or len(path) > PATH_COLUMN:
+        raise MirrorError(
+            _(
+                "%(path)r is too long to keep: a name of %(longest)d bytes (at most %(names)d) in a path of "
+                "%(length)d characters (at most %(paths)d)"
+            )
+            % {
+                "path": path[:200],
+                "longest": longest,
+                "names": NAME_MAX - len(PART),
+                "length": len(path),
+                "paths": PATH_COLUMN,
+            }
+        )
     return path
 
 
@@ -104,7 +133,8 @@ def add_sources(urls: Iterable[str], *, actor: Any = None, address: str | None =
         for file in chosen:
             _safe_path(file.path)
             if not file.sha256 and not file.blob_id:
-                raise MirrorError(_("the Hub gives no digest for %(path)s") % {"path": file.path})
+                raise _unchecked(file.path)
+            _where(repo, commit, file.path)
         planned.append((repo, revision, commit, kind, name, chosen))
     if not planned:
         raise MirrorError(_("no source given"))
@@ -113,7 +143,7 @@ def add_sources(urls: Iterable[str], *, actor: Any = None, address: str | None =
         for f in MirrorFile.objects.filter(state=MirrorFile.State.HELD).select_related("version")
     }
     needed = sum(
-        f.size or 0
+        f.size if f.size is not None else unsized_max()
         for repo, _rev, commit, _k, _n, chosen in planned
         for f in chosen
         if (repo, commit, f.path) not in held
@@ -154,6 +184,28 @@ def add_sources(urls: Iterable[str], *, actor: Any = None, address: str | None =
     return versions
 
 
+def _unchecked(path: str) -> MirrorError:
+    return MirrorError(
+        _("the Hub gives neither a sha256 nor a git blob id for %(path)s: it cannot be checked") % {"path": path}
+    )
+
+
+def unsized_max() -> int:
+    """The most bytes taken for a file whose size the Hub does not list."""
+    return int(settings.MIRROR_UNSIZED_MAX_MB) * 2**20
+
+
+def _where(repo: str, commit: str, path: str) -> Path:
+    """Where a file of a repository at a commit is kept; MirrorError when that is not under the
+    mirror's folder."""
+    try:
+        return inside(Path(settings.MIRROR_DIR).absolute(), repo.replace("/", "--"), commit, path, what="file path")
+    except UnsafePath as exc:
+        raise MirrorError(
+            _("%(path)r cannot be kept in the mirror: %(why)s") % {"path": path[:200], "why": exc}
+        ) from None
+
+
 def start_fetches() -> int:
     """Start queued files while fewer than the limit download; returns how many started."""
     from apps.mirror.tasks import fetch_mirror_file
@@ -171,8 +223,8 @@ def start_fetches() -> int:
         )
         for file in queued:
             file.state = MirrorFile.State.DOWNLOADING
-            file.started_at = timezone.now()
-            file.save(update_fields=["state", "started_at"])
+            file.started_at = file.progress_at = timezone.now()
+            file.save(update_fields=["state", "started_at", "progress_at"])
             started.append(file.pk)
     for pk in started:
         try:
@@ -180,71 +232,108 @@ def start_fetches() -> int:
         except Exception:
             # The broker is away: the file waits in the queue for beat's next start_mirror_fetches.
             log.warning("could not hand mirror file %s to the worker; it stays queued", pk, exc_info=True)
-            MirrorFile.objects.filter(pk=pk).update(state=MirrorFile.State.QUEUED, started_at=None)
+            MirrorFile.objects.filter(pk=pk).update(state=MirrorFile.State.QUEUED, started_at=None, progress_at=None)
     return len(started)
 
 
-def resume_interrupted(older_than_s: float = 120.0) -> int:
-    """Files marked downloading whose progress stopped (the worker died mid-file) queue again:
-    their .part is resumed."""
+def resume_interrupted(older_than_s: float = STALE_AFTER_S) -> int:
+    """Files marked downloading whose fetch has not reported for `older_than_s` (its worker died
+    or was killed) queue again: the next fetch resumes their .part with a Range request."""
     from datetime import timedelta
 
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    stale = MirrorFile.objects.filter(state=MirrorFile.State.DOWNLOADING, started_at__lt=cutoff)
-    count = 0
-    for file in stale:
-        part = file.local_path.with_name(file.local_path.name + ".part")
-        size = part.stat().st_size if part.exists() else 0
-        if size == file.bytes_done or size == 0:  # not moving
-            MirrorFile.objects.filter(pk=file.pk, state=MirrorFile.State.DOWNLOADING).update(
-                state=MirrorFile.State.QUEUED
-            )
-            count += 1
+    stale = MirrorFile.objects.filter(state=MirrorFile.State.DOWNLOADING).filter(
+        Q(progress_at__lt=cutoff) | Q(progress_at__isnull=True, started_at__lt=cutoff) | Q(started_at__isnull=True)
+    )
+    count = MirrorFile.objects.filter(pk__in=stale.values("pk")).update(
+        state=MirrorFile.State.QUEUED, rate=None, started_at=None, progress_at=None
+    )
+    if count:
+        log.warning("mirror: %d fetch(es) stopped reporting for %d s: queued again to resume", count, older_than_s)
     return count
 
 
-def fetch_one(pk: int) -> MirrorFile:
-    """Download one file (the worker's task); then start the next queued ones."""
-    file = MirrorFile.objects.select_related("version").get(pk=pk)
-    version = file.version
-    last = {"at": 0.0}
+class _TakenOver(Exception):
+    """The row this fetch was writing for was queued again, removed or taken by another fetch."""
+
+
+def fetch_one(pk: int) -> MirrorFile | None:
+    """Download one file (the worker's task), then start the next queued ones. Whatever happens,
+    the file ends held, queued again (to resume) or failed with the reason; None when the row is
+    gone or no longer this task's to fetch."""
+    file = MirrorFile.objects.select_related("version").filter(pk=pk).first()
+    if file is None or file.state != MirrorFile.State.DOWNLOADING:
+        start_fetches()
+        return None
+    claim = file.started_at
 
     def progress(done: int, rate: float | None) -> None:
-        MirrorFile.objects.filter(pk=pk).update(bytes_done=done, rate=rate)
-        last["at"] = done
+        mine = MirrorFile.objects.filter(pk=pk, state=MirrorFile.State.DOWNLOADING, started_at=claim)
+        if not mine.update(bytes_done=done, rate=rate, progress_at=timezone.now()):
+            raise _TakenOver()
 
     try:
-        digest = download(
-            resolve_url(version.repo, version.commit, file.path),
-            file.local_path,
-            size=file.size,
-            sha256=file.sha256 or None,
-            blob_id=file.blob_id or None,
-            progress=progress,
-            token=settings.HF_TOKEN or None,
-        )
-    except FetchFailed as exc:
-        file.refresh_from_db()
-        file.attempts += 1
-        again = exc.resumable and file.attempts < MAX_ATTEMPTS
-        file.state = MirrorFile.State.QUEUED if again else MirrorFile.State.FAILED
-        file.error = str(exc)[:2000]
-        file.rate = None
-        file.save(update_fields=["state", "error", "attempts", "rate"])
-        log.warning("mirror %s: %s%s", file, exc, " (will resume)" if again else "")
+        digest = _download(file, progress)
+    except _TakenOver:
+        log.info("mirror %s: queued again or removed while fetching; this fetch stops", pk)
+    except (FetchFailed, MirrorError) as exc:
+        _failed(file, str(exc), again=getattr(exc, "resumable", False))
+    except Exception as exc:  # noqa: BLE001 - one file's fault must not leave it downloading for ever
+        log.exception("mirror %s: the fetch failed", pk)
+        _failed(file, _("the fetch failed: %(error)s") % {"error": exc}, again=False)
     else:
-        file.refresh_from_db()
-        file.state = MirrorFile.State.HELD
-        file.bytes_done = file.size if file.size is not None else file.local_path.stat().st_size
-        file.sha256 = digest
-        file.error = ""
-        file.rate = None
-        file.finished_at = timezone.now()
-        file.save(update_fields=["state", "bytes_done", "sha256", "error", "rate", "finished_at"])
-        if version_state(version) == "held" and node_fetches():
-            tell_nodes()
+        _held(file, digest)
     start_fetches()
-    return file
+    return MirrorFile.objects.select_related("version").filter(pk=pk).first()
+
+
+def _download(file: MirrorFile, progress: Callable[[int, float | None], None]) -> str:
+    version = file.version
+    target = _where(version.repo, version.commit, file.path)
+    if not file.sha256 and not file.blob_id:
+        raise _unchecked(file.path)
+    return download(
+        resolve_url(version.repo, version.commit, file.path),
+        target,
+        size=file.size,
+        sha256=file.sha256 or None,
+        blob_id=file.blob_id or None,
+        progress=progress,
+        token=settings.HF_TOKEN or None,
+        max_bytes=unsized_max(),
+        destinations=destinations(),
+    )
+
+
+def _failed(file: MirrorFile, error: str, *, again: bool) -> None:
+    """The file queued again to resume (while attempts are left) or failed, with the reason."""
+    attempts = file.attempts + 1
+    again = again and attempts < MAX_ATTEMPTS
+    MirrorFile.objects.filter(pk=file.pk).update(
+        state=MirrorFile.State.QUEUED if again else MirrorFile.State.FAILED,
+        error=error[:2000],
+        attempts=attempts,
+        rate=None,
+        started_at=None,
+        progress_at=None,
+    )
+    log.warning("mirror %s: %s%s", file, error, " (will resume)" if again else "")
+
+
+def _held(file: MirrorFile, digest: str) -> None:
+    """The file is whole and verified: held, with the digest nodes check it against."""
+    done = file.size if file.size is not None else file.local_path.stat().st_size
+    MirrorFile.objects.filter(pk=file.pk).update(
+        state=MirrorFile.State.HELD,
+        bytes_done=done,
+        sha256=digest,
+        error="",
+        rate=None,
+        finished_at=timezone.now(),
+        progress_at=None,
+    )
+    if version_state(file.version) == "held" and node_fetches():
+        tell_nodes()
 
 
 def version_state(version: MirrorVersion) -> str:
@@ -372,7 +461,7 @@ def node_fetches() -> list[dict[str, Any]]:
                         "path": f.path,
                         "size": f.size,
                         "sha256": f.sha256,
-                        "url": f"/api/v1/mirror-files/{version.pk}/{f.path}",
+                        "url": f"/api/v1/mirror-files/{version.pk}/{urllib.parse.quote(f.path)}",
                     }
                     for f in files
                 ],
@@ -407,8 +496,13 @@ def remove_version(version: MirrorVersion, *, actor: Any = None, address: str | 
     freed = 0
     paths = []
     for file in version.files.all():
-        for path in (file.local_path, file.local_path.with_name(file.local_path.name + ".part")):
-            if path.exists():
+        try:
+            kept = (file.local_path, file.part_path)
+        except UnsafePath as exc:  # a row from a hostile listing: its files are not the mirror's to delete
+            log.warning("mirror: %s is not deleted from disk: %s", file, exc)
+            continue
+        for path in kept:
+            if path.is_file():
                 freed += path.stat().st_size
                 paths.append(path)
 

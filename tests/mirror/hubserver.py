@@ -17,6 +17,12 @@ Faults: `Repo.lie_sha256` advertises a wrong digest for a file, `HubServer.trunc
 cuts a body after n bytes, `HubServer.change_after[path] = n` serves other bytes after n bytes
 have been sent (the file changed on the Hub mid-download), and `HubServer.gone` holds
 repositories that answer 404 (a repository that disappears).
+
+A hostile Hub: `Repo.commit` may be anything (`../../tmp/x`), `HubServer.redirect[path] = url`
+answers a file's resolve URL (or, for `"api"`, every API call) with a 302 to `url`,
+`HubServer.unsized` lists files with no size, `HubServer.swap[path] = bytes` sends other bytes
+than those listed, `HubServer.endless` sends zeros for ever with no length, and
+`HubServer.pause_after[path] = n` stops after n bytes until `HubServer.go_on` is set.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import re
+import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -73,6 +80,12 @@ class HubServer:
         self.truncate: dict[str, int] = {}
         self.change_after: dict[str, int] = {}
         self.gone: set[str] = set()
+        self.redirect: dict[str, str] = {}
+        self.unsized: set[str] = set()
+        self.swap: dict[str, bytes] = {}
+        self.endless: set[str] = set()
+        self.pause_after: dict[str, int] = {}
+        self.go_on = threading.Event()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range)
         self.api = LocalHTTP(lambda handler, head: self._answer_api(handler, head=head))
         self.storage = LocalHTTP(lambda handler, head: self._answer_storage(handler, head=head))
@@ -121,6 +134,8 @@ class HubServer:
         path = urllib.parse.unquote(split.path)
         query = urllib.parse.parse_qs(split.query)
         self.requests.append((handler.command, handler.path, handler.headers.get("Range")))
+        if "api" in self.redirect and path.startswith("/api/"):
+            return self._send(handler, 302, b"", "text/plain", head, Location=self.redirect["api"])
         if path == "/api/models":
             self._search(handler, query, head)
             return None
@@ -138,6 +153,8 @@ class HubServer:
             siblings = []
             for p in sorted(repo.files):
                 sibling: dict[str, Any] = {"rfilename": p, "size": len(repo.files[p]), "blobId": repo.entry(p)["oid"]}
+                if p in self.unsized:
+                    del sibling["size"]
                 if repo.lfs(p):
                     sibling["lfs"] = {"sha256": repo.sha256(p), "size": len(repo.files[p]), "pointerSize": 134}
                 siblings.append(sibling)
@@ -149,7 +166,11 @@ class HubServer:
             if repo is None or match.group(3) not in repo.files:
                 return self._missing(handler, head, X_Repo_Commit=repo.commit if repo else "")
             file = match.group(3)
-            data = repo.files[file]
+            if file in self.redirect:
+                return self._send(handler, 302, b"", "text/plain", head, Location=self.redirect[file])
+            if file in self.endless:
+                return self._endless(handler)
+            data = self.swap.get(file, repo.files[file])
             common = {"X_Repo_Commit": repo.commit}
             if repo.lfs(file):
                 location = f"{self.storage.base}/blobs/{repo.id}/{urllib.parse.quote(file)}"
@@ -167,6 +188,19 @@ class HubServer:
                 return None
             return self._bytes(handler, file, data, head, ETag=f'"{git_blob_sha1(data)}"', **common)
         return self._missing(handler, head)
+
+    @staticmethod
+    def _endless(handler: BaseHTTPRequestHandler) -> None:
+        """Zeros until the client stops reading, with no length (the body ends with the connection)."""
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/octet-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        zeros = bytes(2**16)
+        with contextlib.suppress(OSError):
+            while True:
+                handler.wfile.write(zeros)
 
     def _search(self, handler: BaseHTTPRequestHandler, query: dict[str, list[str]], head: bool) -> None:
         words = (query.get("search") or [""])[0].lower()
@@ -194,7 +228,7 @@ class HubServer:
         if repo is None or match is None or match.group(2) not in repo.files:
             return self._missing(handler, head)
         file = match.group(2)
-        return self._bytes(handler, file, repo.files[file], head, ETag=f'"{repo.sha256(file)}"')
+        return self._bytes(handler, file, self.swap.get(file, repo.files[file]), head, ETag=f'"{repo.sha256(file)}"')
 
     def _bytes(self, handler: BaseHTTPRequestHandler, name: str, data: bytes, head: bool, **headers: str) -> None:
         size = len(data)
@@ -227,5 +261,11 @@ class HubServer:
         if cut_at is not None and start + len(body) > cut_at:
             body = body[: max(cut_at - start, 0)]
             handler.close_connection = True
+        pause = self.pause_after.get(name)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            if pause is not None and start < pause < start + len(body):
+                handler.wfile.write(body[: pause - start])
+                handler.wfile.flush()
+                self.go_on.wait(60)
+                body = body[pause - start :]
             handler.wfile.write(body)
