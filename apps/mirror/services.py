@@ -364,7 +364,11 @@ def manifest(version: MirrorVersion) -> dict[str, Any]:
     if version.kind == MirrorVersion.Kind.SAFETENSORS:
         from apps.mirror.safetensors import check_set
 
-        problems = check_set(version.folder, {f.path: f.sha256 for f in files if f.path.endswith(".safetensors")})
+        try:
+            folder = version.folder
+        except UnsafePath as exc:
+            raise MirrorError(str(exc)) from None
+        problems = check_set(folder, {f.path: f.sha256 for f in files if f.path.endswith(".safetensors")})
         if problems:
             raise MirrorError(_("the safetensors set is not whole: %(problems)s") % {"problems": "; ".join(problems)})
     return {
@@ -401,7 +405,7 @@ def summary(version: MirrorVersion, *, ctx_size: int = 4096, parallel: int = 1) 
         return None
     try:
         shape = shape_of(read_header(FileSource(files[0].local_path)))
-    except (GGUFError, OSError) as exc:
+    except (GGUFError, OSError, UnsafePath) as exc:
         raise MirrorError(_("%(file)s: %(error)s") % {"file": files[0].path, "error": exc}) from None
     weights = sum(f.size or 0 for f in files)
     ours = (
