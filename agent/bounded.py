@@ -49,6 +49,8 @@ def inflate(data: bytes, *, limit: int, what: str) -> bytes:
     would come out, ValueError when the data is not gzip or ends early. Several gzip members one
     after another are read as one text (as ``gzip.decompress`` does); zero padding after the last
     is ignored."""
+    if limit < 0:
+        raise ValueError(f"a negative limit for {what}: {limit}")
     out = bytearray()
     pending = data
     while pending:
@@ -85,6 +87,8 @@ def b64decode(text: str, *, limit: int, what: str) -> bytes:
 def copy(source: IO[bytes], write: Callable[[bytes], object], *, limit: int, what: str) -> int:
     """Read ``source`` to its end a chunk at a time, handing each chunk to ``write``; TooLarge
     before the chunk that would pass ``limit`` bytes in all is written. Returns the bytes copied."""
+    if limit < 0:
+        raise ValueError(f"a negative limit for {what}: {limit}")
     count = 0
     while True:
         chunk = source.read(min(CHUNK, limit + 1 - count))

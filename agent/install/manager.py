@@ -7,12 +7,18 @@ should have, each with its release's assets (name, size, sha256, where to fetch 
 2. an engine already installed at that version, and still passing its checks, is kept;
 3. otherwise the builds this node may run (`builds.choose_builds`) are tried best first: the
    archive (and the CUDA runtime archive where the host has none) is downloaded to disk and
-   checked against its sha256, unpacked into an empty staging directory (`archive.extract`),
+   checked against its sha256 (refused first when it would leave less than `disk_reserve`
+   free), unpacked into an empty staging directory (`archive.extract`, bounded by what an engine
+   release may unpack to, `archive_limits`, and by the disk's free space less the reserve),
    checked (`verify.check`: ldd, `--version`, and on a GPU build `--list-devices`; a library
    the node's package sources have is installed with apt-get once, when the agent runs as
    root), and only then renamed to `<state_dir>/engines/<engine>/<version>-<build>/` and
    written to `installed.json`. A build that fails gives way to the next; when none works the
    reasons are reported and the engine that worked before stays in use.
+
+What an install the agent did not finish left behind (killed mid-download or mid-unpack: its
+`.staging-*` scratch, uv's staging, an install moved aside) is removed, or put back, when the agent
+starts (`remove_stale_staging`); the installs themselves are never touched.
 
 Installed engines are checked again every `recheck_interval` seconds (ten minutes): one that
 fails (an upgrade removed a library) is withdrawn at once, so placement stops offering it, and
@@ -42,8 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.bounded import size_text
 from agent.install import pyenv, verify
-from agent.install.archive import UnsafeArchive, extract
+from agent.install.archive import ENGINE_RELEASE, RESERVE_BYTES, UV_RELEASE, Limits, UnsafeArchive, extract
 from agent.install.builds import Asset, Build, NodeFacts, choose_builds, parse_assets
 from agent.install.fetch import FetchError, download, fetch_text, human_bytes, progress_text
 from agent.install.source import SourceBuild, SourceError, index_url, parse_source
@@ -148,6 +155,9 @@ class Installer:
     # The control plane: a relative asset URL is its own copy, fetched with the node's credential.
     server: str = ""
     credential: Callable[[], str | None] | None = None
+    # What a release archive may unpack to, and what the node's disk keeps free whatever it holds.
+    archive_limits: Limits = ENGINE_RELEASE
+    disk_reserve: int = RESERVE_BYTES
 
     def __post_init__(self) -> None:
         self.root = Path(self.state_dir) / "engines"
@@ -162,6 +172,8 @@ class Installer:
         self.stopping = threading.Event()
         # The manifest was read: an empty one means this node has no installed engine.
         self.probed = True
+        # A new agent process: no install is under way, so what one left behind is stale.
+        self.remove_stale_staging()
 
     # ----------------------------------------------------------------- what the node has
 
@@ -217,6 +229,35 @@ class Installer:
         if text:
             log.info("engine %s: %s", engine, text)
         self._changed()
+
+    # ----------------------------------------------------------------- staging left behind
+
+    def remove_stale_staging(self) -> list[str]:
+        """Remove what a killed install left under the engines folder: scratch directories
+        (``.staging-*``: a half-done download, a half-unpacked tree), uv's staging
+        (``.tools/.uv-*``) and the manifest's temporary copies. An install moved aside for a new
+        one (``<engine>/.old-<name>-*``) is removed once ``<name>`` is in place again, and put back
+        when the kill came before the new one was renamed in (it is then the current install).
+        Installs themselves, the current one and the one kept for rollback, never start with a
+        dot and are never touched; nor are the resolved-requirements locks (``.locks``). Returns
+        what was removed or put back, as the log says it."""
+        done: list[str] = []
+        if not self.root.is_dir():
+            return done
+        for child in sorted(self.root.iterdir()):
+            if child.name.startswith(".staging-") or (
+                child.name.startswith(f".{MANIFEST}.") and child.name.endswith(".tmp")
+            ):
+                done.append(_remove(child))
+            elif child.name == ".tools" and child.is_dir() and not child.is_symlink():
+                done += [_remove(tool) for tool in sorted(child.iterdir()) if tool.name.startswith(".")]
+            elif child.is_dir() and not child.is_symlink() and not child.name.startswith("."):
+                # Newest first: the install moved aside last is the one that may have to go back.
+                aside = sorted(child.glob(".old-*"), key=lambda p: p.lstat().st_ctime_ns, reverse=True)
+                done += [_restore_or_remove(old) for old in aside]
+        for line in done:
+            log.info("engines: %s, left by an install that did not finish", line)
+        return done
 
     # ----------------------------------------------------------------- manifest
 
@@ -476,7 +517,7 @@ class Installer:
         scratch.mkdir(parents=True)
         path = self._fetch(engine, Asset(archive.name, archive.size, digest, archive.urls), scratch)
         self._status(engine, f"installing: unpacking {archive.name}")
-        extract(path, scratch / "tree")
+        extract(path, scratch / "tree", limits=UV_RELEASE, reserve=self.disk_reserve)
         found = _find_binary(scratch / "tree", "uv")
         self._place_uv(found, folder, version)
 
@@ -626,6 +667,7 @@ class Installer:
         if not asset.urls:
             raise FetchError(f"no address to fetch {asset.name} from")
         dest = folder / asset.name
+        self._check_room(asset, folder)
         failures = []
         for listed in asset.urls:
             url, headers = self._address(listed)
@@ -648,6 +690,15 @@ class Installer:
                 failures.append(str(exc))
         raise FetchError("; ".join(failures))
 
+    def _check_room(self, asset: Asset, folder: Path) -> None:
+        """FetchError when the download would leave less than the reserve free on the node's disk."""
+        free = shutil.disk_usage(folder).free
+        if asset.size is not None and asset.size > free - self.disk_reserve:
+            raise FetchError(
+                f"{asset.name} is {asset.size:,} bytes and {folder} has {free:,} bytes free: downloading it "
+                f"would leave less than the {size_text(self.disk_reserve)} this node keeps free"
+            )
+
     def _address(self, listed: str) -> tuple[str, dict[str, str]]:
         """A listed URL made absolute; the control plane's own (relative) ones carry the credential."""
         if listed.startswith(("http://", "https://")):
@@ -665,13 +716,13 @@ class Installer:
             downloads.mkdir(parents=True)
             archive = self._fetch(item.engine, build.asset, downloads)
             self._status(item.engine, f"installing: unpacking {build.asset.name}")
-            extract(archive, tree)
+            extract(archive, tree, limits=self.archive_limits, reserve=self.disk_reserve)
             archive.unlink()
             binary = _find_binary(tree, BINARIES[item.engine])
             if build.runtime is not None:
                 runtime = self._fetch(item.engine, build.runtime, downloads)
                 self._status(item.engine, f"installing: unpacking {build.runtime.name}")
-                extract(runtime, scratch / "runtime")
+                extract(runtime, scratch / "runtime", limits=self.archive_limits, reserve=self.disk_reserve)
                 runtime.unlink()
                 _merge_libraries(scratch / "runtime", binary.parent)
             return self._place(item, build, tree, binary)
@@ -795,6 +846,25 @@ class Installer:
             except Exception:
                 log.exception("re-checking the installed engines failed")
             await asyncio.sleep(min(self.recheck_interval, self.retry_after))
+
+
+def _remove(path: Path) -> str:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+    return f"removed {path}"
+
+
+def _restore_or_remove(old: Path) -> str:
+    """An install _rename_into_place moved aside (``.old-<name>-<8 hex>``): removed when ``<name>``
+    is in place, renamed back when it is not (the agent stopped between the two renames)."""
+    name = old.name.removeprefix(".old-")[:-9]
+    final = old.with_name(name)
+    if not name or final.exists() or final.is_symlink():
+        return _remove(old)
+    old.rename(final)
+    return f"put {final} back"
 
 
 def _rename_into_place(staged: Path, final: Path) -> None:

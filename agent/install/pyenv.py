@@ -34,15 +34,17 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent import bounded
+from agent.bounded import size_text
 from agent.install.builds import Asset, NodeFacts, compute_capability, parse_assets
 
 __all__ = [
@@ -73,6 +75,8 @@ UV_TIMEOUT_S = 3 * 3600.0
 CHECK_TIMEOUT_S = 900.0
 RECHECK_TIMEOUT_S = 120.0
 REQUIREMENTS = "llmgw-requirements.txt"
+#: The most a binary taken out of a wheel (uv's) may unpack to: uv is tens of megabytes.
+MAX_WHEEL_BINARY = 512 * 2**20
 _UV_TRIPLES = {"x86_64": "x86_64-unknown-linux-gnu", "amd64": "x86_64-unknown-linux-gnu"}
 _UV_TRIPLES |= {"aarch64": "aarch64-unknown-linux-gnu", "arm64": "aarch64-unknown-linux-gnu"}
 _WHEEL_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
@@ -301,17 +305,27 @@ def find_index_wheel(package: str, version: str, arch: str, index: str, *, opene
 
 
 def binary_from_wheel(wheel: Path, dest: Path, name: str = "uv") -> Path:
-    """Take the `<pkg>-<v>.data/scripts/<name>` binary out of a wheel (one member, by name)."""
-    with zipfile.ZipFile(wheel) as archive:
-        members = [m for m in archive.infolist() if re.fullmatch(rf"[^/]+\.data/scripts/{re.escape(name)}", m.filename)]
-        if not members:
-            raise PythonError(f"{wheel.name} holds no {name} binary")
-        member = members[0]
-        if member.file_size > 512 * 2**20:
-            raise PythonError(f"{wheel.name}: {name} is {member.file_size:,} bytes, more than 512 MiB")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with archive.open(member) as source, open(dest, "wb") as out:
-            shutil.copyfileobj(source, out, 2**20)
+    """Take the `<pkg>-<v>.data/scripts/<name>` binary out of a wheel (one member, by name), its
+    bytes counted as they are inflated and stopped past the size it declares (at most
+    MAX_WHEEL_BINARY); PythonError says why it cannot be had."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            pattern = rf"[^/]+\.data/scripts/{re.escape(name)}"
+            members = [m for m in archive.infolist() if re.fullmatch(pattern, m.filename)]
+            if not members:
+                raise PythonError(f"{wheel.name} holds no {name} binary")
+            member = members[0]
+            if member.file_size > MAX_WHEEL_BINARY:
+                raise PythonError(
+                    f"{wheel.name}: {name} is {member.file_size:,} bytes, more than {size_text(MAX_WHEEL_BINARY)}"
+                )
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(member) as source, open(dest, "wb") as out:
+                bounded.copy(source, out.write, limit=member.file_size, what=f"{wheel.name}: {name}")
+    except bounded.TooLarge as exc:
+        raise PythonError(f"{exc}, the size it declares") from None
+    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise PythonError(f"{wheel.name} cannot be read: {exc}") from None
     dest.chmod(0o755)
     return dest
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.install.archive import extract
+from agent.install.archive import SOURCE, extract
 from agent.install.fetch import FetchError, download
 
 __all__ = ["SourceBuild", "SourceError", "build", "find_sdist", "index_url", "parse_source"]
@@ -155,7 +155,7 @@ def build(
         raise SourceError(str(exc)) from None
     say(f"installing: unpacking {name}")
     tree = work / "src"
-    extract(archive, tree)
+    extract(archive, tree, limits=SOURCE)
     archive.unlink()
     roots = [p for p in tree.iterdir() if p.is_dir()]
     cmake_root = (roots[0] if len(roots) == 1 else tree) / source.subdir

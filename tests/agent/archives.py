@@ -10,6 +10,7 @@ Member builders return what the writers need; the writers pick gzip or plain tar
 
 from __future__ import annotations
 
+import gzip
 import io
 import stat
 import struct
@@ -27,6 +28,7 @@ __all__ = [
     "llama_tarball",
     "llama_zip",
     "lying_zip_bomb",
+    "sparse_tarball",
     "tar_device",
     "tar_dir",
     "tar_file",
@@ -128,6 +130,27 @@ def llama_tarball(
     members += [tar_file(f"{root}/{name}", data, mode) for name, (data, mode) in (files or LLAMA_FILES).items()]
     members += [tar_symlink(f"{root}/{name}", target) for name, target in (symlinks or LLAMA_SYMLINKS).items()]
     return write_tar(path, members)
+
+
+def sparse_tarball(path: Path, name: str, apparent_size: int, data: bytes = b"x") -> Path:
+    """A GNU tar holding one sparse member, as ``tar --sparse`` writes one: its header declares
+    ``apparent_size`` bytes while the archive stores only ``data``, at the end of the file."""
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.GNUTYPE_SPARSE
+    info.size = len(data)
+    info.mode = 0o644
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(data))
+    raw = bytearray(buffer.getvalue())
+    # The old GNU sparse header: the first (offset, length) pair at 386, the file's real size at 483.
+    raw[386:398] = b"%012o" % (apparent_size - len(data))
+    raw[398:410] = b"%012o" % len(data)
+    raw[483:495] = b"%012o" % apparent_size
+    raw[148:156] = b" " * 8
+    raw[148:156] = b"%06o\0 " % sum(raw[:512])
+    path.write_bytes(gzip.compress(bytes(raw)) if path.name.endswith((".tar.gz", ".tgz")) else bytes(raw))
+    return path
 
 
 # --------------------------------------------------------------------------- zip

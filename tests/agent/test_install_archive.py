@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import tarfile
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from archives import (
     llama_tarball,
     llama_zip,
     lying_zip_bomb,
+    sparse_tarball,
     tar_device,
     tar_dir,
     tar_file,
@@ -31,7 +33,7 @@ from archives import (
     zip_symlink,
 )
 
-from agent.install.archive import Limits, UnsafeArchive, archive_format, extract
+from agent.install.archive import ENGINE_RELEASE, Limits, UnsafeArchive, archive_format, extract
 
 
 def _mode(path: Path) -> int:
@@ -283,19 +285,19 @@ TAR_REFUSALS = [
     ),
     pytest.param(
         lambda tmp: [tar_file("big.bin", bytes(2000))],
-        "member big.bin declares 2,000 bytes: more than the limit of 1,000 per member",
+        "member big.bin declares 2,000 bytes: more than the limit of 1,000 bytes per member of an engine release",
         Limits(max_member_bytes=1000),
         id="member-too-big",
     ),
     pytest.param(
         lambda tmp: [tar_file("a.bin", bytes(2000)), tar_file("b.bin", bytes(2000))],
-        "the members declare 4,000 bytes in all: more than the limit of 3,000",
+        "the members declare at least 4,000 bytes in all: more than the limit of 3,000 bytes for an engine release",
         Limits(max_total_bytes=3000),
         id="total-too-big",
     ),
     pytest.param(
         lambda tmp: [tar_file(f"f{i}") for i in range(11)],
-        "at least 11 members: more than the limit of 10",
+        "at least 11 members: more than the limit of 10 for an engine release archive",
         Limits(max_members=10),
         id="too-many-members",
     ),
@@ -364,13 +366,13 @@ ZIP_REFUSALS = [
     ),
     pytest.param(
         lambda tmp: [zip_file("bomb.bin", bytes(10_000_000))],
-        "the members declare 10,000,000 bytes in all: more than the limit of 1,000,000",
+        "the members declare at least 10,000,000 bytes in all: more than the limit of 1,000,000 bytes",
         Limits(max_total_bytes=1_000_000),
         id="zip-bomb",
     ),
     pytest.param(
         lambda tmp: [zip_file(f"f{i}") for i in range(11)],
-        "11 members: more than the limit of 10",
+        "at least 11 members: more than the limit of 10 for an engine release archive",
         Limits(max_members=10),
         id="too-many-members",
     ),
@@ -419,6 +421,73 @@ def test_zip_bomb_that_understates_its_size_is_stopped_and_cleaned_up(tmp_path: 
         assert list(staging.iterdir()) == []
     else:
         assert not staging.exists()
+
+
+# --------------------------------------------------------------------------- bounded by kind and disk
+
+MIB = 2**20
+SMALL_RELEASE = Limits(max_total_bytes=8 * MIB, max_member_bytes=8 * MIB)
+
+
+@pytest.mark.parametrize("name", ["r.tar.gz", "r.zip"])
+def test_a_compressible_member_past_the_kind_limit_is_refused_at_its_header(tmp_path: Path, name: str) -> None:
+    # A real engine file and, beside it, 12 MiB of zeros (a few kilobytes packed) against a limit of
+    # 8 MiB: the zeros' header refuses the archive, and nothing is written.
+    if name.endswith(".zip"):
+        archive = write_zip(
+            tmp_path / name, [zip_file("llama-b1/llama-server"), zip_file("llama-b1/z", bytes(12 * MIB))]
+        )
+    else:
+        archive = write_tar(
+            tmp_path / name, [tar_file("llama-b1/llama-server"), tar_file("llama-b1/z", bytes(12 * MIB))]
+        )
+    assert archive.stat().st_size < 100_000
+    message = (
+        "member llama-b1/z declares 12,582,912 bytes: "
+        "more than the limit of 8 MiB per member of an engine release archive"
+    )
+    with pytest.raises(UnsafeArchive, match=re.escape(message)):
+        extract(archive, tmp_path / "staging", limits=SMALL_RELEASE)
+    assert _others(tmp_path, archive) == []
+
+
+def test_an_engine_release_unpacks_to_2_gib_at_most() -> None:
+    assert (ENGINE_RELEASE.max_total_bytes, ENGINE_RELEASE.max_members) == (2 * 2**30, 2_000)
+
+
+def test_a_sparse_member_declaring_10_gib_is_refused(tmp_path: Path) -> None:
+    archive = sparse_tarball(tmp_path / "s.tar.gz", "llama-b1/zeros.bin", 10 * 2**30)
+    assert archive.stat().st_size < 1000
+    with pytest.raises(UnsafeArchive, match="member llama-b1/zeros.bin is a sparse file: refused"):
+        extract(archive, tmp_path / "staging")
+    assert _others(tmp_path, archive) == []
+
+
+@pytest.mark.parametrize("name", ["many.tar.gz", "many.zip"])
+def test_a_member_count_bomb_is_refused_at_the_kinds_count(tmp_path: Path, name: str) -> None:
+    count = ENGINE_RELEASE.max_members + 1
+    if name.endswith(".zip"):
+        archive = write_zip(tmp_path / name, [zip_file(f"llama-b1/f{i}", b"") for i in range(count)])
+    else:
+        archive = write_tar(tmp_path / name, [tar_file(f"llama-b1/f{i}", b"") for i in range(count)])
+    message = "at least 2,001 members: more than the limit of 2,000 for an engine release archive"
+    with pytest.raises(UnsafeArchive, match=re.escape(message)):
+        extract(archive, tmp_path / "staging")
+    assert _others(tmp_path, archive) == []
+
+
+def test_an_archive_that_would_leave_less_than_the_reserve_free_is_refused_with_the_numbers(tmp_path: Path) -> None:
+    archive = write_tar(tmp_path / "r.tar.gz", [tar_file("llama-b1/llama-server", bytes(3 * MIB))])
+    reserve = shutil.disk_usage(tmp_path).total  # no disk keeps all of itself free
+    with pytest.raises(UnsafeArchive) as refused:
+        extract(archive, tmp_path / "a" / "staging", reserve=reserve)
+    text = str(refused.value)
+    assert re.fullmatch(
+        rf"the members declare at least 3,145,728 bytes and {re.escape(str(tmp_path))} has [0-9,]+ bytes free: "
+        r"unpacking would leave less than the [0-9,]+ (GiB|MiB|KiB|bytes) this node keeps free",
+        text,
+    ), text
+    assert _others(tmp_path, archive) == []
 
 
 def test_truncated_tarball_is_refused_as_unreadable(tmp_path: Path) -> None:

@@ -8,12 +8,14 @@ import dataclasses
 import io
 import os
 import re
+import shutil
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from agent.install.archive import Limits
 from agent.install.builds import NodeFacts, parse_assets
 from agent.install.manager import DesiredEngine, Installer, parse_desired_engines
 from agent.probes import nvidia
@@ -191,6 +193,111 @@ def test_a_malicious_archive_is_refused_before_anything_is_written(
     assert status.startswith("failed: cpu-x64: ") and reason in status.lower()
     assert engines.report()["installed"][0]["version"] == "b100"
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "state" / "escaped").exists()
+
+
+MIB = 2**20
+
+
+def _zeros_release(folder: Path, tag: str, zeros: int) -> Path:
+    """A release archive holding the real llama-server and a file of ``zeros`` zero bytes (a few
+    kilobytes packed), as a hostile release server made one with 10 GiB of them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / f"llama-{tag}-bin-ubuntu-x64.tar.gz"
+    assert SERVER is not None
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(SERVER, f"llama-{tag}/llama-server")
+        info = tarfile.TarInfo(f"llama-{tag}/zeros.bin")
+        info.size = zeros
+        tar.addfile(info, io.BytesIO(bytes(zeros)))
+    return archive
+
+
+def test_a_release_past_what_an_engine_may_unpack_to_is_refused_with_the_numbers_and_the_old_engine_stays(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path]
+) -> None:
+    # The limit set low (the real one is 2 GiB), the member a few MB over it.
+    small = Limits(max_total_bytes=32 * MIB, max_member_bytes=32 * MIB)
+    releases.add("b100", archives["b100"])
+    releases.add("b666", _zeros_release(tmp_path / "evil", "b666", 36 * MIB))
+    engines, _ = installer(tmp_path, retry_after=3600, archive_limits=small)
+    engines.converge_sync([desired(releases, "b100")])
+    engines.converge_sync([desired(releases, "b666")])
+    status = engines.report()["status"]["llama.cpp"]
+    assert status == (
+        "failed: cpu-x64: member llama-b666/zeros.bin declares 37,748,736 bytes: "
+        "more than the limit of 32 MiB per member of an engine release archive"
+    )
+    assert engines.report()["installed"][0]["version"] == "b100"
+    folder = tmp_path / "state" / "engines"
+    assert sorted(p.name for p in (folder / "llama.cpp").iterdir()) == ["b100-cpu-x64"]
+    assert not list(folder.glob(".staging-*"))
+
+
+def test_a_release_that_would_leave_the_disk_below_its_reserve_is_refused_with_the_numbers(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path]
+) -> None:
+    releases.add("b100", archives["b100"])
+    releases.add("b200", archives["b200"])
+    engines, _ = installer(tmp_path, retry_after=3600)
+    engines.converge_sync([desired(releases, "b100")])
+    engines.disk_reserve = shutil.disk_usage(tmp_path).total  # no disk keeps all of itself free
+    engines.converge_sync([desired(releases, "b200")])
+    status = engines.report()["status"]["llama.cpp"]
+    size = archives["b200"].stat().st_size
+    assert re.fullmatch(
+        rf"failed: cpu-x64: llama-b200-bin-ubuntu-x64.tar.gz is {size:,} bytes and \S+ has [0-9,]+ bytes free: "
+        r"downloading it would leave less than the [0-9,]+ \w+ this node keeps free",
+        status,
+    ), status
+    assert engines.report()["installed"][0]["version"] == "b100"
+
+
+def test_staging_left_by_a_killed_install_is_removed_when_the_agent_starts_and_both_installs_stay(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path]
+) -> None:
+    releases.add("b100", archives["b100"])
+    releases.add("b200", archives["b200"])
+    engines, _ = installer(tmp_path)
+    engines.converge_sync([desired(releases, "b100")])
+    engines.converge_sync([desired(releases, "b200")])  # b200 in use, b100 kept for rollback
+    root = tmp_path / "state" / "engines"
+    # What installs killed part way left: a half-done download (3.1 MB was seen), a half-unpacked
+    # tree, uv's staging, a copy of the manifest being written.
+    killed = root / ".staging-llama.cpp-0badf00d"
+    (killed / "downloads").mkdir(parents=True)
+    (killed / "downloads" / "llama-b300-bin-ubuntu-x64.tar.gz").write_bytes(os.urandom(3 * MIB))
+    (killed / "tree" / "llama-b300").mkdir(parents=True)
+    (killed / "tree" / "llama-b300" / "zeros.bin").write_bytes(bytes(MIB))
+    (root / ".staging-uv-0badf00d" / "release").mkdir(parents=True)
+    (root / ".tools" / ".uv-0.9.0-0badf00d").mkdir(parents=True)
+    (root / ".installed.json.4242.tmp").write_text("{")
+    locks = root / "llama.cpp" / ".locks"
+    locks.mkdir()
+    (locks / "b200-cpu-x64.txt").write_text("resolved\n")
+    before = engines.binaries()
+
+    again, _ = installer(tmp_path)  # the agent starts again
+
+    assert sorted(p.name for p in root.iterdir()) == [".tools", "installed.json", "llama.cpp"]
+    assert list((root / ".tools").iterdir()) == []
+    assert sorted(p.name for p in (root / "llama.cpp").iterdir()) == [".locks", "b100-cpu-x64", "b200-cpu-x64"]
+    assert again.binaries() == before and os.access(before["llama.cpp"], os.X_OK)
+
+
+def test_an_install_moved_aside_when_the_agent_was_killed_is_put_back_at_start(
+    tmp_path: Path, releases: ReleaseServer, archives: dict[str, Path]
+) -> None:
+    releases.add("b100", archives["b100"])
+    engines, _ = installer(tmp_path)
+    engines.converge_sync([desired(releases, "b100")])
+    folder = tmp_path / "state" / "engines" / "llama.cpp"
+    # Killed between moving the install aside and renaming its replacement in: the one aside is
+    # the one the manifest names, so it is put back; one aside whose place was taken goes.
+    (folder / ".old-b100-cpu-x64-5ca1ab1e").mkdir()  # an earlier one whose removal did not finish
+    (folder / "b100-cpu-x64").rename(folder / ".old-b100-cpu-x64-0badf00d")
+    again, _ = installer(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["b100-cpu-x64"]
+    assert again.binaries() == engines.binaries() and os.access(again.binaries()["llama.cpp"], os.X_OK)
 
 
 @pytest.mark.skipif(not have_cc(), reason="needs cc to build the dynamically linked launcher")
