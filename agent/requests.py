@@ -35,7 +35,7 @@ class RequestFailed(Exception):
 
 def _device(params: dict[str, Any]) -> tuple[str, str]:
     device, port = str(params.get("device") or ""), str(params.get("port") or "1")
-    if not _NAME.fullmatch(device) or not port.isdigit():
+    if not _NAME.fullmatch(device) or not re.fullmatch(r"[0-9]{1,5}", port):
         raise RequestFailed(f"not an adapter port: {device!r} port {port!r}")
     return device, port
 

@@ -127,7 +127,8 @@ class _Counted:
 
 
 def _whole_number(value: bytes | None) -> int | None:
-    if value is None or not value.isdigit():
+    # bytes.isdigit() is ASCII only; past 20 digits no length is real, and int() refuses 4,300
+    if value is None or not value.isdigit() or len(value) > 20:
         return None
     return int(value)
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin
-from django.urls import URLPattern, URLResolver, include, path
+from django.urls import URLPattern, URLResolver, include, path, register_converter
 from django.utils.csp import CSP
 from django.views.decorators.csp import csp_override
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
@@ -27,6 +27,10 @@ from llmgw import ops
 from llmgw.api import StatusView, router
 from llmgw.console import about, docs
 from llmgw.console import views as console
+from llmgw.ids import IdConverter
+
+# `<id:pk>`: ASCII digits naming an id the column can hold; anything else matches nothing (404).
+register_converter(IdConverter, "id")
 
 router.register("keys", accounts_api.ApiKeyViewSet, basename="apikey")
 router.register("organizations", accounts_api.OrganizationViewSet, basename="organization")
@@ -116,9 +120,9 @@ urlpatterns = [
     path("people/limits/", people_views.people_limits, name="people-limits"),
     path("people/usage/", people_views.people_usage, name="people-usage"),
     path("people/members/add", people_views.people_member_add, name="people-member-add"),
-    path("people/members/<int:pk>/remove", people_views.people_member_remove, name="people-member-remove"),
-    path("people/users/<int:pk>/suspend", people_views.people_user_suspend, name="people-user-suspend"),
-    path("people/users/<int:pk>/reactivate", people_views.people_user_reactivate, name="people-user-reactivate"),
+    path("people/members/<id:pk>/remove", people_views.people_member_remove, name="people-member-remove"),
+    path("people/users/<id:pk>/suspend", people_views.people_user_suspend, name="people-user-suspend"),
+    path("people/users/<id:pk>/reactivate", people_views.people_user_reactivate, name="people-user-reactivate"),
     path("people/teams/add", people_views.people_team_add, name="people-team-add"),
     path("people/projects/add", people_views.people_project_add, name="people-project-add"),
     path("people/organizations/add", people_views.people_organization_add, name="people-organization-add"),

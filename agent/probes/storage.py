@@ -105,7 +105,7 @@ def _json_int(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,20}", value):  # "²" passes isdigit(), fails int()
         return int(value)
     return None
 

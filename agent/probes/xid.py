@@ -46,7 +46,8 @@ _NAME_RE = re.compile(r"^name=(?P<name>[^,]*?)\s*(?:,\s*|$)")
 
 def _pid(raw: str) -> int | None:
     raw = raw.strip().strip("'\"")
-    if not raw.isdigit() or int(raw) == 0:  # '<unknown>', or 0 (no user process)
+    # '<unknown>', or 0 (no user process); ASCII digits only, as "²" passes isdigit() and fails int()
+    if not re.fullmatch(r"[0-9]{1,20}", raw) or int(raw) == 0:
         return None
     return int(raw)
 

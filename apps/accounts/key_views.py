@@ -24,6 +24,7 @@ from apps.accounts.models import ApiKey, User
 from apps.accounts.selectors import projects_for_user
 from apps.catalog.models import Model
 from llmgw.http import client_address
+from llmgw.ids import parse_id
 
 __all__ = ["ApiKeyForm", "ConnectForm", "account", "api_keys", "connect_script", "server_address"]
 
@@ -92,8 +93,8 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     form = ApiKeyForm(user=user)
     if request.method == "POST":
         if "revoke" in request.POST:
-            pk = request.POST.get("revoke", "")
-            if not pk.isdigit():
+            pk = parse_id(request.POST.get("revoke"), ApiKey)
+            if pk is None:
                 raise Http404
             key = get_object_or_404(ApiKey, pk=pk, user=user, is_session_key=False)
             services.revoke_api_key(key, actor=user, address=client_address(request))

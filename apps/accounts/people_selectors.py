@@ -25,6 +25,7 @@ from apps.quotas import histograms
 from apps.quotas.choices import UsageGroup
 from apps.quotas.models import CapacityQuota, RateLimit
 from apps.quotas.selectors import UsageRow, usage_summary
+from llmgw.ids import parse_id
 
 __all__ = [
     "EVERYTHING",
@@ -141,17 +142,18 @@ def scope_for(user: User) -> Scope:
 
 def get_branch(key: str | None) -> Branch | None:
     """The branch a key names, or None when the key is malformed or names nothing."""
-    kind, _sep, number = (key or "").partition(":")
-    if kind not in KINDS or not number.isdigit() or len(number) > 18:
+    kind, _sep, text = (key or "").partition(":")
+    number = parse_id(text)
+    if kind not in KINDS or number is None:
         return None
     if kind == "project":
         obj: Organization | Team | Project | None = (
-            Project.objects.select_related("team__organization").filter(pk=int(number)).first()
+            Project.objects.select_related("team__organization").filter(pk=number).first()
         )
     elif kind == "team":
-        obj = Team.objects.select_related("organization").filter(pk=int(number)).first()
+        obj = Team.objects.select_related("organization").filter(pk=number).first()
     else:
-        obj = Organization.objects.filter(pk=int(number)).first()
+        obj = Organization.objects.filter(pk=number).first()
     return Branch(kind, obj) if obj is not None else None
 
 

@@ -28,6 +28,7 @@ from apps.cluster.models import AgentRequest, EngineChoice, EngineRelease, Gpu, 
 from apps.cluster.onboarding import agent_yaml, install_command
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
+from llmgw.ids import parse_id
 
 __all__ = [
     "AgentEnrollView",
@@ -634,7 +635,8 @@ class AgentRequestRetryView(APIView):
         },
     )
     def post(self, request: Request, pk: str) -> Response:
-        row = AgentRequest.objects.select_related("node").filter(pk=int(pk)).first() if pk.isdigit() else None
+        number = parse_id(pk, AgentRequest)
+        row = AgentRequest.objects.select_related("node").filter(pk=number).first() if number else None
         if row is None:
             return Response({"detail": _("No such request.")}, status=status.HTTP_404_NOT_FOUND)
         try:

@@ -138,7 +138,7 @@ def check_engine(engine: str) -> str:
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = []
     for piece in re.split(r"[.+-]", version.lstrip("v")):
-        if not piece.isdigit():
+        if not (piece.isascii() and piece.isdigit()):  # "²" passes isdigit() and fails int()
             break
         parts.append(int(piece))
     return tuple(parts)

@@ -34,6 +34,7 @@ from apps.cluster import rollup, selectors, services
 from apps.cluster.charts import line_chart
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Gpu, Node, Replica, Shard
+from llmgw.ids import MAX_ID, whole_number
 
 log = logging.getLogger(__name__)
 
@@ -400,9 +401,8 @@ def _xids(value: Any) -> tuple[tuple[str, int], ...] | None:
         return None
     counts = [(str(code), number) for code, count in value.items() if (number := _count(count)) is not None]
     # 8 before 13 before 79; a code that is not a number (none is sent now) after them.
-    return tuple(
-        sorted(counts, key=lambda item: (not item[0].isdigit(), int(item[0]) if item[0].isdigit() else 0, item[0]))
-    )
+    numbers = {code: whole_number(code, 0, MAX_ID) for code, _n in counts}
+    return tuple(sorted(counts, key=lambda item: (numbers[item[0]] is None, numbers[item[0]] or 0, item[0])))
 
 
 def _squares(

@@ -26,6 +26,7 @@ from apps.cluster.onboarding import AGENT_CONFIG_PATH, agent_yaml, install_comma
 from apps.fabrics import nvlink
 from apps.fabrics.services import node_ports
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
+from llmgw.ids import whole_number
 
 __all__ = [
     "cluster",
@@ -208,9 +209,9 @@ def node_drain(request: HtmxHttpRequest, name: str) -> HttpResponse:
     raw = request.POST.get("grace", "").strip()
     grace: int | None = None
     if raw:
-        if not raw.isdigit() or int(raw) > 3600:
+        grace = whole_number(raw, 0, 3600)
+        if grace is None:
             return _after_cordon(request, node, _("The stop grace is a whole number of seconds from 0 to 3600."))
-        grace = int(raw)
     user: User = request.user  # type: ignore[assignment]
     node = services.drain_node(
         node, grace=grace, force=request.POST.get("force") == "on", actor=user, address=client_address(request)

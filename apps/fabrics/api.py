@@ -18,6 +18,7 @@ from apps.fabrics.maps import request_map
 from apps.fabrics.models import FabricTest
 from apps.fabrics.services import fabrics_overview, topology_view
 from llmgw.api import ErrorSerializer
+from llmgw.ids import parse_id
 
 
 def _error(text: Any) -> OpenApiResponse:
@@ -132,9 +133,8 @@ class FabricTestView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: _error(gettext_lazy("No such test."))})
     def get(self, request: Request, pk: str) -> Response:
-        test = (
-            FabricTest.objects.select_related("client", "server").filter(pk=int(pk)).first() if pk.isdigit() else None
-        )
+        number = parse_id(pk, FabricTest)
+        test = FabricTest.objects.select_related("client", "server").filter(pk=number).first() if number else None
         if test is None:
             return Response({"detail": _("No such test.")}, status=404)
         return Response(perf.as_dict(test))

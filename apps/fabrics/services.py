@@ -54,7 +54,8 @@ PORT_FIELDS = (
 
 
 def _natural(text: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+    # isdecimal(), not isdigit(): "²" is a digit that int() refuses
+    return [int(part) if part.isdecimal() else part for part in re.split(r"(\d+)", text)]
 
 
 def _key(port: dict[str, Any]) -> str:

@@ -381,7 +381,10 @@ _NATURAL_SPLIT = re.compile(r"(\d+)")
 
 
 def _natural(text: str) -> tuple[tuple[int, int | str], ...]:
-    return tuple((0, int(part)) if part.isdigit() else (1, part.lower()) for part in _NATURAL_SPLIT.split(text) if part)
+    # isdecimal(), not isdigit(): "²" is a digit that int() refuses
+    return tuple(
+        (0, int(part)) if part.isdecimal() else (1, part.lower()) for part in _NATURAL_SPLIT.split(text) if part
+    )
 
 
 _DEVICE_RE = re.compile(r"(?:[a-z][a-z0-9]*_\d+|(?:mlx|bnxt_re|irdma|rxe|siw|efa|qib|hfi|ibp|rocep)[a-z0-9_]*)")

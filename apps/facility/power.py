@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 from apps.facility.draw import derived_watts, shard_watts
 from apps.facility.locations import parse_domain
 from apps.facility.models import Budget
+from llmgw.ids import whole_number
 
 __all__ = [
     "BudgetError",
@@ -104,10 +105,7 @@ def _windowed(sample: dict[str, Any] | None, points: list[dict[str, Any]], indic
 def base_watts(node: Any) -> int | None:
     """The node's base draw from its llmgw.io/base-watts label (whole watts), None when not given."""
     labels = getattr(node, "placement_labels", None) or getattr(node, "labels", None) or {}
-    value = str(labels.get(BASE_LABEL) or "").strip()
-    if not value.isdigit() or not 0 < int(value) <= MAX_WATTS:
-        return None
-    return int(value)
+    return whole_number(str(labels.get(BASE_LABEL) or "").strip(), 1, MAX_WATTS)
 
 
 def node_draws(nodes: dict[int, Any]) -> dict[int, float | None]:

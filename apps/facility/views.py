@@ -15,6 +15,7 @@ from apps.facility import services
 from apps.facility.locations import LEVELS
 from apps.facility.selectors import facility_page
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
+from llmgw.ids import MAX_ID, whole_number
 
 __all__ = ["budget", "facility", "hold", "release", "remove_budget"]
 
@@ -94,7 +95,8 @@ def _watts(value: str) -> int | str | None:
     value = value.strip().replace(" ", "").replace(",", "")
     if not value:
         return None
-    return int(value) if value.isdigit() else value
+    number = whole_number(value, 0, MAX_ID)  # ASCII digits ("²" passes isdigit() and fails int())
+    return value if number is None else number
 
 
 @requires("change_cluster", methods=["POST"])

@@ -271,12 +271,12 @@ class ProxyConfig:
         if entry.startswith("["):  # [v6] or [v6]:port
             close = entry.find("]")
             rest = entry[close + 1 :]
-            if close < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            if close < 0 or (rest and not (rest.startswith(":") and rest[1:].isascii() and rest[1:].isdigit())):
                 return
             host, port = entry[1:close], int(rest[1:]) if rest else None
         elif entry.count(":") == 1:  # name:port or v4:port (an IPv6 address has more colons)
             name, _, digits = entry.partition(":")
-            if not digits.isdigit():
+            if not (digits.isascii() and digits.isdigit()):  # "²" passes isdigit() and fails int()
                 return
             host, port = name, int(digits)
         try:

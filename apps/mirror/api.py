@@ -23,6 +23,7 @@ from apps.mirror.hub import MirrorError
 from apps.mirror.models import MirrorFile, MirrorVersion
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
+from llmgw.ids import parse_id
 
 __all__ = [
     "MirrorEstimateView",
@@ -87,10 +88,11 @@ def _version(pk: str, *related: str) -> MirrorVersion:
     """The version named in the URL; 404 (as JSON) for an id that is not one."""
     from rest_framework.exceptions import NotFound
 
-    if not str(pk).isdigit():
-        raise NotFound(_("No mirrored version has the id %(pk)s.") % {"pk": pk})
+    number = parse_id(pk, MirrorVersion)
+    if number is None:
+        raise NotFound(_("No mirrored version has the id %(pk)s.") % {"pk": str(pk)[:40]})
     query = MirrorVersion.objects.prefetch_related(*related) if related else MirrorVersion.objects.all()
-    return get_object_or_404(query, pk=int(pk))
+    return get_object_or_404(query, pk=number)
 
 
 def inline_freed() -> Any:
@@ -292,9 +294,10 @@ def mirror_file(request: HttpRequest, pk: str, path: str) -> HttpResponseBase:
         return JsonResponse({"detail": str(_("A node credential is needed to fetch mirror files."))}, status=401)
     if request.method not in ("GET", "HEAD"):
         return JsonResponse({"detail": str(_("Only GET and HEAD."))}, status=405)
+    version_id = parse_id(pk, MirrorVersion)
     file = (
-        MirrorFile.objects.select_related("version").filter(version_id=int(pk), path=path).first()
-        if str(pk).isdigit()
+        MirrorFile.objects.select_related("version").filter(version_id=version_id, path=path).first()
+        if version_id is not None
         else None
     )
     if file is None or file.state != MirrorFile.State.HELD or not file.local_path.is_file():

@@ -15,6 +15,7 @@ an array of numbers too long to be a per-layer list is skipped, never read.
 
 from __future__ import annotations
 
+import re
 import struct
 import urllib.error
 import urllib.request
@@ -42,6 +43,9 @@ MAX_STRING = 1 << 20
 MAX_ARRAY = 1 << 26
 #: Arrays of numbers kept (per-layer head counts, the sliding-window pattern); longer ones are skipped.
 KEEP_ARRAY = 1 << 16
+#: A file size in a Content-Range or Content-Length header: ASCII digits ("²" passes isdigit()
+#: and fails int()), at most a 64-bit number's 20.
+_SIZE = re.compile(r"[0-9]{1,20}")
 
 # value type -> (struct format, size)
 _FIXED: dict[int, tuple[str, int]] = {
@@ -112,12 +116,12 @@ class HttpSource:
                 status = getattr(answer, "status", 200)
                 if status == 206:
                     total = (answer.headers.get("Content-Range") or "").rpartition("/")[2]
-                    if total.isdigit():
+                    if _SIZE.fullmatch(total):
                         self.size = int(total)
                     data = answer.read(length)
                 elif status == 200:
                     length_header = answer.headers.get("Content-Length")
-                    if length_header and length_header.isdigit():
+                    if length_header and _SIZE.fullmatch(length_header):
                         self.size = int(length_header)
                     # No ranges: read up to what was asked from the start, and no further.
                     data = answer.read(offset + length)[offset:]

@@ -16,6 +16,7 @@ from apps.mirror import hub, services
 from apps.mirror.hub import MirrorError
 from apps.mirror.models import MirrorVersion
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
+from llmgw.ids import parse_id
 
 
 def _held_context() -> dict[str, Any]:
@@ -262,8 +263,9 @@ def adapter_attach(request: HtmxHttpRequest, model: str) -> HttpResponse:
     from apps.mirror import lora
 
     target = get_object_or_404(Model, name=model)
+    version_id = parse_id(request.POST.get("version"), MirrorVersion)
     try:
-        version = MirrorVersion.objects.get(pk=int(request.POST.get("version", "0")))
+        version = MirrorVersion.objects.get(pk=version_id or 0)
         scale = float(request.POST.get("scale", "1") or 1)
     except (MirrorVersion.DoesNotExist, ValueError):
         messages.error(request, _("Pick a held adapter and a scale such as 1 or 0.5."))

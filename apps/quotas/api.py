@@ -8,10 +8,17 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import serializers, status, viewsets
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -21,6 +28,7 @@ from apps.quotas import selectors, services
 from apps.quotas.choices import UsageGroup
 from apps.quotas.models import LIMIT_FIELDS, CapacityQuota, RateLimit, UsageRecord
 from llmgw.http import client_address
+from llmgw.ids import MAX_ID, parse_id
 
 __all__ = ["CapacityQuotaViewSet", "RateLimitViewSet", "RequestView", "UsageView"]
 
@@ -261,6 +269,17 @@ class RateLimitChangeSerializer(RateLimitSerializer):
         read_only_fields = [*RateLimitSerializer.Meta.read_only_fields, "organization", "team", "project", "api_key"]
 
 
+#: The query parameters that narrow the list of limits to one owner's.
+LIMIT_OWNERS = ("organization_id", "team_id", "project_id", "api_key_id")
+
+
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter(name, int, description=_("Only this owner's limits (an id).")) for name in LIMIT_OWNERS
+        ]
+    )
+)
 class RateLimitViewSet(viewsets.ModelViewSet[RateLimit]):
     """Rate limits and token budgets of organisations, teams, projects and keys.
     Staff may read; administrators and billing may change."""
@@ -273,10 +292,18 @@ class RateLimitViewSet(viewsets.ModelViewSet[RateLimit]):
 
     def get_queryset(self) -> QuerySet[RateLimit]:
         limits = RateLimit.objects.order_by("pk")
-        for name in ("organization", "team", "project", "api_key"):
-            value = self.request.query_params.get(f"{name}_id")
-            if value is not None and value.isdigit():
-                limits = limits.filter(**{f"{name}_id": int(value)})
+        for name in LIMIT_OWNERS:
+            raw = self.request.query_params.get(name)
+            if raw is None:
+                continue
+            number = parse_id(raw)
+            if number is None:
+                message = gettext("Expected an id, a whole number from 1 to %(max)s; got “%(value)s”.") % {
+                    "max": MAX_ID,
+                    "value": raw[:40],
+                }
+                raise ValidationError({name: [message]})
+            limits = limits.filter(**{name: number})
         return limits
 
     def perform_create(self, serializer: serializers.BaseSerializer[RateLimit]) -> None:

@@ -83,7 +83,7 @@ def cmd_budget(client: Client, args: argparse.Namespace) -> int:
         feeds = []
         for item in args.feed:
             name, _sep, watts = item.partition("=")
-            if not watts.isdigit():
+            if not (watts.isascii() and watts.isdigit()):
                 print(f"llmgw ctl: expected --feed NAME=WATTS, got {item!r}")
                 return 2
             feeds.append({"name": name, "watts": int(watts)})

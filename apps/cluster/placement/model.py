@@ -737,7 +737,7 @@ class Inventory:
                 tally.add(claim)
         self._replicas.setdefault(claim.replica, []).append(claim)
         if claim.replica not in self._seq:
-            if claim.replica.isdigit():
+            if claim.replica.isascii() and claim.replica.isdigit():
                 self._seq[claim.replica] = int(claim.replica)
             else:
                 self._seq[claim.replica] = _DRY_SEQ + self._next_seq
