@@ -27,7 +27,7 @@ def healthz(request: HttpRequest) -> HttpResponse:
 def readyz(request: HttpRequest) -> HttpResponse:
     checks = readiness.run_checks()
     ready = all(value == "ok" for value in checks.values())
-    return JsonResponse({"ready": ready, **checks}, status=200 if ready else 503)
+    return JsonResponse({"ready": ready, **checks, "scheduler": readiness.scheduler()}, status=200 if ready else 503)
 
 
 @public

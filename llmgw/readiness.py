@@ -9,7 +9,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection
 
-__all__ = ["check_broker", "check_channel_layer", "check_database", "run_checks"]
+__all__ = ["check_broker", "check_channel_layer", "check_database", "run_checks", "scheduler"]
 
 
 def _error(exc: BaseException) -> str:
@@ -70,3 +70,22 @@ def check_channel_layer() -> str:
 
 def run_checks() -> dict[str, str]:
     return {"database": check_database(), "broker": check_broker(), "channel_layer": check_channel_layer()}
+
+
+def scheduler() -> dict[str, str | None]:
+    """Which scheduler acts (host:pid, since when, last renewed), all null when none does; with
+    `error` when the database cannot tell. Not part of a web process's readiness: a missing
+    scheduler stops periodic work, not the serving of requests."""
+    from apps.schedule.lease import acting
+
+    try:
+        now = acting()
+    except Exception as exc:
+        return {"acting": None, "since": None, "renewed_at": None, "error": _error(exc)}
+    if now is None:
+        return {"acting": None, "since": None, "renewed_at": None}
+    return {
+        "acting": f"{now.host}:{now.pid}",
+        "since": now.since.isoformat(),
+        "renewed_at": now.renewed_at.isoformat(),
+    }

@@ -80,6 +80,7 @@ INSTALLED_APPS = [
     "apps.guardrails",
     "apps.gateway",
     "apps.mirror",
+    "apps.schedule",
 ]
 
 MIDDLEWARE = [
@@ -205,6 +206,10 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # How often each InfiniBand fabric is mapped (ibnetdiscover through one of its nodes), in seconds.
 FABRIC_MAP_INTERVAL = env_float("LLMGW_FABRIC_MAP_INTERVAL", 300.0, minimum=5, maximum=86400)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# Several beats may run; one acts at a time, holding a lease in the database that it renews four
+# times per lease and that another takes once it expires (apps/schedule/lease.py).
+CELERY_BEAT_SCHEDULER = "apps.schedule.scheduler:LeasedScheduler"
+BEAT_LEASE_SECONDS = env_float("LLMGW_BEAT_LEASE_SECONDS", 10.0, minimum=1.0, maximum=600.0)
 # The one beat schedule: task names as strings, intervals in seconds.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "mark-unreachable-nodes": {

@@ -10,7 +10,8 @@ from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET
 
-from apps.accounts.access import public, requires
+from apps.accounts.access import can_read_everything, public, requires
+from llmgw import readiness
 from llmgw.console.selectors import landing_counts
 
 __all__ = ["landing", "set_language"]
@@ -18,7 +19,10 @@ __all__ = ["landing", "set_language"]
 
 @requires("signed_in", methods=["GET"])
 def landing(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/landing.html", {"counts": landing_counts()})
+    context: dict[str, object] = {"counts": landing_counts()}
+    if can_read_everything(request.user):
+        context["scheduler"] = readiness.scheduler()
+    return render(request, "console/landing.html", context)
 
 
 @public

@@ -20,7 +20,16 @@ def test_readyz_reports_each_service(client: Client) -> None:
     response = client.get("/readyz")
     assert response.status_code == 200, response.content
     body = response.json()
-    assert body == {"ready": True, "database": "ok", "broker": "ok", "channel_layer": "ok"}
+    nobody = {"acting": None, "since": None, "renewed_at": None}
+    assert body == {"ready": True, "database": "ok", "broker": "ok", "channel_layer": "ok", "scheduler": nobody}
+
+
+def test_readyz_names_the_acting_scheduler(client: Client) -> None:
+    from apps.schedule import lease
+
+    assert lease.hold("sched-host:4242:abc123")
+    scheduler = client.get("/readyz").json()["scheduler"]
+    assert scheduler["acting"] == "sched-host:4242" and scheduler["since"] and scheduler["renewed_at"]
 
 
 def test_readyz_reports_a_missing_broker_as_json_not_a_traceback(client: Client, settings) -> None:
@@ -75,3 +84,18 @@ def test_the_suite_runs_on_the_backend_it_was_asked_for() -> None:
     else:
         pytest.skip("LLMGW_TEST_BACKEND not set: run through scripts/test")
     assert os.environ.get("LLMGW_TEST_BACKEND") == BACKEND
+
+
+def test_the_overview_tells_staff_which_scheduler_acts_or_that_none_does(client: Client) -> None:
+    from apps.accounts.choices import StaffRole
+    from apps.schedule import lease
+    from tests.conftest import make_user
+
+    client.force_login(make_user("viewer@example.com", role=StaffRole.VIEWER))
+    page = client.get("/").content.decode()
+    assert "No scheduler is acting" in page
+    assert lease.hold("sched-host:4242:abc123")
+    page = client.get("/").content.decode()
+    assert "<code>sched-host:4242</code> (host:pid), acting since" in page
+    client.force_login(make_user("member@example.com"))
+    assert "data-scheduler" not in client.get("/").content.decode()
