@@ -89,6 +89,9 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
+    # Under /api/ every error answer is JSON; a NUL in a path, query, form or cookie is a 400 (llmgw.edge).
+    "llmgw.edge.JsonApiErrors",
+    "llmgw.edge.RefuseNul",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

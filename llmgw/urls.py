@@ -86,6 +86,12 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("", include(router.urls)),
 ]
 
+# Under /api/ these answer JSON; elsewhere Django's own pages (llmgw.edge).
+handler400 = "llmgw.edge.bad_request"
+handler403 = "llmgw.edge.permission_denied"
+handler404 = "llmgw.edge.page_not_found"
+handler500 = "llmgw.edge.server_error"
+
 urlpatterns = [
     path("", console.landing, name="landing"),
     path("login/", accounts_views.sign_in, name="login"),

@@ -28,6 +28,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from apps.accounts import services, throttle
 from apps.accounts.forms import SignUpForm
+from llmgw.edge import is_api, refusal
 
 __all__ = ["admin_sign_in", "csrf_failure", "sign_in", "sign_up", "sign_up_done"]
 
@@ -221,8 +222,15 @@ def sign_up_done(request: HttpRequest) -> HttpResponse:
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
-    """CSRF_FAILURE_VIEW: a console page instead of Django's bare one, still a 403.
+    """CSRF_FAILURE_VIEW: a console page instead of Django's bare one, still a 403; under /api/,
+    JSON saying what is missing (every API answer is JSON).
 
     Django has logged the reason already (django.security.csrf).
     """
+    if is_api(request):
+        return refusal(
+            request,
+            403,
+            _("A request made with a session's cookie must carry its CSRF token; send an API key instead."),
+        )
     return render(request, "accounts/csrf_failure.html", status=403)
