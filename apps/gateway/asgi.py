@@ -366,6 +366,13 @@ class GatewayApp:
         body = parse_body(await read_body(receive, self.max_body, self.bodies, call))
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise Refused(400, "Name the model in the body's “model” field.", code="missing_model")
+        if "\x00" in body["model"]:  # no model's name holds one, and no usage record could keep it
+            raise Refused(
+                400,
+                "The “model” field holds a NUL character (U+0000), which no model name can contain.",
+                code="invalid_model",
+                param="model",
+            )
         endpoint = call.endpoint
         call.model = body["model"]
         call.original = body

@@ -125,6 +125,12 @@ def _number(value: Any, kind: type[int] | type[float]) -> Any:
     return number if math.isfinite(number) and number >= 0 else None
 
 
+def _text(value: Any) -> str:
+    """`value` as text a column can keep: PostgreSQL refuses a NUL character in any string, and
+    one such record would fail its whole batch. A NUL reads as U+FFFD, the replacement character."""
+    return str(value).replace("\x00", "\ufffd")
+
+
 def _clean(record: dict[str, Any]) -> dict[str, Any]:
     """The record's known fields, typed, with strings cut to their columns' lengths.
 
@@ -133,11 +139,11 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
     from apps.quotas.models import UsageRecord
 
     clean = {key: value for key, value in record.items() if key in RECORD_FIELDS}
-    clean["request_id"] = str(clean.get("request_id") or "")[:40]
+    clean["request_id"] = _text(clean.get("request_id") or "")[:40]
     clean["created_at"] = _moment(clean.get("created_at"))
     for name in ("model", "endpoint", "replica", "hardware", "error"):
         value = clean.get(name)
-        clean[name] = "" if value is None else str(value)
+        clean[name] = "" if value is None else _text(value)
         if name != "error":
             clean[name] = clean[name][: UsageRecord._meta.get_field(name).max_length]  # type: ignore[union-attr]
     for name in ("user_id", "api_key_id", "organization_id", "team_id", "project_id"):
@@ -152,7 +158,7 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
     clean["tokens_estimated"] = bool(clean.get("tokens_estimated"))
     found = clean.get("guardrail")
     verdict = [
-        {key: str(item[key])[:100] for key in GUARDRAIL_KEYS if item.get(key) is not None}
+        {key: _text(item[key])[:100] for key in GUARDRAIL_KEYS if item.get(key) is not None}
         for item in (found if isinstance(found, list) else [])[:50]
         if isinstance(item, dict)
     ]

@@ -73,6 +73,16 @@ async def test_a_body_without_a_model_is_a_400_naming_the_field(gw: Gateway) -> 
     assert "model" in answer.json["error"]["message"]
 
 
+async def test_a_model_name_with_a_nul_is_a_400_naming_the_field(gw: Gateway, engine: MockEngine) -> None:
+    answer = await gw.post("/v1/chat/completions", {"model": "m\x00", "messages": HELLO})
+    assert answer.status == 400
+    error = answer.json["error"]
+    assert error["code"] == "invalid_model" and error["param"] == "model" and "NUL" in error["message"]
+    record = await gw.usage.wait()
+    assert record["status"] == 400 and "\x00" not in record["model"] + record["error"]
+    assert engine.seen == []
+
+
 async def test_an_unknown_model_is_a_404_in_each_protocol(gw: Gateway, engine: MockEngine) -> None:
     chat = await gw.post("/v1/chat/completions", {"model": "nope", "messages": HELLO})
     assert chat.status == 404

@@ -213,6 +213,21 @@ def test_odd_values_are_stored_as_unknown_rather_than_failing_the_batch(bob, tre
     assert stored.created_at == datetime.fromtimestamp(1_790_000_000, UTC)
 
 
+def test_a_nul_in_a_text_field_is_kept_as_a_replacement_character_rather_than_failing_the_batch(bob, tree) -> None:
+    key = make_key(bob, tree.project)
+    odd = record(
+        key,
+        model="q\x00",
+        error="The model “q\x00” does not exist.",
+        guardrail=[{"policy": "p\x00", "action": "block"}],
+    )
+    plain = record(key)
+    assert write_records_sync([odd, plain]) == 2  # PostgreSQL refused the whole batch for one NUL
+    stored = UsageRecord.objects.get(request_id=odd["request_id"])
+    assert stored.model == "q\ufffd" and stored.error == "The model “q\ufffd” does not exist."
+    assert stored.guardrail == [{"policy": "p\ufffd", "action": "block"}]
+
+
 # The writer ---------------------------------------------------------------------------------
 
 
