@@ -111,6 +111,35 @@ async def test_a_bad_message_gets_an_error_and_the_connection_goes_on(raw: str, 
     await ws.disconnect()
 
 
+BEYOND_COLUMNS = [
+    ({"type": "register", "hardware": {"gpus": [{"index": 2**40}]}}, "register.hardware.gpus[0].index"),
+    ({"type": "register", "hardware": {"gpus": [{"index": 0, "memory_total_mib": 2**31}]}}, "memory_total_mib"),
+    ({"type": "heartbeat", "sample": {"gpus": [{"index": 0, "foreign_processes": 2**31}]}}, "foreign_processes"),
+    ({"type": "report", "shards": [{"shard": "r1s0", "state": "running", "pid": 2**31}]}, "report.shards[0].pid"),
+    ({"type": "report", "shards": [{"shard": "r1s0", "state": "failed", "exit_code": -(2**31) - 1}]}, "exit_code"),
+]
+
+
+@pytest.mark.parametrize(("message", "field"), BEYOND_COLUMNS)
+async def test_a_figure_past_its_column_is_refused_naming_the_field_and_the_connection_goes_on(
+    message: dict[str, Any], field: str
+) -> None:
+    node, credential = await database_sync(enrolled)
+    ws = await connect(credential)
+    assert (await register(ws))["type"] == "registered"
+    await ws.send_to(text_data=json.dumps({"v": 1, "agent_version": "0.1.0", **message}))
+    error = json.loads(await ws.receive_from(timeout=5))
+    assert error["type"] == "error" and error["code"] == "invalid"
+    assert field in error["message"] and "expected a whole number from" in error["message"]
+    # The agent goes on: its next registration and heartbeat are taken as ever.
+    assert (await register(ws))["type"] == "registered"
+    await ws.send_to(text_data=protocol.encode("heartbeat", {"sample": {"gpus": [{"index": 1}]}}))
+    await ws.disconnect()
+    indices = await database_sync(lambda: sorted(Gpu.objects.filter(node=node).values_list("index", flat=True)))
+    assert indices == [0, 1]
+    assert (await database_sync(lambda: Node.objects.get(pk=node.pk))).sample == {"gpus": [{"index": 1}]}
+
+
 async def test_a_newer_connection_replaces_the_older() -> None:
     _node, credential = await database_sync(enrolled)
     old = await connect(credential)
