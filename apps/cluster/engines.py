@@ -41,6 +41,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from agent import protocol
+from agent.bounded import size_text
 from apps.accounts import audit
 from apps.cluster.models import EngineChoice, EngineRelease, Node
 
@@ -97,6 +99,8 @@ SOURCE_BUILDS: dict[str, dict[str, str]] = {
 NONE = "none"
 RETRY_FAILED_AFTER_S = 600.0
 FETCH_TIMEOUT_S = 30.0
+#: The most of a releases API answer read: a release lists a few dozen assets in some tens of kB.
+MAX_LISTING_BYTES = 16 * 2**20
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 _SCOPE_KEYS = {
     "gpu_class": EngineChoice.Scope.GPU_CLASS,
@@ -574,7 +578,10 @@ def fetch_release(engine: str, version: str) -> EngineRelease:
     release.tried_at = timezone.now()
     try:
         with _opener().open(urllib.request.Request(url, headers=headers), timeout=FETCH_TIMEOUT_S) as answer:
-            data = json.loads(answer.read(16 * 1024 * 1024))
+            body = answer.read(MAX_LISTING_BYTES + 1)
+        if len(body) > MAX_LISTING_BYTES:
+            raise ValueError(f"the answer is larger than {size_text(MAX_LISTING_BYTES)}")
+        data = json.loads(body)
         assets = _clean_assets(data)
     except urllib.error.HTTPError as exc:
         release.error = f"HTTP {exc.code} {exc.reason} from {url}"[:1000]
@@ -583,7 +590,7 @@ def fetch_release(engine: str, version: str) -> EngineRelease:
         reason = getattr(exc, "reason", exc)
         release.error = f"cannot reach {url}: {reason}"[:1000]
         release.unreachable = True
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the reader's depth
         release.error = f"{url} did not answer a release: {exc}"[:1000]
         release.unreachable = False
     else:
@@ -597,21 +604,40 @@ def fetch_release(engine: str, version: str) -> EngineRelease:
     return release
 
 
+# What the agent's schema takes of an asset (agent.protocol's DESIRED_ENGINE): a listing that
+# breaks it would have every node refuse its whole desired state.
+_ASSET_NAME = protocol.string(300)
+_ASSET_SIZE = protocol.within(0, protocol.INT64 - 1, whole=True)
+_ASSET_URL = protocol.string(4096)
+
+
+def _fits(check: protocol.Check, value: Any) -> bool:
+    try:
+        check(value, "asset")
+    except protocol.ProtocolError:
+        return False
+    return "\x00" not in value if isinstance(value, str) else True
+
+
 def _clean_assets(data: Any) -> list[dict[str, Any]]:
+    """The assets of a releases API answer as nodes are sent them: an asset whose name is not a
+    plain file name is left out; a size or address the agent's schema would refuse is unknown
+    (None), so one forged field never spoils a node's desired state."""
     if not isinstance(data, dict) or not isinstance(data.get("assets"), list):
         raise ValueError("no assets list")
     assets = []
     for item in data["assets"][:512]:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        name = item.get("name") if isinstance(item, dict) else None
+        if not _fits(_ASSET_NAME, name) or not name or "/" in name or "\\" in name or name in (".", ".."):
             continue
-        digest = item.get("digest")
+        digest, size, url = item.get("digest"), item.get("size"), item.get("browser_download_url")
         assets.append(
             {
-                "name": item["name"][:300],
-                "size": item["size"] if isinstance(item.get("size"), int) else None,
+                "name": name,
+                "size": size if _fits(_ASSET_SIZE, size) else None,
                 "digest": digest if isinstance(digest, str) and re.match(r"^sha256:[0-9a-fA-F]{64}$", digest) else None,
-                "browser_download_url": item.get("browser_download_url")
-                if isinstance(item.get("browser_download_url"), str)
+                "browser_download_url": url
+                if _fits(_ASSET_URL, url) and url.startswith(("https://", "http://"))
                 else None,
             }
         )

@@ -138,6 +138,54 @@ def test_releases_are_read_once_from_the_releases_api_and_sent_to_the_nodes(sett
     assert desired_message(node, 4)["engines"][0]["assets"][0]["urls"][0] == f"/api/v1/engine-files/{archive.name}"
 
 
+def test_a_hostile_release_listing_never_spoils_what_nodes_are_sent(settings: Any, tmp_path: Path) -> None:
+    archive = tmp_path / "llama-b7-bin-ubuntu-x64.tar.gz"
+    archive.write_bytes(b"not really an archive")
+    node = make_node("n1")
+    engines.set_choice("llama.cpp", "b7")
+    with ReleaseServer() as github:
+        github.add("b7", archive)
+        honest = github.release("b7")["assets"][0]
+        forged = [
+            {**honest, "size": 2**70},
+            {**honest, "name": "llama-b7-bin-ubuntu-vulkan-x64.tar.gz", "size": True},
+            {**honest, "name": "llama-b7-bin-ubuntu-arm64.tar.gz", "size": -1, "browser_download_url": "x" * 5000},
+            {**honest, "name": "llama-b7-bin-ubuntu-rocm-x64.tar.gz", "browser_download_url": "file:///etc/passwd"},
+            {**honest, "name": "../../llama-b7.tar.gz"},
+            {**honest, "name": "llama\x00.tar.gz"},
+            {**honest, "name": "n" * 301},
+        ]
+        github.release = lambda tag: {"tag_name": tag, "assets": forged}  # type: ignore[method-assign]
+        settings.ENGINE_RELEASES_API = github.url
+        release = engines.fetch_release("llama.cpp", "b7")
+    assert release.error == ""
+    assert [(a["name"], a["size"], a["browser_download_url"] is not None) for a in release.assets] == [
+        (archive.name, None, True),
+        ("llama-b7-bin-ubuntu-vulkan-x64.tar.gz", None, True),
+        ("llama-b7-bin-ubuntu-arm64.tar.gz", None, False),
+        ("llama-b7-bin-ubuntu-rocm-x64.tar.gz", 21, False),
+    ]
+    # what the node is sent passes the agent's own schema
+    protocol.parse_message(protocol.encode("desired", desired_message(node, 1)), expect="server")
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "did not answer a release"),
+        (b" " * (engines.MAX_LISTING_BYTES + 1), "the answer is larger than 16 MiB"),
+    ],
+)
+def test_a_release_listing_too_deep_or_too_large_is_an_error_not_a_crash(
+    settings: Any, body: bytes, reason: str
+) -> None:
+    with ReleaseServer() as github:
+        github.answer = lambda handler: github._send(handler, 200, body, "application/json")  # type: ignore[method-assign]
+        settings.ENGINE_RELEASES_API = github.url
+        release = engines.fetch_release("llama.cpp", "b7")
+    assert release.fetched_at is None and reason in release.error
+
+
 def test_engine_files_are_served_to_nodes_only(client: Any, settings: Any, tmp_path: Path) -> None:
     settings.ENGINE_FILES_DIR = str(tmp_path)
     engines.store_file("llama-b7-bin-ubuntu-x64.tar.gz", [b"abc", b"def"])
