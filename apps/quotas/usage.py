@@ -61,6 +61,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from apps.quotas import histograms
+from apps.quotas.journal import Journal, settle_orphans
 
 __all__ = ["USAGE_DROPPED", "UsageWriter", "rollup_key", "write_missing", "write_records_sync"]
 
@@ -388,6 +389,8 @@ class UsageWriter:
         confirm_after: float | None = None,
         confirm_every: float = 30.0,
         max_handed: int = 200_000,
+        journal: Journal | None = None,
+        settle_after: float = 120.0,
     ) -> None:
         self.max_queue = max_queue
         self.batch_size = batch_size
@@ -415,12 +418,20 @@ class UsageWriter:
         self._handed: deque[tuple[float, list[dict[str, Any]]]] = deque()
         self._handed_count = 0
         self._confirmed_at = time.monotonic()
+        # Every record is on local disk first (apps/quotas/journal.py); a closed segment is settled
+        # once its records had `settle_after` seconds to be written the usual way.
+        self.journal = journal
+        self._orphans_settled = False
+        self.settle_after = max(settle_after, (confirm_after or 0) + 30)
 
     # Request path -------------------------------------------------------------------------
 
     def emit(self, record: dict[str, Any]) -> None:
-        """Queue one record. Never blocks, never raises; drops (counted) when the queue is full."""
+        """Append one record to the journal and queue it. Never blocks, never raises; drops from the
+        queue (counted; the journal still has it) when the queue is full."""
         try:
+            if self.journal is not None:
+                self.journal.append(record)
             if len(self._queue) >= self.max_queue:
                 self._drop(1, "queue_full")
                 return
@@ -458,6 +469,13 @@ class UsageWriter:
         # One thread of its own: one database connection, and the loop's default
         # executor stays free for everything else.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-usage")
+        if self.journal is not None:
+            try:
+                self.journal.open()
+            except OSError as exc:
+                where = self.journal.folder
+                log.warning("usage journal: cannot open %s: %s; records are kept in memory only", where, exc)
+                self.journal = None
         self._task = asyncio.create_task(self._run(), name="llmgw-usage-writer")
 
     async def stop(self, timeout: float = 30.0) -> None:
@@ -480,6 +498,10 @@ class UsageWriter:
         if self._handed:  # what the worker has not written yet is not left to chance at a clean stop
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.confirm(force=True), timeout=timeout)
+        if self.journal is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._settle(everything=True), timeout=timeout)
+            self.journal.close()
         if self._executor is not None:
             await self._in_thread(_close_connections)  # in the worker thread: its own connection
             self._executor.shutdown(wait=True)
@@ -498,6 +520,7 @@ class UsageWriter:
             try:
                 ok = await self.flush()
                 await self.confirm()
+                await self._settle()
             except Exception:  # never let the task die; flush keeps what failed
                 log.exception("usage: flush failed")
                 ok = False
@@ -578,6 +601,32 @@ class UsageWriter:
             else:
                 USAGE_WRITTEN.inc(written)
         return True
+
+    async def _settle(self, *, everything: bool = False) -> int:
+        """Settle the journal's closed segments (and, at first, those of processes that died), in
+        the writer's thread; the open segment is synced to disk at each flush."""
+        journal = self.journal
+        if journal is None:
+            return 0
+
+        def work() -> int:
+            from django.db import close_old_connections
+
+            close_old_connections()
+            journal.sync()
+            written = 0
+            if not self._orphans_settled:
+                written += settle_orphans(journal.folder, self._write_missing)
+                self._orphans_settled = True
+            return written + journal.settle(self._write_missing, older_than_s=self.settle_after, everything=everything)
+
+        written = int(await self._in_thread(work))
+        if written:
+            USAGE_WRITTEN.inc(written)
+        return written
+
+    def _write_missing(self, records: list[dict[str, Any]]) -> int:
+        return write_missing(records, touched=self._touched)
 
     async def confirm(self, *, force: bool = False) -> int:
         """Write here the handed-over records the worker has not written; how many that was."""
