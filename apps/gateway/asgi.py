@@ -37,7 +37,9 @@ from apps.gateway.guard import (
     guard_prompt,
     guard_refusal,
     guard_unavailable,
+    prompt_chars,
     prompt_text,
+    run_checked,
 )
 from apps.gateway.intake import (
     COUNT_TOKENS,
@@ -396,7 +398,7 @@ class GatewayApp:
             )
         policies = self.tables.guards.for_call(call.entry, call.model) if self.tables.guards else None
         if policies is not None:
-            check_request(call, policies)
+            await run_checked(prompt_chars(call.body), check_request, call, policies)
             if policies.guard_prompts:
                 await _unless_client_leaves(self.judge_prompt(call, policies.guard_prompts), receive)
         check_size(call.body, most_messages=self.max_messages, most_parts=self.max_parts)
@@ -771,7 +773,8 @@ class GatewayApp:
                 data = None
             if isinstance(data, dict):
                 guard.judged = await self.judge_answer(call, answer_text(data))
-        out = whole_answer(call, response.status, raw)
+        guarded = len(raw) if call.answer_guard is not None else 0
+        out = await run_checked(guarded, whole_answer, call, response.status, raw)
         await send(
             {
                 "type": "http.response.start",
@@ -824,7 +827,7 @@ class GatewayApp:
                         check = None
                 if chunk is None:
                     break
-                out = relay.feed(chunk)
+                out = await run_checked(len(chunk) if call.answer_guard is not None else 0, relay.feed, chunk)
                 if relay.stopped:
                     # A guardrail ended the answer: nothing more is read, and leaving the stream
                     # closes the engine's request, which cancels it.

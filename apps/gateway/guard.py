@@ -14,17 +14,35 @@ that a match split across chunks is caught whole. A stopping rule ends the answe
 begins: the chunk carries finish_reason "content_filter" (Anthropic's stop_reason "refusal",
 Responses' incomplete with reason content_filter, by the translators), and the gateway stops
 reading the engine, which cancels its request.
+
+A policy set with a rule that cannot run (see apps.guardrails.engine: an expression RE2 refuses,
+saved before it was checked so) fails closed: every request it covers is refused with 503
+`guardrail_invalid`, naming the policy, the rule and why, unless the rule only logs, which cannot
+change a request: then the request goes on and its usage record notes the miss.
+
+Matching is linear in the text, but a long text still takes time: a prompt of OFF_LOOP_CHARS
+characters or more, an engine's chunk or whole answer of as many bytes, is matched in the guard's
+own threads (`run_checked`), never on the event loop, so other requests are not kept waiting. RE2
+releases the GIL while it scans; the folding and the checks of candidates are Python and take
+their turns with the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from apps.gateway.errors import Refused
 from apps.guardrails.engine import Finding, OutputGuard, PolicySet
 
 __all__ = [
+    "OFF_LOOP_CHARS",
     "AnswerGuard",
     "GuardUnavailable",
     "answer_text",
@@ -32,8 +50,36 @@ __all__ = [
     "chunk_text",
     "describe",
     "guard_prompt",
+    "prompt_chars",
     "prompt_text",
+    "run_checked",
 ]
+
+# From this many characters of prompt (or bytes of an engine's chunk or answer) on, matching runs in
+# the guard's threads. Below it, matching costs well under a millisecond (bench/guardrails.py
+# measures it), less than handing the work to a thread and back.
+OFF_LOOP_CHARS = 16_384
+GUARD_THREADS = min(4, os.cpu_count() or 1)
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _guard_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=GUARD_THREADS, thread_name_prefix="llmgw-guard")
+        return _executor
+
+
+async def run_checked[T](size: int, function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)`, which matches guardrail rules against `size` characters (or bytes) of
+    text: in the guard's threads when that is OFF_LOOP_CHARS or more, else here."""
+    if size < OFF_LOOP_CHARS:
+        return function(*args)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_guard_executor(), functools.partial(function, *args))
+
 
 WHAT = {
     "terms": "a blocked term",
@@ -85,6 +131,11 @@ def _text_slots(body: dict[str, Any]) -> list[tuple[Any, Any]]:
         elif isinstance(value, list):
             slots.extend((value, i) for i, item in enumerate(value) if isinstance(item, str))
     return slots
+
+
+def prompt_chars(body: dict[str, Any]) -> int:
+    """How many characters of text the rules read in a request's body."""
+    return sum(len(container[key]) for container, key in _text_slots(body))
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -146,10 +197,29 @@ def _estimate_tokens(texts: list[str]) -> int:
     return sum(len(text) for text in texts) // 4 + 1
 
 
+def _check_broken(call: Any, policies: PolicySet) -> None:
+    """Refuse a request a rule that cannot run would have checked (a rule that only logs is noted)."""
+    for item in policies.broken:
+        rule = item.rule
+        finding = Finding(rule.policy, rule.name, rule.kind, rule.action, detector=rule.detector)
+        closed = rule.action != "log"
+        call.guard.append({**finding.to_dict(), "action": "refuse" if closed else "log", "error": str(item.problem)})
+        if closed:
+            raise Refused(
+                503,
+                f"Refused by guardrail policy “{rule.policy}”, rule “{rule.name}”: the rule cannot be applied "
+                f"({item.problem}), so the requests its policy covers are refused until an administrator "
+                "corrects it.",
+                kind="api_error",
+                code="guardrail_invalid",
+            )
+
+
 def check_request(call: Any, policies: PolicySet) -> None:
     """Apply the policies to the request on its way in (see the module docstring). Every rule that
     matched is on `call.guard` as it is found, so a refusal's record names it too."""
     noted = call.guard
+    _check_broken(call, policies)
 
     model = policies.check_model(call.model)
     if model is not None:

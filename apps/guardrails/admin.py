@@ -26,8 +26,8 @@ class RuleInline(admin.TabularInline):
 
 @admin.register(Policy)
 class PolicyAdmin(AuditedAdmin):
-    # Saved rules are checked (Rule.clean: a catastrophic expression is refused), audited as
-    # policy.* and rule.*, and the gateway reloads them.
+    # Saved rules are checked (Rule.clean: an expression RE2 cannot run is refused, saying why),
+    # audited as policy.* and rule.*, and the gateway reloads them.
     list_display = ["name", "enabled", "organization", "team", "project", "model", "updated_at"]
     list_filter = ["enabled"]
     search_fields = ["name", "description"]

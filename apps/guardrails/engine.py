@@ -3,7 +3,8 @@
 A policy is a name and an ordered list of rules; a rule has a kind, what it matches, and an
 action:
 
-- kinds: ``terms`` (words or phrases, matched whole, case-insensitively), ``regex`` (a regular
+- kinds: ``terms`` (words or phrases, matched whole, case-insensitively, any run of whitespace,
+  hyphens, dots, slashes or underscores between two words matching one space), ``regex`` (an RE2
   expression, checked when saved), ``detector`` (personal data and secrets: ``email``, ``phone``,
   ``card`` (Luhn-checked), ``iban`` (mod-97-checked), ``tckn`` (a Turkish national ID number, its
   two check digits checked), ``api_key`` (common token shapes), ``llmgw_key``);
@@ -12,225 +13,66 @@ action:
   the prompt before it reaches the engine, or in the answer before it reaches the client),
   ``stop`` (the answer is ended where the match begins) and ``log`` (recorded, nothing changed).
 
-Text is matched as the eye reads it, not as its bytes are: it is folded first (NFKC, so full-width
-digits are digits; zero-width characters and soft hyphens removed; Cyrillic and Greek letters that
-look Latin read as Latin; case folded), and a match is mapped back to the characters of the
+Text is matched as the eye reads it, not as its bytes are (apps.guardrails.folding): full-width
+digits are digits, zero-width characters and soft hyphens are dropped, Cyrillic and Greek letters
+that look Latin read as Latin, case is folded; and a match is mapped back to the characters of the
 original text, so a redaction masks what was really written.
 
-Every text rule of a policy set is one combined expression: a prompt is scanned once whatever the
-number of rules. A match is attributed to the first rule (in the stated order) whose group took
-it. Detectors' candidates are then validated (the checksums), so "4111 1111 1111 1112" is no card.
+Every expression is RE2's (apps.guardrails.patterns), so matching is linear in the text whatever
+the rules; each rule is a scanner (apps.guardrails.scanners), and all the scanners of a direction
+are one RE2 set, so a text no rule matches is scanned once. A rule that matches is then scanned for
+where: its first match for a rule that refuses, stops or logs, every match for one that redacts.
+Detectors' candidates are validated (the checksums), so "4111 1111 1111 1112" is no card.
+
+A rule that cannot run (an expression RE2 refuses, saved before it was checked so; a detector that
+is not known) is not dropped: the policy set lists it in `broken`, and the gateway refuses every
+request the policy set covers, naming the rule and why. A guardrail that cannot be applied fails
+closed.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from collections.abc import Iterator, Sequence
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-try:  # Python 3.11+: the parser behind re
-    import re._parser as sre_parse  # type: ignore[import-not-found]
-    from re import _constants as sre_constants  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover
-    import sre_constants  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+from apps.guardrails.detectors import DETECTORS, iban_ok, luhn_ok, tckn_ok
+from apps.guardrails.folding import Folded, fold
+from apps.guardrails.patterns import MAX_PATTERN, PatternError, check_pattern, gettext_noop
+from apps.guardrails.scanners import DetectorScanner, ExpressionScanner, Scanner, Screen, TermScanner
 
 __all__ = [
     "ACTIONS",
     "DETECTORS",
+    "HOLD",
     "KINDS",
+    "MAX_PATTERN",
+    "Broken",
     "Finding",
     "OutputGuard",
     "PatternError",
     "PolicySet",
     "RuleSpec",
-    "fold",
-    "luhn_ok",
-    "iban_ok",
-    "tckn_ok",
     "check_pattern",
+    "fold",
     "guard_verdict",
+    "iban_ok",
+    "luhn_ok",
+    "rule_problem",
+    "tckn_ok",
 ]
+
+log = logging.getLogger("llmgw.guardrails")
 
 ACTIONS = ("refuse", "redact", "stop", "log")
 TEXT_KINDS = ("terms", "regex", "detector")
 KINDS = (*TEXT_KINDS, "max_input_tokens", "max_output_tokens", "models", "guard_model")
 GUARD_TIMEOUT_MS = 2000  # a guard model's time to answer when its rule gives none
 MASK = "[redacted]"
-MAX_PATTERN = 2000  # characters of a rule's expression
 WINDOW = 64  # characters of an answer held back so that a match split across chunks is caught whole
 STEP = 32  # an answer is scanned once this many characters beyond the window have come, not every chunk
-
-# --- folding ----------------------------------------------------------------------------------
-
-_INVISIBLE = dict.fromkeys(map(ord, "\u00ad\u180e\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff"))
-# Letters of other scripts that read as Latin ones (the confusables an attacker reaches for first).
-_HOMOGLYPHS = str.maketrans(
-    "АВЕЗІЈКМНОРСТУХаеіјорсуххѕԁԛԝΑΒΕΖΗΙΚΜΝΟΡΤΥΧαβεικνορτυχ",
-    "ABE3IJKMHOPCTYXaeijopcyxxsdqwABEZHIKMNOPTYXabeiknoptux",
-)
-
-
-def fold(text: str) -> tuple[str, list[int] | None]:
-    """The text as it is matched, and for each of its characters the index in `text` it came from
-    (None when they are the same: plain ASCII, only lower-cased)."""
-    if text.isascii():
-        return text.lower(), None
-    out: list[str] = []
-    where: list[int] = []
-    for index, char in enumerate(text):
-        if ord(char) in _INVISIBLE:
-            continue
-        piece = unicodedata.normalize("NFKC", char) if not char.isascii() else char
-        piece = piece.translate(_HOMOGLYPHS).casefold()
-        for folded in piece:
-            if ord(folded) in _INVISIBLE:
-                continue
-            out.append(folded)
-            where.append(index)
-    return "".join(out), where
-
-
-# --- checksums --------------------------------------------------------------------------------
-
-
-def luhn_ok(digits: str) -> bool:
-    if not 13 <= len(digits) <= 19 or not digits.isdigit():
-        return False
-    total = 0
-    for position, char in enumerate(reversed(digits)):
-        value = int(char)
-        if position % 2:
-            value *= 2
-            if value > 9:
-                value -= 9
-        total += value
-    return total % 10 == 0
-
-
-def iban_ok(text: str) -> bool:
-    iban = text.replace(" ", "").upper()
-    if not re.fullmatch(r"[A-Z]{2}\d{2}[A-Z0-9]{11,30}", iban):
-        return False
-    moved = iban[4:] + iban[:4]
-    number = "".join(str(int(char, 36)) for char in moved)
-    return int(number) % 97 == 1
-
-
-def tckn_ok(digits: str) -> bool:
-    """A Turkish national ID number: 11 digits, not starting with 0, its 10th and 11th digits the
-    checksums of the ones before."""
-    if len(digits) != 11 or not digits.isdigit() or digits[0] == "0":
-        return False
-    d = [int(c) for c in digits]
-    tenth = ((d[0] + d[2] + d[4] + d[6] + d[8]) * 7 - (d[1] + d[3] + d[5] + d[7])) % 10
-    return d[9] == tenth and d[10] == sum(d[:10]) % 10
-
-
-def _digits(text: str) -> str:
-    return re.sub(r"\D", "", text)
-
-
-# Detectors: a candidate expression (on folded text) and a validation of what it found.
-DETECTORS: dict[str, tuple[str, Any]] = {
-    "email": (r"[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}", None),
-    "phone": (r"(?<![\w+])\+?\d[\d\s().-]{8,17}\d(?!\w)", lambda s: 10 <= len(_digits(s)) <= 15),
-    "card": (r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)", lambda s: luhn_ok(_digits(s))),
-    "iban": (r"(?<![a-z0-9])[a-z]{2}\d{2}(?: ?[a-z0-9]){11,30}(?![a-z0-9])", lambda s: iban_ok(s)),
-    "tckn": (r"(?<!\d)[1-9]\d{10}(?!\d)", tckn_ok),
-    "api_key": (
-        r"(?:sk-(?:ant-|proj-)?[a-z0-9_-]{20,}|gh[pousr]_[a-z0-9]{36,}|github_pat_[a-z0-9_]{22,}"
-        r"|akia[0-9a-z]{16}|xox[abprs]-[a-z0-9-]{10,}|aiza[0-9a-z_-]{35}"
-        r"|eyj[a-z0-9_-]{8,}\.eyj[a-z0-9_-]{8,}\.[a-z0-9_-]{8,})",
-        None,
-    ),
-    "llmgw_key": (r"llmgwe?_[a-z0-9_-]{20,}", None),
-}
-
-
-class PatternError(ValueError):
-    """A rule's expression that is refused, and why."""
-
-
-def _unbounded(items: Any) -> bool:
-    """Whether a parsed expression can repeat without bound anywhere inside."""
-    for op, arg in items:
-        if op in (
-            sre_constants.MAX_REPEAT,
-            sre_constants.MIN_REPEAT,
-            getattr(sre_constants, "POSSESSIVE_REPEAT", None),
-        ):
-            low, high, body = arg
-            if high == sre_constants.MAXREPEAT or _unbounded(body):
-                return True
-        elif op == sre_constants.SUBPATTERN:
-            if _unbounded(arg[-1]):
-                return True
-        elif op == sre_constants.BRANCH and any(_unbounded(branch) for branch in arg[1]):
-            return True
-    return False
-
-
-def _nested(items: Any) -> bool:
-    """Whether an unbounded repetition holds another repetition that can grow (the shape that
-    backtracks catastrophically: (a+)+, (a*)*, (a|aa)+ and their kin)."""
-    for op, arg in items:
-        if op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
-            low, high, body = arg
-            if high == sre_constants.MAXREPEAT and (_unbounded(body) or _alternation_repeats(body)):
-                return True
-            if _nested(body):
-                return True
-        elif op == sre_constants.SUBPATTERN:
-            if _nested(arg[-1]):
-                return True
-        elif op == sre_constants.BRANCH and any(_nested(branch) for branch in arg[1]):
-            return True
-    return False
-
-
-def _alternation_repeats(items: Any) -> bool:
-    """Alternatives inside a repeated group that can match the same text in more than one way ((a|aa)+,
-    (a|)+): one of them empty, or two starting alike."""
-    for op, arg in items:
-        if op == sre_constants.SUBPATTERN and _alternation_repeats(arg[-1]):
-            return True
-        if op == sre_constants.BRANCH:
-            branches = arg[1]
-            firsts = [str(branch[0]) if len(branch) else "" for branch in branches]
-            if "" in firsts or len(set(firsts)) < len(firsts):
-                return True
-            if any(_alternation_repeats(branch) for branch in branches):
-                return True
-    return False
-
-
-def check_pattern(pattern: str) -> re.Pattern[str]:
-    """Compile a rule's expression, or say why it cannot be taken: it does not compile, it is too
-    long, it matches the empty string, or it nests repetitions that backtrack catastrophically."""
-    if len(pattern) > MAX_PATTERN:
-        raise PatternError(f"The expression is {len(pattern)} characters long; at most {MAX_PATTERN}.")
-    try:
-        compiled = re.compile(pattern, re.IGNORECASE)
-        parsed = sre_parse.parse(pattern, re.IGNORECASE)
-    except (re.error, RecursionError, OverflowError) as exc:
-        raise PatternError(f"The expression does not compile: {exc}.") from None
-    if _nested(list(parsed)):
-        raise PatternError(
-            "The expression nests repetitions (as in (a+)+), which can take exponential time on a "
-            "long input; rewrite it without a repeated group that can itself repeat."
-        )
-    if compiled.fullmatch(""):
-        raise PatternError("The expression matches the empty string, so it would match everywhere.")
-    # Groups are renumbered inside the combined expression; a backreference would point elsewhere.
-    if compiled.groups and re.search(r"\\[1-9]|\(\?P=", pattern):
-        raise PatternError("The expression uses a backreference, which a combined rule set cannot keep.")
-    return compiled
-
-
-# --- rules and their combination --------------------------------------------------------------
+HOLD = 1024  # characters a redacted match still growing at the end of the answer is held back, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,127 +111,136 @@ class Finding:
         return found
 
 
-_WORD = re.compile(r"\w+")
-_SEPARATOR = re.compile(r"\W+")
-# What a detector's match cannot do without: a text lacking it is not scanned for the detector.
-_NEEDS: dict[str, Any] = {
-    "email": lambda t: "@" in t,
-    "phone": re.compile(r"\d[\d\s().-]{8,17}\d").search,
-    "card": re.compile(r"\d(?:[ -]?\d){12}").search,
-    "iban": re.compile(r"[a-z]{2}\d{2}").search,
-    "tckn": re.compile(r"\d{11}").search,
-    "api_key": lambda t: any(p in t for p in ("sk-", "gh", "github_pat_", "akia", "xox", "aiza", "eyj")),
-    "llmgw_key": lambda t: "llmgw" in t,
-}
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """A rule that cannot run, and why (a PatternError: its code, template and numbers)."""
+
+    rule: RuleSpec
+    problem: PatternError
 
 
-def _phrase(term: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """A term as its words and the separators between them, when it starts and ends with a word
-    character (others are matched as an expression)."""
-    folded = fold(term.strip())[0]
-    words = tuple(_WORD.findall(folded))
-    if not words or not re.fullmatch(r"\w.*\w|\w", folded, re.S):
+# --- rules as scanners --------------------------------------------------------------------------
+
+
+def _scanner(rule: RuleSpec) -> Scanner | None:
+    """The rule's scanner; None for a rule with nothing to match (no term, no expression). Raises
+    PatternError for one that cannot run."""
+    if rule.kind == "terms":
+        terms = [t for t in rule.terms if t.strip()]
+        try:
+            return TermScanner(terms) if terms else None
+        except ValueError:
+            return None  # only separators: nothing to match
+    if rule.kind == "regex":
+        return ExpressionScanner(check_pattern(rule.pattern)) if rule.pattern else None
+    if rule.kind == "detector":
+        detector = DETECTORS.get(rule.detector)
+        if detector is None:
+            raise PatternError(
+                "unknown_detector",
+                gettext_noop("The detector “%(detector)s” is not known; the detectors are %(known)s."),
+                {"detector": rule.detector, "known": ", ".join(DETECTORS)},
+            )
+        return DetectorScanner(detector)
+    return None
+
+
+def rule_problem(rule: RuleSpec) -> PatternError | None:
+    """Why a text rule cannot run, or None when it can (what the console shows beside it)."""
+    if rule.kind not in TEXT_KINDS:
         return None
-    separators = tuple(_SEPARATOR.findall(folded))
-    if len(separators) != len(words) - 1:
-        return None
-    return words, separators
-
-
-def _inline(pattern: str) -> str:
-    """A user's expression made safe to sit in a combined one: its groups made non-capturing."""
-    return re.sub(r"(?<!\\)\((?!\?)", "(?:", pattern)
+    try:
+        _scanner(rule)
+    except PatternError as exc:
+        return exc
+    return None
 
 
 class _Matcher:
-    """The text rules of one direction. Terms are looked up word by word in an index of their first
-    words; the users' expressions (and terms that do not start and end with a word character) are
-    one combined expression; each detector is its own expression, run only on a text that has what
-    its match needs (a digit run for a card, an @ for an e-mail address). Matches are reported in
-    the order of the text, each attributed to its rule."""
+    """The text rules of one direction, each a scanner, all of them in one screening set (see the
+    module docstring). Matches are reported in the order of the text, each attributed to its rule."""
 
     def __init__(self, rules: Sequence[RuleSpec]) -> None:
         self.rules: list[RuleSpec] = []
-        self.first_words: dict[str, list[tuple[tuple[str, ...], tuple[str, ...], int]]] = {}
-        parts: list[str] = []
-        self.detectors: list[tuple[int, Any, Any, Any]] = []
+        self.scanners: list[Scanner] = []
+        self.broken: list[Broken] = []
         for rule in rules:
-            position = len(self.rules)
-            if rule.kind == "terms":
-                used = False
-                for term in rule.terms:
-                    found = _phrase(term)
-                    if found is not None:
-                        words, separators = found
-                        self.first_words.setdefault(words[0], []).append((words, separators, position))
-                        used = True
-                    elif term.strip():
-                        parts.append(f"(?P<r{position}>(?<!\\w){re.escape(fold(term.strip())[0])}(?!\\w))")
-                        used = True
-                if not used:
-                    continue
-            elif rule.kind == "regex" and rule.pattern:
-                parts.append(f"(?P<r{position}>{_inline(rule.pattern)})")
-            elif rule.kind == "detector" and rule.detector in DETECTORS:
-                expression, check = DETECTORS[rule.detector]
-                self.detectors.append((position, re.compile(expression, re.IGNORECASE), check, _NEEDS[rule.detector]))
-            else:
+            try:
+                scanner = _scanner(rule)
+            except PatternError as exc:
+                self.broken.append(Broken(rule, exc))
                 continue
-            self.rules.append(rule)
-        self.expression = re.compile("|".join(parts), re.IGNORECASE) if parts else None
+            if scanner is not None:
+                self.rules.append(rule)
+                self.scanners.append(scanner)
+        self.screen = Screen.build([scanner.expression for scanner in self.scanners])
 
     @property
     def empty(self) -> bool:
         return not self.rules
 
-    def _spans(self, folded: str) -> list[tuple[int, int, int]]:
-        """(start, end, rule position) of every match in the folded text."""
+    def _spans(self, data: bytes) -> list[tuple[int, int, int]]:
+        """(start, end, rule position) in `data` of the first match of each rule that refuses, stops
+        or logs, and of every match of each rule that redacts; in the order of the text."""
+        positions = self.screen.hits(data) if self.screen is not None else range(len(self.scanners))
         found: list[tuple[int, int, int]] = []
-        if self.first_words:
-            index = self.first_words
-            tokens = [(m.group(), m.start(), m.end()) for m in _WORD.finditer(folded)]
-            for i, (word, start, _end) in enumerate(tokens):
-                for words, separators, position in index.get(word, ()):
-                    last = i + len(words) - 1
-                    if last >= len(tokens):
-                        continue
-                    if all(tokens[i + k][0] == words[k] for k in range(1, len(words))) and all(
-                        folded[tokens[i + k][2] : tokens[i + k + 1][1]] == separators[k] for k in range(len(separators))
-                    ):
-                        found.append((start, tokens[last][2], position))
-        if self.expression is not None:
-            for match in self.expression.finditer(folded):
-                if match.lastgroup is not None:
-                    found.append((match.start(), match.end(), int(match.lastgroup[1:])))
-        for position, expression, check, needs in self.detectors:
-            if not needs(folded):
-                continue
-            for match in expression.finditer(folded):
-                if check is None or check(match.group()):
-                    found.append((match.start(), match.end(), position))
+        for position in positions:
+            scanner = self.scanners[position]
+            if self.rules[position].action == "redact":
+                found.extend((start, end, position) for start, end in scanner.every(data))
+            else:
+                first = scanner.first(data)
+                if first is not None:
+                    found.append((*first, position))
         found.sort()
         return found
 
-    def find(self, text: str) -> Iterator[Finding]:
-        """Each match in the text, in order, mapped back to the original characters."""
+    def matches(self, text: str) -> list[tuple[int, int, int]]:
+        """(start, end, rule position) of each match in the text, in order, mapped back to the
+        original characters (see `_spans` for which matches)."""
         if not self.rules or not text:
-            return
-        folded, where = fold(text)
-        for start, end, position in self._spans(folded):
-            rule = self.rules[position]
-            if where is not None:
-                start, end = where[start], where[end - 1] + 1
-            yield Finding(rule.policy, rule.name, rule.kind, rule.action, start, end, rule.detector)
+            return []
+        folded = Folded(text)
+        spans = self._spans(folded.data)
+        if not spans:
+            return []
+        where = folded.spans([(start, end) for start, end, _position in spans])
+        return [(start, end, found[2]) for (start, end), found in zip(where, spans, strict=True)]
+
+    def finding(self, position: int, start: int = 0, end: int = 0) -> Finding:
+        rule = self.rules[position]
+        return Finding(rule.policy, rule.name, rule.kind, rule.action, start, end, rule.detector)
+
+    def find(self, text: str) -> list[Finding]:
+        """Each match in the text as a finding, in order."""
+        return [self.finding(position, start, end) for start, end, position in self.matches(text)]
 
 
 @dataclass
 class Verdict:
-    """What the rules said of a prompt: the findings (each logged), the refusal if any, the text after
-    redaction."""
+    """What the rules said of a prompt: the findings (each rule once a text), the refusal if any,
+    the text after redaction."""
 
     findings: list[Finding] = field(default_factory=list)
     refusal: Finding | None = None
     redacted: bool = False
+
+
+_reported: set[tuple[str, str, str]] = set()  # broken rules already logged by this process
+
+
+def _report(broken: Sequence[Broken]) -> None:
+    for item in broken:
+        key = (item.rule.policy, item.rule.name, str(item.problem))
+        if key not in _reported:
+            _reported.add(key)
+            log.warning(
+                "guardrail policy %r, rule %r cannot run, so every request the policy covers is refused "
+                "until it is corrected: %s",
+                item.rule.policy,
+                item.rule.name,
+                item.problem,
+            )
 
 
 class PolicySet:
@@ -404,6 +255,13 @@ class PolicySet:
         guards = [r for r in self.rules if r.kind == "guard_model" and r.models]
         self.guard_prompts = [r for r in guards if r.applies_to in ("input", "both")]
         self.guard_answers = [r for r in guards if r.applies_to in ("output", "both")]
+        seen = set()
+        self.broken: list[Broken] = []
+        for item in (*self.inbound.broken, *self.outbound.broken):
+            if id(item.rule) not in seen:
+                seen.add(id(item.rule))
+                self.broken.append(item)
+        _report(self.broken)
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -430,17 +288,24 @@ class PolicySet:
 
     def check_texts(self, texts: list[str]) -> tuple[Verdict, list[str]]:
         """Match the prompt's texts: the verdict, and the texts with the redacting rules' matches
-        masked (unchanged where nothing is redacted). A refusing match ends the check."""
+        masked (unchanged where nothing is redacted). Each rule that matched a text is one finding
+        of that text (its first match); the first refusing match, in the order of the texts, is
+        the refusal."""
         verdict = Verdict()
         out: list[str] = []
+        matcher = self.inbound
         for text in texts:
             spans: list[tuple[int, int]] = []
-            for finding in self.inbound.find(text):
-                verdict.findings.append(finding)
-                if finding.action == "refuse" and verdict.refusal is None:
-                    verdict.refusal = finding
-                elif finding.action == "redact":
-                    spans.append((finding.start, finding.end))
+            noted: set[int] = set()
+            for start, end, position in matcher.matches(text):
+                action = matcher.rules[position].action
+                if position not in noted:
+                    noted.add(position)
+                    verdict.findings.append(matcher.finding(position, start, end))
+                    if action == "refuse" and verdict.refusal is None:
+                        verdict.refusal = verdict.findings[-1]
+                if action == "redact":
+                    spans.append((start, end))
             if spans:
                 verdict.redacted = True
                 text = _mask(text, spans)
@@ -467,18 +332,21 @@ class OutputGuard:
     """An answer's text checked as it streams: `feed(delta)` returns what may be sent now, holding
     back the last WINDOW characters so that a match split across chunks is seen whole (and scanning
     only once STEP more have come, so a stream of short chunks is not scanned chunk by chunk);
-    `finish()` returns the rest. Once a stopping rule matches, `stopped` holds its finding and everything from
-    the match on is dropped. Redacting rules mask their match; logging rules are only recorded."""
+    `finish()` returns the rest. Once a stopping rule matches, `stopped` holds its finding and
+    everything from the match on is dropped. Redacting rules mask their match (one still growing at
+    the end is held back whole, up to HOLD characters, then masked as it is); logging rules are only
+    recorded. Each rule that matched is one finding of the answer."""
 
-    def __init__(self, policies: PolicySet, window: int = WINDOW, step: int = STEP) -> None:
+    def __init__(self, policies: PolicySet, window: int = WINDOW, step: int = STEP, hold: int = HOLD) -> None:
         self.matcher = policies.outbound
         self.window = window
         self.step = step
+        self.hold = hold
         self.pending = ""
         self.findings: list[Finding] = []
         self.stopped: Finding | None = None
-        self._seen: set[tuple[str, str, int]] = set()
-        self._offset = 0  # characters of the answer already released before `pending`
+        self._noted: set[int] = set()  # the rules (by position) already among the findings
+        self._scan_at = window + step  # the length of `pending` at which it is scanned next
 
     def feed(self, delta: str) -> str:
         if self.stopped is not None:
@@ -486,7 +354,7 @@ class OutputGuard:
         if self.matcher.empty:
             return delta  # only a guard model watches this answer: nothing to hold back
         self.pending += delta
-        if len(self.pending) < self.window + self.step:
+        if len(self.pending) < self._scan_at:
             return ""  # not scanned yet: nothing of it is sent before it is
         return self._release(final=False)
 
@@ -495,32 +363,39 @@ class OutputGuard:
             return ""
         return self._release(final=True)
 
+    def _note(self, position: int, start: int, end: int) -> Finding:
+        finding = self.matcher.finding(position, start, end)
+        if position not in self._noted:
+            self._noted.add(position)
+            self.findings.append(finding)
+        return finding
+
     def _release(self, *, final: bool) -> str:
         text = self.pending
         spans: list[tuple[int, int]] = []
         cut = len(text) if final else max(len(text) - self.window, 0)
-        for finding in self.matcher.find(text):
-            key = (finding.rule, finding.policy, self._offset + finding.start)
-            if finding.action != "stop" and finding.start >= cut and not final:
+        rules = self.matcher.rules
+        for start, end, position in self.matcher.matches(text):
+            action = rules[position].action
+            if action != "stop" and start >= cut and not final:
                 break  # inside the held-back window: seen again, whole, with more text
-            if key not in self._seen:
-                self._seen.add(key)
-                self.findings.append(finding)
-            if finding.action == "stop":  # at once, wherever it is: nothing from it on is sent
-                self.stopped = finding
-                released = _mask(text[: finding.start], [s for s in spans if s[1] <= finding.start])
+            if action == "stop":  # at once, wherever it is: nothing from it on is sent
+                self.stopped = self._note(position, start, end)
+                released = _mask(text[:start], [s for s in spans if s[1] <= start])
                 self.pending = ""
                 return released
-            if finding.action == "redact":
-                if finding.end >= len(text) and not final:
-                    cut = min(cut, finding.start)  # it may go on in the next chunk: held back whole
-                    break
-                spans.append((finding.start, finding.end))
-                cut = max(cut, finding.end)
+            if action == "redact" and end >= len(text) and not final and len(text) - start < self.hold:
+                cut = min(cut, start)  # it may go on in the next chunk: held back whole
+                break
+            if position not in self._noted:
+                self._note(position, start, end)
+            if action == "redact":
+                spans.append((start, end))
+                cut = max(cut, end)
         # A redacted match that runs into the window is masked whole, then released.
         released = _mask(text[:cut], spans)
-        self._offset += cut
         self.pending = text[cut:]
+        self._scan_at = max(len(self.pending), self.window) + self.step
         return released
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from apps.guardrails import engine
@@ -39,6 +40,12 @@ DETECTOR_CHOICES = [
     ("llmgw_key", _("llmgw's own keys")),
 ]
 DIRECTION_CHOICES = [("both", _("prompt and answer")), ("input", _("prompt")), ("output", _("answer"))]
+PROBLEM_FIELDS = {"terms": "terms", "regex": "pattern", "detector": "detector"}
+
+
+def problem_text(problem: engine.PatternError) -> str:
+    """Why a rule cannot run, in the current language."""
+    return gettext(problem.template) % problem.params
 
 
 class Policy(models.Model):
@@ -139,29 +146,7 @@ class Rule(models.Model):
         return f"{self.policy.name}: {self.name}"
 
     def clean(self) -> None:
-        errors: dict[str, list[str]] = {}
-        if self.kind == "terms":
-            if not isinstance(self.terms, list) or not [t for t in self.terms if isinstance(t, str) and t.strip()]:
-                errors["terms"] = [str(_("Give at least one term."))]
-        elif self.kind == "regex":
-            try:
-                engine.check_pattern(self.pattern)
-            except engine.PatternError as exc:
-                errors["pattern"] = [str(exc)]
-        elif self.kind == "detector":
-            if self.detector not in engine.DETECTORS:
-                errors["detector"] = [str(_("Choose a detector."))]
-        elif self.kind in ("max_input_tokens", "max_output_tokens"):
-            if not self.limit:
-                errors["limit"] = [str(_("Give the most tokens allowed."))]
-        elif self.kind == "models" and (
-            not isinstance(self.model_names, list) or not all(isinstance(m, str) and m for m in self.model_names)
-        ):
-            errors["model_names"] = [str(_("Give the models allowed, by name."))]
-        elif self.kind == "guard_model" and (
-            not isinstance(self.model_names, list) or len(self.model_names) != 1 or not self.model_names[0]
-        ):
-            errors["model_names"] = [str(_("Name the one guard model to ask."))]
+        errors = self._match_errors()
         if self.kind in ("max_input_tokens", "max_output_tokens", "models") and self.action not in ("refuse", "log"):
             errors["action"] = [str(_("A cap or a model list can refuse or only log."))]
         if self.kind == "guard_model" and self.action == "redact":
@@ -170,6 +155,48 @@ class Rule(models.Model):
             errors["action"] = [str(_("Only an answer can be stopped; apply the rule to the answer."))]
         if errors:
             raise ValidationError(errors)
+
+    def _match_errors(self) -> dict[str, list[str]]:
+        """What the rule matches, checked: its terms, expression or detector (RE2 must run it), its
+        cap or its models."""
+        if self.kind == "terms" and (
+            not isinstance(self.terms, list) or not [t for t in self.terms if isinstance(t, str) and t.strip()]
+        ):
+            return {"terms": [str(_("Give at least one term."))]}
+        if self.kind == "detector" and (not isinstance(self.detector, str) or self.detector not in engine.DETECTORS):
+            return {"detector": [str(_("Choose a detector."))]}
+        if self.kind in PROBLEM_FIELDS:
+            problem = self.problem()
+            return {PROBLEM_FIELDS[self.kind]: [problem_text(problem)]} if problem is not None else {}
+        if self.kind in ("max_input_tokens", "max_output_tokens") and not self.limit:
+            return {"limit": [str(_("Give the most tokens allowed."))]}
+        if self.kind == "models" and (
+            not isinstance(self.model_names, list) or not all(isinstance(m, str) and m for m in self.model_names)
+        ):
+            return {"model_names": [str(_("Give the models allowed, by name."))]}
+        if self.kind == "guard_model" and (
+            not isinstance(self.model_names, list) or len(self.model_names) != 1 or not self.model_names[0]
+        ):
+            return {"model_names": [str(_("Name the one guard model to ask."))]}
+        return {}
+
+    def problem(self) -> engine.PatternError | None:
+        """Why the rule cannot run (an expression RE2 refuses, saved before it was checked so), or None."""
+        if self.kind == "regex":  # an empty expression too: it would match everywhere
+            try:
+                engine.check_pattern(self.pattern if isinstance(self.pattern, str) else "")
+            except engine.PatternError as exc:
+                return exc
+            return None
+        spec = engine.RuleSpec(
+            policy="",
+            name=self.name,
+            kind=self.kind,
+            action=self.action,
+            terms=tuple(t for t in self.terms or () if isinstance(t, str)) if isinstance(self.terms, list) else (),
+            detector=self.detector if isinstance(self.detector, str) else "",
+        )
+        return engine.rule_problem(spec)
 
     def spec(self) -> engine.RuleSpec:
         return engine.RuleSpec(

@@ -10,12 +10,28 @@ from typing import Any
 from django.db.models import Prefetch, Q
 from django.utils import timezone
 
-from apps.guardrails.models import Policy, Rule
+from apps.guardrails.models import Policy, Rule, problem_text
 
 __all__ = ["action_counts", "guardrails_page", "policies_for"]
 
 RECENT = 50  # actions listed
 COUNTED = 10_000  # the most recent verdicts counted per policy
+
+
+def _rule_row(policy: Policy, rule: Rule) -> dict[str, Any]:
+    problem = rule.problem() if rule.kind in ("terms", "regex", "detector") else None
+    return {
+        "name": rule.name,
+        "kind": rule.get_kind_display(),
+        "action": rule.action,
+        "action_label": rule.get_action_display(),
+        "applies_to": rule.get_applies_to_display(),
+        "detector": rule.get_detector_display() if rule.detector else "",
+        "enabled": rule.enabled,
+        # A rule the gateway cannot run: why, and whether it refuses the policy's requests for it.
+        "problem": problem_text(problem) if problem is not None else "",
+        "blocks": problem is not None and policy.enabled and rule.enabled and rule.action != "log",
+    }
 
 
 def _policy_row(policy: Policy) -> dict[str, Any]:
@@ -26,18 +42,7 @@ def _policy_row(policy: Policy) -> dict[str, Any]:
         "enabled": policy.enabled,
         "scope": kind,
         "where": where,
-        "rules": [
-            {
-                "name": rule.name,
-                "kind": rule.get_kind_display(),
-                "action": rule.action,
-                "action_label": rule.get_action_display(),
-                "applies_to": rule.get_applies_to_display(),
-                "detector": rule.get_detector_display() if rule.detector else "",
-                "enabled": rule.enabled,
-            }
-            for rule in policy.rules.all()
-        ],
+        "rules": [_rule_row(policy, rule) for rule in policy.rules.all()],
     }
 
 

@@ -1,12 +1,13 @@
-"""The rules themselves: checksums, folding that Unicode tricks do not get past, one combined
-expression per direction, redaction mapped back to what was written, and an answer checked as it
-streams with a match split across chunks at every possible point."""
+"""The rules themselves: checksums, folding that Unicode tricks do not get past, one screening set
+per direction, redaction mapped back to what was written, and an answer checked as it streams with
+a match split across chunks at every possible point."""
 
 from __future__ import annotations
 
 import pytest
 
 from apps.guardrails.engine import (
+    DETECTORS,
     MASK,
     OutputGuard,
     PatternError,
@@ -18,6 +19,7 @@ from apps.guardrails.engine import (
     luhn_ok,
     tckn_ok,
 )
+from apps.guardrails.patterns import is_re2
 
 CARD = "4111 1111 1111 1111"  # a test card number, Luhn-valid
 NOT_A_CARD = "4111 1111 1111 1112"
@@ -92,22 +94,25 @@ def test_secrets_of_common_shapes_and_llmgws_own_keys() -> None:
 
 def test_terms_match_whole_words_whatever_the_case_or_the_script() -> None:
     policy = rules(RuleSpec("words", "codenames", "terms", "refuse", terms=("Project Falcon", "hush")))
-    assert policy.check_texts(["PROJECT  falcon"])[0].refusal is None  # two spaces: another phrase
+    assert policy.check_texts(["PROJECT falcon"])[0].refusal is not None
     assert policy.check_texts(["about prоject fal\u200bcon"])[0].refusal is not None  # Cyrillic о, zero-width
     assert policy.check_texts(["hushed tones"])[0].refusal is None  # not the whole word
     assert policy.check_texts(["Hush!"])[0].refusal is not None
 
 
-def test_two_hundred_terms_are_one_index_and_twenty_expressions_one_expression() -> None:
+def test_two_hundred_terms_and_twenty_expressions_are_one_screening_set_of_re2_expressions() -> None:
     specs = [
         RuleSpec("big", f"t{i}", "terms", "log", terms=tuple(f"word{i}x{j}" for j in range(10))) for i in range(20)
     ]
     specs += [RuleSpec("big", f"r{i}", "regex", "log", pattern=rf"ticket-{i}\d+") for i in range(20)]
+    specs += [RuleSpec("big", name, "detector", "log", detector=name) for name in DETECTORS]
     policy = rules(*specs)
-    assert len(policy.inbound.first_words) == 200
-    assert policy.inbound.expression is not None and policy.inbound.expression.pattern.count("(?P<") == 20
+    matcher = policy.inbound
+    assert matcher.screen is not None and len(matcher.scanners) == 20 + 20 + len(DETECTORS)
+    assert all(is_re2(scanner.compiled) for scanner in matcher.scanners)  # type: ignore[attr-defined]
+    assert matcher.screen.hits(b"nothing to see here") == []  # one pass says no rule can match
     verdict, _ = policy.check_texts(["word7x3 and ticket-123 and word19x9"])
-    assert [f.rule for f in verdict.findings] == ["t7", "r1", "t19"]
+    assert [f.rule for f in verdict.findings] == ["t7", "r1", "r12", "t19"]  # ticket-1\d+ and ticket-12\d+ both
 
 
 def test_the_first_refusal_in_the_stated_order_is_the_one_named() -> None:
@@ -122,17 +127,36 @@ def test_the_first_refusal_in_the_stated_order_is_the_one_named() -> None:
 
 
 @pytest.mark.parametrize(
-    "pattern",
-    ["(a+)+", "(a|aa)+$", "(a|)+", r"(\w+\s?)+$", "(x+x+)+y", "x*", "(", r"(\d{3})-\1", "a" * 2001],
+    ("pattern", "code"),
+    [
+        ("(a|)+", "empty"),
+        ("x*", "empty"),
+        (r"\b", "empty"),
+        ("(", "syntax"),
+        (r"(\d{3})-\1", "backreference"),
+        ("(?P<n>a)(?P=n)", "backreference"),
+        ("(?<=a)b", "lookaround"),
+        ("x(?!y)", "lookaround"),
+        ("a++b", "possessive"),
+        ("(?>a)b", "possessive"),
+        ("(?(1)a|b)", "conditional"),
+        (r"end\Z", "escape"),
+        (r"\Cx", "byte"),
+        ("a" * 2001, "too_long"),
+    ],
 )
-def test_dangerous_or_broken_expressions_are_refused_when_saved(pattern: str) -> None:
-    with pytest.raises(PatternError):
+def test_expressions_re2_cannot_run_are_refused_when_saved_saying_why(pattern: str, code: str) -> None:
+    with pytest.raises(PatternError) as caught:
         check_pattern(pattern)
+    assert caught.value.code == code
 
 
-@pytest.mark.parametrize("pattern", [r"ticket-\d+", "(foo|bar)+baz", "[a-z]+@[a-z]+", r"\bcodename\s+\w+"])
+@pytest.mark.parametrize(
+    "pattern", [r"ticket-\d+", "(foo|bar)+baz", "[a-z]+@[a-z]+", r"\bcodename\s+\w+", r"\pL+-\d{2,}", r"end\z"]
+)
 def test_ordinary_expressions_are_taken(pattern: str) -> None:
-    assert check_pattern(pattern).pattern == pattern
+    compiled = check_pattern(pattern)
+    assert compiled.pattern == pattern and is_re2(compiled)
 
 
 def stream(policy: PolicySet, chunks: list[str]) -> tuple[str, OutputGuard]:
