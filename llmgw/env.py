@@ -125,7 +125,7 @@ class DatabaseConfig:
     port: str = ""
     options: tuple[tuple[str, str], ...] = ()
 
-    def django(self) -> dict[str, object]:
+    def django(self, *, pool_size: int = 10, pool_timeout: float = 30.0) -> dict[str, object]:
         if self.engine == "sqlite":
             return {
                 "ENGINE": "django.db.backends.sqlite3",
@@ -146,6 +146,12 @@ class DatabaseConfig:
                 "CONN_MAX_AGE": 60,
                 "CONN_HEALTH_CHECKS": True,
             }
+        # A bounded pool per process (psycopg_pool, through Django): a connection goes back to the
+        # pool when a request, task or thread's work ends, so a process never holds more than
+        # `pool_size` however many threads it runs; a request that finds none free waits up to
+        # `pool_timeout` seconds. Kept-open connections per thread (CONN_MAX_AGE) grew with every
+        # sync thread of the ASGI server until PostgreSQL refused everyone.
+        pool = {"min_size": 0, "max_size": pool_size, "timeout": pool_timeout, "max_idle": 60.0}
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": self.name,
@@ -153,9 +159,9 @@ class DatabaseConfig:
             "PASSWORD": self.password,
             "HOST": self.host,
             "PORT": self.port,
-            "CONN_MAX_AGE": 60,
+            "CONN_MAX_AGE": 0,
             "CONN_HEALTH_CHECKS": True,
-            "OPTIONS": dict(self.options),
+            "OPTIONS": {**dict(self.options), "pool": pool},
         }
 
 

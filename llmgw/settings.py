@@ -127,7 +127,12 @@ TEMPLATES = [
 
 DATABASE_URL = env_str("LLMGW_DATABASE_URL") or f"sqlite:///{DATA_DIR / 'llmgw.sqlite3'}"
 DATABASE = parse_database_url("LLMGW_DATABASE_URL", DATABASE_URL)
-DATABASES = {"default": DATABASE.django()}
+# PostgreSQL connections one process holds at most (web, worker child, beat), and how long a request
+# waits for one when all are busy. A deployment needs, at most: web processes x this + worker
+# processes x their concurrency x this + beats x this (docs/install.md).
+DATABASE_POOL_SIZE = env_int("LLMGW_DATABASE_POOL_SIZE", 10, minimum=1, maximum=1000)
+DATABASE_POOL_TIMEOUT = env_float("LLMGW_DATABASE_POOL_TIMEOUT", 30.0, minimum=1.0, maximum=600.0)
+DATABASES = {"default": DATABASE.django(pool_size=DATABASE_POOL_SIZE, pool_timeout=DATABASE_POOL_TIMEOUT)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Agents ------------------------------------------------------------------------------

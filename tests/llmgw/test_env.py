@@ -41,7 +41,12 @@ def test_database_urls() -> None:
         "db.example",
         "6543",
     )
-    assert pg.django()["OPTIONS"] == {"sslmode": "require"}
+    config = pg.django(pool_size=7, pool_timeout=12.0)
+    assert config["OPTIONS"] == {
+        "sslmode": "require",
+        "pool": {"min_size": 0, "max_size": 7, "timeout": 12.0, "max_idle": 60.0},
+    }
+    assert config["CONN_MAX_AGE"] == 0  # a connection goes back to the pool when its work ends
     lite = env.parse_database_url("LLMGW_DATABASE_URL", "sqlite:////tmp/x.sqlite3")
     assert lite.name == "/tmp/x.sqlite3"
     options = lite.django()["OPTIONS"]
