@@ -133,7 +133,8 @@ _CARD_SEPARATOR = r"[\t\n\v\f\r \x{85}\pZ\p{Pd}./\\_]"
 DETECTORS: dict[str, Detector] = {
     detector.name: detector
     for detector in (
-        Detector("email", r"([a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,63})"),
+        # Letters of every script: an address is also written (and read) as "ayşe.yılmaz@örnek.com.tr".
+        Detector("email", r"([\pL\pN\pM._%+-]+@[\pL\pN\pM-]+(?:\.[\pL\pN\pM-]+)*\.[\pL\pM]{2,63})"),
         Detector(
             "phone",
             r"(?:^|[^\pL\pN\pM_+])(\+?[0-9][0-9\t\n\f\r ().-]{8,17}[0-9])(?:[^\pL\pN\pM_]|$)",

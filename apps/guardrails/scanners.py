@@ -13,9 +13,10 @@ byte span, or None) and `every(data)` (all of them, in order). Every scan is lin
   Finding every match (to redact them) is where even RE2 can be slow: an expression such as
   `a*b|a` must look past each match to the end of a run of `a` before it knows the match is `a`,
   so matches times look-ahead can grow with the square of the text. After the first, each search
-  looks at most LOOKAHEAD bytes ahead (a match longer than that is found in parts), and after
-  MAX_MATCHES matches the rest of the text is one more match (redacted whole): the work is at
-  most the text twice over plus MAX_MATCHES * LOOKAHEAD bytes.
+  looks at most LOOKAHEAD bytes ahead (a match longer than OVERLAP may be found in parts, or not
+  at all when no part of it matches), and after MAX_MATCHES matches the rest of the text is one
+  more match (redacted whole: what was not scanned is not let through): the work is at most the
+  text twice over plus MAX_MATCHES * LOOKAHEAD bytes.
 - a detector (`DetectorScanner`): its candidates, each checked (see apps.guardrails.detectors).
 
 `Screen` is every scanner's expression in one RE2 set: one pass over the text says which rules
@@ -47,9 +48,9 @@ __all__ = [
     "term_expression",
 ]
 
-LOOKAHEAD = 64 * 1024  # bytes an operator's expression looks ahead, after its first match
+LOOKAHEAD = 16 * 1024  # bytes an operator's expression looks ahead, after its first match
 OVERLAP = LOOKAHEAD // 2  # a window that found nothing is followed by one overlapping it this much
-MAX_MATCHES = 1000  # matches of one operator's expression in one text; past them the rest is one match
+MAX_MATCHES = 10_000  # matches of one operator's expression in one text; past them the rest is one match
 _NOT_WORD = r"[^\pL\pN\pM]"
 # Separators between a term's words: whitespace, hyphens and dashes, dots, slashes, underscores.
 SEPARATOR = r"[\t\n\v\f\r \x{1C}-\x{1F}\x{85}\pZ\p{Pd}._/\\]"

@@ -437,3 +437,24 @@ async def test_a_request_for_several_answers_is_refused_where_a_guard_model_judg
         caught.value.message
     )
     assert [s.body["model"] for s in engine.seen] == []
+
+
+async def test_a_rule_that_cannot_run_refuses_what_its_policy_covers_and_a_log_rule_only_notes_it(
+    gw: Gateway, engine: MockEngine
+) -> None:
+    # Saved before expressions were checked by RE2: a look-behind, which RE2 cannot run.
+    stale = rule("old pattern", "regex", "redact", pattern="(?<=card )\\d+")
+    policies(gw, stale)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await gw.openai().chat.completions.create(model="m", messages=ask("hello"))
+    assert caught.value.status_code == 503 and caught.value.code == "guardrail_invalid"  # type: ignore[attr-defined]
+    assert "policy “company”, rule “old pattern”: the rule cannot be applied" in caught.value.message
+    assert "“(?<=”, a look-ahead or look-behind" in caught.value.message
+    assert engine.seen == []
+    record = await gw.usage.wait()
+    assert record["guardrail"][0]["action"] == "refuse" and "look-behind" in record["guardrail"][0]["error"]
+    policies(gw, rule("old pattern", "regex", "log", pattern="(?<=card )\\d+"), CODENAME)
+    answer = await gw.openai().chat.completions.create(model="m", messages=ask("hello"))
+    assert answer.choices[0].message.content == "Hello there"
+    record = await gw.usage.wait(2)
+    assert [(f["rule"], f["action"]) for f in record["guardrail"]] == [("old pattern", "log")]

@@ -1,8 +1,11 @@
-"""Policies as they are kept: checked when saved, loaded into the gateway's tables by where they are
-attached, shown on the Guardrails page and a person's account page, and the verdict on a request
-told by `ctl request`."""
+"""Policies as they are kept: checked when saved (by the admin's forms too), loaded into the gateway's
+tables by where they are attached, a stored rule RE2 cannot run refused there, logged and shown,
+shown on the Guardrails page and a person's account page, and the verdict on a request told by
+`ctl request`."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -78,6 +81,65 @@ def test_the_page_lists_policies_where_they_apply_and_what_they_did(client: Clie
     assert client.get("/guardrails/").status_code == 403
     account = client.get("/account/").content.decode()
     assert 'data-policy="pii"' in account and "on everyone" in account
+
+
+def test_a_stored_rule_re2_cannot_run_is_refused_by_the_gateway_logged_and_shown(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = make_key(make_user("alice@example.com"))
+    policy = Policy.objects.create(name="legacy")
+    # Saved before expressions were checked by RE2 (objects.create does not clean): a backreference.
+    Rule.objects.create(policy=policy, name="repeats", kind="regex", pattern=r"(\d)\1{3}", action="redact")
+    Rule.objects.create(policy=policy, name="watch", kind="regex", pattern="x(?=y)", action="log")
+    Rule.objects.create(policy=policy, name="mails", kind="detector", detector="email", action="redact")
+    with caplog.at_level(logging.WARNING, logger="llmgw.guardrails"):
+        tables = load_tables()
+        entry = next(e for e in tables.keys.values() if e.key_id == key.pk)
+        compiled = tables.guards.for_call(entry, "m")
+    assert [(item.rule.name, item.problem.code) for item in compiled.broken] == [
+        ("repeats", "backreference"),
+        ("watch", "lookaround"),
+    ]
+    assert [r.name for r in compiled.inbound.rules] == ["mails"]  # the rules that can run still do
+    assert "rule 'repeats' cannot run, so every request the policy covers is refused" in caplog.text
+    client.force_login(make_user("vic@example.com", role=StaffRole.VIEWER))
+    page = client.get("/guardrails/").content.decode()
+    assert page.count("data-problem") == 2
+    assert "Cannot run, so every request this policy covers is refused until it is corrected:" in page
+    assert "“\\1”, a reference back to a group" in page and "Cannot run: The expression uses “(?=”" in page
+
+
+ADMIN_RULE = {
+    "name": "lookbehind",
+    "order": "0",
+    "kind": "regex",
+    "action": "redact",
+    "applies_to": "both",
+    "terms": "[]",
+    "pattern": "(?<=key: )\\w+",
+    "detector": "",
+    "model_names": "[]",
+    "enabled": "on",
+}
+
+
+def test_the_admin_refuses_a_rule_re2_cannot_run_on_either_form(client: Client) -> None:
+    client.force_login(make_user("ada@example.com", role=StaffRole.ADMIN))
+    policy = Policy.objects.create(name="p")
+    answer = client.post("/django-admin/guardrails/rule/add/", {**ADMIN_RULE, "policy": str(policy.pk)})
+    assert answer.status_code == 200 and "a look-ahead or look-behind" in answer.content.decode()
+    inline = {
+        "name": "q",
+        "enabled": "on",
+        "rules-TOTAL_FORMS": "1",
+        "rules-INITIAL_FORMS": "0",
+        "rules-MIN_NUM_FORMS": "0",
+        "rules-MAX_NUM_FORMS": "1000",
+        **{f"rules-0-{field}": value for field, value in ADMIN_RULE.items()},
+    }
+    answer = client.post("/django-admin/guardrails/policy/add/", inline)
+    assert answer.status_code == 200 and "a look-ahead or look-behind" in answer.content.decode()
+    assert not Rule.objects.exists() and list(Policy.objects.values_list("name", flat=True)) == ["p"]
 
 
 @pytest.mark.django_db(transaction=True)
