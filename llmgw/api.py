@@ -61,7 +61,10 @@ ErrorSerializer = inline_serializer(
 
 
 ERRORS = {
-    "400": _("The input was refused: `detail` says why and `errors` names each field."),
+    "400": _(
+        "The input was refused: `detail` says why and `errors` names each field. Every operation refuses"
+        " a NUL character in its path, its query or a cookie this way."
+    ),
     "401": _("No API key or session, or a key that is not valid (the reason is in `detail`)."),
     "403": _("Signed in, but this role may not do this (or a session's CSRF token is missing)."),
     "404": _("Nothing by that name or id that the caller may see."),
@@ -74,7 +77,7 @@ class AutoSchema(SpectacularAutoSchema):
     """drf-spectacular's schema, with the error answers each operation can give declared too."""
 
     def _error_codes(self) -> set[str]:
-        codes = set()
+        codes = {"400"}  # a NUL in the path, the query or a cookie, refused before any view (llmgw.edge)
         view = self.view
         permissions = self.view.get_permissions() if hasattr(view, "get_permissions") else []
         if not all(isinstance(p, AllowAny) for p in permissions):
@@ -82,13 +85,7 @@ class AutoSchema(SpectacularAutoSchema):
         if "{" in self.path:
             codes.add("404")
         if self.method in ("POST", "PUT", "PATCH") and self.get_request_serializer() is not None:
-            codes |= {"400", "415"}
-        if (
-            self._get_pagination_parameters()
-            or self._get_filter_parameters()
-            or any(getattr(p, "location", None) == "query" for p in self.get_override_parameters())
-        ):
-            codes.add("400")
+            codes.add("415")
         if getattr(view, "throttle_classes", None):
             codes.add("429")
         return codes

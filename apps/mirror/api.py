@@ -252,8 +252,9 @@ class MirrorRepoView(APIView):
     def get(self, request: Request, owner: str, name: str) -> Response:
         repo = f"{owner}/{name}"
         revision = str(request.query_params.get("revision", "") or "main")[:200]
-        try:
+        try:  # what the caller named, before the Hub is asked: a 400, not the Hub's 502
             hub.check_repo(repo)
+            hub.check_revision(revision)
         except MirrorError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
         try:

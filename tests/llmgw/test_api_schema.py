@@ -3,21 +3,24 @@ ordinary member (each with an API key), and as a stranger with none.
 
 For each operation in /api/v1/schema, schemathesis generates requests from the schema and
 sends them straight to the WSGI application, in process. Every answer must be no 5xx, have a
-declared status code and content type, and a body of the declared shape. Requests come in two
+declared status code and content type, and a body of the declared shape. Requests come in three
 kinds: valid ones (positive), with generated path parameters (mostly 404s, which must be
 declared too) and with those naming the rows built here, so that the shapes of real answers
-are checked; and invalid ones (negative: wrong types, missing or extra fields in bodies and
-queries), on the rows built here. Negative path parameters are left out: a name the URL
-patterns cannot match never reaches the API, and Django answers its own 404 page.
+are checked; invalid ones (negative: wrong types, missing or extra fields in bodies and
+queries, and path parameters of the wrong type), on the rows built here and on generated
+paths; and path parameters no route or view may take (HOSTILE_PATH_VALUES: unicode digits, a
+NUL, ids past 32 and 64 bits), each in each parameter of each operation. A path no URL
+pattern matches is answered by the API's own JSON 404 (llmgw.edge), so it is checked as well.
 
-Each example runs in a savepoint that is rolled back, so every one meets the same rows and no
-operation has to be skipped for being destructive (a key revoking itself, a limit deleted).
-Runs are derandomized, so a failure repeats, and small enough for the whole file to stay
-within a few minutes on two cores.
+Every operation is walked, DELETE and key revocation included: each example runs in a
+savepoint that is rolled back, so every one meets the same rows and none has to be skipped for
+being destructive (a key revoking itself, a limit deleted). Runs are derandomized, so a failure
+repeats, and small enough for the whole file to stay within a few minutes on two cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -38,7 +41,9 @@ from apps.catalog import services as catalog
 from apps.catalog.models import Model
 from apps.cluster import services as cluster
 from apps.cluster.choices import ReplicaState, ShardState
-from apps.cluster.models import Replica, Shard
+from apps.cluster.models import AgentRequest, Replica, Shard
+from apps.fabrics.models import FabricTest
+from apps.guardrails.services import set_policy
 from apps.quotas import services as quotas
 from apps.quotas.usage import write_records_sync
 from tests.conftest import make_user
@@ -54,6 +59,10 @@ ROLES = ["admin", "operator", "billing", "viewer", "member", "anonymous"]
 # The roles most operations refuse before any of their own code runs (401, 403) are asked a third
 # as often: what the handlers do with odd input is walked by the roles they serve.
 FEWER = {"billing": 3, "viewer": 3, "member": 3, "anonymous": 3}
+# Path parameters no route or view may take: a NUL, unicode digits (str.isdigit() passes them,
+# int() refuses them), an id past 32 bits, the first number past a bigint, one far past it, and
+# numbers no id is. The roles asked less often are asked every third (a NUL, "²" and "-1").
+HOSTILE_PATH_VALUES = ["\x00", "³", "99999999999999999999999", "²", str(2**40), str(2**63), "-1", "0"]
 
 
 @dataclass
@@ -167,6 +176,12 @@ def build_world() -> World:
     ]
     write_records_sync(records)
 
+    set_policy({"name": "pii", "rules": [{"name": "cards", "kind": "detector", "detector": "card"}]}, actor=admin)
+    fabric_test = FabricTest.objects.create(client=node, server=node, fabric="ib0", state=FabricTest.State.DONE)
+    failed = AgentRequest.objects.create(
+        node=node, kind="ibnetdiscover", params={"fabric": "ib0"}, state=AgentRequest.State.FAILED, error="no sminfo"
+    )
+
     event = AuditEvent.objects.order_by("pk").first()
     assert event is not None
     from tests.mirror.ggufbytes import held_gguf
@@ -182,8 +197,16 @@ def build_world() -> World:
             "/api/v1/replicas/": replica.pk,
             "/api/v1/audit/": event.pk,
             "/api/v1/mirror/": held.pk,
+            "/api/v1/fabric-tests/": fabric_test.pk,
+            "/api/v1/agent-requests/": failed.pk,
         },
-        "name": {"/api/v1/nodes/": node.name, "/api/v1/models/": model.name, "/api/v1/mirror/repos/": "tiny-GGUF"},
+        "name": {
+            "/api/v1/nodes/": node.name,
+            "/api/v1/models/": model.name,
+            "/api/v1/mirror/repos/": "tiny-GGUF",
+            "/api/v1/guardrails/": "pii",
+        },
+        "fabric": {"/api/v1/fabrics/": "ib0"},
         "owner": {"/api/v1/mirror/repos/": "acme"},
         "request_id": {"/api/v1/requests/": records[0]["request_id"]},
     }
@@ -252,6 +275,20 @@ class Tally:
     operations: int = 0
     examples: int = 0
     failures: list[str] = field(default_factory=list)
+    walked: set[str] = field(default_factory=set)  # the operations at least one example was sent to
+
+    def call(self, case: Any, label: str, *, headers: dict[str, str], checks: list[Callable[..., Any]]) -> None:
+        """Send one case in a savepoint rolled back after it; a failure is told (and raised)."""
+        self.examples += 1
+        self.walked.add(case.operation.label)
+        with transaction.atomic():
+            try:
+                case.call_and_validate(headers=headers, checks=checks)
+            except (Exception, BaseExceptionGroup) as exc:
+                self.failures.append(f"{label}:\n{exc}")
+                raise
+            finally:
+                transaction.set_rollback(True)
 
 
 def run_operation(
@@ -268,7 +305,7 @@ def run_operation(
 
     strategy = operation.as_strategy(generation_mode=mode, path_parameters=path_parameters or None)
     label = f"{operation.label} ({mode.value}, {'known rows' if path_parameters else 'generated'})"
-    seen: list[str] = []
+    failed = len(tally.failures)
 
     @given(case=strategy)
     @settings(
@@ -280,20 +317,34 @@ def run_operation(
         suppress_health_check=list(HealthCheck),
     )
     def test(case: Any) -> None:
-        tally.examples += 1
-        with transaction.atomic():
-            try:
-                case.call_and_validate(headers=headers, checks=checks)
-            except (Exception, BaseExceptionGroup) as exc:  # every operation's failure is told, then the test fails
-                seen.append(f"{label}:\n{exc}")
-                raise
-            finally:
-                transaction.set_rollback(True)
+        tally.call(case, label, headers=headers, checks=checks)
 
     try:
         test()
-    except (Exception, BaseExceptionGroup):
-        tally.failures.append(seen[-1] if seen else f"{label}: failed")
+    except (Exception, BaseExceptionGroup):  # every operation's failure is told, then the test fails
+        # Hypothesis replays a failing example while it shrinks it: the last one told is kept.
+        told = tally.failures[failed:]
+        del tally.failures[failed:]
+        tally.failures.append(told[-1] if told else f"{label}: failed")
+
+
+def run_hostile_paths(
+    operation: Any,
+    *,
+    values: list[str],
+    headers: dict[str, str],
+    known: dict[str, Any],
+    checks: list[Callable[..., Any]],
+    tally: Tally,
+) -> None:
+    """Each of `values` in each path parameter in turn, the others naming rows of the world."""
+    names = re.findall(r"\{(\w+)\}", operation.path)
+    for name in names:
+        for value in values:
+            parameters = {other: known.get(other, "x") for other in names} | {name: value}
+            label = f"{operation.label} ({name}={value!r})"
+            with contextlib.suppress(Exception, BaseExceptionGroup):  # told in tally.failures
+                tally.call(operation.Case(path_parameters=parameters), label, headers=headers, checks=checks)
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -310,8 +361,11 @@ def test_the_api_answers_as_its_schema_says(role: str, world: World, app: Any) -
     headers = {"Authorization": f"Bearer {world.keys[role]}"} if role in world.keys else {}
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
     tally = Tally()
+    labels = set()
+    hostile = HOSTILE_PATH_VALUES[:: FEWER.get(role, 1)]
     for operation in operations(schema):
         tally.operations += 1
+        labels.add(operation.label)
         known = known_path_parameters(world, role, operation)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             if known:
@@ -324,19 +378,20 @@ def test_the_api_answers_as_its_schema_says(role: str, world: World, app: Any) -
                     checks=checks,
                     tally=tally,
                 )
-            if not known or mode == GenerationMode.POSITIVE:
-                run_operation(
-                    operation,
-                    mode=mode,
-                    headers=headers,
-                    examples=GENERATED_EXAMPLES // FEWER.get(role, 1),
-                    path_parameters={},
-                    checks=checks,
-                    tally=tally,
-                )
+            run_operation(
+                operation,
+                mode=mode,
+                headers=headers,
+                examples=GENERATED_EXAMPLES // FEWER.get(role, 1),
+                path_parameters={},
+                checks=checks,
+                tally=tally,
+            )
+        run_hostile_paths(operation, values=hostile, headers=headers, known=known, checks=checks, tally=tally)
     print(f"{role}: {tally.operations} operations, {tally.examples} examples")
     assert not tally.failures, "\n\n".join(tally.failures)
     assert tally.operations >= 45 and tally.examples >= 3 * tally.operations // FEWER.get(role, 1)  # it really ran
+    assert sorted(labels - tally.walked) == []  # every operation, DELETE and key revocation included
 
 
 def test_the_schema_declares_keys_sessions_errors_and_the_shapes_answered(api: Any) -> None:
