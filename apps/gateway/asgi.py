@@ -149,6 +149,7 @@ class GatewayApp:
         from asgiref.sync import sync_to_async
         from django.conf import settings
 
+        from apps.quotas.journal import Journal
         from apps.quotas.limiter import make_limiter
         from apps.quotas.usage import UsageWriter
 
@@ -171,6 +172,8 @@ class GatewayApp:
             writer_kwargs["write"] = write_via_worker  # the worker does the ORM work, not this process
             # ... and what it has not written a minute later (a broker that lost it) is written here.
             writer_kwargs["confirm_after"] = 60.0
+        # Every record is on local disk before the answer's last byte is sent (apps/quotas/journal.py).
+        writer_kwargs["journal"] = Journal(settings.DATA_DIR / "usage-journal")
         self.usage = UsageWriter(**writer_kwargs)
         await self.usage.start()
         self.accountant.usage, self.accountant.limiter = self.usage, self.limiter
@@ -331,12 +334,23 @@ class GatewayApp:
 
     async def handle(self, endpoint: Endpoint, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         call = Call(endpoint)
+        accounted = False
+
+        async def answer(message: dict[str, Any]) -> None:
+            """The answer's last message goes out only once the request is accounted for: its usage
+            record is then in this process's journal, and a kill at any moment after loses nothing."""
+            nonlocal accounted
+            if not accounted and message["type"] == "http.response.body" and not message.get("more_body"):
+                accounted = True
+                self.accountant.finish(call)
+            await send(message)
+
         try:
-            await self.serve(call, scope, receive, send)
+            await self.serve(call, scope, receive, answer)
         except Refused as exc:
             call.status, call.error = exc.status, exc.message
             with contextlib.suppress(Exception):
-                await send_error(send, endpoint.protocol, exc, self.head(call))
+                await send_error(answer, endpoint.protocol, exc, self.head(call))
         except ClientLeft as exc:
             call.status, call.error = CANCELLED, str(exc) or "the client went away before its request was answered"
         except asyncio.CancelledError:
@@ -347,13 +361,17 @@ class GatewayApp:
             call.status, call.error = 500, f"{type(exc).__name__}: {exc}"
             with contextlib.suppress(Exception):
                 await send_error(
-                    send, endpoint.protocol, Refused(500, "The gateway failed to handle this request."), self.head(call)
+                    answer,
+                    endpoint.protocol,
+                    Refused(500, "The gateway failed to handle this request."),
+                    self.head(call),
                 )
         finally:
             if call.lease is not None:
                 self.keeper.release(call.lease)
             self.bodies.give(call.body_bytes)
-            self.accountant.finish(call)
+            if not accounted:  # no last byte was sent: the client left, or the answer broke off
+                self.accountant.finish(call)
 
     # Intake and admission ----------------------------------------------------------------------
 

@@ -219,7 +219,7 @@ async def gateway_fixture(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -
     fake_limiter = types.ModuleType("apps.quotas.limiter")
     fake_limiter.make_limiter = lambda: limiter  # type: ignore[attr-defined]
     fake_usage = types.ModuleType("apps.quotas.usage")
-    fake_usage.UsageWriter = lambda: usage  # type: ignore[attr-defined]
+    fake_usage.UsageWriter = lambda **_options: usage  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "apps.quotas.limiter", fake_limiter)
     monkeypatch.setitem(sys.modules, "apps.quotas.usage", fake_usage)
     from django.conf import settings as django_settings
