@@ -230,6 +230,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # Engine releases the nodes want and the control plane has not read yet (or failed to read).
     "fetch-engine-releases": {"task": "apps.cluster.tasks.fetch_engine_releases", "schedule": 60.0},
     "start-mirror-fetches": {"task": "apps.mirror.tasks.start_mirror_fetches", "schedule": 60.0},
+    # Usage journals of web processes on the worker's host that died and were not started again.
+    "settle-usage-journals": {"task": "apps.quotas.tasks.settle_usage_journals", "schedule": 60.0},
     "expire-agent-requests": {"task": "apps.cluster.tasks.expire_agent_requests", "schedule": 15.0},
     # One node per InfiniBand fabric maps it with ibnetdiscover.
     "map-fabrics": {"task": "apps.fabrics.tasks.map_fabrics", "schedule": FABRIC_MAP_INTERVAL},

@@ -31,3 +31,15 @@ def accrue_held_time() -> int:
     from apps.quotas.held import accrue_held_time as accrue
 
     return accrue()
+
+
+@shared_task(ignore_result=True)
+def settle_usage_journals() -> int:
+    """Write the journaled usage records of web processes on this host that died and were not
+    started again (apps/quotas/journal.py); those of living processes are theirs to settle."""
+    from django.conf import settings
+
+    from apps.quotas.journal import settle_orphans
+    from apps.quotas.usage import write_missing
+
+    return settle_orphans(settings.DATA_DIR / "usage-journal", write_missing)

@@ -103,3 +103,18 @@ def test_a_writer_whose_database_write_never_happened_settles_its_journal(bob: A
     assert sum(lost) == 30  # the usual path took them and dropped them
     assert UsageRecord.objects.count() == 30  # the journal had them
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.django_db
+def test_the_workers_periodic_task_settles_the_journals_of_dead_processes(
+    bob: Any, tree: Any, settings: Any, tmp_path: Path
+) -> None:
+    from apps.quotas.tasks import settle_usage_journals
+
+    settings.DATA_DIR = tmp_path
+    key = make_key(bob, tree.project)
+    records = [record(key) for _ in range(5)]
+    folder = tmp_path / "usage-journal"
+    subprocess.run([sys.executable, "-c", KILLED, str(folder)], input=as_json(records), text=True, timeout=60)
+    assert settle_usage_journals() == 5
+    assert UsageRecord.objects.count() == 5
