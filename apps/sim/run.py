@@ -25,11 +25,13 @@ from apps.facility.draw import derived_watts
 from apps.facility.locations import LEVELS, label_of, location
 from apps.facility.placement import INDEX as FACILITY_INDEX
 from apps.facility.placement import renew_draws
+from apps.sim.limits import MAX_PROBLEMS, figure
 from apps.sim.scenario import Event, Scenario, ScenarioError
 from apps.sim.store import MemoryStore, SimDrain, SimModel, SimProfile, SimReplica, SimShard
 
-__all__ = ["Simulation", "live_fleet", "simulate"]
+__all__ = ["Simulation", "live_fleet", "live_nodes", "simulate"]
 
+HINTED = 10  # problems with a name the fleet lacks that also get the nearest name it has
 PENDING_LISTED = 50  # pending replicas listed by name in a snapshot (the rest are counted)
 HEADROOM_LIMIT = 256  # more replicas of the named model counted at most (the report says "at least")
 
@@ -145,6 +147,23 @@ def _models(scenario: Scenario, first_id: int, first_profile: int) -> list[SimMo
     return models
 
 
+def live_nodes(inventory: Any = None) -> dict[str, dict[str, Any]]:
+    """The live nodes' hardware by name, for node types written `like: NAME` (and to count the
+    live fleet against a run's limits): what the reconciler's inventory holds."""
+    if inventory is None:
+        from apps.cluster.inventory import build_inventory
+
+        inventory = build_inventory()
+    return {
+        n.name: {
+            "gpus": [(g.index, g.gpu_class, g.nvlink_group) for g in n.gpus],
+            "cpus": n.cpus,
+            "memory_bytes": n.memory_total_bytes,
+        }
+        for n in inventory.nodes.values()
+    }
+
+
 def live_fleet() -> dict[str, Any]:
     """The cluster as it is now, for a scenario that starts from it (and for `like:` node types):
     the placement snapshot the reconciler builds, and its models and replicas as plain objects."""
@@ -224,14 +243,7 @@ def live_fleet() -> dict[str, Any]:
                 else [],
             )
         )
-    by_name = {
-        n.name: {
-            "gpus": [(g.index, g.gpu_class, g.nvlink_group) for g in n.gpus],
-            "cpus": n.cpus,
-            "memory_bytes": n.memory_total_bytes,
-        }
-        for n in inventory.nodes.values()
-    }
+    by_name = live_nodes(inventory)
     from apps.facility import power
     from apps.facility.services import active_holds
 
@@ -294,6 +306,7 @@ class Simulation:
         self.pass_seconds = 0.0
         self.placements = 0
         self.power_dirty = False
+        self._by_name: dict[str, SimModel] | None = None
 
     # -- the fleet's side of events ------------------------------------------------------------
 
@@ -368,20 +381,20 @@ class Simulation:
         nodes = self.store.nodes
         if args.get("all"):
             return list(nodes.values())
-        found: list[placement.NodeSnapshot] = []
+        found: dict[int, placement.NodeSnapshot] = {}  # by id: each node once, looked up in O(1)
         names = args.get("nodes")
         if names:
             wanted = {names} if isinstance(names, str) else {str(n) for n in names}
-            found += [n for n in nodes.values() if n.name in wanted]
+            found.update((n.id, n) for n in nodes.values() if n.name in wanted)
         for level in ("rack", "pdu"):
             if args.get(level):
-                found += [n for n in nodes.values() if location(n.labels).get(level) == str(args[level])]
+                found.update((n.id, n) for n in nodes.values() if location(n.labels).get(level) == str(args[level]))
         if args.get("count"):
-            pool = [n for n in sorted(nodes.values(), key=lambda n: n.name) if n.ready and n not in found]
+            pool = [n for n in sorted(nodes.values(), key=lambda n: n.name) if n.ready and n.id not in found]
             if args.get("type"):
                 pool = [n for n in pool if n.name.startswith(f"{args['type']}-")]
-            found += pool[: int(args["count"])]
-        return found
+            found.update((n.id, n) for n in pool[: int(args["count"])])
+        return list(found.values())
 
     def apply(self, event: Event, now: Any) -> str:
         """Change the fleet as the event says; what it did, in words."""
@@ -445,7 +458,12 @@ class Simulation:
                     attachment["identity"] = f"{attachment['kind']}:sim-{fabric}" if known else None
 
     def _model(self, name: str) -> SimModel | None:
-        return next((m for m in self.store.by_id.values() if m.name == name), None)
+        """The model of that name (the index is made once: models are never added during a run)."""
+        if self._by_name is None:
+            self._by_name = {}
+            for model in self.store.by_id.values():
+                self._by_name.setdefault(model.name, model)
+        return self._by_name.get(name)
 
     # -- the agents' side ----------------------------------------------------------------------
 
@@ -782,13 +800,18 @@ def check_names(
             if attachment.get("name"):
                 known["fabric"].add(str(attachment["name"]))
     problems: list[str] = []
+    ordered: dict[str, list[str]] = {}  # each kind's names sorted once, for the hints
 
     def need(kind: str, value: Any, where: str) -> None:
         names = known.get(kind, set())
         if str(value) in names:
             return
-        near = difflib.get_close_matches(str(value), sorted(names), n=1)
-        hint = (_(" (did you mean %(key)s?)") % {"key": near[0]}) if near else ""
+        hint = ""
+        if len(problems) < HINTED:  # a near name for the first few: difflib is slow over many names
+            if kind not in ordered:
+                ordered[kind] = sorted(names)
+            near = difflib.get_close_matches(str(value), ordered[kind], n=1)
+            hint = (_(" (did you mean %(key)s?)") % {"key": near[0]}) if near else ""
         problems.append(
             _("%(where)s: no %(kind)s %(name)s in the fleet%(hint)s")
             % {"where": where, "kind": kind.removesuffix("s"), "name": value, "hint": hint}
@@ -818,7 +841,9 @@ def check_names(
     if scenario.report_model:
         need("model", scenario.report_model, "report.model")
     if problems:
-        raise ScenarioError(problems)
+        more = len(problems) - MAX_PROBLEMS
+        listed = problems[:MAX_PROBLEMS]
+        raise ScenarioError(listed + ([_("and %(count)s more problems") % {"count": figure(more)}] if more > 0 else []))
 
 
 def _offset(scenario: Scenario, now: Any) -> float:
