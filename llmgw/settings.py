@@ -494,3 +494,12 @@ AUTHENTICATION_BACKENDS = [
 # scenario file's own folder), and the most steps a run from the console or the API may take.
 SIM_CAPTURES_DIR = Path(env_str("LLMGW_SIM_CAPTURES") or DATA_DIR / "captures").expanduser().resolve()
 SIM_MAX_WEB_STEPS = env_int("LLMGW_SIM_MAX_WEB_STEPS", 1441, minimum=1, maximum=100_000)
+# What one run from the console or the API may ask (`llmgw sim` takes ten times as much): twice
+# the largest fleet the project simulates itself (bench/sim.py: 10,000 nodes of 8 GPUs, 2,000
+# models, a day of one-minute steps). A scenario past one is refused with the numbers, unbuilt.
+SIM_MAX_NODES = env_int("LLMGW_SIM_MAX_NODES", 20_000, minimum=1, maximum=10_000_000)
+SIM_MAX_GPUS = env_int("LLMGW_SIM_MAX_GPUS", 160_000, minimum=1, maximum=100_000_000)
+SIM_MAX_MODELS = env_int("LLMGW_SIM_MAX_MODELS", 5_000, minimum=1, maximum=1_000_000)
+SIM_MAX_REPLICAS = env_int("LLMGW_SIM_MAX_REPLICAS", 20_000, minimum=1, maximum=10_000_000)
+SIM_MAX_EVENTS = env_int("LLMGW_SIM_MAX_EVENTS", 1_000, minimum=1, maximum=1_000_000)
+SIM_MAX_SCENARIO_BYTES = env_int("LLMGW_SIM_MAX_SCENARIO_BYTES", 1024 * 1024, minimum=1024, maximum=1024**3)
