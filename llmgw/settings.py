@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "apps.gateway",
     "apps.mirror",
     "apps.schedule",
+    "apps.sim",
 ]
 
 MIDDLEWARE = [
@@ -240,6 +241,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # The cluster page's held idle cards, worked out once for every look at the page (its figure
     # is apps.cluster.overview.IDLE_SUMMARY_SECONDS).
     "summarise-idle-cards": {"task": "apps.cluster.tasks.summarise_idle_cards", "schedule": 15.0},
+    # Simulations: start what waits, fail a run whose worker stopped, remove old runs.
+    "sweep-sim-runs": {"task": "apps.sim.tasks.sweep_sim_runs", "schedule": 60.0},
 }
 
 # Where the gateway's usage batches are written: "worker" (a Celery task, so web processes
@@ -503,3 +506,11 @@ SIM_MAX_MODELS = env_int("LLMGW_SIM_MAX_MODELS", 5_000, minimum=1, maximum=1_000
 SIM_MAX_REPLICAS = env_int("LLMGW_SIM_MAX_REPLICAS", 20_000, minimum=1, maximum=10_000_000)
 SIM_MAX_EVENTS = env_int("LLMGW_SIM_MAX_EVENTS", 1_000, minimum=1, maximum=1_000_000)
 SIM_MAX_SCENARIO_BYTES = env_int("LLMGW_SIM_MAX_SCENARIO_BYTES", 1024 * 1024, minimum=1024, maximum=1024**3)
+# Runs from the console and the API go to the worker, which runs each in a child process held to
+# a memory budget (its address space) and a wall-clock time, SIM_CONCURRENT_RUNS at once; one
+# person may have SIM_MAX_QUEUED_PER_PERSON queued or running, and runs are kept SIM_KEEP_SECONDS.
+SIM_MEMORY_MB = env_int("LLMGW_SIM_MEMORY_MB", 2048, minimum=64, maximum=1024 * 1024)
+SIM_SECONDS = env_int("LLMGW_SIM_SECONDS", 300, minimum=1, maximum=86400)
+SIM_CONCURRENT_RUNS = env_int("LLMGW_SIM_CONCURRENT_RUNS", 1, minimum=1, maximum=64)
+SIM_MAX_QUEUED_PER_PERSON = env_int("LLMGW_SIM_MAX_QUEUED_PER_PERSON", 3, minimum=1, maximum=1000)
+SIM_KEEP_SECONDS = env_int("LLMGW_SIM_KEEP_SECONDS", 86400, minimum=60, maximum=365 * 86400)

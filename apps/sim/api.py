@@ -1,27 +1,42 @@
-"""POST /api/v1/sim: run a scenario (YAML text or its mapping), or ask a what-if of the live fleet."""
+"""POST /api/v1/sim: queue a scenario (YAML text or its mapping) or a what-if question of the live
+fleet for the worker, answered 202 with the run's id and URL; GET /api/v1/sim/<id>: the run's
+state, and its report once it is done. Operators and administrators only: each sees their own
+runs, an administrator every run."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
+from django.http import Http404
+from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.access import IsOperator
-from apps.sim.service import ScenarioError, simulate_text, what_if
+from apps.accounts.access import RulePermission
+from apps.sim import runs
+from apps.sim.models import SimRun
+from apps.sim.service import WHAT_IF_KINDS, ScenarioError
 from llmgw.api import ErrorSerializer
+
+__all__ = ["SimRunView", "SimView", "Simulates"]
+
+
+class Simulates(RulePermission):
+    """Simulations take the worker's time and memory: administrators and operators run them and
+    read their own."""
+
+    read_rule = write_rule = "change_cluster"
 
 
 class WhatIfSerializer(serializers.Serializer[Any]):
-    kind = serializers.ChoiceField(choices=["node", "rack", "pdu", "model"])
+    kind = serializers.ChoiceField(choices=list(WHAT_IF_KINDS))
     name = serializers.CharField(max_length=200)
-    min = serializers.IntegerField(min_value=0, required=False)
+    min = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
 
 
 class SimRequestSerializer(serializers.Serializer[Any]):
@@ -38,40 +53,68 @@ class SimRequestSerializer(serializers.Serializer[Any]):
         return attrs
 
 
-class SimView(APIView):
-    """Run the reconciler's decisions on a simulated fleet; nothing of the real one changes."""
+class SimRunSerializer(serializers.ModelSerializer[SimRun]):
+    url = serializers.SerializerMethodField(help_text=gettext_lazy("Where to ask for the run's state and report."))
+    report = serializers.JSONField(
+        allow_null=True, help_text=gettext_lazy("The report once the run is done (see the manual), else null.")
+    )
+    problems = serializers.ListField(
+        child=serializers.CharField(), help_text=gettext_lazy("What the run found wrong with the scenario.")
+    )
 
-    permission_classes = [IsOperator]
+    class Meta:
+        model = SimRun
+        fields = [
+            "id",
+            "url",
+            "state",
+            "title",
+            "error",
+            "problems",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "report",
+        ]
+        read_only_fields = fields
+
+    def get_url(self, row: SimRun) -> str:
+        return reverse("api-sim-run", kwargs={"pk": row.pk})
+
+
+class SimView(APIView):
+    """Queue a simulation: the reconciler's decisions on a simulated fleet, run by the worker;
+    nothing of the real fleet changes."""
+
+    permission_classes = [Simulates]
 
     @extend_schema(
         request=SimRequestSerializer,
         responses={
-            200: inline_serializer(
-                "SimReport",
-                {
-                    "scenario": serializers.DictField(),
-                    "steps": serializers.ListField(child=serializers.DictField()),
-                    "snapshots": serializers.ListField(child=serializers.DictField()),
-                    "preemptions": serializers.ListField(child=serializers.DictField()),
-                    "timing": serializers.DictField(),
-                },
-            ),
+            202: SimRunSerializer,
             400: OpenApiResponse(
-                ErrorSerializer, description=gettext_lazy("The scenario is not valid; the errors say where and why.")
+                ErrorSerializer,
+                description=gettext_lazy(
+                    "The scenario is not valid, or asks more than a run may have; the errors say where and why."
+                ),
+            ),
+            429: OpenApiResponse(
+                ErrorSerializer,
+                description=gettext_lazy("The caller has as many simulations queued or running as one person may."),
             ),
         },
     )
     def post(self, request: Request) -> Response:
         data = SimRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        field = "what_if" if "what_if" in data.validated_data else "scenario"
         try:
-            if "what_if" in data.validated_data:
+            if field == "what_if":
                 question = data.validated_data["what_if"]
-                report = what_if(question["kind"], question["name"], question.get("min"))
+                row = runs.ask_what_if(request.user, question["kind"], question["name"], question.get("min"))
             else:
-                report = simulate_text(data.validated_data["scenario"], max_steps=settings.SIM_MAX_WEB_STEPS)
+                row = runs.ask(request.user, data.validated_data["scenario"])
         except ScenarioError as exc:
-            field = "what_if" if "what_if" in data.validated_data else "scenario"
             return Response(
                 {
                     "detail": _("The scenario is not valid; the errors say where and why."),
@@ -79,4 +122,26 @@ class SimView(APIView):
                 },
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        return Response(report)
+        except runs.TooManyRuns as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
+        return Response(SimRunSerializer(row).data, status=status.HTTP_202_ACCEPTED)
+
+
+class SimRunView(APIView):
+    """One of the caller's simulations: queued, running, done (with its report) or failed (with why)."""
+
+    permission_classes = [Simulates]
+
+    @extend_schema(
+        responses={
+            200: SimRunSerializer,
+            404: OpenApiResponse(
+                ErrorSerializer, description=gettext_lazy("No simulation of the caller's by that id.")
+            ),
+        }
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        row = runs.run_for(request.user, pk)
+        if row is None:
+            raise Http404(_("No simulation %(id)s of yours.") % {"id": pk})
+        return Response(SimRunSerializer(row).data)

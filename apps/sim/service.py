@@ -1,20 +1,30 @@
-"""Running a scenario from the CLI, the API and the console: read it, start from the live fleet
-where it asks to, and run it."""
+"""Reading a scenario and running it in this process, for `llmgw sim` on the operator's own
+machine; the documents of what-if questions. Runs from the console and the API go through
+apps.sim.runs instead: the worker runs them in a child process with a memory and a time budget."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import yaml
 from django.conf import settings
 from django.utils.translation import gettext as _
 
 from apps.sim import run, scenario
+from apps.sim.limits import Limits, load_text
 
-__all__ = ["ScenarioError", "needs_cluster", "simulate_text", "what_if"]
+__all__ = [
+    "WHAT_IF_KINDS",
+    "ScenarioError",
+    "needs_cluster",
+    "read",
+    "simulate_text",
+    "what_if_document",
+    "what_if_title",
+]
 
 ScenarioError = scenario.ScenarioError
+WHAT_IF_KINDS = ("node", "rack", "pdu", "model")
 
 
 def needs_cluster(document: Any) -> bool:
@@ -26,36 +36,38 @@ def needs_cluster(document: Any) -> bool:
     return bool(document.get("from_cluster")) or likes
 
 
+def read(source: str | dict[str, Any], limits: Limits) -> Any:
+    """The document a scenario's text holds (a mapping is its own document); ScenarioError when
+    the text is larger than `limits` take or is not YAML."""
+    if not isinstance(source, str):
+        return source
+    try:
+        return load_text(source, limits)
+    except ValueError as exc:
+        raise ScenarioError([str(exc)]) from None
+
+
 def simulate_text(
-    source: str | dict[str, Any], *, base: Path | None = None, max_steps: int | None = None
+    source: str | dict[str, Any], *, base: Path | None = None, limits: Limits | None = None
 ) -> dict[str, Any]:
-    """Parse and run; ScenarioError lists what is wrong (nothing runs then)."""
-    document: Any = source
-    if isinstance(source, str):
-        try:
-            document = yaml.safe_load(source)
-        except yaml.YAMLError as exc:
-            raise ScenarioError([_("not valid YAML: %(why)s") % {"why": str(exc).splitlines()[0]}]) from None
+    """Parse and run here, in this process (`llmgw sim`); ScenarioError lists what is wrong
+    (nothing runs then). `limits`: by default the CLI's, Limits.cli()."""
+    limits = limits or Limits.cli()
+    document = read(source, limits)
     live = run.live_fleet() if needs_cluster(document) else None
     parsed = scenario.parse(
         document if document is not None else {},
         base=base,
         captures=settings.SIM_CAPTURES_DIR,
         live=live["by_name"] if live is not None else None,
+        limits=limits,
     )
-    if max_steps is not None and parsed.steps + 1 > max_steps:
-        raise ScenarioError(
-            [
-                _("scenario.duration: %(steps)s steps is more than the %(max)s a run here may take")
-                % {"steps": parsed.steps + 1, "max": max_steps}
-            ]
-        )
     return run.simulate(parsed, live)
 
 
-def what_if(kind: str, name: str, minimum: int | None = None) -> dict[str, Any]:
-    """The live fleet with one change at once and half an hour after: a node, rack or PDU lost,
-    or a model's minimum changed. Nothing of the real fleet is changed."""
+def what_if_document(kind: str, name: str, minimum: int | None = None) -> dict[str, Any]:
+    """The scenario of a what-if question: the live fleet with one change at once and half an
+    hour after: a node, rack or PDU lost, or a model's minimum changed."""
     event: dict[str, Any]
     if kind == "node":
         event = {"lose": {"nodes": [name]}}
@@ -73,4 +85,15 @@ def what_if(kind: str, name: str, minimum: int | None = None) -> dict[str, Any]:
     }
     if kind == "model":
         document["report"] = {"model": name}
-    return simulate_text(document)
+    return document
+
+
+def what_if_title(kind: str, name: str, minimum: int | None = None) -> str:
+    """The question, in words."""
+    labels = {
+        "node": _("What if node %(name)s went away"),
+        "rack": _("What if rack %(name)s went away"),
+        "pdu": _("What if PDU %(name)s went away"),
+        "model": _("What if the minimum of %(name)s were %(min)s"),
+    }
+    return labels[kind] % {"name": name, "min": minimum}

@@ -1,5 +1,7 @@
-"""The simulator in the console: a scenario's report with charts, and what-if questions asked from
-the cluster page of the live fleet (nothing of it is changed)."""
+"""The simulator in the console. Operators and administrators paste a scenario or ask a what-if
+question of the live fleet from the cluster page (nothing of it is changed); the run is queued
+for the worker and its page polls until the report is there, then draws it with charts. Others
+who may read the fleet see the page say who runs simulations."""
 
 from __future__ import annotations
 
@@ -7,15 +9,18 @@ import json
 from typing import Any
 
 from django import forms
-from django.conf import settings
-from django.http import HttpResponse
-from django.shortcuts import render
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from apps.accounts.access import requires
-from apps.sim.service import ScenarioError, simulate_text, what_if
-from llmgw.http import HtmxHttpRequest
+from apps.accounts.access import can_change_cluster, requires
+from apps.sim import runs
+from apps.sim.models import SimRun
+from apps.sim.service import WHAT_IF_KINDS, ScenarioError
+from llmgw.http import HtmxHttpRequest, is_fragment
+
+__all__ = ["sim", "sim_run", "sim_runs", "sim_what_if"]
 
 EXAMPLE = """\
 step: 1m
@@ -42,6 +47,7 @@ events:
 report:
   model: chat
 """
+RECENT = 10  # the person's own runs listed under the form
 
 
 class ScenarioForm(forms.Form):
@@ -66,57 +72,76 @@ def _charts(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _show(request: HtmxHttpRequest, form: ScenarioForm, report: dict[str, Any] | None, **context: Any) -> HttpResponse:
-    if report is not None:
-        context["charts"] = _charts(report)
-        context["report_json"] = json.dumps(report, default=str)
-        context["end"] = report["snapshots"][-1]
-    return render(request, "sim/sim.html", {"form": form, "report": report, **context})
-
-
-@requires("read_everything", methods=["GET", "POST"])
-def sim(request: HtmxHttpRequest) -> HttpResponse:
-    """Paste a scenario, see what the scheduler would do with it."""
-    if request.method != "POST":
-        return _show(request, ScenarioForm(initial={"scenario": EXAMPLE}), None)
-    form = ScenarioForm(request.POST)
-    if not form.is_valid():
-        return _show(request, form, None)
-    try:
-        report = simulate_text(form.cleaned_data["scenario"], max_steps=settings.SIM_MAX_WEB_STEPS)
-    except ScenarioError as exc:
-        return _show(request, form, None, problems=exc.problems)
-    return _show(request, form, report)
+def _page(request: HtmxHttpRequest, form: ScenarioForm, status: int = 200, **context: Any) -> HttpResponse:
+    """The simulator's page: the form and the person's recent runs (for those who may run
+    simulations), or who may (for the others)."""
+    user = request.user
+    may_run = can_change_cluster(user)
+    recent = list(SimRun.objects.filter(owner_id=user.pk).defer("report")[:RECENT]) if may_run else []
+    context = {"form": form, "may_run": may_run, "recent": recent, **context}
+    return render(request, "sim/sim.html", context, status=status)
 
 
 @requires("read_everything", methods=["GET"])
-def sim_what_if(request: HtmxHttpRequest) -> HttpResponse:
-    """?node=NAME, ?rack=NAME, ?pdu=NAME, or ?model=NAME&min=N: the live fleet with that change."""
-    form = ScenarioForm(initial={"scenario": EXAMPLE})
-    question: tuple[str, str] | None = None
-    for kind in ("node", "rack", "pdu", "model"):
-        if request.GET.get(kind):
-            question = (kind, request.GET[kind][:200])
-            break
-    if question is None:
-        return _show(request, form, None, problems=[_("Ask about a node, a rack, a PDU or a model.")])
-    minimum = None
-    if question[0] == "model":
-        try:
-            minimum = int(request.GET.get("min", ""))
-        except ValueError:
-            return _show(request, form, None, problems=[_("Give the model's new minimum as a whole number.")])
-        if minimum < 0:
-            return _show(request, form, None, problems=[_("Give the model's new minimum as a whole number.")])
+def sim(request: HtmxHttpRequest) -> HttpResponse:
+    """Paste a scenario, see what the scheduler would do with it."""
+    return _page(request, ScenarioForm(initial={"scenario": EXAMPLE}))
+
+
+@requires("change_cluster", methods=["POST"])
+def sim_runs(request: HtmxHttpRequest) -> HttpResponse:
+    """Queue the pasted scenario for the worker and go to its run; a scenario that cannot run is
+    shown again with every problem (and the limits' numbers)."""
+    form = ScenarioForm(request.POST)
+    if not form.is_valid():
+        return _page(request, form, status=400)
     try:
-        report = what_if(question[0], question[1], minimum)
+        row = runs.ask(request.user, form.cleaned_data["scenario"])
     except ScenarioError as exc:
-        return _show(request, form, None, problems=exc.problems)
-    labels = {
-        "node": _("What if node %(name)s went away"),
-        "rack": _("What if rack %(name)s went away"),
-        "pdu": _("What if PDU %(name)s went away"),
-        "model": _("What if the minimum of %(name)s were %(min)s"),
-    }
-    title = labels[question[0]] % {"name": question[1], "min": minimum}
-    return _show(request, form, report, title=title)
+        return _page(request, form, status=400, problems=exc.problems)
+    except runs.TooManyRuns as exc:
+        return _page(request, form, status=429, problems=[str(exc)])
+    return redirect("sim-run", pk=row.pk)
+
+
+@requires("change_cluster", methods=["POST"])
+def sim_what_if(request: HtmxHttpRequest) -> HttpResponse:
+    """node=NAME, rack=NAME, pdu=NAME, or model=NAME&min=N (as the cluster page's forms post
+    them): the live fleet with that change, queued for the worker."""
+    form = ScenarioForm(initial={"scenario": EXAMPLE})
+    kind = next((k for k in WHAT_IF_KINDS if request.POST.get(k)), None)
+    if kind is None:
+        return _page(request, form, status=400, problems=[_("Ask about a node, a rack, a PDU or a model.")])
+    name = request.POST[kind][:200]
+    minimum = None
+    if kind == "model":
+        text = request.POST.get("min", "").strip()
+        if not (text.isascii() and text.isdigit()):
+            return _page(request, form, status=400, problems=[_("Give the model's new minimum as a whole number.")])
+        minimum = int(text)
+    try:
+        row = runs.ask_what_if(request.user, kind, name, minimum)
+    except ScenarioError as exc:
+        return _page(request, form, status=400, problems=exc.problems)
+    except runs.TooManyRuns as exc:
+        return _page(request, form, status=429, problems=[str(exc)])
+    return redirect("sim-run", pk=row.pk)
+
+
+@requires("change_cluster", methods=["GET"])
+def sim_run(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """One of the person's runs: its state, refreshed every second while it waits or runs, then
+    its report (or why it failed)."""
+    row = runs.run_for(request.user, pk)
+    if row is None:
+        raise Http404(_("No simulation %(id)s of yours.") % {"id": pk})
+    context: dict[str, Any] = {"run": row}
+    if row.report is not None:
+        context["report"] = row.report
+        context["charts"] = _charts(row.report)
+        context["report_json"] = json.dumps(row.report, default=str)
+        context["end"] = row.report["snapshots"][-1]
+    if row.state == SimRun.State.QUEUED:
+        context["ahead"] = SimRun.objects.filter(state=SimRun.State.QUEUED, created_at__lt=row.created_at).count()
+    template = "sim/run.html#sim-run" if is_fragment(request) else "sim/run.html"
+    return render(request, template, context)

@@ -85,8 +85,9 @@ PUBLIC_PREFIXES: dict[str, str] = {
 
 # Personal things every signed-in person manages for themselves, viewers included: they change
 # nothing of the installation's. Everything else is refused to a viewer.
-# POSTs that only compute, for anyone who may read the fleet: the simulator runs on a copy.
-COMPUTE_ONLY = {"sim"}
+# POSTs that only compute, for anyone who may read the fleet (none now: simulations take the
+# worker's time and memory, so operators and administrators run them).
+COMPUTE_ONLY: set[str] = set()
 PERSONAL = {"api-keys", "account", "apikey-list", "apikey-detail", "apikey-revoke", "chat-session-key", "chat-render"}
 
 MODEL_SPEC = {
@@ -276,6 +277,14 @@ def own_key(world: World, role: str) -> dict[str, Any]:
     return {"pk": world.key_of(role).pk}
 
 
+def own_sim_run(world: World, role: str) -> dict[str, Any]:
+    """A simulation of the caller's own (a stranger names the administrator's)."""
+    from apps.sim.models import SimRun
+
+    owner = world.users[role] or world.users["administrator"]
+    return {"pk": SimRun.objects.create(owner=owner, scenario=SIM_SCENARIO).pk}
+
+
 def pk_of(attribute: str) -> Kwargs:
     return lambda world, role: {"pk": getattr(world, attribute).pk}
 
@@ -319,8 +328,10 @@ MATRIX: dict[str, Route] = {
     "chat-render": Route("signed_in", bodies=lambda w: {"POST": {"text": "**hi**"}}),
     "usage": Route("signed_in"),
     "cluster": Route("read_everything"),
-    "sim": Route("read_everything", bodies=lambda w: {"POST": {"scenario": SIM_SCENARIO}}),
-    "sim-what-if": Route("read_everything"),
+    "sim": Route("read_everything"),
+    "sim-runs": Route("change_cluster", bodies=lambda w: {"POST": {"scenario": SIM_SCENARIO}}),
+    "sim-run": Route("change_cluster", own_sim_run),
+    "sim-what-if": Route("change_cluster", bodies=lambda w: {"POST": {"node": w.node.name}}),
     "account": Route("signed_in", bodies=lambda w: {"POST": {"tool": "continue", "model": w.model.name}}),
     "api-keys": Route("signed_in", bodies=lambda w: {"POST": {"name": "laptop", "expires": "30"}}),
     "audit": Route("read_everything"),
@@ -431,7 +442,8 @@ MATRIX: dict[str, Route] = {
     "api-usage": Route(("signed_in", "signed_in")),
     "api-request": Route(("signed_in", "signed_in"), lambda w, role: {"request_id": w.record.request_id}),
     "api-node-enrollments": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"name": "n3"}}),
-    "api-sim": Route(("read_everything", "change_cluster"), bodies=lambda w: {"POST": {"scenario": SIM_SCENARIO}}),
+    "api-sim": Route(("change_cluster", "change_cluster"), bodies=lambda w: {"POST": {"scenario": SIM_SCENARIO}}),
+    "api-sim-run": Route(("change_cluster", "change_cluster"), own_sim_run),
     "apikey-list": Route(("signed_in", "signed_in"), bodies=lambda w: {"POST": {"name": "ci"}}),
     "apikey-detail": Route(("signed_in", "signed_in"), own_key),
     "apikey-revoke": Route(("signed_in", "signed_in"), own_key),

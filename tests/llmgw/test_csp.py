@@ -81,6 +81,8 @@ POST_ONLY = {
     "people-organization-add",
     "people-branch-rename",
     "people-branch-remove",
+    "sim-runs",
+    "sim-what-if",
 }
 # Pages with arguments, opened on the objects the `fleet` fixture makes.
 ARGUMENTS: dict[str, list[dict[str, str]]] = {
@@ -91,6 +93,7 @@ ARGUMENTS: dict[str, list[dict[str, str]]] = {
     "docs-page": [{"slug": "quickstart"}, {"slug": "clients"}],
     "mirror:serve": [{"pk": "1"}],
     "fabrics:fabric": [{"fabric": "ib:0x000000000000000a"}],
+    "sim-run": [{"pk": "1"}],
 }
 # Pages for people who are not signed in (they redirect an administrator away).
 ANONYMOUS = {"login", "signup", "signup-done", "sso-failed"}
@@ -288,6 +291,12 @@ def fleet(db: Any) -> None:
     from tests.mirror.ggufbytes import held_gguf
 
     held_gguf(pk=1)
+    # A simulation queued by someone (an administrator sees every run).
+    from apps.accounts.choices import StaffRole
+    from apps.sim.models import SimRun
+    from tests.conftest import make_user
+
+    SimRun.objects.create(pk=1, owner=make_user("sim@example.com", role=StaffRole.OPERATOR), scenario="step: 1m\n")
     # gpu1 on an InfiniBand fabric that has been mapped: its page draws the map.
     from apps.fabrics import topology
     from apps.fabrics.models import FabricMap, NodeFabrics
