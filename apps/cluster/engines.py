@@ -45,6 +45,7 @@ from agent import protocol
 from agent.bounded import size_text
 from apps.accounts import audit
 from apps.cluster.models import EngineChoice, EngineRelease, Node
+from llmgw import outbound
 
 __all__ = [
     "DEFAULT_VERSIONS",
@@ -563,7 +564,7 @@ def _opener() -> urllib.request.OpenerDirector:
             context.load_verify_locations(capath=bundle)
         else:
             context.load_verify_locations(cafile=bundle)
-    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), urllib.request.ProxyHandler())
+    return outbound.opener(context)
 
 
 def fetch_release(engine: str, version: str) -> EngineRelease:

@@ -186,6 +186,41 @@ def test_a_release_listing_too_deep_or_too_large_is_an_error_not_a_crash(
     assert release.fetched_at is None and reason in release.error
 
 
+def test_the_releases_api_is_not_followed_to_the_control_plane_and_keeps_its_token(settings: Any) -> None:
+    """A releases API (hostile, or taken over) answers with a redirect to the control plane's own
+    /metrics: it is not followed, and the token for the API is never sent to another host."""
+    from tests.localhttp import LocalHTTP
+
+    asked: list[tuple[str, str | None]] = []
+
+    def plane(handler: Any, head: bool) -> None:
+        asked.append((handler.path, handler.headers.get("Authorization")))
+        handler.send_response(200)
+        handler.send_header("Content-Length", "2")
+        handler.end_headers()
+        handler.wfile.write(b"{}")
+
+    control = LocalHTTP(plane)
+    control.start()
+    try:
+        with ReleaseServer() as github:
+            def moved(handler: Any) -> None:
+                handler.send_response(302)
+                handler.send_header("Location", f"{control.base}/metrics")
+                handler.send_header("Content-Length", "0")
+                handler.end_headers()
+
+            github.answer = moved  # type: ignore[method-assign]
+            settings.ENGINE_RELEASES_API = github.url
+            settings.ENGINE_RELEASES_TOKEN = "ghp_secret"
+            settings.LISTEN = ("127.0.0.1", control.httpd.server_address[1])
+            release = engines.fetch_release("llama.cpp", "b7")
+    finally:
+        control.stop()
+    assert asked == []
+    assert release.fetched_at is None and "is the control plane itself" in release.error, release.error
+
+
 def test_engine_files_are_served_to_nodes_only(client: Any, settings: Any, tmp_path: Path) -> None:
     settings.ENGINE_FILES_DIR = str(tmp_path)
     engines.store_file("llama-b7-bin-ubuntu-x64.tar.gz", [b"abc", b"def"])
