@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from django.utils.translation import gettext as _
+from django.utils.translation import pgettext
 
 from apps.sim.limits import (
     GPUS_PER_NODE,
@@ -221,7 +222,8 @@ class _Reader:
         return self.problems + more
 
     def at_most(self, found: int, most: int, path: str, what: str) -> bool:
-        """Whether `found` of `what` (a plural noun) is within `most`; a problem with both numbers if not."""
+        """Whether `found` of `what` is within `most`; a problem with both numbers if not. `what` is
+        a noun as it follows a number (pgettext's "counted" context: Turkish takes the singular)."""
         if found <= most:
             return True
         self.problem(
@@ -503,7 +505,7 @@ def _model(reader: _Reader, raw: Any, path: str) -> list[ModelSpec]:
     if profiles_raw is not None and (not isinstance(profiles_raw, list) or not profiles_raw):
         reader.problem(f"{path}.profiles", _("must be a list of at least one profile"))
     elif isinstance(profiles_raw, list) and reader.at_most(
-        len(profiles_raw), PROFILES, f"{path}.profiles", _("profiles")
+        len(profiles_raw), PROFILES, f"{path}.profiles", pgettext("counted", "profiles")
     ):
         profiles = [_profile(reader, p, f"{path}.profiles[{i}]") for i, p in enumerate(profiles_raw)]
     load = reader.mapping(data.get("load") or {}, f"{path}.load", ("replica_rps", "points"))
@@ -516,7 +518,7 @@ def _model(reader: _Reader, raw: Any, path: str) -> list[ModelSpec]:
     if not isinstance(points_raw, list):
         reader.problem(f"{path}.load.points", _("must be a list of points"))
         points_raw = []
-    if not reader.at_most(len(points_raw), LOAD_POINTS, f"{path}.load.points", _("load points")):
+    if not reader.at_most(len(points_raw), LOAD_POINTS, f"{path}.load.points", pgettext("counted", "load points")):
         points_raw = []
     for i, point in enumerate(points_raw):
         p = reader.mapping(point, f"{path}.load.points[{i}]", ("at", "rps"), ("at", "rps"))
@@ -529,7 +531,7 @@ def _model(reader: _Reader, raw: Any, path: str) -> list[ModelSpec]:
             points.append((at, float(value)))
     count = reader.whole(data.get("count"), f"{path}.count", 1, 1) or 1
     name = reader.text(data.get("name"), f"{path}.name", "model")
-    reader.at_most(high, reader.limits.replicas, f"{path}.max", _("replicas"))
+    reader.at_most(high, reader.limits.replicas, f"{path}.max", pgettext("counted", "replicas"))
     spec = dict(
         min=low,
         max=high,
@@ -647,14 +649,14 @@ def _fleet(reader: _Reader, data: dict[str, Any], live: dict[str, Any] | None, f
     if not isinstance(types_raw, dict):
         reader.problem("scenario.node_types", _("must be a mapping of type name to its hardware"))
         types_raw = {}
-    if not reader.listed(types_raw, "scenario.node_types", limits.node_types, _("node types")):
+    if not reader.listed(types_raw, "scenario.node_types", limits.node_types, pgettext("counted", "node types")):
         types_raw = {}
     types = {str(name): _node_type(reader, str(name), raw, f"node_types.{name}") for name, raw in types_raw.items()}
     groups_raw = data.get("nodes") or []
     if not isinstance(groups_raw, list):
         reader.problem("scenario.nodes", _("must be a list of node groups"))
         groups_raw = []
-    if not reader.listed(groups_raw, "scenario.nodes", limits.groups, _("node groups")):
+    if not reader.listed(groups_raw, "scenario.nodes", limits.groups, pgettext("counted", "node groups")):
         groups_raw = []
     groups = [g for i, raw in enumerate(groups_raw) if (g := _group(reader, raw, f"nodes[{i}]", types)) is not None]
     if not groups and not from_cluster:
@@ -664,8 +666,8 @@ def _fleet(reader: _Reader, data: dict[str, Any], live: dict[str, Any] | None, f
     if from_cluster and live:
         nodes += len(live)
         gpus += sum(len(hardware.get("gpus") or ()) for hardware in live.values())
-    reader.at_most(nodes, limits.nodes, "scenario.nodes", _("nodes"))
-    reader.at_most(gpus, limits.gpus, "scenario.nodes", _("GPUs"))
+    reader.at_most(nodes, limits.nodes, "scenario.nodes", pgettext("counted", "nodes"))
+    reader.at_most(gpus, limits.gpus, "scenario.nodes", pgettext("counted", "GPUs"))
     return types, groups
 
 
@@ -677,7 +679,7 @@ def _models_part(reader: _Reader, data: dict[str, Any]) -> list[ModelSpec]:
         reader.problem("scenario.models", _("must be a list of models"))
         return []
     declared = sum(_declared(raw) for raw in models_raw)
-    if not reader.at_most(declared, reader.limits.models, "scenario.models", _("models")):
+    if not reader.at_most(declared, reader.limits.models, "scenario.models", pgettext("counted", "models")):
         return []
     models = [m for i, raw in enumerate(models_raw) for m in _model(reader, raw, f"models[{i}]")]
     seen = Counter(m.name for m in models)
@@ -689,7 +691,7 @@ def _models_part(reader: _Reader, data: dict[str, Any]) -> list[ModelSpec]:
 def _quotas(reader: _Reader, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     quotas_raw = data.get("quotas") or {}
     quotas: dict[str, dict[str, Any]] = {}
-    if not reader.listed(quotas_raw, "scenario.quotas", reader.limits.quotas, _("quotas")):
+    if not reader.listed(quotas_raw, "scenario.quotas", reader.limits.quotas, pgettext("counted", "quotas")):
         return quotas
     for key, raw in quotas_raw.items() if isinstance(quotas_raw, dict) else []:
         q = reader.mapping(raw, f"quotas.{key}", ("gpus", "cpu_cores", "memory", "replicas"))
@@ -706,7 +708,7 @@ def _caps(reader: _Reader, data: dict[str, Any]) -> dict[str, float]:
     power = reader.mapping(data.get("power") or {}, "scenario.power", ("caps",))
     caps: dict[str, float] = {}
     caps_raw = power.get("caps") or {}
-    if not reader.listed(caps_raw, "power.caps", reader.limits.caps, _("power caps")):
+    if not reader.listed(caps_raw, "power.caps", reader.limits.caps, pgettext("counted", "power caps")):
         return caps
     for domain, value in caps_raw.items() if isinstance(caps_raw, dict) else []:
         watts = _watts(value)
@@ -722,7 +724,7 @@ def _events(reader: _Reader, data: dict[str, Any], known: set[str], from_cluster
     if not isinstance(events_raw, list):
         reader.problem("scenario.events", _("must be a list of events"))
         return []
-    if not reader.at_most(len(events_raw), reader.limits.events, "scenario.events", _("events")):
+    if not reader.at_most(len(events_raw), reader.limits.events, "scenario.events", pgettext("counted", "events")):
         return []
     events = [e for i, raw in enumerate(events_raw) if (e := _event(reader, raw, f"events[{i}]")) is not None]
     events.sort(key=lambda e: e.at)
@@ -742,7 +744,7 @@ def _replicas(reader: _Reader, models: list[ModelSpec], events: list[Event]) -> 
         asked = [v for k in ("min", "max") if isinstance(v := event.args.get(k), int) and not isinstance(v, bool)]
         name = str(event.args.get("model"))
         top[name] = max([top.get(name, 0), *asked])
-    reader.at_most(sum(top.values()), reader.limits.replicas, "scenario.models", _("replicas"))
+    reader.at_most(sum(top.values()), reader.limits.replicas, "scenario.models", pgettext("counted", "replicas"))
 
 
 def _start(reader: _Reader, data: dict[str, Any], now: datetime | None) -> datetime:
