@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import re
 from typing import Any
 
-__all__ = ["MAX_BYTES", "normalise", "parse_exposition", "read_engine_metrics"]
+__all__ = ["MAX_BYTES", "context_of", "normalise", "parse_exposition", "read_context", "read_engine_metrics"]
 
 MAX_BYTES = 4 * 1024 * 1024  # a page larger than this is not read (a healthy engine's is tens of KB)
 
@@ -197,6 +198,30 @@ async def _chunked(reader: asyncio.StreamReader) -> bytes:
             raise ValueError("the engine's metrics page is larger than the agent reads")
         body += await reader.readexactly(size)
         await reader.readexactly(2)
+
+
+def context_of(text: str) -> int | None:
+    """The tokens one request may hold, from an engine's `/v1/models` answer: vLLM and SGLang
+    give `max_model_len`, llama.cpp its slot's `meta.n_ctx` (its `--ctx-size` over `--parallel`).
+    None when the answer says neither, or says something no column could hold."""
+    try:
+        data = json.loads(text)
+        first = data["data"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(first, dict):
+        return None
+    meta = first.get("meta")
+    value = first.get("max_model_len", meta.get("n_ctx") if isinstance(meta, dict) else None)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31:
+        return value
+    return None
+
+
+async def read_context(host: str, port: int, api_key: str | None = None, timeout: float = 2.0) -> int | None:
+    """The tokens one request may hold, as the engine serving at host:port says; None when unknown."""
+    text = await fetch(host, port, "/v1/models", api_key, timeout)
+    return context_of(text) if text is not None else None
 
 
 async def read_engine_metrics(

@@ -456,6 +456,8 @@ SHARD_STATE = obj(
         "log_tail": nullable(array(string(4000), 50)),
         "endpoint": STR,
         "message": STR,
+        # The tokens one request may hold, as the engine says (its /v1/models); cluster.Shard.context_tokens
+        "context_tokens": nullable(whole(*POSITIVE_INT)),
     },
 )
 

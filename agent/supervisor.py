@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.engine_metrics import read_engine_metrics
+from agent.engine_metrics import read_context, read_engine_metrics
 from agent.engines import ShardSpec, build_command, health_path, parse_shard, serves_http, spec_fingerprint
 from agent.probes.procfs import process_group_usage
 
@@ -176,6 +176,8 @@ class _Entry:
     deadline: float = 0.0
     task: asyncio.Task[None] | None = None
     spec_dict: dict[str, Any] | None = None
+    # The tokens one request may hold, as the engine says once it is ready (None: not said).
+    context_tokens: int | None = None
 
     @property
     def running(self) -> bool:
@@ -363,6 +365,7 @@ class Supervisor:
                     "endpoint": self.endpoint(entry.spec) if entry.spec is not None else None,
                     "message": entry.message,
                     "generation": entry.spec.generation if entry.spec is not None else None,
+                    "context_tokens": entry.context_tokens if entry.state == READY else None,
                 }
             )
         return out
@@ -741,6 +744,7 @@ class Supervisor:
                 else:
                     status = await http_status(_probe_host(spec.host), spec.port, path)
                     if status == 200:
+                        entry.context_tokens = await read_context(_probe_host(spec.host), spec.port, spec.api_key)
                         self._set(entry, READY, message=None)
                         continue
                     if time.monotonic() >= entry.deadline:

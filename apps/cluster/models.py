@@ -252,6 +252,9 @@ class Shard(models.Model):
     exit_code = models.IntegerField(_("exit code"), null=True, blank=True)
     log_tail = models.JSONField(_("last log lines"), default=list, blank=True)
     message = models.TextField(_("message"), blank=True)
+    # The tokens one request may hold, as the engine itself says once ready (None: it did not say);
+    # the gateway refuses a prompt that cannot fit by it when the profile states no context.
+    context_tokens = models.PositiveIntegerField(_("context (tokens)"), null=True, blank=True)
     reported_at = models.DateTimeField(_("reported"), null=True, blank=True)
     # What the engine's process group uses, from the node's heartbeats (None until measured).
     cores_used = models.FloatField(_("cores used"), null=True, blank=True)

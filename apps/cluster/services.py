@@ -837,6 +837,7 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
             "exit_code": state.get("exit_code"),
             "log_tail": list(state.get("log_tail") or [])[-50:],
             "message": str(state.get("message") or ""),
+            "context_tokens": state.get("context_tokens"),
         }
         if any(getattr(shard, k) != v for k, v in fields.items()):
             for k, v in fields.items():

@@ -292,7 +292,8 @@ def load_tables() -> Tables:
                     model=model.name,
                     upstream_model=model.name,
                     engine=replica.profile.engine,
-                    context_size=replica.profile.context_size,
+                    # What the profile states, else what the engine said of itself once ready.
+                    context_size=replica.profile.context_size or shard.context_tokens,
                 )
             )
         profiles = list(model.profiles.all())

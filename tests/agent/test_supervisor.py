@@ -145,6 +145,8 @@ async def test_ready_auth_adoption_and_stop(tmp_path: Path, tiny_model: Path) ->
     assert pid and alive(pid)
     assert state["endpoint"] == f"http://127.0.0.1:{spec.port}"
     assert state["exit_code"] is None and state["log_tail"] is None
+    # what one request may hold, as the engine itself says (its slot's share of --ctx-size)
+    assert state["context_tokens"] == spec.context_size
     assert changes, "on_change is called on state changes"
 
     # engines.json: what a restarted agent needs to find the process again, readable by the agent only

@@ -54,6 +54,7 @@ FED: dict[str, list[tuple[Message, str]]] = {
     ],
     "cluster.shard.pid": [(reported_shard("pid"), "report.shards[0].pid")],
     "cluster.shard.exit_code": [(reported_shard("exit_code"), "report.shards[0].exit_code")],
+    "cluster.shard.context_tokens": [(reported_shard("context_tokens"), "report.shards[0].context_tokens")],
 }
 
 # column -> where its values come from, if not from an agent's message
