@@ -63,6 +63,7 @@ class ShardSerializer(serializers.ModelSerializer[Shard]):
             "state",
             "pid",
             "exit_code",
+            "context_tokens",
             "log_tail",
             "message",
             "reported_at",
