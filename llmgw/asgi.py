@@ -2,7 +2,8 @@
 
 /v1/*       the gateway (apps.gateway.asgi): plain ASGI, mounted ahead of Django so a
             model request never passes through Django's middleware or the ORM
-websocket   Channels routes (/ws/agent/ for node agents)
+websocket   Channels routes (/ws/agent/ for node agents); a handshake to a path no route serves (a
+            NUL in it included) is refused with close code 1008, not a traceback
 the rest    Django: console, /api/v1, /django-admin, /metrics, /healthz, /readyz, behind a
             bound on request bodies (llmgw/bodylimit.py, LLMGW_MAX_REQUEST_BODY_BYTES) that
             refuses one too large before Django spools it to a temporary file; the gateway
@@ -55,10 +56,24 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             return
 
 
+websocket_router = URLRouter(websocket_urlpatterns)
+
+
+async def websocket_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Channels' routes; a path none of them serves is refused at the handshake (policy violation)
+    instead of Channels' ValueError, which the server logs as a failure for every stray dial."""
+    path = scope.get("path", "").lstrip("/")
+    if "\x00" in path or not any(route.pattern.match(path) for route in websocket_urlpatterns):
+        await receive()  # websocket.connect
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await websocket_router(scope, receive, send)
+
+
 router = ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": URLRouter(websocket_urlpatterns),
+        "websocket": websocket_app,
         "lifespan": lifespan_app,
     }
 )

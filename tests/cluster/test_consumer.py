@@ -140,6 +140,12 @@ async def test_a_figure_past_its_column_is_refused_naming_the_field_and_the_conn
     assert (await database_sync(lambda: Node.objects.get(pk=node.pk))).sample == {"gpus": [{"index": 1}]}
 
 
+@pytest.mark.parametrize("path", ["/ws/agent/\x00", "/ws/agent/%00", "/ws/nope/", "/ws/agent"])
+async def test_a_websocket_to_a_path_no_route_serves_is_refused_at_the_handshake(path: str) -> None:
+    connected, code = await WebsocketCommunicator(application, path).connect()
+    assert not connected and code == 1008
+
+
 async def test_a_newer_connection_replaces_the_older() -> None:
     _node, credential = await database_sync(enrolled)
     old = await connect(credential)
