@@ -31,6 +31,7 @@ from apps.gateway import tracing
 from apps.gateway.accounting import CANCELLED, Accountant
 from apps.gateway.errors import Refused, send_error
 from apps.gateway.guard import (
+    OFF_LOOP_CHUNK_BYTES,
     GuardUnavailable,
     answer_text,
     check_request,
@@ -845,7 +846,8 @@ class GatewayApp:
                         check = None
                 if chunk is None:
                     break
-                out = await run_checked(len(chunk) if call.answer_guard is not None else 0, relay.feed, chunk)
+                guarded = len(chunk) if call.answer_guard is not None else 0
+                out = await run_checked(guarded, relay.feed, chunk, least=OFF_LOOP_CHUNK_BYTES)
                 if relay.stopped:
                     # A guardrail ended the answer: nothing more is read, and leaving the stream
                     # closes the engine's request, which cancels it.

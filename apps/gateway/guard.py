@@ -21,10 +21,10 @@ saved before it was checked so) fails closed: every request it covers is refused
 change a request: then the request goes on and its usage record notes the miss.
 
 Matching is linear in the text, but a long text still takes time: a prompt of OFF_LOOP_CHARS
-characters or more, an engine's chunk or whole answer of as many bytes, is matched in the guard's
-own threads (`run_checked`), never on the event loop, so other requests are not kept waiting. RE2
-releases the GIL while it scans; the folding and the checks of candidates are Python and take
-their turns with the event loop.
+characters or more, an engine's whole answer of as many bytes, a streamed chunk of
+OFF_LOOP_CHUNK_BYTES, is matched in the guard's own threads (`run_checked`), never on the event
+loop, so other requests are not kept waiting. RE2 releases the GIL while it scans; the folding and
+the checks of candidates are Python and take their turns with the event loop.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from apps.guardrails.engine import Finding, OutputGuard, PolicySet
 
 __all__ = [
     "OFF_LOOP_CHARS",
+    "OFF_LOOP_CHUNK_BYTES",
     "AnswerGuard",
     "GuardUnavailable",
     "answer_text",
@@ -56,10 +57,16 @@ __all__ = [
 ]
 
 # From this many characters of prompt (or bytes of an engine's chunk or answer) on, matching runs in
-# the guard's threads. Below it, matching costs well under a millisecond (bench/guardrails.py
-# measures it), less than handing the work to a thread and back.
-OFF_LOOP_CHARS = 16_384
-GUARD_THREADS = min(4, os.cpu_count() or 1)
+# the guard's threads. Below it, the built-in detectors and terms cost at most about a millisecond
+# even on text made to be their worst (bench/guardrails.py prints the worst it measured), which is
+# about what handing the work to a thread and back costs on a busy loop.
+OFF_LOOP_CHARS = 1_024
+# An engine's streamed chunk is mostly JSON around a few characters of text, and the answer guard
+# scans only what a chunk adds: a chunk goes to a thread from this many bytes on.
+OFF_LOOP_CHUNK_BYTES = 16_384
+# Threads that match long texts: half the cores (at most 4), so that matching never takes every core
+# from the event loop and the engines' other work.
+GUARD_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
 
@@ -72,10 +79,10 @@ def _guard_executor() -> ThreadPoolExecutor:
         return _executor
 
 
-async def run_checked[T](size: int, function: Callable[..., T], *args: Any) -> T:
+async def run_checked[T](size: int, function: Callable[..., T], *args: Any, least: int = OFF_LOOP_CHARS) -> T:
     """`function(*args)`, which matches guardrail rules against `size` characters (or bytes) of
-    text: in the guard's threads when that is OFF_LOOP_CHARS or more, else here."""
-    if size < OFF_LOOP_CHARS:
+    text: in the guard's threads when that is `least` or more, else here."""
+    if size < least:
         return function(*args)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_guard_executor(), functools.partial(function, *args))

@@ -28,28 +28,28 @@ from dataclasses import dataclass
 __all__ = ["DETECTORS", "Detector", "iban_ok", "luhn_ok", "tckn_ok"]
 
 
-_DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)  # a digit doubled, its two digits added
+# A digit doubled, its two digits added, as the digit character: "5" -> 10 -> "1".
+_DOUBLED = bytes.maketrans(b"0123456789", b"0246813579")
 
 
 def luhn_ok(digits: str) -> bool:
     if not 13 <= len(digits) <= 19 or not digits.isascii() or not digits.isdigit():
         return False
-    backwards = digits[::-1]
-    total = sum(map(int, backwards[0::2])) + sum(map(_DOUBLED.__getitem__, map(int, backwards[1::2])))
-    return total % 10 == 0
+    backwards = digits[::-1].encode("ascii")
+    plain, doubled = backwards[0::2], backwards[1::2].translate(_DOUBLED)
+    return (sum(plain) + sum(doubled) - 48 * len(backwards)) % 10 == 0  # 48: the code of "0"
 
 
 _IBAN = re.compile(r"[A-Z]{2}[0-9]{2}[A-Z0-9]{11,30}")
 _NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
+_LETTER_NUMBERS = str.maketrans({chr(code): str(code - 55) for code in range(ord("A"), ord("Z") + 1)})  # A=10
 
 
 def iban_ok(text: str) -> bool:
     iban = _NOT_ALNUM.sub("", text).upper() if len(text) <= 64 else ""
     if not _IBAN.fullmatch(iban):
         return False
-    moved = iban[4:] + iban[:4]
-    number = "".join(str(int(char, 36)) for char in moved)
-    return int(number) % 97 == 1
+    return int((iban[4:] + iban[:4]).translate(_LETTER_NUMBERS)) % 97 == 1
 
 
 def tckn_ok(digits: str) -> bool:
@@ -57,7 +57,7 @@ def tckn_ok(digits: str) -> bool:
     checksums of the ones before."""
     if len(digits) != 11 or not digits.isdigit() or digits[0] == "0":
         return False
-    d = [int(c) for c in digits]
+    d = list(map(int, digits))
     tenth = ((d[0] + d[2] + d[4] + d[6] + d[8]) * 7 - (d[1] + d[3] + d[5] + d[7])) % 10
     return d[9] == tenth and d[10] == sum(d[:10]) % 10
 

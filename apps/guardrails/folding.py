@@ -7,9 +7,9 @@ a lone surrogate (which a JSON string may hold) read as U+FFFD. Its `data` is th
 UTF-8, what the matchers scan; `spans()` maps byte spans in `data` back to spans of the
 original text, so that a redaction masks what was really written.
 
-The cost is linear in the text with a small constant: the folding is one `str.translate` over a
+The cost is linear in the text with a small constant: the folding is `str.translate` over a
 table filled as characters are first seen (each character's fold is worked out once per
-process), and the way back walks only the characters whose fold is not exactly one character
+process), slice by slice, and the way back walks only the characters whose fold is not exactly one character
 (`ß`, `İ`, a ligature, a zero-width space), looked up by bisection.
 """
 
@@ -30,6 +30,10 @@ _HOMOGLYPHS = str.maketrans(
     "ABE3IJKMHOPCTYXaeijopcyxxsdqwABEZHIKMNOPTYXabeiknoptux",
 )
 TABLE_MOST = 200_000  # characters whose fold is kept; beyond, a rare character is worked out each time
+# A long text is folded in slices: an ASCII one is only lower-cased (much faster), and between two
+# slices the interpreter may switch threads (one str.translate holds the GIL: the event loop would
+# wait for a whole megabyte's).
+SLICE = 16_384
 
 
 def fold_char(char: str) -> str:
@@ -82,6 +86,10 @@ class _Table(dict[int, str]):
 _TABLE = _Table()
 
 
+def _fold_slice(piece: str) -> str:
+    return piece.lower() if piece.isascii() else piece.translate(_TABLE)
+
+
 class Folded:
     """A text folded for matching: `folded` (str), `data` (its UTF-8, what is scanned) and the way
     back from offsets in `data` to indices in `text`."""
@@ -94,7 +102,7 @@ class Folded:
             self.folded = text.lower()
             self.data = self.folded.encode("ascii")
         else:
-            self.folded = text.translate(_TABLE)
+            self.folded = "".join(map(_fold_slice, (text[i : i + SLICE] for i in range(0, len(text), SLICE))))
             self.data = self.folded.encode("utf-8")
         self._steps: tuple[list[int], list[int], list[int]] | None = None
 

@@ -13,10 +13,13 @@ byte span, or None) and `every(data)` (all of them, in order). Every scan is lin
   Finding every match (to redact them) is where even RE2 can be slow: an expression such as
   `a*b|a` must look past each match to the end of a run of `a` before it knows the match is `a`,
   so matches times look-ahead can grow with the square of the text. After the first, each search
-  looks at most LOOKAHEAD bytes ahead (a match longer than OVERLAP may be found in parts, or not
-  at all when no part of it matches), and after MAX_MATCHES matches the rest of the text is one
-  more match (redacted whole: what was not scanned is not let through): the work is at most the
-  text twice over plus MAX_MATCHES * LOOKAHEAD bytes.
+  looks FIRST_WINDOW bytes ahead, twice as far while it finds nothing or a match that reaches the
+  window's end, up to LOOKAHEAD (so a match is found whole up to LOOKAHEAD bytes, and one longer
+  than OVERLAP may be found in parts, or not at all when no part of it matches; a match that a
+  longer one beyond the window would have been preferred to is taken as the window shows it), and
+  after MAX_MATCHES matches the rest of the text is one more match (redacted whole: what was not
+  scanned is not let through). A window only grows past what was found in the one before it, so
+  the work is a few times the text, plus FIRST_WINDOW for each match.
 - a detector (`DetectorScanner`): its candidates, each checked (see apps.guardrails.detectors).
 
 `Screen` is every scanner's expression in one RE2 set: one pass over the text says which rules
@@ -38,6 +41,7 @@ from apps.guardrails.folding import Folded
 from apps.guardrails.patterns import PatternError, compile_re2, gettext_noop, search
 
 __all__ = [
+    "FIRST_WINDOW",
     "LOOKAHEAD",
     "MAX_MATCHES",
     "DetectorScanner",
@@ -48,7 +52,8 @@ __all__ = [
     "term_expression",
 ]
 
-LOOKAHEAD = 16 * 1024  # bytes an operator's expression looks ahead, after its first match
+FIRST_WINDOW = 256  # bytes an operator's expression first looks ahead for its next match
+LOOKAHEAD = 1024 * 1024  # bytes it looks ahead at most, after its first match
 OVERLAP = LOOKAHEAD // 2  # a window that found nothing is followed by one overlapping it this much
 MAX_MATCHES = 10_000  # matches of one operator's expression in one text; past them the rest is one match
 _NOT_WORD = r"[^\pL\pN\pM]"
@@ -151,13 +156,18 @@ class ExpressionScanner:
 
     def every(self, data: bytes) -> Iterator[tuple[int, int]]:
         size, pos, found = len(data), 0, 0
-        end = size  # the first search looks at the whole text
+        window = size  # the first search looks at the whole text
         while pos <= size:
+            end = min(size, pos + window)
             spans = search(self.compiled, data, pos, end)
-            if spans is None:
+            if spans is None or (spans[0][1] == end < size and window < LOOKAHEAD):
+                # Nothing in the window, or a match that may go on past it: a wider one, then further on.
                 if end >= size:
                     return
-                pos, end = end - OVERLAP, min(size, end - OVERLAP + LOOKAHEAD)
+                if window < LOOKAHEAD:
+                    window = min(LOOKAHEAD, 2 * window)
+                else:
+                    pos = end - OVERLAP  # no match of up to OVERLAP bytes starts before this
                 continue
             start, stop = spans[0]
             if stop > start:
@@ -170,7 +180,7 @@ class ExpressionScanner:
                 pos = stop
             else:
                 pos = _next_char(data, start)
-            end = min(size, pos + LOOKAHEAD)
+            window = FIRST_WINDOW
 
 
 class DetectorScanner:
