@@ -40,6 +40,8 @@ from apps.guardrails.models import Policy, Rule
 from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas import services as quotas
 from apps.quotas.models import HeldTime, UsageRecord, UsageRollup
+from apps.schedule.models import PeriodicRun, SchedulerLease
+from apps.sim.models import SimRun
 from tests.builders import make_model, make_node, make_replica
 from tests.conftest import make_user
 from tests.quotas.conftest import make_key, recent_minute, record
@@ -159,6 +161,21 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
         path="m.gguf",
         defaults={"size": 4, "sha256": "b" * 64},
     )[0],
+    "schedule.SchedulerLease": lambda w: SchedulerLease.objects.get_or_create(
+        name="beat",
+        defaults={
+            "holder": "host:1:abc",
+            "acquired_at": timezone.now(),
+            "renewed_at": timezone.now(),
+            "expires_at": timezone.now(),
+        },
+    )[0],
+    "schedule.PeriodicRun": lambda w: PeriodicRun.objects.get_or_create(
+        task="reconcile", defaults={"sent_at": timezone.now(), "sent_by": "host:1:abc"}
+    )[0],
+    "sim.SimRun": lambda w: SimRun.objects.get_or_create(owner=w.alice, title="what if", defaults={"scenario": "{}"})[
+        0
+    ],
 }
 
 # Models whose rows the admin shows but never changes, and why.
@@ -177,6 +194,9 @@ READ_ONLY = {
     "gateway.TableVersion": "bumped by the gateway's signals with every change it must reload for",
     "mirror.MirrorVersion": "added by Fetch, `ctl mirror add` and the API, which check the source and the disk",
     "mirror.MirrorFile": "written by the worker's fetch as it downloads and verifies",
+    "schedule.SchedulerLease": "held and renewed by the acting beat; it expires by itself",
+    "schedule.PeriodicRun": "moved by the beat that sends each periodic task",
+    "sim.SimRun": "asked from the console and the API, run by the worker, swept after a day",
     "cluster.AgentRequest": "made by beat and ctl fabric-test, answered by agents",
     "fabrics.NodeFabrics": "written from each agent's fabrics message",
     "fabrics.MasterChange": "kept when a port reports another master subnet manager",
