@@ -94,8 +94,8 @@ class Who:
         parts = text.split(".")
         if len(parts) != 8 or not all(p.isascii() and p.isdigit() for p in parts):
             return None
-        numbers = [int(p) for p in parts]
-        return cls(*numbers[:4], weights=(numbers[4], numbers[5], numbers[6], numbers[7]))
+        n = [int(p) for p in parts]
+        return cls(n[0], n[1], n[2], n[3], weights=(n[4], n[5], n[6], n[7]))
 
 
 class Waiting:
