@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-__all__ = ["MembershipRole", "StaffRole"]
+__all__ = ["Band", "MembershipRole", "StaffRole"]
 
 
 class StaffRole(models.TextChoices):
@@ -21,3 +21,11 @@ class MembershipRole(models.TextChoices):
 
     MANAGER = "manager", _("Manager")
     MEMBER = "member", _("Member")
+
+
+class Band(models.TextChoices):
+    """The priority bands of the gateway's queues (apps.gateway.fairness): interactive requests take
+    a model's free slots before batch ones, which get one grant in ten while they wait."""
+
+    INTERACTIVE = "interactive", _("interactive")
+    BATCH = "batch", _("batch")

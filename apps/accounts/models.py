@@ -9,12 +9,13 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser, BaseUserManager
 from django.contrib.auth.models import PermissionsMixin
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from apps.accounts.choices import MembershipRole, StaffRole
+from apps.accounts.choices import Band, MembershipRole, StaffRole
 
 __all__ = ["ApiKey", "AuditEvent", "Membership", "Organization", "Project", "Team", "User", "hash_key"]
 
@@ -89,6 +90,13 @@ class Organization(models.Model):
     name = models.CharField(_("name"), max_length=200)
     slug = models.SlugField(_("slug"), max_length=100, unique=True)
     created_at = models.DateTimeField(_("created"), default=timezone.now)
+    # Its share of a busy model against its siblings', by weight (apps.gateway.fairness).
+    weight = models.PositiveSmallIntegerField(
+        _("weight"),
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text=_("Its share of a busy model against the others at its level, by weight (1 to 1000)."),
+    )
 
     class Meta:
         verbose_name = _("organisation")
@@ -108,6 +116,13 @@ class Team(models.Model):
     name = models.CharField(_("name"), max_length=200)
     slug = models.SlugField(_("slug"), max_length=100)
     created_at = models.DateTimeField(_("created"), default=timezone.now)
+    # Its share of a busy model against its siblings', by weight (apps.gateway.fairness).
+    weight = models.PositiveSmallIntegerField(
+        _("weight"),
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text=_("Its share of a busy model against the others at its level, by weight (1 to 1000)."),
+    )
 
     class Meta:
         verbose_name = _("team")
@@ -128,6 +143,21 @@ class Project(models.Model):
     name = models.CharField(_("name"), max_length=200)
     slug = models.SlugField(_("slug"), max_length=100)
     created_at = models.DateTimeField(_("created"), default=timezone.now)
+    # Its share of a busy model against its siblings', by weight (apps.gateway.fairness).
+    weight = models.PositiveSmallIntegerField(
+        _("weight"),
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text=_("Its share of a busy model against the others at its level, by weight (1 to 1000)."),
+    )
+    # The highest band its requests may ask for; a request asking more is served at this band.
+    band = models.CharField(
+        _("highest priority band"),
+        max_length=16,
+        choices=Band.choices,
+        default=Band.INTERACTIVE,
+        help_text=_("Requests may ask for this band or a lower one; one asking higher is served at this band."),
+    )
 
     class Meta:
         verbose_name = _("project")
@@ -232,6 +262,21 @@ class ApiKey(models.Model):
     last_used_at = models.DateTimeField(_("last used"), null=True, blank=True)
     # Short-lived keys the console makes for its own chat page.
     is_session_key = models.BooleanField(_("console session key"), default=False)
+    # Its share of a busy model against its siblings', by weight (apps.gateway.fairness).
+    weight = models.PositiveSmallIntegerField(
+        _("weight"),
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text=_("Its share of a busy model against the others at its level, by weight (1 to 1000)."),
+    )
+    # The highest band its requests may ask for; a request asking more is served at this band.
+    band = models.CharField(
+        _("highest priority band"),
+        max_length=16,
+        choices=Band.choices,
+        default=Band.INTERACTIVE,
+        help_text=_("Requests may ask for this band or a lower one; one asking higher is served at this band."),
+    )
 
     objects = ApiKeyQuerySet.as_manager()
 

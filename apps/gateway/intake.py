@@ -92,6 +92,8 @@ class Call:
         "completion_tokens",
         "counter",
         "endpoint",
+        "band",
+        "band_note",
         "entry",
         "error",
         "first_token_at",
@@ -101,6 +103,7 @@ class Call:
         "model",
         "original",
         "prompt_tokens",
+        "queue_ms",
         "queued_at",
         "request_id",
         "started",
@@ -108,6 +111,7 @@ class Call:
         "stream",
         "tokens_estimated",
         "traceparent",
+        "waited",
     )
 
     def __init__(self, endpoint: Endpoint) -> None:
@@ -134,6 +138,10 @@ class Call:
         self.queued_at: float | None = None  # when it began to ask for a replica's slot (perf_counter)
         self.leased_at: float | None = None  # when it got one
         self.traceparent: str | None = None  # the caller's W3C trace context, when it sent one
+        self.band = 0  # its priority band (apps.gateway.fairness: 0 interactive, 1 batch)
+        self.band_note: str | None = None  # why it is served in another band than it asked, said to the client
+        self.queue_ms: float | None = None  # how long it waited for its slot (0 when one was free)
+        self.waited: Any = None  # its place in a fair queue, kept to charge what it really cost
 
     @property
     def upstream(self) -> Upstream | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-__all__ = ["IN_FLIGHT", "QUEUE_DEPTH", "SHARED_SLOT_FAILURES", "observe"]
+__all__ = ["IN_FLIGHT", "QUEUE_DEPTH", "SHARED_SLOT_FAILURES", "observe", "queue_wait", "queued"]
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -24,6 +24,18 @@ TOKENS = Counter("llmgw_gateway_tokens", "Tokens served, by model and kind", ["m
 IN_FLIGHT = Gauge("llmgw_gateway_in_flight", "Requests holding a replica slot now", multiprocess_mode="livesum")
 QUEUE_DEPTH = Gauge(
     "llmgw_gateway_queue_depth", "Requests waiting for a replica slot, by model", ["model"], multiprocess_mode="livesum"
+)
+QUEUED = Gauge(
+    "llmgw_gateway_queued",
+    "Requests waiting in a model's fair queue, by model and band",
+    ["model", "band"],
+    multiprocess_mode="livesum",
+)
+QUEUE_WAIT = Histogram(
+    "llmgw_gateway_queue_wait_seconds",
+    "Time a request waited in a model's queue before it took a slot, by model and band",
+    ["model", "band"],
+    buckets=BUCKETS,
 )
 
 GUARDRAIL_ACTIONS = Counter(
@@ -68,3 +80,13 @@ def observe(
 
 def guardrail_action(policy: str, action: str) -> None:
     _child(GUARDRAIL_ACTIONS, policy[:100], action).inc()
+
+
+def queued(model: str, band: str, delta: int) -> None:
+    """A request joined (1) or left (-1) a model's queue."""
+    _child(QUEUE_DEPTH, model).inc(delta)
+    _child(QUEUED, model, band).inc(delta)
+
+
+def queue_wait(model: str, band: str, seconds: float) -> None:
+    _child(QUEUE_WAIT, model, band).observe(seconds)
