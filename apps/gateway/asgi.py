@@ -73,6 +73,7 @@ from apps.gateway.tables import (
 from apps.gateway.tokens import count_prompt_tokens
 from apps.gateway.translate import TranslationError, messages_to_chat, responses_to_chat
 from apps.gateway.upstream import ConnectError, Disconnected, Pool, ProxyConfig, ReadTimeout, UpstreamError
+from apps.quotas.limiter import Refusal
 
 __all__ = ["GatewayApp", "gateway_app"]
 
@@ -568,7 +569,7 @@ class GatewayApp:
         if self.limiter is None or call.entry is None or not call.entry.limits:
             return
         refusal = await self.limiter.admit(list(call.entry.limits), time.time())
-        if refusal is not None:
+        if isinstance(refusal, Refusal):
             raise Refused(
                 429,
                 refusal.message,

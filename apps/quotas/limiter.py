@@ -54,10 +54,12 @@ from django.utils.translation import gettext
 from apps.quotas.resp import RedisError
 
 __all__ = [
+    "Headroom",
     "Limit",
     "MemoryLimiter",
     "RedisLimiter",
     "Refusal",
+    "Window",
     "limits_for",
     "load_all_limits",
     "make_limiter",
@@ -85,6 +87,40 @@ class Limit:
     tokens_per_minute: int | None = None
     tokens_per_day: int | None = None
     monthly_token_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of a limit as a client is told it: allowed, left, and seconds until it rolls over."""
+
+    allowed: int
+    remaining: int
+    reset_s: float
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """What an admitted request leaves of its scopes' limits: the tightest request window and the
+    tightest token window (None where no limit governs it), for the rate-limit headers."""
+
+    requests: Window | None
+    tokens: Window | None
+
+
+def headroom(checks: list[_Check], used: list[int], now: float) -> Headroom:
+    """The tightest window of each kind, once the request was counted."""
+    tightest: dict[bool, Window] = {}
+    for check, count in zip(checks, used, strict=True):
+        is_requests = check.kind == REQUESTS_PER_MINUTE
+        window = Window(
+            check.allowed,
+            max(0, check.allowed - int(count) - (1 if check.counts_request else 0)),
+            check.window_end - now,
+        )
+        held = tightest.get(is_requests)
+        if held is None or window.remaining < held.remaining:
+            tightest[is_requests] = window
+    return Headroom(tightest.get(True), tightest.get(False))
 
 
 @dataclass(frozen=True)
@@ -256,21 +292,22 @@ class MemoryLimiter:
         self._lock = threading.Lock()
         self._swept_at = 0.0
 
-    async def admit(self, limits: list[Limit], now: float) -> Refusal | None:
+    async def admit(self, limits: list[Limit], now: float) -> Refusal | Headroom | None:
+        """Refusal when a limit is used up; else what is left (None when no limit governs)."""
         checks = _checks(limits, now)
         if not checks:
             return None
         with self._lock:
             self._sweep(now)
-            for check in checks:
-                used = self._counts.get(check.key, 0)
-                if used >= check.allowed:
-                    return _refusal(check, used, now)
+            used = [self._counts.get(check.key, 0) for check in checks]
+            for check, count in zip(checks, used, strict=True):
+                if count >= check.allowed:
+                    return _refusal(check, count, now)
             for check in checks:
                 if check.counts_request:
                     self._counts[check.key] = self._counts.get(check.key, 0) + 1
                     self._ends[check.key] = check.window_end
-        return None
+        return headroom(checks, used, now)
 
     async def record_tokens(self, limits: list[Limit], tokens: int, now: float) -> None:
         if tokens <= 0:
@@ -297,14 +334,16 @@ class MemoryLimiter:
 
 # KEYS: every counter to check, in order. ARGV[1]: how many; then for each counter its
 # allowed amount, whether it counts the request (1/0) and its TTL in seconds.
-# Returns {0, 0} when admitted, else {index (1-based), used}.
+# Returns {0, used of each counter} when admitted, else {index (1-based), used}.
 ADMIT_SCRIPT = """
 local n = tonumber(ARGV[1])
+local counts = {0}
 for i = 1, n do
   local used = tonumber(redis.call('GET', KEYS[i]) or '0')
   if used >= tonumber(ARGV[1 + (i - 1) * 3 + 1]) then
     return {i, used}
   end
+  counts[i + 1] = used
 end
 for i = 1, n do
   if ARGV[1 + (i - 1) * 3 + 2] == '1' then
@@ -312,7 +351,7 @@ for i = 1, n do
     redis.call('EXPIRE', KEYS[i], tonumber(ARGV[1 + (i - 1) * 3 + 3]))
   end
 end
-return {0, 0}
+return counts
 """
 
 ADMIT_SHA = hashlib.sha1(ADMIT_SCRIPT.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
@@ -365,7 +404,9 @@ class RedisLimiter:
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    async def admit(self, limits: list[Limit], now: float) -> Refusal | None:
+    async def admit(self, limits: list[Limit], now: float) -> Refusal | Headroom | None:
+        """Refusal when a limit is used up; else what is left (None when no limit governs, or
+        Redis is away and the request is admitted uncounted)."""
         checks = _checks(limits, now)
         if not checks or not self._available():
             return None
@@ -383,13 +424,13 @@ class RedisLimiter:
                 [reply] = await self._redis.execute(("EVAL", ADMIT_SCRIPT, len(keys), *keys, *args))
             if isinstance(reply, Exception):
                 raise reply
-            index, used = reply
+            index = int(reply[0])
         except Exception as exc:  # any Redis or network error: fail open
             self._failed("admit", exc)
             return None
         if not index:
-            return None
-        return _refusal(checks[int(index) - 1], int(used), now)
+            return headroom(checks, [int(count) for count in reply[1:]], now)
+        return _refusal(checks[index - 1], int(reply[1]), now)
 
     async def record_tokens(self, limits: list[Limit], tokens: int, now: float) -> None:
         """Add the tokens to what this process writes at its next flush (see the module docstring)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from apps.quotas.limiter import Limit, MemoryLimiter, RedisLimiter, Refusal
+from apps.quotas.limiter import Headroom, Limit, MemoryLimiter, RedisLimiter, Refusal, Window
 
 REDIS_TEST_URL = "redis://127.0.0.1:6379/12"
 
@@ -53,6 +53,11 @@ async def limiter(request: Any) -> AsyncIterator[Any]:
     await redis_limiter.close()
 
 
+def admitted(answer: object) -> bool:
+    """Admitted: what is left of the limits (or None when none governs), not a refusal."""
+    return not isinstance(answer, Refusal)
+
+
 def team(**limits: int) -> Limit:
     return Limit(scope="team:3", label="team Vision", **limits)
 
@@ -60,7 +65,7 @@ def team(**limits: int) -> Limit:
 async def test_the_request_over_the_limit_is_refused_with_the_numbers(limiter: Any) -> None:
     limits = [team(requests_per_minute=3)]
     for _ in range(3):
-        assert await limiter.admit(limits, NOW) is None
+        assert admitted(await limiter.admit(limits, NOW))
     refusal = await limiter.admit(limits, NOW)
     assert refusal == Refusal(
         limit="requests per minute", scope="team:3", label="team Vision", used=3, allowed=3, retry_after_s=12
@@ -71,24 +76,24 @@ async def test_the_request_over_the_limit_is_refused_with_the_numbers(limiter: A
 async def test_a_refused_request_counts_nothing(limiter: Any) -> None:
     key = Limit(scope="key:12", label="API key ci", requests_per_minute=2)
     org = Limit(scope="org:1", label="organisation Acme", requests_per_minute=5)
-    assert await limiter.admit([key, org], NOW) is None
-    assert await limiter.admit([key, org], NOW) is None
+    assert admitted(await limiter.admit([key, org], NOW))
+    assert admitted(await limiter.admit([key, org], NOW))
     for _ in range(5):
         refusal = await limiter.admit([key, org], NOW)
         assert refusal is not None and refusal.scope == "key:12"
     # The organisation counted only the two admitted requests: three more fit through another key.
     other = Limit(scope="key:13", label="API key other", requests_per_minute=100)
     for _ in range(3):
-        assert await limiter.admit([other, org], NOW) is None
+        assert admitted(await limiter.admit([other, org], NOW))
     refusal = await limiter.admit([other, org], NOW)
     assert refusal is not None and (refusal.scope, refusal.used) == ("org:1", 5)
 
 
 async def test_token_limits_refuse_once_recorded_tokens_reach_them(limiter: Any) -> None:
     limits = [team(tokens_per_minute=1000)]
-    assert await limiter.admit(limits, NOW) is None
+    assert admitted(await limiter.admit(limits, NOW))
     await limiter.record_tokens(limits, 600, NOW)
-    assert await limiter.admit(limits, NOW) is None
+    assert admitted(await limiter.admit(limits, NOW))
     await limiter.record_tokens(limits, 600, NOW)
     refusal = await limiter.admit(limits, NOW)
     assert refusal is not None
@@ -102,7 +107,7 @@ async def test_the_daily_and_monthly_windows_refuse_until_they_roll_over(limiter
     refusal = await limiter.admit(daily, NOW)
     assert refusal is not None and refusal.limit == "tokens per day"
     assert refusal.retry_after_s == 12 * 3600 - 48
-    assert await limiter.admit(daily, datetime(2026, 10, 4, tzinfo=UTC).timestamp()) is None
+    assert admitted(await limiter.admit(daily, datetime(2026, 10, 4, tzinfo=UTC).timestamp()))
 
     monthly = [Limit(scope="org:1", label="organisation Acme", monthly_token_budget=1000)]
     await limiter.record_tokens(monthly, 1000, NOW)
@@ -110,14 +115,14 @@ async def test_the_daily_and_monthly_windows_refuse_until_they_roll_over(limiter
     assert refusal is not None and refusal.limit == "monthly token budget"
     assert refusal.retry_after_s == int(datetime(2026, 11, 1, tzinfo=UTC).timestamp() - NOW)
     assert "monthly budget of 1000 tokens (1000 used)" in refusal.message
-    assert await limiter.admit(monthly, datetime(2026, 11, 1, 0, 0, 1, tzinfo=UTC).timestamp()) is None
+    assert admitted(await limiter.admit(monthly, datetime(2026, 11, 1, 0, 0, 1, tzinfo=UTC).timestamp()))
 
 
 async def test_the_minute_window_rolls_over(limiter: Any) -> None:
     limits = [team(requests_per_minute=1)]
-    assert await limiter.admit(limits, NOW) is None
+    assert admitted(await limiter.admit(limits, NOW))
     assert await limiter.admit(limits, NOW + 11) is not None
-    assert await limiter.admit(limits, NOW + 12) is None  # 12:01:00, a new minute
+    assert admitted(await limiter.admit(limits, NOW + 12))  # 12:01:00, a new minute
 
 
 async def test_december_rolls_over_into_january(limiter: Any) -> None:
@@ -126,21 +131,21 @@ async def test_december_rolls_over_into_january(limiter: Any) -> None:
     await limiter.record_tokens(limits, 10, late)
     refusal = await limiter.admit(limits, late)
     assert refusal is not None and refusal.retry_after_s == 30
-    assert await limiter.admit(limits, late + 30) is None
+    assert admitted(await limiter.admit(limits, late + 30))
 
 
 async def test_the_narrowest_scope_over_a_limit_is_named(limiter: Any) -> None:
     org = Limit(scope="org:1", label="organisation Acme", requests_per_minute=1)
     project = Limit(scope="project:7", label="project Search", requests_per_minute=1)
     key = Limit(scope="key:12", label="API key ci", requests_per_minute=10)
-    assert await limiter.admit([org, project, key], NOW) is None
+    assert admitted(await limiter.admit([org, project, key], NOW))
     refusal = await limiter.admit([org, project, key], NOW)  # order given does not matter
     assert refusal is not None and refusal.scope == "project:7" and refusal.label == "project Search"
 
 
 async def test_in_one_scope_the_longest_window_is_named(limiter: Any) -> None:
     limits = [team(requests_per_minute=1, tokens_per_day=10)]
-    assert await limiter.admit(limits, NOW) is None
+    assert admitted(await limiter.admit(limits, NOW))
     await limiter.record_tokens(limits, 50, NOW)
     refusal = await limiter.admit(limits, NOW)
     assert refusal is not None and refusal.limit == "tokens per day"
@@ -156,8 +161,8 @@ async def test_concurrent_requests_are_admitted_exactly_up_to_the_limit(limiter:
     limits = [team(requests_per_minute=50)]
     answers = await asyncio.gather(*(limiter.admit(limits, NOW) for _ in range(200)))
     assert getattr(limiter, "_down_until", 0.0) == 0.0, "the limiter failed open during the burst"
-    assert sum(answer is None for answer in answers) == 50
-    assert {answer.used for answer in answers if answer is not None} == {50}
+    assert sum(admitted(answer) for answer in answers) == 50
+    assert {answer.used for answer in answers if isinstance(answer, Refusal)} == {50}
 
 
 async def test_redis_tokens_are_added_up_and_written_together_after_the_flush_interval() -> None:
@@ -176,7 +181,7 @@ async def test_redis_tokens_are_added_up_and_written_together_after_the_flush_in
             await limiter.record_tokens(limits, 200, NOW)
         keys = await client.keys(f"{prefix}:*")  # one round trip: a scan of a full database is many
         assert keys == []  # nothing written yet: one pipeline per interval, not a round trip per request
-        assert await limiter.admit(limits, NOW) is None
+        assert admitted(await limiter.admit(limits, NOW))
         async with asyncio.timeout(10):
             while not await client.keys(f"{prefix}:*"):
                 await asyncio.sleep(0.01)
@@ -208,7 +213,7 @@ async def test_redis_that_lost_the_script_is_sent_it_again() -> None:
     limits = [team(requests_per_minute=1)]
     try:
         await admin.execute(("SCRIPT", "FLUSH"))  # as after a Redis restart
-        assert await limiter.admit(limits, NOW) is None
+        assert admitted(await limiter.admit(limits, NOW))
         refusal = await limiter.admit(limits, NOW)
         assert refusal is not None and refusal.used == 1
         assert limiter._down_until == 0.0  # answered by Redis, not failed open
@@ -225,7 +230,7 @@ async def test_redis_down_fails_open_and_logs_once(caplog: Any) -> None:
     limits = [team(requests_per_minute=1)]
     with caplog.at_level(logging.WARNING, logger="apps.quotas.limiter"):
         for _ in range(3):
-            assert await limiter.admit(limits, NOW) is None
+            assert admitted(await limiter.admit(limits, NOW))
         await limiter.record_tokens(limits, 10, NOW)
     assert len([r for r in caplog.records if "Redis failed" in r.getMessage()]) == 1
     await limiter.close()
@@ -243,7 +248,7 @@ async def test_after_a_redis_failure_redis_is_left_alone_for_a_while() -> None:
 
     limiter._redis.execute = counting  # type: ignore[method-assign]
     for _ in range(5):
-        assert await limiter.admit([team(requests_per_minute=1)], NOW) is None
+        assert admitted(await limiter.admit([team(requests_per_minute=1)], NOW))
     assert calls == 1
     await limiter.close()
 
@@ -286,3 +291,20 @@ def test_the_month_window_is_right_in_any_order_of_asking() -> None:
     ]
     for now, key, end in cases + cases[::-1]:
         assert _month(now) == (key, end)
+
+
+async def test_an_admitted_request_is_told_what_is_left_of_its_tightest_limits(limiter: Any) -> None:
+    """What the rate-limit headers say: the tightest request window and the tightest token window,
+    the request itself counted."""
+    key = Limit("key:1", "key k", requests_per_minute=10, tokens_per_minute=1000)
+    org = Limit("org:1", "organisation o", requests_per_minute=3, tokens_per_day=500)
+    left = await limiter.admit([key, org], NOW)
+    assert isinstance(left, Headroom) and left.requests is not None
+    assert (left.requests.allowed, left.requests.remaining) == (3, 2) and 0 < left.requests.reset_s <= 60
+    assert left.tokens is not None and (left.tokens.allowed, left.tokens.remaining) == (500, 500)
+    await limiter.record_tokens([key, org], 450, NOW)
+    left = await limiter.admit([key, org], NOW)
+    assert isinstance(left, Headroom) and left.tokens is not None and left.requests is not None
+    assert (left.tokens.allowed, left.tokens.remaining) == (500, 50)  # the day's window is the tightest
+    assert left.requests.remaining == 1
+    assert isinstance(left.tokens, Window) and left.tokens.reset_s > 60
