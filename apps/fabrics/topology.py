@@ -26,39 +26,67 @@ Analysis (``analyse(topology)``, also run by ``parse``; run it again after chang
 1. Adapters are classed: ``"aggregation"`` (a SHARP "Mellanox Technologies Aggregation Node",
    one per Quantum switch, on port 41), ``"router"`` (``Rt``), ``"ca"`` otherwise (a compute or
    storage adapter; an unknown node type is read by its name prefix).
-2. Leaves are the switches with a cable to a ``"ca"`` adapter, less those cabled to two or more
-   leaves that each have more adapter cables than they have: spines that also carry a
-   management node (two such spines in a 206-switch SuperPOD capture).
-3. Every other switch gets its level from a breadth-first walk out of the leaf set: level 0 is
-   ``"leaf"``, 1 ``"spine"``, 2 and more ``"core"``; a switch the walk never reaches has level
-   and tier None.
-4. Each cable's rate is lanes x the nominal per-lane rate (SDR 2.5, DDR 5, QDR 10, FDR10 10,
-   FDR 14, EDR 25, HDR 50, NDR 100, XDR 200 Gb/s). Cables are put in kinds: switch to switch
-   by the two tiers and device ids, switch to adapter by the adapter's class and device id,
-   loopback cables, adapter to adapter. The expected rate of a kind is the rate most of its
-   cables run at (a tie goes to the higher rate); a cable below it is degraded.
-5. Cables between the same two switches are summed into bundles.
-6. Rails: the connected ports of each host's ``"ca"`` adapters, ordered by device name
-   (``mlx5_2`` before ``mlx5_10``), else by description, then GUID and port, are rails 0, 1, …
-   The rails line up when no leaf carries ports of two rails; otherwise every port on a leaf
-   that mostly carries another rail is listed as a break.
+2. Tiers, from how each switch is cabled. Leaves are the switches with a cable to a ``"ca"``
+   adapter, less those cabled to two or more leaves that each have more adapter cables than they
+   have (spines that also carry a management node: two in a 206-switch SuperPOD capture). Every
+   other switch gets its hops from the leaves: 1 is ``"spine"``; a switch two or more hops away
+   whose every neighbour is a spine is either a leaf without hosts or a core switch, told apart by
+   the spines it shares with a leaf: at least half of its own (two or more, and no more spines
+   than the widest leaf has) makes it a leaf, a quarter or fewer (or a single one) a core switch,
+   anything between unknown (tier None, said in a warning). A director's ASIC cabled only inside
+   its chassis is never a leaf. The rest, 2 hops and more, are ``"core"``; a switch no leaf
+   reaches has level and tier None.
+3. Each cable's rate is lanes x the nominal per-lane rate (SDR 2.5, DDR 5, QDR 10, FDR10 10,
+   FDR 14, EDR 25, HDR 50, NDR 100, XDR 200 Gb/s). Its expected rate is what its two ends can
+   run: the lanes most cables of its kind run (switch to switch by the two tiers and device ids,
+   switch to adapter by the adapter's class and device id, loopback, adapter to adapter; a tie
+   goes to more lanes) at the fastest lane speed both ends can run. A switch can run the fastest
+   speed any of its ports runs, or any inter-switch link of its model (vendor and device id); an
+   adapter what its model does (``ADAPTER_SPEED``, by device id: a ConnectX-5 cable at EDR on an
+   HDR switch is as fast as it goes), and as far as the map tells when the model is not listed.
+   Where no end tells, the lane speed most cables of the kind run. A cable below it is degraded,
+   so a fabric whose every host cable trained at SDR has every one of them degraded.
+4. Cables between the same two switches are summed into bundles.
+5. Rails follow the plan the site cabled, inferred from the hosts themselves:
+
+   - rail members are compute hosts with two or more adapters cabled to switches; a host with one
+     adapter, or whose name has a storage or management word (``st``, ``nfs``, ``lustre``,
+     ``mgmt``, ``login``, ``ufm`` …, see ``host_role``), is not one;
+   - a member's connected ports, ordered by device name (``mlx5_2`` before ``mlx5_10``), else by
+     description, then GUID and port, are rails 0, 1, …; a host with fewer ports than most of its
+     peers (a cable down) takes each port's rail from the name its peers give that rail;
+   - a host's peers are the members of its name pattern (the name with its numbers taken out:
+     ``agpu1302`` and ``agpu1535`` are peers, ``ion2101`` is not theirs) on the same leaf. Each
+     peer's set of rails on a leaf is a way of cabling it; every way at least half as common as the
+     most common one is the plan there, so a leaf that carries two rails of the same hosts, or
+     each of two rails for half the hosts, follows a plan, and a port whose rail none of the
+     planned ways puts on that leaf is a break;
+   - the plans: for each way of spreading a host's rails over leaves that two or more members
+     follow, the adapters (ports) per host, the leaves per host, the planes (which rails share a
+     leaf: ``[[0, 2], [1, 3]]`` for four adapters over two planes) and the rails a leaf carries;
+     the most followed is ``plan``.
 
 ``to_dict(topology)`` gives the compact JSON form for the API and the fabric drawing:
 
 - ``switches``: ``[{guid, desc, tier, level, lid, nports, chassis, slot}]``; ``tier`` is
-  ``"leaf"``, ``"spine"``, ``"core"`` or null; ``chassis`` and ``slot`` are set for director
-  ASICs (``MF0;switch-33fd6e:MCS8500/L01/U1`` is chassis ``switch-33fd6e``, slot ``L01``).
+  ``"leaf"``, ``"spine"``, ``"core"`` or null (unknown); ``chassis`` and ``slot`` are set for
+  director ASICs (``MF0;switch-33fd6e:MCS8500/L01/U1`` is chassis ``switch-33fd6e``, slot ``L01``).
 - ``adapters``: ``[{guid, desc, kind, host, device, ports: [{port, port_guid, leaf, rate_gbps,
   degraded, rail}]}]``; ``kind`` is ``"ca"``, ``"aggregation"`` or ``"router"``, ``leaf`` the
-  GUID of the switch the port is cabled to, ``rail`` null when the host is not known.
+  GUID of the switch the port is cabled to, ``rail`` null when the host is not a rail member.
 - ``links``: ``[{a, a_port, b, b_port, width, speed, rate_gbps, degraded, expected_gbps}]``, one
   per cable; on a switch-to-adapter cable ``a`` is the switch.
 - ``bundles``: ``[{a, b, count, rate_gbps, degraded}]``, one per pair of distinct switches that
   has cables between them; ``count`` cables, ``rate_gbps`` their sum, ``degraded`` how many are.
-- ``rails``: ``{aligned, rails: [{rail, leaves, ports, hosts}], breaks: [{host, adapter, desc,
-  port, rail, leaf, leaf_rail}]}``; ``leaf_rail`` is the rail most ports on that leaf belong to.
-- ``counts``: ``{switches, leaves, spines, cores, adapters, aggregation_nodes, routers, hosts,
-  links, degraded}``; ``adapters`` counts ``"ca"`` adapters only.
+- ``rails``: ``{aligned, plan, plans, members, not_members, rails: [{rail, leaves, ports, hosts}],
+  breaks: [{host, adapter, desc, port, rail, leaf, leaf_rail, leaf_rails}]}``; ``plan`` (null
+  when no two members follow one) and each of ``plans`` is ``{adapters, leaves, planes,
+  rails_per_leaf, hosts}``; ``not_members`` counts the other hosts by reason (``one_adapter``,
+  ``storage``, ``management``); ``leaf_rails`` are the rails the host's peers put on that leaf,
+  ``leaf_rail`` the lowest of them.
+- ``counts``: ``{switches, leaves, spines, cores, unknown, adapters, aggregation_nodes, routers,
+  hosts, links, degraded}``; ``adapters`` counts ``"ca"`` adapters only, ``unknown`` the switches
+  whose tier is unknown.
 - ``warnings``: the list of strings.
 
 GUIDs everywhere are ``"0x"`` and 16 lower-case hex digits. Rates are Gb/s floats.
@@ -68,10 +96,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict, deque
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "ADAPTER_SPEED",
     "CORE",
     "KIND_AGGREGATION",
     "KIND_CA",
@@ -79,6 +109,7 @@ __all__ = [
     "LANE_GBPS",
     "LANES",
     "LEAF",
+    "NOT_MEMBER_REASONS",
     "SPINE",
     "Adapter",
     "AdapterPort",
@@ -87,14 +118,17 @@ __all__ = [
     "PortInfo",
     "Rail",
     "RailBreak",
+    "RailPlan",
     "Rails",
     "Switch",
     "Topology",
     "analyse",
     "guess_host",
+    "host_role",
     "link_rate",
     "normalise_guid",
     "parse",
+    "plan_dict",
     "to_dict",
 ]
 
@@ -224,6 +258,8 @@ class Bundle:
 
 @dataclass(slots=True)
 class Rail:
+    """The Nth connected adapter port of every rail member, and the leaves they are cabled to."""
+
     index: int
     leaves: list[str]
     ports: int
@@ -232,7 +268,7 @@ class Rail:
 
 @dataclass(slots=True)
 class RailBreak:
-    """An adapter port on a leaf that mostly carries another rail."""
+    """An adapter port on a leaf where the host's peers put other rails."""
 
     host: str
     adapter: str
@@ -240,7 +276,31 @@ class RailBreak:
     port: int
     rail: int
     leaf: str
+    #: The lowest of ``leaf_rails``.
     leaf_rail: int
+    #: The rails the host's peers (hosts of its name pattern) put on that leaf.
+    leaf_rails: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RailPlan:
+    """One way of cabling hosts to leaves, as a group of hosts follows it."""
+
+    #: Connected adapter ports per host (rails 0 … adapters - 1).
+    adapters: int
+    #: Distinct leaves per host.
+    leaves: int
+    #: The rails that share a leaf on each host: ``[[0], [1], [2], [3]]`` when every rail has
+    #: its own leaf, ``[[0, 2], [1, 3]]`` for four adapters over two planes.
+    planes: list[list[int]]
+    #: How many rails a leaf of these hosts carries (the most common count).
+    rails_per_leaf: int
+    #: Hosts that follow it.
+    hosts: int
+
+
+#: Why a host with adapters on the fabric is not a rail member.
+NOT_MEMBER_REASONS = ("one_adapter", "storage", "management")
 
 
 @dataclass(slots=True)
@@ -248,6 +308,13 @@ class Rails:
     aligned: bool = True
     rails: list[Rail] = field(default_factory=list)
     breaks: list[RailBreak] = field(default_factory=list)
+    #: Every plan at least two rail members follow, most followed first, and the first of them
+    #: (None when no two members follow one).
+    plan: RailPlan | None = None
+    plans: list[RailPlan] = field(default_factory=list)
+    #: Hosts judged as rail members, and the others by reason (NOT_MEMBER_REASONS).
+    members: int = 0
+    not_members: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NOT_MEMBER_REASONS, 0))
 
 
 @dataclass(slots=True, frozen=True)
@@ -1074,15 +1141,21 @@ def _attach_ports(topo: Topology) -> None:
                 topo.port_index.setdefault(port.port_guid, (adapter.guid, number))
 
 
-def _tiers(topo: Topology, notes: list[str]) -> None:
-    switches = topo.switches
+def _switch_neighbours(topo: Topology) -> dict[str, set[str]]:
     neighbours: dict[str, set[str]] = defaultdict(set)
-    ca_ports: Counter[str] = Counter()
     for link in topo.links:
         if link.kind == "switch":
             neighbours[link.a].add(link.b)
             neighbours[link.b].add(link.a)
-        elif link.kind == "adapter":
+    return neighbours
+
+
+def _host_leaves(topo: Topology, neighbours: dict[str, set[str]]) -> set[str]:
+    """Switches with a cable to a compute adapter, less those cabled to two or more such switches
+    that each have more adapter cables than they have (spines that carry a management node)."""
+    ca_ports: Counter[str] = Counter()
+    for link in topo.links:
+        if link.kind == "adapter":
             adapter = topo.adapters.get(link.b)
             if adapter is not None and adapter.kind == KIND_CA:
                 ca_ports[link.a] += 1
@@ -1091,38 +1164,166 @@ def _tiers(topo: Topology, notes: list[str]) -> None:
         busier = sum(1 for n in neighbours[guid] if n in leaves and ca_ports[n] > ca_ports[guid])
         if busier >= 2:
             leaves.discard(guid)
-    levels: dict[str, int] = dict.fromkeys(leaves, 0)
-    queue: deque[str] = deque(leaves)
+    return leaves
+
+
+def _levels(start: set[str], neighbours: dict[str, set[str]], skip: Set[str] = frozenset()) -> dict[str, int]:
+    """Hops from the nearest switch of ``start``, never walking through ``skip``."""
+    levels: dict[str, int] = dict.fromkeys(start, 0)
+    queue: deque[str] = deque(start)
     while queue:
         guid = queue.popleft()
         next_level = levels[guid] + 1
         for other in neighbours[guid]:
-            if other not in levels:
+            if other not in levels and other not in skip:
                 levels[other] = next_level
                 queue.append(other)
+    return levels
+
+
+def _leaf_peers(
+    switches: dict[str, Switch], leaves: set[str], levels: dict[str, int], neighbours: dict[str, set[str]]
+) -> tuple[set[str], set[str]]:
+    """Switches two or more hops from the leaves whose every neighbour is a spine: (those cabled
+    as a leaf is, so leaves without hosts; those whose tier cannot be told).
+
+    A leaf shares most of its spines with some other leaf; a core switch takes one spine of each
+    pod, so it shares at most a quarter of its spines with any leaf. A switch that shares at least
+    half of its spines (two or more) with one leaf, and has no more spines than the widest leaf, is
+    a leaf; one that shares a quarter or less, or a single spine, is a core switch; the rest are
+    unknown. A director's ASIC cabled only inside its chassis (a spine ASIC) is never a leaf."""
+    widest = max((len(neighbours[g]) for g in leaves), default=0)
+    peers: set[str] = set()
+    unknown: set[str] = set()
+    for guid, level in levels.items():
+        around = neighbours[guid]
+        if level < 2 or not around or any(levels.get(n) != 1 for n in around):
+            continue
+        chassis = switches[guid].chassis
+        if chassis is not None and all(switches[n].chassis == chassis for n in around):
+            continue
+        shared: Counter[str] = Counter()
+        for spine in around:
+            shared.update(n for n in neighbours[spine] if n in leaves)
+        best = max(shared.values(), default=0)
+        if best >= 2 and 2 * best >= len(around) and len(around) <= widest:
+            peers.add(guid)
+        elif best >= 2 and 4 * best > len(around):
+            unknown.add(guid)
+    return peers, unknown
+
+
+_TIER_OF_LEVEL = {0: LEAF, 1: SPINE}
+
+
+def _tiers(topo: Topology, notes: list[str]) -> None:
+    """Leaves (switches with compute adapters, and switches cabled as they are), then each other
+    switch by its hops from them: 1 spine, 2 and more core; unknown where it cannot be told."""
+    switches = topo.switches
+    neighbours = _switch_neighbours(topo)
+    hosted = _host_leaves(topo, neighbours)
+    levels = _levels(hosted, neighbours)
+    peers, unknown = _leaf_peers(switches, hosted, levels, neighbours)
+    if peers or unknown:
+        levels = _levels(hosted | peers, neighbours, skip=unknown)
     for guid, switch in switches.items():
         level = levels.get(guid)
         switch.level = level
-        if level is None:
-            switch.tier = None
-        elif level == 0:
-            switch.tier = LEAF
-        elif level == 1:
-            switch.tier = SPINE
-        else:
-            switch.tier = CORE
+        switch.tier = None if level is None else _TIER_OF_LEVEL.get(level, CORE)
     if not switches:
         return
-    if not leaves:
+    if not hosted:
         notes.append("no switch has a compute adapter, so switch tiers are unknown")
         return
-    lost = [s for s in switches.values() if s.level is None]
+    if unknown:
+        notes.append(
+            f"{len(unknown)} switches are cabled only to spines, sharing some but not most of them with a leaf, "
+            f"so it cannot be told whether they are leaves without hosts or core switches: "
+            f"{_switch_examples(topo, unknown)}"
+        )
+    lost = {s.guid for s in switches.values() if s.level is None} - unknown
     if lost:
-        examples = ", ".join(f"{s.guid} ({s.desc.strip()})" if s.desc.strip() else s.guid for s in lost[:3])
-        notes.append(f"{len(lost)} switches are not connected to any leaf, so their tier is unknown: {examples}")
+        notes.append(
+            f"{len(lost)} switches are not connected to any leaf, so their tier is unknown: "
+            f"{_switch_examples(topo, lost)}"
+        )
 
 
-def _degraded(topo: Topology) -> None:
+def _switch_examples(topo: Topology, guids: set[str]) -> str:
+    shown = [topo.switches[g] for g in sorted(guids)[:3]]
+    return ", ".join(f"{s.guid} ({s.desc.strip()})" if s.desc.strip() else s.guid for s in shown)
+
+
+#: The fastest lane speed of InfiniBand adapters by (vendor id, device id), for the models whose
+#: cables often train below the switch's speed because that is all the adapter does.
+ADAPTER_SPEED: dict[tuple[int, int], str] = {
+    (0x02C9, 0x5A44): "SDR",  # InfiniHost
+    (0x02C9, 0x6274): "DDR",  # InfiniHost III Lx
+    (0x02C9, 0x6278): "DDR",  # InfiniHost III Ex (Tavor compatibility)
+    (0x02C9, 0x6282): "DDR",  # InfiniHost III Ex
+    (0x02C9, 0x634A): "DDR",  # ConnectX
+    (0x02C9, 0x673C): "QDR",  # ConnectX-2
+    (0x02C9, 0x1003): "FDR",  # ConnectX-3
+    (0x02C9, 0x1007): "FDR",  # ConnectX-3 Pro
+    (0x02C9, 0x1011): "FDR",  # Connect-IB
+    (0x02C9, 0x1013): "EDR",  # ConnectX-4
+    (0x02C9, 0x1017): "EDR",  # ConnectX-5
+    (0x02C9, 0x1019): "EDR",  # ConnectX-5 Ex
+    (0x02C9, 0x101B): "HDR",  # ConnectX-6
+    (0x02C9, 0x1021): "NDR",  # ConnectX-7
+    (0x02C9, 0x1023): "XDR",  # ConnectX-8
+    (0x1175, 0x7322): "QDR",  # QLogic TrueScale QLE7340
+}
+
+
+def _lane(link: Link) -> tuple[int, float] | None:
+    """(lanes, Gb/s per lane) of a cable whose width and speed are known."""
+    if link.rate_gbps is None or not link.width or not link.speed:
+        return None
+    lanes = LANES.get(link.width.lower())
+    speed = LANE_GBPS.get(link.speed.upper())
+    return None if lanes is None or speed is None else (lanes, speed)
+
+
+def _switch_speeds(topo: Topology) -> dict[str, float]:
+    """The fastest lane speed each switch is seen to run: on any of its own ports, or on an
+    inter-switch link of a switch of the same model (vendor and device id)."""
+    switches = topo.switches
+    fastest: dict[str, float] = {}
+    by_model: dict[tuple[int | None, int], float] = {}
+    for link in topo.links:
+        found = _lane(link)
+        if found is None:
+            continue
+        speed = found[1]
+        for guid in (link.a, link.b):
+            switch = switches.get(guid)
+            if switch is None:
+                continue
+            fastest[guid] = max(fastest.get(guid, 0.0), speed)
+            if link.kind == "switch" and switch.devid is not None:
+                model = (switch.vendid, switch.devid)
+                by_model[model] = max(by_model.get(model, 0.0), speed)
+    for guid, switch in switches.items():
+        if switch.devid is not None and (switch.vendid, switch.devid) in by_model:
+            fastest[guid] = max(fastest.get(guid, 0.0), by_model[(switch.vendid, switch.devid)])
+    return fastest
+
+
+def _end_speed(topo: Topology, fastest: dict[str, float], guid: str, own: float) -> float | None:
+    """The fastest lane speed one end of a cable can run, or None when nothing tells."""
+    if guid in topo.switches:
+        return fastest.get(guid, own)
+    adapter = topo.adapters.get(guid)
+    if adapter is None or adapter.devid is None:
+        return None
+    name = ADAPTER_SPEED.get((adapter.vendid if adapter.vendid is not None else 0x02C9, adapter.devid))
+    return None if name is None else max(LANE_GBPS[name], own)
+
+
+def _link_groups(topo: Topology) -> dict[tuple[Any, ...], list[Link]]:
+    """Cables of one kind: switch to switch by the two ends' levels and device ids, switch to
+    adapter by the adapter's class and device id, loopback, adapter to adapter."""
     switches = topo.switches
     adapters = topo.adapters
     groups: dict[tuple[Any, ...], list[Link]] = defaultdict(list)
@@ -1146,12 +1347,35 @@ def _degraded(topo: Topology) -> None:
         else:
             key = (link.kind,)
         groups[key].append(link)
-    for members in groups.values():
-        tally = Counter(link.rate_gbps for link in members)
-        expected = max(tally, key=lambda rate: (tally[rate], rate or 0.0))
+    return groups
+
+
+def _degraded(topo: Topology) -> None:
+    """Each cable's expected rate: as many lanes as most cables of its kind run (or its own, if
+    more), at the fastest lane speed both ends can run (a switch: the fastest any of its ports or
+    its model's inter-switch links run; an adapter: its model's, where the device id tells it).
+    Where neither end tells, the lane speed most cables of its kind run. A cable below it is
+    degraded."""
+    fastest = _switch_speeds(topo)
+    for members in _link_groups(topo).values():
+        lanes = [found for link in members if (found := _lane(link)) is not None]
+        if not lanes:
+            continue
+        widths = Counter(n for n, _ in lanes)
+        speeds = Counter(s for _, s in lanes)
+        usual_width = max(widths, key=lambda n: (widths[n], n))
+        usual_speed = max(speeds, key=lambda s: (speeds[s], s))
         for link in members:
+            found = _lane(link)
+            if found is None:
+                continue
+            own_lanes, own_speed = found
+            ends = [_end_speed(topo, fastest, g, own_speed) for g in (link.a, link.b)]
+            known = [s for s in ends if s is not None]
+            speed = min(known) if known else usual_speed
+            expected = max(usual_width, own_lanes) * max(speed, own_speed)
             link.expected_gbps = expected
-            link.degraded = link.rate_gbps is not None and expected is not None and link.rate_gbps < expected
+            link.degraded = link.rate_gbps is not None and link.rate_gbps < expected
 
 
 def _bundles(topo: Topology) -> list[Bundle]:
@@ -1169,48 +1393,207 @@ def _bundles(topo: Topology) -> list[Bundle]:
     return list(pairs.values())
 
 
-def _rails(topo: Topology) -> Rails:
-    hosts: dict[str, list[Adapter]] = defaultdict(list)
+# Rails
+
+#: Words of a host name that make it a storage or management node rather than a compute node.
+_STORAGE_WORDS = frozenset(
+    {
+        "st", "stor", "storage", "nfs", "nas", "san", "lustre", "oss", "mds", "mgs", "gpfs", "nsd",
+        "ceph", "osd", "weka", "ddn", "vast", "beegfs", "scr", "scratch", "fs", "filer", "backup",
+    }
+)  # fmt: skip
+_MANAGEMENT_WORDS = frozenset(
+    {
+        "mgmt", "mgt", "mng", "manage", "management", "admin", "head", "headnode", "login", "ufm",
+        "sm", "opensm", "bcm", "bastion", "jump", "mon", "monitor", "prov", "provision", "infra",
+        "slurm", "sched", "ctl", "ctrl",
+    }
+)  # fmt: skip
+_WORD_RE = re.compile(r"[a-z]+")
+_DIGITS_RE = re.compile(r"\d+")
+
+
+def host_role(host: str) -> str | None:
+    """``"storage"`` or ``"management"`` when a word of the host name says so
+    (``st21scr51``, ``pg-login-mgmt001``, ``ufm1``), else None (a compute node)."""
+    for word in _WORD_RE.findall(host.lower()):
+        if word in _STORAGE_WORDS or word.startswith(("stor", "lustre", "ceph")):
+            return "storage"
+        if word in _MANAGEMENT_WORDS or word.startswith(("mgmt", "manage", "admin", "login")):
+            return "management"
+    return None
+
+
+@dataclass(slots=True)
+class _Member:
+    """A rail member: a compute host with two or more adapters cabled to switches."""
+
+    host: str
+    #: The host name with its numbers taken out: hosts of one family are each other's peers.
+    family: str
+    #: (adapter, port, rail, label), in rail order.
+    ports: list[tuple[Adapter, AdapterPort, int, str]]
+
+
+def _port_label(adapter: Adapter, port: AdapterPort, several: bool) -> str:
+    name = adapter.device or adapter.desc.strip()
+    if not adapter.device and adapter.host and name.startswith(adapter.host):
+        name = name[len(adapter.host) :].strip()
+    return f"{name}/{port.port}" if several else name
+
+
+def _rail_members(topo: Topology) -> tuple[list[_Member], dict[str, int]]:
+    """The rail members, and how many hosts are not, by reason (NOT_MEMBER_REASONS)."""
+    by_host: dict[str, list[Adapter]] = defaultdict(list)
     for adapter in topo.adapters.values():
         if adapter.kind == KIND_CA and adapter.host:
-            hosts[adapter.host].append(adapter)
-    members: dict[int, list[tuple[str, Adapter, AdapterPort, str]]] = defaultdict(list)
-    for host, adapters in hosts.items():
-        index = 0
+            by_host[adapter.host].append(adapter)
+    members: list[_Member] = []
+    skipped = dict.fromkeys(NOT_MEMBER_REASONS, 0)
+    for host, adapters in by_host.items():
+        ports: list[tuple[Adapter, AdapterPort, int, str]] = []
         for adapter in sorted(adapters, key=_adapter_order):
-            for number in sorted(adapter.ports):
-                port = adapter.ports[number]
-                if port.leaf is None:
-                    continue
-                port.rail = index
-                members[index].append((host, adapter, port, port.leaf))
-                index += 1
-    leaf_rails: dict[str, Counter[int]] = defaultdict(Counter)
-    for rail, entries in members.items():
-        for *_, leaf in entries:
-            leaf_rails[leaf][rail] += 1
-    owner = {leaf: max(tally, key=lambda r: (tally[r], -r)) for leaf, tally in leaf_rails.items()}
-    rails: list[Rail] = []
+            cabled = [adapter.ports[n] for n in sorted(adapter.ports) if adapter.ports[n].leaf is not None]
+            ports += [
+                (adapter, p, len(ports) + i, _port_label(adapter, p, len(cabled) > 1)) for i, p in enumerate(cabled)
+            ]
+        if not ports:
+            continue
+        role = host_role(host)
+        if role is not None:
+            skipped[role] += 1
+        elif len({adapter.guid for adapter, *_ in ports}) < 2:
+            skipped["one_adapter"] += 1
+        else:
+            members.append(_Member(host, _DIGITS_RE.sub("#", host.lower()), ports))
+    return members, skipped
+
+
+def _realign_incomplete(members: list[_Member]) -> None:
+    """A host with fewer ports than most of its family (a cable down, so an adapter missing from
+    the map) takes each port's rail from the adapter name its peers give that rail, so that the
+    ports after the missing one are not read as crossed."""
+    sizes: dict[str, Counter[int]] = defaultdict(Counter)
+    for member in members:
+        sizes[member.family][len(member.ports)] += 1
+    usual = {family: max(tally, key=lambda n: (tally[n], n)) for family, tally in sizes.items()}
+    rail_of: dict[str, dict[str, Counter[int]]] = defaultdict(lambda: defaultdict(Counter))
+    for member in members:
+        if len(member.ports) == usual[member.family]:
+            for _adapter, _port, rail, label in member.ports:
+                rail_of[member.family][label][rail] += 1
+    for member in members:
+        if len(member.ports) >= usual[member.family]:
+            continue
+        known = rail_of[member.family]
+        rails = [_most_common(known[label]) for *_, label in member.ports if known.get(label)]
+        if len(rails) == len(member.ports) and len(set(rails)) == len(rails):
+            member.ports = [(a, p, r, label) for (a, p, _, label), r in zip(member.ports, rails, strict=True)]
+
+
+def _most_common(tally: Counter[int]) -> int:
+    """The most common value; of those as common, the lowest."""
+    return max(tally, key=lambda value: (tally[value], -value))
+
+
+def _leaf_rails(members: list[_Member]) -> dict[tuple[str, str], frozenset[int]]:
+    """(leaf, family) -> the rails the family's hosts put on that leaf: each host's set of rails
+    there is a way of cabling the leaf, and every way at least half as common as the most common
+    one is taken as meant (so a leaf that carries two rails of its hosts half-and-half is meant,
+    and a lone host with another rail there is not)."""
+    ways: dict[tuple[str, str], Counter[frozenset[int]]] = defaultdict(Counter)
+    for member in members:
+        on: dict[str, set[int]] = defaultdict(set)
+        for _adapter, port, rail, _label in member.ports:
+            on[str(port.leaf)].add(rail)
+        for leaf, rails in on.items():
+            ways[(leaf, member.family)][frozenset(rails)] += 1
+    accepted: dict[tuple[str, str], frozenset[int]] = {}
+    for key, tally in ways.items():
+        top = max(tally.values())
+        accepted[key] = frozenset().union(*(way for way, count in tally.items() if 2 * count >= top))
+    return accepted
+
+
+def _signature(member: _Member) -> tuple[int, ...]:
+    """Which rails share a leaf on this host: the leaves numbered by first use, in rail order."""
+    seen: dict[str, int] = {}
+    return tuple(seen.setdefault(str(port.leaf), len(seen)) for _a, port, _r, _l in member.ports)
+
+
+def _plans(members: list[_Member], accepted: dict[tuple[str, str], frozenset[int]]) -> list[RailPlan]:
+    """Every way of cabling hosts that two or more members follow, most followed first."""
+    followers: dict[tuple[int, ...], list[_Member]] = defaultdict(list)
+    for member in members:
+        followers[_signature(member)].append(member)
+    ranked = sorted(followers.items(), key=lambda item: (-len(item[1]), len(item[0]), item[0]))
+    plans: list[RailPlan] = []
+    for signature, hosts in ranked:
+        if len(hosts) < 2:
+            break
+        planes: dict[int, list[int]] = defaultdict(list)
+        for rail, plane in enumerate(signature):
+            planes[plane].append(rail)
+        per_leaf = Counter(len(accepted[(str(port.leaf), m.family)]) for m in hosts for _a, port, _r, _l in m.ports)
+        plans.append(
+            RailPlan(
+                adapters=len(signature),
+                leaves=len(planes),
+                planes=list(planes.values()),
+                rails_per_leaf=max(per_leaf, key=lambda n: (per_leaf[n], -n)),
+                hosts=len(hosts),
+            )
+        )
+    return plans
+
+
+def _rails(topo: Topology) -> Rails:
+    """Rails as the site cabled them: the rail members, the plans they follow, and the ports
+    cabled where the host's peers put no such rail (see the module docstring)."""
+    members, skipped = _rail_members(topo)
+    _realign_incomplete(members)
+    accepted = _leaf_rails(members)
+    by_rail: dict[int, list[tuple[str, str]]] = defaultdict(list)
     breaks: list[RailBreak] = []
-    for rail in sorted(members):
-        entries = members[rail]
-        leaves = sorted({leaf for *_, leaf in entries})
-        rails.append(Rail(index=rail, leaves=leaves, ports=len(entries), hosts=len({e[0] for e in entries})))
-        for host, adapter, port, leaf in entries:
-            if owner[leaf] != rail:
+    for member in members:
+        for adapter, port, rail, _label in member.ports:
+            leaf = str(port.leaf)
+            port.rail = rail
+            by_rail[rail].append((member.host, leaf))
+            meant = accepted[(leaf, member.family)]
+            if rail not in meant:
                 breaks.append(
                     RailBreak(
-                        host=host,
+                        host=member.host,
                         adapter=adapter.guid,
                         desc=adapter.desc,
                         port=port.port,
                         rail=rail,
                         leaf=leaf,
-                        leaf_rail=owner[leaf],
+                        leaf_rail=min(meant),
+                        leaf_rails=sorted(meant),
                     )
                 )
+    rails = [
+        Rail(
+            index=r,
+            leaves=sorted({leaf for _, leaf in entries}),
+            ports=len(entries),
+            hosts=len({h for h, _ in entries}),
+        )
+        for r, entries in sorted(by_rail.items())
+    ]
     breaks.sort(key=lambda b: (_natural(b.host), b.rail))
-    return Rails(aligned=not breaks, rails=rails, breaks=breaks)
+    plans = _plans(members, accepted)
+    return Rails(
+        aligned=not breaks,
+        rails=rails,
+        breaks=breaks,
+        plan=plans[0] if plans else None,
+        plans=plans,
+        members=len(members),
+        not_members=skipped,
+    )
 
 
 # Output
@@ -1218,6 +1601,40 @@ def _rails(topo: Topology) -> Rails:
 
 def _round(rate: float | None) -> float | None:
     return None if rate is None else round(rate, 3)
+
+
+def plan_dict(plan: RailPlan) -> dict[str, Any]:
+    return {
+        "adapters": plan.adapters,
+        "leaves": plan.leaves,
+        "planes": [list(plane) for plane in plan.planes],
+        "rails_per_leaf": plan.rails_per_leaf,
+        "hosts": plan.hosts,
+    }
+
+
+def _rails_dict(rails: Rails) -> dict[str, Any]:
+    return {
+        "aligned": rails.aligned,
+        "plan": plan_dict(rails.plan) if rails.plan else None,
+        "plans": [plan_dict(p) for p in rails.plans],
+        "members": rails.members,
+        "not_members": dict(rails.not_members),
+        "rails": [{"rail": r.index, "leaves": r.leaves, "ports": r.ports, "hosts": r.hosts} for r in rails.rails],
+        "breaks": [
+            {
+                "host": b.host,
+                "adapter": b.adapter,
+                "desc": b.desc,
+                "port": b.port,
+                "rail": b.rail,
+                "leaf": b.leaf,
+                "leaf_rail": b.leaf_rail,
+                "leaf_rails": list(b.leaf_rails),
+            }
+            for b in rails.breaks
+        ],
+    }
 
 
 def to_dict(topo: Topology) -> dict[str, Any]:
@@ -1285,29 +1702,13 @@ def to_dict(topo: Topology) -> dict[str, Any]:
             {"a": b.a, "b": b.b, "count": b.count, "rate_gbps": _round(b.rate_gbps), "degraded": b.degraded}
             for b in topo.bundles
         ],
-        "rails": {
-            "aligned": topo.rails.aligned,
-            "rails": [
-                {"rail": r.index, "leaves": r.leaves, "ports": r.ports, "hosts": r.hosts} for r in topo.rails.rails
-            ],
-            "breaks": [
-                {
-                    "host": b.host,
-                    "adapter": b.adapter,
-                    "desc": b.desc,
-                    "port": b.port,
-                    "rail": b.rail,
-                    "leaf": b.leaf,
-                    "leaf_rail": b.leaf_rail,
-                }
-                for b in topo.rails.breaks
-            ],
-        },
+        "rails": _rails_dict(topo.rails),
         "counts": {
             "switches": len(topo.switches),
             "leaves": tiers[LEAF],
             "spines": tiers[SPINE],
             "cores": tiers[CORE],
+            "unknown": tiers[None],
             "adapters": kinds[KIND_CA],
             "aggregation_nodes": kinds[KIND_AGGREGATION],
             "routers": kinds[KIND_ROUTER],

@@ -25,7 +25,13 @@ from apps.fabrics.topology import (
     to_dict,
 )
 from tests.agent.fixturefiles import fixture_files, fixture_text, read_text
-from tests.fabrics.fattree import fat_tree
+from tests.fabrics.fattree import (
+    CX2_DEVID,
+    CX4_DEVID,
+    INFINISCALE4_DEVID,
+    SWITCHIB_DEVID,
+    fat_tree,
+)
 
 FOLDER = "ibnetdiscover"
 SUPERPOD = "hdr-qm8790-3tier-fattree-206sw-1336ca-superpod-crlf-bom-prompt.txt"
@@ -79,7 +85,9 @@ def check(topo: Topology) -> dict[str, Any]:
         assert (switch.level is None) == (switch.tier is None)
         assert switch.tier == names.get(switch.level, "core")
         if switch.level == 0:
-            assert switch.guid in compute_on, "a leaf has a compute adapter"
+            # A leaf has a compute adapter, or is cabled as leaves are: only to spines.
+            around = neighbours[switch.guid]
+            assert switch.guid in compute_on or (around and {topo.switches[n].level for n in around} == {1})
         elif switch.level is not None:
             assert any(topo.switches[n].level == switch.level - 1 for n in neighbours[switch.guid])
     for adapter in topo.adapters.values():
@@ -211,11 +219,15 @@ def test_superpod_adapters_hosts_and_cables(superpod: Topology) -> None:
 def test_superpod_rails_find_the_host_whose_cables_are_crossed(superpod: Topology) -> None:
     rails = superpod.rails
     assert not rails.aligned
-    assert [(b.host, b.desc, b.rail, superpod.switches[b.leaf].desc[:4], b.leaf_rail) for b in rails.breaks] == [
-        ("pg-spd071", "pg-spd071 mlx5_1", 1, "lf25", 2),
-        ("pg-spd071", "pg-spd071 mlx5_2", 2, "lf30", 1),
+    assert [(b.host, b.desc, b.rail, superpod.switches[b.leaf].desc[:4], b.leaf_rails) for b in rails.breaks] == [
+        ("pg-spd071", "pg-spd071 mlx5_1", 1, "lf25", [2]),
+        ("pg-spd071", "pg-spd071 mlx5_2", 2, "lf30", [1]),
     ]
-    assert [r.hosts for r in rails.rails] == [150] + [140] * 7
+    # The ten management and UFM hosts (one adapter each, on sp79/sp80) are not rail members.
+    assert [r.hosts for r in rails.rails] == [140] * 8
+    assert (rails.members, rails.not_members) == (140, {"one_adapter": 0, "storage": 0, "management": 10})
+    plan = to_dict(superpod)["rails"]["plan"]
+    assert plan == {"adapters": 8, "leaves": 8, "planes": [[r] for r in range(8)], "rails_per_leaf": 1, "hosts": 140}
 
 
 def test_superpod_lookups_for_placement(superpod: Topology) -> None:
@@ -253,11 +265,19 @@ def test_lid0_capture() -> None:
         ("loop", "4x", "HDR"): 19,
         ("adapter", "4x", "SDR"): 2,
     }
-    # Both adapter cables run 4xSDR, so neither is below the rest of its kind.
-    assert not any(x.degraded for x in topo.links)
+    # Both adapter cables run 4xSDR: the leaves run HDR on their other ports and the adapters are
+    # ConnectX-5 (EDR), so both are degraded against EDR although no adapter cable runs faster.
+    degraded = sorted((x.b, x.rate_gbps, x.expected_gbps) for x in topo.links if x.degraded)
+    assert [(topo.adapters[b].desc, rate, expected) for b, rate, expected in degraded] == [
+        ("fit101 HCA-1", 10.0, 100.0),
+        ("fit26 HCA-3", 10.0, 100.0),
+    ]
     adapters = sorted((a.host, a.device, a.desc) for a in topo.adapters.values())
     assert adapters == [("fit101", None, "fit101 HCA-1"), ("fit26", None, "fit26 HCA-3")]
-    assert Counter(s.tier for s in topo.switches.values()) == {"leaf": 2, "spine": 20, "core": 38}
+    # A two-tier fabric of 40 leaves and 20 spines: 38 leaves carry no host yet, but each is cabled
+    # to the same spines as the two that do, so none is above the spines.
+    assert Counter(s.tier for s in topo.switches.values()) == {"leaf": 40, "spine": 20}
+    assert topo.rails.plan is None and topo.rails.not_members["one_adapter"] == 2
 
 
 # The CS8500 director fabric, written by ibdiagnet
@@ -284,10 +304,14 @@ def test_cs8500_ibdiagnet_variant() -> None:
     assert {s.level for s in roles["S"]} == {2}
     assert max(s.level for s in roles["L"]) < min(s.level for s in roles["S"])
     leaves = [s for s in topo.switches.values() if s.tier == "leaf"]
-    assert len(leaves) == 57 and all(s.chassis is None for s in leaves)
-    # 15 Quantum switches carry no adapter but their aggregation node; two hops up, they read as core.
-    assert Counter(s.level for s in roles["-"]) == {0: 57, 2: 15}
+    assert len(leaves) == 72 and all(s.chassis is None for s in leaves)
+    # 15 Quantum switches carry no adapter but their aggregation node, cabled only to line ASICs as
+    # the 57 host leaves are: leaves without hosts, not core switches two hops up.
+    assert Counter(s.level for s in roles["-"]) == {0: 72}
+    with_hosts = {x.a for x in topo.links if x.kind == "adapter" and topo.adapters[x.b].kind == KIND_CA}
+    assert sum(1 for s in leaves if s.guid not in with_hosts) == 15
     counts = to_dict(topo)["counts"]
+    assert (counts["leaves"], counts["spines"], counts["cores"], counts["unknown"]) == (72, 80, 40, 0)
     assert (counts["adapters"], counts["aggregation_nodes"], counts["hosts"]) == (990, 192, 264)
     # The storage nodes' ConnectX-5 cables run EDR, which is all that adapter does: not degraded.
     edr = [x for x in topo.links if x.speed == "EDR"]
@@ -295,6 +319,31 @@ def test_cs8500_ibdiagnet_variant() -> None:
     assert counts["degraded"] == 0
     anonymous = [a for a in topo.adapters.values() if a.desc.startswith("MT4123 ConnectX6")]
     assert len(anonymous) == 4 and all(a.host is None for a in anonymous)
+
+
+def test_cs8500_rails_follow_each_family_of_hosts_and_find_the_one_crossed_host() -> None:
+    topo = parse(fixture_text(FOLDER, CS8500))
+    rails = to_dict(topo)["rails"]
+    # 214 GPU hosts give each of their four adapters a leaf; six GPU hosts (agpu1535-1540) and the
+    # ten ion hosts put two rails on each of two leaves. The 32 st21scr storage nodes (two ports
+    # on the same two leaves, half of them crossed, by design) and ufm1 are not rail members, nor
+    # is agpu1055 with a single adapter.
+    assert rails["plan"] == {
+        "adapters": 4,
+        "leaves": 4,
+        "planes": [[0], [1], [2], [3]],
+        "rails_per_leaf": 1,
+        "hosts": 214,
+    }
+    assert rails["plans"][1:] == [
+        {"adapters": 4, "leaves": 2, "planes": [[0, 1], [2, 3]], "rails_per_leaf": 2, "hosts": 15}
+    ]
+    assert (rails["members"], rails["not_members"]) == (230, {"one_adapter": 1, "storage": 32, "management": 1})
+    # ion2102 alone of the ion hosts has HCA-3 and HCA-5 the other way round.
+    assert [(b["host"], b["desc"], b["rail"], b["leaf_rails"]) for b in rails["breaks"]] == [
+        ("ion2102", "ion2102 HCA-3", 1, [2, 3]),
+        ("ion2102", "ion2102 HCA-5", 2, [0, 1]),
+    ]
 
 
 # The short historic examples
@@ -317,7 +366,9 @@ def test_ibm_example() -> None:
     assert topo.leaf_of("0x0002c902002789ad") == switch.guid
     info = topo.port("0x0002c9030002847e")
     assert info is not None and (info.host, info.port, info.adapter) == ("compute-00-00", 2, "0x0002c9030002847c")
-    assert topo.rails.aligned and [r.leaves for r in topo.rails.rails] == [[switch.guid]]
+    # One adapter port per host: no rails to line up.
+    assert topo.rails.aligned and topo.rails.rails == [] and topo.rails.plan is None
+    assert topo.rails.not_members == {"one_adapter": 2, "storage": 0, "management": 0}
 
 
 def test_manpage_example() -> None:
@@ -348,11 +399,14 @@ def test_nvidia_kb_example() -> None:
     assert (sx6012.enhanced, sx6012.chassis, sx6012.slot) == (True, "switch-de779e", None)
     rates = Counter(x.speed for x in topo.links)
     assert rates == {"EDR": 4, "FDR": 3, "QDR": 2, "SDR": 1}
-    # r-ufm96's ConnectX-4 trained at 4xSDR where the other one of its model runs 4xEDR.
+    # r-ufm96's ConnectX-4 (EDR) trained at 4xSDR on the SX6012, whose fastest port runs FDR.
     (slow,) = [x for x in topo.links if x.degraded]
-    assert (topo.adapters[slow.b].desc, slow.rate_gbps, slow.expected_gbps) == ("r-ufm96 HCA-1", 10.0, 100.0)
-    # r-ufm101 has both adapters on the SX6012.
-    assert [(b.host, b.rail) for b in topo.rails.breaks] == [("r-ufm101", 1)]
+    assert (topo.adapters[slow.b].desc, slow.rate_gbps, slow.expected_gbps) == ("r-ufm96 HCA-1", 10.0, 56.0)
+    # The ConnectX-2 cables of r-ufm101 run QDR, all that adapter does: not degraded.
+    assert {x.speed for x in topo.links if topo.adapters.get(x.b) and topo.adapters[x.b].host == "r-ufm101"} == {"QDR"}
+    # The r-ufm hosts are UFM (management) machines, not rail members: r-ufm101's two adapters on
+    # the SX6012 are no break.
+    assert topo.rails.aligned and topo.rails.not_members["management"] == 5
 
 
 def test_oracle_example_with_a_one_space_line() -> None:
@@ -546,6 +600,160 @@ def test_fat_tree_cut_short_keeps_the_switches_it_read() -> None:
     for (host, rail), port_guid in tree.port_guid.items():
         assert topo.leaf_of(port_guid) == tree.leaf[(host, rail)]
     assert topo.rails.aligned
+
+
+# The project's generated fabrics: designs met on real clusters
+
+
+def _plan(adapters: int, planes: list[list[int]], rails_per_leaf: int, hosts: int) -> dict[str, Any]:
+    return {
+        "adapters": adapters,
+        "leaves": len(planes),
+        "planes": planes,
+        "rails_per_leaf": rails_per_leaf,
+        "hosts": hosts,
+    }
+
+
+FOUR_BY_FOUR = _plan(4, [[0], [1], [2], [3]], 1, 8)
+TWO_PLANES = {
+    "pods": 1,
+    "sus_per_pod": 4,
+    "hosts_per_su": 8,
+    "planes": 2,
+    "director": True,
+    "spines_per_pod": 4,
+    "cores_per_group": 2,
+    "rate": "4xEDR",
+    "switch_devid": SWITCHIB_DEVID,
+    "adapter_devid": CX4_DEVID,
+}
+TWO_PER_LEAF = {"rails": 8, "rails_per_leaf": 2, "hosts_per_su": 6}
+QDR_ONE_ADAPTER = {
+    "rails": 1,
+    "sus_per_pod": 4,
+    "hosts_per_su": 8,
+    "cores_per_group": 0,
+    "rate": "4xQDR",
+    "switch_devid": INFINISCALE4_DEVID,
+    "adapter_devid": CX2_DEVID,
+}
+GENERATED: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
+    "rail-optimised": ({}, FOUR_BY_FOUR),
+    # Crossed cables keep the host's shape (four adapters on four leaves): all eight follow the plan.
+    "rail-optimised, one host crossed": ({"swap_host": "gpu0003"}, FOUR_BY_FOUR),
+    # Adapters 1 and 3 of every host on one leaf, 2 and 4 on another, on a director's line cards.
+    "four adapters over two planes, EDR director": (TWO_PLANES, _plan(4, [[0, 2], [1, 3]], 2, 32)),
+    "four adapters over two planes, one host crossed": (
+        {**TWO_PLANES, "swap_host": "gpu0010"},
+        _plan(4, [[0, 2], [1, 3]], 2, 31),
+    ),
+    "two rails per leaf": (TWO_PER_LEAF, _plan(8, [[0, 1], [2, 3], [4, 5], [6, 7]], 2, 12)),
+    "two rails per leaf, one host crossed": (
+        {**TWO_PER_LEAF, "swap_host": "gpu0002"},
+        _plan(8, [[0, 1], [2, 3], [4, 5], [6, 7]], 2, 11),
+    ),
+    "leaves without hosts beside director line cards": (
+        {"pods": 1, "sus_per_pod": 2, "director": True, "hostless_leaves": 3, "spines_per_pod": 4},
+        FOUR_BY_FOUR,
+    ),
+    "leaves without hosts in a three-tier tree": ({"hostless_leaves": 2}, FOUR_BY_FOUR),
+    "every host cable slow": ({"host_rate": "4xSDR"}, FOUR_BY_FOUR),
+    "one slow uplink": ({"slow": "spine"}, FOUR_BY_FOUR),
+    "one slow adapter cable": ({"slow": "adapter"}, FOUR_BY_FOUR),
+    "storage node on a spine, one adapter per host": ({**QDR_ONE_ADAPTER, "storage_on_spine": "nfs01"}, None),
+    "unnamed dual-port node on a spine, one adapter per host": (
+        {**QDR_ONE_ADAPTER, "storage_on_spine": "node-s01"},
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("design", list(GENERATED))
+def test_the_analysis_is_right_on_every_generated_fabric(design: str) -> None:
+    options, plan = GENERATED[design]
+    tree = fat_tree(**options)
+    topo = parse(tree.text)
+    data = check(topo)
+    assert topo.warnings == []
+    assert {g: s.tier for g, s in topo.switches.items()} == tree.tiers
+    assert sorted((x.a, x.a_port, x.b, x.b_port) for x in topo.links if x.degraded) == tree.slow_cables
+    assert sorted((b.host, b.rail) for b in topo.rails.breaks) == tree.crossed
+    assert data["rails"]["plan"] == plan
+    for (host, rail), port_guid in tree.port_guid.items():
+        assert topo.leaf_of(port_guid) == tree.leaf[(host, rail)]
+
+
+def test_four_adapters_over_two_planes_break_only_where_a_host_is_crossed() -> None:
+    tree = fat_tree(**TWO_PLANES, swap_host="gpu0010")
+    rails = to_dict(parse(tree.text))["rails"]
+    # gpu0010 has mlx5_0 and mlx5_1 the other way round: on each leaf it puts a rail the other
+    # seven hosts of its unit put on the other leaf.
+    assert [(b["host"], b["desc"], b["rail"], b["leaf_rails"]) for b in rails["breaks"]] == [
+        ("gpu0010", "gpu0010 mlx5_0", 0, [1, 3]),
+        ("gpu0010", "gpu0010 mlx5_1", 1, [0, 2]),
+    ]
+    assert rails["members"] == 32 and rails["plans"] == [rails["plan"]]
+
+
+def test_leaves_without_hosts_are_peers_of_the_leaves_not_cores() -> None:
+    tree = fat_tree(pods=1, sus_per_pod=2, director=True, hostless_leaves=3, spines_per_pod=4)
+    topo = parse(tree.text)
+    counts = to_dict(topo)["counts"]
+    assert (counts["leaves"], counts["spines"], counts["cores"], counts["unknown"]) == (11, 4, 2, 0)
+    assert {topo.switches[g].level for g in tree.hostless} == {0}
+    # The director's spine ASICs, cabled to every line ASIC, stay above them.
+    assert {s.level for s in topo.switches.values() if s.desc.startswith("MF0;dir1:CS7500/S")} == {2}
+
+
+def test_a_switch_that_shares_some_spines_with_a_leaf_has_an_unknown_tier() -> None:
+    tree = fat_tree(pods=3, hosts_per_su=2, rails=1, spines_per_pod=4, uplinks=4, cores_per_group=0)
+    spines = sorted(g for g, tier in tree.tiers.items() if tier == "spine")
+    assert len(spines) == 12
+    # A switch cabled to two spines of each of the three pods: a leaf takes all four of its pod's
+    # spines and a core one of each pod, so this one is neither, as far as the cabling tells.
+    odd = "0x0000000000000abc"
+    block = ["", "vendid=0x2c9", "devid=0xd2f0", f'Switch\t37 "S-{odd[2:]}"\t\t# "odd" enhanced port 0 lid 99 lmc 0']
+    chosen = [g for pod in range(3) for g in spines[pod * 4 : pod * 4 + 2]]
+    block += [f'[{i + 1}]\t"S-{g[2:]}"[30]\t\t# "sp" lid 3 4xHDR' for i, g in enumerate(chosen)]
+    topo = parse(tree.text + "\n".join(block) + "\n")
+    data = check(topo)
+    assert (topo.switches[odd].tier, topo.switches[odd].level) == (None, None)
+    assert data["counts"]["unknown"] == 1
+    assert any("cannot be told whether they are leaves without hosts or core switches" in w for w in topo.warnings)
+    # Everything else keeps its tier.
+    assert {g: s.tier for g, s in topo.switches.items() if g != odd} == tree.tiers
+
+
+def test_every_slow_host_cable_is_degraded_against_what_both_ends_run() -> None:
+    tree = fat_tree(host_rate="4xSDR")
+    topo = parse(tree.text)
+    host_cables = [x for x in topo.links if x.kind == "adapter" and topo.adapters[x.b].kind == KIND_CA]
+    assert len(host_cables) == 32
+    # The leaves run HDR to the spines and the adapters are ConnectX-6 (HDR).
+    assert {(x.rate_gbps, x.expected_gbps, x.degraded) for x in host_cables} == {(10.0, 200.0, True)}
+    info = topo.port(tree.port_guid[("gpu0001", 0)])
+    assert info is not None and (info.degraded, info.expected_gbps) == (True, 200.0)
+
+
+def test_an_adapter_slower_than_the_switch_by_design_is_not_degraded() -> None:
+    # ConnectX-4 (EDR) hosts on an HDR fabric: every host cable at 4xEDR is all those adapters do.
+    tree = fat_tree(host_rate="4xEDR", adapter_devid=CX4_DEVID)
+    topo = parse(tree.text)
+    host_cables = [x for x in topo.links if x.kind == "adapter" and topo.adapters[x.b].kind == KIND_CA]
+    assert {(x.rate_gbps, x.expected_gbps, x.degraded) for x in host_cables} == {(100.0, 100.0, False)}
+
+
+@pytest.mark.parametrize("name", ["nfs01", "node-s01"])
+def test_a_node_with_both_ports_on_a_spine_is_no_rail_break(name: str) -> None:
+    tree = fat_tree(**QDR_ONE_ADAPTER, storage_on_spine=name)
+    topo = parse(tree.text)
+    rails = to_dict(topo)["rails"]
+    assert rails["aligned"] and rails["breaks"] == [] and rails["members"] == 0
+    reason = "storage" if name == "nfs01" else "one_adapter"
+    assert rails["not_members"][reason] == (65 if reason == "one_adapter" else 1)
+    info = topo.host_ports(name)
+    assert [(p.port, p.rail, topo.switches[str(p.leaf)].tier) for p in info] == [(1, None, "spine"), (2, None, "spine")]
 
 
 # Helpers
