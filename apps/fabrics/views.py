@@ -3,6 +3,8 @@ fabric that draws its map (templates/fabrics/, console/fabric.js)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils.translation import gettext as _
@@ -45,19 +47,39 @@ def fabric(request: HtmxHttpRequest, fabric: str) -> HttpResponse:
             "problems": problems,
             "fabric_id": fabric,
             "labels": labels(),
+            "rails": rail_summary((view or {}).get("map")),
         },
     )
+
+
+def rail_summary(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the page says of the map's rails: the plan inferred (None for a map kept before plans
+    were inferred), the rails that share a leaf under it (``"0+2, 1+3"``), the other plans, and
+    the hosts that are not rail members."""
+    rails = (data or {}).get("rails") or {}
+    if "plan" not in rails:
+        return None
+    plan = rails.get("plan")
+    planes = plan.get("planes", []) if isinstance(plan, dict) else []
+    return {
+        "plan": plan,
+        "shared": ", ".join("+".join(str(r) for r in plane) for plane in planes if len(plane) > 1),
+        "others": list(rails.get("plans") or [])[1:],
+        "members": rails.get("members", 0),
+        "not_members": rails.get("not_members") or {},
+    }
 
 
 def labels() -> dict[str, str]:
     """What the drawing says, translated here (console/fabric.js holds no text of its own)."""
     return {
         "core": _("core"),
+        "unknown": _("tier unknown"),
         "spine": _("spine"),
         "leaf": _("leaf"),
         "switch": _("switch"),
         "adapter": _("adapter"),
-        "degraded": _("below its kind's rate"),
+        "degraded": _("below what its ends can run"),
         "expected": _("expected"),
         "down": _("down"),
         "ports": _("ports"),

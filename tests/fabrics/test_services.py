@@ -136,6 +136,51 @@ def test_the_map_gives_each_node_its_leaves_and_marks_a_short_cable() -> None:
     }
 
 
+def map_fabric(mapper: Node, text: str) -> None:
+    """The mapper's agent answers an ibnetdiscover request with ``text``."""
+    row = agent_requests.create(mapper, "ibnetdiscover", {"fabric": f"ib:{SM_A}", "device": "mlx5_0", "port": 1})
+    agent_requests.claim(mapper.pk)
+    packed = base64.b64encode(gzip.compress(text.encode())).decode()
+    answered = agent_requests.record_response(
+        mapper.pk, {"request_id": row.request_id, "ok": True, "result": {"text_gz": packed}}
+    )
+    assert answered is not None and answered.state == AgentRequest.State.ANSWERED
+
+
+def test_the_fabric_page_and_api_say_which_rail_plan_was_inferred(client: Any, api: Any, alice: Any) -> None:
+    # Two units of four hosts, each host's four adapters over two planes; gpu0002 has two crossed.
+    tree = fat_tree(pods=1, sus_per_pod=2, hosts_per_su=4, planes=2, swap_host="gpu0002", cores_per_group=0)
+    map_fabric(node("n1", ib("mlx5_0", port_guid=tree.port_guid[("gpu0001", 0)])), tree.text)
+    api.force_authenticate(alice)
+    rails = api.get(f"/api/v1/fabrics/ib:{SM_A}/topology").json()["map"]["rails"]
+    assert rails["plan"] == {"adapters": 4, "leaves": 2, "planes": [[0, 2], [1, 3]], "rails_per_leaf": 2, "hosts": 7}
+    assert (rails["members"], rails["not_members"]) == (8, {"one_adapter": 0, "storage": 0, "management": 0})
+    assert [(b["host"], b["rail"], b["leaf_rails"]) for b in rails["breaks"]] == [
+        ("gpu0002", 0, [1, 3]),
+        ("gpu0002", 1, [0, 2]),
+    ]
+    client.force_login(alice)
+    page = " ".join(client.get(f"/fabrics/ib:{SM_A}/").content.decode().split())
+    assert "Rail plan inferred from 7 of 8 hosts: adapters per host 4, leaves per host 2, rails per leaf 2." in page
+    assert "Rails that share a leaf: 0+2, 1+3." in page
+    assert "Not rail members: 0 hosts with one adapter, 0 storage and 0 management hosts." in page
+    assert "2 adapters break their rails." in page
+
+
+def test_the_fabric_page_says_when_a_switch_tier_is_unknown_and_no_plan_was_inferred(client: Any, alice: Any) -> None:
+    tree = fat_tree(pods=3, hosts_per_su=2, rails=1, spines_per_pod=4, uplinks=4, cores_per_group=0)
+    spines = sorted(g for g, tier in tree.tiers.items() if tier == "spine")
+    odd = ["", "vendid=0x2c9", "devid=0xd2f0", 'Switch\t37 "S-0000000000000abc"\t\t# "odd" base port 0 lid 99 lmc 0']
+    chosen = [g for pod in range(3) for g in spines[pod * 4 : pod * 4 + 2]]
+    odd += [f'[{i + 1}]\t"S-{g[2:]}"[30]\t\t# "sp" lid 3 4xHDR' for i, g in enumerate(chosen)]
+    map_fabric(node("n1", ib("mlx5_0")), tree.text + "\n".join(odd) + "\n")
+    client.force_login(alice)
+    page = " ".join(client.get(f"/fabrics/ib:{SM_A}/").content.decode().split())
+    assert "The tier of 1 switch cannot be told from its cabling." in page
+    assert "No rail plan: no two hosts with two or more adapters are cabled alike." in page
+    assert "Not rail members: 6 hosts with one adapter, 0 storage and 0 management hosts." in page
+
+
 def test_a_request_to_an_agent_too_old_to_answer_is_refused_at_once() -> None:
     old = node("old", ib("mlx5_0"))
     Node.objects.filter(pk=old.pk).update(features=["heartbeat.v1"], agent_version="0.9.0")

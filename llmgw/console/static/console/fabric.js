@@ -274,7 +274,7 @@
     title.className = "mb-2 font-semibold";
     const list = document.createElement("dl");
     if (node.kind === "switch") {
-      title.textContent = `${L[node.tier] || L.switch || "switch"}: ${node.desc}`;
+      title.textContent = `${L[node.tier ?? "unknown"] || L.switch || "switch"}: ${node.desc}`;
       list.append(...row("GUID", node.guid), ...row(L.lid || "LID", node.lid), ...row(L.ports || "ports", node.nports));
       list.append(...row(L.cables || "cables", node.links.length));
     } else {
