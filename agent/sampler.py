@@ -26,6 +26,7 @@ __all__ = ["Sampler"]
 
 log = logging.getLogger("llmgw.agent")
 
+MAX_HELD = 4096  # sources one storage pool reports (the protocol's bound); past it the pool is partial
 GPU_INTERVAL_S = 10.0  # the default of agent.yaml's sample_interval: a sample is taken at most this often
 
 
@@ -204,29 +205,45 @@ class Sampler:
         try:
             mounts = storage.parse_mountinfo(_read(self.root, "proc/self/mountinfo") or "")
             pools = storage.storage_pools(self.config.model_dirs, mounts)
-            held = [
-                sorted(
-                    (entry for d in pool.directories for entry in storage.weights_held(d)), key=lambda e: str(e["path"])
-                )
-                for pool in pools
-            ]
-            sample["storage"] = [
-                {
-                    "mount_point": pool.mount_point or "",
-                    "fstype": pool.fstype,
-                    "shared": pool.shared,
-                    "total_bytes": pool.total_bytes,
-                    "free_bytes": pool.free_bytes,
-                    "directories": pool.directories,
-                    # Each source held whole, by its path on this node (what a model's source names).
-                    "weights": [entry["path"] for entry in held[index]],
-                    "held": held[index],
-                }
-                for index, pool in enumerate(pools)
-            ]
+            sample["storage"] = [self._pool(pool, warnings) for pool in pools]
         except Exception as exc:
             log.exception("reading storage failed")
             warnings.append(f"storage could not be read: {exc}")
+
+    @staticmethod
+    def _pool(pool: storage.StoragePool, warnings: list[str]) -> dict[str, Any]:
+        """One storage pool as the sample gives it: each source held whole below its directories,
+        by its path on this node (what a model's source names), and the directories whose scan
+        stopped at its bounds (`partial`: a source not listed in one may still be there)."""
+        held: dict[str, dict[str, object]] = {}
+        partial = []
+        for directory in pool.directories:
+            scan = storage.scan_weights(directory)
+            if not scan.complete:
+                partial.append(directory)
+                warnings.append(f"model directory {directory}: {scan.stopped}")
+            for entry in storage.weights_held(directory, scan):
+                held.setdefault(str(entry["path"]), entry)  # a directory inside another names it once
+        entries = [held[path] for path in sorted(held)]
+        if len(entries) > MAX_HELD:
+            warnings.append(
+                f"storage pool {pool.mount_point or '-'}: {len(entries)} models held; the first {MAX_HELD} are reported"
+            )
+            entries = entries[:MAX_HELD]
+            partial = list(pool.directories)
+        out: dict[str, Any] = {
+            "mount_point": pool.mount_point or "",
+            "fstype": pool.fstype,
+            "shared": pool.shared,
+            "total_bytes": pool.total_bytes,
+            "free_bytes": pool.free_bytes,
+            "directories": pool.directories,
+            "weights": [entry["path"] for entry in entries],
+            "held": entries,
+        }
+        if partial:
+            out["partial"] = partial
+        return out
 
     # GPUs --------------------------------------------------------------------------------
 

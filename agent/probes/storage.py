@@ -11,6 +11,7 @@ import json
 import os
 import re
 import struct
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +21,12 @@ __all__ = [
     "SHARED_FS_TYPES",
     "Mount",
     "StoragePool",
+    "WeightsScan",
     "is_shared",
     "mount_for_path",
     "parse_findmnt_json",
     "parse_mountinfo",
+    "scan_weights",
     "storage_pools",
     "weights_held",
     "weights_present",
@@ -494,9 +497,26 @@ def _complete_gguf(directory: str, name: str, names: set[str]) -> bool:
     return True
 
 
-def _complete_model_dir(path: str) -> bool:
+class _Budget:
+    """Directory entries a scan may still look at; once spent, the scan stops and says so."""
+
+    __slots__ = ("left", "spent")
+
+    def __init__(self, entries: int) -> None:
+        self.left = entries
+        self.spent = False
+
+    def take(self, count: int) -> bool:
+        self.left -= count
+        if self.left < 0:
+            self.spent = True
+        return not self.spent
+
+
+def _complete_model_dir(path: str, budget: _Budget | None = None) -> bool:
     """config.json + at least one non-empty weight file, no partial download anywhere below,
-    and every shard a ``*.safetensors.index.json`` names present."""
+    and every shard a ``*.safetensors.index.json`` names present. Each entry walked is taken from
+    `budget` (when given); a directory the budget ran out in is not complete."""
     try:
         top = os.listdir(path)
     except OSError:
@@ -507,6 +527,8 @@ def _complete_model_dir(path: str) -> bool:
     seen = 0
     for current, dirnames, filenames in os.walk(path):
         dirnames.sort()
+        if budget is not None and not budget.take(len(dirnames) + len(filenames)):
+            return False
         for filename in filenames:
             seen += 1
             if seen > _MAX_WALK_ENTRIES:
@@ -539,23 +561,34 @@ def _complete_model_dir(path: str) -> bool:
     return True
 
 
-def weights_held(directory: str) -> list[dict[str, object]]:
+def _tree_size(path: str) -> int:
+    """The bytes of the files under a model directory (at most _MAX_WALK_ENTRIES of them)."""
+    size = seen = 0
+    for current, _dirs, files in os.walk(path):
+        for name in files:
+            seen += 1
+            if seen > _MAX_WALK_ENTRIES:
+                return size
+            size += _size(os.path.join(current, name)) or 0
+    return size
+
+
+def weights_held(directory: str, scan: WeightsScan | None = None) -> list[dict[str, object]]:
     """The complete entries of a model directory as sources: each one's absolute path (what a
-    model's `source` names) and its size in bytes (all shards or files of it together)."""
+    model's `source` names) and its size in bytes (all shards or files of it together). `scan`:
+    the directory's `scan_weights()`, when already taken."""
     held: list[dict[str, object]] = []
-    for name in weights_present(directory):
+    for name in (scan or scan_weights(directory)).entries:
         path = os.path.join(directory, name)
         if os.path.isdir(path):
-            size = 0
-            for current, _dirs, files in os.walk(path):
-                size += sum(_size(os.path.join(current, f)) or 0 for f in files)
+            size = _tree_size(path)
         else:
-            split = _SPLIT_GGUF_RE.match(name)
+            split = _SPLIT_GGUF_RE.match(os.path.basename(name))
             if split:
                 count = int(split.group("count"))
+                folder = os.path.dirname(path)
                 size = sum(
-                    _size(os.path.join(directory, f"{split.group('stem')}-{part:05d}-of-{split.group('count')}.gguf"))
-                    or 0
+                    _size(os.path.join(folder, f"{split.group('stem')}-{part:05d}-of-{split.group('count')}.gguf")) or 0
                     for part in range(1, count + 1)
                 )
             else:
@@ -564,27 +597,93 @@ def weights_held(directory: str) -> list[dict[str, object]]:
     return held
 
 
-def weights_present(directory: str) -> list[str]:
-    """Names (relative to ``directory``) of complete model entries in it, sorted.
+#: How far below a model directory weights are looked for: the mirror writes
+#: <dir>/mirror/<owner>--<name>/<commit>/<file>, a Hugging Face cache
+#: models--<owner>--<name>/snapshots/<commit>/, and a repository may keep files in folders.
+MAX_SCAN_DEPTH = 8
+#: Directory entries one model directory's scan looks at in all (files and folders, those of
+#: complete model folders included): a huge tree costs this much per sample, not more.
+MAX_SCAN_ENTRIES = 20000
 
-    An entry is complete when it is a non-empty ``*.gguf`` file with no partial-download sibling
-    (for split GGUFs ``x-00001-of-0000N.gguf``: the first shard, once all N are there), or a
-    subdirectory holding ``config.json`` plus at least one non-empty ``*.safetensors``/``*.bin``/
-    ``*.gguf`` and no partial files.  A missing or unreadable directory gives ``[]``.
-    """
+
+_Queues = tuple[deque[tuple[str, int]], deque[tuple[str, int]]]  # folders to read: real, then symlinked
+
+
+@dataclass
+class WeightsScan:
+    """What one model directory holds whole (names relative to it, sorted), and whether the scan
+    saw all of it: False when it stopped at MAX_SCAN_DEPTH or MAX_SCAN_ENTRIES, so that a source
+    not among the entries may still be there (unknown, not absent)."""
+
+    entries: list[str]
+    complete: bool = True
+    stopped: str | None = None  # why it is not complete, in words
+
+
+def _scan_folder(
+    directory: str, relative: str, depth: int, budget: _Budget, scan: WeightsScan, queues: _Queues
+) -> None:
+    """One folder of a scan: its whole GGUF files and model folders become entries; other folders
+    are queued to be looked into (unless past the depth bound), a symlinked one after every real one."""
+    folder = os.path.join(directory, relative) if relative else directory
     try:
-        names = sorted(os.listdir(directory))
+        names = sorted(os.listdir(folder))
     except OSError:
-        return []
+        return
+    if not budget.take(len(names)):
+        return
     name_set = set(names)
-    found: list[str] = []
     for name in names:
         if name.startswith(".") or _is_partial(name):
             continue
-        path = os.path.join(directory, name)
+        path = os.path.join(folder, name)
+        entry = os.path.join(relative, name) if relative else name
         if os.path.isdir(path):
-            if _complete_model_dir(path):
-                found.append(name)
-        elif name.lower().endswith(".gguf") and os.path.isfile(path) and _complete_gguf(directory, name, name_set):
-            found.append(name)
-    return found
+            if os.path.isfile(os.path.join(path, "config.json")) and _complete_model_dir(path, budget):
+                scan.entries.append(entry)
+            elif budget.spent:
+                return
+            elif depth + 1 > MAX_SCAN_DEPTH:
+                scan.complete = False
+                scan.stopped = f"folders more than {MAX_SCAN_DEPTH} deep are not looked into ({path})"
+            else:
+                (queues[1] if os.path.islink(path) else queues[0]).append((entry, depth + 1))
+        elif name.lower().endswith(".gguf") and os.path.isfile(path) and _complete_gguf(folder, name, name_set):
+            scan.entries.append(entry)
+
+
+def scan_weights(directory: str) -> WeightsScan:
+    """The complete model entries anywhere below ``directory`` (to MAX_SCAN_DEPTH folders down,
+    MAX_SCAN_ENTRIES entries looked at), by their path relative to it, sorted.
+
+    An entry is a non-empty whole ``*.gguf`` file with no partial-download sibling (for split
+    GGUFs ``x-00001-of-0000N.gguf``: the first shard, once all N are there), or a folder holding
+    ``config.json`` plus at least one non-empty ``*.safetensors``/``*.bin``/``*.gguf`` and no
+    partial files (not looked into further). Hidden folders and files are skipped, and a folder
+    reached twice (by a symlink) is read once. A missing or unreadable directory gives no entries.
+    """
+    scan = WeightsScan(entries=[])
+    budget = _Budget(MAX_SCAN_ENTRIES)
+    # Breadth first, the shallow entries before the deep; a folder reached by a symlink is read after
+    # every real one, so a tree is named by its own path where the scan can reach it by both.
+    queues: _Queues = (deque([("", 0)]), deque())
+    seen: set[str] = set()
+    while queues[0] or queues[1]:
+        relative, depth = (queues[0] or queues[1]).popleft()
+        real = os.path.realpath(os.path.join(directory, relative) if relative else directory)
+        if real in seen:
+            continue
+        seen.add(real)
+        _scan_folder(directory, relative, depth, budget, scan, queues)
+        if budget.spent:
+            scan.complete = False
+            scan.stopped = f"more than {MAX_SCAN_ENTRIES} entries; the rest are not looked at"
+            break
+    scan.entries.sort()
+    return scan
+
+
+def weights_present(directory: str) -> list[str]:
+    """Names (relative to ``directory``) of complete model entries below it, sorted: see
+    :func:`scan_weights`. A missing or unreadable directory gives ``[]``."""
+    return scan_weights(directory).entries

@@ -13,6 +13,7 @@ from fixturefiles import fixture_files, fixture_text, read_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.probes import storage
 from agent.probes.storage import (
     GGML_TYPE_SIZES,
     Mount,
@@ -21,6 +22,7 @@ from agent.probes.storage import (
     mount_for_path,
     parse_findmnt_json,
     parse_mountinfo,
+    scan_weights,
     storage_pools,
     weights_held,
     weights_present,
@@ -389,3 +391,68 @@ def test_a_safetensors_file_cut_short_makes_its_directory_incomplete(tmp_path: P
     shard = tmp_path / "cut" / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[:-3])
     assert weights_present(str(tmp_path)) == ["whole"]
+
+
+def test_weights_the_mirror_writes_below_a_model_directory_are_found_by_their_whole_path(tmp_path: Path) -> None:
+    """The mirror writes <dir>/mirror/<owner>--<name>/<commit>/<file>, a safetensors set as its
+    commit's folder; a Hugging Face cache keeps snapshots three folders down. Each is held by the
+    path a model's source names."""
+    commit = "a" * 40
+    gguf = tmp_path / "mirror" / "acme--tiny-GGUF" / commit / "tiny-F32.gguf"
+    _write(gguf, size=64)
+    _write(tmp_path / "mirror" / "acme--tiny-GGUF" / commit / "Q8" / "big-00001-of-00002.gguf")
+    _write(tmp_path / "mirror" / "acme--tiny-GGUF" / commit / "Q8" / "big-00002-of-00002.gguf")
+    _write(tmp_path / "mirror" / "acme--tiny-GGUF" / commit / "half.gguf")
+    _write(tmp_path / "mirror" / "acme--tiny-GGUF" / commit / "half.gguf.part")
+    st_dir = tmp_path / "mirror" / "acme--llm" / commit
+    _write(st_dir / "config.json")
+    _write(st_dir / "model.safetensors")
+    snapshot = tmp_path / "models--acme--llm" / "snapshots" / commit
+    _write(snapshot / "config.json")
+    _write(snapshot / "model.safetensors")
+    _write(tmp_path / ".hidden" / "secret.gguf")
+    scan = scan_weights(str(tmp_path))
+    assert scan.complete and scan.stopped is None
+    assert scan.entries == [
+        f"mirror/acme--llm/{commit}",
+        f"mirror/acme--tiny-GGUF/{commit}/Q8/big-00001-of-00002.gguf",
+        f"mirror/acme--tiny-GGUF/{commit}/tiny-F32.gguf",
+        f"models--acme--llm/snapshots/{commit}",
+    ]
+    held = {entry["path"]: entry["bytes"] for entry in weights_held(str(tmp_path))}
+    assert held[str(gguf)] == 64
+    assert held[str(gguf.parent / "Q8" / "big-00001-of-00002.gguf")] == 64  # both parts
+    assert held[str(st_dir)] == (st_dir / "config.json").stat().st_size + (st_dir / "model.safetensors").stat().st_size
+
+
+def test_a_tree_past_the_bounds_stops_the_scan_and_says_it_is_not_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A huge tree costs the scan its bound, not a stall: what it did not look at is unknown."""
+    monkeypatch.setattr(storage, "MAX_SCAN_ENTRIES", 50)
+    for index in range(60):
+        _write(tmp_path / "many" / f"note-{index:03d}.txt")
+    _write(tmp_path / "a.gguf")
+    scan = scan_weights(str(tmp_path))
+    assert scan.entries == ["a.gguf"] and not scan.complete
+    assert scan.stopped == "more than 50 entries; the rest are not looked at"
+
+    monkeypatch.setattr(storage, "MAX_SCAN_ENTRIES", 20000)
+    deep = tmp_path / "deep"
+    folder = deep
+    for level in range(storage.MAX_SCAN_DEPTH + 2):
+        folder = folder / f"d{level}"
+    _write(folder / "far.gguf")
+    _write(deep / "d0" / "near.gguf")
+    scan = scan_weights(str(deep))
+    assert scan.entries == ["d0/near.gguf"] and not scan.complete
+    assert scan.stopped is not None and f"more than {storage.MAX_SCAN_DEPTH} deep" in scan.stopped
+
+
+def test_a_symlink_loop_is_read_once(tmp_path: Path) -> None:
+    _write(tmp_path / "m" / "x.gguf")
+    (tmp_path / "m" / "loop").symlink_to(tmp_path / "m")
+    (tmp_path / "again").symlink_to(tmp_path / "m")
+    scan = scan_weights(str(tmp_path))
+    assert scan.complete
+    assert scan.entries == ["m/x.gguf"]  # by its own path, not as again/x.gguf or m/loop/x.gguf

@@ -79,6 +79,33 @@ def test_storage_is_reported_per_filesystem_with_weights_present(tmp_path: Path)
     assert pool["held"] == [{"path": str(models / "tiny.gguf"), "bytes": 104}]
 
 
+def test_the_mirrors_files_below_a_model_directory_are_reported_held_by_their_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the mirror writes (<model dir>/mirror/<repo>/<commit>/<file>) is held; a directory whose
+    scan stopped at its bound is reported partial, with a warning that says why."""
+    from agent.probes import storage
+    from tests.ggufgen import make_tiny_gguf
+
+    models = tmp_path / "models"
+    source = models / "mirror" / "acme--tiny-GGUF" / ("c" * 40) / "tiny-F32.gguf"
+    source.parent.mkdir(parents=True)
+    make_tiny_gguf(source)
+    sampler = sampler_for(tmp_path, "cpu", model_dirs=[str(models), str(models / "mirror")])
+    sample = asyncio.run(sampler.sample(force=True))
+    (pool,) = sample["storage"]
+    assert pool["weights"] == [str(source)]  # once, though both directories hold it
+    assert pool["held"] == [{"path": str(source), "bytes": source.stat().st_size}]
+    assert "partial" not in pool and sample["warnings"] == []
+    protocol.parse_message(protocol.encode("heartbeat", {"sample": sample}), expect="agent")
+
+    monkeypatch.setattr(storage, "MAX_SCAN_ENTRIES", 2)
+    sample = asyncio.run(sampler.sample(force=True))
+    (pool,) = sample["storage"]
+    assert pool["partial"] == [str(models), str(models / "mirror")]
+    assert f"model directory {models}: more than 2 entries; the rest are not looked at" in sample["warnings"]
+
+
 def test_output_the_parser_has_not_met_is_a_warning_not_a_crash(tmp_path: Path) -> None:
     sampler = sampler_for(tmp_path, "cpu")
     script = tmp_path / "bin" / "nvidia-smi"
