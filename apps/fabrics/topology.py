@@ -13,8 +13,11 @@ Formats read (and mixed, line by line):
   IBDIAG``): ``[1](1)`` on switch ports, and ``switchguid=`` holding the system GUID, so a
   node is always known by the GUID in its quoted ``"S-…"``/``"H-…"`` name, which is what the
   other end of every cable refers to;
-- ``ibnetdiscover -p`` port rows (``CA 134 1 0x… 4x EDR - SW 1719 10 0x… ( 'a' - 'b' )``).
-  These give port GUIDs only, so an adapter seen there is known by its port GUID.
+- ``ibnetdiscover -p`` port rows (``CA 134 1 0x… 4x EDR - SW 1719 10 0x… ( 'a' - 'b' )``), the
+  descriptions quoted as rdma-core prints them, in double quotes, or bare (``( a - b )``) as some
+  versions and wrappers print them; a bare pair whose descriptions hold " - " is split where a side
+  matches what another row said of that node. These give port GUIDs only, so an adapter seen there
+  is known by its port GUID.
 
 Noise it skips: a UTF-8 BOM, CRLF, pasted shell prompts (``[root@x ~]# ibnetdiscover``),
 tool messages on stderr (``src/query_smp.c:195; umad … bad status 110``; these are also
@@ -530,10 +533,13 @@ _PORT_RE = re.compile(
     r"\"(?P<prefix>[SHR])-(?P<peer>[0-9A-Fa-f]+)\"\[(?P<pport>\d+)\](?:\[ext \d+\])?"
     r"\s*(?:\((?P<ppg>[0-9A-Fa-f]+)\))?\s*(?P<rest>.*)"
 )
+# The descriptions of a row, quoted as rdma-core prints them (``( 'a' - 'b' )``, ``'a'``), in
+# double quotes, or bare (``( a - b )``, ``a``) as some versions and wrappers print them.
 _ROWS_RE = re.compile(
     r"(?P<t>CA|SW|RT|\?\?)\s+(?P<lid>\d+)\s+(?P<port>\d+)\s+0x(?P<guid>[0-9A-Fa-f]+)\s+(?P<w>\S+)\s+(?P<s>\S+)"
     r"(?:\s+-\s+(?P<rt>CA|SW|RT|\?\?)\s+(?P<rlid>\d+)\s+(?P<rport>\d+)\s+0x(?P<rguid>[0-9A-Fa-f]+)"
-    r"\s+\(\s?'(?P<desc>.*)'\s+-\s+'(?P<rdesc>.*)'\s?\)|\s+'(?P<odesc>.*)')?\s*$"
+    r"\s+\(\s?(?:(?P<q>['\"])(?P<desc>.*)(?P=q)\s+-\s+(?P=q)(?P<rdesc>.*)(?P=q)|(?P<pair>.*?))\s?\)"
+    r"|\s+(?:(?P<oq>['\"])(?P<odesc>.*)(?P=oq)|(?!-\s+(?:CA|SW|RT|\?\?)\s)(?P<bare>[^\s'\"].*?)))?\s*$"
 )
 _SWITCH_REST_RE = re.compile(r"\s*(?P<kind>base|enhanced)?\s*port\s+0\s+lid\s+(?P<lid>\d+)(?:\s+lmc\s+(?P<lmc>\d+))?")
 _LID_RE = re.compile(r"lid\s+(\d+)")
@@ -832,7 +838,12 @@ class _Parser:
             return
         port = int(m.group("port"))
         lid = _int(m.group("lid"))
-        desc = m.group("desc") if m.group("desc") is not None else m.group("odesc")
+        peer = normalise_guid(m.group("rguid")) if m.group("rguid") is not None else None
+        desc, peer_desc = m.group("desc"), m.group("rdesc")
+        if m.group("pair") is not None:
+            desc, peer_desc = self.split_pair(m.group("pair"), guid, peer)
+        elif desc is None:
+            desc = m.group("odesc") if m.group("odesc") is not None else m.group("bare")
         node = self.node(prefix, guid, number)
         if not node.declared:
             node.declared = True
@@ -844,9 +855,6 @@ class _Parser:
             node.nports = max(node.nports or 0, port)
         else:
             node.port_guids.setdefault(port, (guid, lid))
-        if m.group("rguid") is None:
-            return
-        peer = normalise_guid(m.group("rguid"))
         if peer is None:
             return
         peer_prefix = _ROW_TYPES.get(m.group("rt") or "", "H")
@@ -864,10 +872,26 @@ class _Parser:
                 speed=speed,
                 own_lid=lid,
                 peer_lid=_int(m.group("rlid")),
-                peer_desc=m.group("rdesc"),
+                peer_desc=peer_desc,
                 line=number,
             )
         )
+
+    def split_pair(self, pair: str, guid: str, peer: str | None) -> tuple[str, str | None]:
+        """The two descriptions of an unquoted ``( a - b )``: split at the " - " when there is one;
+        when a description holds " - " itself, where a side matches what is known of that node."""
+        parts = pair.split(" - ")
+        if len(parts) < 2:
+            return pair.strip(), None
+        splits = [(" - ".join(parts[:i]).strip(), " - ".join(parts[i:]).strip()) for i in range(1, len(parts))]
+        own = self.nodes.get(guid)
+        other = self.nodes.get(peer) if peer else None
+        for left, right in splits:
+            if (own is not None and own.declared and own.desc.strip() == left) or (
+                other is not None and other.declared and other.desc.strip() == right
+            ):
+                return left, right
+        return splits[len(splits) // 2]
 
     def build(self) -> Topology:
         """Placeholders for the nodes only seen at the far end of a cable, then every node, then

@@ -447,6 +447,38 @@ def test_ports_report_rows_keep_raw_descriptions_and_catch_a_port_cabled_twice()
     assert any("cabled to both" in w and "0x946dae0300630bfe port 1" in w for w in topo.warnings)
 
 
+@pytest.mark.parametrize("name", [ROWS, ROWS2])
+def test_ports_report_rows_without_quotes_read_as_the_quoted_ones(name: str) -> None:
+    text = fixture_text(FOLDER, name)
+    quoted = to_dict(parse(text))
+    bare = parse(text.replace("'", ""))
+    data = check(bare)
+    assert not any("not understood" in w for w in bare.warnings)
+    assert data["links"] == quoted["links"]
+    assert [(a["guid"], a["desc"].strip(), a["host"]) for a in data["adapters"]] == [
+        (a["guid"], a["desc"].strip(), a["host"]) for a in quoted["adapters"]
+    ]
+    assert sorted((s["guid"], s["desc"].strip()) for s in data["switches"]) == sorted(
+        (s["guid"], s["desc"].strip()) for s in quoted["switches"]
+    )
+
+
+def test_unquoted_rows_whose_descriptions_hold_a_dash_are_split_where_a_known_name_fits() -> None:
+    text = (
+        "SW    10  2 0x0000000000000010 4x SDR                                    leaf - row 3\n"
+        "CA    20  1 0x0000000000000020 4x HDR - SW    10  1 0x0000000000000010 ( node7 mlx5_0 - leaf - row 3 )\n"
+        'SW    10  1 0x0000000000000010 4x HDR - CA    20  1 0x0000000000000020 ( "leaf - row 3" - "node7 mlx5_0" )\n'
+    )
+    topo = parse(text)
+    check(topo)
+    assert topo.warnings == []
+    assert topo.switches["0x0000000000000010"].desc == "leaf - row 3"
+    adapter = topo.adapters["0x0000000000000020"]
+    assert (adapter.desc, adapter.host, adapter.device) == ("node7 mlx5_0", "node7", "mlx5_0")
+    (link,) = topo.links
+    assert (link.reports, link.rate_gbps) == (2, 200.0)
+
+
 # Files that lie
 
 
