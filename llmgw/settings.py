@@ -85,6 +85,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Under ASGI, streamed answers (files, static files) are read chunk by chunk (llmgw.streaming).
+    "llmgw.streaming.AsyncStreams",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -395,6 +397,11 @@ SPECTACULAR_SETTINGS = {
     # which would tell that site where the schema lives.
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    # One name for each choice set that several fields share (else a warning per schema build).
+    "ENUM_NAME_OVERRIDES": {
+        "EngineNameEnum": "apps.cluster.engines.ENGINE_NAMES",
+        "EngineBuildEnum": "apps.cluster.models.Node.EngineBuild",
+    },
 }
 
 # Metrics ------------------------------------------------------------------------------

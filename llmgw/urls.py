@@ -95,6 +95,7 @@ handler500 = "llmgw.edge.server_error"
 
 urlpatterns = [
     path("", console.landing, name="landing"),
+    path("favicon.ico", console.favicon, name="favicon"),
     path("login/", accounts_views.sign_in, name="login"),
     path("signup/", accounts_views.sign_up, name="signup"),
     path("signup/done/", accounts_views.sign_up_done, name="signup-done"),

@@ -50,6 +50,7 @@ from llmgw import outbound
 __all__ = [
     "DEFAULT_VERSIONS",
     "EngineTables",
+    "ENGINE_NAMES",
     "ENGINE_REPOS",
     "EngineConfigError",
     "apply_engine_config",
@@ -71,6 +72,8 @@ log = logging.getLogger(__name__)
 
 #: The engines the agent installs, and where their releases are published.
 ENGINE_REPOS = {"llama.cpp": "ggml-org/llama.cpp", "vllm": "vllm-project/vllm", "sglang": "sgl-project/sglang"}
+#: Their names in the order the API offers them (one enum, EngineNameEnum, in its schema).
+ENGINE_NAMES = tuple(sorted(ENGINE_REPOS))
 #: Engines that are Python environments built by uv on the node.
 PYTHON_ENGINES = frozenset({"vllm", "sglang"})
 #: Tools the nodes install with those engines, where they are published, and the version used.

@@ -92,7 +92,7 @@ class FabricTestsView(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="fabric_tests_list", responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         tests = FabricTest.objects.select_related("client", "server")[:50]
         return Response({"results": [perf.as_dict(t) for t in tests]})

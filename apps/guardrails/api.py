@@ -44,7 +44,7 @@ class PoliciesView(APIView):
 
     permission_classes = [IsStaffReader]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="guardrails_list", responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         return Response({"results": _counted(list(Policy.objects.all()))})
 

@@ -106,7 +106,7 @@ class MirrorView(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses=MirrorOverviewSerializer)
+    @extend_schema(operation_id="mirror_overview", responses=MirrorOverviewSerializer)
     def get(self, request: Request) -> Response:
         return Response(overview())
 

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from functools import cache
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 
 from apps.accounts.access import can_read_everything, public, requires
 from llmgw import readiness
 from llmgw.console.selectors import landing_counts
 
-__all__ = ["landing", "set_language"]
+__all__ = ["favicon", "landing", "set_language"]
+
+_FAVICON = Path(__file__).resolve().parent / "static" / "console" / "favicon.ico"
 
 
 @requires("signed_in", methods=["GET"])
@@ -43,4 +47,19 @@ def set_language(request: HttpRequest, code: str) -> HttpResponse:
     else:
         # An unknown code falls back to the site default rather than failing.
         response.delete_cookie(settings.LANGUAGE_COOKIE_NAME)
+    return response
+
+
+@cache
+def _favicon_bytes() -> bytes:
+    return _FAVICON.read_bytes()
+
+
+@public
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico, which browsers ask for on pages that name no icon (the admin's, Swagger's):
+    the console's icon, from the package itself so that it needs no collectstatic."""
+    response = HttpResponse(_favicon_bytes(), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
     return response

@@ -34,6 +34,7 @@ NOT_PAGES = {
     "connect-script",
     "install-script",
     "install-bundle",
+    "favicon",
     "oidc_authentication_init",
     "oidc_authentication_callback",
     "oidc_logout",
