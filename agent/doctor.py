@@ -33,13 +33,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from agent.config import AgentConfig
 from agent.install.verify import NOT_FOUND_RE, library_fix, parse_version
 from agent.main import parse_engine_version
 from agent.probes import nvidia, procfs, storage
+
+if TYPE_CHECKING:
+    from agent.probes.infiniband import SmInfo
 
 __all__ = [
     "FAIL",
@@ -981,9 +984,7 @@ def fabric_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
                 Check(name, FAIL, f"{state}, {rate}; no subnet manager answered", "check the fabric's subnet manager")
             )
         else:
-            checks.append(
-                Check(name, PASS, f"{state}, {rate}, master subnet manager {info.guid} (priority {info.priority})")
-            )
+            checks.append(Check(name, PASS, f"{state}, {rate}, master subnet manager {_master(info)}"))
     for port, found, expected in infiniband.expected_rate_mismatch(report.ports):
         checks.append(
             Check(
@@ -994,6 +995,12 @@ def fabric_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
             )
         )
     return checks
+
+
+def _master(info: SmInfo) -> str:
+    """The master as sminfo gave it: its GUID (or its LID and why the GUID is unknown) and priority."""
+    who = info.guid or f"at LID {info.lid} ({'; '.join(info.warnings) or 'GUID not given'})"
+    return who if info.priority is None else f"{who} (priority {info.priority})"
 
 
 def nvlink_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:

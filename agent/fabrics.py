@@ -122,6 +122,8 @@ class FabricWatcher:
                     break
             info = infiniband.parse_sminfo(result.stdout + "\n" + result.stderr)
             masters[_port_key(port)] = info.guid if info is not None and info.error is None else None
+            if info is not None:
+                warnings += [f"sminfo on {_port_key(port)}: {w}" for w in info.warnings[:5]]
         self._masters = masters
         managers = []
         asked: set[str] = set()

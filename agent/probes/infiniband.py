@@ -10,7 +10,8 @@ Sources of the formats (see ``shared/reference/fabrics-facility.md`` §2-§4):
   read for an empty slot; ``counters/*`` are decimal or ``N/A (no PMA)``.
 * ``sminfo`` (rdma-core ``infiniband-diags/sminfo.c``): one line
   ``sminfo: sm lid %d sm guid 0x%PRIx64, activity count %u priority %d state %d %s``, or
-  ``sminfo: iberror: failed: query`` when no SM answers.
+  ``sminfo: iberror: failed: query`` when no SM answers. A terminal may wrap the line (anywhere)
+  and a capture may mask the GUID: each field is read on its own, and what is missing is said.
 * ``saquery SMIR`` (rdma-core ``saquery.c`` ``dump_sm_info_record``): ``SMInfoRecord dump:``
   blocks of dotted ``Key.....value`` lines; SMState is a number.
 * perftest (``ib_write_bw`` and friends): a banner, then a result table whose columns are found
@@ -684,37 +685,78 @@ class SmInfo:
     state_name: str | None = None
     #: The ``iberror`` message (``"query"``) when sminfo failed; None on success.
     error: str | None = None
+    #: What the line did not say, or said unreadably (a masked or shortened GUID), in words.
+    warnings: list[str] = field(default_factory=list)
 
 
-_SMINFO_RE = re.compile(
-    r"sminfo:\s*sm lid\s+(?P<lid>\d{1,10})\s+sm guid\s+(?P<guid>0x[0-9A-Fa-f]{1,16})\s*,\s*"
-    r"activity count\s+(?P<act>\d{1,10})\s+priority\s+(?P<prio>\d{1,10})\s+state\s+(?P<state>\d{1,10})"
-    r"(?:\s+(?P<name>\S+))?"
-)
+# Each field of the sminfo line on its own, so that a line wrapped by a terminal (anywhere, even
+# inside a word) and joined again, or one with a field masked, still gives the rest.
+_SMINFO_START_RE = re.compile(r"sminfo:\s*sm\s*lid\s*(?P<lid>\d{1,10})(?!\d)")
+_SMINFO_GUID_RE = re.compile(r"sm\s*guid\s*(?P<guid>[^,]*?)\s*(?:,|activity|$)")
+_SMINFO_FIELD_RES = {
+    "activity count": re.compile(r"activity\s*count\s*(?P<v>\d{1,10})(?!\d)"),
+    "priority": re.compile(r"priority\s*(?P<v>\d{1,10})(?!\d)"),
+    "state": re.compile(r"state\s*(?P<v>\d{1,10})(?!\d)"),
+}
+_SMINFO_GUID_TEXT_RE = re.compile(r"0x[0-9A-Fa-f]{1,16}")
+_TOOL_LINE_RE = re.compile(r"\s*(?:sminfo:|ibwarn|iberror|\S+\.c:\d+)")
 _IBERROR_RE = re.compile(r"iberror:\s*(?:\[pid \d+\]\s*\S+:\s*)?failed:\s*(?P<msg>.*)$")
 
 
-def parse_sminfo(text: str) -> SmInfo | None:
-    """The ``sminfo`` line; an :class:`SmInfo` with only ``error`` set for
-    ``sminfo: iberror: failed: query`` (no SM answering); None for anything else."""
-    for raw in (text or "").lstrip("\ufeff").splitlines():
-        line = raw.strip()
-        m = _SMINFO_RE.search(line)
-        if m:
-            state = int(m.group("state"))
-            return SmInfo(
-                lid=int(m.group("lid")),
-                guid=normalise_guid(m.group("guid")),
-                activity_count=int(m.group("act")),
-                priority=int(m.group("prio")),
-                state=state,
-                state_name=SMINFO_STATES.get(state),  # sminfo prints "???" out of range
-            )
-    for raw in (text or "").lstrip("\ufeff").splitlines():
-        m = _IBERROR_RE.search(raw.strip())
-        if m:
-            return SmInfo(error=m.group("msg").strip() or "failed")
+def _sminfo_line(text: str) -> str | None:
+    """The sminfo line with the lines a terminal wrapped it onto joined back (no separator: a
+    wrap can fall inside a number), or None when there is none."""
+    lines = (text or "").lstrip("\ufeff").splitlines()
+    for index, raw in enumerate(lines):
+        m = _SMINFO_START_RE.search(raw)
+        if m is None:
+            continue
+        parts = [raw[m.start() :].rstrip("\r")]
+        for more in lines[index + 1 :]:
+            if not more.strip() or _TOOL_LINE_RE.match(more):
+                break
+            parts.append(more.strip())
+        return "".join(parts)
     return None
+
+
+def parse_sminfo(text: str) -> SmInfo | None:
+    """The ``sminfo`` line, also wrapped over several lines or with a field masked: what it says,
+    and in ``warnings`` what it does not; an :class:`SmInfo` with only ``error`` set for
+    ``sminfo: iberror: failed: query`` (no SM answering); None for anything else."""
+    line = _sminfo_line(text)
+    if line is None:
+        for raw in (text or "").lstrip("\ufeff").splitlines():
+            m = _IBERROR_RE.search(raw.strip())
+            if m:
+                return SmInfo(error=m.group("msg").strip() or "failed")
+        return None
+    start = _SMINFO_START_RE.match(line)
+    info = SmInfo(lid=int(start.group("lid")) if start else None)
+    _sminfo_guid(info, line)
+    values: dict[str, int | None] = {}
+    for name, pattern in _SMINFO_FIELD_RES.items():
+        m = pattern.search(line)
+        values[name] = int(m.group("v")) if m else None
+        if m is None:
+            info.warnings.append(f"sminfo did not give the subnet manager's {name}")
+    info.activity_count, info.priority, info.state = values["activity count"], values["priority"], values["state"]
+    if info.state is not None:
+        info.state_name = SMINFO_STATES.get(info.state)  # sminfo prints "???" out of range
+    return info
+
+
+def _sminfo_guid(info: SmInfo, line: str) -> None:
+    m = _SMINFO_GUID_RE.search(line)
+    if m is None:
+        info.warnings.append("sminfo did not give the subnet manager's GUID")
+        return
+    token = m.group("guid").strip()
+    if _SMINFO_GUID_TEXT_RE.fullmatch(token):
+        info.guid = normalise_guid(token)
+    else:
+        shown = token if len(token) <= 40 else token[:39] + "…"
+        info.warnings.append(f"the subnet manager's GUID is masked or cut short ({shown!r}), so it is unknown")
 
 
 @dataclass

@@ -36,3 +36,20 @@ def test_without_sminfo_the_ports_are_listed_and_the_fix_named(tmp_path: Path) -
 
 def test_a_node_without_adapters_has_no_fabric_checks(tmp_path: Path) -> None:
     assert fabric_checks(config(tmp_path, "cpu")) == []  # type: ignore[arg-type]
+
+
+def test_a_master_whose_guid_sminfo_masks_is_named_by_its_lid_and_why(tmp_path: Path) -> None:
+    # The line wrapped by the terminal it was captured from, inside a number, and its GUID masked.
+    tool = tmp_path / "sminfo"
+    tool.write_text(
+        "#!/bin/sh\n"
+        'printf "sminfo: sm lid 1 sm guid 0xXXXXXXXXXXXXXXXX, activity count 41\\n'
+        '234 priority 14 state 3 SMINFO_MA\\nSTER\\n"\n'
+    )
+    tool.chmod(0o755)
+    checks = {c.name: c for c in fabric_checks(config(tmp_path, "h100-ib", sminfo=str(tool)))}  # type: ignore[arg-type]
+    assert checks["port mlx5_0/1"].status == PASS
+    assert (
+        "master subnet manager at LID 1 (the subnet manager's GUID is masked or cut short "
+        "('0xXXXXXXXXXXXXXXXX'), so it is unknown) (priority 14)"
+    ) in checks["port mlx5_0/1"].detail

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixturefiles import fixture_files, fixture_text, read_text
@@ -423,6 +424,55 @@ def test_sminfo_round_trip(lid: int, guid: int, act: int, prio: int, state: int)
         prio,
         state,
     )
+
+
+MASTER_LINE = sminfo_line(1, 0x248A0703005A52B2, 170277, 15, 3)
+MASTER = (1, "0x248a0703005a52b2", 170277, 15, 3, "SMINFO_MASTER")
+
+
+def figures(info: Any) -> tuple[Any, ...]:
+    return (info.lid, info.guid, info.activity_count, info.priority, info.state, info.state_name)
+
+
+def test_sminfo_wrapped_anywhere_by_a_terminal_reads_as_one_line() -> None:
+    line = MASTER_LINE.rstrip("\n")
+    start = len("sminfo: sm lid 1")
+    for cut in range(start, len(line)):
+        for newline in ("\n", "\r\n"):
+            wrapped = parse_sminfo(line[:cut] + newline + line[cut:] + newline)
+            assert wrapped is not None and figures(wrapped) == MASTER, cut
+            assert wrapped.warnings == []
+        if line[cut] == " ":  # fold -s: the space becomes the line break
+            folded = parse_sminfo(line[:cut] + "\n" + line[cut + 1 :] + "\n")
+            assert folded is not None and figures(folded) == MASTER, cut
+    # Over three lines, the continuation indented, with a tool's message after it.
+    three = (
+        "sminfo: sm lid 1 sm guid 0x248a0703005a52b2,\n   activity count 170277\n  priority 15 state 3 SMINFO_MASTER\n"
+    )
+    info = parse_sminfo(three + "ibwarn: [12] mad_rpc: _do_madrpc failed; dport (DR path slid 0; dlid 0; 0)\n")
+    assert info is not None and figures(info) == MASTER and info.warnings == []
+
+
+@pytest.mark.parametrize("guid", ["0xXXXXXXXXXXXXXXXX", "0x248a07…52b2", "0x248a07...52b2", "<masked>", "********"])
+def test_sminfo_with_a_masked_or_shortened_guid_gives_the_rest_and_says_the_guid_is_unknown(guid: str) -> None:
+    info = parse_sminfo(MASTER_LINE.replace("0x248a0703005a52b2", guid))
+    assert info is not None
+    assert figures(info) == (1, None, 170277, 15, 3, "SMINFO_MASTER")
+    assert info.error is None
+    assert len(info.warnings) == 1 and "masked or cut short" in info.warnings[0] and guid[:6] in info.warnings[0]
+
+
+def test_sminfo_cut_short_says_what_it_did_not_give() -> None:
+    info = parse_sminfo("sminfo: sm lid 7 sm guid 0x2c903000a1b2, activity cou")
+    assert info is not None
+    assert figures(info) == (7, "0x00002c903000a1b2", None, None, None, None)
+    assert info.warnings == [
+        "sminfo did not give the subnet manager's activity count",
+        "sminfo did not give the subnet manager's priority",
+        "sminfo did not give the subnet manager's state",
+    ]
+    bare = parse_sminfo("sminfo: sm lid 7\n")
+    assert bare is not None and bare.lid == 7 and "sminfo did not give the subnet manager's GUID" in bare.warnings
 
 
 # --------------------------------------------------------------------------- saquery SMIR
