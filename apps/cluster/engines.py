@@ -579,6 +579,7 @@ def fetch_release(engine: str, version: str) -> EngineRelease:
     if settings.ENGINE_RELEASES_TOKEN:
         headers["Authorization"] = f"Bearer {settings.ENGINE_RELEASES_TOKEN}"
     release, _created = EngineRelease.objects.get_or_create(engine=engine, version=version)
+    before = _read_state(release)
     release.tried_at = timezone.now()
     try:
         with _opener().open(urllib.request.Request(url, headers=headers), timeout=FETCH_TIMEOUT_S) as answer:
@@ -603,9 +604,31 @@ def fetch_release(engine: str, version: str) -> EngineRelease:
         release.error = ""
         release.unreachable = False
     release.save()
-    if release.error:
-        log.warning("engine release %s %s: %s", engine, version, release.error)
+    _say_change(release, before)
     return release
+
+
+def _read_state(release: EngineRelease) -> str:
+    """What the release's last read came to: "" (read, or never tried), "unreachable" (whatever the
+    network said this time), or the answer's error."""
+    return "unreachable" if release.unreachable else release.error
+
+
+def _say_change(release: EngineRelease, before: str) -> None:
+    """Log a read that failed once, not at every retry: a line when the state changes (read ->
+    failed, unreachable -> refused, failed -> read), nothing while it stays the same."""
+    if _read_state(release) == before:
+        return
+    if release.error:
+        log.warning(
+            "engine release %s %s: %s (tried again every %d minutes; logged again only when this changes)",
+            release.engine,
+            release.version,
+            release.error,
+            RETRY_FAILED_AFTER_S // 60,
+        )
+    else:
+        log.info("engine release %s %s: read (it had failed: %s)", release.engine, release.version, before)
 
 
 # What the agent's schema takes of an asset (agent.protocol's DESIRED_ENGINE): a listing that

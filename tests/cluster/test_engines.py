@@ -138,6 +138,41 @@ def test_releases_are_read_once_from_the_releases_api_and_sent_to_the_nodes(sett
     assert desired_message(node, 4)["engines"][0]["assets"][0]["urls"][0] == f"/api/v1/engine-files/{archive.name}"
 
 
+def test_an_unreachable_releases_api_is_logged_once_and_again_only_when_that_changes(
+    settings: Any, tmp_path: Path, caplog: Any
+) -> None:
+    """The worker retries a failed read every ten minutes: offline, that was a warning every ten
+    minutes for ever. It is said when the state changes (read, unreachable, refused), not per retry."""
+    archive = tmp_path / "llama-b7-bin-ubuntu-x64.tar.gz"
+    archive.write_bytes(b"not really an archive")
+
+    def said() -> list[tuple[str, str]]:
+        lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == engines.log.name]
+        caplog.clear()
+        return lines
+
+    caplog.set_level("INFO", logger=engines.log.name)
+    for _retry in range(3):  # offline: three retries, one line
+        engines.fetch_release("llama.cpp", "b7")
+    ((level, text),) = said()
+    assert level == "WARNING" and "engine release llama.cpp b7: cannot reach http://127.0.0.1:9/" in text
+    assert "tried again every 10 minutes; logged again only when this changes" in text
+    with ReleaseServer() as github:
+        settings.ENGINE_RELEASES_API = github.url
+        engines.fetch_release("llama.cpp", "b7")  # reachable now, but no such release: a new state
+        engines.fetch_release("llama.cpp", "b7")
+        ((level, text),) = said()
+        assert level == "WARNING" and "HTTP 404" in text
+        github.add("b7", archive)
+        engines.fetch_release("llama.cpp", "b7")
+        ((level, text),) = said()
+        assert level == "INFO" and text.startswith("engine release llama.cpp b7: read (it had failed: HTTP 404")
+    settings.ENGINE_RELEASES_API = "http://127.0.0.1:9"
+    engines.fetch_release("llama.cpp", "b7")
+    engines.fetch_release("llama.cpp", "b7")
+    assert [level for level, _text in said()] == ["WARNING"]
+
+
 def test_a_hostile_release_listing_never_spoils_what_nodes_are_sent(settings: Any, tmp_path: Path) -> None:
     archive = tmp_path / "llama-b7-bin-ubuntu-x64.tar.gz"
     archive.write_bytes(b"not really an archive")
@@ -204,6 +239,7 @@ def test_the_releases_api_is_not_followed_to_the_control_plane_and_keeps_its_tok
     control.start()
     try:
         with ReleaseServer() as github:
+
             def moved(handler: Any) -> None:
                 handler.send_response(302)
                 handler.send_header("Location", f"{control.base}/metrics")
