@@ -13,6 +13,10 @@ symlinks included (agent/safepath.py, as the control plane checks what a Hub nam
 from the control plane is followed only where agent/install/redirects.py allows.
 Files that pass are remembered (`mirror.json` in the state directory, by path, size and mtime) so
 a file is hashed once, not at every desired message.
+
+What the node makes of each version it was told to keep (`report()`: held, fetching, refused or
+failed, with the reason) goes to the control plane with every heartbeat, so that placement does
+not put a replica on a node that refused to fetch its weights, and says why.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from typing import Any
 from agent.install.resumable import FetchFailed, download
 from agent.safepath import UnsafePath, inside, is_inside
 
-__all__ = ["MirrorSync"]
+__all__ = ["MESSAGE_MAX", "MirrorSync"]
 
 log = logging.getLogger("llmgw.agent.mirror")
 STATE = "mirror.json"
+MESSAGE_MAX = 2000  # characters of a version's reason kept and reported (one failure per file could be many)
 
 
 @dataclass
@@ -45,7 +50,9 @@ class MirrorSync:
     def __post_init__(self) -> None:
         self.path = Path(self.state_dir) / STATE
         self.verified: dict[str, dict[str, Any]] = self._load()
-        self.status: dict[str, str] = {}
+        # Version -> (state, reason): held, fetching (the file), refused or failed (why); report() sends it.
+        self.states: dict[str, tuple[str, str]] = {}
+        self.dirs: dict[str, str] = {}  # version -> the directory it is kept in
         self.running: asyncio.Task[None] | None = None
         self.wanted: list[Mapping[str, Any]] = []
 
@@ -93,13 +100,55 @@ class MirrorSync:
             if items is self.wanted:
                 return
 
+    @property
+    def status(self) -> dict[str, str]:
+        """Version -> its state in words: "held", "fetching FILE", "refused: why", "failed: why"."""
+        out = {}
+        for key, (state, message) in dict(self.states).items():
+            out[key] = state if not message else f"fetching {message}" if state == "fetching" else f"{state}: {message}"
+        return out
+
+    def report(self) -> list[dict[str, Any]]:
+        """Each version the control plane asked for last: its directory, its state (held,
+        fetching, refused, failed) and, but for held, the file being fetched or the reason.
+        Called on the event loop while a pass may run in its thread: it reads copies."""
+        dirs = dict(self.dirs)
+        out = []
+        for key, (state, message) in sorted(dict(self.states).items()):
+            entry: dict[str, Any] = {
+                "version": int(key) if key.isdigit() else 0,
+                "dir": dirs.get(key, ""),
+                "state": state,
+            }
+            if message:
+                entry["message"] = message
+            out.append(entry)
+        return out
+
+    def _set(self, key: str, state: str, message: str = "") -> bool:
+        """Record a version's state; whether it changed (a refusal is logged once, not at every pass)."""
+        new = (state, message[:MESSAGE_MAX])
+        changed = self.states.get(key) != new
+        self.states[key] = new
+        return changed
+
     def converge_sync(self, items: Sequence[Mapping[str, Any]]) -> None:
+        keys = {str(item.get("version")) for item in items}
+        for gone in set(self.states) - keys:  # no longer asked for: nothing to say of it
+            self.states.pop(gone, None)
+            self.dirs.pop(gone, None)
         for item in items:
             directory = Path(str(item.get("dir") or ""))
             key = str(item.get("version"))
+            self.dirs[key] = str(directory)
             if not directory.is_absolute() or not self._allowed(directory):
-                self.status[key] = f"refused: {directory} is not inside this node's model_dirs"
-                log.warning("mirror version %s: %s", key, self.status[key])
+                where = ", ".join(str(d) for d in self.model_dirs) or "none"
+                reason = (
+                    f"{directory} is not inside this node's model_dirs ({where}); add it to model_dirs in the "
+                    "node's agent.yaml, or set LLMGW_MIRROR_NODE_DIR on the control plane to a directory inside them"
+                )
+                if self._set(key, "refused", reason):
+                    log.warning("mirror version %s: refused: %s", key, reason)
                 continue
             failures = []
             for file in item.get("files") or []:
@@ -113,7 +162,7 @@ class MirrorSync:
                 if self._known_good(target, size, sha256):
                     continue
                 url, headers = self.address(str(file.get("url") or ""))
-                self.status[key] = f"fetching {relative}"
+                self._set(key, "fetching", relative)
                 log.info("mirror: fetching %s into %s", relative, directory)
                 try:
                     download(
@@ -133,4 +182,7 @@ class MirrorSync:
                 self.verified[str(target)] = {"sha256": sha256, "size": stat.st_size, "mtime": stat.st_mtime}
                 with contextlib.suppress(OSError):
                     self._save()
-            self.status[key] = ("failed: " + "; ".join(failures)) if failures else "held"
+            if failures:
+                self._set(key, "failed", "; ".join(failures))
+            else:
+                self._set(key, "held")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agent.mirror import MirrorSync
+from agent.mirror import MESSAGE_MAX, MirrorSync
 from tests.localhttp import LocalHTTP
 from tests.mirror.ggufbytes import RangeServer
 
@@ -36,6 +36,7 @@ def test_a_file_is_fetched_verified_and_not_hashed_again(tmp_path: Path) -> None
         wanted = item(tmp_path, data)
         mirror.converge_sync([wanted])
         assert mirror.status["7"] == "held"
+        assert mirror.report() == [{"version": 7, "dir": wanted["dir"], "state": "held"}]
         target = Path(wanted["dir"]) / "m.gguf"
         assert target.read_bytes() == data
         before = len(server.requests)
@@ -59,7 +60,17 @@ def test_a_directory_outside_model_dirs_and_a_path_that_leaves_are_refused(tmp_p
     with RangeServer(tmp_path) as server:
         mirror = sync(tmp_path, server)
         mirror.converge_sync([item(tmp_path, b"x", folder=tmp_path / "elsewhere")])
-        assert mirror.status["7"] == f"refused: {tmp_path / 'elsewhere'} is not inside this node's model_dirs"
+        assert mirror.status["7"].startswith(
+            f"refused: {tmp_path / 'elsewhere'} is not inside this node's model_dirs ({tmp_path / 'models'}); "
+        )
+        assert mirror.report() == [
+            {
+                "version": 7,
+                "dir": str(tmp_path / "elsewhere"),
+                "state": "refused",
+                "message": mirror.status["7"].removeprefix("refused: "),
+            }
+        ]
         mirror.converge_sync([item(tmp_path, b"x", path="../../escape.gguf")])
         assert mirror.status["7"].startswith("failed: '../../escape.gguf': not a path inside the version")
         assert server.requests == []
@@ -103,3 +114,14 @@ def test_a_redirect_from_the_control_plane_to_a_link_local_address_is_not_follow
     finally:
         server.stop()
     assert "is a link-local address (169.254.169.254)" in mirror.status["7"], mirror.status["7"]
+
+
+def test_a_version_no_longer_asked_for_is_no_longer_reported_and_a_long_reason_is_cut(tmp_path: Path) -> None:
+    with RangeServer(tmp_path) as server:
+        mirror = sync(tmp_path, server)
+        files = [{"path": f"../{index:04d}-" + "x" * 150, "url": "x"} for index in range(40)]
+        mirror.converge_sync([{"version": 7, "dir": str(tmp_path / "models" / "v"), "files": files}])
+        (entry,) = mirror.report()
+        assert entry["state"] == "failed" and len(entry["message"]) == MESSAGE_MAX
+        mirror.converge_sync([])
+        assert mirror.report() == []
