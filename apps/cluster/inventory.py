@@ -17,6 +17,7 @@ __all__ = [
     "CLAIMING_STATES",
     "RUNNING_FIELDS",
     "build_inventory",
+    "fetch_states",
     "held_weights",
     "profile_spec",
     "replica_request",
@@ -67,7 +68,7 @@ def _snapshot(node: Node) -> NodeSnapshot:
         for g in node.gpus.all()
     ]
     engines = node.hardware.get("engines")
-    weights, weight_dirs = held_weights(node)
+    weights, weight_dirs, partial = held_weights(node)
     return NodeSnapshot(
         id=node.pk,
         name=node.name,
@@ -85,19 +86,26 @@ def _snapshot(node: Node) -> NodeSnapshot:
         fabric=None,
         weights=weights,
         weight_dirs=weight_dirs,
+        partial_dirs=partial,
+        fetches=fetch_states(node),
         extra={"status": node.live_status},
     )
 
 
-def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None]:
-    """The model sources the node holds whole (paths on it), and the directories it reports them for
-    (None when it reports none). Older agents named the entries relative to their directories."""
+def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None, frozenset[str]]:
+    """The model sources the node holds whole (paths on it), the directories it reports them for
+    (None when it reports none), and those of them whose scan stopped at its bounds (a source in
+    one may be there unlisted). Older agents named the entries relative to their directories."""
     pools = (node.sample or {}).get("storage") or []
     held: set[str] = set()
     dirs: set[str] = set()
+    partial: set[str] = set()
     for pool in pools:
+        if not isinstance(pool, dict):
+            continue
         directories = [d for d in pool.get("directories") or [] if isinstance(d, str)]
         dirs.update(directories)
+        partial.update(d for d in pool.get("partial") or [] if isinstance(d, str))
         for entry in pool.get("weights") or []:
             if not isinstance(entry, str):
                 continue
@@ -105,7 +113,23 @@ def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None]:
                 held.add(entry)
             else:
                 held.update(f"{d.rstrip('/')}/{entry}" for d in directories)
-    return frozenset(held), (frozenset(dirs) if dirs else None)
+    return frozenset(held), (frozenset(dirs) if dirs else None), frozenset(partial)
+
+
+FETCH_STATES = ("held", "fetching", "refused", "failed")
+
+
+def fetch_states(node: Node) -> dict[str, tuple[str, str]]:
+    """What the node said with its last heartbeat of the weights it was told to fetch (the
+    mirror's versions): directory -> (state, reason). Entries it did not say clearly are left out."""
+    out: dict[str, tuple[str, str]] = {}
+    for entry in (node.sample or {}).get("mirror") or []:
+        if not isinstance(entry, dict):
+            continue
+        directory, state = entry.get("dir"), entry.get("state")
+        if isinstance(directory, str) and directory.startswith("/") and state in FETCH_STATES:
+            out[directory.rstrip("/")] = (str(state), str(entry.get("message") or ""))
+    return out
 
 
 def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:

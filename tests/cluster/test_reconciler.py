@@ -562,3 +562,43 @@ def test_a_local_source_a_node_does_not_hold_is_a_refusal_naming_the_path() -> N
     replica = Replica.objects.get()
     assert replica.state == ReplicaState.PENDING
     assert "/models/cpu-model is not on node n3" in [r["message"] for r in replica.rejections]
+
+
+@pytest.mark.django_db
+def test_a_replica_is_not_placed_on_a_node_that_refused_to_fetch_its_weights_and_the_refusal_says_why() -> None:
+    """The agent's word on each mirror version it was told to keep comes with its heartbeat: a
+    version it refused (outside its model_dirs, which it then reports no weights for) keeps the
+    replica pending with the agent's reason, where before it was placed and crash-looped."""
+    node = make_node("vm", gpus=0)
+    _holds(node, "/home/me/llmgw/var/models")
+    folder = "/var/lib/llmgw/models/mirror/acme--tiny-GGUF/" + "c" * 40
+    reason = f"{folder} is not inside this node's model_dirs (/home/me/llmgw/var/models)"
+    sample = Node.objects.get(pk=node.pk).sample
+    sample["mirror"] = [{"version": 3, "dir": folder, "state": "refused", "message": reason}]
+    Node.objects.filter(pk=node.pk).update(sample=sample)
+    model = make_model("tiny", replicas=1, memory_gb=1, cores=1, engine="llama.cpp")
+    Model.objects.filter(pk=model.pk).update(source=folder + "/tiny-F32.gguf")
+    reconcile()
+    replica = Replica.objects.get()
+    assert replica.state == ReplicaState.PENDING
+    assert f"node vm refused to fetch {folder}/tiny-F32.gguf: {reason}" in [r["message"] for r in replica.rejections]
+
+    # Once it holds the file (its directory is then inside model_dirs), the replica is placed.
+    _holds(Node.objects.get(pk=node.pk), "/var/lib/llmgw/models", folder + "/tiny-F32.gguf")
+    sample = Node.objects.get(pk=node.pk).sample
+    sample["mirror"] = [{"version": 3, "dir": folder, "state": "held"}]
+    Node.objects.filter(pk=node.pk).update(sample=sample)
+    reconcile()
+    assert Replica.objects.get().shards.get().node_id == node.pk
+
+
+@pytest.mark.django_db
+def test_a_source_in_a_model_directory_whose_scan_stopped_short_is_unknown_not_refused() -> None:
+    node = make_node("vm", gpus=0)
+    _holds(node, "/models", "/models/other.gguf")
+    sample = Node.objects.get(pk=node.pk).sample
+    sample["storage"][0]["partial"] = ["/models"]
+    Node.objects.filter(pk=node.pk).update(sample=sample)
+    make_model("cpu-model", replicas=1, memory_gb=1, cores=1, engine="llama.cpp")
+    reconcile()
+    assert Replica.objects.get().shards.get().node_id == node.pk

@@ -13,6 +13,9 @@ from apps.cluster.placement import (
     Inventory,
     NodeSnapshot,
     ProfileSpec,
+    Registry,
+    ReplicaRequest,
+    explain,
     place,
 )
 
@@ -237,3 +240,53 @@ def test_placement_imports_no_django() -> None:
                 path.name,
                 names,
             )
+
+
+MIRROR = "/data/models/mirror/acme--tiny-GGUF/" + "c" * 40
+SOURCE = MIRROR + "/tiny-F32.gguf"
+
+
+def _weights_reasons(node: NodeSnapshot, registry: Registry | None = None) -> list[str]:
+    profile = cpu_profile(cores=1)
+    request = ReplicaRequest(model="tiny", profiles=[profile], source=SOURCE)
+    [verdict] = explain(Inventory({1: node}), request, registry=registry)
+    return [r.message for r in verdict.nodes[0].reasons]
+
+
+def test_a_node_that_refused_or_failed_to_fetch_the_weights_is_refused_with_its_reason() -> None:
+    """The node's own word on the mirror's version wins over the directories it reports: one that
+    refused the fetch (its model_dirs do not hold the directory) reports no weight dirs there."""
+    refused = cpu_node(1, "vm", weight_dirs=frozenset({"/srv/models"}), fetches={MIRROR: ("refused", "outside")})
+    assert _weights_reasons(refused) == [f"node vm refused to fetch {SOURCE}: outside"]
+    failed = cpu_node(1, "vm", weight_dirs=frozenset({"/data/models"}), fetches={MIRROR: ("failed", "digest")})
+    assert _weights_reasons(failed) == [f"node vm could not fetch {SOURCE}: digest"]
+    fetching = cpu_node(
+        1, "vm", weight_dirs=frozenset({"/data/models"}), fetches={MIRROR: ("fetching", "tiny-F32.gguf")}
+    )
+    assert _weights_reasons(fetching) == [f"{SOURCE} is not on node vm yet: it is fetching tiny-F32.gguf"]
+    missing = cpu_node(1, "vm", weight_dirs=frozenset({"/data/models"}))
+    assert _weights_reasons(missing) == [f"{SOURCE} is not on node vm"]
+    held = cpu_node(1, "vm", weight_dirs=frozenset({"/data/models"}), weights=frozenset({SOURCE}))
+    assert _weights_reasons(held) == []
+    # A directory whose scan stopped at its bound says nothing of what it did not look at.
+    partial = cpu_node(1, "vm", weight_dirs=frozenset({"/data/models"}), partial_dirs=frozenset({"/data/models"}))
+    assert _weights_reasons(partial) == []
+    # Unknown is not refused: a node that reports no model directories, and no word on the fetch.
+    assert _weights_reasons(cpu_node(1, "vm")) == []
+
+
+def test_before_a_node_is_told_to_fetch_only_a_source_outside_its_model_dirs_is_refused() -> None:
+    from apps.cluster.placement import REGISTRY
+    from apps.cluster.placement.filters import weights_can_arrive
+
+    registry = REGISTRY.copy()
+    registry.register_filter(weights_can_arrive, name="weights", order=75)
+    inside = cpu_node(1, "vm", weight_dirs=frozenset({"/data/models"}))
+    assert _weights_reasons(inside, registry) == []  # it will fetch it
+    outside = cpu_node(1, "vm", weight_dirs=frozenset({"/srv/a", "/srv/b"}))
+    assert _weights_reasons(outside, registry) == [
+        f"node vm would refuse to fetch {SOURCE}: it keeps models only in /srv/a, /srv/b (its agent.yaml's model_dirs)"
+    ]
+    refused = cpu_node(1, "vm", weight_dirs=frozenset({"/data/models"}), fetches={MIRROR: ("refused", "why")})
+    assert _weights_reasons(refused, registry) == [f"node vm refused to fetch {SOURCE}: why"]
+    assert _weights_reasons(cpu_node(1, "vm"), registry) == []

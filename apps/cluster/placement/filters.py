@@ -26,16 +26,49 @@ def not_cordoned(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     return reasons.cordoned(node.name, node.cordon_reason or "no reason given")
 
 
+def _inside(path: str, directory: str) -> bool:
+    return path.startswith(directory.rstrip("/") + "/")
+
+
+def _fetch_of(node: NodeSnapshot, source: str) -> tuple[str, str] | None:
+    """What the node says of fetching the weights a source is in: (state, reason), or None."""
+    return next((state for directory, state in node.fetches.items() if _inside(source, directory)), None)
+
+
 def weights_on_node(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
-    """A source inside a directory the node reports its weights for must be held there whole: an
-    engine started on a file that is not there (or half there) fails, the node having said so."""
+    """A source the node refused or failed to fetch is not placed there, with the node's reason; a
+    source inside a directory the node reports its weights for must be held there whole: an engine
+    started on a file that is not there (or half there) fails, the node having said so."""
     source = ctx.request.source
-    dirs = node.weight_dirs
-    if not dirs or source in node.weights:
+    if source in node.weights:
         return None
-    for directory in dirs:
-        if source.startswith(directory.rstrip("/") + "/"):
-            return reasons.source_missing(node.name, source)
+    fetch = _fetch_of(node, source) if node.fetches else None
+    if fetch is not None and fetch[0] == "refused":
+        return reasons.weights_refused(node.name, source, fetch[1])
+    if fetch is not None and fetch[0] == "failed":
+        return reasons.weights_failed(node.name, source, fetch[1])
+    partial = node.partial_dirs
+    if any(_inside(source, directory) for directory in node.weight_dirs or () if directory not in partial):
+        if fetch is not None and fetch[0] == "fetching":
+            return reasons.weights_fetching(node.name, source, fetch[1])
+        return reasons.source_missing(node.name, source)
+    return None
+
+
+def weights_can_arrive(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """For a source the node has yet to be told to fetch (a model about to be declared from the
+    mirror): refused where the node already refused or failed it, or where it reports the
+    directories it keeps models in and the source is inside none of them (its agent would refuse
+    the fetch). A node that reports none stays usable."""
+    source = ctx.request.source
+    if source in node.weights:
+        return None
+    fetch = _fetch_of(node, source) if node.fetches else None
+    if fetch is not None and fetch[0] in ("refused", "failed"):
+        return weights_on_node(ctx, node)
+    dirs = node.weight_dirs
+    if dirs and not any(_inside(source, directory) for directory in dirs):
+        return reasons.weights_outside(node.name, source, reasons.listing(dirs))
     return None
 
 

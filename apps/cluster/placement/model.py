@@ -52,6 +52,12 @@ class NodeSnapshot:
     # The directories it reports what it holds for: a source inside one and not held there is not on
     # the node. None: it reports none (an older agent, no model_dirs), so nothing is refused for it.
     weight_dirs: frozenset[str] | None = None
+    # Those of weight_dirs whose scan stopped at its bounds (a huge tree): a source in one of them
+    # and no other that is not listed held may still be there (unknown, not refused).
+    partial_dirs: frozenset[str] = frozenset()
+    # What the node says of the weights it was told to fetch (the mirror), by the directory they go
+    # to: (state, reason), state one of "held", "fetching" (the reason: the file), "refused", "failed".
+    fetches: dict[str, tuple[str, str]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # contributed by other apps' snapshot fields
     status: str = ""  # why it is not ready, in words, for the reason shown
 

@@ -70,6 +70,41 @@ def source_missing(node: str, source: str) -> Reason:
     )
 
 
+def weights_refused(node: str, source: str, reason: str) -> Reason:
+    return Reason(
+        "weights_refused",
+        gettext_noop("node %(node)s refused to fetch %(source)s: %(reason)s"),
+        {"node": node, "source": source, "reason": reason},
+    )
+
+
+def weights_failed(node: str, source: str, reason: str) -> Reason:
+    return Reason(
+        "weights_failed",
+        gettext_noop("node %(node)s could not fetch %(source)s: %(reason)s"),
+        {"node": node, "source": source, "reason": reason},
+    )
+
+
+def weights_fetching(node: str, source: str, file: str) -> Reason:
+    return Reason(
+        "weights_fetching",
+        gettext_noop("%(source)s is not on node %(node)s yet: it is fetching %(file)s"),
+        {"node": node, "source": source, "file": file},
+    )
+
+
+def weights_outside(node: str, source: str, dirs: str) -> Reason:
+    return Reason(
+        "weights_outside",
+        gettext_noop(
+            "node %(node)s would refuse to fetch %(source)s: it keeps models only in %(dirs)s "
+            "(its agent.yaml's model_dirs)"
+        ),
+        {"node": node, "source": source, "dirs": dirs},
+    )
+
+
 def cordoned(node: str, reason: str) -> Reason:
     return Reason("cordoned", gettext_noop("node %(node)s is cordoned: %(reason)s"), {"node": node, "reason": reason})
 
