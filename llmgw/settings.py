@@ -313,8 +313,10 @@ MIRROR_RESERVE_GB = env_float("LLMGW_MIRROR_RESERVE_GB", 5.0, minimum=0.0, maxim
 # at this size against free space, and refused past it.
 MIRROR_UNSIZED_MAX_MB = env_int("LLMGW_MIRROR_UNSIZED_MAX_MB", 64, minimum=1, maximum=1_000_000)
 # Where nodes keep what they fetch from the mirror (the same path on every node, inside one of
-# their model_dirs): a model served from the mirror names its file there as its source.
-MIRROR_NODE_DIR = (env_str("LLMGW_MIRROR_NODE_DIR") or "/var/lib/llmgw/models/mirror").rstrip("/")
+# their model_dirs): a model served from the mirror names its file there as its source. By default
+# <data dir>/models/mirror: /var/lib/llmgw/models/mirror with the packaged LLMGW_DATA_DIR, and inside
+# the model directory of `llmgw up`'s own agent (<data dir>/models) on a single machine.
+MIRROR_NODE_DIR = (env_str("LLMGW_MIRROR_NODE_DIR") or str(DATA_DIR / "models" / "mirror")).rstrip("/")
 # vLLM and SGLang environments: the CUDA build the nodes' package index publishes (PyPI's vLLM is
 # built for CUDA 12.9), where torch comes from for a release's other builds ({variant}: cu130),
 # and the free space a node needs while it installs one.

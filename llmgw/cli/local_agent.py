@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-__all__ = ["find_llama_server", "local_agent_config"]
+__all__ = ["find_llama_server", "local_agent_config", "model_dirs"]
 
 
 def find_llama_server() -> str | None:
@@ -28,9 +28,22 @@ def find_llama_server() -> str | None:
     return None
 
 
+def model_dirs(data_dir: Path) -> list[str]:
+    """Where this machine's own agent keeps models: `<data_dir>/models`, and the mirror's node
+    directory (LLMGW_MIRROR_NODE_DIR) when it was set outside that, so that a model served from the
+    mirror is fetched here rather than refused."""
+    models = data_dir / "models"
+    dirs = [str(models)]
+    mirror = Path(settings.MIRROR_NODE_DIR)
+    if mirror.is_absolute() and not mirror.is_relative_to(models):
+        dirs.append(str(mirror))
+    return dirs
+
+
 def local_agent_config(data_dir: Path, base_url: str) -> Path:
     """Write the agent.yaml (and credential) of this machine's own agent, once: enrolled without
-    a token, looking for weights in `<data_dir>/models`."""
+    a token, looking for weights in `<data_dir>/models` (which holds the mirror's node directory,
+    `<data_dir>/models/mirror`, unless LLMGW_MIRROR_NODE_DIR names another: then that too)."""
     import yaml
 
     from apps.cluster.services import authenticate_node, issue_credential, validate_node_name
@@ -48,7 +61,7 @@ def local_agent_config(data_dir: Path, base_url: str) -> Path:
     config: dict[str, Any] = {
         "server": base_url,
         "state_dir": str(folder),
-        "model_dirs": [str(data_dir / "models")],
+        "model_dirs": model_dirs(data_dir),
         "labels": {},
     }
     engine = find_llama_server()
