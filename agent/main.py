@@ -411,6 +411,9 @@ class Agent:
                     if item["shard"] in figures:
                         item["engine"] = figures[item["shard"]]
                 sample["shards"] = usage
+            mirror = self.mirror.report()  # what it makes of each mirror version it was told to keep
+            if mirror:
+                sample["mirror"] = mirror
             await ws.send(protocol.encode("heartbeat", {"sample": sample}))
             fabrics = self.sampler.fabrics.due()
             if fabrics is not None:

@@ -262,6 +262,8 @@ STORAGE = obj(
         "directories": array(string(4096), 256),
         "weights": nullable(array(string(4096), 4096)),
         "held": nullable(array(obj({"path": string(4096)}, {"bytes": INT}), 4096)),
+        # Directories whose scan stopped at its bounds: a source in one may be there unlisted.
+        "partial": array(string(4096), 256),
     },
 )
 
@@ -445,6 +447,11 @@ SAMPLE = obj(
             1024,
         ),
         "warnings": array(string(2000), 256),
+        # Each mirror version the node was told to keep (agent.mirror): held, fetching, refused or
+        # failed, with the file or the reason.
+        "mirror": array(
+            obj({"version": INT, "dir": string(4096), "state": string(16)}, {"message": string(4000)}), 1024
+        ),
     },
 )
 

@@ -174,6 +174,35 @@ def test_a_bad_message_from_the_server_is_answered_and_the_agent_goes_on(tmp_pat
     assert agent.registered.is_set() and agent.node_name == "cpu1" and agent.interval == 3
 
 
+def test_the_heartbeat_carries_what_the_agent_made_of_each_mirror_version_it_was_told_to_keep(
+    tmp_path: Path,
+) -> None:
+    """A version the control plane sends into a directory outside model_dirs is refused, and the
+    refusal goes to the control plane with the next heartbeat, valid by the protocol's schema."""
+    sampler = sampler_for(tmp_path, "cpu", model_dirs=[str(tmp_path / "models")], heartbeat_interval=1)
+    agent = Agent(sampler.config, sampler)
+    folder = "/var/lib/llmgw/models/mirror/acme--tiny-GGUF/" + "c" * 40
+    wanted = {"version": 3, "dir": folder, "files": [{"path": "tiny.gguf", "url": "/api/v1/mirror-files/3/tiny.gguf"}]}
+
+    async def run() -> list[str]:
+        ws = FakeSocket([])
+        agent.registered.set()
+        await agent.mirror.converge([wanted])
+        assert agent.mirror.running is not None
+        await agent.mirror.running
+        beating = asyncio.create_task(agent.heartbeats(ws))
+        while not ws.sent:
+            await asyncio.sleep(0.05)
+        beating.cancel()
+        return ws.sent
+
+    sent = asyncio.run(run())
+    message = protocol.parse_message(sent[0], expect="agent")
+    (entry,) = message.body["sample"]["mirror"]
+    assert entry["version"] == 3 and entry["dir"] == folder and entry["state"] == "refused"
+    assert entry["message"].startswith(f"{folder} is not inside this node's model_dirs ({tmp_path / 'models'})")
+
+
 def test_agent_yaml_takes_the_address_engines_are_reached_at() -> None:
     config = parse_config({"server": "http://x", "advertise_address": "10.0.3.12"})
     assert config.advertise_address == "10.0.3.12"
