@@ -187,6 +187,8 @@ class Agent:
             on_change=self.engines_changed,
         )
         self.specs: list[Any] | None = None
+        # Shards being stopped whose engines run on for the requests in flight (the server's list).
+        self.draining: list[protocol.DrainingShard] = []
         self.rechecks: asyncio.Task[None] | None = None
         self.answering: set[asyncio.Task[None]] = set()  # requests being answered in the background
         self.sampler = sampler or Sampler(config, managed_pids=self.supervisor.managed_pids)
@@ -350,7 +352,7 @@ class Agent:
                 asyncio.get_running_loop().create_task(self.install_engines(wanted))
             if "mirror" in message.body:
                 await self.mirror.converge(message.body["mirror"])
-            await self.desired(message.body["shards"])
+            await self.desired(message.body["shards"], message.body.get("draining") or [])
         elif message.type == "request" and message.body["kind"] == "doctor":
             from agent import doctor
 
@@ -482,12 +484,19 @@ class Agent:
         except RuntimeError:
             return
         if grew and self.specs is not None:
-            loop.create_task(self.desired_specs(self.specs, self.invalid_shards))
+            loop.create_task(self.desired_specs(self.specs, self.invalid_shards, self.draining))
         if self.ws is not None:
             loop.create_task(self.report())
 
-    async def desired(self, shards: list[dict[str, Any]]) -> None:
-        """Converge on the server's whole shard list, in the background (engines take time)."""
+    async def desired(self, shards: list[dict[str, Any]], draining: list[dict[str, Any]] | None = None) -> None:
+        """Converge on the server's whole shard list, in the background (engines take time). A shard
+        of the draining list the agent cannot read is stopped at once, as one in neither list is."""
+        drains = []
+        for item in draining or []:
+            try:
+                drains.append(protocol.parse_draining(item))
+            except ValueError as exc:
+                log.warning("the server's draining entry %r is unusable: %s", str(item)[:200], exc)
         specs, invalid = [], []
         for item in shards:
             try:
@@ -500,18 +509,21 @@ class Agent:
                         "message": f"the agent cannot use this shard: {exc}",
                     }
                 )
-        await self.desired_specs(specs, invalid)
+        await self.desired_specs(specs, invalid, drains)
 
-    async def desired_specs(self, specs: list[Any], invalid: list[dict[str, Any]]) -> None:
+    async def desired_specs(
+        self, specs: list[Any], invalid: list[dict[str, Any]], draining: list[protocol.DrainingShard]
+    ) -> None:
         self.invalid_shards = invalid
         self.specs = specs
+        self.draining = draining
         previous = self.converging
 
         async def run() -> None:
             if previous is not None and not previous.done():
                 await asyncio.gather(previous, return_exceptions=True)
             try:
-                await self.supervisor.converge(specs)
+                await self.supervisor.converge(specs, draining)
             except Exception:
                 log.exception("converging on the desired shards failed")
             await self.report()

@@ -14,7 +14,8 @@ Agent to server:
 
 Server to agent:
     registered  the node's name and the heartbeat interval to use
-    desired     the whole list of shards the node should run
+    desired     the whole list of shards the node should run, and the shards being stopped whose
+                engines run on for the requests in flight ("draining")
     request     a question only the node can answer (used later)
     error       a message the server could not use
 
@@ -41,12 +42,14 @@ __all__ = [
     "ENGINES",
     "MAX_MESSAGE_BYTES",
     "DesiredShard",
+    "DrainingShard",
     "PROTOCOL_VERSION",
     "RESULTS",
     "ProtocolError",
     "encode",
     "error_message",
     "parse_message",
+    "parse_draining",
     "parse_shard",
     "read_result",
 ]
@@ -489,7 +492,12 @@ SCHEMAS: dict[str, Check] = {
     "registered": obj({"node": string(200), "heartbeat_interval": number}),
     "desired": obj(
         {"shards": array(obj({"shard": string(200)}, {}), 1024)},
-        {"generation": INT, "engines": array(DESIRED_ENGINE, 16), "mirror": array(DESIRED_MIRROR, 1024)},
+        {
+            "generation": INT,
+            "engines": array(DESIRED_ENGINE, 16),
+            "mirror": array(DESIRED_MIRROR, 1024),
+            "draining": array(obj({"shard": string(200)}, {}), 1024),
+        },
     ),
     "request": obj({"request_id": string(64), "kind": string(64)}, {"params": mapping()}),
     "replaced": obj({}, {"message": STR}),
@@ -731,6 +739,48 @@ class DesiredShard:
     @classmethod
     def parse(cls, obj: Any) -> DesiredShard:
         return parse_shard(obj)
+
+
+@dataclass(frozen=True)
+class DrainingShard:
+    """A shard whose replica is being stopped: no gateway sends it new requests any more, and its
+    engine runs on for those in flight. The agent stops it once it has been idle (nothing running
+    or waiting) after `settle` seconds, or when `left` seconds have passed, whichever is first.
+    A running shard in neither list is stopped at once."""
+
+    shard: str
+    grace: float  # the whole grace it was given (said in messages)
+    left: float  # seconds of it left when the message was made
+    settle: float = 0.0  # seconds until every gateway has stopped routing to it
+
+    def to_message(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _seconds(data: dict[str, Any], name: str, default: Any = ...) -> float:
+    value = data.get(name)
+    if value is None:
+        if default is ...:
+            raise ValueError(f"{name}: missing")
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 86400:
+        raise _bad(name, "seconds from 0 to 86400", value)
+    return float(value)
+
+
+def parse_draining(obj: Any) -> DrainingShard:
+    """Validate one item of a "desired" message's "draining" list (ValueError naming the field)."""
+    if not isinstance(obj, dict):
+        raise _bad("draining", "an object", obj)
+    shard = _str(obj, "shard", max_len=200)
+    if not _SHARD_ID.fullmatch(shard):
+        raise ValueError(f"shard: {shard!r} is not a valid shard id")
+    return DrainingShard(
+        shard=shard,
+        grace=_seconds(obj, "grace"),
+        left=_seconds(obj, "left"),
+        settle=_seconds(obj, "settle", default=0.0),
+    )
 
 
 # --------------------------------------------------------------------------- parsing

@@ -4,18 +4,26 @@ Each engine runs in its own session and process group, with stdout and stderr ap
 `<state_dir>/logs/<shard>.log`. Engines outlive the agent: a restarted agent reads
 `<state_dir>/engines.json`, adopts every recorded process that still runs (same pid, same
 start time in /proc, same process group) and never signals a pid that now belongs to another
-process. The supervisor only acts when told: `converge(desired)` starts what is missing,
-restarts what changed and stops what is no longer wanted; an engine that dies is reported
-failed (exit code and log tail) and stays down until the next `converge` that wants it — the
-server decides on retries and backoff.
+process. The supervisor only acts when told: `converge(desired, draining)` starts what is
+missing, restarts what changed and stops what is no longer wanted; an engine that dies is
+reported failed (exit code and log tail) and stays down until the next `converge` that wants it
+— the server decides on retries and backoff.
+
+A shard that leaves the desired list while the server lists it as draining (its replica is being
+stopped: no gateway sends it new requests) keeps its engine for the requests in flight: it is
+stopped as soon as the engine's own /metrics shows nothing running or waiting (read twice, and
+not before `settle`, by when every gateway has stopped routing to it), or when its grace runs out,
+whichever is first. Figures the engine does not give are not taken for idle: such an engine runs
+out its grace. Any other running shard that is not desired is stopped at once.
 
 States (the protocol's "report" shape, see `states()`):
     starting  started (or adopted), not answering its health check yet
     ready     answers GET /health with 200 (ranks > 0 of a multi-node replica have no HTTP
               server: they are ready while their process runs)
+    draining  no longer desired, running on for the requests in flight (see above)
     failed    exited (exit code and the last 50 log lines), not ready within ready_timeout
               (stopped), or could not be started at all
-    stopped   stopped by converge; reported until the next converge
+    stopped   stopped by converge or after draining; reported until the next converge
 
 No Django import; importable on Python 3.11.
 """
@@ -39,8 +47,10 @@ from typing import Any
 from agent.engine_metrics import read_context, read_engine_metrics
 from agent.engines import ShardSpec, build_command, health_path, parse_shard, serves_http, spec_fingerprint
 from agent.probes.procfs import process_group_usage
+from agent.protocol import DrainingShard
 
 __all__ = [
+    "DRAINING",
     "FAILED",
     "READY",
     "STARTING",
@@ -56,7 +66,8 @@ STARTING = "starting"
 READY = "ready"
 FAILED = "failed"
 STOPPED = "stopped"
-RUNNING = frozenset({STARTING, READY})
+DRAINING = "draining"
+RUNNING = frozenset({STARTING, READY, DRAINING})
 
 LOG_TAIL_LINES = 50
 LOG_LINE_MAX = 4000
@@ -65,6 +76,8 @@ LOG_ROTATE_BYTES = 64 * 1024 * 1024
 MARK = "==== llmgw-agent "
 STATE_FILE = "engines.json"
 KILL_WAIT = 5.0
+DRAIN_POLL_S = 0.5  # how often a draining engine's /metrics is read
+DRAIN_IDLE_READS = 2  # reads in a row that must show it idle before it is stopped
 # Left out of an engine's environment: the agent's own settings and credentials.
 _PRIVATE_ENV_PREFIXES = ("LLMGW_",)
 
@@ -175,6 +188,7 @@ class _Entry:
     adopted: bool = False
     deadline: float = 0.0
     task: asyncio.Task[None] | None = None
+    drain_task: asyncio.Task[None] | None = None
     spec_dict: dict[str, Any] | None = None
     # The tokens one request may hold, as the engine says once it is ready (None: not said).
     context_tokens: int | None = None
@@ -193,6 +207,20 @@ class _Entry:
             "spec": self.spec.to_dict() if self.spec else self.spec_dict,
             "started_at": self.started_at,
         }
+
+
+def _requests(held: tuple[int, int]) -> str:
+    running, waiting = held
+    return f"{running} request{'s' if running != 1 else ''} running, {waiting} waiting"
+
+
+def _drain_note(grace: float, held: tuple[int, int] | None) -> str:
+    """What a draining shard's report says: what it still holds, and when it stops."""
+    if held is None:
+        now = "its engine does not say what it holds"
+    else:
+        now = _requests(held)
+    return f"draining: {now}; stopped once idle, or when its drain grace of {grace:g} s runs out"
 
 
 def _url_host(host: str) -> str:
@@ -309,15 +337,17 @@ class Supervisor:
                     entry.task = asyncio.create_task(self._watch(entry), name=f"watch {entry.shard}")
         return self.states()
 
-    async def converge(self, desired: Iterable[ShardSpec]) -> None:
+    async def converge(self, desired: Iterable[ShardSpec], draining: Iterable[DrainingShard] = ()) -> None:
         """Start each desired shard that does not run (or whose fingerprint changed: stop, then start);
-        stop each running shard that is not desired. Returns once starts are under way and stops are done;
-        readiness is watched in the background (see `wait_settled`)."""
+        drain each running shard that is not desired but listed in `draining` (see the module's
+        docstring); stop every other running shard that is not desired. Returns once starts are under
+        way and stops are done; readiness and drains are watched in the background (`wait_settled`)."""
         wanted: dict[str, ShardSpec] = {}
         for spec in desired:
             if spec.shard in wanted:
                 raise ValueError(f"shard {spec.shard!r} is listed twice in the desired list")
             wanted[spec.shard] = spec
+        drains = {item.shard: item for item in draining if item.shard not in wanted}
         await self.adopt()
         async with self._lock:
             stopping: list[_Entry] = []
@@ -326,12 +356,16 @@ class Supervisor:
                 if shard in wanted:
                     continue
                 if entry.running:
-                    stopping.append(entry)
+                    if not self._keeps_draining(entry, drains.get(shard)):
+                        stopping.append(entry)
                 else:
                     del self._entries[shard]  # failed or stopped, reported once already: forget it
                     self._usage.pop(shard, None)
             for shard, spec in wanted.items():
                 current = self._entries.get(shard)
+                if current is not None and current.state == DRAINING:
+                    self._cancel_drain(current)  # wanted again: it serves on
+                    self._set(current, READY, message=None)
                 if current is not None and current.running:
                     if current.fingerprint == spec_fingerprint(spec):
                         if current.spec != spec:  # a change that needs no restart (model name, memory claim)
@@ -425,7 +459,7 @@ class Supervisor:
         targets: list[tuple[str, ShardSpec]] = []
         for shard in sorted(self._entries):
             entry = self._entries[shard]
-            if entry.state != READY or entry.spec is None:
+            if entry.state not in (READY, DRAINING) or entry.spec is None:
                 continue
             try:
                 if not serves_http(entry.spec):
@@ -460,15 +494,16 @@ class Supervisor:
         return True
 
     async def close(self) -> None:
-        """Stop watching (the agent is exiting). The engines keep running, to be adopted later."""
-        tasks = [e.task for e in self._entries.values() if e.task is not None]
+        """Stop watching (the agent is exiting). The engines keep running, to be adopted later (and
+        drained again, for what the server's list then gives them of their grace)."""
+        tasks = [t for e in self._entries.values() for t in (e.task, e.drain_task) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for entry in self._entries.values():
-            entry.task = None
+            entry.task = entry.drain_task = None
         self._watching = False
 
     def log_path(self, shard: str) -> Path:
@@ -768,7 +803,16 @@ class Supervisor:
     def _on_exit(self, entry: _Entry, code: int | None) -> None:
         pgid, ticks = entry.pgid, entry.start_ticks
         was = entry.state
-        self._fail(entry, _exit_message(code) + (" before it was ready" if was == STARTING else ""), exit_code=code)
+        if was == DRAINING:  # no longer desired: its end is a stop, whatever ended it
+            self._set(
+                entry,
+                STOPPED,
+                message=f"stopped: {_exit_message(code)} while draining",
+                exit_code=code,
+                log_tail=self._tail(entry.shard),
+            )
+        else:
+            self._fail(entry, _exit_message(code) + (" before it was ready" if was == STARTING else ""), exit_code=code)
         if pgid is not None:
             # Its children (vLLM/SGLang workers) would keep holding GPUs; the group id cannot have been
             # reused while they live, and we saw the leader go just now.
@@ -776,6 +820,91 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(member.pid, signal.SIGKILL)
         self._save()
+
+    # ------------------------------------------------------------------ drain
+
+    def _keeps_draining(self, entry: _Entry, drain: DrainingShard | None) -> bool:
+        """Whether a running shard that is no longer desired keeps its engine for the requests in
+        flight: listed as draining with grace left, and able to hold requests (it answers HTTP and is
+        ready, or was adopted running). One draining already keeps its own deadline."""
+        if drain is None or drain.left <= 0:
+            return False
+        if entry.state == DRAINING:
+            return True
+        spec = entry.spec
+        if spec is None or not (entry.state == READY or entry.adopted):
+            return False
+        try:
+            if not serves_http(spec):
+                return False
+        except ValueError:
+            return False
+        self._set(
+            entry,
+            DRAINING,
+            message=f"draining: stopped once idle, or when its drain grace of {drain.grace:g} s runs out",
+        )
+        entry.drain_task = asyncio.create_task(self._drain(entry, drain), name=f"drain {entry.shard}")
+        return True
+
+    def _cancel_drain(self, entry: _Entry) -> None:
+        if entry.drain_task is not None:
+            entry.drain_task.cancel()
+            entry.drain_task = None
+
+    async def _held(self, spec: ShardSpec) -> tuple[int, int] | None:
+        """(requests running, requests waiting) by the engine's own /metrics; None when it does not say."""
+        figures = await read_engine_metrics(spec.engine, _probe_host(spec.host), spec.port, spec.api_key, 2.0)
+        if not figures or ("requests_running" not in figures and "requests_waiting" not in figures):
+            return None
+        return int(figures.get("requests_running", 0)), int(figures.get("requests_waiting", 0))
+
+    async def _drain(self, entry: _Entry, drain: DrainingShard) -> None:
+        """Wait while the engine holds requests (`_wait_idle`); then stop it, under the lock as converge
+        stops. A failure while waiting is logged and ends the wait: the engine is stopped then."""
+        started = time.monotonic()
+        try:
+            idle, held = await self._wait_idle(entry, drain)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("draining shard %s failed; stopping it", entry.shard)
+            idle, held = False, None
+        async with self._lock:
+            if not entry.running or entry.state != DRAINING:
+                return  # it exited meanwhile, or converge stopped it or wants it again
+            await self._stop(entry)
+            if idle:
+                message = f"stopped: idle after draining for {time.monotonic() - started:.1f} s"
+            else:
+                still = "what it held is unknown" if held is None else _requests(held)
+                message = f"stopped: its drain grace of {drain.grace:g} s ran out ({still})"
+            self._set(entry, STOPPED, message=message)
+            self._save()
+
+    async def _wait_idle(self, entry: _Entry, drain: DrainingShard) -> tuple[bool, tuple[int, int] | None]:
+        """(idle, what it held last) once the engine is idle or its grace is over:
+
+        1. until `settle` has passed a gateway may still send it a request: it is not idle yet;
+        2. then it is idle once DRAIN_IDLE_READS reads in a row show nothing running or waiting;
+        3. whatever it holds, the wait ends when `left` seconds have passed.
+        """
+        assert entry.spec is not None
+        started = time.monotonic()
+        deadline = started + drain.left
+        quiet_from = started + min(drain.settle, drain.left)
+        idle_reads = 0
+        held: tuple[int, int] | None = None
+        while entry.running and entry.state == DRAINING and time.monotonic() < deadline:
+            held = await self._held(entry.spec)
+            idle_reads = idle_reads + 1 if held == (0, 0) and time.monotonic() >= quiet_from else 0
+            if idle_reads >= DRAIN_IDLE_READS:
+                return True, held
+            note = _drain_note(drain.grace, held)
+            if entry.running and entry.state == DRAINING and entry.message != note:
+                self._set(entry, DRAINING, message=note)
+            await asyncio.sleep(max(0.0, min(DRAIN_POLL_S, deadline - time.monotonic())))
+        return False, held
 
     # ------------------------------------------------------------------ stop
 
@@ -789,11 +918,12 @@ class Supervisor:
         return stat.start_ticks == entry.start_ticks and stat.pgrp == entry.pgid
 
     async def _stop(self, entry: _Entry) -> None:
-        if entry.task is not None:
-            entry.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await entry.task
-            entry.task = None
+        for task in (entry.task, entry.drain_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        entry.task = entry.drain_task = None
         await self._terminate(entry)
         entry.pid = entry.pgid = entry.start_ticks = None
         self._usage.pop(entry.shard, None)

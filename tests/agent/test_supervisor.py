@@ -27,6 +27,8 @@ from tests import enginebin
 LLAMA_SERVER = enginebin.llama_server_path()
 needs_llama_server = pytest.mark.skipif(LLAMA_SERVER is None, reason=enginebin.missing_reason())
 SECRET = "sk-test-shard-secret"
+# Longer than the supervisor takes to see an idle engine twice (two reads, DRAIN_POLL_S apart).
+DRAIN_SETTLE_CHECK_S = 2.0
 
 
 # --------------------------------------------------------------------------- helpers
@@ -418,3 +420,204 @@ async def test_refusals_say_why(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="listed twice"):
         await sup.converge([spec, spec])
     await sup.close()
+
+
+# --------------------------------------------------------------------------- draining
+
+
+def stream_chat(endpoint: str, max_tokens: int, out: list[Any]) -> None:
+    """Stream a chat completion (in a thread): append the chunks' finish_reason, then "[DONE]", or
+    the error that ended the stream."""
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    request = urllib.request.Request(
+        endpoint + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {SECRET}"},
+    )
+    try:
+        with _NO_PROXY.open(request, timeout=60) as response:
+            for line in response:
+                if line.startswith(b"data: [DONE]"):
+                    out.append("[DONE]")
+                elif line.startswith(b"data: "):
+                    finish = (
+                        json.loads(line[6:])["choices"][0].get("finish_reason") if b'"choices":[{' in line else None
+                    )
+                    if finish:
+                        out.append(finish)
+    except Exception as exc:  # noqa: BLE001 - the test reads what ended it
+        out.append(exc)
+
+
+def long_spec(tiny_model: Path, **overrides: Any) -> ShardSpec:
+    # --context-shift lets a request generate past the context, so a test can hold one open.
+    return make_spec(tiny_model, context_size=512, extra_args=["--context-shift"], **overrides)
+
+
+async def running_requests(endpoint: str) -> float:
+    def read() -> float:
+        request = urllib.request.Request(endpoint + "/metrics", headers={"Authorization": f"Bearer {SECRET}"})
+        with _NO_PROXY.open(request, timeout=10) as response:
+            text = response.read().decode()
+        return sum(
+            float(line.split()[-1]) for line in text.splitlines() if line.startswith("llamacpp:requests_processing")
+        )
+
+    return await asyncio.to_thread(read)
+
+
+@needs_llama_server
+async def test_a_shard_listed_as_draining_answers_its_stream_to_the_end_and_stops_once_idle(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    from agent.supervisor import DRAINING
+
+    spec = long_spec(tiny_model)
+    sup = supervisor(tmp_path / "state")
+    await sup.converge([spec])
+    assert await sup.wait_settled(30)
+    state = sup.state(spec.shard)
+    assert state is not None and state["state"] == READY
+    pid, endpoint = state["pid"], state["endpoint"]
+    ended: list[Any] = []
+    stream = asyncio.create_task(asyncio.to_thread(stream_chat, endpoint, 6000, ended))
+    deadline = time.monotonic() + 15
+    while await running_requests(endpoint) < 1:
+        assert time.monotonic() < deadline, "the stream never reached the engine"
+        await asyncio.sleep(0.02)
+    await sup.converge([], [protocol.DrainingShard(shard=spec.shard, grace=120, left=120, settle=0)])
+    state = sup.state(spec.shard)
+    assert state is not None and state["state"] == DRAINING and state["pid"] == pid and alive(pid), state
+    assert state["message"].startswith("draining: "), state
+    assert spec.shard in await sup.engine_metrics()  # its figures are still read while it drains
+    protocol.parse_message(protocol.encode("report", {"shards": sup.states()}), expect="agent")
+    # The same lists again (a periodic push) change nothing.
+    await sup.converge([], [protocol.DrainingShard(shard=spec.shard, grace=120, left=119, settle=0)])
+    assert sup.state(spec.shard)["state"] == DRAINING  # type: ignore[index]
+
+    await stream
+    assert ended == ["length", "[DONE]"], ended  # answered to its end
+    await until(lambda: sup.state(spec.shard)["state"] == STOPPED, timeout=30, what="the idle engine to stop")  # type: ignore[index]
+    state = sup.state(spec.shard)
+    assert state is not None and state["message"].startswith("stopped: idle after draining for "), state
+    assert group_members(pid) == []
+    assert records(tmp_path / "state") == {}
+    await sup.converge([], [])
+    assert sup.states() == []
+    await sup.close()
+
+
+@needs_llama_server
+async def test_a_draining_shard_whose_grace_runs_out_is_stopped_with_what_it_still_held(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    spec = long_spec(tiny_model)
+    sup = supervisor(tmp_path / "state")
+    await sup.converge([spec])
+    assert await sup.wait_settled(30)
+    state = sup.state(spec.shard)
+    assert state is not None
+    pid, endpoint = state["pid"], state["endpoint"]
+    ended: list[Any] = []
+    stream = asyncio.create_task(asyncio.to_thread(stream_chat, endpoint, 10**7, ended))  # never ends by itself
+    deadline = time.monotonic() + 15
+    while await running_requests(endpoint) < 1:
+        assert time.monotonic() < deadline, "the stream never reached the engine"
+        await asyncio.sleep(0.02)
+    await sup.converge([], [protocol.DrainingShard(shard=spec.shard, grace=2, left=1.5, settle=0)])
+    await until(lambda: sup.state(spec.shard)["state"] == STOPPED, timeout=30, what="the grace to run out")  # type: ignore[index]
+    state = sup.state(spec.shard)
+    assert state is not None
+    assert state["message"] == "stopped: its drain grace of 2 s ran out (1 request running, 0 waiting)", state
+    assert group_members(pid) == []
+    await stream
+    assert "[DONE]" not in ended and "length" not in ended, ended  # cut off: the gateway tells its client why
+    await sup.close()
+
+
+@needs_llama_server
+async def test_an_idle_draining_shard_waits_for_the_gateways_and_one_no_longer_listed_stops_at_once(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    from agent.supervisor import DRAINING
+
+    spec = long_spec(tiny_model)
+    sup = supervisor(tmp_path / "state")
+    await sup.converge([spec])
+    assert await sup.wait_settled(30)
+    pid = sup.state(spec.shard)["pid"]  # type: ignore[index]
+    # Idle, but a gateway may still send it a request for 30 s: it is not stopped meanwhile.
+    draining = [protocol.DrainingShard(shard=spec.shard, grace=60, left=60, settle=30)]
+    await sup.converge([], draining)
+    await asyncio.sleep(DRAIN_SETTLE_CHECK_S)
+    state = sup.state(spec.shard)
+    assert state is not None and state["state"] == DRAINING and state["message"].startswith("draining: 0 requests")
+    # Wanted again: it serves on, the same process.
+    await sup.converge([spec])
+    state = sup.state(spec.shard)
+    assert state is not None and state["state"] == READY and state["pid"] == pid, state
+    await sup.converge([], draining)
+    assert sup.state(spec.shard)["state"] == DRAINING  # type: ignore[index]
+    # The server lists it no more (its replica was released): stopped at once.
+    await sup.converge([], [])
+    state = sup.state(spec.shard)
+    assert (
+        state is not None
+        and state["state"] == STOPPED
+        and state["message"] == "stopped: no longer desired on this node"
+    )
+    assert group_members(pid) == []
+    await sup.close()
+
+
+@needs_llama_server
+async def test_an_engine_that_exits_while_draining_is_reported_stopped_not_failed(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    spec = long_spec(tiny_model)
+    sup = supervisor(tmp_path / "state")
+    await sup.converge([spec])
+    assert await sup.wait_settled(30)
+    pid = sup.state(spec.shard)["pid"]  # type: ignore[index]
+    await sup.converge([], [protocol.DrainingShard(shard=spec.shard, grace=60, left=60, settle=30)])
+    os.kill(pid, signal.SIGKILL)
+    await until(lambda: sup.state(spec.shard)["state"] == STOPPED, what="the exit to be seen")  # type: ignore[index]
+    state = sup.state(spec.shard)
+    assert state is not None and state["message"] == "stopped: the engine was killed by SIGKILL while draining"
+    assert state["exit_code"] == -signal.SIGKILL
+    await sup.close()
+
+
+async def test_a_shard_not_ready_yet_is_stopped_at_once_even_when_listed_as_draining(tmp_path: Path) -> None:
+    # It never answered: no request can be in flight on it.
+    engine = script(tmp_path, "slow-engine", 'echo "loading"\nexec sleep 60\n')
+    sup = supervisor(tmp_path / "state", binary=engine)
+    spec = make_spec("/models/x.gguf")
+    await sup.converge([spec])
+    pid = sup.state(spec.shard)["pid"]  # type: ignore[index]
+    assert sup.state(spec.shard)["state"] == STARTING  # type: ignore[index]
+    await sup.converge([], [protocol.DrainingShard(shard=spec.shard, grace=60, left=60)])
+    assert sup.state(spec.shard)["state"] == STOPPED  # type: ignore[index]
+    assert group_members(pid) == []
+    await sup.close()
+
+
+def test_a_draining_entry_is_read_back_whole_and_refused_naming_the_field() -> None:
+    item = protocol.DrainingShard(shard="r12s0", grace=120, left=95.5, settle=1.25).to_message()
+    assert protocol.parse_draining(item) == protocol.DrainingShard("r12s0", 120.0, 95.5, 1.25)
+    assert protocol.parse_draining({"shard": "r1s0", "grace": 5, "left": 0}).settle == 0.0
+    for bad, field in (
+        ({"shard": "r1s0", "grace": -1, "left": 1}, "grace"),
+        ({"shard": "r1s0", "grace": 1, "left": float("inf")}, "left"),
+        ({"shard": "r1s0", "grace": 1, "left": True}, "left"),
+        ({"shard": "r1s0", "grace": 1}, "left"),
+        ({"shard": "../x", "grace": 1, "left": 1}, "shard"),
+    ):
+        with pytest.raises(ValueError, match=f"^{field}"):
+            protocol.parse_draining(bad)
