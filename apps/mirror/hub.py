@@ -133,37 +133,66 @@ def check_repo(repo: str) -> str:
 
 
 def search(query: str, *, limit: int = 20) -> list[dict[str, Any]]:
-    try:
-        found = list(api().list_models(search=query or None, limit=limit))
-    except Exception as exc:  # the Hub's errors come as several exception types
-        raise MirrorError(_("the Hub at %(hub)s did not answer: %(error)s") % hub_error(exc)) from None
-    return [
-        {
-            "id": m.id,
-            "downloads": getattr(m, "downloads", None),
-            "likes": getattr(m, "likes", None),
-            "tags": list(getattr(m, "tags", None) or []),
-        }
-        for m in found
-    ]
+    """Repositories whose name matches `query` (all when empty), at most `limit`."""
+    return _list_models({"search": query} if query else {}, limit)
 
 
 def adapters_for(repo: str, *, limit: int = 50) -> list[dict[str, Any]]:
     """Adapters the Hub lists as made from `repo` (its `base_model:adapter:<repo>` tag)."""
     check_repo(repo)
+    return _list_models({"filter": f"base_model:adapter:{repo}"}, limit)
+
+
+def _list_models(params: dict[str, str], limit: int) -> list[dict[str, Any]]:
+    """The Hub's /api/models, page by page up to `limit` entries, one request per page and none
+    repeated: huggingface_hub's list_models retries an unreachable Hub five times over some 23
+    seconds, logging a warning at each, where a search in a page should fail at once with one
+    message (MirrorError). An entry without a string id is left out; a count that is not a whole
+    number is unknown (None); tags are the strings among its tags."""
     try:
-        found = list(api().list_models(filter=f"base_model:adapter:{repo}", limit=limit))
-    except Exception as exc:
+        entries = _model_pages(params, limit)
+    except Exception as exc:  # the Hub's errors come as several exception types
         raise MirrorError(_("the Hub at %(hub)s did not answer: %(error)s") % hub_error(exc)) from None
-    return [
-        {
-            "id": m.id,
-            "downloads": getattr(m, "downloads", None),
-            "likes": getattr(m, "likes", None),
-            "tags": list(getattr(m, "tags", None) or []),
-        }
-        for m in found
-    ]
+    found = []
+    for entry in entries:
+        repo = entry.get("id") or entry.get("modelId")
+        if isinstance(repo, str) and repo:
+            tags = entry.get("tags")
+            found.append(
+                {
+                    "id": repo,
+                    "downloads": _count(entry.get("downloads")),
+                    "likes": _count(entry.get("likes")),
+                    "tags": [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else [],
+                }
+            )
+    return found[:limit]
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _model_pages(params: dict[str, str], limit: int) -> list[dict[str, Any]]:
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    api()  # the guarded client: timeouts, redirects
+    headers = build_hf_headers(token=settings.HF_TOKEN or False)
+    url: str | None = f"{settings.HF_ENDPOINT.rstrip('/')}/api/models"
+    query: dict[str, Any] | None = {**params, "limit": limit}
+    entries: list[dict[str, Any]] = []
+    for _page in range(limit):  # a page holds one entry at least, or ends the listing
+        assert url is not None
+        response = get_session().get(url, params=query, headers=headers)
+        hf_raise_for_status(response)
+        page = response.json()
+        if not isinstance(page, list):
+            raise ValueError("the answer is not a list of repositories")
+        entries += [entry for entry in page if isinstance(entry, dict)]
+        url, query = response.links.get("next", {}).get("url"), None
+        if not page or url is None or len(entries) >= limit:
+            break
+    return entries
 
 
 def hub_error(exc: BaseException) -> dict[str, str]:
