@@ -87,7 +87,7 @@ def _snapshot(node: Node) -> NodeSnapshot:
         weights=weights,
         weight_dirs=weight_dirs,
         partial_dirs=partial,
-        fetches=fetch_states(node),
+        fetches=fetch_states(node.sample),
         extra={"status": node.live_status},
     )
 
@@ -119,11 +119,11 @@ def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None, fro
 FETCH_STATES = ("held", "fetching", "refused", "failed")
 
 
-def fetch_states(node: Node) -> dict[str, tuple[str, str]]:
-    """What the node said with its last heartbeat of the weights it was told to fetch (the
-    mirror's versions): directory -> (state, reason). Entries it did not say clearly are left out."""
+def fetch_states(sample: dict[str, Any] | None) -> dict[str, tuple[str, str]]:
+    """What a node said in a heartbeat's sample of the weights it was told to fetch (the mirror's
+    versions): directory -> (state, reason). Entries it did not say clearly are left out."""
     out: dict[str, tuple[str, str]] = {}
-    for entry in (node.sample or {}).get("mirror") or []:
+    for entry in (sample or {}).get("mirror") or []:
         if not isinstance(entry, dict):
             continue
         directory, state = entry.get("dir"), entry.get("state")

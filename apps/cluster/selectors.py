@@ -23,12 +23,14 @@ from django.utils.translation import gettext as _
 from apps.accounts.access import can_change_cluster, can_read_everything
 from apps.cluster import services
 from apps.cluster.charts import line_chart
+from apps.cluster.choices import ShardState
 from apps.cluster.models import Gpu, Node, Shard
 
 __all__ = [
     "Chart",
     "Disk",
     "Engine",
+    "Fetch",
     "GpuCard",
     "NodeDetail",
     "NodeRow",
@@ -44,6 +46,7 @@ __all__ = [
     "node_engine_rows",
     "node_engine_status",
     "node_engines",
+    "node_fetches",
     "node_row",
 ]
 
@@ -528,6 +531,32 @@ class ShardRow:
             self.memory_used is not None and self.shard.memory_bytes and self.memory_used > self.shard.memory_bytes
         )
 
+    @property
+    def failed(self) -> bool:
+        """Its engine exited or was stopped unready: the page shows why, with its log's last lines."""
+        return self.shard.state == ShardState.FAILED
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """One mirror version the node was told to keep, as its agent said with its last heartbeat."""
+
+    directory: str
+    state: str  # held, fetching, refused, failed
+    message: str
+
+    @property
+    def refused(self) -> bool:
+        return self.state in ("refused", "failed")
+
+
+def node_fetches(sample: dict[str, Any] | None) -> list[Fetch]:
+    """What the node said of each mirror version it keeps, by directory (from a fresh sample: []
+    when it is stale, as every live figure is)."""
+    from apps.cluster.inventory import fetch_states
+
+    return [Fetch(directory, state, message) for directory, (state, message) in sorted(fetch_states(sample).items())]
+
 
 def _shard_rows(node: Node, sample: dict[str, Any] | None) -> list[ShardRow]:
     measured = {str(e.get("shard")): e for e in (sample or {}).get("shards") or [] if isinstance(e, dict)}
@@ -569,6 +598,7 @@ class NodeDetail:
     engines: list[Engine] | None = None
     engine_status: dict[str, str] = field(default_factory=dict)
     shards: list[ShardRow] = field(default_factory=list)
+    fetches: list[Fetch] = field(default_factory=list)
 
     @property
     def memory_pct(self) -> float | None:
@@ -635,6 +665,7 @@ def node_detail(node: Node, now: datetime | None = None) -> NodeDetail:
         engines=node_engines(node),
         engine_status=node_engine_status(node),
         shards=_shard_rows(node, sample),
+        fetches=node_fetches(sample),
     )
 
 

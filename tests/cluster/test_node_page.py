@@ -3,6 +3,7 @@ running on it with what they claim and use, and an hour of each model's cores, m
 
 from __future__ import annotations
 
+import html
 import re
 import sys
 from collections.abc import Iterator
@@ -126,6 +127,55 @@ def test_the_running_engines_show_model_replica_state_port_and_what_each_claims_
     assert cell(content, "data-shard", other, "state") == "assigned"
     assert cell(content, "data-shard", other, "cpu") == "- of 8.0"
     assert cell(content, "data-shard", other, "memory") == "- of 16.0 GiB"
+
+
+LLAMA_TAIL = [
+    "gguf_init_from_file: failed to open GGUF file '/data/models/tiny.gguf' (No such file or directory)",
+    "llama_model_load: error loading model: llama_model_loader: failed to load model from /data/models/tiny.gguf",
+    "main: exiting due to model loading error",
+]
+
+
+def test_an_engine_that_exited_at_start_shows_its_exit_code_and_the_last_lines_of_its_log(
+    client: Client, viola
+) -> None:
+    node = make_node("cpu1")
+    replica = make_replica(make_model("tiny", memory_gb=1, cores=1), node, state=ReplicaState.STARTING)
+    shard = f"r{replica.pk}s0"
+    services.record_report(
+        node.pk,
+        [
+            {
+                "shard": shard,
+                "state": "failed",
+                "exit_code": 1,
+                "message": "engine exited with code 1 before it was ready",
+                "log_tail": LLAMA_TAIL,
+            }
+        ],
+    )
+    content = signed_in(client, viola).get("/nodes/cpu1/").content.decode()
+    failure = re.search(rf'<tr data-shard-failure="{shard}">(.*?)</tr>', content, re.S)
+    assert failure is not None
+    shown = text(failure.group(1))
+    assert "exit code 1 · engine exited with code 1 before it was ready" in shown
+    assert all(line in html.unescape(failure.group(1)) for line in LLAMA_TAIL)
+
+
+def test_the_node_page_shows_what_its_agent_made_of_each_mirror_version(client: Client, viola) -> None:
+    node = make_node("cpu1")
+    folder = "/var/lib/llmgw/models/mirror/acme--tiny-GGUF/" + "c" * 40
+    reason = f"{folder} is not inside this node's model_dirs (/home/me/var/models)"
+    heartbeat(
+        node,
+        mirror=[
+            {"version": 3, "dir": folder, "state": "refused", "message": reason},
+            {"version": 4, "dir": "/data/models/mirror/acme--other/" + "d" * 40, "state": "held"},
+        ],
+    )
+    content = signed_in(client, viola).get("/nodes/cpu1/").content
+    assert html.unescape(text(row(content, "data-fetch", folder))) == f"{folder} refused {reason}"
+    assert "held" in text(row(content, "data-fetch", "/data/models/mirror/acme--other/" + "d" * 40))
 
 
 def test_a_stale_sample_measures_nothing(client: Client, viola) -> None:
