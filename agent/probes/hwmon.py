@@ -14,13 +14,12 @@ An unmeasured sensor is absent: no reading means None / no dict entry, never 0.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from agent.probes.jsontext import read_json
 from agent.probes.sysfs import SysfsReader, tree_from_grep_r
 
 __all__ = ["Temps", "parse_sensors_json", "parse_sensors_u", "read_hwmon", "tree_from_grep_r"]
@@ -154,10 +153,9 @@ def _float(raw: str | None) -> float | None:
 def parse_sensors_json(text: str) -> Temps:
     """Parse ``sensors -j`` output."""
     temps = Temps()
-    try:
-        data: Any = json.loads((text or "").lstrip("\ufeff"))
-    except ValueError as exc:
-        temps.warnings.append(f"sensors -j output is not valid JSON ({exc})")
+    data, notes = read_json(text)
+    temps.warnings += [f"sensors -j output: {note}" for note in notes]
+    if data is None and notes:  # not read (a document of "null" is read, and is no object)
         return temps
     if not isinstance(data, dict):
         temps.warnings.append("sensors -j output is not a JSON object")

@@ -24,15 +24,14 @@ been there, a sentence in ``warnings`` says why.  Unknown is not zero.
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import posixpath
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from agent.probes.jsontext import read_json
 from agent.probes.sysfs import SysfsReader
 
 __all__ = [
@@ -630,10 +629,7 @@ def roce_network(ip: str, prefixlen: int) -> str | None:
 def parse_ip_addr_json(text: str) -> dict[str, list[tuple[str, int]]]:
     """``{ifname: [(address, prefixlen), ...]}`` from ``ip -j addr show``; IPv4 and IPv6, in the
     order printed.  Anything unreadable is skipped; bad JSON gives ``{}``."""
-    try:
-        data: Any = json.loads((text or "").lstrip("\ufeff"))
-    except (ValueError, RecursionError):
-        return {}
+    data, _notes = read_json(text)
     result: dict[str, list[tuple[str, int]]] = {}
     if not isinstance(data, list):
         return result

@@ -414,11 +414,34 @@ def _text_tree(text: str) -> _Node:
     return root
 
 
-def _xml_tree(element: ET.Element) -> _Node:
+#: nvidia-smi nests five levels; an element deeper than this below the one read is left out.
+_XML_DEPTH = 32
+
+
+def _xml_node(element: ET.Element) -> _Node:
     text = element.text
-    node = _Node(element.tag, " ".join(text.split()) if text is not None else None)
-    node.children = [_xml_tree(child) for child in element]
-    return node
+    return _Node(str(element.tag), " ".join(text.split()) if text is not None else None)
+
+
+def _xml_tree(element: ET.Element, warnings: list[str] | None = None) -> _Node:
+    """The element and what it holds as _Node, walked with a stack (so a document nested
+    thousands of levels deep cannot exhaust the interpreter's recursion), down to _XML_DEPTH
+    levels; deeper elements are left out and said in ``warnings``."""
+    root = _xml_node(element)
+    stack = [(element, root, 0)]
+    cut = False
+    while stack:
+        current, node, depth = stack.pop()
+        if depth >= _XML_DEPTH:
+            cut = cut or len(current) > 0
+            continue
+        for child in current:
+            child_node = _xml_node(child)
+            node.children.append(child_node)
+            stack.append((child, child_node, depth + 1))
+    if cut and warnings is not None:
+        warnings.append(f"XML nested deeper than {_XML_DEPTH} levels; the deeper elements were left out")
+    return root
 
 
 # --------------------------------------------------------------------------- field extraction
@@ -700,7 +723,8 @@ def parse_nvidia_smi_text(text: str) -> GpuReport:
 
 
 def _xml_root(text: str, warnings: list[str]) -> ET.Element | None:
-    text = text.lstrip("\ufeff")
+    # The XML parser takes UTF-8: a lone surrogate (text decoded with surrogateescape) becomes "?".
+    text = text.lstrip("\ufeff").encode("utf-8", "replace").decode("utf-8")
     start = text.find("<")
     if start < 0:
         warnings.append("no XML found in nvidia-smi -q -x output")
@@ -739,7 +763,7 @@ def parse_nvidia_smi_xml(text: str) -> GpuReport:
     element = _xml_root(text, report.warnings)
     if element is None:
         return report
-    root = _xml_tree(element)
+    root = _xml_tree(element, report.warnings)
     if root.key != "nvidia_smi_log":
         report.warnings.append(f"unknown layout: root element is <{root.key}>, expected <nvidia_smi_log>")
     report.driver_version = _version(root.val("driver_version"))

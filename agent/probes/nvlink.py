@@ -30,11 +30,12 @@ system, under the root directory it is given.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from agent.probes.jsontext import read_json
 
 __all__ = [
     "IMEX_STATES",
@@ -576,14 +577,10 @@ def parse_imex_nodes(text: str) -> ImexDomain:
         domain.configured = False
     stripped = body.strip()
     if stripped.startswith("{"):
-        try:
-            data = json.loads(stripped)
-        except (ValueError, RecursionError):
+        data, _notes = read_json(stripped)
+        if data is None:
             end = stripped.rfind("}")
-            try:
-                data = json.loads(stripped[: end + 1]) if end > 0 else None
-            except (ValueError, RecursionError):
-                data = None
+            data = read_json(stripped[: end + 1])[0] if end > 0 else None
         if data is not None:
             _parse_imex_json(data, domain)
             return domain

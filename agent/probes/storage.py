@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.probes.jsontext import read_json
+
 __all__ = [
     "PARTIAL_SUFFIXES",
     "SHARED_FS_TYPES",
@@ -54,6 +56,10 @@ def _unescape(field_text: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_text)
 
 
+# Mount ids are small numbers; isdigit() would also pass "²" and 5,000 digits that int() refuses.
+_MOUNT_ID_RE = re.compile(r"[0-9]{1,10}")
+
+
 def parse_mountinfo(text: str) -> list[Mount]:
     """Parse ``/proc/<pid>/mountinfo``; malformed lines are skipped.
 
@@ -68,7 +74,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
             separator = parts.index("-", 6)
         except ValueError:
             continue
-        if not (parts[0].isdigit() and parts[1].isdigit()):
+        if not (_MOUNT_ID_RE.fullmatch(parts[0]) and _MOUNT_ID_RE.fullmatch(parts[1])):
             continue
         tail = parts[separator + 1 :]
         mounts.append(
@@ -120,9 +126,8 @@ def parse_findmnt_json(text: str) -> list[Mount]:
     ``root``.  IDs and device numbers are only set when findmnt was asked for them
     (``--output ID,PARENT,MAJ:MIN,...``).  Unparsable JSON gives ``[]``.
     """
-    try:
-        data = json.loads((text or "").lstrip("\ufeff"))
-    except ValueError:
+    data, _notes = read_json(text)
+    if data is None:
         return []
     mounts: list[Mount] = []
     for entry in _findmnt_entries(data):
@@ -469,7 +474,7 @@ def _whole_safetensors(path: str) -> bool:
             length = int(struct.unpack("<Q", handle.read(8))[0])
             if length > min(size - 8, 100 * 1024 * 1024):
                 return False
-            header = json.loads(handle.read(length))
+            header, _notes = read_json(handle.read(length).decode("utf-8", "replace"))
         ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error):
         return False
