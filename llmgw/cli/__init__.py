@@ -201,8 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check this node: engines, GPUs, AVX2, model directories, control plane, clock")
     p.add_argument(
         "--config",
-        default=os.environ.get("LLMGW_AGENT_CONFIG", "agent.yaml"),
-        help="path of agent.yaml (default ./agent.yaml or LLMGW_AGENT_CONFIG)",
+        default=None,
+        help=(
+            "path of agent.yaml (default LLMGW_AGENT_CONFIG, else the first that exists of ./agent.yaml,"
+            " /etc/llmgw/agent.yaml and the local agent's <data dir>/agent/agent.yaml written by `llmgw up`)"
+        ),
     )
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
