@@ -295,6 +295,11 @@ if PROVIDER_CA_BUNDLE and not Path(PROVIDER_CA_BUNDLE).exists():
 ENGINE_PORT_MIN = env_int("LLMGW_ENGINE_PORT_MIN", 20000, minimum=1024, maximum=65000)
 ENGINE_PORT_MAX = env_int("LLMGW_ENGINE_PORT_MAX", 29999, minimum=1024, maximum=65535)
 ENGINE_STOP_GRACE = env_int("LLMGW_ENGINE_STOP_GRACE_SECONDS", 10, minimum=1, maximum=600)
+# A replica that stops (replaced by a profile change, moved off a drained node, scaled down, its
+# model deleted, preempted) first stops taking requests, then keeps its engines this long for the
+# requests in flight, stopping them as soon as it is idle; a node's drain may set its own.
+# `llmgw web` waits as long for its requests in flight when it is stopped.
+DRAIN_GRACE = env_int("LLMGW_DRAIN_GRACE_SECONDS", 120, minimum=0, maximum=3600)
 # Where the control plane reads engine releases (GitHub's REST API: releases/tags/<tag>), with an
 # optional token (unauthenticated calls are limited to 60 an hour); nodes never call it themselves.
 # Reached through HTTPS_PROXY/NO_PROXY like external providers, with the same CA bundle.

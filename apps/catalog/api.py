@@ -90,6 +90,9 @@ class ReplicaSerializer(serializers.ModelSerializer[Replica]):
             "created_at",
             "placed_at",
             "ready_at",
+            "stop_requested_at",
+            "stop_reason",
+            "drain_grace",
             "shards",
             "rejections",
         ]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F, Q
@@ -651,10 +652,10 @@ def update_profile(profile: Profile, *, actor: User | None, address: str | None 
 @transaction.atomic
 def delete_model(model: Model, *, actor: User | None, address: str | None = None) -> Model:
     """Take a model out of service: no route serves it from now on (the gateway reloads on the
-    change), its pending replicas go, the others stop with the engine stop grace, and the reconciler
-    removes the row once they have. Its usage history stays (usage names models, it does not link
-    them)."""
-    from apps.cluster.choices import ReplicaState
+    change), its pending replicas go, the others stop once the requests they hold are answered (at
+    most LLMGW_DRAIN_GRACE_SECONDS), and the reconciler removes the row once they have. Its usage
+    history stays (usage names models, it does not link them)."""
+    from apps.cluster.choices import ReplicaState, StopReason
     from apps.cluster.models import Node, Replica
     from apps.cluster.reconciler import request_reconcile
 
@@ -668,8 +669,10 @@ def delete_model(model: Model, *, actor: User | None, address: str | None = None
     for replica in stopping:
         replica.state = ReplicaState.STOPPING
         replica.stop_requested_at = now
+        replica.stop_reason = StopReason.DELETED
+        replica.drain_grace = settings.DRAIN_GRACE
         replica.message = str(_("Stopping: the model was deleted."))
-        replica.save(update_fields=["state", "stop_requested_at", "message"])
+        replica.save(update_fields=["state", "stop_requested_at", "stop_reason", "drain_grace", "message"])
         nodes.update(replica.shards.values_list("node_id", flat=True))
     if nodes:
         Node.objects.filter(pk__in=nodes).update(desired_version=F("desired_version") + 1)

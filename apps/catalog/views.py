@@ -21,7 +21,7 @@ from apps.catalog import api, selectors, services
 from apps.catalog.choices import CapacityClass, Engine
 from apps.catalog.forms import ClassForm, OwnerForm, ResourcesForm, TargetForm, memory_text
 from apps.catalog.models import Model, Profile
-from apps.cluster.choices import ReplicaState
+from apps.cluster.choices import ReplicaState, ShardState
 from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.overview import fleet_prefix, short_name
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
@@ -154,8 +154,19 @@ class ReplicaRow:
         return ", ".join(str(s.port) for s in self.shards)
 
     @property
+    def draining(self) -> bool:
+        """Stopping, with an engine still running for the requests in flight."""
+        return self.replica.state == ReplicaState.STOPPING and any(s.state == ShardState.DRAINING for s in self.shards)
+
+    @property
     def message(self) -> str:
-        return self.replica.message or next((n.message for n in self.notes if n.message), "")
+        replica = self.replica
+        if self.draining and replica.stop_reason:
+            return _(
+                "Draining (%(reason)s): its engine runs on for the requests in flight, %(grace)s s at most, "
+                "and stops once idle."
+            ) % {"reason": replica.get_stop_reason_display(), "grace": replica.drain_grace or 0}
+        return replica.message or next((n.message for n in self.notes if n.message), "")
 
     @property
     def memory_over(self) -> bool:

@@ -191,7 +191,10 @@ class DrainSerializer(serializers.Serializer[Any]):
         max_value=3600,
         required=False,
         allow_null=True,
-        help_text=_("Seconds from SIGTERM to SIGKILL for the engines stopped."),
+        help_text=_(
+            "Seconds the engines stopped run on for the requests in flight, each stopped as soon as it "
+            "is idle (the server's LLMGW_DRAIN_GRACE_SECONDS when left out)."
+        ),
     )
     force = serializers.BooleanField(
         required=False, default=False, help_text=_("Stop replicas that cannot be placed elsewhere anyway.")

@@ -5,7 +5,8 @@ The reconciler (apps.cluster.reconciler) runs a pass on the database; the fleet 
 objects it hands out carry the attributes of the catalog's Model and Profile and the cluster's
 Replica rows, and every change goes back through it. A pass:
 
-1. Releases replicas that finished stopping (every shard stopped, or its node gone).
+1. Releases replicas that finished stopping (every shard stopped, or its node gone; or, with
+   every node of it out of touch, once its drain grace and three stop graces have passed).
 2. Retries failed replicas whose backoff has passed: their claims are released and
    they are placed again.
 3. For each model, highest class first: stops replicas beyond its wanted count (newest
@@ -29,9 +30,18 @@ from django.utils.translation import gettext as _
 
 from apps.catalog.choices import CapacityClass
 from apps.cluster import placement
-from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
+from apps.cluster.choices import NodeStatus, ReplicaState, ShardState, StopReason
 
-__all__ = ["PREEMPT_HOLD", "PassReport", "ShardView", "Store", "backoff", "run_pass", "running_spec"]
+__all__ = [
+    "PREEMPT_HOLD",
+    "PassReport",
+    "ShardView",
+    "Store",
+    "backoff",
+    "release_after",
+    "run_pass",
+    "running_spec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,13 @@ def running_spec(model: Any, profile: Any) -> dict[str, Any]:
         "profile": profile.name,
         **{name: getattr(profile, name) for name in RUNNING_FIELDS},
     }
+
+
+def release_after(replica: Any) -> timedelta:
+    """How long a stopping replica whose nodes are all out of touch keeps its claims: its engines may
+    still run there, for the requests in flight (its drain grace), then SIGTERM to SIGKILL (the stop
+    grace); three stop graces leave the agent time to be heard from again."""
+    return timedelta(seconds=(replica.drain_grace or 0) + settings.ENGINE_STOP_GRACE * 3)
 
 
 def backoff(failures: int) -> timedelta:
@@ -167,9 +184,8 @@ def run_pass(store: Store, now: Any) -> PassReport:
     report = PassReport()
 
     # 1. Release replicas that finished stopping.
-    grace = timedelta(seconds=settings.ENGINE_STOP_GRACE * 3)
     for replica, shards in store.stopping():
-        grace_over = replica.stop_requested_at and now - replica.stop_requested_at > grace
+        grace_over = replica.stop_requested_at and now - replica.stop_requested_at > release_after(replica)
         if all(s.state in (ShardState.STOPPED, ShardState.FAILED) or s.node_revoked for s in shards) or (
             grace_over and all(s.node_status != NodeStatus.READY for s in shards)
         ):
@@ -202,7 +218,7 @@ def _reconcile_model(
         left = store.replicas(model)
         for replica in left:
             if replica.state != ReplicaState.STOPPING:
-                _stop(store, replica, now, report)
+                _stop(store, replica, now, report, StopReason.DELETED)
         if not left:
             store.delete_model(model)
             report.released.append(f"{model.name} (deleted)")
@@ -224,7 +240,7 @@ def _reconcile_model(
         )
         victims += running[: extra - len(victims)]
         for replica in victims:
-            _stop(store, replica, now, report)
+            _stop(store, replica, now, report, StopReason.SCALED_DOWN)
         replicas = [r for r in replicas if r not in victims]
         counted = [r for r in counted if r not in victims]
 
@@ -306,7 +322,7 @@ def _roll(
             continue
         if replacement.state == ReplicaState.READY:
             if old is not None and old.state != ReplicaState.STOPPING:
-                _stop(store, old, now, report)
+                _stop_stale(store, old, now, report, drained(old))
                 store.audit("replica.rolled", old, {"replaced_by": replacement.pk}, model=model.name)
             store.update(replacement, replaces_id=None)
             report.rolled.append(f"{old} → {replacement}" if old else str(replacement))
@@ -328,7 +344,7 @@ def _roll(
             if node is not None and not node.drain_force:
                 return  # a drain waits for room elsewhere (the replacement's refusals say why)
             # No room beside the old one: it makes the room itself.
-            _stop(store, old, now, report)
+            _stop_stale(store, old, now, report, node)
             store.audit("replica.rolled", old, {"replaced_by": replacement.pk, "in_place": True}, model=model.name)
             return
     if any(r.replaces_id is not None for r in replicas):
@@ -346,7 +362,7 @@ def _roll(
         replacement = store.new_replica(model, now, replaces=target)
         store.audit("replica.roll_start", target, {"replacement": replacement.pk}, model=model.name, stale=len(stale))
     else:
-        _stop(store, target, now, report)
+        _stop_stale(store, target, now, report, None)
         replacement = store.new_replica(model, now)
         store.audit(
             "replica.roll_start",
@@ -427,7 +443,7 @@ def _place(
             if preemption is not None and preemption.victims:
                 victims = store.replicas_by_id(int(v) for v in preemption.victims)
                 for victim in victims:
-                    _stop(store, victim, now, report, preempted_by=model)
+                    _stop(store, victim, now, report, StopReason.PREEMPTED, preempted_by=model)
                 message = _("Waiting for %(count)s preempted replicas to stop.") % {"count": len(victims)}
         if replica.rejections != rejections or replica.message != message:
             store.update(replica, rejections=rejections, message=message)
@@ -461,7 +477,28 @@ def _place(
         store.update(model, held_until=None, held_for_id=None)
 
 
-def _stop(store: Store, replica: Any, now: Any, report: PassReport, preempted_by: Any = None) -> None:
+def _stop_stale(store: Store, replica: Any, now: Any, report: PassReport, drained_by: Any) -> None:
+    """Stop a replica a roll replaces: moved off a draining node (`drained_by`, whose own grace
+    wins), else replaced by a change of its spec."""
+    if drained_by is not None:
+        _stop(store, replica, now, report, StopReason.DRAINED, grace=getattr(drained_by, "drain_grace", None))
+    else:
+        _stop(store, replica, now, report, StopReason.ROLLED)
+
+
+def _stop(
+    store: Store,
+    replica: Any,
+    now: Any,
+    report: PassReport,
+    reason: str,
+    *,
+    grace: int | None = None,
+    preempted_by: Any = None,
+) -> None:
+    """Stop a replica: a pending one is forgotten; a placed one becomes STOPPING, which takes it out
+    of every gateway's routes at once, and its engines run on for `grace` seconds (the server's
+    LLMGW_DRAIN_GRACE_SECONDS when None) for the requests in flight, stopped once idle."""
     if replica.state == ReplicaState.PENDING:
         store.delete_replica(replica)
         return
@@ -469,6 +506,8 @@ def _stop(store: Store, replica: Any, now: Any, report: PassReport, preempted_by
         replica,
         state=ReplicaState.STOPPING,
         stop_requested_at=now,
+        stop_reason=reason,
+        drain_grace=settings.DRAIN_GRACE if grace is None else grace,
         message=(_("Preempted for %(model)s.") % {"model": preempted_by.name}) if preempted_by else "",
     )
     report.nodes_changed.update(store.shard_nodes(replica))

@@ -10,7 +10,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
+from apps.cluster.choices import NodeStatus, ReplicaState, ShardState, StopReason
 
 __all__ = [
     "AgentRequest",
@@ -38,9 +38,10 @@ class Node(models.Model):
     status = models.CharField(_("status"), max_length=16, choices=NodeStatus.choices, default=NodeStatus.PENDING)
     cordoned = models.BooleanField(_("cordoned"), default=False)
     cordon_reason = models.CharField(_("cordon reason"), max_length=500, blank=True)
-    # A drain: its replicas are replaced elsewhere first, then stopped (uncordoning ends it).
+    # A drain: its replicas are replaced elsewhere first, then stopped, their engines running on for
+    # drain_grace seconds (LLMGW_DRAIN_GRACE_SECONDS when unset) for the requests in flight.
     drain_requested_at = models.DateTimeField(_("drain requested"), null=True, blank=True)
-    drain_grace = models.PositiveIntegerField(_("drain stop grace (s)"), null=True, blank=True)
+    drain_grace = models.PositiveIntegerField(_("drain grace (s)"), null=True, blank=True)
     drain_force = models.BooleanField(_("drain without waiting for room"), default=False)
     agent_version = models.CharField(_("agent version"), max_length=64, blank=True)
     features = models.JSONField(_("features"), default=list, blank=True)
@@ -222,6 +223,9 @@ class Replica(models.Model):
     placed_at = models.DateTimeField(_("placed"), null=True, blank=True)
     ready_at = models.DateTimeField(_("ready since"), null=True, blank=True)
     stop_requested_at = models.DateTimeField(_("stop requested"), null=True, blank=True)
+    # Set when it is stopped: why, and how long its engines run on for the requests in flight.
+    stop_reason = models.CharField(_("stop reason"), max_length=16, choices=StopReason.choices, blank=True)
+    drain_grace = models.PositiveIntegerField(_("drain grace (s)"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("replica")

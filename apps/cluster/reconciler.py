@@ -12,24 +12,41 @@ from __future__ import annotations
 
 import logging
 import secrets
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Prefetch
+from django.db.models.signals import post_save
 from django.utils import timezone
 from prometheus_client import Counter
 
 from apps.catalog.models import Model
 from apps.cluster import placement
-from apps.cluster.choices import ReplicaState
+from apps.cluster.choices import ReplicaState, ShardState
 from apps.cluster.decisions import PREEMPT_HOLD, PassReport, ShardView, backoff, run_pass
 from apps.cluster.inventory import build_inventory, shard_env
 from apps.cluster.models import ControlLock, Node, Replica, Shard
 
-__all__ = ["PREEMPT_HOLD", "DatabaseStore", "PassReport", "backoff", "reconcile", "request_reconcile"]
+__all__ = [
+    "PREEMPT_HOLD",
+    "ROUTES_SETTLE_S",
+    "DatabaseStore",
+    "PassReport",
+    "backoff",
+    "draining_shards",
+    "reconcile",
+    "request_reconcile",
+]
 
 log = logging.getLogger(__name__)
+
+#: How long after a replica is stopped every gateway process has stopped routing to it: each reads
+#: the table version every LLMGW_GATEWAY_REFRESH_SECONDS (sooner when Redis announces the change)
+#: and then loads its tables. An engine that is idle is not stopped before this, so a request a
+#: gateway sent just before it heard is not cut off.
+ROUTES_SETTLE_S = settings.GATEWAY_REFRESH_SECONDS * 2 + 2
 
 PASSES = Counter("llmgw_reconcile_passes", "Reconciler passes, by how they ended", ["result"])
 
@@ -175,7 +192,18 @@ class DatabaseStore:
     def update(self, obj: Any, **fields: Any) -> None:
         for name, value in fields.items():
             setattr(obj, name, value)
-        type(obj).objects.filter(pk=obj.pk).update(**fields)
+        changed = type(obj).objects.filter(pk=obj.pk).update(**fields)
+        if changed and isinstance(obj, Replica):
+            # What listens to replicas' rows (the gateways' routes, apps.gateway.signals) hears of this
+            # change as of a save: a stopped replica leaves every gateway's routes within a second.
+            post_save.send(
+                sender=Replica,
+                instance=obj,
+                created=False,
+                update_fields=frozenset(fields),
+                raw=False,
+                using=obj._state.db or "default",
+            )
 
     def update_model(self, model_id: int, **fields: Any) -> None:
         known = self._models.get(model_id)
@@ -236,16 +264,65 @@ class DatabaseStore:
 # Desired state ---------------------------------------------------------------------------------
 
 
+_DONE = (ShardState.STOPPED, ShardState.FAILED)
+
+
+def _rank_waits(shard: Shard, now: Any) -> bool:
+    """A rank past 0 of a stopping multi-node replica runs on while its rank 0 (the one that answers
+    requests) drains: stopping it would break the requests in flight there. It stops once rank 0 has
+    stopped, or once rank 0's drain grace and stop grace have passed (its node may be out of touch)."""
+    replica = shard.replica
+    if shard.rank == 0 or shard.state in _DONE or replica.stop_requested_at is None:
+        return False
+    if now - replica.stop_requested_at > timedelta(seconds=(replica.drain_grace or 0) + settings.ENGINE_STOP_GRACE):
+        return False
+    first = Shard.objects.filter(replica_id=replica.pk, rank=0).values_list("state", flat=True).first()
+    return first is not None and first not in _DONE
+
+
+def draining_shards(node: Node, now: Any = None) -> list[dict[str, Any]]:
+    """The shards on the node that answer requests (rank 0) of replicas being stopped, not stopped
+    yet: each an agent.protocol.DrainingShard, telling the agent to keep its engine for the requests
+    in flight, `left` seconds at most, and not to stop it while idle for `settle` more seconds."""
+    from agent.protocol import DrainingShard
+
+    now = now or timezone.now()
+    rows = (
+        Shard.objects.filter(node=node, rank=0, replica__state=ReplicaState.STOPPING)
+        .exclude(state__in=_DONE)
+        .select_related("replica")
+        .order_by("replica_id")
+    )
+    out = []
+    for shard in rows:
+        replica = shard.replica
+        grace = replica.drain_grace or 0  # stopped before drains were kept: stopped at once, as then
+        since = max(0.0, (now - replica.stop_requested_at).total_seconds()) if replica.stop_requested_at else 0.0
+        out.append(
+            DrainingShard(
+                shard=shard.shard_id,
+                grace=grace,
+                left=round(max(0.0, grace - since), 3),
+                settle=round(max(0.0, ROUTES_SETTLE_S - since), 3),
+            ).to_message()
+        )
+    return out
+
+
 def desired_shards(node: Node) -> list[dict[str, Any]]:
     """The whole list of shards a node should run, each an agent.protocol.DesiredShard as the
     "desired" message carries it (the agent reads them back with the same class)."""
     from agent.protocol import DesiredShard
 
-    shards = (
-        Shard.objects.filter(node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))
+    now = timezone.now()
+    running = (ReplicaState.STARTING, ReplicaState.READY)
+    shards = [
+        shard
+        for shard in Shard.objects.filter(node=node, replica__state__in=(*running, ReplicaState.STOPPING))
         .select_related("replica__model", "replica__profile")
         .order_by("replica_id", "rank")
-    )
+        if shard.replica.state in running or _rank_waits(shard, now)
+    ]
     host = "127.0.0.1" if node.address in {"", "127.0.0.1", "::1", "localhost"} else "0.0.0.0"  # noqa: S104
     out = []
     for shard in shards:
@@ -285,7 +362,7 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
                 tensor_parallel=int(spec.get("gpus_per_shard") or 0) or None,
                 pipeline_parallel=nodes if nodes > 1 else None,
                 generation=replica.pk,
-                stop_grace=float(node.drain_grace if node.drain_grace is not None else settings.ENGINE_STOP_GRACE),
+                stop_grace=float(settings.ENGINE_STOP_GRACE),
             ).to_message()
         )
     return out
@@ -299,6 +376,7 @@ def desired_message(node: Node, generation: int, tables: Any = None) -> dict[str
 
     return {
         "shards": desired_shards(node),
+        "draining": draining_shards(node),
         "engines": desired_engines(node, tables),
         "mirror": node_fetches(),
         "generation": generation,

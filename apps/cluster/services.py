@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -711,8 +712,9 @@ def drain_node(
     node: Node, *, grace: int | None = None, force: bool = False, actor: User | None, address: str | None = None
 ) -> Node:
     """Cordon the node and move its replicas away: each is replaced elsewhere first (the model's
-    minimum kept), then stopped with `grace` seconds from SIGTERM to SIGKILL. A replica that cannot
-    be placed elsewhere is waited for (its reasons shown) unless `force`, which stops it anyway."""
+    minimum kept), then stopped: its engines run on for the requests in flight, `grace` seconds at
+    most (LLMGW_DRAIN_GRACE_SECONDS when None), each stopped as soon as it is idle. A replica that
+    cannot be placed elsewhere is waited for (its reasons shown) unless `force`, which stops it anyway."""
     from apps.cluster.reconciler import request_reconcile
 
     before = {"cordoned": node.cordoned, "draining": node.drain_requested_at is not None}
@@ -848,8 +850,14 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
     for replica in Replica.objects.filter(pk__in=touched).prefetch_related("shards"):
         parts = list(replica.shards.all())
         if replica.state == ReplicaState.STOPPING:
-            if all(s.state in (ShardState.STOPPED, ShardState.FAILED) for s in parts):
+            done = (ShardState.STOPPED, ShardState.FAILED)
+            if all(s.state in done for s in parts):
                 request_reconcile()
+            elif any(s.rank == 0 and s.state in done for s in parts):
+                # Its other ranks ran on while rank 0 drained (reconciler.desired_shards): their nodes'
+                # agents are told to stop them now.
+                waiting = {s.node_id for s in parts if s.rank > 0 and s.state not in done}
+                Node.objects.filter(pk__in=waiting).update(desired_version=F("desired_version") + 1)
             continue
         failed = [s for s in parts if s.state == ShardState.FAILED]
         if failed:

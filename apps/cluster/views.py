@@ -211,7 +211,7 @@ def node_drain(request: HtmxHttpRequest, name: str) -> HttpResponse:
     if raw:
         grace = whole_number(raw, 0, 3600)
         if grace is None:
-            return _after_cordon(request, node, _("The stop grace is a whole number of seconds from 0 to 3600."))
+            return _after_cordon(request, node, _("The drain grace is a whole number of seconds from 0 to 3600."))
     user: User = request.user  # type: ignore[assignment]
     node = services.drain_node(
         node, grace=grace, force=request.POST.get("force") == "on", actor=user, address=client_address(request)

@@ -125,7 +125,7 @@ def hold_dict(row: Hold) -> dict[str, Any]:
 
 def draining_nodes() -> list[Any]:
     """The nodes in a domain held with drain: the reconciler moves their replicas out as from a
-    drained node (never forced, the server's stop grace)."""
+    drained node (never forced, the server's drain grace)."""
     from apps.cluster.choices import NodeStatus
     from apps.cluster.models import Node
 

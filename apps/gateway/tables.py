@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KeyEntry",
     "ModelRoute",
+    "Stopped",
     "Tables",
     "Upstream",
     "current_version",
@@ -182,12 +183,27 @@ def load_guards() -> Guards:
     return guards
 
 
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """A replica being stopped: no request is routed to it, and its engine runs on for those in
+    flight, `grace` seconds at most. Said to a client whose request it still held when it went."""
+
+    replica: str  # as Upstream.id
+    reason: str  # why, in English as the API's errors are ("a profile change replaced it")
+    grace: int
+
+    def message(self) -> str:
+        return f"the replica r{self.replica} was stopped: its drain grace of {self.grace} s ran out ({self.reason})"
+
+
 @dataclass
 class Tables:
     keys: dict[str, KeyEntry] = field(default_factory=dict)
     models: dict[str, ModelRoute] = field(default_factory=dict)
     version: int = -1
     guards: Guards = field(default_factory=Guards)
+    #: Replicas being stopped, by id.
+    stopping: dict[str, Stopped] = field(default_factory=dict)
 
     def upstreams(self) -> list[Upstream]:
         return [upstream for route in self.models.values() for upstream in route.upstreams]
@@ -313,7 +329,23 @@ def load_tables() -> Tables:
             starting=starting,
             unplaceable=unplaceable,
         )
-    return Tables(keys=keys, models=models, version=version, guards=load_guards())
+    return Tables(keys=keys, models=models, version=version, guards=load_guards(), stopping=load_stopping())
+
+
+def load_stopping() -> dict[str, Stopped]:
+    """The replicas being stopped, with why (in English) and their drain grace."""
+    from django.utils import translation
+
+    from apps.cluster.choices import ReplicaState, StopReason
+    from apps.cluster.models import Replica
+
+    out: dict[str, Stopped] = {}
+    rows = Replica.objects.filter(state=ReplicaState.STOPPING).values_list("pk", "stop_reason", "drain_grace")
+    with translation.override("en"):
+        for pk, reason, grace in rows:
+            said = str(StopReason(reason).label) if reason in StopReason.values else "it was stopped"
+            out[str(pk)] = Stopped(replica=str(pk), reason=said, grace=grace or 0)
+    return out
 
 
 def tables_channel() -> str:

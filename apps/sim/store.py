@@ -84,6 +84,8 @@ class SimReplica:
     ready_at: Any = None
     placed_at: Any = None
     stop_requested_at: Any = None
+    stop_reason: str = ""
+    drain_grace: int | None = None
     profile_id: int | None = None
     spec: dict[str, Any] = field(default_factory=dict)
     above_minimum: bool = False
@@ -103,6 +105,7 @@ class SimReplica:
 @dataclass(frozen=True, slots=True)
 class SimDrain:
     drain_force: bool = False
+    drain_grace: int | None = None
 
 
 class MemoryStore:

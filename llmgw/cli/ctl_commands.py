@@ -388,7 +388,12 @@ def add_all(ctl_sub: Any) -> None:
     p.set_defaults(ctl_func=_action("uncordon"))
     p = node_sub.add_parser("drain", help="cordon a node and move its replicas elsewhere, each replaced first")
     p.add_argument("name")
-    p.add_argument("--grace", type=int, help="seconds from SIGTERM to SIGKILL for its engines (default: the server's)")
+    p.add_argument(
+        "--grace",
+        type=int,
+        help="seconds its engines run on for the requests in flight, each stopped once idle "
+        "(default: the server's drain grace)",
+    )
     p.add_argument(
         "--force", action="store_true", help="stop replicas that cannot be placed elsewhere instead of waiting for room"
     )
@@ -441,7 +446,24 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
             ]
         )
     print(format_table(["NAME", "CLASS", "READY", "STARTING", "PENDING", "FAILED", "CHANGE", "NODES"], rows))
+    for m in models:
+        for line in _model_troubles(m):
+            print(line)
     return 0
+
+
+def _model_troubles(model: dict[str, Any]) -> list[str]:
+    """Under the table, why a model is not running: the refusals its pending replica met, and each
+    failed engine with its exit code and the last lines of its own log."""
+    status = model["status"]
+    lines = [f"{model['name']}: pending: {reason}" for reason in status.get("reasons") or []]
+    for failure in status.get("failures") or []:
+        code = failure.get("exit_code")
+        head = f"{model['name']}#{failure['replica']} failed on {failure['node']}"
+        head += f" (exit code {code})" if code is not None else ""
+        lines.append(f"{head}: {failure.get('message') or '-'}")
+        lines += [f"    | {line}" for line in failure.get("log_tail") or []]
+    return lines
 
 
 def cmd_model_apply(client: Client, args: argparse.Namespace) -> int:

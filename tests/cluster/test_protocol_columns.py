@@ -62,6 +62,7 @@ NOT_FED = {
     "cluster.node.drain_grace": "the console's and the API's drain form",
     "cluster.node.desired_version": "counted by the server",
     "cluster.replica.failures": "counted by the reconciler",
+    "cluster.replica.drain_grace": "the server's drain grace, or the node's drain form, when it is stopped",
     "cluster.shard.rank": "placement",
     "cluster.shard.memory_bytes": "placement's claim",
     "cluster.shard.port": "placement",
