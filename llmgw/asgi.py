@@ -26,6 +26,7 @@ from django.conf import settings  # noqa: E402
 
 from apps.gateway.asgi import gateway_app  # noqa: E402
 from llmgw.bodylimit import BodyLimit  # noqa: E402
+from llmgw.http_protocol import ON_SHUTDOWN  # noqa: E402
 from llmgw.routing import websocket_urlpatterns  # noqa: E402
 
 # Django reads a request's whole body into a temporary file before any view can refuse it, so
@@ -33,6 +34,9 @@ from llmgw.routing import websocket_urlpatterns  # noqa: E402
 django_app = BodyLimit(django_asgi, max_bytes=settings.MAX_REQUEST_BODY_BYTES)
 
 GATEWAY_PREFIX = "/v1/"
+
+# When `llmgw web` is stopped, the gateway's requests in flight get LLMGW_DRAIN_GRACE_SECONDS.
+ON_SHUTDOWN.append(gateway_app.begin_stop)
 
 
 async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -8,16 +8,25 @@ answer; when no body follows in that turn (a stream waiting for its first chunk)
 sent on its own at the end of the turn, so nothing waits longer than it did.
 
     llmgw web  ->  uvicorn.run(..., http="llmgw.http_protocol:HttpProtocol")
+
+uvicorn starts a graceful stop by calling each open connection's `shutdown()`; the functions in
+`ON_SHUTDOWN` are called then too (the gateway starts the grace of its requests in flight).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["HeldHeadTransport", "HttpProtocol"]
+__all__ = ["ON_SHUTDOWN", "HeldHeadTransport", "HttpProtocol"]
+
+#: Called (with no argument, on the event loop) when the server starts stopping and an HTTP
+#: connection is open; once per open connection, so each must be idempotent.
+ON_SHUTDOWN: list[Callable[[], None]] = []
 
 
 class HeldHeadTransport:
@@ -78,3 +87,11 @@ class HeldHeadTransport:
 class HttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeldHeadTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def shutdown(self) -> None:
+        for hook in ON_SHUTDOWN:
+            try:
+                hook()
+            except Exception:  # the stop goes on whatever a hook does
+                logging.getLogger("llmgw.web").exception("a shutdown hook failed")
+        super().shutdown()

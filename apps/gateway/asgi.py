@@ -13,6 +13,12 @@ LLMGW_GATEWAY_RELOAD_SECONDS. A request goes through these stages, each in its o
 5. accounting: metrics, the token charge and the usage record (apps.gateway.accounting).
 
 This module holds the application's life cycle and the order of the stages.
+
+Stopping: a replica being stopped is out of the routes at once (the tables), and a request it
+still holds when its engine goes at the end of its drain grace ends with an error that says so
+(a stream with an error event, a whole answer with a 503). When this process itself is stopped,
+uvicorn takes no new connection and waits for the requests in flight; `begin_stop` ends those
+still running after LLMGW_DRAIN_GRACE_SECONDS the same way, before uvicorn would cut them off.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from apps.gateway.slots import Lease, QueueFull, SharedSlots, SlotKeeper, Waitin
 from apps.gateway.tables import (
     KeyEntry,
     ModelRoute,
+    Stopped,
     Tables,
     Upstream,
     current_version,
@@ -85,6 +92,9 @@ BUSY_NOTE_INTERVAL_S = 5.0
 MISS_RECHECK_S = 0.1
 # How long an upstream that could not be reached is passed over.
 UNREACHABLE_S = 5.0
+# How long a replica seen stopping is remembered after it left the tables (its engine gone and its
+# row released), so that a request it held is still told why it ended.
+STOPPED_MEMORY_S = 600.0
 # How long an Anthropic stream's first event waits for the engine to count the prompt.
 PROMPT_COUNT_WAIT_S = 2.0
 # A guard model judging a streamed answer is asked about it each time this many more characters
@@ -129,6 +139,11 @@ class GatewayApp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._listener: asyncio.Task[None] | None = None
+        # Replicas seen stopping, by id, with when they were last seen so (see STOPPED_MEMORY_S).
+        self._stopped: dict[str, tuple[Stopped, float]] = {}
+        # Set when this process is stopping and the grace of its requests in flight ran out.
+        self.closing: str | None = None
+        self._stop_timer: asyncio.TimerHandle | None = None
 
     # Life cycle ---------------------------------------------------------------------------
 
@@ -182,8 +197,7 @@ class GatewayApp:
         if settings.REDIS_URL:
             self.share_slots(settings.REDIS_URL, settings.GATEWAY_SLOT_LEASE_SECONDS)
         tables = await sync_to_async(load_tables, thread_sensitive=False)()
-        self.keeper.bind(tables)
-        self.tables = tables
+        self.use(tables)
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._refresh = asyncio.create_task(self._refresh_loop(), name="gateway-refresh")
@@ -266,8 +280,7 @@ class GatewayApp:
 
         async with self._reload_lock:
             tables = await sync_to_async(load_tables, thread_sensitive=False)()
-            self.keeper.bind(tables)
-            self.tables = tables
+            self.use(tables)
         self.waiting.wake_all()  # new upstreams may have come: waiters look again
 
     async def reload_announced(self) -> None:
@@ -280,9 +293,48 @@ class GatewayApp:
                 return  # another request (or the refresh loop) just read them
             wake.clear()
             tables = await sync_to_async_load()
-            self.keeper.bind(tables)
-            self.tables = tables
+            self.use(tables)
         self.waiting.wake_all()
+
+    def use(self, tables: Tables) -> None:
+        """Route by these tables from now on, and remember the replicas they list as stopping."""
+        self.keeper.bind(tables)
+        self.tables = tables
+        now = time.monotonic()
+        for replica_id, stopped in tables.stopping.items():
+            self._stopped[replica_id] = (stopped, now)
+        for replica_id, (_stopped, seen) in list(self._stopped.items()):
+            if now - seen > STOPPED_MEMORY_S:
+                del self._stopped[replica_id]
+
+    def stop_reason(self, upstream: Upstream | None) -> str | None:
+        """Why a request to this upstream was cut off, when it was by a stop: this process's own
+        (its grace ran out) or the replica's (its drain grace ran out); None otherwise."""
+        if self.closing is not None:
+            return self.closing
+        if upstream is None:
+            return None
+        seen = self._stopped.get(upstream.id)
+        return seen[0].message() if seen is not None else None
+
+    def begin_stop(self) -> None:
+        """This process is stopping (uvicorn takes no new connection and waits for those open): the
+        requests in flight get LLMGW_DRAIN_GRACE_SECONDS; then each still running ends with an error
+        naming the reason. Called once per connection open at the stop; the first call counts."""
+        from django.conf import settings
+
+        loop = self._loop
+        if self._stop_timer is not None or loop is None or loop.is_closed():
+            return
+        self._stop_timer = loop.call_later(settings.DRAIN_GRACE, self._grace_over, settings.DRAIN_GRACE)
+
+    def _grace_over(self, grace: int) -> None:
+        self.closing = (
+            f"the gateway was stopped: its drain grace of {grace} s ran out (this llmgw web process is stopping)"
+        )
+        cut = sum(pool.abort(self.closing) for pool in (self.upstream, self.providers) if pool is not None)
+        if cut:
+            log.warning("stopping: %s request(s) still in flight after %s s were ended", cut, grace)
 
     def tables_know(self, model: str) -> bool:
         return model in self.tables.models
@@ -782,7 +834,7 @@ class GatewayApp:
             try:
                 raw = await response.read()
             except UpstreamError as exc:
-                raise _read_refusal(call, exc) from None
+                raise self.read_refusal(call, exc) from None
         # The engine is done with it: its slot is free before the client hears the answer.
         await self.keeper.give_back(call.lease)
         guard = call.answer_guard
@@ -865,7 +917,7 @@ class GatewayApp:
                     judge_at = relay.answer_chars + JUDGE_EVERY
                     check = asyncio.create_task(self.judge_answer(call, "".join(relay.answer), final=False))
         except UpstreamError as exc:  # the upstream died mid-stream
-            error = f"the upstream stream broke: {type(exc).__name__}: {exc}"
+            error = self.stop_reason(call.upstream) or f"the upstream stream broke: {type(exc).__name__}: {exc}"
         finally:
             if check is not None:
                 check.cancel()
@@ -894,6 +946,14 @@ class GatewayApp:
         ):
             call.prompt_tokens = prompt_count.result()
         await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def read_refusal(self, call: Call, exc: UpstreamError) -> Refused:
+        """The answer for an upstream reached whose answer could not be read: a 503 naming the stop
+        that cut it off, else as `_read_refusal` says."""
+        reason = self.stop_reason(call.upstream) if isinstance(exc, Disconnected) else None
+        if reason is not None:
+            return Refused(503, reason[:1].upper() + reason[1:] + ".", kind="api_error", code="replica_stopped")
+        return _read_refusal(call, exc)
 
     async def count_prompt(self, call: Call) -> int | None:
         """The prompt's tokens by the engine of the upstream the call reached (for a cancelled call)."""

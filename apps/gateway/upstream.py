@@ -816,6 +816,15 @@ class Pool:
     def idle_count(self) -> int:
         return sum(len(v) for v in self._idle.values())
 
+    def abort(self, reason: str) -> int:
+        """End every answer still being read with Disconnected(reason): this process is stopping and
+        the grace for its requests in flight is over. Returns how many there were."""
+        idle = {conn for conns in self._idle.values() for conn in conns}
+        busy = [conn for conn in self._open if conn not in idle and not conn.complete]
+        for conn in busy:
+            conn._fail(Disconnected(reason))
+        return len(busy)
+
     async def close(self) -> None:
         for conn in list(self._open):
             conn.close()

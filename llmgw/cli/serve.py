@@ -112,7 +112,9 @@ def run_web(args: argparse.Namespace) -> int:
         log_level=log_level,
         # One line per request only where it would be shown: building it costs every request.
         access_log=log_level in ("trace", "debug", "info"),
-        timeout_graceful_shutdown=10,
+        # The requests in flight finish: the gateway ends those still running after the drain grace
+        # with an error naming it (apps.gateway.asgi.begin_stop); uvicorn cuts off what is left after.
+        timeout_graceful_shutdown=settings.DRAIN_GRACE + 5,
         ws_max_size=4 * 1024 * 1024,
         # A ping every 20 s, as uvicorn does, but a minute for the answer: under a fleet joining at
         # once the process may be slow to read a pong, and closing a healthy agent's connection
