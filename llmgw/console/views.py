@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_safe
 
 from apps.accounts.access import can_read_everything, public, requires
 from llmgw import readiness
-from llmgw.console.selectors import landing_counts
+from llmgw.console.selectors import first_steps, landing_counts
 
 __all__ = ["favicon", "landing", "set_language"]
 
@@ -23,8 +23,12 @@ _FAVICON = Path(__file__).resolve().parent / "static" / "console" / "favicon.ico
 
 @requires("signed_in", methods=["GET"])
 def landing(request: HttpRequest) -> HttpResponse:
-    context: dict[str, object] = {"counts": landing_counts()}
-    if can_read_everything(request.user):
+    staff = can_read_everything(request.user)
+    context: dict[str, object] = {
+        "counts": landing_counts(),
+        "steps": first_steps(request.user, operator_steps=staff),
+    }
+    if staff:
         context["scheduler"] = readiness.scheduler()
     return render(request, "console/landing.html", context)
 

@@ -78,6 +78,7 @@ PUBLIC: dict[str, str] = {
     "docs": "the manual's contents; LLMGW_DOCS_REQUIRE_SIGNIN sends strangers to sign in first",
     "docs-page": "a page of the manual, as in the repository; LLMGW_DOCS_REQUIRE_SIGNIN sends strangers to sign in",
     "about": "the project's page: what llmgw is and how to install it; holds no data",
+    "favicon": "the console's icon, which browsers ask for before anyone signs in; holds no data",
 }
 PUBLIC_PREFIXES: dict[str, str] = {
     "oidc/": "single sign-on's redirects and callback run before anyone is signed in",

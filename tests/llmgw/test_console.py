@@ -124,3 +124,45 @@ def test_the_django_admin_lists_every_model(client: Client, alice) -> None:
     for model in ours:
         path = f"/django-admin/{model._meta.app_label}/{model._meta.model_name}/"
         assert client.get(path).status_code == 200, path
+
+
+def _steps(page: str) -> dict[str, tuple[bool, str]]:
+    """Each first step on the Overview: (done, its text without tags)."""
+    found = re.findall(r'<li data-step="(\w+)" data-done="(true|false)">(.*?)</li>', page, re.S)
+    return {step: (done == "true", " ".join(re.sub(r"<[^>]+>", "", text).split())) for step, done, text in found}
+
+
+def test_the_overview_shows_the_first_steps_that_remain_and_links_what_is_done(client: Client, alice, key_for) -> None:
+    from tests.builders import make_model, make_node
+
+    client.force_login(alice)
+    steps = _steps(client.get("/").content.decode())
+    assert [done for done, _text in steps.values()] == [False, False, False]
+    assert steps["node"][1].startswith("Join a node")
+    # `make up`: its own machine joins as a node (a node added but never connected has not joined)
+    make_node("pending-box", registered_at=None)
+    make_node("workstation")
+    page = client.get("/").content.decode()
+    steps = _steps(page)
+    assert steps["node"] == (True, "✓ A node has joined: workstation.")
+    assert 'href="/nodes/workstation/"' in page
+    assert not steps["model"][0] and not steps["key"][0]
+    make_model("qwen")
+    key_for(alice)
+    page = client.get("/").content.decode()
+    steps = _steps(page)
+    assert steps["model"][0] and steps["model"][1].startswith("✓ A model is declared: qwen;")
+    assert 'href="/models/qwen/"' in page
+    assert steps["key"][0] and "You have an API key" in steps["key"][1]
+    make_node("second")
+    steps = _steps(client.get("/", headers={"accept-language": "en"}).content.decode())
+    assert steps["node"] == (True, "✓ 2 nodes have joined: see Nodes.")
+
+
+def test_a_member_sees_only_the_key_step(client: Client, bob) -> None:
+    from tests.builders import make_node
+
+    make_node("workstation")
+    client.force_login(bob)
+    steps = _steps(client.get("/").content.decode())
+    assert list(steps) == ["key"] and steps["key"][0] is False
