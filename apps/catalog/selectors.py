@@ -10,10 +10,10 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from apps.catalog.models import Model
-from apps.cluster.choices import ReplicaState
+from apps.cluster.choices import ReplicaState, ShardState
 from apps.cluster.models import Replica, Shard
 
-__all__ = ["model_status", "models_with_replicas", "translate_reason"]
+__all__ = ["failures", "model_status", "models_with_replicas", "translate_reason"]
 
 
 def models_with_replicas() -> QuerySet[Model]:
@@ -48,8 +48,34 @@ def model_status(model: Model) -> dict[str, Any]:
         "stopping": states.get(ReplicaState.STOPPING, 0),
         "nodes": nodes,
         "message": (pending[0].message if pending else ""),
+        # Why the first pending replica is not placed: the first refusals placement met.
+        "reasons": [translate_reason(r) for r in (pending[0].rejections if pending else [])[:STATUS_REASONS]],
+        "failures": failures(replicas),
         "rolling": rolling_status(model, replicas, wanted),
     }
+
+
+STATUS_REASONS = 5  # refusals of a pending replica given with the models list
+STATUS_LOG_LINES = 12  # lines of a failed engine's log given with the models list (the model has them all)
+
+
+def failures(replicas: list[Replica]) -> list[dict[str, Any]]:
+    """The failed engines of failed replicas: where, the exit code, the agent's message and the
+    last lines of the engine's own log (its real reason is there, not in its exit code)."""
+    return [
+        {
+            "replica": replica.pk,
+            "node": shard.node.name,
+            "rank": shard.rank,
+            "exit_code": shard.exit_code,
+            "message": shard.message,
+            "log_tail": [str(line) for line in (shard.log_tail or [])][-STATUS_LOG_LINES:],
+        }
+        for replica in replicas
+        if replica.state == ReplicaState.FAILED
+        for shard in replica.shards.all()
+        if shard.state == ShardState.FAILED
+    ]
 
 
 def rolling_status(model: Model, replicas: list[Replica], wanted: int) -> dict[str, int] | None:

@@ -446,7 +446,24 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
             ]
         )
     print(format_table(["NAME", "CLASS", "READY", "STARTING", "PENDING", "FAILED", "CHANGE", "NODES"], rows))
+    for m in models:
+        for line in _model_troubles(m):
+            print(line)
     return 0
+
+
+def _model_troubles(model: dict[str, Any]) -> list[str]:
+    """Under the table, why a model is not running: the refusals its pending replica met, and each
+    failed engine with its exit code and the last lines of its own log."""
+    status = model["status"]
+    lines = [f"{model['name']}: pending: {reason}" for reason in status.get("reasons") or []]
+    for failure in status.get("failures") or []:
+        code = failure.get("exit_code")
+        head = f"{model['name']}#{failure['replica']} failed on {failure['node']}"
+        head += f" (exit code {code})" if code is not None else ""
+        lines.append(f"{head}: {failure.get('message') or '-'}")
+        lines += [f"    | {line}" for line in failure.get("log_tail") or []]
+    return lines
 
 
 def cmd_model_apply(client: Client, args: argparse.Namespace) -> int:

@@ -108,3 +108,31 @@ def test_model_apply_names_a_typo_with_its_path_and_dry_run_shows_the_diff(
     assert Profile.objects.get(model__name="tiny").parallel == 4
     assert main([*base, "model", "delete", "tiny", "--yes"]) == 0
     assert "deleted" in capsys.readouterr().out
+
+
+def test_models_says_under_the_table_why_a_model_does_not_run(
+    live_server, key_for, capsys, monkeypatch, tmp_path
+) -> None:
+    """A failed engine with its exit code and the last lines of its own log, where the real reason
+    is; a pending replica with the refusals placement met."""
+    from apps.accounts.choices import StaffRole
+    from apps.cluster import services
+    from apps.cluster.choices import ReplicaState
+    from tests.builders import make_model, make_node, make_replica
+    from tests.conftest import make_user
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    secret = key_for(make_user("olga@example.com", role=StaffRole.OPERATOR))
+    node = make_node("vm", gpus=0)
+    replica = make_replica(make_model("tiny", memory_gb=1, cores=1), node, state=ReplicaState.STARTING)
+    tail = ["gguf_init_from_file: failed to open GGUF file '/m/tiny.gguf' (No such file)", "main: exiting"]
+    report = {"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1, "log_tail": tail}
+    services.record_report(node.pk, [{**report, "message": "engine exited with code 1 before it was ready"}])
+    refusal = {"code": "cpu", "template": "node %(node)s has %(free)s of %(total)s CPU cores free, needs %(need)s"}
+    refusal["params"] = {"node": "vm", "free": "0", "total": 2, "need": "4"}
+    make_replica(make_model("big", memory_gb=1, cores=4), state=ReplicaState.PENDING, rejections=[refusal])
+    assert main(["ctl", "--server", live_server.url, "--key", secret, "models"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    failed = out.index(f"tiny#{replica.pk} failed on vm (exit code 1): engine exited with code 1 before it was ready")
+    assert out[failed + 1 : failed + 3] == [f"    | {line}" for line in tail]
+    assert "big: pending: node vm has 0 of 2 CPU cores free, needs 4" in out
