@@ -35,10 +35,12 @@ from apps.mirror.hub import HubFile, MirrorError
 from apps.mirror.models import MirrorFile, MirrorVersion
 
 __all__ = [
+    "NodeState",
     "Space",
     "add_sources",
     "fetch_one",
     "manifest",
+    "node_states",
     "remove_version",
     "resume_interrupted",
     "space",
@@ -471,6 +473,30 @@ def node_fetches() -> list[dict[str, Any]]:
                 ],
             }
         )
+    return out
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What one node's agent said, with its last heartbeat, of a version it was told to keep."""
+
+    node: str
+    state: str  # held, fetching, refused, failed
+    message: str
+
+
+def node_states() -> dict[str, list[NodeState]]:
+    """For each directory the nodes keep a version in (node_dir()), what each node's agent said of
+    it with its last heartbeat (a node whose heartbeat is over a minute old says nothing), by node."""
+    from apps.cluster.choices import NodeStatus
+    from apps.cluster.inventory import fetch_states
+    from apps.cluster.models import Node
+
+    now = timezone.now()
+    out: dict[str, list[NodeState]] = {}
+    for node in Node.objects.exclude(status=NodeStatus.REVOKED).only("name", "sample", "sampled_at").order_by("name"):
+        for directory, (state, message) in fetch_states(node.fresh_sample(now)).items():
+            out.setdefault(directory, []).append(NodeState(node.name, state, message))
     return out
 
 

@@ -21,12 +21,14 @@ from llmgw.ids import parse_id
 
 def _held_context() -> dict[str, Any]:
     versions = list(MirrorVersion.objects.prefetch_related("files"))
+    on_nodes = services.node_states()
     rows = []
     active = False
     for version in versions:
         state = services.version_state(version)
         active = active or state in ("downloading", "queued")
         row: dict[str, Any] = {"version": version, "state": state, "files": list(version.files.all())}
+        row["nodes"] = on_nodes.get(services.node_dir(version), [])
         try:
             row["summary"] = services.summary(version)
         except MirrorError as exc:

@@ -156,3 +156,28 @@ def test_the_serve_form_places_on_the_freest_gpu_class_refuses_an_idle_cpu_and_d
     from apps.cluster.reconciler import desired_message
 
     assert desired_message(Node.objects.get(name="cpu1"), 1)["mirror"][0]["version"] == version.pk
+
+
+def test_held_says_what_each_node_made_of_a_version_it_was_told_to_keep(operator: Any) -> None:
+    from django.utils import timezone
+
+    from apps.cluster import services as cluster
+    from apps.mirror import services
+    from tests.builders import make_node
+
+    version = MirrorVersion.objects.create(repo="acme/tiny-GGUF", commit="c" * 40, name="x.gguf", kind="gguf")
+    MirrorFile.objects.create(version=version, path="x.gguf", size=10, sha256="d" * 64, state="held")
+    folder = services.node_dir(version)
+    reason = f"{folder} is not inside this node's model_dirs (/srv/models)"
+    vm, gpu = make_node("vm", gpus=0), make_node("gpu1", gpus=1)
+    now = timezone.now()
+    cluster.record_heartbeats(
+        {
+            vm.pk: ({"mirror": [{"version": version.pk, "dir": folder, "state": "refused", "message": reason}]}, now),
+            gpu.pk: ({"mirror": [{"version": version.pk, "dir": folder, "state": "held"}]}, now),
+        }
+    )
+    page = operator.get("/mirror/").content.decode()
+    assert '<li data-node="gpu1" data-state="held">held on node gpu1</li>' in page
+    refused = page[page.index('<li data-node="vm" data-state="refused"') :]
+    assert refused[: refused.index("</li>")].endswith(f"node vm refused it: {reason}".replace("'", "&#x27;"))
