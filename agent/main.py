@@ -437,13 +437,14 @@ class Agent:
         )
 
     def engine_versions(self) -> dict[str, str | None]:
-        """The version of each engine in `available_engines()`, None where it cannot be read: an
-        installed engine's release and build ("b10991 (cpu-x64)"), a named one's `--version`."""
-        installed = {item["engine"]: item for item in self.installer.report()["installed"]}
+        """The version of each engine in `available_engines()`, None where it cannot be read: what
+        an installed engine's `--version` said, with its build ("0.5.0-dev (build 1, commit 0c1e570),
+        cpu-x64"; Installer.versions), a named one's `--version`."""
+        installed = self.installer.versions()
         versions: dict[str, str | None] = {}
         for name in self.available_engines():
             if name in installed:
-                versions[name] = f"{installed[name]['version']} ({installed[name]['build']})"
+                versions[name] = installed[name]
             else:
                 versions[name] = engine_version(self.config.engines[name])
         return versions

@@ -188,6 +188,18 @@ class Installer:
         with self.lock:
             return {name: dict(entry) for name, entry in self.manifest.items()}
 
+    def versions(self) -> dict[str, str]:
+        """Engine -> what runs, for the engines installed here (not those agent.yaml names): what
+        the binary's own `--version` said when it was checked (llama.cpp's build number and commit,
+        which a build compiled from a source distribution does not share with the release it stands
+        in for), with the build installed; the release and build where no such line was read."""
+        with self.lock:
+            return {
+                name: _running_label(entry)
+                for name, entry in sorted(self.manifest.items())
+                if name not in self.configured and entry.get("path")
+            }
+
     def report(self) -> dict[str, Any]:
         with self.lock:
             installed = [
@@ -865,6 +877,15 @@ def _restore_or_remove(old: Path) -> str:
         return _remove(old)
     old.rename(final)
     return f"put {final} back"
+
+
+def _running_label(entry: dict[str, Any]) -> str:
+    """ "0.5.0-dev (build 1, commit 0c1e570), source-llama-cpp-python-0.3.36-x64" from the version
+    line the check read; "b10991 (cpu-x64)" (release and build) for an entry without one."""
+    line = str(entry.get("version_line") or "").strip()
+    said = line.split(":", 1)[1].strip() if line.lower().startswith("version:") else ""
+    label = f"{said}, {entry.get('build')}" if said else f"{entry.get('version')} ({entry.get('build')})"
+    return label[:200]  # as the protocol carries it
 
 
 def _rename_into_place(staged: Path, final: Path) -> None:

@@ -46,8 +46,9 @@ LOG_ROTATE_BYTES = 32 * 1024 * 1024
 TAIL_LINES = 15  # a child's last lines, shown when it exits on its own
 NO_ENGINE = (
     "llmgw up: this machine has no llama.cpp engine, so models will stay pending until the local agent "
-    "has installed the llama.cpp release the control plane chooses (progress below; it needs GitHub, or "
-    "the archive added with `llmgw engine-files add`); or set LLMGW_LLAMA_SERVER=/path/to/llama-server, "
+    "has installed one (progress below): the llama.cpp release the control plane chooses, from GitHub or "
+    "an archive added with `llmgw engine-files`, else compiled from the llama-cpp-python source on the "
+    "package index (about 18 minutes on 2 cores); or set LLMGW_LLAMA_SERVER=/path/to/llama-server, "
     "put llama-server on PATH, or run scripts/ensure-llama-server"
 )
 

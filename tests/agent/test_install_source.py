@@ -106,6 +106,8 @@ def test_a_cpu_node_compiles_its_engine_when_no_release_can_be_had(tmp_path: Pat
     assert engines.report()["status"] == {}
     assert any("compiling llama.cpp (100 %)" in s for s in seen), seen
     assert engines.recheck_sync() == []  # it passes the same checks as any build
+    # It stands in for release b10991 but is not it: the node reports what its --version says.
+    assert engines.versions() == {"llama.cpp": "0.0.1-dev (build 7, commit abc1234), source-llama-cpp-python-0.0.1-x64"}
 
 
 def test_a_source_whose_digest_differs_is_not_built(tmp_path: Path, index: tuple[str, Path]) -> None:
