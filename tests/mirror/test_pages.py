@@ -181,3 +181,75 @@ def test_held_says_what_each_node_made_of_a_version_it_was_told_to_keep(operator
     assert '<li data-node="gpu1" data-state="held">held on node gpu1</li>' in page
     refused = page[page.index('<li data-node="vm" data-state="refused"') :]
     assert refused[: refused.index("</li>")].endswith(f"node vm refused it: {reason}".replace("'", "&#x27;"))
+
+
+def _storage(directory: str) -> list[dict[str, Any]]:
+    """A node's model directory as its agent reports it, holding nothing yet."""
+    pool = {"mount_point": "/", "fstype": "ext4", "shared": False, "total_bytes": 10**12, "free_bytes": 10**11}
+    return [{**pool, "directories": [directory], "weights": [], "held": []}]
+
+
+def test_on_a_two_core_node_without_gpus_the_serve_form_defaults_to_what_fits_and_refuses_what_does_not(
+    operator: Any, hub: Any, eager: Any, settings: Any
+) -> None:
+    """The form's defaults come from the fleet: two cores on the only node, no GPU choice and no
+    "use the CPU anyway" where no GPU exists; asking for more than placement would give is refused
+    with placement's own numbers, and the defaults declare a model that placement puts there."""
+    from apps.catalog.models import Model
+    from apps.cluster.models import Node
+    from apps.cluster.reconciler import reconcile
+    from apps.mirror import services
+    from tests.builders import make_node, node_sample
+
+    settings.MIRROR_NODE_DIR = "/data/models/mirror"
+    make_node("vm", cpus=2, memory_gb=8, engines=("llama.cpp",))
+    Node.objects.filter(name="vm").update(
+        sample={**node_sample(cpus=2, memory_gb=8), "storage": _storage("/data/models")}
+    )
+    with eager(execute=True):
+        (version,) = services.add_sources([f"{hub.url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"])
+    page = operator.get(f"/mirror/{version.pk}/serve").content.decode()
+    assert 'name="cpu_cores" type="number" min="1" max="1024" value="2"' in page
+    assert 'name="allow_cpu"' not in page and 'name="gpus"' not in page
+    assert '<option value="cpu" selected>the CPU</option>' in page
+    assert "Free now on vm, the freest node: 2.0 of 2 CPU cores and" in page
+    assert 'data-verdict="fits"' in page and "Placement would put it on vm." in page
+
+    answer = operator.post(f"/mirror/{version.pk}/serve", {"name": "tiny", "placement": "cpu", "cpu_cores": "4"})
+    assert answer.status_code == 400 and not Model.objects.exists()
+    errors = answer.content.decode()
+    assert "No node can run it as it stands:" in errors
+    assert "node vm has 2 of 2 CPU cores free, needs 4" in errors
+
+    answer = operator.post(f"/mirror/{version.pk}/serve", {"name": "tiny"})  # the form's defaults
+    assert answer.status_code == 302
+    (profile,) = Model.objects.get(name="tiny").profiles.all()
+    assert (profile.accelerator, profile.cpu_cores) == ("cpu", 2)
+    reconcile()
+    replica = Model.objects.get(name="tiny").replicas.get()
+    # Placed once the node holds the file; until then it says it has not got it yet.
+    assert f"{services.node_path(version, 'tiny-Q4_K_M.gguf')} is not on node vm" in [
+        r["message"] for r in replica.rejections
+    ]
+
+
+def test_the_serve_form_refuses_a_node_whose_model_directories_cannot_hold_what_the_mirror_sends(
+    operator: Any, hub: Any, eager: Any, settings: Any
+) -> None:
+    from apps.cluster.models import Node
+    from apps.mirror import services
+    from tests.builders import make_node, node_sample
+
+    settings.MIRROR_NODE_DIR = "/var/lib/llmgw/models/mirror"
+    make_node("vm", cpus=2, memory_gb=8, engines=("llama.cpp",))
+    Node.objects.filter(name="vm").update(
+        sample={**node_sample(cpus=2, memory_gb=8), "storage": _storage("/srv/models")}
+    )
+    with eager(execute=True):
+        (version,) = services.add_sources([f"{hub.url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"])
+    page = operator.get(f"/mirror/{version.pk}/serve").content.decode()
+    assert 'data-verdict="no-fit"' in page
+    source = services.node_path(version, "tiny-Q4_K_M.gguf")
+    assert f"node vm would refuse to fetch {source}: it keeps models only in /srv/models" in page
+    answer = operator.post(f"/mirror/{version.pk}/serve", {"name": "tiny"})
+    assert answer.status_code == 400
