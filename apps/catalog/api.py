@@ -18,12 +18,13 @@ from apps.accounts.access import IsOperator
 from apps.catalog import selectors, services
 from apps.catalog.choices import CapacityClass
 from apps.catalog.models import Model, Profile
+from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Replica, Shard
 from apps.cluster.placement import EXPLAIN_NODES
 from llmgw.api import ErrorSerializer
 from llmgw.http import client_address
 
-__all__ = ["ModelViewSet", "ReplicaViewSet", "explain_model", "headroom"]
+__all__ = ["ModelViewSet", "ReplicaViewSet", "explain_model", "explain_placed", "headroom"]
 
 
 class ProfileSerializer(serializers.ModelSerializer[Profile]):
@@ -201,6 +202,68 @@ def explain_model(model: Model, limit: int | None = EXPLAIN_NODES) -> list[dict[
             }
         )
     return out
+
+
+EXPLAIN_PLACED = 20  # placed replicas explained one by one on the page and in the API; the rest are counted
+PLACED_STATES = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED)
+
+
+def explain_placed(model: Model) -> tuple[list[dict[str, Any]], int]:
+    """Where each placed replica (starting, ready or failed) runs and why: its nodes as placement
+    sees them with the replica's own claims released (so that what it holds is not counted against
+    it), each node fitting it with its score and whether it holds the weights, or refusing it now
+    with every reason (a node cordoned since, say). Its siblings' claims count, once. Also how many
+    placed replicas were left out past EXPLAIN_PLACED."""
+    from apps.cluster import placement
+    from apps.cluster.inventory import build_inventory, replica_request
+
+    placed = [r for r in model.replicas.all() if r.state in PLACED_STATES and r.shards.all()]
+    if not placed:
+        return [], 0
+    inventory = build_inventory()
+    out = []
+    for replica in placed[:EXPLAIN_PLACED]:
+        shards = sorted(replica.shards.all(), key=lambda s: s.rank)
+        request = replica_request(model, replica)
+        profile = next((p for p in request.profiles if p.id == replica.profile_id), None)
+        if profile is None or any(s.node_id not in inventory.nodes for s in shards):
+            out.append(_placed(replica, shards, [], [], holders=set(), source=request.source))
+            continue
+        without = inventory.copy()
+        without.release(str(replica.pk))
+        reasons, verdicts = placement.judge(without, request, profile, [s.node_id for s in shards])
+        holders = set(without.weights_nodes(request.source))
+        out.append(_placed(replica, shards, reasons, verdicts, holders=holders, source=request.source))
+    return out, max(len(placed) - EXPLAIN_PLACED, 0)
+
+
+def _placed(
+    replica: Replica, shards: list[Any], reasons: list[Any], verdicts: list[Any], *, holders: set[int], source: str
+) -> dict[str, Any]:
+    by_node = {v.node_id: v for v in verdicts}
+    nodes = []
+    for shard in shards:
+        verdict = by_node.get(shard.node_id)
+        nodes.append(
+            {
+                "node": shard.node.name,
+                "rank": shard.rank,
+                # None: the node is gone from placement's view (revoked) or the profile was removed.
+                "fits": verdict.fits if verdict is not None else None,
+                "score": verdict.score if verdict is not None else None,
+                "scores": verdict.scores if verdict is not None else None,
+                "weights": _weights_note(verdict, holders, source) if verdict is not None else None,
+                "reasons": [selectors.translate_reason(_rejection(r)) for r in verdict.reasons] if verdict else [],
+                "notes": dict(verdict.notes) if verdict is not None else {},
+            }
+        )
+    return {
+        "replica": replica.pk,
+        "state": replica.state,
+        "profile": replica.profile.name if replica.profile is not None else None,
+        "reasons": [selectors.translate_reason(_rejection(r)) for r in reasons],
+        "nodes": nodes,
+    }
 
 
 def _weights_note(verdict: Any, holders: set[int], source: str) -> str | None:
@@ -412,6 +475,10 @@ class ModelViewSet(
             "Explain",
             {
                 "model": serializers.CharField(),
+                # Where each placed replica runs and why, its own claims not counted against it.
+                "placed": serializers.ListField(child=serializers.DictField()),
+                "more_placed": serializers.IntegerField(),
+                # Where one more replica would go, every placed replica's claims counted.
                 "profiles": serializers.ListField(child=serializers.DictField()),
                 "replicas": serializers.ListField(child=serializers.DictField()),
             },
@@ -436,7 +503,16 @@ class ModelViewSet(
             }
             for r in model.replicas.all()
         ]
-        return Response({"model": model.name, "profiles": explain_model(model, limit), "replicas": replicas})
+        placed, more_placed = explain_placed(model)
+        return Response(
+            {
+                "model": model.name,
+                "placed": placed,
+                "more_placed": more_placed,
+                "profiles": explain_model(model, limit),
+                "replicas": replicas,
+            }
+        )
 
     @extend_schema(
         responses=inline_serializer(

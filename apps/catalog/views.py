@@ -489,11 +489,14 @@ def model_resources(request: HtmxHttpRequest, name: str) -> HttpResponse:
 
 @requires("read_everything", methods=["GET"])
 def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    """Each profile against every node with all the reasons it was refused; and what each replica met."""
+    """Where each placed replica runs and why (its own claims not counted against it); each profile
+    against every node for one more replica, with all the reasons each was refused; and what each
+    replica met when it was placed."""
     model = _get_model_for_user(request.user, name)
     show_all = request.GET.get("nodes") == "all"
     limit = None if show_all else api.EXPLAIN_NODES
     verdicts = [] if model.is_external else sorted(api.explain_model(model, limit), key=lambda v: -v["priority"])
+    placed, more_placed = ([], 0) if model.is_external else api.explain_placed(model)
     replicas: list[dict[str, Any]] = [
         {
             "replica": replica,
@@ -517,6 +520,8 @@ def model_explain(request: HtmxHttpRequest, name: str) -> HttpResponse:
             "verdicts": verdicts,
             "replicas": replicas,
             "runs_somewhere": runs_somewhere,
+            "placed": placed,
+            "more_placed": more_placed,
             "limit": limit,
         },
     )

@@ -603,11 +603,35 @@ def _notes(node: dict[str, Any]) -> str:
     return "".join(f"; {key} {value}" for key, value in notes.items())
 
 
+def _placed_lines(answer: dict[str, Any]) -> list[str]:
+    """Where each placed replica runs and why (its own claims not counted against it), then the
+    heading of what follows: where one more replica would go."""
+    lines = []
+    for item in answer.get("placed") or []:
+        for node in item["nodes"]:
+            head = f"replica {item['replica']} ({item['state']}) runs on {node['node']} [{item['profile'] or '-'}]"
+            if node["fits"]:
+                score = f" (score {node['score']:.2f})" if node.get("score") is not None else ""
+                weights = f"; {node['weights']}" if node.get("weights") else ""
+                lines.append(f"{head}: fits{score}{weights}{_notes(node)}")
+            elif node["fits"] is None:
+                lines.append(f"{head}: -")
+            for reason in [*item.get("reasons", []), *node["reasons"]]:
+                lines.append(f"{head}: would be refused now: {reason}")
+    if answer.get("more_placed"):
+        lines.append(f"... {answer['more_placed']} more placed replicas")
+    if lines and answer["profiles"]:
+        lines.append("one more replica:")
+    return lines
+
+
 def cmd_model_explain(client: Client, args: argparse.Namespace) -> int:
     answer = client.get(f"models/{args.name}/explain?nodes={'all' if args.all else args.nodes}")
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
+    for line in _placed_lines(answer):
+        print(line)
     for profile in answer["profiles"]:
         verdict = "fits" if profile["fits"] else "fits nowhere"
         print(f"profile {profile['profile']} (priority {profile['priority']}): {verdict}")

@@ -160,6 +160,25 @@ def test_explain_breaks_each_fitting_node_score_into_its_scorers_and_says_who_ho
     assert nodes["holder"]["score"] > nodes["fetcher"]["score"]
 
 
+def test_explain_says_where_each_placed_replica_runs_with_its_own_claim_released(api, operator) -> None:
+    """Two replicas of 2 cores on a 4-core node: each fits where it runs, its sibling counted once;
+    one more replica fits nowhere, with both counted."""
+    from apps.cluster.reconciler import reconcile
+
+    make_node("vm", cpus=4, memory_gb=8)
+    make_model("tiny", memory_gb=1, cores=2, source="/models/tiny.gguf", replicas=2)
+    reconcile()
+    answer = as_user(api, operator).get("/api/v1/models/tiny/explain").json()
+    assert len(answer["placed"]) == 2 and answer["more_placed"] == 0
+    for item in answer["placed"]:
+        ((node),) = item["nodes"]
+        assert node["node"] == "vm" and node["fits"] is True and node["reasons"] == [] and node["scores"]
+        assert item["state"] == "starting" and item["reasons"] == []
+    [profile] = answer["profiles"]
+    assert not profile["fits"]
+    assert profile["nodes"][0]["reasons"] == ["node vm has 0 of 4 CPU cores free, needs 2"]
+
+
 def test_explain_spells_out_as_many_nodes_as_asked_and_counts_the_rest(api, operator) -> None:
     from apps.cluster.models import Node
 

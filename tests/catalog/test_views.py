@@ -443,6 +443,28 @@ def test_explain_shows_every_node_with_its_reasons_and_what_replicas_met(client:
     assert "cpu-small: 4 GB memory, 8 GB needed" in text(row(content, "data-replica", replica.pk))
 
 
+def test_explain_of_a_running_model_says_where_it_runs_and_why_then_what_one_more_replica_would_find(
+    client: Client, viola, placement
+) -> None:
+    """The page no longer says "fits nowhere, 0 of 2 CPU cores free" of the very replica it says
+    runs: that replica is judged on its node with its own claim released; one more replica, with
+    it counted once, is what fits nowhere."""
+    from apps.cluster.models import Replica
+    from apps.cluster.reconciler import reconcile
+
+    make_node("vm", cpus=2, memory_gb=8)
+    make_model("tiny", profile="cpu", memory_gb=1, cores=2)
+    reconcile()
+    (replica,) = Replica.objects.filter(model__name="tiny")
+    page = signed_in(client, viola).get("/models/tiny/explain").content.decode()
+    assert "Why tiny runs where it does" in page
+    placed = re.search(rf'<tr data-placed="{replica.pk}" data-placed-node="vm">(.*?)</tr>', page, re.S)
+    assert placed is not None
+    assert "fits" in text(placed.group(1)) and "score" in text(placed.group(1)) and "refused" not in placed.group(1)
+    assert page.index('data-section="placed"') < page.index('data-section="next"') < page.index('data-profile="cpu"')
+    assert "node vm has 0 of 2 CPU cores free, needs 2" in text(row(page, "data-node", "vm"))
+
+
 def test_explain_on_a_large_fleet_shows_the_first_nodes_and_counts_the_rest(
     client: Client, viola, placement, monkeypatch
 ) -> None:

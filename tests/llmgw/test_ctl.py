@@ -136,3 +136,27 @@ def test_models_says_under_the_table_why_a_model_does_not_run(
     failed = out.index(f"tiny#{replica.pk} failed on vm (exit code 1): engine exited with code 1 before it was ready")
     assert out[failed + 1 : failed + 3] == [f"    | {line}" for line in tail]
     assert "big: pending: node vm has 0 of 2 CPU cores free, needs 4" in out
+
+
+def test_model_explain_says_where_a_running_replica_runs_then_what_one_more_would_find(
+    live_server, key_for, capsys, monkeypatch, tmp_path
+) -> None:
+    from apps.accounts.choices import StaffRole
+    from apps.cluster.models import Replica
+    from apps.cluster.reconciler import reconcile
+    from tests.builders import make_model, make_node
+    from tests.conftest import make_user
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    secret = key_for(make_user("olga@example.com", role=StaffRole.OPERATOR))
+    make_node("vm", cpus=2, memory_gb=8)
+    make_model("tiny", memory_gb=1, cores=2, engine="llama.cpp")
+    reconcile()
+    replica = Replica.objects.get()
+    assert main(["ctl", "--server", live_server.url, "--key", secret, "model", "explain", "tiny"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    placed = next(line for line in out if line.startswith(f"replica {replica.pk} (starting) runs on vm ["))
+    assert ": fits (score " in placed and "would be refused" not in "\n".join(out)
+    following = out[out.index("one more replica:") + 1 :]
+    assert following[0].endswith("fits nowhere")
+    assert "  vm: node vm has 0 of 2 CPU cores free, needs 2" in following

@@ -107,3 +107,29 @@ def test_explain_cpu_nodes_and_no_fit_summary() -> None:
     ]
     assert [r.message for r in result.reasons] == ["no node can take profile cpu-24: 2 of 2 nodes refused it"]
     assert result.nodes[0].reasons[0].to_dict()["params"]["need_gb"] == "24"
+
+
+def test_a_placed_replica_is_judged_on_its_own_nodes_without_its_own_claim_and_with_its_siblings_once() -> None:
+    """A 4-core node running two replicas of 2 cores each: each of them fits where it runs (its own
+    claim released, its sibling's counted once); one more replica fits nowhere, both counted."""
+    from apps.cluster.placement import judge
+
+    node = cpu_node(1, "vm", cpus=4)
+    claims = [Claim(rid, 0, 1, (), 0, 2.0, (), "standard", "m", False) for rid in ("r1", "r2")]
+    inventory = Inventory({1: node}, claims)
+    profile = cpu_profile(cores=2)
+    request = req(profile)
+    for rid in ("r1", "r2"):
+        without = inventory.copy()
+        without.release(rid)
+        reasons, (verdict,) = judge(without, request, profile, [1])
+        assert reasons == [] and verdict.fits and verdict.score is not None and verdict.scores
+    [next_one] = explain(inventory, request)
+    assert not next_one.fits
+    assert [r.message for r in next_one.nodes[0].reasons] == ["node vm has 0 of 4 CPU cores free, needs 2"]
+    # Released, the inventory itself is unchanged: the next replica still sees both claims.
+    assert inventory.cores_claimed(1) == 4.0
+
+    cordoned = cpu_node(1, "vm", cpus=4, cordoned=True, cordon_reason="fan")
+    reasons, (verdict,) = judge(Inventory({1: cordoned}, claims[1:]), request, profile, [1])
+    assert not verdict.fits and [r.message for r in verdict.reasons] == ["node vm is cordoned: fan"]

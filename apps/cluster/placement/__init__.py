@@ -33,7 +33,7 @@ from .model import (
     ShardPlan,
     Usage,
 )
-from .pipeline import EXPLAIN_NODES, explain, ordered_profiles, place, usable_nodes
+from .pipeline import EXPLAIN_NODES, explain, judge, ordered_profiles, place, usable_nodes
 from .reasons import Reason, gettext_noop
 from .registry import (
     REGISTRY,
@@ -87,6 +87,7 @@ __all__ = [
     "filters",
     "gettext_noop",
     "headroom",
+    "judge",
     "ordered_profiles",
     "place",
     "plan_preemption",

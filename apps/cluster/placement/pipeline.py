@@ -882,6 +882,34 @@ def explain(
     return out
 
 
+def judge(
+    inventory: Inventory,
+    request: ReplicaRequest,
+    profile: ProfileSpec,
+    node_ids: Iterable[int],
+    *,
+    registry: Registry | None = None,
+) -> tuple[list[Rejection], list[NodeVerdict]]:
+    """What placement says, for one profile, of the given nodes only (those a placed replica runs
+    on, asked with its own claims released): the profile's own refusals (quotas), and for each node
+    every refusal, or, where none, its score with each scorer's part. As explain() says of them,
+    without walking the rest of the fleet."""
+    ctx = PlacementContext(inventory, request, profile, registry or REGISTRY)
+    ev = _Evaluator(ctx)
+    verdicts = []
+    for node_id in node_ids:
+        node = inventory.nodes[node_id]
+        found = _all_reasons(ctx, ev.filters, node)
+        if found:
+            verdicts.append(NodeVerdict(node_id, node.name, found, False, None))
+            continue
+        parts = ev.breakdown(node)
+        verdict = NodeVerdict(node_id, node.name, [], True, sum(parts.values()), parts)
+        verdict.notes = ev.pre.node_notes(node_id) if ev.pre.notes else {}
+        verdicts.append(verdict)
+    return [ev.reject_profile(reason) for reason in ev.check()], verdicts
+
+
 def _all_reasons(ctx: PlacementContext, filters: tuple[FilterFn, ...], node: NodeSnapshot) -> list[Rejection]:
     """Every filter's refusal of the node (what explain shows): spelled out with locals, as this is
     most of explain's cost."""
