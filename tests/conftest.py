@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +52,37 @@ SECOND_RUN_SKIPS = (
     "browser/",
     "deploy/",  # Prometheus and promtool against llmgw's metrics: the same on either database
 )
+_LEFTOVERS = pytest.StashKey[list[Any]]()
+
+
+def pytest_configure(config: Any) -> None:
+    from tests import processes
+
+    # Every process a test starts carries this session's mark, whatever it starts in turn.
+    processes.mark_this_run()
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """A test that starts a process stops it: what still runs with this session's mark now was left
+    behind (an engine outliving its agent, a server no fixture stopped). It is killed here, so that
+    it holds no port, memory or database connection after the suite, and named in the summary."""
+    from tests import processes
+
+    left = processes.leftovers()
+    for process in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, signal.SIGKILL)
+    session.config.stash[_LEFTOVERS] = left
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    left = config.stash.get(_LEFTOVERS, [])
+    if left:
+        terminalreporter.section("processes the tests left running (killed now)", yellow=True, bold=True)
+        for process in left:
+            terminalreporter.line(f"pid {process.pid}: {process.command}")
+
+
 _DATABASE_FIXTURES = frozenset(
     {"db", "transactional_db", "live_server", "django_db_reset_sequences", "django_db_serialized_rollback"}
 )

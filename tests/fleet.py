@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from tests import processes
 from tests.e2e.helpers import REPO, Browser, Running, descendants, llmgw_up
 
 FIXTURES = Path(os.environ.get("LLMGW_FIXTURES_DIR") or REPO.parent / "shared" / "fixtures")
@@ -405,6 +406,12 @@ class FleetAgent:
         )
         return self
 
+    def finish(self) -> None:
+        """Kill the agent and every process it started: its engines live in sessions of their own,
+        so they outlive it (by design, for an agent that restarts) and would outlive the test."""
+        self.stop(signal.SIGKILL)
+        processes.kill_marked(processes.OWNER_MARK, self.env[processes.OWNER_MARK])
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process and self.process.poll() is None:
             self.process.send_signal(sig)
@@ -519,7 +526,7 @@ class ControlPlane:
 
     def __exit__(self, *exc: object) -> None:
         for agent in self.agents:
-            agent.stop(signal.SIGKILL)
+            agent.finish()
         self._stack.close()
 
     @property
@@ -588,6 +595,7 @@ class ControlPlane:
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_"))}
+        env[processes.OWNER_MARK] = processes.owner(config_path)
         agent = FleetAgent(name=name, config_path=config_path, env=env, log_path=root / "agent.log")
         self.agents.append(agent)
         return agent.start() if start else agent

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests import processes
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -106,9 +108,20 @@ def drop_pg_database(url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+#: PostgreSQL connections each llmgw process a test starts may hold (LLMGW_DATABASE_POOL_SIZE; 10
+#: in production). A test's processes serve one test's requests, so a few each are plenty, and
+#: the suite stays well inside PostgreSQL's max_connections (README: the suite's connection budget).
+TEST_POOL_SIZE = 3
+
+
 def llmgw_env(data_dir: Path, port: int, **extra: str) -> dict[str, str]:
+    """The environment of an llmgw process a test starts: none of the test's own LLMGW_* settings,
+    its data directory and address, a small database pool (TEST_POOL_SIZE), and the marks by which
+    what it starts is found again (tests/processes.py: this session's, and the data directory's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_", "PROMETHEUS_"))}
     env.update({"LLMGW_DATA_DIR": str(data_dir), "LLMGW_LISTEN": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"})
+    env["LLMGW_DATABASE_POOL_SIZE"] = str(TEST_POOL_SIZE)
+    env[processes.OWNER_MARK] = processes.owner(data_dir)
     # Engine releases come from a server of the test's own, or from nowhere: never GitHub; and a
     # local agent without an engine never compiles one from a real package index.
     env["LLMGW_ENGINE_RELEASES_API"] = "http://127.0.0.1:9"
@@ -165,6 +178,10 @@ def llmgw_up(
                     os.kill(pid, 9)
             process.kill()
         process.wait(timeout=30)
+        # Engines live in sessions of their own and outlive a killed agent: whatever this data
+        # directory's processes started goes too, unless --keep-engines left it for the next `up`.
+        if "--keep-engines" not in args:
+            processes.kill_marked(processes.OWNER_MARK, env[processes.OWNER_MARK])
         if database and owned and not keep_database:
             drop_pg_database(database)
 

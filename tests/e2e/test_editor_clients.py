@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import processes
 from tests.e2e.helpers import REPO
 from tests.fleet import ControlPlane
 
@@ -247,6 +248,7 @@ class Person:
             "XDG_DATA_HOME": str(self.home / ".local" / "share"),
             "XDG_STATE_HOME": str(self.home / ".local" / "state"),
             "TMPDIR": str(self.home / "tmp"),
+            **processes.marks(),  # so that the session's end finds an editor left running
         }
         if self.tool == "continue":
             env.update(CONTINUE_ENV)
