@@ -289,8 +289,9 @@ def _roll(
     2. While a replacement is on its way nothing else is replaced; one that failed stops the roll
        (the old replica keeps serving; the replacement is retried with the usual backoff).
     3. Otherwise the oldest out-of-date replica gets a replacement: alongside it while the model is
-       under its maximum, else in its place (stopped first). A replacement that cannot be placed
-       beside it (no room) replaces it in place too: never more than one below the minimum.
+       under its maximum, else in its place (stopped first, and the next one only once that
+       replacement is ready). A replacement that cannot be placed beside it (no room) replaces it in
+       place too: never more than one below the minimum.
     """
     profiles = {p.pk: p for p in profile_list}
     specs = {pk: running_spec(model, p) for pk, p in profiles.items()}
@@ -349,6 +350,8 @@ def _roll(
             return
     if any(r.replaces_id is not None for r in replicas):
         return  # one replacement at a time
+    if any(r.state == ReplicaState.STARTING and not outdated(r) for r in replicas):
+        return  # nor while one with the new spec starts (one placed in its old replica's place)
     movable = (ReplicaState.STARTING, ReplicaState.READY)
     stale = sorted(
         (r for r in replicas if r.state in movable and (drained(r) is not None or outdated(r))),

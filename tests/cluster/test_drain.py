@@ -175,3 +175,23 @@ def test_the_other_ranks_of_a_multi_node_replica_run_on_while_rank_0_drains_then
     services.record_report(first.pk, [{"shard": rank0, "state": "stopped"}])
     assert Node.objects.get(pk=second.pk).desired_version > version  # its agent hears at once
     assert desired_shards(second) == []
+
+
+@pytest.mark.django_db
+def test_a_roll_in_place_stops_the_next_replica_only_once_the_last_replacement_is_ready() -> None:
+    node = make_node(gpus=8)
+    model = make_model("m", replicas=2, gpus=1)  # at its maximum: each is replaced in its place
+    reconcile()
+    _ready(node)
+    old = set(Replica.objects.values_list("pk", flat=True))
+    Profile.objects.filter(model=model).update(parallel=8)
+    reconcile()
+    assert Replica.objects.filter(pk__in=old, state=ReplicaState.STOPPING).count() == 1
+    reconcile()
+    reconcile()
+    # Its replacement is starting: the other old one keeps serving meanwhile.
+    assert Replica.objects.filter(pk__in=old, state=ReplicaState.READY).count() == 1
+    assert Replica.objects.exclude(pk__in=old).get().state == ReplicaState.STARTING
+    _ready(node)  # (the first old one, stopped, is released meanwhile)
+    reconcile()
+    assert not Replica.objects.filter(pk__in=old).exclude(state=ReplicaState.STOPPING).exists()
