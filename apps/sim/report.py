@@ -58,7 +58,8 @@ def as_text(report: dict[str, Any]) -> str:
         lines += ["", _("Power at the end (W):")]
         for domain, row in end["power"].items():
             drawn, room = _figure(row["drawn_w"]), _figure(row["headroom_w"])
-            lines.append(f"  {domain}: {drawn} / {row['cap_w']:g}, {_('headroom')} {room}")
+            headroom = _("headroom")  # outside the f-string, where makemessages finds it
+            lines.append(f"  {domain}: {drawn} / {row['cap_w']:g}, {headroom} {room}")
     if report["preemptions"]:
         lines += ["", _("Preempted: %(count)s replicas") % {"count": len(report["preemptions"])}]
     timing = report["timing"]

@@ -77,3 +77,25 @@ def test_two_points_of_one_time_one_unknown_are_drawn_not_compared() -> None:
     # the points by value as well as time raised TypeError and the node page answered 500.
     svg = line_chart([(10.0, None), (10.0, 3.0), (20.0, 4.0)], label="tokens")
     assert "<svg" in svg and "no data" not in svg
+
+
+def test_a_chart_carries_a_drawing_for_phones_with_larger_type() -> None:
+    """On a phone a 480-unit chart is drawn some 320 px wide: its 10-unit labels came out at 6 or 7 px.
+    The narrow drawing (shown there by the stylesheet) has 17-unit labels: 11 px at that width."""
+    from apps.cluster.charts import NARROW, WIDE, bar_chart
+
+    for svg in (line_chart([(0, 10), (60, 20)], y_max=100, unit="%"), bar_chart([("acme", 3.0), ("b", None)])):
+        assert svg.count("<svg") == 1
+        wide = svg[svg.index(f'<g class="{WIDE.css}"') : svg.index(f'<g class="{NARROW.css}"')]
+        narrow = svg[svg.index(f'<g class="{NARROW.css}"') :]
+        sizes = [int(size) for size in re.findall(r'font-size="(\d+)"', narrow)]
+        assert sizes and min(sizes) >= NARROW.font and max(int(s) for s in re.findall(r'font-size="(\d+)"', wide)) < 17
+        # 17 units in a 480-unit chart drawn 294 px wide (a 360 px phone's card) are 10.4 px
+        assert NARROW.font * 294 / 480 >= 10
+
+
+def test_no_data_is_said_in_the_persons_language() -> None:
+    from django.utils import translation
+
+    with translation.override("tr"):
+        assert "no data" not in line_chart([])
