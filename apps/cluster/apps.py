@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class ClusterConfig(AppConfig):
     name = "apps.cluster"
     label = "cluster"
+    verbose_name = _("Cluster")
 
     def ready(self) -> None:
         from apps.cluster.metrics import NodeCollector

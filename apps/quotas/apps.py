@@ -3,11 +3,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class QuotasConfig(AppConfig):
     name = "apps.quotas"
     label = "quotas"
+    verbose_name = _("Quotas and usage")
 
     def ready(self) -> None:
         from django.db.models.signals import pre_delete
