@@ -6,7 +6,8 @@
 //   while one streams, Send is Stop, which aborts the request and keeps what arrived.
 // - Under each reply: tokens (the engine's count), tokens a second, time to the first token and
 //   in all, and the hardware that answered (the x-llmgw-hardware header).
-// - The conversation, the system prompt, the temperature and the model are kept in
+// - The conversation, the system prompt, the temperature, the most tokens an answer may have
+//   (1024 at first: a base model never stops by itself; empty for no limit) and the model are kept in
 //   localStorage; after a reload the model's turns are rendered again by the server
 //   (POST /chat/render), as they were when they came.
 // - Math is typeset with KaTeX (loaded by this page only) once a reply is rendered by the server,
@@ -33,6 +34,7 @@
   const send = document.getElementById("chat-send");
   const system = document.getElementById("chat-system");
   const temperature = document.getElementById("chat-temperature");
+  const maxTokens = document.getElementById("chat-max-tokens");
   const status = document.getElementById("chat-status");
   const fresh = document.getElementById("chat-new");
 
@@ -82,7 +84,7 @@
     } catch (error) {
       saved = null;
     }
-    const empty = { turns: [], system: "", temperature: "", model: "" };
+    const empty = { turns: [], system: "", temperature: "", maxTokens: maxTokens.value, model: "" };
     if (!saved || typeof saved !== "object" || !Array.isArray(saved.turns)) {
       return empty;
     }
@@ -92,13 +94,24 @@
       }),
       system: typeof saved.system === "string" ? saved.system : "",
       temperature: typeof saved.temperature === "string" ? saved.temperature : "",
+      maxTokens: typeof saved.maxTokens === "string" ? saved.maxTokens : empty.maxTokens,
       model: typeof saved.model === "string" ? saved.model : "",
     };
+  }
+
+  // The field's most tokens for an answer as a whole number of at least 1; null when empty or not a number.
+  function wholeTokens(text) {
+    const value = Number(String(text).trim());
+    if (String(text).trim() === "" || !isFinite(value)) {
+      return null;
+    }
+    return Math.max(1, Math.floor(value));
   }
 
   function save() {
     state.system = system.value;
     state.temperature = temperature.value;
+    state.maxTokens = maxTokens.value;
     state.model = picker.value || state.model;
     try {
       window.localStorage.setItem(STORE, JSON.stringify(state));
@@ -396,6 +409,7 @@
       }
       if (choice && choice.finish_reason) {
         reply.finished = true;
+        reply.reason = choice.finish_reason;
         if (choice.finish_reason === "content_filter") {
           reply.guard = payload.llmgw_guardrail || { policy: "-", rule: "-" };
         }
@@ -418,6 +432,10 @@
     if (chosen !== "" && isFinite(Number(chosen))) {
       body.temperature = Math.min(2, Math.max(0, Number(chosen)));
     }
+    const limit = wholeTokens(maxTokens.value);
+    if (limit !== null) {
+      body.max_tokens = limit;
+    }
 
     const turn = { role: "assistant", content: "", model: model };
     state.turns.push(turn);
@@ -428,7 +446,7 @@
 
     controller = new AbortController();
     streaming(true);
-    const reply = { text: "", first: null, usage: null, error: "", finished: false, started: performance.now() };
+    const reply = { text: "", first: null, usage: null, error: "", finished: false, reason: "", started: performance.now() };
     let response = null;
     let stopped = false;
     try {
@@ -483,6 +501,8 @@
         } else if (!done && !reply.finished) {
           turn.failed = true;
           turn.note = say(data.tBroke, { reason: data.tEndedEarly });
+        } else if (reply.reason === "length" && limit !== null) {
+          turn.note = say(data.tAtLimit, { tokens: integers.format(limit) });
         }
       }
     } catch (error) {
@@ -562,7 +582,7 @@
     prompt.focus();
   });
 
-  [system, temperature].forEach(function (field) {
+  [system, temperature, maxTokens].forEach(function (field) {
     field.addEventListener("change", save);
     field.addEventListener("input", save);
   });
@@ -574,6 +594,12 @@
       save();
     }
   });
+  maxTokens.addEventListener("change", function () {
+    // A whole number of at least 1, or empty (no limit).
+    const value = wholeTokens(maxTokens.value);
+    maxTokens.value = value === null ? "" : String(value);
+    save();
+  });
   picker.addEventListener("change", function () {
     save();
     streaming(false);
@@ -581,6 +607,7 @@
 
   system.value = state.system;
   temperature.value = state.temperature;
+  maxTokens.value = state.maxTokens;
   if (state.model && Array.from(picker.options).some(function (option) { return option.value === state.model; })) {
     picker.value = state.model;
   }
