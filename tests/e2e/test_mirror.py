@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.enginebin import llama_server_path, missing_reason
-from tests.fleet import FIXTURES, HOSTS, ControlPlane, fixtures_available
+from tests.fleet import ControlPlane
 from tests.mirror.ggufbytes import header
 from tests.mirror.hubserver import HubServer, Repo
 
@@ -49,33 +49,38 @@ def test_ctl_mirror_add_fetches_through_the_worker_and_the_manifest_follows(tmp_
 
 
 @pytest.mark.skipif(llama_server_path() is None, reason=missing_reason())
-@pytest.mark.skipif(not fixtures_available(), reason=f"no captured fixtures at {FIXTURES}")
 def test_a_model_from_the_mirror_is_fetched_by_the_node_verified_and_served(tmp_path: Path) -> None:
-    """Find it on the Hub, fetch it into the mirror, declare a model from it: the CPU node fetches
-    the file from the control plane, checks it against the manifest, reports it held, and serves."""
+    """The newcomer's road, from the command line: a fresh `llmgw up` with its defaults (its own
+    agent, no LLMGW_MIRROR_NODE_DIR), a model found on the Hub, fetched into the mirror and declared
+    from it: the node fetches the file from the control plane into <data dir>/models/mirror, checks
+    it against the manifest, reports it held (three folders below its model directory) and serves.
+
+    This test once passed while that road failed: it set LLMGW_MIRROR_NODE_DIR inside the model
+    directory of an agent of its own, whose model directory did not exist when it registered, so
+    the node reported no storage and placement, knowing nothing of its weights, placed the replica
+    before the probe (which looked only at the top of the directory) could say the file was missing.
+    Here the node reports its model directory before the model is declared, and the replica is
+    placed only once the node says it holds the file."""
     import json
     import urllib.request
 
     from llmgw.cli.up import stop_local_engines
     from tests.ggufgen import make_tiny_gguf
 
-    server = llama_server_path()
     weights = make_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
-    models = tmp_path / "node-models"
-    node_dir = models / "mirror"
     with HubServer([Repo("acme/tiny-GGUF", {"tiny-F32.gguf": weights})]) as hub, contextlib.ExitStack() as stack:
-        env = {
-            "LLMGW_HF_ENDPOINT": hub.url,
-            "LLMGW_MIRROR_RESERVE_GB": "0",
-            "LLMGW_MIRROR_NODE_DIR": str(node_dir),
-            "LLMGW_AGENT_HEARTBEAT_SECONDS": "1",
-        }
-        with ControlPlane(tmp_path, extra_env=env, local_agent=False) as plane:
-            agent = plane.add_agent(
-                "cpu1", HOSTS["cpu"], settings={"engines": {"llama.cpp": str(server)}, "model_dirs": [str(models)]}
-            )
-            stack.callback(stop_local_engines, Path(agent.config_path).parent / "state")
-            plane.wait_for(lambda: plane.node("cpu1").get("status") == "ready", what="cpu1 ready")
+        env = {"LLMGW_HF_ENDPOINT": hub.url, "LLMGW_MIRROR_RESERVE_GB": "0"}
+        env["LLMGW_LLAMA_SERVER"] = str(llama_server_path())
+        with ControlPlane(tmp_path, extra_env=env) as plane:
+            data_dir = Path(plane.running.env["LLMGW_DATA_DIR"]).resolve()  # type: ignore[union-attr]
+            stack.callback(stop_local_engines, data_dir / "agent")
+            node = next(n["name"] for n in plane.api("GET", "nodes")["results"])
+
+            def storage() -> list[str] | None:
+                sample = plane.node(node).get("sample") or {}
+                return [d for pool in sample.get("storage") or [] for d in pool["directories"]] or None
+
+            assert plane.wait_for(storage, what="the node's model directory reported") == [str(data_dir / "models")]
             assert [r["id"] for r in plane.api("GET", "mirror/search?q=tiny")["results"]] == ["acme/tiny-GGUF"]
             assert plane.ctl("mirror", "add", "hf://acme/tiny-GGUF/tiny-F32.gguf")[0] == 0
             plane.wait_for(
@@ -83,7 +88,7 @@ def test_a_model_from_the_mirror_is_fetched_by_the_node_verified_and_served(tmp_
                 what="the file held in the mirror",
             )
             (version,) = plane.api("GET", "mirror")["versions"]
-            source = f"{node_dir}/acme--tiny-GGUF/{version['commit']}/tiny-F32.gguf"
+            source = f"{data_dir}/models/mirror/acme--tiny-GGUF/{version['commit']}/tiny-F32.gguf"
             spec = tmp_path / "tiny.yaml"
             profile = {"name": "cpu", "engine": "llama.cpp", "accelerator": "cpu", "memory": "1GB", "cpu_cores": 1}
             profile["context_size"] = 256
@@ -91,9 +96,14 @@ def test_a_model_from_the_mirror_is_fetched_by_the_node_verified_and_served(tmp_
             spec.write_text(json.dumps({"models": [model]}))
             assert plane.ctl("model", "apply", "-f", str(spec))[0] == 0
             plane.wait_for(
-                lambda: plane.api("GET", "models/tiny")["status"]["ready"] == 1, what="tiny ready", timeout=120
+                lambda: plane.api("GET", "models/tiny")["status"]["ready"] == 1, what="tiny ready", timeout=180
             )
             assert Path(source).read_bytes() == weights  # fetched whole, where the source names it
+            sample = plane.node(node)["sample"]
+            assert source in [w for pool in sample["storage"] for w in pool["weights"]]  # seen three folders down
+            assert sample["mirror"] == [{"version": version["id"], "dir": str(Path(source).parent), "state": "held"}]
+            (replica,) = plane.api("GET", "models/tiny")["replicas"]
+            assert replica["failures"] == 0  # it never crash-looped
             body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
             request = urllib.request.Request(
                 plane.url + "/v1/chat/completions",
