@@ -97,10 +97,13 @@ GUIDs everywhere are ``"0x"`` and 16 lower-case hex digits. Rates are Gb/s float
 
 from __future__ import annotations
 
+import gc
 import re
 from collections import Counter, defaultdict, deque
-from collections.abc import Set
+from collections.abc import Iterator, Set
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 __all__ = [
@@ -450,7 +453,10 @@ def link_rate(width: str | None, speed: str | None) -> float | None:
 _NATURAL_SPLIT = re.compile(r"(\d+)")
 
 
+@lru_cache(maxsize=16384)
 def _natural(text: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that orders numbers by value (``mlx5_2`` before ``mlx5_10``); remembered, since a
+    map sorts the same few thousand names several times."""
     # isdecimal(), not isdigit(): "²" is a digit that int() refuses
     return tuple(
         (0, int(part)) if part.isdecimal() else (1, part.lower()) for part in _NATURAL_SPLIT.split(text) if part
@@ -541,6 +547,13 @@ _ROWS_RE = re.compile(
     r"\s+\(\s?(?:(?P<q>['\"])(?P<desc>.*)(?P=q)\s+-\s+(?P=q)(?P<rdesc>.*)(?P=q)|(?P<pair>.*?))\s?\)"
     r"|\s+(?:(?P<oq>['\"])(?P<odesc>.*)(?P=oq)|(?!-\s+(?:CA|SW|RT|\?\?)\s)(?P<bare>[^\s'\"].*?)))?\s*$"
 )
+# What follows the cable on a port line, as the tool prints it: ``# "desc" lid 5 4xHDR`` (a switch's
+# port) or ``# lid 5 lmc 0 "desc" lid 1 4xHDR`` (an adapter's): the description runs from the first
+# quote to the last. A line this does not fit is read piece by piece (_odd_rest).
+_REST_RE = re.compile(
+    r'#(?:[^"]*?lid\s+(?P<olid>\d+))?[^"]*"(?P<desc>.*)"'
+    r'(?:\s*lid\s+(?P<plid>\d+)\s*(?:(?P<w>\d+x|\?\?)(?P<s>[A-Za-z0-9?]+))?)?[^"]*$'
+)
 _SWITCH_REST_RE = re.compile(r"\s*(?P<kind>base|enhanced)?\s*port\s+0\s+lid\s+(?P<lid>\d+)(?:\s+lmc\s+(?P<lmc>\d+))?")
 _LID_RE = re.compile(r"lid\s+(\d+)")
 _RATE_RE = re.compile(r"\s*lid\s+(\d+)\s*(?:(\d+x|\?\?)([A-Za-z0-9?]+))?")
@@ -567,6 +580,29 @@ def _int(text: str | None) -> int | None:
     return value if 0 <= value < 1 << 64 else None
 
 
+def _odd_rest(rest: str) -> tuple[str | None, int | None, int | None, str | None, str | None]:
+    """(peer description, own lid, peer lid, width, speed) of a port line's comment that
+    _REST_RE does not fit (a description cut short, no lid after it)."""
+    width = speed = peer_desc = None
+    own_lid = peer_lid = None
+    q1 = rest.find('"')
+    if q1 >= 0:
+        q2 = rest.rfind('"')
+        if q2 > q1:
+            peer_desc, after = rest[q1 + 1 : q2], rest[q2 + 1 :]
+        else:
+            peer_desc, after = rest[q1 + 1 :], ""
+        if q1 > 2:
+            lm = _LID_RE.search(rest, 1, q1)
+            if lm is not None:
+                own_lid = int(lm.group(1))
+        rm = _RATE_RE.match(after)
+        if rm is not None:
+            lid_text, width, speed = rm.groups()
+            peer_lid = int(lid_text)
+    return peer_desc, own_lid, peer_lid, width, speed
+
+
 @dataclass(slots=True)
 class _Node:
     prefix: str
@@ -586,23 +622,12 @@ class _Node:
     port_guids: dict[int, tuple[str | None, int | None]] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class _Report:
-    """One end's report of a cable."""
-
-    node: str
-    port: int
-    peer_prefix: str
-    peer: str
-    peer_port: int
-    own_port_guid: str | None
-    peer_port_guid: str | None
-    width: str | None
-    speed: str | None
-    own_lid: int | None
-    peer_lid: int | None
-    peer_desc: str | None
-    line: int
+#: One end's report of a cable, as a plain tuple (a parse makes tens of thousands):
+#: (node, port, peer prefix, peer, peer port, own port GUID, peer port GUID, width, speed,
+#: own lid, peer lid, peer description, line number).
+_Report = tuple[
+    str, int, str, str, int, str | None, str | None, str | None, str | None, int | None, int | None, str | None, int
+]
 
 
 class _Parser:
@@ -645,12 +670,14 @@ class _Parser:
                     self.unparsed(number, line)
             elif first == "#":
                 self.comment(line)
-            elif "=" in line and line.partition("=")[0] in _ID_KEYS:
-                key, _, value = line.partition("=")
-                self.pending[key] = value.split()[0] if value.split() else ""
-                self.current = None
             else:
-                self.other(number, line)
+                key, equals, value = line.partition("=")
+                if equals and key in _ID_KEYS:
+                    words = value.split(None, 1)
+                    self.pending[key] = words[0] if words else ""
+                    self.current = None
+                else:
+                    self.other(number, line)
 
     def comment(self, line: str) -> None:
         body = line.lstrip("#").strip()
@@ -776,7 +803,8 @@ class _Parser:
         port_text, own, prefix, peer_text, pport_text, ppg, rest = m.groups()
         port = int(port_text)
         peer_port = int(pport_text)
-        peer = self.hexguid(peer_text)
+        cache = self.guid_cache
+        peer = cache[peer_text] if peer_text in cache else self.hexguid(peer_text)
         if peer is None or port >= _MAX_PORT or peer_port >= _MAX_PORT:
             self.warn.add("bad GUIDs", f"line {number}: peer of {node.guid} port {port} unreadable, skipped")
             return
@@ -786,32 +814,27 @@ class _Parser:
                 "ports out of range",
                 f"line {number}: {node.guid} has {node.nports} ports but reports port {port}",
             )
-        own_guid = self.hexguid(own) if own and node.prefix != "S" else None
-        peer_port_guid = self.hexguid(ppg) if ppg else None
+        own_guid = None
+        if own and node.prefix != "S":
+            own_guid = cache[own] if own in cache else self.hexguid(own)
+        peer_port_guid = None
+        if ppg:
+            peer_port_guid = cache[ppg] if ppg in cache else self.hexguid(ppg)
         width = speed = peer_desc = None
         own_lid = peer_lid = None
-        if rest.startswith("#"):
-            q1 = rest.find('"')
-            if q1 >= 0:
-                q2 = rest.rfind('"')
-                if q2 > q1:
-                    peer_desc, after = rest[q1 + 1 : q2], rest[q2 + 1 :]
-                else:
-                    peer_desc, after = rest[q1 + 1 :], ""
-                if q1 > 2:
-                    lm = _LID_RE.search(rest, 1, q1)
-                    if lm is not None:
-                        own_lid = int(lm.group(1))
-                rm = _RATE_RE.match(after)
-                if rm is not None:
-                    lid_text, width, speed = rm.groups()
-                    peer_lid = int(lid_text)
+        r = _REST_RE.match(rest)
+        if r is not None:
+            own_lid_text, peer_desc, peer_lid_text, width, speed = r.groups()
+            own_lid = int(own_lid_text) if own_lid_text is not None else None
+            peer_lid = int(peer_lid_text) if peer_lid_text is not None else None
+        elif rest.startswith("#"):
+            peer_desc, own_lid, peer_lid, width, speed = _odd_rest(rest)
         if own_guid is not None or own_lid is not None:
             previous = node.port_guids.get(port)
             if previous is None or previous[0] is None:
                 node.port_guids[port] = (own_guid, own_lid)
         self.reports.append(
-            _Report(
+            (
                 node.guid,
                 port,
                 prefix,
@@ -860,20 +883,20 @@ class _Parser:
         peer_prefix = _ROW_TYPES.get(m.group("rt") or "", "H")
         width, speed = m.group("w"), m.group("s")
         self.reports.append(
-            _Report(
-                node=guid,
-                port=port,
-                peer_prefix=peer_prefix,
-                peer=peer,
-                peer_port=int(m.group("rport")),
-                own_port_guid=guid if prefix != "S" else None,
-                peer_port_guid=peer if peer_prefix != "S" else None,
-                width=width,
-                speed=speed,
-                own_lid=lid,
-                peer_lid=_int(m.group("rlid")),
-                peer_desc=peer_desc,
-                line=number,
+            (
+                guid,
+                port,
+                peer_prefix,
+                peer,
+                int(m.group("rport")),
+                guid if prefix != "S" else None,
+                peer if peer_prefix != "S" else None,
+                width,
+                speed,
+                lid,
+                _int(m.group("rlid")),
+                peer_desc,
+                number,
             )
         )
 
@@ -898,32 +921,47 @@ class _Parser:
         the cables."""
         warn = self.warn
         undeclared: list[str] = []
-        for report in self.reports:
-            if report.peer in self.nodes:
-                peer_node = self.nodes[report.peer]
-                if peer_node.prefix != report.peer_prefix and peer_node.declared:
+        nodes = self.nodes
+        for (
+            node_guid,
+            port,
+            peer_prefix,
+            peer,
+            peer_port,
+            _,
+            peer_port_guid,
+            _,
+            _,
+            _,
+            peer_lid,
+            peer_desc,
+            line,
+        ) in self.reports:
+            peer_node = nodes.get(peer)
+            if peer_node is not None:
+                if peer_node.prefix != peer_prefix and peer_node.declared:
                     warn.add(
                         "node type conflicts",
-                        f"line {report.line}: {report.node} port {report.port} calls {report.peer} "
-                        f"a {_PREFIX_WORD[report.peer_prefix]}, but it is declared a {_PREFIX_WORD[peer_node.prefix]}",
+                        f"line {line}: {node_guid} port {port} calls {peer} "
+                        f"a {_PREFIX_WORD[peer_prefix]}, but it is declared a {_PREFIX_WORD[peer_node.prefix]}",
                     )
                 if not peer_node.declared:
-                    if not peer_node.desc and report.peer_desc:
-                        peer_node.desc = report.peer_desc
-                    if peer_node.lid is None and report.peer_prefix == "S":
-                        peer_node.lid = report.peer_lid
+                    if not peer_node.desc and peer_desc:
+                        peer_node.desc = peer_desc
+                    if peer_node.lid is None and peer_prefix == "S":
+                        peer_node.lid = peer_lid
             else:
-                peer_node = _Node(prefix=report.peer_prefix, guid=report.peer, desc=report.peer_desc or "")
-                if report.peer_prefix == "S":
-                    peer_node.lid = report.peer_lid
-                self.nodes[report.peer] = peer_node
-                undeclared.append(report.peer)
-            if peer_node.prefix != "S" and report.peer_port_guid is not None:
-                previous = peer_node.port_guids.get(report.peer_port)
+                peer_node = _Node(prefix=peer_prefix, guid=peer, desc=peer_desc or "")
+                if peer_prefix == "S":
+                    peer_node.lid = peer_lid
+                nodes[peer] = peer_node
+                undeclared.append(peer)
+            if peer_port_guid is not None and peer_node.prefix != "S":
+                previous = peer_node.port_guids.get(peer_port)
                 if previous is None:
-                    peer_node.port_guids[report.peer_port] = (report.peer_port_guid, report.peer_lid)
+                    peer_node.port_guids[peer_port] = (peer_port_guid, peer_lid)
                 elif previous[0] is None:
-                    peer_node.port_guids[report.peer_port] = (report.peer_port_guid, previous[1])
+                    peer_node.port_guids[peer_port] = (peer_port_guid, previous[1])
 
         topo = Topology()
         topo.source = "+".join(self.sources)
@@ -985,122 +1023,163 @@ class _Parser:
         return topo
 
     def links(self, topo: Topology) -> None:
+        """One Link per cable, whichever end reported it and however often; a port reported cabled
+        to two places keeps its first cable."""
         warn = self.warn
         by_key: dict[tuple[str, int, str, int], Link] = {}
-        reporters: dict[tuple[str, int, str, int], set[tuple[str, int]]] = {}
+        # The end that reported each cable first: a report from the other end makes it two.
+        first: dict[tuple[str, int, str, int], tuple[str, int]] = {}
         owner: dict[tuple[str, int], tuple[str, int, str, int]] = {}
         switches = topo.switches
+        rates: dict[tuple[str | None, str | None], float | None] = {}
         for report in self.reports:
-            near = (report.node, report.port)
-            far = (report.peer, report.peer_port)
+            near = (report[0], report[1])
+            far = (report[3], report[4])
             if near == far:
                 warn.add(
                     "ports cabled to themselves",
-                    f"line {report.line}: {near[0]} port {near[1]} is reported cabled to itself; skipped",
+                    f"line {report[12]}: {near[0]} port {near[1]} is reported cabled to itself; skipped",
                 )
                 continue
             key = near + far if near <= far else far + near
             link = by_key.get(key)
-            if link is not None:
-                seen = reporters[key]
-                if near not in seen:
-                    seen.add(near)
-                    link.reports += 1
-                self.merge(link, report)
-                continue
-            clash = None
-            for end in (near, far):
-                taken = owner.get(end)
-                if taken is not None and taken != key:
-                    clash = (end, taken)
-                    break
-            if clash is not None:
-                end, taken = clash
+            if link is None:
+                if not self.free(owner, near, far, key, report):
+                    continue
+                link = self.new_link(near, far, switches)
+                by_key[key] = link
+                first[key] = near
+                owner[near] = owner[far] = key
+                topo.links.append(link)
+            elif link.reports == 1 and first[key] != near:
+                link.reports = 2
+            pair = (report[7], report[8])
+            rate = rates[pair] if pair in rates else rates.setdefault(pair, link_rate(*pair))
+            if rate is None or link.rate_gbps is None or link.width != pair[0] or link.speed != pair[1]:
+                self.merge(link, report, rate)
+            else:  # the other end's report of a cable already read: only its port GUIDs are new
+                if report[5] is not None:
+                    _set_port_guid(link, report[0], report[1], report[5])
+                if report[6] is not None:
+                    _set_port_guid(link, report[3], report[4], report[6])
+        self.one_sided(by_key, first)
+
+    def free(
+        self,
+        owner: dict[tuple[str, int], tuple[str, int, str, int]],
+        near: tuple[str, int],
+        far: tuple[str, int],
+        key: tuple[str, int, str, int],
+        report: _Report,
+    ) -> bool:
+        """Whether neither end of a new cable is taken by another cable; says so when one is."""
+        for end in (near, far):
+            taken = owner.get(end)
+            if taken is not None and taken != key:
                 other = (taken[2], taken[3]) if (taken[0], taken[1]) == end else (taken[0], taken[1])
                 new_other = far if end == near else near
-                warn.add(
+                self.warn.add(
                     "ports cabled twice",
-                    f"line {report.line}: {end[0]} port {end[1]} is reported cabled to both "
+                    f"line {report[12]}: {end[0]} port {end[1]} is reported cabled to both "
                     f"{other[0]} port {other[1]} and {new_other[0]} port {new_other[1]}; kept the first",
                 )
-                continue
-            a, b = near, far
-            a_switch, b_switch = a[0] in switches, b[0] in switches
-            if (b_switch and not a_switch) or (a_switch == b_switch and b < a):
-                a, b = b, a
-            link = Link(a=a[0], a_port=a[1], b=b[0], b_port=b[1])
-            if a[0] in switches and b[0] in switches:
-                link.kind = "loop" if a[0] == b[0] else "switch"
-            elif a[0] in switches:
-                link.kind = "adapter"
-            else:
-                link.kind = "direct"
-            self.merge(link, report)
-            by_key[key] = link
-            reporters[key] = {near}
-            owner[near] = key
-            owner[far] = key
-            topo.links.append(link)
+                return False
+        return True
+
+    @staticmethod
+    def new_link(near: tuple[str, int], far: tuple[str, int], switches: dict[str, Switch]) -> Link:
+        """A cable with its switch end first (the lower end when both or neither are switches)."""
+        a, b = near, far
+        a_switch, b_switch = a[0] in switches, b[0] in switches
+        if (b_switch and not a_switch) or (a_switch == b_switch and b < a):
+            a, b = b, a
+            a_switch, b_switch = b_switch, a_switch
+        if a_switch and b_switch:
+            kind = "loop" if a[0] == b[0] else "switch"
+        else:
+            kind = "adapter" if a_switch else "direct"
+        return Link(a[0], a[1], b[0], b[1], kind=kind)
+
+    def one_sided(
+        self, by_key: dict[tuple[str, int, str, int], Link], first: dict[tuple[str, int, str, int], tuple[str, int]]
+    ) -> None:
+        """Says which cables only one end reported although both ends are declared."""
         declared = {guid for guid, node in self.nodes.items() if node.declared}
         one_sided: list[Link] = []
         for key, link in by_key.items():
             if link.reports >= 2:
                 continue
-            seen = reporters[key]
-            missing = [(g, p) for g, p in ((key[0], key[1]), (key[2], key[3])) if (g, p) not in seen]
+            seen = first[key]
+            missing = [(g, p) for g, p in ((key[0], key[1]), (key[2], key[3])) if (g, p) != seen]
             if missing and missing[0][0] in declared:
                 one_sided.append(link)
         if one_sided:
             examples = "; ".join(f"{x.a} port {x.a_port} - {x.b} port {x.b_port}" for x in one_sided[:3])
-            warn.add(
+            self.warn.add(
                 "one-sided cables",
                 f"{len(one_sided)} cables are reported from one end only although both ends are declared: {examples}",
             )
 
-    def merge(self, link: Link, report: _Report) -> None:
-        width, speed = report.width, report.speed
-        rate = link_rate(width, speed)
+    def merge(self, link: Link, report: _Report, rate: float | None) -> None:
+        """Take one end's report of a cable: its rate (the lower when the ends disagree) and the
+        port GUIDs it gives."""
+        node, port, _, peer, peer_port, own_port_guid, peer_port_guid, width, speed, _, _, _, line = report
         if rate is not None:
             if link.rate_gbps is None:
                 link.width, link.speed, link.rate_gbps = width, speed, rate
-            elif (link.width, link.speed) != (width, speed):
+            elif link.width != width or link.speed != speed:
                 self.warn.add(
                     "rate conflicts",
-                    f"line {report.line}: {link.a} port {link.a_port} - {link.b} port {link.b_port} is reported "
+                    f"line {line}: {link.a} port {link.a_port} - {link.b} port {link.b_port} is reported "
                     f"as {link.width}{link.speed} and as {width}{speed}; kept the lower",
                 )
                 if rate < link.rate_gbps:
                     link.width, link.speed, link.rate_gbps = width, speed, rate
         elif link.width is None and link.speed is None and width and speed and width != "??":
             link.width, link.speed = width, speed
-        if report.own_port_guid is not None:
-            self.set_port_guid(link, report.node, report.port, report.own_port_guid)
-        if report.peer_port_guid is not None:
-            self.set_port_guid(link, report.peer, report.peer_port, report.peer_port_guid)
+        if own_port_guid is not None:
+            _set_port_guid(link, node, port, own_port_guid)
+        if peer_port_guid is not None:
+            _set_port_guid(link, peer, peer_port, peer_port_guid)
 
-    @staticmethod
-    def set_port_guid(link: Link, guid: str, port: int, port_guid: str) -> None:
-        if link.a == guid and link.a_port == port and link.a_port_guid is None:
-            link.a_port_guid = port_guid
-        elif link.b == guid and link.b_port == port and link.b_port_guid is None:
-            link.b_port_guid = port_guid
+
+def _set_port_guid(link: Link, guid: str, port: int, port_guid: str) -> None:
+    if link.a == guid and link.a_port == port and link.a_port_guid is None:
+        link.a_port_guid = port_guid
+    elif link.b == guid and link.b_port == port and link.b_port_guid is None:
+        link.b_port_guid = port_guid
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused, then restored as it was. A map of 20,000 ports makes
+    a few hundred thousand objects, none of them in a reference cycle, so the collections their
+    allocation would trigger (a tenth of the time) can find nothing to free."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def parse(text: str) -> Topology:
     """Read ``ibnetdiscover`` text (any of the formats in the module docstring) into an analysed
     ``Topology``. Never raises; what could not be read is in ``warnings``."""
     parser = _Parser()
-    try:
-        parser.feed(text if isinstance(text, str) else str(text))
-        topo = parser.build()
-    except Exception as exc:  # a last guard: a partial map beats an exception
-        topo = Topology()
-        parser.warn.add("internal errors", f"the parser failed ({type(exc).__name__}: {exc}); the map is empty")
-    topo.warnings = parser.warn.result()
-    try:
-        analyse(topo)
-    except Exception as exc:
-        topo.warnings.append(f"the analysis failed ({type(exc).__name__}: {exc}); tiers and rails are missing")
+    with _collector_paused():
+        try:
+            parser.feed(text if isinstance(text, str) else str(text))
+            topo = parser.build()
+        except Exception as exc:  # a last guard: a partial map beats an exception
+            topo = Topology()
+            parser.warn.add("internal errors", f"the parser failed ({type(exc).__name__}: {exc}); the map is empty")
+        topo.warnings = parser.warn.result()
+        try:
+            analyse(topo)
+        except Exception as exc:
+            topo.warnings.append(f"the analysis failed ({type(exc).__name__}: {exc}); tiers and rails are missing")
     return topo
 
 
@@ -1300,78 +1379,81 @@ ADAPTER_SPEED: dict[tuple[int, int], str] = {
 }
 
 
-def _lane(link: Link) -> tuple[int, float] | None:
-    """(lanes, Gb/s per lane) of a cable whose width and speed are known."""
-    if link.rate_gbps is None or not link.width or not link.speed:
+def _lanes(width: str | None, speed: str | None) -> tuple[int, float] | None:
+    """(lanes, Gb/s per lane) of a width and speed that are both known."""
+    if not width or not speed:
         return None
-    lanes = LANES.get(link.width.lower())
-    speed = LANE_GBPS.get(link.speed.upper())
-    return None if lanes is None or speed is None else (lanes, speed)
+    lanes = LANES.get(width.lower())
+    per_lane = LANE_GBPS.get(speed.upper())
+    return None if lanes is None or per_lane is None else (lanes, per_lane)
 
 
-def _switch_speeds(topo: Topology) -> dict[str, float]:
-    """The fastest lane speed each switch is seen to run: on any of its own ports, or on an
-    inter-switch link of a switch of the same model (vendor and device id)."""
-    switches = topo.switches
+#: One cable with a known rate: the cable, its lanes and its lane speed.
+_Measured = tuple[Link, int, float]
+
+
+def _group_key(link: Link, switches: dict[str, Switch], adapters: dict[str, Adapter]) -> tuple[Any, ...]:
+    """A cable's kind: switch to switch by the two ends' levels and device ids, switch to adapter
+    by the adapter's class and device id, loopback, adapter to adapter."""
+    if link.kind == "switch":
+        sa, sb = switches[link.a], switches[link.b]
+        ends = sorted(
+            (
+                (sa.level if sa.level is not None else -1, sa.devid or 0),
+                (sb.level if sb.level is not None else -1, sb.devid or 0),
+            )
+        )
+        return ("switch", *ends[0], *ends[1])
+    if link.kind == "adapter":
+        adapter = adapters.get(link.b)
+        return ("adapter", adapter.kind if adapter else "", adapter.devid if adapter else None)
+    return (link.kind,)
+
+
+def _measure(topo: Topology) -> tuple[dict[tuple[Any, ...], list[_Measured]], dict[str, float]]:
+    """The cables with a known rate by kind, and the fastest lane speed each switch is seen to
+    run: on any of its own ports, or on an inter-switch link of a switch of the same model."""
+    switches, adapters = topo.switches, topo.adapters
+    known: dict[tuple[str | None, str | None], tuple[int, float] | None] = {}
+    groups: dict[tuple[Any, ...], list[_Measured]] = defaultdict(list)
     fastest: dict[str, float] = {}
     by_model: dict[tuple[int | None, int], float] = {}
     for link in topo.links:
-        found = _lane(link)
-        if found is None:
-            continue
-        speed = found[1]
-        for guid in (link.a, link.b):
-            switch = switches.get(guid)
-            if switch is None:
-                continue
-            fastest[guid] = max(fastest.get(guid, 0.0), speed)
-            if link.kind == "switch" and switch.devid is not None:
-                model = (switch.vendid, switch.devid)
-                by_model[model] = max(by_model.get(model, 0.0), speed)
-    for guid, switch in switches.items():
-        if switch.devid is not None and (switch.vendid, switch.devid) in by_model:
-            fastest[guid] = max(fastest.get(guid, 0.0), by_model[(switch.vendid, switch.devid)])
-    return fastest
-
-
-def _end_speed(topo: Topology, fastest: dict[str, float], guid: str, own: float) -> float | None:
-    """The fastest lane speed one end of a cable can run, or None when nothing tells."""
-    if guid in topo.switches:
-        return fastest.get(guid, own)
-    adapter = topo.adapters.get(guid)
-    if adapter is None or adapter.devid is None:
-        return None
-    name = ADAPTER_SPEED.get((adapter.vendid if adapter.vendid is not None else 0x02C9, adapter.devid))
-    return None if name is None else max(LANE_GBPS[name], own)
-
-
-def _link_groups(topo: Topology) -> dict[tuple[Any, ...], list[Link]]:
-    """Cables of one kind: switch to switch by the two ends' levels and device ids, switch to
-    adapter by the adapter's class and device id, loopback, adapter to adapter."""
-    switches = topo.switches
-    adapters = topo.adapters
-    groups: dict[tuple[Any, ...], list[Link]] = defaultdict(list)
-    for link in topo.links:
         link.expected_gbps = None
         link.degraded = False
-        if link.rate_gbps is None:
+        pair = (link.width, link.speed)
+        found = known[pair] if pair in known else known.setdefault(pair, _lanes(*pair))
+        if found is None or link.rate_gbps is None:
             continue
-        if link.kind == "switch":
-            sa, sb = switches[link.a], switches[link.b]
-            ends = sorted(
-                (
-                    (sa.level if sa.level is not None else -1, sa.devid or 0),
-                    (sb.level if sb.level is not None else -1, sb.devid or 0),
-                )
-            )
-            key: tuple[Any, ...] = ("switch", *ends[0], *ends[1])
-        elif link.kind == "adapter":
-            adapter = adapters.get(link.b)
-            key = ("adapter", adapter.kind if adapter else "", adapter.devid if adapter else None)
-        else:
-            key = (link.kind,)
-        groups[key].append(link)
-    return groups
+        speed = found[1]
+        groups[_group_key(link, switches, adapters)].append((link, found[0], speed))
+        kind = link.kind
+        if kind == "direct":
+            continue
+        if speed > fastest.get(link.a, 0.0):
+            fastest[link.a] = speed
+        if kind == "switch":
+            if speed > fastest.get(link.b, 0.0):
+                fastest[link.b] = speed
+            for switch in (switches[link.a], switches[link.b]):
+                if switch.devid is not None and speed > by_model.get((switch.vendid, switch.devid), 0.0):
+                    by_model[(switch.vendid, switch.devid)] = speed
+    for guid in fastest:
+        switch = switches[guid]
+        if switch.devid is not None:
+            model_speed = by_model.get((switch.vendid, switch.devid), 0.0)
+            if model_speed > fastest[guid]:
+                fastest[guid] = model_speed
+    return groups, fastest
+
+
+def _adapter_speed(adapter: Adapter | None) -> float | None:
+    """The fastest lane speed of the adapter's model (ADAPTER_SPEED), or None when not listed."""
+    if adapter is None or adapter.devid is None:
+        return None
+    vendor = adapter.vendid if adapter.vendid is not None else 0x02C9
+    name = ADAPTER_SPEED.get((vendor, adapter.devid))
+    return None if name is None else LANE_GBPS[name]
 
 
 def _degraded(topo: Topology) -> None:
@@ -1380,24 +1462,30 @@ def _degraded(topo: Topology) -> None:
     its model's inter-switch links run; an adapter: its model's, where the device id tells it).
     Where neither end tells, the lane speed most cables of its kind run. A cable below it is
     degraded."""
-    fastest = _switch_speeds(topo)
-    for members in _link_groups(topo).values():
-        lanes = [found for link in members if (found := _lane(link)) is not None]
-        if not lanes:
-            continue
-        widths = Counter(n for n, _ in lanes)
-        speeds = Counter(s for _, s in lanes)
+    groups, fastest = _measure(topo)
+    models: dict[str, float | None] = {}
+    adapters = topo.adapters
+    for members in groups.values():
+        widths = Counter(lanes for _, lanes, _ in members)
+        speeds = Counter(speed for _, _, speed in members)
         usual_width = max(widths, key=lambda n: (widths[n], n))
         usual_speed = max(speeds, key=lambda s: (speeds[s], s))
-        for link in members:
-            found = _lane(link)
-            if found is None:
-                continue
-            own_lanes, own_speed = found
-            ends = [_end_speed(topo, fastest, g, own_speed) for g in (link.a, link.b)]
-            known = [s for s in ends if s is not None]
-            speed = min(known) if known else usual_speed
-            expected = max(usual_width, own_lanes) * max(speed, own_speed)
+        for link, lanes, speed in members:
+            kind = link.kind
+            if kind == "switch":
+                a, b = fastest[link.a], fastest[link.b]
+                can: float | None = a if a < b else b
+            else:
+                can = fastest[link.a] if kind != "direct" else None
+                for guid in (link.b,) if kind != "direct" else (link.a, link.b):
+                    if guid not in models:
+                        models[guid] = _adapter_speed(adapters.get(guid))
+                    end = models[guid]
+                    if end is not None and (can is None or end < can):
+                        can = end
+            if can is None:
+                can = usual_speed
+            expected = (usual_width if usual_width > lanes else lanes) * (can if can > speed else speed)
             link.expected_gbps = expected
             link.degraded = link.rate_gbps is not None and link.rate_gbps < expected
 
@@ -1663,6 +1751,11 @@ def _rails_dict(rails: Rails) -> dict[str, Any]:
 
 def to_dict(topo: Topology) -> dict[str, Any]:
     """The compact JSON form described in the module docstring."""
+    with _collector_paused():
+        return _to_dict(topo)
+
+
+def _to_dict(topo: Topology) -> dict[str, Any]:
     switches = sorted(
         topo.switches.values(),
         key=lambda s: (s.level is None, s.level or 0, _natural(s.desc.strip()), s.guid),
