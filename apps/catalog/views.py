@@ -130,6 +130,9 @@ class ShardNote:
     log_tail: list[str]
 
 
+CARD_REFUSALS = 5  # refusals of a pending replica shown on the card; explain shows every one
+
+
 @dataclass(frozen=True)
 class ReplicaRow:
     """One replica on the card: where it runs, and what it uses against what it claims."""
@@ -167,6 +170,14 @@ class ReplicaRow:
                 "and stops once idle."
             ) % {"reason": replica.get_stop_reason_display(), "grace": replica.drain_grace or 0}
         return replica.message or next((n.message for n in self.notes if n.message), "")
+
+    @property
+    def refusals(self) -> list[str]:
+        """Why a pending replica is not placed: the first refusals placement met, in the reader's language."""
+        if self.replica.state != ReplicaState.PENDING:
+            return []
+        found = [r for r in self.replica.rejections or [] if isinstance(r, dict)]
+        return [selectors.translate_reason(r) for r in found[:CARD_REFUSALS]]
 
     @property
     def memory_over(self) -> bool:

@@ -11,7 +11,7 @@ from django.utils import timezone
 from apps.accounts.models import AuditEvent
 from apps.catalog.models import Model
 from apps.cluster.choices import ReplicaState
-from apps.cluster.models import Shard
+from apps.cluster.models import Replica, Shard
 from tests.builders import GB, make_model, make_node, make_replica
 
 pytestmark = pytest.mark.django_db
@@ -303,6 +303,25 @@ def test_an_external_model_card_names_its_provider(client: Client, viola) -> Non
 # Changing a model ------------------------------------------------------------------------------------
 
 
+def test_the_card_says_under_a_pending_replica_why_no_node_takes_it(client: Client, alice, placement) -> None:
+    """A node that refused to fetch the weights (its agent's words) is the reason on the card."""
+    from apps.cluster.models import Node
+    from apps.cluster.reconciler import reconcile
+
+    node = make_node("vm", cpus=2, memory_gb=8)
+    folder = "/var/lib/llmgw/models/mirror/acme--tiny-GGUF/" + "c" * 40
+    reason = f"{folder} is not inside this node's model_dirs (/home/me/var/models)"
+    sample = {**node.sample, "mirror": [{"version": 1, "dir": folder, "state": "refused", "message": reason}]}
+    Node.objects.filter(pk=node.pk).update(sample=sample)
+    make_model("tiny", profile="cpu", memory_gb=1, cores=1, source=f"{folder}/tiny.gguf")
+    reconcile()
+    (replica,) = Replica.objects.filter(model__name="tiny")
+    content = signed_in(client, alice).get("/models/tiny/").content
+    shown = re.findall(r"<li>(.*?)</li>", row(content, "data-replica-refusals", replica.pk))
+    assert shown[0] == f"node vm refused to fetch {folder}/tiny.gguf: {reason}".replace("'", "&#x27;")
+    assert shown[1:] == ["no node can take profile cpu: 1 of 1 nodes refused it"]
+
+
 def test_an_admin_sets_the_replica_counts(client: Client, alice, placement) -> None:
     model = make_model("qwen", **QWEN)
     response = signed_in(client, alice).post("/models/qwen/target", {"min_replicas": 0, "max_replicas": 3})
@@ -449,7 +468,6 @@ def test_explain_of_a_running_model_says_where_it_runs_and_why_then_what_one_mor
     """The page no longer says "fits nowhere, 0 of 2 CPU cores free" of the very replica it says
     runs: that replica is judged on its node with its own claim released; one more replica, with
     it counted once, is what fits nowhere."""
-    from apps.cluster.models import Replica
     from apps.cluster.reconciler import reconcile
 
     make_node("vm", cpus=2, memory_gb=8)
