@@ -884,6 +884,7 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
             replica.failures = 0
             replica.message = ""
             replica.save(update_fields=["state", "ready_at", "failures", "message"])
+            request_reconcile()  # a replacement ready: the replica it replaces may stop now, not at the next beat
     return touched
 
 

@@ -195,3 +195,19 @@ def test_a_roll_in_place_stops_the_next_replica_only_once_the_last_replacement_i
     _ready(node)  # (the first old one, stopped, is released meanwhile)
     reconcile()
     assert not Replica.objects.filter(pk__in=old).exclude(state=ReplicaState.STOPPING).exists()
+
+
+@pytest.mark.django_db
+def test_a_replica_that_becomes_ready_asks_for_a_pass_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # So a roll or a drain moves on as soon as its replacement answers, not at the next beat.
+    from apps.cluster import reconciler
+
+    asked: list[int] = []
+    monkeypatch.setattr(reconciler, "request_reconcile", lambda: asked.append(1))
+    node = make_node(gpus=8)
+    make_model("m", replicas=1, gpus=1)
+    reconcile()
+    _ready(node)
+    assert asked == [1]
+    _ready(node)  # already ready: nothing new
+    assert asked == [1]
