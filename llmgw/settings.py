@@ -270,6 +270,10 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = min(MAX_REQUEST_BODY_BYTES, 2_621_440)
 # Requests waiting for a replica slot, per model (across every gateway process with Redis), and for how long.
 GATEWAY_QUEUE_MAX = env_int("LLMGW_GATEWAY_QUEUE_MAX", 256, minimum=0, maximum=1_000_000)
 GATEWAY_QUEUE_TIMEOUT = env_float("LLMGW_GATEWAY_QUEUE_TIMEOUT", 30.0, minimum=0, maximum=3600)
+# How long a request of the batch band waits for a slot, and of every how many slot grants of a
+# model one goes to a waiting batch request (apps.gateway.fairness).
+GATEWAY_BATCH_QUEUE_TIMEOUT = env_float("LLMGW_GATEWAY_BATCH_QUEUE_TIMEOUT", 600.0, minimum=0, maximum=86400)
+GATEWAY_BATCH_EVERY = env_int("LLMGW_GATEWAY_BATCH_EVERY", 10, minimum=2, maximum=10_000)
 # How long a request for a model kept at zero replicas waits for its first replica to start.
 GATEWAY_COLD_START_TIMEOUT = env_float("LLMGW_GATEWAY_COLD_START_TIMEOUT", 120.0, minimum=0, maximum=3600)
 GATEWAY_MAX_BODY_BYTES = env_int("LLMGW_GATEWAY_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)

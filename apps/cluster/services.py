@@ -458,8 +458,8 @@ def _queue_depths(names: set[str]) -> dict[str, int | None]:
     gateway = sys.modules.get("apps.gateway.asgi")
     if gateway is None:  # no gateway in this process: its queues are not known here
         return dict.fromkeys(names)
-    waiting = dict(gateway.gateway_app.waiting.waiting)
-    return {name: int(waiting.get(name, 0)) for name in names}
+    queue = gateway.gateway_app.admission.queue
+    return {name: queue.waiting(name) for name in names}
 
 
 def _model_figures(

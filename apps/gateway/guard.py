@@ -45,6 +45,7 @@ __all__ = [
     "OFF_LOOP_CHARS",
     "OFF_LOOP_CHUNK_BYTES",
     "AnswerGuard",
+    "GuardJudge",
     "GuardUnavailable",
     "answer_text",
     "check_request",
@@ -376,3 +377,95 @@ class AnswerGuard:
         if self.stopped is not None:
             data["llmgw_guardrail"] = {"policy": self.stopped.policy, "rule": self.stopped.rule, "action": "stop"}
         return data
+
+
+class GuardJudge:
+    """Guard models' verdicts on prompts and answers: a model llmgw serves (hosted or external) is
+    asked, within its rule's time, whether the text is safe. `route(model)` gives the model's route,
+    `keeper` its slots, `post(upstream, path, body, headers)` sends a request to an upstream."""
+
+    def __init__(self, route: Callable[[str], Any], keeper: Any, post: Callable[..., Any]) -> None:
+        self.route = route
+        self.keeper = keeper
+        self.post = post
+
+    async def prompt(self, call: Any, rules: list[Any]) -> None:
+        """The guard models' verdicts on the prompt, in the rules' order: refused when one holds it."""
+        for rule in rules:
+            held = await self.judge(call, rule)
+            if held is not None:
+                finding, unsafe, detail = held
+                model = rule.models[0]
+                raise guard_refusal(finding, model, detail) if unsafe else guard_unavailable(finding, model, detail)
+
+    async def answer(self, call: Any, answer: str, *, final: bool = True) -> Any:
+        """The guard models' verdicts on an answer: the finding that stops it, or None. A check while
+        it streams (not `final`) stops it only on an unsafe verdict, and records only that."""
+        guard = call.answer_guard
+        for rule in guard.policies.guard_answers if guard is not None else ():
+            held = await self.judge(call, rule, answer, final=final)
+            if held is not None:
+                return held[0]
+        return None
+
+    async def judge(
+        self, call: Any, rule: Any, answer: str | None = None, *, final: bool = True
+    ) -> tuple[Any, bool, str] | None:
+        """Ask a rule's guard model for its verdict on the prompt, or on the answer when one is given,
+        within the rule's time. None when the request (or answer) goes on; else (finding, unsafe,
+        detail): judged unsafe (detail: the model's answer) or no verdict from a rule that fails
+        closed (detail: why). Every outcome is on the call's record."""
+        from apps.guardrails.engine import GUARD_TIMEOUT_MS, guard_verdict
+
+        model = rule.models[0]
+        holds = rule.action != "log"
+        acted = ("stop" if answer is not None else "refuse") if holds else "log"
+        finding = Finding(rule.policy, rule.name, rule.kind, acted)
+        where = {"where": "answer"} if answer is not None else {}
+        timeout = (rule.limit or GUARD_TIMEOUT_MS) / 1000
+        try:
+            said = await asyncio.wait_for(self._ask(call, model, answer), timeout)
+            verdict = guard_verdict(said)
+            if verdict is None:
+                raise GuardUnavailable(f"it answered neither safe nor unsafe: {said[:60]!r}")
+        except (TimeoutError, GuardUnavailable) as exc:
+            why = f"no answer within {timeout * 1000:.0f} ms" if isinstance(exc, TimeoutError) else str(exc)
+            if not final:
+                return None  # a check while the answer streams: its end is judged again, and recorded
+            closed = holds and not rule.fail_open
+            call.guard.append({**finding.to_dict(), **where, "action": acted if closed else "log", "error": why})
+            return (finding, False, why) if closed else None
+        if not verdict or (not final and not holds):
+            return None  # safe; or a logging rule's verdict while the answer streams (its end is recorded)
+        call.guard.append({**finding.to_dict(), **where})
+        return (finding, True, said) if holds else None
+
+    async def _ask(self, call: Any, model: str, answer: str | None) -> str:
+        import json
+
+        route = self.route(model)
+        if route is None or not route.upstreams:
+            raise GuardUnavailable(f"“{model}” has no replica ready" if route else f"“{model}” is not in the catalog")
+        lease = await self.keeper.acquire(route.upstreams, None)
+        if lease is None:
+            raise GuardUnavailable(f"every replica of “{model}” is busy")
+        try:
+            upstream = lease.upstream
+            body = {
+                "model": upstream.upstream_model,
+                "messages": guard_prompt(prompt_text(call.body), answer),
+                "max_tokens": 16,
+                "temperature": 0,
+            }
+            try:
+                status, raw = await self.post(upstream, "/v1/chat/completions", body, call.request_id)
+            except Exception as exc:  # the pool's connection and read errors
+                raise GuardUnavailable(f"it could not be asked: {exc}") from None
+            if status != 200:
+                raise GuardUnavailable(f"it answered {status}")
+            try:
+                return str(json.loads(raw)["choices"][0]["message"]["content"] or "")
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise GuardUnavailable("its answer is not a chat completion") from None
+        finally:
+            self.keeper.release(lease)

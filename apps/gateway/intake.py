@@ -62,6 +62,35 @@ class Endpoint:
     upstream_path: str  # what it is forwarded to on the engine ("" when it is answered here)
     streams: bool = True  # whether "stream": true is honoured
 
+    def chat(self, call: Call, body: dict[str, Any]) -> dict[str, Any]:
+        """What the engine is asked: the body itself, or its translation to chat completions."""
+        from apps.gateway.translate import TranslationError, messages_to_chat, responses_to_chat
+
+        try:
+            if self.translation == "messages":
+                chat = messages_to_chat(body if self.upstream_path else {"max_tokens": 1, **body})
+            elif self.translation == "responses":
+                chat = responses_to_chat(body)
+            else:
+                chat = dict(body)
+        except TranslationError as exc:
+            raise Refused(400, str(exc), kind="invalid_request_error", param=exc.param) from None
+        chat.pop("_ignored", None)
+        temperature = chat.get("temperature")
+        if isinstance(temperature, int | float) and not isinstance(temperature, bool):
+            chat["temperature"] = min(2.0, max(0.0, float(temperature)))
+        if call.stream:
+            options = body.get("stream_options")
+            call.client_wants_usage = (
+                self.translation is None and isinstance(options, dict) and options.get("include_usage") is True
+            )
+            chat["stream"] = True
+            # Always asked for, for the gateway's own accounting; relayed only when the client asked.
+            chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
+        elif self.translation is None:
+            chat.pop("stream_options", None)
+        return chat
+
 
 CHAT = Endpoint("chat.completions", "openai", None, "/v1/chat/completions")
 COMPLETIONS = Endpoint("completions", "openai", None, "/v1/completions")
@@ -98,6 +127,7 @@ class Call:
         "error",
         "first_token_at",
         "guard",
+        "headroom",
         "lease",
         "leased_at",
         "model",
@@ -142,6 +172,7 @@ class Call:
         self.band_note: str | None = None  # why it is served in another band than it asked, said to the client
         self.queue_ms: float | None = None  # how long it waited for its slot (0 when one was free)
         self.waited: Any = None  # its place in a fair queue, kept to charge what it really cost
+        self.headroom: Any = None  # what its limits leave (apps.quotas.limiter.Headroom), for the headers
 
     @property
     def upstream(self) -> Upstream | None:

@@ -11,13 +11,18 @@ its own accounting. The client sees it only when it asked too; then, as the API 
 says, every other chunk carries `"usage": null`. An OpenAI client that did not ask sees no
 `choices: []` chunk (the quickstart's `chunk.choices[0]` would fail on it).
 
-`whole_answer` does the same for an answer that is not streamed.
+`whole_answer` does the same for an answer that is not streamed, and `relay_stream` runs a
+stream from the engine's first byte to the client's last.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from apps.gateway.errors import Refused, upstream_refusal
@@ -33,8 +38,9 @@ from apps.gateway.translate import (
     sse,
 )
 from apps.gateway.translate.usage import StreamUsage, usage_from_response
+from apps.gateway.upstream import UpstreamError
 
-__all__ = ["StreamRelay", "has_token", "translator_for", "whole_answer"]
+__all__ = ["JUDGE_EVERY", "StreamContext", "StreamRelay", "has_token", "relay_stream", "translator_for", "whole_answer"]
 
 _USAGE_NULL = b',"usage":null}'
 
@@ -130,17 +136,12 @@ class StreamRelay:
             self.held.append(event)
             return
         payload = _sse_data(event)
-        translator = self.translator
         if payload is None:
-            if translator is None and event.strip():
+            if self.translator is None and event.strip():
                 out.append(event + b"\n\n")  # comments and keep-alives go on as they are
             return
         if payload == b"[DONE]":
-            self.finished = True
-            if self.judging:
-                self.held = [event]
-            elif translator is None:
-                out.append(b"data: [DONE]\n\n")
+            self._done(event, out)
             return
         try:
             data = json.loads(payload)
@@ -151,14 +152,8 @@ class StreamRelay:
         call = self.call
         if call.first_token_at is None and has_token(data):
             call.first_token_at = time.perf_counter()
-        if self.judging:
-            text = chunk_text(data)
-            if text:
-                self.answer.append(text)
-                self.answer_chars += len(text)
-            if any(isinstance(c, dict) and c.get("finish_reason") is not None for c in data.get("choices") or []):
-                self.held = [event]
-                return
+        if self.judging and self._judged_chunk(data, event):
+            return
         self.counter.feed(data)
         guard = call.answer_guard
         if guard is not None:
@@ -166,12 +161,32 @@ class StreamRelay:
             payload = json.dumps(data, ensure_ascii=False).encode()
             if guard.stopped is not None:
                 self.stopped = self.finished = True
-        if translator is not None:
-            out.append(_events(translator.feed(data)))
+        if self.translator is not None:
+            out.append(_events(self.translator.feed(data)))
             return
         out.append(self._passed_on(data, payload))
         if self.stopped:
             out.append(self._stopped_tail())
+
+    def _done(self, event: bytes, out: list[bytes]) -> None:
+        """The engine's [DONE]: held while a guard model is still to judge the answer."""
+        self.finished = True
+        if self.judging:
+            self.held = [event]
+        elif self.translator is None:
+            out.append(b"data: [DONE]\n\n")
+
+    def _judged_chunk(self, data: dict[str, Any], event: bytes) -> bool:
+        """Keep the answer's text for the guard models; True when this chunk ends it (it is then held
+        with what follows until their verdict)."""
+        text = chunk_text(data)
+        if text:
+            self.answer.append(text)
+            self.answer_chars += len(text)
+        if any(isinstance(c, dict) and c.get("finish_reason") is not None for c in data.get("choices") or []):
+            self.held = [event]
+            return True
+        return False
 
     def release(self, stop: Any = None) -> bytes:
         """The held end of a judged answer, as the engine sent it (`stop` None), or the answer
@@ -327,3 +342,155 @@ def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
         del data["__verbose"]
         changed = True
     return json.dumps(data, ensure_ascii=False).encode() if changed else raw
+
+
+# Relaying a stream ---------------------------------------------------------------------------------
+
+#: A guard model judging a streamed answer is asked about it each time this many more characters
+#: have passed (about 250 tokens), besides its end.
+JUDGE_EVERY = 1000
+#: How long an Anthropic stream's first event waits for the engine to count the prompt.
+PROMPT_COUNT_WAIT_S = 2.0
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class StreamContext:
+    """What relaying a stream needs of the gateway: the answer's headers, the guard models' verdict
+    on the answer so far (None: it goes on), giving the slot back, and why the stream broke when a
+    replica was stopped under it (None: it broke by itself)."""
+
+    head: list[tuple[bytes, bytes]]
+    judge: Callable[[str, bool], Coroutine[Any, Any, Any]]
+    give_back: Callable[[], Awaitable[None]]
+    broke: Callable[[BaseException], str | None]
+    checked: Callable[..., Awaitable[Any]]  # apps.gateway.guard.run_checked
+
+
+async def relay_stream(
+    call: Call, response: Any, send: Send, context: StreamContext, prompt_count: asyncio.Task[int | None] | None
+) -> None:
+    """The engine's stream relayed to the client in its protocol, checked by the answer guard as it
+    passes, until its end (or a guard's stop, or the engine breaking off), then its last event
+    with the usage. The slot is given back before the client's stream ends."""
+    relay = StreamRelay(call, translator_for(call))
+    if prompt_count is not None:
+        counted = await _result_within(prompt_count, PROMPT_COUNT_WAIT_S)
+        if counted is not None:
+            relay.translator.input_tokens = counted
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [*context.head, (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
+        }
+    )
+    await _body(send, relay.start())
+    error = await _pump(relay, aiter(response.iter_chunks()), send, context)
+    await context.give_back()
+    await _finish(relay, call, send, context, error, prompt_count)
+
+
+async def _body(send: Send, data: bytes) -> None:
+    if data:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def _pump(relay: StreamRelay, chunks: Any, send: Send, context: StreamContext) -> str | None:
+    """Relay chunks until the stream ends or a guard stops it; why the engine broke off, or None.
+
+    A guard model judging the answer is asked again each JUDGE_EVERY characters while it streams
+    (in the background: the stream does not wait), and once more at its end."""
+    check: asyncio.Task[Any] | None = None
+    judge_at = JUDGE_EVERY
+    try:
+        while True:
+            chunk, stop = await _next(chunks, check)
+            if stop is not None:
+                await _body(send, relay.stop(stop))
+                return None
+            if check is not None and check.done():
+                check = None
+            if chunk is None:
+                return None
+            size = len(chunk) if relay.call.answer_guard is not None else 0
+            out = await context.checked(size, relay.feed, chunk)
+            if relay.stopped:  # a guardrail ended the answer: leaving the stream cancels the engine's request
+                await _body(send, out)
+                return None
+            if relay.finished:
+                await context.give_back()  # [DONE]: the slot is free before the client hears so
+            await _body(send, out)
+            if relay.judging and relay.held is None and check is None and relay.answer_chars >= judge_at:
+                judge_at = relay.answer_chars + JUDGE_EVERY
+                check = asyncio.create_task(context.judge("".join(relay.answer), False))
+    except UpstreamError as exc:  # the upstream died mid-stream
+        return context.broke(exc) or f"the upstream stream broke: {type(exc).__name__}: {exc}"
+    finally:
+        if check is not None:
+            check.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await check
+
+
+async def _next(chunks: Any, check: asyncio.Task[Any] | None) -> tuple[bytes | None, Any]:
+    """The stream's next chunk, or a guard model's stopping verdict if it comes first."""
+    if check is None:
+        return await anext(chunks, None), None
+    return await _next_or_verdict(chunks, check)
+
+
+async def _finish(
+    relay: StreamRelay,
+    call: Call,
+    send: Send,
+    context: StreamContext,
+    error: str | None,
+    prompt_count: asyncio.Task[int | None] | None,
+) -> None:
+    if error is None and not relay.stopped:
+        await _body(send, relay.flush())
+    if relay.held is not None:
+        await _body(send, relay.release(await context.judge("".join(relay.answer), True)))
+    tail = relay.end(error)
+    usage = relay.counter.usage
+    call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
+    call.tokens_estimated = usage.estimated
+    if call.prompt_tokens is None and prompt_count is not None:
+        call.prompt_tokens = _counted(prompt_count)
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+def _counted(task: asyncio.Task[int | None]) -> int | None:
+    """What the engine counted of the prompt, when it answered in time."""
+    if not task.done() or task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()
+
+
+async def _next_or_verdict(chunks: Any, check: asyncio.Task[Any]) -> tuple[bytes | None, Any]:
+    """(the stream's next chunk, None) when it comes before a stopping verdict; (None, the finding)
+    when the verdict stops the answer first (the chunk is not waited for). A safe verdict that comes
+    first is taken and the chunk still waited for."""
+    if check.done():
+        stop = check.result()
+        return (None, stop) if stop is not None else (await anext(chunks, None), None)
+    following = asyncio.ensure_future(anext(chunks, None))
+    try:
+        await asyncio.wait({following, check}, return_when=asyncio.FIRST_COMPLETED)
+        if check.done() and check.result() is not None:
+            return None, check.result()
+        return await following, None
+    finally:
+        if not following.done():  # the verdict came first, or this request was cancelled
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await following
+
+
+async def _result_within(task: asyncio.Task[int | None], seconds: float) -> int | None:
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), seconds)
+    except Exception:
+        return None

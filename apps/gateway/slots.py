@@ -24,9 +24,11 @@ Bounds, stated in docs/gateway.md:
   llmgw_gateway_shared_slots_failures_total counts it), so an upstream may hold up to
   capacity x processes until Redis answers again. Requests are never refused for it.
 
-The queue (`WaitingRoom`): when every slot of a model (and of its fallbacks) is taken, a
-request waits, up to LLMGW_GATEWAY_QUEUE_MAX per model (counted across processes in Redis
-too) and LLMGW_GATEWAY_QUEUE_TIMEOUT seconds.
+The queue: when every slot of a model (and of its fallbacks) is taken, a request waits in the
+model's fair queue (apps.gateway.fairness; the admission stage, apps.gateway.admission, runs it).
+With Redis the queue is shared too: its tags, bands and the turn are kept and decided by the
+scripts below, by the same rules as the in-process FairQueue, so the order holds across every
+gateway process; a ticket whose process died expires with its lease and gives its place back.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from apps.gateway import metrics
 from apps.gateway.routing import LOAD_BOUND, pick, preference
 from apps.gateway.tables import Tables, Upstream
 
-__all__ = ["InFlight", "Lease", "QueueFull", "SharedSlots", "SlotKeeper", "WaitingRoom", "shared_key"]
+__all__ = ["Gone", "InFlight", "Lease", "NotYourTurn", "QueueFull", "SharedSlots", "SlotKeeper", "shared_key"]
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -85,30 +87,73 @@ class Lease:
 
 
 class QueueFull(Exception):
-    """Too many requests wait for this model already."""
+    """Too many requests wait for this model already; `tag` is the refused request's own."""
+
+    def __init__(self, model: str, tag: float = 0.0) -> None:
+        super().__init__(model)
+        self.tag = tag
+
+
+class NotYourTurn(Exception):
+    """Another request waits ahead for this model; `head` is the ticket whose turn it is."""
+
+    def __init__(self, head: str | None) -> None:
+        super().__init__(head)
+        self.head = head
+
+
+class Gone(Exception):
+    """The ticket is no longer queued: it was pushed out to make room for a request nearer its share."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # The shared counts ---------------------------------------------------------------------------------
 
-# KEYS: the candidates' lease sets in preference order, then (with a ticket) the queue it is in.
-# ARGV: lease ms, token, mode, bound, the queue ticket ("" for none), then each candidate's
-# capacity. Returns the 1-based index of the chosen candidate, or 0 (all full). A request that
-# takes a slot leaves the queue in the same step, so no other sees it both waiting and served.
+# KEYS: the candidates' lease sets in preference order, then the queue these candidates serve (its
+# two bands' tag sets, its tickets' expiry set, its state hash). ARGV: lease ms, token, mode, bound,
+# the queue ticket ("" for none), BATCH_EVERY, then each candidate's capacity. Returns {index, ""}:
+# the 1-based index of the chosen candidate, 0 when all are full, -1 with the ticket whose turn it
+# is when it is another's (a request with no ticket may not pass anyone waiting), -2 when the
+# ticket is no longer queued (pushed out). Taking a slot with a ticket leaves the queue in the
+# same step, moves the model's virtual time to its tag, and counts a grant the batch band waited for.
 ACQUIRE_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
 local mode = tonumber(ARGV[3])
-local n = #ARGV - 5
+local n = #ARGV - 6
+local z0, z1, wq, st = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3], KEYS[n + 4]
+local dead = redis.call('ZRANGEBYSCORE', wq, '-inf', now)
+for _, d in ipairs(dead) do redis.call('ZREM', z0, d); redis.call('ZREM', z1, d) end
+if #dead > 0 then redis.call('ZREMRANGEBYSCORE', wq, '-inf', now) end
+local c0, c1 = redis.call('ZCARD', z0), redis.call('ZCARD', z1)
+local ticket = ARGV[5]
+local band = -1
+if ticket == '' then
+  if c0 + c1 > 0 then return {-1, ''} end
+else
+  if redis.call('ZSCORE', z0, ticket) then band = 0
+  elseif redis.call('ZSCORE', z1, ticket) then band = 1
+  else return {-2, ''} end
+  local skips = tonumber(redis.call('HGET', st, 's') or '0')
+  local head
+  if c0 == 0 or (c1 > 0 and skips >= tonumber(ARGV[6]) - 1) then head = redis.call('ZRANGE', z1, 0, 0)[1]
+  else head = redis.call('ZRANGE', z0, 0, 0)[1] end
+  for i = n + 1, n + 4 do redis.call('PEXPIRE', KEYS[i], lease * 4) end
+  if head ~= ticket then return {-1, head} end
+end
 local loads, caps = {}, {}
 local sum, usable = 0, 0
 for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
   loads[i] = redis.call('ZCARD', KEYS[i])
-  caps[i] = tonumber(ARGV[5 + i])
+  caps[i] = tonumber(ARGV[6 + i])
   if loads[i] < caps[i] then sum = sum + loads[i]; usable = usable + 1 end
 end
-if usable == 0 then return 0 end
+if usable == 0 then return {0, ''} end
 local chosen = 0
 if mode == 2 then
   for i = 1, n do if loads[i] < caps[i] then chosen = i; break end end
@@ -124,18 +169,78 @@ if chosen == 0 then
 end
 redis.call('ZADD', KEYS[chosen], now + lease, ARGV[2])
 redis.call('PEXPIRE', KEYS[chosen], lease * 4)
-if ARGV[5] ~= '' then redis.call('ZREM', KEYS[n + 1], ARGV[5]) end
-return chosen
+if band >= 0 then
+  local z = z0
+  if band == 1 then z = z1 end
+  local tag = tonumber(redis.call('ZSCORE', z, ticket))
+  redis.call('ZREM', z, ticket)
+  redis.call('ZREM', wq, ticket)
+  if c0 + c1 == 1 then
+    redis.call('DEL', st)
+  else
+    local v = tonumber(redis.call('HGET', st, 'v') or '0')
+    if tag > v then redis.call('HSET', st, 'v', string.format('%.17g', tag)) end
+    if band == 0 and c1 > 0 then redis.call('HINCRBY', st, 's', 1) else redis.call('HSET', st, 's', 0) end
+  end
+end
+return {chosen, ''}
 """
 
-# KEYS[1]: a model's waiting set. ARGV: lease ms, token, the most that may wait. 1 joined, 0 full.
-JOIN_SCRIPT = """
+# KEYS: a model's queue (two tag sets, the expiry set, the state hash). ARGV: lease ms, ticket, the
+# most that may wait, band, key id, cost / share. Returns {1, tag, pushed ticket or ""} when queued,
+# {0, tag, ""} when the queue is full and this request is the one refused (apps.gateway.fairness).
+ENTER_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 4)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+for _, d in ipairs(dead) do redis.call('ZREM', KEYS[1], d); redis.call('ZREM', KEYS[2], d) end
+if #dead > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now) end
+local v = tonumber(redis.call('HGET', KEYS[4], 'v') or '0')
+local f = tonumber(redis.call('HGET', KEYS[4], 'k' .. ARGV[5]) or '0')
+local s = math.max(v, f)
+local band = tonumber(ARGV[4])
+local pushed = ''
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then
+  local vz, vband = KEYS[2], 1
+  if redis.call('ZCARD', KEYS[2]) == 0 then vz, vband = KEYS[1], 0 end
+  local top = redis.call('ZREVRANGE', vz, 0, 0, 'WITHSCORES')
+  if #top == 0 or vband < band or (vband == band and tonumber(top[2]) <= s) then
+    return {0, string.format('%.17g', s), ''}
+  end
+  pushed = top[1]
+  redis.call('ZREM', vz, pushed)
+  redis.call('ZREM', KEYS[3], pushed)
+end
+redis.call('HSET', KEYS[4], 'k' .. ARGV[5], string.format('%.17g', s + tonumber(ARGV[6])))
+redis.call('ZADD', KEYS[band + 1], s, ARGV[2])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[1]), ARGV[2])
+for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[1]) * 4) end
+return {1, string.format('%.17g', s), pushed}
+"""
+
+# KEYS: a model's queue. ARGV: ticket, key id, refund (its cost / share). A ticket that leaves
+# without a slot gives its place back and its key is not charged for it; 1 when it was queued.
+LEAVE_SCRIPT = """
+local gone = redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+if gone > 0 then
+  local f = redis.call('HGET', KEYS[4], 'k' .. ARGV[2])
+  if f then
+    local v = tonumber(redis.call('HGET', KEYS[4], 'v') or '0')
+    local back = math.max(v, tonumber(f) - tonumber(ARGV[3]))
+    redis.call('HSET', KEYS[4], 'k' .. ARGV[2], string.format('%.17g', back))
+  end
+end
+if redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) == 0 then redis.call('DEL', KEYS[4]) end
+return gone
+"""
+
+# KEYS: a model's state hash. ARGV: key id, what to add to its finish tag, the lowest it may become.
+CORRECT_SCRIPT = """
+local f = redis.call('HGET', KEYS[1], 'k' .. ARGV[1])
+if not f then return 0 end
+local moved = math.max(tonumber(ARGV[3]), tonumber(f) + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'k' .. ARGV[1], string.format('%.17g', moved))
 return 1
 """
 
@@ -156,8 +261,9 @@ def _sha(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
 
 
-_SCRIPTS = {_sha(s): s for s in (ACQUIRE_SCRIPT, JOIN_SCRIPT, RENEW_SCRIPT)}
-ACQUIRE_SHA, JOIN_SHA, RENEW_SHA = (_sha(s) for s in (ACQUIRE_SCRIPT, JOIN_SCRIPT, RENEW_SCRIPT))
+_ALL = (ACQUIRE_SCRIPT, ENTER_SCRIPT, LEAVE_SCRIPT, CORRECT_SCRIPT, RENEW_SCRIPT)
+_SCRIPTS = {_sha(s): s for s in _ALL}
+ACQUIRE_SHA, ENTER_SHA, LEAVE_SHA, CORRECT_SHA, RENEW_SHA = (_sha(s) for s in _ALL)
 
 
 class SharedSlots:
@@ -249,23 +355,36 @@ class SharedSlots:
             raise reply
         return reply
 
-    async def acquire(self, order: Sequence[Upstream], mode: int, ticket: str | None = None) -> tuple[int | None, str]:
-        """Take a slot on one of `order` by pick's rule: (its index or None, the lease's token).
-        With the request's queue ticket, taking a slot also takes it out of the queue."""
+    def queue_keys(self, model: str) -> list[str]:
+        """A model's queue: its bands' tag sets, its tickets' expiry set ("waiting": what the cluster
+        page counts), its state (virtual time, keys' finish tags, grants past a waiting batch)."""
+        return [self._key(kind, model) for kind in ("fair0", "fair1", "waiting", "fair")]
+
+    async def acquire(
+        self, order: Sequence[Upstream], mode: int, queue: str, ticket: str | None = None, *, batch_every: int = 10
+    ) -> tuple[int | None, str]:
+        """Take a slot on one of `order` by pick's rule: (its index or None, the lease's token). The
+        candidates serve `queue`'s model: without a ticket a slot is taken only while nobody waits
+        for it; with one, only when it is the ticket's turn (NotYourTurn otherwise, Gone when the
+        ticket was pushed out), and the ticket leaves the queue in the same step."""
         token = self._token()
         keys = [self._key("slots", u.id) for u in order]
-        queue = self._held.get(ticket) if ticket is not None else None
-        chosen = await self._script(
+        reply = await self._script(
             ACQUIRE_SHA,
-            [*keys, *([queue] if queue else [])],
-            [self.lease_ms, token, mode, LOAD_BOUND, ticket if queue else "", *(u.capacity for u in order)],
+            [*keys, *self.queue_keys(queue)],
+            [self.lease_ms, token, mode, LOAD_BOUND, ticket or "", batch_every, *(u.capacity for u in order)],
         )
+        chosen, head = int(reply[0]), _text(reply[1])
+        if chosen == -1:
+            raise NotYourTurn(head or None)
+        if chosen == -2:
+            raise Gone()
         if not chosen:
             return None, token
-        self._held[token] = keys[int(chosen) - 1]
-        if queue and ticket is not None:
+        self._held[token] = keys[chosen - 1]
+        if ticket is not None:
             self._held.pop(ticket, None)  # out of the queue already
-        return int(chosen) - 1, token
+        return chosen - 1, token
 
     def release(self, token: str, model: str) -> None:
         """Give a lease back in the background (a lease that cannot be given back expires)."""
@@ -286,22 +405,58 @@ class SharedSlots:
         except Exception as exc:
             self.failed("release", exc)
 
-    async def join(self, model: str, most: int) -> str:
-        """A ticket in the model's queue, counted across processes; QueueFull past `most`."""
-        token = self._token()
-        key = self._key("waiting", model)
-        if not await self._script(JOIN_SHA, [key], [self.lease_ms, token, most]):
-            raise QueueFull(model)
-        self._held[token] = key
-        return token
+    async def enter(
+        self, model: str, who: str, band: int, key: int, cost_over_share: float, most: int
+    ) -> tuple[str, float, str | None]:
+        """A ticket in the model's queue, counted across processes, with its tag: (ticket, tag,
+        the ticket pushed out to make room or None). QueueFull when this request is the one refused."""
+        ticket = f"{self._token()}|{who}"
+        reply = await self._script(
+            ENTER_SHA, self.queue_keys(model), [self.lease_ms, ticket, most, band, key, repr(cost_over_share)]
+        )
+        tag = float(_text(reply[1]))
+        if not int(reply[0]):
+            raise QueueFull(model, tag)
+        self._held[ticket] = self._key("waiting", model)
+        pushed = _text(reply[2])
+        if pushed:
+            self._background(self._announce(model))  # the one pushed out hears it and leaves
+        return ticket, tag, pushed or None
 
-    async def leave(self, token: str) -> None:
-        key = self._held.pop(token, None)
-        if key is not None:
-            try:
-                await self.client.execute(("ZREM", key, token))
-            except Exception as exc:
-                self.failed("leaving the queue", exc)
+    async def leave(self, model: str, ticket: str, key: int, refund: float) -> None:
+        if self._held.pop(ticket, None) is None:
+            return
+        try:
+            await self._script(LEAVE_SHA, self.queue_keys(model), [ticket, key, repr(refund)])
+        except Exception as exc:
+            self.failed("leaving the queue", exc)
+
+    async def correct(self, model: str, key: int, delta: float, floor: float) -> None:
+        """Move a key's finish tag by what its request really cost (in the background)."""
+        try:
+            await self._script(CORRECT_SHA, [self._key("fair", model)], [key, repr(delta), repr(floor)])
+        except Exception as exc:
+            self.failed("correcting a charge", exc)
+
+    async def waiters(self, model: str) -> list[str]:
+        """The tickets waiting for the model in both bands (each carries its owner's path)."""
+        z0, z1 = self.queue_keys(model)[:2]
+        replies = await self.client.execute(("ZRANGE", z0, 0, -1), ("ZRANGE", z1, 0, -1))
+        return [_text(item) for reply in replies if isinstance(reply, list) for item in reply]
+
+    def announce(self, model: str) -> None:
+        """Tell every process (in the background) that the model's waiters should look again."""
+        self._background(self._announce(model))
+
+    def spawn(self, work: Any) -> None:
+        """Run a shared-state call in the background; its failure is counted, never raised."""
+        self._background(work)
+
+    async def _announce(self, model: str) -> None:
+        try:
+            await self.client.execute(("PUBLISH", self.channel, model))
+        except Exception as exc:
+            self.failed("announcing", exc)
 
     def _background(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -372,11 +527,21 @@ class SlotKeeper:
         return self._by_id.values()
 
     async def acquire(
-        self, upstreams: Sequence[Upstream], key: str | None, *, exclude: Iterable[str] = (), ticket: str | None = None
+        self,
+        upstreams: Sequence[Upstream],
+        key: str | None,
+        *,
+        exclude: Iterable[str] = (),
+        queue: str | None = None,
+        ticket: str | None = None,
+        batch_every: int = 10,
     ) -> Lease | None:
         """A slot on one of the upstreams (prefix affinity under the load bound, else the least
         loaded), or None when every usable one is full. Upstreams in `exclude` or marked failed
-        are passed over. `ticket`: the request's place in the shared queue, given up with the slot."""
+        are passed over. With Redis, `queue` names the model whose shared queue these upstreams
+        serve: `ticket`, the request's place in it, takes the slot only in its turn (NotYourTurn,
+        Gone), and a request with none only while nobody waits. Without Redis the caller's own
+        queue says whose turn it is."""
         now = time.monotonic()
         skip = set(exclude)
         candidates = [u for u in upstreams if u.id not in skip and self.inflight(u).failed_until <= now]
@@ -386,7 +551,11 @@ class SlotKeeper:
         shared = self.shared
         if shared is not None and shared.available() and not order[0].id.startswith("external:"):
             try:
-                index, token = await shared.acquire(order, mode, ticket)
+                index, token = await shared.acquire(
+                    order, mode, queue or order[0].model, ticket, batch_every=batch_every
+                )
+            except (NotYourTurn, Gone):
+                raise
             except Exception as exc:
                 shared.failed("acquire", exc)
             else:
@@ -422,54 +591,3 @@ class SlotKeeper:
 
     def mark_failed(self, upstream: Upstream, seconds: float) -> None:
         self.inflight(upstream).failed_until = time.monotonic() + seconds
-
-
-class WaitingRoom:
-    """Per model: how many requests wait for a slot (at most `most`), and the event that wakes them."""
-
-    def __init__(self, most: int, shared: SharedSlots | None = None) -> None:
-        self.most = most
-        self.shared = shared
-        self.waiting: dict[str, int] = {}
-        self._events: dict[str, asyncio.Event] = {}
-
-    def event(self, model: str) -> asyncio.Event:
-        event = self._events.get(model)
-        if event is None:
-            event = self._events[model] = asyncio.Event()
-        return event
-
-    def released(self, model: str) -> None:
-        """A slot of `model` came free (here or, through Redis, in another process): wake its waiters."""
-        event = self._events.pop(model, None)
-        if event is not None:
-            event.set()
-
-    def wake_all(self) -> None:
-        for model in list(self._events):
-            self.released(model)
-
-    async def enter(self, model: str) -> str | None:
-        """Join the model's queue; QueueFull when `most` wait already. Returns the shared ticket."""
-        ticket = None
-        if self.waiting.get(model, 0) >= self.most:
-            raise QueueFull(model)
-        shared = self.shared
-        if shared is not None and shared.available():
-            try:
-                ticket = await shared.join(model, self.most)
-            except QueueFull:
-                raise
-            except Exception as exc:
-                shared.failed("joining the queue", exc)
-        self.waiting[model] = self.waiting.get(model, 0) + 1
-        metrics.QUEUE_DEPTH.labels(model=model).inc()
-        return ticket
-
-    async def leave(self, model: str, ticket: str | None) -> None:
-        self.waiting[model] -= 1
-        if not self.waiting[model]:
-            del self.waiting[model]
-        metrics.QUEUE_DEPTH.labels(model=model).dec()
-        if ticket is not None and self.shared is not None:
-            await self.shared.leave(ticket)

@@ -117,6 +117,10 @@ class KeyEntry:
     allowed_models: frozenset[str] | None
     expires_at: float | None
     limits: tuple[Any, ...] = ()
+    # The weights of its organisation, team, project and itself when a model is contended, and the
+    # highest band its requests may ask for (0 interactive, 1 batch; apps.gateway.fairness).
+    weights: tuple[int, int, int, int] = (1, 1, 1, 1)
+    ceiling: int = 0
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -230,6 +234,7 @@ def load_tables() -> Tables:
     """Read keys, limits and ready replicas (in a worker thread: this is ORM work)."""
     from django.db.models import Prefetch
 
+    from apps.accounts.choices import Band
     from apps.accounts.models import ApiKey
     from apps.catalog.models import Model
     from apps.cluster.choices import ReplicaState
@@ -240,10 +245,16 @@ def load_tables() -> Tables:
     all_limits = load_all_limits()
 
     keys: dict[str, KeyEntry] = {}
-    for key in ApiKey.objects.active().filter(user__is_active=True).select_related("project__team"):
+    for key in ApiKey.objects.active().filter(user__is_active=True).select_related("project__team__organization"):
         project = key.project
         team_id = project.team_id if project else None
         org_id = project.team.organization_id if project else None
+        weights = (
+            (project.team.organization.weight, project.team.weight, project.weight, key.weight)
+            if project
+            else (1, 1, 1, key.weight)
+        )
+        bands = {key.band, project.band if project else Band.INTERACTIVE}
         keys[key.key_hash] = KeyEntry(
             key_id=key.pk,
             user_id=key.user_id,
@@ -255,6 +266,8 @@ def load_tables() -> Tables:
             limits=tuple(
                 pick_limits(all_limits, key_id=key.pk, project_id=key.project_id, team_id=team_id, org_id=org_id)
             ),
+            weights=weights,
+            ceiling=1 if Band.BATCH in bands else 0,
         )
 
     models: dict[str, ModelRoute] = {}

@@ -22,8 +22,9 @@ import aiohttp
 import pytest
 import uvicorn
 
-from apps.gateway import asgi
+from apps.gateway import asgi, routes
 from apps.gateway.tables import KeyEntry, ModelRoute, Tables, Upstream, key_hash
+from apps.quotas.limiter import Headroom, Refusal
 from tests.gateway.mock_engine import MockEngine
 
 openai = pytest.importorskip("openai")
@@ -65,19 +66,13 @@ class UsageLog:
 
 
 @dataclass
-class FakeRefusal:
-    message: str
-    retry_after_s: float
-
-
-@dataclass
 class FakeLimiter:
-    refusal: FakeRefusal | None = None
+    refusal: Refusal | Headroom | None = None
     admitted: list[list[Any]] = field(default_factory=list)
     recorded: list[int] = field(default_factory=list)
     tokens_recorded: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def admit(self, limits: list[Any], now: float) -> FakeRefusal | None:
+    async def admit(self, limits: list[Any], now: float) -> Refusal | Headroom | None:
         self.admitted.append(limits)
         return self.refusal
 
@@ -215,7 +210,7 @@ async def gateway_fixture(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -
     # tables are ours, the usage writer and limiter are fakes, and the refresh loop never reloads.
     database: dict[str, Tables] = {}
     version_checks: list[int] = []
-    monkeypatch.setattr(asgi, "load_tables", lambda: database.get("tables", tables))
+    monkeypatch.setattr(routes, "load_tables", lambda: database.get("tables", tables))
     fake_limiter = types.ModuleType("apps.quotas.limiter")
     fake_limiter.make_limiter = lambda: limiter  # type: ignore[attr-defined]
     fake_usage = types.ModuleType("apps.quotas.usage")
@@ -235,7 +230,7 @@ async def gateway_fixture(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -
         version_checks.append(version)
         return version
 
-    monkeypatch.setattr(asgi, "current_version", current_version)
+    monkeypatch.setattr(routes, "current_version", current_version)
 
     async def never_refresh() -> None:
         await asyncio.Event().wait()

@@ -17,14 +17,16 @@ import pytest
 
 from apps.gateway.routing import affinity_key, preference
 from apps.gateway.tables import Tables, Upstream, key_hash
+from apps.quotas.limiter import Window
 from tests.gateway.harness import (
     HELLO,
     KEY,
     OTHER_KEY,
     WAIT,
     Answer,
-    FakeRefusal,
     Gateway,
+    Headroom,
+    Refusal,
     anthropic,
     endpoint,
     entry,
@@ -382,7 +384,7 @@ async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_fi
 ) -> None:
     first = await take_the_only_slot(gw, engine)
     second = asyncio.create_task(gw.chat())
-    await until(lambda: gw.app.waiting.waiting.get("m") == 1)
+    await until(lambda: gw.app.admission.queue.waiting("m") == 1)
     assert len(engine.seen) == 1  # the second is queued in the gateway, not at the engine
     engine.gate.set()
     answers = await asyncio.gather(first, second)
@@ -391,7 +393,7 @@ async def test_a_second_request_waits_for_a_busy_slot_and_is_served_after_the_fi
     assert engine.max_active == 1
     await gw.usage.wait(2)
     assert held(gw.endpoint) == 0
-    assert gw.app.waiting.waiting.get("m", 0) == 0
+    assert gw.app.admission.queue.waiting("m") == 0
 
 
 async def test_a_request_that_must_wait_tells_the_reconciler_once_that_a_growable_model_is_busy(
@@ -405,7 +407,7 @@ async def test_a_request_that_must_wait_tells_the_reconciler_once_that_a_growabl
     first = await take_the_only_slot(gw, engine)
     assert busy == []  # a free slot was found: nothing to report
     waiting = [asyncio.create_task(gw.chat()) for _ in range(3)]
-    await until(lambda: gw.app.waiting.waiting.get("m") == 3)
+    await until(lambda: gw.app.admission.queue.waiting("m") == 3)
     await until(lambda: busy == ["m"])
     engine.gate.set()
     answers = await asyncio.gather(first, *waiting)
@@ -422,7 +424,7 @@ async def test_a_model_at_its_maximum_is_not_reported_busy(
     monkeypatch.setattr(apps.catalog.services, "record_busy", lambda name: busy.append(name) or True)
     first = await take_the_only_slot(gw, engine)  # the route's maximum is its one replica
     second = asyncio.create_task(gw.chat())
-    await until(lambda: gw.app.waiting.waiting.get("m") == 1)
+    await until(lambda: gw.app.admission.queue.waiting("m") == 1)
     engine.gate.set()
     assert [a.status for a in await asyncio.gather(first, second)] == [200, 200]
     assert busy == []
@@ -433,11 +435,11 @@ async def test_a_client_that_leaves_while_waiting_gives_up_its_place_and_never_r
 ) -> None:
     first = await take_the_only_slot(gw, engine)
     second = asyncio.create_task(gw.chat())
-    await until(lambda: gw.app.waiting.waiting.get("m") == 1)
+    await until(lambda: gw.app.admission.queue.waiting("m") == 1)
     second.cancel()  # the client closes its connection while its request waits in the gateway
     with pytest.raises(asyncio.CancelledError):
         await second
-    await until(lambda: gw.app.waiting.waiting.get("m", 0) == 0)
+    await until(lambda: gw.app.admission.queue.waiting("m") == 0)
     record = await gw.usage.wait(1)  # recorded before the first request even ends
     assert record["status"] == 499 and "waiting for a replica" in record["error"]
     engine.gate.set()
@@ -447,12 +449,12 @@ async def test_a_client_that_leaves_while_waiting_gives_up_its_place_and_never_r
 
 
 async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway, engine: MockEngine) -> None:
-    gw.app.waiting.most = 0
+    gw.app.admission.most = gw.app.admission.queue.most = 0
     first = await take_the_only_slot(gw, engine)
     refused = await gw.chat()
     assert refused.status == 503
     assert refused.headers["retry-after"] == "5"
-    assert "Too many requests are waiting" in refused.json["error"]["message"]
+    assert "The queue for “m” is full (0 of 0 waiting)" in refused.json["error"]["message"]
     assert refused.json["error"]["type"] == "server_error"
     assert (await gw.usage.wait())["status"] == 503
     engine.gate.set()
@@ -462,7 +464,7 @@ async def test_a_request_beyond_the_queue_gets_503_with_retry_after(gw: Gateway,
 async def test_a_request_that_waits_past_the_queue_timeout_gets_503_with_retry_after(
     gw: Gateway, engine: MockEngine
 ) -> None:
-    gw.app.queue_timeout = 0.05
+    gw.app.admission.timeouts = (0.05, 0.05)
     first = await take_the_only_slot(gw, engine)
     refused = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO})
     assert refused.status == 503
@@ -471,7 +473,7 @@ async def test_a_request_that_waits_past_the_queue_timeout_gets_503_with_retry_a
     assert refused.json["error"]["message"].startswith("No capacity")
     engine.gate.set()
     assert (await first).status == 200
-    assert gw.app.waiting.waiting.get("m", 0) == 0
+    assert gw.app.admission.queue.waiting("m") == 0
 
 
 # Routing ---------------------------------------------------------------------------------------------------
@@ -623,18 +625,44 @@ async def test_a_limiter_refusal_is_a_429_with_retry_after_and_the_limits_messag
     gw: Gateway, engine: MockEngine
 ) -> None:
     gw.set_key(OTHER_KEY, entry(2, limits=("key:2",)))
-    gw.limiter.refusal = FakeRefusal("Key “test” is over its limit of 5 requests per minute", 7.6)
+    gw.limiter.refusal = Refusal("requests per minute", "key:2", "key “test”", used=5, allowed=5, retry_after_s=7)
     answer = await gw.chat(key=OTHER_KEY)
     assert answer.status == 429
     assert answer.headers["retry-after"] == "7"
-    assert answer.json["error"]["message"] == "Key “test” is over its limit of 5 requests per minute"
+    message = "key “test” is over its limit of 5 requests per minute (5 used); retry in 7 s"
+    assert answer.json["error"]["message"] == message
     assert answer.json["error"]["type"] == "rate_limit_error"
+    assert answer.json["error"]["code"] == "rate_limit_exceeded"  # what the OpenAI SDKs switch on
+    # the limit headers the clients read, on the refusal too
+    assert answer.headers["x-ratelimit-limit-requests"] == "5"
+    assert answer.headers["x-ratelimit-remaining-requests"] == "0"
+    assert answer.headers["x-ratelimit-reset-requests"] == "7s"
     assert gw.limiter.admitted == [["key:2"]]
     record = await gw.usage.wait()
-    assert record["status"] == 429 and record["error"].startswith("Key “test”")
-    with pytest.raises(anthropic.RateLimitError):
+    assert record["status"] == 429 and record["error"].startswith("key “test”")
+    with pytest.raises(anthropic.RateLimitError) as refused:
         await gw.anthropic(OTHER_KEY).messages.create(model="m", max_tokens=5, messages=HELLO)
+    assert refused.value.response.headers["anthropic-ratelimit-requests-remaining"] == "0"
     assert engine.seen == []
+
+
+async def test_an_answer_a_limit_governs_carries_the_rate_limit_headers(gw: Gateway) -> None:
+    gw.set_key(OTHER_KEY, entry(2, limits=("key:2",)))
+    gw.limiter.refusal = Headroom(Window(60, 41, 12.2), Window(100_000, 99_000, 372.0))
+    answer = await gw.chat(key=OTHER_KEY)
+    assert answer.status == 200
+    headers = answer.headers
+    assert (headers["x-ratelimit-limit-requests"], headers["x-ratelimit-remaining-requests"]) == ("60", "41")
+    assert headers["x-ratelimit-reset-requests"] == "13s"
+    assert (headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"]) == ("100000", "99000")
+    assert headers["x-ratelimit-reset-tokens"] == "6m12s"
+    assert headers["x-llmgw-queue-ms"] == "0" and headers["x-llmgw-priority"] == "interactive"
+    message = await gw.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": HELLO}, key=OTHER_KEY)
+    assert message.headers["anthropic-ratelimit-tokens-remaining"] == "99000"
+    assert message.headers["anthropic-ratelimit-requests-reset"].endswith("Z")
+    assert "x-ratelimit-limit-requests" not in message.headers
+    plain = await gw.chat()  # a key no limit governs: no limit headers
+    assert "x-ratelimit-limit-requests" not in plain.headers
 
 
 async def test_a_success_counts_its_tokens_against_the_keys_limits(gw: Gateway) -> None:
@@ -708,8 +736,8 @@ async def test_requests_are_counted_by_model_and_a_made_up_model_name_never_beco
 async def test_an_engine_that_stays_silent_past_the_read_timeout_is_a_504_and_is_let_go(
     gw: Gateway, engine: MockEngine
 ) -> None:
-    assert gw.app.upstream is not None
-    gw.app.upstream.read_timeout = 0.2
+    assert gw.app.forwarder.upstream is not None
+    gw.app.forwarder.upstream.read_timeout = 0.2
     engine.gate = asyncio.Event()
     try:
         answer = await gw.chat()

@@ -1,5 +1,5 @@
-"""Slots and the queue shared through Redis by several gateway processes, each played here by its
-own keeper and connection against the suite's real Redis. Skipped where the suite has no Redis."""
+"""Slots and the fair queue shared through Redis by several gateway processes, each played here by
+its own keeper and connection against the suite's real Redis. Skipped where the suite has no Redis."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from functools import partial
 
 import pytest
 
-from apps.gateway.slots import QueueFull, SharedSlots, SlotKeeper, WaitingRoom
+from apps.gateway.fairness import BATCH, INTERACTIVE, Who
+from apps.gateway.slots import Gone, NotYourTurn, QueueFull, SharedSlots, SlotKeeper
 from apps.gateway.tables import Upstream
 from apps.quotas.resp import RedisClient, subscribe
 
@@ -42,9 +43,13 @@ class Process:
             RedisClient(REDIS_URL, timeout=2.0), prefix=prefix, lease_s=lease_s, subscribe=partial(subscribe, REDIS_URL)
         )
         self.keeper = SlotKeeper(self.shared)
-        self.waiting = WaitingRoom(2, self.shared)
-        self.shared.on_released = self.waiting.released
+        self.heard: list[str] = []
+        self.shared.on_released = self.heard.append
         self.shared.start()
+
+    async def enter(self, key: int, band: int = INTERACTIVE, cost: float = 100.0, most: int = 2) -> str:
+        ticket, _tag, _pushed = await self.shared.enter("m", Who(key, key, key, key).token(), band, key, cost, most)
+        return ticket
 
     async def stop(self) -> None:
         await self.shared.stop()
@@ -137,14 +142,14 @@ async def test_a_live_process_keeps_its_slots_past_the_lease_by_renewing_them(
 
 async def test_the_queue_counts_waiters_of_every_process_against_its_maximum(processes: Callable[..., Process]) -> None:
     a, b = processes(), processes()
-    first = await a.waiting.enter("m")
-    second = await b.waiting.enter("m")
+    first = await a.enter(1)
+    second = await b.enter(2)
     with pytest.raises(QueueFull):
-        await a.waiting.enter("m")
-    await b.waiting.leave("m", second)
-    third = await a.waiting.enter("m")
-    await a.waiting.leave("m", first)
-    await a.waiting.leave("m", third)
+        await a.enter(3)  # a new key's tag is no smaller than those waiting: it is the one refused
+    await b.shared.leave("m", second, 2, 100.0)
+    third = await a.enter(3)
+    await a.shared.leave("m", first, 1, 100.0)
+    await a.shared.leave("m", third, 3, 100.0)
 
 
 async def test_a_slot_given_back_in_one_process_wakes_the_waiters_of_another(processes: Callable[..., Process]) -> None:
@@ -153,10 +158,61 @@ async def test_a_slot_given_back_in_one_process_wakes_the_waiters_of_another(pro
     target = [upstream(capacity=1)]
     lease = await a.keeper.acquire(target, None)
     assert lease is not None
-    woken = b.waiting.event("m")
     await a.keeper.give_back(lease)
     async with asyncio.timeout(WAIT):
-        await woken.wait()
+        while "m" not in b.heard:
+            await asyncio.sleep(0.02)
+
+
+async def test_the_turn_is_the_same_in_every_process(processes: Callable[..., Process]) -> None:
+    """A flooding key's requests wait in one process, a light key's in another: the light one takes
+    the slot that frees, and nobody without a ticket takes one past those waiting."""
+    flood, light = processes(), processes()
+    target = [upstream(capacity=1)]
+    held = await flood.keeper.acquire(target, None)
+    assert held is not None
+    flooding = [await flood.enter(1, most=10) for _ in range(3)]
+    mine = await light.enter(2, most=10)  # its key asked nothing yet: its tag is the virtual time
+    await flood.keeper.give_back(held)
+    with pytest.raises(NotYourTurn) as other:
+        await flood.keeper.acquire(target, None, queue="m", ticket=flooding[1])
+    assert other.value.head in (flooding[0], mine)
+    with pytest.raises(NotYourTurn):
+        await flood.keeper.acquire(target, None)  # no ticket: no passing those who wait
+    winner = flooding[0] if other.value.head == flooding[0] else mine
+    owner = flood if winner == flooding[0] else light
+    lease = await owner.keeper.acquire(target, None, queue="m", ticket=winner)
+    assert lease is not None
+    await owner.keeper.give_back(lease)
+    following = flooding[0] if winner == mine else mine
+    follower = flood if following == flooding[0] else light
+    lease = await follower.keeper.acquire(target, None, queue="m", ticket=following)
+    assert lease is not None  # the light key's request was never behind the flood's second and third
+    await follower.keeper.give_back(lease)
+
+
+async def test_a_full_queue_pushes_out_the_one_furthest_over_its_share(processes: Callable[..., Process]) -> None:
+    a, b = processes(), processes()
+    batch = await a.enter(9, band=BATCH, most=2)
+    await a.enter(1, most=2)
+    await b.enter(2, most=2)  # full: the batch request goes
+    with pytest.raises(Gone):
+        await a.keeper.acquire([upstream(capacity=1)], None, queue="m", ticket=batch)
+
+
+async def test_the_tickets_of_a_process_that_died_give_their_place_back(processes: Callable[..., Process]) -> None:
+    dead, alive = processes(lease_s=1.0), processes()
+    await dead.enter(1, most=1)
+    await dead.die()
+    with pytest.raises(QueueFull):
+        await alive.enter(2, most=1)
+    async with asyncio.timeout(WAIT):
+        while True:
+            try:
+                await alive.enter(2, most=1)
+                break
+            except QueueFull:
+                await asyncio.sleep(0.2)
 
 
 async def test_taking_a_slot_with_a_queue_ticket_leaves_the_queue_in_the_same_step(
@@ -164,12 +220,12 @@ async def test_taking_a_slot_with_a_queue_ticket_leaves_the_queue_in_the_same_st
 ) -> None:
     a, b = processes(), processes()
     target = [upstream(capacity=1)]
-    first = await a.waiting.enter("m")
-    second = await b.waiting.enter("m")
-    lease = await a.keeper.acquire(target, None, ticket=first)
+    first = await a.enter(1)
+    second = await b.enter(1)  # the same key: behind its first
+    lease = await a.keeper.acquire(target, None, queue="m", ticket=first)
     assert lease is not None
     # The queue has room again at once, before the first request's own leave.
-    third = await b.waiting.enter("m")
-    await a.waiting.leave("m", first)
-    await b.waiting.leave("m", second)
-    await b.waiting.leave("m", third)
+    third = await b.enter(2)
+    await a.shared.leave("m", first, 1, 100.0)
+    await b.shared.leave("m", second, 1, 100.0)
+    await b.shared.leave("m", third, 2, 100.0)

@@ -180,7 +180,7 @@ async def test_a_stream_that_spans_several_reloads_and_a_replica_change_gives_it
     # The one-slot replica serves the next request at once: its slot came back.
     reload_to(gw, [endpoint(engine.url, "1", slots=1)])
     await gw.app.reload()
-    gw.app.queue_timeout = 0.5
+    gw.app.admission.timeouts = (0.5, 0.5)
     engine.hold = None
     assert (await gw.chat()).status == 200
 
@@ -249,7 +249,7 @@ async def test_real_requests_of_every_kind_under_reloads_leave_every_slot_given_
         return [u for u in chosen if rng.random() < 0.85] or chosen[:1]
 
     gw.set_models(route("m", upstreams()))
-    gw.app.queue_timeout = 3
+    gw.app.admission.timeouts = (3, 3)
 
     async def reloads() -> None:
         while True:

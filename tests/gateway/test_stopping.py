@@ -21,7 +21,7 @@ ROLLED = "the replica r1 was stopped: its drain grace of 120 s ran out (a profil
 def stopping(gw: Gateway, *stopped: Stopped) -> None:
     """The gateway's next tables: the same routes, these replicas listed as being stopped."""
     now = gw.app.tables
-    gw.app.use(
+    gw.app.routes.use(
         Tables(keys=now.keys, models=now.models, version=now.version + 1, stopping={s.replica: s for s in stopped})
     )
 
