@@ -5,12 +5,14 @@
 3. Collect static files (content-hashed) into the data directory.
 4. Start web and a worker with embedded beat as child processes, each in its own process
    group, and a local agent once web answers.
-5. On Ctrl-C or SIGTERM stop every child (the agent first; SIGTERM to each, then SIGKILL to
-   its whole group after a grace), or stop all of them when one dies, so no process is left
-   behind. Then stop the engines the local agent ran: they live in sessions of their own, so
-   they are read from the agent's engines.json and stopped with the agent's own supervisor
-   (the same proof that a pid is still the engine it started; SIGTERM, the engine's stop
-   grace, SIGKILL). `--keep-engines` leaves them running, for the agent of the next
+5. On Ctrl-C or SIGTERM stop every child (SIGTERM to each, then SIGKILL to its whole group
+   after a grace), or stop all of them when one dies, so no process is left behind. The agent
+   goes first (its engines run on without it); then web, with the worker: web takes no new
+   request and finishes those in flight (up to LLMGW_DRAIN_GRACE_SECONDS; a second Ctrl-C stops
+   at once). Then the engines the local agent ran, which nothing can reach any more: they live
+   in sessions of their own, so they are read from the agent's engines.json and stopped with the
+   agent's own supervisor (the same proof that a pid is still the engine it started; SIGTERM, the engine's
+   stop grace, SIGKILL). `--keep-engines` leaves them running, for the agent of the next
    `llmgw up` to adopt, as a production agent adopts its engines after a restart.
 
 Every line a child writes goes to `<data_dir>/logs/up.log`, prefixed with its name. The
@@ -41,6 +43,9 @@ from typing import TextIO
 __all__ = ["LineFilter", "Output", "Supervisor", "no_engine_line", "run", "stop_local_engines"]
 
 STOP_GRACE_S = 10.0
+# Web's requests in flight get the drain grace; this much more is left for its own stop after it.
+WEB_STOP_MARGIN_S = 15.0
+WEB_QUIET_S = 2.0  # web still running this long after SIGTERM is finishing requests: say so
 READY_TIMEOUT_S = 90.0
 LOG_ROTATE_BYTES = 32 * 1024 * 1024
 TAIL_LINES = 15  # a child's last lines, shown when it exits on its own
@@ -215,6 +220,8 @@ class Supervisor:
         self._threads: dict[str, threading.Thread] = {}
         self._on_line = on_line or (lambda name, line: (sys.stdout.write(f"{name:<7}| {line}\n"), sys.stdout.flush()))
         self._deadlines: dict[str, float] = {}
+        #: Set to stop waiting for graces: what is still running is killed at once.
+        self.hurry = threading.Event()
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         process = subprocess.Popen(  # noqa: S603 - argv is built by us
@@ -266,9 +273,10 @@ class Supervisor:
         chosen = [name for name in names if name in self.children]
         for name in chosen:
             process = self.children[name]
-            remaining = max(0.0, self._deadlines.get(name, time.monotonic()) - time.monotonic())
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=remaining)
+            deadline = self._deadlines.get(name, time.monotonic())
+            while process.poll() is None and not self.hurry.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
         # Whatever is still there, and anything a child forked into its group, goes now.
         for name in chosen:
             process = self.children[name]
@@ -277,6 +285,19 @@ class Supervisor:
                 process.wait(timeout=5)
         for name in chosen:
             self.finish_output(name)
+
+    def exited(self, names: Iterable[str], seconds: float) -> bool:
+        """Wait up to `seconds` for each to end; whether all have."""
+        deadline = time.monotonic() + seconds
+        for name in names:
+            process = self.children.get(name)
+            if process is None:
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if process.poll() is None:
+                return False
+        return True
 
     def stop(self, names: Iterable[str], grace: float = STOP_GRACE_S) -> None:
         names = list(names)
@@ -455,6 +476,8 @@ def run(args: argparse.Namespace) -> int:
     wake = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
+        if stop.is_set():
+            supervisor.hurry.set()  # a second Ctrl-C: no more waiting
         stop.set()
         wake.set()
 
@@ -522,9 +545,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         show_password()  # never lost, however early the stop came
         output.say("llmgw up: stopping")
+        # The agent leaves first (its engines run on without it); web then finishes the requests in
+        # flight, and only then are the engines that answer them stopped.
         supervisor.stop(["agent"])
         others = [name for name in supervisor.children if name != "agent"]
+        supervisor.terminate(["web"], settings.DRAIN_GRACE + WEB_STOP_MARGIN_S)
         supervisor.terminate(others)
+        if not supervisor.exited(["web"], WEB_QUIET_S):
+            output.say(
+                f"llmgw up: web is finishing the requests in flight (at most {settings.DRAIN_GRACE} s; "
+                "Ctrl-C again stops at once)"
+            )
+        supervisor.reap(["web"])
         if agent_state is not None:
             try:
                 if keep_engines:
