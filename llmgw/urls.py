@@ -140,6 +140,7 @@ urlpatterns = [
     path("people/branches/remove", people_views.people_branch_remove, name="people-branch-remove"),
     path("people/limits/rate", people_views.people_rate_limit, name="people-rate-limit"),
     path("people/limits/capacity", people_views.people_capacity_quota, name="people-capacity-quota"),
+    path("people/limits/share", people_views.people_share, name="people-share"),
     path("org/", people_views.org, name="org"),
     path("org/limits/", people_views.org_limits, name="org-limits"),
     path("org/usage/", people_views.org_usage, name="org-usage"),

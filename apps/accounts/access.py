@@ -18,6 +18,7 @@ from apps.accounts.choices import StaffRole
 __all__ = [
     "RULES",
     "CanChangeLimits",
+    "CanChangeShares",
     "RulePermission",
     "IsOperator",
     "IsSignedIn",
@@ -185,6 +186,14 @@ class CanChangeLimits(RulePermission):
 
     read_rule = "read_everything"
     write_rule = "change_limits"
+
+
+class CanChangeShares(RulePermission):
+    """Administrators and managers; which weights and bands each may set is the service's
+    (apps.accounts.people_services.share_refusal)."""
+
+    read_rule = "manages_branch"
+    write_rule = "manages_branch"
 
 
 class StaffReadOnly(RulePermission):

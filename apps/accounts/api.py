@@ -5,20 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts import services
-from apps.accounts.access import IsSignedIn, IsStaffReader, StaffReadOnly
+from apps.accounts import people_services, services
+from apps.accounts.access import CanChangeShares, IsSignedIn, IsStaffReader, StaffReadOnly, is_administrator
 from apps.accounts.authentication import request_api_key
 from apps.accounts.filters import AuditFilterForm, audit_events
 from apps.accounts.models import ApiKey, AuditEvent, Membership, Organization, Project, Team, User
+from apps.accounts.people_selectors import Branch, scope_for
 from llmgw.http import client_address
 
 __all__ = ["ApiKeyViewSet", "AuditEventViewSet", "MeView", "OrganizationViewSet", "ProjectViewSet", "TeamViewSet"]
@@ -65,6 +67,83 @@ class MeView(APIView):
         return Response(MeSerializer(user, context={"request": request}).data)
 
 
+# Shares of a busy model: weights and bands ----------------------------------------------
+
+
+def _parsed(parse: Any, name: str, data: Any) -> Any:
+    try:
+        return parse(data)
+    except DjangoValidationError as error:
+        raise serializers.ValidationError(error.message_dict[name]) from None
+
+
+@extend_schema_field({"type": "integer", "minimum": people_services.WEIGHT_MIN, "maximum": people_services.WEIGHT_MAX})
+class WeightField(serializers.Field):  # type: ignore[type-arg]
+    """A weight from 1 to 1000, refused with the range (people_services.parse_weight) otherwise."""
+
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if data is None:  # refused in the same words as any other value that is not a weight
+            _parsed(people_services.parse_weight, "weight", "null")
+        return super().validate_empty_values(data)  # type: ignore[no-any-return]
+
+    def to_internal_value(self, data: Any) -> int:
+        return int(_parsed(people_services.parse_weight, "weight", data))
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+@extend_schema_field({"type": "string", "enum": ["interactive", "batch"]})
+class BandField(serializers.Field):  # type: ignore[type-arg]
+    """A band's name, refused with the names of the bands (people_services.parse_band) otherwise."""
+
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if data is None:
+            _parsed(people_services.parse_band, "band", "null")
+        return super().validate_empty_values(data)  # type: ignore[no-any-return]
+
+    def to_internal_value(self, data: Any) -> str:
+        return str(_parsed(people_services.parse_band, "band", data))
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class ShareSerializer(serializers.Serializer[Any]):
+    """What a PATCH of …/share may set: the weight, and for a project or a key the highest band."""
+
+    weight = WeightField(required=False, help_text="its share of a busy model against its siblings', 1 to 1000")
+    band = BandField(required=False, help_text="the highest band its requests may use (projects and keys)")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs:
+            raise serializers.ValidationError(_("Give a weight, a band or both."))
+        return attrs
+
+
+def _set_share(request: Request, target: Any) -> Any:
+    """Apply a PATCH of …/share through people_services.set_share: 400 naming the field, 403 saying
+    who may (DRF answers Django's PermissionDenied with 403)."""
+    body = ShareSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    try:
+        return people_services.set_share(
+            target,
+            **body.validated_data,
+            actor=request.user,  # type: ignore[arg-type]
+            address=client_address(request),
+        )
+    except DjangoValidationError as error:
+        raise _as_field_errors(error) from None
+
+
+def _within_reach(request: Request, kind: str, obj: Organization | Team | Project) -> None:
+    """A branch outside everything the caller manages is not theirs to know of: 404, as for a missing one."""
+    user = request.user
+    if not is_administrator(user) and not scope_for(user).covers(Branch(kind, obj)):  # type: ignore[arg-type]
+        raise NotFound()
+
+
 # API keys ------------------------------------------------------------------------------
 
 
@@ -85,8 +164,19 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
             "revoked_at",
             "last_used_at",
             "state",
+            "weight",
+            "band",
         ]
-        read_only_fields = ["id", "prefix", "created_at", "revoked_at", "last_used_at", "state"]
+        read_only_fields = [
+            "id",
+            "prefix",
+            "created_at",
+            "revoked_at",
+            "last_used_at",
+            "state",
+            "weight",
+            "band",
+        ]
 
     def get_state(self, key: ApiKey) -> str:
         return key.state()
@@ -102,6 +192,19 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
             raise serializers.ValidationError(_("Expected a list of model names."))
         return value
+
+
+def _managed_keys(user: Any) -> Q:
+    """The keys whose weights `user` may set: every key for an administrator, else those of the
+    projects under a branch they manage."""
+    if is_administrator(user):
+        return Q(pk__isnull=False)
+    scope = scope_for(user)
+    return (
+        Q(project__team__organization_id__in=scope.org_ids)
+        | Q(project__team_id__in=scope.team_ids)
+        | Q(project_id__in=scope.project_ids)
+    )
 
 
 class NewApiKeySerializer(ApiKeySerializer):
@@ -121,10 +224,19 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def get_queryset(self) -> QuerySet[ApiKey]:
         if getattr(self, "swagger_fake_view", False):  # the schema, built without a caller
             return ApiKey.objects.none()
-        return ApiKey.objects.filter(
-            user=self.request.user,  # type: ignore[misc]  # IsSignedIn: never anonymous
-            is_session_key=False,
-        ).select_related("project")
+        user = self.request.user
+        mine = Q(user=user)
+        if self.action == "share":  # and the keys of the projects the caller manages, all for administrators
+            mine |= _managed_keys(user)
+        return ApiKey.objects.filter(mine, is_session_key=False).select_related("project__team__organization")
+
+    @extend_schema(request=ShareSerializer, responses=ApiKeySerializer)
+    @action(detail=True, methods=["patch"])
+    def share(self, request: Request, pk: str | None = None) -> Response:
+        """Set a key's weight and highest band: its owner may lower its band; administrators and the
+        managers of its project, team or organisation may set either, never its band above its project's."""
+        key = _set_share(request, self.get_object())
+        return Response(ApiKeySerializer(key, context={"request": request}).data)
 
     @extend_schema(request=ApiKeySerializer, responses={201: NewApiKeySerializer})
     def create(self, request: Request) -> Response:
@@ -175,8 +287,8 @@ class OrganizationSerializer(serializers.ModelSerializer[Organization]):
 
     class Meta:
         model = Organization
-        fields = ["id", "name", "slug", "created_at"]
-        read_only_fields = ["id", "created_at"]
+        fields = ["id", "name", "slug", "created_at", "weight"]
+        read_only_fields = ["id", "created_at", "weight"]
 
 
 class TeamSerializer(serializers.ModelSerializer[Team]):
@@ -184,8 +296,8 @@ class TeamSerializer(serializers.ModelSerializer[Team]):
 
     class Meta:
         model = Team
-        fields = ["id", "organization", "name", "slug", "created_at"]
-        read_only_fields = ["id", "created_at"]
+        fields = ["id", "organization", "name", "slug", "created_at", "weight"]
+        read_only_fields = ["id", "created_at", "weight"]
         validators: list[Any] = []
 
 
@@ -194,8 +306,8 @@ class ProjectSerializer(serializers.ModelSerializer[Project]):
 
     class Meta:
         model = Project
-        fields = ["id", "team", "name", "slug", "created_at"]
-        read_only_fields = ["id", "created_at"]
+        fields = ["id", "team", "name", "slug", "created_at", "weight", "band"]
+        read_only_fields = ["id", "created_at", "weight", "band"]
         validators: list[Any] = []
 
 
@@ -217,6 +329,14 @@ class OrganizationViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet
         except DjangoValidationError as error:
             raise _as_field_errors(error) from None
 
+    @extend_schema(request=ShareSerializer, responses=OrganizationSerializer)
+    @action(detail=True, methods=["patch"], permission_classes=[CanChangeShares])
+    def share(self, request: Request, pk: str | None = None) -> Response:
+        """Set an organisation's weight (administrators)."""
+        obj = self.get_object()
+        _within_reach(request, "org", obj)
+        return Response(OrganizationSerializer(_set_share(request, obj)).data)
+
 
 class TeamViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Team]):
     queryset = Team.objects.select_related("organization")
@@ -237,6 +357,14 @@ class TeamViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Team]):
         except DjangoValidationError as error:
             raise _as_field_errors(error) from None
 
+    @extend_schema(request=ShareSerializer, responses=TeamSerializer)
+    @action(detail=True, methods=["patch"], permission_classes=[CanChangeShares])
+    def share(self, request: Request, pk: str | None = None) -> Response:
+        """Set a team's weight (administrators and its organisation's managers)."""
+        obj = self.get_object()
+        _within_reach(request, "team", obj)
+        return Response(TeamSerializer(_set_share(request, obj)).data)
+
 
 class ProjectViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Project]):
     queryset = Project.objects.select_related("team__organization")
@@ -256,6 +384,14 @@ class ProjectViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Proj
             )
         except DjangoValidationError as error:
             raise _as_field_errors(error) from None
+
+    @extend_schema(request=ShareSerializer, responses=ProjectSerializer)
+    @action(detail=True, methods=["patch"], permission_classes=[CanChangeShares])
+    def share(self, request: Request, pk: str | None = None) -> Response:
+        """Set a project's weight and highest band (administrators and the managers of its team or organisation)."""
+        obj = self.get_object()
+        _within_reach(request, "project", obj)
+        return Response(ProjectSerializer(_set_share(request, obj)).data)
 
 
 # The audit log (staff, read only) ----------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -18,7 +19,7 @@ from django.utils.translation import gettext_lazy, pgettext
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from apps.accounts import editors, services
+from apps.accounts import editors, people_services, services
 from apps.accounts.access import public, requires
 from apps.accounts.models import ApiKey, User
 from apps.accounts.selectors import projects_for_user
@@ -100,6 +101,8 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             services.revoke_api_key(key, actor=user, address=client_address(request))
             messages.success(request, _("Key “%(name)s” revoked.") % {"name": key.name})
             return HttpResponseRedirect(reverse("api-keys"))
+        if "band_key" in request.POST:
+            return _lower_band(request, user)
         form = ApiKeyForm(request.POST, user=user)
         if form.is_valid():
             new = services.create_api_key(
@@ -124,6 +127,29 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             "now": timezone.now(),
         },
     )
+
+
+def _lower_band(request: HttpRequest, user: User) -> HttpResponse:
+    """The owner moves one of their keys to a lower band (people_services.set_share says whether)."""
+    pk = parse_id(request.POST.get("band_key"), ApiKey)
+    if pk is None:
+        raise Http404
+    key = get_object_or_404(ApiKey, pk=pk, user=user, is_session_key=False)
+    try:
+        key = people_services.set_share(
+            key, band=request.POST.get("band", ""), actor=user, address=client_address(request)
+        )
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    except PermissionDenied as error:
+        messages.error(request, str(error))
+    else:
+        messages.success(
+            request,
+            _("Key “%(name)s” now asks for the %(band)s band at most.")
+            % {"name": key.name, "band": key.get_band_display()},
+        )
+    return HttpResponseRedirect(reverse("api-keys"))
 
 
 # Editors -------------------------------------------------------------------------------

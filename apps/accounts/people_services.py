@@ -6,28 +6,39 @@ ValidationError raised before anything is saved, or after the inner savepoint wa
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils.translation import gettext as _
 
 from apps.accounts import audit, services
-from apps.accounts.choices import MembershipRole, StaffRole
-from apps.accounts.models import Membership, Organization, Project, Team, User
+from apps.accounts.access import is_administrator
+from apps.accounts.choices import Band, MembershipRole, StaffRole
+from apps.accounts.models import ApiKey, Membership, Organization, Project, Team, User
 
 __all__ = [
+    "WEIGHT_MAX",
+    "WEIGHT_MIN",
     "add_member",
     "branch_fields",
     "create_organization",
     "create_project",
     "create_team",
+    "parse_band",
+    "parse_weight",
     "reactivate_user",
     "remove_branch",
     "remove_member",
     "rename_branch",
     "set_capacity_quota",
     "set_rate_limit",
+    "manages_share",
+    "set_share",
+    "share_refusal",
     "suspend_user",
 ]
 
@@ -260,3 +271,213 @@ def _set(
         changes = {name: value for name, value in values.items() if getattr(current, name) != value}
         if changes:
             update(current, actor=actor, address=address, **changes)
+
+
+# Shares of a busy model: weights and bands ---------------------------------------------------
+#
+# A weight divides a busy model among siblings (apps.gateway.fairness), so it is set by whoever
+# manages the level above them, never by the branch itself: an organisation's by administrators,
+# a team's also by its organisation's managers, a project's (and its band) also by its team's and
+# organisation's managers, a key's by the managers of its project and above. A key's owner may
+# lower its band, never raise it; no key's band is above its project's.
+
+ShareTarget = Organization | Team | Project | ApiKey
+
+WEIGHT_MIN, WEIGHT_MAX = 1, 1000
+# The bands from the highest down: a request may use its ceiling's band or one after it.
+BAND_ORDER = (Band.INTERACTIVE, Band.BATCH)
+_WHOLE = re.compile(r"[+-]?\d{1,12}")
+
+
+def _weight_error(value: object) -> ValidationError:
+    shown = str(value).strip()[:40] or '""'
+    return ValidationError(
+        {
+            "weight": ValidationError(
+                _("The weight is a whole number from %(low)d to %(high)d; %(value)s is not.")
+                % {"low": WEIGHT_MIN, "high": WEIGHT_MAX, "value": shown},
+                code="weight",
+            )
+        }
+    )
+
+
+def parse_weight(value: object) -> int:
+    """A weight as given by a form, the API or ctl (a whole number, or text holding one), checked
+    against 1..1000; a ValidationError on "weight" naming the range otherwise (NaN, 2.5, "x", true)."""
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+        number = int(value.strip())
+    if number is None or not WEIGHT_MIN <= number <= WEIGHT_MAX:
+        raise _weight_error(value)
+    return number
+
+
+def parse_band(value: object) -> str:
+    """A band's name ("interactive" or "batch"); a ValidationError on "band" naming them otherwise."""
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text not in Band.values:
+        shown = str(value).strip()[:40] or '""'
+        raise ValidationError(
+            {
+                "band": ValidationError(
+                    _("The band is one of %(bands)s; %(value)s is not.")
+                    % {"bands": ", ".join(Band.values), "value": shown},
+                    code="band",
+                )
+            }
+        )
+    return str(text)
+
+
+def _kind_of(target: ShareTarget) -> str:
+    return "api_key" if isinstance(target, ApiKey) else services._kind(target)
+
+
+def _managers_above(target: ShareTarget) -> Q | None:
+    """The memberships that manage the level above `target` (None: only administrators do)."""
+    manager = Q(role=MembershipRole.MANAGER)
+    if isinstance(target, Team):
+        return manager & Q(organization_id=target.organization_id, team__isnull=True)
+    project = target if isinstance(target, Project) else target.project if isinstance(target, ApiKey) else None
+    if project is None:
+        return None
+    above = Q(organization_id=project.team.organization_id, team__isnull=True) | Q(
+        team_id=project.team_id, project__isnull=True
+    )
+    if isinstance(target, ApiKey):
+        above |= Q(project_id=project.pk)
+    return manager & above
+
+
+def manages_share(user: User, target: ShareTarget) -> bool:
+    """Whether `user` may set `target`'s weight and band: an administrator, or a manager of the level
+    above it (all of a project's keys answer alike)."""
+    if is_administrator(user):
+        return True
+    above = _managers_above(target)
+    return above is not None and Membership.objects.filter(above, user=user).exists()
+
+
+def _refusal_text(target: ShareTarget) -> str:
+    if isinstance(target, Organization):
+        return _("Only administrators may change the weight of organisation %(name)s.") % {"name": target.name}
+    if isinstance(target, Team):
+        return _("Only administrators and the managers of %(parent)s may change the weight of team %(name)s.") % {
+            "parent": target.organization.name,
+            "name": target.name,
+        }
+    if isinstance(target, Project):
+        return _(
+            "Only administrators and the managers of %(parent)s may change the weight or band of project %(name)s."
+        ) % {"parent": target.team, "name": target.name}
+    if target.project is None:
+        return _(
+            "Only administrators may change the weight or band of key %(name)s, which has no project; "
+            "its owner may lower its band."
+        ) % {"name": target.name}
+    return _(
+        "Only administrators and the managers of %(project)s may change the weight or band of key %(name)s; "
+        "its owner may lower its band."
+    ) % {"project": target.project, "name": target.name}
+
+
+def share_refusal(user: User | None, target: ShareTarget, *, weight: int | None = None, band: str | None = None) -> str:
+    """Why `user` may not make `target`'s weight `weight` and band `band` (None: left as it is);
+    empty when they may. Without `weight` and `band`: whether they may change anything of it."""
+    if user is None or manages_share(user, target):
+        return ""
+    if isinstance(target, ApiKey) and target.user_id == user.pk and weight in (None, target.weight):
+        lowers = band is None or BAND_ORDER.index(Band(band)) >= BAND_ORDER.index(Band(target.band))
+        if lowers:  # its owner lowers its band (or leaves it)
+            return ""
+    return _refusal_text(target)
+
+
+def _band_check(target: ShareTarget, band: str) -> None:
+    """A band is a project's or a key's, and no key's is above its project's."""
+    if isinstance(target, Organization | Team):
+        raise ValidationError(
+            {"band": ValidationError(_("Organisations and teams have no band: set it on a project or a key."))}
+        )
+    if isinstance(target, ApiKey) and target.project is not None:
+        ceiling = Band(target.project.band)
+        if BAND_ORDER.index(Band(band)) < BAND_ORDER.index(ceiling):
+            raise ValidationError(
+                {
+                    "band": ValidationError(
+                        _(
+                            "Key %(name)s may not use a higher band than its project %(project)s, "
+                            "which is limited to %(band)s."
+                        )
+                        % {"name": target.name, "project": target.project.name, "band": ceiling.label},
+                        code="above_project",
+                    )
+                }
+            )
+
+
+def _locked[T: (Organization, Team, Project, ApiKey)](target: T) -> T:
+    """The row again, locked until the transaction ends, with what the rules read of it."""
+    related = {
+        ApiKey: ("project__team__organization", "user"),
+        Project: ("team__organization",),
+        Team: ("organization",),
+    }.get(type(target), ())
+    rows = type(target).objects.select_for_update()  # type: ignore[attr-defined]
+    if related:
+        rows = rows.select_related(*related)
+    return rows.get(pk=target.pk)  # type: ignore[no-any-return]
+
+
+@transaction.atomic
+def set_share[T: (Organization, Team, Project, ApiKey)](
+    target: T, *, weight: object = None, band: object = None, actor: User | None, address: str | None = None
+) -> T:
+    """Set the weight and, for a project or a key, the band of `target` (None: left as it is).
+
+    1. Parse both: a ValidationError naming the field and its range, nothing saved.
+    2. Lock the row and read it again, so two changes at once queue up.
+    3. Refuse (PermissionDenied, saying who may) unless `actor` manages the level above it or,
+       for a key, is its owner lowering its band; refuse a key's band above its project's.
+    4. Save only what changed and audit it. The save bumps the gateway's table version
+       (apps.gateway.signals), so every gateway process uses the new share at once.
+    """
+    errors: dict[str, list[str]] = {}
+    values: dict[str, Any] = {}
+    for name, raw, parse in (("weight", weight, parse_weight), ("band", band, parse_band)):
+        if raw is None:
+            continue
+        try:
+            values[name] = parse(raw)
+        except ValidationError as error:
+            errors.update(error.message_dict)
+    if errors:
+        raise ValidationError(errors)
+    fresh = _locked(target)
+    if "band" in values:
+        _band_check(fresh, values["band"])
+    refusal = share_refusal(actor, fresh, weight=values.get("weight"), band=values.get("band"))
+    if refusal:
+        raise PermissionDenied(refusal)
+    before = {name: getattr(fresh, name) for name in values}
+    changed = [name for name, value in values.items() if before[name] != value]
+    if not changed:
+        return fresh  # type: ignore[no-any-return]
+    for name in changed:
+        setattr(fresh, name, values[name])
+    fresh.save(update_fields=changed)
+    audit.record(
+        actor,
+        f"{_kind_of(fresh)}.share",
+        fresh,
+        changes=audit.diff({n: before[n] for n in changed}, {n: values[n] for n in changed}),
+        address=address,
+    )
+    return fresh  # type: ignore[no-any-return]

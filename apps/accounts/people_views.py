@@ -12,12 +12,13 @@ again when refused, and with a redirect of the whole page when done, since the t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -27,8 +28,8 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from apps.accounts import people_services
 from apps.accounts.access import can_change_limits, is_administrator, requires
-from apps.accounts.choices import MembershipRole
-from apps.accounts.models import Membership, Project, Team, User
+from apps.accounts.choices import Band, MembershipRole
+from apps.accounts.models import ApiKey, Membership, Organization, Project, Team, User
 from apps.accounts.people_selectors import (
     EVERYTHING,
     PERIODS,
@@ -46,6 +47,7 @@ from apps.accounts.people_selectors import (
 from apps.catalog.services import parse_memory
 from apps.quotas.models import CapacityQuota, RateLimit
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
+from llmgw.ids import parse_id
 
 __all__ = [
     "org",
@@ -62,6 +64,7 @@ __all__ = [
     "people_organization_add",
     "people_project_add",
     "people_rate_limit",
+    "people_share",
     "people_team_add",
     "people_usage",
     "people_user_reactivate",
@@ -219,6 +222,53 @@ class NameForm(forms.Form):
     )
 
 
+class ShareForm(forms.Form):
+    """A branch's or a key's weight and, for a project or a key, its highest band.
+
+    The text goes to people_services' parsers, which the API uses too, so both refuse the same
+    input with the same words (the field and its range).
+    """
+
+    weight = forms.CharField(
+        label=gettext_lazy("Weight"),
+        max_length=40,
+        error_messages={"required": gettext_lazy("Give a weight: a whole number from 1 to 1000.")},
+        widget=forms.NumberInput(attrs={"class": "field w-24", "min": "1", "max": "1000", "step": "1"}),
+    )
+    band = forms.CharField(
+        label=gettext_lazy("Highest band"),
+        required=False,
+        widget=forms.Select(choices=Band.choices, attrs={"class": "field w-36"}),
+    )
+
+    @classmethod
+    def for_target(cls, target: Organization | Team | Project | ApiKey, **kwargs: Any) -> ShareForm:
+        return cls(initial={"weight": target.weight, "band": getattr(target, "band", "")}, **kwargs)
+
+    def clean_weight(self) -> int:
+        try:
+            return people_services.parse_weight(self.cleaned_data["weight"])
+        except ValidationError as error:
+            raise ValidationError(error.message_dict["weight"]) from None
+
+    def clean_band(self) -> str | None:
+        text = self.cleaned_data.get("band") or ""
+        if not text:
+            return None
+        try:
+            return people_services.parse_band(text)
+        except ValidationError as error:
+            raise ValidationError(error.message_dict["band"]) from None
+
+
+@dataclass(frozen=True)
+class KeyShare:
+    """One API key of a project, as its Limits tab shows it, with its form where the person may change it."""
+
+    key: ApiKey
+    form: ShareForm | None
+
+
 # Rendering ---------------------------------------------------------------------------------
 
 
@@ -259,6 +309,7 @@ def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None,
         if context["can_change_limits"]:
             context.setdefault("rate_form", RateLimitForm.for_limit(limit))
             context.setdefault("quota_form", CapacityQuotaForm.for_quota(quota))
+        _share_context(user, branch, context)
     else:
         period = request.GET.get("period") or request.POST.get("period") or DEFAULT_PERIOD
         if period not in PERIODS:
@@ -274,6 +325,28 @@ def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None,
             ],
         )
     return context
+
+
+def _share_context(user: User, branch: Branch, context: dict[str, Any]) -> None:
+    """The branch's weight (and a project's band and its keys' weights and bands), with a form for
+    each the person may change. A form refused before (with its errors) is kept as it was."""
+    if not people_services.share_refusal(user, branch.obj):
+        context.setdefault("share_form", ShareForm.for_target(branch.obj, prefix="branch"))
+    if branch.kind != "project":
+        return
+    failed: tuple[int, ShareForm] | None = context.get("failed_key_share")
+    keys = ApiKey.objects.active().filter(project_id=branch.obj.pk, is_session_key=False).select_related("user")
+    rows = []
+    manages: bool | None = None  # the same for every key of the project: asked once
+    for key in keys.order_by("name", "pk"):
+        key.project = branch.obj  # type: ignore[assignment]
+        if manages is None:
+            manages = people_services.manages_share(user, key)
+        form = None
+        if manages:
+            form = failed[1] if failed and failed[0] == key.pk else ShareForm.for_target(key, prefix=f"key{key.pk}")
+        rows.append(KeyShare(key, form))
+    context["key_shares"] = rows
 
 
 def _render(
@@ -625,3 +698,66 @@ def people_rate_limit(request: HtmxHttpRequest) -> HttpResponse:
 def people_capacity_quota(request: HtmxHttpRequest) -> HttpResponse:
     """Set the GPUs, cores, memory and replicas a branch's models may hold."""
     return _limits_form(request, CapacityQuotaForm(request.POST), "quota_form")
+
+
+# Shares of a busy model ----------------------------------------------------------------------
+
+
+def _share_target(user: User, branch: Branch, raw_key: str | None) -> Organization | Team | Project | ApiKey:
+    """The branch itself, or one of a project's active keys (404 for any other)."""
+    if not raw_key:
+        return branch.obj
+    key_id = parse_id(raw_key, ApiKey)
+    key = None
+    if key_id is not None and branch.kind == "project":
+        key = ApiKey.objects.active().filter(pk=key_id, project_id=branch.obj.pk, is_session_key=False).first()
+    if key is None:
+        raise Http404(_("No such API key in %(branch)s.") % {"branch": branch.path})
+    return key
+
+
+@requires("manages_branch", methods=["POST"])
+def people_share(request: HtmxHttpRequest) -> HttpResponse:
+    """Set the weight (and a project's or key's band) of the branch `branch` names, or of its key `key`.
+
+    Those who may not change it are refused with 403 saying who may (people_services.share_refusal);
+    a branch or key outside what the person manages is a 404.
+    """
+    user: User = request.user  # type: ignore[assignment]
+    branch = get_branch_for_user(_change_scope(user), request.POST.get("branch"))
+    target = _share_target(user, branch, request.POST.get("key"))
+    refusal = people_services.share_refusal(user, target)
+    if refusal:
+        raise PermissionDenied(refusal)
+    prefix = f"key{target.pk}" if isinstance(target, ApiKey) else "branch"
+    form = ShareForm(request.POST, prefix=prefix)
+    if form.is_valid():
+        try:
+            people_services.set_share(
+                target,  # type: ignore[type-var]  # one of the four kinds, whichever it is
+                weight=form.cleaned_data["weight"],
+                band=form.cleaned_data["band"] if isinstance(target, Project | ApiKey) else None,
+                actor=user,
+                address=client_address(request),
+            )
+        except ValidationError as error:
+            _add_share_errors(form, error)
+        except PermissionDenied as error:
+            form.add_error(None, str(error))
+        else:
+            done = (
+                _("The share of key %(name)s saved.") % {"name": target.name}
+                if isinstance(target, ApiKey)
+                else _("The share of %(branch)s saved.") % {"branch": branch.path}
+            )
+            return _answer(request, _area_of(user), "limits", branch, done=done)
+    forms = {"failed_key_share": (target.pk, form)} if isinstance(target, ApiKey) else {"share_form": form}
+    return _answer(request, _area_of(user), "limits", branch, invalid=True, forms=forms)
+
+
+def _add_share_errors(form: ShareForm, error: ValidationError) -> None:
+    if not hasattr(error, "error_dict"):
+        form.add_error(None, error.messages)
+        return
+    for field, messages_ in error.message_dict.items():
+        form.add_error(field if field in form.fields else None, messages_)

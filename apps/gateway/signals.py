@@ -14,6 +14,9 @@ from django.db.models.signals import post_delete, post_save
 
 __all__ = ["announce", "bump", "connect"]
 
+#: What the gateway's key table reads of an organisation, team or project.
+BRANCH_FIELDS = {"weight", "band", "organization", "team"}
+
 
 def bump() -> None:
     from apps.gateway.models import TableVersion
@@ -68,7 +71,7 @@ def _changed(sender: Any, **kwargs: Any) -> None:
 
 
 def connect() -> None:
-    from apps.accounts.models import ApiKey, User
+    from apps.accounts.models import ApiKey, Organization, Project, Team, User
     from apps.catalog.models import Model, Profile
     from apps.cluster.models import Node, Replica, Shard
 
@@ -89,3 +92,13 @@ def connect() -> None:
             bump()
 
     post_save.connect(node_changed, sender=Node, dispatch_uid="gateway-Node-save")
+
+    def branch_changed(sender: Any, **kwargs: Any) -> None:
+        # The key table carries each key's organisation, team and project weights and its project's
+        # band (apps.gateway.tables.KeyEntry): a change to one of them is a change to every key under it.
+        fields = kwargs.get("update_fields")
+        if fields is None or BRANCH_FIELDS & set(fields):
+            bump()
+
+    for sender in (Organization, Team, Project):
+        post_save.connect(branch_changed, sender=sender, dispatch_uid=f"gateway-{sender.__name__}-save")

@@ -417,6 +417,9 @@ def add_all(ctl_sub: Any) -> None:
     add_model_commands(ctl_sub)
     add_usage_commands(ctl_sub)
     add_limit_commands(ctl_sub)
+    from llmgw.cli.ctl_shares import add_share_commands
+
+    add_share_commands(ctl_sub)
 
 
 # Models ----------------------------------------------------------------------------------------

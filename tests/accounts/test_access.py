@@ -89,7 +89,16 @@ PUBLIC_PREFIXES: dict[str, str] = {
 # POSTs that only compute, for anyone who may read the fleet (none now: simulations take the
 # worker's time and memory, so operators and administrators run them).
 COMPUTE_ONLY: set[str] = set()
-PERSONAL = {"api-keys", "account", "apikey-list", "apikey-detail", "apikey-revoke", "chat-session-key", "chat-render"}
+PERSONAL = {
+    "api-keys",
+    "account",
+    "apikey-list",
+    "apikey-detail",
+    "apikey-revoke",
+    "apikey-share",
+    "chat-session-key",
+    "chat-render",
+}
 
 MODEL_SPEC = {
     "name": "m2",
@@ -365,6 +374,9 @@ MATRIX: dict[str, Route] = {
     "people-capacity-quota": Route(
         "change_limits", bodies=lambda w: {"POST": {"branch": f"org:{w.org.pk}", "gpus": "4"}}
     ),
+    "people-share": Route(
+        "manages_branch", bodies=lambda w: {"POST": {"branch": f"team:{w.team.pk}", "branch-weight": "2"}}
+    ),
     "org": Route("manages_branch"),
     "org-limits": Route("manages_branch"),
     "org-usage": Route("manages_branch"),
@@ -448,8 +460,18 @@ MATRIX: dict[str, Route] = {
     "apikey-list": Route(("signed_in", "signed_in"), bodies=lambda w: {"POST": {"name": "ci"}}),
     "apikey-detail": Route(("signed_in", "signed_in"), own_key),
     "apikey-revoke": Route(("signed_in", "signed_in"), own_key),
+    # A key's owner may lower its band (administrators and managers may set more: test_shares.py).
+    "apikey-share": Route(("signed_in", "signed_in"), own_key, bodies=lambda w: {"PATCH": {"band": "batch"}}),
     "organization-list": Route(("read_everything", "administrator"), bodies=lambda w: {"POST": {"name": "Globex"}}),
     "organization-detail": Route(("read_everything", "administrator"), pk_of("org")),
+    # Weights: administrators here; managers of the level above (tests/accounts/test_shares.py).
+    "organization-share": Route(
+        ("manages_branch", "manages_branch"), pk_of("org"), bodies=lambda w: {"PATCH": {"weight": 2}}
+    ),
+    "team-share": Route(("manages_branch", "manages_branch"), pk_of("team"), bodies=lambda w: {"PATCH": {"weight": 2}}),
+    "project-share": Route(
+        ("manages_branch", "manages_branch"), pk_of("project"), bodies=lambda w: {"PATCH": {"band": "batch"}}
+    ),
     "team-list": Route(
         ("read_everything", "administrator"), bodies=lambda w: {"POST": {"organization": w.org.pk, "name": "Ops"}}
     ),
