@@ -534,24 +534,24 @@ async def start_gateway() -> Gateway:
         def capture_signals(self) -> Iterator[None]:
             yield  # Ctrl-C and SIGTERM are the bench's: it stops the engines, then the gateway
 
-    from apps.gateway import asgi
+    from apps.gateway import asgi, routes
     from apps.gateway.tables import KeyEntry, Tables, key_hash
 
     usage, limiter = UsageLog(), NoLimits()
     fake_limiter = types.ModuleType("apps.quotas.limiter")
     fake_limiter.make_limiter = lambda: limiter  # type: ignore[attr-defined]
     fake_usage = types.ModuleType("apps.quotas.usage")
-    fake_usage.UsageWriter = lambda: usage  # type: ignore[attr-defined]
+    fake_usage.UsageWriter = lambda **_options: usage  # type: ignore[attr-defined]
     sys.modules["apps.quotas.limiter"] = fake_limiter
     sys.modules["apps.quotas.usage"] = fake_usage
     entry = KeyEntry(
         key_id=1, user_id=1, project_id=None, team_id=None, org_id=None, allowed_models=None, expires_at=None
     )
     tables = Tables(keys={key_hash(KEY): entry}, models={}, version=1)
-    asgi.load_tables = lambda: tables  # type: ignore[assignment]
+    routes.load_tables = lambda: tables  # type: ignore[assignment]
 
     app = asgi.GatewayApp()
-    asgi.current_version = lambda: app.tables.version  # type: ignore[assignment]
+    routes.current_version = lambda: app.tables.version  # type: ignore[assignment]
 
     async def never_refresh() -> None:
         await asyncio.Event().wait()

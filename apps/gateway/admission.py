@@ -68,6 +68,7 @@ class Waiter:
     token: str | None = None
     share: float = 1.0
     tag: float = 0.0
+    charged_shared: bool = False  # taken at once and charged in the shared queue (no ticket there)
 
     @property
     def band(self) -> int:
@@ -208,9 +209,9 @@ class Admission:
                     self.demand(route.name)
                     deadline = max(deadline, time.monotonic() + self.cold_start_timeout)
                 routes = [r for r in (tables.models.get(n) for n in names) if r is not None]
-                lease = await self._take(routes, key, exclude, waiter)
+                lease = await self._take(call, routes, key, exclude, waiter)
                 if lease is not None:
-                    self._took(call, waiter, started)
+                    self._took(call, waiter, started, lease)
                     return lease
                 if exclude and not any(r.starting or any(u.id not in exclude for u in r.upstreams) for r in routes):
                     return None
@@ -237,7 +238,7 @@ class Admission:
         return self.shared is not None and self.shared.available()
 
     async def _take(
-        self, routes: list[ModelRoute], key: str | None, exclude: frozenset[str], waiter: Waiter | None
+        self, call: Call, routes: list[ModelRoute], key: str | None, exclude: frozenset[str], waiter: Waiter | None
     ) -> Lease | None:
         """A slot of the first route that gives one: the waiter's own model in its turn, another
         only while nobody waits for it (a fallback is never taken past its own queue)."""
@@ -252,6 +253,7 @@ class Admission:
                     continue
             elif mine and waiter is not None and waiter.token is None:
                 await self._join_shared(waiter)
+            charge = None if mine else (call.entry.key_id if call.entry else 0, self.cost(call))
             try:
                 lease = await self.keeper.acquire(
                     candidate.upstreams,
@@ -260,6 +262,7 @@ class Admission:
                     queue=candidate.name,
                     ticket=waiter.token if mine and waiter is not None else None,
                     batch_every=self.batch_every,
+                    charge=charge,
                 )
             except NotYourTurn as other:
                 ahead = self._by_token.get(other.head or "")
@@ -274,10 +277,16 @@ class Admission:
                 return lease
         return None
 
-    def _took(self, call: Call, waiter: Waiter | None, started: float) -> None:
+    def _took(self, call: Call, waiter: Waiter | None, started: float, lease: Lease) -> None:
         waited = time.monotonic() - started
         call.queue_ms = waited * 1000 if waiter is not None else 0.0
         if waiter is None:
+            # Taken at once: in service all the same, so charged (the shared queue charged it in the
+            # same step as the slot was taken).
+            model = lease.upstream.model
+            ticket = self.queue.charge(model, self._who(call), call.band, self.cost(call))
+            call.waited = Waiter(model, ticket, ticket.who.key, started, share=ticket.share, tag=ticket.tag)
+            call.waited.charged_shared = lease.token is not None
             return
         self.queue.grant(waiter.model, waiter.ticket)
         self._forget(waiter)
@@ -409,9 +418,11 @@ class Admission:
             return
         real = float(call.prompt_tokens + call.completion_tokens)
         self.queue.correct(waiter.model, waiter.ticket, real)
-        if waiter.token is not None and self.shared is not None and self.shared.available():
+        shared = self.shared
+        if (waiter.token is not None or waiter.charged_shared) and shared is not None and shared.available():
             delta = (real - waiter.ticket.cost) / waiter.share
-            self.shared.spawn(self.shared.correct(waiter.model, waiter.key, delta, waiter.tag))
+            floor = waiter.tag if waiter.token is not None else 0.0  # a shared charge's own start is not known here
+            shared.spawn(shared.correct(waiter.model, waiter.key, delta, floor))
 
     # Refusals, with the numbers -------------------------------------------------------------------
 

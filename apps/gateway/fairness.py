@@ -172,9 +172,12 @@ class Full(Exception):
 class FairQueue:
     """The waiting requests of every model in one process, by the rules of the module docstring."""
 
-    def __init__(self, most: int, *, batch_every: int = BATCH_EVERY) -> None:
+    def __init__(self, most: int, *, batch_every: int = BATCH_EVERY, first_come: bool = False) -> None:
         self.most = most
         self.batch_every = max(2, batch_every)
+        # First come, first served in each band (tags are arrival order): only bench/fairness.py's
+        # baseline runs so.
+        self.first_come = first_come
         self._models: dict[str, _Model] = {}
         self._seq = itertools.count()
 
@@ -198,8 +201,9 @@ class FairQueue:
         queue is full and this request is the one refused (nothing changes then)."""
         state = self._model(model)
         share = state.waiting.share(who)
-        start = max(state.vtime, state.finish.get(who.key, state.vtime))
-        ticket = Ticket(who, band, cost, start, share, next(self._seq))
+        seq = next(self._seq)
+        start = float(seq) if self.first_come else max(state.vtime, state.finish.get(who.key, state.vtime))
+        ticket = Ticket(who, band, cost, start, share, seq)
         pushed = None
         if sum(state.sizes) >= self.most:
             victim = self._furthest(state)
@@ -222,6 +226,19 @@ class FairQueue:
             if live:
                 return max(live, key=lambda t: (t.tag, t.seq))
         return None
+
+    def charge(self, model: str, who: Who, band: int, cost: float) -> Ticket:
+        """A request took a free slot with nobody waiting: it is in service, so its key's tag moves
+        on as if it had queued, and the model's virtual time to its start (a key's tag thus stays
+        within one request of the virtual time while nobody contends). Its ticket, already granted,
+        is what `correct` takes once it ends."""
+        state = self._model(model)
+        share = state.waiting.share(who)
+        start = max(state.vtime, state.finish.get(who.key, state.vtime))
+        if not self.first_come:
+            state.finish[who.key] = start + cost / share
+            state.vtime = start
+        return Ticket(who, band, cost, start, share, next(self._seq), granted=True)
 
     def head(self, model: str) -> Ticket | None:
         """The request that is to take the model's next slot."""

@@ -114,7 +114,8 @@ def _text(value: Any) -> str:
 
 # KEYS: the candidates' lease sets in preference order, then the queue these candidates serve (its
 # two bands' tag sets, its tickets' expiry set, its state hash). ARGV: lease ms, token, mode, bound,
-# the queue ticket ("" for none), BATCH_EVERY, then each candidate's capacity. Returns {index, ""}:
+# the queue ticket ("" for none), BATCH_EVERY, the key id and cost / share to charge a request taken
+# with no ticket ("" and 0 for none), then each candidate's capacity. Returns {index, ""}:
 # the 1-based index of the chosen candidate, 0 when all are full, -1 with the ticket whose turn it
 # is when it is another's (a request with no ticket may not pass anyone waiting), -2 when the
 # ticket is no longer queued (pushed out). Taking a slot with a ticket leaves the queue in the
@@ -124,7 +125,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
 local mode = tonumber(ARGV[3])
-local n = #ARGV - 6
+local n = #ARGV - 8
 local z0, z1, wq, st = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3], KEYS[n + 4]
 local dead = redis.call('ZRANGEBYSCORE', wq, '-inf', now)
 for _, d in ipairs(dead) do redis.call('ZREM', z0, d); redis.call('ZREM', z1, d) end
@@ -150,7 +151,7 @@ local sum, usable = 0, 0
 for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
   loads[i] = redis.call('ZCARD', KEYS[i])
-  caps[i] = tonumber(ARGV[6 + i])
+  caps[i] = tonumber(ARGV[8 + i])
   if loads[i] < caps[i] then sum = sum + loads[i]; usable = usable + 1 end
 end
 if usable == 0 then return {0, ''} end
@@ -182,6 +183,11 @@ if band >= 0 then
     if tag > v then redis.call('HSET', st, 'v', string.format('%.17g', tag)) end
     if band == 0 and c1 > 0 then redis.call('HINCRBY', st, 's', 1) else redis.call('HSET', st, 's', 0) end
   end
+elseif ARGV[7] ~= '' then
+  local v = tonumber(redis.call('HGET', st, 'v') or '0')
+  local s = math.max(v, tonumber(redis.call('HGET', st, 'k' .. ARGV[7]) or '0'))
+  redis.call('HSET', st, 'k' .. ARGV[7], string.format('%.17g', s + tonumber(ARGV[8])), 'v', string.format('%.17g', s))
+  redis.call('PEXPIRE', st, lease * 4)
 end
 return {chosen, ''}
 """
@@ -361,7 +367,14 @@ class SharedSlots:
         return [self._key(kind, model) for kind in ("fair0", "fair1", "waiting", "fair")]
 
     async def acquire(
-        self, order: Sequence[Upstream], mode: int, queue: str, ticket: str | None = None, *, batch_every: int = 10
+        self,
+        order: Sequence[Upstream],
+        mode: int,
+        queue: str,
+        ticket: str | None = None,
+        *,
+        batch_every: int = 10,
+        charge: tuple[int, float] | None = None,
     ) -> tuple[int | None, str]:
         """Take a slot on one of `order` by pick's rule: (its index or None, the lease's token). The
         candidates serve `queue`'s model: without a ticket a slot is taken only while nobody waits
@@ -372,7 +385,17 @@ class SharedSlots:
         reply = await self._script(
             ACQUIRE_SHA,
             [*keys, *self.queue_keys(queue)],
-            [self.lease_ms, token, mode, LOAD_BOUND, ticket or "", batch_every, *(u.capacity for u in order)],
+            [
+                self.lease_ms,
+                token,
+                mode,
+                LOAD_BOUND,
+                ticket or "",
+                batch_every,
+                charge[0] if charge else "",
+                repr(charge[1]) if charge else 0,
+                *(u.capacity for u in order),
+            ],
         )
         chosen, head = int(reply[0]), _text(reply[1])
         if chosen == -1:
@@ -535,6 +558,7 @@ class SlotKeeper:
         queue: str | None = None,
         ticket: str | None = None,
         batch_every: int = 10,
+        charge: tuple[int, float] | None = None,
     ) -> Lease | None:
         """A slot on one of the upstreams (prefix affinity under the load bound, else the least
         loaded), or None when every usable one is full. Upstreams in `exclude` or marked failed
@@ -552,7 +576,7 @@ class SlotKeeper:
         if shared is not None and shared.available() and not order[0].id.startswith("external:"):
             try:
                 index, token = await shared.acquire(
-                    order, mode, queue or order[0].model, ticket, batch_every=batch_every
+                    order, mode, queue or order[0].model, ticket, batch_every=batch_every, charge=charge
                 )
             except (NotYourTurn, Gone):
                 raise
