@@ -346,9 +346,8 @@ def _total(label: str, rows: list[UsageRow]) -> UsageRow:
             total.completion_tokens = (total.completion_tokens or 0) + row.completion_tokens
         total.first_token_hist = histograms.merge(total.first_token_hist, row.first_token_hist)
         total.latency_hist = histograms.merge(total.latency_hist, row.latency_hist)
-    for q, suffix in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
-        setattr(total, f"first_token_ms_{suffix}", histograms.percentile(total.first_token_hist, q))
-        setattr(total, f"latency_ms_{suffix}", histograms.percentile(total.latency_hist, q))
+        total.queue_hist = histograms.merge(total.queue_hist, row.queue_hist)
+    total.percentiles()
     return total
 
 

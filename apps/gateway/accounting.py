@@ -147,6 +147,8 @@ class Accountant:
                 "tokens_estimated": call.tokens_estimated,
                 "first_token_ms": first * 1000 if first is not None else None,
                 "total_ms": elapsed * 1000,
+                # None when it never asked for a slot (refused first), 0 when it took a free one.
+                "queue_ms": call.queue_ms,
                 "status": call.status,
                 "error": call.error[:2000],
                 "guardrail": call.guard or None,

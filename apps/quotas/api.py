@@ -102,13 +102,22 @@ USAGE_ROW = inline_serializer(
             for name in ("first_token", "latency")
             for q in ("p50", "p95", "p99")
         },
+        **{
+            f"queue_ms_{q}": serializers.FloatField(
+                allow_null=True,
+                help_text="milliseconds a request waited in the gateway's queue for a slot (0 when it took a free "
+                "one), nearest-rank, within 1 %; null when no request's wait is known",
+            )
+            for q in ("p50", "p99")
+        },
     },
 )
 
 
 class UsageView(APIView):
     """Usage per group over a range (default the last 24 hours): requests, server errors, client
-    errors, refusals, tokens and time-to-first-token and latency percentiles. Requests for a model
+    errors, refusals, tokens, time-to-first-token and latency percentiles, and the median and 99th
+    percentile of the wait for a slot. Requests for a model
     that does not exist are grouped under the model "-". Staff see everyone's, managers their
     branch's, everyone else their own."""
 
@@ -195,6 +204,7 @@ class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
             "tokens_estimated",
             "first_token_ms",
             "total_ms",
+            "queue_ms",
             "status",
             "error",
             "guardrail",

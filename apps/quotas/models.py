@@ -220,6 +220,9 @@ class UsageRecord(models.Model):
     tokens_estimated = models.BooleanField(_("tokens estimated"), default=False)
     first_token_ms = models.FloatField(_("time to first token (ms)"), null=True, blank=True)
     total_ms = models.FloatField(_("total time (ms)"), null=True, blank=True)
+    # How long it waited in the gateway's queue for a slot: 0 when it took a free one, null when
+    # unknown (refused before it asked for one, or recorded before waits were kept).
+    queue_ms = models.FloatField(_("queue wait (ms)"), null=True, blank=True)
     status = models.PositiveSmallIntegerField(_("HTTP status"))
     error = models.TextField(_("error"), blank=True)
     # What guardrail policies did: [{"policy", "rule", "kind", "action"}, ...]; null when none matched.
@@ -273,6 +276,8 @@ class UsageRollup(models.Model):
     # Sketches of apps.quotas.histograms (older rows: lists of counts per LEGACY_BOUNDS_MS bucket).
     first_token_hist = models.JSONField(_("time to first token histogram"), default=dict, blank=True)
     latency_hist = models.JSONField(_("latency histogram"), default=dict, blank=True)
+    # The waits for a slot of the requests whose wait is known (rows begun before: none counted).
+    queue_hist = models.JSONField(_("queue wait histogram"), default=dict, blank=True)
 
     class Meta:
         verbose_name = _("usage rollup")

@@ -66,6 +66,10 @@ class UsageRow:
     latency_ms_p50: float | None = None
     latency_ms_p95: float | None = None
     latency_ms_p99: float | None = None
+    # The wait for a slot in the gateway's queue (0 for a request that took a free one), over the
+    # requests whose wait is known; None when none is.
+    queue_ms_p50: float | None = None
+    queue_ms_p99: float | None = None
     # GPU-hours held by the group's replicas, by GPU class, and core-hours of those that hold no
     # GPU (apps.quotas.held); None where held time is not counted (per key, per person) or not shown.
     gpu_hours: dict[str, float] | None = None
@@ -79,6 +83,15 @@ class UsageRow:
     measured_seconds: float = field(default=0.0, repr=False)
     first_token_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
     latency_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
+    queue_hist: histograms.Sketch = field(default_factory=histograms.empty, repr=False)
+
+    def percentiles(self) -> None:
+        """Work out every percentile from the row's sketches."""
+        for q, suffix in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+            setattr(self, f"first_token_ms_{suffix}", histograms.percentile(self.first_token_hist, q))
+            setattr(self, f"latency_ms_{suffix}", histograms.percentile(self.latency_hist, q))
+        self.queue_ms_p50 = histograms.percentile(self.queue_hist, 0.5)
+        self.queue_ms_p99 = histograms.percentile(self.queue_hist, 0.99)
 
     @property
     def server_errors(self) -> int:
@@ -110,6 +123,8 @@ class UsageRow:
                 "latency_ms_p50",
                 "latency_ms_p95",
                 "latency_ms_p99",
+                "queue_ms_p50",
+                "queue_ms_p99",
             )
         }
 
@@ -278,8 +293,9 @@ def usage_summary(
         "requests_without_tokens",
         "first_token_hist",
         "latency_hist",
+        "queue_hist",
     ).iterator():
-        group, requests, errors, client_errors, refusals, prompt, completion, without, first_hist, latency_hist = row
+        group, requests, errors, client_errors, refusals, prompt, completion, without, *sketches = row
         summary = groups.setdefault(group, UsageRow(group=group, label=""))
         summary.requests += requests
         summary.errors += errors
@@ -292,8 +308,10 @@ def usage_summary(
         summary.completion_tokens = (summary.completion_tokens or 0) + completion
         summary.requests_without_tokens += without
         known_tokens[group] = known_tokens.get(group, False) or without < requests
+        first_hist, latency_hist, queue_hist = sketches
         histograms.merge_into(summary.first_token_hist, first_hist)
         histograms.merge_into(summary.latency_hist, latency_hist)
+        histograms.merge_into(summary.queue_hist, queue_hist)
     if group_by in HELD_GROUPS:
         _held_time(user, groups, group_by, since, until, within)
     labels = _labels(group_by, groups)
@@ -308,9 +326,7 @@ def usage_summary(
             summary.prompt_tokens = summary.completion_tokens = None
         if group_by == UsageGroup.MODEL:  # tokens are the callers' and held time the model owner's:
             _efficiency(summary)  # only per model are they of the same thing
-        for q, suffix in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
-            setattr(summary, f"first_token_ms_{suffix}", histograms.percentile(summary.first_token_hist, q))
-            setattr(summary, f"latency_ms_{suffix}", histograms.percentile(summary.latency_hist, q))
+        summary.percentiles()
     return sorted(groups.values(), key=lambda s: (-s.requests, s.label))
 
 

@@ -11,10 +11,11 @@ A record is a dict with UsageRecord's fields and ids rather than objects:
      "organization_id": 1, "team_id": 3, "project_id": 7, "model": "llama-3-8b",
      "endpoint": "chat.completions", "replica": "r42", "hardware": "H100", "stream": True,
      "prompt_tokens": 12, "completion_tokens": None, "tokens_estimated": False,
-     "first_token_ms": 85.0, "total_ms": 950.0, "status": 200, "error": ""}
+     "first_token_ms": 85.0, "total_ms": 950.0, "queue_ms": 0.0, "status": 200, "error": ""}
 
 Unknown keys are ignored; missing ones take the model's defaults (tokens and times
-unknown). Writing a batch is one transaction (`write_records_sync`):
+unknown). `queue_ms` is how long the request waited for a slot: 0 when it took a free one, None
+when unknown (refused before it asked for one). Writing a batch is one transaction (`write_records_sync`):
 
 1. drop records whose request_id is already stored (a batch retried after its commit
    was lost is not counted twice) or repeated in the batch;
@@ -90,6 +91,7 @@ RECORD_FIELDS = {
     "tokens_estimated",
     "first_token_ms",
     "total_ms",
+    "queue_ms",
     "status",
     "error",
     "guardrail",
@@ -152,7 +154,7 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
     for name in ("prompt_tokens", "completion_tokens"):
         tokens = _number(clean.get(name), int)
         clean[name] = min(tokens, 2**31 - 1) if tokens is not None else None
-    for name in ("first_token_ms", "total_ms"):
+    for name in ("first_token_ms", "total_ms", "queue_ms"):
         clean[name] = _number(clean.get(name), float)
     clean["status"] = min(_number(clean.get("status"), int) or 0, 32767)
     clean["stream"] = bool(clean.get("stream"))
@@ -215,6 +217,9 @@ ROLLUP_SUMS = (
 )
 
 
+ROLLUP_SKETCHES = ("first_token_hist", "latency_hist", "queue_hist")
+
+
 def _buckets(moment: datetime) -> list[tuple[str, datetime]]:
     moment = moment.astimezone(UTC)
     minute = moment.replace(second=0, microsecond=0)
@@ -249,12 +254,15 @@ def _add_record(sums: dict[str, Any], record: dict[str, Any]) -> None:
     if status != 429:  # a refusal takes no time worth a percentile
         histograms.observe(sums["first_token_hist"], record.get("first_token_ms"))
         histograms.observe(sums["latency_hist"], record.get("total_ms"))
+    # Known only for the requests that asked for a slot: 0 for one taken at once is counted, unknown is not.
+    histograms.observe(sums["queue_hist"], record.get("queue_ms"))
 
 
 def _new_sums() -> dict[str, Any]:
     sums: dict[str, Any] = dict.fromkeys(ROLLUP_SUMS, 0)
     sums["first_token_hist"] = histograms.empty()
     sums["latency_hist"] = histograms.empty()
+    sums["queue_hist"] = histograms.empty()
     return sums
 
 
@@ -289,9 +297,10 @@ def _write_rollups(records: list[dict[str, Any]]) -> None:
             setattr(row, name, None if stored is None else stored + sums[name])
         row.first_token_hist = histograms.merge(row.first_token_hist, sums["first_token_hist"])
         row.latency_hist = histograms.merge(row.latency_hist, sums["latency_hist"])
+        row.queue_hist = histograms.merge(row.queue_hist, sums["queue_hist"])
         changed.append(row)
     if changed:
-        UsageRollup.objects.bulk_update(changed, [*ROLLUP_SUMS, "first_token_hist", "latency_hist"], batch_size=500)
+        UsageRollup.objects.bulk_update(changed, [*ROLLUP_SUMS, *ROLLUP_SKETCHES], batch_size=500)
     if created:
         UsageRollup.objects.bulk_create(created, batch_size=500)
 

@@ -1,4 +1,5 @@
-"""The console's usage page: requests, tokens, server and client errors, refusals and time percentiles per group.
+"""The console's usage page: requests, tokens, server and client errors, refusals, time percentiles and
+the wait for a slot of a busy model, per group.
 
 What a person sees is decided by selectors.usage_summary: their own use, the branches they
 manage, or everything for staff who read everything (billing and administrators among them).
@@ -61,6 +62,7 @@ def _charts(rows: list[selectors.UsageRow]) -> list[Chart]:
         (_("Server errors and refusals"), [(r.label, float(r.errors + r.refusals)) for r in top], "", 0),
         (_("First token, p95"), [(r.label, seconds(r.first_token_ms_p95)) for r in top], in_seconds, 2),
         (_("Latency, p95"), [(r.label, seconds(r.latency_ms_p95)) for r in top], in_seconds, 2),
+        (_("Queue wait, p99"), [(r.label, seconds(r.queue_ms_p99)) for r in top], in_seconds, 2),
     ]
     return [
         Chart(title, bar_chart(items, label=title, unit=unit, digits=digits)) for title, items, unit, digits in specs

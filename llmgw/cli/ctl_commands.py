@@ -805,6 +805,8 @@ USAGE_COLUMNS = (  # header, field of the API's row
     ("P50_LATENCY_MS", "latency_ms_p50"),
     ("P95_LATENCY_MS", "latency_ms_p95"),
     ("P99_LATENCY_MS", "latency_ms_p99"),
+    ("P50_QUEUE_MS", "queue_ms_p50"),
+    ("P99_QUEUE_MS", "queue_ms_p99"),
 )
 
 
@@ -866,7 +868,7 @@ def add_usage_commands(ctl_sub: Any) -> None:
     p = ctl_sub.add_parser(
         "usage",
         help="usage per group: requests, server and client errors, refusals (429), "
-        "tokens, TTFT and latency percentiles in ms",
+        "tokens, TTFT, latency and queue wait percentiles in ms",
     )
     p.add_argument(
         "--by",

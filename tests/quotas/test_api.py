@@ -394,6 +394,8 @@ CTL_HEADER = [
     "P50_LATENCY_MS",
     "P95_LATENCY_MS",
     "P99_LATENCY_MS",
+    "P50_QUEUE_MS",
+    "P99_QUEUE_MS",
 ]
 
 
@@ -433,7 +435,7 @@ def test_ctl_usage_prints_a_dash_where_nothing_was_timed(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == CTL_HEADER
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["untimed"] == ["untimed", "1", "1", "0", "0", *["-"] * 10]  # GPU time too: not his to see
+    assert rows["untimed"] == ["untimed", "1", "1", "0", "0", *["-"] * 12]  # GPU time too: not his to see
     assert rows["timed"][:9] == ["timed", "1", "0", "0", "0", "10", "20", "-", "-"]
     assert float(rows["timed"][9]) == pytest.approx(0.36, rel=0.02)  # TTFT in ms, not rounded to 0
     assert float(rows["timed"][12]) == pytest.approx(300.0, rel=0.02)

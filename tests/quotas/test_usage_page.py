@@ -142,7 +142,7 @@ def test_a_manager_sees_their_branch(tree: Tree, traffic: dict[str, Any]) -> Non
 def test_the_charts_are_drawn_on_the_server(bob: User, traffic: dict[str, Any]) -> None:
     page = signed_in(bob).get("/usage/?group=model").content.decode()
     charts = re.findall(r'<figure class="card min-w-0" data-chart="\d+">.*?</figure>', page, re.DOTALL)
-    assert len(charts) == 5
+    assert len(charts) == 6  # requests, tokens, errors, first token, latency, queue wait
     assert all("<svg" in chart for chart in charts)
     assert "<rect" in charts[0] and "llama-3-8b" in charts[0]
 
