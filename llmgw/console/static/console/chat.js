@@ -501,7 +501,9 @@
         } else if (!done && !reply.finished) {
           turn.failed = true;
           turn.note = say(data.tBroke, { reason: data.tEndedEarly });
-        } else if (reply.reason === "length" && limit !== null) {
+        } else if (reply.reason === "length" && limit !== null && reply.usage
+                   && reply.usage.completion_tokens === limit) {
+          // Cut at this page's limit (not at the engine's context, which "length" also means).
           turn.note = say(data.tAtLimit, { tokens: integers.format(limit) });
         }
       }
