@@ -241,12 +241,16 @@ def queue_requests(monkeypatch: Any) -> Iterator[Any]:
     from apps.gateway.asgi import gateway_app
     from apps.gateway.slots import SharedSlots
 
+    from apps.gateway.fairness import Who
+
     client = services._redis()
     keys: list[str] = []
+    queued: list[tuple[str, Any]] = []
 
     def put(model: str, count: int) -> None:
         if client is None:
-            monkeypatch.setitem(gateway_app.waiting.waiting, model, count)
+            queue = gateway_app.admission.queue
+            queued.extend((model, queue.enter(model, Who(1, 1, 1, n), 0, 1.0)[0]) for n in range(count))
             return
         key = SharedSlots(None, prefix=settings.REDIS_PREFIX)._key("waiting", model)
         keys.append(key)
@@ -256,6 +260,8 @@ def queue_requests(monkeypatch: Any) -> Iterator[Any]:
     yield put
     if keys:
         client.delete(*keys)
+    for model, ticket in queued:
+        gateway_app.admission.queue.leave(model, ticket)
 
 
 def test_each_models_cores_memory_and_queue_are_charted_from_the_heartbeats(
