@@ -13,8 +13,10 @@ class MirrorConfig(AppConfig):
         from django.db.models.signals import post_save
 
         from apps.catalog.models import Model
+        from apps.mirror import placement
 
         post_save.connect(_model_saved, sender=Model, dispatch_uid="mirror-model-saved")
+        placement.register()
 
 
 def _model_saved(sender: object, instance: object, **kwargs: object) -> None:

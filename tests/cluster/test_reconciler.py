@@ -602,3 +602,33 @@ def test_a_source_in_a_model_directory_whose_scan_stopped_short_is_unknown_not_r
     make_model("cpu-model", replicas=1, memory_gb=1, cores=1, engine="llama.cpp")
     reconcile()
     assert Replica.objects.get().shards.get().node_id == node.pk
+
+
+@pytest.mark.django_db
+def test_a_model_from_the_mirror_waits_for_its_node_to_say_it_holds_the_version(settings) -> None:
+    """Between the model's declaration and the node's next heartbeat the node has said nothing of
+    the version; a node whose model_dirs do not hold the directory never lists it. Neither is a
+    reason to place the replica there and let its engine fail on a file that is not there."""
+    settings.MIRROR_NODE_DIR = "/var/lib/llmgw/models/mirror"
+    folder = settings.MIRROR_NODE_DIR + "/acme--tiny-GGUF/" + "c" * 40
+    node = make_node("vm", gpus=0)
+    _holds(node, "/home/me/llmgw/var/models")  # the mirror's directory lies outside it
+    model = make_model("tiny", replicas=1, memory_gb=1, cores=1, engine="llama.cpp")
+    Model.objects.filter(pk=model.pk).update(source=folder + "/tiny-F32.gguf")
+    reconcile()
+    replica = Replica.objects.get()
+    assert replica.state == ReplicaState.PENDING
+    source = folder + "/tiny-F32.gguf"
+    assert f"node vm has not fetched {source} from the mirror yet" in [r["message"] for r in replica.rejections]
+
+    sample = Node.objects.get(pk=node.pk).sample
+    sample["mirror"] = [{"version": 3, "dir": folder, "state": "fetching", "message": "tiny-F32.gguf"}]
+    Node.objects.filter(pk=node.pk).update(sample=sample)
+    reconcile()
+    replica = Replica.objects.get()
+    assert f"{source} is not on node vm yet: it is fetching tiny-F32.gguf" in [r["message"] for r in replica.rejections]
+
+    sample["mirror"] = [{"version": 3, "dir": folder, "state": "held"}]  # every file verified by the agent
+    Node.objects.filter(pk=node.pk).update(sample=sample)
+    reconcile()
+    assert Replica.objects.get().shards.get().node_id == node.pk

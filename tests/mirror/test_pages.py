@@ -228,9 +228,8 @@ def test_on_a_two_core_node_without_gpus_the_serve_form_defaults_to_what_fits_an
     reconcile()
     replica = Model.objects.get(name="tiny").replicas.get()
     # Placed once the node holds the file; until then it says it has not got it yet.
-    assert f"{services.node_path(version, 'tiny-Q4_K_M.gguf')} is not on node vm" in [
-        r["message"] for r in replica.rejections
-    ]
+    source = services.node_path(version, "tiny-Q4_K_M.gguf")
+    assert f"node vm has not fetched {source} from the mirror yet" in [r["message"] for r in replica.rejections]
 
 
 def test_the_serve_form_refuses_a_node_whose_model_directories_cannot_hold_what_the_mirror_sends(

@@ -30,7 +30,7 @@ def _inside(path: str, directory: str) -> bool:
     return path.startswith(directory.rstrip("/") + "/")
 
 
-def _fetch_of(node: NodeSnapshot, source: str) -> tuple[str, str] | None:
+def fetch_of(node: NodeSnapshot, source: str) -> tuple[str, str] | None:
     """What the node says of fetching the weights a source is in: (state, reason), or None."""
     return next((state for directory, state in node.fetches.items() if _inside(source, directory)), None)
 
@@ -42,7 +42,7 @@ def weights_on_node(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     source = ctx.request.source
     if source in node.weights:
         return None
-    fetch = _fetch_of(node, source) if node.fetches else None
+    fetch = fetch_of(node, source) if node.fetches else None
     if fetch is not None and fetch[0] == "refused":
         return reasons.weights_refused(node.name, source, fetch[1])
     if fetch is not None and fetch[0] == "failed":
@@ -63,7 +63,7 @@ def weights_can_arrive(ctx: PlacementContext, node: NodeSnapshot) -> Reason | No
     source = ctx.request.source
     if source in node.weights:
         return None
-    fetch = _fetch_of(node, source) if node.fetches else None
+    fetch = fetch_of(node, source) if node.fetches else None
     if fetch is not None and fetch[0] in ("refused", "failed"):
         return weights_on_node(ctx, node)
     dirs = node.weight_dirs
