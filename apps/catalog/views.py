@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 
 from apps.accounts.access import can_change_cluster, can_read_everything, requires
 from apps.accounts.models import User
-from apps.catalog import api, selectors, services
+from apps.catalog import api, cards, selectors, services
 from apps.catalog.choices import CapacityClass, Engine
 from apps.catalog.forms import ClassForm, OwnerForm, ResourcesForm, TargetForm, memory_text
 from apps.catalog.models import Model, Profile
@@ -300,17 +300,15 @@ def _card_context(
 @requires("read_everything", methods=["GET"])
 def model_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
     model = _get_model_for_user(request.user, name)
+    # What other apps add under the replicas (who holds and waits for the slots): refreshed with them.
+    live = {"model": model, "replicas": _replica_rows(model), "card_parts": cards.parts_for(model, request.user)}
     if is_fragment(request):  # the replicas refresh themselves; headroom is worked out only with the card
-        return render(
-            request, "catalog/model_detail.html#model-replicas", {"model": model, "replicas": _replica_rows(model)}
-        )
+        return render(request, "catalog/model_detail.html#model-replicas", live)
     from apps.cluster.engine_history import model_charts
 
     charts = [] if model.is_external else model_charts(model.name)
     return render(
-        request,
-        "catalog/model_detail.html",
-        {**_card_context(request, model), "replicas": _replica_rows(model), "engine_charts": charts},
+        request, "catalog/model_detail.html", {**_card_context(request, model), **live, "engine_charts": charts}
     )
 
 

@@ -263,6 +263,7 @@ class Admission:
                     ticket=waiter.token if mine and waiter is not None else None,
                     batch_every=self.batch_every,
                     charge=charge,
+                    who=self._who(call).token(),  # whose request holds the slot (a model's card shows it)
                 )
             except NotYourTurn as other:
                 ahead = self._by_token.get(other.head or "")

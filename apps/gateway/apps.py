@@ -10,7 +10,9 @@ class GatewayConfig(AppConfig):
     verbose_name = _("Gateway")
 
     def ready(self) -> None:
-        from apps.gateway import services, signals
+        from apps.catalog import cards
+        from apps.gateway import contention, services, signals
 
         signals.connect()
         services.connect()
+        cards.register(contention.card_part)  # who holds and waits for a model's slots, on its card

@@ -308,10 +308,12 @@ class FairQueue:
             return 0, len(live)
 
     def tickets(self, model: str) -> Iterator[Ticket]:
+        """The model's waiting tickets, interactive first. Each band's heap is copied in one step, so
+        another thread (the console's model card) may read them while the gateway's loop runs."""
         state = self._models.get(model)
         if state is None:
             return
         for band in (INTERACTIVE, BATCH):
-            for _s, _q, ticket in state.heaps[band]:
+            for _s, _q, ticket in list(state.heaps[band]):
                 if ticket.gone is None and not ticket.granted:
                     yield ticket

@@ -49,7 +49,17 @@ from apps.gateway import metrics
 from apps.gateway.routing import LOAD_BOUND, pick, preference
 from apps.gateway.tables import Tables, Upstream
 
-__all__ = ["Gone", "InFlight", "Lease", "NotYourTurn", "QueueFull", "SharedSlots", "SlotKeeper", "shared_key"]
+__all__ = [
+    "Gone",
+    "InFlight",
+    "Lease",
+    "NotYourTurn",
+    "QueueFull",
+    "SharedSlots",
+    "SlotKeeper",
+    "queue_keys",
+    "shared_key",
+]
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -75,15 +85,17 @@ class InFlight:
 
 
 class Lease:
-    """One request's hold on one slot of one upstream; given back once, to the InFlight it came from."""
+    """One request's hold on one slot of one upstream; given back once, to the InFlight it came from.
+    `who` is whose request holds it (apps.gateway.fairness.Who.token), "" when it is nobody's."""
 
-    __slots__ = ("inflight", "released", "token", "upstream")
+    __slots__ = ("inflight", "released", "token", "upstream", "who")
 
-    def __init__(self, upstream: Upstream, inflight: InFlight, token: str | None) -> None:
+    def __init__(self, upstream: Upstream, inflight: InFlight, token: str | None, who: str = "") -> None:
         self.upstream = upstream
         self.inflight = inflight
         self.token = token  # the shared lease's id, when Redis counts it
         self.released = False
+        self.who = who
 
 
 class QueueFull(Exception):
@@ -104,6 +116,11 @@ class NotYourTurn(Exception):
 
 class Gone(Exception):
     """The ticket is no longer queued: it was pushed out to make room for a request nearer its share."""
+
+
+def queue_keys(prefix: str, model: str) -> list[str]:
+    """The Redis keys of a model's shared queue (SharedSlots.queue_keys), for readers outside a gateway."""
+    return [shared_key(prefix, kind, model) for kind in ("fair0", "fair1", "waiting", "fair")]
 
 
 def _text(value: Any) -> str:
@@ -364,7 +381,7 @@ class SharedSlots:
     def queue_keys(self, model: str) -> list[str]:
         """A model's queue: its bands' tag sets, its tickets' expiry set ("waiting": what the cluster
         page counts), its state (virtual time, keys' finish tags, grants past a waiting batch)."""
-        return [self._key(kind, model) for kind in ("fair0", "fair1", "waiting", "fair")]
+        return queue_keys(self.base, model)
 
     async def acquire(
         self,
@@ -375,12 +392,14 @@ class SharedSlots:
         *,
         batch_every: int = 10,
         charge: tuple[int, float] | None = None,
+        who: str = "",
     ) -> tuple[int | None, str]:
         """Take a slot on one of `order` by pick's rule: (its index or None, the lease's token). The
         candidates serve `queue`'s model: without a ticket a slot is taken only while nobody waits
         for it; with one, only when it is the ticket's turn (NotYourTurn otherwise, Gone when the
         ticket was pushed out), and the ticket leaves the queue in the same step."""
-        token = self._token()
+        # A lease's member names whose request holds it (a model's card reads them back).
+        token = f"{self._token()}|{who}" if who else self._token()
         keys = [self._key("slots", u.id) for u in order]
         reply = await self._script(
             ACQUIRE_SHA,
@@ -523,6 +542,7 @@ class SlotKeeper:
     def __init__(self, shared: SharedSlots | None = None) -> None:
         self.shared = shared
         self._by_id: dict[str, InFlight] = {}
+        self._leases: set[Lease] = set()  # those held now
         self.on_release: Callable[[str], None] = lambda model: None
 
     def bind(self, tables: Tables) -> None:
@@ -559,13 +579,15 @@ class SlotKeeper:
         ticket: str | None = None,
         batch_every: int = 10,
         charge: tuple[int, float] | None = None,
+        who: str = "",
     ) -> Lease | None:
         """A slot on one of the upstreams (prefix affinity under the load bound, else the least
         loaded), or None when every usable one is full. Upstreams in `exclude` or marked failed
         are passed over. With Redis, `queue` names the model whose shared queue these upstreams
         serve: `ticket`, the request's place in it, takes the slot only in its turn (NotYourTurn,
         Gone), and a request with none only while nobody waits. Without Redis the caller's own
-        queue says whose turn it is."""
+        queue says whose turn it is. `who` (fairness.Who.token) goes with the lease, so whose requests
+        hold a model's slots can be told (`holders`)."""
         now = time.monotonic()
         skip = set(exclude)
         candidates = [u for u in upstreams if u.id not in skip and self.inflight(u).failed_until <= now]
@@ -576,22 +598,29 @@ class SlotKeeper:
         if shared is not None and shared.available() and not order[0].id.startswith("external:"):
             try:
                 index, token = await shared.acquire(
-                    order, mode, queue or order[0].model, ticket, batch_every=batch_every, charge=charge
+                    order, mode, queue or order[0].model, ticket, batch_every=batch_every, charge=charge, who=who
                 )
             except (NotYourTurn, Gone):
                 raise
             except Exception as exc:
                 shared.failed("acquire", exc)
             else:
-                return None if index is None else self._take(order[index], token)
+                return None if index is None else self._take(order[index], token, who)
         index = pick([self.inflight(u).held for u in order], [u.capacity for u in order], mode)
-        return None if index is None else self._take(order[index], None)
+        return None if index is None else self._take(order[index], None, who)
 
-    def _take(self, upstream: Upstream, token: str | None) -> Lease:
+    def _take(self, upstream: Upstream, token: str | None, who: str) -> Lease:
         inflight = self.inflight(upstream)
         inflight.held += 1
         metrics.IN_FLIGHT.inc()
-        return Lease(upstream, inflight, token)
+        lease = Lease(upstream, inflight, token, who)
+        self._leases.add(lease)
+        return lease
+
+    def holders(self, model: str) -> list[str]:
+        """Whose requests hold the model's slots in this process: a Who token per lease ("" for a
+        lease that is nobody's). Safe to call from another thread: the set is copied in one step."""
+        return [lease.who for lease in list(self._leases) if lease.upstream.model == model and not lease.released]
 
     def release(self, lease: Lease) -> None:
         """Give the lease's slot back (a second call does nothing); the shared count follows in the
@@ -609,6 +638,7 @@ class SlotKeeper:
             return False
         lease.released = True
         lease.inflight.held -= 1
+        self._leases.discard(lease)
         metrics.IN_FLIGHT.dec()
         self.on_release(lease.upstream.model)
         return True
