@@ -77,6 +77,7 @@ POST_ONLY = {
     "people-project-add",
     "people-rate-limit",
     "people-capacity-quota",
+    "people-share",
     "chat-session-key",
     "chat-render",
     "people-organization-add",
