@@ -54,6 +54,8 @@ from apps.gateway.intake import (
     api_key,
     check_fits,
     check_size,
+    content_encoding,
+    decode_body,
     parse_body,
     read_body,
 )
@@ -250,7 +252,7 @@ class GatewayApp:
         if endpoint is None:
             # Every answer carries a request id, this one too.
             protocol = "anthropic" if path.startswith("/v1/messages") else "openai"
-            refusal = Refused(404, f"No route for {method} {path}", kind="invalid_request_error", code="unknown_url")
+            refusal = Refused(404, f"No route for {method} {path}", kind="not_found_error", code="unknown_url")
             await send_error(send, protocol, refusal, self.head(Call(MODELS)))
             return
         await self.handle(endpoint, scope, receive, send)
@@ -302,7 +304,7 @@ class GatewayApp:
             call.traceparent = next(
                 (v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"traceparent"), None
             )
-        await self.read(call, receive)
+        await self.read(call, scope, receive)
         route = await self.route(call)
         await self.check_prompt(call, route, receive)
         call.headroom = await self.admission.check_limits(call)
@@ -332,9 +334,11 @@ class GatewayApp:
             raise Refused(401, "API key expired.", kind="authentication_error", code="invalid_api_key")
         return entry
 
-    async def read(self, call: Call, receive: Receive) -> None:
-        """The body: its model named, and what the engine is asked made of it."""
-        body = parse_body(await read_body(receive, self.max_body, self.bodies, call))
+    async def read(self, call: Call, scope: dict[str, Any], receive: Receive) -> None:
+        """The body (inflated, when it came gzip'd): its model named, and what the engine is asked made of it."""
+        raw = await read_body(receive, self.max_body, self.bodies, call)
+        codings = content_encoding(scope.get("headers", []))
+        body = parse_body(decode_body(raw, codings, self.max_body, self.bodies, call))
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise Refused(400, "Name the model in the body's “model” field.", code="missing_model")
         if "\x00" in body["model"]:  # no model's name holds one, and no usage record could keep it
@@ -380,7 +384,8 @@ class GatewayApp:
                 await _unless_client_leaves(self.forwarder.judge.prompt(call, policies.guard_prompts), receive)
         check_size(call.body, most_messages=self.max_messages, most_parts=self.max_parts)
         contexts = [u.context_size for u in route.upstreams if u.context_size]
-        check_fits(call.body, min(contexts) if contexts and len(contexts) == len(route.upstreams) else None)
+        context = min(contexts) if contexts and len(contexts) == len(route.upstreams) else None
+        check_fits(call.body, context, call.endpoint.prompt_field)
 
     # The reconciler's hints ----------------------------------------------------------------------
 
@@ -417,7 +422,10 @@ class GatewayApp:
     # Answers ----------------------------------------------------------------------------------------
 
     def head(self, call: Call, content_type: bytes | None = None) -> list[tuple[bytes, bytes]]:
-        headers = [(b"x-llmgw-request-id", call.request_id.encode())]
+        # The gateway's own name for the request id, and the names the SDKs read it from (the OpenAI
+        # SDKs' `_request_id` from x-request-id, Anthropic's from request-id).
+        request_id = call.request_id.encode()
+        headers = [(b"x-llmgw-request-id", request_id), (b"x-request-id", request_id), (b"request-id", request_id)]
         if content_type is not None:
             headers.insert(0, (b"content-type", content_type))
         upstream = call.upstream

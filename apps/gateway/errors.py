@@ -2,10 +2,14 @@
 
 A `Refused` carries the status, the message (which says why, with the numbers) and optionally
 the error's type and code; `error_body` writes it as an OpenAI-style or Anthropic error, and
-`send_error` sends it with the gateway's headers. `upstream_refusal` reads an engine's error
-answer and says what it means for the client: a prompt over the context is the client's 400
-with code "context_length_exceeded", an input kind the model cannot take (an image to a text
-model) a 400 with the engine's reason; neither is the 5xx that both SDKs would retry.
+`send_error` sends it with the gateway's headers (an Anthropic error body carries the request
+id too, as Anthropic's do). `upstream_refusal` reads an engine's error answer and says what it
+means for the client: a prompt over the context is the client's 400 with code
+"context_length_exceeded" and the param naming the prompt's field, an input kind the model cannot
+take (an image to a text model) a 400 with the engine's reason, and what the engine does not do
+at all (its 501: embeddings of a model started without them) a 400 naming the reason; none is the
+5xx that both SDKs would retry. An error's code is the engine's own when it gave a string one
+(llama.cpp puts the HTTP status there as a number: that is no code), else null.
 """
 
 from __future__ import annotations
@@ -53,16 +57,29 @@ class Refused(Exception):
 
 
 def error_body(
-    protocol: str, status: int, message: str, kind: str | None = None, code: str | None = None, param: str | None = None
+    protocol: str,
+    status: int,
+    message: str,
+    kind: str | None = None,
+    code: str | None = None,
+    param: str | None = None,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     if protocol == "anthropic":
-        return anthropic_error(status, message, kind)
+        body = anthropic_error(status, message, kind)
+        if request_id is not None:
+            body["request_id"] = request_id
+        return body
     return openai_error(status, message, OPENAI_KINDS.get(kind or ""), param, code)
 
 
+REQUEST_ID_HEADER = b"x-llmgw-request-id"
+
+
 async def send_error(send: Send, protocol: str, refusal: Refused, head: list[tuple[bytes, bytes]]) -> None:
+    request_id = next((v.decode() for k, v in head if k == REQUEST_ID_HEADER), None)
     out = json.dumps(
-        error_body(protocol, refusal.status, refusal.message, refusal.kind, refusal.code, refusal.param)
+        error_body(protocol, refusal.status, refusal.message, refusal.kind, refusal.code, refusal.param, request_id)
     ).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(out)).encode()), *head]
     headers += [(k.encode(), v.encode()) for k, v in refusal.headers.items()]
@@ -100,18 +117,30 @@ _UNSUPPORTED_INPUT = re.compile(
 )
 
 
-def upstream_refusal(status: int, raw: bytes, model: str) -> Refused:
-    """What a non-2xx answer of an engine or provider means for the client."""
+def upstream_refusal(
+    status: int, raw: bytes, model: str, *, prompt_param: str | None = None, path: str = ""
+) -> Refused:
+    """What a non-2xx answer of an engine or provider means for the client. `prompt_param`: the
+    request field that holds the prompt ("messages", "prompt", "input"), named by a context
+    overflow; `path`: the endpoint the engine was asked on, named by a 501."""
     message, error = upstream_message(raw)
     message = message or f"the upstream answered {status}"
     kind = str(error.get("type") or "")
-    code = str(error.get("code") or "")
+    given = error.get("code")
+    code = given if isinstance(given, str) and given else ""
     about_context = _CONTEXT.search(message) or _CONTEXT.search(kind) or _CONTEXT.search(code)
     if about_context and (status < 500 or "exceed" in kind or "exceed" in message.lower()):
-        return Refused(400, message, kind="invalid_request_error", code="context_length_exceeded")
+        return Refused(400, message, kind="invalid_request_error", code="context_length_exceeded", param=prompt_param)
     if _UNSUPPORTED_INPUT.search(message):
         return Refused(
             400, f"“{model}” cannot take this input: {message}", kind="invalid_request_error", code="unsupported_input"
+        )
+    if status == 501:
+        # The engine does not do this at all (llama.cpp: embeddings of a model started without
+        # --embeddings): the same request would get the same answer, so it is not a server error.
+        what = f"answer {path}" if path else "answer this request"
+        return Refused(
+            400, f"“{model}” cannot {what}: {message}", kind="invalid_request_error", code="unsupported_endpoint"
         )
     if status == 429:
         return Refused(429, message, kind="rate_limit_error", code=code or None, headers={"retry-after": "1"})

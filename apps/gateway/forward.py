@@ -232,9 +232,17 @@ class Forwarder:
         await send({"type": "http.response.body", "body": out})
 
 
+#: Fields the Anthropic translation passes to engines that an external (OpenAI-compatible)
+#: provider refuses as unknown.
+ENGINE_ONLY_FIELDS = ("top_k",)
+
+
 def _engine_body(call: Call, upstream: Upstream) -> dict[str, Any]:
     body = dict(call.body)
     body["model"] = upstream.upstream_model
+    if upstream.engine == "external" and call.endpoint.translation is not None:
+        for field in ENGINE_ONLY_FIELDS:
+            body.pop(field, None)
     if call.endpoint is MESSAGES and upstream.engine == "llama.cpp" and body.get("stop"):
         body["verbose"] = True  # llama-server names the stop string it matched only then
     return body

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agent.bounded import TooLarge, inflate
 from apps.gateway.errors import Refused
 
 if TYPE_CHECKING:
@@ -42,7 +43,10 @@ __all__ = [
     "Endpoint",
     "api_key",
     "check_fits",
+    "content_encoding",
+    "check_ranges",
     "check_size",
+    "decode_body",
     "parse_body",
     "read_body",
 ]
@@ -61,14 +65,20 @@ class Endpoint:
     translation: str | None  # "messages" or "responses" when it is translated to chat completions
     upstream_path: str  # what it is forwarded to on the engine ("" when it is answered here)
     streams: bool = True  # whether "stream": true is honoured
+    path: str = ""  # the path the client calls
+    prompt_field: str = "messages"  # the request field that holds the prompt (named by a context overflow)
 
     def chat(self, call: Call, body: dict[str, Any]) -> dict[str, Any]:
         """What the engine is asked: the body itself, or its translation to chat completions."""
         from apps.gateway.translate import TranslationError, messages_to_chat, responses_to_chat
 
+        check_ranges(self, body)
         try:
-            if self.translation == "messages":
-                chat = messages_to_chat(body if self.upstream_path else {"max_tokens": 1, **body})
+            if self.translation == "messages" and not self.upstream_path:
+                # Counting tokens: no answer is asked for, so neither its length nor thinking matter.
+                chat = messages_to_chat({"max_tokens": 1, **{k: v for k, v in body.items() if k != "thinking"}})
+            elif self.translation == "messages":
+                chat = messages_to_chat(body)
             elif self.translation == "responses":
                 chat = responses_to_chat(body)
             else:
@@ -76,9 +86,6 @@ class Endpoint:
         except TranslationError as exc:
             raise Refused(400, str(exc), kind="invalid_request_error", param=exc.param) from None
         chat.pop("_ignored", None)
-        temperature = chat.get("temperature")
-        if isinstance(temperature, int | float) and not isinstance(temperature, bool):
-            chat["temperature"] = min(2.0, max(0.0, float(temperature)))
         if call.stream:
             options = body.get("stream_options")
             call.client_wants_usage = (
@@ -92,22 +99,58 @@ class Endpoint:
         return chat
 
 
-CHAT = Endpoint("chat.completions", "openai", None, "/v1/chat/completions")
-COMPLETIONS = Endpoint("completions", "openai", None, "/v1/completions")
-EMBEDDINGS = Endpoint("embeddings", "openai", None, "/v1/embeddings", streams=False)
-MESSAGES = Endpoint("messages", "anthropic", "messages", "/v1/chat/completions")
-COUNT_TOKENS = Endpoint("messages.count_tokens", "anthropic", "messages", "", streams=False)
-RESPONSES = Endpoint("responses", "openai", "responses", "/v1/chat/completions")
-MODELS = Endpoint("models", "openai", None, "", streams=False)
+CHAT = Endpoint("chat.completions", "openai", None, "/v1/chat/completions", path="/v1/chat/completions")
+COMPLETIONS = Endpoint("completions", "openai", None, "/v1/completions", path="/v1/completions", prompt_field="prompt")
+EMBEDDINGS = Endpoint(
+    "embeddings", "openai", None, "/v1/embeddings", streams=False, path="/v1/embeddings", prompt_field="input"
+)
+MESSAGES = Endpoint("messages", "anthropic", "messages", "/v1/chat/completions", path="/v1/messages")
+COUNT_TOKENS = Endpoint(
+    "messages.count_tokens", "anthropic", "messages", "", streams=False, path="/v1/messages/count_tokens"
+)
+RESPONSES = Endpoint(
+    "responses", "openai", "responses", "/v1/chat/completions", path="/v1/responses", prompt_field="input"
+)
+MODELS = Endpoint("models", "openai", None, "", streams=False, path="/v1/models")
 
-ENDPOINTS = {
-    ("POST", "/v1/chat/completions"): CHAT,
-    ("POST", "/v1/completions"): COMPLETIONS,
-    ("POST", "/v1/embeddings"): EMBEDDINGS,
-    ("POST", "/v1/messages"): MESSAGES,
-    ("POST", "/v1/messages/count_tokens"): COUNT_TOKENS,
-    ("POST", "/v1/responses"): RESPONSES,
-}
+ENDPOINTS = {("POST", e.path): e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, COUNT_TOKENS, RESPONSES)}
+
+
+def check_ranges(endpoint: Endpoint, body: dict[str, Any]) -> None:
+    """Refuse, as the providers do, what an engine would otherwise take silently: a temperature
+    outside the API's range (OpenAI's 0 to 2, Anthropic's 0 to 1; an engine clamps it or samples
+    with it as given), and embeddings `dimensions` that is not a whole number of at least 1."""
+    temperature = body.get("temperature")
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool):
+        most = 1 if endpoint.protocol == "anthropic" else 2
+        if temperature > most:
+            raise Refused(
+                400,
+                f"Invalid 'temperature': decimal above maximum value. Expected a value <= {most}, "
+                f"but got {temperature} instead.",
+                kind="invalid_request_error",
+                code="decimal_above_max_value",
+                param="temperature",
+            )
+        if temperature < 0:
+            raise Refused(
+                400,
+                f"Invalid 'temperature': decimal below minimum value. Expected a value >= 0, "
+                f"but got {temperature} instead.",
+                kind="invalid_request_error",
+                code="decimal_below_min_value",
+                param="temperature",
+            )
+    if endpoint.name == "embeddings" and "dimensions" in body:
+        dimensions = body["dimensions"]
+        if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+            raise Refused(
+                400,
+                f"Invalid 'dimensions': expected a whole number of at least 1, got {json.dumps(dimensions)}.",
+                kind="invalid_request_error",
+                code="invalid_value",
+                param="dimensions",
+            )
 
 
 class Call:
@@ -225,6 +268,51 @@ async def read_body(receive: Receive, limit: int, budget: BodyBudget | None = No
             return b"".join(chunks)
 
 
+#: The content codings a body may come in: none, or gzip (what HTTP clients that compress send).
+GZIP_CODINGS = frozenset({"gzip", "x-gzip"})
+
+
+def content_encoding(headers: list[tuple[bytes, bytes]]) -> list[str]:
+    """The body's content codings, in the order they were applied ("identity" left out)."""
+    codings: list[str] = []
+    for name, value in headers:
+        if name == b"content-encoding":
+            codings += [c.strip().lower() for c in value.decode("latin-1").split(",") if c.strip()]
+    return [c for c in codings if c != "identity"]
+
+
+def decode_body(
+    raw: bytes, codings: list[str], limit: int, budget: BodyBudget | None = None, call: Call | None = None
+) -> bytes:
+    """The body as sent, or inflated when it came gzip'd: its inflated size is held to the same
+    `limit` as a plain body (a zip bomb is refused once `limit` bytes came out, never inflated
+    whole) and counted in the budget like one. Any other coding is refused, naming it (415)."""
+    if not codings:
+        return raw
+    if len(codings) > 1 or codings[0] not in GZIP_CODINGS:
+        named = ", ".join(codings)
+        raise Refused(
+            415,
+            f"The body's Content-Encoding “{named}” is not supported: send it uncompressed or gzip'd.",
+            kind="invalid_request_error",
+            code="unsupported_content_encoding",
+        )
+    try:
+        body = inflate(raw, limit=limit, what="the request body")
+    except TooLarge:
+        raise Refused(
+            413, f"The gzip'd body inflates to more than the limit of {limit} bytes.", kind="request_too_large"
+        ) from None
+    except ValueError as exc:
+        raise Refused(
+            400, f"The body says Content-Encoding: gzip, but {exc}.", code="invalid_content_encoding"
+        ) from None
+    if budget is not None and call is not None:
+        budget.take(len(body))
+        call.body_bytes += len(body)
+    return body
+
+
 def check_size(chat: dict[str, Any], *, most_messages: int, most_parts: int) -> None:
     """Refuse a request with more messages or content parts than an engine should be given: an
     engine's chat template takes time that grows faster than the number of messages (300,000
@@ -266,9 +354,10 @@ def _text_bytes(value: Any) -> int:
     return 0
 
 
-def check_fits(chat: dict[str, Any], context: int | None) -> None:
+def check_fits(chat: dict[str, Any], context: int | None, param: str | None = None) -> None:
     """Refuse, before any engine sees it, a prompt that surely cannot fit `context` tokens (judged by
-    its length alone; the engine refuses what only its own count shows to be too long)."""
+    its length alone; the engine refuses what only its own count shows to be too long). `param`
+    names the client's field that holds the prompt."""
     if not context:
         return
     least = (_text_bytes(chat.get("messages")) + _text_bytes(chat.get("prompt"))) // BYTES_PER_TOKEN_MOST
@@ -279,6 +368,7 @@ def check_fits(chat: dict[str, Any], context: int | None) -> None:
             f"context of {context} tokens.",
             kind="invalid_request_error",
             code="context_length_exceeded",
+            param=param,
         )
 
 

@@ -40,7 +40,16 @@ from apps.gateway.translate import (
 from apps.gateway.translate.usage import StreamUsage, usage_from_response
 from apps.gateway.upstream import UpstreamError
 
-__all__ = ["JUDGE_EVERY", "StreamContext", "StreamRelay", "has_token", "relay_stream", "translator_for", "whole_answer"]
+__all__ = [
+    "JUDGE_EVERY",
+    "StreamContext",
+    "StreamRelay",
+    "check_dimensions",
+    "has_token",
+    "relay_stream",
+    "translator_for",
+    "whole_answer",
+]
 
 _USAGE_NULL = b',"usage":null}'
 
@@ -299,12 +308,45 @@ class StreamRelay:
         return tail + b"data: " + json.dumps(openai_error(502, message, "api_error")).encode() + b"\n\n"
 
 
+def _vector_size(embedding: Any) -> int | None:
+    """How many numbers an embedding holds: a list's length, or a base64 string's bytes over 4
+    (little-endian float32s, as encoding_format "base64" gives them)."""
+    if isinstance(embedding, list):
+        return len(embedding)
+    if isinstance(embedding, str):
+        padding = len(embedding) - len(embedding.rstrip("="))
+        return (len(embedding) * 3 // 4 - padding) // 4
+    return None
+
+
+def check_dimensions(call: Call, data: dict[str, Any]) -> None:
+    """An embeddings request's `dimensions` against the vectors the engine gave: an engine that
+    cannot shorten them (llama.cpp ignores the field) is not to hand the client a vector of
+    another size than it asked for, which its index would refuse or, worse, take."""
+    asked = call.original.get("dimensions")
+    if not isinstance(asked, int) or isinstance(asked, bool):
+        return
+    items = data.get("data")
+    for item in items if isinstance(items, list) else ():
+        size = _vector_size(item.get("embedding")) if isinstance(item, dict) else None
+        if size is not None and size != asked:
+            raise Refused(
+                400,
+                f"“{call.model}” gives embeddings of {size} dimensions and cannot give {asked}, as "
+                f"“dimensions” asks: leave it out, or ask for {size}.",
+                kind="invalid_request_error",
+                code="unsupported_dimensions",
+                param="dimensions",
+            )
+
+
 def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
     """The client's answer made from the engine's whole (not streamed) answer; Refused when the
     engine refused."""
     call.first_token_at = time.perf_counter()
     if status != 200:
-        refusal = upstream_refusal(status, raw, call.model)
+        endpoint = call.endpoint
+        refusal = upstream_refusal(status, raw, call.model, prompt_param=endpoint.prompt_field, path=endpoint.path)
         call.status, call.error = refusal.status, refusal.message
         raise refusal
     try:
@@ -314,6 +356,7 @@ def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
     if not isinstance(data, dict):
         raise Refused(502, "The upstream's answer is not a JSON object.", kind="api_error")
     if call.endpoint is EMBEDDINGS:
+        check_dimensions(call, data)
         if isinstance(data.get("usage"), dict):
             tokens = data["usage"].get("prompt_tokens")
             call.prompt_tokens = tokens if isinstance(tokens, int) else None

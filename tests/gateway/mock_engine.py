@@ -10,6 +10,17 @@ what it does (`mode` and friends) and reads what it saw (`seen`, `closed`, `arri
 - "die": `chunks` content chunks, then the connection is dropped (no finish, no [DONE], no last chunk).
 - "hang": `chunks` content chunks, then nothing until the client goes away (`closed` is then set).
 
+What an engine gives beyond text, on demand:
+
+- `error_code` and `error_type` shape "error" answers as llama.cpp's are (`"code": 400`, the HTTP
+  status as a number, and `"type": "exceed_context_size_error"` or the like);
+- `answer`, a function of the request's body returning the assistant's message (`content` and/or
+  `tool_calls`), whole or streamed (a tool call's arguments in two pieces), for agents' turns;
+- `logprobs` in the answer (whole, and per chunk) when the request asks for them, as llama.cpp gives
+  them, with `top_logprobs` alternatives;
+- /v1/embeddings: vectors of `embedding_size` numbers per input (base64 when asked), or, with
+  `embeddings` False, llama.cpp's 501 for a model started without --embeddings.
+
 `require_key` makes every request without `Authorization: Bearer <require_key>` get a 401; `gate`
 (an asyncio.Event) holds every request until it is set, to keep a replica's slots full; `hold` (an
 asyncio.Event) holds a stream after its content chunks, before its end, until it is set.
@@ -21,7 +32,9 @@ fields on), so concurrent requests can each do something else.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +52,9 @@ class Seen:
 
 
 class MockEngine:
-    def __init__(self) -> None:
+    def __init__(self, *, tokenizer: bool = False) -> None:
+        # llama.cpp's /apply-template and /tokenize, which count every prompt as `prompt_tokens` tokens.
+        self.tokenizer = tokenizer
         self.mode = "ok"
         self.chunks = 3
         self.pieces: list[str] | None = None  # the answer's text, a chunk per piece (else "t0 t1 …")
@@ -50,6 +65,12 @@ class MockEngine:
         self.prompt_tokens = 7
         self.error_status = 400
         self.error_message = "the engine did not like this"
+        self.error_code: Any = None  # llama.cpp puts the HTTP status here, as a number
+        self.error_type: str | None = None
+        self.answer: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.embeddings = True
+        self.embedding_size = 64
+        self.cached_tokens: int | None = None  # of the prompt, reported as read from the prompt cache
         self.require_key: str | None = None
         self.gate: asyncio.Event | None = None
         self.hold: asyncio.Event | None = None
@@ -70,6 +91,10 @@ class MockEngine:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._chat)  # the same answers, as text completions
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        if self.tokenizer:
+            app.router.add_post("/apply-template", self._apply_template)
+            app.router.add_post("/tokenize", self._tokenize)
         # handler_cancellation: a client that goes away cancels the handler, which is how we see it.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -105,7 +130,8 @@ class MockEngine:
                 return _error(
                     self.error_status,
                     self.error_message,
-                    "server_error" if self.error_status >= 500 else "invalid_request_error",
+                    self.error_type or ("server_error" if self.error_status >= 500 else "invalid_request_error"),
+                    self.error_code,
                 )
             if (mode == "ok" or body.get("model") in self.replies) and not body.get("stream"):
                 return web.json_response(self._completion(body, request.path == "/v1/completions"))
@@ -115,6 +141,56 @@ class MockEngine:
             raise
         finally:
             self.active -= 1
+
+    async def _apply_template(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"prompt": json.dumps(body.get("messages"))})
+
+    async def _tokenize(self, _request: web.Request) -> web.Response:
+        return web.json_response({"tokens": list(range(self.prompt_tokens))})
+
+    def _usage(self, completion_tokens: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        }
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.seen.append(Seen(request.path, dict(request.headers), body))
+        self.arrived.set()
+        if not self.embeddings:  # llama-server started without --embeddings, word for word
+            return web.json_response(
+                {
+                    "error": {
+                        "code": 501,
+                        "message": "This server does not support embeddings. Start it with `--embeddings`",
+                        "type": "not_supported_error",
+                    }
+                },
+                status=501,
+            )
+        inputs = body.get("input")
+        texts = inputs if isinstance(inputs, list) else [inputs]
+        data = []
+        for i, _text in enumerate(texts):
+            vector = [round(0.01 * (k + 1), 4) for k in range(self.embedding_size)]
+            embedding: Any = vector
+            if body.get("encoding_format") == "base64":
+                embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
+        usage = {"prompt_tokens": 2 * len(texts), "total_tokens": 2 * len(texts)}
+        return web.json_response({"object": "list", "model": body.get("model"), "data": data, "usage": usage})
+
+    def _message(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The assistant's message: `answer`'s, else the text reply."""
+        if self.answer is not None and body.get("model") not in self.replies:
+            return self.answer(body)
+        return {"role": "assistant", "content": self._reply(body)}
 
     def _reply(self, body: dict[str, Any]) -> str:
         reply = self.replies.get(body.get("model"))
@@ -138,26 +214,21 @@ class MockEngine:
                     "total_tokens": self.prompt_tokens + 2,
                 },
             }
+        message = self._message(body)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", **message},
+            "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+        }
+        if body.get("logprobs") and isinstance(message.get("content"), str):
+            choice["logprobs"] = {"content": [_logprob(c, body) for c in message["content"]]}
         return {
             "id": "chatcmpl-mock",
             "object": "chat.completion",
             "created": 0,
             "model": body.get("model"),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": self._reply(body),
-                    },
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": 2,
-                "total_tokens": self.prompt_tokens + 2,
-            },
+            "choices": [choice],
+            "usage": self._usage(2),
         }
 
     def _chunk(
@@ -172,12 +243,15 @@ class MockEngine:
                 "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}],
             }
             return b"data: " + json.dumps(data).encode() + b"\n\n"
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        if body.get("logprobs") and delta.get("content"):
+            choice["logprobs"] = {"content": [_logprob(delta["content"], body)]}
         data = {
             "id": "chatcmpl-mock",
             "object": "chat.completion.chunk",
             "created": 0,
             "model": body.get("model"),
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            "choices": [choice],
         }
         return b"data: " + json.dumps(data).encode() + b"\n\n"
 
@@ -188,12 +262,26 @@ class MockEngine:
         await response.prepare(request)
         chunks = body["mock_chunks"] if isinstance(body.get("mock_chunks"), int) else self.chunks
         pieces = self.pieces if self.pieces is not None else [f"t{i} " for i in range(chunks)]
+        message = self.answer(body) if self.answer is not None and not text_api else None
+        if message is not None:
+            pieces = [message["content"]] if message.get("content") else []
         chunks = len(pieces)
         for i, piece in enumerate(pieces):
             delta: dict[str, Any] = {"content": piece}
             if i == 0:
                 delta["role"] = "assistant"
             await response.write(self._chunk(body, delta, text_api=text_api))
+        finish = "stop"
+        for k, call in enumerate((message or {}).get("tool_calls") or []):
+            arguments = call["function"]["arguments"]
+            half = len(arguments) // 2
+            first = {"index": k, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"]}}
+            first["function"]["arguments"] = arguments[:half]
+            await response.write(self._chunk(body, {"tool_calls": [first]}))
+            rest = {"index": k, "function": {"arguments": arguments[half:]}}
+            await response.write(self._chunk(body, {"tool_calls": [rest]}))
+            chunks += 2
+            finish = "tool_calls"
         if mode == "die":
             # Drop the connection without the last chunk of the chunked body: the client sees a
             # payload that was never completed.
@@ -204,13 +292,9 @@ class MockEngine:
             await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
         if self.hold is not None:
             await self.hold.wait()
-        await response.write(self._chunk(body, {}, "stop", text_api=text_api))
+        await response.write(self._chunk(body, {}, finish, text_api=text_api))
         if self.stream_usage:
-            usage = {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": chunks,
-                "total_tokens": self.prompt_tokens + chunks,
-            }
+            usage = self._usage(chunks)
             data = {
                 "id": "chatcmpl-mock",
                 "object": "chat.completion.chunk",
@@ -227,7 +311,16 @@ class MockEngine:
         return response
 
 
-def _error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
+def _logprob(text: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A token's log probability as llama.cpp reports it, with `top_logprobs` alternatives."""
+    top = body.get("top_logprobs") if isinstance(body.get("top_logprobs"), int) else 0
+    alternatives = [
+        {"id": k, "token": f"alt{k}", "bytes": list(f"alt{k}".encode()), "logprob": -1.0 - k} for k in range(top)
+    ]
+    return {"id": 7, "token": text, "bytes": list(text.encode()), "logprob": -0.25, "top_logprobs": alternatives}
+
+
+def _error(status: int, message: str, kind: str, code: Any = None) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status)
 
 

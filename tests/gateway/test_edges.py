@@ -123,6 +123,7 @@ async def test_a_wrong_key_is_a_401_in_the_protocol_of_the_endpoint(gw: Gateway,
     assert messages.json == {
         "type": "error",
         "error": {"type": "authentication_error", "message": "Invalid, revoked or expired API key."},
+        "request_id": messages.headers["request-id"],
     }
     missing = await gw.chat(key=None)
     assert missing.status == 401
@@ -525,12 +526,10 @@ async def test_a_fallback_model_serves_when_the_primary_has_no_endpoints(gw: Gat
     assert held(fallback) == 0
 
 
-@pytest.mark.parametrize(("asked", "sent"), [(5, 2.0), (-1, 0.0), (0.7, 0.7), (2, 2.0)])
-async def test_the_temperature_is_clamped_before_it_reaches_the_engine(
-    gw: Gateway, engine: MockEngine, asked: float, sent: float
-) -> None:
+@pytest.mark.parametrize("asked", [0, 0.7, 2])
+async def test_a_temperature_in_range_reaches_the_engine_as_asked(gw: Gateway, engine: MockEngine, asked: float) -> None:
     assert (await gw.chat(temperature=asked)).status == 200
-    assert engine.seen[0].body["temperature"] == sent
+    assert engine.seen[0].body["temperature"] == asked
 
 
 async def test_an_external_endpoint_gets_its_upstream_model_and_key_and_answers_name_the_callers_model(

@@ -368,13 +368,14 @@ def test_sampling_fields_stops_and_ignored_fields() -> None:
             top_k=40,
             stop_sequences=["</answer>", "\n\nHuman:"],
             metadata={"user_id": "u-1"},
-            thinking={"type": "enabled", "budget_tokens": 2048},
+            thinking={"type": "enabled", "budget_tokens": 128},
             service_tier="auto",
         )
     )
     assert chat["stop"] == ["</answer>", "\n\nHuman:"]
-    assert "top_k" not in chat and "metadata" not in chat and "thinking" not in chat
-    assert chat["_ignored"] == ["service_tier", "top_k", "thinking"]
+    assert chat["top_k"] == 40  # llama.cpp, vLLM and SGLang take it in chat
+    assert "metadata" not in chat and "thinking" not in chat
+    assert chat["_ignored"] == ["service_tier", "thinking"]
     assert messages_to_chat(request(stop_sequences=[]))["_ignored"] == []
     assert "stop" not in messages_to_chat(request(stop_sequences=[]))
 
@@ -473,7 +474,12 @@ def test_text_completion_becomes_a_message() -> None:
         "content": [{"type": "text", "text": "Hello!"}],
         "stop_reason": "end_turn",
         "stop_sequence": None,
-        "usage": {"input_tokens": 12, "output_tokens": 3},
+        "usage": {
+            "input_tokens": 12,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 3,
+        },
     }
 
 
@@ -566,12 +572,22 @@ def test_messages_to_chat_does_not_ask_for_verbose() -> None:
 def test_llama_server_timings_give_the_usage_of_a_whole_response_without_usage() -> None:
     resp = completion({"content": "x"})
     resp["timings"] = {"cache_n": 30, "prompt_n": 10, "predicted_n": 7, "prompt_ms": 1.5}
-    assert to_message(resp)["usage"] == {"input_tokens": 40, "output_tokens": 7}
+    assert to_message(resp)["usage"] == {
+        "input_tokens": 40,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 7,
+    }
 
 
 def test_cached_prompt_tokens_are_cache_reads() -> None:
     msg = to_message(completion({"content": "x"}, usage=usage(100, 5, cached=80)))
-    assert msg["usage"] == {"input_tokens": 20, "output_tokens": 5, "cache_read_input_tokens": 80}
+    assert msg["usage"] == {
+        "input_tokens": 20,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 80,
+        "output_tokens": 5,
+    }
 
 
 def test_no_usage_and_no_id() -> None:
@@ -579,7 +595,12 @@ def test_no_usage_and_no_id() -> None:
     del resp["id"]
     msg = chat_to_message(resp, "m")
     assert msg["id"].startswith("msg_") and len(msg["id"]) > 8
-    assert msg["usage"] == {"input_tokens": 0, "output_tokens": 0}
+    assert msg["usage"] == {
+        "input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }
 
 
 def test_round_trip_of_a_tool_turn() -> None:
@@ -623,7 +644,12 @@ def test_text_stream_event_sequence() -> None:
                     "content": [],
                     "stop_reason": None,
                     "stop_sequence": None,
-                    "usage": {"input_tokens": 0, "output_tokens": 0},
+                    "usage": {
+                        "input_tokens": 0,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 0,
+                        "output_tokens": 0,
+                    },
                 },
             },
         ),
@@ -646,7 +672,12 @@ def test_text_stream_event_sequence() -> None:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {"input_tokens": 24, "output_tokens": 2},
+                "usage": {
+                    "input_tokens": 24,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": 2,
+                },
             },
         ),
         ("message_stop", {"type": "message_stop"}),
@@ -698,14 +729,20 @@ def test_tool_call_arguments_split_across_chunks() -> None:
         "content_block": {"type": "tool_use", "id": "call_2", "name": "time", "input": {}},
     }
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
-    assert events[-2][1]["usage"] == {"input_tokens": 18, "output_tokens": 30, "cache_read_input_tokens": 32}
+    # The stream counts the whole prompt as input, as message_start did (the cache's part came too late).
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 50,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 30,
+    }
     assert stream.tokens_counted == 5  # the text, three argument pieces and the second call's arguments
     if HAVE_SDKS:
         final = check_events(events)
         assert final.content[1].input == {"city": "Paris"}
         assert final.content[2].input == {"tz": "CET"}
         assert final.stop_reason == "tool_use"
-        assert (final.usage.input_tokens, final.usage.output_tokens) == (18, 30)
+        assert (final.usage.input_tokens, final.usage.output_tokens) == (50, 30)
 
 
 def test_a_tool_name_that_comes_late_opens_the_block_with_the_arguments_so_far() -> None:
@@ -755,7 +792,12 @@ def test_stream_without_usage_counts_deltas() -> None:
 
 def test_input_tokens_given_up_front_go_in_message_start() -> None:
     _, events = run_stream([chunk({"content": "x"}, "stop")], input_tokens=321, message_id="msg_fixed")
-    assert events[0][1]["message"]["usage"] == {"input_tokens": 321, "output_tokens": 0}
+    assert events[0][1]["message"]["usage"] == {
+        "input_tokens": 321,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }
     assert events[0][1]["message"]["id"] == "msg_fixed"
 
 
@@ -802,7 +844,12 @@ def test_llama_server_verbose_in_the_last_chunk_gives_the_stop_sequence() -> Non
     assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "bbb"}
     assert not any("__verbose" in json.dumps(data) or "stopping_word" in json.dumps(data) for _, data in events)
     # No usage chunk came: the counts are llama.cpp's timings, exact, not estimated.
-    assert events[-2][1]["usage"] == {"input_tokens": 9, "output_tokens": 3}
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 9,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 3,
+    }
     assert (stream.usage.input_tokens, stream.usage.output_tokens, stream.usage.estimated) == (9, 3, False)
 
 
@@ -824,18 +871,29 @@ def test_llama_server_verbose_without_a_stop_word_is_no_stop_sequence(stop_type:
 def test_start_takes_the_prompt_count_once_it_is_known() -> None:
     stream = ChatToAnthropicStream("m", stop_sequences=["bbb"])
     events = stream.start(input_tokens=120)
-    assert events[0][1]["message"]["usage"] == {"input_tokens": 120, "output_tokens": 0}
+    assert events[0][1]["message"]["usage"] == {
+        "input_tokens": 120,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }
     assert stream.start(input_tokens=5) == []  # started once; the count is kept, nothing is sent again
     events += stream.feed(chunk({"content": "x"}))
     events += stream.feed(chunk({}, "stop"))
     events += stream.feed(chunk(usage=usage(120, 3, cached=100)))
     events += stream.finish()
-    # The engine's final count wins in message_delta; cache reads apart, as Anthropic reports them.
-    assert events[-2][1]["usage"] == {"input_tokens": 20, "output_tokens": 3, "cache_read_input_tokens": 100}
+    # The engine's final count wins in message_delta, split as message_start split it: the cache's
+    # 100 tokens became known after message_start had counted every prompt token as input.
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 120,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 3,
+    }
     assert stream.usage.input_tokens == 120 and stream.usage.cached_input_tokens == 100
     if HAVE_SDKS:
         final = check_events(events).usage
-        assert (final.input_tokens, final.cache_read_input_tokens, final.output_tokens) == (20, 100, 3)
+        assert (final.input_tokens, final.cache_read_input_tokens, final.output_tokens) == (120, 0, 3)
 
 
 def test_without_engine_usage_message_delta_carries_the_counted_prompt() -> None:
@@ -846,24 +904,49 @@ def test_without_engine_usage_message_delta_carries_the_counted_prompt() -> None
     events += stream.finish()
     check_events(events)
     assert events[0][1]["message"]["usage"]["input_tokens"] == 50
-    assert events[-2][1]["usage"] == {"input_tokens": 50, "output_tokens": 2}
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 50,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 2,
+    }
     assert (stream.usage.input_tokens, stream.usage.output_tokens, stream.usage.estimated) == (50, 2, True)
 
 
 def test_a_count_known_only_after_the_stream_started_still_reaches_message_delta() -> None:
     stream = ChatToAnthropicStream("m")
     events = stream.feed(chunk({"content": "a"}, "stop"))
-    assert events[0][1]["message"]["usage"] == {"input_tokens": 0, "output_tokens": 0}
+    assert events[0][1]["message"]["usage"] == {
+        "input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }
     assert stream.start(input_tokens=33) == []
     events += stream.finish()
     check_events(events)
-    assert events[-2][1]["usage"] == {"input_tokens": 33, "output_tokens": 1}
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 33,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 1,
+    }
 
 
 def test_with_no_count_known_message_start_says_zero_and_message_delta_the_engines() -> None:
     _, events = run_stream([chunk({"content": "a"}, "stop"), chunk(usage=usage(17, 1))])
-    assert events[0][1]["message"]["usage"] == {"input_tokens": 0, "output_tokens": 0}
-    assert events[-2][1]["usage"] == {"input_tokens": 17, "output_tokens": 1}
+    assert events[0][1]["message"]["usage"] == {
+        "input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 17,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 1,
+    }
     if HAVE_SDKS:
         assert check_events(events).usage.input_tokens == 17
 
@@ -920,7 +1003,12 @@ def test_stream_and_non_stream_give_the_same_message() -> None:
     assert streamed["content"] == whole["content"]
     assert streamed["stop_reason"] == whole["stop_reason"]
     assert streamed["id"] == whole["id"]
-    assert {k: streamed["usage"][k] for k in whole["usage"]} == whole["usage"]
+    # The same prompt and output; a stream counts its cache reads as input (message_start split the
+    # prompt before the engine said what its cache held), a whole message reports them apart.
+    parts = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    assert sum(streamed["usage"][k] for k in parts) == sum(whole["usage"][k] for k in parts) == 70
+    assert streamed["usage"]["output_tokens"] == whole["usage"]["output_tokens"] == 9
+    assert (whole["usage"]["input_tokens"], whole["usage"]["cache_read_input_tokens"]) == (6, 64)
 
 
 def test_stream_of_a_real_llama_server_reply() -> None:
@@ -942,7 +1030,12 @@ def test_stream_of_a_real_llama_server_reply() -> None:
             ChatCompletionChunk.model_validate(c)
     stream, events = run_stream(chunks)
     assert events[0][1]["message"]["id"] == "msg_GHeuQe6P"
-    assert events[-2][1]["usage"] == {"input_tokens": 24, "output_tokens": 4, "cache_read_input_tokens": 0}
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 24,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 4,
+    }
     assert stream.tokens_counted == 1  # the engine's count (4) is better than ours: byte tokens arrived merged
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "require",
     "sse",
     "stream_fields",
+    "token_logprobs",
     "usage_from_timings",
     "whole_usage",
     "with_timings",
@@ -141,6 +142,31 @@ def finalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def as_dict(value: Any) -> dict[str, Any]:
     """`value` if it is an object, else an empty one."""
     return value if isinstance(value, dict) else {}
+
+
+def _token(entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "token": str(entry.get("token", "")),
+        "bytes": entry["bytes"] if isinstance(entry.get("bytes"), list) else [],
+        "logprob": entry["logprob"] if isinstance(entry.get("logprob"), int | float) else 0.0,
+    }
+
+
+def token_logprobs(choice: Any) -> list[dict[str, Any]]:
+    """A chat choice's (or chunk choice's) `logprobs.content` in the Responses API's shape: each
+    token with its bytes, log probability and `top_logprobs`; [] when the engine sent none."""
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return []
+    out = []
+    for entry in content:
+        if not isinstance(entry, dict):
+            continue
+        tops = entry.get("top_logprobs")
+        top = [_token(t) for t in tops if isinstance(t, dict)] if isinstance(tops, list) else []
+        out.append({**_token(entry), "top_logprobs": top})
+    return out
 
 
 def first_choice(resp: dict[str, Any]) -> dict[str, Any]:
@@ -363,7 +389,7 @@ class ChatChunkReader:
                 self.tokens_counted += 1
             text = delta.get("content")
             if isinstance(text, str) and text:
-                self._on_text(text, events)
+                self._on_text(text, events, token_logprobs(choice))
             if delta.get("tool_calls"):
                 for what, call, piece in self._tools.update(delta["tool_calls"]):
                     if what == "open":
@@ -381,7 +407,7 @@ class ChatChunkReader:
         """The events that open the stream, on the first chunk; [] after."""
         raise NotImplementedError
 
-    def _on_text(self, text: str, events: list[Event]) -> None:
+    def _on_text(self, text: str, events: list[Event], logprobs: list[dict[str, Any]]) -> None:
         raise NotImplementedError
 
     def _on_tool_open(self, call: ToolCall, arguments: str, events: list[Event]) -> None:

@@ -14,12 +14,17 @@ Requests: `messages_to_chat(body)` turns a /v1/messages body into a chat complet
 - `tools` become function tools (`input_schema` is the parameters); `tool_choice` auto, any,
   tool and none become "auto", "required", the named function and "none";
   `disable_parallel_tool_use` becomes `parallel_tool_calls: false`.
-- `max_tokens`, `temperature`, `top_p` are kept, `stop_sequences` becomes `stop`, `stream` asks
-  for a stream ending in a usage chunk. `metadata` is dropped.
+- `max_tokens`, `temperature`, `top_p` and `top_k` (llama.cpp, vLLM and SGLang take it in chat;
+  the gateway leaves it out for an external provider) are kept, `stop_sequences` becomes `stop`,
+  `stream` asks for a stream ending in a usage chunk. `metadata` is dropped.
+- Structured outputs: `output_config.format` (and the beta's top-level `output_format`), a
+  `json_schema` format, becomes chat's `response_format` with that schema (strict), as the
+  Responses API's `text.format` does; an engine constrains its answer to the schema.
+- `thinking` with a `budget_tokens` not below `max_tokens` is refused, as Anthropic refuses it.
 - What has no chat equivalent is ignored and named in the returned dict's "_ignored" list
-  (always present: the gateway pops it before sending): `top_k`, `thinking`, server tools
-  (web search, code execution, ... any tool with a `type` other than "custom"), and unknown
-  top-level fields.
+  (always present: the gateway pops it before sending): `thinking`, `output_config.effort`,
+  server tools (web search, code execution, ... any tool with a `type` other than "custom"), and
+  unknown top-level fields.
 - Malformed input raises `TranslationError(message, param)`, answered as an Anthropic 400.
 
 Responses: `chat_to_message(resp, model, stop_sequences=...)` turns a chat completion into an
@@ -40,8 +45,9 @@ Anthropic message.
   `messages_to_chat` does not add `verbose` (an external OpenAI-compatible provider refuses
   fields it does not know): whoever sends the request to a llama.cpp engine adds it. The
   translator reads `__verbose` when it is there and never passes it on.
-- usage: input_tokens leaves out cached prompt tokens, reported as cache_read_input_tokens. When
-  the response has no `usage`, llama.cpp's `timings` give the counts (`usage_from_timings`).
+- usage: input_tokens leaves out cached prompt tokens, reported as cache_read_input_tokens, and
+  cache_creation_input_tokens is 0 (`Usage.to_anthropic`). When the response has no `usage`,
+  llama.cpp's `timings` give the counts (`usage_from_timings`).
 
 Streams: `ChatToAnthropicStream` turns chat chunks into Anthropic's event sequence (its
 docstring says how message_start learns the prompt's size).
@@ -102,6 +108,8 @@ _KNOWN_FIELDS = frozenset(
         "tool_choice",
         "metadata",
         "thinking",
+        "output_config",
+        "output_format",
     }
 )
 
@@ -137,7 +145,8 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if value is not None:
             chat[key] = require(value, (int, float), key, "a number")
     if body.get("top_k") is not None:
-        ignored.append("top_k")
+        chat["top_k"] = require(body["top_k"], int, "top_k", "an integer")
+    _output_format(body, chat, ignored)
     stop = body.get("stop_sequences")
     if stop is not None:
         require(stop, list, "stop_sequences", "an array of strings")
@@ -147,6 +156,12 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat["stop"] = list(stop)
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and not isinstance(budget, bool) and budget >= max_tokens:
+            raise TranslationError(
+                f"max_tokens ({max_tokens}) must be greater than thinking.budget_tokens ({budget}).",
+                "thinking.budget_tokens",
+            )
         ignored.append("thinking")
 
     tools = _tools(body.get("tools"), ignored)
@@ -159,6 +174,31 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         stream_fields(chat)
     chat["_ignored"] = ignored
     return chat
+
+
+def _output_format(body: dict[str, Any], chat: dict[str, Any], ignored: list[str]) -> None:
+    """`output_config.format` (or the beta's `output_format`): a JSON schema the answer must follow,
+    as chat's `response_format`."""
+    config = body.get("output_config")
+    form = None
+    where = "output_config.format"
+    if config is not None:
+        require(config, dict, "output_config", "an object")
+        form = config.get("format")
+        if config.get("effort") is not None:
+            ignored.append("output_config.effort")
+    if form is None and body.get("output_format") is not None:
+        form, where = body["output_format"], "output_format"
+    if form is None:
+        return
+    require(form, dict, where, "an object")
+    if form.get("type") != "json_schema":
+        raise TranslationError(f'{where}.type: must be "json_schema", got {form.get("type")!r}.', f"{where}.type")
+    schema = require(form.get("schema"), dict, f"{where}.schema", "a JSON schema object")
+    chat["response_format"] = {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": True},
+    }
 
 
 def _system_text(system: Any) -> str:
@@ -513,10 +553,13 @@ class ChatToAnthropicStream(ChatChunkReader):
     calls `start` before the first `feed`: a `feed` that comes first sends message_start itself,
     with the count known by then. With no count known message_start says 0, the only integer the
     API allows that claims nothing. message_delta's usage is cumulative (clients overwrite
-    message_start's counts with it): input_tokens there is the engine's final count (cache reads
-    apart, in cache_read_input_tokens), else the count given here, else it is left out; output
-    tokens are the engine's count, else `tokens_counted` (one per content/argument delta).
-    Without a usage chunk llama.cpp's `timings` give both counts.
+    message_start's counts with it): input_tokens there is the engine's final count, else the
+    count given here, else it is left out; output tokens are the engine's count, else
+    `tokens_counted` (one per content/argument delta). Without a usage chunk llama.cpp's
+    `timings` give both counts. Both events split the prompt the same way, every token of it in
+    input_tokens, with cache_creation_input_tokens and cache_read_input_tokens 0: what the
+    engine's cache held is known only at the end, after message_start has split the prompt (a
+    client adding message_start's input to message_delta's cache reads would count them twice).
 
     Stop sequences: pass the request's `stop_sequences`; when the engine says one of them matched
     (see the module docstring) message_delta has stop_reason "stop_sequence" and the string.
@@ -568,7 +611,7 @@ class ChatToAnthropicStream(ChatChunkReader):
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens or 0, "output_tokens": 0},
+            "usage": Usage(input_tokens=self.input_tokens, output_tokens=0).to_anthropic(cache_apart=False),
         }
         return [("message_start", {"type": "message_start", "message": message}), ping_event()]
 
@@ -585,7 +628,7 @@ class ChatToAnthropicStream(ChatChunkReader):
         events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
         return index
 
-    def _on_text(self, text: str, events: list[Event]) -> None:
+    def _on_text(self, text: str, events: list[Event], logprobs: list[dict[str, Any]]) -> None:
         if self._block is not None and self._block[0] == "text":
             index = self._block[1]
         else:
@@ -634,14 +677,18 @@ class ChatToAnthropicStream(ChatChunkReader):
         return reported
 
     def _final_usage(self) -> dict[str, Any]:
+        """message_delta's usage: the prompt split as message_start split it (every prompt token an
+        input token: the cache's part was not known then); the input parts left out when the
+        prompt's size is still unknown (message_start's 0 stands)."""
         known = self._known_usage()
         if known is None:
             return {"output_tokens": self.tokens_counted}
-        usage = known.to_anthropic()
+        usage = known.to_anthropic(cache_apart=False)
         if known.output_tokens is None:
             usage["output_tokens"] = self.tokens_counted
         if known.input_tokens is None:
-            del usage["input_tokens"]
+            for part in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+                del usage[part]
         return usage
 
     @property

@@ -25,6 +25,9 @@ Requests: `responses_to_chat(body)` turns a /v1/responses body into a chat compl
 - `local_shell_call` items (older Codex history) become calls to a "local_shell" function whose
   arguments are the action, so their outputs still follow a call.
 - Consecutive user turns are merged (chat templates that want alternating roles refuse them).
+- `include: ["message.output_text.logprobs"]` and `top_logprobs` -> chat's `logprobs` and
+  `top_logprobs`; the tokens' log probabilities come back in each output_text's `logprobs` (and
+  in the stream's output_text.delta and .done events), as chat's `logprobs.content` gives them.
 - `max_output_tokens` -> `max_tokens`; `temperature`, `top_p`, `parallel_tool_calls` kept;
   `tool_choice` auto/none/required kept, a named function or custom tool becomes the named
   function, `allowed_tools` keeps only the allowed tools under its mode; `text.format`
@@ -39,7 +42,7 @@ Requests: `responses_to_chat(body)` turns a /v1/responses body into a chat compl
   `additional_tools` (tools loaded mid-conversation), `configuration_update`,
   `compaction_trigger`.
 - Ignored, and named in the returned dict's "_ignored" list (always present: the gateway pops
-  it before sending): `store: true`, `reasoning`, `include`, server-side and built-in tools
+  it before sending): `store: true`, `reasoning`, `include` entries other than logprobs, server-side and built-in tools
   ("tools:web_search", ...) and a tool_choice naming one, `text.verbosity`, unknown top-level
   fields, and the input items in `IGNORED_INPUT_ITEMS` ("input:reasoning", ...), each the
   trace of something that ran on OpenAI's servers or carrying nothing an engine can read:
@@ -80,6 +83,7 @@ from ._common import (
     require,
     sse,
     stream_fields,
+    token_logprobs,
     whole_usage,
 )
 from .errors import TranslationError, openai_error
@@ -134,6 +138,7 @@ _HANDLED = frozenset(
         "conversation",
         "prompt",
         "background",
+        "top_logprobs",
     }
 )
 _NO_STORE = "this gateway stores no responses; send the whole conversation in input"
@@ -196,10 +201,9 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         ignored.append("store")
     if body.get("reasoning"):
         ignored.append("reasoning")
-    if body.get("include"):
-        ignored.append("include")
 
     chat: dict[str, Any] = {"model": require(body.get("model"), str, "model", "a string")}
+    _logprobs(body, chat, ignored)
     names = ToolNames(body.get("tools"))
     conversation = _Conversation()
     instructions = body.get("instructions")
@@ -536,6 +540,31 @@ def _tool_choice(
     return tools
 
 
+#: The `include` entry that asks for the answer's token log probabilities.
+LOGPROBS = "message.output_text.logprobs"
+
+
+def _logprobs(body: dict[str, Any], chat: dict[str, Any], ignored: list[str]) -> None:
+    """`include: ["message.output_text.logprobs"]` and `top_logprobs` ask chat for `logprobs` (and
+    `top_logprobs`); what else `include` asks for is ignored."""
+    include = body.get("include")
+    wanted = False
+    if include is not None:
+        require(include, list, "include", "an array of strings")
+        wanted = LOGPROBS in include
+        if any(entry != LOGPROBS for entry in include):
+            ignored.append("include")
+    top = body.get("top_logprobs")
+    if top is not None:
+        require(top, int, "top_logprobs", "an integer")
+        if not 0 <= top <= 20:
+            raise TranslationError(f"top_logprobs: must be between 0 and 20, got {top}.", "top_logprobs")
+    if wanted or top is not None:
+        chat["logprobs"] = True
+        if top is not None:
+            chat["top_logprobs"] = top
+
+
 def _text_format(text: Any, chat: dict[str, Any], ignored: list[str]) -> None:
     if not isinstance(text, dict):
         return
@@ -758,8 +787,8 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def chat_to_response(
@@ -781,7 +810,7 @@ def chat_to_response(
                 "type": "message",
                 "status": status,
                 "role": "assistant",
-                "content": [_output_text(text)],
+                "content": [_output_text(text, token_logprobs(choice))],
             }
         )
     elif isinstance(refusal, str) and refusal:
@@ -866,6 +895,7 @@ class ChatToResponsesStream(ChatChunkReader):
 
     __slots__ = (
         "_base",
+        "_logprobs",
         "_names",
         "_open",
         "_seq",
@@ -890,6 +920,7 @@ class ChatToResponsesStream(ChatChunkReader):
         self._seq = 0
         self._open: int | None = None  # output index of the open item
         self._text: list[str] = []  # the open message's text so far
+        self._logprobs: list[dict[str, Any]] = []  # and its tokens' log probabilities, when asked for
 
     def _event(self, kind: str, **fields: Any) -> Event:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -920,7 +951,7 @@ class ChatToResponsesStream(ChatChunkReader):
 
     # Message items
 
-    def _on_text(self, text: str, events: list[Event]) -> None:
+    def _on_text(self, text: str, events: list[Event], logprobs: list[dict[str, Any]]) -> None:
         index = self._open
         if index is None or self.items[index]["type"] != "message":
             self._close(events, "completed")
@@ -935,6 +966,7 @@ class ChatToResponsesStream(ChatChunkReader):
             self.items.append(item)
             self._open = index
             self._text = []
+            self._logprobs = []
             events.append(self._event("response.output_item.added", output_index=index, item=_copy_item(item)))
             events.append(
                 self._event(
@@ -946,6 +978,7 @@ class ChatToResponsesStream(ChatChunkReader):
                 )
             )
         self._text.append(text)
+        self._logprobs += logprobs
         item_id = self.items[index]["id"]
         events.append(
             self._event(
@@ -954,7 +987,7 @@ class ChatToResponsesStream(ChatChunkReader):
                 output_index=index,
                 content_index=0,
                 delta=text,
-                logprobs=[],
+                logprobs=logprobs,
             )
         )
 
@@ -997,7 +1030,7 @@ class ChatToResponsesStream(ChatChunkReader):
         kind = item["type"]
         if kind == "message":
             text = "".join(self._text)
-            part = _output_text(text)
+            part = _output_text(text, self._logprobs)
             events.append(
                 self._event(
                     "response.output_text.done",
@@ -1005,7 +1038,7 @@ class ChatToResponsesStream(ChatChunkReader):
                     output_index=index,
                     content_index=0,
                     text=text,
-                    logprobs=[],
+                    logprobs=list(self._logprobs),
                 )
             )
             events.append(
@@ -1013,7 +1046,7 @@ class ChatToResponsesStream(ChatChunkReader):
                     "response.content_part.done", item_id=item_id, output_index=index, content_index=0, part=part
                 )
             )
-            item["content"] = [_output_text(text)]
+            item["content"] = [_output_text(text, self._logprobs)]
             item["status"] = status
         elif kind == "function_call":
             call = self._call_at(index)
@@ -1085,7 +1118,7 @@ class ChatToResponsesStream(ChatChunkReader):
         if self._open is not None:
             item = self.items[self._open]
             if item["type"] == "message":
-                item["content"] = [_output_text("".join(self._text))]
+                item["content"] = [_output_text("".join(self._text), self._logprobs)]
             if "status" in item:
                 item["status"] = "incomplete"
             self._open = None

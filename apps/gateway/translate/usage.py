@@ -72,17 +72,21 @@ class Usage:
             return None
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
-    def to_anthropic(self) -> dict[str, Any]:
-        """Anthropic's usage: input_tokens leaves out cache reads, which go in cache_read_input_tokens
-        (present only when the upstream reported a cached count)."""
-        cached = self.cached_input_tokens or 0
-        out: dict[str, Any] = {
+    def to_anthropic(self, *, cache_apart: bool = True) -> dict[str, Any]:
+        """Anthropic's usage, the prompt split in its three parts, which add up to it:
+        input_tokens, cache_creation_input_tokens (always 0: no engine charges apart for writing
+        its prompt cache, so those tokens are input_tokens) and cache_read_input_tokens (what the
+        upstream reported its cache held; 0 when it said nothing, those tokens being counted as
+        input). `cache_apart=False` counts cache reads as input too: a stream's message_start
+        splits the prompt before the engine says what its cache held, and its message_delta must
+        split it the same way."""
+        cached = (self.cached_input_tokens or 0) if cache_apart else 0
+        return {
             "input_tokens": max((self.input_tokens or 0) - cached, 0),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": min(cached, self.input_tokens or 0),
             "output_tokens": self.output_tokens or 0,
         }
-        if self.cached_input_tokens is not None:
-            out["cache_read_input_tokens"] = self.cached_input_tokens
-        return out
 
     def to_responses(self) -> dict[str, Any]:
         """The Responses API's usage object. `cache_write_tokens` is 0: engines do not report it."""
