@@ -26,6 +26,7 @@ __all__ = [
     "GpuInfo",
     "GpuProcess",
     "GpuReport",
+    "MigDevice",
     "gpu_class",
     "nvidia_class_memory_gb",
     "parse_nvidia_smi_text",
@@ -46,6 +47,29 @@ class GpuProcess:
     used_memory_mib: int | None
     #: "C" (compute), "G" (graphics) or "C+G"; None where not reported.
     process_type: str | None = None
+    #: On a card in MIG mode, the GPU and compute instance the process runs in (its MIG device).
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass
+class MigDevice:
+    """One MIG device of a card in MIG mode, as ``-q`` (text or XML) describes it.
+
+    ``-q`` gives its index on the card, its GPU and compute instance ids and its memory; the
+    profile name (``1g.10gb``) and the ``MIG-…`` UUID engines are started with come from
+    ``nvidia-smi -L`` (agent.probes.mig.merge_mig_list fills them in).
+    """
+
+    index: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    multiprocessor_count: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    profile: str | None = None
+    uuid: str | None = None
 
 
 @dataclass
@@ -104,6 +128,10 @@ class GpuInfo:
     pcie_replay_count: int | None = None
     #: Current MIG mode: "Enabled" / "Disabled"; None where MIG does not apply.
     mig_mode: str | None = None
+    #: The mode after the next GPU reset; differs from ``mig_mode`` while a change waits for one.
+    mig_pending: str | None = None
+    #: The card's MIG devices (``-q``'s ``MIG Device`` blocks); None where it printed none.
+    mig_devices: list[MigDevice] | None = None
     #: None when the output has no Processes section (truncated or ``-d`` output).
     processes: list[GpuProcess] | None = None
     #: None when the driver prints no Fabric section (pre-535 drivers).
@@ -306,17 +334,20 @@ def _tie_break(sizes: list[int], name: str | None) -> int:
     return max(sizes)
 
 
-def nvidia_class_memory_gb(memory_total_mib: int | None, name: str | None = None) -> int | None:
+def nvidia_class_memory_gb(
+    memory_total_mib: int | None, name: str | None = None, sizes: tuple[int, ...] = _MARKETED_GB
+) -> int | None:
     """The marketed memory size in GB for a reported framebuffer total in MiB.
 
     ``name`` (the product name) only settles a total that lies about equally near two marketed
-    sizes.  A total near no marketed size is rounded to whole GiB.
+    sizes.  A total near no marketed size is rounded to whole GiB. ``sizes`` are the marketed
+    sizes to snap to (NVIDIA's by default; agent.probes.amd passes AMD's).
     """
-    if memory_total_mib is None or memory_total_mib <= 0:
+    if memory_total_mib is None or memory_total_mib <= 0 or not math.isfinite(memory_total_mib):
         return None
     gib = memory_total_mib / 1024
     candidates = sorted(
-        (abs(math.log(size / gib)), size) for size in _MARKETED_GB if gib * _SNAP_BELOW <= size <= gib * _SNAP_ABOVE
+        (abs(math.log(size / gib)), size) for size in sizes if gib * _SNAP_BELOW <= size <= gib * _SNAP_ABOVE
     )
     if not candidates:
         return max(1, int(round(gib)))
@@ -551,8 +582,17 @@ def _text_processes(section: _Node | None) -> list[GpuProcess] | None:
     if section is None:
         return None
     processes: list[GpuProcess] = []
+    # In MIG mode each process is preceded by the GPU and compute instance it runs in.
+    instance: tuple[int | None, int | None] = (None, None)
     for node in section.children:
-        if node.key.lower() != "process id":
+        key = node.key.lower()
+        if key == "gpu instance id":
+            instance = (_int(node.value), None)
+            continue
+        if key == "compute instance id":
+            instance = (instance[0], _int(node.value))
+            continue
+        if key != "process id":
             continue
         processes.append(
             GpuProcess(
@@ -560,8 +600,11 @@ def _text_processes(section: _Node | None) -> list[GpuProcess] | None:
                 name=node.val("Name"),
                 used_memory_mib=_mib(node.val("Used GPU Memory")),
                 process_type=node.val("Type"),
+                gpu_instance_id=instance[0],
+                compute_instance_id=instance[1],
             )
         )
+        instance = (None, None)
     return processes
 
 
@@ -574,10 +617,62 @@ def _xml_processes(section: _Node | None) -> list[GpuProcess] | None:
             name=node.val("process_name"),
             used_memory_mib=_mib(node.val("used_memory")),
             process_type=node.val("type"),
+            gpu_instance_id=_int(node.val("gpu_instance_id")),
+            compute_instance_id=_int(node.val("compute_instance_id")),
         )
         for node in section.children
         if node.key == "process_info"
     ]
+
+
+#: More MIG devices than any card has (seven GPU instances of up to seven compute instances).
+MAX_MIG_DEVICES = 64
+
+
+def _text_mig_devices(node: _Node) -> list[MigDevice] | None:
+    """``MIG Device`` blocks, directly under the GPU (driver 590) or under a ``MIG Devices``
+    heading (older drivers); None where the card printed none."""
+    parent = node.child("MIG Devices") or node
+    blocks = [c for c in parent.children if c.key.lower() == "mig device"]
+    if not blocks:
+        return None
+    devices = []
+    for position, block in enumerate(blocks[:MAX_MIG_DEVICES]):
+        index = _int(block.val("Index"))
+        devices.append(
+            MigDevice(
+                index=index if index is not None and 0 <= index < MAX_MIG_DEVICES else position,
+                gpu_instance_id=_int(block.val("GPU Instance ID")),
+                compute_instance_id=_int(block.val("Compute Instance ID")),
+                memory_total_mib=_mib(block.val(("Shared FB Memory Usage", "FB Memory Usage"), "Total")),
+                memory_used_mib=_mib(block.val(("Shared FB Memory Usage", "FB Memory Usage"), "Used")),
+                multiprocessor_count=_int(block.val("Device Attributes", "Shared", "Multiprocessor count")),
+                ecc_uncorrected_volatile=_ecc_uncorrected(block.child("ECC Errors", "Volatile")),
+            )
+        )
+    return devices
+
+
+def _xml_mig_devices(node: _Node) -> list[MigDevice] | None:
+    parent = node.child("mig_devices")
+    if parent is None:
+        return None
+    blocks = [c for c in parent.children if c.key == "mig_device"]
+    devices = []
+    for position, block in enumerate(blocks[:MAX_MIG_DEVICES]):
+        index = _int(block.val("index"))
+        devices.append(
+            MigDevice(
+                index=index if index is not None and 0 <= index < MAX_MIG_DEVICES else position,
+                gpu_instance_id=_int(block.val("gpu_instance_id")),
+                compute_instance_id=_int(block.val("compute_instance_id")),
+                memory_total_mib=_mib(block.val("fb_memory_usage", "total")),
+                memory_used_mib=_mib(block.val("fb_memory_usage", "used")),
+                multiprocessor_count=_int(block.val("device_attributes", "shared", "multiprocessor_count")),
+                ecc_uncorrected_volatile=_ecc_uncorrected(block.child("ecc_error_count", "volatile_count")),
+            )
+        )
+    return devices
 
 
 def _finish(gpu: GpuInfo) -> GpuInfo:
@@ -628,6 +723,8 @@ def _gpu_from_text(index: int, node: _Node, bus_id: str | None) -> GpuInfo:
         remapped_rows_uncorrectable=_int(remapped.val("Uncorrectable Error")) if remapped is not None else None,
         pcie_replay_count=_int(node.val("PCI", "Replays Since Reset")),
         mig_mode=node.val("MIG Mode", "Current"),
+        mig_pending=node.val("MIG Mode", "Pending"),
+        mig_devices=_text_mig_devices(node),
         processes=_text_processes(node.child("Processes")),
         fabric=_fabric(node.child("Fabric")),
     )
@@ -678,6 +775,8 @@ def _gpu_from_xml(index: int, node: _Node, bus_id: str | None) -> GpuInfo:
         remapped_rows_uncorrectable=_int(remapped.val("remapped_row_unc")) if remapped is not None else None,
         pcie_replay_count=_int(node.val("pci", "replay_counter")),
         mig_mode=node.val("mig_mode", "current_mig"),
+        mig_pending=node.val("mig_mode", "pending_mig"),
+        mig_devices=_xml_mig_devices(node),
         processes=_xml_processes(node.child("processes")),
         fabric=_fabric(node.child("fabric")),
     )

@@ -73,6 +73,12 @@ def _small_fat_tree() -> str:
 
 
 PARSERS: dict[str, Inputs] = {
+    "agent.probes.amd.parse_amd_smi_json": Inputs(folders=(("amd-smi-json", "*"), ("rocm-smi", "json-*"))),
+    "agent.probes.amd.parse_amd_smi_text": Inputs(folders=(("amd-smi-text", "*"), ("amd-smi-json", "*"))),
+    "agent.probes.amd.parse_amd_topology": Inputs(folders=(("amd-smi-text", "topology-*"),)),
+    "agent.probes.amd.parse_rocm_smi_json": Inputs(folders=(("rocm-smi", "json-*"), ("amd-smi-json", "*"))),
+    "agent.probes.amd.parse_rocm_smi_text": Inputs(folders=(("rocm-smi", "*"),)),
+    "agent.probes.amd.parse_rocminfo": Inputs(folders=(("rocminfo", "*"),)),
     "agent.probes.hwmon.parse_sensors_json": Inputs(folders=(("hwmon-sensors", "*.json.txt"),)),
     "agent.probes.hwmon.parse_sensors_u": Inputs(folders=(("hwmon-sensors", "sensors-u-*"),)),
     "agent.probes.hwmon.read_hwmon": Inputs(folders=(("hwmon-sensors", "sysfs-*"),), tree=tree_from_grep_r),
@@ -85,6 +91,10 @@ PARSERS: dict[str, Inputs] = {
     "agent.probes.infiniband.parse_saquery_smir": Inputs(texts=(SMIR,)),
     "agent.probes.infiniband.parse_sminfo": Inputs(texts=(SMINFO, SMINFO_FAILED)),
     "agent.probes.infiniband.read_ports": Inputs(folders=(("sysfs-infiniband", "*"),), tree=json.loads),
+    "agent.probes.mig.parse_gpu_instances": Inputs(folders=(("nvidia-smi-mig-profiles", "*"),)),
+    "agent.probes.mig.parse_mig_list": Inputs(folders=(("nvidia-smi-mig-list", "*"),)),
+    "agent.probes.mig.parse_mig_placements": Inputs(folders=(("nvidia-smi-mig-profiles", "*"),)),
+    "agent.probes.mig.parse_mig_profiles": Inputs(folders=(("nvidia-smi-mig-profiles", "*"),)),
     "agent.probes.nvidia.parse_nvidia_smi_text": Inputs(folders=(("nvidia-smi-q", "*"), ("nvidia-smi-q-mig", "*"))),
     "agent.probes.nvidia.parse_nvidia_smi_xml": Inputs(folders=(("nvidia-smi-q-xml", "*"),)),
     "agent.probes.nvidia.parse_nvlink_errors": Inputs(folders=(("nvidia-smi-nvlink", "*"),)),
@@ -257,3 +267,47 @@ def test_parse_sensors_json_reads_what_it_can_of_huge_and_deep_documents() -> No
     assert parse_imex_nodes("{" + '"a": {' * 1500).nodes == []
     fine = parse_sensors_json('{"coretemp-isa-0000": {"Package id 0": {"temp1_input": 41.0}}}')
     assert fine.cpu_package_c == 41.0
+
+
+def test_the_devices_a_node_offers_are_built_from_any_mutated_report_without_raising() -> None:
+    """agent.devices joins what the parsers made of -q, -L, mig -lgip, amd-smi, rocm-smi and
+    rocminfo: every mutation of every capture, joined, must still give a list."""
+    from agent.devices import amd_devices, amd_topology, layout_of, nvidia_devices
+    from agent.probes import amd, mig, nvidia
+
+    captures = {
+        folder: [text for _name, text in seeds(Inputs(folders=((folder, "*"),)))]
+        for folder in (
+            "nvidia-smi-q-mig",
+            "nvidia-smi-mig-list",
+            "nvidia-smi-mig-profiles",
+            "amd-smi-json",
+            "amd-smi-text",
+            "rocm-smi",
+            "rocminfo",
+        )
+    }
+    if not all(captures.values()):
+        pytest.skip("the MIG and AMD fixture folders are not here")
+    failures = []
+    for mutation, mutate in MUTATIONS.items():
+        rng = _rng("devices", mutation)
+        try:
+            for q in captures["nvidia-smi-q-mig"]:
+                for listing in captures["nvidia-smi-mig-list"]:
+                    profiles = mig.parse_mig_profiles(mutate(captures["nvidia-smi-mig-profiles"][-1], rng))
+                    report = nvidia.parse_nvidia_smi_text(mutate(q, rng))
+                    devices, _ = nvidia_devices(report, mig.parse_mig_list(mutate(listing, rng)), profiles)
+                    layout_of(devices)
+            info = amd.parse_rocminfo(mutate(captures["rocminfo"][-1], rng))
+            for text in captures["amd-smi-json"] + captures["amd-smi-text"] + captures["rocm-smi"]:
+                changed = mutate(text, rng)
+                report = amd.merge_reports(
+                    amd.parse_amd_smi_json(changed), amd.parse_amd_smi_text(changed), amd.parse_rocm_smi_text(changed)
+                )
+                devices, _ = amd_devices(report, info)
+                amd_topology(report, devices)
+                layout_of(devices)
+        except BaseException as exc:  # noqa: BLE001 - any exception is the finding
+            failures.append(f"{mutation}: {type(exc).__name__}: {str(exc)[:200]}")
+    assert not failures, "\n".join(failures)
