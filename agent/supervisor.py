@@ -215,12 +215,13 @@ def _requests(held: tuple[int, int]) -> str:
 
 
 def _drain_note(grace: float, held: tuple[int, int] | None) -> str:
-    """What a draining shard's report says: what it still holds, and when it stops."""
+    """What a draining shard's report says: whether it still holds requests, and when it stops. In
+    words, not counts: each change is a report (a write, and a reload of every gateway's tables)."""
     if held is None:
-        now = "its engine does not say what it holds"
-    else:
-        now = _requests(held)
-    return f"draining: {now}; stopped once idle, or when its drain grace of {grace:g} s runs out"
+        return f"draining: its engine does not say what it holds; stopped when its drain grace of {grace:g} s runs out"
+    if held == (0, 0):
+        return "draining: idle; stopped once every gateway has stopped routing to it"
+    return f"draining: requests in flight; stopped once idle, or when its drain grace of {grace:g} s runs out"
 
 
 def _url_host(host: str) -> str:

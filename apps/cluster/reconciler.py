@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 #: and then loads its tables. An engine that is idle is not stopped before this, so a request a
 #: gateway sent just before it heard is not cut off.
 ROUTES_SETTLE_S = settings.GATEWAY_REFRESH_SECONDS * 2 + 2
+#: What of a replica the gateways' routes are made of (its state, its profile, why it cannot be
+#: placed, why it stops).
+ROUTED_FIELDS = frozenset({"state", "profile_id", "rejections", "stop_reason", "drain_grace"})
 
 PASSES = Counter("llmgw_reconcile_passes", "Reconciler passes, by how they ended", ["result"])
 
@@ -193,9 +196,10 @@ class DatabaseStore:
         for name, value in fields.items():
             setattr(obj, name, value)
         changed = type(obj).objects.filter(pk=obj.pk).update(**fields)
-        if changed and isinstance(obj, Replica):
-            # What listens to replicas' rows (the gateways' routes, apps.gateway.signals) hears of this
-            # change as of a save: a stopped replica leaves every gateway's routes within a second.
+        if changed and isinstance(obj, Replica) and ROUTED_FIELDS & fields.keys():
+            # What listens to replicas' rows (the gateways' routes, apps.gateway.signals) hears of a
+            # change it routes by as of a save: a stopped replica leaves every gateway's routes within
+            # a second. Other changes (marks, backfilled specs) would only reload every gateway.
             post_save.send(
                 sender=Replica,
                 instance=obj,
