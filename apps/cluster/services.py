@@ -806,6 +806,18 @@ def _tell_agent(node_id: int, message: dict[str, Any]) -> None:
 SHARD_ID = re.compile(r"^r(\d+)s(\d+)$")
 
 
+def _save_reported(shard: Any, fields: list[str]) -> bool:
+    """Save what the agent said of a shard; False when the shard is gone: the reconciler released
+    its replica (every shard of it had stopped) since this report read it. In a savepoint, so the
+    rest of the report is still recorded."""
+    try:
+        with transaction.atomic():
+            shard.save(update_fields=fields)
+    except type(shard).NotUpdated:
+        return False
+    return True
+
+
 @transaction.atomic
 def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
     """Take the agent's word for its shards and move their replicas on: ready when every shard
@@ -829,8 +841,8 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
             # Not running there. For a stopping replica that is what we wanted.
             if shard.replica.state == ReplicaState.STOPPING and shard.state != ShardState.STOPPED:
                 shard.state = ShardState.STOPPED
-                shard.save(update_fields=["state"])
-                touched.add(shard.replica_id)
+                if _save_reported(shard, ["state"]):
+                    touched.add(shard.replica_id)
             continue
         new_state = state.get("state") if state.get("state") in ShardState.values else shard.state
         fields = {
@@ -845,8 +857,8 @@ def record_report(node_id: int, states: list[dict[str, Any]]) -> set[int]:
             for k, v in fields.items():
                 setattr(shard, k, v)
             shard.reported_at = now
-            shard.save(update_fields=[*fields, "reported_at"])
-            touched.add(shard.replica_id)
+            if _save_reported(shard, [*fields, "reported_at"]):
+                touched.add(shard.replica_id)
     for replica in Replica.objects.filter(pk__in=touched).prefetch_related("shards"):
         parts = list(replica.shards.all())
         if replica.state == ReplicaState.STOPPING:

@@ -211,3 +211,23 @@ def test_a_replica_that_becomes_ready_asks_for_a_pass_at_once(monkeypatch: pytes
     assert asked == [1]
     _ready(node)  # already ready: nothing new
     assert asked == [1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_report_of_a_shard_released_meanwhile_is_skipped_and_the_rest_of_the_report_recorded() -> None:
+    # The race itself (the reconciler releasing the replica between the report's read and its
+    # write) needs two connections at the right moment; here the row is gone before the write.
+    from django.db import transaction
+
+    node = make_node(gpus=8)
+    make_model("m", replicas=2, gpus=1)
+    reconcile()
+    gone, kept = Shard.objects.order_by("pk")
+    with transaction.atomic():
+        Replica.objects.filter(pk=gone.replica_id).delete()  # released by another process
+        gone.state = ShardState.STOPPED
+        assert services._save_reported(gone, ["state"]) is False
+        kept.state = ShardState.READY
+        assert services._save_reported(kept, ["state"]) is True  # the transaction goes on
+    assert Shard.objects.get(pk=kept.pk).state == ShardState.READY
+    assert Node.objects.get(pk=node.pk)
