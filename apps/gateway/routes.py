@@ -30,9 +30,20 @@ STOPPED_MEMORY_S = 600.0
 
 
 async def _in_thread[T](func: Callable[[], T]) -> T:
+    """func in an executor thread, whose database connection then goes back to the pool: a thread
+    of the executor keeps its own otherwise, and a few of them held every connection of a web
+    process's pool (LLMGW_DATABASE_POOL_SIZE) while agents' reports waited for one."""
     from asgiref.sync import sync_to_async
 
-    return await sync_to_async(func, thread_sensitive=False)()
+    def run() -> T:
+        from django.db import close_old_connections
+
+        try:
+            return func()
+        finally:
+            close_old_connections()
+
+    return await sync_to_async(run, thread_sensitive=False)()
 
 
 class Routes:
