@@ -430,7 +430,8 @@ def _locked[T: (Organization, Team, Project, ApiKey)](target: T) -> T:
         Project: ("team__organization",),
         Team: ("organization",),
     }.get(type(target), ())
-    rows = type(target).objects.select_for_update()  # type: ignore[attr-defined]
+    # Only the row itself is locked: PostgreSQL cannot lock the nullable side of a key's project join.
+    rows = type(target).objects.select_for_update(of=("self",))  # type: ignore[attr-defined]
     if related:
         rows = rows.select_related(*related)
     return rows.get(pk=target.pk)  # type: ignore[no-any-return]
