@@ -231,3 +231,32 @@ def test_a_report_of_a_shard_released_meanwhile_is_skipped_and_the_rest_of_the_r
         assert services._save_reported(kept, ["state"]) is True  # the transaction goes on
     assert Shard.objects.get(pk=kept.pk).state == ShardState.READY
     assert Node.objects.get(pk=node.pk)
+
+
+@pytest.mark.django_db
+def test_the_node_page_and_the_models_card_say_a_shard_drains_and_why(client, alice) -> None:
+    node = make_node(gpus=8)
+    model = make_model("m", replicas=2, gpus=1)
+    reconcile()
+    _ready(node)
+    Model.objects.filter(pk=model.pk).update(min_replicas=1, max_replicas=1)
+    reconcile()
+    stopping = Replica.objects.get(state=ReplicaState.STOPPING)
+    shard = stopping.shards.get()
+    services.record_report(node.pk, [{"shard": shard.shard_id, "state": "draining", "message": "draining: busy"}])
+    client.force_login(alice)
+    card = client.get("/models/m/").content.decode()
+    row = card[card.index(f'data-replica="{stopping.pk}"') :]
+    row = row[: row.index("</tr>")]
+    assert ">draining</span>" in row
+    assert (
+        f"Draining (the model was scaled down): its engine runs on for the requests in flight, "
+        f"{settings.DRAIN_GRACE} s at most, and stops once idle." in row
+    )
+    page = client.get(f"/nodes/{node.name}/").content.decode()
+    engine = page[page.index(f'data-shard="{shard.shard_id}"') :]
+    assert ">draining</span>" in engine[: engine.index("</tr>")]
+    # In Turkish, as the catalogue says it.
+    client.post("/i18n/setlang/", {"language": "tr"})
+    card = client.get("/models/m/", HTTP_ACCEPT_LANGUAGE="tr").content.decode()
+    assert "boşaltılıyor" in card
