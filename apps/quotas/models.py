@@ -227,6 +227,8 @@ class UsageRecord(models.Model):
     error = models.TextField(_("error"), blank=True)
     # What guardrail policies did: [{"policy", "rule", "kind", "action"}, ...]; null when none matched.
     guardrail = models.JSONField(_("guardrail verdict"), null=True, blank=True)
+    # The batch (apps.batches) this request was a line of, "" for a request sent by a client itself.
+    batch = models.CharField(_("batch"), max_length=40, blank=True, default="")
 
     class Meta:
         verbose_name = _("usage record")

@@ -11,11 +11,13 @@ A record is a dict with UsageRecord's fields and ids rather than objects:
      "organization_id": 1, "team_id": 3, "project_id": 7, "model": "llama-3-8b",
      "endpoint": "chat.completions", "replica": "r42", "hardware": "H100", "stream": True,
      "prompt_tokens": 12, "completion_tokens": None, "tokens_estimated": False,
-     "first_token_ms": 85.0, "total_ms": 950.0, "queue_ms": 0.0, "status": 200, "error": ""}
+     "first_token_ms": 85.0, "total_ms": 950.0, "queue_ms": 0.0, "status": 200, "error": "",
+     "batch": ""}
 
 Unknown keys are ignored; missing ones take the model's defaults (tokens and times
 unknown). `queue_ms` is how long the request waited for a slot: 0 when it took a free one, None
-when unknown (refused before it asked for one). Writing a batch is one transaction (`write_records_sync`):
+when unknown (refused before it asked for one). `batch` is the id of the batch (apps.batches) the
+request was a line of, "" for any other. Writing a batch is one transaction (`write_records_sync`):
 
 1. drop records whose request_id is already stored (a batch retried after its commit
    was lost is not counted twice) or repeated in the batch;
@@ -95,6 +97,7 @@ RECORD_FIELDS = {
     "status",
     "error",
     "guardrail",
+    "batch",
 }
 GUARDRAIL_KEYS = ("policy", "rule", "kind", "action", "detector", "where", "error")
 REFERENCES = {  # record field -> (app label, model name)
@@ -144,7 +147,7 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
     clean = {key: value for key, value in record.items() if key in RECORD_FIELDS}
     clean["request_id"] = _text(clean.get("request_id") or "")[:40]
     clean["created_at"] = _moment(clean.get("created_at"))
-    for name in ("model", "endpoint", "replica", "hardware", "error"):
+    for name in ("model", "endpoint", "replica", "hardware", "error", "batch"):
         value = clean.get(name)
         clean[name] = "" if value is None else _text(value)
         if name != "error":
