@@ -14,12 +14,17 @@ What is charged and recorded:
   did that work), counted the same way; nothing was delivered, so no output tokens;
 - a request refused by a limit (429): recorded, free of charge;
 - anything else refused before reaching an engine: recorded with no tokens.
+
+A line of a batch (apps.batches) is recorded with its batch's id, and charged against the token
+limits and budgets at LLMGW_BATCH_PRICE_FACTOR times its tokens (batch work is priced lower); its
+record keeps the tokens it really used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -122,6 +127,8 @@ class Accountant:
         if call.status == 429:
             call.prompt_tokens = call.completion_tokens = 0  # refused by a limit: recorded, free of charge
         tokens = (call.prompt_tokens or 0) + (call.completion_tokens or 0)
+        if call.batch is not None and tokens:
+            tokens = math.ceil(tokens * _batch_price_factor())
         if self.limiter is not None and call.entry.limits and tokens:
             task = asyncio.get_running_loop().create_task(
                 self.limiter.record_tokens(list(call.entry.limits), tokens, time.time())
@@ -152,8 +159,16 @@ class Accountant:
                 "status": call.status,
                 "error": call.error[:2000],
                 "guardrail": call.guard or None,
+                "batch": call.batch or "",
             }
         )
+
+
+def _batch_price_factor() -> float:
+    """What a batch's token counts against limits and budgets, per token used (LLMGW_BATCH_PRICE_FACTOR)."""
+    from django.conf import settings
+
+    return float(getattr(settings, "BATCH_PRICE_FACTOR", 1.0))
 
 
 def _spans(call: Call, label: str, elapsed: float) -> list[dict[str, Any]]:

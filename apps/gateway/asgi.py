@@ -43,6 +43,7 @@ from apps.gateway.admission import Admission, limit_headers
 from apps.gateway.errors import Refused, send_error
 from apps.gateway.forward import Forwarder
 from apps.gateway.guard import check_request, prompt_chars, run_checked
+from apps.gateway.grants import GRANT, BatchGrant
 from apps.gateway.intake import (
     COUNT_TOKENS,
     ENDPOINTS,
@@ -299,6 +300,9 @@ class GatewayApp:
 
     async def serve(self, call: Call, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await self.routes.reload_announced()  # a change was announced: route by the tables after it
+        grant: BatchGrant | None = scope.get(GRANT)
+        if grant is not None:  # a batch's line, run in this process (apps.gateway.grants)
+            call.request_id, call.batch = grant.request_id, grant.batch_id
         call.entry = await self.authenticate(scope)
         if tracing.exporter() is not None:
             call.traceparent = next(
@@ -321,7 +325,8 @@ class GatewayApp:
         await self.forwarder.forward(call, route, receive, send)
 
     async def authenticate(self, scope: dict[str, Any]) -> KeyEntry:
-        hashed = key_hash(api_key(scope.get("headers", [])))
+        grant: BatchGrant | None = scope.get(GRANT)
+        hashed = grant.key_hash if grant is not None else key_hash(api_key(scope.get("headers", [])))
         entry = self.routes.tables.keys.get(hashed)
         if entry is None:
             await self.routes.confirm_miss()

@@ -158,6 +158,7 @@ class Call:
 
     __slots__ = (
         "answer_guard",
+        "batch",
         "body",
         "body_bytes",
         "client_wants_usage",
@@ -216,6 +217,7 @@ class Call:
         self.queue_ms: float | None = None  # how long it waited for its slot (0 when one was free)
         self.waited: Any = None  # its place in a fair queue, kept to charge what it really cost
         self.headroom: Any = None  # what its limits leave (apps.quotas.limiter.Headroom), for the headers
+        self.batch: str | None = None  # the batch it is a line of (apps.gateway.grants), None for a client's own
 
     @property
     def upstream(self) -> Upstream | None:
