@@ -1,7 +1,9 @@
 """The one ASGI application: the /v1 gateway, the agent websocket, and Django for the rest.
 
 /v1/*       the gateway (apps.gateway.asgi): plain ASGI, mounted ahead of Django so a
-            model request never passes through Django's middleware or the ORM
+            model request never passes through Django's middleware or the ORM; /v1/files,
+            /v1/batches and /v1/messages/batches go to apps.batches.http beside it, and each web
+            process runs batches' lines through its gateway (apps.batches.runner)
 websocket   Channels routes (/ws/agent/ for node agents); a handshake to a path no route serves (a
             NUL in it included) is refused with close code 1008, not a traceback
 the rest    Django: console, /api/v1, /django-admin, /metrics, /healthz, /readyz, behind a
@@ -24,6 +26,8 @@ django_asgi = get_asgi_application()  # sets Django up: the imports below need i
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from apps.batches.http import BatchesApp, handles  # noqa: E402
+from apps.batches.runner import BatchRunner  # noqa: E402
 from apps.gateway.asgi import gateway_app  # noqa: E402
 from llmgw.bodylimit import BodyLimit  # noqa: E402
 from llmgw.http_protocol import ON_SHUTDOWN  # noqa: E402
@@ -34,6 +38,8 @@ from llmgw.routing import websocket_urlpatterns  # noqa: E402
 django_app = BodyLimit(django_asgi, max_bytes=settings.MAX_REQUEST_BODY_BYTES)
 
 GATEWAY_PREFIX = "/v1/"
+batches_app = BatchesApp(gateway_app)
+batch_runner = BatchRunner(gateway_app) if settings.BATCH_RUNNER else None
 
 # When `llmgw web` is stopped, the gateway's requests in flight get LLMGW_DRAIN_GRACE_SECONDS.
 ON_SHUTDOWN.append(gateway_app.begin_stop)
@@ -41,7 +47,9 @@ ON_SHUTDOWN.append(gateway_app.begin_stop)
 
 async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     path: str = scope.get("path", "")
-    if path.startswith(GATEWAY_PREFIX) or path == GATEWAY_PREFIX.rstrip("/"):
+    if handles(path):
+        await batches_app(scope, receive, send)
+    elif path.startswith(GATEWAY_PREFIX) or path == GATEWAY_PREFIX.rstrip("/"):
         await gateway_app(scope, receive, send)
     else:
         await django_app(scope, receive, send)
@@ -53,8 +61,12 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         message = await receive()
         if message["type"] == "lifespan.startup":
             await gateway_app.startup()
+            if batch_runner is not None:
+                batch_runner.start()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if batch_runner is not None:
+                await batch_runner.stop()
             await gateway_app.shutdown()
             await send({"type": "lifespan.shutdown.complete"})
             return
@@ -86,6 +98,9 @@ router = ProtocolTypeRouter(
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     # Model requests go straight to the gateway: every call on their path is time added to the answer.
     if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIX):
-        await gateway_app(scope, receive, send)
+        if handles(scope["path"]):
+            await batches_app(scope, receive, send)
+        else:
+            await gateway_app(scope, receive, send)
     else:
         await router(scope, receive, send)

@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "apps.mirror",
     "apps.schedule",
     "apps.sim",
+    "apps.batches",
 ]
 
 MIDDLEWARE = [
@@ -245,6 +246,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "summarise-idle-cards": {"task": "apps.cluster.tasks.summarise_idle_cards", "schedule": 15.0},
     # Simulations: start what waits, fail a run whose worker stopped, remove old runs.
     "sweep-sim-runs": {"task": "apps.sim.tasks.sweep_sim_runs", "schedule": 60.0},
+    # Batches: expire those past their 24 h window, remove files past their expiry.
+    "sweep-batches": {"task": "apps.batches.tasks.sweep_batches", "schedule": 60.0},
 }
 
 # Where the gateway's usage batches are written: "worker" (a Celery task, so web processes
@@ -294,6 +297,31 @@ GATEWAY_SLOT_LEASE_SECONDS = env_float("LLMGW_GATEWAY_SLOT_LEASE_SECONDS", 15.0,
 PROVIDER_CA_BUNDLE = env_str("LLMGW_PROVIDER_CA_BUNDLE") or ""
 if PROVIDER_CA_BUNDLE and not Path(PROVIDER_CA_BUNDLE).exists():
     raise ImproperlyConfigured(f"LLMGW_PROVIDER_CA_BUNDLE={PROVIDER_CA_BUNDLE!r}: no such file or directory")
+
+# Batches (apps.batches) ---------------------------------------------------------------
+
+# Where uploaded files and batches' output files are kept (shared storage when web runs on several hosts).
+BATCH_STORAGE_DIR = Path(env_str("LLMGW_BATCH_STORAGE_DIR") or str(DATA_DIR / "batches")).expanduser()
+# One file, and one batch input file's lines (OpenAI's 200 MB and 50,000 requests; Anthropic's
+# Message Batches take up to 100,000 requests in one body of at most BATCH_MAX_FILE_BYTES).
+BATCH_MAX_FILE_BYTES = env_int("LLMGW_BATCH_MAX_FILE_BYTES", 200 * 1000 * 1000, minimum=1024)
+BATCH_MAX_LINES = env_int("LLMGW_BATCH_MAX_LINES", 50_000, minimum=1, maximum=1_000_000)
+MESSAGE_BATCH_MAX_REQUESTS = env_int("LLMGW_MESSAGE_BATCH_MAX_REQUESTS", 100_000, minimum=1, maximum=1_000_000)
+# What one organisation's files may hold on disk together (its batches' output files included).
+BATCH_ORG_STORAGE_BYTES = env_int("LLMGW_BATCH_ORG_STORAGE_BYTES", 100 * 1000**3, minimum=1024)
+# Batch lines count against token limits and budgets at this many tokens per token used.
+BATCH_PRICE_FACTOR = env_float("LLMGW_BATCH_PRICE_FACTOR", 0.5, minimum=0.0, maximum=10.0)
+# How many times a line whose try failed on the way (a replica that died, a 5xx) is tried in all.
+BATCH_LINE_ATTEMPTS = env_int("LLMGW_BATCH_LINE_ATTEMPTS", 3, minimum=1, maximum=20)
+# How long a web process holds the lines it took; a process that died lets them go after this.
+BATCH_LEASE_SECONDS = env_float("LLMGW_BATCH_LEASE_SECONDS", 30.0, minimum=2.0, maximum=3600.0)
+# Days an uploaded batch file and a batch's output files are kept (OpenAI keeps them 30 days).
+BATCH_FILE_DAYS = env_int("LLMGW_BATCH_FILE_DAYS", 30, minimum=1, maximum=3650)
+# Whether web processes run batch lines (off: they only take files and batches).
+BATCH_RUNNER = env_bool("LLMGW_BATCH_RUNNER", True)
+# The largest answer one line may get; a larger one fails the line, saying so.
+BATCH_MAX_RESPONSE_BYTES = env_int("LLMGW_BATCH_MAX_RESPONSE_BYTES", 32 * 1024 * 1024, minimum=64 * 1024)
+
 # Engines -----------------------------------------------------------------------------
 
 ENGINE_PORT_MIN = env_int("LLMGW_ENGINE_PORT_MIN", 20000, minimum=1024, maximum=65000)

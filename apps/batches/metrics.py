@@ -1,0 +1,48 @@
+"""The batches' Prometheus figures.
+
+- llmgw_batch_lines_total{status}: how lines' tries ended in this process: succeeded, failed (a
+  final answer that is not 2xx), retried (to be tried again), yielded (cut off for an interactive
+  request), and the lines answered without being run (expired, cancelled) by whichever process
+  ended their batch;
+- llmgw_batch_lines_in_flight{model}: lines being run now (summed over web processes);
+- llmgw_batches{status}: batches by status, read from the database at scrape time (a status no
+  batch has is absent, not 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+
+__all__ = ["BatchCollector", "in_flight", "lines"]
+
+LINES = Counter("llmgw_batch_lines", "Batch lines' tries, by how they ended", ["status"])
+IN_FLIGHT = Gauge(
+    "llmgw_batch_lines_in_flight", "Batch lines being run now, by model", ["model"], multiprocess_mode="livesum"
+)
+
+
+def lines(status: str, count: int = 1) -> None:
+    if count:
+        LINES.labels(status).inc(count)
+
+
+def in_flight(model: str, delta: int) -> None:
+    IN_FLIGHT.labels(model).inc(delta)
+
+
+class BatchCollector:
+    """llmgw_batches{status}, from the database."""
+
+    def collect(self) -> Iterable[Any]:
+        from django.db.models import Count
+
+        from apps.batches.models import Batch
+
+        family = GaugeMetricFamily("llmgw_batches", "Batches, by status", labels=["status"])
+        for row in Batch.objects.values("status").annotate(n=Count("pk")).order_by("status"):
+            family.add_metric([row["status"]], row["n"])
+        yield family
