@@ -189,6 +189,20 @@ def _partition_fault(members: list[amd.AmdGpu]) -> str | None:
     return None
 
 
+#: The memory of cards sold with one size, for a card whose partitions each report a part of it
+#: (how a partition reports the memory it shares with others in its NUMA memory partition is not
+#: the same across drivers, so it is not added up where the card's size is known).
+_CARD_MIB = {"MI300X": 192 * 1024, "MI325X": 256 * 1024, "MI350X": 288 * 1024, "MI355X": 288 * 1024}
+
+
+def _partitioned_memory(first: amd.AmdGpu, members: list[amd.AmdGpu]) -> int | None:
+    known = _CARD_MIB.get(amd.amd_class(first.name, None, first.device_id) or "")
+    if known is not None:
+        return known
+    sizes = [g.memory_total_mib for g in members]
+    return sum(size for size in sizes if size is not None) if None not in sizes else None
+
+
 def _partitioned(members: list[amd.AmdGpu], card_index: int) -> list[dict[str, Any]]:
     """A card in a compute partition mode: the card (split, never offered whole) and each
     partition as a slice of it, partitions sharing a memory partition in one memory group."""
@@ -199,8 +213,7 @@ def _partitioned(members: list[amd.AmdGpu], card_index: int) -> list[dict[str, A
     count = max(len(members), 1)
     domains = max(int(memory[3:]) if memory.startswith("NPS") and memory[3:].isdigit() else 1, 1)
     per_domain = max(count // domains, 1)
-    sizes = [g.memory_total_mib for g in members if g.memory_total_mib is not None]
-    card_memory = max(sizes) * min(domains, count) if sizes else None
+    card_memory = _partitioned_memory(first, members)
     card_class = amd.amd_class(first.name, card_memory, first.device_id)
     card = _amd_entry(first, card_index)
     card.update(gpu_class=card_class, memory_total_mib=card_memory, split=True, device_id=None)
@@ -269,7 +282,11 @@ def amd_devices(
 def amd_topology(report: amd.AmdReport, devices: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The links between AMD cards as the registration's gpu_topology has NVLink's: per card its
     XGMI peers and the path to each other card, and its XGMI group (cards joined by XGMI)."""
-    by_amd = {d["device_id"]: d["index"] for d in devices if d.get("vendor") == "amd" and d.get("kind") == "gpu"}
+    by_amd = {
+        d["device_id"]: d["index"]
+        for d in devices
+        if d.get("vendor") == "amd" and d.get("kind") == "gpu" and d.get("device_id") is not None
+    }
     cards = {str(g.index): by_amd.get(str(g.hip_id if g.hip_id is not None else g.index)) for g in report.gpus}
     if not report.links or not cards:
         return None

@@ -417,6 +417,14 @@ class Agent:
             if mirror:
                 sample["mirror"] = mirror
             await ws.send(protocol.encode("heartbeat", {"sample": sample}))
+            if self.sampler.layout_changed:
+                # An operator changed a card's MIG or partition layout: the heartbeat just sent marks
+                # it untrusted, and a new registration gives the control plane the new devices.
+                log.warning(
+                    "GPU layout changed (%s): registering again", "; ".join(self.sampler.layout_changed.values())
+                )
+                await ws.close(code=1000, reason="GPU layout changed")
+                return
             fabrics = self.sampler.fabrics.due()
             if fabrics is not None:
                 await ws.send(protocol.encode("fabrics", fabrics))

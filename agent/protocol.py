@@ -208,6 +208,9 @@ NUM = nullable(number)
 INT = nullable(integer)
 STR = nullable(string())
 
+#: Devices one node may list: cards and their MIG slices or compute partitions.
+MAX_DEVICES = 1024
+
 GPU = obj(
     {"index": whole(*POSITIVE_SMALLINT)},  # cluster.Gpu.index
     {
@@ -234,6 +237,26 @@ GPU = obj(
         "remapped_rows_uncorrectable": INT,
         "pcie_replay_count": INT,
         "mig_mode": STR,
+        "mig_pending": STR,
+        # A device is a card ("gpu") or a slice of one ("mig", "partition"; agent.devices): a
+        # slice names its card (`parent`), its `profile`, what the engine is told to use
+        # (`device_id`), its share of the card and the slices it shares memory with.
+        "vendor": nullable(string(16)),
+        "kind": nullable(string(16)),
+        "parent": nullable(whole(*POSITIVE_SMALLINT)),  # cluster.Gpu.parent_index
+        "profile": nullable(string(64)),
+        "device_id": nullable(string(200)),
+        "share": nullable(within(0.0, 1.0)),
+        "split": nullable(boolean),
+        "memory_group": nullable(string(64)),
+        "fault": nullable(string(1000)),
+        "gpu_instance_id": INT,
+        "compute_instance_id": INT,
+        "temperature_edge_c": NUM,
+        "temperature_junction_c": NUM,
+        "ecc_corrected": INT,
+        "compute_partition": nullable(string(16)),
+        "memory_partition": nullable(string(16)),
         "processes": nullable(array(obj({}, {"pid": INT, "name": STR, "used_memory_mib": INT}), 1024)),
         "fabric": nullable(
             obj(
@@ -379,6 +402,7 @@ GPU_TOPOLOGY = obj(
                     "nearest_nics": array(string(64), 64),
                     "nearest_path": STR,
                     "numa_node": INT,
+                    "link_kind": nullable(string(16)),  # "XGMI" between AMD cards; NVLink's say NV#
                     "cpu_affinity": nullable(string(400)),
                 },
             ),
@@ -417,13 +441,21 @@ HARDWARE = obj(
         "memory_total_bytes": INT,
         "driver_version": STR,
         "cuda_version": STR,
-        "gpus": array(GPU, 256),
+        "gpus": array(GPU, MAX_DEVICES),
         "gpu_topology": nullable(GPU_TOPOLOGY),
         # Engine name -> what its `--version` says; null when that could not be read.
         "engine_versions": nullable(mapping(nullable(string(200)), 64)),
         **ENGINE_FIELDS,
     },
 )
+        # `nvidia-smi mig -lgip`: the GPU instance profiles each MIG card offers.
+        "mig_profiles": nullable(
+            array(obj({"gpu": integer, "name": string(64)}, {"free": INT, "total": INT, "memory_gib": NUM}), 256)
+        ),
+        "rocm_version": STR,
+        "amd_driver_version": STR,
+        # The last time a card's MIG or partition layout changed under the agent, and how.
+        "gpu_layout_changed": nullable(obj({"at": number}, {"cards": mapping(string(1000), 256)})),
 
 SAMPLE = obj(
     {},
@@ -438,7 +470,7 @@ SAMPLE = obj(
         "cpu_package_temp_c": NUM,
         "inlet_temp_c": NUM,
         "cpu_package_power_w": NUM,
-        "gpus": array(GPU, 256),
+        "gpus": array(GPU, MAX_DEVICES),
         "storage": array(STORAGE, 256),
         "ib_ports": array(IB_PORT, 256),
         "subnet_managers": array(SUBNET_MANAGERS, 64),

@@ -17,15 +17,34 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent import devices as gpu_devices
+from agent import protocol
 from agent.config import AgentConfig
 from agent.fabrics import FabricWatcher
-from agent.probes import hwmon, nvidia, nvlink, procfs, rapl, storage, xid
+from agent.probes import amd, hwmon, mig, nvidia, nvlink, procfs, rapl, storage, xid
 from agent.runner import CommandRunner
 
 __all__ = ["Sampler"]
 
 log = logging.getLogger("llmgw.agent")
 
+#: What `rocm-smi --json` is asked for where amd-smi is missing (one call; the partitions are
+#: asked by name, as `-a` leaves them out on some versions).
+ROCM_SMI_ARGS = (
+    "--showid",
+    "--showproductname",
+    "--showbus",
+    "--showuniqueid",
+    "--showtemp",
+    "--showuse",
+    "--showmemuse",
+    "--showpower",
+    "--showmaxpower",
+    "--showmeminfo",
+    "vram",
+    "--showtopo",
+    "--showdriverversion",
+)
 MAX_HELD = 4096  # sources one storage pool reports (the protocol's bound); past it the pool is partial
 GPU_INTERVAL_S = 10.0  # the default of agent.yaml's sample_interval: a sample is taken at most this often
 
@@ -40,8 +59,15 @@ def _read(root: str, relative: str) -> str | None:
 
 def _gpu_dict(gpu: nvidia.GpuInfo) -> dict[str, Any]:
     data = dataclasses.asdict(gpu)
+    data.pop("mig_devices", None)  # each MIG device is a device of its own (agent.devices)
     # Keep the message small and free of Nones the server would only store.
     return {key: value for key, value in data.items() if value is not None}
+
+
+def _rocm_version(root: str) -> str | None:
+    """The ROCm release installed (``/opt/rocm/.info/version``: "6.3.1-48"), None without one."""
+    text = (_read(root, "opt/rocm/.info/version") or "").strip()
+    return text.split()[0][:32] if text else None
 
 
 def _in_domain(fabric: nvidia.FabricInfo | None) -> bool:
@@ -69,6 +95,17 @@ class Sampler:
         self._xids: dict[str, dict[int, int]] = {}
         self._xids_read = False  # whether the kernel log was read: then a card without XIDs has none
         self._has_nvidia: bool | None = None
+        self._has_amd: bool | None = None
+        self._amd_static: amd.AmdReport | None = None
+        self._amd_links: amd.AmdReport | None = None  # amd-smi topology, as read
+        self._amd_merged: amd.AmdReport | None = None  # the last read of every AMD tool, joined
+        self._rocminfo: amd.RocmInfo | None = None
+        self._mig_profiles: list[mig.MigProfile] | None = None
+        # Per card, its MIG or partition layout as the node registered it (agent.devices.layout_of);
+        # a sample whose layout differs marks the changed cards untrusted and asks to register again.
+        self._layout: dict[int, str] | None = None
+        self.layout_changed: dict[int, str] = {}
+        self._layout_note: dict[str, Any] | None = None
         self._imex: dict[str, Any] | None = None
         self.fabrics = FabricWatcher(
             self.root,
@@ -105,9 +142,24 @@ class Sampler:
         report = await self._gpu_report(warnings)
         hardware["driver_version"] = report.driver_version if report else None
         hardware["cuda_version"] = report.cuda_version if report else None
-        hardware["gpus"] = [_gpu_dict(g) for g in report.gpus] if report else []
+        devices = await self._devices(report, warnings, registering=True)
+        hardware["gpus"] = [self._registered(d) for d in devices]
         if report is not None and report.gpus:
             hardware["gpu_topology"] = await self._gpu_topology(warnings)
+        elif self._amd_merged is not None and devices:
+            hardware["gpu_topology"] = gpu_devices.amd_topology(self._amd_merged, devices)
+        if self._mig_profiles:
+            hardware["mig_profiles"] = [
+                {"gpu": p.gpu, "name": p.name, "free": p.free, "total": p.total, "memory_gib": p.memory_gib}
+                for p in self._mig_profiles[:256]
+            ]
+        if self._has_amd:
+            hardware["rocm_version"] = _rocm_version(self.root)
+            hardware["amd_driver_version"] = self._amd_static.driver_version if self._amd_static else None
+        self._layout = gpu_devices.layout_of(devices)
+        self.layout_changed = {}
+        if self._layout_note is not None:
+            hardware["gpu_layout_changed"] = self._layout_note
         return {k: v for k, v in hardware.items() if v is not None or k == "gpus"}, warnings
 
     def _os_name(self) -> str | None:
@@ -140,11 +192,14 @@ class Sampler:
             log.exception("reading the InfiniBand ports failed")
             warnings.append(f"InfiniBand ports could not be read: {exc}")
         report = await self._gpu_report(warnings)
-        if report is not None:
-            if now - self._slow_at >= self.config.gpu_check_interval:
-                self._slow_at = now
-                await self._slow_gpu_checks(report, warnings)
-            sample["gpus"] = self._gpus(report)
+        slow = now - self._slow_at >= self.config.gpu_check_interval
+        if report is not None and slow:
+            await self._slow_gpu_checks(report, warnings)
+        if slow:
+            self._slow_at = now
+        devices = await self._devices(report, warnings, registering=False, refresh=slow)
+        if report is not None or devices:
+            sample["gpus"] = self._gpus(report, self._check_layout(devices, warnings))
             if self._imex is not None:
                 sample["imex"] = self._imex
         sample["warnings"] = warnings
@@ -346,11 +401,19 @@ class Sampler:
         except Exception as exc:
             warnings.append(f"kernel log could not be read for XIDs: {exc}")
 
-    def _gpus(self, report: nvidia.GpuReport) -> list[dict[str, Any]]:
+    def _gpus(self, report: nvidia.GpuReport | None, devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         managed = self.managed_pids()
+        cards = {gpu.index: gpu for gpu in report.gpus} if report is not None else {}
         gpus = []
-        for gpu in report.gpus:
-            data = _gpu_dict(gpu)
+        for data in devices:
+            data = dict(data)
+            pids = data.pop("process_pids", None)
+            if pids is not None:
+                data["foreign_processes"] = sum(1 for pid in pids if pid not in managed)
+            gpu = cards.get(data["index"]) if data.get("vendor") == "nvidia" and data.get("kind") == "gpu" else None
+            if gpu is None:
+                gpus.append(data)
+                continue
             if gpu.processes is not None:
                 data["foreign_processes"] = sum(1 for p in gpu.processes if p.pid not in managed)
             pci = xid.bus_id_to_xid_pci(gpu.pci_bus_id)
@@ -362,3 +425,155 @@ class Sampler:
                 data["nvlink_errors"] = self._nvlink[gpu.index]
             gpus.append(data)
         return gpus
+
+    @staticmethod
+    def _registered(device: dict[str, Any]) -> dict[str, Any]:
+        """A device as the registration lists it: a slice's processes as a count, as a card's are."""
+        data = dict(device)
+        pids = data.pop("process_pids", None)
+        if pids is not None:
+            data["foreign_processes"] = len(pids)
+        return data
+
+    # Devices: cards, MIG slices, AMD cards and partitions ----------------------------------
+
+    async def _devices(
+        self, report: nvidia.GpuReport | None, warnings: list[str], *, registering: bool, refresh: bool = False
+    ) -> list[dict[str, Any]]:
+        """Every device of the node (agent.devices), NVIDIA's first, then AMD's. Never raises: a
+        reader that fails costs its devices and says why."""
+        devices: list[dict[str, Any]] = []
+        if report is not None:
+            try:
+                listing = await self._mig_list(report, warnings)
+                if registering and listing is not None:
+                    self._mig_profiles = await self._read_mig_profiles(warnings)
+                found, said = gpu_devices.nvidia_devices(report, listing, self._mig_profiles)
+                devices += found
+                warnings += said
+            except Exception as exc:
+                log.exception("reading the MIG layout failed")
+                warnings.append(f"the MIG layout could not be read: {exc}")
+                devices += [{**_gpu_dict(g), "vendor": "nvidia", "kind": "gpu"} for g in report.gpus]
+        try:
+            found_amd = await self._amd_devices(
+                warnings, full=registering or refresh, first=len(report.gpus) if report else 0
+            )
+            devices += found_amd
+        except Exception as exc:
+            log.exception("reading the AMD GPUs failed")
+            warnings.append(f"the AMD GPUs could not be read: {exc}")
+        if len(devices) > protocol.MAX_DEVICES:
+            warnings.append(f"{len(devices)} GPU devices; the first {protocol.MAX_DEVICES} are reported")
+            devices = devices[: protocol.MAX_DEVICES]
+        return devices
+
+    async def _mig_list(self, report: nvidia.GpuReport, warnings: list[str]) -> mig.MigList | None:
+        """`nvidia-smi -L`, read only where a card is in MIG mode (or describes MIG devices)."""
+        if not any((g.mig_mode or "").lower() == "enabled" or g.mig_devices for g in report.gpus):
+            return None
+        result = await self.runner.run("nvidia-smi", "-L")
+        if not result.ok:
+            warnings.append(f"nvidia-smi -L could not be read: {(result.stderr or 'no output').strip()[:200]}")
+            return None
+        listing = mig.parse_mig_list(result.stdout)
+        warnings += listing.warnings
+        return listing
+
+    async def _read_mig_profiles(self, warnings: list[str]) -> list[mig.MigProfile] | None:
+        """`nvidia-smi mig -lgip`: the GPU instance profiles each MIG card offers (for the node page
+        and a slice's share of its card); read at registration."""
+        result = await self.runner.run("nvidia-smi", "mig", "-lgip")
+        if not result.ok:
+            return None
+        return mig.parse_mig_profiles(result.stdout) or None
+
+    async def _amd_devices(self, warnings: list[str], *, full: bool, first: int) -> list[dict[str, Any]]:
+        report = await self._amd_report(warnings, full=full)
+        if report is None or not report.gpus:
+            return []
+        found, said = gpu_devices.amd_devices(report, self._rocminfo, first_index=first)
+        warnings += said
+        return found
+
+    async def _amd_report(self, warnings: list[str], *, full: bool) -> amd.AmdReport | None:
+        """amd-smi, else rocm-smi; None on a node with neither tool. Each sample reads the cards'
+        list and readings (`list`, `metric`; a tool without JSON is read in its text: `static`,
+        `monitor`), and `static` again when asked (`full`) or when the list of devices changed
+        (a partition mode change); the topology and rocminfo only when `full`."""
+        if self._has_amd is False:
+            return None
+        listed = await self.runner.run("amd-smi", "list", "--json")
+        if listed.returncode is None and not listed.stdout:
+            return await self._rocm_smi_report(warnings, full=full)
+        self._has_amd = True
+        listing = amd.parse_amd_smi_json(listed.stdout) if listed.ok else None
+        known = self._amd_static
+        if full or known is None or listing is None or len(known.gpus) != len(listing.gpus):
+            self._amd_static = await self._amd_smi(warnings, ("static",), ())
+        if self._amd_static is None or not self._amd_static.gpus:
+            warnings.append("amd-smi describes no GPU")
+            return None
+        if full:
+            topology = await self.runner.run("amd-smi", "topology")
+            self._amd_links = amd.parse_amd_topology(topology.stdout) if topology.ok else None
+            await self._read_rocminfo()
+        readings = await self._amd_smi(warnings, ("metric",), ("monitor", "-ptumv"))
+        report = amd.merge_reports(
+            listing if listing and listing.gpus else None, self._amd_static, readings, self._amd_links
+        )
+        self._amd_merged = report
+        return report
+
+    async def _amd_smi(
+        self, warnings: list[str], command: tuple[str, ...], text: tuple[str, ...]
+    ) -> amd.AmdReport | None:
+        """One amd-smi read: its JSON, else its text (`text`, the command itself when empty)."""
+        result = await self.runner.run("amd-smi", *command, "--json")
+        report = amd.parse_amd_smi_json(result.stdout) if result.ok and result.stdout.lstrip()[:1] in "[{" else None
+        if report is None or not report.gpus:
+            plain = await self.runner.run("amd-smi", *(text or command))
+            report = amd.parse_amd_smi_text(plain.stdout) if plain.ok else None
+        if report is not None:
+            warnings += [f"amd-smi {command[0]}: {w}" for w in report.warnings]
+        return report
+
+    async def _rocm_smi_report(self, warnings: list[str], *, full: bool) -> amd.AmdReport | None:
+        result = await self.runner.run("rocm-smi", *ROCM_SMI_ARGS, "--json")
+        if result.returncode is None and not result.stdout:
+            self._has_amd = False  # neither amd-smi nor rocm-smi: no AMD GPU to read
+            return None
+        self._has_amd = True
+        report = amd.parse_rocm_smi_json(result.stdout) if result.stdout.strip() else None
+        if report is None or not report.gpus:
+            text = await self.runner.run("rocm-smi", "-a")
+            report = amd.parse_rocm_smi_text(text.stdout)
+        warnings += [f"rocm-smi: {w}" for w in report.warnings]
+        if full:
+            await self._read_rocminfo()
+        self._amd_static = report
+        self._amd_merged = amd.merge_reports(report)
+        return self._amd_merged
+
+    async def _read_rocminfo(self) -> None:
+        result = await self.runner.run("rocminfo")
+        self._rocminfo = amd.parse_rocminfo(result.stdout) if result.stdout.strip() else None
+
+    def _check_layout(self, devices: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:
+        """Compare the cards' layout with the registered one: a changed card and its slices are
+        marked untrusted (placed on by nobody) and the agent is asked to register again."""
+        if self._layout is None:
+            return devices
+        changes = gpu_devices.layout_changes(self._layout, gpu_devices.layout_of(devices))
+        self.layout_changed = changes
+        if not changes:
+            return devices
+        self._layout_note = {"at": time.time(), "cards": {str(card): why for card, why in changes.items()}}
+        marked = []
+        for device in devices:
+            card = device["index"] if device.get("parent") is None else device["parent"]
+            if card in changes:
+                device = {**device, "fault": f"GPU {card}: {changes[card]}"}
+            marked.append(device)
+        warnings += [f"GPU {card}: {why}" for card, why in changes.items()]
+        return marked

@@ -60,6 +60,17 @@ class HostSpec:
     # `topo -m` are written under <root>/nvidia from the captures' shapes, so a test can change a
     # card's fabric; nvidia-imex-ctl answers from <root>/imex, with channel0 under <root>/dev.
     nvlink_domain: tuple[str, int, int] | None = None
+    nvidia_list: str | None = None  # `nvidia-smi -L` (read where a card is in MIG mode)
+    mig_profiles: str | None = None  # `nvidia-smi mig -lgip`
+    # AMD: amd-smi's text answers (its --json calls are refused, as a tool without JSON would):
+    # `static` from amd_static (a fixture path, or "mi300x:<cards>" for the MI300X board below),
+    # `monitor -ptumv` and `topology`; or rocm-smi `-a` and rocminfo where amd-smi is missing.
+    amd_static: str | None = None
+    amd_monitor: str | None = None
+    amd_topology: str | None = None
+    rocm_smi_all: str | None = None
+    rocminfo: str | None = None
+    rocm_version: str | None = None
 
 
 HOSTS = {
@@ -101,6 +112,71 @@ HOSTS["gb200-ib"] = replace(HOSTS["gb200"], ib_tree=HOSTS["h100-ib"].ib_tree)
 HOSTS["h100-ib-edr"] = replace(
     HOSTS["h100x8"], ib_tree="sysfs-infiniband/dgx-a100-cx6-ports-at-100-edr-instead-of-hdr.json.txt"
 )
+
+
+# A card of each vendor's split kind: an H100 in MIG mode (3g.40gb, 2g.20gb and two 1g.10gb, idle),
+# its `-q` and `-L` captured on the same machine.
+HOSTS["h100-mig"] = replace(
+    HOSTS["h100x8"],
+    nvidia_text="nvidia-smi-q/h100-mig-enabled-drv590-idle-masked.txt",
+    nvidia_list="nvidia-smi-mig-list/L-h100-80gb-hbm3-4mig-3g40-2g20-1g10x2-drv590-masked.txt",
+    nvidia_topo=None,
+    nvlink_errors=None,
+    dmesg=None,
+)
+# Eight MI300X on one XGMI board: `amd-smi monitor -ptumv` and `amd-smi topology` as captured (ROCm
+# 6.1 changelog); no `amd-smi static` of an MI300X board is captured, so its text is the captured
+# MI300A report's layout with each card's name, id, address (the topology's), memory (the
+# monitor's) and power cap (rocm-smi's MI300X capture) put in (`mi300x_static`).
+HOSTS["mi300x"] = replace(
+    HOSTS["cpu"],
+    amd_static="mi300x:8",
+    amd_monitor="amd-smi-text/monitor-ptumv-8gpu-mi300x-idle-changelog.txt",
+    amd_topology="amd-smi-text/topology-8gpu-xgmi-weight15-5-tables-changelog.txt",
+    rocm_version="6.1.0",
+)
+# Four MI300X read with rocm-smi alone (no amd-smi), their memory from rocminfo of the same host.
+HOSTS["mi300x-rocm-smi"] = replace(
+    HOSTS["cpu"],
+    rocm_smi_all="rocm-smi/showallinfo-a-mi300x-x4-sriov-vbios-drv6.7.0.txt",
+    rocminfo="rocminfo/mi300x-x4-epyc-9474f-2socket-trailing-spaces.txt",
+)
+
+MI300A_STATIC = "amd-smi-text/static-4x-mi300a-apu-with-cpu-smu-drv6.9.0-rc5-docs.txt"
+
+
+def _topology_addresses() -> list[str]:
+    text = (FIXTURES / "amd-smi-text" / "topology-8gpu-xgmi-weight15-5-tables-changelog.txt").read_text()
+    return text.splitlines()[1].split()
+
+
+def mi300x_static(
+    cards: int, compute: str = "SPX", memory: str = "NPS1", parts: int = 1, split: set[int] | None = None
+) -> str:
+    """`amd-smi static` of an MI300X board: the captured MI300A report's GPU block for each card as
+    an MI300X; the cards in `split` (all by default) in `compute`/`memory` mode, as `parts`
+    compute partitions each (memory split by `parts`), numbered on from the cards before them."""
+    text = (FIXTURES / MI300A_STATIC).read_text(encoding="utf-8")
+    block = text[text.index("GPU: 0\n") : text.index("GPU: 1\n")]
+    addresses = _topology_addresses()
+    out = []
+    index = 0
+    for card in range(cards):
+        many = parts if split is None or card in split else 1
+        for part in range(many):
+            one = block.replace("GPU: 0\n", f"GPU: {index}\n")
+            one = one.replace("MARKET_NAME: MI300A", "MARKET_NAME: AMD Instinct MI300X")
+            one = one.replace("DEVICE_ID: 0x74a0", "DEVICE_ID: 0x74a1")
+            one = one.replace("[Instinct MI300A]", "[Instinct MI300X]")
+            one = one.replace("BDF: 0000:01:00.0", f"BDF: {addresses[card][:-1]}{part}")
+            one = one.replace("SIZE: 64289 MB", f"SIZE: {196300 // many} MB")
+            one = re.sub(r"(MAX_POWER|SOCKET_POWER): 550 W", r"\1: 750 W", one)
+            if many > 1:
+                one = one.replace("COMPUTE_PARTITION: SPX", f"COMPUTE_PARTITION: {compute}")
+                one = one.replace("MEMORY_PARTITION: NPS1", f"MEMORY_PARTITION: {memory}")
+            out.append(one)
+            index += 1
+    return "".join(out)
 
 
 def fixtures_available() -> bool:
@@ -170,6 +246,10 @@ def build_host(spec: HostSpec, root: Path) -> dict[str, str]:
         cases.append(f'  "topo -m") cat {shlex.quote(str(FIXTURES / spec.nvidia_topo))} ;;')
     if spec.nvlink_domain:
         tools.update(_nvlink_tray(spec.nvlink_domain, root, bin_dir, cases))
+    if spec.nvidia_list:
+        cases.append(f'  "-L") cat {shlex.quote(str(FIXTURES / spec.nvidia_list))} ;;')
+    if spec.mig_profiles:
+        cases.append(f'  "mig -lgip") cat {shlex.quote(str(FIXTURES / spec.mig_profiles))} ;;')
     if spec.nvidia_text or spec.nvidia_xml or spec.nvlink_domain:
         script = bin_dir / "nvidia-smi"
         script.write_text('#!/bin/sh\ncase "$*" in\n' + "\n".join(cases) + "\n  *) exit 2 ;;\nesac\n")
@@ -185,7 +265,74 @@ def build_host(spec: HostSpec, root: Path) -> dict[str, str]:
     tools["dmesg"] = str(dmesg)
     if spec.ib_tree:
         tools.update(_infiniband(json.loads(fixture(spec.ib_tree)), root, bin_dir))
+    tools.update(_amd(spec, root, bin_dir))
     return tools
+
+
+AMD_SMI = """#!/bin/sh
+# amd-smi: the text of each command from <root>/amd (its --json calls refused, as a tool without them).
+case "$*" in
+  "static") cat {amd}/static ;;
+  "monitor -ptumv") cat {amd}/monitor ;;
+  "topology") cat {amd}/topology ;;
+  *) echo "amd-smi: unrecognized arguments: $*" >&2; exit 2 ;;
+esac
+"""
+
+ROCM_SMI = """#!/bin/sh
+# rocm-smi: `-a` as captured; any other question is not answered.
+case "$*" in
+  "-a") cat {amd}/rocm-smi ;;
+  *) echo "rocm-smi: unrecognized arguments" >&2; exit 2 ;;
+esac
+"""
+
+
+def _amd(spec: HostSpec, root: Path, bin_dir: Path) -> dict[str, str]:
+    """amd-smi, rocm-smi and rocminfo of an AMD host, /dev/kfd and /dev/dri, and the ROCm release;
+    on any other host the AMD tools are missing, as on a real one."""
+    tools = {name: str(bin_dir / f"no-{name}-here") for name in ("amd-smi", "rocm-smi", "rocminfo")}
+    amd = root / "amd"
+    if spec.amd_static:
+        amd.mkdir(exist_ok=True)
+        static = spec.amd_static
+        text = (
+            mi300x_static(int(static.split(":")[1]))
+            if static.startswith("mi300x:")
+            else (FIXTURES / static).read_text()
+        )
+        (amd / "static").write_text(text)
+        for name, path in (("monitor", spec.amd_monitor), ("topology", spec.amd_topology)):
+            (amd / name).write_text((FIXTURES / path).read_text() if path else "")
+        script = bin_dir / "amd-smi"
+        script.write_text(AMD_SMI.format(amd=shlex.quote(str(amd))))
+        script.chmod(0o755)
+        tools["amd-smi"] = str(script)
+    if spec.rocm_smi_all:
+        amd.mkdir(exist_ok=True)
+        (amd / "rocm-smi").write_text((FIXTURES / spec.rocm_smi_all).read_text())
+        script = bin_dir / "rocm-smi"
+        script.write_text(ROCM_SMI.format(amd=shlex.quote(str(amd))))
+        script.chmod(0o755)
+        tools["rocm-smi"] = str(script)
+    if spec.rocminfo:
+        script = bin_dir / "rocminfo"
+        script.write_text(f"#!/bin/sh\ncat {shlex.quote(str(FIXTURES / spec.rocminfo))}\n")
+        script.chmod(0o755)
+        tools["rocminfo"] = str(script)
+    if spec.amd_static or spec.rocm_smi_all:
+        (root / "dev" / "dri").mkdir(parents=True, exist_ok=True)
+        (root / "dev" / "kfd").write_text("")
+        (root / "dev" / "dri" / "renderD128").write_text("")
+    if spec.rocm_version:
+        (root / "opt" / "rocm" / ".info").mkdir(parents=True, exist_ok=True)
+        (root / "opt" / "rocm" / ".info" / "version").write_text(spec.rocm_version + "\n")
+    return tools
+
+
+def set_amd_static(root: Path, text: str) -> None:
+    """What `amd-smi static` prints on this host from now on (a partition mode change)."""
+    (root / "amd" / "static").write_text(text)
 
 
 SMINFO = """#!/bin/sh

@@ -263,3 +263,11 @@ def test_a_partition_mode_change_between_two_reads_is_a_layout_change() -> None:
     after, _ = amd_devices(_partitioned(8))
     changes = layout_changes(layout_of(before), layout_of(after))
     assert list(changes) == [0] and "0 slices then, 8 now" in changes[0]
+
+
+def test_links_of_a_partitioned_card_are_left_out_of_the_topology() -> None:
+    report = _partitioned(8)
+    devices, _ = amd_devices(report)
+    assert amd_topology(report, devices) is None or all(
+        g["index"] < 1000 for g in amd_topology(report, devices)["gpus"]
+    )

@@ -279,3 +279,81 @@ def test_a_sample_is_taken_at_most_once_per_sample_interval(tmp_path: Path) -> N
     assert asyncio.run(quick.sample()) is not one
     with pytest.raises(ConfigError, match="sample_interval: expected 1 to 86400 seconds, got 0"):
         sampler_for(tmp_path, "cpu", sample_interval=0)
+
+
+# GPUs in slices, and AMD's -----------------------------------------------------------------------
+
+
+def _messages(hardware: dict[str, Any], sample: dict[str, Any]) -> None:
+    """Both messages pass the protocol's schema as the server will check them."""
+    protocol.parse_message(
+        protocol.encode("register", {"agent_version": "t", "hardware": hardware, "sample": sample}), expect="agent"
+    )
+    protocol.parse_message(protocol.encode("heartbeat", {"sample": sample}), expect="agent")
+
+
+def test_an_h100_in_mig_mode_registers_the_card_split_and_each_slice_with_its_uuid(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "h100-mig")
+    hardware, warnings = asyncio.run(sampler.hardware())
+    assert not [w for w in warnings if "MIG" in w or "GPU" in w], warnings
+    card, *slices = hardware["gpus"]
+    assert (card["index"], card["split"], card["gpu_class"], card["vendor"]) == (0, True, "H100-80GB", "nvidia")
+    assert [(s["index"], s["parent"], s["profile"]) for s in slices] == [
+        (1000, 0, "3g.40gb"),
+        (1001, 0, "2g.20gb"),
+        (1002, 0, "1g.10gb"),
+        (1003, 0, "1g.10gb"),
+    ]
+    assert slices[2]["device_id"] == "MIG-00000002-0000-0000-0000-000000000002"
+    assert slices[2]["foreign_processes"] == 0
+    sample = asyncio.run(sampler.sample(force=True))
+    assert [g["index"] for g in sample["gpus"]] == [0, 1000, 1001, 1002, 1003]
+    assert sampler.layout_changed == {}
+    _messages(hardware, sample)
+
+
+def test_an_mi300x_board_registers_its_cards_readings_and_xgmi_links(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "mi300x")
+    hardware, warnings = asyncio.run(sampler.hardware())
+    assert not [w for w in warnings if "amd" in w.lower() or "GPU" in w], warnings
+    assert [g["gpu_class"] for g in hardware["gpus"]] == ["MI300X-192GB"] * 8
+    first = hardware["gpus"][0]
+    assert (first["vendor"], first["device_id"], first["power_limit_w"], first["power_draw_w"]) == (
+        "amd",
+        "0",
+        750,
+        171,
+    )
+    assert (first["temperature_gpu_c"], first["temperature_memory_c"], first["memory_used_mib"]) == (32, 33, 283)
+    assert hardware["rocm_version"] == "6.1.0" and hardware["amd_driver_version"] == "6.9.0-rc5+"
+    topology = hardware["gpu_topology"]["gpus"]
+    assert {g["group"] for g in topology} == {"xgmi0"} and topology[0]["links"] == {str(i): 1 for i in range(1, 8)}
+    sample = asyncio.run(sampler.sample(force=True))
+    assert [g["power_draw_w"] for g in sample["gpus"]] == [171, 175, 177, 172, 178, 176, 176, 175]
+    _messages(hardware, sample)
+
+
+def test_an_amd_host_with_rocm_smi_alone_takes_its_memory_from_rocminfo(tmp_path: Path) -> None:
+    sampler = sampler_for(tmp_path, "mi300x-rocm-smi")
+    hardware, warnings = asyncio.run(sampler.hardware())
+    assert [g["gpu_class"] for g in hardware["gpus"]] == ["MI300X-192GB"] * 4
+    assert hardware["gpus"][3]["power_draw_w"] == 136 and hardware["gpus"][0]["architecture"] == "gfx942"
+    _messages(hardware, asyncio.run(sampler.sample(force=True)))
+
+
+def test_a_partition_mode_change_between_two_heartbeats_marks_the_cards_and_asks_to_register(tmp_path: Path) -> None:
+    from tests.fleet import mi300x_static, set_amd_static
+
+    sampler = sampler_for(tmp_path, "mi300x")
+    asyncio.run(sampler.hardware())
+    # An operator puts card 0 in CPX/NPS4: amd-smi now lists eight partitions for it.
+    set_amd_static(tmp_path, mi300x_static(8, "CPX", "NPS4", parts=8, split={0}))
+    sample = asyncio.run(sampler.sample(force=True))
+    assert list(sampler.layout_changed) == [0]
+    marked = [g for g in sample["gpus"] if g.get("fault")]
+    assert marked and all(g["index"] == 0 or g.get("parent") == 0 for g in marked)
+    assert "layout changed since the node registered" in marked[0]["fault"]
+    assert any("GPU 0: its MIG or partition layout changed" in w for w in sample["warnings"])
+    hardware, _ = asyncio.run(sampler.hardware())  # registering again takes the new layout
+    assert sampler.layout_changed == {} and hardware["gpu_layout_changed"]["cards"]["0"]
+    assert [g["gpu_class"] for g in hardware["gpus"] if g.get("parent") == 0] == ["MI300X-192GB-cpx.nps4"] * 8
