@@ -16,6 +16,7 @@ from django.utils.csp import CSP
 from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.sso_mapping import load_role_map
+from apps.gateway.cors import parse_origins
 from llmgw.env import (
     env_bool,
     env_float,
@@ -285,6 +286,12 @@ GATEWAY_BODY_MEMORY_BYTES = env_int("LLMGW_GATEWAY_BODY_MEMORY_BYTES", 256 * 102
 # The most messages, and content parts over all messages, one request may give an engine.
 GATEWAY_MAX_MESSAGES = env_int("LLMGW_GATEWAY_MAX_MESSAGES", 4096, minimum=1)
 GATEWAY_MAX_PARTS = env_int("LLMGW_GATEWAY_MAX_PARTS", 8192, minimum=1)
+# Origins whose pages may call /v1 from a browser (CORS): scheme://host[:port], comma-separated, or *
+# (allowed there: every /v1 route takes an API key in a header, never a cookie). None by default.
+try:
+    GATEWAY_CORS_ORIGINS = parse_origins(env_list("LLMGW_CORS_ORIGINS", []))
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 # How long the gateway waits for the next bytes of an engine's answer (a stream's next chunk too).
 GATEWAY_READ_TIMEOUT = env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600.0, minimum=1, maximum=86400)
 # How often the table version is read, and how often the tables are read whole whatever it says.

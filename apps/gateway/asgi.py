@@ -4,6 +4,8 @@ Nothing here touches the ORM while serving a request. Keys, limits and routes li
 (apps.gateway.tables), kept current by apps.gateway.routes. A request goes through these
 stages, each in its own module, in this order:
 
+0. a browser's preflight is answered, and answers to an allowed origin carry the CORS headers
+   (apps.gateway.cors);
 1. intake: which endpoint, the API key, the body, its translation to chat completions
    (apps.gateway.intake);
 2. the prompt's guardrails (apps.gateway.guard);
@@ -40,6 +42,7 @@ from typing import Any
 from apps.gateway import tracing
 from apps.gateway.accounting import CANCELLED, Accountant
 from apps.gateway.admission import Admission, limit_headers
+from apps.gateway.cors import Cors
 from apps.gateway.errors import Refused, send_error
 from apps.gateway.forward import Forwarder
 from apps.gateway.guard import check_request, prompt_chars, run_checked
@@ -103,6 +106,7 @@ class GatewayApp:
         self.limiter: Any = None
         self.usage: Any = None
         self.shared: SharedSlots | None = None
+        self.cors = Cors(settings.GATEWAY_CORS_ORIGINS)
         self.max_body = settings.GATEWAY_MAX_BODY_BYTES
         self.bodies = BodyBudget(settings.GATEWAY_BODY_MEMORY_BYTES)
         self.max_messages = settings.GATEWAY_MAX_MESSAGES
@@ -244,6 +248,10 @@ class GatewayApp:
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        if scope["method"] == "OPTIONS":  # a browser's preflight, on any /v1 path: no key, no body
+            await self.cors.answer_preflight(scope, send)
+            return
+        send = self.cors.wrap(scope, send)
         await self.ensure_started()
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         if method == "GET" and (path == "/v1/models" or path.startswith("/v1/models/")):
