@@ -464,6 +464,7 @@ def _natural(text: str) -> tuple[tuple[int, int | str], ...]:
 
 
 _DEVICE_RE = re.compile(r"(?:[a-z][a-z0-9]*_\d+|(?:mlx|bnxt_re|irdma|rxe|siw|efa|qib|hfi|ibp|rocep)[a-z0-9_]*)")
+_VENDOR_DEFAULT_RE = re.compile(r"mt\d+\b")
 _NO_HOST = frozenset({"localhost", "localhost.localdomain", "(none)", "none", "unknown", "-"})
 
 
@@ -475,7 +476,7 @@ def guess_host(desc: str) -> tuple[str | None, str | None]:
     if not text:
         return None, None
     lower = text.lower()
-    if "mellanox technologies" in lower or "aggregation node" in lower or re.match(r"mt\d+\b", lower):
+    if "mellanox technologies" in lower or "aggregation node" in lower or _VENDOR_DEFAULT_RE.match(lower):
         return None, None
     parts = text.split()
     host = parts[0]
@@ -547,13 +548,7 @@ _ROWS_RE = re.compile(
     r"\s+\(\s?(?:(?P<q>['\"])(?P<desc>.*)(?P=q)\s+-\s+(?P=q)(?P<rdesc>.*)(?P=q)|(?P<pair>.*?))\s?\)"
     r"|\s+(?:(?P<oq>['\"])(?P<odesc>.*)(?P=oq)|(?!-\s+(?:CA|SW|RT|\?\?)\s)(?P<bare>[^\s'\"].*?)))?\s*$"
 )
-# What follows the cable on a port line, as the tool prints it: ``# "desc" lid 5 4xHDR`` (a switch's
-# port) or ``# lid 5 lmc 0 "desc" lid 1 4xHDR`` (an adapter's): the description runs from the first
-# quote to the last. A line this does not fit is read piece by piece (_odd_rest).
-_REST_RE = re.compile(
-    r'#(?:[^"]*?lid\s+(?P<olid>\d+))?[^"]*"(?P<desc>.*)"'
-    r'(?:\s*lid\s+(?P<plid>\d+)\s*(?:(?P<w>\d+x|\?\?)(?P<s>[A-Za-z0-9?]+))?)?[^"]*$'
-)
+_RATE_TOKEN_RE = re.compile(r"(\d+x|\?\?)([A-Za-z0-9?]+)")
 _SWITCH_REST_RE = re.compile(r"\s*(?P<kind>base|enhanced)?\s*port\s+0\s+lid\s+(?P<lid>\d+)(?:\s+lmc\s+(?P<lmc>\d+))?")
 _LID_RE = re.compile(r"lid\s+(\d+)")
 _RATE_RE = re.compile(r"\s*lid\s+(\d+)\s*(?:(\d+x|\?\?)([A-Za-z0-9?]+))?")
@@ -580,9 +575,47 @@ def _int(text: str | None) -> int | None:
     return value if 0 <= value < 1 << 64 else None
 
 
-def _odd_rest(rest: str) -> tuple[str | None, int | None, int | None, str | None, str | None]:
-    """(peer description, own lid, peer lid, width, speed) of a port line's comment that
-    _REST_RE does not fit (a description cut short, no lid after it)."""
+_Comment = tuple[str | None, int | None, int | None, str | None, str | None]
+
+
+def _port_comment(rest: str, tokens: dict[str, tuple[str | None, str | None]], numbers: dict[str, int]) -> _Comment:
+    """(peer description, own lid, peer lid, width, speed) from what follows the cable on a port
+    line: ``# "desc" lid 5 4xHDR`` (a switch's port) or ``# lid 5 lmc 0 "desc" lid 1 4xHDR`` (an
+    adapter's); the description runs from the first quote to the last. Read with string methods
+    where the line is as the tool prints it (rate tokens and numbers remembered in ``tokens`` and
+    ``numbers``), by _odd_rest otherwise, with the same result."""
+    if rest[:1] != "#":
+        return None, None, None, None, None
+    head, quote, tail = rest.partition('"')
+    desc, quote, after = tail.rpartition('"')
+    words = after.split(None, 3)
+    if not quote or len(words) < 2 or words[0] != "lid" or not words[1].isdecimal():
+        return _odd_rest(rest)
+    own_lid = None
+    if "lid" in head:
+        own = head[1:].split(None, 2)
+        if len(own) < 2 or own[0] != "lid" or not own[1].isdecimal():
+            return _odd_rest(rest)
+        own_lid = numbers.get(own[1])
+        if own_lid is None:
+            own_lid = numbers[own[1]] = int(own[1])
+    width = speed = None
+    if len(words) > 2:
+        token = words[2]
+        if token not in tokens:
+            m = _RATE_TOKEN_RE.match(token)
+            tokens[token] = (m.group(1), m.group(2)) if m else (None, None)
+        width, speed = tokens[token]
+    peer_lid = numbers.get(words[1])
+    if peer_lid is None:
+        peer_lid = numbers[words[1]] = int(words[1])
+    return desc, own_lid, peer_lid, width, speed
+
+
+def _odd_rest(rest: str) -> _Comment:
+    """(peer description, own lid, peer lid, width, speed) of a port line's comment read piece by
+    piece: the description from the first quote to the last (or to the end when cut short), a
+    lid before it, and the lid and rate after it."""
     width = speed = peer_desc = None
     own_lid = peer_lid = None
     q1 = rest.find('"')
@@ -641,6 +674,9 @@ class _Parser:
         self.generated: str | None = None
         self.initiated_from: str | None = None
         self.guid_cache: dict[str, str | None] = {}
+        #: Rate tokens of port lines (``4xHDR``) read as (width, speed), and their numbers read.
+        self.rate_tokens: dict[str, tuple[str | None, str | None]] = {}
+        self.numbers: dict[str, int] = {}
 
     def source(self, name: str) -> None:
         if name not in self.sources:
@@ -801,8 +837,15 @@ class _Parser:
             )
             return
         port_text, own, prefix, peer_text, pport_text, ppg, rest = m.groups()
-        port = int(port_text)
-        peer_port = int(pport_text)
+        # int() of a digit string costs as much as a dict lookup several times over, and a map
+        # repeats the same few hundred port numbers and lids tens of thousands of times.
+        numbers = self.numbers
+        port = numbers.get(port_text)
+        if port is None:
+            port = numbers[port_text] = int(port_text)
+        peer_port = numbers.get(pport_text)
+        if peer_port is None:
+            peer_port = numbers[pport_text] = int(pport_text)
         cache = self.guid_cache
         peer = cache[peer_text] if peer_text in cache else self.hexguid(peer_text)
         if peer is None or port >= _MAX_PORT or peer_port >= _MAX_PORT:
@@ -820,15 +863,7 @@ class _Parser:
         peer_port_guid = None
         if ppg:
             peer_port_guid = cache[ppg] if ppg in cache else self.hexguid(ppg)
-        width = speed = peer_desc = None
-        own_lid = peer_lid = None
-        r = _REST_RE.match(rest)
-        if r is not None:
-            own_lid_text, peer_desc, peer_lid_text, width, speed = r.groups()
-            own_lid = int(own_lid_text) if own_lid_text is not None else None
-            peer_lid = int(peer_lid_text) if peer_lid_text is not None else None
-        elif rest.startswith("#"):
-            peer_desc, own_lid, peer_lid, width, speed = _odd_rest(rest)
+        peer_desc, own_lid, peer_lid, width, speed = _port_comment(rest, self.rate_tokens, numbers)
         if own_guid is not None or own_lid is not None:
             previous = node.port_guids.get(port)
             if previous is None or previous[0] is None:
@@ -916,9 +951,9 @@ class _Parser:
                 return left, right
         return splits[len(splits) // 2]
 
-    def build(self) -> Topology:
-        """Placeholders for the nodes only seen at the far end of a cable, then every node, then
-        the cables."""
+    def placeholders(self) -> list[str]:
+        """A node for each far end of a cable that is never declared (the GUIDs, in order), what
+        the reports say of each node's ports and of undeclared nodes, and the type conflicts."""
         warn = self.warn
         undeclared: list[str] = []
         nodes = self.nodes
@@ -963,6 +998,13 @@ class _Parser:
                 elif previous[0] is None:
                     peer_node.port_guids[peer_port] = (peer_port_guid, previous[1])
 
+        return undeclared
+
+    def build(self) -> Topology:
+        """Placeholders for the nodes only seen at the far end of a cable, then every node, then
+        the cables."""
+        warn = self.warn
+        undeclared = self.placeholders()
         topo = Topology()
         topo.source = "+".join(self.sources)
         topo.generated = self.generated
@@ -1043,18 +1085,20 @@ class _Parser:
                 continue
             key = near + far if near <= far else far + near
             link = by_key.get(key)
+            pair = (report[7], report[8])
+            rate = rates[pair] if pair in rates else rates.setdefault(pair, link_rate(*pair))
             if link is None:
-                if not self.free(owner, near, far, key, report):
+                if (near in owner or far in owner) and not self.free(owner, near, far, key, report):
                     continue
                 link = self.new_link(near, far, switches)
                 by_key[key] = link
                 first[key] = near
                 owner[near] = owner[far] = key
                 topo.links.append(link)
+                if rate is not None:  # the first report of a cable: its rate as reported
+                    link.width, link.speed, link.rate_gbps = pair[0], pair[1], rate
             elif link.reports == 1 and first[key] != near:
                 link.reports = 2
-            pair = (report[7], report[8])
-            rate = rates[pair] if pair in rates else rates.setdefault(pair, link_rate(*pair))
             if rate is None or link.rate_gbps is None or link.width != pair[0] or link.speed != pair[1]:
                 self.merge(link, report, rate)
             else:  # the other end's report of a cable already read: only its port GUIDs are new
@@ -1221,27 +1265,32 @@ def _attach_ports(topo: Topology) -> None:
         for port in adapter.ports.values():
             port.leaf = port.peer = port.peer_port = port.link = None
             port.rail = None
-    switches = topo.switches
     adapters = topo.adapters
     for link in topo.links:
-        for guid, number, peer, peer_port, port_guid in (
-            (link.a, link.a_port, link.b, link.b_port, link.a_port_guid),
-            (link.b, link.b_port, link.a, link.a_port, link.b_port_guid),
-        ):
-            owner = adapters.get(guid)
-            if owner is None:
-                continue
-            slot = owner.ports.get(number)
-            if slot is None:
-                slot = owner.ports[number] = AdapterPort(port=number)
-            if slot.port_guid is None:
-                slot.port_guid = port_guid
-            slot.peer, slot.peer_port, slot.link = peer, peer_port, link
-            slot.leaf = peer if peer in switches else None
+        kind = link.kind
+        if kind == "adapter":  # the switch is a, the adapter b
+            _attach(adapters.get(link.b), link.b_port, link.a, link.a_port, link.b_port_guid, link, link.a)
+        elif kind == "direct":
+            _attach(adapters.get(link.a), link.a_port, link.b, link.b_port, link.a_port_guid, link, None)
+            _attach(adapters.get(link.b), link.b_port, link.a, link.a_port, link.b_port_guid, link, None)
     for adapter in adapters.values():
         for number, port in adapter.ports.items():
             if port.port_guid is not None:
                 topo.port_index.setdefault(port.port_guid, (adapter.guid, number))
+
+
+def _attach(
+    adapter: Adapter | None, number: int, peer: str, peer_port: int, port_guid: str | None, link: Link, leaf: str | None
+) -> None:
+    """Tie an adapter's port to its cable: the far end, and the switch it is cabled to (its leaf)."""
+    if adapter is None:
+        return
+    slot = adapter.ports.get(number)
+    if slot is None:
+        slot = adapter.ports[number] = AdapterPort(port=number)
+    if slot.port_guid is None:
+        slot.port_guid = port_guid
+    slot.peer, slot.peer_port, slot.link, slot.leaf = peer, peer_port, link, leaf
 
 
 def _switch_neighbours(topo: Topology) -> dict[str, set[str]]:
@@ -1411,40 +1460,43 @@ def _group_key(link: Link, switches: dict[str, Switch], adapters: dict[str, Adap
 
 
 def _measure(topo: Topology) -> tuple[dict[tuple[Any, ...], list[_Measured]], dict[str, float]]:
-    """The cables with a known rate by kind, and the fastest lane speed each switch is seen to
-    run: on any of its own ports, or on an inter-switch link of a switch of the same model."""
+    """The cables with a known rate by kind (their expected rate and degraded flag reset), and the
+    fastest lane speed each switch can run (_fastest)."""
     switches, adapters = topo.switches, topo.adapters
     known: dict[tuple[str | None, str | None], tuple[int, float] | None] = {}
     groups: dict[tuple[Any, ...], list[_Measured]] = defaultdict(list)
-    fastest: dict[str, float] = {}
-    by_model: dict[tuple[int | None, int], float] = {}
     for link in topo.links:
         link.expected_gbps = None
         link.degraded = False
         pair = (link.width, link.speed)
         found = known[pair] if pair in known else known.setdefault(pair, _lanes(*pair))
-        if found is None or link.rate_gbps is None:
-            continue
-        speed = found[1]
-        groups[_group_key(link, switches, adapters)].append((link, found[0], speed))
-        kind = link.kind
-        if kind == "direct":
-            continue
-        if speed > fastest.get(link.a, 0.0):
-            fastest[link.a] = speed
-        if kind == "switch":
-            if speed > fastest.get(link.b, 0.0):
-                fastest[link.b] = speed
-            for switch in (switches[link.a], switches[link.b]):
-                if switch.devid is not None and speed > by_model.get((switch.vendid, switch.devid), 0.0):
-                    by_model[(switch.vendid, switch.devid)] = speed
-    for guid in fastest:
+        if found is not None and link.rate_gbps is not None:
+            groups[_group_key(link, switches, adapters)].append((link, found[0], found[1]))
+    return groups, _fastest(switches, groups)
+
+
+def _fastest(switches: dict[str, Switch], groups: dict[tuple[Any, ...], list[_Measured]]) -> dict[str, float]:
+    """The fastest lane speed each switch is seen to run: on any of its own ports, or on an
+    inter-switch link of a switch of the same model (vendor and device id)."""
+    fastest: dict[str, float] = {}
+    by_model: dict[tuple[int | None, int], float] = {}
+    for members in groups.values():
+        for link, _, speed in members:
+            if link.kind == "direct":
+                continue
+            ends = (link.a, link.b) if link.kind == "switch" else (link.a,)
+            for guid in ends:
+                if speed > fastest.get(guid, 0.0):
+                    fastest[guid] = speed
+                switch = switches[guid]
+                if link.kind == "switch" and switch.devid is not None:
+                    model = (switch.vendid, switch.devid)
+                    by_model[model] = max(by_model.get(model, 0.0), speed)
+    for guid, speed in fastest.items():
         switch = switches[guid]
         if switch.devid is not None:
-            model_speed = by_model.get((switch.vendid, switch.devid), 0.0)
-            if model_speed > fastest[guid]:
-                fastest[guid] = model_speed
-    return groups, fastest
+            fastest[guid] = max(speed, by_model.get((switch.vendid, switch.devid), 0.0))
+    return fastest
 
 
 def _adapter_speed(adapter: Adapter | None) -> float | None:

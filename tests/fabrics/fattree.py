@@ -141,8 +141,183 @@ class _Builder:
         return (_g(a.guid), ap, _g(b.guid), bp)
 
 
-def _leaf_slot(rail: int, planes: int, rails_per_leaf: int) -> int:
-    return rail % planes if planes else rail // rails_per_leaf
+@dataclass(frozen=True)
+class _Design:
+    """The options of ``fat_tree`` (see the module docstring)."""
+
+    pods: int
+    sus_per_pod: int
+    hosts_per_su: int
+    rails: int
+    spines_per_pod: int
+    uplinks: int
+    cores_per_group: int
+    swap_host: str | None
+    slow: str | None
+    planes: int
+    rails_per_leaf: int
+    hostless_leaves: int
+    director: bool
+    rate: str
+    host_rate: str | None
+    switch_devid: int
+    adapter_devid: int
+    storage_on_spine: str | None
+
+    @property
+    def slots(self) -> int:
+        """Leaves per unit."""
+        return self.planes if self.planes else -(-self.rails // self.rails_per_leaf)
+
+    def slot(self, rail: int) -> int:
+        """The leaf of the unit that adapter ``rail`` of every host goes to."""
+        return rail % self.planes if self.planes else rail // self.rails_per_leaf
+
+
+class _Tree:
+    """One fabric being built: switches first, then the cables in the order ports are numbered
+    (hosts, uplinks, the storage node, cores, aggregation nodes)."""
+
+    def __init__(self, design: _Design) -> None:
+        self.d = design
+        self.build = _Builder()
+        self.tiers: dict[str, str] = {}
+        self.leaf_grid: dict[tuple[int, int, int], _Node] = {}
+        self.hostless: list[_Node] = []
+        self.spines: dict[tuple[int, int], _Node] = {}
+        self.cores: dict[tuple[int, int], _Node] = {}
+        self.hosts: list[str] = []
+        self.port_guids: dict[tuple[str, int], str] = {}
+        self.leaf_of: dict[tuple[str, int], str] = {}
+        self.slow_cables: list[Cable] = []
+        self.crossed: list[tuple[str, int]] = []
+        self.slow_cable: Cable | None = None
+        self.storage: list[str] = []
+
+    def switch(self, desc: str, tier: str) -> _Node:
+        node = self.build.switch(desc, self.d.switch_devid)
+        self.tiers[_g(node.guid)] = tier
+        return node
+
+    def switches(self) -> None:
+        d = self.d
+        for p in range(d.pods):
+            for su in range(d.sus_per_pod):
+                for slot in range(d.slots):
+                    self.leaf_grid[(p, su, slot)] = self.switch(f"lf-p{p + 1}-su{su + 1}-r{slot}", "leaf")
+            self.hostless += [self.switch(f"lf-p{p + 1}-x{x + 1}", "leaf") for x in range(d.hostless_leaves)]
+            for j in range(d.spines_per_pod):
+                name = f"MF0;dir{p + 1}:CS7500/L{j + 1:02d}/U1" if d.director else f"sp-p{p + 1}-{j + 1:02d}"
+                self.spines[(p, j)] = self.switch(name, "spine")
+        if d.director:
+            for p in range(d.pods):
+                for c in range(d.cores_per_group):
+                    self.cores[(p, c)] = self.switch(f"MF0;dir{p + 1}:CS7500/S{c + 1:02d}/U1", "core")
+        else:
+            for j in range(d.spines_per_pod if d.cores_per_group else 0):
+                for c in range(d.cores_per_group):
+                    self.cores[(j, c)] = self.switch(f"core-g{j + 1}-{c + 1:02d}", "core")
+
+    def host(self, p: int, su: int) -> None:
+        """One host of unit ``su`` of pod ``p``, its adapters cabled to the unit's leaves."""
+        d = self.d
+        host = f"gpu{len(self.hosts) + 1:04d}"
+        self.hosts.append(host)
+        order = [d.slot(r) for r in range(d.rails)]
+        if host == d.swap_host:
+            other = next((r for r in range(1, d.rails) if order[r] != order[0]), None)
+            if other is not None:
+                order[0], order[other] = order[other], order[0]
+                self.crossed += [(host, 0), (host, other)]
+        for r in range(d.rails):
+            adapter = self.build.add(
+                ADAPTER_BASE + len(self.port_guids) + 1, f"{host} mlx5_{r}", switch=False, devid=d.adapter_devid
+            )
+            leaf = self.leaf_grid[(p, su, order[r])]
+            slow = d.slow == "adapter" and self.slow_cable is None
+            made = self.build.cable(leaf, adapter, "2xHDR" if slow else d.host_rate or d.rate, b_port=1)
+            if slow:
+                self.slow_cable = made
+            if d.host_rate:
+                self.slow_cables.append(made)
+            self.port_guids[(host, r)] = _g(adapter.guid)
+            self.leaf_of[(host, r)] = _g(leaf.guid)
+
+    def uplinks(self) -> None:
+        """Every leaf of a pod (hosts or not) to every spine of it, ``uplinks / spines`` cables each."""
+        d = self.d
+        for p in range(d.pods):
+            pod_leaves = [node for (lp, _su, _slot), node in self.leaf_grid.items() if lp == p]
+            pod_leaves += self.hostless[p * d.hostless_leaves : (p + 1) * d.hostless_leaves]
+            for leaf in pod_leaves:
+                for j in range(d.spines_per_pod):
+                    for _k in range(d.uplinks // d.spines_per_pod):
+                        slow = d.slow == "spine" and self.slow_cable is None
+                        made = self.build.cable(leaf, self.spines[(p, j)], "4xEDR" if slow else d.rate)
+                        if slow:
+                            self.slow_cable = made
+
+    def storage_node(self) -> None:
+        """A node with one dual-port adapter, both ports on the first spine."""
+        d = self.d
+        if not d.storage_on_spine:
+            return
+        self.storage.append(d.storage_on_spine)
+        node = self.build.add(STORAGE_BASE + 0x10, f"{d.storage_on_spine} mlx4_0", switch=False, devid=d.adapter_devid)
+        node.port_guids = {1: node.guid + 1, 2: node.guid + 2}
+        for port in (1, 2):
+            self.build.cable(self.spines[(0, 0)], node, d.host_rate or d.rate, b_port=port)
+
+    def core_cables(self) -> None:
+        """A director: each line ASIC (spine) to each spine ASIC (core) of its chassis. Otherwise
+        spine j of every pod to each core of group j."""
+        d = self.d
+        if d.director:
+            for (p, _c), core in self.cores.items():
+                for j in range(d.spines_per_pod):
+                    self.build.cable(self.spines[(p, j)], core, d.rate)
+            return
+        if not d.cores_per_group:
+            return
+        leaves_per_pod = d.sus_per_pod * d.slots
+        per_pair = max(leaves_per_pod * (d.uplinks // d.spines_per_pod) // d.cores_per_group, 1)
+        for (_p, j), spine in self.spines.items():
+            for c in range(d.cores_per_group):
+                for _k in range(per_pair):
+                    self.build.cable(spine, self.cores[(j, c)], d.rate)
+
+    def aggregation_nodes(self) -> None:
+        """A SHARP aggregation node on each switch's last port, as Quantum switches have."""
+        for switch in [n for n in self.build.nodes.values() if n.switch]:
+            switch.nports = len(switch.ports) + 1
+            an = self.build.add(
+                AN_BASE + switch.guid - SWITCH_BASE + 8,
+                "Mellanox Technologies Aggregation Node",
+                switch=False,
+                devid=0xCF09,
+            )
+            self.build.cable(switch, an, self.d.rate, a_port=switch.nports, b_port=1)
+        for node in self.build.nodes.values():
+            if not node.switch:
+                node.nports = max(node.ports)
+
+    def result(self) -> FatTree:
+        slow_cables = self.slow_cables + ([self.slow_cable] if self.slow_cable is not None else [])
+        return FatTree(
+            text=_write(self.build.nodes),
+            hosts=self.hosts,
+            rails=self.d.rails,
+            port_guid=self.port_guids,
+            leaf=self.leaf_of,
+            tiers=self.tiers,
+            slow=self.slow_cable,
+            ports=2 * self.build.cables,
+            cables=self.build.cables,
+            slow_cables=sorted(slow_cables),
+            crossed=sorted(self.crossed),
+            hostless=[_g(n.guid) for n in self.hostless],
+            storage=self.storage,
+        )
 
 
 def fat_tree(
@@ -166,135 +341,40 @@ def fat_tree(
     adapter_devid: int = CX6_DEVID,
     storage_on_spine: str | None = None,
 ) -> FatTree:
-    build = _Builder()
-    tiers: dict[str, str] = {}
-    slots = planes if planes else -(-rails // rails_per_leaf)
-    per_spine = uplinks // spines_per_pod
-
-    leaf_grid: dict[tuple[int, int, int], _Node] = {}
-    hostless: list[_Node] = []
-    spines: dict[tuple[int, int], _Node] = {}
-    cores: dict[tuple[int, int], _Node] = {}
-    for p in range(pods):
-        for su in range(sus_per_pod):
-            for slot in range(slots):
-                leaf_grid[(p, su, slot)] = build.switch(f"lf-p{p + 1}-su{su + 1}-r{slot}", switch_devid)
-        hostless += [build.switch(f"lf-p{p + 1}-x{x + 1}", switch_devid) for x in range(hostless_leaves)]
-        for j in range(spines_per_pod):
-            name = f"MF0;dir{p + 1}:CS7500/L{j + 1:02d}/U1" if director else f"sp-p{p + 1}-{j + 1:02d}"
-            spines[(p, j)] = build.switch(name, switch_devid)
-    if director:
-        for p in range(pods):
-            for c in range(cores_per_group):
-                cores[(p, c)] = build.switch(f"MF0;dir{p + 1}:CS7500/S{c + 1:02d}/U1", switch_devid)
-    elif cores_per_group:
-        for j in range(spines_per_pod):
-            for c in range(cores_per_group):
-                cores[(j, c)] = build.switch(f"core-g{j + 1}-{c + 1:02d}", switch_devid)
-    for node in leaf_grid.values():
-        tiers[_g(node.guid)] = "leaf"
-    for node in hostless:
-        tiers[_g(node.guid)] = "leaf"
-    for node in spines.values():
-        tiers[_g(node.guid)] = "spine"
-    for node in cores.values():
-        tiers[_g(node.guid)] = "core"
-
+    """The fabric the options describe (see the module docstring), and what it is known to hold."""
+    tree = _Tree(
+        _Design(
+            pods=pods,
+            sus_per_pod=sus_per_pod,
+            hosts_per_su=hosts_per_su,
+            rails=rails,
+            spines_per_pod=spines_per_pod,
+            uplinks=uplinks,
+            cores_per_group=cores_per_group,
+            swap_host=swap_host,
+            slow=slow,
+            planes=planes,
+            rails_per_leaf=rails_per_leaf,
+            hostless_leaves=hostless_leaves,
+            director=director,
+            rate=rate,
+            host_rate=host_rate,
+            switch_devid=switch_devid,
+            adapter_devid=adapter_devid,
+            storage_on_spine=storage_on_spine,
+        )
+    )
+    tree.switches()
     # Hosts first, so that leaf ports 1 … carry the hosts and the uplinks follow.
-    hosts: list[str] = []
-    port_guids: dict[tuple[str, int], str] = {}
-    leaf_of: dict[tuple[str, int], str] = {}
-    slow_cables: list[Cable] = []
-    crossed: list[tuple[str, int]] = []
-    slow_cable: Cable | None = None
-    adapter_count = 0
     for p in range(pods):
         for su in range(sus_per_pod):
             for _h in range(hosts_per_su):
-                host = f"gpu{len(hosts) + 1:04d}"
-                hosts.append(host)
-                order = [_leaf_slot(r, planes, rails_per_leaf) for r in range(rails)]
-                if host == swap_host:
-                    other = next((r for r in range(1, rails) if order[r] != order[0]), None)
-                    if other is not None:
-                        order[0], order[other] = order[other], order[0]
-                        crossed += [(host, 0), (host, other)]
-                for r in range(rails):
-                    adapter_count += 1
-                    adapter = build.add(
-                        ADAPTER_BASE + adapter_count, f"{host} mlx5_{r}", switch=False, devid=adapter_devid
-                    )
-                    leaf = leaf_grid[(p, su, order[r])]
-                    cable_rate = host_rate or rate
-                    if slow == "adapter" and slow_cable is None:
-                        cable_rate = "2xHDR"
-                    made = build.cable(leaf, adapter, cable_rate, b_port=1)
-                    if slow == "adapter" and slow_cable is None:
-                        slow_cable = made
-                    if host_rate:
-                        slow_cables.append(made)
-                    port_guids[(host, r)] = _g(adapter.guid)
-                    leaf_of[(host, r)] = _g(leaf.guid)
-    for p in range(pods):
-        pod_leaves = [node for (lp, _su, _slot), node in leaf_grid.items() if lp == p]
-        pod_leaves += hostless[p * hostless_leaves : (p + 1) * hostless_leaves]
-        for leaf in pod_leaves:
-            for j in range(spines_per_pod):
-                for _k in range(per_spine):
-                    cable_rate = rate
-                    if slow == "spine" and slow_cable is None:
-                        cable_rate = "4xEDR"
-                    made = build.cable(leaf, spines[(p, j)], cable_rate)
-                    if slow == "spine" and slow_cable is None:
-                        slow_cable = made
-    storage: list[str] = []
-    if storage_on_spine:
-        storage.append(storage_on_spine)
-        node = build.add(STORAGE_BASE + 0x10, f"{storage_on_spine} mlx4_0", switch=False, devid=adapter_devid)
-        node.port_guids = {1: node.guid + 1, 2: node.guid + 2}
-        for port in (1, 2):
-            build.cable(spines[(0, 0)], node, host_rate or rate, b_port=port)
-    if director:
-        for (p, _c), core in cores.items():
-            for j in range(spines_per_pod):
-                build.cable(spines[(p, j)], core, rate)
-    elif cores_per_group:
-        per_pair = len([n for (lp, _s, _r), n in leaf_grid.items() if lp == 0]) * per_spine // cores_per_group
-        per_pair = max(per_pair, 1)
-        for (_p, j), spine in spines.items():
-            for c in range(cores_per_group):
-                for _k in range(per_pair):
-                    build.cable(spine, cores[(j, c)], rate)
-    for switch in [n for n in build.nodes.values() if n.switch]:
-        switch.nports = len(switch.ports) + 1
-        an = build.add(
-            AN_BASE + switch.guid - SWITCH_BASE + 8,
-            "Mellanox Technologies Aggregation Node",
-            switch=False,
-            devid=0xCF09,
-        )
-        build.cable(switch, an, rate, a_port=switch.nports, b_port=1)
-    for node in build.nodes.values():
-        if not node.switch:
-            node.nports = max(node.ports)
-    if slow_cable is not None:
-        slow_cables.append(slow_cable)
-
-    return FatTree(
-        text=_write(build.nodes),
-        hosts=hosts,
-        rails=rails,
-        port_guid=port_guids,
-        leaf=leaf_of,
-        tiers=tiers,
-        slow=slow_cable,
-        ports=2 * build.cables,
-        cables=build.cables,
-        slow_cables=sorted(slow_cables),
-        crossed=sorted(crossed),
-        hostless=[_g(n.guid) for n in hostless],
-        storage=storage,
-    )
+                tree.host(p, su)
+    tree.uplinks()
+    tree.storage_node()
+    tree.core_cables()
+    tree.aggregation_nodes()
+    return tree.result()
 
 
 def _write(nodes: dict[int, _Node]) -> str:
