@@ -469,6 +469,12 @@ class Agent:
             "engine_status": state["status"],
             # Named in agent.yaml on purpose (the control plane need not fetch it), or installed here.
             "engine_sources": {name: "configured" if name in self.config.engines else "installed" for name in usable},
+            # The build of each installed engine: what it can drive (placement refuses the rest).
+            "engine_builds": {
+                name: str(entry["build"])[:64]
+                for name, entry in self.installer.manifest_copy().items()
+                if name in usable and name not in self.config.engines and entry.get("build")
+            },
         }
 
     def node_facts(self) -> NodeFacts:

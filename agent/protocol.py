@@ -38,6 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agent.probes.mig import SLICE_BASE
+
 __all__ = [
     "ENGINES",
     "MAX_MESSAGE_BYTES",
@@ -302,6 +304,9 @@ ENGINE_FIELDS: dict[str, Check] = {
     "engine_status": nullable(mapping(string(2000), 64)),
     # Engine -> "configured" (named in agent.yaml) or "installed" (by the agent).
     "engine_sources": nullable(mapping(string(32), 64)),
+    # Installed engine -> its build ("cuda-13.3-x64", "vulkan-x64", "rocm-7.2-x64", "cu129"): what
+    # devices it can drive (an engine named in agent.yaml is not listed).
+    "engine_builds": nullable(mapping(string(64), 64)),
 }
 
 ENGINE_REPORT = obj({}, {**ENGINE_FIELDS, "engine_versions": nullable(mapping(nullable(string(200)), 64))})
@@ -397,12 +402,12 @@ GPU_TOPOLOGY = obj(
                 {"index": integer},
                 {
                     "links": mapping(integer, 256),
+                    "link_kind": nullable(string(16)),  # "XGMI" between AMD cards; NVLink's say NV#
                     "paths": mapping(string(16), 256),
                     "nics": mapping(string(16), 256),
                     "nearest_nics": array(string(64), 64),
                     "nearest_path": STR,
                     "numa_node": INT,
-                    "link_kind": nullable(string(16)),  # "XGMI" between AMD cards; NVLink's say NV#
                     "cpu_affinity": nullable(string(400)),
                 },
             ),
@@ -443,11 +448,6 @@ HARDWARE = obj(
         "cuda_version": STR,
         "gpus": array(GPU, MAX_DEVICES),
         "gpu_topology": nullable(GPU_TOPOLOGY),
-        # Engine name -> what its `--version` says; null when that could not be read.
-        "engine_versions": nullable(mapping(nullable(string(200)), 64)),
-        **ENGINE_FIELDS,
-    },
-)
         # `nvidia-smi mig -lgip`: the GPU instance profiles each MIG card offers.
         "mig_profiles": nullable(
             array(obj({"gpu": integer, "name": string(64)}, {"free": INT, "total": INT, "memory_gib": NUM}), 256)
@@ -456,6 +456,11 @@ HARDWARE = obj(
         "amd_driver_version": STR,
         # The last time a card's MIG or partition layout changed under the agent, and how.
         "gpu_layout_changed": nullable(obj({"at": number}, {"cards": mapping(string(1000), 256)})),
+        # Engine name -> what its `--version` says; null when that could not be read.
+        "engine_versions": nullable(mapping(nullable(string(200)), 64)),
+        **ENGINE_FIELDS,
+    },
+)
 
 SAMPLE = obj(
     {},
@@ -752,6 +757,10 @@ class DesiredShard:
     pipeline_parallel: int | None = None
     generation: int = 0
     stop_grace: float | None = None  # seconds from SIGTERM to SIGKILL when it is stopped
+    # What the engine is told to use, one per gpu_indices entry: a MIG device's UUID, an AMD
+    # device's ROCm index. Empty for whole NVIDIA cards, which are told their indices.
+    devices: list[str] = field(default_factory=list)
+    vendor: str = "nvidia"  # "nvidia" or "amd": which variables name the devices
 
     @property
     def is_cpu(self) -> bool:
@@ -934,6 +943,8 @@ def parse_shard(obj: Any) -> DesiredShard:
     if nodes > 1 and (master_addr is None or master_port is None):
         raise ValueError(f"master_addr/master_port: required when nodes_per_replica is {nodes}")
 
+    devices, vendor = _devices(obj, gpu_indices)
+
     stop_grace = obj.get("stop_grace")
     if stop_grace is not None and (
         isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) or not 0 <= stop_grace <= 3600
@@ -964,4 +975,33 @@ def parse_shard(obj: Any) -> DesiredShard:
         pipeline_parallel=_int(obj, "pipeline_parallel", default=None, minimum=1),
         generation=_int(obj, "generation", default=0),
         stop_grace=float(stop_grace) if stop_grace is not None else None,
+        devices=devices,
+        vendor=vendor,
     )
+
+
+_DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:-]{0,199}")
+
+
+def _devices(obj: dict[str, Any], gpu_indices: list[int]) -> tuple[list[str], str]:
+    """The shard's device ids and vendor: one id per GPU index where given, and always for a
+    slice, whose index says nothing the engine can use (a MIG device is started by its UUID)."""
+    vendor = _str(obj, "vendor", default="nvidia", max_len=16)
+    if vendor not in ("nvidia", "amd"):
+        raise ValueError(f"vendor: expected nvidia or amd, got {vendor!r}")
+    devices = obj.get("devices")
+    if devices is None:
+        devices = []
+    if not isinstance(devices, list):
+        raise _bad("devices", "a list of device ids", devices)
+    for i, device in enumerate(devices):
+        if not isinstance(device, str) or not _DEVICE_ID.fullmatch(device):
+            raise _bad(f"devices[{i}]", "a device id (a MIG UUID, a ROCm index)", device)
+    if devices and len(devices) != len(gpu_indices):
+        raise ValueError(f"devices: {len(devices)} ids for {len(gpu_indices)} GPU indices")
+    slices = [index for index in gpu_indices if index >= SLICE_BASE]
+    if slices and not devices:
+        raise ValueError(f"devices: GPU {slices[0]} is a slice of a card and the shard does not say its device id")
+    if vendor == "amd" and gpu_indices and not devices:
+        raise ValueError("devices: an AMD shard names its devices' ROCm indices")
+    return list(devices), vendor

@@ -30,6 +30,7 @@ __all__ = [
     "ShardSpec",
     "build_command",
     "cuda_visible_devices",
+    "device_env",
     "health_path",
     "join_env",
     "parse_shard",
@@ -77,8 +78,28 @@ def health_path(spec: ShardSpec) -> str:
 
 
 def cuda_visible_devices(spec: ShardSpec) -> str:
-    """The GPUs the engine may see; "" hides every GPU from a CPU shard."""
-    return ",".join(str(i) for i in spec.gpu_indices)
+    """The NVIDIA devices the engine may see: a MIG slice by its UUID (CUDA's only name for it),
+    a whole card by its index; "" hides every GPU from a CPU shard."""
+    return ",".join(spec.devices) if spec.devices else ",".join(str(i) for i in spec.gpu_indices)
+
+
+def device_env(spec: ShardSpec) -> dict[str, str]:
+    """The variables that give the engine the devices placement chose, and no other.
+
+    NVIDIA: CUDA_VISIBLE_DEVICES (indices, or MIG UUIDs). AMD: ROCR_VISIBLE_DEVICES names the
+    devices by their ROCm index (a compute partition is a device of its own there); HIP, and
+    CUDA_VISIBLE_DEVICES which HIP reads as its alias, then number them 0..n-1, which is what
+    they see; GGML_VK_VISIBLE_DEVICES for llama.cpp's Vulkan build. A CPU shard sees no GPU."""
+    if spec.vendor != "amd" or not spec.gpu_indices:
+        return {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(spec)}
+    seen = ",".join(str(i) for i in range(len(spec.devices)))
+    listed = ",".join(spec.devices)
+    return {
+        "ROCR_VISIBLE_DEVICES": listed,
+        "HIP_VISIBLE_DEVICES": seen,
+        "CUDA_VISIBLE_DEVICES": seen,
+        "GGML_VK_VISIBLE_DEVICES": listed,
+    }
 
 
 def join_env(spec: ShardSpec, defaults: dict[str, str], forced: dict[str, str]) -> dict[str, str]:

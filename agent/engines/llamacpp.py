@@ -3,7 +3,8 @@
     llama-server -m <source> --host H --port P --alias <served_name> --ctx-size <context_size * parallel>
                  --parallel <parallel> --threads <cpu cores, at least 1> --metrics --no-webui
                  [-ngl 999]  [extra_args...]
-    env: LLAMA_API_KEY=<api key>, CUDA_VISIBLE_DEVICES=<gpu indices> ("" on a CPU shard)
+    env: LLAMA_API_KEY=<api key>, the devices (agent.engines.device_env: CUDA_VISIBLE_DEVICES=<gpu
+         indices or MIG UUIDs>, "" on a CPU shard; on AMD ROCR_/HIP_/GGML_VK_VISIBLE_DEVICES)
 
 llama-server splits --ctx-size evenly between its --parallel slots, so the per-request
 context the catalog asks for is multiplied by the number of slots. The API key goes in
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from agent.engines import cuda_visible_devices, join_env
+from agent.engines import device_env, join_env
 
 if TYPE_CHECKING:
     from agent.engines import ShardSpec
@@ -71,7 +72,7 @@ def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, st
         {},
         {
             "LLAMA_API_KEY": spec.api_key,
-            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(spec),
+            **device_env(spec),
         },
     )
     return argv, env

@@ -5,7 +5,8 @@ interpreter of the environment SGLang is installed in.
              --served-model-name N --tp T [--pp-size PP] [--context-length <context_size>]
              --max-running-requests <parallel> --enable-metrics [--device cpu]
              [--nnodes N --node-rank R --dist-init-addr A:MP]  [extra_args...]
-    env: CUDA_VISIBLE_DEVICES=<gpu indices>; multi-node also NCCL_DEBUG=WARN, NCCL_IB_DISABLE=0
+    env: the devices (agent.engines.device_env: CUDA_VISIBLE_DEVICES, on AMD ROCR/HIP_VISIBLE_DEVICES);
+         multi-node also NCCL_DEBUG=WARN, NCCL_IB_DISABLE=0
 
 SGLang's --tp is the tensor-parallel size of the whole replica (16 for two nodes of 8 GPUs);
 by default it covers every GPU of the replica divided by the pipeline size. Only rank 0
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.engines import cuda_visible_devices, join_env
+from agent.engines import device_env, join_env
 
 if TYPE_CHECKING:
     from agent.engines import ShardSpec
@@ -97,5 +98,5 @@ def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, st
         ]
         defaults.update(NCCL_DEFAULTS)
     argv += spec.extra_args
-    env = join_env(spec, defaults, {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(spec)})
+    env = join_env(spec, defaults, device_env(spec))
     return argv, env

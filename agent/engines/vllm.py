@@ -5,7 +5,8 @@
                [--max-model-len <context_size>] --max-num-seqs <parallel>
                [--distributed-executor-backend mp --nnodes N --node-rank R
                 --master-addr A --master-port MP [--headless]]  [extra_args...]
-    env: VLLM_API_KEY=<api key>, CUDA_VISIBLE_DEVICES=<gpu indices>;
+    env: VLLM_API_KEY=<api key>, the devices (agent.engines.device_env: CUDA_VISIBLE_DEVICES, or
+         ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES for vLLM's ROCm build on AMD);
          multi-node also NCCL_DEBUG=WARN, NCCL_IB_DISABLE=0 (NCCL_SOCKET_IFNAME and the like
          come from the spec's env, which wins over these defaults)
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.engines import cuda_visible_devices, join_env
+from agent.engines import device_env, join_env
 
 if TYPE_CHECKING:
     from agent.engines import ShardSpec
@@ -104,7 +105,7 @@ def build_command(spec: ShardSpec, binary: str) -> tuple[list[str], dict[str, st
         defaults,
         {
             "VLLM_API_KEY": spec.api_key,
-            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(spec),
+            **device_env(spec),
         },
     )
     return argv, env

@@ -109,7 +109,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     node_id: int | None = None
     node_name: str = ""
-    gpu_health: dict[int, tuple[bool, int]] | None = None
+    gpu_health: dict[int, services.Health] | None = None
     desired_sent: int | None = None
     poller: asyncio.Task[None] | None = None
     closing = False

@@ -44,7 +44,8 @@ CLAIMING_STATES = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPP
 
 def nvlink_groups(hardware: dict[str, Any]) -> dict[int, str]:
     """GPU index -> its NVLink group inside the node, as the agent worked it out from `nvidia-smi
-    topo -m` at registration (cards joined by NVLink share one). {} when not reported (unknown)."""
+    topo -m` (or AMD cards' XGMI links from `amd-smi topology`) at registration (cards joined by
+    NVLink or XGMI share one). {} when not reported (unknown)."""
     topology = hardware.get("gpu_topology")
     gpus = topology.get("gpus") if isinstance(topology, dict) else None
     if not isinstance(gpus, list):
@@ -64,6 +65,13 @@ def _snapshot(node: Node) -> NodeSnapshot:
             gpu_class=g.gpu_class or g.name or "unknown",
             healthy=g.healthy,
             nvlink_group=linked.get(g.index),
+            vendor=g.vendor or "nvidia",
+            kind=g.kind,
+            parent=g.parent_index,
+            split=g.split,
+            memory_group=g.memory_group or None,
+            fault=g.fault or None,
+            label=g.label,
         )
         for g in node.gpus.all()
     ]
@@ -82,6 +90,9 @@ def _snapshot(node: Node) -> NodeSnapshot:
         engines=frozenset(engines) if isinstance(engines, list) else None,
         engine_status={
             str(k): str(v) for k, v in (node.hardware.get("engine_status") or {}).items() if isinstance(v, str)
+        },
+        engine_builds={
+            str(k): str(v) for k, v in (node.hardware.get("engine_builds") or {}).items() if isinstance(v, str)
         },
         fabric=None,
         weights=weights,

@@ -10,6 +10,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState, StopReason
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "EnrollmentToken",
     "Gpu",
     "Node",
+    "device_label",
     "Replica",
     "Shard",
 ]
@@ -128,7 +130,19 @@ class Node(models.Model):
 
 
 class Gpu(models.Model):
-    """One GPU of a node, as its agent last registered it."""
+    """One device of a node, as its agent last registered it: a whole card, or a slice of one (a
+    MIG device of an NVIDIA card, a compute partition of an AMD card).
+
+    A slice's index is agent.probes.mig.slice_index(card, number) and names its card
+    (`parent_index`); a card cut into slices (`split`) is never offered whole. `fault` is why the
+    device cannot be trusted now, in its agent's words (a MIG layout the tools disagree on, a mode
+    change waiting for a reset): such a device is shown with it and never placed on.
+    """
+
+    class Kind(models.TextChoices):
+        GPU = "gpu", _("whole card")
+        MIG = "mig", _("MIG slice")
+        PARTITION = "partition", _("compute partition")
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus", verbose_name=_("node"))
     index = models.PositiveSmallIntegerField(_("index"))
@@ -138,9 +152,22 @@ class Gpu(models.Model):
     pci_bus_id = models.CharField(_("PCI bus id"), max_length=32, blank=True)
     memory_total_mib = models.PositiveIntegerField(_("memory (MiB)"), null=True, blank=True)
     mig_mode = models.CharField(_("MIG mode"), max_length=32, blank=True)
+    mig_pending = models.CharField(_("MIG mode after a reset"), max_length=32, blank=True)
+    vendor = models.CharField(_("vendor"), max_length=16, blank=True)
+    kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices, default=Kind.GPU)
+    parent_index = models.PositiveSmallIntegerField(_("card"), null=True, blank=True)
+    profile = models.CharField(_("profile"), max_length=64, blank=True)
+    # What the engine is told to use: a MIG device's UUID, an AMD device's ROCm index.
+    device_id = models.CharField(_("device id"), max_length=200, blank=True)
+    share = models.FloatField(_("share of its card"), null=True, blank=True)
+    split = models.BooleanField(_("split into slices"), default=False)
+    memory_group = models.CharField(_("memory shared with"), max_length=64, blank=True)
+    compute_partition = models.CharField(_("compute partition"), max_length=16, blank=True)
+    memory_partition = models.CharField(_("memory partition"), max_length=16, blank=True)
     # Health that decides whether the card may be given out; rewritten only when it changes.
     ecc_fault = models.BooleanField(_("uncorrected ECC errors"), default=False)
     foreign_processes = models.PositiveIntegerField(_("processes not started by llmgw"), default=0)
+    fault = models.CharField(_("why it cannot be trusted"), max_length=1000, blank=True)
 
     class Meta:
         verbose_name = _("GPU")
@@ -155,7 +182,21 @@ class Gpu(models.Model):
 
     @property
     def healthy(self) -> bool:
-        return not self.ecc_fault and self.foreign_processes == 0
+        return not self.ecc_fault and self.foreign_processes == 0 and not self.fault
+
+    @property
+    def label(self) -> str:
+        """How it reads in pages and refusals: "GPU 0", "GPU 0 MIG 2 (1g.10gb)", "GPU 1 XCP 3 (cpx.nps4)"."""
+        return device_label(self.index, self.kind, self.parent_index, self.profile)
+
+
+def device_label(index: int, kind: str, parent: int | None, profile: str) -> str:
+    """A device's name in any language: the card's number, and a slice's number on it and profile."""
+    if parent is None:
+        return f"GPU {index}"
+    word = "MIG" if kind == Gpu.Kind.MIG else "XCP"
+    number = index - SLICE_BASE - parent * SLICE_STRIDE
+    return f"GPU {parent} {word} {number}" + (f" ({profile})" if profile else "")
 
 
 class EnrollmentToken(models.Model):
@@ -243,6 +284,10 @@ class Shard(models.Model):
     rank = models.PositiveSmallIntegerField(_("rank"), default=0)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="shards", verbose_name=_("node"))
     gpu_indices = models.JSONField(_("GPUs"), default=list, blank=True)
+    # What its engine is told to use, one per GPU index, read from the devices when it was placed: a
+    # MIG slice's UUID, an AMD device's ROCm index; [] for whole NVIDIA cards (told their indices).
+    devices = models.JSONField(_("devices"), default=list, blank=True)
+    vendor = models.CharField(_("vendor"), max_length=16, blank=True)
     # Since when the shard's claim has not been counted as held time yet (apps.quotas.held): set
     # when the shard is placed, moved on each time its time is counted.
     held_since = models.DateTimeField(_("held time counted until"), default=timezone.now)

@@ -27,7 +27,7 @@ from apps.cluster import placement
 from apps.cluster.choices import ReplicaState, ShardState
 from apps.cluster.decisions import PREEMPT_HOLD, PassReport, ShardView, backoff, run_pass
 from apps.cluster.inventory import build_inventory, shard_env
-from apps.cluster.models import ControlLock, Node, Replica, Shard
+from apps.cluster.models import ControlLock, Gpu, Node, Replica, Shard
 
 __all__ = [
     "PREEMPT_HOLD",
@@ -244,11 +244,14 @@ class DatabaseStore:
 
     def add_shards(self, replica: Replica, plan: placement.Placement) -> set[int]:
         for shard in plan.shards:
+            devices, vendor = shard_devices(shard.node_id, shard.gpu_indices)
             Shard.objects.create(
                 replica=replica,
                 rank=shard.rank,
                 node_id=shard.node_id,
                 gpu_indices=list(shard.gpu_indices),
+                devices=devices,
+                vendor=vendor,
                 memory_bytes=shard.memory_bytes,
                 cpu_cores=shard.cpu_cores,
                 port=_allocate_port(shard.node_id, self._ports),
@@ -263,6 +266,21 @@ class DatabaseStore:
         from apps.accounts import audit
 
         audit.record(None, action, obj, changes=changes, **fields)
+
+
+def shard_devices(node_id: int, indices: Any) -> tuple[list[str], str]:
+    """What the engine of a shard on these devices is told to use, read when it is placed: [] for
+    whole NVIDIA cards (told their indices, as always), each device's id (a MIG UUID, an AMD ROCm
+    index) otherwise; and the devices' vendor ("" for a CPU shard)."""
+    wanted = list(indices or ())
+    if not wanted:
+        return [], ""
+    rows = {g.index: g for g in Gpu.objects.filter(node_id=node_id, index__in=wanted)}
+    found = [rows.get(index) for index in wanted]
+    vendor = next((g.vendor for g in found if g is not None and g.vendor), "nvidia")
+    if all(g is not None and g.kind == Gpu.Kind.GPU and g.vendor in ("", "nvidia") for g in found):
+        return [], vendor
+    return [g.device_id if g is not None else "" for g in found], vendor
 
 
 # Desired state ---------------------------------------------------------------------------------
@@ -367,6 +385,8 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
                 pipeline_parallel=nodes if nodes > 1 else None,
                 generation=replica.pk,
                 stop_grace=float(settings.ENGINE_STOP_GRACE),
+                devices=list(shard.devices or []),
+                vendor=shard.vendor or "nvidia",
             ).to_message()
         )
     return out

@@ -36,6 +36,7 @@ __all__ = [
     "drain_node",
     "drain_status",
     "enroll_node",
+    "gpu_fault",
     "gpu_health",
     "issue_credential",
     "mark_unreachable_nodes",
@@ -203,6 +204,12 @@ def authenticate_node(secret: str) -> Node | None:
 # Registration and heartbeats -------------------------------------------------------------
 
 
+def gpu_fault(gpu: dict[str, Any]) -> str:
+    """Why the device cannot be trusted now, in its agent's words; "" when it can."""
+    fault = gpu.get("fault")
+    return fault[:1000] if isinstance(fault, str) else ""
+
+
 def gpu_health(gpu: dict[str, Any]) -> tuple[bool, int]:
     """(ECC fault, processes not started by llmgw) for one GPU of a sample or registration."""
     ecc = gpu.get("ecc_uncorrected_volatile")
@@ -297,7 +304,7 @@ def record_doctor(node_id: int, body: dict[str, Any]) -> None:
     Node.objects.filter(pk=node_id).update(doctor=clean, doctor_at=timezone.now())
 
 
-ENGINE_KEYS = ("engines", "engine_versions", "engines_probed", "engine_status", "engine_sources")
+ENGINE_KEYS = ("engines", "engine_versions", "engines_probed", "engine_status", "engine_sources", "engine_builds")
 
 
 def record_engines(node_id: int, report: dict[str, Any]) -> bool:
@@ -337,9 +344,52 @@ GPU_FIELDS = (
     "pci_bus_id",
     "memory_total_mib",
     "mig_mode",
+    "mig_pending",
+    "vendor",
+    "kind",
+    "parent_index",
+    "profile",
+    "device_id",
+    "share",
+    "split",
+    "memory_group",
+    "compute_partition",
+    "memory_partition",
     "ecc_fault",
     "foreign_processes",
+    "fault",
 )
+
+_KINDS = {choice.value for choice in Gpu.Kind}
+
+
+def _gpu_values(gpu: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """The row of one device as its agent registered it, its health from the sample taken with it."""
+    fault, foreign = gpu_health({**gpu, **live})
+    kind = gpu.get("kind")
+    parent = gpu.get("parent")
+    return {
+        "uuid": gpu.get("uuid") or "",
+        "name": gpu.get("name") or "",
+        "gpu_class": gpu.get("gpu_class") or "",
+        "pci_bus_id": gpu.get("pci_bus_id") or "",
+        "memory_total_mib": gpu.get("memory_total_mib"),
+        "mig_mode": gpu.get("mig_mode") or "",
+        "mig_pending": gpu.get("mig_pending") or "",
+        "vendor": gpu.get("vendor") or "nvidia",
+        "kind": kind if kind in _KINDS else Gpu.Kind.GPU,
+        "parent_index": parent if isinstance(parent, int) and parent != gpu.get("index") else None,
+        "profile": gpu.get("profile") or "",
+        "device_id": gpu.get("device_id") or "",
+        "share": gpu.get("share"),
+        "split": gpu.get("split") is True,
+        "memory_group": gpu.get("memory_group") or "",
+        "compute_partition": gpu.get("compute_partition") or "",
+        "memory_partition": gpu.get("memory_partition") or "",
+        "ecc_fault": fault,
+        "foreign_processes": foreign,
+        "fault": gpu_fault({**gpu, **live}),
+    }
 
 
 def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> None:
@@ -350,17 +400,7 @@ def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, A
     create, update = [], []
     for gpu in gpus:
         index = int(gpu["index"])
-        fault, foreign = gpu_health({**gpu, **live.get(index, {})})
-        values = {
-            "uuid": gpu.get("uuid") or "",
-            "name": gpu.get("name") or "",
-            "gpu_class": gpu.get("gpu_class") or "",
-            "pci_bus_id": gpu.get("pci_bus_id") or "",
-            "memory_total_mib": gpu.get("memory_total_mib"),
-            "mig_mode": gpu.get("mig_mode") or "",
-            "ecc_fault": fault,
-            "foreign_processes": foreign,
-        }
+        values = _gpu_values(gpu, live.get(index, {}))
         row = existing.pop(index, None)
         if row is None:
             create.append(Gpu(node=node, index=index, **values))
@@ -971,17 +1011,21 @@ def write_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> dict[int
     return versions
 
 
-def sample_health(sample: dict[str, Any]) -> dict[int, tuple[bool, int]]:
-    return {int(g["index"]): gpu_health(g) for g in sample.get("gpus") or []}
+Health = tuple[bool, int, str]  # (uncorrected ECC errors, foreign processes, why it cannot be trusted)
 
 
-def write_gpu_health(
-    node_id: int, health: dict[int, tuple[bool, int]], known: dict[int, tuple[bool, int]] | None
-) -> None:
-    """Write the health rows of the GPUs whose health changed (rare: an ECC fault, a foreign process)."""
-    for index, (fault, foreign) in health.items():
-        if known is None or known.get(index) != (fault, foreign):
-            Gpu.objects.filter(node_id=node_id, index=index).update(ecc_fault=fault, foreign_processes=foreign)
+def sample_health(sample: dict[str, Any]) -> dict[int, Health]:
+    return {int(g["index"]): (*gpu_health(g), gpu_fault(g)) for g in sample.get("gpus") or []}
+
+
+def write_gpu_health(node_id: int, health: dict[int, Health], known: dict[int, Health] | None) -> None:
+    """Write the health rows of the devices whose health changed (rare: an ECC fault, a foreign
+    process, a MIG or partition layout that changed under the agent)."""
+    for index, (fault, foreign, untrusted) in health.items():
+        if known is None or known.get(index) != (fault, foreign, untrusted):
+            Gpu.objects.filter(node_id=node_id, index=index).update(
+                ecc_fault=fault, foreign_processes=foreign, fault=untrusted
+            )
 
 
 def append_histories(samples: dict[int, dict[str, Any]]) -> None:

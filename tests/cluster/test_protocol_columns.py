@@ -45,6 +45,9 @@ FED: dict[str, list[tuple[Message, str]]] = {
         (registered_gpu("index"), "register.hardware.gpus[0].index"),
         (sampled_gpu("index"), "heartbeat.sample.gpus[0].index"),
     ],
+    "cluster.gpu.parent_index": [
+        (registered_gpu("parent"), "register.hardware.gpus[0].parent"),
+    ],
     "cluster.gpu.memory_total_mib": [
         (registered_gpu("memory_total_mib"), "register.hardware.gpus[0].memory_total_mib"),
     ],

@@ -118,6 +118,7 @@ def test_module_level_registration() -> None:
         "memory",
         "cpu_cores",
         "engine",
+        "engine_build",
         "weights",
     ]
     assert [e.name for e in REGISTRY.prefilters()] == ["fabric"]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from . import reasons
 from .context import PlacementContext
+from .gpus import usable
 from .model import CORE_EPSILON, Inventory, NodeSnapshot, PreFilterResult
 from .reasons import Reason
 from .registry import REGISTRY, Registry
@@ -99,19 +100,92 @@ def gpu_class(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
 
 
 def free_gpus(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
-    """Enough healthy, unclaimed GPUs of the class (a node without the class is gpu_class's refusal)."""
+    """Enough healthy, unclaimed GPUs of the class (a node without the class is gpu_class's refusal).
+
+    A card split into slices is never counted (its slices are, as their own classes), nor a slice
+    whose card, or a slice sharing its memory, is claimed; one shard takes one MIG slice at most
+    (a CUDA process uses one MIG device), and never two slices that share memory."""
     cls = ctx.gpu_class
-    if cls is None or not ctx.gpus:
+    need = ctx.gpus
+    if cls is None or not need:
         return None
     inventory = ctx.inventory
     if cls not in inventory.gpu_classes(node.id):
         return None
     free = inventory.free_count(node.id, cls)
-    if free >= ctx.gpus:
-        return None
+    if free >= need:
+        if not inventory.has_slices(node.id):
+            return None
+        return _slices_fit(ctx, node, cls, free, need)
+    return _too_few(node, cls, free, need)
+
+
+def _slices_fit(ctx: PlacementContext, node: NodeSnapshot, cls: str, free: int, need: int) -> Reason | None:
+    inventory = ctx.inventory
+    slots = inventory.free_gpus(node.id, cls)
+    if need > 1 and any(slot.kind == "mig" for slot in slots):
+        return reasons.mig_one_per_process(node.name, cls, need)
+    together = len(usable(inventory, node.id, slots))
+    return None if together >= need else reasons.gpus_overlap(node.name, cls, free, together, need)
+
+
+def _too_few(node: NodeSnapshot, cls: str, free: int, need: int) -> Reason:
     of_class = [g for g in node.gpus if g.gpu_class == cls]
+    untrusted = next((g for g in of_class if g.fault), None)
+    if untrusted is not None and untrusted.fault:
+        return reasons.gpus_untrusted(node.name, cls, free, need, untrusted.name, untrusted.fault)
+    split = sum(1 for g in of_class if g.split)
+    if split:
+        slices = {g.gpu_class for g in node.gpus if g.parent is not None and g.gpu_class.startswith(cls + "-")}
+        return reasons.gpus_split(node.name, cls, free, need, split, slices)
     unhealthy = sum(1 for g in of_class if not g.healthy)
-    return reasons.too_few_gpus(node.name, cls, free, ctx.gpus, len(of_class), unhealthy)
+    return reasons.too_few_gpus(node.name, cls, free, need, len(of_class), unhealthy)
+
+
+#: What each engine build drives, by the start of its key (the agent's install manifest): a CPU
+#: build none, a CUDA build NVIDIA cards and MIG slices, a Vulkan build whole cards of either
+#: vendor (it sees no MIG slice or compute partition), a ROCm build AMD cards and partitions.
+_NVIDIA = frozenset({("nvidia", "gpu"), ("nvidia", "mig")})
+_AMD = frozenset({("amd", "gpu"), ("amd", "partition")})
+BUILD_DRIVES: tuple[tuple[str, frozenset[tuple[str, str]]], ...] = (
+    ("cpu-", frozenset()),
+    ("source-", frozenset()),
+    ("cuda-", _NVIDIA),
+    ("cu", _NVIDIA),
+    ("vulkan-", frozenset({("nvidia", "gpu"), ("amd", "gpu")})),
+    ("rocm", _AMD),
+    ("hip-", _AMD),
+)
+_DEVICE_WORDS = {
+    ("nvidia", "gpu"): "NVIDIA",
+    ("nvidia", "mig"): "NVIDIA MIG",
+    ("amd", "gpu"): "AMD",
+    ("amd", "partition"): "AMD XCP",
+}
+
+
+def build_drives(build: str) -> frozenset[tuple[str, str]] | None:
+    """(vendor, kind) of the devices an engine build drives; None for a build llmgw does not know."""
+    return next((drives for prefix, drives in BUILD_DRIVES if build.startswith(prefix)), None)
+
+
+def engine_build(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
+    """The node's build of the profile's engine must drive the class's devices: an AMD card is never
+    given to a CPU or CUDA build, a MIG slice never to a Vulkan one. A build the node does not
+    name (an engine named in agent.yaml) is the operator's word and is not refused."""
+    cls = ctx.gpu_class
+    build = node.engine_builds.get(ctx.profile.engine) if cls is not None and node.engine_builds else None
+    if cls is None or build is None:
+        return None
+    drives = build_drives(build)
+    if drives is None:
+        return None
+    kinds = {(g.vendor, g.kind) for g in node.gpus if g.gpu_class == cls}
+    missing = kinds - drives
+    if not missing:
+        return None
+    words = reasons.listing(_DEVICE_WORDS.get(kind, f"{kind[0]} {kind[1]}") for kind in missing)
+    return reasons.engine_cannot_drive(node.name, ctx.profile.engine, build, cls, words)
 
 
 def memory(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
@@ -195,6 +269,7 @@ def register(registry: Registry) -> None:
     registry.register_filter(memory, name="memory", order=50, applies=lambda ctx: ctx.memory > 0)
     registry.register_filter(cpu_cores, name="cpu_cores", order=60, applies=lambda ctx: ctx.cores > 0)
     registry.register_filter(engine, name="engine", order=70)
+    registry.register_filter(engine_build, name="engine_build", order=71, applies=lambda ctx: ctx.gpu_class is not None)
     registry.register_filter(weights_on_node, name="weights", order=75, applies=_local_source)
     registry.register_prefilter(
         fabric, name="fabric", order=80, index=fabric_index, applies=lambda ctx: ctx.multi_node, static=True

@@ -4,6 +4,25 @@ from __future__ import annotations
 
 from .model import GpuSlot, Inventory
 
+__all__ = ["choose_gpus", "usable"]
+
+
+def usable(inventory: Inventory, node_id: int, free: list[GpuSlot]) -> list[GpuSlot]:
+    """Of the free devices, those one shard can hold together, lowest index first: no two of them
+    a card and its slice, or slices sharing memory."""
+    taken: list[GpuSlot] = []
+    kept: set[int] = set()
+    for slot in free:
+        if kept.isdisjoint(inventory.related(node_id, slot.index)):
+            taken.append(slot)
+            kept.add(slot.index)
+    return taken
+
+
+def _apart(inventory: Inventory, node_id: int, free: list[GpuSlot], need: int) -> tuple[int, ...] | None:
+    chosen = usable(inventory, node_id, free)
+    return tuple(slot.index for slot in chosen[:need]) if len(chosen) >= need else None
+
 
 def choose_gpus(inventory: Inventory, node_id: int, gpu_class: str, need: int) -> tuple[int, ...] | None:
     """`need` free healthy GPUs of the class, or None if the node has fewer.
@@ -18,6 +37,8 @@ def choose_gpus(inventory: Inventory, node_id: int, gpu_class: str, need: int) -
     free = inventory.free_gpus(node_id, gpu_class)
     if len(free) < need:
         return None
+    if inventory.has_slices(node_id):
+        return _apart(inventory, node_id, free, need)
     groups: dict[str, list[GpuSlot]] = {}
     for slot in free:
         if slot.nvlink_group is not None:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from agent.probes.mig import slice_parent
+
 if TYPE_CHECKING:
     from .reasons import Reason
 
@@ -22,13 +24,53 @@ CORE_EPSILON = 1e-9
 
 @dataclass(slots=True)
 class GpuSlot:
+    """One device of a node: a whole card, or a slice of one (a MIG device, an AMD compute
+    partition). A claim of a slice and a claim of its card never overlap: the inventory keeps a
+    slot whose card or slice (or memory-sharing sibling) is claimed from being handed out."""
+
     index: int
     gpu_class: str
     healthy: bool = True
     # Something outside the claims list holds it (a replica id, or another process).
     claimed_by: str | None = None
-    # Cards sharing an NVLink/NVSwitch domain inside the node share an id; None = topology unknown.
+    # Cards sharing an NVLink/NVSwitch (or XGMI) domain inside the node share an id; None = unknown.
     nvlink_group: str | None = None
+    vendor: str = "nvidia"
+    kind: str = "gpu"  # "gpu", "mig" (an NVIDIA MIG device), "partition" (an AMD compute partition)
+    parent: int | None = None  # a slice's card
+    # A card cut into slices is never offered whole: its slices are, as their own classes.
+    split: bool = False
+    # Slices sharing memory (compute instances of one GPU instance): one claim at a time among them.
+    memory_group: str | None = None
+    # Why it cannot be trusted now (its agent's words); such a slot is not healthy either.
+    fault: str | None = None
+    label: str = ""  # how it reads in a refusal: "GPU 0", "GPU 0 MIG 2 (1g.10gb)"
+
+    @property
+    def name(self) -> str:
+        return self.label or f"GPU {self.index}"
+
+
+def _relations(gpus: list[GpuSlot]) -> dict[int, tuple[int, ...]]:
+    """Index -> the indices a claim of it keeps from being handed out: a card's slices, a slice's
+    card and the slices it shares memory with. Empty for a node of whole cards only."""
+    children: dict[int, list[int]] = {}
+    groups: dict[str, list[int]] = {}
+    for g in gpus:
+        if g.parent is not None:
+            children.setdefault(g.parent, []).append(g.index)
+        if g.memory_group is not None:
+            groups.setdefault(g.memory_group, []).append(g.index)
+    related: dict[int, tuple[int, ...]] = {}
+    for g in gpus:
+        found: list[int] = list(children.get(g.index, ()))
+        if g.parent is not None:
+            found.append(g.parent)
+        if g.memory_group is not None:
+            found += [i for i in groups[g.memory_group] if i != g.index]
+        if found:
+            related[g.index] = tuple(dict.fromkeys(found))
+    return related
 
 
 @dataclass(slots=True)
@@ -45,6 +87,9 @@ class NodeSnapshot:
     engines: frozenset[str] | None = None  # None: the agent did not say, do not filter
     # Engine -> what its install on the node is doing, in the node's words ("installing: ...").
     engine_status: dict[str, str] = field(default_factory=dict)
+    # Engine -> the build the agent installed ("cuda-13.3-x64", "vulkan-x64", "rocm-7.2-x64", "cu129");
+    # an engine named in agent.yaml is not listed (its build is the operator's word).
+    engine_builds: dict[str, str] = field(default_factory=dict)
     # The fabric a replica across nodes may form on, for the built-in grouping; None: on none. The
     # fabrics app replaces that grouping with the physical fabrics its agents report (`extra`).
     fabric: str | None = None
@@ -340,6 +385,10 @@ class Inventory:
         self._rank: dict[int, int] = {n.id: i for i, n in enumerate(ordered)}
         self._slots: dict[int, dict[int, GpuSlot]] = {n.id: {g.index: g for g in n.gpus} for n in ordered}
         self._classes: dict[int, frozenset[str]] = {n.id: frozenset(g.gpu_class for g in n.gpus) for n in ordered}
+        # Per node with slices: what a claim of each device keeps from being handed out.
+        self._related: dict[int, dict[int, tuple[int, ...]]] = {
+            n.id: related for n in ordered if (related := _relations(n.gpus))
+        }
         self._gpuless: list[int] = [n.id for n in ordered if not n.gpus]  # in rank order
         self._gpu_nodes: list[int] = [n.id for n in ordered if n.gpus]
         self._weights: dict[str, list[int]] = {}
@@ -356,6 +405,9 @@ class Inventory:
         self._memo: dict[Any, Any] = {}
         # Mutable: claims and what follows from them.
         self._owner: dict[int, dict[int, str]] = {n.id: {} for n in ordered}
+        # node -> index -> how many claims of a related device (its card, a slice of it, a
+        # memory-sharing sibling) keep it from being handed out; only nodes with such claims.
+        self._blocks: dict[int, dict[int, int]] = {}
         self._mem: dict[int, int] = dict.fromkeys(nodes, 0)
         self._cores: dict[int, float] = dict.fromkeys(nodes, 0.0)
         self._replicas: dict[str, list[Claim]] = {}
@@ -382,9 +434,8 @@ class Inventory:
         self._buckets: dict[str, list[list[int]]] = {}
         for n in ordered:
             counts = dict.fromkeys(self._classes[n.id], 0)
-            owned = self._owner[n.id]
             for g in n.gpus:
-                if g.healthy and g.index not in owned:
+                if self._available(n.id, g.index):
                     counts[g.gpu_class] += 1
             self._free[n.id] = counts
             for cls, k in counts.items():
@@ -410,6 +461,7 @@ class Inventory:
             "_classes",
             "_gpuless",
             "_gpu_nodes",
+            "_related",
             "_weights",
             "_class_nodes",
             "_plugin_index",
@@ -417,6 +469,7 @@ class Inventory:
         ):
             setattr(other, name, getattr(self, name))
         other._owner = {k: dict(v) for k, v in self._owner.items()}
+        other._blocks = {k: dict(v) for k, v in self._blocks.items()}
         other._mem = dict(self._mem)
         other._cores = dict(self._cores)
         other._replicas = {k: list(v) for k, v in self._replicas.items()}
@@ -457,14 +510,35 @@ class Inventory:
         return self._owner[node_id].get(index)
 
     def free_gpus(self, node_id: int, gpu_class: str | None = None) -> list[GpuSlot]:
-        """Healthy, unclaimed GPUs of the node (of one class if given), lowest index first."""
-        owned = self._owner[node_id]
+        """Healthy, unclaimed GPUs of the node (of one class if given), lowest index first: not a
+        split card, and no claim of its card, its slices or its memory-sharing siblings."""
         slots = self._slots[node_id]
         return [
             slots[i]
             for i in sorted(slots)
-            if slots[i].healthy and i not in owned and (gpu_class is None or slots[i].gpu_class == gpu_class)
+            if (gpu_class is None or slots[i].gpu_class == gpu_class) and self._available(node_id, i)
         ]
+
+    def has_slices(self, node_id: int) -> bool:
+        """Whether the node has devices a claim of another keeps from being handed out."""
+        return node_id in self._related
+
+    def related(self, node_id: int, index: int) -> tuple[int, ...]:
+        """What a claim of the device keeps from being handed out (a slice gone from the snapshot
+        still names its card by its index)."""
+        found = self._related.get(node_id, {}).get(index)
+        if found is not None:
+            return found
+        parent = slice_parent(index)
+        return () if parent is None else (parent,)
+
+    def blocker(self, node_id: int, index: int) -> str | None:
+        """The replica whose claim of a related device keeps this one from being handed out (a claim
+        of a slice gone from the snapshot keeps its card, which no longer lists it as a slice)."""
+        if not self._blocks.get(node_id, {}).get(index):
+            return None
+        owned = self._owner.get(node_id, {})
+        return next((replica for other, replica in owned.items() if index in self.related(node_id, other)), "?")
 
     def free_count(self, node_id: int, gpu_class: str) -> int:
         return self._free[node_id].get(gpu_class, 0)
@@ -675,7 +749,9 @@ class Inventory:
                 for index in claim.gpu_indices:
                     if owned.get(index) == replica_id:
                         del owned[index]
-                        self._freed(claim.node_id, index, +1)
+                        if self._available(claim.node_id, index):
+                            self._freed(claim.node_id, index, +1)
+                        self._relate(claim.node_id, index, -1)
                 self._mem[claim.node_id] -= claim.memory_bytes
                 self._cores[claim.node_id] -= claim.cpu_cores
             for key in claim.owner:
@@ -688,7 +764,8 @@ class Inventory:
             owned = self._owner[node_id]
             if owned.get(index) == replica_id:
                 del owned[index]
-                self._freed(node_id, index, +1)
+                if self._available(node_id, index):
+                    self._freed(node_id, index, +1)
         return claims
 
     # -- internals -----------------------------------------------------------------------------
@@ -698,6 +775,35 @@ class Inventory:
         while len(buckets) <= k:
             buckets.append([])
         return buckets[k]
+
+    def _available(self, node_id: int, index: int) -> bool:
+        """Whether the device may be handed out now: healthy, not split, unclaimed, and no claim of
+        a related device (its card, one of its slices, a memory-sharing sibling)."""
+        slot = self._slots[node_id].get(index)
+        if slot is None or not slot.healthy or slot.split or index in self._owner[node_id]:
+            return False
+        blocks = self._blocks.get(node_id)
+        return not (blocks and blocks.get(index))
+
+    def _relate(self, node_id: int, index: int, delta: int) -> None:
+        """A claim of `index` was added (+1) or released (-1): count it against the related devices,
+        moving them in or out of the free counts as they become taken or free."""
+        related = self.related(node_id, index)
+        if not related:
+            return
+        indexed = hasattr(self, "_free")
+        blocks = self._blocks.setdefault(node_id, {})
+        for other in related:
+            before = indexed and self._available(node_id, other)
+            count = blocks.get(other, 0) + delta
+            if count > 0:
+                blocks[other] = count
+            else:
+                blocks.pop(other, None)
+            if indexed and before != self._available(node_id, other):
+                self._freed(node_id, other, -1 if before else +1)
+        if not blocks:
+            del self._blocks[node_id]
 
     def _freed(self, node_id: int, index: int, delta: int) -> None:
         slot = self._slots[node_id].get(index)
@@ -724,8 +830,15 @@ class Inventory:
             slot = slots.get(index)
             if slot is None or not slot.healthy:
                 raise PlacementConflict(f"{node.name}: GPU {index} is missing or unhealthy")
+            if slot.split:
+                raise PlacementConflict(f"{node.name}: {slot.name} is split into slices, which are claimed instead")
             if index in owned:
                 raise PlacementConflict(f"{node.name}: GPU {index} is claimed by {owned[index]}")
+            blocker = self.blocker(claim.node_id, index)
+            if blocker is not None:
+                raise PlacementConflict(f"{node.name}: {slot.name} overlaps a device replica {blocker} claims")
+            if set(self.related(claim.node_id, index)) & set(claim.gpu_indices):
+                raise PlacementConflict(f"{node.name}: {slot.name} overlaps another device of the same claim")
         total = node.memory_total_bytes
         if claim.memory_bytes and total is not None and self._mem[claim.node_id] + claim.memory_bytes > total:
             raise PlacementConflict(f"{node.name}: memory would be over-committed")
@@ -758,9 +871,11 @@ class Inventory:
             for index in claim.gpu_indices:
                 if index in owned:
                     continue  # a snapshot that claims a GPU twice: it stays claimed by the first
+                free = indexed and self._available(claim.node_id, index)
                 owned[index] = claim.replica
-                if indexed and index in self._slots[claim.node_id]:
+                if free:
                     self._freed(claim.node_id, index, -1)
+                self._relate(claim.node_id, index, +1)
             self._mem[claim.node_id] += claim.memory_bytes
             self._cores[claim.node_id] += claim.cpu_cores
         for key in claim.owner:

@@ -137,6 +137,65 @@ def too_few_gpus(node: str, gpu_class: str, free: int, need: int, total: int, un
     )
 
 
+def gpus_split(node: str, gpu_class: str, free: int, need: int, split: int, slices: Iterable[str]) -> Reason:
+    """Cards of the class are cut into slices (MIG, compute partitions): never offered whole."""
+    return Reason(
+        CODE_FREE_GPUS,
+        gettext_noop(
+            "node %(node)s has %(free)s free %(gpu_class)s GPUs, needs %(need)s: %(split)s of them are split "
+            "into slices, which are placed as their own classes (%(slices)s)"
+        ),
+        {"node": node, "gpu_class": gpu_class, "free": free, "need": need, "split": split, "slices": listing(slices)},
+    )
+
+
+def gpus_untrusted(node: str, gpu_class: str, free: int, need: int, device: str, fault: str) -> Reason:
+    """A device of the class cannot be trusted now (its agent's words)."""
+    return Reason(
+        CODE_FREE_GPUS,
+        gettext_noop(
+            "node %(node)s has %(free)s free healthy %(gpu_class)s GPUs, needs %(need)s: %(device)s "
+            "cannot be trusted now: %(fault)s"
+        ),
+        {"node": node, "gpu_class": gpu_class, "free": free, "need": need, "device": device, "fault": fault[:500]},
+    )
+
+
+def gpus_overlap(node: str, gpu_class: str, free: int, usable: int, need: int) -> Reason:
+    """Free slices that share memory (or a card) cannot be held by one shard together."""
+    return Reason(
+        CODE_FREE_GPUS,
+        gettext_noop(
+            "node %(node)s has %(free)s free %(gpu_class)s slices and %(usable)s of them can be held together "
+            "(the others share memory with them), needs %(need)s"
+        ),
+        {"node": node, "gpu_class": gpu_class, "free": free, "usable": usable, "need": need},
+    )
+
+
+def mig_one_per_process(node: str, gpu_class: str, need: int) -> Reason:
+    return Reason(
+        "mig_per_process",
+        gettext_noop(
+            "node %(node)s: %(gpu_class)s are MIG slices and a CUDA process uses one MIG device, so a shard "
+            "cannot take %(need)s of them"
+        ),
+        {"node": node, "gpu_class": gpu_class, "need": need},
+    )
+
+
+def engine_cannot_drive(node: str, engine: str, build: str, gpu_class: str, devices: str) -> Reason:
+    """The engine build the node runs cannot drive the profile's GPUs (a CPU or CUDA build and AMD
+    cards, a Vulkan build and MIG slices)."""
+    return Reason(
+        "engine_build",
+        gettext_noop(
+            "node %(node)s runs the %(build)s build of %(engine)s, which cannot drive %(gpu_class)s (%(devices)s)"
+        ),
+        {"node": node, "engine": engine, "build": build, "gpu_class": gpu_class, "devices": devices},
+    )
+
+
 def too_little_memory(node: str, free: int, total: int, need: int) -> Reason:
     return Reason(
         "memory",
