@@ -10,6 +10,8 @@ may run, best first:
   own code, >= 570 where it ships that GPU only as PTX, which the driver must compile), then
   Vulkan; never the CPU build, which would run a GPU node's models on its processor without
   a word;
+- a node with AMD GPUs: the ROCm (HIP) build (`…-ubuntu-rocm-<ver>-<arch>`, newest first, not
+  one for a ROCm newer than the node's), then Vulkan; never the CPU build either;
 - any other Linux node: the CPU build for its architecture (x64 or arm64).
 
 A CUDA build also needs the CUDA runtime (`libcudart`, `libcublas`): when the host has none,
@@ -77,7 +79,8 @@ _NAME_CC: tuple[tuple[re.Pattern[str], tuple[int, int]], ...] = tuple(
 )
 
 _ASSET_RE = re.compile(
-    r"^llama-(?P<tag>b\d+)-bin-ubuntu-(?:(?P<backend>cuda)-(?P<cuda>\d+\.\d+)-|(?P<vulkan>vulkan)-)?"
+    r"^llama-(?P<tag>b\d+)-bin-ubuntu-(?:(?P<backend>cuda)-(?P<cuda>\d+\.\d+)-|(?P<vulkan>vulkan)-"
+    r"|(?P<rocm>rocm|hip)-(?P<rocm_version>\d+\.\d+)-)?"
     r"(?P<arch>x64|arm64)\.(?P<ext>tar\.gz|tgz|tar\.xz|zip)$"
 )
 _CUDART_RE = re.compile(
@@ -117,6 +120,7 @@ class NodeFacts:
     driver_version: str | None = None  # NVIDIA driver, "550.54.15"; None on a node without one
     gpus: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     has_cuda_runtime: bool = False  # libcudart and libcublas found on the host
+    rocm_version: str | None = None  # the ROCm release installed ("6.1.0"); None: none or not read
 
     @classmethod
     def from_hardware(
@@ -131,6 +135,7 @@ class NodeFacts:
             driver_version=hardware.get("driver_version") or None,
             gpus=tuple(hardware.get("gpus") or ()),
             has_cuda_runtime=has_cuda_runtime,
+            rocm_version=hardware.get("rocm_version") or None,
         )
 
     @property
@@ -142,7 +147,12 @@ class NodeFacts:
 
     @property
     def nvidia(self) -> bool:
-        return self.driver_version is not None and bool(self.gpus)
+        return self.driver_version is not None and any(g.get("vendor", "nvidia") == "nvidia" for g in self.gpus)
+
+    @property
+    def amd(self) -> bool:
+        """Whether the node has AMD GPUs (amd-smi or rocm-smi listed some)."""
+        return any(g.get("vendor") == "amd" for g in self.gpus)
 
 
 def compute_capability(gpu: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -198,6 +208,7 @@ def choose_builds(facts: NodeFacts, assets: Iterable[Asset]) -> tuple[list[Build
     cpu: Asset | None = None
     vulkan: Asset | None = None
     cuda: dict[str, Asset] = {}
+    rocm: dict[str, Asset] = {}
     runtimes: dict[str, Asset] = {}
     for asset in assets:
         if match := _ASSET_RE.match(asset.name):
@@ -205,6 +216,8 @@ def choose_builds(facts: NodeFacts, assets: Iterable[Asset]) -> tuple[list[Build
                 continue
             if match.group("backend"):
                 cuda[match.group("cuda")] = asset
+            elif match.group("rocm"):
+                rocm[match.group("rocm_version")] = asset
             elif match.group("vulkan"):
                 vulkan = asset
             else:
@@ -212,6 +225,8 @@ def choose_builds(facts: NodeFacts, assets: Iterable[Asset]) -> tuple[list[Build
         elif (match := _CUDART_RE.match(asset.name)) and match.group("arch") == arch:
             runtimes[match.group("cuda")] = asset
     builds: list[Build] = []
+    if facts.amd and not facts.nvidia:
+        return _amd_builds(facts, arch, rocm, vulkan)
     if not facts.nvidia:
         if cpu is None:
             skipped.append(f"the release has no CPU build for {arch}")
@@ -257,3 +272,35 @@ def choose_builds(facts: NodeFacts, assets: Iterable[Asset]) -> tuple[list[Build
     if not builds:
         skipped.append("the CPU build is never used on a node with NVIDIA GPUs")
     return builds, skipped
+
+
+def _amd_builds(
+    facts: NodeFacts, arch: str, rocm: dict[str, Asset], vulkan: Asset | None
+) -> tuple[list[Build], list[str]]:
+    """A node with AMD GPUs: the ROCm builds it can run (not one for a newer ROCm than the node
+    has), newest first, then Vulkan; the CPU build never, which would run its models on the CPU.
+    Each build counts only once `--list-devices` shows the cards (verify.check)."""
+    builds: list[Build] = []
+    skipped: list[str] = []
+    have = (
+        _version_key(facts.rocm_version.split("-")[0])
+        if facts.rocm_version and _ROCM_RE.match(facts.rocm_version)
+        else None
+    )
+    for version in sorted(rocm, key=_version_key, reverse=True):
+        if have is not None and have[:2] < _version_key(version)[:2]:
+            skipped.append(f"ROCm {version}: built for ROCm {version}, this node has ROCm {facts.rocm_version}")
+            continue
+        builds.append(Build(key=f"rocm-{version}-{arch}", asset=rocm[version], gpu=True, packages=("libgomp1",)))
+    if not rocm:
+        skipped.append(f"the release has no ROCm build for {arch}")
+    if vulkan is not None:
+        builds.append(Build(key=f"vulkan-{arch}", asset=vulkan, gpu=True, packages=("libgomp1", "libvulkan1")))
+    else:
+        skipped.append(f"the release has no Vulkan build for {arch}")
+    if not builds:
+        skipped.append("the CPU build is never used on a node with AMD GPUs")
+    return builds, skipped
+
+
+_ROCM_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?(?:-\S*)?$")

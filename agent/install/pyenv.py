@@ -98,8 +98,10 @@ if gpu:
     import torch
     out["torch"] = getattr(torch, "__version__", None)
     out["cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
+    out["hip"] = getattr(getattr(torch, "version", None), "hip", None)
     if not torch.cuda.is_available():
-        out["error"] = "torch %s (CUDA %s) sees no GPU" % (out["torch"], out["cuda"])
+        runtime = ("HIP %s" % out["hip"]) if out["hip"] else ("CUDA %s" % out["cuda"])
+        out["error"] = "torch %s (%s) sees no GPU" % (out["torch"], runtime)
         print(json.dumps(out)); sys.exit(0)
     try:
         x = torch.ones((256, 256), device="cuda")
@@ -140,7 +142,15 @@ class Variant:
 
     @property
     def label(self) -> str:
+        if self.rocm:
+            digits = self.key[4:]
+            return f"ROCm {digits[0]}.{digits[1:2] or '0'} ({self.key})"
         return f"CUDA {self.key[2:-1]}.{self.key[-1]} ({self.key})"
+
+    @property
+    def rocm(self) -> bool:
+        """A build for AMD GPUs (``+rocm700``): it carries its own torch."""
+        return self.key.startswith("rocm")
 
 
 @dataclass(frozen=True)
@@ -197,7 +207,7 @@ def parse_variants(engine: str, version: str, assets: Iterable[Asset], arch: str
     package = PACKAGES[engine]
     wheel_arch = _WHEEL_ARCH.get(arch.lower())
     pattern = re.compile(
-        rf"^{re.escape(package)}-{re.escape(version)}\+(cu\d{{3}})-[^-]+-[^-]+-(?:[A-Za-z0-9_.]*_)?"
+        rf"^{re.escape(package)}-{re.escape(version)}\+(cu\d{{3}}|rocm\d{{2,4}})-[^-]+-[^-]+-(?:[A-Za-z0-9_.]*_)?"
         rf"{re.escape(wheel_arch or '-')}\.whl$"
     )
     variants: dict[str, Variant] = {}
@@ -209,6 +219,9 @@ def parse_variants(engine: str, version: str, assets: Iterable[Asset], arch: str
         if not match or match.group(1) in variants:
             continue
         key = match.group(1)
+        if key.startswith("rocm"):
+            variants[key] = Variant(key, 0, wheel=asset)  # the ROCm wheel brings the torch it was built with
+            continue
         major = _variant_major(key)
         if major is None:
             continue
@@ -226,8 +239,10 @@ def choose_variants(
         return [], [f"{name} is installed on Linux nodes; this node runs {facts.os}"]
     if _WHEEL_ARCH.get(facts.arch.lower()) is None:
         return [], [f"no {name} build for the {facts.arch} architecture"]
+    if facts.amd and not facts.nvidia:
+        return _rocm_variants(name, variants)
     if not facts.nvidia:
-        return [], [f"{name} runs on NVIDIA GPUs and this node has none"]
+        return [], [f"{name} runs on NVIDIA or AMD GPUs and this node has neither"]
     driver = facts.driver_major
     known = [cc for cc in (compute_capability(gpu) for gpu in facts.gpus) if cc is not None]
     oldest = min(known) if known else None
@@ -238,6 +253,8 @@ def choose_variants(
     wanted = {"auto": None, "cu13": 13, "cu129": 12}[spec.build]
     chosen, skipped = [], []
     for variant in variants:
+        if variant.rocm:
+            continue  # for AMD GPUs, which this node has none of
         if wanted == 13 and variant.cuda_major != 13:
             continue
         if wanted == 12 and variant.key != "cu129":
@@ -257,6 +274,16 @@ def choose_variants(
         have = ", ".join(v.key for v in variants) or "none"
         skipped.append(f"this node is set to the {spec.build} build, which this release does not publish ({have})")
     return chosen, skipped
+
+
+def _rocm_variants(name: str, variants: Sequence[Variant]) -> tuple[list[Variant], list[str]]:
+    """A node with AMD GPUs runs the ROCm wheels of the release, newest first (the package index's
+    build is CUDA's); the environment's check proves torch computes on the card before it counts."""
+    chosen = sorted((v for v in variants if v.rocm), key=lambda v: v.key, reverse=True)
+    if chosen:
+        return chosen, []
+    have = ", ".join(v.key for v in variants) or "none"
+    return [], [f"{name} on AMD GPUs needs a ROCm wheel (+rocmNNN); this release publishes {have}"]
 
 
 # --------------------------------------------------------------------------- uv

@@ -51,6 +51,7 @@ LIBRARY_SOURCES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^libOpenCL\.so\.1$", "ocl-icd-libopencl1"),
         (r"^lib(cuda|nvidia-ml)\.so(\.1)?$", "the NVIDIA driver"),
         (r"^lib(cudart|cublas|cublasLt|curand|cusparse|nvrtc)\.so\.\d+", "the CUDA runtime archive for this build"),
+        (r"^lib(amdhip64|hipblas|hipblaslt|rocblas|rocsolver|hsa-runtime64)\.so", "the ROCm runtime"),
     )
 )
 
@@ -68,6 +69,8 @@ def library_fix(missing: Iterable[str]) -> str:
         elif source.startswith("the "):
             if source == "the NVIDIA driver":
                 text = f"{library} comes with the NVIDIA driver: install the driver, or use a CPU build on this node"
+            elif source == "the ROCm runtime":
+                text = f"{library} comes with ROCm: install it (amdgpu-install --usecase=rocm), or use the Vulkan build"
             else:
                 text = f"{library} comes with the CUDA runtime archive for this build: unpack it next to the binary"
             if text not in others:
@@ -192,6 +195,6 @@ def check(
         if not devices:
             raise VerifyError(
                 f"{binary.name} --list-devices shows no GPU: this build would run on the CPU "
-                "(its GPU backend did not load: CUDA runtime or driver missing)"
+                "(its GPU backend did not load: the CUDA or ROCm runtime, the Vulkan loader or the driver missing)"
             )
     return Verified(build=version[0], commit=version[1], version_line=line, devices=devices)

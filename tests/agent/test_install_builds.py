@@ -178,3 +178,26 @@ def test_a_file_that_is_not_a_program_is_refused(tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("x")
     with pytest.raises(VerifyError, match="not an executable file"):
         check(tmp_path / "plain", gpu=False)
+
+
+MI300X = {"name": "AMD Instinct MI300X", "vendor": "amd", "gpu_class": "MI300X-192GB"}
+
+
+def test_an_amd_node_gets_the_rocm_build_then_vulkan_and_never_the_cpu_build() -> None:
+    amd = NodeFacts(arch="x86_64", gpus=(MI300X,), rocm_version="7.2.0")
+    builds, skipped = choose_builds(amd, ASSETS)
+    assert [b.key for b in builds] == ["rocm-7.2-x64", "vulkan-x64"] and all(b.gpu for b in builds)
+    older = NodeFacts(arch="x86_64", gpus=(MI300X,), rocm_version="6.1.0-82")
+    builds, skipped = choose_builds(older, ASSETS)
+    assert [b.key for b in builds] == ["vulkan-x64"]
+    assert skipped == ["ROCm 7.2: built for ROCm 7.2, this node has ROCm 6.1.0-82"]
+    no_gpu_builds = [a for a in ASSETS if "rocm" not in a.name and "vulkan" not in a.name]
+    builds, skipped = choose_builds(amd, no_gpu_builds)
+    assert builds == [] and skipped[-1] == "the CPU build is never used on a node with AMD GPUs"
+
+
+def test_a_rocm_or_vulkan_build_counts_only_once_it_lists_an_amd_card() -> None:
+    listed = "ggml_cuda_init: found 0\nAvailable devices:\n  ROCm0: AMD Instinct MI300X (196592 MiB, 196400 MiB free)\n"
+    assert parse_devices(listed) == ("ROCm0: AMD Instinct MI300X (196592 MiB, 196400 MiB free)",)
+    vulkan = "Available devices:\n  Vulkan0: AMD Instinct MI300X (RADV GFX942) (196592 MiB, 196000 MiB free)\n"
+    assert parse_devices(vulkan)[0].startswith("Vulkan0: AMD Instinct MI300X")

@@ -187,7 +187,7 @@ def test_the_nodes_build_choice_narrows_the_variants_and_a_failed_switch_keeps_t
 @pytest.mark.parametrize(
     ("gpus", "driver", "min_compute", "expected"),
     [
-        ([], None, "7.5", "unavailable: vLLM runs on NVIDIA GPUs and this node has none"),
+        ([], None, "7.5", "unavailable: vLLM runs on NVIDIA or AMD GPUs and this node has neither"),
         ([V100], "550.54.15", "7.5", "vLLM needs compute capability 7.5 or newer; this node's oldest GPU is 7.0"),
     ],
 )
@@ -311,6 +311,29 @@ def test_the_variants_are_read_off_the_release_listing() -> None:
     assert skipped == ["CUDA 13.0 (cu130): needs NVIDIA driver 580 or newer, this node has 535"]
     chosen, skipped = pyenv.choose_variants(facts, variants, pyenv.PythonEngine(build="cu13"))
     assert chosen == [] and skipped == ["CUDA 13.0 (cu130): needs NVIDIA driver 580 or newer, this node has 535"]
+
+
+def test_an_amd_node_takes_the_release_s_rocm_wheel_and_never_a_cuda_one() -> None:
+    def asset(name: str) -> Asset:
+        return Asset(name, 1, "0" * 64, (f"https://example/{name}",))
+
+    listing = [
+        asset("vllm-0.14.0+cu130-cp38-abi3-manylinux_2_35_x86_64.whl"),
+        asset("vllm-0.14.0+rocm700-cp312-cp312-manylinux_2_35_x86_64.whl"),
+    ]
+    spec = pyenv.PythonEngine()
+    variants = pyenv.parse_variants("vllm", "0.14.0", listing, "x86_64", spec)
+    rocm = next(v for v in variants if v.rocm)
+    assert (rocm.key, rocm.torch_index, rocm.label) == ("rocm700", None, "ROCm 7.0 (rocm700)")
+    amd = NodeFacts(arch="x86_64", gpus=({"name": "AMD Instinct MI300X", "vendor": "amd"},))
+    chosen, skipped = pyenv.choose_variants(amd, variants, spec)
+    assert [v.key for v in chosen] == ["rocm700"] and skipped == []
+    chosen, skipped = pyenv.choose_variants(amd, [v for v in variants if not v.rocm], spec)
+    assert chosen == [] and skipped == [
+        "vLLM on AMD GPUs needs a ROCm wheel (+rocmNNN); this release publishes cu130, cu129"
+    ]
+    nvidia = NodeFacts(arch="x86_64", driver_version="590.48.01", gpus=({"name": "NVIDIA H100 80GB HBM3"},))
+    assert "rocm700" not in [v.key for v in pyenv.choose_variants(nvidia, variants, spec)[0]]
 
 
 def test_sglang_is_built_the_same_way_and_started_as_its_python(tmp_path: Path, built: dict[str, Path]) -> None:
