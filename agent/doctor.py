@@ -55,6 +55,7 @@ __all__ = [
     "exit_status",
     "format_lines",
     "gpu_checks",
+    "install_checks",
     "library_fix",
     "load_installed",
     "model_dir_checks",
@@ -359,7 +360,8 @@ def load_installed(config: AgentConfig) -> tuple[dict[str, Any], Check | None]:
 def engine_checks(
     config: AgentConfig, installed: Mapping[str, Mapping[str, Any]] | None = None, *, timeout: float = 5.0
 ) -> list[Check]:
-    """One check per engine in the manifest and per engine agent.yaml names (each binary once)."""
+    """One check per engine in the manifest and per engine agent.yaml names (each binary once),
+    and one per engine the agent could not install (`install_checks`)."""
     checks: list[Check] = []
     manifest: Mapping[str, Any]
     if installed is None:
@@ -389,7 +391,8 @@ def engine_checks(
         seen[os.path.realpath(resolved)] = label
         labels.add(label)
         checks.append(_safe_engine_check(label, binary, None, config, timeout))
-    if not any(c.name.startswith("engine ") for c in checks):
+    checks += install_checks(config)
+    if not any(c.name.startswith(("engine ", "install ")) for c in checks):
         checks.append(
             Check(
                 "engines",
@@ -400,6 +403,46 @@ def engine_checks(
             )
         )
     return checks
+
+
+#: What the agent's installer says of an engine it cannot install (agent.install.manager's
+#: status.json): how bad each state is for this node.
+_INSTALL_STATES = {"waiting:": WARN, "failed:": FAIL, "refused:": FAIL}
+
+
+def install_checks(config: AgentConfig) -> list[Check]:
+    """One check per engine the agent is waiting for, failed to install or refused an archive of
+    (``<state_dir>/engines/status.json``), with the control plane's fix where it sent one: the
+    command that gives this node an archive."""
+    path = Path(config.state_dir) / "engines" / "status.json"
+    try:
+        data = json.loads(_in_thread(path.read_text, 5.0, f"reading {path}"))
+    except FileNotFoundError:
+        return []
+    except (OSError, TimeoutError, ValueError) as exc:
+        return [Check("engine installs", WARN, f"cannot read {path}: {exc}")]
+    checks = []
+    for name, state in sorted(data.items() if isinstance(data, dict) else []):
+        status = state.get("status") if isinstance(state, Mapping) else None
+        severity = next(
+            (v for k, v in _INSTALL_STATES.items() if isinstance(status, str) and status.startswith(k)), None
+        )
+        if severity is None:
+            continue
+        fix = state.get("fix") if isinstance(state.get("fix"), str) else ""
+        checks.append(Check(f"install {name}", severity, str(status), fix or _install_fix(str(status))))
+    return checks
+
+
+def _install_fix(status: str) -> str:
+    if status.startswith("refused:"):
+        return (
+            "the archive offered is not the one published, or unsafe: give the control plane a good copy "
+            "(llmgw engine-files fetch TAG, or llmgw engine-files add FILE)"
+        )
+    if status.startswith("waiting:"):
+        return "the control plane has no archive for this node yet: see its engines on the cluster page"
+    return "see the agent's log; the install is tried again every minute"
 
 
 # --------------------------------------------------------------------------- GPUs

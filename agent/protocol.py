@@ -324,8 +324,13 @@ DESIRED_ENGINE = obj(
     {
         "note": STR,
         "unreachable": nullable(boolean),
+        # What gives the node an archive where the control plane holds none that suits it.
+        "fix": STR,
         "source": nullable(
-            obj({"package": string(200), "version": string(64), "sha256": string(64)}, {"subdir": string(300)})
+            obj(
+                {"package": string(200), "version": string(64), "sha256": string(64)},
+                {"subdir": string(300), "after_refusal": nullable(boolean)},
+            )
         ),
         "assets": _RELEASE_ASSETS,
         # vLLM and SGLang (uv-built environments)

@@ -61,6 +61,7 @@ __all__ = [
     "SOURCE",
     "UV_RELEASE",
     "Limits",
+    "NoRoom",
     "UnsafeArchive",
     "archive_format",
     "extract",
@@ -103,6 +104,11 @@ class UnsafeArchive(Exception):
     """An archive that was not extracted; ``str()`` names the member and why.
 
     Also raised for an archive that cannot be read (corrupt or truncated data)."""
+
+
+class NoRoom(UnsafeArchive):
+    """An archive that was not extracted because the disk cannot take it and keep its reserve:
+    the node's condition, not a fault of the archive."""
 
 
 @dataclass(frozen=True)
@@ -302,7 +308,7 @@ class _Budget:
         return count
 
     def _disk(self, said: str, amount: int) -> UnsafeArchive:
-        return UnsafeArchive(
+        return NoRoom(
             f"{said} {amount:,} bytes and {self.where} has {self.free:,} bytes free: unpacking would leave "
             f"less than the {size_text(self.reserve)} this node keeps free"
         )

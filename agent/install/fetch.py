@@ -27,6 +27,7 @@ from agent.install.redirects import Destinations, handlers
 __all__ = [
     "CHUNK_BYTES",
     "PROGRESS_EVERY_S",
+    "DigestMismatch",
     "FetchError",
     "download",
     "fetch_text",
@@ -47,6 +48,10 @@ _HEX_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 class FetchError(Exception):
     """A download that did not produce a verified file; ``str()`` is a one-line reason."""
+
+
+class DigestMismatch(FetchError):
+    """The whole file arrived and is not the one published: a refusal, not a network fault."""
 
 
 def human_bytes(n: int) -> str:
@@ -156,7 +161,7 @@ def download(
             out.flush()
             os.fsync(out.fileno())
         if digest != expected:
-            raise FetchError(f"digest mismatch for {name}: expected sha256 {expected[:12]}…, got {digest[:12]}…")
+            raise DigestMismatch(f"digest mismatch for {name}: expected sha256 {expected[:12]}…, got {digest[:12]}…")
         os.replace(part, dest)
     except BaseException as exc:
         part.unlink(missing_ok=True)

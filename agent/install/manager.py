@@ -24,10 +24,22 @@ Installed engines are checked again every `recheck_interval` seconds (ten minute
 fails (an upgrade removed a library) is withdrawn at once, so placement stops offering it, and
 installed again after `retry_after` seconds.
 
+A CPU node compiles llama.cpp from the control plane's source distribution (`source.build`)
+only where no archive can be had: the release could not be read and the control plane holds none,
+or every download failed. An archive that arrived and was refused (its digest is not the one
+published, or it would unpack outside its directory) is a different matter: the node says
+"refused: ..." and compiles nothing in its place, unless the control plane allows it
+(`LLMGW_ENGINE_SOURCE_AFTER_REFUSAL`, sent as the source's `after_refusal`). Then the refusal stays
+in the engine's status beside the compiled build, which is reported as what it is (its own
+`--version`, its `source-...` build), and the same refused offer is not fetched again for an hour
+unless the control plane offers another (a new digest or address).
+
 `report()` is what the agent tells the control plane: `probed` (so an empty list reads "has
 none"), each usable engine with its version and build, and per engine what is happening in the
 node's own words ("installing: downloading llama-b10991-bin-ubuntu-x64.tar.gz (16 MB, 40 %)",
-"failed: ...").
+"failed: ...", "refused: ..."), followed by the control plane's fix where it sent one (the command
+that gives the node an archive). Waiting, failed and refused states are also written to
+`<state_dir>/engines/status.json`, where `llmgw doctor` reads them.
 """
 
 from __future__ import annotations
@@ -50,18 +62,27 @@ from typing import Any
 
 from agent.bounded import size_text
 from agent.install import pyenv, verify
-from agent.install.archive import ENGINE_RELEASE, RESERVE_BYTES, UV_RELEASE, Limits, UnsafeArchive, extract
+from agent.install.archive import ENGINE_RELEASE, RESERVE_BYTES, UV_RELEASE, Limits, NoRoom, UnsafeArchive, extract
 from agent.install.builds import Asset, Build, NodeFacts, choose_builds, parse_assets
-from agent.install.fetch import FetchError, download, fetch_text, human_bytes, progress_text
+from agent.install.fetch import DigestMismatch, FetchError, download, fetch_text, human_bytes, progress_text
 from agent.install.source import SourceBuild, SourceError, index_url, parse_source
 from agent.install.source import build as build_from_source
 
-__all__ = ["DesiredEngine", "InstallError", "Installer", "has_cuda_runtime", "parse_desired_engines"]
+__all__ = ["DesiredEngine", "InstallError", "Installer", "Refused", "has_cuda_runtime", "parse_desired_engines"]
 
 log = logging.getLogger("llmgw.agent.install")
 
 MANIFEST = "installed.json"
+#: The states `llmgw doctor` reads: engine -> {"status", "fix"} for waiting, failed and refused ones.
+STATUS_FILE = "status.json"
+#: Where a compiled llama.cpp keeps its unpacked source and build tree, by the source's digest.
+SOURCE_BUILDS = ".source-builds"
+#: The longest engine status the protocol carries (agent.protocol.ENGINE_FIELDS).
+STATUS_MAX = 2000
 RECHECK_INTERVAL_S = 600.0
+#: An offer refused (digest, unsafe path) is fetched again after this long, or at once when the
+#: control plane offers another file (a new digest or address).
+RETRY_REFUSED_S = 3600.0
 RETRY_AFTER_S = 60.0
 BINARIES = {"llama.cpp": "llama-server"}
 #: Engines that are Python environments built by uv (agent/install/pyenv.py).
@@ -80,6 +101,10 @@ class Unavailable(InstallError):
     """The node cannot have this engine (no GPU, a driver too old): said, but not a fault."""
 
 
+class Refused(InstallError):
+    """An archive arrived and was refused (its digest, an unsafe path): str() says which and why."""
+
+
 @dataclass(frozen=True)
 class DesiredEngine:
     engine: str
@@ -90,6 +115,7 @@ class DesiredEngine:
     source: SourceBuild | None = None  # a source distribution to compile a CPU build from, last
     python: pyenv.PythonEngine | None = None  # for vLLM and SGLang: how to build the environment
     listed: bool = False  # the control plane has read (or tried to read) the release
+    fix: str | None = None  # the control plane's word on what gives this node an archive
 
 
 def parse_desired_engines(items: Any) -> list[DesiredEngine]:
@@ -113,6 +139,7 @@ def parse_desired_engines(items: Any) -> list[DesiredEngine]:
                 source=parse_source(item.get("source")),
                 python=pyenv.parse_python_engine(item) if engine in PYTHON_ENGINES else None,
                 listed="assets" in item,
+                fix=str(item["fix"]) if item.get("fix") else None,
             )
         )
     return wanted
@@ -141,6 +168,9 @@ def has_cuda_runtime(root: str = "/") -> bool:
 class _State:
     status: str | None = None
     failed_at: float | None = None
+    fix: str | None = None  # the control plane's, shown after a waiting, failed or refused status
+    # Offers refused (name, sha256, urls) -> (when, why): not fetched again until RETRY_REFUSED_S.
+    refused: dict[tuple[str, str | None, tuple[str, ...]], tuple[float, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -201,11 +231,13 @@ class Installer:
             }
 
     def report(self) -> dict[str, Any]:
+        """What is installed (each with what it runs: a compiled build is not the release it stands
+        in for) and, per engine, its status with the control plane's fix after a problem."""
         with self.lock:
             installed = [
                 {
                     "engine": name,
-                    "version": entry.get("version"),
+                    "version": _what_runs(entry),
                     "build": entry.get("build"),
                     "path": entry.get("path"),
                     "devices": entry.get("devices") or [],
@@ -213,7 +245,7 @@ class Installer:
                 for name, entry in sorted(self.manifest.items())
                 if name not in self.configured
             ]
-            status = {name: state.status for name, state in sorted(self.states.items()) if state.status}
+            status = {name: _shown(state) for name, state in sorted(self.states.items()) if state.status}
         return {"probed": self.probed, "installed": installed, "status": status}
 
     def _changed(self) -> None:
@@ -237,10 +269,30 @@ class Installer:
             state = self.states.setdefault(engine, _State())
             if state.status == text:
                 return
-            state.status = text
+            before, state.status = state.status, text
         if text:
-            log.info("engine %s: %s", engine, text)
+            log.info("engine %s: %s", engine, _shown(state))
+        if _lasting(before) or _lasting(text):
+            self._save_status()
         self._changed()
+
+    def _save_status(self) -> None:
+        """Write the waiting, failed and refused states for `llmgw doctor` (best effort: the
+        agent's own report does not depend on it)."""
+        with self.lock:
+            lasting = {
+                name: {"status": state.status, "fix": state.fix}
+                for name, state in sorted(self.states.items())
+                if _lasting(state.status)
+            }
+        path = self.root / STATUS_FILE
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{STATUS_FILE}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(lasting, indent=2, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc)
 
     # ----------------------------------------------------------------- staging left behind
 
@@ -258,7 +310,7 @@ class Installer:
             return done
         for child in sorted(self.root.iterdir()):
             if child.name.startswith(".staging-") or (
-                child.name.startswith(f".{MANIFEST}.") and child.name.endswith(".tmp")
+                child.name.startswith((f".{MANIFEST}.", f".{STATUS_FILE}.")) and child.name.endswith(".tmp")
             ):
                 done.append(_remove(child))
             elif child.name == ".tools" and child.is_dir() and not child.is_symlink():
@@ -333,6 +385,7 @@ class Installer:
             with self.lock:
                 entry = self.manifest.get(item.engine)
                 state = self.states.setdefault(item.engine, _State())
+                state.fix = item.fix
             if item.python is not None:
                 self._converge_python(item, entry, state)
                 continue
@@ -351,7 +404,7 @@ class Installer:
                 self.install(item)
             except InstallError as exc:
                 state.failed_at = time.monotonic()
-                self._status(item.engine, f"failed: {exc}")
+                self._status(item.engine, f"{'refused' if isinstance(exc, Refused) else 'failed'}: {exc}")
                 log.warning("engine %s %s: %s", item.engine, item.version, exc)
             else:
                 state.failed_at = None
@@ -380,11 +433,17 @@ class Installer:
             state.failed_at = None
 
     def _replace_compiled(self, item: DesiredEngine, state: _State) -> None:
-        """Try the release's own builds over an engine compiled from source; keep it when none works."""
-        facts = self.facts()
-        for build in choose_builds(facts, item.assets)[0]:
+        """Try the release's own builds over an engine compiled from source; keep it when none works.
+        A refused offer is said (and not fetched again for an hour); otherwise nothing is wrong."""
+        refused = None
+        for build in choose_builds(self.facts(), item.assets)[0]:
             try:
-                self._install_build(item, build)
+                self._try_build(item, build, state)
+            except Refused as exc:
+                said = f"refused: {build.key}: {exc}"
+                known = state.status or ""  # the same refusal already said stays as it was said
+                refused = known if known.startswith(said) else f"{said}; {_compiled_stays(item)}"
+                continue
             except (FetchError, UnsafeArchive, verify.VerifyError, InstallError, OSError, ValueError) as exc:
                 log.info(
                     "engine %s %s, build %s, instead of the compiled one: %s", item.engine, item.version, build.key, exc
@@ -394,16 +453,27 @@ class Installer:
             self._status(item.engine, None)
             return
         state.failed_at = time.monotonic()  # the compiled one stays; try again after retry_after
-        self._status(item.engine, None)  # and it works: nothing is wrong on the node
+        # It works: nothing is wrong on the node, unless an archive was refused (that stays said).
+        self._status(item.engine, refused)
 
     def install(self, item: DesiredEngine) -> dict[str, Any]:
+        """Install the best build that works; where none does, compile the control plane's source on
+        a CPU node, but not in place of a refused archive unless the control plane allows it.
+        InstallError says why nothing was installed (Refused when an archive was refused)."""
         facts = self.facts()
         builds, skipped = choose_builds(facts, item.assets)
         # Without a listing, what the control plane said is the reason, not the builds it lacks.
         reasons = list(skipped) if item.assets else [item.note] if item.note else []
+        refusals: list[str] = []
+        with self.lock:
+            state = self.states.setdefault(item.engine, _State())
         for build in builds:
             try:
-                entry = self._install_build(item, build)
+                entry = self._try_build(item, build, state)
+            except Refused as exc:
+                refusals.append(f"{build.key}: {exc}")
+                log.warning("engine %s %s, build %s refused: %s", item.engine, item.version, build.key, exc)
+                continue
             except (FetchError, UnsafeArchive, verify.VerifyError, InstallError, OSError, ValueError) as exc:
                 if self.stopping.is_set():
                     raise InstallError("stopped: the agent is stopping") from None
@@ -412,12 +482,15 @@ class Installer:
                 continue
             self._status(item.engine, None)
             return entry
-        if item.source is not None and _compiles(facts) and not self.stopping.is_set():
+        source = item.source if _compiles(facts) and not self.stopping.is_set() else None
+        if refusals:
+            return self._compile_after_refusal(item, source, "; ".join(refusals + reasons))
+        if source is not None:
             # Neither GitHub nor the control plane gave a working archive: compile one.
             try:
-                entry = self._install_source(item, item.source, facts)
+                entry = self._install_source(item, source, facts)
             except (SourceError, UnsafeArchive, verify.VerifyError, InstallError, OSError, ValueError) as exc:
-                reasons.append(f"{item.source.key}: {exc}")
+                reasons.append(f"{source.key}: {exc}")
             else:
                 self._status(item.engine, None)
                 return entry
@@ -425,11 +498,51 @@ class Installer:
             reasons.append("no build of this release suits this node")
         raise InstallError("; ".join(reasons))
 
+    def _try_build(self, item: DesiredEngine, build: Build, state: _State) -> dict[str, Any]:
+        """Install one build; Refused when its archive is refused now, or was within the hour and the
+        control plane still offers the same file (it is not fetched again)."""
+        key = _offer(build)
+        earlier = state.refused.get(key)
+        if earlier is not None and time.monotonic() - earlier[0] < RETRY_REFUSED_S:
+            raise Refused(earlier[1])
+        try:
+            return self._install_build(item, build)
+        except NoRoom:
+            raise  # the node's disk, not the archive
+        except (DigestMismatch, UnsafeArchive) as exc:
+            state.refused[key] = (time.monotonic(), str(exc))
+            raise Refused(str(exc)) from None
+
+    def _compile_after_refusal(self, item: DesiredEngine, source: SourceBuild | None, refused: str) -> dict[str, Any]:
+        """After a refused archive: Refused, unless the control plane allows a compiled build in its
+        place (then the refusal stays in the status beside it)."""
+        if source is None:
+            raise Refused(refused)
+        if not source.after_refusal:
+            raise Refused(
+                f"{refused}; not compiled from {source.package} {source.version} in its place: the control "
+                "plane allows that only with LLMGW_ENGINE_SOURCE_AFTER_REFUSAL"
+            )
+        try:
+            entry = self._install_source(item, source, self.facts())
+        except (SourceError, UnsafeArchive, verify.VerifyError, InstallError, OSError, ValueError) as exc:
+            raise Refused(f"{refused}; {source.key}: {exc}") from None
+        self._status(
+            item.engine,
+            f"refused: {refused}; {_compiled_stays(item)}, as the control plane allows "
+            "(LLMGW_ENGINE_SOURCE_AFTER_REFUSAL)",
+        )
+        return entry
+
     def _install_source(self, item: DesiredEngine, source: SourceBuild, facts: NodeFacts) -> dict[str, Any]:
         scratch = self.root / f".staging-{item.engine}-{secrets.token_hex(4)}"
         try:
             built = build_from_source(
-                source, scratch / "work", tools=self.tools, status=lambda text: self._status(item.engine, text)
+                source,
+                scratch / "work",
+                tools=self.tools,
+                status=lambda text: self._status(item.engine, text),
+                cache=self.root / SOURCE_BUILDS,
             )
             tree = scratch / "tree" / f"llama-{source.key}"
             tree.mkdir(parents=True)
@@ -438,7 +551,7 @@ class Installer:
             shutil.rmtree(scratch / "work", ignore_errors=True)
             arch = "arm64" if facts.arch.lower() in ("aarch64", "arm64") else "x64"
             build = Build(key=f"{source.key}-{arch}", asset=Asset(source.key, None, source.sha256, ()), gpu=False)
-            return self._place(item, build, scratch / "tree", binary)
+            return self._place(item, build, scratch / "tree", binary, compiled_from=source)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -680,7 +793,7 @@ class Installer:
             raise FetchError(f"no address to fetch {asset.name} from")
         dest = folder / asset.name
         self._check_room(asset, folder)
-        failures = []
+        failures: list[FetchError] = []
         for listed in asset.urls:
             url, headers = self._address(listed)
 
@@ -699,8 +812,10 @@ class Installer:
                 )
                 return dest
             except FetchError as exc:
-                failures.append(str(exc))
-        raise FetchError("; ".join(failures))
+                failures.append(exc)
+        text = "; ".join(str(exc) for exc in failures)
+        # A whole file that is not the one published, from any address, is refused as such.
+        raise DigestMismatch(text) if any(isinstance(e, DigestMismatch) for e in failures) else FetchError(text)
 
     def _check_room(self, asset: Asset, folder: Path) -> None:
         """FetchError when the download would leave less than the reserve free on the node's disk."""
@@ -741,8 +856,11 @@ class Installer:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _place(self, item: DesiredEngine, build: Build, tree: Path, binary: Path) -> dict[str, Any]:
-        """Check the unpacked (or built) engine, then rename it into place and record it."""
+    def _place(
+        self, item: DesiredEngine, build: Build, tree: Path, binary: Path, compiled_from: SourceBuild | None = None
+    ) -> dict[str, Any]:
+        """Check the unpacked (or built) engine, then rename it into place and record it (a compiled
+        one with the source it was built from: `version` stays the release it stands in for)."""
         self._status(item.engine, f"installing: checking {build.key}")
         checked = self._verify(binary, build)
         final = self.root / item.engine / f"{item.version}-{build.key}"
@@ -762,6 +880,8 @@ class Installer:
             "installed_at": time.time(),
             "checked_at": time.time(),
         }
+        if compiled_from is not None:
+            entry["source"] = f"{compiled_from.package} {compiled_from.version}"
         with self.lock:
             previous = self.manifest.get(item.engine)
             self.manifest[item.engine] = entry
@@ -881,11 +1001,51 @@ def _restore_or_remove(old: Path) -> str:
 
 def _running_label(entry: dict[str, Any]) -> str:
     """ "0.5.0-dev (build 1, commit 0c1e570), source-llama-cpp-python-0.3.36-x64" from the version
-    line the check read; "b10991 (cpu-x64)" (release and build) for an entry without one."""
+    line the check read; "b10991 (cpu-x64)" (release and build) for an entry without one, and for
+    a compiled one without it the source it was built from, never the release it stands in for."""
     line = str(entry.get("version_line") or "").strip()
     said = line.split(":", 1)[1].strip() if line.lower().startswith("version:") else ""
-    label = f"{said}, {entry.get('build')}" if said else f"{entry.get('version')} ({entry.get('build')})"
+    label = f"{said}, {entry.get('build')}" if said else f"{_what_runs(entry)} ({entry.get('build')})"
     return label[:200]  # as the protocol carries it
+
+
+def _what_runs(entry: Mapping[str, Any]) -> str | None:
+    """The release an install is, or for a compiled one the source it was built from."""
+    if entry.get("source"):
+        return f"{entry['source']} source"
+    if str(entry.get("build") or "").startswith("source-"):  # compiled by an agent that kept no source
+        return str(entry["build"]).removeprefix("source-").rsplit("-", 1)[0] + " source"
+    version = entry.get("version")
+    return None if version is None else str(version)
+
+
+def _compiled_stays(item: DesiredEngine) -> str:
+    source = item.source
+    what = f"{source.package} {source.version}" if source is not None else "source"
+    return f"running llama.cpp compiled from {what} in its place"
+
+
+def _offer(build: Build) -> tuple[str, str | None, tuple[str, ...]]:
+    """What identifies the file(s) a build is fetched from: another digest or address is a new offer."""
+    assets = (build.asset,) if build.runtime is None else (build.asset, build.runtime)
+    return (
+        "+".join(a.name for a in assets),
+        "+".join(a.sha256 or "-" for a in assets),
+        tuple(url for a in assets for url in a.urls),
+    )
+
+
+def _lasting(status: str | None) -> bool:
+    """A status that stays until something changes (what `llmgw doctor` reads), not progress."""
+    return bool(status) and not str(status).startswith("installing:")
+
+
+def _shown(state: _State) -> str:
+    """The status as reported: the control plane's fix after a waiting, failed or refused one."""
+    text = state.status or ""
+    if state.fix and text.startswith(("waiting:", "failed:", "refused:")):
+        text = f"{text}; {state.fix}"
+    return text[:STATUS_MAX]
 
 
 def _rename_into_place(staged: Path, final: Path) -> None:

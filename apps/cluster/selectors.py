@@ -20,11 +20,12 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.accounts.access import can_change_cluster, can_read_everything
 from apps.cluster import services
 from apps.cluster.charts import line_chart
 from apps.cluster.choices import ShardState
-from apps.cluster.models import Gpu, Node, Shard
+from apps.cluster.models import Gpu, Node, Shard, device_label
 
 __all__ = [
     "Chart",
@@ -503,6 +504,90 @@ class GpuCard:
     def healthy(self) -> bool | None:
         return self.row.healthy if self.row else None
 
+    # What the device is: a card or a slice of one, and whose -------------------------------
+
+    def _text(self, key: str) -> str:
+        value = self.live.get(key)
+        if isinstance(value, str) and value:
+            return value
+        return str(getattr(self.row, key, "") or "") if self.row is not None else ""
+
+    @property
+    def vendor(self) -> str:
+        return self._text("vendor") or "nvidia"
+
+    @property
+    def vendor_name(self) -> str:
+        return {"nvidia": "NVIDIA", "amd": "AMD"}.get(self.vendor, self.vendor)
+
+    @property
+    def parent(self) -> int | None:
+        parent = self.live.get("parent")
+        if isinstance(parent, int) and not isinstance(parent, bool):
+            return parent
+        return self.row.parent_index if self.row is not None else None
+
+    @property
+    def kind(self) -> str:
+        return self._text("kind") or "gpu"
+
+    @property
+    def name(self) -> str:
+        """How it is named, the same in every language: "GPU 0", "GPU 0 MIG 2 (1g.10gb)"."""
+        return device_label(self.index, self.kind, self.parent, self._text("profile"))
+
+    @property
+    def split(self) -> bool:
+        return self.live.get("split") is True or bool(self.row is not None and self.row.split)
+
+    @property
+    def fault(self) -> str:
+        """Why the device cannot be trusted now, in its agent's words ("" when it can)."""
+        return services.gpu_fault(self.live) or (self.row.fault if self.row is not None else "")
+
+    @property
+    def device_id(self) -> str:
+        return self._text("device_id") if self.parent is not None else ""
+
+    @property
+    def share(self) -> str | None:
+        """A slice's part of its card as a fraction ("1/7"), None for a card."""
+        share = self._num("share")
+        if share is None and self.row is not None:
+            share = self.row.share
+        if share is None or share <= 0 or self.parent is None:
+            return None
+        whole = round(1 / share)
+        return f"1/{whole}" if abs(1 / share - whole) < 0.01 else f"{share:.2f}"
+
+    @property
+    def mig_mode(self) -> str:
+        return self._text("mig_mode")
+
+    @property
+    def mig_pending(self) -> str:
+        """The MIG mode after the next reset, where it is not the current one ("" otherwise)."""
+        pending = self._text("mig_pending")
+        return pending if pending and pending != self.mig_mode else ""
+
+    @property
+    def partitions(self) -> str:
+        """An AMD card's compute and memory partition modes: "CPX / NPS4"; "" where not said."""
+        compute, memory = self._text("compute_partition"), self._text("memory_partition")
+        return f"{compute or '-'} / {memory or '-'}" if compute or memory else ""
+
+    @property
+    def temperature_edge(self) -> float | None:
+        return self._num("temperature_edge_c")
+
+    @property
+    def temperature_junction(self) -> float | None:
+        return self._num("temperature_junction_c")
+
+    @property
+    def ecc_corrected(self) -> int | None:
+        return self._int("ecc_corrected")
+
 
 @dataclass(frozen=True)
 class ShardRow:
@@ -512,6 +597,8 @@ class ShardRow:
     shard: Shard
     cores_used: float | None
     memory_used: int | None
+    # Its devices by name ("GPU 0", "GPU 0 MIG 2 (1g.10gb)"), as the node's rows name them.
+    devices: tuple[str, ...] = ()
 
     @property
     def model(self) -> str:
@@ -565,12 +652,17 @@ def _shard_rows(node: Node, sample: dict[str, Any] | None) -> list[ShardRow]:
         .select_related("replica__model")
         .order_by("replica__model__name", "replica_id", "rank")
     )
+    names = {g.index: g.label for g in node.gpus.all()}
     rows = []
     for shard in shards:
         entry = measured.get(shard.shard_id, {})
+        devices = tuple(names.get(i) or f"GPU {i}" for i in shard.gpu_indices or () if isinstance(i, int))
         rows.append(
             ShardRow(
-                shard=shard, cores_used=_number(entry.get("cpu_cores")), memory_used=_integer(entry.get("memory_bytes"))
+                shard=shard,
+                cores_used=_number(entry.get("cpu_cores")),
+                memory_used=_integer(entry.get("memory_bytes")),
+                devices=devices,
             )
         )
     return rows
@@ -630,11 +722,16 @@ def _pools(sample: dict[str, Any] | None) -> list[Pool]:
     return pools
 
 
+def _card_of(index: int) -> int:
+    return index if index < SLICE_BASE else (index - SLICE_BASE) // SLICE_STRIDE
+
+
 def _gpu_cards(node: Node, sample: dict[str, Any] | None) -> list[GpuCard]:
     rows = {g.index: g for g in node.gpus.all()}
     live = {int(g["index"]): g for g in (sample or {}).get("gpus") or [] if _integer(g.get("index")) is not None}
     cards = []
-    for index in sorted(set(rows) | set(live)):
+    # A slice right after its card (its index names the card: agent.probes.mig.slice_parent).
+    for index in sorted(set(rows) | set(live), key=lambda i: (_card_of(i), i)):
         row, data = rows.get(index), live.get(index, {})
         label = data.get("gpu_class") or data.get("name") or (row.gpu_class or row.name if row else "") or "?"
         cards.append(GpuCard(index=index, label=str(label), row=row, live=data))
@@ -699,7 +796,8 @@ def node_charts(node: Node) -> list[Chart]:
         chart(_("Load (1 minute)"), series(lambda p: p.get("load"))),
     ]
     indexes = sorted(
-        {int(k) for p in points for k in (p.get("gpus") or {}) if str(k).isdigit()} | {g.index for g in node.gpus.all()}
+        {int(k) for p in points for k in (p.get("gpus") or {}) if str(k).isdigit()}
+        | {g.index for g in node.gpus.all() if g.parent_index is None}  # a slice has no figures of its own
     )
 
     def gpu_value(point: dict[str, Any], index: int, position: int) -> Any:

@@ -111,10 +111,10 @@ def test_an_upgrade_replaces_the_install_and_keeps_the_one_before(
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
-        ("digest", "digest mismatch"),
-        ("truncate", "truncated"),
-        ("missing", "HTTP 404"),
-        ("no-digest", "no sha256 published"),
+        ("digest", "refused: cpu-x64: digest mismatch"),  # it arrived whole and is not the file published
+        ("truncate", "failed: cpu-x64: truncated"),
+        ("missing", "failed: cpu-x64: HTTP 404"),
+        ("no-digest", "failed: cpu-x64: no sha256 published"),
     ],
 )
 def test_a_bad_download_is_refused_with_its_reason_and_the_old_engine_stays(
@@ -136,7 +136,7 @@ def test_a_bad_download_is_refused_with_its_reason_and_the_old_engine_stays(
         releases.digest_override[name] = None
     engines.converge_sync([desired(releases, "b200")])
     status = engines.report()["status"]["llama.cpp"]
-    assert status.startswith("failed: cpu-x64: ") and reason in status
+    assert status.startswith(reason), status
     assert engines.binaries() == before  # still b100
     assert engines.report()["installed"][0]["version"] == "b100"
     assert not list((tmp_path / "state" / "engines").glob(".staging-*"))
@@ -190,7 +190,7 @@ def test_a_malicious_archive_is_refused_before_anything_is_written(
     engines.converge_sync([desired(releases, "b100")])
     engines.converge_sync([desired(releases, "b666")])
     status = engines.report()["status"]["llama.cpp"]
-    assert status.startswith("failed: cpu-x64: ") and reason in status.lower()
+    assert status.startswith("refused: cpu-x64: ") and reason in status.lower()
     assert engines.report()["installed"][0]["version"] == "b100"
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "state" / "escaped").exists()
 
@@ -224,7 +224,7 @@ def test_a_release_past_what_an_engine_may_unpack_to_is_refused_with_the_numbers
     engines.converge_sync([desired(releases, "b666")])
     status = engines.report()["status"]["llama.cpp"]
     assert status == (
-        "failed: cpu-x64: member llama-b666/zeros.bin declares 37,748,736 bytes: "
+        "refused: cpu-x64: member llama-b666/zeros.bin declares 37,748,736 bytes: "
         "more than the limit of 32 MiB per member of an engine release archive"
     )
     assert engines.report()["installed"][0]["version"] == "b100"
@@ -391,6 +391,24 @@ def test_a_release_the_control_plane_could_not_read_waits_with_its_words(tmp_pat
     engines.converge_sync([item])
     assert engines.report()["status"] == {"llama.cpp": "waiting: the control plane cannot read release b9: HTTP 404"}
     assert parse_desired_engines([{"engine": "tensorrt", "version": "1"}, "junk", {"version": 2}]) == []
+
+
+def test_a_node_the_control_plane_holds_no_archive_for_says_the_command_that_fixes_it(tmp_path: Path) -> None:
+    from agent import doctor
+    from agent.config import AgentConfig
+
+    note = "the control plane cannot read release b9: cannot reach https://api.github.com/repos/..."
+    fix = "on the control plane, run “llmgw engine-files fetch b9” where GitHub can be reached"
+    engines, _ = installer(tmp_path)
+    (item,) = parse_desired_engines([{"engine": "llama.cpp", "version": "b9", "note": note, "fix": fix}])
+    engines.converge_sync([item])
+    assert engines.report()["status"] == {"llama.cpp": f"waiting: {note}; {fix}"}
+    config = AgentConfig(server="http://127.0.0.1:1", state_dir=tmp_path / "state")
+    assert doctor.install_checks(config) == [doctor.Check("install llama.cpp", "warn", f"waiting: {note}", fix)]
+    # Once it is installed there is nothing left to say, here or in the doctor.
+    engines.configured = {"llama.cpp": str(SERVER)}
+    engines.converge_sync([item])
+    assert engines.report()["status"] == {} and doctor.install_checks(config) == []
 
 
 @pytest.mark.skipif(not have_cc(), reason="needs cc to build the dynamically linked launcher")

@@ -4,6 +4,7 @@ The source is a tiny CMake project standing in for llama.cpp's: the same steps, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import shutil
@@ -12,12 +13,13 @@ import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.install.builds import NodeFacts
 from agent.install.manager import Installer, parse_desired_engines
-from agent.install.source import index_url
+from agent.install.source import SourceError, index_url
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("cmake", "cc", "c++")), reason="needs cmake and a C/C++ compiler"
@@ -102,9 +104,12 @@ def test_a_cpu_node_compiles_its_engine_when_no_release_can_be_had(tmp_path: Pat
     )
     engines.converge_sync(wanted(hashlib.sha256(archive.read_bytes()).hexdigest()))
     (entry,) = engines.report()["installed"]
-    assert entry["build"] == "source-llama-cpp-python-0.0.1-x64" and entry["version"] == "b10991"
+    # It stands in for release b10991 and is reported as what it is: built from the source.
+    assert entry["build"] == "source-llama-cpp-python-0.0.1-x64" and entry["version"] == "llama-cpp-python 0.0.1 source"
     assert engines.report()["status"] == {}
-    assert any("compiling llama.cpp (100 %)" in s for s in seen), seen
+    assert any("compiling llama.cpp (100 %" in s for s in seen), seen
+    # The time it takes is said before it starts, with whether a compiler cache helps.
+    assert any(s.startswith("installing: configuring llama.cpp (expected about ") for s in seen), seen
     assert engines.recheck_sync() == []  # it passes the same checks as any build
     # It stands in for release b10991 but is not it: the node reports what its --version says.
     assert engines.versions() == {"llama.cpp": "0.0.1-dev (build 7, commit abc1234), source-llama-cpp-python-0.0.1-x64"}
@@ -222,3 +227,169 @@ def test_stopping_the_agent_ends_a_build_under_way_and_leaves_no_compiler(
     else:
         raise AssertionError(f"the build's child {child} still runs")
     assert engines.binaries() == {}
+
+
+def _release(folder: Path, tag: str, *, escape: bool = False) -> Path:
+    """A small CPU release archive of `tag` (its llama-server is never run: it is refused first),
+    with a member that leaves the install directory when `escape`."""
+    import io
+
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / f"llama-{tag}-bin-ubuntu-x64.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in ((f"llama-{tag}/llama-server", b"#!/bin/sh\n"), (f"llama-{tag}/../../escaped", b"x")):
+            if name.endswith("escaped") and not escape:
+                continue
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def offered(github: Any, tag: str, digest: str, *, after_refusal: bool = False) -> list:
+    """The control plane's entry for a CPU node: the release's archive, and the source to compile."""
+    source = {"package": "llama-cpp-python", "version": "0.0.1", "sha256": digest, "after_refusal": after_refusal}
+    return parse_desired_engines(
+        [{"engine": "llama.cpp", "version": tag, "assets": github.release(tag)["assets"], "source": source}]
+    )
+
+
+def downloads(github: Any) -> list[str]:
+    return [path for path in github.requests if path.startswith("/objects/")]
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("digest", "refused: cpu-x64: digest mismatch for llama-b10991-bin-ubuntu-x64.tar.gz"),
+        ("path", "refused: cpu-x64: member llama-b10991/../../escaped leaves the install directory"),
+    ],
+)
+def test_a_refused_archive_is_not_replaced_by_a_compile_and_the_refusal_stays(
+    tmp_path: Path, index: tuple[str, Path], fault: str, reason: str
+) -> None:
+    """It once fell through to the source build, and the node then reported nothing wrong."""
+    from agent import doctor
+    from agent.config import AgentConfig
+    from tests.engine_releases import ReleaseServer
+
+    url, sdist_file = index
+    digest = hashlib.sha256(sdist_file.read_bytes()).hexdigest()
+    with ReleaseServer() as github:
+        archive = _release(tmp_path / "release", "b10991", escape=fault == "path")
+        github.add("b10991", archive)
+        if fault == "digest":
+            github.digest_override[archive.name] = "sha256:" + "0" * 64
+        engines = Installer(
+            tmp_path / "state",
+            facts=lambda: NodeFacts(arch="x86_64"),
+            tools={"package-index": url, "apt-get": ""},
+            retry_after=0,
+        )
+        engines.converge_sync(offered(github, "b10991", digest))
+        status = engines.report()["status"]["llama.cpp"]
+        assert status.startswith(reason), status
+        assert status.endswith(
+            "; not compiled from llama-cpp-python 0.0.1 in its place: the control plane allows that only "
+            "with LLMGW_ENGINE_SOURCE_AFTER_REFUSAL"
+        ), status
+        assert engines.binaries() == {} and engines.report()["installed"] == []
+        assert not (tmp_path / "state" / "engines" / ".source-builds").exists()  # nothing was compiled
+        fetched = downloads(github)
+        assert len(fetched) == 1
+        # The next pass: the same offer is not fetched again, and the words stay.
+        engines.converge_sync(offered(github, "b10991", digest))
+        assert downloads(github) == fetched and engines.report()["status"]["llama.cpp"] == status
+    assert not (tmp_path / "escaped").exists()
+    # `llmgw doctor` on the node says it too.
+    (check,) = doctor.install_checks(AgentConfig(server="http://127.0.0.1:1", state_dir=tmp_path / "state"))
+    assert (check.name, check.status, check.detail) == ("install llama.cpp", "fail", status)
+    assert "llmgw engine-files" in check.fix
+
+
+def test_a_refused_archive_is_compiled_over_only_where_the_control_plane_allows_it_and_stays_said(
+    tmp_path: Path, index: tuple[str, Path]
+) -> None:
+    from tests.engine_releases import ReleaseServer, llama_tarball
+    from tests.enginebin import llama_server_path
+
+    server = llama_server_path()
+    if server is None:
+        pytest.skip("no llama-server binary")
+    url, sdist_file = index
+    digest = hashlib.sha256(sdist_file.read_bytes()).hexdigest()
+    with ReleaseServer() as github:
+        archive = llama_tarball(tmp_path / "release", "b10991", server=server)
+        github.add("b10991", archive)
+        github.digest_override[archive.name] = "sha256:" + "0" * 64
+        engines = Installer(
+            tmp_path / "state",
+            facts=lambda: NodeFacts(arch="x86_64"),
+            tools={"package-index": url, "apt-get": ""},
+            retry_after=0,
+        )
+        engines.converge_sync(offered(github, "b10991", digest, after_refusal=True))
+        status = engines.report()["status"]["llama.cpp"]
+        assert status.startswith("refused: cpu-x64: digest mismatch for llama-b10991-bin-ubuntu-x64.tar.gz"), status
+        assert status.endswith(
+            "; running llama.cpp compiled from llama-cpp-python 0.0.1 in its place, as the control plane allows "
+            "(LLMGW_ENGINE_SOURCE_AFTER_REFUSAL)"
+        ), status
+        # What runs is what is reported: the compiled build, not release b10991.
+        (entry,) = engines.report()["installed"]
+        assert entry["build"] == "source-llama-cpp-python-0.0.1-x64"
+        assert entry["version"] == "llama-cpp-python 0.0.1 source"
+        assert engines.versions() == {
+            "llama.cpp": "0.0.1-dev (build 7, commit abc1234), source-llama-cpp-python-0.0.1-x64"
+        }
+        # Later passes keep the compiled build and the refusal, without fetching the same file again.
+        fetched = downloads(github)
+        engines.converge_sync(offered(github, "b10991", digest, after_refusal=True))
+        assert engines.report()["status"]["llama.cpp"] == status and downloads(github) == fetched
+        # A good archive offered at last replaces the compiled build, and the refusal is over.
+        github.digest_override.clear()
+        engines.converge_sync(offered(github, "b10991", digest, after_refusal=True))
+    assert engines.report()["status"] == {}
+    assert engines.report()["installed"][0]["build"] == "cpu-x64"
+
+
+def test_the_same_source_is_not_built_twice(tmp_path: Path, index: tuple[str, Path]) -> None:
+    """A new release tag with the same source (or an install the re-check withdrew) reuses the tree
+    kept for the source's digest: nothing is downloaded or compiled again."""
+    url, sdist_file = index
+    digest = hashlib.sha256(sdist_file.read_bytes()).hexdigest()
+    seen: list[str] = []
+    engines: Installer
+    engines = Installer(
+        tmp_path / "state",
+        facts=lambda: NodeFacts(arch="x86_64"),
+        tools={"package-index": url, "apt-get": ""},
+        on_change=lambda: seen.append(str(engines.report()["status"].get("llama.cpp"))),
+    )
+    engines.converge_sync(wanted(digest))
+    kept = tmp_path / "state" / "engines" / ".source-builds" / digest[:16]
+    built = kept / "build" / "bin" / "llama-server"
+    assert built.is_file()
+    stamp = built.stat().st_mtime_ns
+    seen.clear()
+    (again,) = wanted(digest)
+    engines.converge_sync([dataclasses.replace(again, version="b10992")])
+    assert engines.report()["installed"][0]["build"] == "source-llama-cpp-python-0.0.1-x64"
+    assert not any("downloading" in s for s in seen), seen
+    assert any("the build of this source is kept from before" in s for s in seen), seen
+    assert built.stat().st_mtime_ns == stamp  # not compiled again
+    # Another source replaces the kept tree: only one is kept.
+    (other,) = wanted("f" * 64)
+    assert other.source is not None
+    with pytest.raises(SourceError, match="digest mismatch"):  # not the sdist the index serves
+        engines._install_source(other, other.source, NodeFacts(arch="x86_64"))
+    assert sorted(p.name for p in kept.parent.iterdir()) == ["f" * 16]
+
+
+def test_the_build_uses_the_cores_it_may_run_on(tmp_path: Path) -> None:
+    from agent.install.source import usable_cores
+
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # a container given one and a half cores
+    assert usable_cores(str(tmp_path)) == min(2, usable_cores(str(tmp_path / "none")))
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert usable_cores(str(tmp_path)) == usable_cores(str(tmp_path / "none")) >= 1
