@@ -45,8 +45,8 @@ from apps.gateway.admission import Admission, limit_headers
 from apps.gateway.cors import Cors
 from apps.gateway.errors import Refused, send_error
 from apps.gateway.forward import Forwarder
-from apps.gateway.guard import check_request, prompt_chars, run_checked
 from apps.gateway.grants import GRANT, BatchGrant
+from apps.gateway.guard import check_request, prompt_chars, run_checked
 from apps.gateway.intake import (
     COUNT_TOKENS,
     ENDPOINTS,

@@ -168,7 +168,8 @@ class Cors:
                 [allow],
                 _refusal(
                     f"This API does not take the request header(s) {', '.join(refused)} from a browser; it takes "
-                    f"{', '.join(sorted(REQUEST_HEADERS))} and those starting with {' or '.join(REQUEST_HEADER_PREFIXES)}."
+                    f"{', '.join(sorted(REQUEST_HEADERS))} and those starting with "
+                    f"{' or '.join(REQUEST_HEADER_PREFIXES)}."
                 ),
             )
         out = [

@@ -239,9 +239,8 @@ def queue_requests(monkeypatch: Any) -> Iterator[Any]:
     from django.conf import settings
 
     from apps.gateway.asgi import gateway_app
-    from apps.gateway.slots import SharedSlots
-
     from apps.gateway.fairness import Who
+    from apps.gateway.slots import SharedSlots
 
     client = services._redis()
     keys: list[str] = []

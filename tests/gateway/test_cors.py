@@ -66,7 +66,8 @@ async def test_by_default_no_origin_may_call_and_the_refusal_says_why(gw: Gatewa
     assert "Access-Control-Allow-Origin" not in headers
     message = json.loads(body)["error"]["message"]
     assert message == (
-        f"The origin “{PAGE}” may not call this API from a browser: LLMGW_CORS_ORIGINS does not list it (it lists none)."
+        f"The origin “{PAGE}” may not call this API from a browser: "
+        "LLMGW_CORS_ORIGINS does not list it (it lists none)."
     )
 
 

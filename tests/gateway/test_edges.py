@@ -527,7 +527,9 @@ async def test_a_fallback_model_serves_when_the_primary_has_no_endpoints(gw: Gat
 
 
 @pytest.mark.parametrize("asked", [0, 0.7, 2])
-async def test_a_temperature_in_range_reaches_the_engine_as_asked(gw: Gateway, engine: MockEngine, asked: float) -> None:
+async def test_a_temperature_in_range_reaches_the_engine_as_asked(
+    gw: Gateway, engine: MockEngine, asked: float
+) -> None:
     assert (await gw.chat(temperature=asked)).status == 200
     assert engine.seen[0].body["temperature"] == asked
 
