@@ -123,8 +123,7 @@ def test_killing_the_web_process_ten_times_loses_no_usage_record_of_an_answer(pr
         engine_restarts=restarts(engine, prod),
     )
     assert missing == [], (
-        f"{len(missing)} answered requests have no usage row, e.g. {[a.request_id for a in missing[:5]]}\n"
-        f"{prod.logs()}"
+        f"{len(missing)} answered requests have no usage row, e.g. {[a.request_id for a in missing[:5]]}\n{prod.logs()}"
     )
 
     # The engine kept running, the agent came back to the new web process, nothing was placed twice.
