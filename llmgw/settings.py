@@ -346,6 +346,10 @@ ENGINE_RELEASES_API = (env_str("LLMGW_ENGINE_RELEASES_API") or "https://api.gith
 ENGINE_RELEASES_TOKEN = env_secret("LLMGW_ENGINE_RELEASES_TOKEN") or ""
 # Engine archives the control plane holds and serves its nodes (uploaded, or fetched once).
 ENGINE_FILES_DIR = Path(env_str("LLMGW_ENGINE_FILES_DIR") or str(DATA_DIR / "engine-files")).expanduser()
+# A CPU node that refused an engine archive (its digest is not the one published, or a path in it
+# leaves its directory) compiles llama.cpp from source in its place only when this is on; off, it
+# runs nothing new and says why until a good archive is offered.
+ENGINE_SOURCE_AFTER_REFUSAL = env_bool("LLMGW_ENGINE_SOURCE_AFTER_REFUSAL", False)
 # The model mirror: where it keeps what it fetched, the Hub it fetches from (any Hub-compatible
 # server), how many files download at once, and the space it leaves free on its disk.
 MIRROR_DIR = Path(env_str("LLMGW_MIRROR_DIR") or str(DATA_DIR / "mirror")).expanduser()

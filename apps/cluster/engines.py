@@ -472,7 +472,9 @@ def desired_engines(node: Node, tables: EngineTables | None = None) -> list[dict
             out.append(_python_engine(node, engine, version, releases))
             continue
         if engine in SOURCE_BUILDS:
-            entry["source"] = SOURCE_BUILDS[engine]
+            entry["source"] = dict(SOURCE_BUILDS[engine])
+            if settings.ENGINE_SOURCE_AFTER_REFUSAL:
+                entry["source"]["after_refusal"] = True
         release = releases.get((engine, version))
         if release is not None and release.fetched_at is not None:
             entry["assets"] = _assets_for_node(release)

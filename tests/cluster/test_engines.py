@@ -108,6 +108,14 @@ def test_releases_are_read_once_from_the_releases_api_and_sent_to_the_nodes(sett
     unreachable = desired_message(node, 2)["engines"][0]
     assert "the control plane cannot read release b7: cannot reach" in unreachable["note"]
     assert unreachable["unreachable"] is True
+    # a CPU node that refuses an archive compiles in its place only where the operator allowed it
+    assert "after_refusal" not in unreachable["source"]
+    settings.ENGINE_SOURCE_AFTER_REFUSAL = True
+    allowed = desired_message(node, 2)
+    protocol.parse_message(protocol.encode("desired", allowed), expect="server")  # as the agent reads it
+    assert allowed["engines"][0]["source"] == {**engines.SOURCE_BUILDS["llama.cpp"], "after_refusal": True}
+    assert "after_refusal" not in engines.SOURCE_BUILDS["llama.cpp"]  # the shared table is left as it was
+    settings.ENGINE_SOURCE_AFTER_REFUSAL = False
     with ReleaseServer() as github:  # an API that answers, but has no such release
         settings.ENGINE_RELEASES_API = github.url
         engines.fetch_release("llama.cpp", "b7")
