@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.utils import translation
 
 from apps.accounts import services
 from apps.accounts.choices import StaffRole
@@ -160,6 +161,14 @@ def _empty_cache() -> Iterator[None]:
     # Row ids repeat between tests, so anything cached by id must not outlive its test.
     forget_fleet_figures()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _english_after() -> Iterator[None]:
+    # A page asked for in Turkish leaves Turkish active in this thread (the locale middleware
+    # activates a language and nothing deactivates it): the next test starts in English.
+    yield
+    translation.deactivate()
 
 
 def make_user(email: str, *, role: str = StaffRole.NONE, password: str = "correct horse battery", **extra: Any) -> User:

@@ -350,8 +350,6 @@ def _roll(
             return
     if any(r.replaces_id is not None for r in replicas):
         return  # one replacement at a time
-    if any(r.state == ReplicaState.STARTING and not outdated(r) for r in replicas):
-        return  # nor while one with the new spec starts (one placed in its old replica's place)
     movable = (ReplicaState.STARTING, ReplicaState.READY)
     stale = sorted(
         (r for r in replicas if r.state in movable and (drained(r) is not None or outdated(r))),
@@ -365,6 +363,8 @@ def _roll(
         replacement = store.new_replica(model, now, replaces=target)
         store.audit("replica.roll_start", target, {"replacement": replacement.pk}, model=model.name, stale=len(stale))
     else:
+        if any(r.state == ReplicaState.STARTING and not outdated(r) for r in replicas):
+            return  # the last one replaced in its place is still starting: never two below at once
         _stop_stale(store, target, now, report, None)
         replacement = store.new_replica(model, now)
         store.audit(
