@@ -104,7 +104,14 @@ def _said_more(body: Any, note: str) -> Any:
 
 
 def judge(
-    line: LineWork, status: int | None, raw: bytes, headers: dict[str, str], *, attempts: int, too_large: bool = False
+    line: LineWork,
+    status: int | None,
+    raw: bytes,
+    headers: dict[str, str],
+    *,
+    attempts: int,
+    too_large: bool = False,
+    retry_s: float = 2.0,
 ) -> Outcome:
     """What a try's answer means for its line (see the module docstring, step 4)."""
     if status is None:  # cut off with no answer: it gave way, or its batch or this process stopped
@@ -129,7 +136,7 @@ def judge(
     if status >= 500 or status == 499:
         tried = line.failures + 1
         if tried < attempts:
-            return Outcome(line, retry=True, failed=True, backoff_s=min(2.0**tried, 60.0))
+            return Outcome(line, retry=True, failed=True, backoff_s=min(retry_s * 2 ** (tried - 1), 60.0))
         note = f"tried {tried} times, each failed"
         return Outcome(line, status_code=status, response=_said_more(body, note), failed=True)
     return Outcome(line, status_code=status, response=body, prompt_tokens=prompt, completion_tokens=completion)
@@ -184,8 +191,9 @@ class BatchRunner:
         *,
         tick_s: float = 0.2,
         advance_s: float = 2.0,
-        yield_s: float = 0.02,
+        yield_s: float = 0.01,
         shared_yield_s: float = 0.1,
+        retry_s: float = 2.0,
     ) -> None:
         from django.conf import settings
 
@@ -195,6 +203,7 @@ class BatchRunner:
         self.advance_s = advance_s
         self.yield_s = yield_s
         self.shared_yield_s = shared_yield_s
+        self.retry_s = retry_s  # the first wait before a failed try is tried again; doubled each time
         self.attempts = settings.BATCH_LINE_ATTEMPTS
         self.lease_s = settings.BATCH_LEASE_SECONDS
         self.max_response = settings.BATCH_MAX_RESPONSE_BYTES
@@ -346,7 +355,13 @@ class BatchRunner:
         try:
             await self.app(_scope(line), _receive(line, item.cut), capture.send)
             outcome = judge(
-                line, capture.status, capture.body, capture.headers, attempts=self.attempts, too_large=capture.too_large
+                line,
+                capture.status,
+                capture.body,
+                capture.headers,
+                attempts=self.attempts,
+                too_large=capture.too_large,
+                retry_s=self.retry_s,
             )
         except Exception as exc:  # the gateway answers every failure itself; this is a bug, not the line's
             log.exception("batch line %s of %s failed in the gateway", line.number, line.batch_id)

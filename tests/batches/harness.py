@@ -154,7 +154,7 @@ async def world_fixture(engine: MockEngine, monkeypatch: pytest.MonkeyPatch, tmp
 
     app = asgi.GatewayApp()
     await app.ensure_started()
-    runner = BatchRunner(app, tick_s=0.05, advance_s=0.2)
+    runner = BatchRunner(app, tick_s=0.05, advance_s=0.2, retry_s=0.05)
     runner.start()
     batches = BatchesApp(app)
 

@@ -112,3 +112,32 @@ async def test_lines_are_written_in_rows_and_each_is_answered_once(world: World)
     assert [r["state"] for r in rows] == ["done"] * 6 and {r["tries"] for r in rows} == {1}
     stored = await db(lambda: Batch.objects.get(pk=batch.id))
     assert (stored.succeeded, stored.failed, stored.lines_without_tokens) == (6, 0, 0)
+
+
+async def test_a_batch_past_its_window_expires_and_keeps_what_was_answered(world: World) -> None:
+    client = world.openai()
+    world.engine.gate = asyncio.Event()
+    batch = await client.batches.create(
+        input_file_id=(await world.upload([chat_line(f"e{i}") for i in range(5)])).id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    async with asyncio.timeout(WAIT):
+        while len(world.engine.seen) < 2:
+            await asyncio.sleep(0.01)
+    world.engine.gate.set()
+    async with asyncio.timeout(WAIT):
+        while (await db(lambda: Batch.objects.get(pk=batch.id))).succeeded < 2:
+            await asyncio.sleep(0.01)
+    world.engine.gate = asyncio.Event()  # the rest would wait for ever: the window runs out first
+    from django.utils import timezone
+
+    await db(lambda: Batch.objects.filter(pk=batch.id).update(expires_at=timezone.now()))
+    world.engine.gate.set()
+    done = await world.ended(batch.id)
+    assert done.status == "expired" and done.expired_at is not None
+    counts = done.request_counts
+    assert counts.total == 5 and counts.completed >= 2 and counts.completed + counts.failed == 5
+    errors = jsonl((await client.files.content(done.error_file_id)).content)
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"} and len(errors) == counts.failed
+    assert len(jsonl((await client.files.content(done.output_file_id)).content)) == counts.completed
