@@ -8,9 +8,15 @@
   the whole set of choices, applied at start like `models:`.
 - Releases (`EngineRelease`): the asset listing of each wanted version, read once from the
   releases API (GitHub's `GET /repos/<repo>/releases/tags/<tag>`) by the worker and kept, so
-  nodes never call GitHub (60 calls an hour without a token). An archive the control plane holds
-  itself (`ENGINE_FILES_DIR`, uploaded or fetched once) is offered first, at its own URL, with the
-  same digest; GitHub's address comes after it.
+  nodes never call GitHub (60 calls an hour without a token).
+- Held archives (`ENGINE_FILES_DIR`): what `llmgw engine-files add` copied in or `llmgw
+  engine-files fetch TAG` fetched once for the fleet (the builds its nodes need), each with the
+  digest it was stored with. The control plane is a source on its own: a held archive of the
+  release (by name, `llama-<tag>-bin-...`) is offered at its own URL whatever GitHub says, first
+  and with the listing's digest where a listing was read (a held copy the listing disagrees with
+  is not offered), alone with its stored digest where none could be. Where neither a listing nor
+  a held archive that suits a node can be had, the node is told the command that fixes it (`fix`),
+  and its page says so (`offer_problem`).
 - `desired_engines(node)` is what goes to the node with its shards, in the "desired" message.
 - vLLM and SGLang are Python environments the node builds with uv (agent/install/pyenv.py). They
   install only where a choice names a version (no default: they are gigabytes and need a GPU).
@@ -32,7 +38,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +49,7 @@ from django.utils.translation import gettext as _
 
 from agent import protocol
 from agent.bounded import size_text
+from agent.install.builds import NodeFacts, choose_builds, parse_assets
 from apps.accounts import audit
 from apps.cluster.models import EngineChoice, EngineRelease, Node
 from llmgw import outbound
@@ -50,6 +57,8 @@ from llmgw import outbound
 __all__ = [
     "DEFAULT_VERSIONS",
     "EngineTables",
+    "FleetFetch",
+    "HeldFile",
     "ENGINE_NAMES",
     "ENGINE_REPOS",
     "EngineConfigError",
@@ -57,10 +66,14 @@ __all__ = [
     "apply_server_engines",
     "choices_for",
     "desired_engines",
+    "fetch_held",
     "fetch_release",
     "fetch_wanted_releases",
     "held_file",
+    "held_files",
     "nodes_changed",
+    "offer_problem",
+    "offered_assets",
     "remove_choice",
     "parse_engine_config",
     "set_choice",
@@ -100,6 +113,10 @@ SOURCE_BUILDS: dict[str, dict[str, str]] = {
         "subdir": "vendor/llama.cpp",
     }
 }
+#: How each engine's release names its archives: a held file of that name belongs to the release.
+HELD_PREFIXES = {"llama.cpp": ("llama-{version}-bin-", "cudart-llama-{version}-bin-")}
+#: The most one archive fetched for the fleet may be when its listing gives no size.
+MAX_HELD_BYTES = 8 * 2**30
 NONE = "none"
 RETRY_FAILED_AFTER_S = 600.0
 FETCH_TIMEOUT_S = 30.0
@@ -421,9 +438,41 @@ def held_file(name: str) -> Path | None:
 def _held_digest(path: Path) -> str | None:
     sidecar = path.with_name(path.name + ".sha256")
     try:
-        return sidecar.read_text().split()[0].lower()
+        digest = sidecar.read_text().split()[0].lower()
     except (OSError, IndexError):
         return None
+    return digest if re.fullmatch(r"[0-9a-f]{64}", digest) else None
+
+
+@dataclass(frozen=True)
+class HeldFile:
+    """An archive in ENGINE_FILES_DIR, with the sha256 it was stored with (its `.sha256` beside it)."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+def held_files() -> dict[str, HeldFile]:
+    """Every archive the control plane holds and may offer, by name: one without a readable digest
+    beside it is never offered (a node checks every download against one)."""
+    folder = Path(settings.ENGINE_FILES_DIR)
+    held: dict[str, HeldFile] = {}
+    try:
+        paths = sorted(folder.iterdir())
+    except OSError:
+        return held
+    for path in paths:
+        if path.name.startswith(".") or path.name.endswith(".sha256") or not path.is_file():
+            continue
+        digest = _held_digest(path)
+        if digest is not None:
+            held[path.name] = HeldFile(path.name, path.stat().st_size, digest)
+    return held
+
+
+def _belongs(engine: str, version: str, name: str) -> bool:
+    return name.startswith(tuple(prefix.format(version=version) for prefix in HELD_PREFIXES.get(engine, ())))
 
 
 def file_url(name: str) -> str:
@@ -431,71 +480,133 @@ def file_url(name: str) -> str:
     return f"/api/v1/engine-files/{name}"
 
 
-def _assets_for_node(release: EngineRelease) -> list[dict[str, Any]]:
+def offered_assets(
+    engine: str, version: str, release: EngineRelease | None, held: Mapping[str, HeldFile]
+) -> list[dict[str, Any]]:
+    """What a node is offered of a release: the listing's assets when it was read (the held copy
+    first, where its digest is the listing's), and the held archives of the release it does not
+    list, or all of them when there is no listing, each with the digest it was stored with."""
     out = []
-    for asset in release.assets or []:
+    mine = {name: f for name, f in held.items() if _belongs(engine, version, name)}
+    listed = release.assets if release is not None and release.fetched_at is not None else []
+    for asset in listed or []:
         if not isinstance(asset, dict) or not isinstance(asset.get("name"), str):
             continue
         urls = []
-        held = held_file(asset["name"])
+        mine.pop(asset["name"], None)
+        copy = held.get(asset["name"])
         digest = asset.get("digest")
-        if held is not None and isinstance(digest, str) and _held_digest(held) == digest.split(":", 1)[-1].lower():
+        if copy is not None and isinstance(digest, str) and copy.sha256 == digest.split(":", 1)[-1].lower():
             urls.append(file_url(asset["name"]))
         if isinstance(asset.get("browser_download_url"), str):
             urls.append(asset["browser_download_url"])
         out.append({"name": asset["name"], "size": asset.get("size"), "digest": digest, "urls": urls[:8]})
-    return out
+    for copy in mine.values():
+        out.append(
+            {"name": copy.name, "size": copy.size, "digest": f"sha256:{copy.sha256}", "urls": [file_url(copy.name)]}
+        )
+    return out[:512]
+
+
+def _node_facts(node: Node, *, has_cuda_runtime: bool) -> NodeFacts:
+    return NodeFacts.from_hardware(node.hardware or {}, has_cuda_runtime=has_cuda_runtime, system="linux")
+
+
+def _held_serves(node: Node, assets: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the archives the control plane holds alone give this node a build it may run (with
+    or without the CUDA runtime on the host, which only the node knows)."""
+    held = [a for a in parse_assets({"assets": list(assets)}) if file_url(a.name) in a.urls]
+    return any(choose_builds(_node_facts(node, has_cuda_runtime=runtime), held)[0] for runtime in (False, True))
+
+
+def _fix(version: str) -> str:
+    return _(
+        "on the control plane, run “llmgw engine-files fetch %(version)s” where GitHub can be reached, "
+        "or copy this node's archive of release %(version)s in with “llmgw engine-files add FILE”"
+    ) % {"version": version}
 
 
 @dataclass(frozen=True)
 class EngineTables:
-    """The rules and releases, read once for a push to many nodes."""
+    """The rules, releases and held archives, read once for a push to many nodes."""
 
     rules: list[EngineChoice]
     releases: dict[tuple[str, str], EngineRelease]
+    held: dict[str, HeldFile] = field(default_factory=dict)
 
     @classmethod
     def read(cls) -> EngineTables:
-        return cls(list(EngineChoice.objects.all()), {(r.engine, r.version): r for r in EngineRelease.objects.all()})
+        return cls(
+            list(EngineChoice.objects.all()),
+            {(r.engine, r.version): r for r in EngineRelease.objects.all()},
+            held_files(),
+        )
 
 
 def desired_engines(node: Node, tables: EngineTables | None = None) -> list[dict[str, Any]]:
     """The engines this node should have, with their release's assets (or why there are none yet)."""
     out = []
     tables = tables or EngineTables.read()
-    releases = tables.releases
     for engine, (version, _why) in sorted(choices_for(node, tables.rules).items()):
         if version == NONE:
             continue
-        entry: dict[str, Any] = {"engine": engine, "version": version}
         if engine in PYTHON_ENGINES:
-            out.append(_python_engine(node, engine, version, releases))
-            continue
-        if engine in SOURCE_BUILDS:
-            entry["source"] = dict(SOURCE_BUILDS[engine])
-            if settings.ENGINE_SOURCE_AFTER_REFUSAL:
-                entry["source"]["after_refusal"] = True
-        release = releases.get((engine, version))
-        if release is not None and release.fetched_at is not None:
-            entry["assets"] = _assets_for_node(release)
-        elif release is not None and release.error:
-            entry["note"] = _("the control plane cannot read release %(version)s: %(error)s") % {
-                "version": version,
-                "error": release.error,
-            }
-            # Only when the API could not be reached at all may a CPU node compile instead (a
-            # release that does not exist is an operator's mistake, not a reason to build for 18 min).
-            entry["unreachable"] = release.unreachable
+            out.append(_python_engine(node, engine, version, tables))
         else:
-            entry["note"] = _("the control plane has not read release %(version)s yet") % {"version": version}
-            _ask_for_releases()
-        out.append(entry)
+            out.append(_archive_engine(node, engine, version, tables))
     return out
 
 
-def _python_engine(
-    node: Node, engine: str, version: str, releases: Mapping[tuple[str, str], EngineRelease]
-) -> dict[str, Any]:
+def _archive_engine(node: Node, engine: str, version: str, tables: EngineTables, *, ask: bool = True) -> dict[str, Any]:
+    """An engine installed from release archives: what the control plane offers of it (the held
+    archives whatever GitHub says), why it offers nothing, and the fix where nothing it holds suits
+    the node."""
+    entry: dict[str, Any] = {"engine": engine, "version": version}
+    if engine in SOURCE_BUILDS:
+        entry["source"] = dict(SOURCE_BUILDS[engine])
+        if settings.ENGINE_SOURCE_AFTER_REFUSAL:
+            entry["source"]["after_refusal"] = True
+    release = tables.releases.get((engine, version))
+    read = release is not None and release.fetched_at is not None
+    assets = offered_assets(engine, version, release if read else None, tables.held)
+    if read or assets:
+        entry["assets"] = assets
+    if read:
+        pass  # the listing says it all
+    elif release is not None and release.error:
+        entry["note"] = _("the control plane cannot read release %(version)s: %(error)s") % {
+            "version": version,
+            "error": release.error,
+        }
+        # Only when the API could not be reached at all may a CPU node compile instead (a
+        # release that does not exist is an operator's mistake, not a reason to build for minutes).
+        entry["unreachable"] = release.unreachable
+    else:
+        entry["note"] = _("the control plane has not read release %(version)s yet") % {"version": version}
+        if ask:
+            _ask_for_releases()
+    if engine in HELD_PREFIXES and not _held_serves(node, assets):
+        entry["fix"] = _fix(version)
+    return entry
+
+
+def offer_problem(node: Node, engine: str, version: str, tables: EngineTables | None = None) -> str | None:
+    """The control plane's own word for the node page where it has neither a release listing (it
+    tried and could not read one) nor a held archive that suits the node, with the command that
+    fixes it; None where it can offer something (or has not tried to read the release yet)."""
+    tables = tables or EngineTables.read()
+    release = tables.releases.get((engine, version))
+    if engine not in HELD_PREFIXES or release is None or release.fetched_at is not None or not release.error:
+        return None
+    if _held_serves(node, offered_assets(engine, version, None, tables.held)):
+        return None
+    return _(
+        "The control plane cannot read release %(version)s (%(error)s) and holds no archive of it that "
+        "suits this node: %(fix)s."
+    ) % {"version": version, "error": release.error, "fix": _fix(version)}
+
+
+def _python_engine(node: Node, engine: str, version: str, tables: EngineTables) -> dict[str, Any]:
     """vLLM or SGLang for this node: the release's wheels and uv's archives once both were read
     (or tried: the package index's build needs no listing), and how to build the environment."""
     floor = min_compute(engine, version) or (7, 5)
@@ -514,6 +625,7 @@ def _python_engine(
             "%(engine)s %(version)s needs compute capability %(floor)s or newer and no version llmgw knows is "
             "built for this node's %(have)s"
         ) % {"engine": engine, "version": version, "floor": _cc(floor), "have": _cc(oldest)}
+    releases = tables.releases
     release, uv = releases.get((engine, version)), releases.get(("uv", UV_VERSION))
     tried = [r for r in (release, uv) if r is not None and (r.fetched_at is not None or r.error)]
     if len(tried) < 2:
@@ -521,8 +633,9 @@ def _python_engine(
         _ask_for_releases()
         return entry
     assert release is not None and uv is not None
-    entry["assets"] = _assets_for_node(release) if release.fetched_at is not None else []
-    entry["uv"] = {"version": UV_VERSION, "assets": _assets_for_node(uv) if uv.fetched_at is not None else []}
+    entry["assets"] = offered_assets(engine, version, release, tables.held) if release.fetched_at is not None else []
+    uv_assets = offered_assets("uv", UV_VERSION, uv, tables.held) if uv.fetched_at is not None else []
+    entry["uv"] = {"version": UV_VERSION, "assets": uv_assets}
     errors = [f"{r.engine} {r.version}: {r.error}" for r in (release, uv) if r.fetched_at is None and r.error]
     if errors:
         entry["note"] = _("the control plane cannot read %(what)s; the package index's build is used") % {
@@ -710,24 +823,167 @@ def nodes_changed(node_ids: set[int] | None) -> None:
 # --------------------------------------------------------------------------- held files
 
 
+_HELD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,299}$")
+
+
 def store_file(name: str, chunks: Iterable[bytes]) -> tuple[Path, str, int]:
-    """Keep an engine archive the control plane will serve (with a `.sha256` beside it)."""
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,299}$", name):
+    """Keep an engine archive the control plane will serve (with a `.sha256` beside it), and tell
+    the nodes: it is offered to them whatever GitHub says."""
+    final, digest, size = _store(name, chunks)
+    nodes_changed(None)
+    return final, digest, size
+
+
+def _store(
+    name: str, chunks: Iterable[bytes], *, sha256: str | None = None, size: int | None = None
+) -> tuple[Path, str, int]:
+    """Write an archive to ENGINE_FILES_DIR through a temporary file, renamed into place (with its
+    `.sha256`) only when it is whole: `sha256` and `size`, when given, must match, and no more than
+    `size` (else MAX_HELD_BYTES) is read. EngineConfigError says why a file was not kept."""
+    if not _HELD_NAME_RE.match(name) or name.endswith(".sha256"):
         raise EngineConfigError(
             _("file name: letters, digits, dots, dashes and pluses only, got %(name)r") % {"name": name}
         )
     folder = Path(settings.ENGINE_FILES_DIR)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{name}.{os.getpid()}.part"
+    limit = size if size is not None else MAX_HELD_BYTES
     digest = hashlib.sha256()
-    size = 0
-    with open(tmp, "wb") as handle:
-        for chunk in chunks:
-            handle.write(chunk)
-            digest.update(chunk)
-            size += len(chunk)
-    final = folder / name
-    os.replace(tmp, final)
+    written = 0
+    try:
+        with open(tmp, "wb") as handle:
+            for chunk in chunks:
+                written += len(chunk)
+                if written > limit:
+                    raise EngineConfigError(
+                        _("%(name)s: more than the %(limit)s expected") % {"name": name, "limit": size_text(limit)}
+                    )
+                handle.write(chunk)
+                digest.update(chunk)
+        if size is not None and written != size:
+            raise EngineConfigError(
+                _("%(name)s: got %(got)s of %(size)s bytes")
+                % {"name": name, "got": f"{written:,}", "size": f"{size:,}"}
+            )
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise EngineConfigError(
+                _("%(name)s: its sha256 is %(got)s, the release lists %(want)s")
+                % {"name": name, "got": digest.hexdigest()[:12] + "…", "want": sha256[:12] + "…"}
+            )
+        final = folder / name
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
     final.with_name(name + ".sha256").write_text(f"{digest.hexdigest()}  {name}\n")
-    nodes_changed(None)
-    return final, digest.hexdigest(), size
+    return final, digest.hexdigest(), written
+
+
+@dataclass(frozen=True)
+class FleetFile:
+    """One archive `fetch_held` was asked for: fetched, already held, or failed (with why)."""
+
+    name: str
+    state: str  # "fetched", "held", "failed"
+    detail: str  # its size and digest, or why it was not kept
+    nodes: tuple[str, ...]  # the nodes whose build it is
+
+
+@dataclass(frozen=True)
+class FleetFetch:
+    """What `llmgw engine-files fetch` did: each archive, and the nodes it found no build for."""
+
+    files: list[FleetFile]
+    without: list[tuple[str, str]]  # (node, why it needs none of this release's archives)
+
+
+def fetch_held(engine: str, version: str, *, names: Iterable[str] = ()) -> FleetFetch:
+    """Fetch once, onto the control plane, the archives of a release its fleet needs: for each
+    node that installs the engine, the build it would install (its OS, architecture and backend,
+    from its hardware report) and the CUDA runtime archive that goes with it, plus `names`. The
+    listing is read again through the guarded opener (the one kept is used when GitHub cannot be
+    reached now); each archive is checked against its listed size and sha256 before it is kept.
+    EngineConfigError when there is no listing, or nothing to fetch."""
+    check_engine(engine)
+    check_version(version, "version")
+    if engine not in HELD_PREFIXES:
+        raise EngineConfigError(
+            _("%(engine)s is installed from the package index, not from archives the control plane holds")
+            % {"engine": engine}
+        )
+    release = fetch_release(engine, version)
+    if release.fetched_at is None:
+        raise EngineConfigError(
+            _("cannot read release %(version)s: %(error)s") % {"version": version, "error": release.error}
+        )
+    listed = {a["name"]: a for a in release.assets or [] if isinstance(a, dict) and isinstance(a.get("name"), str)}
+    needed, without = _needed_by_fleet(engine, version, list(listed.values()))
+    for name in names:
+        if name not in listed:
+            raise EngineConfigError(_("release %(version)s lists no %(name)s") % {"version": version, "name": name})
+        needed.setdefault(name, [])
+    if not needed:
+        raise EngineConfigError(
+            _("no node needs an archive of release %(version)s: name the archives with --asset") % {"version": version}
+        )
+    held = held_files()
+    files = [_fetch_one(listed[name], tuple(nodes), held.get(name)) for name, nodes in sorted(needed.items())]
+    if any(f.state == "fetched" for f in files):
+        nodes_changed(None)
+    return FleetFetch(files, without)
+
+
+def _needed_by_fleet(
+    engine: str, version: str, listing: list[dict[str, Any]]
+) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
+    """Archive name -> the nodes whose best build it is (with its runtime archive), and the nodes
+    that need none: the engine kept off, run as agent.yaml names it, or no build suits them."""
+    assets = parse_assets({"assets": listing})
+    needed: dict[str, list[str]] = {}
+    without: list[tuple[str, str]] = []
+    rules = list(EngineChoice.objects.all())
+    for node in Node.objects.filter(revoked_at__isnull=True).prefetch_related("gpus").order_by("name"):
+        hardware = node.hardware or {}
+        if choices_for(node, rules).get(engine, (NONE, ""))[0] == NONE:
+            without.append((node.name, _("the engine is kept off this node")))
+        elif (hardware.get("engine_sources") or {}).get(engine) == "configured":
+            without.append((node.name, _("its agent.yaml names the engine's binary")))
+        elif not hardware.get("arch"):
+            without.append((node.name, _("it has not reported its hardware yet")))
+        else:
+            builds, skipped = choose_builds(_node_facts(node, has_cuda_runtime=False), assets)
+            if not builds:
+                without.append((node.name, "; ".join(skipped) or _("no build of this release suits it")))
+                continue
+            for asset in (builds[0].asset, builds[0].runtime):
+                if asset is not None:
+                    needed.setdefault(asset.name, []).append(node.name)
+    return needed, without
+
+
+def _fetch_one(asset: dict[str, Any], nodes: tuple[str, ...], held: HeldFile | None) -> FleetFile:
+    """Download one listed archive into ENGINE_FILES_DIR, unless the same file is held already."""
+    name, digest, size = asset["name"], asset.get("digest"), asset.get("size")
+    sha256 = digest.split(":", 1)[-1].lower() if isinstance(digest, str) else None
+    if sha256 is None:
+        return FleetFile(name, "failed", _("the release publishes no sha256 for it: not fetched unchecked"), nodes)
+    if held is not None and held.sha256 == sha256:
+        return FleetFile(name, "held", f"{size_text(held.size)}, sha256 {sha256}", nodes)
+    url = asset.get("browser_download_url")
+    if not isinstance(url, str):
+        return FleetFile(name, "failed", _("the release gives no address for it"), nodes)
+    request = urllib.request.Request(url, headers={"User-Agent": "llmgw", "Accept": "application/octet-stream"})
+    try:
+        with _opener().open(request, timeout=FETCH_TIMEOUT_S) as answer:
+            _path, got, written = _store(
+                name,
+                iter(lambda: answer.read(1 << 20), b""),
+                sha256=sha256,
+                size=size if isinstance(size, int) else None,
+            )
+    except urllib.error.HTTPError as exc:
+        return FleetFile(name, "failed", f"HTTP {exc.code} {exc.reason} from {url}", nodes)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        return FleetFile(name, "failed", f"cannot reach {url}: {getattr(exc, 'reason', exc)}", nodes)
+    except EngineConfigError as exc:
+        return FleetFile(name, "failed", str(exc), nodes)
+    return FleetFile(name, "fetched", f"{size_text(written)}, sha256 {got}", nodes)

@@ -187,23 +187,29 @@ class EngineRow:
     installed: str | None  # the version the node reports; None when it has none
     status: str  # the node's own words for an install under way or failed; "" for none
     disabled: bool
+    # The control plane's own word where it can give the node no archive (no listing, none held).
+    offer: str = ""
 
 
 def node_engine_rows(node: Node) -> list[EngineRow]:
-    from apps.cluster.engines import NONE, choices_for
+    from apps.cluster.engines import NONE, EngineTables, choices_for, offer_problem
 
     have = {engine.name: engine.version or "-" for engine in node_engines(node) or []}
     status = node_engine_status(node)
+    tables = EngineTables.read()
     rows = []
-    for name, (version, why) in sorted(choices_for(node).items()):
+    for name, (version, why) in sorted(choices_for(node, tables.rules).items()):
+        installed = have.pop(name, None)
+        offer = offer_problem(node, name, version, tables) if version != NONE else None
         rows.append(
             EngineRow(
                 name=name,
                 wanted=version,
                 why=why,
-                installed=have.pop(name, None),
+                installed=installed,
                 status=status.get(name, ""),
                 disabled=version == NONE and name in (node.disabled_engines or []),
+                offer=offer or "",
             )
         )
     for name, version in sorted(have.items()):  # named in the node's agent.yaml, not chosen here

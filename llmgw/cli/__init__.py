@@ -101,24 +101,85 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor(args.config, as_json=args.json)
 
 
+ENGINE_FILES_ACTIONS = ("add", "fetch", "list")
+
+
+def engine_files_parser() -> argparse.ArgumentParser:
+    """`llmgw engine-files add|fetch|list`; a bare list of files is `add` (as before)."""
+    parser = argparse.ArgumentParser(
+        prog="llmgw engine-files",
+        description="Keep engine archives on the control plane: its nodes fetch them from it, "
+        "whether or not GitHub can be reached.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = sub.add_parser("add", help="keep archives copied here (named as the release names them)")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p = sub.add_parser(
+        "fetch", help="fetch once, from GitHub, the archives of a release the fleet's nodes need (their builds)"
+    )
+    p.add_argument("tag", metavar="TAG", help="the release tag, e.g. b10991")
+    p.add_argument("--engine", default="llama.cpp", help="the engine (default llama.cpp)")
+    p.add_argument(
+        "--asset", action="append", default=[], metavar="NAME", help="also fetch this archive of the release (repeat)"
+    )
+    sub.add_parser("list", help="the archives held, with their digests")
+    return parser
+
+
 def cmd_engine_files(args: argparse.Namespace) -> int:
     """Keep engine archives on the control plane, to serve its nodes (sites without the internet)."""
+    words = list(args.words)
+    if words and words[0] not in ENGINE_FILES_ACTIONS and not words[0].startswith("-"):
+        words.insert(0, "add")
+    options = engine_files_parser().parse_args(words)
     _django_setup()
+    from apps.cluster import engines
+
+    try:
+        if options.action == "add":
+            return _engine_files_add(options.files)
+        if options.action == "fetch":
+            return _engine_files_fetch(options.engine, options.tag, options.asset)
+    except engines.EngineConfigError as exc:
+        sys.exit(f"llmgw engine-files: {exc}")
+    from django.conf import settings
+
+    held = engines.held_files()
+    if not held:
+        print(f"no engine archives held in {settings.ENGINE_FILES_DIR}")
+    for item in held.values():
+        print(f"{item.name}: {item.size} bytes, sha256 {item.sha256}")
+    return 0
+
+
+def _engine_files_add(files: list[str]) -> int:
     from pathlib import Path
 
-    from apps.cluster.engines import EngineConfigError, store_file
+    from apps.cluster.engines import store_file
 
-    for name in args.files:
+    for name in files:
         path = Path(name)
         try:
             with open(path, "rb") as handle:
                 stored, digest, size = store_file(path.name, iter(lambda: handle.read(1 << 20), b""))
         except OSError as exc:
             sys.exit(f"llmgw engine-files: cannot read {path}: {exc.strerror}")
-        except EngineConfigError as exc:
-            sys.exit(f"llmgw engine-files: {exc}")
         print(f"{stored.name}: {size} bytes, sha256 {digest}")
     return 0
+
+
+def _engine_files_fetch(engine: str, tag: str, names: list[str]) -> int:
+    """Print each archive fetched (or held already, or failed, with why) and the nodes it is for,
+    then the nodes that need none; exit 1 when one failed."""
+    from apps.cluster.engines import fetch_held
+
+    done = fetch_held(engine, tag, names=names)
+    for item in done.files:
+        nodes = f" (for {', '.join(item.nodes)})" if item.nodes else ""
+        print(f"{item.name}: {item.state}: {item.detail}{nodes}")
+    for node, why in done.without:
+        print(f"node {node}: no archive of {tag} needed: {why}")
+    return 1 if any(item.state == "failed" for item in done.files) else 0
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -210,8 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("engine-files", help="keep engine archives on the control plane for its nodes")
-    p.add_argument("files", nargs="+", metavar="FILE", help="release archives, named as the release names them")
+    p = sub.add_parser(
+        "engine-files",
+        help="keep engine archives on the control plane for its nodes (add FILE..., fetch TAG, list)",
+        add_help=False,
+    )
+    p.add_argument("words", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_engine_files)
 
     p = sub.add_parser("sim", help="what if: a fleet and a script of events through the real scheduler, in memory")
@@ -240,8 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["engine-files"]:  # its own parser, so that `llmgw engine-files --help` is its help
+        return cmd_engine_files(argparse.Namespace(words=words[1:]))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     result = args.func(args)
     return int(result or 0)
 

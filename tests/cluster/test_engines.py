@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agent import protocol
+from agent.bounded import size_text
 from apps.accounts.models import AuditEvent
 from apps.cluster import engines, services
 from apps.cluster.models import EngineChoice, EngineRelease, Node
@@ -99,6 +100,9 @@ def test_releases_are_read_once_from_the_releases_api_and_sent_to_the_nodes(sett
             "version": "b7",
             "note": "the control plane has not read release b7 yet",
             "source": engines.SOURCE_BUILDS["llama.cpp"],  # compiled on a CPU node when nothing else can be had
+            # it holds no archive of b7 either: the node is told the command that gives it one
+            "fix": "on the control plane, run “llmgw engine-files fetch b7” where GitHub can be reached, or copy "
+            "this node's archive of release b7 in with “llmgw engine-files add FILE”",
         }
     ]
     # nothing answers: the reason reaches the node, and it is not asked again for ten minutes
@@ -391,3 +395,168 @@ def test_the_pages_show_what_nodes_install_and_operators_set_versions_there(clie
     assert "expected a release tag" in page
     client.post("/cluster/engines/remove", {"engine": "llama.cpp", "scope": "label", "match": "rack=r1"})
     assert not EngineChoice.objects.exists()
+
+
+# --------------------------------------------------------------------------- a site without GitHub
+
+GPU_HARDWARE = {
+    "arch": "x86_64",
+    "driver_version": "580.65.06",
+    "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "architecture": "Hopper"}],
+    "engines": [],
+}
+
+
+def release_files(folder: Path, tag: str) -> dict[str, Path]:
+    """A release's archives as llama.cpp names them (their bytes stand in: nodes do not run them here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = {
+        "cpu": f"llama-{tag}-bin-ubuntu-x64.tar.gz",
+        "arm": f"llama-{tag}-bin-ubuntu-arm64.tar.gz",
+        "cuda": f"llama-{tag}-bin-ubuntu-cuda-12.8-x64.tar.gz",
+        "cudart": f"cudart-llama-{tag}-bin-ubuntu-cuda-12.8-x64.tar.gz",
+        "vulkan": f"llama-{tag}-bin-ubuntu-vulkan-x64.tar.gz",
+    }
+    files = {}
+    for key, name in names.items():
+        files[key] = folder / name
+        files[key].write_bytes(f"{name} of {tag}\n".encode() * 100)
+    return files
+
+
+def offered_urls(node: Node, generation: int) -> dict[str, list[str]]:
+    sent = desired_message(node, generation)
+    protocol.parse_message(protocol.encode("desired", sent), expect="server")  # as the agent reads it
+    return {asset["name"]: asset["urls"] for asset in sent["engines"][0].get("assets", [])}
+
+
+def test_archives_the_control_plane_holds_are_offered_whatever_github_says(
+    client: Any, operator: Any, settings: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """Offline: GitHub cannot be reached and no listing was ever read. It once offered nothing
+    (GPU nodes waited for ever, CPU nodes compiled for 18 minutes) even with the archive held."""
+    from llmgw.cli import main
+
+    settings.ENGINE_FILES_DIR = str(tmp_path / "held")
+    cpu = make_node("cpu1", hardware={"arch": "x86_64", "engines": []})
+    gpu = make_node("gpu1", gpus=1, hardware=GPU_HARDWARE)
+    engines.set_choice("llama.cpp", "b7")
+    engines.fetch_wanted_releases()  # cannot reach the releases API
+    client.force_login(operator)
+    # Neither a listing nor an archive: each node is told the command, and its page says so.
+    for node in (cpu, gpu):
+        sent = desired_message(node, 1)["engines"][0]
+        assert "assets" not in sent and "llmgw engine-files fetch b7" in sent["fix"]
+        page = client.get(f"/nodes/{node.name}/").content.decode()
+        offer = page[page.index('data-engine-offer="llama.cpp"') :]
+        assert "The control plane cannot read release b7 (cannot reach http://127.0.0.1:9/" in offer
+        assert "holds no archive of it that suits this node: on the control plane, run" in offer
+    # The CPU build is copied in: offered to the CPU node at the control plane's address, with the
+    # digest it was stored with, and to no GPU node (it would never run it).
+    files = release_files(tmp_path / "usb-stick", "b7")
+    assert main(["engine-files", "add", str(files["cpu"])]) == 0
+    size = files["cpu"].stat().st_size
+    assert f"{files['cpu'].name}: {size} bytes, sha256 {sha256_of(files['cpu'])}" in capsys.readouterr().out
+    sent = desired_message(cpu, 2)["engines"][0]
+    assert sent["assets"] == [
+        {
+            "name": files["cpu"].name,
+            "size": size,
+            "digest": "sha256:" + sha256_of(files["cpu"]),
+            "urls": [f"/api/v1/engine-files/{files['cpu'].name}"],
+        }
+    ]
+    assert "fix" not in sent and "cannot read release b7" in sent["note"]
+    assert "data-engine-offer" not in client.get("/nodes/cpu1/").content.decode()
+    assert "fix" in desired_message(gpu, 2)["engines"][0]
+    assert 'data-engine-offer="llama.cpp"' in client.get("/nodes/gpu1/").content.decode()
+    # The old form of the command still adds, and `list` shows what is held.
+    assert main(["engine-files", str(files["cuda"]), str(files["cudart"])]) == 0
+    assert main(["engine-files", "list"]) == 0
+    listed = capsys.readouterr().out
+    size = files["cudart"].stat().st_size
+    assert f"{files['cudart'].name}: {size} bytes, sha256 {sha256_of(files['cudart'])}" in listed
+    assert set(offered_urls(gpu, 3)) == {files["cpu"].name, files["cuda"].name, files["cudart"].name}
+    assert "fix" not in desired_message(gpu, 3)["engines"][0]
+    # A listing read later that disagrees with a held copy: that copy is not offered, GitHub's is.
+    with ReleaseServer() as github:
+        other = release_files(tmp_path / "github", "b7")
+        other["cpu"].write_bytes(b"another build")
+        github.add("b7", other["cpu"])
+        github.add("b7", other["cuda"])
+        settings.ENGINE_RELEASES_API = github.url
+        engines.fetch_release("llama.cpp", "b7")
+        urls = offered_urls(cpu, 4)
+    assert urls[files["cpu"].name] == [f"{github.url}/ggml-org/llama.cpp/releases/download/b7/{files['cpu'].name}"]
+    assert urls[files["cuda"].name][0] == f"/api/v1/engine-files/{files['cuda'].name}"  # the same file: held first
+    assert urls[files["cudart"].name] == [f"/api/v1/engine-files/{files['cudart'].name}"]  # not listed, held
+
+
+def test_engine_files_fetch_takes_once_the_builds_the_fleet_needs(settings: Any, tmp_path: Path, capsys: Any) -> None:
+    from llmgw.cli import main
+    from tests.conftest import CLOSED_RELEASES_API
+
+    settings.ENGINE_FILES_DIR = str(tmp_path / "held")
+    files = release_files(tmp_path / "release", "b7")
+    cpu = make_node("cpu1", hardware={"arch": "x86_64", "engines": []})
+    arm = make_node("arm1", hardware={"arch": "aarch64", "engines": []})
+    gpu = make_node("gpu1", gpus=1, hardware=GPU_HARDWARE)
+    make_node("off1", hardware={"arch": "x86_64", "engines": []}, disabled_engines=["llama.cpp"])
+    make_node("new1", hardware={})
+    engines.set_choice("llama.cpp", "b7")
+    with ReleaseServer() as github:
+        for path in files.values():
+            github.add("b7", path)
+        settings.ENGINE_RELEASES_API = github.url
+        assert main(["engine-files", "fetch", "b7"]) == 0
+        out = capsys.readouterr().out
+        size = size_text(files["cpu"].stat().st_size)
+        assert f"{files['cpu'].name}: fetched: {size}, sha256 {sha256_of(files['cpu'])} (for cpu1)" in out
+        assert f"{files['arm'].name}: fetched: " in out and "(for arm1)" in out
+        assert f"{files['cuda'].name}: fetched: " in out and f"{files['cudart'].name}: fetched: " in out
+        assert files["vulkan"].name not in out  # no node's best build
+        assert "node off1: no archive of b7 needed: the engine is kept off this node" in out
+        assert "node new1: no archive of b7 needed: it has not reported its hardware yet" in out
+        assert sorted(engines.held_files()) == sorted(files[k].name for k in ("cpu", "arm", "cuda", "cudart"))
+        fetched = [path for path in github.requests if path.startswith("/objects/")]
+        assert len(fetched) == 4
+        # Once is enough: asked again, nothing is downloaded.
+        assert main(["engine-files", "fetch", "b7"]) == 0
+        assert f"{files['cpu'].name}: held: " in capsys.readouterr().out
+        assert [path for path in github.requests if path.startswith("/objects/")] == fetched
+    # GitHub gone: every node has its archive from the control plane first.
+    settings.ENGINE_RELEASES_API = CLOSED_RELEASES_API
+    engines.fetch_release("llama.cpp", "b7")  # fails, and the listing read before is kept
+    for node, key in ((cpu, "cpu"), (arm, "arm"), (gpu, "cuda"), (gpu, "cudart")):
+        assert offered_urls(node, 2)[files[key].name][0] == f"/api/v1/engine-files/{files[key].name}"
+        assert "fix" not in desired_message(node, 2)["engines"][0]
+
+
+def test_engine_files_fetch_keeps_no_file_that_is_not_the_one_listed_and_says_why(
+    settings: Any, tmp_path: Path, capsys: Any
+) -> None:
+    from llmgw.cli import main
+
+    settings.ENGINE_FILES_DIR = str(tmp_path / "held")
+    files = release_files(tmp_path / "release", "b7")
+    make_node("cpu1", hardware={"arch": "x86_64", "engines": []})
+    with pytest.raises(
+        SystemExit, match="llmgw engine-files: cannot read release b7: cannot reach http://127.0.0.1:9/"
+    ):
+        main(["engine-files", "fetch", "b7"])
+    with ReleaseServer() as github:
+        for path in files.values():
+            github.add("b7", path)
+        github.digest_override[files["cpu"].name] = "sha256:" + "0" * 64
+        settings.ENGINE_RELEASES_API = github.url
+        assert main(["engine-files", "fetch", "b7", "--asset", files["vulkan"].name]) == 1
+        out = capsys.readouterr().out
+        assert f"{files['cpu'].name}: failed: {files['cpu'].name}: its sha256 is " in out
+        assert "the release lists 000000000000" in out
+        assert f"{files['vulkan'].name}: fetched: " in out  # named, though no node's build
+        with pytest.raises(SystemExit, match="release b7 lists no llama-b7-bin-macos-arm64.zip"):
+            main(["engine-files", "fetch", "b7", "--asset", "llama-b7-bin-macos-arm64.zip"])
+    assert sorted(engines.held_files()) == [files["vulkan"].name]
+    assert not list(Path(settings.ENGINE_FILES_DIR).glob(".*.part"))
+    with pytest.raises(SystemExit, match="vllm is installed from the package index"):
+        main(["engine-files", "fetch", "0.11.0", "--engine", "vllm"])
