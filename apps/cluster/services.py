@@ -451,6 +451,7 @@ def _history_point(sample: dict[str, Any], models: dict[str, list[Any]] | None =
                 else None,
             ]
             for g in sample.get("gpus") or []
+            if g.get("parent") is None  # a slice's figures are its card's, or none of its own
         },
         "rapl": sample.get("cpu_package_power_w"),
     }

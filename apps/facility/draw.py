@@ -4,8 +4,9 @@ is known (declared, derived, measured). apps.facility.power reads the measured p
 from __future__ import annotations
 
 import functools
+import re
 
-__all__ = ["GPU_TDP_W", "derived_watts", "shard_watts", "tdp_watts"]
+__all__ = ["GPU_TDP_W", "class_share", "derived_watts", "shard_watts", "tdp_watts"]
 
 # Board power of one card by GPU class prefix (../shared/reference/fabrics-facility.md section 7),
 # longest prefix first so that H100-NVL is not read as an H100 SXM.
@@ -23,7 +24,22 @@ GPU_TDP_W: tuple[tuple[str, int], ...] = (
     ("L40S", 350),
     ("L40", 300),
     ("L4", 72),
+    # AMD Instinct (OAM boards' TBP)
+    ("MI355X", 1400),
+    ("MI350X", 1000),
+    ("MI325X", 1000),
+    ("MI300X", 750),
+    ("MI300A", 550),
+    ("MI250X", 560),
+    ("MI210", 300),
+    ("MI100", 300),
 )
+
+# A slice class is its card's class and its profile: a MIG profile ("-1g.10gb", "-2c.3g.71gb") or an
+# AMD compute partition ("-cpx.nps4").
+_MIG_RE = re.compile(r"-(?:(?P<ci>\d{1,2})c\.)?(?P<g>\d{1,2})g\.\d{1,4}gb(?:\+[a-z0-9]{1,8})*$", re.ASCII)
+_PARTITION_RE = re.compile(r"-(?P<mode>[sdtqc]px)\.nps\d$", re.ASCII)
+_PARTITIONS = {"spx": 1, "dpx": 2, "tpx": 3, "qpx": 4, "cpx": 8}
 
 
 @functools.lru_cache(maxsize=256)
@@ -35,12 +51,25 @@ def tdp_watts(gpu_class: str) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
+def class_share(gpu_class: str) -> float:
+    """The part of a card one device of the class is: 1 for a whole card, a MIG slice's compute
+    slices of its card's (a 1g of an H100 = 1/7, of an A30 = 1/4), a compute partition's 1/n."""
+    mig = _MIG_RE.search(gpu_class)
+    if mig is not None:
+        slots = 4 if gpu_class.upper().startswith("A30") else 7
+        return min(int(mig.group("ci") or mig.group("g")), slots) / slots
+    partition = _PARTITION_RE.search(gpu_class.lower())
+    return 1 / _PARTITIONS[partition.group("mode")] if partition is not None else 1.0
+
+
 def derived_watts(gpu_class: str | None, gpus: int) -> int | None:
-    """The cards' TDP for a shard of `gpus` cards of the class (None: unknown class, or no cards)."""
+    """The TDP of `gpus` devices of the class (a slice: its share of its card's), None for an unknown
+    class or no device."""
     if not gpu_class or gpus <= 0:
         return None
     tdp = tdp_watts(gpu_class)
-    return tdp * gpus if tdp is not None else None
+    return round(tdp * gpus * class_share(gpu_class)) if tdp is not None else None
 
 
 def shard_watts(*known: float | None) -> float | None:

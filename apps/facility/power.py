@@ -38,6 +38,7 @@ __all__ = [
     "derived_watts",
     "node_draws",
     "shard_watts",
+    "slices_of",
 ]
 
 MAX_WATTS = 10_000_000  # 10 MW: beyond any one domain
@@ -53,19 +54,33 @@ class BudgetError(ValueError):
         self.errors = errors
 
 
+def slices_of(sample: dict[str, Any] | None) -> dict[int, tuple[int, float]]:
+    """The slices a sample lists (MIG devices, AMD compute partitions): index -> (card, share)."""
+    out: dict[int, tuple[int, float]] = {}
+    for g in (sample or {}).get("gpus") or []:
+        if not isinstance(g, dict) or not isinstance(g.get("index"), int):
+            continue
+        share = g.get("share")
+        if isinstance(g.get("parent"), int) and isinstance(share, int | float) and 0 < share <= 1:
+            out[g["index"]] = (g["parent"], float(share))
+    return out
+
+
 def _measured(sample: dict[str, Any] | None, indices: Iterable[int] | None = None) -> float | None:
-    """The cards' power draw in a sample (those of `indices`, else every card, plus RAPL); None when
-    a card it needs did not report one."""
+    """The cards' power draw in a sample (those of `indices`, a slice its share of its card's draw;
+    else every card, plus RAPL); None when a card it needs did not report one."""
     if not isinstance(sample, dict):
         return None
     gpus = {g.get("index"): g for g in sample.get("gpus") or [] if isinstance(g, dict)}
-    wanted = list(indices) if indices is not None else list(gpus)
+    slices = slices_of(sample)
+    wanted: list[Any] = list(indices) if indices is not None else [i for i in gpus if i not in slices]
     total = 0.0
     for index in wanted:
-        draw = (gpus.get(index) or {}).get("power_draw_w")
+        card, share = slices.get(index, (index, 1.0))
+        draw = (gpus.get(card) or {}).get("power_draw_w")
         if not isinstance(draw, int | float):
             return None
-        total += float(draw)
+        total += float(draw) * share
     if indices is None:
         rapl = sample.get("cpu_package_power_w")
         if isinstance(rapl, int | float):
@@ -75,19 +90,23 @@ def _measured(sample: dict[str, Any] | None, indices: Iterable[int] | None = Non
     return total
 
 
-def _point_measured(point: dict[str, Any], indices: Iterable[int] | None = None) -> float | None:
-    """What one history point (apps.cluster.services._history_point) measured: the cards of
-    `indices` (else every card plus RAPL); None when a card it needs reported no draw."""
+def _point_measured(
+    point: dict[str, Any], indices: Iterable[int] | None = None, slices: dict[int, tuple[int, float]] | None = None
+) -> float | None:
+    """What one history point (apps.cluster.services._history_point, which keeps cards, not their
+    slices) measured: the cards of `indices`, a slice its share of its card (`slices`), else every
+    card plus RAPL; None when a card it needs reported no draw."""
     found = point.get("gpus")
     gpus: dict[str, Any] = found if isinstance(found, dict) else {}
-    wanted = [str(i) for i in indices] if indices is not None else list(gpus)
+    parts = [(slices or {}).get(i, (i, 1.0)) for i in indices] if indices is not None else None
+    wanted = [(str(card), share) for card, share in parts] if parts is not None else [(i, 1.0) for i in gpus]
     total = 0.0
-    for index in wanted:
+    for index, share in wanted:
         figures = gpus.get(index)
         draw = figures[2] if isinstance(figures, list) and len(figures) > 2 else None
         if not isinstance(draw, int | float):
             return None
-        total += float(draw)
+        total += float(draw) * share
     if indices is None:
         rapl = point.get("rapl")
         if isinstance(rapl, int | float):
@@ -99,7 +118,8 @@ def _point_measured(point: dict[str, Any], indices: Iterable[int] | None = None)
 
 def _windowed(sample: dict[str, Any] | None, points: list[dict[str, Any]], indices: list[int] | None) -> float | None:
     """The highest of the fresh sample's reading and the window's."""
-    return shard_watts(_measured(sample, indices), *(_point_measured(p, indices) for p in points))
+    slices = slices_of(sample)
+    return shard_watts(_measured(sample, indices), *(_point_measured(p, indices, slices) for p in points))
 
 
 def base_watts(node: Any) -> int | None:
