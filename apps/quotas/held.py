@@ -12,6 +12,10 @@ The energy the held cards drew is counted with the time: each card's measured po
 shard's share of the node's RAPL package power, by cores) from the node's latest fresh sample,
 times the stretch. A stretch without a reading adds time and no energy, and `measured_seconds`
 says how much of the time was measured, so a figure per watt-hour is given only when all of it was.
+
+A slice of a card (a MIG device, an AMD compute partition) counts by its share of the card: a 1g
+of 7 holds 1/7 of a GPU-second each second, and draws 1/7 of what its card draws (a slice has no
+power reading of its own). AMD cards count by their own readings, as NVIDIA cards do.
 """
 
 from __future__ import annotations
@@ -53,10 +57,11 @@ def _stretches(start: datetime, end: datetime) -> Iterable[tuple[datetime, float
         moment = stop
 
 
-def _power(sample: dict[str, Any] | None, shard: Any) -> dict[Any, float]:
+def _power(sample: dict[str, Any] | None, shard: Any, slices: dict[int, tuple[int, float]]) -> dict[Any, float]:
     """What the node's latest fresh sample says each of the shard's cards draws now (watts, by GPU
-    index), or for a shard without a GPU its share of the CPU package power by its cores (key
-    None); a reading the node does not give is absent."""
+    index; a slice its share of what its card draws, `slices` giving each slice's card and share),
+    or for a shard without a GPU its share of the CPU package power by its cores (key None); a
+    reading the node does not give is absent."""
     if sample is None:
         return {}
     if shard.gpu_indices:
@@ -65,7 +70,12 @@ def _power(sample: dict[str, Any] | None, shard: Any) -> dict[Any, float]:
             for g in sample.get("gpus") or []
             if isinstance(g, dict) and isinstance(g.get("power_draw_w"), int | float)
         }
-        return {i: float(draws[i]) for i in shard.gpu_indices if i in draws}
+        found = {i: float(draws[i]) for i in shard.gpu_indices if i in draws}
+        for index in shard.gpu_indices:
+            card, share = slices.get(index, (None, 1.0))
+            if index not in found and card in draws:
+                found[index] = float(draws[card]) * share
+        return found
     package, cpus = sample.get("cpu_package_power_w"), sample.get("cpus")
     if isinstance(package, int | float) and isinstance(cpus, int) and cpus > 0 and shard.cpu_cores:
         return {None: float(package) * min(shard.cpu_cores / cpus, 1.0)}
@@ -77,15 +87,18 @@ def _held(shards: Iterable[Any], until: datetime) -> dict[tuple[Any, ...], list[
     core seconds, joules, measured seconds]. The power each draws now stands for the stretch (the
     beat counts every minute, so a stretch is a minute but for one after an outage)."""
     from apps.cluster.models import Gpu, Node
+    from apps.facility.draw import class_share
 
     shards = list(shards)
     node_ids = {s.node_id for s in shards}
-    classes = {
-        (node_id, index): gpu_class
-        for node_id, index, gpu_class in Gpu.objects.filter(node_id__in=node_ids).values_list(
-            "node_id", "index", "gpu_class"
-        )
-    }
+    classes: dict[tuple[int, int], str] = {}
+    slices: dict[int, dict[int, tuple[int, float]]] = defaultdict(dict)  # node -> slice -> (card, share)
+    for node_id, index, gpu_class, parent, share in Gpu.objects.filter(node_id__in=node_ids).values_list(
+        "node_id", "index", "gpu_class", "parent_index", "share"
+    ):
+        classes[(node_id, index)] = gpu_class
+        if parent is not None:  # a share its agent did not give is the one its class names
+            slices[node_id][index] = (parent, share if share is not None and 0 < share <= 1 else class_share(gpu_class))
     samples = {n.pk: n.fresh_sample(until) for n in Node.objects.filter(pk__in=node_ids).only("sample", "sampled_at")}
     sums: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for shard in shards:
@@ -96,14 +109,15 @@ def _held(shards: Iterable[Any], until: datetime) -> dict[tuple[Any, ...], list[
         cards: dict[str, list[Any]] = defaultdict(list)
         for index in shard.gpu_indices or ():
             cards[classes.get((shard.node_id, index), "")].append(index)
-        power = _power(samples.get(shard.node_id), shard)
+        shares = slices.get(shard.node_id, {})
+        power = _power(samples.get(shard.node_id), shard, shares)
         for hour, seconds in _stretches(shard.held_since, until):
             for gpu_class, indices in cards.items():
                 found = sums[(hour, model.name, *owner, gpu_class)]
-                found[0] += len(indices) * seconds
-                measured = [power[i] for i in indices if i in power]
-                found[2] += sum(measured) * seconds
-                found[3] += len(measured) * seconds
+                held = [shares[i][1] if i in shares else 1.0 for i in indices]
+                found[0] += sum(held) * seconds
+                found[2] += sum(power[i] for i in indices if i in power) * seconds
+                found[3] += sum(part for i, part in zip(indices, held, strict=True) if i in power) * seconds
             if not cards and shard.cpu_cores:
                 found = sums[(hour, model.name, *owner, "")]
                 found[1] += shard.cpu_cores * seconds
