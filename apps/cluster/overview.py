@@ -30,6 +30,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
+from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.cluster import rollup, selectors, services
 from apps.cluster.charts import line_chart
 from apps.cluster.choices import ReplicaState
@@ -129,6 +130,9 @@ class _Texts:
     def __init__(self) -> None:
         self.memory = _("%(used)s of %(total)s GiB")
         self.card = _("%(node)s GPU %(index)s, %(gpu_class)s")
+        self.slice = _("%(node)s %(device)s, %(gpu_class)s")
+        self.untrusted = _("cannot be trusted now: %(why)s")
+        self.split = _("split into slices: they are given out, not the whole card")
         self.busy = _("%(value)s%% busy")
         self.memory_line = _("memory %(memory)s")
         self.celsius = _("%(value)s °C")
@@ -184,6 +188,19 @@ class GpuSquare:
     remapped_uncorrectable: int | None = None
     remapped_pending: bool | None = None
     remapped_failure: bool | None = None
+    vendor: str = "nvidia"
+    # A slice of a card (a MIG device, a compute partition): its name ("GPU 0 MIG 2 (1g.10gb)").
+    slice: str = ""
+    split: bool = False  # a card cut into slices: never given out whole
+    fault: str = ""  # why its agent says it cannot be trusted now
+
+    @property
+    def short(self) -> str:
+        """What the square says: its index, a slice's number on its card after a dot ("0.2")."""
+        if not self.slice or self.index < SLICE_BASE:
+            return str(self.index)
+        card, number = divmod(self.index - SLICE_BASE, SLICE_STRIDE)
+        return f"{card}.{number}"
 
     @property
     def value(self) -> float | None:
@@ -207,14 +224,20 @@ class GpuSquare:
                 "used": _number(self.memory_used_mib / 1024, 1),
                 "total": _number(self.memory_total_mib / 1024, 1),
             }
+        head = (
+            texts.slice % {"node": self.node, "device": self.slice, "gpu_class": self.gpu_class}
+            if self.slice
+            else texts.card % {"node": self.node, "index": self.index, "gpu_class": self.gpu_class}
+        )
         parts = [
-            texts.card % {"node": self.node, "index": self.index, "gpu_class": self.gpu_class},
+            f"{head} ({'AMD' if self.vendor == 'amd' else 'NVIDIA'})",
             texts.busy % {"value": _number(self.utilization)},
             texts.memory_line % {"memory": memory},
             texts.celsius % {"value": _number(self.temperature)},
             texts.held_by % {"replica": self.held_by} if self.held_by else texts.not_held,
         ]
-        return "\n".join([" · ".join(parts), *self.wear])
+        state = [texts.untrusted % {"why": self.fault}] if self.fault else [texts.split] if self.split else []
+        return "\n".join([" · ".join(parts), *state, *self.wear])
 
     @property
     def wear(self) -> list[str]:
@@ -254,9 +277,12 @@ class NodeGpus:
         for card in self.squares:
             step = card.bucket
             held = " gpu-held" if card.held_by else ""
+            kind = " gpu-slice" if card.slice else " gpu-split border-amber-300" if card.split else ""
+            kind += " gpu-untrusted border-red-300" if card.fault else ""
             out.append(
-                f'<span class="gpu-cell {card.css_class}{held}" title="{escape(card.title)}" data-gpu="{card.index}" '
-                f'data-bucket="{"" if step is None else step}">{card.index}</span>'
+                f'<span class="gpu-cell {card.css_class}{held}{kind}" title="{escape(card.title)}" '
+                f'data-gpu="{card.index}" data-vendor="{escape(card.vendor)}" '
+                f'data-bucket="{"" if step is None else step}">{card.short}</span>'
             )
         return mark_safe("".join(out))  # noqa: S308 - every value above is a number, a fixed class or escaped
 
@@ -343,8 +369,9 @@ class Overview:
 
     @property
     def gpu_count(self) -> int:
-        """Every card of the fleet: those on the map, and those of the nodes on other pages."""
-        return sum(len(n.squares) for n in self.nodes) + self.gpus_elsewhere
+        """Every card of the fleet (slices of a card not counted again): those on the map, and those
+        of the nodes on other pages."""
+        return sum(1 for n in self.nodes for s in n.squares if not s.slice) + self.gpus_elsewhere
 
 
 def _columns(rows: list[selectors.NodeRow]) -> set[str]:
@@ -410,7 +437,7 @@ def _squares(
 ) -> list[GpuSquare]:
     rows = {g.index: g for g in node.gpus.all()}
     squares = []
-    for index in sorted(set(rows) | set(live)):
+    for index in sorted(set(rows) | set(live), key=lambda i: (selectors.card_of(i), i)):  # a slice after its card
         card = selectors.GpuCard(index=index, label="", row=rows.get(index), live=live.get(index, {}))
         row = rows.get(index)
         gpu_class = (
@@ -434,6 +461,10 @@ def _squares(
                 remapped_uncorrectable=_count(card.live.get("remapped_rows_uncorrectable")),
                 remapped_pending=card.remapped_pending,
                 remapped_failure=card.remapped_failure,
+                vendor=card.vendor,
+                slice=card.name if card.parent is not None else "",
+                split=card.split,
+                fault=card.fault,
             )
         )
     return squares
@@ -670,7 +701,8 @@ def _class_counts() -> dict[str, int]:
     """How many registered cards of each GPU class the fleet has: one grouped count (unordered: the
     model's ordering by node name would join every card to its node)."""
     counts: dict[str, int] = defaultdict(int)
-    for class_name, name, count in Gpu.objects.order_by().values_list("gpu_class", "name").annotate(count=Count("id")):
+    cards = Gpu.objects.order_by().filter(parent_index__isnull=True)  # a slice is not a card of its own
+    for class_name, name, count in cards.values_list("gpu_class", "name").annotate(count=Count("id")):
         counts[class_name or name or "?"] += count
     return counts
 
@@ -725,7 +757,8 @@ def cluster_overview(
             gpu_nodes.append(NodeGpus(name=node.name, short=short_name(node.name, prefix), squares=squares))
     counts = _class_counts()
     # The cards of the nodes on other pages: the fleet's, less this page's (their rows are at hand).
-    elsewhere = sum(counts.values()) - sum(len(node.gpus.all()) for node in nodes) if shown.has_other_pages() else 0
+    here = sum(1 for node in nodes for gpu in node.gpus.all() if gpu.parent_index is None)
+    elsewhere = sum(counts.values()) - here if shown.has_other_pages() else 0
     return Overview(
         rows=rows,
         prefix=prefix,

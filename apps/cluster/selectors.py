@@ -603,7 +603,7 @@ class ShardRow:
     shard: Shard
     cores_used: float | None
     memory_used: int | None
-    # Its devices by name ("GPU 0", "GPU 0 MIG 2 (1g.10gb)"), as the node's rows name them.
+    # Its devices: a card by its index, a slice by its name ("GPU 0 MIG 2 (1g.10gb)").
     devices: tuple[str, ...] = ()
 
     @property
@@ -658,11 +658,11 @@ def _shard_rows(node: Node, sample: dict[str, Any] | None) -> list[ShardRow]:
         .select_related("replica__model")
         .order_by("replica__model__name", "replica_id", "rank")
     )
-    names = {g.index: g.label for g in node.gpus.all()}
+    names = {g.index: g.label for g in node.gpus.all() if g.parent_index is not None}  # a card is its index
     rows = []
     for shard in shards:
         entry = measured.get(shard.shard_id, {})
-        devices = tuple(names.get(i) or f"GPU {i}" for i in shard.gpu_indices or () if isinstance(i, int))
+        devices = tuple(names.get(i) or str(i) for i in shard.gpu_indices or () if isinstance(i, int))
         rows.append(
             ShardRow(
                 shard=shard,
@@ -728,7 +728,8 @@ def _pools(sample: dict[str, Any] | None) -> list[Pool]:
     return pools
 
 
-def _card_of(index: int) -> int:
+def card_of(index: int) -> int:
+    """The card a device index names: its own for a card, its card's for a slice."""
     return index if index < SLICE_BASE else (index - SLICE_BASE) // SLICE_STRIDE
 
 
@@ -737,7 +738,7 @@ def _gpu_cards(node: Node, sample: dict[str, Any] | None) -> list[GpuCard]:
     live = {int(g["index"]): g for g in (sample or {}).get("gpus") or [] if _integer(g.get("index")) is not None}
     cards = []
     # A slice right after its card (its index names the card: agent.probes.mig.slice_parent).
-    for index in sorted(set(rows) | set(live), key=lambda i: (_card_of(i), i)):
+    for index in sorted(set(rows) | set(live), key=lambda i: (card_of(i), i)):
         row, data = rows.get(index), live.get(index, {})
         label = data.get("gpu_class") or data.get("name") or (row.gpu_class or row.name if row else "") or "?"
         cards.append(GpuCard(index=index, label=str(label), row=row, live=data))

@@ -69,7 +69,7 @@ def test_a_card_shows_the_xids_ecc_errors_and_remapped_rows_its_agent_reports(al
     )
     shown = tooltips(alice)
     first, *wear = shown[("worn", 0)]
-    assert first.startswith("worn GPU 0, H100-80GB · 10% busy")  # the line it had, unchanged
+    assert first.startswith("worn GPU 0, H100-80GB (NVIDIA) · 10% busy")  # the line it had, its vendor named
     assert wear == [
         "XIDs: 8×4, 13×1, 79×2",
         "uncorrected ECC errors: volatile 0, aggregate 3",
