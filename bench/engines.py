@@ -25,6 +25,24 @@ One run, on loopback:
   its re-check (one Python start per environment).
 
 Prints the figures and the ratios; no assertions (a script, not a test).
+
+    .venv/bin/python bench/engines.py --source-build SDIST [--jobs N]
+
+The CPU node's last way to an engine, llama.cpp compiled from the llama-cpp-python source
+distribution (SDIST: `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`), served
+from a local package index (PEP 503) on loopback; it takes minutes, so it is run on its own:
+
+- before: the build as the agent ran it until it kept its trees: the sdist unpacked afresh,
+  CMake configured and `llama-server` built with `-j` the machine's CPU count, no compiler cache;
+- the agent's first install now (agent/install/source.py): download against the digest, unpack,
+  configure, build `llama-server` only with `-j` the cores it may use (affinity, cgroup quota),
+  with ccache where it is on PATH; the expected time it prints is shown next to the one measured;
+- the same source installed again (another tag, or a re-check that withdrew it): the kept tree;
+- where ccache is on PATH, the kept tree gone but ccache's results kept.
+
+Wall and CPU (the compilers' included) for each, the load average before and after, and each
+one's ratio to before. `--source-build tiny` runs the same steps on the tests' tiny stand-in
+(a check of the bench itself, in seconds).
 """
 
 from __future__ import annotations
@@ -223,10 +241,137 @@ def python_engine(root: Path, rounds: int) -> tuple[float, float, float, float] 
     )
 
 
+class PackageIndex:
+    """A PEP 503 simple index of one sdist on loopback (the node's own package index)."""
+
+    def __init__(self, sdist: Path, folder: Path) -> None:
+        self.sdist, self.folder = sdist, folder
+        self.sha256 = hashlib.sha256(sdist.read_bytes()).hexdigest()
+
+    def __enter__(self) -> str:
+        from functools import partial
+        from http.server import SimpleHTTPRequestHandler
+
+        packages = self.folder / "packages"
+        packages.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.sdist, packages / self.sdist.name)
+        page = self.folder / "simple" / "llama-cpp-python"
+        page.mkdir(parents=True, exist_ok=True)
+        page.joinpath("index.html").write_text(
+            f'<html><body><a href="../../packages/{self.sdist.name}#sha256={self.sha256}">{self.sdist.name}</a>'
+            "</body></html>"
+        )
+
+        class Quiet(SimpleHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(self.folder)))
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/simple"
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def tiny_sdist(folder: Path) -> Path:
+    from tests.agent.test_install_source import sdist
+
+    return sdist(folder)
+
+
+def measured(step: Any) -> tuple[float, float, Any]:
+    """Wall and CPU seconds (this process's and its children's) of step(), and what it returned."""
+    started, cpu = time.perf_counter(), own_cpu() + children_cpu()
+    result = step()
+    return time.perf_counter() - started, own_cpu() + children_cpu() - cpu, result
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "-"
+
+
+def build_before(sdist: Path, work: Path, subdir: str) -> Path:
+    """The build as the agent ran it before it kept trees and counted its cores: unpacked afresh,
+    `-j` the machine's CPU count, no compiler cache."""
+    from agent.install.source import CMAKE_FLAGS
+
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    subprocess.run(["tar", "xzf", str(sdist), "-C", str(work)], check=True)
+    (root,) = [p for p in work.iterdir() if p.is_dir()]
+    out = work / "build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else ["-G", "Unix Makefiles"]
+    jobs = str(os.cpu_count() or 2)
+    for argv in (
+        ["cmake", "-S", str(root / subdir), "-B", str(out), *generator, *CMAKE_FLAGS, "-DGGML_CCACHE=OFF"],
+        ["cmake", "--build", str(out), "--target", "llama-server", "-j", jobs],
+    ):
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return next(out.rglob("llama-server"))
+
+
+def source_build_bench(sdist_arg: str, jobs: int | None) -> int:
+    """The source build before and after, on this machine (see the module's docstring)."""
+    from agent.install.source import SourceBuild, build, expected_minutes, usable_cores
+
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-source-") as tmp:
+        root = Path(tmp)
+        sdist = tiny_sdist(root / "tiny") if sdist_arg == "tiny" else Path(sdist_arg).resolve()
+        index = PackageIndex(sdist, root / "index")
+        source = SourceBuild("llama-cpp-python", sdist.name.removesuffix(".tar.gz").rsplit("-", 1)[-1], index.sha256)
+        cores = usable_cores()
+        print(
+            f"Source build bench: {sdist.name} ({sdist.stat().st_size / 1e6:.1f} MB), {os.cpu_count()} CPUs, "
+            f"{cores} usable by the agent, load average {loadavg()} before"
+        )
+        print("=" * 100)
+        rows: list[tuple[str, float, float]] = []
+        with index as url:
+            tools = {"package-index": url}
+            wall, cpu, _binary = measured(lambda: build_before(sdist, root / "before", source.subdir))
+            rows.append(("before: unpacked afresh (no download), -j CPU count, no compiler cache", wall, cpu))
+            cache = root / "cache"
+            said: list[str] = []
+
+            def ours(work: str) -> Path:
+                return build(source, root / work, tools=tools, status=said.append, cache=cache, jobs=jobs)
+
+            wall, cpu, _binary = measured(lambda: ours("first"))
+            expected = expected_minutes(jobs or cores)
+            rows.append((f"the agent's first install, download included (it said: about {expected} min)", wall, cpu))
+            wall, cpu, _binary = measured(lambda: ours("again"))
+            rows.append(("the same source installed again (the kept tree)", wall, cpu))
+            if shutil.which("ccache"):
+                for kept in cache.iterdir():
+                    if kept.name != "ccache":
+                        shutil.rmtree(kept)
+                wall, cpu, _binary = measured(lambda: ours("ccache"))
+                rows.append(("the kept tree gone, ccache's results kept", wall, cpu))
+            else:
+                print("(no ccache on PATH: the install from ccache's results is not measured)")
+        base = rows[0][1]
+        for label, wall, cpu in rows:
+            print(f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU, {wall / base:.2f}x before")
+        first = rows[1][1] / base
+        print(f"first install / before: {first:.2f} (target under 0.5: {'MET' if first < 0.5 else 'MISSED'})")
+        print(f"load average after: {loadavg()}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--source-build", metavar="SDIST", help="measure the source build instead (or: tiny)")
+    parser.add_argument("--jobs", type=int, help="the source build's jobs (default: the cores it may use)")
     args = parser.parse_args()
+    if args.source_build:
+        return source_build_bench(args.source_build, args.jobs)
     server = llama_server_path()
     if server is None:
         print(f"bench/engines.py: {missing_reason()}")
