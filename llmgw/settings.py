@@ -247,6 +247,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "summarise-idle-cards": {"task": "apps.cluster.tasks.summarise_idle_cards", "schedule": 15.0},
     # Simulations: start what waits, fail a run whose worker stopped, remove old runs.
     "sweep-sim-runs": {"task": "apps.sim.tasks.sweep_sim_runs", "schedule": 60.0},
+    # Stored Responses API answers past LLMGW_RESPONSES_RETENTION_DAYS.
+    "delete-expired-responses": {"task": "apps.gateway.tasks.delete_expired_responses", "schedule": 3600.0},
     # Batches: expire those past their 24 h window, remove files past their expiry.
     "sweep-batches": {"task": "apps.batches.tasks.sweep_batches", "schedule": 60.0},
 }
@@ -292,6 +294,10 @@ try:
     GATEWAY_CORS_ORIGINS = parse_origins(env_list("LLMGW_CORS_ORIGINS", []))
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
+# Responses API answers are stored (the API's `store`, true unless a request says false) for this
+# many days, to be fetched, deleted and continued with previous_response_id; off stores none.
+RESPONSES_STORE = env_bool("LLMGW_RESPONSES_STORE", True)
+RESPONSES_RETENTION_DAYS = env_int("LLMGW_RESPONSES_RETENTION_DAYS", 30, minimum=1, maximum=3650)
 # How long the gateway waits for the next bytes of an engine's answer (a stream's next chunk too).
 GATEWAY_READ_TIMEOUT = env_float("LLMGW_GATEWAY_READ_TIMEOUT", 600.0, minimum=1, maximum=86400)
 # How often the table version is read, and how often the tables are read whole whatever it says.

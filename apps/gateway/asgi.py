@@ -13,7 +13,9 @@ stages, each in its own module, in this order:
    fair queue when all are taken (apps.gateway.admission, apps.gateway.fairness,
    apps.gateway.slots, apps.gateway.routing);
 4. forwarding and relaying: the engine is asked and its answer, whole or streamed, is written in
-   the client's protocol (apps.gateway.forward, apps.gateway.relay, apps.gateway.translate);
+   the client's protocol (apps.gateway.forward, apps.gateway.relay, apps.gateway.translate); a
+   Responses answer is stored before its last byte (apps.gateway.response_store), and the stored
+   ones are served by their own routes (apps.gateway.stored);
 5. errors in the client's protocol (apps.gateway.errors);
 6. accounting: metrics, the token charge and the usage record, before the answer's last byte
    (apps.gateway.accounting), and the fair queue's charge corrected by what it really cost.
@@ -51,6 +53,8 @@ from apps.gateway.intake import (
     COUNT_TOKENS,
     ENDPOINTS,
     MODELS,
+    RESPONSES,
+    STORED_RESPONSES,
     BodyBudget,
     Call,
     ClientLeft,
@@ -63,8 +67,10 @@ from apps.gateway.intake import (
     parse_body,
     read_body,
 )
+from apps.gateway.response_store import ResponseStore
 from apps.gateway.routes import Routes
 from apps.gateway.slots import SharedSlots, SlotKeeper
+from apps.gateway.stored import StoredRoutes
 from apps.gateway.tables import KeyEntry, ModelRoute, Tables, key_hash, tables_channel
 from apps.gateway.upstream import Pool, ProxyConfig
 
@@ -107,6 +113,13 @@ class GatewayApp:
         self.usage: Any = None
         self.shared: SharedSlots | None = None
         self.cors = Cors(settings.GATEWAY_CORS_ORIGINS)
+        self.responses = ResponseStore(
+            enabled=settings.RESPONSES_STORE,
+            retention_days=settings.RESPONSES_RETENTION_DAYS,
+            most_bytes=settings.GATEWAY_MAX_BODY_BYTES,
+        )
+        self.stored = StoredRoutes(self.responses, self.authenticate)
+        self.forwarder.keep = self.responses.keep
         self.max_body = settings.GATEWAY_MAX_BODY_BYTES
         self.bodies = BodyBudget(settings.GATEWAY_BODY_MEMORY_BYTES)
         self.max_messages = settings.GATEWAY_MAX_MESSAGES
@@ -257,6 +270,10 @@ class GatewayApp:
         if method == "GET" and (path == "/v1/models" or path.startswith("/v1/models/")):
             await self.models(scope, send, path[len("/v1/models/") :] if path != "/v1/models" else None)
             return
+        stored = StoredRoutes.route(method, path)
+        if stored is not None:
+            await self.stored_response(scope, send, *stored)
+            return
         endpoint = ENDPOINTS.get((method, path))
         if endpoint is None:
             # Every answer carries a request id, this one too.
@@ -364,6 +381,8 @@ class GatewayApp:
         call.model = body["model"]
         call.original = body
         call.stream = call.endpoint.streams and body.get("stream") is True
+        if call.endpoint is RESPONSES:  # stored or not, and the conversation previous_response_id continues
+            body = await self.responses.prepare(call, body, partial(call.endpoint.chat, call))
         call.body = call.endpoint.chat(call, body)
 
     async def route(self, call: Call) -> ModelRoute:
@@ -466,7 +485,20 @@ class GatewayApp:
         except Refused as exc:
             await send_error(send, "openai", exc, self.head(call))
             return
-        out = json.dumps(data).encode()
+        await self._json(send, call, data)
+
+    async def stored_response(self, scope: dict[str, Any], send: Send, response_id: str, what: str) -> None:
+        """A stored response's route (apps.gateway.stored)."""
+        call = Call(STORED_RESPONSES)
+        try:
+            data = await self.stored.answer(scope, response_id, what)
+        except Refused as exc:
+            await send_error(send, "openai", exc, self.head(call))
+            return
+        await self._json(send, call, data)
+
+    async def _json(self, send: Send, call: Call, data: dict[str, Any]) -> None:
+        out = json.dumps(data, ensure_ascii=False).encode()
         headers = [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": out})

@@ -54,6 +54,8 @@ class Forwarder:
         self.upstream: Pool | None = None  # engines on the nodes: never through a proxy
         self.providers: Pool | None = None  # external providers: HTTPS_PROXY/NO_PROXY, LLMGW_PROVIDER_CA_BUNDLE
         self.judge = GuardJudge(lambda model: self.routes.tables.models.get(model), keeper, self.post)
+        # Stores a Responses answer once it is complete, before its last byte (apps.gateway.response_store).
+        self.keep: Callable[[Call], Awaitable[None]] = _keep_nothing
 
     def pool_for(self, upstream: Upstream) -> Pool:
         pool = self.providers if upstream.engine == "external" else self.upstream
@@ -124,6 +126,7 @@ class Forwarder:
                     give_back=lambda: self._give_back(call),
                     broke=lambda exc: self._stopped(call, exc),
                     checked=run_checked,
+                    keep=lambda: self.keep(call),
                 )
                 await relay_stream(call, response, send, context, prompt_count)
                 return
@@ -170,6 +173,8 @@ class Forwarder:
                 guard.judged = await self.judge.answer(call, answer_text(data))
         guarded = len(raw) if guard is not None else 0
         out = await run_checked(guarded, whole_answer, call, status, raw)
+        if call.kept is not None:
+            await self.keep(call)
         headers = [*self.head(call, b"application/json"), (b"content-length", str(len(out)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": out})
@@ -235,6 +240,10 @@ class Forwarder:
 #: Fields the Anthropic translation passes to engines that an external (OpenAI-compatible)
 #: provider refuses as unknown.
 ENGINE_ONLY_FIELDS = ("top_k",)
+
+
+async def _keep_nothing(_call: Call) -> None:
+    return None
 
 
 def _engine_body(call: Call, upstream: Upstream) -> dict[str, Any]:

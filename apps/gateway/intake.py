@@ -24,6 +24,7 @@ from agent.bounded import TooLarge, inflate
 from apps.gateway.errors import Refused
 
 if TYPE_CHECKING:
+    from apps.gateway.response_store import Kept
     from apps.gateway.slots import Lease
     from apps.gateway.tables import KeyEntry, Upstream
     from apps.gateway.translate.usage import StreamUsage
@@ -38,14 +39,15 @@ __all__ = [
     "MESSAGES",
     "MODELS",
     "RESPONSES",
+    "STORED_RESPONSES",
     "BodyBudget",
     "Call",
     "Endpoint",
     "api_key",
     "check_fits",
-    "content_encoding",
     "check_ranges",
     "check_size",
+    "content_encoding",
     "decode_body",
     "parse_body",
     "read_body",
@@ -112,6 +114,7 @@ RESPONSES = Endpoint(
     "responses", "openai", "responses", "/v1/chat/completions", path="/v1/responses", prompt_field="input"
 )
 MODELS = Endpoint("models", "openai", None, "", streams=False, path="/v1/models")
+STORED_RESPONSES = Endpoint("responses.stored", "openai", None, "", streams=False, path="/v1/responses/{id}")
 
 ENDPOINTS = {("POST", e.path): e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, COUNT_TOKENS, RESPONSES)}
 
@@ -172,6 +175,7 @@ class Call:
         "first_token_at",
         "guard",
         "headroom",
+        "kept",
         "lease",
         "leased_at",
         "model",
@@ -217,6 +221,7 @@ class Call:
         self.queue_ms: float | None = None  # how long it waited for its slot (0 when one was free)
         self.waited: Any = None  # its place in a fair queue, kept to charge what it really cost
         self.headroom: Any = None  # what its limits leave (apps.quotas.limiter.Headroom), for the headers
+        self.kept: Kept | None = None  # a Responses answer to store, and where it goes (apps.gateway.response_store)
         self.batch: str | None = None  # the batch it is a line of (apps.gateway.grants), None for a client's own
 
     @property

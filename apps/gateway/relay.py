@@ -372,11 +372,12 @@ def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
             chat_to_message(data, call.model, stop_sequences=call.original.get("stop_sequences"))
         ).encode()
     if call.endpoint is RESPONSES:
-        return json.dumps(
-            chat_to_response(
-                data, request=call.original, response_id="resp_" + call.request_id[4:], created_at=int(time.time())
-            )
-        ).encode()
+        response = chat_to_response(
+            data, request=call.original, response_id="resp_" + call.request_id[4:], created_at=int(time.time())
+        )
+        if call.kept is not None:
+            call.kept.response = response
+        return json.dumps(response).encode()
     changed = False
     if data.get("model", call.model) != call.model:
         data["model"] = call.model
@@ -409,6 +410,7 @@ class StreamContext:
     give_back: Callable[[], Awaitable[None]]
     broke: Callable[[BaseException], str | None]
     checked: Callable[..., Awaitable[Any]]  # apps.gateway.guard.run_checked
+    keep: Callable[[], Awaitable[None]]  # stores a Responses answer (call.kept) before its last event
 
 
 async def relay_stream(
@@ -416,7 +418,8 @@ async def relay_stream(
 ) -> None:
     """The engine's stream relayed to the client in its protocol, checked by the answer guard as it
     passes, until its end (or a guard's stop, or the engine breaking off), then its last event
-    with the usage. The slot is given back before the client's stream ends."""
+    with the usage (a Responses answer stored first, when it is to be). The slot is given back
+    before the client's stream ends."""
     relay = StreamRelay(call, translator_for(call))
     if prompt_count is not None:
         counted = await _result_within(prompt_count, PROMPT_COUNT_WAIT_S)
@@ -497,6 +500,9 @@ async def _finish(
     if relay.held is not None:
         await _body(send, relay.release(await context.judge("".join(relay.answer), True)))
     tail = relay.end(error)
+    if call.kept is not None and isinstance(relay.translator, ChatToResponsesStream):
+        call.kept.response = relay.translator.final
+        await context.keep()  # before the last event: a client that continues at once finds it
     usage = relay.counter.usage
     call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
     call.tokens_estimated = usage.estimated

@@ -201,8 +201,12 @@ async def engine_fixture() -> AsyncIterator[MockEngine]:
     await mock.stop()
 
 
-async def gateway_fixture(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
-    tables = Tables(keys={key_hash(KEY): entry()}, models={"m": route("m", [endpoint(engine.url)])}, version=1)
+async def gateway_fixture(
+    engine: MockEngine, monkeypatch: pytest.MonkeyPatch, *, store: bool = False, key: KeyEntry | None = None
+) -> AsyncIterator[Gateway]:
+    """The gateway in front of `engine`. Responses API answers are stored only with `store` (the
+    test then has a database, and `key`'s user and organisation in it); else they say store: false."""
+    tables = Tables(keys={key_hash(KEY): key or entry()}, models={"m": route("m", [endpoint(engine.url)])}, version=1)
     usage = UsageLog()
     limiter = FakeLimiter()
 
@@ -220,6 +224,7 @@ async def gateway_fixture(engine: MockEngine, monkeypatch: pytest.MonkeyPatch) -
     from django.conf import settings as django_settings
 
     monkeypatch.setattr(django_settings, "USAGE_WRITER", "web")  # the fake log stands in for the writer
+    monkeypatch.setattr(django_settings, "RESPONSES_STORE", store)
     # With Redis, slots are shared through it: each test's gateway counts under its own prefix.
     monkeypatch.setattr(django_settings, "REDIS_PREFIX", f"llmgw-test-{uuid.uuid4().hex[:8]}")
 

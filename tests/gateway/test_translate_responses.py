@@ -489,9 +489,9 @@ def test_text_format_becomes_response_format() -> None:
     assert "response_format" not in chat
 
 
-def test_store_true_and_unknown_fields_are_noted() -> None:
+def test_unknown_fields_are_noted_and_store_is_the_gateways() -> None:
     chat = responses_to_chat(request(validate=False, store=True, metadata={"a": "b"}, user="u", frobnicate=1))
-    assert chat["_ignored"] == ["frobnicate", "store"]
+    assert chat["_ignored"] == ["frobnicate"]  # store is followed by the gateway (apps.gateway.response_store)
     assert "metadata" not in chat and "user" not in chat
 
 
@@ -611,10 +611,10 @@ def test_malformed_or_unsupported_requests_name_the_parameter(change: dict[str, 
     assert caught.value.param == param
 
 
-def test_previous_response_id_is_refused_with_a_reason() -> None:
+def test_previous_response_id_is_left_to_the_gateway_with_a_reason() -> None:
     with pytest.raises(TranslationError) as caught:
         responses_to_chat(request(previous_response_id="resp_1"))
-    assert "stores no responses" in caught.value.message
+    assert "the gateway replays the stored conversation" in caught.value.message
     assert "whole conversation" in caught.value.message
     body = openai_error(400, caught.value.message, param=caught.value.param)
     assert body["error"] == {

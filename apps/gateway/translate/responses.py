@@ -32,9 +32,11 @@ Requests: `responses_to_chat(body)` turns a /v1/responses body into a chat compl
   `tool_choice` auto/none/required kept, a named function or custom tool becomes the named
   function, `allowed_tools` keeps only the allowed tools under its mode; `text.format`
   json_schema/json_object -> `response_format`; `stream` asks for a stream ending in a usage chunk.
-- Refused with a TranslationError (a 400): `previous_response_id`, `conversation`, `prompt`,
-  `background: true` and `item_reference` items. Nothing is stored, so there is nothing to
-  refer to: the client must send the whole conversation (Codex does, with store=false).
+- Refused with a TranslationError (a 400): `conversation` (no Conversations API), `prompt` (no
+  prompt templates), `background: true` and `item_reference` items. `previous_response_id` is the
+  gateway's to follow before translating (apps.gateway.response_store replays the stored
+  conversation into `input`): this translation takes whole conversations only. The Response's
+  `store` and `previous_response_id` are the request's as the gateway decided them.
 - Input items of a type not translated and not ignored (below) are refused, naming the type:
   an unknown type, and items that carry what an engine could use but cannot be given here:
   `shell_call`/`shell_call_output` and `apply_patch_call`/`apply_patch_call_output` (built-in
@@ -42,7 +44,7 @@ Requests: `responses_to_chat(body)` turns a /v1/responses body into a chat compl
   `additional_tools` (tools loaded mid-conversation), `configuration_update`,
   `compaction_trigger`.
 - Ignored, and named in the returned dict's "_ignored" list (always present: the gateway pops
-  it before sending): `store: true`, `reasoning`, `include` entries other than logprobs, server-side and built-in tools
+  it before sending): `reasoning`, `include` entries other than logprobs, server-side and built-in tools
   ("tools:web_search", ...) and a tool_choice naming one, `text.verbosity`, unknown top-level
   fields, and the input items in `IGNORED_INPUT_ITEMS` ("input:reasoning", ...), each the
   trace of something that ran on OpenAI's servers or carrying nothing an engine can read:
@@ -141,7 +143,14 @@ _HANDLED = frozenset(
         "top_logprobs",
     }
 )
-_NO_STORE = "this gateway stores no responses; send the whole conversation in input"
+#: Why each request field that refers to something kept elsewhere is refused here.
+_NOT_HERE = {
+    "previous_response_id": "the gateway replays the stored conversation before translating; "
+    "this translation takes the whole conversation in input",
+    "conversation": "this gateway has no Conversations API; continue a conversation with "
+    "previous_response_id, or send it whole in input",
+    "prompt": "this gateway keeps no prompt templates; send the instructions and input themselves",
+}
 
 #: Input item types dropped (and noted as "input:<type>"): each is either the trace of something
 #: that ran on OpenAI's servers, or carries nothing an engine here could read.
@@ -172,7 +181,7 @@ IGNORED_INPUT_ITEMS = frozenset(
 )
 #: Input item types refused, with why; any type neither handled, ignored nor here is refused too.
 _REFUSED_INPUT_ITEMS = {
-    "item_reference": _NO_STORE,
+    "item_reference": "send the item itself, or continue the conversation with previous_response_id",
     "shell_call": "the built-in shell tool is not offered to this model; use a function tool",
     "shell_call_output": "the built-in shell tool is not offered to this model; use a function tool",
     "apply_patch_call": "the built-in apply_patch tool is not offered to this model; use a custom tool",
@@ -191,14 +200,15 @@ _REFUSED_INPUT_ITEMS = {
 def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses API request as a chat completions request (see the module docstring)."""
     require(body, dict, "body", "a JSON object")
-    for key in ("previous_response_id", "conversation", "prompt"):
+    for key, why in _NOT_HERE.items():
         if body.get(key):
-            raise TranslationError(f"{key} is not supported: {_NO_STORE}.", key)
+            raise TranslationError(f"{key} is not supported: {why}.", key)
     if body.get("background") is True:
-        raise TranslationError(f"background is not supported: {_NO_STORE}, and wait for it.", "background")
+        raise TranslationError(
+            "background is not supported: this gateway answers at once; leave it out and wait for the answer.",
+            "background",
+        )
     ignored = [key for key in body if key not in _HANDLED and key not in _SILENTLY_DROPPED]
-    if body.get("store") is True:
-        ignored.append("store")
     if body.get("reasoning"):
         ignored.append("reasoning")
 
@@ -747,6 +757,7 @@ def _envelope(
     if not isinstance(text, dict) or not isinstance(text.get("format"), dict):
         text = {"format": {"type": "text"}, **(text if isinstance(text, dict) else {})}
     metadata = request.get("metadata")
+    previous = request.get("previous_response_id")
     return {
         "id": response_id,
         "object": "response",
@@ -760,9 +771,9 @@ def _envelope(
         "model": request.get("model") or model or "",
         "output": output,
         "parallel_tool_calls": request.get("parallel_tool_calls") is not False,
-        "previous_response_id": None,
+        "previous_response_id": previous if isinstance(previous, str) else None,
         "reasoning": {"effort": None, "summary": None},
-        "store": False,
+        "store": request.get("store") is True,
         "temperature": request.get("temperature"),
         "text": text,
         "tool_choice": request.get("tool_choice") or "auto",
@@ -901,6 +912,7 @@ class ChatToResponsesStream(ChatChunkReader):
         "_seq",
         "_text",
         "created_at",
+        "final",
         "items",
         "request",
         "response_id",
@@ -921,6 +933,8 @@ class ChatToResponsesStream(ChatChunkReader):
         self._open: int | None = None  # output index of the open item
         self._text: list[str] = []  # the open message's text so far
         self._logprobs: list[dict[str, Any]] = []  # and its tokens' log probabilities, when asked for
+        #: The whole response the stream ended with (response.completed, .incomplete or .failed).
+        self.final: dict[str, Any] | None = None
 
     def _event(self, kind: str, **fields: Any) -> Event:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -1103,7 +1117,7 @@ class ChatToResponsesStream(ChatChunkReader):
         status, incomplete = _status(self.finish_reason)
         self._close(events, status)
         self._done = True
-        response = self._response(status, incomplete_details=incomplete)
+        response = self.final = self._response(status, incomplete_details=incomplete)
         response["usage"] = self.usage.to_responses()
         kind = "response.completed" if status == "completed" else "response.incomplete"
         events.append(self._event(kind, response=response))
@@ -1122,7 +1136,7 @@ class ChatToResponsesStream(ChatChunkReader):
             if "status" in item:
                 item["status"] = "incomplete"
             self._open = None
-        response = self._response("failed", error={"code": code, "message": message})
+        response = self.final = self._response("failed", error={"code": code, "message": message})
         response["usage"] = self.usage.to_responses()
         events.append(self._event("response.failed", response=response))
         return events
