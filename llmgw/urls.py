@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from apps.accounts import api as accounts_api
 from apps.accounts import audit_views, key_views, oidc, people_views
 from apps.accounts import views as accounts_views
+from apps.batches import api as batches_api
 from apps.catalog import api as catalog_api
 from apps.cluster import api as cluster_api
 from apps.cluster import views as cluster_views
@@ -42,6 +43,7 @@ router.register("replicas", catalog_api.ReplicaViewSet, basename="replica")
 router.register("limits", quotas_api.RateLimitViewSet, basename="ratelimit")
 router.register("quotas", quotas_api.CapacityQuotaViewSet, basename="capacityquota")
 router.register("audit", accounts_api.AuditEventViewSet, basename="audit")
+router.register("batches", batches_api.BatchViewSet, basename="batch")
 
 # Swagger UI's bundle sets inline styles, so its page alone allows them. Its start-up script
 # is served as a file (the split view), so script-src stays as strict as everywhere else.
@@ -115,6 +117,7 @@ urlpatterns = [
     path("chat/session-key", chat_views.chat_session_key, name="chat-session-key"),
     path("chat/render", chat_views.chat_render, name="chat-render"),
     path("usage/", usage_views.usage, name="usage"),
+    path("batches/", include("apps.batches.urls")),
     path("cluster/", cluster_views.cluster, name="cluster"),
     path("sim/", sim_views.sim, name="sim"),
     path("sim/runs", sim_views.sim_runs, name="sim-runs"),

@@ -98,6 +98,7 @@ PERSONAL = {
     "apikey-share",
     "chat-session-key",
     "chat-render",
+    "batches:batch-cancel",  # a batch of one's own keys or projects
 }
 
 MODEL_SPEC = {
@@ -293,6 +294,43 @@ def own_sim_run(world: World, role: str) -> dict[str, Any]:
 
     owner = world.users[role] or world.users["administrator"]
     return {"pk": SimRun.objects.create(owner=owner, scenario=SIM_SCENARIO).pk}
+
+
+def own_batch(world: World, role: str, *, which: str | None = None) -> dict[str, Any]:
+    """An in-progress batch of the caller's own (a stranger names the administrator's), with an output
+    file when `which` asks for it."""
+    from datetime import timedelta
+
+    from apps.batches import storage
+    from apps.batches.models import Batch, BatchFile
+
+    owner = world.users[role] or world.users["administrator"]
+    assert owner is not None
+    batch_id = f"batch_access_{role}"
+    output = None
+    if which is not None:
+        sink = storage.Sink(max_bytes=1024)
+        sink.write(b'{"custom_id": "a"}\n')
+        sink.commit(f"file-access-{role}")
+        output, _ = BatchFile.objects.get_or_create(
+            id=f"file-access-{role}",
+            defaults={"user": owner, "purpose": "batch_output", "filename": "out.jsonl", "bytes": 19},
+        )
+    Batch.objects.update_or_create(
+        id=batch_id,
+        defaults={
+            "user": owner,
+            "endpoint": "/v1/chat/completions",
+            "status": "in_progress",
+            "output_file": output,
+            "expires_at": timezone.now() + timedelta(hours=24),
+        },
+    )
+    return {"pk": batch_id, **({"which": which} if which else {})}
+
+
+def own_batch_output(world: World, role: str) -> dict[str, Any]:
+    return own_batch(world, role, which="output")
 
 
 def pk_of(attribute: str) -> Kwargs:
@@ -565,6 +603,13 @@ MATRIX: dict[str, Route] = {
     ),
     "audit-list": Route(("read_everything", "nobody")),
     "audit-detail": Route(("read_everything", "nobody"), pk_of("event")),
+    # Batches: each person's own on the console; every organisation's for staff in the API.
+    "batches:batches": Route("signed_in"),
+    "batches:batch-cancel": Route("signed_in", own_batch, bodies=lambda w: {"POST": {}}),
+    "batches:batch-file": Route("signed_in", own_batch_output),
+    "batch-list": Route(("read_everything", "change_cluster")),
+    "batch-detail": Route(("read_everything", "change_cluster"), own_batch),
+    "batch-cancel": Route(("read_everything", "change_cluster"), own_batch, bodies=lambda w: {"POST": {}}),
 }
 
 

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.django_db
 # endpoints, downloads, and views that only redirect.
 SKIPPED_PREFIXES = ("api/", "django-admin/")
 NOT_PAGES = {
+    "batches:batch-file",  # a download, not a page
     "logout",
     "set-language",
     "metrics",
@@ -85,6 +86,7 @@ POST_ONLY = {
     "people-branch-remove",
     "sim-runs",
     "sim-what-if",
+    "batches:batch-cancel",
 }
 # Pages with arguments, opened on the objects the `fleet` fixture makes.
 ARGUMENTS: dict[str, list[dict[str, str]]] = {
