@@ -96,3 +96,17 @@ def test_an_amd_board_counts_by_its_own_readings_and_tdp() -> None:
     node = _node("mi300x")
     cluster.append_histories({node.pk: {"gpus": busy, "taken_at": timezone.now().timestamp() - 30}})
     assert _draws("mi300x") == {"mi300x": pytest.approx(8 * 700.0)}
+
+
+def test_a_rack_cap_counts_a_slice_by_its_share_of_its_cards_tdp() -> None:
+    node = register("h100-mig", _mig(71.27))
+    Node.objects.filter(pk=node.pk).update(labels={"llmgw.io/rack": "r1"})
+    power.apply_budgets([{"domain": "rack=r1", "watts": 300}], source="api", replace=False)
+    make_model("small", accelerators=("H100-80GB-1g.10gb",), gpus=1)  # adds 100 W: fits
+    make_model("mid", accelerators=("H100-80GB-3g.40gb",), gpus=1)  # adds 300 W: over the cap
+    reconcile()
+    assert Replica.objects.get(model__name="small").shards.get().gpu_indices in ([1002], [1003])
+    mid = Replica.objects.get(model__name="mid")
+    assert mid.state == "pending"
+    # The small slice's 100 W is drawn; a 3g's 3/7 of 700 W would pass the cap.
+    assert "rack=r1: 0.1 kW of 0.3 kW drawn, this replica adds 0.3 kW" in [r["message"] for r in mid.rejections]
