@@ -11,7 +11,10 @@ plugged run to the plain one, and the median of five explains of a multi-node mo
 and the page ask for it: 200 nodes spelled out per profile, the rest counted; and with every node).
 On more than 1,000 nodes the walk scores a sample of 100 feasible nodes (see
 apps/cluster/placement/pipeline.py for what that gives up).
-Targets: 5,000 replicas onto 10,000 nodes in 5 s with the plugins, explain in 50 ms.
+Targets: 5,000 replicas onto 10,000 nodes in at most 5 s with the plugins, and their explain (200
+nodes spelled out) in at most 50 ms. The load average is printed at the start and the end, and each
+target as met, missed, or not measured (a run smaller than the defaults, whose figures are printed
+but are not the target's).
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ import placement as base  # noqa: E402  (bench/placement.py)
 from apps.cluster.placement import EXPLAIN_NODES, Inventory, Registry, builtin_registry, explain  # noqa: E402
 from apps.fabrics import placement as fabric_plugins  # noqa: E402
 from apps.facility import placement as facility_plugins  # noqa: E402
+from bench.report import Report  # noqa: E402
 
 EXPLAIN_REPEATS = 5
+PLACE_TARGET_S = 5.0
+EXPLAIN_TARGET_S = 0.05
 
 
 def build(nodes: int, racks: int, seed: int) -> Inventory:
@@ -63,6 +69,11 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    with Report(__doc__) as report:
+        bench(args, report)
+
+
+def bench(args: argparse.Namespace, report: Report) -> None:
     reqs = base.requests(args.replicas, random.Random(args.seed))
 
     plain_inventory = build(args.nodes, args.racks, args.seed)
@@ -113,8 +124,17 @@ def main() -> None:
         f"{statistics.median(plain_explain) * 1000:.1f} ms, ratio {explain_s / statistics.median(plain_explain):.2f}; "
         f"every node spelled out (nodes=all): {statistics.median(whole) * 1000:.1f} ms"
     )
-    ok = total_s <= 5.0 and explain_s <= 0.05
-    print(f"targets (5,000 replicas in 5 s with the plugins, explain in 50 ms): {'met' if ok else 'MISSED'}")
+    smaller = None
+    if args.nodes < 10_000 or args.replicas < 5_000:
+        smaller = f"this run had {args.nodes} nodes and {args.replicas} replicas; the target is for 10,000 and 5,000"
+    for name, seconds, limit in (
+        ("place with the plugins", total_s, PLACE_TARGET_S),
+        ("explain with the plugins", explain_s, EXPLAIN_TARGET_S),
+    ):
+        if smaller:
+            report.not_measured(name, f"{smaller} ({seconds * 1000:.1f} ms)")
+        else:
+            report.target(name, measured=seconds * 1000, limit=limit * 1000, unit=" ms")
 
 
 if __name__ == "__main__":
