@@ -560,3 +560,54 @@ def test_engine_files_fetch_keeps_no_file_that_is_not_the_one_listed_and_says_wh
     assert not list(Path(settings.ENGINE_FILES_DIR).glob(".*.part"))
     with pytest.raises(SystemExit, match="vllm is installed from the package index"):
         main(["engine-files", "fetch", "0.11.0", "--engine", "vllm"])
+
+
+def test_a_refused_archive_stays_on_the_node_page_beside_what_the_node_really_runs(client: Any, operator: Any) -> None:
+    """The node's refusal (an archive whose sha256 is not the published one) is its status on the
+    node page and in placement's refusal; a compiled build in its place is shown as what it is."""
+    from html import unescape
+
+    from apps.cluster.inventory import _snapshot
+
+    refused = "refused: llama-b7-bin-ubuntu-x64.tar.gz: digest mismatch: got 0a1b2c3d, expected 00000000"
+    node = make_node("cpu1", engines=(), hardware={"arch": "x86_64"})
+    engines.set_choice("llama.cpp", "b7")
+    waiting = (
+        f"{refused}; not compiled from llama-cpp-python 0.3.36 in its place: the control plane allows that only "
+        "with LLMGW_ENGINE_SOURCE_AFTER_REFUSAL"
+    )
+    services.record_engines(
+        node.pk, {"engines": [], "engine_versions": {}, "engines_probed": True, "engine_status": {"llama.cpp": waiting}}
+    )
+    client.force_login(operator)
+
+    def row() -> str:
+        page = client.get("/nodes/cpu1/").content.decode()
+        start = page.index('<tr data-engine-row="llama.cpp">')
+        return unescape(page[start : page.index("</tr>", start)])
+
+    assert ">b7</td>" in row() and "<td>-</td>" in row() and waiting in row()
+
+    class Ctx:
+        class profile:  # noqa: N801 - a stand-in for the placement context's profile
+            engine = "llama.cpp"
+
+    node.refresh_from_db()
+    reason = engine_filter(Ctx, _snapshot(node))  # type: ignore[arg-type]
+    assert reason is not None and waiting in reason.message()
+    # Allowed to compile in its place: it runs the source build and says so, the refusal kept.
+    compiled = "llama-cpp-python 0.3.36 source"
+    kept = (
+        f"{refused}; running llama.cpp compiled from llama-cpp-python 0.3.36 in its place, as the control plane "
+        "allows (LLMGW_ENGINE_SOURCE_AFTER_REFUSAL)"
+    )
+    services.record_engines(
+        node.pk,
+        {
+            "engines": ["llama.cpp"],
+            "engine_versions": {"llama.cpp": compiled},
+            "engines_probed": True,
+            "engine_status": {"llama.cpp": kept},
+        },
+    )
+    assert ">b7</td>" in row() and f"<td>{compiled}</td>" in row() and kept in row()
