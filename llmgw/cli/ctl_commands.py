@@ -420,6 +420,9 @@ def add_all(ctl_sub: Any) -> None:
     from llmgw.cli.ctl_shares import add_share_commands
 
     add_share_commands(ctl_sub)
+    from llmgw.cli.ctl_batches import add_batch_commands
+
+    add_batch_commands(ctl_sub)
 
 
 # Models ----------------------------------------------------------------------------------------
