@@ -52,7 +52,7 @@ def node_summary(node: Node, now: Any = None) -> dict[str, Any]:
         "memory_used_bytes": row.memory_used,
         "gpu_count": row.gpu_count,
         "gpu_classes": sorted({name for _count, name in row.gpu_groups}),
-        "gpus_healthy": sum(1 for gpu in node.gpus.all() if gpu.healthy),
+        "gpus_healthy": sum(1 for gpu in node.gpus.all() if gpu.healthy and gpu.parent_index is None),  # cards
         # local filesystems only; shared space belongs to every node that mounts it
         "disk_free_bytes": row.disk.local_free,
         "disk_total_bytes": row.disk.local_total,

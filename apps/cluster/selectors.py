@@ -355,7 +355,7 @@ def node_row(node: Node, now: datetime) -> NodeRow:
     live = sample or {}
     gpus = list(node.gpus.all())
     if gpus:
-        gpu_count: int | None = len(gpus)
+        gpu_count: int | None = sum(1 for g in gpus if g.parent_index is None)  # cards: a slice is not one more
     else:
         # A node that never registered has not said; one that did and lists none has none.
         gpu_count = _integer(node.hardware.get("gpu_count")) if node.hardware else None

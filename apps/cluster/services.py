@@ -227,7 +227,8 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
     hardware = dict(body["hardware"])
     gpus = hardware.pop("gpus", []) or []
     hardware["labels"] = body.get("labels") or {}
-    hardware["gpu_count"] = len(gpus)
+    # Cards: a MIG slice or compute partition (a device with a parent) is not one more.
+    hardware["gpu_count"] = sum(1 for g in gpus if not isinstance(g, dict) or g.get("parent") is None)
     before = {
         "agent_version": node.agent_version,
         "gpus": len(node.hardware.get("gpus_summary", []) or []),

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
 import pytest
 from django.test import Client
 
 from apps.accounts.models import User
-from apps.cluster.models import Replica
+from apps.cluster.models import Node, Replica
 from apps.cluster.reconciler import reconcile
 from tests.builders import make_model
 from tests.cluster.test_slices import UUID_2, mi300x_devices, mig_devices, register
@@ -109,3 +110,25 @@ def test_the_node_page_shows_an_amd_cards_readings_with_its_vendor(client: Clien
     assert card["temperature"] == "32 °C" and card["temperature-memory"] == "33 °C"
     assert card["power"].startswith("171 /")
     assert card["ecc-corrected"] == "-"  # not read: unknown, not zero
+
+
+def test_the_nodes_list_and_api_count_cards_and_name_the_slice_classes(client: Client, api: Any, viola: User) -> None:
+    register("h100-mig", mig_devices())
+    register("mi300x", mi300x_devices())
+    assert Node.objects.get(name="h100-mig").hardware["gpu_count"] == 1
+    content = page(client, viola, "/nodes/")
+    shown = re.search(r'<tr[^>]*data-node="h100-mig".*?<td data-col="gpus">(.*?)</td>', content, re.S)
+    assert shown is not None
+    assert " ".join(shown.group(1).split()) == (
+        "2× H100-80GB-1g.10gb, 1× H100-80GB, 1× H100-80GB-2g.20gb, 1× H100-80GB-3g.40gb"
+    )
+    api.force_authenticate(viola)
+    nodes = {n["name"]: n["summary"] for n in api.get("/api/v1/nodes").json()["results"]}
+    assert (nodes["h100-mig"]["gpu_count"], nodes["h100-mig"]["gpus_healthy"]) == (1, 1)
+    assert nodes["h100-mig"]["gpu_classes"] == [
+        "H100-80GB",
+        "H100-80GB-1g.10gb",
+        "H100-80GB-2g.20gb",
+        "H100-80GB-3g.40gb",
+    ]
+    assert (nodes["mi300x"]["gpu_count"], nodes["mi300x"]["gpu_classes"]) == (8, ["MI300X-192GB"])
