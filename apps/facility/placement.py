@@ -196,15 +196,20 @@ def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     keep_within every shard does): a domain short of room for all of them takes none."""
     from apps.facility.draw import derived_watts, shard_watts
 
-    index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
+    bound = ctx.scratch.get(POWER)
+    if bound is None:  # what the replica adds and what was claimed: the same for every node it is tried on
+        index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
+        adds = shard_watts(ctx.profile.power_watts, derived_watts(ctx.gpu_class, ctx.gpus))
+        if adds is None or not index.capped:
+            bound = ctx.scratch[POWER] = (index, None, {})
+        else:
+            bound = ctx.scratch[POWER] = (index, adds * ctx.nodes, _batch_draws(ctx, index))
+    index, adds, batch = bound
+    if adds is None:
+        return None
     domains = index.capped.get(node.id)
     if not domains:
         return None
-    adds = shard_watts(ctx.profile.power_watts, derived_watts(ctx.gpu_class, ctx.gpus))
-    if adds is None:
-        return None
-    adds *= ctx.nodes
-    batch = _batch_draws(ctx, index)
     for domain in domains:
         known, _unknown = index.drawn.get(domain, (0.0, 0))
         drawn = known + batch.get(domain, 0.0)

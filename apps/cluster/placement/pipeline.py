@@ -254,7 +254,7 @@ def static_prefilters(ctx: PlacementContext) -> list[FilterFn]:
 class _Evaluator:
     """The registered plugins bound to one profile's context."""
 
-    __slots__ = ("ctx", "filters", "indexed", "named", "nodes", "plugins", "pmax", "pre", "sample")
+    __slots__ = ("ctx", "filters", "indexed", "named", "nodes", "plugins", "pmax", "pre", "sample", "walk_filters")
 
     def __init__(self, ctx: PlacementContext) -> None:
         registry = ctx.registry
@@ -267,6 +267,10 @@ class _Evaluator:
         chain.extend(self.pre.refusers)
         chain.sort(key=lambda entry: (entry[0], entry[1]))
         self.filters = tuple(fn for _, _, fn in chain)
+        # The walk only meets nodes the pre-filters kept (_stream skips the others), for which their
+        # refusals are always None: the walk asks the other filters alone.
+        refusers = {id(fn) for _, _, fn in self.pre.refusers}
+        self.walk_filters = tuple(fn for fn in self.filters if id(fn) not in refusers)
         scorers = registry.scorers()
         self.indexed = tuple((e.fn, e.weight) for e in scorers if e.fn in INDEXED)
         self.plugins = tuple((e.fn, e.weight) for e in scorers if e.fn not in INDEXED)
@@ -281,6 +285,15 @@ class _Evaluator:
     def first_reason(self, node: NodeSnapshot) -> Reason | None:
         ctx = self.ctx
         for fn in self.filters:
+            reason = fn(ctx, node)
+            if reason is not None:
+                return reason
+        return None
+
+    def walk_reason(self, node: NodeSnapshot) -> Reason | None:
+        """first_reason for a node the stream gave (one every pre-filter kept)."""
+        ctx = self.ctx
+        for fn in self.walk_filters:
             reason = fn(ctx, node)
             if reason is not None:
                 return reason
@@ -511,7 +524,7 @@ def _pick_single(
         node = nodes[node_id]
         if seen is not None:
             seen.add(node_id)
-        reason = ev.first_reason(node)
+        reason = ev.walk_reason(node)
         if reason is not None:
             if rejections is not None:
                 rejections.append(ev.reject(node, reason))
@@ -610,7 +623,7 @@ def _pick_multi(
         node = nodes[node_id]
         if seen is not None:
             seen.add(node_id)
-        reason = ev.first_reason(node)
+        reason = ev.walk_reason(node)
         if reason is not None:
             if rejections is not None:
                 rejections.append(ev.reject(node, reason))
