@@ -29,6 +29,10 @@ matching runs in the guard's threads: what one request may cost the event loop a
 with the campaign's policy, and measures other clients' latency (small chats and /healthz) alone
 and then while noisy clients send megabyte adversarial prompts and stream adversarial answers: the
 p50 and p99 of each and the ratio of the p99s. Target: within 1.5x.
+
+The load average is printed at the start and the end, and each target as met, missed or not
+measured (the noisy target without --noisy, the per-request and per-chunk ones with it).
+--requests and --streams make a quick run smaller (e.g. --requests 500 --streams 50 --quick).
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ from apps.gateway.intake import CHAT, Call, parse_body  # noqa: E402
 from apps.gateway.relay import StreamRelay  # noqa: E402
 from apps.guardrails.engine import DETECTORS, OutputGuard, PolicySet, RuleSpec  # noqa: E402
 from apps.guardrails.patterns import compile_re2  # noqa: E402
+from bench.report import Report  # noqa: E402
+
+REQUEST_TARGET_MS = 0.1
+CHUNK_TARGET_US = 10.0
 
 PROMPT = [
     {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
@@ -235,11 +243,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="no 8 MB texts")
     parser.add_argument("--noisy", action="store_true", help="other clients' latency under adversarial traffic")
     args = parser.parse_args()
-    if args.noisy:
-        from bench.guardrails_noisy import noisy
+    with Report(__doc__) as report:
+        if args.noisy:
+            from bench.guardrails_noisy import noisy
 
-        noisy(quick=args.quick)
-        return
+            for name in ("added per request", "added per chunk"):
+                report.not_measured(name, "run without --noisy")
+            noisy(report, quick=args.quick)
+            return
+        for what in ("chat", "healthz"):
+            report.not_measured(f"others' {what} p99 beside noise", "run with --noisy")
+        costs(args, report)
+
+
+def costs(args: argparse.Namespace, report: Report) -> None:
+    """The per-request and per-chunk costs against their targets, then the long texts."""
     policies = policy_set()
     assert policies.inbound.screen is not None and not policies.broken
     request_cost(policies, 200)  # warm both
@@ -264,8 +282,8 @@ def main() -> None:
         f"with it {guarded_chunk * 1e6:.1f} µs; added {(guarded_chunk - plain_chunk) * 1e6:.1f} µs, "
         f"ratio {guarded_chunk / plain_chunk:.2f}; the output guard's own part {guard_alone * 1e6:.2f} µs"
     )
-    ok = guarded_req - plain_req <= 0.0001 and guarded_chunk - plain_chunk <= 0.00001
-    print(f"targets (0.1 ms a request, 10 µs a chunk): {'met' if ok else 'MISSED'}")
+    report.target("added per request", measured=(guarded_req - plain_req) * 1e3, limit=REQUEST_TARGET_MS, unit=" ms")
+    report.target("added per chunk", measured=(guarded_chunk - plain_chunk) * 1e6, limit=CHUNK_TARGET_US, unit=" µs")
     long_texts(SIZES[:2] if args.quick else SIZES)
 
 
