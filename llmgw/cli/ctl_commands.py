@@ -530,7 +530,18 @@ def _diff_lines(changes: dict[str, Any], prefix: str = "") -> list[str]:
 
 def cmd_model_delete(client: Client, args: argparse.Namespace) -> int:
     if not args.yes:
-        answer = input(f"Delete model {args.name}? Its replicas stop and no route serves it. [y/N] ")
+        if not sys.stdin.isatty():  # a script or CI: there is no one to ask
+            print(
+                f"model {args.name}: not deleted: deleting asks for a confirmation and no terminal is attached "
+                "to answer it; add --yes to delete without asking",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            answer = input(f"Delete model {args.name}? Its replicas stop and no route serves it. [y/N] ")
+        except EOFError:  # the terminal's end of input (Ctrl-D) is no
+            answer = ""
+            print()
         if answer.strip().lower() not in ("y", "yes"):
             print("not deleted")
             return 1

@@ -55,7 +55,10 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
 def cmd_apply(client: Client, args: argparse.Namespace) -> int:
     import yaml
 
-    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    except OSError as exc:  # one line, as model apply says it
+        raise SystemExit(f"llmgw ctl: cannot read {args.file}: {exc.strerror}") from None
     try:
         data = yaml.safe_load(text)  # JSON is YAML too
     except yaml.YAMLError as exc:
