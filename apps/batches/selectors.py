@@ -9,9 +9,10 @@ from django.db.models import Q, QuerySet
 
 from apps.accounts.access import can_change_cluster, can_read_everything, is_signed_in
 from apps.accounts.selectors import projects_for_user
+from apps.batches.choices import BatchStatus
 from apps.batches.models import Batch
 
-__all__ = ["can_cancel", "visible_batches"]
+__all__ = ["can_cancel", "may_cancel", "visible_batches"]
 
 
 def _own(user: Any) -> Q:
@@ -28,9 +29,15 @@ def visible_batches(user: Any) -> QuerySet[Batch]:
     return rows.filter(_own(user))
 
 
-def can_cancel(user: Any, batch: Batch) -> bool:
-    """Administrators and operators cancel any batch; anyone else (staff who only read, too) those of
-    their own keys and projects."""
-    if batch.ended or not is_signed_in(user):
+def may_cancel(user: Any, batch: Batch) -> bool:
+    """Whether the person may cancel this batch, whatever its status: administrators and operators
+    any batch; anyone else (staff who only read, too) those of their own keys and projects."""
+    if not is_signed_in(user):
         return False
     return can_change_cluster(user) or Batch.objects.filter(_own(user), pk=batch.pk).exists()
+
+
+def can_cancel(user: Any, batch: Batch) -> bool:
+    """Whether to offer cancel: the person may, and the batch runs (one cancelling already is not
+    offered again)."""
+    return not batch.ended and batch.status != BatchStatus.CANCELLING and may_cancel(user, batch)

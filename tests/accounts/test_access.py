@@ -605,6 +605,7 @@ MATRIX: dict[str, Route] = {
     "audit-detail": Route(("read_everything", "nobody"), pk_of("event")),
     # Batches: each person's own on the console; every organisation's for staff in the API.
     "batches:batches": Route("signed_in"),
+    "batches:batch": Route("signed_in", own_batch),
     "batches:batch-cancel": Route("signed_in", own_batch, bodies=lambda w: {"POST": {}}),
     "batches:batch-file": Route("signed_in", own_batch_output),
     "batch-list": Route(("read_everything", "change_cluster")),

@@ -37,11 +37,8 @@ def make_batch(tenant: Tenant, batch_id: str, *, status: str = "in_progress", **
         endpoint="/v1/chat/completions",
         model="m",
         status=status,
-        total=10,
-        succeeded=4,
-        failed=1,
         expires_at=timezone.now() + timedelta(hours=24),
-        **extra,
+        **{"total": 10, "succeeded": 4, "failed": 1, **extra},
     )
 
 
@@ -147,3 +144,48 @@ def test_metrics_count_batches_by_status(tenants: tuple[Tenant, Tenant]) -> None
     text = database_metrics().decode()
     assert 'llmgw_batches{status="in_progress"} 2.0' in text and 'llmgw_batches{status="failed"} 1.0' in text
     assert 'llmgw_batches{status="completed"}' not in text  # a status no batch has is absent
+
+
+def test_a_batchs_own_page_shows_its_counts_files_problems_and_metadata(tenants: tuple[Tenant, Tenant]) -> None:
+    a, b = tenants
+    problems = [{"code": "duplicate_custom_id", "message": f"custom_id 'x{n}' again", "line": n} for n in range(502)]
+    make_batch(
+        a,
+        "batch_page",
+        errors=problems,
+        metadata={"run": "nightly"},
+        output_file=output_file(a, "file-o", b"{}\n"),
+        lines_without_tokens=5,
+    )
+    page = signed_in(a.user).get("/batches/batch_page/").content.decode()
+    assert 'data-status="in_progress"' in page and 'hx-trigger="every 2s"' in page  # redrawn while it runs
+    assert "5 of 10 answered (50%)" in page and 'value="50"' in page
+    assert 'data-field="prompt-tokens">-<' in page  # no answer had token counts: unknown, not 0
+    assert 'href="/batches/batch_page/output.jsonl"' in page and 'data-file="error"' not in page
+    assert "written when the batch ends" in page  # its error file, while it runs
+    assert page.count('data-error="duplicate_custom_id"') == 500 and "and 2 more problems" in page
+    assert "nightly" in page and 'data-action="cancel"' in page
+    assert 'href="/batches/batch_page/"' in signed_in(a.user).get("/batches/").content.decode()
+    assert signed_in(b.user).get("/batches/batch_page/").status_code == 404  # another organisation's
+
+    part = signed_in(a.user).get("/batches/batch_page/", headers={"HX-Request": "true"}).content.decode().strip()
+    assert part.startswith('<div id="batch-card"') and "<html" not in part
+    answer = (
+        signed_in(a.user)
+        .post("/batches/batch_page/cancel", {"from": "detail"}, headers={"HX-Request": "true"})
+        .content.decode()
+    )
+    assert answer.strip().startswith('<div id="batch-card"') and 'data-status="cancelling"' in answer
+    assert 'data-action="cancel"' not in answer  # asked once; it is cancelled once what runs has ended
+    assert signed_in(a.user).post("/batches/batch_page/cancel", {"from": "detail"}).url == "/batches/batch_page/"
+
+
+def test_an_ended_batchs_page_stops_redrawing_and_says_why_a_file_is_missing(tenants: tuple[Tenant, Tenant]) -> None:
+    a, _b = tenants
+    make_batch(a, "batch_end", status="completed", succeeded=10, failed=0, prompt_tokens=70, completion_tokens=30)
+    page = signed_in(a.user).get("/batches/batch_end/").content.decode()
+    assert "hx-trigger" not in page.split('id="batch-card"', 1)[1].split(">", 1)[0]
+    assert 'data-field="prompt-tokens">70<' in page and 'data-field="completion-tokens">30<' in page
+    assert "none: no line ended this way" in page and 'data-action="cancel"' not in page
+    refused = signed_in(a.user).post("/batches/batch_end/cancel", {"from": "detail"}, headers={"HX-Request": "true"})
+    assert "Cannot cancel: Cannot cancel a batch that is completed." in refused.content.decode()

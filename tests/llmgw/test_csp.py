@@ -7,6 +7,7 @@ routed; one that takes arguments or answers only POST must be named below.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from html.parser import HTMLParser
 from typing import Any
 
@@ -98,6 +99,7 @@ ARGUMENTS: dict[str, list[dict[str, str]]] = {
     "mirror:serve": [{"pk": "1"}],
     "fabrics:fabric": [{"fabric": "ib:0x000000000000000a"}],
     "sim-run": [{"pk": "1"}],
+    "batches:batch": [{"pk": "batch_csp"}],
 }
 # Pages for people who are not signed in (they redirect an administrator away).
 ANONYMOUS = {"login", "signup", "signup-done", "sso-failed"}
@@ -301,6 +303,22 @@ def fleet(db: Any) -> None:
     from tests.conftest import make_user
 
     SimRun.objects.create(pk=1, owner=make_user("sim@example.com", role=StaffRole.OPERATOR), scenario="step: 1m\n")
+    # A running batch with a line's problem and metadata: the Batches page and its own page draw them.
+    from apps.batches.models import Batch
+
+    Batch.objects.create(
+        id="batch_csp",
+        user=make_user("batch@example.com"),
+        endpoint="/v1/chat/completions",
+        model="qwen",
+        status="in_progress",
+        total=4,
+        succeeded=1,
+        failed=1,
+        errors=[{"code": "invalid_json_line", "message": "not JSON", "line": 2, "param": None}],
+        metadata={"run": "nightly"},
+        expires_at=now + timedelta(hours=24),
+    )
     # gpu1 on an InfiniBand fabric that has been mapped: its page draws the map.
     from apps.fabrics import topology
     from apps.fabrics.models import FabricMap, NodeFabrics
