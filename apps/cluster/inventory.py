@@ -11,6 +11,7 @@ from apps.cluster.choices import NodeStatus, ReplicaState
 from apps.cluster.decisions import RUNNING_FIELDS, profile_spec, running_spec
 from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.placement import CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ReplicaRequest
+from apps.facility.draw import class_share
 from apps.quotas.models import CapacityQuota as QuotaRow
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "profile_spec",
     "replica_request",
     "running_spec",
+    "slot_share",
 ]
 
 # Other apps' parts of the snapshot (the fabrics each node is on): each fills `extra` of the nodes.
@@ -57,6 +59,16 @@ def nvlink_groups(hardware: dict[str, Any]) -> dict[int, str]:
     }
 
 
+def slot_share(share: float | None, parent: int | None, gpu_class: str) -> float:
+    """The part of its card a device is: a whole card 1; a slice what its agent said, else the share
+    its class names (a 1g of an H100 1/7), as held GPU time counts it."""
+    if parent is None:
+        return 1.0
+    if share is not None and 0 < share <= 1:
+        return share
+    return class_share(gpu_class)
+
+
 def _snapshot(node: Node) -> NodeSnapshot:
     linked = nvlink_groups(node.hardware or {})
     gpus = [
@@ -72,6 +84,7 @@ def _snapshot(node: Node) -> NodeSnapshot:
             memory_group=g.memory_group or None,
             fault=g.fault or None,
             label=g.label,
+            share=slot_share(g.share, g.parent_index, g.gpu_class),
         )
         for g in node.gpus.all()
     ]

@@ -236,16 +236,20 @@ def fabric(ctx: PlacementContext, index: dict[int, tuple[str, ...]]) -> PreFilte
 
 
 def quota(ctx: PlacementContext) -> Iterator[Reason]:
-    """Every owner key the replica counts against must have room for the whole replica."""
+    """Every owner key the replica counts against must have room for the whole replica. A slice
+    counts by its share of its card: a 1g.10gb of an H100 is 1/7 of a GPU."""
     inventory = ctx.inventory
     n = ctx.nodes
-    gpus, cores, mem = ctx.gpus * n, ctx.cores * n, ctx.memory * n
+    cores, mem = ctx.cores * n, ctx.memory * n
+    gpus = float(ctx.gpus * n)
+    if gpus and ctx.gpu_class is not None:
+        gpus = round(gpus * inventory.class_share(ctx.gpu_class), 9)
     for key in ctx.request.owner:
         limit = inventory.quotas.get(key)
         if limit is None:
             continue
         used = inventory.usage(key)
-        if limit.gpus is not None and gpus and used.gpus + gpus > limit.gpus:
+        if limit.gpus is not None and gpus and used.gpus + gpus > limit.gpus + CORE_EPSILON:
             yield reasons.quota_gpus(key, used.gpus, limit.gpus, gpus)
         if limit.cpu_cores is not None and cores and used.cores + cores > limit.cpu_cores + CORE_EPSILON:
             yield reasons.quota_cores(key, used.cores, limit.cpu_cores, cores)

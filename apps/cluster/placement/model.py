@@ -45,6 +45,8 @@ class GpuSlot:
     # Why it cannot be trusted now (its agent's words); such a slot is not healthy either.
     fault: str | None = None
     label: str = ""  # how it reads in a refusal: "GPU 0", "GPU 0 MIG 2 (1g.10gb)"
+    # The part of its card it is (a 1g of 7 = 1/7): what a claim of it counts against GPU quotas.
+    share: float = 1.0
 
     @property
     def name(self) -> str:
@@ -130,7 +132,7 @@ class CapacityQuota:
 
 
 class Usage(NamedTuple):
-    gpus: int
+    gpus: float  # cards: a slice counts by its share of its card
     cores: float
     memory: int
     replicas: int
@@ -312,7 +314,7 @@ class _Owned:
     __slots__ = ("cores", "gpus", "memory", "replicas")
 
     def __init__(self) -> None:
-        self.gpus = 0
+        self.gpus = 0.0
         self.cores = 0.0
         self.memory = 0
         self.replicas: dict[str, int] = {}  # replica -> claims counted
@@ -324,6 +326,8 @@ class _Owned:
 
 
 _DRY_SEQ = 1 << 62
+# Quota usage is kept rounded to this many decimals, so that seven 1/7 slices make one card again.
+_GPU_DIGITS = 9
 
 
 class _Sum:
@@ -388,6 +392,10 @@ class Inventory:
         # Per node with slices: what a claim of each device keeps from being handed out.
         self._related: dict[int, dict[int, tuple[int, ...]]] = {
             n.id: related for n in ordered if (related := _relations(n.gpus))
+        }
+        # Per node with a slice: device index -> its share of its card (what its claim counts in quotas).
+        self._shares: dict[int, dict[int, float]] = {
+            n.id: {g.index: g.share for g in n.gpus} for n in ordered if any(g.share != 1.0 for g in n.gpus)
         }
         self._gpuless: list[int] = [n.id for n in ordered if not n.gpus]  # in rank order
         self._gpu_nodes: list[int] = [n.id for n in ordered if n.gpus]
@@ -462,6 +470,7 @@ class Inventory:
             "_gpuless",
             "_gpu_nodes",
             "_related",
+            "_shares",
             "_weights",
             "_class_nodes",
             "_plugin_index",
@@ -572,6 +581,30 @@ class Inventory:
         if u is None:
             return Usage(0, 0.0, 0, 0)
         return Usage(u.gpus, u.cores, u.memory, len(u.replicas))
+
+    def claim_gpus(self, claim: Claim) -> float:
+        """The cards a claim counts against GPU quotas: a whole card 1, a slice its share of its card
+        (a 1g of 7 = 1/7). A slice gone from the snapshot counts as its whole card (its share is no
+        longer known, and a quota errs on the side of what it may have held)."""
+        shares = self._shares.get(claim.node_id)
+        if shares is None:
+            return float(len(claim.gpu_indices))
+        return sum(shares.get(index, 1.0) for index in claim.gpu_indices)
+
+    def class_share(self, gpu_class: str) -> float:
+        """The part of a card one device of the class is (1 for a whole card, 1/7 for a 1g MIG slice
+        of an H100), as the nodes' devices of that class say; 1 where none is known."""
+
+        def build() -> float:
+            shares = {
+                slot.share
+                for node_id in self.class_nodes(gpu_class)
+                for slot in self.nodes[node_id].gpus
+                if slot.gpu_class == gpu_class
+            }
+            return max(shares, default=1.0)
+
+        return float(self.memo(("class_share", gpu_class), build))
 
     def weights_nodes(self, source: str) -> list[int]:
         """Nodes that hold the weights at `source` (a model's source), in name order."""
@@ -754,9 +787,10 @@ class Inventory:
                         self._relate(claim.node_id, index, -1)
                 self._mem[claim.node_id] -= claim.memory_bytes
                 self._cores[claim.node_id] -= claim.cpu_cores
+            gpus = self.claim_gpus(claim) if claim.owner and claim.gpu_indices else 0.0
             for key in claim.owner:
                 u = self._usage[key]
-                u.gpus -= len(claim.gpu_indices)
+                u.gpus = round(u.gpus - gpus, _GPU_DIGITS)
                 u.cores -= claim.cpu_cores
                 u.memory -= claim.memory_bytes
                 u.replicas.pop(replica_id, None)
@@ -878,11 +912,12 @@ class Inventory:
                 self._relate(claim.node_id, index, +1)
             self._mem[claim.node_id] += claim.memory_bytes
             self._cores[claim.node_id] += claim.cpu_cores
+        gpus = self.claim_gpus(claim) if claim.owner and claim.gpu_indices else 0.0
         for key in claim.owner:
             u = self._usage.get(key)
             if u is None:
                 u = self._usage[key] = _Owned()
-            u.gpus += len(claim.gpu_indices)
+            u.gpus = round(u.gpus + gpus, _GPU_DIGITS)
             u.cores += claim.cpu_cores
             u.memory += claim.memory_bytes
             u.replicas[claim.replica] = u.replicas.get(claim.replica, 0) + 1

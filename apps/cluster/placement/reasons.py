@@ -248,11 +248,12 @@ def no_fabric(node: str, nodes: int) -> Reason:
 # Profile-level reasons (Rejection.node_id is None).
 
 
-def quota_gpus(owner: str, used: int, limit: int, need: int) -> Reason:
+def quota_gpus(owner: str, used: float, limit: int, need: float) -> Reason:
+    """GPUs counted in cards: a slice by its share of its card (0.14 for a 1g of 7)."""
     return Reason(
         "quota_gpus",
         gettext_noop("quota of %(owner)s: %(used)s of %(limit)s GPUs in use, needs %(need)s more"),
-        {"owner": owner, "used": used, "limit": limit, "need": need},
+        {"owner": owner, "used": number(used), "limit": limit, "need": number(need)},
     )
 
 
