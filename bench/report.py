@@ -17,6 +17,7 @@ beside the clone, else the project's own copies under ``tests/agent/captured``.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -79,8 +80,8 @@ class Report:
     def target(self, name: str, *, measured: float | None, limit: float, unit: str = "", higher: bool = False) -> str:
         """Record whether `measured` is within `limit` (at most it; at least it where `higher`).
 
-        None means the figure could not be measured."""
-        if measured is None:
+        None (or NaN: a percentile of no samples) means the figure could not be measured."""
+        if measured is None or math.isnan(measured):
             return self.not_measured(name, "no figure")
         met = measured >= limit if higher else measured <= limit
         verdict = MET if met else MISSED
