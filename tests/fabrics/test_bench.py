@@ -17,9 +17,10 @@ def test_a_capture_the_bench_cannot_find_is_reported_not_measured_never_met(
     monkeypatch.setattr(sys, "argv", argv)
     fabric_map.main()
     out = capsys.readouterr().out
-    assert out.startswith("load average at start: ")
+    title, start = out.splitlines()[:2]
+    assert title.startswith("Fabric map:") and start.startswith("load average at start: ")
     assert "load average at end: " in out
-    assert "capture hdr-qm8790" in out and ": not measured" in out
+    assert "target capture: not measured (ibnetdiscover/hdr-qm8790" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("targets: ") and "not measured: capture" in last
     assert "all met" not in out
