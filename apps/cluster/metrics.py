@@ -18,6 +18,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
 
+from agent.probes.mig import SLICE_BASE, slice_parent
 from llmgw.metrics import Exposition, escape_label, label_text, number_text, per_scrape
 
 __all__ = [
@@ -54,7 +55,14 @@ GPU_GAUGES = (
     ("llmgw_gpu_memory_bandwidth_percent", "GPU memory controller busy", "utilization_memory_pct", 1),
     ("llmgw_gpu_memory_used_bytes", "GPU memory in use", "memory_used_mib", MIB),
     ("llmgw_gpu_memory_total_bytes", "GPU memory", "memory_total_mib", MIB),
-    ("llmgw_gpu_temperature_celsius", "GPU temperature", "temperature_gpu_c", 1),
+    (
+        "llmgw_gpu_temperature_celsius",
+        "GPU temperature (an AMD card's junction, else its edge)",
+        "temperature_gpu_c",
+        1,
+    ),
+    ("llmgw_gpu_edge_temperature_celsius", "GPU edge temperature (AMD)", "temperature_edge_c", 1),
+    ("llmgw_gpu_junction_temperature_celsius", "GPU junction (hotspot) temperature (AMD)", "temperature_junction_c", 1),
     ("llmgw_gpu_memory_temperature_celsius", "HBM temperature", "temperature_memory_c", 1),
     ("llmgw_gpu_power_draw_watts", "GPU power draw", "power_draw_w", 1),
     ("llmgw_gpu_power_limit_watts", "Enforced GPU power limit", "power_limit_w", 1),
@@ -72,6 +80,21 @@ GPU_GAUGES = (
         1,
     ),
     ("llmgw_gpu_pcie_replays", "PCIe replay counter", "pcie_replay_count", 1),
+    ("llmgw_gpu_ecc_corrected_errors", "Corrected ECC errors the card reports (AMD)", "ecc_corrected", 1),
+)
+
+#: A slice's figures (a MIG device, an AMD compute partition), in families of their own so that a
+#: count of the cards' series counts cards: (metric, help, the sample's key, the factor to the unit).
+SLICE_GAUGES = (
+    ("llmgw_gpu_slice_utilization_percent", "Slice busy", "utilization_gpu_pct", 1),
+    ("llmgw_gpu_slice_memory_used_bytes", "Slice memory in use", "memory_used_mib", MIB),
+    ("llmgw_gpu_slice_memory_total_bytes", "Slice memory", "memory_total_mib", MIB),
+    (
+        "llmgw_gpu_slice_ecc_uncorrected_errors",
+        "Uncorrected ECC errors of the slice since the driver loaded",
+        "ecc_uncorrected_volatile",
+        1,
+    ),
 )
 
 
@@ -176,7 +199,10 @@ class NodeLines:
     of them, so each family's `append` and the start of its line are looked up once."""
 
     def __init__(self, out: Exposition, put: Put) -> None:
+        from apps.cluster.inventory import slot_share
+
         self.put = put
+        self.share_of = slot_share
         self.up = out.family("llmgw_node_up", "1 when the node's agent is connected and heartbeating").append
         self.cordoned = out.family("llmgw_node_cordoned", "1 when an operator cordoned the node").append
         self.node_gauges = [(out.family(name, doc).append, name, key) for name, doc, key in NODE_GAUGES]
@@ -187,6 +213,17 @@ class NodeLines:
         self.clock_events = out.family(
             "llmgw_gpu_clock_event",
             "1 for each reason the card's clocks are held down now (heat, power cap, idle, ...)",
+        ).append
+        self.slice_gauges = [
+            (out.family(name, doc).append, f"{name}{{", key, scale) for name, doc, key, scale in SLICE_GAUGES
+        ]
+        self.slice_info = out.family(
+            "llmgw_gpu_slice_info",
+            "1 for each slice of a card (a MIG device, an AMD compute partition): its card, kind and profile",
+        ).append
+        self.slice_share = out.family(
+            "llmgw_gpu_slice_share",
+            "The part of its card a slice is (a 1g of 7: 1/7), as GPU quotas and GPU time count it",
         ).append
         self.counted = [
             (out.family(metric, doc).append, metric, key, label)
@@ -216,7 +253,10 @@ class NodeLines:
                 self.storage(node.name, pool)
         for gpu in sample.get("gpus") or ():
             if isinstance(gpu, dict):
-                self.gpu(n, gpu)
+                if gpu.get("parent") is None:
+                    self.gpu(n, gpu)
+                else:
+                    self.slice(n, gpu)
 
     def storage(self, node: str, pool: dict[str, Any]) -> None:
         labels = label_text(
@@ -238,7 +278,8 @@ class NodeLines:
         # Labels in label_text's order (class, counter, gpu, node, reason, uuid, xid).
         head = f'class="{escape_label(str(gpu_class))}"'
         tail = f'gpu="{escape_label(str(index))}",{n}'
-        who = f'uuid="{escape_label(str(uuid))}"'
+        # A sample of an agent older than AMD support names no vendor: its cards are NVIDIA's.
+        who = f'uuid="{escape_label(str(uuid))}",vendor="{escape_label(str(get("vendor") or "nvidia"))}"'
         labels = f"{head},{tail},{who}}} "
         for append, start, key, scale in self.gpu_gauges:
             value = get(key)
@@ -257,6 +298,27 @@ class NodeLines:
                 if count.__class__ in NUMBERS:
                     extra = f'{label}="{escape_label(str(name))}"'
                     append(f"{metric}{{{','.join(sorted((head, tail, who, extra)))}}} {number_text(count)}\n")
+
+    def slice(self, n: str, gpu: dict[str, Any]) -> None:
+        """A slice: its own families, labelled with its card (`card`, the card's `gpu` index) and
+        itself (`slice`, its device index), never as one more card."""
+        get = gpu.get
+        card, index, gpu_class = get("parent"), get("index"), str(get("gpu_class") or "")
+        vendor = escape_label(str(get("vendor") or "nvidia"))
+        # Labels in label_text's order (card, class, kind, node, profile, slice, uuid, vendor).
+        head = f'card="{escape_label(str(card))}",class="{escape_label(gpu_class)}"'
+        tail = f'slice="{escape_label(str(index))}",uuid="{escape_label(str(get("uuid") or ""))}",vendor="{vendor}"'
+        labels = f"{head},{n},{tail}}} "
+        kind, profile = escape_label(str(get("kind") or "")), escape_label(str(get("profile") or ""))
+        self.slice_info(f'llmgw_gpu_slice_info{{{head},kind="{kind}",{n},profile="{profile}",{tail}}} 1.0\n')
+        share = get("share")
+        parent = card if isinstance(card, int) else None
+        share = self.share_of(share if share.__class__ in NUMBERS else None, parent, gpu_class)
+        self.slice_share(f"llmgw_gpu_slice_share{{{labels}{number_text(share)}\n")
+        for append, start, key, scale in self.slice_gauges:
+            value = get(key)
+            if value.__class__ in NUMBERS:
+                append(f"{start}{labels}{number_text(value * scale)}\n")
 
 
 Put = Callable[[str, str, dict[str, str] | str, float | int | None], None]
@@ -366,15 +428,21 @@ def _shards(
         from apps.cluster.models import Node
 
         names.update(Node.objects.filter(pk__in=missing).values_list("pk", "name"))
+    slices = _slices()
     held: dict[str, dict[str, Any]] = {}
-    assigned = out.family("llmgw_gpu_assigned", "1 for each GPU a replica holds")
+    assigned = out.family(
+        "llmgw_gpu_assigned",
+        "1 for each GPU a replica holds; a slice its share of its card, `gpu` naming the card and `slice` the slice",
+    )
     for node_id, replica_id, rank, cpu_cores, memory_bytes, gpu_indices, model_id, engine in rows:
         if model_id not in owners:  # deleted between the two reads
             continue
         model_name, keys, owner = owners[model_id]
+        gpus = [i for i in gpu_indices or () if isinstance(i, int) and not isinstance(i, bool)]
+        cards = sum(slices.get((node_id, i), _WHOLE)[1] for i in gpus) if slices else len(gpus)
         for key in keys:
             found = held.setdefault(key, {"gpus": 0, "cpu_cores": 0.0, "memory_bytes": 0, "replicas": set()})
-            found["gpus"] += len(gpu_indices or ())
+            found["gpus"] += cards
             found["cpu_cores"] += cpu_cores or 0
             found["memory_bytes"] += memory_bytes or 0
             found["replicas"].add(replica_id)
@@ -408,16 +476,38 @@ def _shards(
             figures = entry.get("engine")
             if engines is not None and isinstance(figures, dict):
                 engines.add(model_name, str(replica_id), str(engine or ""), figures)
-        if gpu_indices:
-            # label_text's order (gpu, model, node, owner, replica), written once per shard.
+        if gpus:
+            # label_text's order (gpu, model, node, owner, replica, slice), written once per shard.
             rest = (
                 f'model="{escape_label(model_name)}",node="{escape_label(node_name)}",'
                 f'owner="{escape_label(owner)}",replica="{replica_id}"'
             )
-            for index in gpu_indices:
-                if isinstance(index, int) and not isinstance(index, bool):
+            for index in gpus:
+                if index < SLICE_BASE:
                     assigned.append(f'llmgw_gpu_assigned{{gpu="{index}",{rest}}} 1.0\n')
+                else:
+                    card, share = slices.get((node_id, index)) or (slice_parent(index), 1.0)
+                    line = f'llmgw_gpu_assigned{{gpu="{card}",{rest},slice="{index}"}} {number_text(share)}\n'
+                    assigned.append(line)
     return held
+
+
+_WHOLE = (None, 1.0)
+
+
+def _slices() -> dict[tuple[int, int], tuple[int | None, float]]:
+    """(node, device index) -> (its card, its share of it) for every slice the nodes registered, as
+    placement counts it against a quota (the share its class names where its agent gave none)."""
+    from apps.cluster.inventory import slot_share
+    from apps.cluster.models import Gpu
+
+    rows = Gpu.objects.filter(parent_index__isnull=False).values_list(
+        "node_id", "index", "parent_index", "share", "gpu_class"
+    )
+    return {
+        (node_id, index): (parent, slot_share(share, parent, gpu_class))
+        for node_id, index, parent, share, gpu_class in rows
+    }
 
 
 def _quotas(put: Put, held: dict[str, dict[str, Any]]) -> None:
@@ -443,6 +533,8 @@ def _quotas(put: Put, held: dict[str, dict[str, Any]]) -> None:
             if limit is None:
                 continue
             used = found.get(resource, 0)
+            if resource == "gpus":
+                used = round(used, 9)  # seven 1/7 slices are one card
             put("llmgw_capacity_quota_limit", "A capacity quota's limit", {**labels, "resource": resource}, limit)
             put(
                 "llmgw_capacity_quota_used",

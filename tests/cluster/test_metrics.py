@@ -90,7 +90,8 @@ def test_clock_events_replica_failures_quotas_and_the_queue_limit(client: Client
     lines = metrics(client)
     clock = [line for line in lines if line.startswith("llmgw_gpu_clock_event{")]
     assert clock == [
-        'llmgw_gpu_clock_event{class="H100-80GB",gpu="0",node="gpu1",reason="sw_power_cap",uuid="GPU-a"} 1.0'
+        'llmgw_gpu_clock_event{class="H100-80GB",gpu="0",node="gpu1",reason="sw_power_cap",uuid="GPU-a",'
+        'vendor="nvidia"} 1.0'
     ]  # the second card reports none: none held down, and no line
     assert f'llmgw_replica_failures{{model="m",replica="{replica.pk}"}} 0.0' in lines
     assert any(line.startswith("llmgw_replica_failures{") and line.endswith(" 2.0") for line in lines)
