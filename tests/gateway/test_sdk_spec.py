@@ -474,6 +474,28 @@ def test_responses_accepts_a_namespace_tool(plane: ControlPlane) -> None:
     assert response.usage is not None and response.usage.output_tokens > 0
 
 
+def test_a_stored_response_is_fetched_listed_continued_and_deleted(plane: ControlPlane) -> None:
+    client = oai(plane)
+    first = client.responses.create(model="tiny", input="Hello", temperature=0, max_output_tokens=4)
+    assert first.store is True  # the reference's default
+    fetched = client.responses.retrieve(first.id)
+    assert fetched.id == first.id and fetched.output_text == first.output_text
+    items = client.responses.input_items.list(first.id)
+    assert [(i.type, i.role) for i in items.data] == [("message", "user")]
+    second = client.responses.create(
+        model="tiny", input="Again", previous_response_id=first.id, temperature=0, max_output_tokens=4
+    )
+    assert second.previous_response_id == first.id
+    assert second.usage is not None and second.usage.input_tokens > first.usage.input_tokens  # the replay
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    unkept = client.responses.create(model="tiny", input="Hello", store=False, max_output_tokens=4)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+
+
 # 7. Prompts the engine cannot take ---------------------------------------------------------------------------
 
 
