@@ -16,7 +16,6 @@ LLMGW_RESPONSES_STORE=off the 404 says that nothing is stored.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -28,7 +27,6 @@ from apps.gateway.tables import KeyEntry
 __all__ = ["PREFIX", "StoredRoutes"]
 
 PREFIX = "/v1/responses/"
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 Authenticate = Callable[[dict[str, Any]], Awaitable[KeyEntry]]
 
 
@@ -119,7 +117,3 @@ def page(items: list[Any], query: dict[str, list[str]]) -> dict[str, Any]:
         "last_id": chosen[-1].get("id") if chosen else None,
         "has_more": len(ordered) > len(chosen),
     }
-
-
-def encode(data: dict[str, Any]) -> bytes:
-    return json.dumps(data, ensure_ascii=False).encode()
