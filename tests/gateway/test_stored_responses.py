@@ -268,7 +268,11 @@ async def test_with_the_store_off_nothing_is_kept_and_the_refusals_say_so(gw: Ga
 
 
 def _agent(engine: MockEngine) -> Any:
-    agents = pytest.importorskip("agents", reason="openai-agents is not installed (the dev extra)")
+    agents = pytest.importorskip(
+        "agents",
+        reason="openai-agents is not installed (pip install openai-agents; it is not in the dev extra, "
+        "since it asks for websockets<17 and the lock holds 17.4)",
+    )
     engine.answer = tools_then_text
 
     @agents.function_tool
