@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import ssl
+import stat
 import subprocess
 import threading
 import time
@@ -39,7 +40,7 @@ from urllib.parse import urlsplit
 from agent.config import AgentConfig
 from agent.install.verify import NOT_FOUND_RE, library_fix, parse_version
 from agent.main import parse_engine_version
-from agent.probes import nvidia, procfs, storage
+from agent.probes import amd, nvidia, procfs, storage
 
 if TYPE_CHECKING:
     from agent.probes.infiniband import SmInfo
@@ -49,6 +50,7 @@ __all__ = [
     "PASS",
     "WARN",
     "Check",
+    "amd_checks",
     "control_plane_checks",
     "cpu_checks",
     "engine_checks",
@@ -447,6 +449,7 @@ def _install_fix(status: str) -> str:
 
 # --------------------------------------------------------------------------- GPUs
 
+_NO_NVIDIA = "no NVIDIA GPU (CPU node)"
 _KERNEL_MODULE_RE = re.compile(r"Kernel Module\b.*?\s(\d{3}\.\d+(?:\.\d+)?)\s")
 
 
@@ -514,7 +517,7 @@ def gpu_checks(config: AgentConfig) -> list[Check]:
     proc_driver = os.path.join(config.root, "proc", "driver", "nvidia")
     if found is None:
         if not os.path.isdir(proc_driver):
-            return [Check("gpu driver", PASS, "no NVIDIA GPU (CPU node)")]
+            return [Check("gpu driver", PASS, _NO_NVIDIA)]
         text, _ = _read(config.root, "proc/driver/nvidia/version")
         match = _KERNEL_MODULE_RE.search(text or "")
         module = f" (kernel module {match.group(1)})" if match else ""
@@ -606,6 +609,244 @@ def _vllm_check(driver: str | None, gpus: Sequence[nvidia.GpuInfo]) -> Check:
             "vllm", WARN, detail + "; no gcc", "install gcc: Triton compiles its launcher at the first model load"
         )
     return Check("vllm", PASS, detail)
+
+
+# --------------------------------------------------------------------------- AMD GPUs
+
+_AMD_VENDOR = "0x1002"
+#: PCI classes of an AMD GPU: display controllers (0x03….) and processing accelerators (0x12…., Instinct).
+_GPU_CLASSES = ("0x03", "0x12")
+_MAX_PCI_DEVICES = 4096
+ROCMINFO_TIMEOUT_S = 20.0
+_ROCM_VERSION_RE = re.compile(r"^(\d+\.\d+)(?:\.\d+)?(?:-\S*)?$")
+Access = Callable[[str, int], bool]
+
+
+def _amd_pci(root: str) -> list[str]:
+    """PCI addresses of the AMD GPUs in ``<root>/sys/bus/pci/devices``, in order."""
+    base = os.path.join(root, "sys", "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(base))[:_MAX_PCI_DEVICES]
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        vendor, _ = _read(root, f"sys/bus/pci/devices/{name}/vendor")
+        if (vendor or "").strip().lower() != _AMD_VENDOR:
+            continue
+        kind, _ = _read(root, f"sys/bus/pci/devices/{name}/class")
+        if (kind or "").strip().lower().startswith(_GPU_CLASSES):
+            found.append(name)
+    return found
+
+
+def _amdgpu_loaded(root: str) -> tuple[bool | None, str]:
+    """Whether the amdgpu driver is loaded (``/sys/module/amdgpu``, which a built-in driver has too,
+    or its line in ``/proc/modules``; None where neither can be read), and why not known."""
+    if os.path.isdir(os.path.join(root, "sys", "module", "amdgpu")):
+        return True, ""
+    modules, problem = _read(root, "proc/modules")
+    if modules is not None:
+        return any(line.split(" ", 1)[0] == "amdgpu" for line in modules.splitlines()), ""
+    if os.path.isdir(os.path.join(root, "sys", "module")):
+        return False, ""
+    return None, problem or "no /sys/module"
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError, OSError):
+        return f"uid {os.geteuid()}"
+
+
+def _owner_group(path: str) -> str:
+    """``group 'render', crw-rw----`` of a device file; what cannot be read is left out."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ""
+    try:
+        import grp
+
+        group = grp.getgrgid(info.st_gid).gr_name
+    except (ImportError, KeyError, OSError):
+        group = str(info.st_gid)
+    return f"group '{group}', {stat.filemode(info.st_mode)}"
+
+
+def _rocminfo_said(config: AgentConfig) -> tuple[amd.RocmInfo | None, str]:
+    """``rocminfo`` parsed where it is installed and answered, and what it said when it did not."""
+    tool = shutil.which(config.tools.get("rocminfo", "rocminfo"))
+    if tool is None:
+        return None, ""
+    result = _run([tool], ROCMINFO_TIMEOUT_S)
+    text = result.stdout + result.stderr
+    if not text.strip():
+        return None, f"rocminfo: {result.problem or f'exit status {result.returncode}, no output'}"
+    return amd.parse_rocminfo(text), ""
+
+
+def _amd_driver_check(config: AgentConfig, cards: list[str]) -> Check:
+    name = "amd driver"
+    loaded, problem = _amdgpu_loaded(config.root)
+    on_bus = f"{len(cards)} AMD GPU{'s' if len(cards) != 1 else ''} on the PCI bus"
+    if cards:
+        on_bus += f" ({', '.join(cards[:4])}{', …' if len(cards) > 4 else ''})"
+    if loaded is None:
+        return Check(name, WARN, f"{on_bus}; whether the amdgpu driver is loaded is unknown ({problem})")
+    if not loaded:
+        return Check(
+            name,
+            FAIL,
+            f"{on_bus}, but the amdgpu driver is not loaded",
+            "load it (modprobe amdgpu); dmesg | grep -i amdgpu says why it did not load (after a kernel update "
+            "amdgpu-dkms must be rebuilt for the new kernel)",
+        )
+    version, _ = _read(config.root, "sys/module/amdgpu/version")
+    driver = f"amdgpu {_one_line(version, 40)}" if version and version.strip() else "amdgpu"
+    if not os.path.isdir(os.path.join(config.root, "sys", "class", "kfd", "kfd")):
+        return Check(
+            name,
+            FAIL,
+            f"{on_bus}; {driver} is loaded but its compute interface (KFD) is not: /sys/class/kfd/kfd is absent",
+            "engines cannot use the cards for compute: dmesg | grep -i kfd says why (a card the driver does not "
+            "support for compute, or a kernel built without HSA_AMD)",
+        )
+    detail = f"{on_bus}; {driver} loaded with its compute interface (KFD)"
+    info, said = _rocminfo_said(config)
+    if info is None and said:
+        return Check(name, WARN, f"{detail}; {said}", "run rocminfo by hand to see why")
+    if info is None:  # rocminfo is not installed: what the kernel shows is all there is to say
+        return Check(name, PASS, detail)
+    if info.kfd_loaded is False:
+        return Check(
+            name,
+            FAIL,
+            f"{detail}, but rocminfo says it cannot use it (ROCk module is not loaded, or /dev/kfd cannot be opened)",
+            "see the /dev/kfd check below and dmesg | grep -i kfd",
+        )
+    agents = len(info.gpus)
+    names = _gpu_summary_names([g.marketing_name or g.name or "unnamed GPU" for g in info.gpus])
+    if not agents:
+        return Check(
+            name,
+            WARN,
+            f"{detail}; rocminfo lists no GPU agent",
+            "the cards are not usable for ROCm compute: dmesg | grep -i amdgpu shows why",
+        )
+    return Check(name, PASS, f"{detail}; rocminfo: {agents} GPU agent{'s' if agents != 1 else ''}: {names}")
+
+
+def _gpu_summary_names(names: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
+    for each in names:
+        counts[each] = counts.get(each, 0) + 1
+    return ", ".join(f"{each} ×{count}" if count > 1 else each for each, count in counts.items())
+
+
+_GROUP_FIX = (
+    "add the agent's user to the group that owns it (usermod -aG render,video {user}), then restart the agent: "
+    "a running process keeps the groups it started with"
+)
+
+
+def _kfd_check(config: AgentConfig, access: Access) -> Check:
+    name = "amd /dev/kfd"
+    path = os.path.join(config.root, "dev", "kfd")
+    if not os.path.exists(path):
+        return Check(
+            name,
+            FAIL,
+            "/dev/kfd does not exist: ROCm and vLLM cannot reach the cards",
+            "it appears when amdgpu loads with its compute interface: see the amd driver check; in a container, "
+            "pass the device in (--device /dev/kfd)",
+        )
+    user = _user()
+    if not access(path, os.R_OK | os.W_OK):
+        owner = _owner_group(path)
+        return Check(
+            name,
+            FAIL,
+            f"/dev/kfd is not readable and writable by {user}" + (f" ({owner})" if owner else ""),
+            _GROUP_FIX.format(user=user),
+        )
+    return Check(name, PASS, f"/dev/kfd readable and writable by {user}")
+
+
+def _dri_check(config: AgentConfig, access: Access) -> Check:
+    name = "amd /dev/dri"
+    directory = os.path.join(config.root, "dev", "dri")
+    try:
+        entries = sorted(os.listdir(directory))
+    except OSError as exc:
+        return Check(
+            name,
+            FAIL,
+            f"cannot list /dev/dri: {exc.strerror or exc}: engines cannot reach the cards' render nodes",
+            "it appears when amdgpu loads: see the amd driver check; in a container, pass it in (--device /dev/dri)",
+        )
+    render = sorted((e for e in entries if re.fullmatch(r"renderD\d{1,4}", e)), key=lambda e: int(e[7:]))
+    if not render:
+        return Check(
+            name,
+            FAIL,
+            "no render node in /dev/dri (renderD128, …): engines cannot reach the cards",
+            "the driver made no render node for them: dmesg | grep -i amdgpu says why",
+        )
+    user = _user()
+    shut = [e for e in render if not access(os.path.join(directory, e), os.R_OK | os.W_OK)]
+    span = render[0] if len(render) == 1 else f"{render[0]} … {render[-1]}"
+    if shut:
+        owner = _owner_group(os.path.join(directory, shut[0]))
+        listed = ", ".join(shut[:8]) + (", …" if len(shut) > 8 else "")
+        return Check(
+            name,
+            FAIL,
+            f"{len(shut)} of {len(render)} render nodes are not readable and writable by {user}: {listed}"
+            + (f" ({owner})" if owner else ""),
+            _GROUP_FIX.format(user=user),
+        )
+    count = f"{len(render)} render node{'s' if len(render) != 1 else ''}"
+    return Check(name, PASS, f"{count} ({span}) readable and writable by {user}")
+
+
+def _rocm_check(config: AgentConfig) -> Check:
+    name = "rocm"
+    text, _ = _read(config.root, "opt/rocm/.info/version")
+    without = (
+        "llama.cpp runs its Vulkan build here (it needs libvulkan1 and the Mesa Vulkan driver); for its ROCm "
+        "build, install ROCm (amdgpu-install --usecase=rocm)"
+    )
+    if text is None:
+        return Check(name, WARN, "no ROCm release installed (/opt/rocm/.info/version absent)", without)
+    version = text.strip().split()[0][:32] if text.strip() else ""
+    match = _ROCM_VERSION_RE.match(version)
+    if match is None:
+        return Check(
+            name, WARN, f"/opt/rocm/.info/version does not hold a ROCm version: {_one_line(text, 60)!r}", without
+        )
+    return Check(
+        name, PASS, f"ROCm {version} (/opt/rocm): llama.cpp's ROCm builds up to ROCm {match.group(1)} can run here"
+    )
+
+
+def amd_checks(config: AgentConfig, *, access: Access = os.access) -> list[Check]:
+    """The checks "amd driver", "amd /dev/kfd", "amd /dev/dri" and "rocm" on a node with an AMD GPU
+    on its PCI bus (or the amdgpu driver loaded, or /dev/kfd present); none on a node without one.
+    ``access`` is os.access (tests give another, since root may open anything)."""
+    cards = _amd_pci(config.root)
+    loaded, _ = _amdgpu_loaded(config.root)
+    if not cards and not loaded and not os.path.exists(os.path.join(config.root, "dev", "kfd")):
+        return []
+    return [
+        _amd_driver_check(config, cards),
+        _kfd_check(config, access),
+        _dri_check(config, access),
+        _rocm_check(config),
+    ]
 
 
 # --------------------------------------------------------------------------- CPU
@@ -1246,7 +1487,7 @@ def run_checks(
     now: float | None = None,
     timeout: float = 5.0,
 ) -> list[Check]:
-    """Every check, in a fixed order: engines, GPU, CPU, model directories, control plane.
+    """Every check, in a fixed order: engines, GPU (NVIDIA, AMD), CPU, model directories, control plane.
 
     ``installed`` is the installed-engines manifest (engine name -> {version, build, path, dir});
     when None it is read from ``<state_dir>/engines/installed.json``.  ``now`` is this node's
@@ -1255,7 +1496,11 @@ def run_checks(
     """
     checks: list[Check] = []
     checks += _guarded("engines", lambda: engine_checks(config, installed, timeout=timeout))
-    checks += _guarded("gpu driver", lambda: gpu_checks(config))
+    nvidia_found = _guarded("gpu driver", lambda: gpu_checks(config))
+    amd_found = _guarded("amd driver", lambda: amd_checks(config))
+    if amd_found and nvidia_found == [Check("gpu driver", PASS, _NO_NVIDIA)]:
+        nvidia_found = []  # an AMD node: "no NVIDIA GPU (CPU node)" would mislead
+    checks += nvidia_found + amd_found
     checks += _guarded("avx2", lambda: cpu_checks(config))
     checks += _guarded("model dirs", lambda: model_dir_checks(config, timeout=timeout))
     checks += _guarded("fabric ports", lambda: fabric_checks(config, timeout=timeout))
