@@ -47,6 +47,15 @@ multiple of it, throughput, the gateway's CPU per request, the llmgw/LiteLLM rat
 task's targets next to them; then, for the replica path, what the slot costs next to the
 external path, one web process next to two, the answers other than 200, and the most requests
 the replica's port held at once against its 8 slots (OK, or EXCEEDED). No assertions: a script.
+
+Targets, for each llmgw configuration: latency added over direct at c=1, non-streamed, p50 at most
+0.5 ms and p99 at most 2 ms, and the same for streams' first content; gateway CPU at most 1 ms per
+non-streamed request and 2 ms per 16-chunk stream (the paced one too); throughput at least 10x
+LiteLLM's, non-streamed and streamed (not measured without LiteLLM); the 2,000 open streams with no
+error; on the replica path, at most 8 requests held at once and no answer other than 200. The load
+average is printed at the start and the end, and each target as met, missed or not measured
+(bench/report.py). The quickest run: --quick --no-litellm (nginx is installed with apt-get when
+missing, as above).
 """
 
 from __future__ import annotations
@@ -74,6 +83,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.report import Report  # noqa: E402
+
 LITELLM_VENV = Path("/tmp/llmgw-bench-litellm")
 LITELLM_VERSION = "1.108.0"
 LITELLM_INSTALL_TIMEOUT = 600
@@ -945,10 +959,6 @@ def fmt(value: float, digits: int = 2) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def verdict(ok: bool) -> str:
-    return "MET" if ok else "MISSED"
-
-
 ROWS = [
     ("c=1 non-streamed latency p50 (ms)", "c1", "p50_ms", 3),
     ("c=1 non-streamed latency p99 (ms)", "c1", "p99_ms", 3),
@@ -1056,6 +1066,7 @@ def report(
     open_streams: dict[str, Any] | None,
     litellm_note: str,
     nginx_note: str,
+    verdicts: Report,
 ) -> None:
     names = list(results)
     print()
@@ -1113,16 +1124,12 @@ def report(
         cpu_stream = ours["c32s"]["cpu_ms_per_request"]
         cpu_paced = ours["paced"]["cpu_ms_per_request"]
         print(f"[{name}]")
-        print(
-            f"  latency added over direct, c=1, non-streamed: p50 {add50:+.3f} ms (target <= "
-            f"{TARGETS['added_p50_ms']} ms: {verdict(add50 <= TARGETS['added_p50_ms'])}), "
-            f"p99 {add99:+.3f} ms (target <= {TARGETS['added_p99_ms']} ms: "
-            f"{verdict(add99 <= TARGETS['added_p99_ms'])})"
-        )
-        print(
-            f"  first-byte time added for streams, c=1: p50 {f50:+.3f} ms, p99 {f99:+.3f} ms "
-            f"(held to the same 0.5 / 2 ms: {verdict(f50 <= 0.5 and f99 <= 2.0)})"
-        )
+        print(f"  latency added over direct, c=1, non-streamed: p50 {add50:+.3f} ms, p99 {add99:+.3f} ms")
+        verdicts.target(f"{name} added p50", measured=add50, limit=TARGETS["added_p50_ms"], unit=" ms")
+        verdicts.target(f"{name} added p99", measured=add99, limit=TARGETS["added_p99_ms"], unit=" ms")
+        print(f"  first-byte time added for streams, c=1: p50 {f50:+.3f} ms, p99 {f99:+.3f} ms (held to the same)")
+        verdicts.target(f"{name} stream first byte added p50", measured=f50, limit=TARGETS["added_p50_ms"], unit=" ms")
+        verdicts.target(f"{name} stream first byte added p99", measured=f99, limit=TARGETS["added_p99_ms"], unit=" ms")
         rot = hops.get(name)
         if rot is not None:
             for line in hop_lines(rot):
@@ -1136,24 +1143,25 @@ def report(
             f"  requests/s at c=32: non-streamed {ours['c32']['rps']:.0f} (direct {direct['c32']['rps']:.0f}), "
             f"streams {ours['c32s']['rps']:.0f} (direct {direct['c32s']['rps']:.0f})"
         )
-        print(
-            f"  gateway CPU per non-streamed request: {cpu_req:.3f} ms (target <= {TARGETS['cpu_ms_request']} ms: "
-            f"{verdict(cpu_req <= TARGETS['cpu_ms_request'])})"
-        )
+        print(f"  gateway CPU per non-streamed request: {cpu_req:.3f} ms")
+        verdicts.target(f"{name} CPU per request", measured=cpu_req, limit=TARGETS["cpu_ms_request"], unit=" ms")
         print(
             f"  gateway CPU per 16-chunk stream: {cpu_stream:.3f} ms as the mock sends it, {cpu_paced:.3f} ms "
-            f"with every chunk arriving on its own (target <= {TARGETS['cpu_ms_stream']} ms: "
-            f"{verdict(max(cpu_stream, cpu_paced) <= TARGETS['cpu_ms_stream'])})"
+            "with every chunk arriving on its own (the target is for the larger)"
         )
+        worst_stream = max(cpu_stream, cpu_paced)
+        verdicts.target(f"{name} CPU per stream", measured=worst_stream, limit=TARGETS["cpu_ms_stream"], unit=" ms")
         if "LiteLLM" in results:
             lite = results["LiteLLM"]
             for phase, what in (("c32", "non-streamed"), ("c32s", "streamed")):
                 tput = ours[phase]["rps"] / max(lite[phase]["rps"], 1e-9)
                 cpu = ours[phase]["cpu_ms_per_request"] / max(lite[phase]["cpu_ms_per_request"], 1e-9)
                 print(
-                    f"  llmgw/LiteLLM, {what}: throughput {tput:.1f}x (target >= {TARGETS['ratio']:.0f}x: "
-                    f"{verdict(tput >= TARGETS['ratio'])}); CPU per request {cpu:.3f}x "
+                    f"  llmgw/LiteLLM, {what}: throughput {tput:.1f}x; CPU per request {cpu:.3f}x "
                     f"(LiteLLM uses {1 / max(cpu, 1e-9):.1f}x the CPU)"
+                )
+                verdicts.target(
+                    f"{name}/LiteLLM {what} throughput", measured=tput, limit=TARGETS["ratio"], unit="x", higher=True
                 )
             paced = ours["paced"]["cpu_ms_per_request"] / max(lite["paced"]["cpu_ms_per_request"], 1e-9)
             print(
@@ -1161,27 +1169,32 @@ def report(
                 f"{ours['paced']['rps'] / max(lite['paced']['rps'], 1e-9):.1f}x; CPU per stream {paced:.3f}x"
             )
         else:
-            print("  llmgw/LiteLLM ratios: not measured (no LiteLLM in this run)")
+            for what in ("non-streamed", "streamed"):
+                verdicts.not_measured(f"{name}/LiteLLM {what} throughput", litellm_note or "no LiteLLM in this run")
     if open_streams is not None:
         r = open_streams
         print(
             f"[llmgw] {r['requests']} concurrent streams (~5 s each, a chunk every 0.5 s): {r['ok']} finished "
             f"without error, {r['errors']} errors, peak {r['peak_open']} open at once, all done in "
             f"{r['elapsed_s']:.1f} s (stream p50 {r['p50_s']:.2f} s, max {r['max_s']:.2f} s), "
-            f"gateway CPU {r['cpu_ms_per_request']:.2f} ms per stream "
-            f"(target {r['requests']} with no error: {verdict(r['ok'] == r['requests'] and not r['errors'])})"
+            f"gateway CPU {r['cpu_ms_per_request']:.2f} ms per stream"
         )
+        failed = r["requests"] - r["ok"] + r["errors"]
+        verdicts.target(f"{OPEN_STREAMS} open streams failed", measured=failed, limit=0)
         for sample in r["error_samples"]:
             print(f"  {sample}")
+    else:
+        verdicts.not_measured(f"{OPEN_STREAMS} open streams failed", "not run")
     print("-" * 100)
     if replica:
-        report_replica(results, replica, hops)
+        report_replica(results, replica, hops, verdicts)
 
 
 def report_replica(
     results: dict[str, dict[str, dict[str, Any]]],
     replica: dict[str, dict[str, Any]],
     hops: dict[str, dict[str, dict[str, Any]]],
+    verdicts: Report,
 ) -> None:
     direct = results["direct"]
     print()
@@ -1271,6 +1284,8 @@ def report_replica(
                         f"{delta}{rep50 - e50:+.3f} / {rep99 - e99:+.3f} ms)"
                     )
         print(held_line(entry))
+        verdicts.target(f"{name} replica most held", measured=max(entry["held"].values()), limit=SLOTS)
+        verdicts.target(f"{name} replica non-200 answers", measured=non_200(entry["results"])[0], limit=0)
     print("-" * 100)
 
 
@@ -1295,7 +1310,12 @@ def main() -> None:
     if args.loadgen:
         loadgen()
         return
+    with Report(__doc__) as verdicts:
+        run(args, verdicts)
 
+
+def run(args: argparse.Namespace, verdicts: Report) -> None:
+    """Every target under the same load, then the report (see the module's docstring)."""
     raise_nofile()
     # Ctrl-C and SIGTERM both end the run through the cleanup below (even where the shell that
     # started the bench in the background left SIGINT ignored).
@@ -1490,7 +1510,7 @@ def main() -> None:
             litellm_note = f"LiteLLM: skipped ({litellm_reason})"
             print(litellm_note)
 
-        report(results, replica, hops, open_streams, litellm_note, nginx_note)
+        report(results, replica, hops, open_streams, litellm_note, nginx_note, verdicts)
         print(f"(bench took {time.monotonic() - started:.0f} s)")
     except KeyboardInterrupt:
         print("\ninterrupted; cleaning up", file=sys.stderr)
