@@ -46,6 +46,7 @@ __all__ = [
     "api_key",
     "check_fits",
     "check_ranges",
+    "check_messages",
     "check_size",
     "content_encoding",
     "decode_body",
@@ -84,6 +85,8 @@ class Endpoint:
             elif self.translation == "responses":
                 chat = responses_to_chat(body)
             else:
+                if self.upstream_path == "/v1/chat/completions":
+                    check_messages(body.get("messages"))
                 chat = dict(body)
         except TranslationError as exc:
             raise Refused(400, str(exc), kind="invalid_request_error", param=exc.param) from None
@@ -318,6 +321,46 @@ def decode_body(
         budget.take(len(body))
         call.body_bytes += len(body)
     return body
+
+
+def check_messages(messages: object) -> None:
+    """Refuse a chat request without a list of message objects as the API does (an engine given
+    none answers in a shape of its own, or not at all)."""
+    if messages is None:
+        raise Refused(
+            400,
+            "Missing required parameter: 'messages'.",
+            kind="invalid_request_error",
+            code="missing_required_parameter",
+            param="messages",
+        )
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        got = "an array holding other values" if isinstance(messages, list) else f"a {_json_type(messages)}"
+        raise Refused(
+            400,
+            f"Invalid type for 'messages': expected an array of objects, but got {got} instead.",
+            kind="invalid_request_error",
+            code="invalid_type",
+            param="messages",
+        )
+    if not messages:
+        raise Refused(
+            400,
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+            kind="invalid_request_error",
+            code="empty_array",
+            param="messages",
+        )
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "object"
 
 
 def check_size(chat: dict[str, Any], *, most_messages: int, most_parts: int) -> None:

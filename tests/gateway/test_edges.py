@@ -762,3 +762,24 @@ async def test_an_announced_change_is_read_before_the_next_request_is_routed(gw:
     await asyncio.sleep(0)  # the loop runs the announcement, as it does before the next request
     answer = await gw.chat()
     assert answer.status == 404 and answer.json["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("messages", "code", "message"),
+    [
+        (None, "missing_required_parameter", "Missing required parameter: 'messages'."),
+        ([], "empty_array", "Invalid 'messages': empty array."),
+        ("hello", "invalid_type", "Invalid type for 'messages': expected an array of objects, but got a string"),
+        (["hello"], "invalid_type", "Invalid type for 'messages': expected an array of objects, but got an array"),
+    ],
+)
+async def test_a_chat_without_a_list_of_messages_is_refused_here_as_the_api_refuses_it(
+    gw: Gateway, engine: MockEngine, messages: Any, code: str, message: str
+) -> None:
+    body = {"model": "m"} if messages is None else {"model": "m", "messages": messages}
+    answer = await gw.post("/v1/chat/completions", body)
+    assert answer.status == 400
+    error = answer.json["error"]
+    assert (error["code"], error["param"], error["type"]) == (code, "messages", "invalid_request_error")
+    assert error["message"].startswith(message)
+    assert engine.seen == []
