@@ -70,7 +70,12 @@ async def _thread[T](func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         from django.db import close_old_connections
 
         close_old_connections()
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            # Back to the pool: an executor thread keeps its connection otherwise, and a few of them
+            # hold every connection of the process's pool (LLMGW_DATABASE_POOL_SIZE).
+            close_old_connections()
 
     return await sync_to_async(run, thread_sensitive=False)()
 

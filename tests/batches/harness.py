@@ -39,7 +39,17 @@ WAIT = 20.0  # a bound on waiting for a batch to end; never reached when all is 
 
 
 async def db[T](func: Any, *args: Any, **kwargs: Any) -> Any:
-    return await sync_to_async(func, thread_sensitive=False)(*args, **kwargs)
+    """func in an executor thread, whose connection then goes back to the pool (as the app's own)."""
+
+    def run() -> Any:
+        from django.db import close_old_connections
+
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return await sync_to_async(run, thread_sensitive=False)()
 
 
 @dataclass
