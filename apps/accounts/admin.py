@@ -278,9 +278,10 @@ class BranchForm(forms.ModelForm):
 class BranchAdmin(admin.ModelAdmin):
     """An organisation, team or project, made, renamed and removed through accounts.services.
 
-    Only the name changes on a branch that exists (services.rename_*); its slug (which specs and
-    single sign-on's mapping name) and its parent (which its memberships name) are read-only, as
-    is when it was made. Removal is refused while anything depends on it (services.remove_*),
+    Its name (services.rename_*) and its share, a weight and a project's band (set_share, which
+    checks and audits them), change on a branch that exists; its slug (which specs and single
+    sign-on's mapping name) and its parent (which its memberships name) are read-only, as is
+    when it was made. Removal is refused while anything depends on it (services.remove_*),
     with the reason on the confirmation page; its own limits go with it, each audited.
     """
 
@@ -296,10 +297,15 @@ class BranchAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         actor, address = actor_of(request), client_address(request)
+        # Its share (weight, and a project's band) is set as the console and the API set it.
+        share = {name: getattr(obj, name) for name in ("weight", "band") if name in form.changed_data}
         if change:
             if "name" in form.changed_data:
                 current = type(obj)._default_manager.get(pk=obj.pk)
                 adopt(obj, people_services.rename_branch(current, name=obj.name, actor=actor, address=address))
+            if share:
+                current = type(obj)._default_manager.get(pk=obj.pk)
+                adopt(obj, people_services.set_share(current, **share, actor=actor, address=address))
             return
         if isinstance(obj, Organization):
             made: Any = services.create_organization(name=obj.name, slug=obj.slug, actor=actor, address=address)
@@ -307,6 +313,8 @@ class BranchAdmin(admin.ModelAdmin):
             made = services.create_team(obj.organization, name=obj.name, slug=obj.slug, actor=actor, address=address)
         else:
             made = services.create_project(obj.team, name=obj.name, slug=obj.slug, actor=actor, address=address)
+        if share:
+            made = people_services.set_share(made, **share, actor=actor, address=address)
         adopt(obj, made)
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, Any, Any]:
