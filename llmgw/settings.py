@@ -457,6 +457,9 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "EngineNameEnum": "apps.cluster.engines.ENGINE_NAMES",
         "EngineBuildEnum": "apps.cluster.models.Node.EngineBuild",
+        "BatchStatusEnum": "apps.batches.choices.BatchStatus",
+        "NodeStatusEnum": "apps.cluster.choices.NodeStatus",
+        "BandEnum": "apps.accounts.choices.Band",
     },
 }
 

@@ -29,13 +29,14 @@ from django.utils import timezone
 
 from apps.accounts import people_services, services
 from apps.accounts.models import AuditEvent, Membership, Organization, Project, Team, User
+from apps.batches.models import Batch, BatchFile, BatchLine
 from apps.catalog.models import Model
 from apps.cluster import services as cluster_services
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import AgentRequest, ControlLock, EngineChoice, EngineRelease, Node, Replica
 from apps.fabrics.models import FabricMap, FabricTest, MasterChange, NodeFabrics
 from apps.facility.models import Budget, Hold
-from apps.gateway.models import TableVersion
+from apps.gateway.models import StoredResponse, TableVersion
 from apps.guardrails.models import Policy, Rule
 from apps.mirror.models import MirrorFile, MirrorVersion
 from apps.quotas import services as quotas
@@ -176,7 +177,44 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     "sim.SimRun": lambda w: SimRun.objects.get_or_create(owner=w.alice, title="what if", defaults={"scenario": "{}"})[
         0
     ],
+    "batches.BatchFile": lambda w: _batch_file(w),
+    "batches.Batch": lambda w: _batch(w),
+    "batches.BatchLine": lambda w: BatchLine.objects.get_or_create(
+        batch=_batch(w), number=1, defaults={"custom_id": "a", "body": {"messages": []}}
+    )[0],
+    "gateway.StoredResponse": lambda w: StoredResponse.objects.get_or_create(
+        id="resp_admin",
+        defaults={
+            "organization": w.org,
+            "user": w.alice,
+            "key_id": 1,
+            "model": "qwen",
+            "status": "completed",
+            "thread": "resp_admin",
+            "expires_at": timezone.now() + timedelta(days=30),
+        },
+    )[0],
 }
+
+
+def _batch_file(w: World) -> BatchFile:
+    return BatchFile.objects.get_or_create(
+        id="file-admin", defaults={"user": w.alice, "purpose": "batch", "filename": "in.jsonl", "bytes": 10}
+    )[0]
+
+
+def _batch(w: World) -> Batch:
+    return Batch.objects.get_or_create(
+        id="batch_admin",
+        defaults={
+            "user": w.alice,
+            "organization": w.org,
+            "endpoint": "/v1/chat/completions",
+            "input_file": _batch_file(w),
+            "expires_at": timezone.now() + timedelta(days=1),
+        },
+    )[0]
+
 
 # Models whose rows the admin shows but never changes, and why.
 READ_ONLY = {
@@ -197,6 +235,10 @@ READ_ONLY = {
     "schedule.SchedulerLease": "held and renewed by the acting beat; it expires by itself",
     "schedule.PeriodicRun": "moved by the beat that sends each periodic task",
     "sim.SimRun": "asked from the console and the API, run by the worker, swept after a day",
+    "batches.BatchFile": "uploaded through /v1/files or written when a batch ends, removed at expiry",
+    "batches.Batch": "made through the batch APIs, run by the runners, cancelled from the Batches page or the API",
+    "batches.BatchLine": "read from a batch's input file and answered by the runners",
+    "gateway.StoredResponse": "kept by the gateway for the Responses API until it expires",
     "cluster.AgentRequest": "made by beat and ctl fabric-test, answered by agents",
     "fabrics.NodeFabrics": "written from each agent's fabrics message",
     "fabrics.MasterChange": "kept when a port reports another master subnet manager",
