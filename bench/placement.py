@@ -11,11 +11,15 @@ profile). Prints the total time, per-placement p50/p99, the time to explain one 
 every node, and, measured in the same run, a naive baseline that only iterates all nodes once
 per placement doing a dict lookup, with the ratio to it.
 The same run is repeated with the fabric plugins, and with the H100 nodes also in multi-node
-NVLink domains of 18 trays (the tiered grouping: a domain before a fabric).
-Targets, for each of the three runs (built-in only, with the fabric plugins, with the NVLink
-domains): the 1,000 replicas placed in at most 2 s in all, explain in at most 50 ms (the median of
-five). The load average is printed at the start and the end, and each target as met, missed, or
-not measured (a run smaller than the defaults, whose figures are printed but are not the target's).
+NVLink domains of 18 trays (the tiered grouping: a domain before a fabric). A last run puts a
+quarter of the H100 nodes in MIG mode (each card split into seven 1g.10gb slices, never offered
+whole) and gives the small embedding model a first profile on one H100-80GB-1g.10gb slice, the
+same replicas otherwise; it prints its ratio to the run without slices.
+Targets, for each of the four runs (built-in only, with the fabric plugins, with the NVLink
+domains, with MIG slices): the 1,000 replicas placed in at most 2 s in all, explain in at most
+50 ms (the median of five; the MIG run explains the model whose first profile asks a slice).
+The load average is printed at the start and the end, and each target as met, missed, or not
+measured (a run smaller than the defaults, whose figures are printed but are not the target's).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agent.probes.mig import SLICE_BASE, slice_index  # noqa: E402
 from apps.cluster.placement import (  # noqa: E402
     REGISTRY,
     GpuSlot,
@@ -53,11 +58,39 @@ FABRICS = ("ib-a", "ib-b", "ib-c", "ib-d")
 MODELS = ("llama-70b", "qwen-32b", "mistral-7b", "deepseek-v3", "coder-14b", "embed-small")
 EXPLAIN_REPEATS = 5
 FULL_SIZE = (2000, 200, 1000)  # GPU nodes, CPU nodes and replicas the targets are for
+MIG_PROFILE = "1g.10gb"
+MIG_SLICES = 7  # an H100's 1g.10gb slices in MIG mode
+SLICE_CLASS = f"H100-80GB-{MIG_PROFILE}"
 PLACE_TARGET_S = 2.0
 EXPLAIN_TARGET_S = 0.05
 
 
-def build_cluster(gpu_nodes: int, cpu_nodes: int, rng: random.Random, nvlink: bool = False) -> Inventory:
+def mig_slots(card: GpuSlot) -> list[GpuSlot]:
+    """An H100 in MIG mode as its agent reports it: the card split (never offered whole) and its
+    seven 1g.10gb slices, each its own GPU instance, as healthy as the card."""
+    slices = []
+    for number in range(MIG_SLICES):
+        index = slice_index(card.index, number)
+        assert index is not None
+        slices.append(
+            GpuSlot(
+                index,
+                SLICE_CLASS,
+                healthy=card.healthy,
+                kind="mig",
+                parent=card.index,
+                memory_group=f"{card.index}:gi{number}",
+                label=f"GPU {card.index} MIG {number} ({MIG_PROFILE})",
+                share=1 / MIG_SLICES,
+            )
+        )
+    return [GpuSlot(card.index, card.gpu_class, healthy=card.healthy, split=True, label=f"GPU {card.index}"), *slices]
+
+
+def build_cluster(
+    gpu_nodes: int, cpu_nodes: int, rng: random.Random, nvlink: bool = False, mig: bool = False
+) -> Inventory:
+    """The cluster; with `mig`, one H100 node in four has every card in MIG mode (`mig_slots`)."""
     nodes: dict[int, NodeSnapshot] = {}
     for i in range(gpu_nodes):
         cls = CLASSES[i % 3]
@@ -67,6 +100,8 @@ def build_cluster(gpu_nodes: int, cpu_nodes: int, rng: random.Random, nvlink: bo
         elif cls == "A100-80GB" and i % 2:
             groups = [f"nv{i}-{g // 4}" for g in range(8)]
         gpus = [GpuSlot(g, cls, healthy=rng.random() > 0.01, nvlink_group=groups[g]) for g in range(8)]
+        if mig and cls == "H100-80GB" and (i // 3) % 4 == 0:
+            gpus = [slot for card in gpus for slot in mig_slots(card)]
         weights = frozenset(m for m in MODELS if rng.random() < 0.05)
         nodes[i + 1] = NodeSnapshot(
             id=i + 1,
@@ -182,6 +217,18 @@ def requests(count: int, rng: random.Random) -> list[ReplicaRequest]:
         model, profiles = kinds[rng.randrange(len(kinds))]
         out.append(ReplicaRequest(model=model, profiles=profiles, owner=("org:1", f"team:{i % 4}"), replica_id=f"r{i}"))
     return out
+
+
+def with_slices(reqs: list[ReplicaRequest]) -> list[ReplicaRequest]:
+    """The same replicas, the embedding model first asking one 1g.10gb slice of an H100 (its L40S
+    profile the fallback)."""
+    first = profile(11, "1xH100-1g.10gb", SLICE_CLASS, 1, priority=20, memory_gb=16, cores=4)
+    return [
+        ReplicaRequest(model=r.model, profiles=[first, *r.profiles], owner=r.owner, replica_id=r.replica_id)
+        if r.model == "embed-small"
+        else r
+        for r in reqs
+    ]
 
 
 def zone_spread(ctx: PlacementContext, node: NodeSnapshot) -> float:
@@ -347,6 +394,37 @@ def bench(args: argparse.Namespace, report: Report) -> None:
         f"ratio to the fabric plugins alone = {nvlink_s / fabric_s:.2f}; explain {multi.model} median "
         f"{nvlink_explain_s * 1000:.1f} ms"
     )
+    mig_inventory = build_cluster(args.nodes, args.cpu_nodes, random.Random(args.seed), mig=True)
+    split_nodes = sum(1 for n in mig_inventory.nodes.values() if any(g.split for g in n.gpus))
+    slices = sum(1 for n in mig_inventory.nodes.values() for g in n.gpus if g.kind == "mig")
+    mig_reqs = with_slices(reqs)
+    mig_s, mig_times, mig_placed, mig_refused = run(mig_inventory, mig_reqs, REGISTRY)
+    on_slices = sum(1 for c in mig_inventory.claims for i in c.gpu_indices if i >= SLICE_BASE)
+    small = next(r for r in mig_reqs if r.model == "embed-small")
+    mig_explain = []
+    for _ in range(EXPLAIN_REPEATS):
+        started = time.perf_counter()
+        explain(mig_inventory, small)
+        mig_explain.append(time.perf_counter() - started)
+    mig_explain_s = statistics.median(mig_explain)
+    # The same request explained on the cluster without MIG (where no node has the slice class).
+    plain_small = []
+    for _ in range(EXPLAIN_REPEATS):
+        started = time.perf_counter()
+        explain(inventory, small)
+        plain_small.append(time.perf_counter() - started)
+    plain_small_s = statistics.median(plain_small)
+    print(
+        f"with MIG slices ({split_nodes} H100 nodes in MIG mode, {slices} {SLICE_CLASS} slices): "
+        f"{sum(mig_placed.values())} placed, {mig_refused} refused, {on_slices} on slices, in {mig_s * 1000:.0f} ms, "
+        f"p50 {percentile(mig_times, 0.5) * 1e3:.3f} ms, p99 {percentile(mig_times, 0.99) * 1e3:.3f} ms; "
+        f"by profile: " + ", ".join(f"{k}={v}" for k, v in sorted(mig_placed.items()))
+    )
+    print(
+        f"ratio to without slices: place {mig_s / total_s:.2f}; explain {small.model} "
+        f"({len(small.profiles)} profiles x {len(mig_inventory.nodes)} nodes) median {mig_explain_s * 1000:.1f} ms, "
+        f"on the cluster without MIG {plain_small_s * 1000:.1f} ms, ratio {mig_explain_s / plain_small_s:.2f}"
+    )
     size = (args.nodes, args.cpu_nodes, args.replicas)
     smaller = None
     if any(got < wanted for got, wanted in zip(size, FULL_SIZE, strict=True)):
@@ -361,6 +439,8 @@ def bench(args: argparse.Namespace, report: Report) -> None:
         ("explain with fabric plugins", fabric_explain_s, EXPLAIN_TARGET_S),
         ("place with NVLink domains", nvlink_s, PLACE_TARGET_S),
         ("explain with NVLink domains", nvlink_explain_s, EXPLAIN_TARGET_S),
+        ("place with MIG slices", mig_s, PLACE_TARGET_S),
+        ("explain with MIG slices", mig_explain_s, EXPLAIN_TARGET_S),
     ):
         if smaller:
             report.not_measured(name, f"{smaller} ({seconds * 1000:.1f} ms)")
