@@ -36,6 +36,7 @@ SECOND_RUN_SKIPS = (
     "e2e/test_fabric_test.py",
     "e2e/test_fabric_map.py",
     "e2e/test_nvlink.py",
+    "e2e/test_slices_fleet.py",  # MIG and AMD hosts: placement and the engines' devices, as the NVLink fleet
     "e2e/test_facility.py",
     "e2e/test_facility_power.py",
     # GPU time on a captured fleet: counted by the same code the SQLite run's test_models checks.
