@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 from typing import Any
 
 import pytest
@@ -83,6 +84,10 @@ def test_every_ctl_command_runs_without_a_terminal(live_server, key_for, capsys,
     from tests.conftest import make_user
 
     monkeypatch.setenv("HOME", str(tmp_path))
+    # The live server runs in this process and logs each 404 to the stderr this test reads; a logging
+    # handler left by an earlier test on a stream since closed prints "--- Logging error ---" with a
+    # traceback there, which is the server's and not the command's: only the command's own output counts.
+    monkeypatch.setattr(logging, "raiseExceptions", False)
     secret = key_for(make_user("ada@example.com", role=StaffRole.ADMIN))
     base = ["ctl", "--server", live_server.url, "--key", secret]
     missing = str(tmp_path / "missing.yaml")
@@ -116,6 +121,10 @@ def test_model_delete_with_no_terminal_names_yes(live_server, key_for, capsys, m
     from tests.conftest import make_user
 
     monkeypatch.setenv("HOME", str(tmp_path))
+    # The live server runs in this process and logs each 404 to the stderr this test reads; a logging
+    # handler left by an earlier test on a stream since closed prints "--- Logging error ---" with a
+    # traceback there, which is the server's and not the command's: only the command's own output counts.
+    monkeypatch.setattr(logging, "raiseExceptions", False)
     secret = key_for(make_user("olga@example.com", role=StaffRole.OPERATOR))
     make_model("tiny")
     base = ["ctl", "--server", live_server.url, "--key", secret]
