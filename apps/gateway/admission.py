@@ -200,6 +200,7 @@ class Admission:
         demanded = False
         waiter: Waiter | None = None
         watcher: asyncio.Task[None] | None = None
+        free: dict[str, int] = {}  # the slots free that waiters ahead are about to take, by model
         try:
             while True:
                 tables = self.tables()
@@ -209,7 +210,7 @@ class Admission:
                     self.demand(route.name)
                     deadline = max(deadline, time.monotonic() + self.cold_start_timeout)
                 routes = [r for r in (tables.models.get(n) for n in names) if r is not None]
-                lease = await self._take(call, routes, key, exclude, waiter)
+                lease = await self._take(call, routes, key, exclude, waiter, free)
                 if lease is not None:
                     self._took(call, waiter, started, lease)
                     return lease
@@ -219,7 +220,9 @@ class Admission:
                 if waiter is None:
                     if current.upstreams and current.max_replicas > len(current.upstreams):
                         self.busy(route.name)
-                    waiter = await self._enter(call, route.name)
+                    waiter = await self._enter(call, route.name, room=free.get(route.name, 0))
+                if waiter.ticket.gone == "full":  # the shared queue had no place for it
+                    raise self._full(call, route.name, waiter.share, shared=True)
                 if waiter.ticket.gone is not None:
                     raise self._pushed_out(call, waiter)
                 remaining = deadline - time.monotonic()
@@ -238,10 +241,17 @@ class Admission:
         return self.shared is not None and self.shared.available()
 
     async def _take(
-        self, call: Call, routes: list[ModelRoute], key: str | None, exclude: frozenset[str], waiter: Waiter | None
+        self,
+        call: Call,
+        routes: list[ModelRoute],
+        key: str | None,
+        exclude: frozenset[str],
+        waiter: Waiter | None,
+        free: dict[str, int] | None = None,
     ) -> Lease | None:
         """A slot of the first route that gives one: the waiter's own model in its turn, another
-        only while nobody waits for it (a fallback is never taken past its own queue)."""
+        only while nobody waits for it (a fallback is never taken past its own queue). `free`
+        gets, by model, how many slots were free but for waiters ahead to take."""
         shared = self._shared_ok()
         for candidate in routes:
             if not candidate.upstreams:
@@ -266,6 +276,8 @@ class Admission:
                     who=self._who(call).token(),  # whose request holds the slot (a model's card shows it)
                 )
             except NotYourTurn as other:
+                if free is not None:
+                    free[candidate.name] = other.free
                 ahead = self._by_token.get(other.head or "")
                 if ahead is not None:
                     ahead.event.set()  # it is that one's turn, and it waits in this process
@@ -304,11 +316,14 @@ class Admission:
         assert entry is not None
         return Who(entry.org_id or 0, entry.team_id or 0, entry.project_id or 0, entry.key_id, entry.weights)
 
-    async def _enter(self, call: Call, model: str) -> Waiter:
+    async def _enter(self, call: Call, model: str, *, room: int = 0) -> Waiter:
+        """A place in the model's queue. `room` more than its maximum where slots are free now: the
+        waiters they are about to go to still count as waiting, and must not make this one's place
+        look like one too many (a client at exactly the queue's size was refused)."""
         who = self._who(call)
         cost = self.cost(call)
         try:
-            ticket, pushed = self.queue.enter(model, who, call.band, cost)
+            ticket, pushed = self.queue.enter(model, who, call.band, cost, room=room)
         except Full as full:
             raise self._full(call, model, full.ticket.share) from None
         waiter = Waiter(model, ticket, who.key, time.monotonic(), share=ticket.share, tag=ticket.tag)
@@ -316,11 +331,11 @@ class Admission:
         if pushed is not None:
             self._wake_ticket(model, pushed)
         if self._shared_ok():
-            await self._join_shared(waiter)
+            await self._join_shared(waiter, room=room)
         metrics.queued(model, BANDS[call.band], 1)
         return waiter
 
-    async def _join_shared(self, waiter: Waiter) -> None:
+    async def _join_shared(self, waiter: Waiter, *, room: int = 0) -> None:
         """Take a place in the shared queue (for a waiter that has none: it came while Redis was away)."""
         shared = self.shared
         if shared is None:
@@ -329,7 +344,7 @@ class Admission:
         try:
             share = await self._shared_share(waiter.model, ticket.who)
             token, tag, pushed = await shared.enter(
-                waiter.model, ticket.who.token(), ticket.band, waiter.key, ticket.cost / share, self.most
+                waiter.model, ticket.who.token(), ticket.band, waiter.key, ticket.cost / share, self.most + room
             )
         except QueueFull:
             self.queue.leave(waiter.model, ticket)
@@ -430,14 +445,21 @@ class Admission:
     def _mine(self, model: str, key: int) -> int:
         return sum(1 for t in self.queue.tickets(model) if t.who.key == key)
 
-    def _full(self, call: Call, model: str, share: float) -> Refused:
+    def _full(self, call: Call, model: str, share: float, *, shared: bool = False) -> Refused:
         assert call.entry is not None
+        # The shared queue (every web process's waiters) was full when the local one was not: its
+        # count is its maximum, and whose they are is Redis's to know, not this process's.
+        waiting = (
+            f"{self.most} of {self.most} waiting in all web processes"
+            if shared
+            else (f"{self.queue.waiting(model)} of {self.most} waiting")
+        )
+        mine = "" if shared else f", and {self._mine(model, call.entry.key_id)} of the requests waiting are its own"
         return Refused(
             503,
-            f"The queue for “{model}” is full ({self.queue.waiting(model)} of {self.most} waiting): those "
-            f"waiting are of a higher band or nearer their share than this one (band {BANDS[call.band]}; "
-            f"this key's share of “{model}” is {share:.1%}, and {self._mine(model, call.entry.key_id)} "
-            "of the requests waiting are its own).",
+            f"The queue for “{model}” is full ({waiting}): those waiting are of a higher band or nearer "
+            f"their share than this one (band {BANDS[call.band]}; this key's share of “{model}” is "
+            f"{share:.1%}{mine}).",
             kind="overloaded_error",
             code="queue_full",
             headers={"retry-after": "5"},

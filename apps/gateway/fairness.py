@@ -196,16 +196,17 @@ class FairQueue:
     def share(self, model: str, who: Who) -> float:
         return self._model(model).waiting.share(who)
 
-    def enter(self, model: str, who: Who, band: int, cost: float) -> tuple[Ticket, Ticket | None]:
+    def enter(self, model: str, who: Who, band: int, cost: float, *, room: int = 0) -> tuple[Ticket, Ticket | None]:
         """Queue a request: (its ticket, the one pushed out to make room or None). Full when the
-        queue is full and this request is the one refused (nothing changes then)."""
+        queue is full and this request is the one refused (nothing changes then). `room`: places
+        beyond the maximum, for waiters about to leave it for a slot that is free now."""
         state = self._model(model)
         share = state.waiting.share(who)
         seq = next(self._seq)
         start = float(seq) if self.first_come else max(state.vtime, state.finish.get(who.key, state.vtime))
         ticket = Ticket(who, band, cost, start, share, seq)
         pushed = None
-        if sum(state.sizes) >= self.most:
+        if sum(state.sizes) >= self.most + room:
             victim = self._furthest(state)
             if victim is None or (victim.band, victim.tag) <= (band, start):
                 raise Full(ticket)

@@ -109,9 +109,10 @@ class QueueFull(Exception):
 class NotYourTurn(Exception):
     """Another request waits ahead for this model; `head` is the ticket whose turn it is."""
 
-    def __init__(self, head: str | None) -> None:
+    def __init__(self, head: str | None, free: int = 0) -> None:
         super().__init__(head)
         self.head = head
+        self.free = free  # the slots free now, which those waiting are about to take
 
 
 class Gone(Exception):
@@ -134,7 +135,8 @@ def _text(value: Any) -> str:
 # the queue ticket ("" for none), BATCH_EVERY, the key id and cost / share to charge a request taken
 # with no ticket ("" and 0 for none), then each candidate's capacity. Returns {index, ""}:
 # the 1-based index of the chosen candidate, 0 when all are full, -1 with the ticket whose turn it
-# is when it is another's (a request with no ticket may not pass anyone waiting), -2 when the
+# is when it is another's (a request with no ticket may not pass anyone waiting: -1 then only when
+# a slot is free, which one of those waiting is about to take, with how many are), -2 when the
 # ticket is no longer queued (pushed out). Taking a slot with a ticket leaves the queue in the
 # same step, moves the model's virtual time to its tag, and counts a grant the batch band waited for.
 ACQUIRE_SCRIPT = """
@@ -151,7 +153,15 @@ local c0, c1 = redis.call('ZCARD', z0), redis.call('ZCARD', z1)
 local ticket = ARGV[5]
 local band = -1
 if ticket == '' then
-  if c0 + c1 > 0 then return {-1, ''} end
+  if c0 + c1 > 0 then
+    local free = 0
+    for i = 1, n do
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+      free = free + math.max(tonumber(ARGV[8 + i]) - redis.call('ZCARD', KEYS[i]), 0)
+    end
+    if free > 0 then return {-1, '', free} end
+    return {0, ''}
+  end
 else
   if redis.call('ZSCORE', z0, ticket) then band = 0
   elseif redis.call('ZSCORE', z1, ticket) then band = 1
@@ -418,7 +428,7 @@ class SharedSlots:
         )
         chosen, head = int(reply[0]), _text(reply[1])
         if chosen == -1:
-            raise NotYourTurn(head or None)
+            raise NotYourTurn(head or None, int(reply[2]) if len(reply) > 2 else 0)
         if chosen == -2:
             raise Gone()
         if not chosen:
