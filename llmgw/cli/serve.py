@@ -38,7 +38,7 @@ def preflight(*, listen: tuple[str, int] | None) -> list[str]:
         reason = check_port(*listen)
         if reason:
             problems.append(reason)
-    database = readiness.check_database()
+    database = readiness.check_database(direct=True)
     if database != "ok":
         where = settings.DATABASE.host or settings.DATABASE.name
         problems.append(f"the database at {where} does not answer ({database})")

@@ -27,6 +27,8 @@ def test_up_serves_sign_in_keys_api_admin_and_stops_every_child(tmp_path) -> Non
 
         with urllib.request.urlopen(up.url + "/readyz", timeout=30) as response:
             ready = json.load(response)
+        scheduler = ready.pop("scheduler")  # which beat acts: the worker's, once it has taken the lease
+        assert set(scheduler) == {"acting", "since", "renewed_at"}
         assert ready == {"ready": True, "database": "ok", "broker": "ok", "channel_layer": "ok"}
 
         browser = Browser(up.url)
