@@ -51,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import Report  # noqa: E402
-from bench.routing import MODEL_NAME, Children, Engines, llama_server, model_file, setup_django  # noqa: E402
+from bench.routing import MODEL_NAME, Children, Engines, NoLimits, llama_server, model_file, setup_django  # noqa: E402
 
 KEYS = {"a": "llmgw_bench_team_a", "b": "llmgw_bench_team_b"}
 LONG, SHORT = 48, 4
@@ -75,17 +75,6 @@ class _Usage:
         pass
 
     async def stop(self) -> None:
-        pass
-
-
-class _NoLimits:
-    async def admit(self, limits: list[Any], now: float) -> None:
-        return None
-
-    async def record_tokens(self, limits: list[Any], tokens: int, now: float) -> None:
-        pass
-
-    async def close(self) -> None:
         pass
 
 
@@ -152,7 +141,7 @@ async def start_gateway() -> Gateway:
     from apps.gateway import asgi, routes
     from apps.gateway.tables import Tables
 
-    usage, limiter = _Usage(), _NoLimits()
+    usage, limiter = _Usage(), NoLimits()
     fake_limiter = types.ModuleType("apps.quotas.limiter")
     fake_limiter.make_limiter = lambda: limiter  # type: ignore[attr-defined]
     fake_usage = types.ModuleType("apps.quotas.usage")
