@@ -1,5 +1,5 @@
 # The two commands of the README: `make up` and `make test`.
-.PHONY: up test lint css messages
+.PHONY: up test properties lint css messages
 
 up:
 	@scripts/bootstrap
@@ -8,6 +8,11 @@ up:
 test:
 	@scripts/bootstrap dev
 	scripts/test
+
+# The property tests at their full example counts (the suite draws a fifth of each): a nightly job.
+properties:
+	@scripts/bootstrap dev
+	LLMGW_TEST_FULL_PROPERTIES=1 LLMGW_DATA_DIR=$$(mktemp -d) .venv/bin/python -m pytest -m properties
 
 lint:
 	@scripts/bootstrap dev

@@ -91,6 +91,10 @@ _DATABASE_FIXTURES = frozenset(
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    # Every test hypothesis drives is a property test: `make properties` runs them at full count.
+    for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.properties)
     if not SKIP_BACKEND_FREE:
         return
     here = os.path.dirname(__file__)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.probes.nvidia import gpu_class, nvidia_class_memory_gb, parse_nvidia_smi_text, parse_nvidia_smi_xml
+from tests.budget import examples
 
 # (product name, FB Memory Usage > Total in MiB, expected class).  Where each total comes from:
 REPORTED_TOTALS = [
@@ -139,7 +140,7 @@ def test_fixture_gpus_keep_their_class(folder: str, name: str) -> None:
     assert {g.gpu_class for g in report.gpus} == {FIXTURE_CLASSES[(folder, name)]}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(min_value=-10, max_value=10**9), st.one_of(st.none(), st.text(max_size=60)))
 def test_any_total_and_name_give_a_size_or_none(total_mib: int, name: str | None) -> None:
     size = nvidia_class_memory_gb(total_mib, name)

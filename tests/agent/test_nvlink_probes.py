@@ -24,6 +24,7 @@ from agent.probes.nvlink import (
     parse_imex_state,
     parse_topo_matrix,
 )
+from tests.budget import examples
 
 TOPO = "nvidia-smi-topo"
 IMEX = "nvidia-imex-ctl"
@@ -452,7 +453,7 @@ def test_mutated_p2p_matrices_never_gain_nvlinks(path: Path) -> None:
         assert all(gpu.links == {} for gpu in parse_topo_matrix(variant).gpus)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.text(max_size=300))
 def test_fuzzed_text_never_raises(text: str) -> None:
     parse_everything(text)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.probes.hwmon import Temps, parse_sensors_json, parse_sensors_u, read_hwmon, tree_from_grep_r
+from tests.budget import examples
 
 FOLDER = "hwmon-sensors"
 
@@ -177,7 +178,7 @@ def test_tree_from_grep_r_edge_cases() -> None:
     assert tree == {"hwmon0/name": "coretemp", "hwmon0/uevent": "A=1\nB=2", "intel-rapl:0:0/name": "core"}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.text(max_size=300))
 def test_fuzzed_never_raises(text: str) -> None:
     parse_sensors_json(text)

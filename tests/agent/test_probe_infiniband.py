@@ -33,6 +33,7 @@ from agent.probes.infiniband import (
     select_roce_gid,
 )
 from agent.probes.sysfs import SysfsReader
+from tests.budget import examples
 
 SYSFS = "sysfs-infiniband"
 PERFTEST = "perftest"
@@ -406,7 +407,7 @@ def test_sminfo_garbage_is_none(text: str) -> None:
     assert parse_sminfo(text) is None
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.integers(0, 0xBFFF),
     st.integers(0, 2**64 - 1),
@@ -530,7 +531,7 @@ def test_saquery_smir_truncated_and_invented_forms() -> None:
     assert fabric_identity([]) is None
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.text(max_size=400))
 def test_sminfo_and_saquery_fuzzed_never_raise(text: str) -> None:
     parse_sminfo("sminfo: sm lid " + text)
@@ -717,7 +718,7 @@ def test_perftest_without_a_table() -> None:
     assert bad_unit.warnings == ["unknown bandwidth unit 'furlongs'; no Gb/s values"]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.text(max_size=400))
 def test_perftest_fuzzed_never_raises(text: str) -> None:
     parse_perftest(text)
@@ -750,7 +751,7 @@ _FUZZ_VALUES = st.one_of(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.dictionaries(st.sampled_from(_FUZZ_KEYS), _FUZZ_VALUES, max_size=len(_FUZZ_KEYS)))
 def test_read_ports_fuzzed_never_raises(tree: dict[str, str]) -> None:
     report = read_ports(tree)

@@ -17,6 +17,7 @@ from agent.probes.nvidia import (
     parse_nvidia_smi_xml,
     parse_nvlink_errors,
 )
+from tests.budget import examples
 
 TEXT = "nvidia-smi-q"
 XML = "nvidia-smi-q-xml"
@@ -437,7 +438,7 @@ def test_text_with_crlf_and_bom() -> None:
     assert report.warnings == []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("GPU 0:.\n :NA/[]WMiBC%-xyz<>\t")), max_size=400))
 def test_fuzzed_text_never_raises(text: str) -> None:
     parse_nvidia_smi_text(text)
@@ -445,7 +446,7 @@ def test_fuzzed_text_never_raises(text: str) -> None:
     parse_nvlink_errors(text)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.data())
 def test_dropping_lines_from_a_real_output_never_raises(data: st.DataObject) -> None:
     lines = fixture_text(TEXT, "h100-80gb-hbm3-vm-drv590-gpu-burn-load-masked.txt").splitlines()

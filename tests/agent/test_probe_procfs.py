@@ -24,6 +24,7 @@ from agent.probes.procfs import (
     parse_proc_stat,
     process_group_usage,
 )
+from tests.budget import examples
 
 # --------------------------------------------------------------------------- every fixture
 
@@ -369,7 +370,7 @@ def test_process_group_usage_on_this_process() -> None:
 # --------------------------------------------------------------------------- fuzz
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.text(max_size=400))
 def test_fuzzed_never_raises(text: str) -> None:
     for cpu in (parse_cpuinfo(text), parse_lscpu(text)):

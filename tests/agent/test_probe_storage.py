@@ -27,6 +27,7 @@ from agent.probes.storage import (
     weights_held,
     weights_present,
 )
+from tests.budget import examples
 
 FOLDER = "mounts-findmnt-df"
 
@@ -333,7 +334,7 @@ def test_weights_present_missing_directory(tmp_path: Path) -> None:
     assert weights_present(str(tmp_path)) == []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.text(max_size=300))
 def test_fuzzed_never_raises(text: str) -> None:
     parse_mountinfo(text)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.probes.xid import XidEvent, bus_id_to_xid_pci, count_xids, parse_xid_lines
+from tests.budget import examples
 
 FOLDER = "xid"
 
@@ -98,7 +99,7 @@ def test_bus_id_to_xid_pci(bus_id: str, expected: str | None) -> None:
     assert bus_id_to_xid_pci(bus_id) == expected
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.text(max_size=300))
 def test_fuzzed_never_raises(text: str) -> None:
     events = parse_xid_lines("NVRM: Xid " + text)

@@ -27,6 +27,7 @@ from agent.probes.procfs import (
 )
 from agent.probes.rapl import read_rapl
 from agent.sampler import Sampler
+from tests.budget import examples
 from tests.fleet import HOSTS, build_host, fixtures_available
 
 BOM = "\ufeff"
@@ -218,7 +219,7 @@ def _is_count(value: str) -> bool:
     return re.fullmatch(r"[0-9]{1,20}", value) is not None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(_numbers, min_size=1, max_size=10), st.booleans())
 def test_fuzzed_proc_stat_keeps_every_readable_field(values: list[str], bom: bool) -> None:
     text = (BOM if bom else "") + "cpu  " + " ".join(values) + "\ncpu0 1 2 3 4\nintr 5\n"
@@ -233,7 +234,7 @@ def test_fuzzed_proc_stat_keeps_every_readable_field(values: list[str], bom: boo
     assert times.per_cpu == 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(["MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached"]), _numbers, min_size=1
@@ -251,7 +252,7 @@ def test_fuzzed_meminfo_keeps_every_readable_field(values: dict[str, str], bom: 
             assert any(w.startswith(f"/proc/meminfo: {key} ") for w in info.warnings)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(_numbers, min_size=0, max_size=6))
 def test_fuzzed_cpuinfo_loadavg_and_pid_stat_never_raise(values: list[str]) -> None:
     padded = values + ["1"] * (4 - len(values))

@@ -18,6 +18,7 @@ from apps.cluster.inventory import build_inventory, nvlink_groups
 from apps.cluster.placement.gpus import choose_gpus
 from apps.fabrics import nvlink
 from apps.fabrics.metrics import FabricCollector
+from tests.budget import examples
 from tests.builders import make_model, make_node, make_replica
 
 UUID = "3b4f1a2c-9d0e-4b7f-8a61-5c2d9e0f7a11"
@@ -273,7 +274,7 @@ samples = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(sample=samples | json_values, hardware=st.dictionaries(st.just("nvlink_domain"), json_values) | json_values)
 def test_whatever_a_sample_holds_reading_it_never_raises(sample: Any, hardware: Any) -> None:
     state = nvlink.read_node(sample, hardware if isinstance(hardware, dict) else None)
@@ -282,7 +283,7 @@ def test_whatever_a_sample_holds_reading_it_never_raises(sample: Any, hardware: 
         assert isinstance(state.ready, bool)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(sample=samples)
 def test_a_sample_whose_cards_may_name_no_domain_is_in_none(sample: dict[str, Any]) -> None:
     # The metrics skip reading such a node card by card: that must lose no domain.

@@ -25,6 +25,7 @@ from apps.fabrics.topology import (
     to_dict,
 )
 from tests.agent.fixturefiles import fixture_files, fixture_text, read_text
+from tests.budget import examples
 from tests.fabrics.fattree import (
     CX2_DEVID,
     CX4_DEVID,
@@ -899,7 +900,7 @@ fragment = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(fragment, max_size=40), st.sampled_from(["\n", "\r\n", "\r"]))
 def test_fuzzed_grammar_never_raises(lines: list[str], newline: str) -> None:
     topo = parse(newline.join(lines))

@@ -37,6 +37,7 @@ from apps.cluster.placement import (
     preemption_candidates,
 )
 from apps.fabrics import placement as fabric_plugins
+from tests.budget import examples
 
 GIB = 1024**3
 CLASSES = ("H100-80GB", "A100-80GB")
@@ -46,7 +47,11 @@ TEAMS = ("team:0", "team:1")
 CAPACITY = ("opportunistic", "standard", "critical")
 # No example database: nothing is written outside the test's own tree.
 SETTINGS = settings(
-    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False, database=None
+    max_examples=examples(400),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=False,
+    database=None,
 )
 
 
@@ -362,7 +367,7 @@ def test_random_clusters_and_requests(cluster: Cluster, data: st.DataObject, wei
         assert_consistent(inventory)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 @given(cluster=clusters(), data=st.data())
 def test_preemption_and_headroom_on_random_clusters(cluster: Cluster, data: st.DataObject) -> None:
     inventory = Inventory(cluster.nodes, cluster.claims, cluster.quotas)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from apps.quotas import histograms
 from apps.quotas.histograms import ALPHA, MAX_BINS, count, empty, load, merge, nearest_rank, observe, percentile
+from tests.budget import examples
 
 QUANTILES = ("0", "0.01", "0.07", "0.25", "0.5", "0.9", "0.95", "0.99", "0.999", "1")
 SHORTEST_MS, LONGEST_MS = 0.01, 10 * 60 * 1000.0
@@ -69,13 +70,13 @@ times = st.floats(min_value=SHORTEST_MS, max_value=LONGEST_MS, allow_nan=False, 
 # Accuracy ---------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(times, min_size=1, max_size=400))
 def test_every_quantile_is_within_one_percent_of_the_exact_one(values: list[float]) -> None:
     assert_quantiles_close(values)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     st.sampled_from(["log-uniform", "uniform", "exponential", "lognormal", "pareto", "bimodal", "few values"]),
     st.integers(min_value=1, max_value=3000),
@@ -170,7 +171,7 @@ def test_stored_garbage_reads_as_nothing_rather_than_failing() -> None:
 # Merging ----------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(times, min_size=1, max_size=300), st.lists(st.integers(min_value=0, max_value=300), max_size=6))
 def test_sketches_built_in_pieces_merge_into_the_sketch_built_whole(values: list[float], cuts: list[int]) -> None:
     edges = sorted({0, len(values), *(min(cut, len(values)) for cut in cuts)})
