@@ -5,7 +5,8 @@ layer; without Redis, the web process holding the connection looks for pending r
 2 s). The agent's "response" answers it, or beat times it out; either way the row says what
 happened, and a failed or timed-out one can be tried again. An agent that does not list the
 request's feature at registration is refused at once, instead of being waited on for minutes.
-Apps register what to do with an answer (`register_handler`): the fabrics app parses a map.
+Apps register what to do with an answer in apps.cluster.extensions (`add_request_handler`): the
+fabrics app parses a map.
 Every answer is read field by field against its kind's shape (agent.protocol.RESULTS) before
 a handler sees it: a figure that fails its check (a string, a negative or impossible number)
 is kept as null with the reason under "refused", never as the agent sent it.
@@ -14,7 +15,6 @@ is kept as null with the reason under "refused", never as the agent sent it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 
 from agent import protocol
 from apps.cluster.choices import NodeStatus
+from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import AgentRequest, Node
 from llmgw.ids import parse_id
 
@@ -33,7 +34,6 @@ __all__ = [
     "claim",
     "create",
     "expire",
-    "register_handler",
     "record_response",
     "retry",
 ]
@@ -47,18 +47,10 @@ FEATURES: dict[str, str] = {
     "perftest.client": "perftest.v1",
 }
 NEVER_SENT_GRACE = timedelta(seconds=60)
-Handler = Callable[[AgentRequest, Any], Any]
-_HANDLERS: dict[str, Handler] = {}
 
 
 class RequestRefused(ValueError):
     pass
-
-
-def register_handler(kind: str, handler: Handler) -> None:
-    """What to do with an answer of `kind` (its result), before the row is marked answered; an
-    exception there marks it failed with the error."""
-    _HANDLERS[kind] = handler
 
 
 def check(node: Node, kind: str) -> None:
@@ -164,7 +156,7 @@ def _use_answer(row: AgentRequest, result: dict[str, Any], node_id: int) -> None
     """The row answered with what its kind's handler made of the answer (read field by field, a
     refused figure kept as null with its reason under "refused"), or failed with the handler's
     reason."""
-    handler = _HANDLERS.get(row.kind)
+    handler = EXTENSIONS.request_handler(row.kind)
     try:
         stored = handler(row, result) if handler is not None else result
     except Exception as exc:

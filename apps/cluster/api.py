@@ -24,6 +24,7 @@ from apps.accounts.access import IsOperator, public
 from apps.cluster import agent_requests, selectors, services
 from apps.cluster import engines as engine_choices
 from apps.cluster.choices import NodeStatus
+from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import AgentRequest, EngineChoice, EngineRelease, Gpu, Node
 from apps.cluster.onboarding import agent_yaml, install_command
 from llmgw.api import ErrorSerializer
@@ -128,9 +129,7 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
         ]
 
     def get_location(self, row: Node) -> dict[str, str | None]:
-        from apps.facility.services import node_location
-
-        return node_location(row)
+        return EXTENSIONS.node_location(row)
 
     def get_draining(self, node: Node) -> bool:
         return node.drain_requested_at is not None

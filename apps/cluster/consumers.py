@@ -18,11 +18,11 @@ from django.conf import settings
 
 from agent import protocol
 from apps.cluster import agent_requests, services
+from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.heartbeats import writer as heartbeat_writer
 from apps.cluster.metrics import JOINS_DEFERRED, MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
 from apps.cluster.models import Node
 from apps.cluster.reconciler import desired_message
-from apps.fabrics.services import record_fabrics
 
 __all__ = ["AgentConsumer"]
 
@@ -84,10 +84,12 @@ def _register(
     node_id: int, body: dict[str, Any], address: str | None
 ) -> tuple[str, int, dict[str, Any], list[dict[str, Any]]]:
     """Record a registration; the node's name, its desired state (version and body) and its
-    pending requests, marked sent."""
+    pending requests, marked sent. What it reports for other apps (its fabrics) goes to the app
+    registered for it."""
     node = services.register_node(node_id, body, address=address)
-    if "fabrics" in body:
-        record_fabrics(node_id, body["fabrics"])
+    for kind in EXTENSIONS.node_reports:
+        if kind in body:
+            EXTENSIONS.record_report(kind, node_id, body[kind])
     return node.name, node.desired_version, desired_message(node, node.desired_version), agent_requests.claim(node_id)
 
 
@@ -342,8 +344,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                     self.node_id, health, self.gpu_health
                 )
             self.gpu_health = health
-        elif message.type == "fabrics":
-            await database_sync_to_async(record_fabrics, thread_sensitive=False)(self.node_id, message.body)
+        elif message.type in EXTENSIONS.node_reports:  # the fabrics app's "fabrics"
+            await database_sync_to_async(EXTENSIONS.record_report, thread_sensitive=False)(
+                message.type, self.node_id, message.body
+            )
         elif message.type == "response":
             request_id = str(message.body["request_id"])
             if request_id.startswith("doctor-"):

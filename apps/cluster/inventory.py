@@ -1,17 +1,23 @@
-"""The database's view of the cluster as placement's plain snapshot (and back)."""
+"""The database's view of the cluster as placement's plain snapshot (and back).
+
+Other apps' parts of each node's snapshot (its fabrics, NVLink domain and location) come from the
+parts registered in apps.cluster.extensions, filled into the snapshot's `extra` after the cluster
+app's own part is built.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from apps.catalog.models import Model
 from apps.cluster import decisions
 from apps.cluster.choices import NodeStatus, ReplicaState
 from apps.cluster.decisions import RUNNING_FIELDS, profile_spec, running_spec
+from apps.cluster.extensions import EXTENSIONS
+from apps.cluster.gpu_classes import class_share
 from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.placement import CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ReplicaRequest
-from apps.facility.draw import class_share
 from apps.quotas.models import CapacityQuota as QuotaRow
 
 __all__ = [
@@ -25,20 +31,6 @@ __all__ = [
     "running_spec",
     "slot_share",
 ]
-
-# Other apps' parts of the snapshot (the fabrics each node is on): each fills `extra` of the nodes.
-# Each is given the snapshots and the Node rows they were built from.
-SNAPSHOT_HOOKS: list[Callable[[dict[int, NodeSnapshot], dict[int, Node]], None]] = []
-# What other apps add to a shard's environment on its node, given the group its replica was formed in.
-SHARD_ENV_HOOKS: list[Callable[[int, tuple[str, ...] | None], dict[str, str]]] = []
-
-
-def shard_env(node_id: int, group: tuple[str, ...] | None) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for hook in SHARD_ENV_HOOKS:
-        env.update(hook(node_id, group))
-    return env
-
 
 # Replicas whose shards hold their claims: a stopping replica still occupies its node until it stopped.
 CLAIMING_STATES = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING, ReplicaState.FAILED)
@@ -160,8 +152,7 @@ def build_inventory(*, exclude_replicas: Iterable[int] = ()) -> Inventory:
     excluded = set(exclude_replicas)
     rows = {n.pk: n for n in Node.objects.exclude(status=NodeStatus.REVOKED).prefetch_related("gpus")}
     nodes = {pk: _snapshot(n) for pk, n in rows.items()}
-    for hook in SNAPSHOT_HOOKS:
-        hook(nodes, rows)
+    EXTENSIONS.snapshot(nodes, rows)
     claims = []
     shards = (
         Shard.objects.filter(replica__state__in=CLAIMING_STATES)

@@ -26,7 +26,8 @@ from apps.catalog.models import Model
 from apps.cluster import placement
 from apps.cluster.choices import ReplicaState, ShardState
 from apps.cluster.decisions import PREEMPT_HOLD, PassReport, ShardView, backoff, run_pass
-from apps.cluster.inventory import build_inventory, shard_env
+from apps.cluster.extensions import EXTENSIONS
+from apps.cluster.inventory import build_inventory
 from apps.cluster.models import ControlLock, Gpu, Node, Replica, Shard
 
 __all__ = [
@@ -174,10 +175,8 @@ class DatabaseStore:
         return rows
 
     def draining(self) -> dict[int, Any]:
-        from apps.facility.services import draining_nodes
-
         found: dict[int, Any] = {n.pk: n for n in Node.objects.filter(drain_requested_at__isnull=False)}
-        for node in draining_nodes():  # a rack (or PDU, row...) held with drain
+        for node in EXTENSIONS.held_draining():  # a rack (or PDU, row...) held with drain
             found.setdefault(node.pk, node)
         return found
 
@@ -256,7 +255,7 @@ class DatabaseStore:
                 cpu_cores=shard.cpu_cores,
                 port=_allocate_port(shard.node_id, self._ports),
                 secret=secrets.token_urlsafe(24),
-                env=shard_env(shard.node_id, plan.group) if len(plan.shards) > 1 else {},
+                env=EXTENSIONS.shard_env(shard.node_id, plan.group) if len(plan.shards) > 1 else {},
             )
         if hasattr(replica, "_prefetched_objects_cache"):
             replica._prefetched_objects_cache.pop("shards", None)  # read its new shards from now on
@@ -394,17 +393,20 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
 
 def desired_message(node: Node, generation: int, tables: Any = None) -> dict[str, Any]:
     """The body of a node's "desired" message: its shards and the engines it should have
-    (`tables`: the engine rules and releases, when the caller read them once for many nodes)."""
+    (`tables`: the engine rules and releases, when the caller read them once for many nodes), and
+    what to fetch from the mirror where an app keeps one."""
     from apps.cluster.engines import desired_engines
-    from apps.mirror.services import node_fetches
 
-    return {
+    message: dict[str, Any] = {
         "shards": desired_shards(node),
         "draining": draining_shards(node),
         "engines": desired_engines(node, tables),
-        "mirror": node_fetches(),
-        "generation": generation,
     }
+    fetches = EXTENSIONS.node_fetches()
+    if fetches is not None:
+        message["mirror"] = fetches
+    message["generation"] = generation
+    return message
 
 
 def push_desired_state(node_ids: set[int] | None = None) -> None:

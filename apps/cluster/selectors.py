@@ -25,6 +25,7 @@ from apps.accounts.access import can_change_cluster, can_read_everything
 from apps.cluster import services
 from apps.cluster.charts import line_chart
 from apps.cluster.choices import ShardState
+from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import Gpu, Node, Shard, device_label
 
 __all__ = [
@@ -337,12 +338,11 @@ class NodeRow:
 
     @property
     def location(self) -> str:
-        """site/room/row/rack as far as the node says them, then its PDU; "" when it says none."""
-        from apps.facility.services import node_location
-
-        place = node_location(self.node)
-        path = "/".join(str(place[level]) for level in ("site", "room", "row", "rack") if place[level])
-        return " · ".join(part for part in (path, f"PDU {place['pdu']}" if place["pdu"] else "") if part)
+        """site/room/row/rack as far as the node says them, then its PDU; "" when it says none (or
+        no app names locations)."""
+        place = EXTENSIONS.node_location(self.node)
+        path = "/".join(str(place[level]) for level in ("site", "room", "row", "rack") if place.get(level))
+        return " · ".join(part for part in (path, f"PDU {place['pdu']}" if place.get("pdu") else "") if part)
 
 
 def _gpu_groups(gpus: list[Gpu]) -> list[tuple[int, str]]:

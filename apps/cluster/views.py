@@ -1,4 +1,9 @@
-"""Console pages for nodes: the list, one node, adding one, and cordoning."""
+"""Console pages for nodes: the list, one node, adding one, and cordoning.
+
+What other apps show on a node's page (its fabrics' ports, its NVLink domain) and on the cluster
+page (the fabrics) comes from the parts they registered in apps.cluster.extensions, as do the
+levels of a node's location (the facility app's): a part no app registered is left out.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -21,10 +26,9 @@ from django.views.decorators.cache import never_cache
 from apps.accounts.access import can_change_cluster, public, requires
 from apps.accounts.models import User
 from apps.cluster import overview, selectors, services
+from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import Node
 from apps.cluster.onboarding import AGENT_CONFIG_PATH, agent_yaml, install_command
-from apps.fabrics import nvlink
-from apps.fabrics.services import node_ports
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 from llmgw.ids import whole_number
 
@@ -70,9 +74,8 @@ def nodes(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def location_form(node: Node) -> list[dict[str, Any]]:
-    """Each level of the node's location: what placement sees, what is kept, what the agent says."""
-    from apps.facility.locations import LEVELS, label_of
-
+    """Each level of the node's location: what placement sees, what is kept, what the agent says
+    ([] when no app names the levels)."""
     agent = (node.hardware or {}).get("labels") or {}
     kept = node.labels or {}
     names = {
@@ -85,12 +88,12 @@ def location_form(node: Node) -> list[dict[str, Any]]:
     return [
         {
             "level": level,
-            "label": names[level],
-            "value": kept.get(label_of(level)) or agent.get(label_of(level)) or "",
-            "agent": agent.get(label_of(level)),
-            "kept": label_of(level) in kept,
+            "label": names.get(level, level),
+            "value": kept.get(label) or agent.get(label) or "",
+            "agent": agent.get(label),
+            "kept": label in kept,
         }
-        for level in LEVELS
+        for level, label in EXTENSIONS.location_labels()
     ]
 
 
@@ -103,9 +106,8 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
         "node": node,
         "can_change": can_change_cluster(request.user),
         "drain": services.drain_status(node),
-        "ports": node_ports(node),
-        "nvlink": nvlink.node_view(node),
         "location": location_form(node),
+        **EXTENSIONS.node_page(node),  # the fabrics' "ports" and "nvlink"
     }
     if is_fragment(request):
         return render(request, "cluster/node_detail.html#node-live", context)
@@ -174,18 +176,20 @@ def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @requires("change_cluster", methods=["POST"])
 def node_location(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Keep where the node is (site, room, row, rack, PDU) over what its agent says; an emptied field
-    drops the kept value, and the agent's own, if it says one, shows again. Audited."""
-    from apps.facility.locations import LEVELS, label_of
-
+    drops the kept value, and the agent's own, if it says one, shows again. Audited. Not found when
+    no app names the levels."""
     node = selectors.get_node_for_user(request.user, name, perm="change")
+    levels = EXTENSIONS.location_labels()
+    if not levels:
+        raise Http404("no app names the levels of a location")
     set_labels: dict[str, str] = {}
     remove: list[str] = []
-    for level in LEVELS:
+    for level, label in levels:
         value = request.POST.get(level, "").strip()[:100]
         if value:
-            set_labels[label_of(level)] = value
-        elif label_of(level) in (node.labels or {}):
-            remove.append(label_of(level))
+            set_labels[label] = value
+        elif label in (node.labels or {}):
+            remove.append(label)
     user: User = request.user  # type: ignore[assignment]
     services.set_labels(node, set_labels=set_labels, remove=remove, actor=user, address=client_address(request))
     messages.success(request, _("Location of “%(name)s” saved.") % {"name": node.name})
@@ -302,9 +306,7 @@ def cluster(request: HtmxHttpRequest) -> HttpResponse:
     page = request.GET.get("page")
     context: dict[str, Any] = {"overview": overview.cluster_overview(colour, page=page), "colours": _colours()}
     if not is_fragment(request):
-        from apps.fabrics.services import fabrics_overview
-
-        context["fabrics"] = fabrics_overview()
+        context.update(EXTENSIONS.cluster_page())  # the fabrics' "fabrics"
         shown = context["overview"].page
         paged = shown is not None and shown.has_other_pages()
         context["engines"] = selectors.engine_overview([n.pk for n in shown.object_list] if paged else None)

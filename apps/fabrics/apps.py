@@ -10,18 +10,19 @@ class FabricsConfig(AppConfig):
     verbose_name = _("Fabrics")
 
     def ready(self) -> None:
-        from apps.cluster import agent_requests, inventory
+        from apps.cluster.extensions import EXTENSIONS
         from apps.fabrics import nvlink, placement, services
         from apps.fabrics.maps import record_map
         from apps.fabrics.metrics import FabricCollector
         from llmgw.metrics import add_collector
 
-        agent_requests.register_handler("ibnetdiscover", record_map)
         placement.register()
         add_collector(FabricCollector)
-        if services.contribute_snapshots not in inventory.SNAPSHOT_HOOKS:
-            inventory.SNAPSHOT_HOOKS.append(services.contribute_snapshots)
-        if nvlink.contribute_snapshots not in inventory.SNAPSHOT_HOOKS:
-            inventory.SNAPSHOT_HOOKS.append(nvlink.contribute_snapshots)
-        if services.shard_env not in inventory.SHARD_ENV_HOOKS:
-            inventory.SHARD_ENV_HOOKS.append(services.shard_env)
+        EXTENSIONS.add_request_handler("ibnetdiscover", record_map)
+        EXTENSIONS.add_snapshot_part(services.contribute_snapshots)
+        EXTENSIONS.add_snapshot_part(nvlink.contribute_snapshots)
+        EXTENSIONS.add_shard_env(services.shard_env)
+        EXTENSIONS.add_node_report("fabrics", services.record_fabrics)
+        EXTENSIONS.add_node_panel("ports", services.node_ports)
+        EXTENSIONS.add_node_panel("nvlink", nvlink.node_view)
+        EXTENSIONS.add_cluster_panel("fabrics", services.fabrics_overview)

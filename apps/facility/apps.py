@@ -10,9 +10,12 @@ class FacilityConfig(AppConfig):
     verbose_name = _("Facility")
 
     def ready(self) -> None:
-        from apps.cluster import inventory
-        from apps.facility import placement, services
+        from apps.cluster.extensions import EXTENSIONS, Locations
+        from apps.facility import locations, placement, services
 
         placement.register()
-        if services.contribute_snapshots not in inventory.SNAPSHOT_HOOKS:
-            inventory.SNAPSHOT_HOOKS.append(services.contribute_snapshots)
+        EXTENSIONS.add_snapshot_part(services.contribute_snapshots)
+        EXTENSIONS.locations = Locations(
+            levels=locations.LEVELS, label_of=locations.label_of, of_node=services.node_location
+        )
+        EXTENSIONS.drain_holds = services.draining_nodes

@@ -1,12 +1,14 @@
 """What a shard draws by what is known of it (no Django): its cards' TDP, and the highest of what
-is known (declared, derived, measured). apps.facility.power reads the measured part."""
+is known (declared, derived, measured). apps.facility.power reads the measured part; a slice's
+share of its card is apps.cluster.gpu_classes.class_share."""
 
 from __future__ import annotations
 
 import functools
-import re
 
-__all__ = ["GPU_TDP_W", "class_share", "derived_watts", "shard_watts", "tdp_watts"]
+from apps.cluster.gpu_classes import class_share
+
+__all__ = ["GPU_TDP_W", "derived_watts", "shard_watts", "tdp_watts"]
 
 # Board power of one card by GPU class prefix (../shared/reference/fabrics-facility.md section 7),
 # longest prefix first so that H100-NVL is not read as an H100 SXM.
@@ -35,12 +37,6 @@ GPU_TDP_W: tuple[tuple[str, int], ...] = (
     ("MI100", 300),
 )
 
-# A slice class is its card's class and its profile: a MIG profile ("-1g.10gb", "-2c.3g.71gb") or an
-# AMD compute partition ("-cpx.nps4").
-_MIG_RE = re.compile(r"-(?:(?P<ci>\d{1,2})c\.)?(?P<g>\d{1,2})g\.\d{1,4}gb(?:\+[a-z0-9]{1,8})*$", re.ASCII)
-_PARTITION_RE = re.compile(r"-(?P<mode>[sdtqc]px)\.nps\d$", re.ASCII)
-_PARTITIONS = {"spx": 1, "dpx": 2, "tpx": 3, "qpx": 4, "cpx": 8}
-
 
 @functools.lru_cache(maxsize=256)
 def tdp_watts(gpu_class: str) -> int | None:
@@ -49,18 +45,6 @@ def tdp_watts(gpu_class: str) -> int | None:
         if upper.startswith(prefix):
             return watts
     return None
-
-
-@functools.lru_cache(maxsize=256)
-def class_share(gpu_class: str) -> float:
-    """The part of a card one device of the class is: 1 for a whole card, a MIG slice's compute
-    slices of its card's (a 1g of an H100 = 1/7, of an A30 = 1/4), a compute partition's 1/n."""
-    mig = _MIG_RE.search(gpu_class)
-    if mig is not None:
-        slots = 4 if gpu_class.upper().startswith("A30") else 7
-        return min(int(mig.group("ci") or mig.group("g")), slots) / slots
-    partition = _PARTITION_RE.search(gpu_class.lower())
-    return 1 / _PARTITIONS[partition.group("mode")] if partition is not None else 1.0
 
 
 def derived_watts(gpu_class: str | None, gpus: int) -> int | None:

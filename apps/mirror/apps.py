@@ -13,10 +13,12 @@ class MirrorConfig(AppConfig):
         from django.db.models.signals import post_save
 
         from apps.catalog.models import Model
-        from apps.mirror import placement
+        from apps.cluster.extensions import EXTENSIONS
+        from apps.mirror import placement, services
 
         post_save.connect(_model_saved, sender=Model, dispatch_uid="mirror-model-saved")
         placement.register()
+        EXTENSIONS.mirror_fetches = services.node_fetches
 
 
 def _model_saved(sender: object, instance: object, **kwargs: object) -> None:

@@ -29,6 +29,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.cluster.gpu_classes import class_share
 from apps.quotas.models import HeldTime
 
 __all__ = ["accrue_held_time", "accrue_shards", "owner_ids"]
@@ -87,7 +88,6 @@ def _held(shards: Iterable[Any], until: datetime) -> dict[tuple[Any, ...], list[
     core seconds, joules, measured seconds]. The power each draws now stands for the stretch (the
     beat counts every minute, so a stretch is a minute but for one after an outage)."""
     from apps.cluster.models import Gpu, Node
-    from apps.facility.draw import class_share
 
     shards = list(shards)
     node_ids = {s.node_id for s in shards}

@@ -11,10 +11,11 @@ import pytest
 from django.utils import timezone
 
 from apps.cluster import services as cluster
+from apps.cluster.gpu_classes import class_share
 from apps.cluster.models import Node, Replica
 from apps.cluster.reconciler import reconcile
 from apps.facility import power
-from apps.facility.draw import class_share, derived_watts
+from apps.facility.draw import derived_watts
 from tests.builders import make_model
 from tests.cluster.test_slices import mi300x_devices, mig_devices, register
 
