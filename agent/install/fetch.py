@@ -256,7 +256,7 @@ def fetch_text(
     request = urllib.request.Request(url, headers=dict(headers or {}))
     try:
         with _opener(ca_file, destinations).open(request, timeout=30.0) as response:
-            body = response.read(limit + 1)
+            body: bytes = response.read(limit + 1)
     except urllib.error.HTTPError as exc:
         exc.close()
         raise FetchError(f"HTTP {exc.code} {exc.reason} from {url}") from None

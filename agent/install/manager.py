@@ -683,7 +683,7 @@ class Installer:
         env = scratch / "env"
         log_path = scratch / "install.log"
         environ = uv.env()
-        say = lambda text: self._status(item.engine, text)  # noqa: E731
+        say: Callable[[str], None] = lambda text: self._status(item.engine, text)  # noqa: E731
         lock = self.root / item.engine / ".locks" / f"{item.version}-{variant.key}.txt"
         try:
             scratch.mkdir(parents=True)

@@ -237,13 +237,13 @@ def _factory(kind: type[_Checked], req: urllib.request.Request) -> Callable[...,
 
 class _HTTP(urllib.request.HTTPHandler):
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_factory(_CheckedHTTP, req), req)  # type: ignore[arg-type]
+        return self.do_open(_factory(_CheckedHTTP, req), req)
 
 
 class _HTTPS(urllib.request.HTTPSHandler):
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(
-            _factory(_CheckedHTTPS, req),  # type: ignore[arg-type]
+            _factory(_CheckedHTTPS, req),
             req,
             context=self._context,  # type: ignore[attr-defined]
         )

@@ -233,7 +233,7 @@ def counter_saturated(name: str, value: int) -> bool:
     """
     width = _PMA_WIDTHS.get(name)
     if width is not None:
-        return value == 2**width - 1
+        return bool(value == 2**width - 1)
     if name in _PMA_32_OR_64:
         return value in (2**32 - 1, 2**64 - 1)
     return False

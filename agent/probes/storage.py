@@ -392,7 +392,7 @@ def _gguf_expected_size(path: str, size: int) -> int | None:
 
 def _read_gguf_header(handle: Any, size: int) -> int | None:
     def take(count: int) -> bytes:
-        data = handle.read(count)
+        data: bytes = handle.read(count)
         if len(data) != count:
             raise ValueError("the header is cut short")
         return data
@@ -459,7 +459,7 @@ def _read_gguf_header(handle: Any, size: int) -> int | None:
         if block is None:
             return None
         end = max(end, offset + elements // block[0] * block[1])
-    start = handle.tell()
+    start: int = handle.tell()
     start += -start % alignment
     return start + end
 

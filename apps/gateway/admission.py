@@ -131,7 +131,7 @@ class Admission:
         a 429 with the numbers, and the limit headers, when one is used up."""
         if self.limiter is None or call.entry is None or not call.entry.limits:
             return None
-        answer = await self.limiter.admit(list(call.entry.limits), time.time())
+        answer: Headroom | None = await self.limiter.admit(list(call.entry.limits), time.time())
         if isinstance(answer, Refusal):
             spent = Window(answer.allowed, 0, float(answer.retry_after_s))
             used_up = Headroom(spent, None) if answer.limit == REQUESTS_PER_MINUTE else Headroom(None, spent)

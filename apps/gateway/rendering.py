@@ -95,7 +95,7 @@ def _markdown() -> Any:
     except ImportError:
         return None
 
-    class Harden(Treeprocessor):
+    class Harden(Treeprocessor):  # type: ignore[misc]  # markdown ships no types
         """Links keep safe targets only and open nothing new; images become their alt text."""
 
         def run(self, root: ElementTree.Element) -> None:

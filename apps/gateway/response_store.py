@@ -131,7 +131,9 @@ class ResponseStore:
 
     # The way in ----------------------------------------------------------------------------------
 
-    async def prepare(self, call: Call, body: dict[str, Any], check: Callable[[dict[str, Any]], object]) -> dict:
+    async def prepare(
+        self, call: Call, body: dict[str, Any], check: Callable[[dict[str, Any]], object]
+    ) -> dict[str, Any]:
         """The body to translate for a Responses request: the client's, or with previous_response_id
         the conversation it continues and then the client's input. Sets `call.original` (the body
         the answer describes, `store` decided) and `call.kept` when the answer is to be stored.
@@ -319,7 +321,7 @@ def _get(owner: Owner, response_id: str) -> dict[str, Any] | None:
 
 def _delete(owner: Owner, response_id: str) -> bool:
     deleted, _kinds = _scoped(owner).filter(pk=response_id).delete()
-    return deleted > 0
+    return bool(deleted > 0)
 
 
 def _input_items(owner: Owner, response_id: str) -> list[Any] | None:

@@ -10,7 +10,7 @@ __all__ = ["delete_expired_responses"]
 BATCH = 1000
 
 
-@shared_task(ignore_result=True)
+@shared_task(ignore_result=True)  # type: ignore[untyped-decorator]  # celery ships no types
 def delete_expired_responses() -> int:
     """Remove stored Responses API answers past their retention, a bounded batch at a time."""
     from apps.gateway.response_store import delete_expired
