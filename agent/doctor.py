@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 from agent.config import AgentConfig
 from agent.install.verify import NOT_FOUND_RE, library_fix, parse_version
 from agent.main import parse_engine_version
-from agent.probes import amd, nvidia, procfs, storage
+from agent.probes import amd, nvidia, nvlink, procfs, storage
 
 if TYPE_CHECKING:
     from agent.probes.infiniband import SmInfo
@@ -1078,133 +1078,167 @@ def _certificate_check(cert: dict[str, Any], now: float) -> Check:
     return Check("certificate", PASS, f"valid until {when} ({days:.0f} days){issuer}")
 
 
-def control_plane_checks(config: AgentConfig, *, now: float | None = None, timeout: float = 5.0) -> list[Check]:
-    """The checks "control plane" (reach it, TLS, /healthz), "certificate" and "clock"."""
-    server = config.server.rstrip("/")
+@dataclass(frozen=True)
+class _Server:
+    """The control plane's address as ``server:`` in agent.yaml gives it."""
+
+    url: str  # without its trailing slash, as the findings name it
+    scheme: str  # "http" or "https"
+    host: str
+    port: int
+    default_port: int
+    path: str  # /healthz under the URL's own path
+
+    @property
+    def where(self) -> str:
+        """``host:port`` as a finding names it, an IPv6 host in brackets."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _parse_server(server: str) -> _Server | Check:
+    """The server URL, or the failed "control plane" check that says why it cannot be used."""
     parts = urlsplit(server)
     scheme = parts.scheme.lower()
     host = parts.hostname
     try:
         port = parts.port
     except ValueError:
-        return [Check("control plane", FAIL, f"server URL {server} has an invalid port", "fix server: in agent.yaml")]
+        return Check("control plane", FAIL, f"server URL {server} has an invalid port", "fix server: in agent.yaml")
     if scheme not in ("http", "https") or not host:
-        return [Check("control plane", FAIL, f"server URL {server} is not an http(s) URL with a host")]
+        return Check("control plane", FAIL, f"server URL {server} is not an http(s) URL with a host")
     default_port = 443 if scheme == "https" else 80
-    port = port or default_port
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    path = parts.path.rstrip("/") + "/healthz"
+    return _Server(server, scheme, host, port or default_port, default_port, parts.path.rstrip("/") + "/healthz")
+
+
+def _plain_http_check(addresses: list[tuple[Any, ...]]) -> Check:
+    """The "certificate" check of an http:// URL: fine to loopback, a warning across the network."""
+    try:
+        loopback = all(ipaddress.ip_address(str(a[4][0]).split("%")[0]).is_loopback for a in addresses)
+    except ValueError:
+        loopback = False
+    if loopback:
+        return Check("certificate", PASS, "none: plain http to loopback, nothing crosses the network")
+    return Check(
+        "certificate",
+        WARN,
+        "plain http: the node credential crosses the network unencrypted",
+        "serve the control plane over https and use an https:// server URL in agent.yaml",
+    )
+
+
+def _verify_failed(server: _Server, exc: ssl.SSLCertVerificationError) -> Check:
+    """The failed "control plane" check of a certificate this node does not trust."""
+    message = exc.verify_message or exc.reason or str(exc)
+    return Check(
+        "control plane",
+        FAIL,
+        f"TLS to {server.where}: certificate verify failed: {message}",
+        "give the server a certificate from a CA this node trusts, or add its CA to the system store "
+        "(update-ca-certificates; SSL_CERT_FILE for a private CA)",
+    )
+
+
+def _handshake_failed(server: _Server, exc: Exception) -> Check:
+    """The failed "control plane" check of a TLS handshake that did not finish (not TLS, timed out)."""
+    reason = "no answer (timed out)" if isinstance(exc, TimeoutError) else str(exc)
+    return Check(
+        "control plane",
+        FAIL,
+        f"TLS handshake with {server.where} failed: {reason}",
+        "check the scheme and port in server: (https:// must reach a TLS listener)",
+    )
+
+
+def _healthz_check(server: _Server, answer: _Answer) -> Check:
+    """The "control plane" check once /healthz answered: 200 passes, anything else is a warning."""
+    if answer.status == 200:
+        return Check("control plane", PASS, f"{server.url}: {server.path} answered 200")
+    fix = (
+        "check that server: in agent.yaml is the llmgw control plane's URL"
+        if answer.status == 404
+        else "the control plane (or a proxy in front of it) is not healthy: look at its logs"
+    )
+    return Check(
+        "control plane", WARN, f"{server.url}: {server.path} answered {answer.status} {answer.reason}".rstrip(), fix
+    )
+
+
+def control_plane_checks(config: AgentConfig, *, now: float | None = None, timeout: float = 5.0) -> list[Check]:
+    """The checks "control plane" (reach it, TLS, /healthz), "certificate" and "clock"."""
+    server = _parse_server(config.server.rstrip("/"))
+    if isinstance(server, Check):
+        return [server]
     checks: dict[str, Check] = {}
-    clock: Check | None = None
+    clock = _reach_control_plane(server, checks, now, timeout)
+    found = [checks[key] for key in ("control plane", "certificate") if key in checks]
+    return [*found, clock or _clock_check(None, "the control plane did not answer", now)]
 
-    def finish() -> list[Check]:
-        result = [checks[key] for key in ("control plane", "certificate") if key in checks]
-        return [*result, clock or _clock_check(None, "the control plane did not answer", now)]
 
+def _reach_control_plane(server: _Server, checks: dict[str, Check], now: float | None, timeout: float) -> Check | None:
+    """Resolve, connect, shake hands (https) and GET /healthz, in that order, stopping at the first
+    step that fails.  Puts the "control plane" check (and "certificate", where there is one) into
+    ``checks`` and returns the "clock" check, or None where nothing answered to compare against."""
     try:
         addresses = _in_thread(
-            lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout, f"resolving {host}"
+            lambda: socket.getaddrinfo(server.host, server.port, type=socket.SOCK_STREAM),
+            timeout,
+            f"resolving {server.host}",
         )
     except (OSError, TimeoutError) as exc:
         checks["control plane"] = Check(
-            "control plane", FAIL, f"cannot resolve {host}: {exc}", "check server: in agent.yaml and this node's DNS"
+            "control plane",
+            FAIL,
+            f"cannot resolve {server.host}: {exc}",
+            "check server: in agent.yaml and this node's DNS",
         )
-        return finish()
-
-    if scheme == "http":
-        try:
-            loopback = all(ipaddress.ip_address(str(a[4][0]).split("%")[0]).is_loopback for a in addresses)
-        except ValueError:
-            loopback = False
-        if loopback:
-            checks["certificate"] = Check(
-                "certificate", PASS, "none: plain http to loopback, nothing crosses the network"
-            )
-        else:
-            checks["certificate"] = Check(
-                "certificate",
-                WARN,
-                "plain http: the node credential crosses the network unencrypted",
-                "serve the control plane over https and use an https:// server URL in agent.yaml",
-            )
+        return None
+    if server.scheme == "http":
+        checks["certificate"] = _plain_http_check(addresses)
 
     sock, errors = _connect(addresses, timeout)
     if sock is None:
         checks["control plane"] = Check(
             "control plane",
             FAIL,
-            f"cannot connect to {where}: {'; '.join(errors) or 'no address'}",
-            f"check that the control plane is running and that this node may reach {where} (firewall, proxy)",
+            f"cannot connect to {server.where}: {'; '.join(errors) or 'no address'}",
+            f"check that the control plane is running and that this node may reach {server.where} (firewall, proxy)",
         )
-        return finish()
+        return None
 
     local_now = now if now is not None else time.time()
-    if scheme == "https":
+    if server.scheme == "https":
         context = ssl.create_default_context()
         try:
-            tls = context.wrap_socket(sock, server_hostname=host)
+            tls = context.wrap_socket(sock, server_hostname=server.host)
         except ssl.SSLCertVerificationError as exc:
             sock.close()
-            message = exc.verify_message or exc.reason or str(exc)
-            checks["control plane"] = Check(
-                "control plane",
-                FAIL,
-                f"TLS to {where}: certificate verify failed: {message}",
-                "give the server a certificate from a CA this node trusts, or add its CA to the system store "
-                "(update-ca-certificates; SSL_CERT_FILE for a private CA)",
-            )
-            clock = _unverified_clock(addresses, host, port, default_port, path, timeout, now)
-            return finish()
+            checks["control plane"] = _verify_failed(server, exc)
+            return _unverified_clock(addresses, server, timeout, now)
         except (ssl.SSLError, OSError) as exc:
             sock.close()
-            reason = "no answer (timed out)" if isinstance(exc, TimeoutError) else str(exc)
-            checks["control plane"] = Check(
-                "control plane",
-                FAIL,
-                f"TLS handshake with {where} failed: {reason}",
-                "check the scheme and port in server: (https:// must reach a TLS listener)",
-            )
-            return finish()
+            checks["control plane"] = _handshake_failed(server, exc)
+            return None
         checks["certificate"] = _certificate_check(tls.getpeercert() or {}, local_now)
         sock = tls
 
     try:
-        answer = _get(sock, host, port, default_port, path, timeout)
+        answer = _get(sock, server.host, server.port, server.default_port, server.path, timeout)
     except (OSError, http.client.HTTPException) as exc:
         reason = "no answer (timed out)" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
         checks["control plane"] = Check(
             "control plane",
             FAIL,
-            f"connected to {where}, but GET {path} got no HTTP answer: {reason}",
+            f"connected to {server.where}, but GET {server.path} got no HTTP answer: {reason}",
             "check the scheme and port in server: (http:// vs https://)",
         )
-        return finish()
+        return None
     finally:
         sock.close()
-    if answer.status == 200:
-        checks["control plane"] = Check("control plane", PASS, f"{server}: {path} answered 200")
-    else:
-        fix = (
-            "check that server: in agent.yaml is the llmgw control plane's URL"
-            if answer.status == 404
-            else "the control plane (or a proxy in front of it) is not healthy: look at its logs"
-        )
-        checks["control plane"] = Check(
-            "control plane", WARN, f"{server}: {path} answered {answer.status} {answer.reason}".rstrip(), fix
-        )
-    clock = _clock_check(answer, "", now)
-    return finish()
+    checks["control plane"] = _healthz_check(server, answer)
+    return _clock_check(answer, "", now)
 
 
-def _unverified_clock(
-    addresses: list[tuple[Any, ...]],
-    host: str,
-    port: int,
-    default_port: int,
-    path: str,
-    timeout: float,
-    now: float | None,
-) -> Check:
+def _unverified_clock(addresses: list[tuple[Any, ...]], server: _Server, timeout: float, now: float | None) -> Check:
     """The clock check over a connection whose certificate is not verified: a clock that is far off
     is itself a reason for "certificate is not yet valid" or "has expired"."""
     sock, errors = _connect(addresses, timeout)
@@ -1214,9 +1248,9 @@ def _unverified_clock(
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     try:
-        tls = context.wrap_socket(sock, server_hostname=host)
+        tls = context.wrap_socket(sock, server_hostname=server.host)
         try:
-            answer = _get(tls, host, port, default_port, path, timeout)
+            answer = _get(tls, server.host, server.port, server.default_port, server.path, timeout)
         finally:
             tls.close()
     except (OSError, http.client.HTTPException) as exc:
@@ -1292,114 +1326,137 @@ def _master(info: SmInfo) -> str:
     return who if info.priority is None else f"{who} (priority {info.priority})"
 
 
+_FABRIC_MANAGER_FIX = (
+    "check nvidia-fabricmanager (systemctl status nvidia-fabricmanager; its log) and, on a multi-node "
+    "system, the NVLink switch trays and that the node's partition is active"
+)
+_IMEX_FIX = (
+    "systemctl status nvidia-imex and /var/log/nvidia-imex.log; restart it once every node's fabric is Completed"
+)
+_IMEX_CONFIG_FIX = (
+    "list the IP address of every node of the NVLink domain, one a line, in "
+    "/etc/nvidia-imex/nodes_config.cfg (the same file on all of them) and restart nvidia-imex"
+)
+_IMEX_CHANNELS = "/dev/nvidia-caps-imex-channels"
+
+
 def nvlink_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
     """Each GPU's NVLink fabric registration (``nvidia-smi -q`` Fabric block), the node's NVLink
     domain, and on a multi-node NVLink domain (non-zero ClusterUUID) the IMEX daemon, the IMEX
     domain and the IMEX channels.  Nothing on a node without NVSwitch fabric (no Fabric block, or
     State Not Supported / N/A), nor where nvidia-smi fails (the "gpu driver" check says why)."""
-    from agent.probes import nvlink
-
     tool = config.tools.get("nvidia-smi", "nvidia-smi")
     result = _run([tool, "-q"], max(timeout, NVIDIA_SMI_TIMEOUT_S))
     if result.returncode != 0 or not result.stdout.strip():
         return []
     report = nvidia.parse_nvidia_smi_text(result.stdout)
-    fabrics: list[tuple[int, nvidia.FabricInfo]] = []
-    for gpu in report.gpus:
-        if gpu.fabric is not None and (gpu.fabric.state or "").lower() not in ("", "not supported", "n/a"):
-            fabrics.append((gpu.index, gpu.fabric))
+    fabrics = [
+        (gpu.index, gpu.fabric)
+        for gpu in report.gpus
+        if gpu.fabric is not None and (gpu.fabric.state or "").lower() not in ("", "not supported", "n/a")
+    ]
     if not fabrics:
         return []
+    checks = [_fabric_check(index, fabric) for index, fabric in fabrics]
+    checks += _nvlink_domain_checks(fabrics)
+    if all(nvlink.zero_cluster_uuid(fabric.cluster_uuid) for _, fabric in fabrics):
+        return checks  # a single machine's NVSwitch: no IMEX to ask about
+    imex = config.tools.get("nvidia-imex-ctl", "nvidia-imex-ctl")
+    checks += _imex_checks(imex, timeout)
+    checks.append(_imex_channels_check(config.root))
+    return checks
 
-    zero = nvlink.zero_cluster_uuid
 
-    def domain_of(fabric: nvidia.FabricInfo) -> str:
-        clique = "?" if fabric.clique_id is None else str(fabric.clique_id)
-        return f"{(fabric.cluster_uuid or '').lower()}.{clique}" if not zero(fabric.cluster_uuid) else "none"
+def _domain_of(fabric: nvidia.FabricInfo) -> str:
+    """``clusteruuid.cliqueid``, or "none" for a GPU in no multi-node NVLink domain."""
+    if nvlink.zero_cluster_uuid(fabric.cluster_uuid):
+        return "none"
+    clique = "?" if fabric.clique_id is None else str(fabric.clique_id)
+    return f"{(fabric.cluster_uuid or '').lower()}.{clique}"
 
-    fm_fix = (
-        "check nvidia-fabricmanager (systemctl status nvidia-fabricmanager; its log) and, on a multi-node "
-        "system, the NVLink switch trays and that the node's partition is active"
-    )
-    checks: list[Check] = []
-    for index, fabric in fabrics:
-        name = f"GPU {index} NVLink fabric"
-        state, status = fabric.state or "", fabric.status
-        if state.lower() != "completed":
-            said = (
-                "fabric manager or NVLink switch not done, or the partition not active"
-                if state.lower() == "in progress"
-                else "not registered with the fabric manager"
-            )
-            checks.append(
-                Check(name, FAIL, f"fabric State {state}: {said}; no NVLink P2P or multi-node NVLink yet", fm_fix)
-            )
-            continue
-        fails: list[str] = []
-        warns: list[str] = []
-        fixes: list[str] = []
-        if status is None:
-            warns.append("State Completed but no Status reported")
-        elif status.lower() != "success":
-            fails.append(f"State Completed with Status {status}")
-            fixes.append(fm_fix)
-        health = fabric.health_summary
-        clique = f"CliqueId {fabric.clique_id}" if fabric.clique_id is not None else "no CliqueId"
-        if health is not None and health.lower() == "unhealthy":
-            fails.append(f"health Summary Unhealthy ({clique} reported, but the fabric is not fit to use)")
-            fixes.append(
-                "check the NVLink switch trays and nvidia-fabricmanager; drain the node from its NVLink domain"
-            )
-        elif health is not None and health.lower() == "limited capacity":
-            warns.append("health Summary Limited Capacity")
-        bandwidth = (fabric.bandwidth or "").strip()
-        # Early GB200 drivers print "Not Supported" in every Health row: unknown, not degraded.
-        if bandwidth and bandwidth.lower() not in ("not supported", "n/a") and not bandwidth.lower().startswith("full"):
-            warns.append(f"Bandwidth {bandwidth} (not Full)")
-            fixes.append("look for NVLink errors (nvidia-smi nvlink -e) and degraded links to the NVLink switches")
-        if fabric.health_faults:
-            warns.append("health reports " + ", ".join(fabric.health_faults))
-            fixes.append(
-                "check the NVLink switch trays and nvidia-fabricmanager's log for route and configuration faults"
-            )
-        if zero(fabric.cluster_uuid):
-            found = "Completed/Success: a single machine's NVSwitch, no multi-node domain"
-        else:
-            found = f"Completed/Success, NVLink domain {domain_of(fabric)}"
-        if fails or warns:
-            named = "" if zero(fabric.cluster_uuid) else f"; NVLink domain {domain_of(fabric)}"
-            found = "; ".join([*fails, *warns]) + named
-        status_word = FAIL if fails else WARN if warns else PASS
-        fix = "; ".join(dict.fromkeys(fixes)) or ("" if status_word == PASS else fm_fix)
-        checks.append(Check(name, status_word, found, fix))
 
+def _fabric_check(index: int, fabric: nvidia.FabricInfo) -> Check:
+    """One GPU's "NVLink fabric" check: its registration state and status, health and bandwidth."""
+    name = f"GPU {index} NVLink fabric"
+    state, status = fabric.state or "", fabric.status
+    if state.lower() != "completed":
+        said = (
+            "fabric manager or NVLink switch not done, or the partition not active"
+            if state.lower() == "in progress"
+            else "not registered with the fabric manager"
+        )
+        return Check(
+            name,
+            FAIL,
+            f"fabric State {state}: {said}; no NVLink P2P or multi-node NVLink yet",
+            _FABRIC_MANAGER_FIX,
+        )
+    fails: list[str] = []
+    warns: list[str] = []
+    fixes: list[str] = []
+    if status is None:
+        warns.append("State Completed but no Status reported")
+    elif status.lower() != "success":
+        fails.append(f"State Completed with Status {status}")
+        fixes.append(_FABRIC_MANAGER_FIX)
+    health = fabric.health_summary
+    clique = f"CliqueId {fabric.clique_id}" if fabric.clique_id is not None else "no CliqueId"
+    if health is not None and health.lower() == "unhealthy":
+        fails.append(f"health Summary Unhealthy ({clique} reported, but the fabric is not fit to use)")
+        fixes.append("check the NVLink switch trays and nvidia-fabricmanager; drain the node from its NVLink domain")
+    elif health is not None and health.lower() == "limited capacity":
+        warns.append("health Summary Limited Capacity")
+    bandwidth = (fabric.bandwidth or "").strip()
+    # Early GB200 drivers print "Not Supported" in every Health row: unknown, not degraded.
+    if bandwidth and bandwidth.lower() not in ("not supported", "n/a") and not bandwidth.lower().startswith("full"):
+        warns.append(f"Bandwidth {bandwidth} (not Full)")
+        fixes.append("look for NVLink errors (nvidia-smi nvlink -e) and degraded links to the NVLink switches")
+    if fabric.health_faults:
+        warns.append("health reports " + ", ".join(fabric.health_faults))
+        fixes.append("check the NVLink switch trays and nvidia-fabricmanager's log for route and configuration faults")
+    single = nvlink.zero_cluster_uuid(fabric.cluster_uuid)
+    if fails or warns:
+        named = "" if single else f"; NVLink domain {_domain_of(fabric)}"
+        found = "; ".join([*fails, *warns]) + named
+    elif single:
+        found = "Completed/Success: a single machine's NVSwitch, no multi-node domain"
+    else:
+        found = f"Completed/Success, NVLink domain {_domain_of(fabric)}"
+    status_word = FAIL if fails else WARN if warns else PASS
+    fix = "; ".join(dict.fromkeys(fixes)) or ("" if status_word == PASS else _FABRIC_MANAGER_FIX)
+    return Check(name, status_word, found, fix)
+
+
+def _nvlink_domain_checks(fabrics: Sequence[tuple[int, nvidia.FabricInfo]]) -> list[Check]:
+    """The "NVLink domain" check: every GPU of the node in one ClusterUUID.CliqueId pair.  Nothing
+    on a single machine's NVSwitch whose GPUs all agree."""
     pairs: dict[str, list[int]] = {}
     for index, fabric in fabrics:
-        pairs.setdefault(domain_of(fabric), []).append(index)
-    multi_node = any(not zero(fabric.cluster_uuid) for _, fabric in fabrics)
+        pairs.setdefault(_domain_of(fabric), []).append(index)
     if len(pairs) > 1:
         listing = "; ".join(
             f"{'no domain' if key == 'none' else key}: GPU {','.join(map(str, indices))}"
             for key, indices in pairs.items()
         )
-        checks.append(
+        return [
             Check(
                 "NVLink domain",
                 FAIL,
                 f"the GPUs report different ClusterUUID.CliqueId pairs ({listing}): a node must be in one domain",
-                fm_fix,
+                _FABRIC_MANAGER_FIX,
             )
-        )
-    elif multi_node:
-        (key,) = pairs
-        checks.append(Check("NVLink domain", PASS, f"{len(fabrics)} GPUs in NVLink domain {key}"))
-    if not multi_node:
-        return checks
+        ]
+    (key,) = pairs
+    if key == "none":
+        return []
+    return [Check("NVLink domain", PASS, f"{len(fabrics)} GPUs in NVLink domain {key}")]
 
-    imex = config.tools.get("nvidia-imex-ctl", "nvidia-imex-ctl")
+
+def _imex_checks(imex: str, timeout: float) -> list[Check]:
+    """The "IMEX daemon" (``nvidia-imex-ctl -q``) and "IMEX domain" (``-N``) checks."""
     state_result = _run([imex, "-q"], timeout)
     if state_result.returncode is None and (state_result.problem or "").startswith("cannot run"):
-        checks.append(
+        return [
             Check(
                 "IMEX daemon",
                 FAIL,
@@ -1407,82 +1464,78 @@ def nvlink_checks(config: AgentConfig, *, timeout: float = 5.0) -> list[Check]:
                 "install and start nvidia-imex (systemctl enable --now nvidia-imex), unless DRA ComputeDomains run "
                 "their own IMEX daemons on this node",
             )
-        )
-    else:
-        imex_fix = (
-            "systemctl status nvidia-imex and /var/log/nvidia-imex.log; "
-            "restart it once every node's fabric is Completed"
-        )
-        output = state_result.stdout + "\n" + state_result.stderr
-        daemon = nvlink.parse_imex_state(output)
-        if state_result.returncode is None:
-            checks.append(Check("IMEX daemon", FAIL, f"{imex} -q: {state_result.problem}", imex_fix))
-        elif daemon == "READY":
-            checks.append(Check("IMEX daemon", PASS, "READY"))
-        elif daemon is not None:
-            checks.append(Check("IMEX daemon", FAIL, f"state {daemon}, not READY", imex_fix))
-        else:
-            said = _one_line(output, 200) or f"nothing (exit status {state_result.returncode})"
-            checks.append(Check("IMEX daemon", FAIL, f"{imex} -q gave no state: {said}", imex_fix))
-
-        nodes_result = _run([imex, "-N"], timeout)
-        domain = nvlink.parse_imex_nodes(nodes_result.stdout + "\n" + nodes_result.stderr)
-        config_fix = (
-            "list the IP address of every node of the NVLink domain, one a line, in "
-            "/etc/nvidia-imex/nodes_config.cfg (the same file on all of them) and restart nvidia-imex"
-        )
-        not_ready = [f"node #{n.index} {n.address} {n.state}" for n in domain.nodes if n.state.upper() != "READY"]
-        marks = [
-            f"{source}→{target} {mark}"
-            for source, row in sorted(domain.connectivity.items())
-            for target, mark in sorted(row.items())
-            if mark != "C"
         ]
-        count = f"{len(domain.nodes)} node{'s' if len(domain.nodes) != 1 else ''}"
-        problems = "; ".join(
-            part
-            for part in (
-                f"not READY: {', '.join(not_ready)}" if not_ready else "",
-                f"links not connected: {', '.join(marks[:20])}" if marks else "",
-            )
-            if part
-        )
-        tail = f"; {problems}" if problems else ""
-        if nodes_result.returncode is None:
-            checks.append(Check("IMEX domain", FAIL, f"{imex} -N: {nodes_result.problem}", imex_fix))
-        elif not domain.configured:
-            checks.append(
-                Check("IMEX domain", FAIL, "nvidia-imex-ctl -N: Failed to read node configuration file", config_fix)
-            )
-        elif domain.domain_state == "UP":
-            checks.append(Check("IMEX domain", WARN if problems else PASS, f"UP, {count}{tail}", imex_fix))
-        elif domain.domain_state == "DEGRADED":
-            checks.append(Check("IMEX domain", WARN, f"DEGRADED, {count}{tail}", imex_fix))
-        elif domain.domain_state == "DOWN":
-            checks.append(Check("IMEX domain", FAIL, f"DOWN, {count}{tail}", imex_fix))
-        elif domain.domain_state is not None:
-            checks.append(Check("IMEX domain", WARN, f"domain state {domain.domain_state}, {count}{tail}", imex_fix))
-        else:
-            said = _one_line(nodes_result.stdout + " " + nodes_result.stderr, 200) or "nothing"
-            checks.append(Check("IMEX domain", WARN, f"{imex} -N printed no Domain State: {said}", imex_fix))
+    daemon = _imex_daemon_check(imex, state_result)
+    return [daemon, _imex_domain_check(imex, _run([imex, "-N"], timeout))]
 
-    channels = nvlink.imex_channels(config.root)
-    where = "/dev/nvidia-caps-imex-channels"
-    if not channels:
-        checks.append(
-            Check(
-                "IMEX channels",
-                FAIL,
-                f"no IMEX channel under {where}",
-                "create channel0 (nvidia-modprobe -i 0:1 or the driver's NVreg_CreateImexChannel0=1)",
-            )
+
+def _imex_daemon_check(imex: str, result: _Result) -> Check:
+    """The "IMEX daemon" check from what ``nvidia-imex-ctl -q`` printed: READY passes."""
+    if result.returncode is None:
+        return Check("IMEX daemon", FAIL, f"{imex} -q: {result.problem}", _IMEX_FIX)
+    output = result.stdout + "\n" + result.stderr
+    daemon = nvlink.parse_imex_state(output)
+    if daemon == "READY":
+        return Check("IMEX daemon", PASS, "READY")
+    if daemon is not None:
+        return Check("IMEX daemon", FAIL, f"state {daemon}, not READY", _IMEX_FIX)
+    said = _one_line(output, 200) or f"nothing (exit status {result.returncode})"
+    return Check("IMEX daemon", FAIL, f"{imex} -q gave no state: {said}", _IMEX_FIX)
+
+
+def _imex_domain_check(imex: str, result: _Result) -> Check:
+    """The "IMEX domain" check from what ``nvidia-imex-ctl -N`` printed: the domain's state, with
+    the nodes that are not READY and the links that are not connected."""
+    if result.returncode is None:
+        return Check("IMEX domain", FAIL, f"{imex} -N: {result.problem}", _IMEX_FIX)
+    domain = nvlink.parse_imex_nodes(result.stdout + "\n" + result.stderr)
+    if not domain.configured:
+        return Check(
+            "IMEX domain", FAIL, "nvidia-imex-ctl -N: Failed to read node configuration file", _IMEX_CONFIG_FIX
         )
-    else:
-        shown = ", ".join(f"channel{n}" for n in channels[:8])
-        if len(channels) > 8:
-            shown = f"{len(channels)} channels: {shown}, … channel{channels[-1]}"
-        checks.append(Check("IMEX channels", PASS, f"{shown} under {where}"))
-    return checks
+    not_ready = [f"node #{n.index} {n.address} {n.state}" for n in domain.nodes if n.state.upper() != "READY"]
+    marks = [
+        f"{source}→{target} {mark}"
+        for source, row in sorted(domain.connectivity.items())
+        for target, mark in sorted(row.items())
+        if mark != "C"
+    ]
+    count = f"{len(domain.nodes)} node{'s' if len(domain.nodes) != 1 else ''}"
+    problems = "; ".join(
+        part
+        for part in (
+            f"not READY: {', '.join(not_ready)}" if not_ready else "",
+            f"links not connected: {', '.join(marks[:20])}" if marks else "",
+        )
+        if part
+    )
+    tail = f"; {problems}" if problems else ""
+    if domain.domain_state == "UP":
+        return Check("IMEX domain", WARN if problems else PASS, f"UP, {count}{tail}", _IMEX_FIX)
+    if domain.domain_state == "DEGRADED":
+        return Check("IMEX domain", WARN, f"DEGRADED, {count}{tail}", _IMEX_FIX)
+    if domain.domain_state == "DOWN":
+        return Check("IMEX domain", FAIL, f"DOWN, {count}{tail}", _IMEX_FIX)
+    if domain.domain_state is not None:
+        return Check("IMEX domain", WARN, f"domain state {domain.domain_state}, {count}{tail}", _IMEX_FIX)
+    said = _one_line(result.stdout + " " + result.stderr, 200) or "nothing"
+    return Check("IMEX domain", WARN, f"{imex} -N printed no Domain State: {said}", _IMEX_FIX)
+
+
+def _imex_channels_check(root: str) -> Check:
+    """The "IMEX channels" check: at least one channel device, listed (the first eight of many)."""
+    channels = nvlink.imex_channels(root)
+    if not channels:
+        return Check(
+            "IMEX channels",
+            FAIL,
+            f"no IMEX channel under {_IMEX_CHANNELS}",
+            "create channel0 (nvidia-modprobe -i 0:1 or the driver's NVreg_CreateImexChannel0=1)",
+        )
+    shown = ", ".join(f"channel{n}" for n in channels[:8])
+    if len(channels) > 8:
+        shown = f"{len(channels)} channels: {shown}, … channel{channels[-1]}"
+    return Check("IMEX channels", PASS, f"{shown} under {_IMEX_CHANNELS}")
 
 
 def run_checks(

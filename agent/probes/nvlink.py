@@ -241,16 +241,7 @@ def parse_topo_matrix(text: str) -> Topology:
     warnings = _Warnings()
     lines = [_clean_line(line) for line in (text or "").lstrip("\ufeff").splitlines()]
     legend = _nic_legend(lines)
-
-    columns: list[_Column] | None = None
-    start = 0
-    for number, line in enumerate(lines):
-        if line.strip().lower().startswith("legend"):
-            break
-        columns = _header_columns(line, legend)
-        if columns is not None:
-            start = number + 1
-            break
+    columns, start = _find_header(lines, legend)
     if columns is None:
         topology.warnings = [*warnings, "no `nvidia-smi topo -m` header line (GPU0 GPU1 ... CPU Affinity) found"]
         return topology
@@ -277,50 +268,14 @@ def parse_topo_matrix(text: str) -> Topology:
                 warnings.add(f"line {_short(stripped)} is not a GPU or NIC row")
             continue
         index = int(gpu_match.group(1))
-        where = f"row {label}"
         if index in seen:
-            warnings.add(f"{where} appears more than once; the first is kept")
+            warnings.add(f"row {label} appears more than once; the first is kept")
             continue
-        device_values = values[: len(devices)]
-        if tabbed and any(not v for v in device_values):
-            # An empty device cell shifts a TAB row: fall back to its words.
-            warnings.add(f"{where} has an empty device cell; read by words instead")
-            device_values = " ".join(values).split()[: len(devices)]
-            values = " ".join(values).split()
-        if len(device_values) < len(devices):
-            warnings.add(f"{where} has {len(device_values)} of {len(devices)} device cells")
-        gpu = TopoGpu(index=index)
-        for column, raw in zip(devices, device_values, strict=False):
-            token = raw.strip()
-            if column.kind == "gpu" and column.gpu == index:
-                if token != "X":
-                    warnings.add(f"{where}: its own column holds {_short(token)}, not X")
-                continue
-            if (column.gpu in gpu.paths) if column.kind == "gpu" else (column.name in gpu.nics):
-                warnings.add(f"{where}: column {column.name} appears twice in the header; the first is kept")
-                continue
-            if token == "X":
-                warnings.add(f"{where}, column {column.name}: X (self) outside its own column")
-                continue
-            if not _CELL_RE.fullmatch(token) or (token.startswith("NV") and not _NV_RE.fullmatch(token)):
-                warnings.add(f"{where}, column {column.name}: unreadable cell {_short(token)}")
-                continue
-            cell_tokens.add(token)
-            if column.kind == "gpu" and column.gpu is not None:
-                gpu.paths[column.gpu] = token
-                nv = _NV_RE.fullmatch(token)
-                if nv:
-                    gpu.links[column.gpu] = int(nv.group(1))
-            else:
-                gpu.nics[column.name] = token
-        _affinity(gpu, trailing, values[len(devices) :], warnings, where)
-        _nearest(gpu)
+        gpu = _gpu_row(index, f"row {label}", values, tabbed, devices, trailing, warnings, cell_tokens)
         seen.add(index)
         topology.gpus.append(gpu)
 
-    p2p_legend = any(re.match(r"^\s*OK\s*=\s*Status Ok", line, re.IGNORECASE) for line in lines)
-    known = {t for t in cell_tokens if t in _PATH_RANK or _NV_RE.fullmatch(t)}
-    if p2p_legend or (not known and cell_tokens & _P2P_TOKENS):
+    if _is_p2p_matrix(lines, cell_tokens):
         topology.gpus = []
         topology.nics = []
         topology.warnings = [
@@ -335,6 +290,74 @@ def parse_topo_matrix(text: str) -> Topology:
         warnings.add("no GPU rows under the header")
     topology.warnings = list(warnings)
     return topology
+
+
+def _find_header(lines: list[str], legend: dict[str, str]) -> tuple[list[_Column] | None, int]:
+    """The header's columns and the number of the line after it; None where no header comes
+    before the legend."""
+    for number, line in enumerate(lines):
+        if line.strip().lower().startswith("legend"):
+            break
+        columns = _header_columns(line, legend)
+        if columns is not None:
+            return columns, number + 1
+    return None, 0
+
+
+def _gpu_row(
+    index: int,
+    where: str,
+    values: list[str],
+    tabbed: bool,
+    devices: list[_Column],
+    trailing: list[_Column],
+    warnings: _Warnings,
+    cell_tokens: set[str],
+) -> TopoGpu:
+    """One GPU row from the cells after its label: the device cells, then the affinity cells.
+    Adds every device token it read to ``cell_tokens``."""
+    device_values = values[: len(devices)]
+    if tabbed and any(not v for v in device_values):
+        # An empty device cell shifts a TAB row: fall back to its words.
+        warnings.add(f"{where} has an empty device cell; read by words instead")
+        device_values = " ".join(values).split()[: len(devices)]
+        values = " ".join(values).split()
+    if len(device_values) < len(devices):
+        warnings.add(f"{where} has {len(device_values)} of {len(devices)} device cells")
+    gpu = TopoGpu(index=index)
+    for column, raw in zip(devices, device_values, strict=False):
+        token = raw.strip()
+        if column.kind == "gpu" and column.gpu == index:
+            if token != "X":
+                warnings.add(f"{where}: its own column holds {_short(token)}, not X")
+            continue
+        if (column.gpu in gpu.paths) if column.kind == "gpu" else (column.name in gpu.nics):
+            warnings.add(f"{where}: column {column.name} appears twice in the header; the first is kept")
+            continue
+        if token == "X":
+            warnings.add(f"{where}, column {column.name}: X (self) outside its own column")
+            continue
+        if not _CELL_RE.fullmatch(token) or (token.startswith("NV") and not _NV_RE.fullmatch(token)):
+            warnings.add(f"{where}, column {column.name}: unreadable cell {_short(token)}")
+            continue
+        cell_tokens.add(token)
+        if column.kind == "gpu" and column.gpu is not None:
+            gpu.paths[column.gpu] = token
+            nv = _NV_RE.fullmatch(token)
+            if nv:
+                gpu.links[column.gpu] = int(nv.group(1))
+        else:
+            gpu.nics[column.name] = token
+    _affinity(gpu, trailing, values[len(devices) :], warnings, where)
+    _nearest(gpu)
+    return gpu
+
+
+def _is_p2p_matrix(lines: list[str], cell_tokens: set[str]) -> bool:
+    """Whether the matrix is ``topo -p2p`` output: its legend, or P2P statuses and no link type."""
+    p2p_legend = any(re.match(r"^\s*OK\s*=\s*Status Ok", line, re.IGNORECASE) for line in lines)
+    known = {t for t in cell_tokens if t in _PATH_RANK or _NV_RE.fullmatch(t)}
+    return p2p_legend or bool(not known and cell_tokens & _P2P_TOKENS)
 
 
 def zero_cluster_uuid(uuid: str | None) -> bool:
