@@ -79,10 +79,9 @@ def _expect(data: dict[str, Any], key: str, kind: type | tuple[type, ...], what:
     return value
 
 
-def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
-    if not isinstance(data, dict):
-        raise ConfigError("agent.yaml must be a mapping of settings")
-    known = {
+#: Every setting agent.yaml may hold; anything else is refused as a typo.
+SETTINGS = frozenset(
+    {
         "server",
         "token",
         "state_dir",
@@ -103,9 +102,25 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         "gpu_check_interval",
         "sample_interval",
     }
-    unknown = sorted(set(data) - known)
+)
+#: The intervals of the node's checks: (setting, default, the least it may be), at most a day.
+CHECK_INTERVALS = (
+    ("fabric_check_interval", 60.0, 1),
+    ("fabric_change_interval", 30.0, 0),
+    ("gpu_check_interval", 60.0, 1),
+    ("sample_interval", 10.0, 1),
+)
+
+
+def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
+    """The agent's configuration from agent.yaml's mapping; ConfigError names the first setting that
+    is wrong (settings are checked in a fixed order).  A relative state_dir is taken from
+    ``base_dir`` when given."""
+    if not isinstance(data, dict):
+        raise ConfigError("agent.yaml must be a mapping of settings")
+    unknown = sorted(set(data) - SETTINGS)
     if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        raise ConfigError(f"unknown setting(s): {', '.join(unknown)} (known: {', '.join(sorted(SETTINGS))})")
     server = _expect(data, "server", str, "a URL")
     if not server or not server.startswith(("http://", "https://")):
         raise ConfigError("server: required, a URL starting with http:// or https://")
@@ -114,20 +129,47 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
         state_dir = base_dir / state_dir
     labels = _expect(data, "labels", dict, "a mapping of label names to values") or {}
     model_dirs = _expect(data, "model_dirs", list, "a list of directories") or []
-    interval = _expect(data, "heartbeat_interval", (int, float), "a number of seconds")
-    if interval is not None and not 1 <= interval <= 300:
-        raise ConfigError(f"heartbeat_interval: expected 1 to 300 seconds, got {interval}")
+    heartbeat = _seconds(data, "heartbeat_interval", 10.0, 1, 300)
     tools = dict(DEFAULT_TOOLS)
     tools.update(
         {str(k): str(v) for k, v in (_expect(data, "tools", dict, "a mapping of tool names to paths") or {}).items()}
     )
-    recheck = _expect(data, "engine_recheck_interval", (int, float), "a number of seconds")
-    if recheck is not None and not 1 <= recheck <= 86400:
-        raise ConfigError(f"engine_recheck_interval: expected 1 to 86400 seconds, got {recheck}")
-    retry = _expect(data, "engine_retry_after", (int, float), "a number of seconds")
-    if retry is not None and not 1 <= retry <= 86400:
-        raise ConfigError(f"engine_retry_after: expected 1 to 86400 seconds, got {retry}")
-    fabrics = _expect(data, "fabrics", list, "a list of fabrics") or []
+    recheck = _seconds(data, "engine_recheck_interval", 600.0, 1)
+    retry = _seconds(data, "engine_retry_after", 60.0, 1)
+    fabrics = _fabrics(data)
+    intervals = {key: _seconds(data, key, default, low) for key, default, low in CHECK_INTERVALS}
+    return AgentConfig(
+        server=server,
+        state_dir=state_dir,
+        token=_expect(data, "token", str, "an enrollment token"),
+        name=_expect(data, "name", str, "a node name"),
+        labels={str(k): str(v) for k, v in labels.items()},
+        model_dirs=[str(d) for d in model_dirs],
+        heartbeat_interval=heartbeat,
+        root=_expect(data, "root", str, "a directory path") or "/",
+        tools=tools,
+        fabrics=fabrics,
+        engines={str(k): str(v) for k, v in (_expect(data, "engines", dict, "a mapping") or {}).items()},
+        hostname=_expect(data, "hostname", str, "a host name"),
+        advertise_address=_expect(data, "advertise_address", str, "an address"),
+        engine_recheck_interval=recheck,
+        engine_retry_after=retry,
+        **intervals,
+    )
+
+
+def _seconds(data: dict[str, Any], key: str, default: float, low: int, high: int = 86400) -> float:
+    """A setting in seconds, from ``low`` to ``high``; ``default`` when it is not set."""
+    value = _expect(data, key, (int, float), "a number of seconds")
+    if value is not None and not low <= value <= high:
+        raise ConfigError(f"{key}: expected {low} to {high} seconds, got {value}")
+    return float(default if value is None else value)
+
+
+def _fabrics(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The declared fabrics: each a mapping with a name and lists of adapter (hcas) or network
+    device (netdevs) names."""
+    fabrics: list[dict[str, Any]] = _expect(data, "fabrics", list, "a list of fabrics") or []
     for i, fabric in enumerate(fabrics):
         if not isinstance(fabric, dict) or not fabric.get("name"):
             raise ConfigError(f"fabrics[{i}]: expected a mapping with a name")
@@ -140,35 +182,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> AgentConfig:
             value = fabric.get(key)
             if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
                 raise ConfigError(f"fabrics[{i}].{key}: expected a list of names")
-    intervals = {}
-    for key, default, low in (
-        ("fabric_check_interval", 60.0, 1),
-        ("fabric_change_interval", 30.0, 0),
-        ("gpu_check_interval", 60.0, 1),
-        ("sample_interval", 10.0, 1),
-    ):
-        value = _expect(data, key, (int, float), "a number of seconds")
-        if value is not None and not low <= value <= 86400:
-            raise ConfigError(f"{key}: expected {low} to 86400 seconds, got {value}")
-        intervals[key] = float(default if value is None else value)
-    return AgentConfig(
-        server=server,
-        state_dir=state_dir,
-        token=_expect(data, "token", str, "an enrollment token"),
-        name=_expect(data, "name", str, "a node name"),
-        labels={str(k): str(v) for k, v in labels.items()},
-        model_dirs=[str(d) for d in model_dirs],
-        heartbeat_interval=float(interval or 10),
-        root=_expect(data, "root", str, "a directory path") or "/",
-        tools=tools,
-        fabrics=fabrics,
-        engines={str(k): str(v) for k, v in (_expect(data, "engines", dict, "a mapping") or {}).items()},
-        hostname=_expect(data, "hostname", str, "a host name"),
-        advertise_address=_expect(data, "advertise_address", str, "an address"),
-        engine_recheck_interval=float(recheck or 600),
-        engine_retry_after=float(retry or 60),
-        **intervals,
-    )
+    return fabrics
 
 
 def load_config(path: str | os.PathLike[str]) -> AgentConfig:

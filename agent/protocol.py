@@ -872,15 +872,13 @@ def _int(
 
 
 def parse_shard(obj: Any) -> DesiredShard:
-    """Validate one item of a "desired" message. Unknown fields are ignored (newer servers add them)."""
+    """Validate one item of a "desired" message. Unknown fields are ignored (newer servers add them).
+
+    Fields are checked in a fixed order, so a shard with several faults is always refused for the
+    same one."""
     if not isinstance(obj, dict):
         raise _bad("shard", "an object", obj)
-    shard = _str(obj, "shard", max_len=200)
-    if not _SHARD_ID.fullmatch(shard):
-        raise ValueError(
-            f"shard: {shard!r} is not a valid shard id (letters, digits and ._:@+- only, "
-            "starting with a letter or digit)"
-        )
+    shard = _shard_id(obj)
     engine = _str(obj, "engine", max_len=32)
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {', '.join(sorted(ENGINES))}, got {engine!r}")
@@ -893,69 +891,14 @@ def parse_shard(obj: Any) -> DesiredShard:
     if any(c.isspace() or c == "," for c in api_key):
         raise ValueError("api_key: must not contain spaces or commas")
     port = _int(obj, "port", minimum=1, maximum=65535)
-    host = _str(obj, "host", default="127.0.0.1", max_len=255)
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if not re.fullmatch(r"[A-Za-z0-9.-]+", host):
-            raise ValueError(f"host: expected an IP address or host name, got {host!r}") from None
-
-    gpu_indices = obj.get("gpu_indices")
-    if gpu_indices is None:
-        gpu_indices = []
-    if not isinstance(gpu_indices, list):
-        raise _bad("gpu_indices", "a list of GPU indices", gpu_indices)
-    for i, index in enumerate(gpu_indices):
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise _bad(f"gpu_indices[{i}]", "a GPU index (0 or more)", index)
-    if len(set(gpu_indices)) != len(gpu_indices):
-        raise ValueError(f"gpu_indices: {gpu_indices} lists a GPU twice")
-
-    cpu_cores = obj.get("cpu_cores", 0)
-    if cpu_cores is None:
-        cpu_cores = 0
-    if isinstance(cpu_cores, bool) or not isinstance(cpu_cores, int | float) or cpu_cores != cpu_cores:
-        raise _bad("cpu_cores", "a number of cores", cpu_cores)
-    if cpu_cores < 0:
-        raise ValueError(f"cpu_cores: cannot be negative, got {cpu_cores}")
-
-    extra_args = obj.get("extra_args")
-    if extra_args is None:
-        extra_args = []
-    if not isinstance(extra_args, list):
-        raise _bad("extra_args", "a list of strings", extra_args)
-    for i, arg in enumerate(extra_args):
-        if not isinstance(arg, str) or "\x00" in arg:
-            raise _bad(f"extra_args[{i}]", "a string", arg)
-
-    env = obj.get("env")
-    if env is None:
-        env = {}
-    if not isinstance(env, dict):
-        raise _bad("env", "a mapping of names to values", env)
-    for key, value in env.items():
-        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
-            raise _bad("env", "environment variable names (letters, digits, _)", key)
-        if not isinstance(value, str) or "\x00" in value:
-            raise _bad(f"env.{key}", "a string", value)
-
-    nodes = _int(obj, "nodes_per_replica", default=1, minimum=1)
-    rank = _int(obj, "rank", default=0, minimum=0)
-    if rank >= nodes:
-        raise ValueError(f"rank: expected less than nodes_per_replica ({nodes}), got {rank}")
-    master_addr = _str(obj, "master_addr", default=None, max_len=255)
-    master_port = _int(obj, "master_port", default=None, minimum=1, maximum=65535)
-    if nodes > 1 and (master_addr is None or master_port is None):
-        raise ValueError(f"master_addr/master_port: required when nodes_per_replica is {nodes}")
-
+    host = _host(obj)
+    gpu_indices = _gpu_indices(obj)
+    cpu_cores = _cpu_cores(obj)
+    extra_args = _extra_args(obj)
+    env = _env(obj)
+    nodes, rank, master_addr, master_port = _ranks(obj)
     devices, vendor = _devices(obj, gpu_indices)
-
-    stop_grace = obj.get("stop_grace")
-    if stop_grace is not None and (
-        isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) or not 0 <= stop_grace <= 3600
-    ):
-        raise _bad("stop_grace", "seconds from 0 to 3600", stop_grace)
-
+    stop_grace = _stop_grace(obj)
     return DesiredShard(
         shard=shard,
         model=model,
@@ -983,6 +926,107 @@ def parse_shard(obj: Any) -> DesiredShard:
         devices=devices,
         vendor=vendor,
     )
+
+
+def _shard_id(obj: dict[str, Any]) -> str:
+    """The shard's id: it names files and processes on the node, so only a safe alphabet."""
+    shard: str = _str(obj, "shard", max_len=200)
+    if not _SHARD_ID.fullmatch(shard):
+        raise ValueError(
+            f"shard: {shard!r} is not a valid shard id (letters, digits and ._:@+- only, "
+            "starting with a letter or digit)"
+        )
+    return shard
+
+
+def _host(obj: dict[str, Any]) -> str:
+    """The address the engine listens on: an IP address or a host name, loopback by default."""
+    host: str = _str(obj, "host", default="127.0.0.1", max_len=255)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9.-]+", host):
+            raise ValueError(f"host: expected an IP address or host name, got {host!r}") from None
+    return host
+
+
+def _gpu_indices(obj: dict[str, Any]) -> list[int]:
+    """The GPU indices the shard runs on, each at most once; none (a CPU shard) when absent."""
+    gpu_indices = obj.get("gpu_indices")
+    if gpu_indices is None:
+        gpu_indices = []
+    if not isinstance(gpu_indices, list):
+        raise _bad("gpu_indices", "a list of GPU indices", gpu_indices)
+    for i, index in enumerate(gpu_indices):
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise _bad(f"gpu_indices[{i}]", "a GPU index (0 or more)", index)
+    if len(set(gpu_indices)) != len(gpu_indices):
+        raise ValueError(f"gpu_indices: {gpu_indices} lists a GPU twice")
+    return gpu_indices
+
+
+def _cpu_cores(obj: dict[str, Any]) -> int | float:
+    """The CPU cores the shard may use, 0 or more (not NaN); 0 when absent."""
+    cpu_cores = obj.get("cpu_cores", 0)
+    if cpu_cores is None:
+        cpu_cores = 0
+    if isinstance(cpu_cores, bool) or not isinstance(cpu_cores, int | float) or cpu_cores != cpu_cores:
+        raise _bad("cpu_cores", "a number of cores", cpu_cores)
+    if cpu_cores < 0:
+        raise ValueError(f"cpu_cores: cannot be negative, got {cpu_cores}")
+    return cpu_cores
+
+
+def _extra_args(obj: dict[str, Any]) -> list[str]:
+    """The engine's extra command-line arguments: strings without NUL, none when absent."""
+    extra_args = obj.get("extra_args")
+    if extra_args is None:
+        extra_args = []
+    if not isinstance(extra_args, list):
+        raise _bad("extra_args", "a list of strings", extra_args)
+    for i, arg in enumerate(extra_args):
+        if not isinstance(arg, str) or "\x00" in arg:
+            raise _bad(f"extra_args[{i}]", "a string", arg)
+    return extra_args
+
+
+def _env(obj: dict[str, Any]) -> dict[str, str]:
+    """The engine's extra environment: valid variable names to strings without NUL."""
+    env = obj.get("env")
+    if env is None:
+        env = {}
+    if not isinstance(env, dict):
+        raise _bad("env", "a mapping of names to values", env)
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise _bad("env", "environment variable names (letters, digits, _)", key)
+        if not isinstance(value, str) or "\x00" in value:
+            raise _bad(f"env.{key}", "a string", value)
+    return env
+
+
+def _ranks(obj: dict[str, Any]) -> tuple[int, int, str | None, int | None]:
+    """``nodes_per_replica``, this node's ``rank`` below it, and the master's address and port,
+    which a replica over several nodes needs."""
+    nodes = _int(obj, "nodes_per_replica", default=1, minimum=1)
+    rank = _int(obj, "rank", default=0, minimum=0)
+    if rank >= nodes:
+        raise ValueError(f"rank: expected less than nodes_per_replica ({nodes}), got {rank}")
+    master_addr = _str(obj, "master_addr", default=None, max_len=255)
+    master_port = _int(obj, "master_port", default=None, minimum=1, maximum=65535)
+    if nodes > 1 and (master_addr is None or master_port is None):
+        raise ValueError(f"master_addr/master_port: required when nodes_per_replica is {nodes}")
+    return nodes, rank, master_addr, master_port
+
+
+def _stop_grace(obj: dict[str, Any]) -> int | float | None:
+    """Seconds from SIGTERM to SIGKILL, 0 to 3600; None (the agent's default) when absent."""
+    stop_grace = obj.get("stop_grace")
+    if stop_grace is not None and (
+        isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) or not 0 <= stop_grace <= 3600
+    ):
+        raise _bad("stop_grace", "seconds from 0 to 3600", stop_grace)
+    return stop_grace
 
 
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:-]{0,199}")

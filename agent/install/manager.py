@@ -678,79 +678,22 @@ class Installer:
         return done.returncode == 0 and len(words) >= 2 and words[0] == "uv" and words[1] == version
 
     def _install_variant(self, item: DesiredEngine, variant: pyenv.Variant, uv: pyenv.UvTool) -> dict[str, Any]:
+        """Install one build of a Python engine: a new environment in a scratch folder, its packages
+        at the hashes locked by the first install of this build (resolved now when there is none),
+        checked on the GPU, renamed into place and recorded; the manifest entry."""
         package = pyenv.PACKAGES[item.engine]
         scratch = self.root / f".staging-{item.engine}-{secrets.token_hex(4)}"
-        env = scratch / "env"
-        log_path = scratch / "install.log"
-        environ = uv.env()
-        say: Callable[[str], None] = lambda text: self._status(item.engine, text)  # noqa: E731
         lock = self.root / item.engine / ".locks" / f"{item.version}-{variant.key}.txt"
         try:
             scratch.mkdir(parents=True)
-            find_links = None
-            if variant.wheel is not None:
-                find_links = scratch / "wheels"
-                find_links.mkdir()
-                self._fetch(item.engine, variant.wheel, find_links)
-            pyenv.run_logged(
-                [str(uv.binary), "venv", "--relocatable", "--python", uv.python or pyenv.PYTHON_VERSION, str(env)],
-                env=environ,
-                log=log_path,
-                say=say,
-                what=f"creating the Python environment for {item.engine} {item.version}",
-            )
-            python = env / "bin" / "python"
-            requirements = env / pyenv.REQUIREMENTS
-            indexes = uv.index_args(variant, find_links)
-            if lock.is_file():
-                shutil.copy2(lock, requirements)  # resolved before: the same packages again
-            else:
-                wanted = scratch / "requirements.in"
-                pin = f"{item.version}+{variant.key}" if variant.wheel is not None else item.version
-                wanted.write_text(f"{package}=={pin}\n")
-                pyenv.run_logged(
-                    [
-                        str(uv.binary),
-                        "pip",
-                        "compile",
-                        "--quiet",
-                        "--generate-hashes",
-                        "--python",
-                        str(python),
-                        *indexes,
-                        "-o",
-                        str(requirements),
-                        str(wanted),
-                    ],
-                    env=environ,
-                    log=log_path,
-                    say=say,
-                    what=f"resolving {package} {pin} ({variant.key})",
-                )
-            pyenv.run_logged(
-                [
-                    str(uv.binary),
-                    "pip",
-                    "install",
-                    "--require-hashes",
-                    "--python",
-                    str(python),
-                    *indexes,
-                    "-r",
-                    str(requirements),
-                ],
-                env=environ,
-                log=log_path,
-                say=say,
-                what=f"installing {package} {item.version} ({variant.key})",
-            )
-            say(f"installing: checking {item.engine} {item.version} ({variant.key}) on the GPU")
+            python = self._build_environment(item, variant, uv, scratch, lock)
+            self._status(item.engine, f"installing: checking {item.engine} {item.version} ({variant.key}) on the GPU")
             answer = pyenv.run_check(python, package, gpu=True)
             got = str(answer.get("version") or "")
             if got.split("+", 1)[0] != item.version:
                 raise pyenv.PythonError(f"the environment has {package} {got}, not {item.version}")
             final = self.root / item.engine / f"{item.version}-{variant.key}"
-            _rename_into_place(env, final)
+            _rename_into_place(scratch / "env", final)
             pyenv.run_check(final / "bin" / "python", package, gpu=False, script=pyenv.RECHECK_SCRIPT)
             lock.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(final / pyenv.REQUIREMENTS, lock)
@@ -779,6 +722,76 @@ class Installer:
         self._prune(item.engine, keep=keep)
         log.info("engine %s %s installed: build %s at %s", item.engine, item.version, variant.key, final)
         return entry
+
+    def _build_environment(
+        self, item: DesiredEngine, variant: pyenv.Variant, uv: pyenv.UvTool, scratch: Path, lock: Path
+    ) -> Path:
+        """Create the environment ``<scratch>/env`` with uv and install the engine's packages into it:
+        the build's wheel where it has one (fetched and checked first), the requirements from ``lock``
+        where an earlier install left them, else resolved now with their hashes.  Its python."""
+        package = pyenv.PACKAGES[item.engine]
+        env = scratch / "env"
+        log_path = scratch / "install.log"
+        environ = uv.env()
+        say: Callable[[str], None] = lambda text: self._status(item.engine, text)  # noqa: E731
+        find_links = None
+        if variant.wheel is not None:
+            find_links = scratch / "wheels"
+            find_links.mkdir()
+            self._fetch(item.engine, variant.wheel, find_links)
+        pyenv.run_logged(
+            [str(uv.binary), "venv", "--relocatable", "--python", uv.python or pyenv.PYTHON_VERSION, str(env)],
+            env=environ,
+            log=log_path,
+            say=say,
+            what=f"creating the Python environment for {item.engine} {item.version}",
+        )
+        python = env / "bin" / "python"
+        requirements = env / pyenv.REQUIREMENTS
+        indexes = uv.index_args(variant, find_links)
+        if lock.is_file():
+            shutil.copy2(lock, requirements)  # resolved before: the same packages again
+        else:
+            wanted = scratch / "requirements.in"
+            pin = f"{item.version}+{variant.key}" if variant.wheel is not None else item.version
+            wanted.write_text(f"{package}=={pin}\n")
+            pyenv.run_logged(
+                [
+                    str(uv.binary),
+                    "pip",
+                    "compile",
+                    "--quiet",
+                    "--generate-hashes",
+                    "--python",
+                    str(python),
+                    *indexes,
+                    "-o",
+                    str(requirements),
+                    str(wanted),
+                ],
+                env=environ,
+                log=log_path,
+                say=say,
+                what=f"resolving {package} {pin} ({variant.key})",
+            )
+        pyenv.run_logged(
+            [
+                str(uv.binary),
+                "pip",
+                "install",
+                "--require-hashes",
+                "--python",
+                str(python),
+                *indexes,
+                "-r",
+                str(requirements),
+            ],
+            env=environ,
+            log=log_path,
+            say=say,
+            what=f"installing {package} {item.version} ({variant.key})",
+        )
+        return python
 
     def _gcc_warning(self) -> str | None:
         """Triton compiles its launcher with the C compiler at the first model load."""
