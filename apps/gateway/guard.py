@@ -20,6 +20,10 @@ saved before it was checked so) fails closed: every request it covers is refused
 `guardrail_invalid`, naming the policy, the rule and why, unless the rule only logs, which cannot
 change a request: then the request goes on and its usage record notes the miss.
 
+Refusals name what a rule found in words (`describe`), never what it matched, and are written in
+the site's language (LLMGW_LANGUAGE), as the gateway's other refusals are: /v1 runs outside
+Django's middleware, so no language is activated per request.
+
 Matching is linear in the text, but a long text still takes time: a prompt of OFF_LOOP_CHARS
 characters or more, an engine's whole answer of as many bytes, a streamed chunk of
 OFF_LOOP_CHUNK_BYTES, is matched in the guard's own threads (`run_checked`), never on the event
@@ -37,6 +41,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from apps.gateway.errors import Refused
 from apps.guardrails.engine import Finding, OutputGuard, PolicySet
@@ -89,30 +96,37 @@ async def run_checked[T](size: int, function: Callable[..., T], *args: Any, leas
     return await loop.run_in_executor(_guard_executor(), functools.partial(function, *args))
 
 
+# What a rule found, in words, never what it matched: (in the prompt, in the answer), whole phrases
+# so that each language can order its words (by a finding's detector, else by its rule's kind).
 WHAT = {
-    "terms": "a blocked term",
-    "regex": "a pattern it blocks",
-    "email": "an e-mail address",
-    "phone": "a phone number",
-    "card": "a payment card number",
-    "iban": "an IBAN",
-    "tckn": "a Turkish national ID number",
-    "api_key": "an API key or token",
-    "llmgw_key": "an llmgw API key",
+    "terms": (_("a blocked term in the prompt"), _("a blocked term in the answer")),
+    "regex": (_("a pattern it blocks in the prompt"), _("a pattern it blocks in the answer")),
+    "email": (_("an e-mail address in the prompt"), _("an e-mail address in the answer")),
+    "phone": (_("a phone number in the prompt"), _("a phone number in the answer")),
+    "card": (_("a payment card number in the prompt"), _("a payment card number in the answer")),
+    "iban": (_("an IBAN in the prompt"), _("an IBAN in the answer")),
+    "tckn": (_("a Turkish national ID number in the prompt"), _("a Turkish national ID number in the answer")),
+    "api_key": (_("an API key or token in the prompt"), _("an API key or token in the answer")),
+    "llmgw_key": (_("an llmgw API key in the prompt"), _("an llmgw API key in the answer")),
 }
+PERSONAL_DATA = (_("personal data in the prompt"), _("personal data in the answer"))
+A_MATCH = (_("a match in the prompt"), _("a match in the answer"))
 
 
 def describe(finding: Finding, where: str = "prompt") -> str:
-    """What a rule found, in words, without what it matched."""
+    """What a rule found, in words, without what it matched (`where`: "prompt" or "answer")."""
     if finding.kind == "detector":
-        return f"{WHAT.get(finding.detector, 'personal data')} in the {where}"
-    return f"{WHAT.get(finding.kind, 'a match')} in the {where}"
+        phrases = WHAT.get(finding.detector, PERSONAL_DATA)
+    else:
+        phrases = WHAT.get(finding.kind, A_MATCH)
+    return str(phrases[1] if where == "answer" else phrases[0])
 
 
 def _refusal(finding: Finding, reason: str, status: int = 400, kind: str = "invalid_request_error") -> Refused:
     return Refused(
         status,
-        f"Refused by guardrail policy “{finding.policy}”, rule “{finding.rule}”: {reason}.",
+        gettext("Refused by guardrail policy “%(policy)s”, rule “%(rule)s”: %(reason)s.")
+        % {"policy": finding.policy, "rule": finding.rule, "reason": reason},
         kind=kind,
         code="guardrail_refused",
     )
@@ -186,16 +200,26 @@ def chunk_text(data: dict[str, Any]) -> str:
 
 
 def guard_refusal(finding: Finding, model: str, answer: str) -> Refused:
-    reason = answer.strip().splitlines()
-    categories = f" ({reason[1].strip()})" if len(reason) > 1 and reason[1].strip() else ""
-    return _refusal(finding, f"the guard model “{model}” judged the prompt unsafe{categories}")
+    lines = answer.strip().splitlines()
+    categories = lines[1].strip() if len(lines) > 1 else ""
+    if categories:  # Llama Guard names the categories it found on its second line ("S2")
+        reason = gettext("the guard model “%(model)s” judged the prompt unsafe (%(categories)s)") % {
+            "model": model,
+            "categories": categories,
+        }
+    else:
+        reason = gettext("the guard model “%(model)s” judged the prompt unsafe") % {"model": model}
+    return _refusal(finding, reason)
 
 
 def guard_unavailable(finding: Finding, model: str, why: str) -> Refused:
     return Refused(
         503,
-        f"Refused by guardrail policy “{finding.policy}”, rule “{finding.rule}”: the guard model “{model}” "
-        f"gave no verdict ({why}), and the rule refuses when it cannot tell.",
+        gettext(
+            "Refused by guardrail policy “%(policy)s”, rule “%(rule)s”: the guard model “%(model)s” gave no "
+            "verdict (%(why)s), and the rule refuses when it cannot tell."
+        )
+        % {"policy": finding.policy, "rule": finding.rule, "model": model, "why": why},
         kind="api_error",
         code="guardrail_unavailable",
     )
@@ -213,11 +237,15 @@ def _check_broken(call: Any, policies: PolicySet) -> None:
         closed = rule.action != "log"
         call.guard.append({**finding.to_dict(), "action": "refuse" if closed else "log", "error": str(item.problem)})
         if closed:
+            problem = gettext(item.problem.template) % item.problem.params
             raise Refused(
                 503,
-                f"Refused by guardrail policy “{rule.policy}”, rule “{rule.name}”: the rule cannot be applied "
-                f"({item.problem}), so the requests its policy covers are refused until an administrator "
-                "corrects it.",
+                gettext(
+                    "Refused by guardrail policy “%(policy)s”, rule “%(rule)s”: the rule cannot be applied "
+                    "(%(problem)s), so the requests its policy covers are refused until an administrator "
+                    "corrects it."
+                )
+                % {"policy": rule.policy, "rule": rule.name, "problem": problem},
                 kind="api_error",
                 code="guardrail_invalid",
             )
@@ -233,7 +261,12 @@ def check_request(call: Any, policies: PolicySet) -> None:
     if model is not None:
         noted.append(model.to_dict())
         if model.action == "refuse":
-            raise _refusal(model, f"the model “{call.model}” is not among those it allows", 403, "permission_error")
+            raise _refusal(
+                model,
+                gettext("the model “%(model)s” is not among those it allows") % {"model": call.model},
+                403,
+                "permission_error",
+            )
     slots = _text_slots(call.body)
     verdict, masked = policies.check_texts([container[key] for container, key in slots])
     noted.extend(f.to_dict() for f in verdict.findings)
@@ -246,7 +279,8 @@ def check_request(call: Any, policies: PolicySet) -> None:
     if tokens is not None:
         noted.append(tokens.to_dict())
         if tokens.action == "refuse":
-            raise _refusal(tokens, f"the prompt is over its cap of {_limit(policies, tokens)} tokens")
+            cap_of = _limit(policies, tokens)
+            raise _refusal(tokens, gettext("the prompt is over its cap of %(limit)s tokens") % {"limit": cap_of})
     cap = policies.max_output_tokens()
     if cap is not None and call.endpoint.name != "embeddings":  # an embedding has no output tokens
         rule, limit = cap
@@ -255,7 +289,11 @@ def check_request(call: Any, policies: PolicySet) -> None:
             finding = Finding(rule.policy, rule.name, rule.kind, rule.action)
             noted.append(finding.to_dict())
             if rule.action == "refuse":
-                raise _refusal(finding, f"{max(asked)} output tokens asked for, its cap is {limit}")
+                raise _refusal(
+                    finding,
+                    gettext("%(asked)s output tokens asked for, its cap is %(limit)s")
+                    % {"asked": max(asked), "limit": limit},
+                )
         for key in ("max_tokens", "max_completion_tokens"):
             if key in call.body or key == "max_tokens":
                 current = call.body.get(key)
@@ -265,7 +303,11 @@ def check_request(call: Any, policies: PolicySet) -> None:
         judge = policies.guard_answers[0]
         finding = Finding(judge.policy, judge.name, judge.kind, "refuse")
         noted.append(finding.to_dict())
-        raise _refusal(finding, f"a guard model judges each answer here, so one is asked at a time ({choices} asked)")
+        raise _refusal(
+            finding,
+            gettext("a guard model judges each answer here, so one is asked at a time (%(asked)s asked)")
+            % {"asked": choices},
+        )
     if policies.watches_output and call.endpoint.name != "embeddings":
         call.answer_guard = AnswerGuard(policies, call)
 
@@ -427,9 +469,13 @@ class GuardJudge:
             said = await asyncio.wait_for(self._ask(call, model, answer), timeout)
             verdict = guard_verdict(said)
             if verdict is None:
-                raise GuardUnavailable(f"it answered neither safe nor unsafe: {said[:60]!r}")
+                neither = gettext("it answered neither safe nor unsafe: %(answer)s") % {"answer": repr(said[:60])}
+                raise GuardUnavailable(neither)
         except (TimeoutError, GuardUnavailable) as exc:
-            why = f"no answer within {timeout * 1000:.0f} ms" if isinstance(exc, TimeoutError) else str(exc)
+            if isinstance(exc, TimeoutError):
+                why = gettext("no answer within %(ms)s ms") % {"ms": f"{timeout * 1000:.0f}"}
+            else:
+                why = str(exc)
             if not final:
                 return None  # a check while the answer streams: its end is judged again, and recorded
             closed = holds and not rule.fail_open
@@ -445,10 +491,12 @@ class GuardJudge:
 
         route = self.route(model)
         if route is None or not route.upstreams:
-            raise GuardUnavailable(f"“{model}” has no replica ready" if route else f"“{model}” is not in the catalog")
+            if route is None:
+                raise GuardUnavailable(gettext("“%(model)s” is not in the catalog") % {"model": model})
+            raise GuardUnavailable(gettext("“%(model)s” has no replica ready") % {"model": model})
         lease = await self.keeper.acquire(route.upstreams, None)
         if lease is None:
-            raise GuardUnavailable(f"every replica of “{model}” is busy")
+            raise GuardUnavailable(gettext("every replica of “%(model)s” is busy") % {"model": model})
         try:
             upstream = lease.upstream
             body = {
@@ -460,12 +508,12 @@ class GuardJudge:
             try:
                 status, raw = await self.post(upstream, "/v1/chat/completions", body, call.request_id)
             except Exception as exc:  # the pool's connection and read errors
-                raise GuardUnavailable(f"it could not be asked: {exc}") from None
+                raise GuardUnavailable(gettext("it could not be asked: %(error)s") % {"error": exc}) from None
             if status != 200:
-                raise GuardUnavailable(f"it answered {status}")
+                raise GuardUnavailable(gettext("it answered %(status)s") % {"status": status})
             try:
                 return str(json.loads(raw)["choices"][0]["message"]["content"] or "")
             except (ValueError, KeyError, IndexError, TypeError):
-                raise GuardUnavailable("its answer is not a chat completion") from None
+                raise GuardUnavailable(gettext("its answer is not a chat completion")) from None
         finally:
             self.keeper.release(lease)

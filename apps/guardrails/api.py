@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext, gettext_lazy
 from drf_spectacular.utils import OpenApiResponse, OpenApiTypes, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -69,7 +69,7 @@ class PolicyView(APIView):
     def get(self, request: Request, name: str) -> Response:
         policy = Policy.objects.filter(name=name).first()
         if policy is None:
-            return Response({"detail": f"No policy “{name}”."}, status=404)
+            return Response({"detail": gettext("No policy “%(name)s”.") % {"name": name}}, status=404)
         return Response(_counted([policy])[0])
 
     @extend_schema(
@@ -82,7 +82,7 @@ class PolicyView(APIView):
     )
     def put(self, request: Request, name: str) -> Response:
         if not isinstance(request.data, dict):
-            return Response({"detail": "A policy is a JSON object: its fields and rules."}, status=400)
+            return Response({"detail": gettext("A policy is a JSON object: its fields and rules.")}, status=400)
         return _set(request, {**request.data, "name": name})
 
     @extend_schema(responses={204: None, 404: _error(gettext_lazy("No policy of that name."))})
@@ -90,5 +90,5 @@ class PolicyView(APIView):
         try:
             services.delete_policy(name, actor=request.user, address=client_address(request))
         except services.PolicyError:
-            return Response({"detail": f"No policy “{name}”."}, status=404)
+            return Response({"detail": gettext("No policy “%(name)s”.") % {"name": name}}, status=404)
         return Response(status=204)

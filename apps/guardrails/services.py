@@ -25,6 +25,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
 
 from apps.accounts import audit
 from apps.guardrails.models import Policy, Rule
@@ -46,15 +48,25 @@ RULE_KEYS = {
     "enabled",
 }
 SCOPES = ("organization", "team", "project", "model")
+# A scope named that does not exist: what was given, and the shape it is given in.
+NO_SUCH_SCOPE = {
+    "organization": gettext_lazy("no organization “%(value)s” (give it as SLUG)"),
+    "team": gettext_lazy("no team “%(value)s” (give it as ORG/TEAM)"),
+    "project": gettext_lazy("no project “%(value)s” (give it as ORG/TEAM/PROJECT)"),
+    "model": gettext_lazy("no model “%(value)s” (give it as NAME)"),
+}
 
 
 class PolicyError(ValueError):
-    """A policy that cannot be set: `errors` maps each place ("rules[2].pattern") to what is wrong."""
+    """A policy that cannot be set: `errors` maps each place ("rules[2].pattern") to what is wrong, in
+    the current language (the API's and the page's request's)."""
 
     def __init__(self, errors: dict[str, list[str]]) -> None:
         self.errors = errors
         first = next(iter(errors.items()))
-        super().__init__(f"{first[0]}: {first[1][0]}" if first[0] else first[1][0])
+        super().__init__(
+            _("%(field)s: %(message)s") % {"field": first[0], "message": first[1][0]} if first[0] else first[1][0]
+        )
 
 
 def policy_dict(policy: Policy) -> dict[str, Any]:
@@ -102,7 +114,9 @@ def _scope(data: dict[str, Any], errors: dict[str, list[str]]) -> dict[str, Any]
 
     given = [key for key in SCOPES if data.get(key) not in (None, "")]
     if len(given) > 1:
-        errors[given[1]] = [f"attach a policy to one of organization, team, project or model, not {len(given)}"]
+        errors[given[1]] = [
+            _("attach a policy to one of organization, team, project or model, not %(count)s") % {"count": len(given)}
+        ]
         return {}
     found: dict[str, Any] = dict.fromkeys(SCOPES)
     if not given:
@@ -120,10 +134,27 @@ def _scope(data: dict[str, Any], errors: dict[str, list[str]]) -> dict[str, Any]
     elif key == "model":
         row = Model.objects.filter(name=value).first()
     if row is None:
-        shapes = {"organization": "SLUG", "team": "ORG/TEAM", "project": "ORG/TEAM/PROJECT", "model": "NAME"}
-        errors[key] = [f"no {key} “{value}” (give it as {shapes[key]})"]
+        errors[key] = [NO_SUCH_SCOPE[key] % {"value": value}]
     found[key] = row
     return found
+
+
+def _unknown(unknown: list[str], known: set[str], *, rule: bool) -> str:
+    """Keys given that a rule (or a policy) does not have, and the ones it has."""
+    values = {"fields": ", ".join(unknown), "known": ", ".join(sorted(known))}
+    if rule:
+        text = ngettext(
+            "unknown field %(fields)s (a rule has %(known)s)",
+            "unknown fields %(fields)s (a rule has %(known)s)",
+            len(unknown),
+        )
+    else:
+        text = ngettext(
+            "unknown field %(fields)s (a policy has %(known)s)",
+            "unknown fields %(fields)s (a policy has %(known)s)",
+            len(unknown),
+        )
+    return text % values
 
 
 def _messages(exc: ValidationError) -> dict[str, list[str]]:
@@ -134,22 +165,22 @@ def _messages(exc: ValidationError) -> dict[str, list[str]]:
 
 def _rules(policy: Policy, given: Any, errors: dict[str, list[str]]) -> list[Rule]:
     if not isinstance(given, list):
-        errors["rules"] = ["a list of rules"]
+        errors["rules"] = [_("a list of rules")]
         return []
     rules: list[Rule] = []
     names: set[str] = set()
     for i, item in enumerate(given):
         where = f"rules[{i}]"
         if not isinstance(item, dict):
-            errors[where] = ["a rule is a mapping of its fields"]
+            errors[where] = [_("a rule is a mapping of its fields")]
             continue
         unknown = sorted(set(item) - RULE_KEYS)
         if unknown:
-            errors[where] = [f"unknown field {', '.join(unknown)} (a rule has {', '.join(sorted(RULE_KEYS))})"]
+            errors[where] = [_unknown(unknown, RULE_KEYS, rule=True)]
             continue
         name = str(item.get("name") or f"rule {i + 1}")
         if name in names:
-            errors[f"{where}.name"] = [f"two rules are named “{name}”"]
+            errors[f"{where}.name"] = [_("two rules are named “%(name)s”") % {"name": name}]
             continue
         names.add(name)
         fields: dict[str, Any] = {"name": name, "order": i, "kind": item.get("kind", "")}
@@ -177,17 +208,17 @@ def set_policy(data: Any, *, actor: Any = None, address: str | None = None) -> P
     """Create the policy named in `data`, or replace it (its fields and all its rules); audited.
     PolicyError says what is wrong, and nothing is changed."""
     if not isinstance(data, dict):
-        raise PolicyError({"": ["a policy is a mapping: name, where it applies, rules"]})
+        raise PolicyError({"": [_("a policy is a mapping: name, where it applies, rules")]})
     errors: dict[str, list[str]] = {}
     unknown = sorted(set(data) - POLICY_KEYS)
     if unknown:
-        errors[""] = [f"unknown field {', '.join(unknown)} (a policy has {', '.join(sorted(POLICY_KEYS))})"]
+        errors[""] = [_unknown(unknown, POLICY_KEYS, rule=False)]
     name = str(data.get("name") or "").strip()
     if not name:
-        errors["name"] = ["give the policy a name"]
+        errors["name"] = [_("give the policy a name")]
     scope = _scope(data, errors)
     if not isinstance(data.get("enabled", True), bool):
-        errors["enabled"] = ["true or false"]
+        errors["enabled"] = [_("true or false")]
     if errors:
         raise PolicyError(errors)
     policy = Policy.objects.select_for_update().filter(name=name).first()
@@ -220,6 +251,6 @@ def set_policy(data: Any, *, actor: Any = None, address: str | None = None) -> P
 def delete_policy(name: str, *, actor: Any = None, address: str | None = None) -> None:
     policy = Policy.objects.filter(name=name).first()
     if policy is None:
-        raise PolicyError({"name": [f"no policy “{name}”"]})
+        raise PolicyError({"name": [_("no policy “%(name)s”") % {"name": name}]})
     audit.record(actor, "policy.delete", policy, changes=audit.diff(policy_dict(policy), {}), address=address)
     policy.delete()

@@ -69,7 +69,11 @@ def set_policy(request: HttpRequest) -> HttpResponse:
     try:
         policy = services.set_policy(data, actor=request.user, address=client_address(request))
     except services.PolicyError as exc:
-        errors = [f"{where}: {m}" if where else m for where, found in exc.errors.items() for m in found]
+        errors = [
+            _("%(field)s: %(message)s") % {"field": where, "message": m} if where else m
+            for where, found in exc.errors.items()
+            for m in found
+        ]
         return _page(request, text, errors, 400)
     count = policy.rules.count()
     messages.success(
