@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
@@ -20,6 +21,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
+from apps.accounts import audit
 from apps.accounts.access import IsOperator, public
 from apps.cluster import agent_requests, selectors, services
 from apps.cluster import engines as engine_choices
@@ -642,7 +644,17 @@ class AgentRequestRetryView(APIView):
         if row is None:
             return Response({"detail": _("No such request.")}, status=status.HTTP_404_NOT_FOUND)
         try:
-            again = agent_requests.retry(row)
+            with transaction.atomic():  # an operator's request to a node (a fabric map, a test rail): audited
+                again = agent_requests.retry(row)
+                audit.record(
+                    request.user,  # type: ignore[arg-type]
+                    "agent_request.retry",
+                    again,
+                    address=client_address(request),
+                    node=again.node.name,
+                    kind=again.kind,
+                    retry_of=row.pk,
+                )
         except agent_requests.RequestRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(_request_row(again), status=status.HTTP_202_ACCEPTED)

@@ -14,10 +14,11 @@ from rest_framework.views import APIView
 from apps.accounts.access import IsOperator, IsStaffReader
 from apps.cluster.models import Node
 from apps.fabrics import perf
-from apps.fabrics.maps import request_map
+from apps.fabrics.maps import ask_for_map
 from apps.fabrics.models import FabricTest
 from apps.fabrics.services import fabrics_overview, topology_view
 from llmgw.api import ErrorSerializer
+from llmgw.http import client_address
 from llmgw.ids import parse_id
 
 
@@ -77,7 +78,7 @@ class FabricTopologyView(APIView):
         responses={202: OpenApiTypes.OBJECT, 409: _error(gettext_lazy("No ready node on the fabric can map it."))},
     )
     def post(self, request: Request, fabric: str) -> Response:
-        row = request_map(fabric)
+        row = ask_for_map(fabric, actor=request.user, address=client_address(request))  # type: ignore[arg-type]
         if row is None:
             return Response(
                 {"detail": _("No ready node on fabric %(fabric)s can map it.") % {"fabric": fabric}}, status=409
@@ -120,7 +121,13 @@ class FabricTestsView(APIView):
         if not 1 <= duration <= 60:
             return Response({"detail": _("duration: 1 to 60 seconds per rail.")}, status=400)
         try:
-            test = perf.start_test(nodes[names[0]], nodes[names[1]], duration_s=duration)
+            test = perf.start_test(
+                nodes[names[0]],
+                nodes[names[1]],
+                duration_s=duration,
+                actor=request.user,  # type: ignore[arg-type]
+                address=client_address(request),
+            )
         except perf.TestRefused as exc:
             return Response({"detail": str(exc)}, status=409)
         return Response(perf.as_dict(test), status=202)

@@ -3,7 +3,8 @@
 Every FABRIC_MAP_INTERVAL beat asks one ready node per physical InfiniBand fabric (one that
 lists the ibnetdiscover feature and has an active port on it) to run ibnetdiscover through
 that port. The control plane parses the text itself (apps.fabrics.topology), so a format the
-parser has not met is a control plane upgrade, not one on every node.
+parser has not met is a control plane upgrade, not one on every node. An operator may ask for a
+map now (`ask_for_map`): that request is audited as fabric.map, the beat's are not.
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from agent import bounded, protocol
+from apps.accounts import audit
+from apps.accounts.models import User
 from apps.cluster import agent_requests
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import AgentRequest, Node
 from apps.fabrics import topology
 from apps.fabrics.models import FabricMap
 
-__all__ = ["KEEP_MAPS", "latest_maps", "map_fabrics", "port_leaves", "record_map", "request_map"]
+__all__ = ["KEEP_MAPS", "ask_for_map", "latest_maps", "map_fabrics", "port_leaves", "record_map", "request_map"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,25 @@ def request_map(fabric: str, *, exclude: set[int] | None = None) -> AgentRequest
         except agent_requests.RequestRefused as exc:
             log.info("fabric %s: %s", fabric, exc)
     return None
+
+
+@transaction.atomic
+def ask_for_map(fabric: str, *, actor: User | None, address: str | None = None) -> AgentRequest | None:
+    """An operator's request to map the fabric now (see request_map), and its audit event: who asked,
+    for which fabric, which node maps it through which port, from where. None when no node can."""
+    row = request_map(fabric)
+    if row is not None:
+        audit.record(
+            actor,
+            "fabric.map",
+            row,
+            address=address,
+            fabric=fabric,
+            node=row.node.name,
+            device=row.params.get("device"),
+            port=row.params.get("port"),
+        )
+    return row
 
 
 def map_fabrics() -> list[AgentRequest]:

@@ -5,7 +5,8 @@ other. A test pairs A's adapters on the fabric they share with B's as NCCL does 
 rail-optimised fabric (the Nth with the Nth, NCCL_CROSS_NIC=0), and for one rail at a time
 asks B's agent for an ib_write_bw server and A's for the client (no SSH between nodes: each
 request goes over its agent's own connection). Each rail is graded against the rate its
-link trained at (the slower of its two ports).
+link trained at (the slower of its two ports). A test is an operator's action: starting one is
+audited as fabric.test (who, the two nodes, the fabric, from which address).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from apps.accounts import audit
+from apps.accounts.models import User
 from apps.cluster import agent_requests
 from apps.cluster.models import AgentRequest, Node
 from apps.fabrics.models import FabricTest, NodeFabrics
@@ -107,12 +110,26 @@ def plan(client: Node, server: Node) -> tuple[str, list[dict[str, Any]]]:
     return fabric, rails
 
 
-def start_test(client: Node, server: Node, *, duration_s: int = 5) -> FabricTest:
-    """A test row, run by the worker rail after rail (run_test)."""
+@transaction.atomic
+def start_test(
+    client: Node, server: Node, *, duration_s: int = 5, actor: User | None, address: str | None = None
+) -> FabricTest:
+    """A test row, run by the worker rail after rail (run_test), and its audit event; TestRefused
+    says why it cannot start (and nothing is written)."""
     fabric, rails = plan(client, server)
     if not server.address:
         raise TestRefused(_("Node %(node)s has no address the other node could reach.") % {"node": server.name})
     test = FabricTest.objects.create(client=client, server=server, fabric=fabric, rails=rails, duration_s=duration_s)
+    audit.record(
+        actor,
+        "fabric.test",
+        test,
+        address=address,
+        client=client.name,
+        server=server.name,
+        fabric=fabric,
+        duration_s=duration_s,
+    )
     from apps.fabrics.tasks import run_fabric_test
 
     transaction.on_commit(lambda: run_fabric_test.delay(test.pk))
