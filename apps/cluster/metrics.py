@@ -388,16 +388,12 @@ class EngineFamilies:
                 append(f"{name}_sum{{{labels}{float(total)!r}\n")
 
 
-def _shards(
-    out: Exposition,
-    put: Put,
-    samples: dict[int, dict[str, Any] | None],
-    engines: EngineFamilies | None = None,
-    names: dict[int, str] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """What each shard of a live model claims, what its engine uses (from a fresh sample), and the
-    GPUs it holds. A deleted model's shards are left out, so its series end with it. Returns what
-    the shards hold per capacity-quota owner key, as placement counts it against a quota."""
+def _claiming_shards(
+    names: dict[int, str] | None,
+) -> tuple[list[tuple[Any, ...]], dict[int, tuple[str, tuple[str, ...], str]], dict[int, str]]:
+    """The shards of live models that claim resources, as plain rows ordered by node, replica and
+    rank; each of their models once, as (name, owner keys, owner label); and the name of every node
+    they are on: ``names`` as given, with the nodes it lacks read."""
     from apps.catalog.models import Model
     from apps.cluster.inventory import CLAIMING_STATES
     from apps.cluster.models import Shard
@@ -428,6 +424,20 @@ def _shards(
         from apps.cluster.models import Node
 
         names.update(Node.objects.filter(pk__in=missing).values_list("pk", "name"))
+    return rows, owners, names
+
+
+def _shards(
+    out: Exposition,
+    put: Put,
+    samples: dict[int, dict[str, Any] | None],
+    engines: EngineFamilies | None = None,
+    names: dict[int, str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """What each shard of a live model claims, what its engine uses (from a fresh sample), and the
+    GPUs it holds. A deleted model's shards are left out, so its series end with it. Returns what
+    the shards hold per capacity-quota owner key, as placement counts it against a quota."""
+    rows, owners, names = _claiming_shards(names)
     slices = _slices()
     held: dict[str, dict[str, Any]] = {}
     assigned = out.family(

@@ -12,42 +12,48 @@ from llmgw.metrics import Exposition, escape_label, label_text, number_text
 
 __all__ = ["FabricCollector"]
 
+# The families, each (metric, help).
+PORT_ACTIVE = (
+    "llmgw_ib_port_active",
+    "1 when the port is ACTIVE with its link up; state and phys_state tell an unplugged cable "
+    "(Disabled/Polling) from a missing subnet manager (INIT with LinkUp)",
+)
+PORT_RATE = "llmgw_ib_port_rate_gbps", "The rate the port's link trained at"
+PORT_COUNTERS = "llmgw_ib_port_counter", "The port's error and data counters (data in bytes)"
+PORT_FLAPS = "llmgw_ib_port_flaps", "Times the port went down or up since its agent started"
+NVLINK_JOINED = (
+    "llmgw_gpu_nvlink_joined",
+    "1 when the card is joined to its node's multi-node NVLink domain (fabric Completed/Success, "
+    "healthy, that domain's ClusterUUID and CliqueId); absent on a node in no such domain",
+)
+IMEX_UP = (
+    "llmgw_imex_up",
+    "1 when the node's IMEX daemon is READY, its domain UP and a channel present; absent on a node "
+    "that is in no NVLink domain",
+)
+FABRIC_MASTER = "llmgw_fabric_master_sm", "1 for each master subnet manager a fabric's ports report"
+FABRIC_MANAGERS = "llmgw_fabric_subnet_managers", "Subnet managers listed on the fabric (master and standbys)"
+FABRIC_PROBLEMS = "llmgw_fabric_problems", "Fabric problems found, by kind"
+
 
 class FabricCollector:
     """Ports, NVLink domains and fabrics, written as text (llmgw.metrics.Exposition) from the
     nodes the scrape read once (apps.cluster.metrics.scrape_nodes)."""
 
     def text(self) -> str:
+        """The exposition: each node's NVLink cards and IMEX state, its ports, then the fabrics."""
         from apps.fabrics import nvlink
-        from apps.fabrics.services import fabrics_overview
 
         out = Exposition()
-        active = (
-            "llmgw_ib_port_active",
-            "1 when the port is ACTIVE with its link up; state and phys_state tell an unplugged cable "
-            "(Disabled/Polling) from a missing subnet manager (INIT with LinkUp)",
-        )
-        rate = "llmgw_ib_port_rate_gbps", "The rate the port's link trained at"
-        counters = "llmgw_ib_port_counter", "The port's error and data counters (data in bytes)"
-        flaps = "llmgw_ib_port_flaps", "Times the port went down or up since its agent started"
-        joined = (
-            "llmgw_gpu_nvlink_joined",
-            "1 when the card is joined to its node's multi-node NVLink domain (fabric Completed/Success, "
-            "healthy, that domain's ClusterUUID and CliqueId); absent on a node in no such domain",
-        )
-        imex = (
-            "llmgw_imex_up",
-            "1 when the node's IMEX daemon is READY, its domain UP and a channel present; absent on a node "
-            "that is in no NVLink domain",
-        )
+        active, rate, counters, flaps = PORT_ACTIVE, PORT_RATE, PORT_COUNTERS, PORT_FLAPS
         # Declared in this order whether or not each has series (an empty one is not written); the
         # ports' lines, some 50,000 on 2,000 nodes, are written straight into their families.
         active_lines = out.family(*active)
         rate_lines = out.family(*rate)
         counter_lines = out.family(*counters, kind="counter")
         flap_lines = out.family(*flaps, kind="counter")
-        out.family(*joined)
-        out.family(*imex)
+        out.family(*NVLINK_JOINED)
+        out.family(*IMEX_UP)
         for node in scrape_nodes():
             sample = node.sample
             if sample is None:
@@ -63,7 +69,7 @@ class FabricCollector:
                         "domain": card.domain or state.domain or "-",
                         "state": card.state or "-",
                     }
-                    out.add(*joined, label_text(labels), 1.0 if card.joined else 0.0)
+                    out.add(*NVLINK_JOINED, label_text(labels), 1.0 if card.joined else 0.0)
                 up = state.imex_up
                 if up is not None:
                     summary = nvlink.imex_summary(state.imex) or {}
@@ -72,7 +78,7 @@ class FabricCollector:
                         "state": str(summary.get("state") or "-"),
                         "domain_state": str(summary.get("domain_state") or "-"),
                     }
-                    out.add(*imex, label_text(labels), 1.0 if up else 0.0)
+                    out.add(*IMEX_UP, label_text(labels), 1.0 if up else 0.0)
             n = f'node="{escape_label(node.name)}"'
             for port in sample.get("ib_ports") or []:
                 if not isinstance(port, dict):
@@ -100,19 +106,23 @@ class FabricCollector:
                 if port.get("flaps").__class__ is int:
                     flap_lines.append(f"{flaps[0]}_total{{{where}}} {number_text(port['flaps'])}\n")
 
-        overview = fabrics_overview()
-        master = "llmgw_fabric_master_sm", "1 for each master subnet manager a fabric's ports report"
-        managers = "llmgw_fabric_subnet_managers", "Subnet managers listed on the fabric (master and standbys)"
-        out.family(*master)
-        out.family(*managers)
-        for fabric in overview["fabrics"]:
-            if fabric["kind"] != "ib":
-                continue
-            out.add(*managers, label_text({"fabric": fabric["id"]}), float(len(fabric["subnet_managers"])))
-            for sm in fabric["subnet_managers"]:
-                if sm.get("master"):
-                    out.add(*master, label_text({"fabric": fabric["id"], "guid": sm["guid"]}), 1.0)
-        problems = "llmgw_fabric_problems", "Fabric problems found, by kind"
-        for code, count in sorted(Counter(p["code"] for p in overview["problems"]).items()):
-            out.add(*problems, label_text({"code": code}), float(count))
+        _fabric_lines(out)
         return out.text()
+
+
+def _fabric_lines(out: Exposition) -> None:
+    """Each InfiniBand fabric's subnet managers (the master marked) and the fabric problems by kind."""
+    from apps.fabrics.services import fabrics_overview
+
+    overview = fabrics_overview()
+    out.family(*FABRIC_MASTER)
+    out.family(*FABRIC_MANAGERS)
+    for fabric in overview["fabrics"]:
+        if fabric["kind"] != "ib":
+            continue
+        out.add(*FABRIC_MANAGERS, label_text({"fabric": fabric["id"]}), float(len(fabric["subnet_managers"])))
+        for sm in fabric["subnet_managers"]:
+            if sm.get("master"):
+                out.add(*FABRIC_MASTER, label_text({"fabric": fabric["id"], "guid": sm["guid"]}), 1.0)
+    for code, count in sorted(Counter(p["code"] for p in overview["problems"]).items()):
+        out.add(*FABRIC_PROBLEMS, label_text({"code": code}), float(count))

@@ -87,6 +87,56 @@ def _group(name: str | None, level: str, holds: list[Hold]) -> dict[str, Any]:
     return {"name": name, "label": name if name is not None else UNSAID, "level": level, "hold": own}
 
 
+def _facility_nodes() -> list[Any]:
+    """Every node that is not revoked, in name order, with its GPUs and only the fields the page reads."""
+    from apps.cluster.choices import NodeStatus
+    from apps.cluster.models import Gpu, Node
+
+    return list(
+        Node.objects.exclude(status=NodeStatus.REVOKED)
+        .only("name", "labels", "hardware", "status", "cordoned", "cordon_reason", "last_seen_at")
+        .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.only("node_id", "index", "gpu_class", "name")))
+        .order_by("name")
+    )
+
+
+def _models_on_nodes() -> dict[int, Counter[str]]:
+    """Node id -> the shards on it per model name, of the replicas that claim resources."""
+    from apps.cluster.choices import NodeStatus
+    from apps.cluster.inventory import CLAIMING_STATES
+    from apps.cluster.models import Shard
+
+    models_on: dict[int, Counter[str]] = defaultdict(Counter)
+    shards = Shard.objects.filter(replica__state__in=CLAIMING_STATES).exclude(node__status=NodeStatus.REVOKED)
+    for node_id, model_name in shards.values_list("node_id", "replica__model__name"):
+        models_on[node_id][model_name] += 1
+    return models_on
+
+
+def _tree(racks: dict[tuple[str | None, ...], dict[str, Any]], holds: list[Hold]) -> list[dict[str, Any]]:
+    """The racks, keyed by (site, room, row, rack), as sites of rooms of rows of racks, each level
+    in name order with the unsaid one last.  Each rack's model counts become a sorted list."""
+    sites: dict[str | None, dict[str, Any]] = {}
+    for key in sorted(racks, key=lambda k: tuple(_sort_key(part) for part in k)):
+        site_name, room_name, row_name, _rack = key
+        rack = racks[key]
+        rack["models"] = [{"name": name, "shards": count} for name, count in sorted(rack["models"].items())]
+        rack["held"] = bool(rack["holds"])
+        site = sites.setdefault(site_name, {**_group(site_name, "site", holds), "rooms": {}})
+        room = site["rooms"].setdefault(room_name, {**_group(room_name, "room", holds), "rows": {}})
+        row_group = room["rows"].setdefault(row_name, {**_group(row_name, "row", holds), "racks": []})
+        row_group["racks"].append(rack)
+    tree = []
+    for site in sites.values():
+        rooms = []
+        for room in site["rooms"].values():
+            room["rows"] = list(room["rows"].values())
+            rooms.append(room)
+        site["rooms"] = rooms
+        tree.append(site)
+    return tree
+
+
 def facility_page() -> dict[str, Any]:
     """The tree (sites → rooms → rows → racks) of every node that is not revoked, the nodes naming no
     rack, each named PDU with its nodes, and the active holds.
@@ -95,21 +145,9 @@ def facility_page() -> dict[str, Any]:
     shards on them (replicas that claim resources), and the holds on it: its own and any on its site,
     room or row, each marked `inherited` when it is one of those.
     """
-    from apps.cluster.choices import NodeStatus
-    from apps.cluster.inventory import CLAIMING_STATES
-    from apps.cluster.models import Gpu, Node, Shard
-
     holds = active_holds()
-    nodes = list(
-        Node.objects.exclude(status=NodeStatus.REVOKED)
-        .only("name", "labels", "hardware", "status", "cordoned", "cordon_reason", "last_seen_at")
-        .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.only("node_id", "index", "gpu_class", "name")))
-        .order_by("name")
-    )
-    models_on: dict[int, Counter[str]] = defaultdict(Counter)
-    shards = Shard.objects.filter(replica__state__in=CLAIMING_STATES).exclude(node__status=NodeStatus.REVOKED)
-    for node_id, model_name in shards.values_list("node_id", "replica__model__name"):
-        models_on[node_id][model_name] += 1
+    nodes = _facility_nodes()
+    models_on = _models_on_nodes()
 
     racks: dict[tuple[str | None, ...], dict[str, Any]] = {}
     without_rack: list[dict[str, Any]] = []
@@ -142,25 +180,7 @@ def facility_page() -> dict[str, Any]:
         rack["nodes"].append(row)
         rack["models"].update(models_on.get(node.pk, Counter()))
 
-    sites: dict[str | None, dict[str, Any]] = {}
-    for key in sorted(racks, key=lambda k: tuple(_sort_key(part) for part in k)):
-        site_name, room_name, row_name, _rack = key
-        rack = racks[key]
-        rack["models"] = [{"name": name, "shards": count} for name, count in sorted(rack["models"].items())]
-        rack["held"] = bool(rack["holds"])
-        site = sites.setdefault(site_name, {**_group(site_name, "site", holds), "rooms": {}})
-        room = site["rooms"].setdefault(room_name, {**_group(room_name, "room", holds), "rows": {}})
-        row_group = room["rows"].setdefault(row_name, {**_group(row_name, "row", holds), "racks": []})
-        row_group["racks"].append(rack)
-    tree = []
-    for site in sites.values():
-        rooms = []
-        for room in site["rooms"].values():
-            room["rows"] = list(room["rows"].values())
-            rooms.append(room)
-        site["rooms"] = rooms
-        tree.append(site)
-
+    tree = _tree(racks, holds)
     budgets = power_rows(nodes)
     for site in tree:
         for room in site["rooms"]:

@@ -22,7 +22,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from apps.catalog.models import Model as CatalogModel
     from apps.gateway.slots import InFlight
+    from apps.quotas.limiter import Limit
 
 __all__ = [
     "KeyEntry",
@@ -232,17 +236,24 @@ def unplaceable_reason(rejections: list[Any]) -> str | None:
 
 def load_tables() -> Tables:
     """Read keys, limits and ready replicas (in a worker thread: this is ORM work)."""
-    from django.db.models import Prefetch
-
-    from apps.accounts.choices import Band
-    from apps.accounts.models import ApiKey
-    from apps.catalog.models import Model
-    from apps.cluster.choices import ReplicaState
-    from apps.cluster.models import Replica, Shard
-    from apps.quotas.limiter import load_all_limits, pick_limits
+    from apps.quotas.limiter import load_all_limits
 
     version = current_version()
     all_limits = load_all_limits()
+    return Tables(
+        keys=_load_keys(all_limits),
+        models=_load_models(),
+        version=version,
+        guards=load_guards(),
+        stopping=load_stopping(),
+    )
+
+
+def _load_keys(all_limits: dict[str, Limit]) -> dict[str, KeyEntry]:
+    """Every active key of an active user, by its hash, with its limits and fair-share weights."""
+    from apps.accounts.choices import Band
+    from apps.accounts.models import ApiKey
+    from apps.quotas.limiter import pick_limits
 
     keys: dict[str, KeyEntry] = {}
     for key in ApiKey.objects.active().filter(user__is_active=True).select_related("project__team__organization"):
@@ -269,15 +280,34 @@ def load_tables() -> Tables:
             weights=weights,
             ceiling=1 if Band.BATCH in bands else 0,
         )
+    return keys
 
-    models: dict[str, ModelRoute] = {}
+
+def _live_models() -> QuerySet[CatalogModel]:
+    """The live models with all that their routes read, in a fixed number of queries: profiles,
+    owners, and the replicas not being stopped with their rank-0 shard and its node."""
+    from django.db.models import Prefetch
+
+    from apps.catalog.models import Model
+    from apps.cluster.choices import ReplicaState
+    from apps.cluster.models import Replica, Shard
+
     replicas = (
         Replica.objects.exclude(state=ReplicaState.STOPPING)
         .select_related("profile")
         .prefetch_related(Prefetch("shards", queryset=Shard.objects.filter(rank=0).select_related("node")))
     )
     catalog = Model.objects.live().prefetch_related("profiles", Prefetch("replicas", queryset=replicas))
-    for model in catalog.select_related("organization", "team__organization", "project__team__organization"):
+    return catalog.select_related("organization", "team__organization", "project__team__organization")
+
+
+def _load_models() -> dict[str, ModelRoute]:
+    """Every live model's route, by name: its external provider and ready replicas as upstreams,
+    and, while none is ready or starting, why placement refused its pending ones."""
+    from apps.cluster.choices import ReplicaState
+
+    models: dict[str, ModelRoute] = {}
+    for model in _live_models():
         upstreams: list[Upstream] = []
         if model.is_external:
             upstreams.append(
@@ -342,7 +372,7 @@ def load_tables() -> Tables:
             starting=starting,
             unplaceable=unplaceable,
         )
-    return Tables(keys=keys, models=models, version=version, guards=load_guards(), stopping=load_stopping())
+    return models
 
 
 def load_stopping() -> dict[str, Stopped]:

@@ -135,31 +135,54 @@ def _per_layer(meta: Mapping[str, Any], key: str, layers: int, default: int | No
     return (value,) * layers
 
 
+def _companion_shape(meta: Mapping[str, Any], arch: str, kind: str) -> Shape:
+    """The shape of an adapter or a multimodal projector: not a model to size, so what it is and the
+    architecture it is for are what count."""
+    adapter = meta.get("adapter.type")
+    return Shape(
+        architecture=arch,
+        kind=kind,
+        block_count=_int(meta, f"{arch}.block_count") or 0,
+        embedding_length=_int(meta, f"{arch}.embedding_length") or 0,
+        context_length=None,
+        feed_forward_length=None,
+        head_count=(),
+        head_count_kv=(),
+        key_length=(),
+        value_length=(),
+        swa_layers=(),
+        sliding_window=None,
+        kv_layers=(),
+        adapter_type=str(adapter) if isinstance(adapter, str) else None,
+    )
+
+
+def _swa_layers(meta: Mapping[str, Any], arch: str, layers: int, window: int | None) -> tuple[bool, ...]:
+    """Per layer, whether it attends over the sliding window only: the header's pattern where it
+    lists one, else every layer but the last of each period (the architecture's, where the header
+    gives none).  No layer without a window."""
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if not window:
+        return (False,) * layers
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise GGUFError(f"{arch}.attention.sliding_window_pattern lists {len(pattern)} values for {layers} layers")
+        return tuple(bool(p) for p in pattern)
+    period = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) else SWA_PERIOD.get(arch)
+    # llama.cpp: a layer is SWA unless it is the last of its period (period 0: every layer is).
+    return tuple(period is None or period == 0 or i % period < period - 1 for i in range(layers))
+
+
 def shape_of(header: Header) -> Shape:
+    """The model's shape as the estimate needs it, from its GGUF header (GGUFError when a count the
+    estimate needs is missing or is not one)."""
     meta = header.metadata
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise GGUFError("the header has no general.architecture")
     kind = str(meta.get("general.type") or ("mmproj" if arch == "clip" else "model"))
     if kind in ("adapter", "mmproj"):
-        # Not a model to size: what it is, and the architecture it is for, is what counts.
-        adapter = meta.get("adapter.type")
-        return Shape(
-            architecture=arch,
-            kind=kind,
-            block_count=_int(meta, f"{arch}.block_count") or 0,
-            embedding_length=_int(meta, f"{arch}.embedding_length") or 0,
-            context_length=None,
-            feed_forward_length=None,
-            head_count=(),
-            head_count_kv=(),
-            key_length=(),
-            value_length=(),
-            swa_layers=(),
-            sliding_window=None,
-            kv_layers=(),
-            adapter_type=str(adapter) if isinstance(adapter, str) else None,
-        )
+        return _companion_shape(meta, arch, kind)
     layers = _int(meta, f"{arch}.block_count", required=True) or 0
     if layers > 4096:
         raise GGUFError(f"{arch}.block_count is {layers:,}, more than any model has")
@@ -171,18 +194,7 @@ def shape_of(header: Header) -> Shape:
     key = _int(meta, f"{arch}.attention.key_length") or default_dim
     value = _int(meta, f"{arch}.attention.value_length") or default_dim
     window = _int(meta, f"{arch}.attention.sliding_window")
-    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
-    swa: tuple[bool, ...]
-    if not window:
-        swa = (False,) * layers
-    elif isinstance(pattern, list):
-        if len(pattern) != layers:
-            raise GGUFError(f"{arch}.attention.sliding_window_pattern lists {len(pattern)} values for {layers} layers")
-        swa = tuple(bool(p) for p in pattern)
-    else:
-        period = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) else SWA_PERIOD.get(arch)
-        # llama.cpp: a layer is SWA unless it is the last of its period (period 0: every layer is).
-        swa = tuple(period is None or period == 0 or i % period < period - 1 for i in range(layers))
+    swa = _swa_layers(meta, arch, layers, window)
     key_swa = _int(meta, f"{arch}.attention.key_length_swa") or key
     value_swa = _int(meta, f"{arch}.attention.value_length_swa") or value
     keys = tuple(key_swa if s else key for s in swa)
