@@ -167,11 +167,31 @@ def live_nodes(inventory: Any = None) -> dict[str, dict[str, Any]]:
 def live_fleet() -> dict[str, Any]:
     """The cluster as it is now, for a scenario that starts from it (and for `like:` node types):
     the placement snapshot the reconciler builds, and its models and replicas as plain objects."""
-    from apps.catalog.models import Model
     from apps.cluster.inventory import build_inventory
-    from apps.cluster.models import Replica
 
     inventory = build_inventory()
+    models = _live_models()
+    replicas = _live_replicas(models)
+    by_name = live_nodes(inventory)
+    from apps.facility import power
+    from apps.facility.services import active_holds
+
+    holds = {h.domain: {"reason": h.reason, "drain": h.drain} for h in active_holds()}
+    return {
+        "nodes": inventory.nodes,
+        "holds": holds,
+        "caps": {str(k): float(v) for k, v in power.caps().items()},
+        "models": list(models.values()),
+        "replicas": replicas,
+        "quotas": inventory.quotas,
+        "by_name": by_name,
+    }
+
+
+def _live_models() -> dict[int, SimModel]:
+    """Every model served by the fleet (external ones left out), by id, with its profiles."""
+    from apps.catalog.models import Model
+
     models: dict[int, SimModel] = {}
     rows = (
         Model.objects.exclude(external_url__gt="")
@@ -216,6 +236,13 @@ def live_fleet() -> dict[str, Any]:
             held_for_id=row.held_for_id,
             deleted_at=row.deleted_at,
         )
+    return models
+
+
+def _live_replicas(models: dict[int, SimModel]) -> list[SimReplica]:
+    """The replicas of those models with their shards (none for a pending one, which holds nothing)."""
+    from apps.cluster.models import Replica
+
     replicas = []
     for r in Replica.objects.filter(model_id__in=list(models)).prefetch_related("shards"):
         replicas.append(
@@ -243,20 +270,7 @@ def live_fleet() -> dict[str, Any]:
                 else [],
             )
         )
-    by_name = live_nodes(inventory)
-    from apps.facility import power
-    from apps.facility.services import active_holds
-
-    holds = {h.domain: {"reason": h.reason, "drain": h.drain} for h in active_holds()}
-    return {
-        "nodes": inventory.nodes,
-        "holds": holds,
-        "caps": {str(k): float(v) for k, v in power.caps().items()},
-        "models": list(models.values()),
-        "replicas": replicas,
-        "quotas": inventory.quotas,
-        "by_name": by_name,
-    }
+    return replicas
 
 
 class Simulation:
