@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db import transaction
 from django.http import HttpRequest
 
 from apps.accounts.admin import actor_of
-from apps.catalog import services
+from apps.catalog import profile_fields, services
 from apps.catalog.models import Model, Profile
 from apps.cluster.models import Replica, Shard
 from llmgw.http import client_address
@@ -21,7 +22,7 @@ from llmgw.http import client_address
 
 def save_profile(request: HttpRequest, profile: Profile, changed: list[str]) -> None:
     """The fields a form changed, written by services.update_profile (one check, one event)."""
-    changes = {name: getattr(profile, name) for name in changed if name in services.PROFILE_FIELDS}
+    changes = {name: getattr(profile, name) for name in changed if name in profile_fields.field_names()}
     if set(changed) - set(changes):  # a field nobody decided about: refuse rather than write it unaudited
         raise TypeError(f"profile fields without a service: {sorted(set(changed) - set(changes))}")
     if changes:
@@ -33,6 +34,21 @@ def save_profile(request: HttpRequest, profile: Profile, changed: list[str]) -> 
         )
 
 
+def declared_formfield(db_field: Any, formfield: Any) -> Any:
+    """A profile column's form field as its declaration says: its help, and a list to pick from
+    where it takes one of a few values (facility's levels)."""
+    try:
+        declared = profile_fields.declared(db_field.name)
+    except KeyError:
+        return formfield
+    if declared.choices:
+        choices = [("", "-"), *((choice, choice) for choice in declared.choices)]
+        formfield = forms.TypedChoiceField(choices=choices, required=False, label=db_field.verbose_name)
+    if formfield is not None and declared.help:
+        formfield.help_text = profile_fields.help_text(declared)
+    return formfield
+
+
 class ProfileInline(admin.StackedInline):
     # A model's list of profiles is part of its declaration (services.apply_models checks, for
     # one, that a model on the cluster keeps one): profiles are neither added nor removed here.
@@ -42,6 +58,12 @@ class ProfileInline(admin.StackedInline):
     extra = 0
     can_delete = False
     readonly_fields = ["name"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return ("name", *profile_fields.field_names())
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        return declared_formfield(db_field, super().formfield_for_dbfield(db_field, request, **kwargs))
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -135,6 +157,12 @@ class ProfileAdmin(admin.ModelAdmin):
     list_filter = ["engine", "accelerator"]
     search_fields = ["model__name", "name"]
     readonly_fields = ["model", "name"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return ("model", "name", *profile_fields.field_names())
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        return declared_formfield(db_field, super().formfield_for_dbfield(db_field, request, **kwargs))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.access import IsOperator
-from apps.catalog import selectors, services
+from apps.catalog import profile_fields, selectors, services
 from apps.catalog.choices import CapacityClass
 from apps.catalog.models import Model, Profile
 from apps.cluster.choices import ReplicaState
@@ -30,23 +30,10 @@ __all__ = ["ModelViewSet", "ReplicaViewSet", "explain_model", "explain_placed", 
 class ProfileSerializer(serializers.ModelSerializer[Profile]):
     class Meta:
         model = Profile
-        fields = [
-            "name",
-            "priority",
-            "engine",
-            "accelerator",
-            "gpus_per_shard",
-            "nodes_per_replica",
-            "parallel",
-            "context_size",
-            "memory_bytes",
-            "cpu_cores",
-            "node_selector",
-            "keep_within",
-            "power_watts",
-            "extra_args",
-            "env",
-        ]
+        fields = ["name"]  # and every declared field (apps.catalog.profile_fields), below
+
+    def get_field_names(self, declared_fields: Any, info: Any) -> list[str]:
+        return ["name", *profile_fields.field_names()]
 
 
 class ShardSerializer(serializers.ModelSerializer[Shard]):

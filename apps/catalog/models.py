@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.models import Organization, Project, Team
 from apps.catalog.choices import CapacityClass, Engine
+from apps.catalog.profile_fields import GPU_MEMORY_UTILISATION, Declared, engine_problems
 from apps.catalog.scaling import Scaling
 
 __all__ = ["Model", "Profile"]
@@ -168,17 +169,24 @@ class Profile(models.Model):
     node_selector = models.JSONField(_("node labels required"), default=dict, blank=True)
     # What one shard draws, as the operator knows it (W); placement counts the highest of this, the
     # cards' TDP and what its cards were measured at against a rack's or PDU's power cap.
-    power_watts = models.PositiveIntegerField(_("power per shard (W)"), null=True, blank=True)
+    power_watts = models.PositiveIntegerField(
+        _("power per shard (W)"), null=True, blank=True, validators=[Declared("power_watts")]
+    )
     # A replica across nodes is formed within one of these (its nodes' llmgw.io/<level> label); "" none.
+    # The levels are facility's (its declaration of the field).
     keep_within = models.CharField(
-        _("keep within"),
-        max_length=8,
-        blank=True,
-        default="",
-        choices=[("", "-"), ("site", "site"), ("room", "room"), ("row", "row"), ("rack", "rack"), ("pdu", "pdu")],
+        _("keep within"), max_length=8, blank=True, default="", validators=[Declared("keep_within")]
     )
     extra_args = models.JSONField(_("extra engine arguments"), default=list, blank=True)
     env = models.JSONField(_("extra environment"), default=dict, blank=True)
+    # vLLM's --gpu-memory-utilization; None: vLLM's own default.
+    gpu_memory_utilisation = models.FloatField(
+        _("GPU memory share"),
+        null=True,
+        blank=True,
+        help_text=_(GPU_MEMORY_UTILISATION.help),
+        validators=[Declared(GPU_MEMORY_UTILISATION.name)],
+    )
 
     class Meta:
         verbose_name = _("profile")
@@ -230,5 +238,7 @@ class Profile(models.Model):
             errors.setdefault("env", []).append(str(_("Expected a mapping of names to values.")))
         if self.model_id and self.model.is_external:
             errors.setdefault("model", []).append(str(_("A model served by an external provider has no profiles.")))
+        for name, problem in engine_problems(self).items():
+            errors.setdefault(name, []).append(problem)
         if errors:
             raise ValidationError(errors)

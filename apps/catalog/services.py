@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -17,7 +15,9 @@ from django.utils.translation import gettext as _
 
 from apps.accounts import audit
 from apps.accounts.models import Organization, Project, Team, User
+from apps.catalog import profile_fields
 from apps.catalog.models import Model, Profile
+from apps.catalog.profile_fields import MAX_CPU_CORES, parse_memory
 
 __all__ = [
     "MAX_CPU_CORES",
@@ -50,55 +50,8 @@ MODEL_FIELDS = (
     "team_id",
     "project_id",
 )
-PROFILE_FIELDS = (
-    "priority",
-    "engine",
-    "accelerator",
-    "gpus_per_shard",
-    "nodes_per_replica",
-    "parallel",
-    "context_size",
-    "memory_bytes",
-    "cpu_cores",
-    "node_selector",
-    "keep_within",
-    "power_watts",
-    "extra_args",
-    "env",
-)
-# Memory is counted as operators and the kernel count RAM: a GB is 1024^3 bytes, as in "64 GB of RAM".
-UNITS = {
-    "b": 1,
-    "k": 1024,
-    "kb": 1024,
-    "ki": 1024,
-    "kib": 1024,
-    "m": 1024**2,
-    "mb": 1024**2,
-    "mi": 1024**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gb": 1024**3,
-    "gi": 1024**3,
-    "gib": 1024**3,
-    "t": 1024**4,
-    "tb": 1024**4,
-    "ti": 1024**4,
-    "tib": 1024**4,
-}
 # The console's forms allow as much; a spec or the API may not ask for more.
 MAX_REPLICAS = 1000
-MAX_CPU_CORES = 4096
-# What PostgreSQL's integer columns hold, so that SQLite refuses the same specs.
-_POSITIVE_INT = (0, 2**31 - 1)
-PROFILE_INT_RANGES: dict[str, tuple[int, int]] = {
-    "priority": (-(2**31), 2**31 - 1),
-    "gpus_per_shard": _POSITIVE_INT,
-    "nodes_per_replica": _POSITIVE_INT,
-    "parallel": _POSITIVE_INT,
-    "context_size": _POSITIVE_INT,
-    "power_watts": (1, 1_000_000),
-}
 
 
 # Every key a spec may hold, per level: any other is an error naming the nearest known one (a
@@ -107,27 +60,6 @@ MODEL_KEYS = frozenset({"name", "class", "replicas", "source", "fallbacks", "pro
 REPLICA_KEYS = frozenset({"min", "max"})
 EXTERNAL_KEYS = frozenset({"url", "model", "api_key_file"})
 OWNER_KEYS = frozenset({"organization", "team", "project"})
-KEEP_WITHIN = ("site", "room", "row", "rack", "pdu")  # apps.facility.locations.LEVELS
-PROFILE_KEYS = frozenset(
-    {
-        "name",
-        "priority",
-        "engine",
-        "accelerator",
-        "gpus_per_shard",
-        "nodes_per_replica",
-        "parallel",
-        "context_size",
-        "node_selector",
-        "keep_within",
-        "power_watts",
-        "extra_args",
-        "env",
-        "memory",
-        "memory_gb",
-        "cpu_cores",
-    }
-)
 
 
 def _unknown_keys(value: Any, known: frozenset[str], path: str, errors: dict[str, list[str]]) -> None:
@@ -159,26 +91,6 @@ class ApplyResult:
     name: str
     outcome: str  # created, changed, unchanged
     changes: dict[str, Any]
-
-
-def parse_memory(value: Any) -> int:
-    """Bytes from 24, "24GB", "24 GiB", "1.5G" (a bare number is gigabytes; a GB is 1024^3 bytes)."""
-    if isinstance(value, bool):
-        raise ValueError
-    if isinstance(value, int):
-        return value * 1024**3
-    if isinstance(value, float):
-        number, unit = value, "gb"
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
-        unit = (match.group(2).lower() or "gb") if match else ""
-        if not match or unit not in UNITS:
-            raise ValueError
-        number = float(match.group(1))
-    size = number * UNITS[unit]
-    if not math.isfinite(size):  # "1e999", .inf in YAML: no size at all
-        raise ValueError
-    return int(size)
 
 
 def _text_problem(value: str) -> str | None:
@@ -294,71 +206,22 @@ def _model_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]])
 
 
 def _profile_values(spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    simple = {
-        "priority": int,
-        "engine": str,
-        "accelerator": str,
-        "gpus_per_shard": int,
-        "nodes_per_replica": int,
-        "parallel": int,
-        "context_size": int,
-        "node_selector": dict,
-        "keep_within": str,
-        "power_watts": int,
-        "extra_args": list,
-        "env": dict,
-    }
-    defaults = {
-        "priority": 0,
-        "engine": "llama.cpp",
-        "accelerator": "cpu",
-        "gpus_per_shard": 0,
-        "nodes_per_replica": 1,
-        "parallel": 4,
-        "context_size": None,
-        "node_selector": {},
-        "keep_within": "",
-        "power_watts": None,
-        "extra_args": [],
-        "env": {},
-    }
-    for key, kind in simple.items():
-        value = spec.get(key, defaults[key])
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            errors.setdefault(f"{path}.{key}", []).append(_("Expected a %(kind)s.") % {"kind": kind.__name__})
-            continue
-        low, high = PROFILE_INT_RANGES.get(key, (0, 0))
-        if isinstance(value, int) and key in PROFILE_INT_RANGES and not low <= value <= high:
-            errors.setdefault(f"{path}.{key}", []).append(
-                _("Expected a whole number from %(low)s to %(high)s; got “%(value)s”.")
-                % {"low": low, "high": high, "value": value}
-            )
-            continue
-        values[key] = value
+    values, problems = profile_fields.read_profile(spec)
+    for key, messages in problems.items():
+        errors.setdefault(f"{path}.{key}", []).extend(messages)
     if values.get("accelerator", "cpu") != "cpu" and "gpus_per_shard" not in spec:
         values["gpus_per_shard"] = 1
-    within = values.get("keep_within")
-    if within and within not in KEEP_WITHIN:
-        errors.setdefault(f"{path}.keep_within", []).append(
-            _("Expected one of %(levels)s; got “%(value)s”.") % {"levels": ", ".join(KEEP_WITHIN), "value": within}
-        )
-        values.pop("keep_within")
-    memory = spec.get("memory", spec.get("memory_gb"))
-    try:
-        values["memory_bytes"] = parse_memory(memory) if memory is not None else 0
-    except ValueError:
-        errors.setdefault(f"{path}.memory", []).append(
-            _("Expected a size such as 24GB, 512MiB or a number of gigabytes; got “%(value)s”.") % {"value": memory}
-        )
-    cores = spec.get("cpu_cores", 0)
-    if isinstance(cores, bool) or not isinstance(cores, int | float) or not 0 <= cores <= MAX_CPU_CORES:
-        errors.setdefault(f"{path}.cpu_cores", []).append(
-            _("Expected a number of cores from 0 to %(max)s.") % {"max": MAX_CPU_CORES}
-        )
-    else:
-        values["cpu_cores"] = float(cores)
     return values
+
+
+@dataclass
+class _Plan:
+    """What an apply would do to one model: its fields' changes and each profile's."""
+
+    model: Model
+    changes: dict[str, Any]
+    profiles: list[tuple[Profile, dict[str, Any]]]
+    created: bool
 
 
 @transaction.atomic
@@ -376,123 +239,127 @@ def apply_models(specs: Any, *, actor: User | None, dry_run: bool = False) -> li
     if not isinstance(specs, list):
         raise SpecError({"models": [_("Expected a list of models.")]})
     errors: dict[str, list[str]] = {}
-    plans: list[tuple[Model, dict[str, Any], list[tuple[Profile, dict[str, Any]]], bool]] = []
+    plans: list[_Plan] = []
     names: set[str] = set()
     for i, spec in enumerate(specs):
-        path = f"models[{i}]"
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            errors.setdefault(f"{path}.name", []).append(_("Each model needs a name."))
-            continue
-        # Before any lookup: the database refuses such a string even in a query.
-        if _text_errors(spec, path, errors):
-            continue
-        _unknown_keys(spec, MODEL_KEYS, path, errors)
-        if isinstance(spec.get("replicas"), dict):
-            _unknown_keys(spec["replicas"], REPLICA_KEYS, f"{path}.replicas", errors)
-        _unknown_keys(spec.get("external"), EXTERNAL_KEYS, f"{path}.external", errors)
-        _unknown_keys(spec.get("owner"), OWNER_KEYS, f"{path}.owner", errors)
-        if spec["name"] in names:
-            errors.setdefault(f"{path}.name", []).append(_("“%(name)s” appears twice.") % {"name": spec["name"]})
-        names.add(spec["name"])
-        model = Model.objects.filter(name=spec["name"]).first()
-        if model is not None and model.deleted_at is not None:
-            errors.setdefault(f"{path}.name", []).append(
-                _("“%(name)s” is being deleted: its replicas are stopping. Apply it again once it is gone.")
-                % {"name": spec["name"]}
-            )
-            continue
-        created = model is None
-        model = model or Model(name=spec["name"])
-        values = _model_values(spec, path, errors)
-        before = {f: getattr(model, f) for f in MODEL_FIELDS}
-        for key, value in values.items():
-            setattr(model, key, value)
-        try:
-            model.full_clean(exclude=["organization", "team", "project"], validate_unique=False)
-        except ValidationError as exc:
-            for field, messages in exc.message_dict.items():
-                errors.setdefault(f"{path}.{field}", []).extend(messages)
-        profiles_spec = spec.get("profiles", []) or []
-        if not isinstance(profiles_spec, list):
-            errors.setdefault(f"{path}.profiles", []).append(_("Expected a list of profiles."))
-            profiles_spec = []
-        if model.is_external and profiles_spec:
-            errors.setdefault(f"{path}.profiles", []).append(
-                _("A model served by an external provider has no profiles.")
-            )
-        if not model.is_external and not profiles_spec:
-            errors.setdefault(f"{path}.profiles", []).append(_("Give at least one profile, or an external provider."))
-        profiles: list[tuple[Profile, dict[str, Any]]] = []
-        for j, pspec in enumerate(profiles_spec):
-            ppath = f"{path}.profiles[{j}]"
-            if not isinstance(pspec, dict) or not isinstance(pspec.get("name"), str) or not pspec["name"]:
-                errors.setdefault(f"{ppath}.name", []).append(_("Each profile needs a name."))
-                continue
-            _unknown_keys(pspec, PROFILE_KEYS, ppath, errors)
-            existing = Profile.objects.filter(model=model, name=pspec["name"]).first() if model.pk else None
-            profile = existing or Profile(name=pspec["name"])
-            pvalues = _profile_values(pspec, ppath, errors)
-            pbefore = {f: getattr(profile, f) for f in PROFILE_FIELDS}
-            for key, value in pvalues.items():
-                setattr(profile, key, value)
-            try:
-                profile.full_clean(exclude=["model"], validate_unique=False)
-            except ValidationError as exc:
-                for field, messages in exc.message_dict.items():
-                    key = "memory" if field == "memory_bytes" else field
-                    errors.setdefault(f"{ppath}.{key}", []).extend(messages)
-            profiles.append(
-                (
-                    profile,
-                    {
-                        k: [pbefore[k], getattr(profile, k)]
-                        for k in PROFILE_FIELDS
-                        if pbefore[k] != getattr(profile, k) or existing is None
-                    },
-                )
-            )
-        changes = {k: [before[k], getattr(model, k)] for k in MODEL_FIELDS if before[k] != getattr(model, k)}
-        plans.append((model, changes, profiles, created))
+        plan = _plan_model(spec, f"models[{i}]", names, errors)
+        if plan is not None:
+            plans.append(plan)
     if errors:
         raise SpecError(errors)
+    return [_carry_out(plan, actor=actor, dry_run=dry_run) for plan in plans]
 
-    results = []
-    for model, changes, profiles, created in plans:
-        profile_changes = {p.name: diff for p, diff in profiles if diff}
-        keep = {p.name for p, _diff in profiles}
-        removed = [] if created else list(model.profiles.exclude(name__in=keep).values_list("name", flat=True))
-        if dry_run:
-            outcome = "created" if created else ("changed" if changes or profile_changes or removed else "unchanged")
-            all_changes = {
-                **changes,
-                **({"profiles": profile_changes} if profile_changes else {}),
-                **({"profiles_removed": removed} if removed else {}),
-            }
-            results.append(ApplyResult(model.name, outcome, _jsonable(all_changes)))
-            continue
-        if created or changes or profile_changes or removed:
-            model.updated_at = timezone.now()
-            model.save()
-            for profile, diff in profiles:
-                if diff or profile.pk is None:
-                    profile.model = model
-                    profile.save()
-            if removed:
-                model.profiles.filter(name__in=removed).delete()
-            outcome = "created" if created else "changed"
-            all_changes = {
-                **changes,
-                **({"profiles": profile_changes} if profile_changes else {}),
-                **({"profiles_removed": removed} if removed else {}),
-            }
-            audit.record(actor, f"model.{'create' if created else 'update'}", model, changes=_jsonable(all_changes))
-            from apps.cluster.reconciler import request_reconcile
 
-            request_reconcile()
-        else:
-            outcome, all_changes = "unchanged", {}
-        results.append(ApplyResult(model.name, outcome, _jsonable(all_changes)))
-    return results
+def _plan_model(spec: Any, path: str, names: set[str], errors: dict[str, list[str]]) -> _Plan | None:
+    """One model's spec checked and set on its row (not saved); None when it cannot be planned at all."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        errors.setdefault(f"{path}.name", []).append(_("Each model needs a name."))
+        return None
+    # Before any lookup: the database refuses such a string even in a query.
+    if _text_errors(spec, path, errors):
+        return None
+    _unknown_keys(spec, MODEL_KEYS, path, errors)
+    if isinstance(spec.get("replicas"), dict):
+        _unknown_keys(spec["replicas"], REPLICA_KEYS, f"{path}.replicas", errors)
+    _unknown_keys(spec.get("external"), EXTERNAL_KEYS, f"{path}.external", errors)
+    _unknown_keys(spec.get("owner"), OWNER_KEYS, f"{path}.owner", errors)
+    if spec["name"] in names:
+        errors.setdefault(f"{path}.name", []).append(_("“%(name)s” appears twice.") % {"name": spec["name"]})
+    names.add(spec["name"])
+    model = Model.objects.filter(name=spec["name"]).first()
+    if model is not None and model.deleted_at is not None:
+        errors.setdefault(f"{path}.name", []).append(
+            _("“%(name)s” is being deleted: its replicas are stopping. Apply it again once it is gone.")
+            % {"name": spec["name"]}
+        )
+        return None
+    created = model is None
+    model = model or Model(name=spec["name"])
+    values = _model_values(spec, path, errors)
+    before = {f: getattr(model, f) for f in MODEL_FIELDS}
+    for key, value in values.items():
+        setattr(model, key, value)
+    try:
+        model.full_clean(exclude=["organization", "team", "project"], validate_unique=False)
+    except ValidationError as exc:
+        for field, messages in exc.message_dict.items():
+            errors.setdefault(f"{path}.{field}", []).extend(messages)
+    profiles = [
+        planned
+        for j, pspec in enumerate(_profile_specs(model, spec, path, errors))
+        if (planned := _plan_profile(model, pspec, f"{path}.profiles[{j}]", errors)) is not None
+    ]
+    changes = {k: [before[k], getattr(model, k)] for k in MODEL_FIELDS if before[k] != getattr(model, k)}
+    return _Plan(model, changes, profiles, created)
+
+
+def _profile_specs(model: Model, spec: dict[str, Any], path: str, errors: dict[str, list[str]]) -> list[Any]:
+    """A model spec's profiles: at least one for a model on the cluster, none for an external one."""
+    profiles = spec.get("profiles", []) or []
+    if not isinstance(profiles, list):
+        errors.setdefault(f"{path}.profiles", []).append(_("Expected a list of profiles."))
+        profiles = []
+    if model.is_external and profiles:
+        errors.setdefault(f"{path}.profiles", []).append(_("A model served by an external provider has no profiles."))
+    if not model.is_external and not profiles:
+        errors.setdefault(f"{path}.profiles", []).append(_("Give at least one profile, or an external provider."))
+    return profiles
+
+
+def _plan_profile(
+    model: Model, spec: Any, path: str, errors: dict[str, list[str]]
+) -> tuple[Profile, dict[str, Any]] | None:
+    """One profile's spec checked and set on its row (not saved), with its changes ([before, after];
+    every field of a new one)."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+        errors.setdefault(f"{path}.name", []).append(_("Each profile needs a name."))
+        return None
+    _unknown_keys(spec, profile_fields.spec_keys(), path, errors)
+    existing = Profile.objects.filter(model=model, name=spec["name"]).first() if model.pk else None
+    profile = existing or Profile(name=spec["name"])
+    fields = profile_fields.field_names()
+    before = {f: getattr(profile, f) for f in fields}
+    for key, value in _profile_values(spec, path, errors).items():
+        setattr(profile, key, value)
+    try:
+        profile.full_clean(exclude=["model"], validate_unique=False)
+    except ValidationError as exc:
+        for field, messages in exc.message_dict.items():
+            key = profile_fields.declared(field).key if field in fields else field
+            errors.setdefault(f"{path}.{key}", []).extend(messages)
+    after = {f: getattr(profile, f) for f in fields}
+    return profile, {k: [before[k], after[k]] for k in fields if before[k] != after[k] or existing is None}
+
+
+def _carry_out(plan: _Plan, *, actor: User | None, dry_run: bool) -> ApplyResult:
+    """Write a planned model (unless `dry_run`), audited with its changes."""
+    model, changes, created = plan.model, plan.changes, plan.created
+    profile_changes = {p.name: diff for p, diff in plan.profiles if diff}
+    keep = {p.name for p, _diff in plan.profiles}
+    removed = [] if created else list(model.profiles.exclude(name__in=keep).values_list("name", flat=True))
+    all_changes = {
+        **changes,
+        **({"profiles": profile_changes} if profile_changes else {}),
+        **({"profiles_removed": removed} if removed else {}),
+    }
+    if dry_run:
+        outcome = "created" if created else ("changed" if all_changes else "unchanged")
+        return ApplyResult(model.name, outcome, _jsonable(all_changes))
+    if not (created or all_changes):
+        return ApplyResult(model.name, "unchanged", {})
+    model.updated_at = timezone.now()
+    model.save()
+    for profile, diff in plan.profiles:
+        if diff or profile.pk is None:
+            profile.model = model
+            profile.save()
+    if removed:
+        model.profiles.filter(name__in=removed).delete()
+    audit.record(actor, f"model.{'create' if created else 'update'}", model, changes=_jsonable(all_changes))
+    from apps.cluster.reconciler import request_reconcile
+
+    request_reconcile()
+    return ApplyResult(model.name, "created" if created else "changed", _jsonable(all_changes))
 
 
 def _jsonable(value: Any) -> Any:
@@ -625,9 +492,9 @@ def update_model(model: Model, *, actor: User | None, address: str | None = None
 
 @transaction.atomic
 def update_profile(profile: Profile, *, actor: User | None, address: str | None = None, **changes: Any) -> Profile:
-    """Change some of a profile's fields (PROFILE_FIELDS), audited as "profile.update" with
-    [before, after]. Its model and name stay; its replicas roll onto the new spec as after an apply."""
-    unknown = set(changes) - set(PROFILE_FIELDS)
+    """Change some of a profile's fields (profile_fields.field_names()), audited as "profile.update"
+    with [before, after]. Its model and name stay; its replicas roll onto the new spec as after an apply."""
+    unknown = set(changes) - set(profile_fields.field_names())
     if unknown:
         raise TypeError(f"only profile fields can change, not {sorted(unknown)}")
     before = {name: getattr(profile, name) for name in changes}

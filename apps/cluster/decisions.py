@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.utils.translation import gettext as _
 
+from apps.catalog import profile_fields
 from apps.catalog.choices import CapacityClass
 from apps.cluster import placement
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState, StopReason
@@ -50,26 +51,16 @@ log = logging.getLogger(__name__)
 PREEMPT_HOLD = timedelta(minutes=30)
 
 # What a replica's engines run, from its model and profile: a change to any of these is rolled out
-# by replacing the replica, never by restarting its engines in place.
-RUNNING_FIELDS = (
-    "engine",
-    "accelerator",
-    "gpus_per_shard",
-    "nodes_per_replica",
-    "parallel",
-    "context_size",
-    "memory_bytes",
-    "cpu_cores",
-    "extra_args",
-    "env",
-)
+# by replacing the replica, never by restarting its engines in place. They are the declared fields
+# marked `running` (apps.catalog.profile_fields); one passed as an engine's flag is in extra_args.
+RUNNING_FIELDS = tuple(f.name for f in profile_fields.CORE if f.running and not f.engine_flags)
 
 
 def running_spec(model: Any, profile: Any) -> dict[str, Any]:
     return {
         "source": model.source,
         "profile": profile.name,
-        **{name: getattr(profile, name) for name in RUNNING_FIELDS},
+        **profile_fields.running_values(profile),
     }
 
 
@@ -152,20 +143,8 @@ class Store(Protocol):
 
 
 def profile_spec(profile: Any) -> placement.ProfileSpec:
-    return placement.ProfileSpec(
-        id=profile.pk,
-        name=profile.name,
-        priority=profile.priority,
-        engine=profile.engine,
-        accelerator=profile.accelerator,
-        gpus_per_shard=profile.gpus_per_shard,
-        nodes_per_replica=profile.nodes_per_replica,
-        memory_bytes=profile.memory_bytes,
-        cpu_cores=profile.cpu_cores,
-        node_selector=dict(profile.node_selector or {}),
-        keep_within=profile.keep_within or "",
-        power_watts=profile.power_watts,
-    )
+    own, extra = profile_fields.spec_values(profile)
+    return placement.ProfileSpec(id=profile.pk, name=profile.name, **own, extra=extra)
 
 
 def replica_request(model: Any, profiles: Iterable[Any], replica: Any = None) -> placement.ReplicaRequest:

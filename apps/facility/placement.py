@@ -29,18 +29,42 @@ from apps.cluster.placement import (
     NodeSnapshot,
     PlacementContext,
     PreFilterResult,
+    ProfileField,
     Reason,
     Registry,
     gettext_noop,
 )
+from apps.facility.locations import LEVELS
 
-__all__ = ["SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register", "renew_draws"]
+__all__ = ["KEEP_WITHIN", "POWER_WATTS", "SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register", "renew_draws"]
 
 SNAPSHOT_FIELD = "facility"
 SPREAD_WEIGHT = 1.5  # above binpack's 1: a model's second replica in another rack before a tighter fit
 SPREAD = "facility.spread"
 POWER = "facility.power"
 INDEX = "facility.hold"  # the pre-filter whose index (every node's location and holds) both share
+
+# The profile fields these rules read, declared here and registered with placement: the catalog
+# reads them from a model spec, stores them in its columns of the same names and shows them.
+KEEP_WITHIN = ProfileField(
+    "keep_within",
+    str,
+    default="",
+    choices=LEVELS,
+    label=gettext_noop("keep within"),
+    help=gettext_noop("A replica across nodes is formed within one of these: its nodes' llmgw.io/<level> label."),
+)
+POWER_WATTS = ProfileField(
+    "power_watts",
+    int,
+    low=1,
+    high=1_000_000,
+    label=gettext_noop("power per shard (W)"),
+    help=gettext_noop(
+        "What one shard draws, as you know it: a power cap counts the highest of this, its cards' TDP and "
+        "what they were measured at."
+    ),
+)
 
 
 @dataclass(slots=True)
@@ -129,7 +153,7 @@ def prefilter(ctx: PlacementContext, index: FacilityIndex) -> PreFilterResult:
 
 def keep_within(ctx: PlacementContext, _index: object) -> PreFilterResult:
     index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
-    level = ctx.profile.keep_within
+    level = str(ctx.profile.extra.get(KEEP_WITHIN.name) or "")
     profile = ctx.profile.name
 
     def refuse(node: NodeSnapshot) -> Reason:
@@ -199,7 +223,7 @@ def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     bound = ctx.scratch.get(POWER)
     if bound is None:  # what the replica adds and what was claimed: the same for every node it is tried on
         index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
-        adds = shard_watts(ctx.profile.power_watts, derived_watts(ctx.gpu_class, ctx.gpus))
+        adds = shard_watts(ctx.profile.extra.get(POWER_WATTS.name), derived_watts(ctx.gpu_class, ctx.gpus))
         if adds is None or not index.capped:
             bound = ctx.scratch[POWER] = (index, None, {})
         else:
@@ -225,12 +249,14 @@ def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
 
 def register(registry: Registry = REGISTRY) -> None:
     registry.register_snapshot_field(SNAPSHOT_FIELD, None)
+    registry.register_profile_field(KEEP_WITHIN)
+    registry.register_profile_field(POWER_WATTS)
     registry.register_prefilter(prefilter, name=INDEX, order=15, index=build_index, static=True)
     registry.register_prefilter(
         keep_within,
         name="facility.keep_within",
         order=85,
-        applies=lambda ctx: ctx.multi_node and bool(ctx.profile.keep_within),
+        applies=lambda ctx: ctx.multi_node and bool(ctx.profile.extra.get(KEEP_WITHIN.name)),
         static=True,
     )
     registry.register_scorer(spread, name=SPREAD, weight=SPREAD_WEIGHT)

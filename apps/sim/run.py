@@ -18,6 +18,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from apps.catalog import profile_fields
 from apps.cluster import placement
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 from apps.cluster.decisions import backoff, replica_request, run_pass
@@ -125,8 +126,7 @@ def _models(scenario: Scenario, first_id: int, first_profile: int) -> list[SimMo
                     memory_bytes=p.memory_bytes,
                     cpu_cores=p.cpu_cores,
                     node_selector=p.node_selector,
-                    keep_within=p.keep_within,
-                    power_watts=p.power_watts,
+                    **p.extra,
                 )
             )
             profile_id += 1
@@ -207,27 +207,7 @@ def _live_models() -> dict[int, SimModel]:
             capacity_class=row.capacity_class,
             owner=row.owner_keys(),
             source=row.source,
-            profiles=[
-                SimProfile(
-                    pk=p.pk,
-                    name=p.name,
-                    priority=p.priority,
-                    engine=p.engine,
-                    accelerator=p.accelerator,
-                    gpus_per_shard=p.gpus_per_shard,
-                    nodes_per_replica=p.nodes_per_replica,
-                    memory_bytes=p.memory_bytes,
-                    cpu_cores=p.cpu_cores,
-                    node_selector=dict(p.node_selector or {}),
-                    keep_within=p.keep_within or "",
-                    power_watts=p.power_watts,
-                    parallel=p.parallel,
-                    context_size=p.context_size,
-                    extra_args=list(p.extra_args or []),
-                    env=dict(p.env or {}),
-                )
-                for p in row.profiles.all()
-            ],
+            profiles=[SimProfile(pk=p.pk, name=p.name, **profile_fields.stored_values(p)) for p in row.profiles.all()],
             load_replicas=row.load_replicas,
             demand_until=row.demand_until,
             busy_at=row.busy_at,

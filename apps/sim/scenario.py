@@ -20,6 +20,9 @@ from typing import Any
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
+from apps.catalog.choices import Engine
+from apps.catalog.profile_fields import refusal_text
+from apps.cluster.placement import REGISTRY, FieldError
 from apps.sim.limits import (
     GPUS_PER_NODE,
     LOAD_POINTS,
@@ -51,7 +54,7 @@ __all__ = [
 
 EVENT_KINDS = ("lose", "restore", "hold", "release", "cap", "sm_failover", "set", "load")
 CLASSES = ("opportunistic", "standard", "critical")
-ENGINES = ("llama.cpp", "vllm", "sglang")
+ENGINES = tuple(Engine.values)
 # Captures shipped with llmgw, looked up last: the manual's example names one.
 SHIPPED_CAPTURES = Path(__file__).resolve().parent / "captures"
 MAX_DURATION = timedelta(days=3650)  # the longest duration a scenario may give (ten years)
@@ -102,9 +105,10 @@ class ProfileSpec:
     priority: int
     memory_bytes: int
     cpu_cores: float
-    keep_within: str
-    power_watts: int | None
     node_selector: dict[str, str]
+    # The fields placement's plugins declared (facility's keep_within, power_watts), by name: read
+    # as a model file's are (apps.catalog.profile_fields).
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -448,21 +452,14 @@ def _name_pattern(reader: _Reader, group: FleetGroup, path: str) -> None:
         reader.problem(path, wrong)
 
 
+# A scenario's profile as a model file's, in the simulator's words for placement's own fields;
+# every field a placement plugin declares is read as the catalogue reads it.
+PROFILE_KEYS = ("name", "engine", "accelerator", "gpus", "nodes", "priority", "memory", "cpu_cores", "node_selector")
+
+
 def _profile(reader: _Reader, raw: Any, path: str) -> ProfileSpec:
-    allowed = (
-        "name",
-        "engine",
-        "accelerator",
-        "gpus",
-        "nodes",
-        "priority",
-        "memory",
-        "cpu_cores",
-        "keep_within",
-        "power_watts",
-        "node_selector",
-    )
-    data = reader.mapping(raw, path, allowed)
+    declared = REGISTRY.profile_fields()
+    data = reader.mapping(raw, path, (*PROFILE_KEYS, *(f.name for f in declared)))
     gpus = reader.whole(data.get("gpus"), f"{path}.gpus", 0, 0) or 0
     accelerator = reader.text(data.get("accelerator"), f"{path}.accelerator", "" if not gpus else "")
     if gpus and not accelerator:
@@ -474,7 +471,12 @@ def _profile(reader: _Reader, raw: Any, path: str) -> ProfileSpec:
     memory = _size(data.get("memory", 0))
     if memory is None:
         reader.problem(f"{path}.memory", _("must be a size such as 16GiB"))
-    watts = _watts(data["power_watts"]) if data.get("power_watts") is not None else None
+    extra: dict[str, Any] = {}
+    for declared_field in declared:
+        try:
+            extra[declared_field.name] = declared_field.parse(declared_field.given(data))
+        except FieldError as exc:
+            reader.problem(f"{path}.{declared_field.key}", refusal_text(exc.reason))
     return ProfileSpec(
         name=reader.text(data.get("name"), f"{path}.name", "gpu" if gpus else "cpu"),
         engine=reader.choice(data.get("engine"), f"{path}.engine", ENGINES, "vllm" if gpus else "llama.cpp"),
@@ -484,11 +486,8 @@ def _profile(reader: _Reader, raw: Any, path: str) -> ProfileSpec:
         priority=int(data.get("priority") or 0) if isinstance(data.get("priority", 0), int) else 0,
         memory_bytes=memory or 0,
         cpu_cores=float(cores),
-        keep_within=reader.choice(
-            data.get("keep_within"), f"{path}.keep_within", ("", "site", "room", "row", "rack", "pdu"), ""
-        ),
-        power_watts=int(watts) if watts is not None else None,
         node_selector=reader.labels(data.get("node_selector"), f"{path}.node_selector"),
+        extra=extra,
     )
 
 

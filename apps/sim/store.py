@@ -18,6 +18,9 @@ __all__ = ["MemoryStore", "SimModel", "SimProfile", "SimReplica", "SimShard"]
 
 @dataclass(eq=False)
 class SimProfile:
+    """A catalogue profile's copy: an attribute for every declared field (apps.catalog.profile_fields),
+    those plugins declare included."""
+
     pk: int
     name: str
     priority: int = 0
@@ -34,6 +37,7 @@ class SimProfile:
     context_size: int | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    gpu_memory_utilisation: float | None = None
 
 
 @dataclass(eq=False)

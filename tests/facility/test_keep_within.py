@@ -32,7 +32,7 @@ def node(node_id: int, name: str, rack: str | None, *, free: int = 8, held: bool
 
 def within(level: str = "rack", **kw: Any) -> Any:
     profile = gpu_profile(gpus=8, nodes=2, **kw)
-    profile.keep_within = level
+    profile.extra["keep_within"] = level
     return profile
 
 
@@ -85,7 +85,7 @@ def test_keep_within_is_declared_in_the_model_file_and_a_wrong_level_is_refused(
     spec["profiles"][0]["keep_within"] = "rack"
     catalog.apply_models([spec], actor=None)
     profile = Profile.objects.get(model__name="big")
-    assert profile.keep_within == "rack" and profile_spec(profile).keep_within == "rack"
+    assert profile.keep_within == "rack" and profile_spec(profile).extra["keep_within"] == "rack"
     spec["profiles"][0]["keep_within"] = "rak"
     with pytest.raises(catalog.SpecError) as refused:
         catalog.apply_models([spec], actor=None)

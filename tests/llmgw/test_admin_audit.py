@@ -266,6 +266,8 @@ def _attach(scope: str) -> Callable[[Any], dict[str, list[str]]]:
     return change
 
 
+# Only vLLM takes a GPU memory share.
+CHANGES[("catalog.Profile", "gpu_memory_utilisation")] = {"engine": ["vllm"], "gpu_memory_utilisation": ["0.8"]}
 # A rule of another kind says what it matches.
 CHANGES[("guardrails.Rule", "kind")] = {"kind": ["terms"], "terms": ['["hush"]']}
 for _scope in ("organization", "team", "project", "model"):

@@ -11,6 +11,7 @@ from . import filters as filters
 from . import scorers as scorers
 from .context import PlacementContext
 from .dryrun import DEFAULT_CAPACITY_RANK, headroom, plan_preemption, preemption_candidates
+from .fields import FieldError, ProfileField
 from .gpus import choose_gpus
 from .model import (
     CPU,
@@ -38,9 +39,11 @@ from .reasons import Reason, gettext_noop
 from .registry import (
     REGISTRY,
     Registry,
+    profile_field,
     register_check,
     register_filter,
     register_prefilter,
+    register_profile_field,
     register_scorer,
     register_snapshot_field,
     snapshot_field,
@@ -59,6 +62,7 @@ __all__ = [
     "CPU",
     "DEFAULT_CAPACITY_RANK",
     "EXPLAIN_NODES",
+    "FieldError",
     "REGISTRY",
     "CapacityQuota",
     "Claim",
@@ -74,6 +78,7 @@ __all__ = [
     "PreFilterResult",
     "PreemptionPlan",
     "ProfileExplain",
+    "ProfileField",
     "ProfileSpec",
     "Reason",
     "Registry",
@@ -92,9 +97,11 @@ __all__ = [
     "place",
     "plan_preemption",
     "preemption_candidates",
+    "profile_field",
     "register_check",
     "register_filter",
     "register_prefilter",
+    "register_profile_field",
     "register_scorer",
     "register_snapshot_field",
     "scorers",

@@ -150,10 +150,9 @@ class ProfileSpec:
     memory_bytes: int = 0  # per shard; 0 claims nothing
     cpu_cores: float = 0  # per shard; 0 claims nothing
     node_selector: dict[str, str] = field(default_factory=dict)
-    # A replica across nodes stays within one domain of this level (rack, pdu...); "" anywhere.
-    keep_within: str = ""
-    # What one shard draws as declared (W); None: not declared.
-    power_watts: int | None = None
+    # The fields plugins declared (registry.register_profile_field) by name, for their rules: a
+    # replica kept within one rack, what a shard draws. Read with registry.profile_field().
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_cpu(self) -> bool:

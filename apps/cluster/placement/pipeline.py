@@ -213,9 +213,11 @@ class _Pre:
 
         if all(name in self.static for name in self.names):
             # Only static pre-filters: the answer follows from the nodes, the same for every placement.
-            # A static pre-filter may still read the profile (keep_within's level): the key names it.
+            # A static pre-filter may still read the profile (a plugin's field, as facility's level to
+            # keep a replica within): the key names them all (scalars, as registered).
             profile = ctx.profile
-            key = ("all_groups", profile.id, profile.name, profile.accelerator, profile.keep_within, tuple(self.names))
+            fields = tuple(sorted(profile.extra.items()))
+            key = ("all_groups", profile.id, profile.name, profile.accelerator, fields, tuple(self.names))
             return inventory.memo(key, build)  # type: ignore[no-any-return]
         return build()
 

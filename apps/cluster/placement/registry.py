@@ -28,6 +28,10 @@ replaces the earlier entry, so a ready() that runs twice does no harm.
   rotating start). See pipeline.py for what it gives up.
 - A snapshot field is a named entry of `NodeSnapshot.extra` with its default, read with
   `snapshot_field(node, name)`; the Django side fills the registered fields.
+- A profile field (fields.ProfileField) is a setting a profile declares for a plugin's rule
+  (facility's keep_within): the catalog reads, checks and shows it with the fields of every
+  profile, and `ProfileSpec.extra` carries its value to placement, read with
+  `profile_field(profile, name)`. It holds a scalar, so that its value can key a cache.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .fields import SCALARS, ProfileField
+
 if TYPE_CHECKING:
     from .context import PlacementContext
-    from .model import Inventory, NodeSnapshot, PreFilterResult
+    from .model import Inventory, NodeSnapshot, PreFilterResult, ProfileSpec
     from .reasons import Reason
 
 FilterFn = Callable[["PlacementContext", "NodeSnapshot"], "Reason | None"]
@@ -96,6 +102,7 @@ class Registry:
         self._checks: dict[str, CheckEntry] = {}
         self._prefilters: dict[str, PreFilterEntry] = {}
         self._fields: dict[str, Any] = {}
+        self._profile_fields: dict[str, ProfileField] = {}
         self._cache: dict[str, tuple[Any, ...]] = {}
 
     def copy(self) -> Registry:
@@ -105,6 +112,7 @@ class Registry:
         other._checks = dict(self._checks)
         other._prefilters = dict(self._prefilters)
         other._fields = dict(self._fields)
+        other._profile_fields = dict(self._profile_fields)
         other.sample_above = self.sample_above
         other.sample_size = self.sample_size
         return other
@@ -142,6 +150,12 @@ class Registry:
 
     def register_snapshot_field(self, name: str, default: Any) -> None:
         self._fields[name] = default
+
+    def register_profile_field(self, declared: ProfileField) -> ProfileField:
+        if declared.kind not in SCALARS:
+            raise ValueError(f"profile field {declared.name}: a plugin's field holds a scalar")
+        self._profile_fields[declared.name] = declared
+        return declared
 
     def unregister(self, name: str) -> None:
         """Remove a filter, scorer or check of that name (tests, or an app replacing a built-in)."""
@@ -185,6 +199,15 @@ class Registry:
             return node.extra[name]
         return self._fields[name]
 
+    def profile_fields(self) -> tuple[ProfileField, ...]:
+        """The profile fields plugins declared, in the order they registered."""
+        return tuple(self._profile_fields.values())
+
+    def profile_field(self, profile: ProfileSpec, name: str) -> Any:
+        if name in profile.extra:
+            return profile.extra[name]
+        return self._profile_fields[name].default
+
 
 REGISTRY = Registry()
 
@@ -219,3 +242,11 @@ def register_snapshot_field(name: str, default: Any) -> None:
 
 def snapshot_field(node: NodeSnapshot, name: str) -> Any:
     return REGISTRY.snapshot_field(node, name)
+
+
+def register_profile_field(declared: ProfileField) -> ProfileField:
+    return REGISTRY.register_profile_field(declared)
+
+
+def profile_field(profile: ProfileSpec, name: str) -> Any:
+    return REGISTRY.profile_field(profile, name)
