@@ -416,13 +416,14 @@ def stop_local_engines(state_dir: Path, output: Output | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`llmgw up` itself (the steps in the module docstring); the exit status: 2 for a bad --listen,
+    1 when it cannot start, a child exits on its own or the engines could not be stopped, else 0."""
     from llmgw.cli import _django_setup
 
     _django_setup()
     from django.conf import settings
-    from django.core.management import call_command
 
-    from llmgw.cli.local_agent import find_llama_server, local_agent_config
+    from llmgw.cli.local_agent import find_llama_server
     from llmgw.cli.serve import preflight
     from llmgw.env import parse_listen
 
@@ -436,23 +437,46 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmgw up: cannot start: {problems[0]}", file=sys.stderr)
         return 1
 
-    data_dir = Path(settings.DATA_DIR)
-    output = Output(data_dir / "logs" / "up.log")
-    if output.log_path is not None:
-        output.say(f"llmgw up: the full output of every process goes to {output.log_path}")
-    else:
-        output.say(f"llmgw up: {output.problem}; every process's output is shown here", error=True)
+    output = _open_output(Path(settings.DATA_DIR))
     with_agent = not args.no_agent and _agent_available()
     keep_engines = bool(getattr(args, "keep_engines", False))
     if with_agent:
         notice = no_engine_line(find_llama_server(), os.environ.get("LLMGW_LLAMA_SERVER") or None)
         if notice:
             output.say(notice)
+    password_lines = _prepare(output, settings.FIRST_ADMIN_EMAIL)
+    return _run_children(
+        output,
+        host=host,
+        port=port,
+        data_dir=settings.DATA_DIR,
+        drain_grace=settings.DRAIN_GRACE,
+        with_agent=with_agent,
+        keep_engines=keep_engines,
+        password_lines=password_lines,
+    )
+
+
+def _open_output(data_dir: Path) -> Output:
+    """The output of this run, its log file under ``<data_dir>/logs``; the first line says where it goes."""
+    output = Output(data_dir / "logs" / "up.log")
+    if output.log_path is not None:
+        output.say(f"llmgw up: the full output of every process goes to {output.log_path}")
+    else:
+        output.say(f"llmgw up: {output.problem}; every process's output is shown here", error=True)
+    return output
+
+
+def _prepare(output: Output, admin_email: str) -> list[str]:
+    """Migrate, create the first administrator if there is none, and collect static files; the
+    lines that show the new administrator's password (none when there was one already), for the
+    terminal only."""
+    from django.core.management import call_command
 
     call_command("migrate", interactive=False, verbosity=0)
     from apps.accounts.services import ensure_first_admin
 
-    created = ensure_first_admin(settings.FIRST_ADMIN_EMAIL)
+    created = ensure_first_admin(admin_email)
     password_lines: list[str] = []
     if created is not None:
         user, password = created
@@ -465,11 +489,32 @@ def run(args: argparse.Namespace) -> int:
     from django.db import connections
 
     connections.close_all()
+    return password_lines
 
-    env = dict(os.environ)
-    env["LLMGW_DATA_DIR"] = str(settings.DATA_DIR)
-    env["LLMGW_LISTEN"] = f"{host}:{port}"
-    env["PYTHONUNBUFFERED"] = "1"
+
+def _show_password(output: Output, password_lines: list[str]) -> None:
+    """Put the first administrator's password on the terminal, once: the lines are emptied."""
+    for line in password_lines:
+        output.say(line, log=False)
+    password_lines.clear()
+
+
+def _run_children(
+    output: Output,
+    *,
+    host: str,
+    port: int,
+    data_dir: Path,
+    drain_grace: int,
+    with_agent: bool,
+    keep_engines: bool,
+    password_lines: list[str],
+) -> int:
+    """Start web and the worker, and the local agent once web answers (or gave up); then wait for
+    Ctrl-C or SIGTERM, or for a child to exit on its own, and stop everything.  The exit status."""
+    from llmgw.cli.local_agent import local_agent_config
+
+    env = _child_env(data_dir, host, port)
     python = sys.executable
     supervisor = Supervisor(output.child)
     stop = threading.Event()
@@ -484,17 +529,12 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    def show_password() -> None:
-        for line in password_lines:
-            output.say(line, log=False)
-        password_lines.clear()
-
     supervisor.start("web", [python, "-m", "llmgw", "web", "--listen", f"{host}:{port}"], env)
     supervisor.start("worker", [python, "-m", "llmgw", "worker", "--beat", "--concurrency", "1"], env)
     base_url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     agent_state: Path | None = None
     if with_agent:
-        agent_config = local_agent_config(settings.DATA_DIR, base_url)
+        agent_config = local_agent_config(data_dir, base_url)
         agent_state = agent_config.parent  # state_dir, as local_agent_config writes it
 
     web_ready = threading.Event()
@@ -513,67 +553,98 @@ def run(args: argparse.Namespace) -> int:
         while not stop.is_set():
             exited = supervisor.first_exited()
             if exited is not None:
-                name, code = exited
-                supervisor.finish_output(name)
-                output.say(f"llmgw up: {name} exited with code {code}; stopping the rest", error=True)
-                for line in output.tail(name):
-                    output.say(f"{name:<7}| {line}", error=True, log=False)
-                if output.log_path is not None:
-                    output.say(f"llmgw up: its full output is in {output.log_path}", error=True)
+                _say_exited(supervisor, output, *exited)
                 exit_code = 1
                 break
             if web_waited.is_set() and not started:
                 started = True
-                if web_ready.is_set():
-                    output.say(
-                        f"llmgw up: ready at {base_url}/ (API {base_url}/api/v1/, admin {base_url}/django-admin/)"
-                    )
-                else:
-                    output.say(
-                        f"llmgw up: web does not answer at {base_url}/healthz after {READY_TIMEOUT_S:g} s; "
-                        f"see {output.log_path or 'its output above'}",
-                        error=True,
-                    )
+                _say_started(output, base_url, ready=web_ready.is_set())
                 if agent_state is not None:
                     # From the main thread: the kernel ties the agent's life to the thread that starts it.
                     supervisor.start(
                         "agent", [python, "-m", "llmgw", "agent", "--config", str(agent_state / "agent.yaml")], env
                     )
-                show_password()
+                _show_password(output, password_lines)
             wake.wait(0.5)
             wake.clear()
     finally:
-        show_password()  # never lost, however early the stop came
-        output.say("llmgw up: stopping")
-        # The agent leaves first (its engines run on without it); web then finishes the requests in
-        # flight, and only then are the engines that answer them stopped.
-        supervisor.stop(["agent"])
-        others = [name for name in supervisor.children if name != "agent"]
-        supervisor.terminate(["web"], settings.DRAIN_GRACE + WEB_STOP_MARGIN_S)
-        supervisor.terminate(others)
-        if not supervisor.exited(["web"], WEB_QUIET_S):
-            output.say(
-                f"llmgw up: web is finishing the requests in flight (at most {settings.DRAIN_GRACE} s; "
-                "Ctrl-C again stops at once)"
-            )
-        supervisor.reap(["web"])
-        if agent_state is not None:
-            try:
-                if keep_engines:
-                    count = _running_engines(agent_state)
-                    if count:
-                        output.say(
-                            f"llmgw up: left {_plural(count, 'engine')} running (--keep-engines); "
-                            "the next llmgw up adopts them"
-                        )
-                else:
-                    count = stop_local_engines(agent_state, output)
-                    if count:
-                        output.say(f"llmgw up: stopped {_plural(count, 'engine')}")
-            except Exception as exc:  # the children must still be stopped
-                output.say(f"llmgw up: could not stop the engines in {agent_state}: {exc!r}", error=True)
-                exit_code = 1
-        supervisor.reap(others)
-        output.say("llmgw up: stopped")
-        output.close()
+        _show_password(output, password_lines)  # never lost, however early the stop came
+        if not _stop_everything(supervisor, output, drain_grace, agent_state, keep_engines=keep_engines):
+            exit_code = 1
     return exit_code
+
+
+def _child_env(data_dir: Path, host: str, port: int) -> dict[str, str]:
+    """The children's environment: this one, with the data directory and the address fixed, and
+    unbuffered output so that their lines arrive as they write them."""
+    env = dict(os.environ)
+    env["LLMGW_DATA_DIR"] = str(data_dir)
+    env["LLMGW_LISTEN"] = f"{host}:{port}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _say_exited(supervisor: Supervisor, output: Output, name: str, code: int) -> None:
+    """A child exited on its own: say so on the terminal, with its last lines and where the rest are."""
+    supervisor.finish_output(name)
+    output.say(f"llmgw up: {name} exited with code {code}; stopping the rest", error=True)
+    for line in output.tail(name):
+        output.say(f"{name:<7}| {line}", error=True, log=False)
+    if output.log_path is not None:
+        output.say(f"llmgw up: its full output is in {output.log_path}", error=True)
+
+
+def _say_started(output: Output, base_url: str, *, ready: bool) -> None:
+    """The address to open once web answers, or that it did not answer in time."""
+    if ready:
+        output.say(f"llmgw up: ready at {base_url}/ (API {base_url}/api/v1/, admin {base_url}/django-admin/)")
+    else:
+        output.say(
+            f"llmgw up: web does not answer at {base_url}/healthz after {READY_TIMEOUT_S:g} s; "
+            f"see {output.log_path or 'its output above'}",
+            error=True,
+        )
+
+
+def _stop_everything(
+    supervisor: Supervisor, output: Output, drain_grace: int, agent_state: Path | None, *, keep_engines: bool
+) -> bool:
+    """Stop every child and the local agent's engines, in order, and close the output; False when
+    the engines could not be stopped."""
+    output.say("llmgw up: stopping")
+    # The agent leaves first (its engines run on without it); web then finishes the requests in
+    # flight, and only then are the engines that answer them stopped.
+    supervisor.stop(["agent"])
+    others = [name for name in supervisor.children if name != "agent"]
+    supervisor.terminate(["web"], drain_grace + WEB_STOP_MARGIN_S)
+    supervisor.terminate(others)
+    if not supervisor.exited(["web"], WEB_QUIET_S):
+        output.say(
+            f"llmgw up: web is finishing the requests in flight (at most {drain_grace} s; Ctrl-C again stops at once)"
+        )
+    supervisor.reap(["web"])
+    engines_stopped = agent_state is None or _stop_engines(output, agent_state, keep_engines=keep_engines)
+    supervisor.reap(others)
+    output.say("llmgw up: stopped")
+    output.close()
+    return engines_stopped
+
+
+def _stop_engines(output: Output, agent_state: Path, *, keep_engines: bool) -> bool:
+    """Stop the engines the local agent ran (or, with --keep-engines, say how many run on); False
+    when that failed, which must not keep the other children from being stopped."""
+    try:
+        if keep_engines:
+            count = _running_engines(agent_state)
+            if count:
+                output.say(
+                    f"llmgw up: left {_plural(count, 'engine')} running (--keep-engines); the next llmgw up adopts them"
+                )
+        else:
+            count = stop_local_engines(agent_state, output)
+            if count:
+                output.say(f"llmgw up: stopped {_plural(count, 'engine')}")
+    except Exception as exc:  # the children must still be stopped
+        output.say(f"llmgw up: could not stop the engines in {agent_state}: {exc!r}", error=True)
+        return False
+    return True
