@@ -51,6 +51,7 @@ import heapq
 import itertools
 from bisect import insort
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import cast
 
 from . import reasons
@@ -765,136 +766,203 @@ def explain(
     by gpu_class whatever else is true of it.
     """
     registry = registry or REGISTRY
+    return [
+        _explain_profile(inventory, request, profile, registry, limit) for profile in ordered_profiles(request.profiles)
+    ]
+
+
+Fit = tuple[float, float, int, int, dict[str, float] | None]  # (-score, -K, rank, node id, each scorer's part)
+
+
+@dataclass(slots=True)
+class _Sorted:
+    """One profile's nodes as explain() sorts them, before any is spelled out."""
+
+    fitting: list[Fit]  # the nodes that fit, unordered
+    refused: list[int]  # the nodes refused, in the inventory's (name) order
+    first: dict[int, Reason]  # with a limit: the first reason of each refused node (_FREE_GPUS: the index's)
+    every: dict[int, list[Rejection]]  # without a limit: every refusal of each refused node
+    counts: dict[Group, int]  # across nodes: how many nodes that fit each group holds
+
+
+def _explain_profile(
+    inventory: Inventory, request: ReplicaRequest, profile: ProfileSpec, registry: Registry, limit: int | None
+) -> ProfileExplain:
+    """explain() for one profile: its own refusals, its nodes sorted and the first `limit` of them
+    spelled out (all without a limit), and the placement it would get."""
+    ctx = PlacementContext(inventory, request, profile, registry)
+    ev = _Evaluator(ctx)
+    profile_reasons = [ev.reject_profile(reason) for reason in ev.check()]
+    classed, short = _index_split(ctx, limit)
+    found = _sort_nodes(ev, limit, classed, short)
+    fitting, refused_ids = found.fitting, found.refused
+    fitting.sort(key=lambda entry: entry[:3])
+    shown = len(fitting) + len(refused_ids) if limit is None else limit
+    verdicts = _fit_verdicts(ev, fitting[:shown])
+    room = max(shown - len(verdicts), 0)
+    more_refused = _count_refused(ev, refused_ids[room:], found.first)
+    verdicts.extend(_refused_verdicts(ev, refused_ids[:room], found.every))
+    placement = None
+    if not profile_reasons:
+        placement, _ = _place_profile(inventory, request, profile, registry, collect=False)
+        if placement is None:
+            _summarise(ev, profile_reasons, found.counts, len(refused_ids))
+    return ProfileExplain(
+        profile,
+        placement is not None,
+        verdicts,
+        profile_reasons,
+        placement,
+        more_fit=max(len(fitting) - shown, 0),
+        more_refused=more_refused,
+    )
+
+
+def _index_split(ctx: PlacementContext, limit: int | None) -> tuple[set[int] | None, set[int]]:
+    """With a limit, the capacity index says which nodes no filter could pass: those without the
+    class, and those with too few of its GPUs free (the second set); only the rest (the first) are
+    run through the filters. (None, empty) without a limit or for a CPU profile: every node is."""
+    cls = ctx.gpu_class
+    classed: set[int] | None = None
+    short: set[int] = set()
+    if limit is not None and cls is not None:
+        classed = set()
+        inventory = ctx.inventory
+        order = inventory.order
+        for k, bucket in enumerate(inventory.free_buckets(cls)):
+            for position in bucket:
+                (classed if k >= ctx.gpus else short).add(order[position])
+    return classed, short
+
+
+def _sort_nodes(ev: _Evaluator, limit: int | None, classed: set[int] | None, short: set[int]) -> _Sorted:
+    """Which nodes fit, and the score of each that does (every scorer run once, its parts kept); why
+    the others are refused. The one loop over every node: kept whole, with locals, as it is most of
+    explain's cost."""
+    ctx = ev.ctx
+    inventory = ctx.inventory
     nodes = inventory.nodes
-    out = []
-    for profile in ordered_profiles(request.profiles):
-        ctx = PlacementContext(inventory, request, profile, registry)
-        ev = _Evaluator(ctx)
-        profile_reasons = [ev.reject_profile(reason) for reason in ev.check()]
-        pre = ev.pre
-        multi = ctx.multi_node
-        noted = bool(pre.notes)
-        counts: dict[Group, int] = {}
-        rank = inventory.rank
-        # With a limit, the capacity index says which nodes no filter could pass: those without the
-        # class, and those with too few of its GPUs free; only the rest are run through the filters.
-        cls = ctx.gpu_class
-        classed: set[int] | None = None
-        short: set[int] = set()
-        if limit is not None and cls is not None:
-            classed = set()
-            order = inventory.order
-            for k, bucket in enumerate(inventory.free_buckets(cls)):
-                for position in bucket:
-                    (classed if k >= ctx.gpus else short).add(order[position])
-        # Which nodes fit, and the score of each that does (every scorer run once, its parts kept).
-        fitting: list[tuple[float, float, int, int, dict[str, float] | None]] = []
-        refused_ids: list[int] = []
-        first: dict[int, Reason] = {}
-        every: dict[int, list[Rejection]] = {}
-        filters = ev.filters
-        named = [(name, fn, weight, fn in INDEXED) for name, fn, weight in ev.named]
-        holders = set(inventory.weights_nodes(request.source))
-        keys: dict[tuple[int, bool], float] = {}
-        for node_id in inventory.order:
-            if classed is not None and node_id not in classed:
+    rank = inventory.rank
+    pre = ev.pre
+    multi = ctx.multi_node
+    cls = ctx.gpu_class
+    counts: dict[Group, int] = {}
+    fitting: list[Fit] = []
+    refused_ids: list[int] = []
+    first: dict[int, Reason] = {}
+    every: dict[int, list[Rejection]] = {}
+    filters = ev.filters
+    named = [(name, fn, weight, fn in INDEXED) for name, fn, weight in ev.named]
+    holders = set(inventory.weights_nodes(ctx.request.source))
+    keys: dict[tuple[int, bool], float] = {}
+    for node_id in inventory.order:
+        if classed is not None and node_id not in classed:
+            refused_ids.append(node_id)
+            if node_id in short:
+                first[node_id] = _FREE_GPUS
+            continue
+        node = nodes[node_id]
+        if limit is None:  # every node spelled out: all its reasons at once
+            found = _all_reasons(ctx, filters, node)
+            if found:
                 refused_ids.append(node_id)
-                if node_id in short:
-                    first[node_id] = _FREE_GPUS
+                every[node_id] = found
                 continue
-            node = nodes[node_id]
-            if limit is None:  # every node spelled out: all its reasons at once
-                found = _all_reasons(ctx, filters, node)
-                if found:
-                    refused_ids.append(node_id)
-                    every[node_id] = found
-                    continue
-            else:
-                reason = ev.first_reason(node)
-                if reason is not None:
-                    refused_ids.append(node_id)
-                    first[node_id] = reason
-                    continue
-            if classed is not None:
-                # With a limit, a GPU profile's built-in score K follows from the node's free GPUs of
-                # the class and whether it holds the weights: computed once per pair. Each scorer's
-                # part is spelled out below only for the nodes shown.
-                pair = (inventory.free_count(node_id, cls), node_id in holders)  # type: ignore[arg-type]
-                key = keys.get(pair)
-                if key is None:
-                    key = keys[pair] = ev.key(node)
-                score = key + ev.extra(node) if ev.plugins else key
-                fitting.append((-score, -key, rank(node_id), node_id, None))
-            else:
-                parts = {}
-                score = key = 0.0
-                for name, fn, weight, built_in in named:
-                    part = weight * _clamp(fn(ctx, node))
-                    parts[name] = part
-                    score += part
-                    if built_in:
-                        key += part
-                fitting.append((-score, -key, rank(node_id), node_id, parts))
-            if multi:
-                for group in pre.groups(node_id):
-                    counts[group] = counts.get(group, 0) + 1
-        fitting.sort(key=lambda entry: entry[:3])
-        shown = len(fitting) + len(refused_ids) if limit is None else limit
-        verdicts: list[NodeVerdict] = []
-        for neg_score, _, _, node_id, known in fitting[:shown]:
-            parts = known if known is not None else ev.breakdown(nodes[node_id])
-            verdict = NodeVerdict(node_id, nodes[node_id].name, [], True, -neg_score, parts)
-            if multi:
-                verdict.groups = pre.groups(node_id)
-                verdict.prefer = pre.preferred(node_id, verdict.groups)
-            if noted:
-                verdict.notes = pre.node_notes(node_id)
-            verdicts.append(verdict)
-        room = max(shown - len(verdicts), 0)
-        more_refused: dict[str, tuple[int, Rejection]] = {}
-        # Counted by the first reason's code, the index's refusals (no class, too few free) asked of the
-        # filter for the first such node only, as the example.
-        for node_id in refused_ids[room:]:
-            reason = first.get(node_id)
-            code = (
-                reasons.CODE_FREE_GPUS
-                if reason is _FREE_GPUS
-                else reasons.CODE_GPU_CLASS
-                if reason is None
-                else reason.code
-            )
-            tally = more_refused.get(code)
-            if tally is not None:
-                more_refused[code] = (tally[0] + 1, tally[1])
+        else:
+            reason = ev.first_reason(node)
+            if reason is not None:
+                refused_ids.append(node_id)
+                first[node_id] = reason
                 continue
-            node = nodes[node_id]
-            if reason is None or reason is _FREE_GPUS:
-                reason = first_filter(ctx, node, gpu_class_filter if reason is None else free_gpus_filter)
-            more_refused[code] = (1, ev.reject(node, reason))
-        for node_id in refused_ids[:room]:
-            node = nodes[node_id]
-            found = every.get(node_id) or _all_reasons(ctx, filters, node)
-            verdict = NodeVerdict(node_id, node.name, found, False, None)
-            if noted:
-                verdict.notes = pre.node_notes(node_id)
-            verdicts.append(verdict)
-        placement = None
-        if not profile_reasons:
-            placement, _ = _place_profile(inventory, request, profile, registry, collect=False)
-            if placement is None:
-                _summarise(ev, profile_reasons, counts, len(refused_ids))
-        out.append(
-            ProfileExplain(
-                profile,
-                placement is not None,
-                verdicts,
-                profile_reasons,
-                placement,
-                more_fit=max(len(fitting) - shown, 0),
-                more_refused=more_refused,
-            )
+        if classed is not None:
+            # With a limit, a GPU profile's built-in score K follows from the node's free GPUs of
+            # the class and whether it holds the weights: computed once per pair. Each scorer's
+            # part is spelled out below only for the nodes shown.
+            pair = (inventory.free_count(node_id, cls), node_id in holders)  # type: ignore[arg-type]
+            key = keys.get(pair)
+            if key is None:
+                key = keys[pair] = ev.key(node)
+            score = key + ev.extra(node) if ev.plugins else key
+            fitting.append((-score, -key, rank(node_id), node_id, None))
+        else:
+            parts = {}
+            score = key = 0.0
+            for name, fn, weight, built_in in named:
+                part = weight * _clamp(fn(ctx, node))
+                parts[name] = part
+                score += part
+                if built_in:
+                    key += part
+            fitting.append((-score, -key, rank(node_id), node_id, parts))
+        if multi:
+            for group in pre.groups(node_id):
+                counts[group] = counts.get(group, 0) + 1
+    return _Sorted(fitting, refused_ids, first, every, counts)
+
+
+def _fit_verdicts(ev: _Evaluator, shown: list[Fit]) -> list[NodeVerdict]:
+    """The verdicts of the nodes that fit and are spelled out, best first: each scorer's part (worked
+    out now where the loop kept only the score), their groups across nodes and the pre-filters' notes."""
+    nodes = ev.nodes
+    pre = ev.pre
+    multi = ev.ctx.multi_node
+    noted = bool(pre.notes)
+    verdicts: list[NodeVerdict] = []
+    for neg_score, _, _, node_id, known in shown:
+        parts = known if known is not None else ev.breakdown(nodes[node_id])
+        verdict = NodeVerdict(node_id, nodes[node_id].name, [], True, -neg_score, parts)
+        if multi:
+            verdict.groups = pre.groups(node_id)
+            verdict.prefer = pre.preferred(node_id, verdict.groups)
+        if noted:
+            verdict.notes = pre.node_notes(node_id)
+        verdicts.append(verdict)
+    return verdicts
+
+
+def _count_refused(ev: _Evaluator, node_ids: list[int], first: dict[int, Reason]) -> dict[str, tuple[int, Rejection]]:
+    """The refused nodes not spelled out, counted by the first reason's code, each code with the first
+    such node's refusal as the example. The index's refusals (no class, too few free) are asked of the
+    filter for that first node only."""
+    ctx = ev.ctx
+    nodes = ev.nodes
+    more_refused: dict[str, tuple[int, Rejection]] = {}
+    for node_id in node_ids:
+        reason = first.get(node_id)
+        code = (
+            reasons.CODE_FREE_GPUS
+            if reason is _FREE_GPUS
+            else reasons.CODE_GPU_CLASS
+            if reason is None
+            else reason.code
         )
-    return out
+        tally = more_refused.get(code)
+        if tally is not None:
+            more_refused[code] = (tally[0] + 1, tally[1])
+            continue
+        node = nodes[node_id]
+        if reason is None or reason is _FREE_GPUS:
+            reason = first_filter(ctx, node, gpu_class_filter if reason is None else free_gpus_filter)
+        more_refused[code] = (1, ev.reject(node, reason))
+    return more_refused
+
+
+def _refused_verdicts(ev: _Evaluator, node_ids: list[int], every: dict[int, list[Rejection]]) -> list[NodeVerdict]:
+    """The verdicts of the refused nodes spelled out, with every reason each is refused."""
+    ctx = ev.ctx
+    nodes = ev.nodes
+    filters = ev.filters
+    pre = ev.pre
+    noted = bool(pre.notes)
+    verdicts = []
+    for node_id in node_ids:
+        node = nodes[node_id]
+        found = every.get(node_id) or _all_reasons(ctx, filters, node)
+        verdict = NodeVerdict(node_id, node.name, found, False, None)
+        if noted:
+            verdict.notes = pre.node_notes(node_id)
+        verdicts.append(verdict)
+    return verdicts
 
 
 def judge(
