@@ -274,8 +274,39 @@ def _roll(
     """
     profiles = {p.pk: p for p in profile_list}
     specs = {pk: running_spec(model, p) for pk, p in profiles.items()}
-    by_id = {r.pk: r for r in replicas}
-    for replica in replicas:  # replicas placed before specs were kept run what their profile says now
+    _keep_specs(store, replicas, profiles, specs)
+    staleness = _Staleness(store, specs, draining)
+    if _follow_replacements(store, model, replicas, now, report, staleness):
+        return
+    if any(r.replaces_id is not None for r in replicas):
+        return  # one replacement at a time
+    _replace_next(store, model, profile_list, replicas, now, report, inventory, staleness)
+
+
+@dataclass
+class _Staleness:
+    """Why a replica is due for a replacement in a roll: its running spec is not its profile's now,
+    or it has a shard on a draining node."""
+
+    store: Store
+    specs: dict[int, dict[str, Any]]  # the running spec of each of the model's profiles, by id
+    draining: dict[int, Any]  # the draining nodes, by id
+
+    def outdated(self, replica: Any) -> bool:
+        spec = self.specs.get(replica.profile_id) if replica.profile_id else None
+        return spec is None or replica.spec != spec
+
+    def drained(self, replica: Any) -> Any:
+        """The draining node the replica has a shard on (the first), or None."""
+        draining = self.draining
+        if not draining:
+            return None
+        return next((draining[n] for n in self.store.shard_nodes(replica) if n in draining), None)
+
+
+def _keep_specs(store: Store, replicas: list[Any], profiles: dict[int, Any], specs: dict[int, dict[str, Any]]) -> None:
+    """Replicas placed before specs were kept run what their profile says now: that is their spec."""
+    for replica in replicas:
         if (
             not replica.spec
             and replica.state in (ReplicaState.STARTING, ReplicaState.READY)
@@ -283,15 +314,16 @@ def _roll(
         ):
             store.update(replica, spec=specs[replica.profile_id])
 
-    def outdated(replica: Any) -> bool:
-        spec = specs.get(replica.profile_id) if replica.profile_id else None
-        return spec is None or replica.spec != spec
 
-    def drained(replica: Any) -> Any:
-        if not draining:
-            return None
-        return next((draining[n] for n in store.shard_nodes(replica) if n in draining), None)
-
+def _follow_replacements(
+    store: Store, model: Any, replicas: list[Any], now: Any, report: PassReport, staleness: _Staleness
+) -> bool:
+    """Steps 1 and 2 of the roll, for the replacements under way: a pending one no longer needed is
+    dropped (and taken out of `replicas`), a ready one stops the replica it replaces, and one that
+    failed, or that cannot be placed beside the replica it replaces, ends the roll for this pass.
+    True when the roll goes no further this pass."""
+    by_id = {r.pk: r for r in replicas}
+    outdated, drained = staleness.outdated, staleness.drained
     replacements = [r for r in replicas if r.replaces_id is not None]
     for replacement in list(replacements):
         old = by_id.get(replacement.replaces_id)
@@ -313,7 +345,7 @@ def _roll(
             if old is not None and old.message != message:
                 store.update(old, message=message)
                 store.audit("replica.roll_failed", replacement, {"replaces": old.pk}, model=model.name)
-            return
+            return True
         elif (
             replacement.state == ReplicaState.PENDING
             and replacement.rejections
@@ -322,13 +354,28 @@ def _roll(
         ):
             node = drained(old)
             if node is not None and not node.drain_force:
-                return  # a drain waits for room elsewhere (the replacement's refusals say why)
+                return True  # a drain waits for room elsewhere (the replacement's refusals say why)
             # No room beside the old one: it makes the room itself.
             _stop_stale(store, old, now, report, node)
             store.audit("replica.rolled", old, {"replaced_by": replacement.pk, "in_place": True}, model=model.name)
-            return
-    if any(r.replaces_id is not None for r in replicas):
-        return  # one replacement at a time
+            return True
+    return False
+
+
+def _replace_next(
+    store: Store,
+    model: Any,
+    profile_list: list[Any],
+    replicas: list[Any],
+    now: Any,
+    report: PassReport,
+    inventory: placement.Inventory,
+    staleness: _Staleness,
+) -> None:
+    """Step 3 of the roll: the oldest replica due (those on a draining node first) gets a replacement,
+    placed at once: beside it while the model is under its maximum (or the replica is drained), else
+    in its place."""
+    outdated, drained = staleness.outdated, staleness.drained
     movable = (ReplicaState.STARTING, ReplicaState.READY)
     stale = sorted(
         (r for r in replicas if r.state in movable and (drained(r) is not None or outdated(r))),
