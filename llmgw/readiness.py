@@ -9,6 +9,8 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection
 
+from llmgw import redis_client
+
 __all__ = ["check_broker", "check_channel_layer", "check_database", "run_checks", "scheduler"]
 
 
@@ -42,10 +44,9 @@ def check_database(*, direct: bool = False) -> str:
 
 def check_broker() -> str:
     if settings.REDIS_URL:
-        import redis
-
         try:
-            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+            # A connection of its own, not one the process's cached client already holds.
+            client = redis_client.fresh(timeout=2.0)
             client.ping()
             client.close()
         except Exception as exc:

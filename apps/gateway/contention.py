@@ -25,7 +25,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.utils.translation import gettext as _
@@ -35,6 +35,10 @@ from apps.catalog.models import Model
 from apps.cluster.choices import ReplicaState
 from apps.gateway.fairness import BATCH, Waiting, Who
 from apps.gateway.slots import queue_keys, shared_key
+from llmgw import redis_client
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["Party", "Reading", "ShareRow", "card_part", "read", "share_rows"]
 
@@ -101,27 +105,15 @@ def _collect(holders: Iterable[Who | None], interactive: Iterable[Who | None], b
     return Reading(tuple(Party(who, holding[who], waiting[who], batched[who]) for who in keys))
 
 
-_redis_client: Any = None
-
-
-def _redis() -> Any:
-    global _redis_client
-    if _redis_client is None:
-        import redis
-
-        _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-    return _redis_client
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _read_redis(model: str, upstream_ids: Sequence[str]) -> Reading:
+def _read_redis(client: redis.Redis, model: str, upstream_ids: Sequence[str]) -> Reading:
     prefix = settings.REDIS_PREFIX
     keys = [*queue_keys(prefix, model)[:3], *(shared_key(prefix, "slots", i) for i in upstream_ids)]
     try:
-        reply = _redis().eval(READ_SCRIPT, len(keys), *keys)
+        reply: Any = client.eval(READ_SCRIPT, len(keys), *keys)
     except Exception as exc:
         log.warning("could not read the queue of %s from Redis: %s", model, exc)
         return Reading(unknown=_("Redis did not answer (%(error)s).") % {"error": type(exc).__name__})
@@ -149,8 +141,9 @@ def _read_process(model: str) -> Reading:
 def read(model: str, upstream_ids: Sequence[str]) -> Reading:
     """Who holds the slots of `model` (on the upstreams `upstream_ids`) and who waits for one, from
     Redis when it is configured, else from this process's gateway."""
-    if settings.REDIS_URL:
-        return _read_redis(model, upstream_ids)
+    client = redis_client.client()
+    if client is not None:
+        return _read_redis(client, model, upstream_ids)
     return _read_process(model)
 
 

@@ -12,6 +12,8 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.signals import post_delete, post_save
 
+from llmgw import redis_client
+
 __all__ = ["announce", "bump", "connect"]
 
 #: What the gateway's key table reads of an organisation, team or project.
@@ -35,31 +37,17 @@ def announce() -> None:
     source of truth, read every LLMGW_GATEWAY_REFRESH_SECONDS."""
     import sys
 
-    from django.conf import settings
-
     here = sys.modules.get("apps.gateway.asgi")
     if here is not None:
         here.gateway_app.wake_from_thread()
-    if settings.REDIS_URL:
-        try:
+    try:
+        publisher = redis_client.client()
+        if publisher is not None:
             from apps.gateway.tables import tables_channel
 
-            _publisher().publish(tables_channel(), "changed")
-        except Exception:  # noqa: BLE001 - a hint only; the periodic check catches up
-            pass
-
-
-_redis_client: Any = None
-
-
-def _publisher() -> Any:
-    global _redis_client
-    if _redis_client is None:
-        import redis
-        from django.conf import settings
-
-        _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-    return _redis_client
+            publisher.publish(tables_channel(), "changed")
+    except Exception:  # noqa: BLE001 - a hint only; the periodic check catches up
+        pass
 
 
 def _changed(sender: Any, **kwargs: Any) -> None:
