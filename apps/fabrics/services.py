@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
@@ -311,52 +311,13 @@ def fabrics_overview() -> dict[str, Any]:
             identity = port_identity(port, sm_sets)
             name = str(port.get("fabric") or "")
             where = f"{node} {_key(port)}"
-            if port.get("link_layer") == "InfiniBand" and port.get("state") == 2 and port.get("phys_state") == 5:
-                problems.append(
-                    {
-                        "code": "no_sm",
-                        "message": _("%(port)s has a link but no subnet manager brought it up (INIT)")
-                        % {"port": where},
-                    }
-                )
-            if not port.get("up"):
+            problems.extend(_port_problems(port, name, identity, where))
+            if not port.get("up") or identity is None:
                 continue
-            if not name:
-                problems.append(
-                    {"code": "undeclared", "message": _("%(port)s is up but on no declared fabric") % {"port": where}}
-                )
-            if identity is None:
-                problems.append(
-                    {
-                        "code": "unchecked",
-                        "message": _("%(port)s is up but its fabric cannot be checked (no subnet manager answered it)")
-                        % {"port": where},
-                    }
-                )
-                continue
-            fabric = fabrics.setdefault(
-                identity,
-                {
-                    "id": identity,
-                    "kind": "roce" if identity.startswith("roce:") else "ib",
-                    "names": set(),
-                    "nodes": set(),
-                    "ports": 0,
-                    "masters": set(),
-                    "expected_gbps": expected.get(identity),
-                    "short": [],
-                },
-            )
-            fabric["ports"] += 1
-            fabric["nodes"].add(node)
+            fabric = fabrics.setdefault(identity, _new_fabric(identity, expected))
+            _add_port(fabric, port, node, name, where)
             if name:
-                fabric["names"].add(name)
                 names.setdefault(name, set()).add(identity)
-            if port.get("sm_guid"):
-                fabric["masters"].add(str(port["sm_guid"]))
-            rate = port.get("rate_gbps")
-            if fabric["expected_gbps"] and isinstance(rate, int | float) and rate < fabric["expected_gbps"]:
-                fabric["short"].append({"port": where, "rate_gbps": rate})
     for name, identities in sorted(names.items()):
         if len(identities) > 1:
             problems.append(
@@ -366,65 +327,148 @@ def fabrics_overview() -> dict[str, Any]:
                     % {"name": name, "count": len(identities), "ids": ", ".join(sorted(identities))},
                 }
             )
-    out = []
-    for identity in sorted(fabrics):
-        fabric = fabrics[identity]
-        if len(fabric["names"]) > 1:
-            problems.append(
-                {
-                    "code": "names_share",
-                    "message": _("fabric %(id)s goes by %(count)s names: %(names)s")
-                    % {"id": identity, "count": len(fabric["names"]), "names": ", ".join(sorted(fabric["names"]))},
-                }
-            )
-        sms = []
-        if fabric["kind"] == "ib":
-            root = identity[3:]
-            members = sorted(g for g, r in sm_sets.items() if r == root)
-            sms = [{"guid": g, **managers.get(g, {}), "master": g in fabric["masters"]} for g in members]
-            if len(fabric["masters"]) > 1:
-                problems.append(
-                    {
-                        "code": "masters_disagree",
-                        "message": _("ports of fabric %(id)s disagree on the master subnet manager: %(masters)s")
-                        % {"id": identity, "masters": ", ".join(sorted(fabric["masters"]))},
-                    }
-                )
-            if len(sms) < 2:
-                problems.append(
-                    {
-                        "code": "no_standby",
-                        "message": _("fabric %(id)s has no standby subnet manager") % {"id": identity},
-                    }
-                )
-            changes = list(MasterChange.objects.filter(master__in=members, at__gte=day_ago).order_by("-at")[:50])
-            fabric["master_changes"] = [
-                {"at": c.at.isoformat(), "node": c.node_id, "port": c.port, "previous": c.previous, "master": c.master}
-                for c in changes
-            ]
-            if any(c.at >= hour_ago for c in changes):
-                problems.append(
-                    {
-                        "code": "master_changed",
-                        "message": _("the master subnet manager of fabric %(id)s changed in the last hour")
-                        % {"id": identity},
-                    }
-                )
-        out.append(
+    out = [
+        _fabric_summary(identity, fabrics[identity], sm_sets, managers, (hour_ago, day_ago), problems)
+        for identity in sorted(fabrics)
+    ]
+    return {"fabrics": out, "problems": problems}
+
+
+def _port_problems(port: dict[str, Any], name: str, identity: str | None, where: str) -> list[dict[str, Any]]:
+    """What is wrong with one port on its own: a link no subnet manager brought up, and for a port
+    that is up, no declared fabric or a fabric that cannot be checked."""
+    problems = []
+    if port.get("link_layer") == "InfiniBand" and port.get("state") == 2 and port.get("phys_state") == 5:
+        problems.append(
             {
-                "id": identity,
-                "kind": fabric["kind"],
-                "names": sorted(fabric["names"]),
-                "nodes": sorted(fabric["nodes"]),
-                "ports": fabric["ports"],
-                "expected_gbps": fabric["expected_gbps"],
-                "short": fabric["short"],
-                "subnet_managers": sms,
-                "standbys": sum(1 for sm in sms if not sm["master"]) if fabric["kind"] == "ib" else None,
-                "master_changes": fabric.get("master_changes", []),
+                "code": "no_sm",
+                "message": _("%(port)s has a link but no subnet manager brought it up (INIT)") % {"port": where},
             }
         )
-    return {"fabrics": out, "problems": problems}
+    if not port.get("up"):
+        return problems
+    if not name:
+        problems.append(
+            {"code": "undeclared", "message": _("%(port)s is up but on no declared fabric") % {"port": where}}
+        )
+    if identity is None:
+        problems.append(
+            {
+                "code": "unchecked",
+                "message": _("%(port)s is up but its fabric cannot be checked (no subnet manager answered it)")
+                % {"port": where},
+            }
+        )
+    return problems
+
+
+def _new_fabric(identity: str, expected: dict[str, float]) -> dict[str, Any]:
+    """A physical fabric as fabrics_overview() gathers it, before its first port."""
+    return {
+        "id": identity,
+        "kind": "roce" if identity.startswith("roce:") else "ib",
+        "names": set(),
+        "nodes": set(),
+        "ports": 0,
+        "masters": set(),
+        "expected_gbps": expected.get(identity),
+        "short": [],
+    }
+
+
+def _add_port(fabric: dict[str, Any], port: dict[str, Any], node: str, name: str, where: str) -> None:
+    """Count a port that is up on its fabric: its node, the name declared, the master it sees, and
+    its rate when below the fabric's expected one."""
+    fabric["ports"] += 1
+    fabric["nodes"].add(node)
+    if name:
+        fabric["names"].add(name)
+    if port.get("sm_guid"):
+        fabric["masters"].add(str(port["sm_guid"]))
+    rate = port.get("rate_gbps")
+    if fabric["expected_gbps"] and isinstance(rate, int | float) and rate < fabric["expected_gbps"]:
+        fabric["short"].append({"port": where, "rate_gbps": rate})
+
+
+def _fabric_summary(
+    identity: str,
+    fabric: dict[str, Any],
+    sm_sets: dict[str, str],
+    managers: dict[str, Any],
+    since: tuple[datetime, datetime],
+    problems: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One fabric as fabrics_overview() lists it; what is wrong with it is added to `problems`.
+    `since`: an hour ago and a day ago."""
+    if len(fabric["names"]) > 1:
+        problems.append(
+            {
+                "code": "names_share",
+                "message": _("fabric %(id)s goes by %(count)s names: %(names)s")
+                % {"id": identity, "count": len(fabric["names"]), "names": ", ".join(sorted(fabric["names"]))},
+            }
+        )
+    sms: list[dict[str, Any]] = []
+    master_changes: list[dict[str, Any]] = []
+    if fabric["kind"] == "ib":
+        sms, master_changes = _subnet_managers(identity, fabric, sm_sets, managers, since, problems)
+    return {
+        "id": identity,
+        "kind": fabric["kind"],
+        "names": sorted(fabric["names"]),
+        "nodes": sorted(fabric["nodes"]),
+        "ports": fabric["ports"],
+        "expected_gbps": fabric["expected_gbps"],
+        "short": fabric["short"],
+        "subnet_managers": sms,
+        "standbys": sum(1 for sm in sms if not sm["master"]) if fabric["kind"] == "ib" else None,
+        "master_changes": master_changes,
+    }
+
+
+def _subnet_managers(
+    identity: str,
+    fabric: dict[str, Any],
+    sm_sets: dict[str, str],
+    managers: dict[str, Any],
+    since: tuple[datetime, datetime],
+    problems: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """An InfiniBand fabric's subnet managers (which are master) and their master changes of the
+    last day, newest first (at most 50); its ports disagreeing on the master, no standby and a
+    change in the last hour are added to `problems`. `since`: an hour ago and a day ago."""
+    hour_ago, day_ago = since
+    root = identity[3:]
+    members = sorted(g for g, r in sm_sets.items() if r == root)
+    sms = [{"guid": g, **managers.get(g, {}), "master": g in fabric["masters"]} for g in members]
+    if len(fabric["masters"]) > 1:
+        problems.append(
+            {
+                "code": "masters_disagree",
+                "message": _("ports of fabric %(id)s disagree on the master subnet manager: %(masters)s")
+                % {"id": identity, "masters": ", ".join(sorted(fabric["masters"]))},
+            }
+        )
+    if len(sms) < 2:
+        problems.append(
+            {
+                "code": "no_standby",
+                "message": _("fabric %(id)s has no standby subnet manager") % {"id": identity},
+            }
+        )
+    changes = list(MasterChange.objects.filter(master__in=members, at__gte=day_ago).order_by("-at")[:50])
+    master_changes = [
+        {"at": c.at.isoformat(), "node": c.node_id, "port": c.port, "previous": c.previous, "master": c.master}
+        for c in changes
+    ]
+    if any(c.at >= hour_ago for c in changes):
+        problems.append(
+            {
+                "code": "master_changed",
+                "message": _("the master subnet manager of fabric %(id)s changed in the last hour") % {"id": identity},
+            }
+        )
+    return sms, master_changes
 
 
 def topology_view(fabric: str) -> dict[str, Any] | None:
