@@ -22,7 +22,7 @@ from typing import Any
 from django.utils import timezone
 
 from apps.catalog.models import Model, Profile
-from apps.cluster import services
+from apps.cluster import history, reports
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 from apps.cluster.models import Gpu, Node, Replica, Shard
 
@@ -128,8 +128,8 @@ def make_node(
         ]
     Gpu.objects.bulk_create(rows)
     if heartbeat and node.sample is not None:
-        services.append_histories({node.pk: node.sample})
-        services.write_gpu_health(node.pk, services.sample_health(node.sample), None)
+        history.append_histories({node.pk: node.sample})
+        reports.write_gpu_health(node.pk, reports.sample_health(node.sample), None)
     return node
 
 

@@ -141,7 +141,7 @@ def forget_fleet_figures(*, history: bool = True) -> None:
     from django.conf import settings
     from django.core.cache import cache
 
-    from apps.cluster import services
+    from apps.cluster import history as cluster_history
 
     patterns = ["cluster:rollup:*"]
     if history:
@@ -154,7 +154,7 @@ def forget_fleet_figures(*, history: bool = True) -> None:
         local = caches["default"]
         if isinstance(local, LocMemCache):  # its own keys read ":version:key"
             local.delete_many([key.split(":", 2)[2] for key in list(local._cache) if ":cluster:rollup:" in key])
-    client = services._redis()
+    client = cluster_history.client()
     if client is not None:
         for pattern in patterns:
             for key in client.scan_iter(f"{settings.REDIS_PREFIX}:{pattern}"):

@@ -1,6 +1,6 @@
 """The Django admin for nodes, their GPUs, enrollment tokens and replicas.
 
-An operator's changes go through apps.cluster.services (cordon, uncordon, revoke), which
+An operator's changes go through apps.cluster.actions (cordon, uncordon, revoke), which
 audit them as the console and `llmgw ctl` do; the rest is audited by AuditedAdmin. What the
 agents, heartbeats and the reconciler write is read-only here.
 """
@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from apps.accounts.admin import AuditedAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
-from apps.cluster import services
+from apps.cluster.actions import cordon_node, revoke_node, uncordon_node
 from apps.cluster.models import (
     AgentRequest,
     ControlLock,
@@ -39,13 +39,13 @@ class GpuInline(ReadOnlyInline):
 @admin.register(Node)
 class NodeAdmin(AuditedAdmin):
     # Nodes join with `llmgw ctl node add` or the console's form, which make the enrollment
-    # token: no adding here. Cordoning goes through services.cordon_node and uncordon_node (the
-    # reason is kept only while cordoned); revoking through services.revoke_node (the action
+    # token: no adding here. Cordoning goes through cordon_node and uncordon_node (the
+    # reason is kept only while cordoned); revoking through revoke_node (the action
     # below), and a node is revoked before it is deleted (node.delete), so its agent is cut off.
     # Its status is written by heartbeats, what it is (agent, hardware, address, samples) by its
-    # agent, drains by services.drain_node and its credential by enrollment: all read-only, as
+    # agent, drains by actions.drain_node and its credential by enrollment: all read-only, as
     # is its name, which its agent and `llmgw ctl` know it by. Its disabled engines change with
-    # `ctl node engines` (services.set_disabled_engines, which tells the node). Its labels are
+    # `ctl node engines` (actions.set_disabled_engines, which tells the node). Its labels are
     # audited here (node.update).
     list_display = ["name", "status", "cordoned", "agent_version", "address", "last_seen_at", "registered_at"]
     list_filter = ["status", "cordoned"]
@@ -87,9 +87,9 @@ class NodeAdmin(AuditedAdmin):
             return
         actor, address = actor_of(request), client_address(request)
         if cordon:
-            services.cordon_node(obj, reason=reason, actor=actor, address=address)
+            cordon_node(obj, reason=reason, actor=actor, address=address)
         elif obj.cordoned:
-            services.uncordon_node(obj, actor=actor, address=address)
+            uncordon_node(obj, actor=actor, address=address)
         else:
             self.message_user(
                 request,
@@ -101,7 +101,7 @@ class NodeAdmin(AuditedAdmin):
     def revoke_nodes(self, request: HttpRequest, queryset: Any) -> None:
         nodes = [node for node in queryset if node.revoked_at is None]
         for node in nodes:
-            services.revoke_node(node, actor=actor_of(request), address=client_address(request))
+            revoke_node(node, actor=actor_of(request), address=client_address(request))
         self.message_user(
             request,
             ngettext("%(count)d node revoked.", "%(count)d nodes revoked.", len(nodes)) % {"count": len(nodes)},
@@ -117,7 +117,7 @@ class NodeAdmin(AuditedAdmin):
     def delete_model(self, request: HttpRequest, obj: Node) -> None:
         with transaction.atomic():
             if obj.revoked_at is None:
-                services.revoke_node(obj, actor=actor_of(request), address=client_address(request))
+                revoke_node(obj, actor=actor_of(request), address=client_address(request))
             super().delete_model(request, obj)
 
 
@@ -139,7 +139,7 @@ class EnrollmentTokenAdmin(AuditedAdmin):
     readonly_fields = ["token_hash"]
 
     def audit_action(self, verb: str) -> str:
-        return f"node.enrollment_{verb}"  # as services.create_enrollment names its event
+        return f"node.enrollment_{verb}"  # as enrolment.create_enrollment names its event
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -99,7 +99,7 @@ def notify(node_id: int) -> None:
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
-    from apps.cluster.services import node_group
+    from apps.cluster.actions import node_group
 
     layer = get_channel_layer()
     if layer is None:

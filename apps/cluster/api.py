@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 
 from apps.accounts import audit
 from apps.accounts.access import IsOperator, public
-from apps.cluster import agent_requests, selectors, services
+from apps.cluster import actions, agent_requests, enrolment, selectors
 from apps.cluster import engines as engine_choices
 from apps.cluster.choices import NodeStatus
 from apps.cluster.extensions import EXTENSIONS
@@ -179,7 +179,7 @@ class NodeDetailSerializer(NodeSerializer):
 
     @extend_schema_field(DrainStatusSerializer(allow_null=True))
     def get_drain(self, node: Node) -> dict[str, Any] | None:
-        return services.drain_status(node)
+        return actions.drain_status(node)
 
 
 class CordonSerializer(serializers.Serializer[Any]):
@@ -261,7 +261,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def cordon(self, request: Request, name: str | None = None) -> Response:
         data = CordonSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.cordon_node(
+        node = actions.cordon_node(
             self.get_object(),
             reason=data.validated_data["reason"],
             actor=request.user,  # type: ignore[arg-type]
@@ -274,7 +274,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def labels(self, request: Request, name: str | None = None) -> Response:
         data = LabelsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.set_labels(
+        node = actions.set_labels(
             self.get_object(),
             set_labels=data.validated_data["set"],
             remove=data.validated_data["remove"],
@@ -286,7 +286,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     @extend_schema(request=None, responses=NodeDetailSerializer)
     @action(detail=True, methods=["post"])
     def uncordon(self, request: Request, name: str | None = None) -> Response:
-        node = services.uncordon_node(self.get_object(), actor=request.user, address=self._address())  # type: ignore[arg-type]
+        node = actions.uncordon_node(self.get_object(), actor=request.user, address=self._address())  # type: ignore[arg-type]
         return Response(NodeDetailSerializer(node).data)
 
     @extend_schema(request=DrainSerializer, responses=NodeDetailSerializer)
@@ -296,7 +296,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         `uncordon` ends a drain."""
         data = DrainSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.drain_node(
+        node = actions.drain_node(
             self.get_object(),
             grace=data.validated_data.get("grace"),
             force=data.validated_data["force"],
@@ -311,7 +311,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         """Keep engines off this node (`disable`), or let them back (`enable`)."""
         data = NodeEnginesSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.set_disabled_engines(
+        node = actions.set_disabled_engines(
             self.get_object(),
             disable=data.validated_data["disable"],
             enable=data.validated_data["enable"],
@@ -327,7 +327,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         and GPUs allow), `cu13`, `cu129`, or `none`."""
         data = EngineBuildSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.set_engine_build(
+        node = actions.set_engine_build(
             self.get_object(),
             data.validated_data["build"],
             actor=request.user,  # type: ignore[arg-type]
@@ -338,7 +338,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     @extend_schema(request=None, responses=NodeDetailSerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, name: str | None = None) -> Response:
-        node = services.revoke_node(self.get_object(), actor=request.user, address=self._address())  # type: ignore[arg-type]
+        node = actions.revoke_node(self.get_object(), actor=request.user, address=self._address())  # type: ignore[arg-type]
         return Response(NodeDetailSerializer(node).data)
 
 
@@ -355,7 +355,7 @@ class EnrollmentRequestSerializer(serializers.Serializer[Any]):
 
     def validate_name(self, value: str) -> str:
         try:
-            return services.validate_node_name(value)
+            return enrolment.validate_node_name(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
 
@@ -386,7 +386,7 @@ class NodeEnrollmentView(APIView):
         data.is_valid(raise_exception=True)
         seconds = data.validated_data.get("expires_in_seconds") or settings.AGENT_ENROLLMENT_TTL
         labels = data.validated_data.get("labels") or {}
-        new = services.create_enrollment(
+        new = enrolment.create_enrollment(
             data.validated_data["name"],
             labels=labels,
             expires_in=timedelta(seconds=seconds),
@@ -440,8 +440,8 @@ class AgentEnrollView(APIView):
                 status=status.HTTP_400_BAD_REQUEST,
             )
         try:
-            node, credential = services.enroll_node(token, address=client_address(request))
-        except services.EnrollmentRefused as exc:
+            node, credential = enrolment.enroll_node(token, address=client_address(request))
+        except enrolment.EnrollmentRefused as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
         return Response({"node": node.name, "credential": credential, "enrolled_at": timezone.now()})
 
@@ -579,7 +579,7 @@ def engine_file(request: HttpRequest, name: str) -> HttpResponseBase:
     token) and its staff; the node checks it against the release's digest as it would GitHub's."""
     from django.http import FileResponse, JsonResponse
 
-    if not services.node_or_staff(request):
+    if not enrolment.node_or_staff(request):
         return JsonResponse({"detail": str(_("A node credential is needed to fetch engine files."))}, status=401)
     if request.method not in ("GET", "HEAD"):
         return JsonResponse({"detail": str(_("Only GET and HEAD."))}, status=405)

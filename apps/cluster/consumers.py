@@ -17,7 +17,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from agent import protocol
-from apps.cluster import agent_requests, services
+from apps.cluster import actions, agent_requests, enrolment, reports
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.heartbeats import writer as heartbeat_writer
 from apps.cluster.metrics import JOINS_DEFERRED, MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
@@ -74,9 +74,9 @@ class _Joining:
 
 def _authenticate(secret: str, channel_name: str) -> Node | None:
     """The node this credential names, now served by this connection; None for a bad credential."""
-    node = services.authenticate_node(secret)
+    node = enrolment.authenticate_node(secret)
     if node is not None:
-        services.set_connection(node.pk, channel_name)
+        enrolment.set_connection(node.pk, channel_name)
     return node
 
 
@@ -86,7 +86,7 @@ def _register(
     """Record a registration; the node's name, its desired state (version and body) and its
     pending requests, marked sent. What it reports for other apps (its fabrics) goes to the app
     registered for it."""
-    node = services.register_node(node_id, body, address=address)
+    node = enrolment.register_node(node_id, body, address=address)
     for kind in EXTENSIONS.node_reports:
         if kind in body:
             EXTENSIONS.record_report(kind, node_id, body[kind])
@@ -111,7 +111,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     node_id: int | None = None
     node_name: str = ""
-    gpu_health: dict[int, services.Health] | None = None
+    gpu_health: dict[int, reports.Health] | None = None
     desired_sent: int | None = None
     poller: asyncio.Task[None] | None = None
     closing = False
@@ -209,7 +209,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.node_id = node.pk
         self.node_name = node.name
-        group = services.node_group(node.pk)
+        group = actions.node_group(node.pk)
         # Tell an older connection of this node to go, before joining the group ourselves. Without
         # the channel layer (Redis away) the connection still serves: heartbeats and reports go to
         # the database, an older connection learns from the sweep, and the layer adds the
@@ -260,7 +260,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def join_group(self) -> None:
         """Join (or renew the membership of) the node's group; memberships expire unless renewed."""
         assert self.node_id is not None
-        await self.channel_layer.group_add(services.node_group(self.node_id), self.channel_name)
+        await self.channel_layer.group_add(actions.node_group(self.node_id), self.channel_name)
 
     async def leave_group(self) -> None:
         """Leave the node's group, trying again a few times: when thousands of agents drop together the
@@ -270,7 +270,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             if wait:
                 await asyncio.sleep(wait)
             try:
-                await self.channel_layer.group_discard(services.node_group(self.node_id), self.channel_name)
+                await self.channel_layer.group_discard(actions.node_group(self.node_id), self.channel_name)
                 return
             except Exception as exc:
                 failure = exc
@@ -327,10 +327,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 self.joined()
         elif message.type == "report":
             if "engines" in message.body:
-                await database_sync_to_async(services.record_engines, thread_sensitive=False)(
+                await database_sync_to_async(reports.record_engines, thread_sensitive=False)(
                     self.node_id, message.body["engines"]
                 )
-            await database_sync_to_async(services.record_report, thread_sensitive=False)(
+            await database_sync_to_async(reports.record_report, thread_sensitive=False)(
                 self.node_id, message.body["shards"]
             )
         elif message.type == "heartbeat":
@@ -338,9 +338,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # The row (and the history point) are written behind, in a batch every second
             # (apps.cluster.heartbeats). GPU health rows are written only when a card's health changed.
             heartbeat_writer.add(self.node_id, sample)
-            health = services.sample_health(sample)
+            health = reports.sample_health(sample)
             if self.gpu_health is not None and health != self.gpu_health:
-                await database_sync_to_async(services.write_gpu_health, thread_sensitive=False)(
+                await database_sync_to_async(reports.write_gpu_health, thread_sensitive=False)(
                     self.node_id, health, self.gpu_health
                 )
             self.gpu_health = health
@@ -351,7 +351,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif message.type == "response":
             request_id = str(message.body["request_id"])
             if request_id.startswith("doctor-"):
-                await database_sync_to_async(services.record_doctor, thread_sensitive=False)(self.node_id, message.body)
+                await database_sync_to_async(reports.record_doctor, thread_sensitive=False)(self.node_id, message.body)
             elif request_id.startswith("req-"):
                 await database_sync_to_async(agent_requests.record_response, thread_sensitive=False)(
                     self.node_id, message.body
@@ -374,7 +374,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         name, version, desired, requests = await database_sync_to_async(_register, thread_sensitive=False)(
             self.node_id, message.body, client[0]
         )
-        self.gpu_health = services.sample_health(message.body.get("sample") or {})
+        self.gpu_health = reports.sample_health(message.body.get("sample") or {})
         await self.send(
             protocol.encode(
                 "registered",
@@ -393,7 +393,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             if self.node_id is None or self.desired_sent is None:
                 continue
             try:
-                version = await database_sync_to_async(services.desired_version, thread_sensitive=False)(self.node_id)
+                version = await database_sync_to_async(enrolment.desired_version, thread_sensitive=False)(self.node_id)
                 if version is not None and version != self.desired_sent:
                     await self.send_desired(version)
                 if await database_sync_to_async(agent_requests.has_pending, thread_sensitive=False)(self.node_id):

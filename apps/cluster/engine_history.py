@@ -60,8 +60,8 @@ def record(samples: dict[int, dict[str, Any]]) -> None:
                 found.append((int(match.group(1)), t, entry["engine"]))
     if not found:
         return
+    from apps.cluster import history
     from apps.cluster.models import Replica
-    from apps.cluster.services import _redis
 
     try:
         names = dict(Replica.objects.filter(pk__in={r for r, _t, _f in found}).values_list("pk", "model__name"))
@@ -70,7 +70,7 @@ def record(samples: dict[int, dict[str, Any]]) -> None:
             if replica in names:
                 point = {"t": t, "r": replica, "f": figures}
                 by_model[names[replica]].append(json.dumps(point, separators=(",", ":")))
-        client = _redis()
+        client = history.client()
         if client is None:
             for model, points in by_model.items():
                 stored = list(cache.get(_key(model)) or [])
@@ -89,10 +89,10 @@ def record(samples: dict[int, dict[str, Any]]) -> None:
 
 def model_points(model: str) -> list[dict[str, Any]]:
     """The model's points of the last hour, oldest first: {"t", "r" (replica id), "f" (figures)}."""
-    from apps.cluster.services import _redis
+    from apps.cluster import history
 
     try:
-        client = _redis()
+        client = history.client()
         if client is not None:
             points = [json.loads(raw) for raw in client.lrange(_key(model), 0, -1)]
         else:

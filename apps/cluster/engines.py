@@ -649,11 +649,11 @@ def _ask_for_releases() -> None:
     at beat's next minute: a node that joins is told its engine's assets within seconds."""
     from django.core.cache import cache
 
-    from apps.cluster.services import _redis
+    from apps.cluster import history
 
     # The process's one Redis client where there is Redis: this runs for every agent that joins, in
     # its connection's own context, where Django's cache would open a connection of its own for each.
-    client = _redis()
+    client = history.client()
     if client is not None:
         if not client.set(f"{settings.REDIS_PREFIX}:engines:fetch-asked", 1, nx=True, ex=60):
             return

@@ -135,7 +135,7 @@ class HeartbeatWriter:
 
 
 def _write(batch: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:
-    from apps.cluster.services import write_heartbeats
+    from apps.cluster.reports import write_heartbeats
 
     return write_heartbeats(batch)
 

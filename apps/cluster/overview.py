@@ -31,7 +31,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
 from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
-from apps.cluster import rollup, selectors, services
+from apps.cluster import history, rollup, selectors
 from apps.cluster.charts import line_chart
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Gpu, Node, Replica, Shard
@@ -561,7 +561,7 @@ def _resting(now: datetime) -> list[_Resting]:
 
 def _states(node_ids: set[int], now: datetime) -> dict[int, rollup.Resting]:
     """What the rollup knows of these nodes now, and their rows' samples where it knows nothing."""
-    states = rollup.resting(node_ids, services._redis(), now.timestamp())
+    states = rollup.resting(node_ids, history.client(), now.timestamp())
     states.update(_unrolled(node_ids - set(states), now))
     return states
 
@@ -654,7 +654,7 @@ def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float 
     }
     # Only a node whose history reaches back before the run can tell more of it: read the oldest
     # point of each first, the whole hour of those alone.
-    oldest = services.oldest_points({n for r in shown if r.at_least for n, _c in r.shards})
+    oldest = history.oldest_points({n for r in shown if r.at_least for n, _c in r.shards})
     idle = []
     for held in shown:
         if held.at_least and any((oldest.get(n) or math.inf) < (held.since or -math.inf) for n, _c in held.shards):
@@ -662,7 +662,7 @@ def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float 
             # that covers all of it may have begun before, and stays "at least".
             starts, whole = [], True
             for node_id, cards in held.shards:
-                since, all_of_it = _idle_since(services.sample_history(node_id), cards)
+                since, all_of_it = _idle_since(history.sample_history(node_id), cards)
                 starts.append(since)
                 whole = whole and all_of_it
             if held.since is not None and starts and all(s is not None for s in starts):
@@ -709,7 +709,7 @@ def _class_counts() -> dict[str, int]:
 
 def _fleet_charts(counts: dict[str, int]) -> list[FleetChart]:
     """Average utilisation of each GPU class over the last hour, from the rollup's slots."""
-    series = rollup.class_series(services._redis())
+    series = rollup.class_series(history.client())
     charts = []
     for name in sorted(counts):
         title = _("%(gpu_class)s utilisation, average of %(count)s cards") % {"gpu_class": name, "count": counts[name]}

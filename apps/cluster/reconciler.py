@@ -415,7 +415,7 @@ def push_desired_state(node_ids: set[int] | None = None) -> None:
     from channels.layers import get_channel_layer
 
     from agent import protocol
-    from apps.cluster.services import node_group
+    from apps.cluster.actions import node_group
 
     layer = get_channel_layer()
     if layer is None:

@@ -22,7 +22,7 @@ from django.utils.translation import gettext as _
 
 from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.accounts.access import can_change_cluster, can_read_everything
-from apps.cluster import services
+from apps.cluster import history, reports
 from apps.cluster.charts import line_chart
 from apps.cluster.choices import ShardState
 from apps.cluster.extensions import EXTENSIONS
@@ -503,7 +503,7 @@ class GpuCard:
     @property
     def foreign_processes(self) -> int | None:
         if "foreign_processes" in self.live or "processes" in self.live:
-            return services.gpu_health(self.live)[1]
+            return reports.gpu_health(self.live)[1]
         return self.row.foreign_processes if self.row else None
 
     @property
@@ -549,7 +549,7 @@ class GpuCard:
     @property
     def fault(self) -> str:
         """Why the device cannot be trusted now, in its agent's words ("" when it can)."""
-        return services.gpu_fault(self.live) or (self.row.fault if self.row is not None else "")
+        return reports.gpu_fault(self.live) or (self.row.fault if self.row is not None else "")
 
     @property
     def device_id(self) -> str:
@@ -784,7 +784,7 @@ class Chart:
 
 def node_charts(node: Node) -> list[Chart]:
     """The last hour of CPU, memory, load and per-GPU figures, from the heartbeat history."""
-    points = services.sample_history(node.pk)
+    points = history.sample_history(node.pk)
 
     def series(pick: Any) -> list[tuple[float, float | None]]:
         out = []
@@ -830,7 +830,7 @@ def node_charts(node: Node) -> list[Chart]:
     return charts + _model_charts(node, points, series, chart)
 
 
-# Positions in a history point's per-model figures (apps.cluster.services._history_point).
+# Positions in a history point's per-model figures (apps.cluster.history._history_point).
 CORES_CLAIMED, MEMORY_CLAIMED, CORES_USED, MEMORY_USED, QUEUED = range(5)
 
 

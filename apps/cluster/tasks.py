@@ -5,13 +5,13 @@ from datetime import timedelta
 from celery import shared_task
 from django.conf import settings
 
-from apps.cluster import services
+from apps.cluster import reports
 
 
 @shared_task(ignore_result=True)
 def mark_unreachable_nodes() -> int:
     grace = timedelta(seconds=settings.AGENT_HEARTBEAT_INTERVAL * settings.AGENT_MISSED_HEARTBEATS)
-    return services.mark_unreachable_nodes(grace)
+    return reports.mark_unreachable_nodes(grace)
 
 
 @shared_task(ignore_result=True)

@@ -25,7 +25,7 @@ from django.views.decorators.cache import never_cache
 
 from apps.accounts.access import can_change_cluster, public, requires
 from apps.accounts.models import User
-from apps.cluster import overview, selectors, services
+from apps.cluster import actions, enrolment, overview, selectors
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import Node
 from apps.cluster.onboarding import AGENT_CONFIG_PATH, agent_yaml, install_command
@@ -105,7 +105,7 @@ def node_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
         "doctor": selectors.node_doctor(node),
         "node": node,
         "can_change": can_change_cluster(request.user),
-        "drain": services.drain_status(node),
+        "drain": actions.drain_status(node),
         "location": location_form(node),
         **EXTENSIONS.node_page(node),  # the fabrics' "ports" and "nvlink"
     }
@@ -128,7 +128,7 @@ def node_doctor_run(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Ask the node's agent to run `llmgw doctor` now."""
     node = selectors.get_node_for_user(request.user, name, perm="change")
     user: User = request.user  # type: ignore[assignment]
-    sent = services.request_doctor(node, actor=user, address=client_address(request))
+    sent = actions.request_doctor(node, actor=user, address=client_address(request))
     node.refresh_from_db()
     return _doctor(request, node, sent)
 
@@ -152,7 +152,7 @@ def _after_cordon(request: HtmxHttpRequest, node: Node, error: str | None = None
         return render(
             request,
             "cluster/node_detail.html#node-cordon",
-            {"node": node, "can_change": True, "cordon_error": error, "drain": services.drain_status(node)},
+            {"node": node, "can_change": True, "cordon_error": error, "drain": actions.drain_status(node)},
         )
     if error:
         messages.error(request, error)
@@ -167,7 +167,7 @@ def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     if not reason:
         return _after_cordon(request, node, _("Say why the node is cordoned, so others know when to lift it."))
     user: User = request.user  # type: ignore[assignment]
-    node = services.cordon_node(node, reason=reason, actor=user, address=client_address(request))
+    node = actions.cordon_node(node, reason=reason, actor=user, address=client_address(request))
     if not is_fragment(request):
         messages.success(request, _("Node “%(name)s” cordoned.") % {"name": node.name})
     return _after_cordon(request, node)
@@ -191,7 +191,7 @@ def node_location(request: HtmxHttpRequest, name: str) -> HttpResponse:
         elif label in (node.labels or {}):
             remove.append(label)
     user: User = request.user  # type: ignore[assignment]
-    services.set_labels(node, set_labels=set_labels, remove=remove, actor=user, address=client_address(request))
+    actions.set_labels(node, set_labels=set_labels, remove=remove, actor=user, address=client_address(request))
     messages.success(request, _("Location of “%(name)s” saved.") % {"name": node.name})
     return HttpResponseRedirect(reverse("cluster:node", args=[node.name]) + "#location")
 
@@ -200,7 +200,7 @@ def node_location(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def node_uncordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
     node = selectors.get_node_for_user(request.user, name, perm="change")
     user: User = request.user  # type: ignore[assignment]
-    node = services.uncordon_node(node, actor=user, address=client_address(request))
+    node = actions.uncordon_node(node, actor=user, address=client_address(request))
     if not is_fragment(request):
         messages.success(request, _("Node “%(name)s” uncordoned.") % {"name": node.name})
     return _after_cordon(request, node)
@@ -217,7 +217,7 @@ def node_drain(request: HtmxHttpRequest, name: str) -> HttpResponse:
         if grace is None:
             return _after_cordon(request, node, _("The drain grace is a whole number of seconds from 0 to 3600."))
     user: User = request.user  # type: ignore[assignment]
-    node = services.drain_node(
+    node = actions.drain_node(
         node, grace=grace, force=request.POST.get("force") == "on", actor=user, address=client_address(request)
     )
     if not is_fragment(request):
@@ -269,7 +269,7 @@ def node_add(request: HtmxHttpRequest) -> HttpResponse:
             user: User = request.user  # type: ignore[assignment]
             labels = form.cleaned_data["labels"]
             try:
-                new = services.create_enrollment(
+                new = enrolment.create_enrollment(
                     form.cleaned_data["name"],
                     labels=labels,
                     expires_in=timedelta(hours=form.cleaned_data["expires_hours"]),
@@ -351,7 +351,7 @@ def engine_build(request: HtmxHttpRequest, name: str) -> HttpResponse:
     user: User = request.user  # type: ignore[assignment]
     node = get_object_or_404(Node, name=name, revoked_at__isnull=True)
     try:
-        services.set_engine_build(node, request.POST.get("build", ""), actor=user, address=client_address(request))
+        actions.set_engine_build(node, request.POST.get("build", ""), actor=user, address=client_address(request))
     except engines.EngineConfigError as exc:
         messages.error(request, str(exc))
     else:

@@ -26,3 +26,4 @@ class FabricsConfig(AppConfig):
         EXTENSIONS.add_node_panel("ports", services.node_ports)
         EXTENSIONS.add_node_panel("nvlink", nvlink.node_view)
         EXTENSIONS.add_cluster_panel("fabrics", services.fabrics_overview)
+        EXTENSIONS.nvlink_domain = nvlink.registered_domain

@@ -93,7 +93,7 @@ def _measured(sample: dict[str, Any] | None, indices: Iterable[int] | None = Non
 def _point_measured(
     point: dict[str, Any], indices: Iterable[int] | None = None, slices: dict[int, tuple[int, float]] | None = None
 ) -> float | None:
-    """What one history point (apps.cluster.services._history_point, which keeps cards, not their
+    """What one history point (apps.cluster.history._history_point, which keeps cards, not their
     slices) measured: the cards of `indices`, a slice its share of its card (`slices`), else every
     card plus RAPL; None when a card it needs reported no draw."""
     found = point.get("gpus")
@@ -131,9 +131,9 @@ def base_watts(node: Any) -> int | None:
 def node_draws(nodes: dict[int, Any]) -> dict[int, float | None]:
     """Node id -> what it draws now (W), from what was measured of it over the window, its base and
     the shards it holds; None unknown."""
+    from apps.cluster.history import recent_history
     from apps.cluster.inventory import CLAIMING_STATES
     from apps.cluster.models import Shard
-    from apps.cluster.services import recent_history
 
     history = recent_history(nodes, WINDOW_S)
 

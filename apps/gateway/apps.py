@@ -11,8 +11,10 @@ class GatewayConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.catalog import cards
-        from apps.gateway import contention, services, signals
+        from apps.cluster.extensions import EXTENSIONS
+        from apps.gateway import contention, depths, services, signals
 
         signals.connect()
         services.connect()
         cards.register(contention.card_part)  # who holds and waits for a model's slots, on its card
+        EXTENSIONS.queue_depths = depths.queue_depths  # for the nodes' history points

@@ -289,7 +289,7 @@ def mirror_file(request: HttpRequest, pk: str, path: str) -> HttpResponseBase:
     with Range (206) so a node resumes where it stopped; it checks the file against the manifest."""
     from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
-    from apps.cluster.services import node_or_staff
+    from apps.cluster.enrolment import node_or_staff
 
     if not node_or_staff(request):
         return JsonResponse({"detail": str(_("A node credential is needed to fetch mirror files."))}, status=401)

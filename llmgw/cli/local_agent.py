@@ -46,7 +46,7 @@ def local_agent_config(data_dir: Path, base_url: str) -> Path:
     `<data_dir>/models/mirror`, unless LLMGW_MIRROR_NODE_DIR names another: then that too)."""
     import yaml
 
-    from apps.cluster.services import authenticate_node, issue_credential, validate_node_name
+    from apps.cluster.enrolment import authenticate_node, issue_credential, validate_node_name
 
     folder = data_dir / "agent"
     folder.mkdir(parents=True, exist_ok=True)

@@ -120,9 +120,9 @@ def test_deleting_a_model_stops_its_replicas_keeps_its_usage_and_is_audited(api,
     assert AuditEvent.objects.filter(action="model.delete").exists()
     refused = apply(client, {**TINY, "name": "gone"})
     assert refused.status_code == 400 and "being deleted" in refused.json()["errors"]["models[0].name"][0]
-    from apps.cluster import services
+    from apps.cluster import reports
 
-    services.record_report(node.pk, [])  # the agent stopped it
+    reports.record_report(node.pk, [])  # the agent stopped it
     reconcile()
     reconcile()
     assert not Model.objects.filter(name="gone").exists()

@@ -178,7 +178,7 @@ def test_held_idle_cards_say_whose_they_are_how_long_they_rested_and_the_gpu_hou
     from django.utils import timezone
 
     from apps.accounts import services as accounts
-    from apps.cluster.services import append_histories
+    from apps.cluster.history import append_histories
 
     org = accounts.create_organization(name="Acme", actor=None)
     team = accounts.create_team(org, name="Search", actor=None)

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from agent import protocol
-from apps.cluster import services
+from apps.cluster import actions, enrolment, history
 from apps.cluster.choices import NodeStatus
 from apps.cluster.models import Gpu, Node
 from llmgw.asgi import application
@@ -31,8 +31,8 @@ HARDWARE = {
 
 
 def enrolled(name: str = "gpu1") -> tuple[Node, str]:
-    token = services.create_enrollment(name, actor=None)
-    return services.enroll_node(token.secret)
+    token = enrolment.create_enrollment(name, actor=None)
+    return enrolment.enroll_node(token.secret)
 
 
 async def connect(credential: str) -> WebsocketCommunicator:
@@ -163,7 +163,7 @@ async def test_revoking_a_node_closes_its_socket_at_once() -> None:
     node, credential = await database_sync(enrolled)
     ws = await connect(credential)
     await register(ws)
-    await database_sync(lambda: services.revoke_node(Node.objects.get(pk=node.pk), actor=None))
+    await database_sync(lambda: actions.revoke_node(Node.objects.get(pk=node.pk), actor=None))
     closed = await ws.receive_output(timeout=5)
     assert closed["type"] == "websocket.close" and closed["code"] == protocol.CLOSE_REVOKED
     again = WebsocketCommunicator(
@@ -175,7 +175,7 @@ async def test_revoking_a_node_closes_its_socket_at_once() -> None:
 
 async def test_registration_never_clears_a_cordon() -> None:
     node, credential = await database_sync(enrolled)
-    await database_sync(lambda: services.cordon_node(Node.objects.get(pk=node.pk), reason="bad fan", actor=None))
+    await database_sync(lambda: actions.cordon_node(Node.objects.get(pk=node.pk), reason="bad fan", actor=None))
     ws = await connect(credential)
     await register(ws)
     await ws.disconnect()
@@ -256,7 +256,7 @@ async def test_a_replaced_connection_that_missed_the_message_is_closed_by_the_sw
     old = await connect(credential)
     await register(old)
     # A newer connection on another web process named itself; its message to this one was lost.
-    await database_sync(lambda: services.set_connection(node.pk, "specific.elsewhere!abc"))
+    await database_sync(lambda: enrolment.set_connection(node.pk, "specific.elsewhere!abc"))
     await writer.sweep()
     assert json.loads(await old.receive_from(timeout=5))["type"] == "replaced"
     assert (await old.receive_output(timeout=5))["code"] == protocol.CLOSE_REPLACED
@@ -396,7 +396,7 @@ async def test_agents_joining_open_no_redis_connection_each() -> None:
     """Every agent's registration asks, at most once a minute, for the engine releases to be read:
     through Django's cache that opened a Redis connection in each connection's own context, and a
     fleet of 10,000 ran Redis out of clients."""
-    client = services._redis()
+    client = history.client()
     if client is None:
         pytest.skip("without Redis there are no Redis connections to count")
     from apps.cluster.models import EngineChoice

@@ -13,7 +13,7 @@ from django.utils import timezone
 from agent.protocol import DesiredShard, parse_draining
 from apps.catalog import services as catalog
 from apps.catalog.models import Model, Profile
-from apps.cluster import services
+from apps.cluster import actions, reports
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState, StopReason
 from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.reconciler import ROUTES_SETTLE_S, desired_message, desired_shards, reconcile
@@ -24,7 +24,7 @@ from tests.builders import make_model, make_node
 
 def _ready(node: Node) -> None:
     """The agent says every shard the node should run answers."""
-    services.record_report(node.pk, [{"shard": s["shard"], "state": "ready"} for s in desired_shards(node)])
+    reports.record_report(node.pk, [{"shard": s["shard"], "state": "ready"} for s in desired_shards(node)])
 
 
 def _version() -> int:
@@ -68,11 +68,11 @@ def test_a_replica_a_profile_change_replaced_leaves_the_routes_at_once_and_drain
     assert 0 < drain.settle <= ROUTES_SETTLE_S
 
     # The agent says it drains, then that it stopped: the replica is released, and the list is empty.
-    services.record_report(node.pk, [{"shard": shard.shard_id, "state": "draining", "message": "draining: 1 running"}])
+    reports.record_report(node.pk, [{"shard": shard.shard_id, "state": "draining", "message": "draining: 1 running"}])
     assert Shard.objects.get(pk=shard.pk).state == ShardState.DRAINING
     reconcile()
     assert Replica.objects.filter(pk=old.pk).exists()  # its claims are held while it drains
-    services.record_report(node.pk, [{"shard": shard.shard_id, "state": "stopped"}])
+    reports.record_report(node.pk, [{"shard": shard.shard_id, "state": "stopped"}])
     reconcile()
     assert not Replica.objects.filter(pk=old.pk).exists()
     assert _draining(node) == {}
@@ -87,7 +87,7 @@ def test_a_drained_nodes_replica_drains_for_the_nodes_own_grace() -> None:
     if on_a.shards.get().node_id != first.pk:
         first, second = second, first
     _ready(first)
-    services.drain_node(Node.objects.get(pk=first.pk), grace=30, actor=None)
+    actions.drain_node(Node.objects.get(pk=first.pk), grace=30, actor=None)
     reconcile()
     _ready(second)
     reconcile()
@@ -172,7 +172,7 @@ def test_the_other_ranks_of_a_multi_node_replica_run_on_while_rank_0_drains_then
     assert _draining(second) == {}
 
     version = Node.objects.get(pk=second.pk).desired_version
-    services.record_report(first.pk, [{"shard": rank0, "state": "stopped"}])
+    reports.record_report(first.pk, [{"shard": rank0, "state": "stopped"}])
     assert Node.objects.get(pk=second.pk).desired_version > version  # its agent hears at once
     assert desired_shards(second) == []
 
@@ -226,9 +226,9 @@ def test_a_report_of_a_shard_released_meanwhile_is_skipped_and_the_rest_of_the_r
     with transaction.atomic():
         Replica.objects.filter(pk=gone.replica_id).delete()  # released by another process
         gone.state = ShardState.STOPPED
-        assert services._save_reported(gone, ["state"]) is False
+        assert reports._save_reported(gone, ["state"]) is False
         kept.state = ShardState.READY
-        assert services._save_reported(kept, ["state"]) is True  # the transaction goes on
+        assert reports._save_reported(kept, ["state"]) is True  # the transaction goes on
     assert Shard.objects.get(pk=kept.pk).state == ShardState.READY
     assert Node.objects.get(pk=node.pk)
 
@@ -243,7 +243,7 @@ def test_the_node_page_and_the_models_card_say_a_shard_drains_and_why(client, al
     reconcile()
     stopping = Replica.objects.get(state=ReplicaState.STOPPING)
     shard = stopping.shards.get()
-    services.record_report(node.pk, [{"shard": shard.shard_id, "state": "draining", "message": "draining: busy"}])
+    reports.record_report(node.pk, [{"shard": shard.shard_id, "state": "draining", "message": "draining: busy"}])
     client.force_login(alice)
     card = client.get("/models/m/").content.decode()
     row = card[card.index(f'data-replica="{stopping.pk}"') :]

@@ -12,7 +12,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from apps.cluster import engine_history
-from apps.cluster.services import record_heartbeats
+from apps.cluster.reports import record_heartbeats
 from tests.builders import make_model, make_node, make_replica
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ import pytest
 from agent import protocol
 from agent.bounded import size_text
 from apps.accounts.models import AuditEvent
-from apps.cluster import engines, services
+from apps.cluster import actions, engines, enrolment, reports
 from apps.cluster.models import EngineChoice, EngineRelease, Node
 from apps.cluster.placement.filters import engine as engine_filter
 from apps.cluster.reconciler import desired_message
@@ -74,7 +74,7 @@ def test_the_most_specific_choice_wins_and_a_disabled_engine_is_off() -> None:
     assert engines.choices_for(node)["llama.cpp"][0] == "b4"
     other = make_node("n2", gpus=0)
     assert engines.choices_for(other)["llama.cpp"][0] == "b1"
-    services.set_disabled_engines(other, disable=["llama.cpp"], enable=[], actor=None)
+    actions.set_disabled_engines(other, disable=["llama.cpp"], enable=[], actor=None)
     other.refresh_from_db()
     assert engines.choices_for(other)["llama.cpp"][0] == "none"
     assert desired_message(other, 1)["engines"] == []
@@ -272,7 +272,7 @@ def test_the_releases_api_is_not_followed_to_the_control_plane_and_keeps_its_tok
 def test_engine_files_are_served_to_nodes_only(client: Any, settings: Any, tmp_path: Path) -> None:
     settings.ENGINE_FILES_DIR = str(tmp_path)
     engines.store_file("llama-b7-bin-ubuntu-x64.tar.gz", [b"abc", b"def"])
-    node, credential = services.enroll_node(services.create_enrollment("n1", actor=None).secret)
+    node, credential = enrolment.enroll_node(enrolment.create_enrollment("n1", actor=None).secret)
     url = "/api/v1/engine-files/llama-b7-bin-ubuntu-x64.tar.gz"
     assert client.get(url).status_code == 401
     assert client.get(url, HTTP_AUTHORIZATION="Bearer llmgwn_wrong").status_code == 401
@@ -290,7 +290,7 @@ def test_engine_files_are_served_to_nodes_only(client: Any, settings: Any, tmp_p
 
 def test_what_a_node_reports_of_its_engines_is_kept_and_refuses_with_its_words() -> None:
     node = make_node("n1", engines=())
-    services.record_engines(
+    reports.record_engines(
         node.pk,
         {
             "engines": [],
@@ -314,8 +314,8 @@ def test_what_a_node_reports_of_its_engines_is_kept_and_refuses_with_its_words()
         "node n1 does not run the llama.cpp engine yet: installing: downloading "
         "llama-b7-bin-ubuntu-x64.tar.gz (16 MB, 40 %)"
     )
-    assert services.record_engines(node.pk, {"engines": ["llama.cpp"], "engine_status": {}}) is True
-    assert services.record_engines(node.pk, {"engines": ["llama.cpp"], "engine_status": {}}) is False
+    assert reports.record_engines(node.pk, {"engines": ["llama.cpp"], "engine_status": {}}) is True
+    assert reports.record_engines(node.pk, {"engines": ["llama.cpp"], "engine_status": {}}) is False
     assert AuditEvent.objects.filter(action="node.engines").count() == 1
 
 
@@ -357,10 +357,10 @@ def test_the_engines_api_and_ctl(api: Any, operator: Any, capsys: Any) -> None:
     assert node["disabled_engines"] == ["llama.cpp"] and node["engine_status"] == {}
     node = api.post("/api/v1/nodes/n1/engines", {"enable": ["llama.cpp"]}, format="json").json()
     assert node["disabled_engines"] == []
-    enrolment = api.post(
+    made = api.post(
         "/api/v1/nodes/enrollments", {"name": "n2", "disabled_engines": ["llama.cpp"]}, format="json"
     ).json()
-    joined, _ = services.enroll_node(enrolment["token"])
+    joined, _ = enrolment.enroll_node(made["token"])
     assert joined.disabled_engines == ["llama.cpp"]
 
 
@@ -373,9 +373,7 @@ def test_a_viewer_reads_engines_but_cannot_change_them(api: Any) -> None:
 
 def test_the_pages_show_what_nodes_install_and_operators_set_versions_there(client: Any, operator: Any) -> None:
     node = make_node("n1", engines=())
-    services.record_engines(
-        node.pk, {"engines": [], "engine_status": {"llama.cpp": "failed: cpu-x64: digest mismatch"}}
-    )
+    reports.record_engines(node.pk, {"engines": [], "engine_status": {"llama.cpp": "failed: cpu-x64: digest mismatch"}})
     client.force_login(operator)
     for url in ("/nodes/", "/cluster/", "/nodes/n1/"):
         page = client.get(url).content.decode()
@@ -576,7 +574,7 @@ def test_a_refused_archive_stays_on_the_node_page_beside_what_the_node_really_ru
         f"{refused}; not compiled from llama-cpp-python 0.3.36 in its place: the control plane allows that only "
         "with LLMGW_ENGINE_SOURCE_AFTER_REFUSAL"
     )
-    services.record_engines(
+    reports.record_engines(
         node.pk, {"engines": [], "engine_versions": {}, "engines_probed": True, "engine_status": {"llama.cpp": waiting}}
     )
     client.force_login(operator)
@@ -601,7 +599,7 @@ def test_a_refused_archive_stays_on_the_node_page_beside_what_the_node_really_ru
         f"{refused}; running llama.cpp compiled from llama-cpp-python 0.3.36 in its place, as the control plane "
         "allows (LLMGW_ENGINE_SOURCE_AFTER_REFUSAL)"
     )
-    services.record_engines(
+    reports.record_engines(
         node.pk,
         {
             "engines": ["llama.cpp"],

@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from apps.cluster import services
+from apps.cluster import history, reports
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Node, Shard
 from tests.builders import GB, make_model, make_node, make_replica
@@ -62,7 +62,7 @@ def set_sample(node: Node, **values: Any) -> None:
 
 def heartbeat(node: Node, **values: Any) -> None:
     """A heartbeat as the agent connection's writer stores it (the row, and a point of the hour)."""
-    services.record_heartbeats({node.pk: ({**(node.sample or {}), **values}, timezone.now())})
+    reports.record_heartbeats({node.pk: ({**(node.sample or {}), **values}, timezone.now())})
 
 
 # Engines and their versions -------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_an_engine_that_exited_at_start_shows_its_exit_code_and_the_last_lines_o
     node = make_node("cpu1")
     replica = make_replica(make_model("tiny", memory_gb=1, cores=1), node, state=ReplicaState.STARTING)
     shard = f"r{replica.pk}s0"
-    services.record_report(
+    reports.record_report(
         node.pk,
         [
             {
@@ -242,7 +242,7 @@ def queue_requests(monkeypatch: Any) -> Iterator[Any]:
     from apps.gateway.fairness import Who
     from apps.gateway.slots import SharedSlots
 
-    client = services._redis()
+    client = history.client()
     keys: list[str] = []
     queued: list[tuple[str, Any]] = []
 
@@ -277,7 +277,7 @@ def test_each_models_cores_memory_and_queue_are_charted_from_the_heartbeats(
             taken_at=start + step * 10,
             shards=[{"shard": shard, "cpu_cores": 1.0 + step, "memory_bytes": (step + 1) * GB}],
         )
-    points = services.sample_history(node.pk)
+    points = history.sample_history(node.pk)
     assert points[-1]["models"] == {"small": [2.0, 4 * GB, 4.0, 4 * GB, 3]}
 
     found = charts(signed_in(client, viola).get("/nodes/cpu1/").content)
@@ -294,7 +294,7 @@ def test_each_models_cores_memory_and_queue_are_charted_from_the_heartbeats(
 def test_a_failed_engine_keeps_its_claim_in_the_hour_and_a_released_one_drops_to_zero(monkeypatch) -> None:
     # A process without the gateway knows its queues only through Redis.
     monkeypatch.delitem(sys.modules, "apps.gateway.asgi", raising=False)
-    queued = 0 if services._redis() is not None else None
+    queued = 0 if history.client() is not None else None
     node = make_node("cpu1")
     replica = make_replica(make_model("small", memory_gb=4, cores=2), node)
     now = timezone.now().timestamp()
@@ -305,7 +305,7 @@ def test_a_failed_engine_keeps_its_claim_in_the_hour_and_a_released_one_drops_to
     Shard.objects.filter(replica=replica).delete()
     heartbeat(node, taken_at=now - 10)  # released
     heartbeat(node, taken_at=now)  # nothing to read any more
-    models = [point.get("models") for point in services.sample_history(node.pk)]
+    models = [point.get("models") for point in history.sample_history(node.pk)]
     assert models[0] == {"small": [2.0, 4 * GB, 1.5, GB, queued]}
     assert models[1] == {"small": [2.0, 4 * GB, None, None, queued]}
     assert models[2] == {}
@@ -315,6 +315,6 @@ def test_a_failed_engine_keeps_its_claim_in_the_hour_and_a_released_one_drops_to
 def test_a_node_that_never_ran_an_engine_draws_no_model_charts(client: Client, viola) -> None:
     node = make_node("idle")
     heartbeat(node, taken_at=timezone.now().timestamp())
-    assert "models" not in services.sample_history(node.pk)[-1]
+    assert "models" not in history.sample_history(node.pk)[-1]
     found = charts(signed_in(client, viola).get("/nodes/idle/").content)
     assert not any(title.startswith(("Cores of", "Memory of", "Requests waiting")) for title in found)

@@ -12,7 +12,7 @@ import pytest
 from agent import protocol
 from agent.install.manager import parse_desired_engines
 from apps.accounts.models import AuditEvent
-from apps.cluster import engines, services
+from apps.cluster import engines, reports
 from apps.cluster.models import EngineRelease, Node
 from apps.cluster.reconciler import desired_message
 from tests.builders import make_node
@@ -163,7 +163,7 @@ def test_ctl_engine_build(live_server: Any, key_for: Any, monkeypatch: Any, tmp_
     monkeypatch.setenv("HOME", str(tmp_path))
     secret = key_for(make_user("olga@example.com", role=StaffRole.OPERATOR))
     node = make_node("g1", gpus=1)
-    services.record_engines(node.pk, {"engines": ["llama.cpp"], "engine_status": {"vllm": "installing: resolving"}})
+    reports.record_engines(node.pk, {"engines": ["llama.cpp"], "engine_status": {"vllm": "installing: resolving"}})
     assert main(["ctl", "--server", live_server.url, "--key", secret, "engine-build", "g1", "cu129"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines() == ["node g1: vLLM/SGLang build cu129", "  vllm installing: resolving"]

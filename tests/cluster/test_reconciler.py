@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.catalog.models import Model, Profile
-from apps.cluster import services
+from apps.cluster import actions, reports
 from apps.cluster.choices import ReplicaState, ShardState
 from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.reconciler import desired_shards, reconcile
@@ -69,7 +69,7 @@ def test_lowering_the_target_stops_the_newest_and_releases_it_once_stopped() -> 
     assert len(desired_shards(node)) == 1
     # The agent no longer runs it: its report leaves it out.
     kept = Replica.objects.exclude(pk=stopping.pk).get()
-    services.record_report(node.pk, [{"shard": f"r{kept.pk}s0", "state": "ready"}])
+    reports.record_report(node.pk, [{"shard": f"r{kept.pk}s0", "state": "ready"}])
     reconcile()
     assert list(Replica.objects.values_list("pk", flat=True)) == [kept.pk]
     assert Replica.objects.get().state == ReplicaState.READY
@@ -81,7 +81,7 @@ def test_a_failed_engine_is_retried_after_a_growing_backoff() -> None:
     make_model("crashy", gpus=1)
     reconcile()
     replica = Replica.objects.get()
-    services.record_report(
+    reports.record_report(
         node.pk,
         [{"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1, "log_tail": ["error: cannot open model"]}],
     )
@@ -94,7 +94,7 @@ def test_a_failed_engine_is_retried_after_a_growing_backoff() -> None:
     reconcile(now=replica.next_attempt_at + timedelta(seconds=1))
     replica.refresh_from_db()
     assert replica.state == ReplicaState.STARTING
-    services.record_report(node.pk, [{"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1}])
+    reports.record_report(node.pk, [{"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1}])
     replica.refresh_from_db()
     assert replica.failures == 2
     assert replica.next_attempt_at - timezone.now() > first_wait
@@ -112,7 +112,7 @@ def test_a_critical_model_preempts_an_opportunistic_one_and_holds_it_back() -> N
     assert victim.state == ReplicaState.STOPPING
     assert Model.objects.get(name="spare").held_until is not None
     assert Replica.objects.get(model__name="vital").state == ReplicaState.PENDING
-    services.record_report(node.pk, [])  # the agent stopped it
+    reports.record_report(node.pk, [])  # the agent stopped it
     reconcile()
     reconcile()
     assert Replica.objects.get(model__name="vital").state == ReplicaState.STARTING
@@ -164,7 +164,7 @@ def test_reports_move_replicas_to_ready_and_keep_the_log_tail() -> None:
     make_model("m", gpus=1)
     reconcile()
     replica = Replica.objects.get()
-    services.record_report(node.pk, [{"shard": f"r{replica.pk}s0", "state": "ready", "pid": 4242}])
+    reports.record_report(node.pk, [{"shard": f"r{replica.pk}s0", "state": "ready", "pid": 4242}])
     replica.refresh_from_db()
     assert replica.state == ReplicaState.READY and replica.ready_at is not None
     assert Shard.objects.get().pid == 4242 and Shard.objects.get().state == ShardState.READY
@@ -175,7 +175,7 @@ def mark_ready(node: Node) -> None:
         {"shard": f"r{r.pk}s0", "state": "ready"}
         for r in Replica.objects.exclude(state=ReplicaState.STOPPING).exclude(state=ReplicaState.PENDING)
     ]
-    services.record_report(node.pk, shards)
+    reports.record_report(node.pk, shards)
 
 
 def live_replicas() -> int:
@@ -336,7 +336,7 @@ def test_a_model_below_its_minimum_takes_back_a_replica_its_class_grew_into_unde
     assert [r.state for r in replicas] == [ReplicaState.STARTING, ReplicaState.STOPPING]
     held = Model.objects.get(name="grown")
     assert held.held_for == Model.objects.get(name="newcomer") and held.held_until is not None
-    services.record_report(node.pk, [{"shard": f"r{replicas[0].pk}s0", "state": "ready"}])  # the agent stopped it
+    reports.record_report(node.pk, [{"shard": f"r{replicas[0].pk}s0", "state": "ready"}])  # the agent stopped it
     reconcile()
     reconcile()
     assert Replica.objects.get(model__name="newcomer").state == ReplicaState.STARTING
@@ -352,7 +352,7 @@ def test_a_model_below_its_minimum_takes_back_a_replica_its_class_grew_into_unde
 def _report_ready(replica: Replica) -> None:
     """What the agent says once the engines of every shard of the replica answer."""
     for shard in replica.shards.all():
-        services.record_report(
+        reports.record_report(
             shard.node_id,
             [
                 {"shard": s.shard_id, "state": "ready"}
@@ -386,7 +386,7 @@ def test_a_changed_profile_is_rolled_out_replacement_first_within_the_maximum() 
     for _step in range(6):  # each replacement gets ready; its old replica stops and is released
         for replica in Replica.objects.filter(model=model).exclude(state=ReplicaState.STOPPING):
             _report_ready(replica)
-        services.record_report(
+        reports.record_report(
             node.pk,
             [
                 {"shard": s.shard_id, "state": "ready"}
@@ -414,7 +414,7 @@ def test_without_room_a_replica_is_replaced_in_place_one_at_a_time() -> None:
     assert Replica.objects.get(pk=first.pk).state == ReplicaState.STOPPING
     waiting = Replica.objects.exclude(pk=first.pk).get(model=model)
     assert waiting.state == ReplicaState.PENDING
-    services.record_report(node.pk, [])  # the old engine stopped
+    reports.record_report(node.pk, [])  # the old engine stopped
     reconcile()
     reconcile()
     replacement = Replica.objects.get(pk=waiting.pk)
@@ -432,7 +432,7 @@ def test_a_replacement_that_fails_stops_the_roll_and_the_old_replica_keeps_servi
     Profile.objects.filter(model=model).update(extra_args=["--no-such-flag"])
     reconcile()
     replacement = Replica.objects.get(model=model, replaces=first)
-    services.record_report(
+    reports.record_report(
         node.pk,
         [
             {"shard": first.shards.get().shard_id, "state": "ready"},
@@ -452,7 +452,7 @@ def test_a_replacement_that_fails_stops_the_roll_and_the_old_replica_keeps_servi
 
 def _all_ready() -> None:
     for node in Node.objects.all():
-        services.record_report(
+        reports.record_report(
             node.pk,
             [
                 {"shard": s.shard_id, "state": "ready"}
@@ -470,20 +470,20 @@ def test_a_drain_moves_each_replica_elsewhere_first_then_stops_it() -> None:
     if on_a.shards.get().node_id != first.pk:  # the test drains whichever node it landed on
         first, second = second, first
     _all_ready()
-    services.drain_node(Node.objects.get(pk=first.pk), grace=30, actor=None)
+    actions.drain_node(Node.objects.get(pk=first.pk), grace=30, actor=None)
     reconcile()
     replacement = Replica.objects.get(model=model, replaces=on_a)
     assert replacement.shards.get().node_id == second.pk
     assert Replica.objects.get(pk=on_a.pk).state == ReplicaState.READY  # still serving meanwhile
-    status = services.drain_status(Node.objects.get(pk=first.pk))
+    status = actions.drain_status(Node.objects.get(pk=first.pk))
     assert status is not None and status["left"] == 1 and status["replicas"][0]["state"] == "moving"
     _all_ready()
     reconcile()
     assert Replica.objects.get(pk=on_a.pk).state == ReplicaState.STOPPING
     assert [s["stop_grace"] for s in desired_shards(Node.objects.get(pk=first.pk))] == []  # nothing wanted there
-    services.record_report(first.pk, [])
+    reports.record_report(first.pk, [])
     reconcile()
-    assert services.drain_status(Node.objects.get(pk=first.pk))["left"] == 0  # type: ignore[index]
+    assert actions.drain_status(Node.objects.get(pk=first.pk))["left"] == 0  # type: ignore[index]
     assert Node.objects.get(pk=first.pk).cordoned
 
 
@@ -494,14 +494,14 @@ def test_a_drain_with_no_room_elsewhere_waits_and_says_why_unless_forced() -> No
     reconcile()
     replica = Replica.objects.get(model=model)
     _all_ready()
-    services.drain_node(Node.objects.get(pk=node.pk), actor=None)
+    actions.drain_node(Node.objects.get(pk=node.pk), actor=None)
     reconcile()
     reconcile()
     assert Replica.objects.get(pk=replica.pk).state == ReplicaState.READY  # waits: nowhere to go
-    status = services.drain_status(Node.objects.get(pk=node.pk))
+    status = actions.drain_status(Node.objects.get(pk=node.pk))
     assert status is not None and status["left"] == 1 and status["replicas"][0]["reasons"]
     assert any("only" in reason for reason in status["replicas"][0]["reasons"])
-    services.drain_node(Node.objects.get(pk=node.pk), force=True, actor=None)
+    actions.drain_node(Node.objects.get(pk=node.pk), force=True, actor=None)
     reconcile()
     assert Replica.objects.get(pk=replica.pk).state == ReplicaState.STOPPING
 
@@ -512,12 +512,12 @@ def test_uncordoning_ends_a_drain() -> None:
     make_model("m", replicas=1, gpus=1)
     reconcile()
     _all_ready()
-    services.drain_node(Node.objects.get(pk=node.pk), actor=None)
+    actions.drain_node(Node.objects.get(pk=node.pk), actor=None)
     reconcile()
-    services.uncordon_node(Node.objects.get(pk=node.pk), actor=None)
+    actions.uncordon_node(Node.objects.get(pk=node.pk), actor=None)
     reconcile()
     reconcile()
-    assert services.drain_status(Node.objects.get(pk=node.pk)) is None
+    assert actions.drain_status(Node.objects.get(pk=node.pk)) is None
     running = Replica.objects.exclude(state__in=(ReplicaState.STOPPING, ReplicaState.PENDING))
     assert running.count() == 1
 

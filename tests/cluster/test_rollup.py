@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from agent import protocol
 from apps.accounts.models import User
-from apps.cluster import rollup, services
+from apps.cluster import history, reports, rollup
 from apps.cluster.models import Node
 from tests.builders import H100, make_model, make_node, make_replica
 from tests.cluster.test_consumer import connect, database_sync, enrolled, register
@@ -36,7 +36,7 @@ def beat(node: Node, minutes_ago: float, utils: list[float | None]) -> None:
     """One heartbeat as the connection's writer stores it, taken `minutes_ago`."""
     taken = time.time() - minutes_ago * 60
     sample = {"taken_at": taken, "gpus": [card(i, u) for i, u in enumerate(utils)]}
-    services.record_heartbeats({node.pk: (sample, timezone.now())})
+    reports.record_heartbeats({node.pk: (sample, timezone.now())})
 
 
 def idle_row(user: User, replica_id: int) -> str | None:
@@ -127,11 +127,11 @@ def test_a_node_whose_figures_stopped_coming_is_not_called_idle(alice: User) -> 
     replica = held(node, [0])
     beat(node, 5, [1.0])
     assert idle_row(alice, replica.pk) is not None
-    states = rollup.resting([node.pk], services._redis(), now=time.time() + rollup.FRESH_SECONDS + 1)
+    states = rollup.resting([node.pk], history.client(), now=time.time() + rollup.FRESH_SECONDS + 1)
     assert states == {}
     # The node's row is not fresh either (no heartbeat for two minutes): unknown, not idle.
     Node.objects.filter(pk=node.pk).update(sampled_at=timezone.now() - timezone.timedelta(minutes=2))
-    assert rollup.resting([node.pk], services._redis(), now=time.time() + 120) == {}
+    assert rollup.resting([node.pk], history.client(), now=time.time() + 120) == {}
 
 
 def test_the_class_charts_average_every_card_of_the_class_per_slot(alice: User) -> None:
@@ -141,8 +141,8 @@ def test_the_class_charts_average_every_card_of_the_class_per_slot(alice: User) 
     start = (time.time() // slot - 10) * slot + 1
     for node, utils in ((one, [10.0, 20.0]), (two, [60.0])):
         sample = {"taken_at": start, "gpus": [card(i, u) for i, u in enumerate(utils)]}
-        services.record_heartbeats({node.pk: (sample, timezone.now())})
-    series = rollup.class_series(services._redis())
+        reports.record_heartbeats({node.pk: (sample, timezone.now())})
+    series = rollup.class_series(history.client())
     assert series[H100] == [(start - 1, 30.0)]  # (10 + 20 + 60) / 3 cards
 
 
@@ -171,8 +171,8 @@ def test_the_rollup_of_a_large_fleet_is_kept_whole() -> None:
     now = time.time()
     samples = {node_id: {"taken_at": now, "gpus": [card(0, 1.0)]} for node_id in range(1, 2001)}
     for start in range(1, 2001, 500):
-        rollup.record({i: samples[i] for i in range(start, start + 500)}, services._redis())
-    states = rollup.resting(samples, services._redis())
+        rollup.record({i: samples[i] for i in range(start, start + 500)}, history.client())
+    states = rollup.resting(samples, history.client())
     assert len(states) == 2000 and all(state.span(1) for state in states.values())
 
 

@@ -11,7 +11,7 @@ import pytest
 from agent.devices import amd_devices, nvidia_devices
 from agent.engines import device_env, parse_shard
 from agent.probes import amd, mig, nvidia
-from apps.cluster import services
+from apps.cluster import enrolment, reports
 from apps.cluster.inventory import build_inventory
 from apps.cluster.models import Gpu, Node, Replica
 from apps.cluster.reconciler import desired_shards, reconcile
@@ -54,7 +54,7 @@ def register(name: str, devices: list[dict[str, Any]], **hardware: Any) -> Node:
         },
         "sample": {"gpus": devices},
     }
-    return services.register_node(node.pk, body)
+    return enrolment.register_node(node.pk, body)
 
 
 def test_a_slice_profile_runs_on_a_slice_and_its_engine_is_told_the_slice_s_uuid() -> None:
@@ -112,7 +112,7 @@ def test_a_device_its_agent_cannot_trust_is_shown_with_why_and_never_placed_on()
     assert replica.state == "pending"
     assert any(f"GPU 0 MIG 2 (1g.10gb) cannot be trusted now: {why}" in r["message"] for r in replica.rejections)
     # The next heartbeat says the layout is whole again: the rows are healthy and the slice is placed.
-    health = services.sample_health({"gpus": mig_devices()})
-    services.write_gpu_health(node.pk, health, services.sample_health({"gpus": devices}))
+    health = reports.sample_health({"gpus": mig_devices()})
+    reports.write_gpu_health(node.pk, health, reports.sample_health({"gpus": devices}))
     assert not Gpu.objects.filter(node=node).exclude(fault="").exists()
     assert build_inventory().free_count(node.pk, "H100-80GB-1g.10gb") == 2

@@ -10,10 +10,10 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.accounts.models import AuditEvent
-from apps.cluster import services
+from apps.cluster import history
 from apps.cluster.choices import NodeStatus
+from apps.cluster.enrolment import _hash
 from apps.cluster.models import EnrollmentToken, Gpu, Node
-from apps.cluster.services import _hash
 from tests.builders import GB, H100, make_model, make_node
 
 pytestmark = pytest.mark.django_db
@@ -339,7 +339,7 @@ def test_the_node_page_draws_the_last_hour(client: Client, alice) -> None:
         sample = make_sample(gpus=1)
         sample["taken_at"] = start + step * 10
         sample["cpu_utilization_pct"] = None if step == 2 else 10.0 * step
-        services.append_histories({node.pk: sample})
+        history.append_histories({node.pk: sample})
     content = signed_in(client, alice).get("/nodes/gpu1/").content.decode()
     assert content.count("<svg") == 5  # CPU, memory, load, GPU 0 utilisation and temperature
     cpu_chart = content[content.index("<svg") : content.index("</svg>")]

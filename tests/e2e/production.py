@@ -74,7 +74,7 @@ NODE_TABLE = "cluster_node"
 SETUP = """
 from apps.accounts.models import User
 from apps.accounts.services import create_api_key
-from apps.cluster.services import create_enrollment
+from apps.cluster.enrolment import create_enrollment
 admin = User.objects.create_superuser("ops@example.com", "correct horse battery", name="Operator")
 key = create_api_key(admin, name="faults", actor=admin)
 enrollment = create_enrollment({node!r}, actor=admin)

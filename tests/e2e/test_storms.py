@@ -47,7 +47,7 @@ GROUP_SIZES = """
 import redis
 from django.conf import settings
 from apps.cluster.models import Node
-from apps.cluster.services import node_group
+from apps.cluster.actions import node_group
 from channels.layers import get_channel_layer
 layer = get_channel_layer()
 client = redis.Redis.from_url(settings.REDIS_URL)

@@ -16,7 +16,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from agent import protocol
-from apps.cluster import agent_requests, services
+from apps.cluster import agent_requests, enrolment
 from apps.cluster.models import AgentRequest, Node
 from apps.fabrics import maps, perf
 from apps.fabrics.models import FabricMap, FabricTest
@@ -49,7 +49,7 @@ class Agent:
     @classmethod
     async def join(cls, name: str) -> Agent:
         def enroll() -> tuple[Node, str]:
-            return services.enroll_node(services.create_enrollment(name, actor=None).secret)
+            return enrolment.enroll_node(enrolment.create_enrollment(name, actor=None).secret)
 
         node, credential = await database_sync_to_async(enroll)()
         ws = WebsocketCommunicator(

@@ -195,16 +195,16 @@ def test_domains_their_trays_the_replicas_at_risk_and_the_metrics() -> None:
 
 @pytest.mark.django_db
 def test_a_tray_registering_remembers_the_domain_its_cards_named() -> None:
-    from apps.cluster import services
+    from apps.cluster import enrolment
 
     node = make_node("t1", cards=[card(i) for i in range(4)])
     body = {"agent_version": "0.1.0", "hardware": {"gpus": [card(i) for i in range(4)]}}
-    services.register_node(node.pk, body)
+    enrolment.register_node(node.pk, body)
     node.refresh_from_db()
     assert node.hardware["nvlink_domain"] == DOMAIN
     # It registers again while its fabric manager restarts: the domain it named is kept.
     lost = [card(i, state="In Progress", status=None, cluster_uuid=None, clique_id=None) for i in range(4)]
-    services.register_node(node.pk, {"agent_version": "0.1.0", "hardware": {"gpus": lost}})
+    enrolment.register_node(node.pk, {"agent_version": "0.1.0", "hardware": {"gpus": lost}})
     node.refresh_from_db()
     assert node.hardware["nvlink_domain"] == DOMAIN
 

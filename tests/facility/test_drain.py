@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.cluster import services
+from apps.cluster import reports
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.reconciler import reconcile
@@ -18,7 +18,7 @@ RACK = "llmgw.io/rack"
 def all_ready() -> None:
     for node in Node.objects.all():
         shards = Shard.objects.filter(node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY))
-        services.record_report(node.pk, [{"shard": s.shard_id, "state": "ready"} for s in shards])
+        reports.record_report(node.pk, [{"shard": s.shard_id, "state": "ready"} for s in shards])
 
 
 @pytest.mark.django_db

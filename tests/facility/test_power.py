@@ -153,7 +153,7 @@ def test_unknown_draw_is_said_in_the_overview() -> None:
 def test_measured_draw_is_the_highest_reading_of_the_last_five_minutes() -> None:
     from django.utils import timezone
 
-    from apps.cluster.services import append_histories
+    from apps.cluster.history import append_histories
 
     node = make_node("w", gpus=8, labels={RACK: "r1"}, sample=sample(300.0, rapl=100.0))
     now = timezone.now().timestamp()

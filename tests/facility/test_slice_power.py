@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from apps.cluster import services as cluster
+from apps.cluster import history
 from apps.cluster.gpu_classes import class_share
 from apps.cluster.models import Node, Replica
 from apps.cluster.reconciler import reconcile
@@ -76,7 +76,7 @@ def test_a_mig_card_is_measured_once_and_its_slices_derive_their_share() -> None
     assert _draws("h100-mig") == {"h100-mig": 200}
     # A busier card: each slice draws its share of it, and the node draws the card once.
     node = _node("h100-mig")
-    cluster.append_histories({node.pk: {"gpus": _mig(560.0), "taken_at": timezone.now().timestamp() - 60}})
+    history.append_histories({node.pk: {"gpus": _mig(560.0), "taken_at": timezone.now().timestamp() - 60}})
     assert _draws("h100-mig") == {"h100-mig": pytest.approx(560.0)}
     slices = power.slices_of({"gpus": mig_devices()})
     assert slices[1002] == (0, pytest.approx(1 / 7)) and 0 not in slices
@@ -95,7 +95,7 @@ def test_an_amd_board_counts_by_its_own_readings_and_tdp() -> None:
     assert _draws("mi300x") == {"mi300x": 1500}
     busy = [{**d, "power_draw_w": 700.0} for d in devices]
     node = _node("mi300x")
-    cluster.append_histories({node.pk: {"gpus": busy, "taken_at": timezone.now().timestamp() - 30}})
+    history.append_histories({node.pk: {"gpus": busy, "taken_at": timezone.now().timestamp() - 30}})
     assert _draws("mi300x") == {"mi300x": pytest.approx(8 * 700.0)}
 
 

@@ -31,9 +31,9 @@ from apps.accounts import people_services, services
 from apps.accounts.models import AuditEvent, Membership, Organization, Project, Team, User
 from apps.batches.models import Batch, BatchFile, BatchLine
 from apps.catalog.models import Model
-from apps.cluster import services as cluster_services
+from apps.cluster import enrolment
 from apps.cluster.choices import ReplicaState
-from apps.cluster.models import AgentRequest, ControlLock, EngineChoice, EngineRelease, Node, Replica
+from apps.cluster.models import AgentRequest, ControlLock, EngineChoice, EngineRelease, EnrollmentToken, Node, Replica
 from apps.fabrics.models import FabricMap, FabricTest, MasterChange, NodeFabrics
 from apps.facility.models import Budget, Hold
 from apps.gateway.models import StoredResponse, TableVersion
@@ -88,7 +88,7 @@ def world(alice: User, bob: User) -> World:
         max_replicas=1,
     )
     replica = make_replica(qwen, node, gpu_indices=(0,))
-    cluster_services.create_enrollment("gpu2", actor=alice)
+    enrolment.create_enrollment("gpu2", actor=alice)
     ControlLock.objects.get_or_create(name="reconciler")
     TableVersion.objects.get_or_create(pk=1, defaults={"version": 1})
     UsageRecord.objects.create(**record(key))
@@ -128,7 +128,7 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     "catalog.Profile": lambda w: w.qwen.profiles.get(),
     "cluster.Node": lambda w: w.node,
     "cluster.Gpu": lambda w: w.node.gpus.first(),  # type: ignore[return-value]
-    "cluster.EnrollmentToken": lambda w: cluster_services.EnrollmentToken.objects.get(),
+    "cluster.EnrollmentToken": lambda w: EnrollmentToken.objects.get(),
     "cluster.Replica": lambda w: w.replica,
     "cluster.Shard": lambda w: w.replica.shards.get(),
     "cluster.ControlLock": lambda w: ControlLock.objects.get(),
@@ -356,7 +356,7 @@ DELETES: dict[str, tuple[Callable[[World], models.Model], str]] = {
     ),
     "cluster.Node": (lambda w: make_node("spare"), "node.delete"),
     "cluster.EnrollmentToken": (
-        lambda w: cluster_services.create_enrollment("gpu3", actor=None).token,
+        lambda w: enrolment.create_enrollment("gpu3", actor=None).token,
         "node.enrollment_delete",
     ),
 }

@@ -39,7 +39,7 @@ from apps.accounts.choices import MembershipRole, StaffRole
 from apps.accounts.models import AuditEvent, Membership
 from apps.catalog import services as catalog
 from apps.catalog.models import Model
-from apps.cluster import services as cluster
+from apps.cluster import actions, enrolment
 from apps.cluster.choices import ReplicaState, ShardState
 from apps.cluster.models import AgentRequest, Replica, Shard
 from apps.fabrics.models import FabricTest
@@ -94,8 +94,8 @@ def build_world() -> World:
     made["member"] = accounts.create_api_key(member, name="ci", project=project, allowed_models=["qwen"], actor=member)
     member_key = made["member"].key
 
-    enrollment = cluster.create_enrollment("gpu1", labels={"rack": "r1"}, actor=admin)
-    node, _credential = cluster.enroll_node(enrollment.secret)
+    enrollment = enrolment.create_enrollment("gpu1", labels={"rack": "r1"}, actor=admin)
+    node, _credential = enrolment.enroll_node(enrollment.secret)
     hardware = {
         "cpus": 32,
         "memory_total_bytes": 256 * 1024**3,
@@ -110,7 +110,7 @@ def build_world() -> World:
             for i in range(2)
         ],
     }
-    cluster.register_node(
+    enrolment.register_node(
         node.pk,
         {
             "agent_version": "0.1.0",
@@ -124,7 +124,7 @@ def build_world() -> World:
             },
         },
     )
-    cluster.cordon_node(node, reason="fan noise", actor=admin)
+    actions.cordon_node(node, reason="fan noise", actor=admin)
 
     catalog.apply_models(
         {

@@ -116,7 +116,7 @@ def test_models_says_under_the_table_why_a_model_does_not_run(
     """A failed engine with its exit code and the last lines of its own log, where the real reason
     is; a pending replica with the refusals placement met."""
     from apps.accounts.choices import StaffRole
-    from apps.cluster import services
+    from apps.cluster import reports
     from apps.cluster.choices import ReplicaState
     from tests.builders import make_model, make_node, make_replica
     from tests.conftest import make_user
@@ -127,7 +127,7 @@ def test_models_says_under_the_table_why_a_model_does_not_run(
     replica = make_replica(make_model("tiny", memory_gb=1, cores=1), node, state=ReplicaState.STARTING)
     tail = ["gguf_init_from_file: failed to open GGUF file '/m/tiny.gguf' (No such file)", "main: exiting"]
     report = {"shard": f"r{replica.pk}s0", "state": "failed", "exit_code": 1, "log_tail": tail}
-    services.record_report(node.pk, [{**report, "message": "engine exited with code 1 before it was ready"}])
+    reports.record_report(node.pk, [{**report, "message": "engine exited with code 1 before it was ready"}])
     refusal = {"code": "cpu", "template": "node %(node)s has %(free)s of %(total)s CPU cores free, needs %(need)s"}
     refusal["params"] = {"node": "vm", "free": "0", "total": 2, "need": "4"}
     make_replica(make_model("big", memory_gb=1, cores=4), state=ReplicaState.PENDING, rejections=[refusal])

@@ -193,8 +193,8 @@ def test_nodes_are_told_what_to_fetch_and_fetch_it_with_their_credential(
     hub: HubServer, eager: Any, client: Any
 ) -> None:
     from apps.catalog.models import Model
+    from apps.cluster.enrolment import create_enrollment, enroll_node
     from apps.cluster.reconciler import desired_message
-    from apps.cluster.services import create_enrollment, enroll_node
 
     with eager(execute=True):
         (version,) = services.add_sources([f"{hub.url}/acme/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf"])

@@ -161,7 +161,7 @@ def test_the_serve_form_places_on_the_freest_gpu_class_refuses_an_idle_cpu_and_d
 def test_held_says_what_each_node_made_of_a_version_it_was_told_to_keep(operator: Any) -> None:
     from django.utils import timezone
 
-    from apps.cluster import services as cluster
+    from apps.cluster import reports
     from apps.mirror import services
     from tests.builders import make_node
 
@@ -171,7 +171,7 @@ def test_held_says_what_each_node_made_of_a_version_it_was_told_to_keep(operator
     reason = f"{folder} is not inside this node's model_dirs (/srv/models)"
     vm, gpu = make_node("vm", gpus=0), make_node("gpu1", gpus=1)
     now = timezone.now()
-    cluster.record_heartbeats(
+    reports.record_heartbeats(
         {
             vm.pk: ({"mirror": [{"version": version.pk, "dir": folder, "state": "refused", "message": reason}]}, now),
             gpu.pk: ({"mirror": [{"version": version.pk, "dir": folder, "state": "held"}]}, now),
