@@ -405,7 +405,7 @@ class Agent:
         count = 0
         while True:
             await asyncio.sleep(self.interval)
-            sample = dict(await self.sampler.sample())
+            sample = (await self.sampler.sample()).copy()  # the sampler keeps its own for the next call
             usage = self.supervisor.process_usage()
             if usage:
                 figures = await self.supervisor.engine_metrics()

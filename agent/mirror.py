@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.install.resumable import FetchFailed, download
+from agent.messages import MirrorState
 from agent.safepath import UnsafePath, inside, is_inside
 
 __all__ = ["MESSAGE_MAX", "MirrorSync"]
@@ -108,14 +109,14 @@ class MirrorSync:
             out[key] = state if not message else f"fetching {message}" if state == "fetching" else f"{state}: {message}"
         return out
 
-    def report(self) -> list[dict[str, Any]]:
+    def report(self) -> list[MirrorState]:
         """Each version the control plane asked for last: its directory, its state (held,
         fetching, refused, failed) and, but for held, the file being fetched or the reason.
         Called on the event loop while a pass may run in its thread: it reads copies."""
         dirs = dict(self.dirs)
         out = []
         for key, (state, message) in sorted(dict(self.states).items()):
-            entry: dict[str, Any] = {
+            entry: MirrorState = {
                 "version": int(key) if key.isdigit() else 0,
                 "dir": dirs.get(key, ""),
                 "state": state,

@@ -26,6 +26,9 @@ What JSON allows but nothing downstream can store is refused here, before it rea
 database or a batch it could spoil: NaN and Infinity (Python's reader takes them, PostgreSQL's
 jsonb does not), numbers that overflow to infinity, whole numbers beyond 64 bits, NUL
 characters in strings (no PostgreSQL text can hold one), and nesting deeper than MAX_DEPTH.
+
+What a checked heartbeat sample and "desired" message hold, for the type checker at both ends,
+is agent.messages (HeartbeatSample, DesiredMessage; re-exported here).
 """
 
 from __future__ import annotations
@@ -36,15 +39,21 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from agent.messages import DesiredMessage, DesiredShardMessage, DrainingShardMessage, GpuFigures, HeartbeatSample
 from agent.probes.mig import SLICE_BASE
 
 __all__ = [
     "ENGINES",
     "MAX_MESSAGE_BYTES",
+    "DesiredMessage",
     "DesiredShard",
+    "DesiredShardMessage",
     "DrainingShard",
+    "DrainingShardMessage",
+    "GpuFigures",
+    "HeartbeatSample",
     "PROTOCOL_VERSION",
     "RESULTS",
     "ProtocolError",
@@ -778,9 +787,9 @@ class DesiredShard:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_message(self) -> dict[str, Any]:
+    def to_message(self) -> DesiredShardMessage:
         """The shard as the "desired" message carries it (parse() reads it back to an equal object)."""
-        return asdict(self)
+        return cast(DesiredShardMessage, asdict(self))  # every field, by its name: the TypedDict's keys
 
     @classmethod
     def parse(cls, obj: Any) -> DesiredShard:
@@ -799,8 +808,8 @@ class DrainingShard:
     left: float  # seconds of it left when the message was made
     settle: float = 0.0  # seconds until every gateway has stopped routing to it
 
-    def to_message(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_message(self) -> DrainingShardMessage:
+        return cast(DrainingShardMessage, asdict(self))
 
 
 def _seconds(data: dict[str, Any], name: str, default: Any = ...) -> float:

@@ -15,12 +15,21 @@ import platform
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from agent import devices as gpu_devices
 from agent import protocol
 from agent.config import AgentConfig
 from agent.fabrics import FabricWatcher
+from agent.messages import (
+    GpuFigures,
+    HeartbeatSample,
+    HeldSource,
+    IbPortFigures,
+    ImexState,
+    StoragePoolFigures,
+    SubnetManagers,
+)
 from agent.probes import amd, hwmon, mig, nvidia, nvlink, procfs, rapl, storage, xid
 from agent.runner import CommandRunner
 
@@ -88,7 +97,7 @@ class Sampler:
         self.managed_pids = managed_pids or (lambda: set())
         self._prev_stat: procfs.CpuTimes | None = None
         self._prev_rapl: rapl.RaplSample | None = None
-        self._last_sample: dict[str, Any] | None = None
+        self._last_sample: HeartbeatSample | None = None
         self._last_sample_at = 0.0
         self._slow_at = 0.0
         self._nvlink: dict[int, dict[str, int]] = {}
@@ -106,7 +115,7 @@ class Sampler:
         self._layout: dict[int, str] | None = None
         self.layout_changed: dict[int, str] = {}
         self._layout_note: dict[str, Any] | None = None
-        self._imex: dict[str, Any] | None = None
+        self._imex: ImexState | None = None
         self.fabrics = FabricWatcher(
             self.root,
             config.fabrics,
@@ -171,12 +180,12 @@ class Sampler:
 
     # Heartbeats -------------------------------------------------------------------------
 
-    async def sample(self, *, force: bool = False) -> dict[str, Any]:
+    async def sample(self, *, force: bool = False) -> HeartbeatSample:
         now = time.monotonic()
         if not force and self._last_sample is not None and now - self._last_sample_at < self.config.sample_interval:
             return self._last_sample
         warnings: list[str] = []
-        sample: dict[str, Any] = {"taken_at": time.time()}
+        sample: HeartbeatSample = {"taken_at": time.time()}
         self._cpu_and_memory(sample, warnings)
         self._temperatures(sample, warnings)
         # Off the event loop: a model directory on a slow filer, or GGUF headers read for the first
@@ -184,10 +193,11 @@ class Sampler:
         await asyncio.to_thread(self._storage, sample, warnings)
         try:
             ports, managers = await self.fabrics.sample(warnings)
+            # agent.fabrics builds them for its own "fabrics" message too, in the same shapes.
             if ports:
-                sample["ib_ports"] = ports
+                sample["ib_ports"] = cast(list[IbPortFigures], ports)
             if managers:
-                sample["subnet_managers"] = managers
+                sample["subnet_managers"] = cast(list[SubnetManagers], managers)
         except Exception as exc:
             log.exception("reading the InfiniBand ports failed")
             warnings.append(f"InfiniBand ports could not be read: {exc}")
@@ -206,7 +216,7 @@ class Sampler:
         self._last_sample, self._last_sample_at = sample, now
         return sample
 
-    def _cpu_and_memory(self, sample: dict[str, Any], warnings: list[str]) -> None:
+    def _cpu_and_memory(self, sample: HeartbeatSample, warnings: list[str]) -> None:
         try:
             stat = procfs.parse_proc_stat(_read(self.root, "proc/stat") or "")
             warnings += stat.warnings
@@ -233,7 +243,7 @@ class Sampler:
             log.exception("reading /proc failed")
             warnings.append(f"/proc could not be read: {exc}")
 
-    def _temperatures(self, sample: dict[str, Any], warnings: list[str]) -> None:
+    def _temperatures(self, sample: HeartbeatSample, warnings: list[str]) -> None:
         try:
             temps = hwmon.read_hwmon(self.root)
             if temps.cpu_package_c is not None:
@@ -254,7 +264,7 @@ class Sampler:
             log.exception("reading RAPL failed")
             warnings.append(f"RAPL could not be read: {exc}")
 
-    def _storage(self, sample: dict[str, Any], warnings: list[str]) -> None:
+    def _storage(self, sample: HeartbeatSample, warnings: list[str]) -> None:
         if not self.config.model_dirs:
             return  # told to look nowhere: report nothing, which reads as unknown
         try:
@@ -266,11 +276,11 @@ class Sampler:
             warnings.append(f"storage could not be read: {exc}")
 
     @staticmethod
-    def _pool(pool: storage.StoragePool, warnings: list[str]) -> dict[str, Any]:
+    def _pool(pool: storage.StoragePool, warnings: list[str]) -> StoragePoolFigures:
         """One storage pool as the sample gives it: each source held whole below its directories,
         by its path on this node (what a model's source names), and the directories whose scan
         stopped at its bounds (`partial`: a source not listed in one may still be there)."""
-        held: dict[str, dict[str, object]] = {}
+        held: dict[str, HeldSource] = {}
         partial = []
         for directory in pool.directories:
             scan = storage.scan_weights(directory)
@@ -278,7 +288,7 @@ class Sampler:
                 partial.append(directory)
                 warnings.append(f"model directory {directory}: {scan.stopped}")
             for entry in storage.weights_held(directory, scan):
-                held.setdefault(str(entry["path"]), entry)  # a directory inside another names it once
+                held.setdefault(entry["path"], entry)  # a directory inside another names it once
         entries = [held[path] for path in sorted(held)]
         if len(entries) > MAX_HELD:
             warnings.append(
@@ -286,7 +296,7 @@ class Sampler:
             )
             entries = entries[:MAX_HELD]
             partial = list(pool.directories)
-        out: dict[str, Any] = {
+        out: StoragePoolFigures = {
             "mount_point": pool.mount_point or "",
             "fstype": pool.fstype,
             "shared": pool.shared,
@@ -360,7 +370,7 @@ class Sampler:
             gpus.append(entry)
         return {"gpus": gpus[:256], "nics": [n[:64] for n in topology.nics][:256]}
 
-    async def _read_imex(self, report: nvidia.GpuReport, warnings: list[str]) -> dict[str, Any] | None:
+    async def _read_imex(self, report: nvidia.GpuReport, warnings: list[str]) -> ImexState | None:
         """IMEX, on a node whose cards are in a multi-node NVLink domain (None elsewhere: not asked)."""
         if not any(_in_domain(gpu.fabric) for gpu in report.gpus):
             return None
@@ -368,7 +378,7 @@ class Sampler:
         state = await self.runner.run("nvidia-imex-ctl", "-q", timeout=10)
         if state.returncode is None and not state.stdout:
             return {"installed": False, "channels": channels, "error": state.stderr.strip()[:500] or None}
-        imex: dict[str, Any] = {"installed": True, "channels": channels}
+        imex: ImexState = {"installed": True, "channels": channels}
         imex["state"] = nvlink.parse_imex_state(state.stdout + "\n" + state.stderr)
         nodes = await self.runner.run("nvidia-imex-ctl", "-N", timeout=10)
         domain = nvlink.parse_imex_nodes(nodes.stdout + "\n" + nodes.stderr)
@@ -401,13 +411,16 @@ class Sampler:
         except Exception as exc:
             warnings.append(f"kernel log could not be read for XIDs: {exc}")
 
-    def _gpus(self, report: nvidia.GpuReport | None, devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _gpus(self, report: nvidia.GpuReport | None, devices: list[dict[str, Any]]) -> list[GpuFigures]:
         managed = self.managed_pids()
         cards = {gpu.index: gpu for gpu in report.gpus} if report is not None else {}
-        gpus = []
-        for data in devices:
-            data = dict(data)
-            pids = data.pop("process_pids", None)
+        gpus: list[GpuFigures] = []
+        for device in devices:
+            figures = dict(device)
+            pids = figures.pop("process_pids", None)
+            # agent.devices builds each device from the probes' dataclasses: what is left once the
+            # pids are out are GpuFigures' keys (tests/agent/test_message_types.py holds them to it).
+            data = cast(GpuFigures, figures)
             if pids is not None:
                 data["foreign_processes"] = sum(1 for pid in pids if pid not in managed)
             gpu = cards.get(data["index"]) if data.get("vendor") == "nvidia" and data.get("kind") == "gpu" else None

@@ -46,6 +46,7 @@ from typing import Any
 
 from agent.engine_metrics import read_context, read_engine_metrics
 from agent.engines import ShardSpec, build_command, health_path, parse_shard, serves_http, spec_fingerprint
+from agent.messages import ShardFigures
 from agent.probes.procfs import process_group_usage
 from agent.protocol import DrainingShard
 
@@ -427,7 +428,7 @@ class Supervisor:
             return set()
         return {s.pid for s in _all_stats() if s.pgrp in groups and not s.dead and s.start_ticks >= groups[s.pgrp]}
 
-    def process_usage(self) -> list[dict[str, Any]]:
+    def process_usage(self) -> list[ShardFigures]:
         """CPU time and resident memory of each running engine's process group; "cpu_cores" (cores
         used since the previous call) is absent on the first call for a shard."""
         out = []
@@ -439,7 +440,7 @@ class Supervisor:
             usage = process_group_usage("/", entry.pgid, self._clk_tck, self._page_size)
             if usage is None or usage.processes == 0:
                 continue
-            item: dict[str, Any] = {
+            item: ShardFigures = {
                 "shard": shard,
                 "pid": entry.pid,
                 "processes": usage.processes,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.messages import HeldSource
 from agent.probes.jsontext import read_json
 
 __all__ = [
@@ -578,11 +579,11 @@ def _tree_size(path: str) -> int:
     return size
 
 
-def weights_held(directory: str, scan: WeightsScan | None = None) -> list[dict[str, object]]:
+def weights_held(directory: str, scan: WeightsScan | None = None) -> list[HeldSource]:
     """The complete entries of a model directory as sources: each one's absolute path (what a
     model's `source` names) and its size in bytes (all shards or files of it together). `scan`:
     the directory's `scan_weights()`, when already taken."""
-    held: list[dict[str, object]] = []
+    held: list[HeldSource] = []
     for name in (scan or scan_weights(directory)).entries:
         path = os.path.join(directory, name)
         if os.path.isdir(path):

@@ -82,7 +82,7 @@ def _authenticate(secret: str, channel_name: str) -> Node | None:
 
 def _register(
     node_id: int, body: dict[str, Any], address: str | None
-) -> tuple[str, int, dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[str, int, protocol.DesiredMessage, list[dict[str, Any]]]:
     """Record a registration; the node's name, its desired state (version and body) and its
     pending requests, marked sent. What it reports for other apps (its fabrics) goes to the app
     registered for it."""
@@ -374,7 +374,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         name, version, desired, requests = await database_sync_to_async(_register, thread_sensitive=False)(
             self.node_id, message.body, client[0]
         )
-        self.gpu_health = reports.sample_health(message.body.get("sample") or {})
+        self.gpu_health = reports.sample_health(message.body.get("sample") or protocol.HeartbeatSample())
         await self.send(
             protocol.encode(
                 "registered",

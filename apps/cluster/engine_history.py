@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from agent.messages import HeartbeatSample
 from apps.cluster.charts import line_chart
 
 __all__ = ["BUCKET_SECONDS", "EngineChart", "model_charts", "model_points", "record"]
@@ -46,7 +47,7 @@ def _key(model: str) -> str:
     return f"{settings.REDIS_PREFIX}:cluster:engine-history:{model}"
 
 
-def record(samples: dict[int, dict[str, Any]]) -> None:
+def record(samples: dict[int, HeartbeatSample]) -> None:
     """Keep the engine figures of these heartbeats (node id -> sample), per model."""
     found: list[tuple[int, float, dict[str, Any]]] = []
     for sample in samples.values():

@@ -26,6 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from agent.messages import GpuFigures
 from apps.accounts import audit
 from apps.accounts.models import User
 from apps.cluster.actions import tell_agent
@@ -258,9 +259,10 @@ GPU_FIELDS = (
 _KINDS = {choice.value for choice in Gpu.Kind}
 
 
-def _gpu_values(gpu: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+def _gpu_values(gpu: GpuFigures, live: GpuFigures | None) -> dict[str, Any]:
     """The row of one device as its agent registered it, its health from the sample taken with it."""
-    fault, foreign = gpu_health({**gpu, **live})
+    now: GpuFigures = {**gpu, **live} if live is not None else gpu
+    fault, foreign = gpu_health(now)
     kind = gpu.get("kind")
     parent = gpu.get("parent")
     return {
@@ -283,11 +285,11 @@ def _gpu_values(gpu: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
         "memory_partition": gpu.get("memory_partition") or "",
         "ecc_fault": fault,
         "foreign_processes": foreign,
-        "fault": gpu_fault({**gpu, **live}),
+        "fault": gpu_fault(now),
     }
 
 
-def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> None:
+def _sync_gpus(node: Node, gpus: list[GpuFigures], sampled: list[GpuFigures]) -> None:
     """Make the node's GPU rows match what its agent registered, writing only what changed
     (an agent reconnecting with the same cards writes nothing here)."""
     live = {g.get("index"): g for g in sampled}
@@ -295,7 +297,7 @@ def _sync_gpus(node: Node, gpus: list[dict[str, Any]], sampled: list[dict[str, A
     create, update = [], []
     for gpu in gpus:
         index = int(gpu["index"])
-        values = _gpu_values(gpu, live.get(index, {}))
+        values = _gpu_values(gpu, live.get(index))
         row = existing.pop(index, None)
         if row is None:
             create.append(Gpu(node=node, index=index, **values))

@@ -28,6 +28,8 @@ from typing import Any
 from django.utils import timezone
 from prometheus_client import Counter
 
+from agent.messages import HeartbeatSample
+
 __all__ = ["HeartbeatWriter", "writer"]
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ DROPPED = Counter("llmgw_heartbeats_dropped", "Heartbeat samples the database re
 
 class HeartbeatWriter:
     def __init__(self) -> None:
-        self._pending: dict[int, tuple[dict[str, Any], Any]] = {}
+        self._pending: dict[int, tuple[HeartbeatSample, Any]] = {}
         # The newest agent connection of each node in this process: a changed shard list reaches its
         # node even when no channel layer message does.
         self.connections: dict[int, Any] = {}
@@ -60,7 +62,7 @@ class HeartbeatWriter:
         if self.connections.get(node_id) is consumer:
             del self.connections[node_id]
 
-    def add(self, node_id: int, sample: dict[str, Any]) -> None:
+    def add(self, node_id: int, sample: HeartbeatSample) -> None:
         self._pending[node_id] = (sample, timezone.now())
         self._ensure_running()
 
@@ -134,13 +136,13 @@ class HeartbeatWriter:
         await self.flush()
 
 
-def _write(batch: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:
+def _write(batch: dict[int, tuple[HeartbeatSample, Any]]) -> dict[int, int]:
     from apps.cluster.reports import write_heartbeats
 
     return write_heartbeats(batch)
 
 
-def _write_each(batch: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:
+def _write_each(batch: dict[int, tuple[HeartbeatSample, Any]]) -> dict[int, int]:
     """Write a refused batch row by row; a row the database still refuses is dropped, not kept."""
     from django.db import close_old_connections
 

@@ -25,6 +25,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
+from agent.messages import GpuFigures, HeartbeatSample
 from apps.cluster import engine_history, rollup
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import Shard
@@ -58,7 +59,7 @@ def client() -> redis.Redis | None:
     return redis_client.client(timeout=2.0)
 
 
-def append_histories(samples: dict[int, dict[str, Any]]) -> None:
+def append_histories(samples: dict[int, HeartbeatSample]) -> None:
     """Add one history point per node: the last hour of points, kept outside the database in a
     capped Redis list per node (one round trip for them all), or in the local cache without Redis.
     Each point carries its node's per-model claims, use and queues where they were read. The
@@ -174,26 +175,24 @@ def _history_key(node_id: int) -> str:
     return f"{settings.REDIS_PREFIX}:cluster:history:{node_id}"
 
 
-def _history_point(sample: dict[str, Any], models: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+def _history_point(sample: HeartbeatSample, models: dict[str, list[Any]] | None = None) -> dict[str, Any]:
     """One point of a node's hour. `models`, when the node's claims were read for it, is per model
     name: [cores claimed, memory bytes claimed, cores used, memory bytes used, requests queued],
     each None when unknown (a point without "models" knows none of them)."""
     total = sample.get("memory_total_bytes")
     used = sample.get("memory_used_bytes")
-    load = sample.get("load") or [None]
+    load = sample.get("load")
     point = {
         "t": sample.get("taken_at") or timezone.now().timestamp(),
         "cpu": sample.get("cpu_utilization_pct"),
         "mem": (used / total * 100) if used is not None and total else None,
-        "load": load[0],
+        "load": load[0] if load else None,
         "gpus": {
             str(g["index"]): [
                 g.get("utilization_gpu_pct"),
                 g.get("temperature_gpu_c"),
                 g.get("power_draw_w"),
-                (g["memory_used_mib"] / g["memory_total_mib"] * 100)
-                if g.get("memory_used_mib") is not None and g.get("memory_total_mib")
-                else None,
+                _memory_pct(g),
             ]
             for g in sample.get("gpus") or []
             if g.get("parent") is None  # a slice's figures are its card's, or none of its own
@@ -203,6 +202,11 @@ def _history_point(sample: dict[str, Any], models: dict[str, list[Any]] | None =
     if models is not None:
         point["models"] = models
     return point
+
+
+def _memory_pct(gpu: GpuFigures) -> float | None:
+    used, total = gpu.get("memory_used_mib"), gpu.get("memory_total_mib")
+    return (used / total * 100) if used is not None and total else None
 
 
 def _figure(value: Any) -> float | None:
@@ -215,7 +219,7 @@ def _total(values: list[float | None]) -> float | None:
 
 
 def _model_figures(
-    samples: dict[int, dict[str, Any]], last: dict[int, dict[str, Any] | None]
+    samples: dict[int, HeartbeatSample], last: dict[int, dict[str, Any] | None]
 ) -> dict[int, dict[str, list[Any]]]:
     """Per node and model: what its shards there claim, what their engines use (from the sample),
     and the model's queue. Read for the nodes whose sample lists running engines, or whose `last`
@@ -245,10 +249,10 @@ def _model_figures(
     parts: dict[int, dict[str, list[tuple[float, int, float | None, float | None]]]] = {}
     for node_id, replica_id, rank, model, cores, memory in rows:
         entries = {str(e.get("shard")): e for e in samples[node_id].get("shards") or [] if isinstance(e, dict)}
-        entry = entries.get(f"r{replica_id}s{rank}", {})
-        parts.setdefault(node_id, {}).setdefault(model, []).append(
-            (float(cores), int(memory), _figure(entry.get("cpu_cores")), _figure(entry.get("memory_bytes")))
-        )
+        entry = entries.get(f"r{replica_id}s{rank}")
+        used_cores = _figure(entry.get("cpu_cores")) if entry is not None else None
+        used_memory = _figure(entry.get("memory_bytes")) if entry is not None else None
+        parts.setdefault(node_id, {}).setdefault(model, []).append((float(cores), int(memory), used_cores, used_memory))
     queues = EXTENSIONS.waiting({model for by_model in parts.values() for model in by_model})
     figures: dict[int, dict[str, list[Any]]] = {node_id: {} for node_id in ask}
     for node_id, by_model in parts.items():

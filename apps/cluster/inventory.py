@@ -7,7 +7,7 @@ app's own part is built.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from apps.catalog.models import Model
@@ -135,7 +135,7 @@ def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None, fro
 FETCH_STATES = ("held", "fetching", "refused", "failed")
 
 
-def fetch_states(sample: dict[str, Any] | None) -> dict[str, tuple[str, str]]:
+def fetch_states(sample: Mapping[str, Any] | None) -> dict[str, tuple[str, str]]:
     """What a node said in a heartbeat's sample of the weights it was told to fetch (the mirror's
     versions): directory -> (state, reason). Entries it did not say clearly are left out."""
     out: dict[str, tuple[str, str]] = {}

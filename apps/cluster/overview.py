@@ -30,6 +30,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
+from agent.messages import GpuFigures
 from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.cluster import history, rollup, selectors
 from apps.cluster.charts import line_chart
@@ -412,9 +413,9 @@ def _page_holders(nodes: list[Node]) -> dict[tuple[int, int], str]:
     return held
 
 
-def _live_gpus(node: Node, now: datetime) -> dict[int, dict[str, Any]]:
+def _live_gpus(node: Node, now: datetime) -> dict[int, GpuFigures]:
     sample = node.fresh_sample(now) or {}
-    live: dict[int, dict[str, Any]] = {}
+    live: dict[int, GpuFigures] = {}
     for gpu in sample.get("gpus") or []:
         index = gpu.get("index") if isinstance(gpu, dict) else None
         if isinstance(index, int) and not isinstance(index, bool):
@@ -432,13 +433,13 @@ def _xids(value: Any) -> tuple[tuple[str, int], ...] | None:
     return tuple(sorted(counts, key=lambda item: (numbers[item[0]] is None, numbers[item[0]] or 0, item[0])))
 
 
-def _squares(
-    node: Node, live: dict[int, dict[str, Any]], held: dict[tuple[int, int], str], colour: str
-) -> list[GpuSquare]:
+def _squares(node: Node, live: dict[int, GpuFigures], held: dict[tuple[int, int], str], colour: str) -> list[GpuSquare]:
     rows = {g.index: g for g in node.gpus.all()}
     squares = []
     for index in sorted(set(rows) | set(live), key=lambda i: (selectors.card_of(i), i)):  # a slice after its card
-        card = selectors.GpuCard(index=index, label="", row=rows.get(index), live=live.get(index, {}))
+        card = selectors.GpuCard(
+            index=index, label="", row=rows.get(index), live=live.get(index) or GpuFigures(index=index)
+        )
         row = rows.get(index)
         gpu_class = (
             card.live.get("gpu_class") or card.live.get("name") or (row.gpu_class or row.name if row else "") or "?"
@@ -672,9 +673,10 @@ def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float 
         figures: list[float | None] = []
         for node_id, cards in held.shards:
             sample = nodes.get(node_id, ("", None))[1] or {}
-            by_index = {g.get("index"): g for g in sample.get("gpus") or [] if isinstance(g, dict)}
+            by_index: dict[Any, Any] = {g.get("index"): g for g in sample.get("gpus") or [] if isinstance(g, dict)}
             figures.extend(
-                selectors.GpuCard(index=i, label="", row=None, live=by_index.get(i) or {}).utilization for i in cards
+                selectors.GpuCard(index=i, label="", row=None, live=by_index.get(i) or GpuFigures(index=i)).utilization
+                for i in cards
             )
         known = [f for f in figures if f is not None]
         idle.append(

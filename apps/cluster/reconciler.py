@@ -22,6 +22,7 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 from prometheus_client import Counter
 
+from agent.messages import DesiredMessage, DesiredShardMessage, DrainingShardMessage
 from apps.catalog.models import Model
 from apps.cluster import placement
 from apps.cluster.choices import ReplicaState, ShardState
@@ -301,7 +302,7 @@ def _rank_waits(shard: Shard, now: Any) -> bool:
     return first is not None and first not in _DONE
 
 
-def draining_shards(node: Node, now: Any = None) -> list[dict[str, Any]]:
+def draining_shards(node: Node, now: Any = None) -> list[DrainingShardMessage]:
     """The shards on the node that answer requests (rank 0) of replicas being stopped, not stopped
     yet: each an agent.protocol.DrainingShard, telling the agent to keep its engine for the requests
     in flight, `left` seconds at most, and not to stop it while idle for `settle` more seconds."""
@@ -330,7 +331,7 @@ def draining_shards(node: Node, now: Any = None) -> list[dict[str, Any]]:
     return out
 
 
-def desired_shards(node: Node) -> list[dict[str, Any]]:
+def desired_shards(node: Node) -> list[DesiredShardMessage]:
     """The whole list of shards a node should run, each an agent.protocol.DesiredShard as the
     "desired" message carries it (the agent reads them back with the same class)."""
     from agent.protocol import DesiredShard
@@ -391,13 +392,13 @@ def desired_shards(node: Node) -> list[dict[str, Any]]:
     return out
 
 
-def desired_message(node: Node, generation: int, tables: Any = None) -> dict[str, Any]:
+def desired_message(node: Node, generation: int, tables: Any = None) -> DesiredMessage:
     """The body of a node's "desired" message: its shards and the engines it should have
     (`tables`: the engine rules and releases, when the caller read them once for many nodes), and
     what to fetch from the mirror where an app keeps one."""
     from apps.cluster.engines import desired_engines
 
-    message: dict[str, Any] = {
+    message: DesiredMessage = {
         "shards": desired_shards(node),
         "draining": draining_shards(node),
         "engines": desired_engines(node, tables),

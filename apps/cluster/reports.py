@@ -24,6 +24,7 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from agent.messages import GpuFigures, HeartbeatSample
 from apps.accounts import audit
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 from apps.cluster.history import append_histories
@@ -48,13 +49,13 @@ __all__ = [
 # Heartbeats ------------------------------------------------------------------------------
 
 
-def gpu_fault(gpu: dict[str, Any]) -> str:
+def gpu_fault(gpu: GpuFigures) -> str:
     """Why the device cannot be trusted now, in its agent's words; "" when it can."""
     fault = gpu.get("fault")
     return fault[:1000] if isinstance(fault, str) else ""
 
 
-def gpu_health(gpu: dict[str, Any]) -> tuple[bool, int]:
+def gpu_health(gpu: GpuFigures) -> tuple[bool, int]:
     """(ECC fault, processes not started by llmgw) for one GPU of a sample or registration."""
     ecc = gpu.get("ecc_uncorrected_volatile")
     fault = bool(ecc) or gpu.get("remapped_rows_failure") is True or gpu.get("remapped_rows_pending") is True
@@ -64,7 +65,7 @@ def gpu_health(gpu: dict[str, Any]) -> tuple[bool, int]:
     return fault, int(foreign)
 
 
-def record_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> int:
+def record_heartbeats(samples: dict[int, tuple[HeartbeatSample, Any]]) -> int:
     """Store the latest sample of many nodes at once; returns how many rows were written."""
     return len(write_heartbeats(samples))
 
@@ -88,7 +89,7 @@ RETURNING n.id, n.desired_version
 """
 
 
-def write_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> dict[int, int]:
+def write_heartbeats(samples: dict[int, tuple[HeartbeatSample, Any]]) -> dict[int, int]:
     """Store the latest sample of many nodes at once and return {node id: desired state version}
     of the rows written. `samples` maps node id to (sample, time received). On PostgreSQL one
     statement per 500 nodes; elsewhere a bulk update. The samples also go to the nodes'
@@ -136,7 +137,7 @@ def write_heartbeats(samples: dict[int, tuple[dict[str, Any], Any]]) -> dict[int
 Health = tuple[bool, int, str]  # (uncorrected ECC errors, foreign processes, why it cannot be trusted)
 
 
-def sample_health(sample: dict[str, Any]) -> dict[int, Health]:
+def sample_health(sample: HeartbeatSample) -> dict[int, Health]:
     return {int(g["index"]): (*gpu_health(g), gpu_fault(g)) for g in sample.get("gpus") or []}
 
 

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.core.cache import cache
 
+from agent.messages import HeartbeatSample
+
 __all__ = [
     "CHART_BUCKET_SECONDS",
     "GAP_SECONDS",
@@ -119,7 +121,7 @@ def _encode(state: Resting) -> str:
     return json.dumps([round(state.seen, 3), round(state.t, 3), runs], separators=(",", ":"))
 
 
-def _step(previous: Resting | None, sample: dict[str, Any], t: float, seen: float) -> Resting | None:
+def _step(previous: Resting | None, sample: HeartbeatSample, t: float, seen: float) -> Resting | None:
     """The node's state after this sample, or None when the sample is older than what is kept."""
     if previous is not None and t < previous.t:
         return None
@@ -140,7 +142,7 @@ def _step(previous: Resting | None, sample: dict[str, Any], t: float, seen: floa
     return Resting(seen=seen, t=t, runs=[(since, is_open, mask) for (since, is_open), mask in sorted(runs.items())])
 
 
-def _classes(sample: dict[str, Any]) -> Iterable[tuple[str, float]]:
+def _classes(sample: HeartbeatSample) -> Iterable[tuple[str, float]]:
     for gpu in sample.get("gpus") or []:
         if isinstance(gpu, dict):
             util = _figure(gpu.get("utilization_gpu_pct"))
@@ -148,7 +150,7 @@ def _classes(sample: dict[str, Any]) -> Iterable[tuple[str, float]]:
                 yield str(gpu.get("gpu_class") or gpu.get("name") or "?"), util
 
 
-def record(samples: dict[int, dict[str, Any]], client: Any = None) -> None:
+def record(samples: dict[int, HeartbeatSample], client: Any = None) -> None:
     """Fold a batch of samples ({node id: sample}) into the rollup: one read and one write."""
     if not samples:
         return

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from agent.messages import GpuFigures, HeartbeatSample
 from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.accounts.access import can_change_cluster, can_read_everything
 from apps.cluster import history, reports
@@ -98,7 +99,7 @@ class Disk:
     shared_total: int | None = None
 
 
-def disk_summary(sample: dict[str, Any] | None) -> Disk:
+def disk_summary(sample: HeartbeatSample | None) -> Disk:
     """Sum the storage pools of a sample. A pool whose `shared` is unknown counts as local."""
     sums: dict[bool, list[int]] = {}
     for pool in (sample or {}).get("storage") or []:
@@ -123,7 +124,7 @@ def _percent(part: float | None, whole: float | None) -> float | None:
     return part / whole * 100
 
 
-def _warnings(node: Node, sample: dict[str, Any] | None) -> list[str]:
+def _warnings(node: Node, sample: HeartbeatSample | None) -> list[str]:
     seen: dict[str, None] = {}
     for text in [*(node.warnings or []), *((sample or {}).get("warnings") or [])]:
         seen.setdefault(str(text), None)
@@ -350,8 +351,14 @@ def _gpu_groups(gpus: list[Gpu]) -> list[tuple[int, str]]:
     return sorted(((n, name) for name, n in counts.items()), key=lambda item: (-item[0], item[1]))
 
 
+def _fresh_sample(node: Node, now: datetime) -> HeartbeatSample | None:
+    """Node.fresh_sample as what it is: the sample of a heartbeat, which agent.protocol checked
+    (SAMPLE) before it was stored."""
+    return cast("HeartbeatSample | None", node.fresh_sample(now))
+
+
 def node_row(node: Node, now: datetime) -> NodeRow:
-    sample = node.fresh_sample(now)
+    sample = _fresh_sample(node, now)
     live = sample or {}
     gpus = list(node.gpus.all())
     if gpus:
@@ -415,7 +422,7 @@ class GpuCard:
     index: int
     label: str
     row: Gpu | None
-    live: dict[str, Any]
+    live: GpuFigures
 
     def _num(self, key: str) -> float | None:
         return _number(self.live.get(key))
@@ -643,7 +650,7 @@ class Fetch:
         return self.state in ("refused", "failed")
 
 
-def node_fetches(sample: dict[str, Any] | None) -> list[Fetch]:
+def node_fetches(sample: HeartbeatSample | None) -> list[Fetch]:
     """What the node said of each mirror version it keeps, by directory (from a fresh sample: []
     when it is stale, as every live figure is)."""
     from apps.cluster.inventory import fetch_states
@@ -651,7 +658,7 @@ def node_fetches(sample: dict[str, Any] | None) -> list[Fetch]:
     return [Fetch(directory, state, message) for directory, (state, message) in sorted(fetch_states(sample).items())]
 
 
-def _shard_rows(node: Node, sample: dict[str, Any] | None) -> list[ShardRow]:
+def _shard_rows(node: Node, sample: HeartbeatSample | None) -> list[ShardRow]:
     measured = {str(e.get("shard")): e for e in (sample or {}).get("shards") or [] if isinstance(e, dict)}
     shards = (
         Shard.objects.filter(node=node)
@@ -661,13 +668,13 @@ def _shard_rows(node: Node, sample: dict[str, Any] | None) -> list[ShardRow]:
     names = {g.index: g.label for g in node.gpus.all() if g.parent_index is not None}  # a card is its index
     rows = []
     for shard in shards:
-        entry = measured.get(shard.shard_id, {})
+        entry = measured.get(shard.shard_id)
         devices = tuple(names.get(i) or str(i) for i in shard.gpu_indices or () if isinstance(i, int))
         rows.append(
             ShardRow(
                 shard=shard,
-                cores_used=_number(entry.get("cpu_cores")),
-                memory_used=_integer(entry.get("memory_bytes")),
+                cores_used=_number(entry.get("cpu_cores")) if entry is not None else None,
+                memory_used=_integer(entry.get("memory_bytes")) if entry is not None else None,
                 devices=devices,
             )
         )
@@ -679,7 +686,7 @@ class NodeDetail:
     """What the node page shows about one node now."""
 
     node: Node
-    sample: dict[str, Any] | None
+    sample: HeartbeatSample | None
     sampled_at: datetime | None
     cpu_pct: float | None
     cpus: int | None
@@ -711,7 +718,7 @@ class NodeDetail:
         return engines_text(self.engines, self.engine_status)
 
 
-def _pools(sample: dict[str, Any] | None) -> list[Pool]:
+def _pools(sample: HeartbeatSample | None) -> list[Pool]:
     pools = []
     for pool in (sample or {}).get("storage") or []:
         shared = pool.get("shared")
@@ -733,20 +740,20 @@ def card_of(index: int) -> int:
     return index if index < SLICE_BASE else (index - SLICE_BASE) // SLICE_STRIDE
 
 
-def _gpu_cards(node: Node, sample: dict[str, Any] | None) -> list[GpuCard]:
+def _gpu_cards(node: Node, sample: HeartbeatSample | None) -> list[GpuCard]:
     rows = {g.index: g for g in node.gpus.all()}
     live = {int(g["index"]): g for g in (sample or {}).get("gpus") or [] if _integer(g.get("index")) is not None}
     cards = []
     # A slice right after its card (its index names the card: agent.probes.mig.slice_parent).
     for index in sorted(set(rows) | set(live), key=lambda i: (card_of(i), i)):
-        row, data = rows.get(index), live.get(index, {})
+        row, data = rows.get(index), live.get(index) or GpuFigures(index=index)  # a row alone: no figures
         label = data.get("gpu_class") or data.get("name") or (row.gpu_class or row.name if row else "") or "?"
         cards.append(GpuCard(index=index, label=str(label), row=row, live=data))
     return cards
 
 
 def node_detail(node: Node, now: datetime | None = None) -> NodeDetail:
-    sample = node.fresh_sample(now or timezone.now())
+    sample = _fresh_sample(node, now or timezone.now())
     live = sample or {}
     load = live.get("load")
     memory_used = _integer(live.get("memory_used_bytes"))
