@@ -21,8 +21,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 import llmgw
 from apps.accounts.access import IsSignedIn, can_read_everything
 from llmgw import readiness
+from llmgw.errors import ServiceError
 
-__all__ = ["ApiKeyScheme", "AutoSchema", "ErrorSerializer", "StatusView", "exception_handler", "router"]
+__all__ = ["ApiKeyScheme", "AutoSchema", "ErrorSerializer", "StatusView", "exception_handler", "refusal", "router"]
 
 
 class ApiRootView(APIRootView):
@@ -38,11 +39,25 @@ router.trailing_slash = "/?"
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF's handler, with a stable `detail` string on every error for scripts and `ctl`."""
+    """DRF's handler, with a stable `detail` string on every error for scripts and `ctl`; a service's
+    refusal (llmgw.errors.ServiceError) answers with its status, message, code and details."""
+    if isinstance(exc, ServiceError):
+        return refusal(exc)
     response = drf_exception_handler(exc, context)
     if response is not None and isinstance(response.data, dict) and "detail" not in response.data:
         response.data = {"detail": gettext("Invalid input."), "errors": response.data}
     return response
+
+
+def refusal(exc: ServiceError, *, status: int | None = None) -> Response:
+    """A service's refusal as the API's error body: its message, code and details, with its status or,
+    where the view knows better (the same refusal is a conflict on one path), `status`."""
+    body: dict[str, Any] = {"detail": exc.message}
+    if exc.code:
+        body["code"] = exc.code
+    if exc.details:
+        body["errors"] = exc.details
+    return Response(body, status=status or exc.status)
 
 
 # The schema -----------------------------------------------------------------------------------
@@ -52,6 +67,10 @@ ErrorSerializer = inline_serializer(
     "Error",
     {
         "detail": serializers.CharField(help_text=_("Why, in words.")),
+        "code": serializers.CharField(
+            required=False,
+            help_text=_("A service's refusal: a short name for it that scripts can test, e.g. spec_invalid."),
+        ),
         "errors": serializers.DictField(
             required=False,
             help_text=_("For refused input: each field (a path such as models[0].name in a spec) with its messages."),

@@ -51,6 +51,7 @@ from apps.batches.models import Batch, BatchFile, BatchLine
 from apps.batches.shapes import anthropic_result, jsonl, openai_output_line
 from apps.batches.validation import Checked, Problem, Reading, check_anthropic_request, check_openai_line
 from apps.gateway.errors import error_body
+from llmgw.errors import ServiceError
 
 __all__ = [
     "BatchRefused",
@@ -85,16 +86,18 @@ CHUNK = 500  # lines written per transaction
 METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 
 
-class BatchRefused(Exception):
+class BatchRefused(ServiceError):
     """A request about files or batches refused: the status, why (with the numbers), and the error's
-    type, code and param as the APIs name them."""
+    type, code and param as the APIs name them (the code only where those APIs give one)."""
+
+    code = None
 
     def __init__(
         self, status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
         param: str | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        super().__init__(message, status=status, code=code)
+        self.kind, self.param = kind, param
 
 
 @dataclass(frozen=True)

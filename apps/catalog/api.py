@@ -332,12 +332,7 @@ class ModelViewSet(
         if isinstance(data, dict) and "dry_run" in data:
             dry_run = dry_run or data.get("dry_run") is True
             data = {k: v for k, v in data.items() if k != "dry_run"}
-        try:
-            results = services.apply_models(data, actor=request.user, dry_run=dry_run)  # type: ignore[arg-type]
-        except services.SpecError as exc:
-            return Response(
-                {"detail": gettext("Invalid model spec."), "errors": exc.errors}, status=status.HTTP_400_BAD_REQUEST
-            )
+        results = services.apply_models(data, actor=request.user, dry_run=dry_run)  # type: ignore[arg-type]
         return Response(
             {
                 "dry_run": dry_run,

@@ -18,6 +18,7 @@ from apps.accounts.models import Organization, Project, Team, User
 from apps.catalog import profile_fields
 from apps.catalog.models import Model, Profile
 from apps.catalog.profile_fields import MAX_CPU_CORES, parse_memory
+from llmgw.errors import ServiceError
 
 __all__ = [
     "MAX_CPU_CORES",
@@ -78,11 +79,13 @@ def _unknown_keys(value: Any, known: frozenset[str], path: str, errors: dict[str
         errors.setdefault(f"{path}.{key}", []).append(message)
 
 
-class SpecError(Exception):
+class SpecError(ServiceError):
     """Field errors keyed by their path in the spec, e.g. models[0].profiles[1].memory."""
 
+    code = "spec_invalid"
+
     def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
+        super().__init__(_("Invalid model spec."), details=errors)
         self.errors = errors
 
 

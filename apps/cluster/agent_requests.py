@@ -26,6 +26,7 @@ from agent import protocol
 from apps.cluster.choices import NodeStatus
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import AgentRequest, Node
+from llmgw.errors import ServiceError
 from llmgw.ids import parse_id
 
 __all__ = [
@@ -49,8 +50,11 @@ FEATURES: dict[str, str] = {
 NEVER_SENT_GRACE = timedelta(seconds=60)
 
 
-class RequestRefused(ValueError):
-    pass
+class RequestRefused(ServiceError, ValueError):
+    """A request the node's agent cannot take now (too old an agent, one already pending): a conflict."""
+
+    status = 409
+    code = "agent_request_refused"
 
 
 def check(node: Node, kind: str) -> None:

@@ -439,10 +439,7 @@ class AgentEnrollView(APIView):
                 {"detail": _('Send the enrollment token as {"token": "llmgwe_..."}.')},
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        try:
-            node, credential = enrolment.enroll_node(token, address=client_address(request))
-        except enrolment.EnrollmentRefused as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
+        node, credential = enrolment.enroll_node(token, address=client_address(request))
         return Response({"node": node.name, "credential": credential, "enrolled_at": timezone.now()})
 
 
@@ -517,17 +514,14 @@ class EngineChoicesView(APIView):
     def post(self, request: Request) -> Response:
         data = EngineChoiceSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            engine_choices.set_choice(
-                data.validated_data["engine"],
-                data.validated_data["version"],
-                data.validated_data.get("scope", EngineChoice.Scope.ALL),
-                data.validated_data.get("match", ""),
-                actor=request.user,
-                address=client_address(request),
-            )
-        except engine_choices.EngineConfigError as exc:
-            raise serializers.ValidationError({"detail": str(exc)}) from None
+        engine_choices.set_choice(
+            data.validated_data["engine"],
+            data.validated_data["version"],
+            data.validated_data.get("scope", EngineChoice.Scope.ALL),
+            data.validated_data.get("match", ""),
+            actor=request.user,
+            address=client_address(request),
+        )
         return Response(_overview())
 
 
@@ -643,18 +637,15 @@ class AgentRequestRetryView(APIView):
         row = AgentRequest.objects.select_related("node").filter(pk=number).first() if number else None
         if row is None:
             return Response({"detail": _("No such request.")}, status=status.HTTP_404_NOT_FOUND)
-        try:
-            with transaction.atomic():  # an operator's request to a node (a fabric map, a test rail): audited
-                again = agent_requests.retry(row)
-                audit.record(
-                    request.user,  # type: ignore[arg-type]
-                    "agent_request.retry",
-                    again,
-                    address=client_address(request),
-                    node=again.node.name,
-                    kind=again.kind,
-                    retry_of=row.pk,
-                )
-        except agent_requests.RequestRefused as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        with transaction.atomic():  # an operator's request to a node (a fabric map, a test rail): audited
+            again = agent_requests.retry(row)
+            audit.record(
+                request.user,  # type: ignore[arg-type]
+                "agent_request.retry",
+                again,
+                address=client_address(request),
+                node=again.node.name,
+                kind=again.kind,
+                retry_of=row.pk,
+            )
         return Response(_request_row(again), status=status.HTTP_202_ACCEPTED)

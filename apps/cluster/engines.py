@@ -53,6 +53,7 @@ from agent.install.builds import NodeFacts, choose_builds, parse_assets
 from apps.accounts import audit
 from apps.cluster.models import EngineChoice, EngineRelease, Node
 from llmgw import outbound
+from llmgw.errors import ServiceError
 
 __all__ = [
     "DEFAULT_VERSIONS",
@@ -136,8 +137,10 @@ _SPECIFICITY = {
 }
 
 
-class EngineConfigError(ValueError):
+class EngineConfigError(ServiceError, ValueError):
     """An engine choice that cannot be taken; str() names the field and why."""
+
+    code = "engine_config_invalid"
 
 
 @dataclass(frozen=True)

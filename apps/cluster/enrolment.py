@@ -35,6 +35,7 @@ from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.history import append_histories
 from apps.cluster.models import EnrollmentToken, Gpu, Node
 from apps.cluster.reports import gpu_fault, gpu_health
+from llmgw.errors import ServiceError
 
 __all__ = [
     "CREDENTIAL_PREFIX",
@@ -64,8 +65,11 @@ def _hash(secret: str) -> str:
 # Enrollment ----------------------------------------------------------------------------
 
 
-class EnrollmentRefused(Exception):
-    pass
+class EnrollmentRefused(ServiceError):
+    """An enrollment token that is unknown, used or expired: the agent may not join with it."""
+
+    status = 403
+    code = "enrollment_refused"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from apps.cluster import actions, enrolment, overview, selectors
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import Node
 from apps.cluster.onboarding import AGENT_CONFIG_PATH, agent_yaml, install_command
+from llmgw.errors import show_refusal
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 from llmgw.ids import whole_number
 
@@ -337,7 +338,7 @@ def engine_set(request: HtmxHttpRequest) -> HttpResponse:
             address=client_address(request),
         )
     except engines.EngineConfigError as exc:
-        messages.error(request, str(exc))
+        show_refusal(request, exc)
     else:
         messages.success(request, _("Engine choice saved; the nodes it picks install it now."))
     return HttpResponseRedirect(reverse("cluster") + "#engines")
@@ -353,7 +354,7 @@ def engine_build(request: HtmxHttpRequest, name: str) -> HttpResponse:
     try:
         actions.set_engine_build(node, request.POST.get("build", ""), actor=user, address=client_address(request))
     except engines.EngineConfigError as exc:
-        messages.error(request, str(exc))
+        show_refusal(request, exc)
     else:
         messages.success(request, _("Build saved; %(node)s installs it now.") % {"node": node.name})
     return HttpResponseRedirect(reverse("cluster") + "#engine-builds")

@@ -25,6 +25,7 @@ from apps.cluster import agent_requests
 from apps.cluster.models import AgentRequest, Node
 from apps.fabrics.models import FabricTest, NodeFabrics
 from apps.fabrics.services import _load, _natural, attachments_for
+from llmgw.errors import ServiceError
 
 __all__ = ["GRADES", "TestRefused", "grade", "run_test", "start_test"]
 
@@ -35,8 +36,11 @@ GRADES = ((0.85, "good"), (0.6, "degraded"))
 TCP_PORT = 18515
 
 
-class TestRefused(ValueError):
-    pass
+class TestRefused(ServiceError, ValueError):
+    """A fabric test that cannot start now (no shared fabric, an agent that cannot run it): a conflict."""
+
+    status = 409
+    code = "fabric_test_refused"
 
 
 def grade(measured: float | None, link: float | None) -> str:

@@ -64,16 +64,16 @@ class HoldsView(APIView):
         data.is_valid(raise_exception=True)
         try:
             level, name = parse_domain(data.validated_data["domain"])
-            row = services.hold(
-                level,
-                name,
-                reason=data.validated_data["reason"],
-                drain=data.validated_data["drain"],
-                actor=request.user,
-                address=client_address(request),
-            )
         except ValueError as exc:
             return Response({"detail": str(exc)}, status=400)
+        row = services.hold(
+            level,
+            name,
+            reason=data.validated_data["reason"],
+            drain=data.validated_data["drain"],
+            actor=request.user,
+            address=client_address(request),
+        )
         return Response(services.hold_dict(row), status=201)
 
 
@@ -91,9 +91,9 @@ class ReleaseView(APIView):
         data.is_valid(raise_exception=True)
         try:
             level, name = parse_domain(data.validated_data["domain"])
-            row = services.release(level, name, actor=request.user, address=client_address(request))
         except ValueError as exc:
             return Response({"detail": str(exc)}, status=400)
+        row = services.release(level, name, actor=request.user, address=client_address(request))
         return Response(services.hold_dict(row))
 
 
@@ -116,10 +116,7 @@ class BudgetsView(APIView):
         responses={201: OpenApiTypes.OBJECT, 400: _error(gettext_lazy("The budget is not valid; the errors say why."))},
     )
     def post(self, request: Request) -> Response:
-        from apps.facility.power import BudgetError, budget_dict, set_budget
+        from apps.facility.power import budget_dict, set_budget
 
-        try:
-            row = set_budget(request.data, source="api", actor=request.user, address=client_address(request))
-        except BudgetError as exc:
-            return Response({"detail": str(exc), "errors": exc.errors}, status=400)
+        row = set_budget(request.data, source="api", actor=request.user, address=client_address(request))
         return Response(budget_dict(row), status=201)

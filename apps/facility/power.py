@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 from apps.facility.draw import derived_watts, shard_watts
 from apps.facility.locations import parse_domain
 from apps.facility.models import Budget
+from llmgw.errors import ServiceError
 from llmgw.ids import whole_number
 
 __all__ = [
@@ -46,11 +47,13 @@ WINDOW_S = 300  # measured draw: the highest reading of the last five minutes
 BASE_LABEL = "llmgw.io/base-watts"
 
 
-class BudgetError(ValueError):
+class BudgetError(ServiceError, ValueError):
     """A budget that cannot be taken, and why (field -> messages)."""
 
+    code = "budget_invalid"
+
     def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()))
+        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in errors.items()), details=errors)
         self.errors = errors
 
 

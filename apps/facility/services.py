@@ -14,6 +14,7 @@ from apps.cluster.placement import NodeSnapshot
 from apps.facility import power
 from apps.facility.locations import LEVELS, location
 from apps.facility.models import Hold
+from llmgw.errors import ServiceError
 
 __all__ = [
     "HoldError",
@@ -28,8 +29,10 @@ __all__ = [
 ]
 
 
-class HoldError(ValueError):
+class HoldError(ServiceError, ValueError):
     """A hold that cannot be made or released, and why."""
+
+    code = "hold_refused"
 
 
 def node_location(node: Any) -> dict[str, str | None]:

@@ -14,6 +14,7 @@ from apps.accounts.models import User
 from apps.facility import services
 from apps.facility.locations import LEVELS
 from apps.facility.selectors import facility_page
+from llmgw.errors import show_refusal
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 from llmgw.ids import MAX_ID, whole_number
 
@@ -66,7 +67,7 @@ def hold(request: HtmxHttpRequest) -> HttpResponse:
             address=client_address(request),
         )
     except services.HoldError as exc:
-        messages.error(request, str(exc))
+        show_refusal(request, exc)
         return _back()
     messages.success(
         request, _("%(domain)s is held: nothing new is placed there until it is released.") % {"domain": row.domain}
@@ -83,7 +84,7 @@ def release(request: HtmxHttpRequest) -> HttpResponse:
     try:
         row = services.release(level, name, actor=user, address=client_address(request))
     except services.HoldError as exc:
-        messages.error(request, str(exc))
+        show_refusal(request, exc)
         return _back()
     messages.success(request, _("%(domain)s is released.") % {"domain": row.domain})
     return _back()
@@ -121,7 +122,7 @@ def budget(request: HtmxHttpRequest) -> HttpResponse:
     try:
         row = set_budget(entry, source="console", actor=user, address=client_address(request))
     except BudgetError as exc:
-        messages.error(request, " ".join(message for found in exc.errors.values() for message in found))
+        show_refusal(request, exc)
         return _back()
     messages.success(
         request,
@@ -141,7 +142,7 @@ def remove_budget(request: HtmxHttpRequest) -> HttpResponse:
     try:
         row = remove(domain, actor=user, address=client_address(request))
     except BudgetError as exc:
-        messages.error(request, " ".join(message for found in exc.errors.values() for message in found))
+        show_refusal(request, exc)
         return _back()
     messages.success(request, _("%(domain)s has no power cap any more.") % {"domain": row.domain})
     return _back()

@@ -31,10 +31,7 @@ def _counted(policies: list[Policy]) -> list[dict[str, Any]]:
 
 def _set(request: Request, data: Any) -> Response:
     existed = isinstance(data, dict) and Policy.objects.filter(name=str(data.get("name") or "").strip()).exists()
-    try:
-        policy = services.set_policy(data, actor=request.user, address=client_address(request))
-    except services.PolicyError as exc:
-        return Response({"detail": str(exc), "errors": exc.errors}, status=400)
+    policy = services.set_policy(data, actor=request.user, address=client_address(request))
     return Response(_counted([policy])[0], status=200 if existed else 201)
 
 

@@ -30,6 +30,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from apps.accounts import audit
 from apps.guardrails.models import Policy, Rule
+from llmgw.errors import ServiceError
 
 __all__ = ["PolicyError", "delete_policy", "policy_dict", "set_policy"]
 
@@ -57,15 +58,18 @@ NO_SUCH_SCOPE = {
 }
 
 
-class PolicyError(ValueError):
+class PolicyError(ServiceError, ValueError):
     """A policy that cannot be set: `errors` maps each place ("rules[2].pattern") to what is wrong, in
     the current language (the API's and the page's request's)."""
+
+    code = "policy_invalid"
 
     def __init__(self, errors: dict[str, list[str]]) -> None:
         self.errors = errors
         first = next(iter(errors.items()))
         super().__init__(
-            _("%(field)s: %(message)s") % {"field": first[0], "message": first[1][0]} if first[0] else first[1][0]
+            _("%(field)s: %(message)s") % {"field": first[0], "message": first[1][0]} if first[0] else first[1][0],
+            details=errors,
         )
 
 

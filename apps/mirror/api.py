@@ -21,7 +21,7 @@ from apps.accounts.access import IsOperator, public
 from apps.mirror import hub, services
 from apps.mirror.hub import MirrorError
 from apps.mirror.models import MirrorFile, MirrorVersion
-from llmgw.api import ErrorSerializer
+from llmgw.api import ErrorSerializer, refusal
 from llmgw.http import client_address
 from llmgw.ids import parse_id
 
@@ -122,8 +122,8 @@ class MirrorView(APIView):
         data.is_valid(raise_exception=True)
         try:
             services.add_sources(data.validated_data["urls"], actor=request.user, address=client_address(request))
-        except MirrorError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        except MirrorError as exc:  # the Hub's answers too (a repository it lacks): the source is refused
+            return refusal(exc, status=status.HTTP_400_BAD_REQUEST)
         return Response(overview(), status=status.HTTP_201_CREATED)
 
 
@@ -147,7 +147,7 @@ class MirrorVersionView(APIView):
         try:
             freed = services.remove_version(version, actor=request.user, address=client_address(request))
         except MirrorError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+            return refusal(exc, status=status.HTTP_409_CONFLICT)
         return Response({"freed_bytes": freed})
 
 
@@ -168,7 +168,7 @@ class MirrorManifestView(APIView):
         try:
             return Response(services.manifest(version))
         except MirrorError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+            return refusal(exc, status=status.HTTP_409_CONFLICT)
 
 
 class MirrorEstimateView(APIView):
@@ -199,7 +199,7 @@ class MirrorEstimateView(APIView):
         try:
             found = services.summary(version, ctx_size=ctx, parallel=parallel)
         except MirrorError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+            return refusal(exc, status=status.HTTP_409_CONFLICT)
         if found is None:
             return Response(
                 {"detail": str(_("only a held GGUF version has a header to read"))}, status=status.HTTP_409_CONFLICT
@@ -232,7 +232,7 @@ class MirrorSearchView(APIView):
         try:
             return Response({"results": hub.search(str(request.query_params.get("q", ""))[:200])})
         except MirrorError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_502_BAD_GATEWAY)
+            return refusal(exc, status=status.HTTP_502_BAD_GATEWAY)
 
 
 class MirrorRepoView(APIView):
@@ -252,17 +252,15 @@ class MirrorRepoView(APIView):
     def get(self, request: Request, owner: str, name: str) -> Response:
         repo = f"{owner}/{name}"
         revision = str(request.query_params.get("revision", "") or "main")[:200]
-        try:  # what the caller named, before the Hub is asked: a 400, not the Hub's 502
-            hub.check_repo(repo)
-            hub.check_revision(revision)
-        except MirrorError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        # What the caller named is checked before the Hub is asked: a 400, not the Hub's 502.
+        hub.check_repo(repo)
+        hub.check_revision(revision)
         try:
             commit, files = hub.repo_files(repo, revision)
         except hub.HubNotFound as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
-        except MirrorError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_502_BAD_GATEWAY)
+            return refusal(exc)
+        except MirrorError as exc:  # the Hub did not answer
+            return refusal(exc, status=status.HTTP_502_BAD_GATEWAY)
         groups = [
             {
                 "kind": g.kind,

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 
 from agent.install.redirects import MAX_REDIRECTS, endpoint
+from llmgw.errors import ServiceError
 
 __all__ = ["Group", "HubFile", "HubNotFound", "MirrorError", "group_files", "parse_source", "repo_files", "search"]
 
@@ -43,12 +44,17 @@ _REVISION = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
 API_TIMEOUT_S = 30.0
 
 
-class MirrorError(ValueError):
+class MirrorError(ServiceError, ValueError):
     """A source or request the mirror cannot take; str() says why."""
+
+    code = "mirror_refused"
 
 
 class HubNotFound(MirrorError):
     """The Hub answered that the repository, revision or file does not exist."""
+
+    status = 404
+    code = "hub_not_found"
 
 
 def _not_found(exc: BaseException) -> bool:

@@ -16,6 +16,7 @@ from apps.mirror import hub, services
 from apps.mirror import serve as serving
 from apps.mirror.hub import MirrorError
 from apps.mirror.models import MirrorVersion
+from llmgw.errors import show_refusal
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 from llmgw.ids import parse_id
 
@@ -107,7 +108,7 @@ def remove(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     try:
         freed = services.remove_version(version, actor=request.user, address=client_address(request))
     except MirrorError as exc:
-        messages.error(request, str(exc))
+        show_refusal(request, exc)
     else:
         messages.success(request, _("Removed; %(freed)s freed.") % {"freed": services.human(freed)})
     return HttpResponseRedirect(reverse("mirror:held"))
@@ -166,7 +167,7 @@ def adapter_attach(request: HtmxHttpRequest, model: str) -> HttpResponse:
     try:
         lora.attach(target, version, scale, actor=request.user, address=client_address(request))
     except MirrorError as exc:
-        messages.error(request, str(exc))
+        show_refusal(request, exc)
     else:
         messages.success(request, _("Adapter attached; the replicas roll onto it."))
     return HttpResponseRedirect(reverse("catalog:model", args=[target.name]) + "#adapters")
@@ -181,7 +182,7 @@ def adapter_detach(request: HtmxHttpRequest, model: str) -> HttpResponse:
     try:
         lora.detach(target, request.POST.get("path", ""), actor=request.user, address=client_address(request))
     except MirrorError as exc:
-        messages.error(request, str(exc))
+        show_refusal(request, exc)
     else:
         messages.success(request, _("Adapter detached; the replicas roll off it."))
     return HttpResponseRedirect(reverse("catalog:model", args=[target.name]) + "#adapters")

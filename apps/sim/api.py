@@ -114,16 +114,15 @@ class SimView(APIView):
                 row = runs.ask_what_if(request.user, question["kind"], question["name"], question.get("min"))
             else:
                 row = runs.ask(request.user, data.validated_data["scenario"])
-        except ScenarioError as exc:
+        except ScenarioError as exc:  # the problems go under the field the request gave
             return Response(
                 {
                     "detail": _("The scenario is not valid; the errors say where and why."),
+                    "code": exc.code,
                     "errors": {field: exc.problems},
                 },
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        except runs.TooManyRuns as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
         return Response(SimRunSerializer(row).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -30,6 +30,7 @@ from apps.sim.child import Outcome, run_in_child
 from apps.sim.limits import Limits, figure
 from apps.sim.models import SimRun
 from apps.sim.service import needs_cluster, read, what_if_document, what_if_title
+from llmgw.errors import ServiceError
 
 __all__ = ["STALE_GRACE_S", "TooManyRuns", "ask", "ask_what_if", "execute", "run_for", "start_runs", "sweep"]
 
@@ -40,8 +41,11 @@ STALE_GRACE_S = 120
 ACTIVE = (SimRun.State.QUEUED, SimRun.State.RUNNING)
 
 
-class TooManyRuns(Exception):
+class TooManyRuns(ServiceError):
     """The person has as many runs queued or running as one person may have."""
+
+    status = 429
+    code = "too_many_runs"
 
 
 def check(source: str | dict[str, Any], limits: Limits) -> Any:

@@ -36,6 +36,7 @@ from apps.sim.limits import (
     load_text,
     written_size,
 )
+from llmgw.errors import ServiceError
 
 __all__ = [
     "EVENT_KINDS",
@@ -60,8 +61,10 @@ SHIPPED_CAPTURES = Path(__file__).resolve().parent / "captures"
 MAX_DURATION = timedelta(days=3650)  # the longest duration a scenario may give (ten years)
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ServiceError, ValueError):
     """What is wrong with a scenario: every problem found, each with where it is."""
+
+    code = "scenario_invalid"
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))

@@ -418,4 +418,4 @@ def test_the_schema_declares_keys_sessions_errors_and_the_shapes_answered(api: A
     group = schema["components"]["schemas"]["UsageRow"]["properties"]["group"]
     assert group["oneOf"] == [{"type": "integer"}, {"type": "string"}] and group["nullable"] is True
     error = schema["components"]["schemas"]["Error"]
-    assert error["required"] == ["detail"] and set(error["properties"]) == {"detail", "errors"}
+    assert error["required"] == ["detail"] and set(error["properties"]) == {"detail", "code", "errors"}
