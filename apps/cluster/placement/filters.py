@@ -93,10 +93,15 @@ def gpu_class(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     cls = ctx.gpu_class
     if cls is None:
         return None
-    classes = ctx.inventory.gpu_classes(node.id)
+    inventory = ctx.inventory
+    classes = inventory.gpu_classes(node.id)
     if cls in classes:
         return None
-    return reasons.no_gpu_class(node.name, cls, classes)
+    # The same for every placement on this snapshot: kept, as a profile that fits nowhere refuses
+    # every node without its class again.
+    return inventory.memo(  # type: ignore[no-any-return]
+        ("gpu_class", node.id, cls), lambda: reasons.no_gpu_class(node.name, cls, classes)
+    )
 
 
 def free_gpus(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
@@ -114,10 +119,14 @@ def free_gpus(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
         return None
     free = inventory.free_count(node.id, cls)
     if free >= need:
-        if not inventory.has_slices(node.id):
+        # One free device is always one a shard can hold (nothing of its own claim to overlap).
+        if need == 1 or not inventory.has_slices(node.id):
             return None
         return _slices_fit(ctx, node, cls, free, need)
-    return _too_few(node, cls, free, need)
+    # Follows from the node and the two numbers alone: kept for the next profile refused there.
+    return inventory.memo(  # type: ignore[no-any-return]
+        ("free_gpus", node.id, cls, free, need), lambda: _too_few(inventory, node, cls, free, need)
+    )
 
 
 def _slices_fit(ctx: PlacementContext, node: NodeSnapshot, cls: str, free: int, need: int) -> Reason | None:
@@ -125,21 +134,18 @@ def _slices_fit(ctx: PlacementContext, node: NodeSnapshot, cls: str, free: int, 
     slots = inventory.free_gpus(node.id, cls)
     if need > 1 and any(slot.kind == "mig" for slot in slots):
         return reasons.mig_one_per_process(node.name, cls, need)
-    together = len(usable(inventory, node.id, slots))
+    together = len(usable(inventory, node.id, slots, need))
     return None if together >= need else reasons.gpus_overlap(node.name, cls, free, together, need)
 
 
-def _too_few(node: NodeSnapshot, cls: str, free: int, need: int) -> Reason:
-    of_class = [g for g in node.gpus if g.gpu_class == cls]
-    untrusted = next((g for g in of_class if g.fault), None)
+def _too_few(inventory: Inventory, node: NodeSnapshot, cls: str, free: int, need: int) -> Reason:
+    devices = inventory.class_devices(node.id, cls)  # what does not change with claims, worked out once
+    untrusted = devices.untrusted
     if untrusted is not None and untrusted.fault:
         return reasons.gpus_untrusted(node.name, cls, free, need, untrusted.name, untrusted.fault)
-    split = sum(1 for g in of_class if g.split)
-    if split:
-        slices = {g.gpu_class for g in node.gpus if g.parent is not None and g.gpu_class.startswith(cls + "-")}
-        return reasons.gpus_split(node.name, cls, free, need, split, slices)
-    unhealthy = sum(1 for g in of_class if not g.healthy)
-    return reasons.too_few_gpus(node.name, cls, free, need, len(of_class), unhealthy)
+    if devices.split:
+        return reasons.gpus_split(node.name, cls, free, need, devices.split, devices.slices)
+    return reasons.too_few_gpus(node.name, cls, free, need, devices.total, devices.unhealthy)
 
 
 #: What each engine build drives, by the start of its key (the agent's install manifest): a CPU

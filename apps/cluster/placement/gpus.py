@@ -7,12 +7,14 @@ from .model import GpuSlot, Inventory
 __all__ = ["choose_gpus", "usable"]
 
 
-def usable(inventory: Inventory, node_id: int, free: list[GpuSlot]) -> list[GpuSlot]:
+def usable(inventory: Inventory, node_id: int, free: list[GpuSlot], limit: int | None = None) -> list[GpuSlot]:
     """Of the free devices, those one shard can hold together, lowest index first: no two of them
-    a card and its slice, or slices sharing memory."""
+    a card and its slice, or slices sharing memory. With `limit`, the first that many only."""
     taken: list[GpuSlot] = []
     kept: set[int] = set()
     for slot in free:
+        if limit is not None and len(taken) >= limit:
+            break
         if kept.isdisjoint(inventory.related(node_id, slot.index)):
             taken.append(slot)
             kept.add(slot.index)
@@ -20,8 +22,8 @@ def usable(inventory: Inventory, node_id: int, free: list[GpuSlot]) -> list[GpuS
 
 
 def _apart(inventory: Inventory, node_id: int, free: list[GpuSlot], need: int) -> tuple[int, ...] | None:
-    chosen = usable(inventory, node_id, free)
-    return tuple(slot.index for slot in chosen[:need]) if len(chosen) >= need else None
+    chosen = usable(inventory, node_id, free, need)
+    return tuple(slot.index for slot in chosen) if len(chosen) >= need else None
 
 
 def choose_gpus(inventory: Inventory, node_id: int, gpu_class: str, need: int) -> tuple[int, ...] | None:

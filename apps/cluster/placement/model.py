@@ -131,6 +131,16 @@ class CapacityQuota:
     replicas: int | None = None
 
 
+class ClassDevices(NamedTuple):
+    """A node's devices of one class, as they are whatever is claimed (Inventory.class_devices)."""
+
+    total: int
+    unhealthy: int
+    untrusted: GpuSlot | None  # the first with a fault
+    split: int  # cards cut into slices
+    slices: frozenset[str]  # the classes of those slices, on the node
+
+
 class Usage(NamedTuple):
     gpus: float  # cards: a slice counts by its share of its card
     cores: float
@@ -388,6 +398,15 @@ class Inventory:
         self._rank: dict[int, int] = {n.id: i for i, n in enumerate(ordered)}
         self._slots: dict[int, dict[int, GpuSlot]] = {n.id: {g.index: g for g in n.gpus} for n in ordered}
         self._classes: dict[int, frozenset[str]] = {n.id: frozenset(g.gpu_class for g in n.gpus) for n in ordered}
+        # node -> class -> its devices of the class (None: every class), lowest index first: what
+        # free_gpus walks, so that a node of 8 cards and 56 slices is not sorted per question.
+        self._by_class: dict[int, dict[str | None, tuple[GpuSlot, ...]]] = {}
+        for n in ordered:
+            every = tuple(slot for _, slot in sorted(self._slots[n.id].items()))
+            by_class: dict[str | None, tuple[GpuSlot, ...]] = {None: every}
+            for cls in self._classes[n.id]:
+                by_class[cls] = tuple(slot for slot in every if slot.gpu_class == cls)
+            self._by_class[n.id] = by_class
         # Per node with slices: what a claim of each device keeps from being handed out.
         self._related: dict[int, dict[int, tuple[int, ...]]] = {
             n.id: related for n in ordered if (related := _relations(n.gpus))
@@ -466,6 +485,7 @@ class Inventory:
             "_rank",
             "_slots",
             "_classes",
+            "_by_class",
             "_gpuless",
             "_gpu_nodes",
             "_related",
@@ -520,12 +540,34 @@ class Inventory:
     def free_gpus(self, node_id: int, gpu_class: str | None = None) -> list[GpuSlot]:
         """Healthy, unclaimed GPUs of the node (of one class if given), lowest index first: not a
         split card, and no claim of its card, its slices or its memory-sharing siblings."""
-        slots = self._slots[node_id]
+        slots = self._by_class[node_id].get(gpu_class, ())
+        owned = self._owner[node_id]
+        blocks = self._blocks.get(node_id)
+        # _available() inlined: this runs for every node of the class a slice profile walks.
         return [
-            slots[i]
-            for i in sorted(slots)
-            if (gpu_class is None or slots[i].gpu_class == gpu_class) and self._available(node_id, i)
+            slot
+            for slot in slots
+            if slot.healthy and not slot.split and slot.index not in owned and not (blocks and blocks.get(slot.index))
         ]
+
+    def class_devices(self, node_id: int, gpu_class: str) -> ClassDevices:
+        """What the node's devices of the class are, whatever is claimed (a refusal's numbers)."""
+
+        def build() -> ClassDevices:
+            node = self.nodes[node_id]
+            of_class = [g for g in node.gpus if g.gpu_class == gpu_class]
+            untrusted = next((g for g in of_class if g.fault), None)
+            split = sum(1 for g in of_class if g.split)
+            prefix = gpu_class + "-"
+            slices = (
+                frozenset(g.gpu_class for g in node.gpus if g.parent is not None and g.gpu_class.startswith(prefix))
+                if split
+                else frozenset()
+            )
+            unhealthy = sum(1 for g in of_class if not g.healthy)
+            return ClassDevices(len(of_class), unhealthy, untrusted, split, slices)
+
+        return self.memo(("class_devices", node_id, gpu_class), build)  # type: ignore[no-any-return]
 
     def has_slices(self, node_id: int) -> bool:
         """Whether the node has devices a claim of another keeps from being handed out."""

@@ -20,6 +20,12 @@ profile) are exactly nodes a built-in filter refuses (gpu_class, free_gpus, memo
 cpu_cores: these four are assumed registered; the others may be replaced or removed
 freely). explain() does not use the index at all.
 
+A profile that fits nowhere refuses every node the walk did not reach, each with its first reason.
+A node the index skips (no GPU of the class, or fewer free than a shard needs) is refused by a
+built-in filter that reads the node and that count alone, when no other filter comes before
+free_gpus: its refusal is kept per snapshot by (node, count) and given again while the count is
+the same (a fallback's first profile is refused by most of the fleet on every placement).
+
 Pre-filters (registry.py) run once per profile before the walk. The nodes one leaves out are
 skipped by the walk, and refused with its reason at its place among the filters, in place()
 and explain() alike, so the two cannot disagree about a node whatever a plugin decides.
@@ -58,6 +64,9 @@ from . import reasons
 from .context import PlacementContext
 from .filters import free_gpus as free_gpus_filter
 from .filters import gpu_class as gpu_class_filter
+from .filters import node_selector as node_selector_filter
+from .filters import not_cordoned as not_cordoned_filter
+from .filters import ready as ready_filter
 from .gpus import choose_gpus
 from .model import (
     CORE_EPSILON,
@@ -350,7 +359,7 @@ class _Evaluator:
             node.id,
             node.name,
             reason.code,
-            reason.template % reason.params,
+            reason.message(),
             reason.params,
             reason.template,
         )
@@ -363,7 +372,7 @@ class _Evaluator:
             None,
             None,
             reason.code,
-            reason.template % reason.params,
+            reason.message(),
             reason.params,
             reason.template,
         )
@@ -675,14 +684,7 @@ def _place_profile(
     if chosen is None:
         if rejections is None or seen is None:
             return None, []
-        nodes = inventory.nodes
-        for node_id in inventory.order:
-            if node_id in seen:
-                continue
-            node = nodes[node_id]
-            reason = ev.first_reason(node)
-            if reason is not None:
-                rejections.append(ev.reject(node, reason))
+        _refuse_unseen(ev, seen, rejections)
         _summarise(ev, rejections, counts, len(rejections))
         return None, rejections
     shards = []
@@ -697,6 +699,71 @@ def _place_profile(
         shards.append(ShardPlan(rank, node_id, node.name, gpus, ctx.memory, ctx.cores))
     found = rejections or []
     return Placement(profile, shards, list(found), group, subgroup), found
+
+
+# Filters whose answer follows from the node and the profile alone, never from claims.
+_NODE_ONLY = frozenset({ready_filter, not_cordoned_filter, node_selector_filter})
+
+
+def _short_refusals(ev: _Evaluator) -> dict[tuple[int, int], Rejection] | None:
+    """For a GPU profile: (node id, its free GPUs of the class, -1 without the class) -> the refusal
+    of a node the capacity index skips (no class, or fewer free GPUs than a shard needs), filled as
+    nodes are refused. Such a node's first reason is one of _NODE_ONLY's, gpu_class's or free_gpus',
+    which read nothing of the claims but that count, when those are the only filters before
+    free_gpus; so the refusal is kept per snapshot and the next placement that finds the node with
+    the same count takes it as it is (a profile that fits nowhere, a fallback's first choice,
+    refuses most of the fleet again on each placement). None where another filter comes first."""
+    ctx = ev.ctx
+    if ctx.gpu_class is None or not ctx.gpus:
+        return None
+    filters = ev.filters
+    if gpu_class_filter not in filters or free_gpus_filter not in filters:
+        return None
+    before = filters[: filters.index(free_gpus_filter)]
+    if not _NODE_ONLY.union((gpu_class_filter,)).issuperset(before):
+        return None
+    profile = ctx.profile
+    # Everything those refusals read but the node and its count: the profile's id and name (in each
+    # refusal), its class and GPUs per shard, its node selector, the filters asked.
+    key = (
+        "short_refusals",
+        profile.id,
+        profile.name,
+        ctx.gpu_class,
+        ctx.gpus,
+        tuple(sorted(profile.node_selector.items())),
+        before,
+    )
+    return ctx.inventory.memo(key, dict)  # type: ignore[no-any-return]
+
+
+def _refuse_unseen(ev: _Evaluator, seen: set[int], rejections: list[Rejection]) -> None:
+    """The first refusal of every node the walk did not reach, in name order."""
+    ctx = ev.ctx
+    inventory = ctx.inventory
+    nodes = ev.nodes
+    kept = _short_refusals(ev)
+    cls = ctx.gpu_class
+    need = ctx.gpus
+    for node_id in inventory.order:
+        if node_id in seen:
+            continue
+        if kept is not None:
+            free = inventory.free_count(node_id, cls) if cls in inventory.gpu_classes(node_id) else -1
+            if free < need:
+                known = kept.get((node_id, free))
+                if known is None:
+                    node = nodes[node_id]
+                    reason = ev.first_reason(node)
+                    if reason is None:  # pragma: no cover - gpu_class or free_gpus refuses it
+                        raise PlacementConflict(f"{node.name}: the capacity index and the filters disagree")
+                    known = kept[node_id, free] = ev.reject(node, reason)
+                rejections.append(known)
+                continue
+        node = nodes[node_id]
+        reason = ev.first_reason(node)
+        if reason is not None:
+            rejections.append(ev.reject(node, reason))
 
 
 def _summarise(ev: _Evaluator, rejections: list[Rejection], counts: dict[Group, int], refused: int) -> None:
@@ -1008,7 +1075,7 @@ def _all_reasons(ctx: PlacementContext, filters: tuple[FilterFn, ...], node: Nod
                     node.id,
                     node.name,
                     reason.code,
-                    reason.template % reason.params,
+                    reason.message(),
                     reason.params,
                     reason.template,
                 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 GIB = 1024**3
@@ -25,9 +25,15 @@ class Reason:
     code: str
     template: str
     params: dict[str, Any]
+    # The message, once worked out: a reason that follows from the nodes alone is kept and given
+    # again (a node without the profile's class), and its refusals need not format it again.
+    _text: str | None = field(default=None, init=False, compare=False, repr=False)
 
     def message(self) -> str:
-        return self.template % self.params
+        text = self._text
+        if text is None:
+            text = self._text = self.template % self.params
+        return text
 
 
 def gb(value: float | None) -> str:
