@@ -1,6 +1,6 @@
 """Placement on a simulated large cluster, with no database.
 
-    .venv/bin/python bench/placement.py [--nodes 2000] [--cpu-nodes 200] [--replicas 1000] [--seed 7]
+    .venv/bin/python bench/placement.py [--nodes 2000] [--cpu-nodes 200] [--replicas 1000] [--seed 7] [--mig-only]
 
 Builds 2,000 nodes of 8 GPUs (H100-80GB, A100-80GB and L40S-48GB mixed, H100 nodes with one
 NVSwitch domain, half the A100 nodes with two NVLink groups of four, four InfiniBand fabrics,
@@ -20,6 +20,9 @@ domains, with MIG slices): the 1,000 replicas placed in at most 2 s in all, expl
 50 ms (the median of five; the MIG run explains the model whose first profile asks a slice).
 The load average is printed at the start and the end, and each target as met, missed, or not
 measured (a run smaller than the defaults, whose figures are printed but are not the target's).
+`--mig-only` runs the built-in run (the MIG run's ratio is to it) and the MIG run alone: headroom,
+preemption, the extra scorer, the fabric plugins and the NVLink domains are skipped, and their
+targets reported as not measured.
 """
 
 from __future__ import annotations
@@ -275,6 +278,9 @@ def main() -> None:
     parser.add_argument("--cpu-nodes", type=int, default=200)
     parser.add_argument("--replicas", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--mig-only", action="store_true", help="only the built-in run and the run with MIG slices (its ratio's base)"
+    )
     args = parser.parse_args()
     with Report(__doc__) as report:
         bench(args, report)
@@ -331,6 +337,72 @@ def bench(args: argparse.Namespace, report: Report) -> None:
         f"baseline (one dict lookup per node per placement) x{len(reqs)}: {baseline_s * 1000:.0f} ms; "
         f"placement / baseline = {total_s / baseline_s:.2f}"
     )
+    skipped = "skipped by --mig-only"
+    if args.mig_only:
+        fabric_s = fabric_explain_s = nvlink_s = nvlink_explain_s = float("nan")
+    else:
+        fabric_s, fabric_explain_s, nvlink_s, nvlink_explain_s = others(args, inventory, reqs, target, total_s)
+    mig_inventory = build_cluster(args.nodes, args.cpu_nodes, random.Random(args.seed), mig=True)
+    split_nodes = sum(1 for n in mig_inventory.nodes.values() if any(g.split for g in n.gpus))
+    slices = sum(1 for n in mig_inventory.nodes.values() for g in n.gpus if g.kind == "mig")
+    mig_reqs = with_slices(reqs)
+    mig_s, mig_times, mig_placed, mig_refused = run(mig_inventory, mig_reqs, REGISTRY)
+    on_slices = sum(1 for c in mig_inventory.claims for i in c.gpu_indices if i >= SLICE_BASE)
+    small = next(r for r in mig_reqs if r.model == "embed-small")
+    mig_explain = []
+    for _ in range(EXPLAIN_REPEATS):
+        started = time.perf_counter()
+        explain(mig_inventory, small)
+        mig_explain.append(time.perf_counter() - started)
+    mig_explain_s = statistics.median(mig_explain)
+    # The same request explained on the cluster without MIG (where no node has the slice class).
+    plain_small = []
+    for _ in range(EXPLAIN_REPEATS):
+        started = time.perf_counter()
+        explain(inventory, small)
+        plain_small.append(time.perf_counter() - started)
+    plain_small_s = statistics.median(plain_small)
+    print(
+        f"with MIG slices ({split_nodes} H100 nodes in MIG mode, {slices} {SLICE_CLASS} slices): "
+        f"{sum(mig_placed.values())} placed, {mig_refused} refused, {on_slices} on slices, in {mig_s * 1000:.0f} ms, "
+        f"p50 {percentile(mig_times, 0.5) * 1e3:.3f} ms, p99 {percentile(mig_times, 0.99) * 1e3:.3f} ms; "
+        f"by profile: " + ", ".join(f"{k}={v}" for k, v in sorted(mig_placed.items()))
+    )
+    print(
+        f"ratio to without slices: place {mig_s / total_s:.2f}; explain {small.model} "
+        f"({len(small.profiles)} profiles x {len(mig_inventory.nodes)} nodes) median {mig_explain_s * 1000:.1f} ms, "
+        f"on the cluster without MIG {plain_small_s * 1000:.1f} ms, ratio {mig_explain_s / plain_small_s:.2f}"
+    )
+    size = (args.nodes, args.cpu_nodes, args.replicas)
+    smaller = None
+    if any(got < wanted for got, wanted in zip(size, FULL_SIZE, strict=True)):
+        smaller = (
+            f"this run had {args.nodes} GPU nodes, {args.cpu_nodes} CPU nodes, {args.replicas} replicas; "
+            "the target is for 2,000, 200 and 1,000"
+        )
+    for name, seconds, limit in (
+        ("place", total_s, PLACE_TARGET_S),
+        ("explain", explain_s, EXPLAIN_TARGET_S),
+        ("place with fabric plugins", fabric_s, PLACE_TARGET_S),
+        ("explain with fabric plugins", fabric_explain_s, EXPLAIN_TARGET_S),
+        ("place with NVLink domains", nvlink_s, PLACE_TARGET_S),
+        ("explain with NVLink domains", nvlink_explain_s, EXPLAIN_TARGET_S),
+        ("place with MIG slices", mig_s, PLACE_TARGET_S),
+        ("explain with MIG slices", mig_explain_s, EXPLAIN_TARGET_S),
+    ):
+        if seconds != seconds:  # NaN: the phase was skipped
+            report.not_measured(name, skipped)
+        elif smaller:
+            report.not_measured(name, f"{smaller} ({seconds * 1000:.1f} ms)")
+        else:
+            report.target(name, measured=seconds * 1000, limit=limit * 1000, unit=" ms")
+
+
+def others(
+    args: argparse.Namespace, inventory: Inventory, reqs: list[ReplicaRequest], target: ReplicaRequest, total_s: float
+) -> tuple[float, float, float, float]:
+    """Headroom, preemption, one more scorer, the fabric plugins and the NVLink domains: the seconds
+    placing with the fabric plugins, their explain, placing with the NVLink domains, their explain."""
     started = time.perf_counter()
     room = headroom(inventory, target)
     headroom_s = time.perf_counter() - started
@@ -394,58 +466,7 @@ def bench(args: argparse.Namespace, report: Report) -> None:
         f"ratio to the fabric plugins alone = {nvlink_s / fabric_s:.2f}; explain {multi.model} median "
         f"{nvlink_explain_s * 1000:.1f} ms"
     )
-    mig_inventory = build_cluster(args.nodes, args.cpu_nodes, random.Random(args.seed), mig=True)
-    split_nodes = sum(1 for n in mig_inventory.nodes.values() if any(g.split for g in n.gpus))
-    slices = sum(1 for n in mig_inventory.nodes.values() for g in n.gpus if g.kind == "mig")
-    mig_reqs = with_slices(reqs)
-    mig_s, mig_times, mig_placed, mig_refused = run(mig_inventory, mig_reqs, REGISTRY)
-    on_slices = sum(1 for c in mig_inventory.claims for i in c.gpu_indices if i >= SLICE_BASE)
-    small = next(r for r in mig_reqs if r.model == "embed-small")
-    mig_explain = []
-    for _ in range(EXPLAIN_REPEATS):
-        started = time.perf_counter()
-        explain(mig_inventory, small)
-        mig_explain.append(time.perf_counter() - started)
-    mig_explain_s = statistics.median(mig_explain)
-    # The same request explained on the cluster without MIG (where no node has the slice class).
-    plain_small = []
-    for _ in range(EXPLAIN_REPEATS):
-        started = time.perf_counter()
-        explain(inventory, small)
-        plain_small.append(time.perf_counter() - started)
-    plain_small_s = statistics.median(plain_small)
-    print(
-        f"with MIG slices ({split_nodes} H100 nodes in MIG mode, {slices} {SLICE_CLASS} slices): "
-        f"{sum(mig_placed.values())} placed, {mig_refused} refused, {on_slices} on slices, in {mig_s * 1000:.0f} ms, "
-        f"p50 {percentile(mig_times, 0.5) * 1e3:.3f} ms, p99 {percentile(mig_times, 0.99) * 1e3:.3f} ms; "
-        f"by profile: " + ", ".join(f"{k}={v}" for k, v in sorted(mig_placed.items()))
-    )
-    print(
-        f"ratio to without slices: place {mig_s / total_s:.2f}; explain {small.model} "
-        f"({len(small.profiles)} profiles x {len(mig_inventory.nodes)} nodes) median {mig_explain_s * 1000:.1f} ms, "
-        f"on the cluster without MIG {plain_small_s * 1000:.1f} ms, ratio {mig_explain_s / plain_small_s:.2f}"
-    )
-    size = (args.nodes, args.cpu_nodes, args.replicas)
-    smaller = None
-    if any(got < wanted for got, wanted in zip(size, FULL_SIZE, strict=True)):
-        smaller = (
-            f"this run had {args.nodes} GPU nodes, {args.cpu_nodes} CPU nodes, {args.replicas} replicas; "
-            "the target is for 2,000, 200 and 1,000"
-        )
-    for name, seconds, limit in (
-        ("place", total_s, PLACE_TARGET_S),
-        ("explain", explain_s, EXPLAIN_TARGET_S),
-        ("place with fabric plugins", fabric_s, PLACE_TARGET_S),
-        ("explain with fabric plugins", fabric_explain_s, EXPLAIN_TARGET_S),
-        ("place with NVLink domains", nvlink_s, PLACE_TARGET_S),
-        ("explain with NVLink domains", nvlink_explain_s, EXPLAIN_TARGET_S),
-        ("place with MIG slices", mig_s, PLACE_TARGET_S),
-        ("explain with MIG slices", mig_explain_s, EXPLAIN_TARGET_S),
-    ):
-        if smaller:
-            report.not_measured(name, f"{smaller} ({seconds * 1000:.1f} ms)")
-        else:
-            report.target(name, measured=seconds * 1000, limit=limit * 1000, unit=" ms")
+    return fabric_s, fabric_explain_s, nvlink_s, nvlink_explain_s
 
 
 if __name__ == "__main__":
