@@ -2,8 +2,9 @@
 
 /v1/*       the gateway (apps.gateway.asgi): plain ASGI, mounted ahead of Django so a
             model request never passes through Django's middleware or the ORM; /v1/files,
-            /v1/batches and /v1/messages/batches go to apps.batches.http beside it, and each web
-            process runs batches' lines through its gateway (apps.batches.runner)
+            /v1/batches and /v1/messages/batches go to apps.batches.http beside it; without Redis
+            the web process runs batches' lines through its gateway (apps.batches.runner; with
+            Redis the worker's processes do, apps.batches.host)
 websocket   Channels routes (/ws/agent/ for node agents); a handshake to a path no route serves (a
             NUL in it included) is refused with close code 1008, not a traceback
 the rest    Django: console, /api/v1, /django-admin, /metrics, /healthz, /readyz, behind a
@@ -39,7 +40,7 @@ django_app = BodyLimit(django_asgi, max_bytes=settings.MAX_REQUEST_BODY_BYTES)
 
 GATEWAY_PREFIX = "/v1/"
 batches_app = BatchesApp(gateway_app)
-batch_runner = BatchRunner(gateway_app) if settings.BATCH_RUNNER else None
+batch_runner = BatchRunner(gateway_app) if settings.BATCH_RUNNER == "web" else None
 
 # When `llmgw web` is stopped, the gateway's requests in flight get LLMGW_DRAIN_GRACE_SECONDS.
 ON_SHUTDOWN.append(gateway_app.begin_stop)

@@ -330,8 +330,27 @@ BATCH_LINE_ATTEMPTS = env_int("LLMGW_BATCH_LINE_ATTEMPTS", 3, minimum=1, maximum
 BATCH_LEASE_SECONDS = env_float("LLMGW_BATCH_LEASE_SECONDS", 30.0, minimum=2.0, maximum=3600.0)
 # Days an uploaded batch file and a batch's output files are kept (OpenAI keeps them 30 days).
 BATCH_FILE_DAYS = env_int("LLMGW_BATCH_FILE_DAYS", 30, minimum=1, maximum=3650)
-# Whether web processes run batch lines (off: they only take files and batches).
-BATCH_RUNNER = env_bool("LLMGW_BATCH_RUNNER", True)
+# Which processes run batch lines (apps.batches.host): "worker", the Celery worker's processes,
+# each beside its tasks; "web", each web process through its own gateway; "off", neither (web
+# processes still take files and batches). "auto" (the default): the workers where Redis is
+# configured, the web process without it. The worker's lines must give way to the web processes'
+# requests, which they can see only through the slots and queues Redis shares: without Redis the
+# web process, then the only gateway, is the one place that can run them. 1/0 read as auto/off.
+_batch_runner = (env_str("LLMGW_BATCH_RUNNER") or "auto").lower()
+_batch_runner = {"1": "auto", "true": "auto", "yes": "auto", "on": "auto", "0": "off", "false": "off", "no": "off"}.get(
+    _batch_runner, _batch_runner
+)
+if _batch_runner not in {"auto", "worker", "web", "off"}:
+    raise ImproperlyConfigured(f"LLMGW_BATCH_RUNNER={_batch_runner!r}: expected auto, worker, web or off")
+if _batch_runner == "worker" and not REDIS_URL:
+    raise ImproperlyConfigured(
+        "LLMGW_BATCH_RUNNER=worker needs LLMGW_REDIS_URL: without Redis each process counts replica slots on "
+        "its own, so a worker's lines could neither see nor give way to the web process's requests; "
+        "use auto or web"
+    )
+if _batch_runner == "auto":
+    _batch_runner = "worker" if REDIS_URL else "web"
+BATCH_RUNNER = _batch_runner
 # The largest answer one line may get; a larger one fails the line, saying so.
 BATCH_MAX_RESPONSE_BYTES = env_int("LLMGW_BATCH_MAX_RESPONSE_BYTES", 32 * 1024 * 1024, minimum=64 * 1024)
 

@@ -10,7 +10,9 @@ class BatchesConfig(AppConfig):
     verbose_name = _("Batches")
 
     def ready(self) -> None:
+        from apps.batches.host import connect_worker_signals
         from apps.batches.metrics import BatchCollector
         from llmgw.metrics import add_collector
 
         add_collector(BatchCollector)
+        connect_worker_signals()

@@ -1,11 +1,12 @@
-"""The batch runner: every web process runs batches' lines through its own gateway, from idle capacity.
+"""The batch runner: batches' lines run through a gateway of the process, from idle capacity.
 
-Why in the web process, through the gateway's ASGI application, rather than from the worker over
-HTTP: a key's secret is not stored, and a grant in the ASGI scope (apps.gateway.grants) is a
-credential no client can forge, so nothing has to be minted, signed or kept; every stage of the
-gateway applies to a line as to any request (limits, guardrails, the fair queue, usage, metrics);
-the runner sees its own process's fair queue, so it can give way to an interactive request at once;
-and the worker, which runs the reconciler with one child in `llmgw up`, is never held up by a batch.
+It runs in each process of the Celery worker's pool where Redis is configured, and in the web
+process without it (apps.batches.host says why and how). Either way a line is sent through a gateway
+application's ASGI interface rather than over HTTP: a key's secret is not stored, and a grant in the
+ASGI scope (apps.gateway.grants) is a credential no client can forge, so nothing has to be minted,
+signed or kept; every stage of the gateway applies to a line as to any request (limits, guardrails,
+the fair queue, usage, metrics); and the runner sees the fair queue (its process's, and with Redis
+every process's), so it can give way to an interactive request at once.
 
 How a line runs, and why each is answered once:
 
@@ -188,7 +189,8 @@ class _Running:
 
 
 class BatchRunner:
-    """One per web process: started and stopped with its gateway (llmgw/asgi.py's lifespan)."""
+    """One per process that runs lines: started and stopped with its gateway (llmgw/asgi.py's lifespan in
+    the web process, apps.batches.host in a worker's)."""
 
     def __init__(
         self,
