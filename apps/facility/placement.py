@@ -34,6 +34,7 @@ from apps.cluster.placement import (
     Registry,
     gettext_noop,
 )
+from apps.facility.draw import derived_watts, shard_watts
 from apps.facility.locations import LEVELS
 
 __all__ = ["KEEP_WITHIN", "POWER_WATTS", "SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register", "renew_draws"]
@@ -81,6 +82,11 @@ class FacilityIndex:
     places: dict[int, dict[str, Any]] = field(default_factory=dict)
     # level -> node id -> (its domain at that level,), built when a profile first asks
     within: dict[str, dict[int, tuple[str, ...]]] = field(default_factory=dict)
+    # What the rules read of a node per candidate, worked out once: node id -> (its rack, its PDU) as
+    # its location says them, for the nodes that say a location (spread); node id -> (domain, cap W,
+    # known draw W) for each of its capped domains, renewed with the draws (power_cap).
+    spots: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    budgets: dict[int, tuple[tuple[str, int, float], ...]] = field(default_factory=dict)
 
     def level_of(self, level: str) -> dict[int, Any]:
         """Node id -> its domain's name at the level, for the nodes that say one."""
@@ -103,6 +109,7 @@ def build_index(inventory: Inventory) -> FacilityIndex:
         place: dict[str, Any] = facility["location"] if isinstance(facility.get("location"), dict) else {}
         if any(place.values()):
             index.places[node_id] = place
+            index.spots[node_id] = (place.get("rack"), place.get("pdu"))
             index.notes[node_id] = {"rack": str(place.get("rack") or "-"), "pdu": str(place.get("pdu") or "-")}
         caps = facility.get("caps") if isinstance(facility.get("caps"), dict) else {}
         if caps:
@@ -130,7 +137,12 @@ def renew_draws(inventory: Inventory, index: FacilityIndex) -> FacilityIndex:
         for domain in domains:
             known, unknown = drawn.get(domain, (0.0, 0))
             drawn[domain] = (known + float(draw), unknown) if isinstance(draw, int | float) else (known, unknown + 1)
-    return replace(index, drawn=drawn, first_claims=frozenset(id(c) for c in claims), kept=claims)
+    caps = index.caps
+    budgets = {
+        node_id: tuple((domain, caps[domain], drawn.get(domain, (0.0, 0))[0]) for domain in domains)
+        for node_id, domains in index.capped.items()
+    }
+    return replace(index, drawn=drawn, budgets=budgets, first_claims=frozenset(id(c) for c in claims), kept=claims)
 
 
 def refusal(node: NodeSnapshot, index: FacilityIndex) -> Reason:
@@ -172,21 +184,28 @@ def spread(ctx: PlacementContext, node: NodeSnapshot) -> float:
     """1 where the model has no shard in the node's rack or PDU yet, less the more it has there."""
     counts = ctx.scratch.get(SPREAD)
     if counts is None:
-        index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
-        if not index.places:
-            counts = ctx.scratch[SPREAD] = (index, {}, {})
-        else:
-            inventory, model = ctx.inventory, ctx.request.model
-            racks = inventory.model_tally("facility.rack", model, lambda: index.level_of("rack"))
-            pdus = inventory.model_tally("facility.pdu", model, lambda: index.level_of("pdu"))
-            counts = ctx.scratch[SPREAD] = (index, racks, pdus)
-    index, racks, pdus = counts
+        counts = ctx.scratch[SPREAD] = _spread_counts(ctx)
+    spots, racks, pdus = counts
     if not racks:
         return 1.0
-    place = index.places.get(node.id)
-    if place is None:
-        return 0.5 / (1 + racks.get(None, 0)) + 0.5 / (1 + pdus.get(None, 0))
-    return 0.5 / (1 + racks.get(place.get("rack"), 0)) + 0.5 / (1 + pdus.get(place.get("pdu"), 0))
+    rack, pdu = spots.get(node.id, _NOWHERE)
+    return 0.5 / (1 + racks.get(rack, 0)) + 0.5 / (1 + pdus.get(pdu, 0))
+
+
+_NOWHERE = (None, None)  # a node that says no location counts with the others that say none
+
+
+def _spread_counts(ctx: PlacementContext) -> tuple[Mapping[int, tuple[Any, Any]], Mapping[Any, int], Mapping[Any, int]]:
+    """The nodes' racks and PDUs, and the model's shards counted by rack and by PDU (kept by the
+    inventory as claims are applied and released): read once per profile, as they do not change
+    while its nodes are walked."""
+    index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
+    if not index.places:
+        return index.spots, {}, {}
+    inventory, model = ctx.inventory, ctx.request.model
+    racks = inventory.model_tally("facility.rack", model, lambda: index.level_of("rack"))
+    pdus = inventory.model_tally("facility.pdu", model, lambda: index.level_of("pdu"))
+    return index.spots, racks, pdus
 
 
 def _kw(watts: float) -> str:
@@ -196,8 +215,6 @@ def _kw(watts: float) -> str:
 def _batch_draws(ctx: PlacementContext, index: FacilityIndex) -> Mapping[str, float]:
     """Domain -> what the claims made since the snapshot add (their cards' TDP), kept by the
     inventory as claims are applied and released."""
-    from apps.facility.draw import derived_watts
-
     inventory = ctx.inventory
     capped, first = index.capped, index.first_claims
 
@@ -213,31 +230,47 @@ def _batch_draws(ctx: PlacementContext, index: FacilityIndex) -> Mapping[str, fl
     return inventory.claim_sum(f"{POWER}:{id(index)}", weigh, lambda claim: id(claim) not in first)
 
 
+PowerBound = tuple[Mapping[int, tuple[tuple[str, int, float], ...]], float | None, Mapping[str, float]]
+
+
+def _power_bound(ctx: PlacementContext) -> PowerBound:
+    """What power_cap reads for one profile, the same for every node it is tried on: each capped
+    node's domains with their caps and known draws, what the replica adds (None: unknown, or no
+    cap anywhere) and what the claims made since the snapshot add per domain."""
+    bound: PowerBound | None = ctx.scratch.get(POWER)
+    if bound is None:
+        index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
+        adds = shard_watts(ctx.profile.extra.get(POWER_WATTS.name), derived_watts(ctx.gpu_class, ctx.gpus))
+        if adds is None or not index.capped:
+            bound = (index.budgets, None, {})
+        else:
+            bound = (index.budgets, adds * ctx.nodes, _batch_draws(ctx, index))
+        ctx.scratch[POWER] = bound
+    return bound
+
+
+def _caps_apply(ctx: PlacementContext) -> bool:
+    """Whether power_cap can refuse any node for this profile: some node is capped and what the
+    replica adds is known (otherwise it passes every node, and placement need not ask it)."""
+    return _power_bound(ctx)[1] is not None
+
+
 def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     """Refuse a shard that would take one of the node's domains past its power cap, with the numbers.
     A shard whose draw is unknown (nothing declared, cards of no known TDP) is not refused. A replica
     across nodes is counted whole against each domain (every shard may land in it, and with
     keep_within every shard does): a domain short of room for all of them takes none."""
-    from apps.facility.draw import derived_watts, shard_watts
-
     bound = ctx.scratch.get(POWER)
-    if bound is None:  # what the replica adds and what was claimed: the same for every node it is tried on
-        index: FacilityIndex = ctx.inventory.plugin_index(INDEX, build_index)
-        adds = shard_watts(ctx.profile.extra.get(POWER_WATTS.name), derived_watts(ctx.gpu_class, ctx.gpus))
-        if adds is None or not index.capped:
-            bound = ctx.scratch[POWER] = (index, None, {})
-        else:
-            bound = ctx.scratch[POWER] = (index, adds * ctx.nodes, _batch_draws(ctx, index))
-    index, adds, batch = bound
+    if bound is None:
+        bound = _power_bound(ctx)
+    budgets, adds, batch = bound
     if adds is None:
         return None
-    domains = index.capped.get(node.id)
-    if not domains:
+    found = budgets.get(node.id)
+    if not found:
         return None
-    for domain in domains:
-        known, _unknown = index.drawn.get(domain, (0.0, 0))
+    for domain, cap, known in found:
         drawn = known + batch.get(domain, 0.0)
-        cap = index.caps[domain]
         if drawn + adds > cap:
             return Reason(
                 "power_cap",
@@ -260,4 +293,4 @@ def register(registry: Registry = REGISTRY) -> None:
         static=True,
     )
     registry.register_scorer(spread, name=SPREAD, weight=SPREAD_WEIGHT)
-    registry.register_filter(power_cap, name=POWER, order=90)
+    registry.register_filter(power_cap, name=POWER, order=90, applies=_caps_apply)
