@@ -43,6 +43,7 @@ from apps.cluster.placement import (
 __all__ = ["SNAPSHOT_FIELD", "FabricIndex", "attachments", "build_index", "register", "unverified"]
 
 SNAPSHOT_FIELD = "fabrics"
+CABLE = "fabric.cable"
 CABLE_WEIGHT = 3.0  # above binpack's 1 and weights' 2: a short cable slows every collective of the replica
 UNVERIFIED = "unverified:"
 NVLINK_FIELD = "nvlink"  # apps.fabrics.nvlink.SNAPSHOT_FIELD
@@ -181,8 +182,11 @@ def cable(ctx: PlacementContext, node: NodeSnapshot) -> float:
     """1 unless the node is to take a shard of a replica across nodes over a cable that trained short."""
     if not ctx.multi_node:
         return 1.0
-    index: FabricIndex = ctx.inventory.plugin_index("fabric", build_index)
-    return 0.0 if node.id in index.short else 1.0
+    short = ctx.scratch.get(CABLE)
+    if short is None:  # the index's short cables, looked up once per profile rather than once per node
+        index: FabricIndex = ctx.inventory.plugin_index("fabric", build_index)
+        short = ctx.scratch[CABLE] = index.short
+    return 0.0 if node.id in short else 1.0
 
 
 def register(registry: Registry = REGISTRY) -> None:
@@ -192,4 +196,4 @@ def register(registry: Registry = REGISTRY) -> None:
     registry.register_prefilter(
         prefilter, name="fabric", order=80, index=build_index, applies=lambda ctx: ctx.multi_node, static=True
     )
-    registry.register_scorer(cable, name="fabric.cable", weight=CABLE_WEIGHT)
+    registry.register_scorer(cable, name=CABLE, weight=CABLE_WEIGHT)
