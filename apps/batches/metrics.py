@@ -6,7 +6,10 @@
   ended their batch;
 - llmgw_batch_lines_in_flight{model}: lines being run now (summed over web processes);
 - llmgw_batches{status}: batches by status, read from the database at scrape time (a status no
-  batch has is absent, not 0).
+  batch has is absent, not 0);
+- llmgw_batch_lines_held{model}: lines some process holds a live lease on now, read from the database
+  at scrape time, so it is right whichever processes run lines (the worker's, whose own counters
+  above a web process's /metrics does not see, or the web's). A model with none is absent.
 """
 
 from __future__ import annotations
@@ -35,14 +38,23 @@ def in_flight(model: str, delta: int) -> None:
 
 
 class BatchCollector:
-    """llmgw_batches{status}, from the database."""
+    """llmgw_batches{status} and llmgw_batch_lines_held{model}, from the database."""
 
     def collect(self) -> Iterable[Any]:
         from django.db.models import Count
+        from django.utils import timezone
 
-        from apps.batches.models import Batch
+        from apps.batches.choices import LineState
+        from apps.batches.models import Batch, BatchLine
 
         family = GaugeMetricFamily("llmgw_batches", "Batches, by status", labels=["status"])
         for row in Batch.objects.values("status").annotate(n=Count("pk")).order_by("status"):
             family.add_metric([row["status"]], row["n"])
         yield family
+        held = GaugeMetricFamily(
+            "llmgw_batch_lines_held", "Batch lines a process holds a live lease on, by model", labels=["model"]
+        )
+        live = BatchLine.objects.filter(state=LineState.RUNNING, lease_until__gt=timezone.now())
+        for row in live.values("model").annotate(n=Count("pk")).order_by("model"):
+            held.add_metric([row["model"]], row["n"])
+        yield held

@@ -14,7 +14,7 @@ from django.utils import timezone
 from apps.accounts.choices import MembershipRole, StaffRole
 from apps.accounts.models import AuditEvent, Membership, User
 from apps.batches import storage
-from apps.batches.models import Batch, BatchFile
+from apps.batches.models import Batch, BatchFile, BatchLine
 from tests.batches.harness import Tenant, make_tenant
 from tests.conftest import make_user
 
@@ -144,6 +144,22 @@ def test_metrics_count_batches_by_status(tenants: tuple[Tenant, Tenant]) -> None
     text = database_metrics().decode()
     assert 'llmgw_batches{status="in_progress"} 2.0' in text and 'llmgw_batches{status="failed"} 1.0' in text
     assert 'llmgw_batches{status="completed"}' not in text  # a status no batch has is absent
+    assert "llmgw_batch_lines_held{" not in text  # no line is held: absent, not 0
+
+
+def test_metrics_count_the_lines_held_whichever_process_holds_them(tenants: tuple[Tenant, Tenant]) -> None:
+    a, _b = tenants
+    batch = make_batch(a, "batch_a")
+    soon, gone = timezone.now() + timedelta(seconds=30), timezone.now() - timedelta(seconds=1)
+    for number, (state, until) in enumerate([("running", soon), ("running", soon), ("running", gone), ("done", None)]):
+        BatchLine.objects.create(
+            batch=batch, number=number, custom_id=f"c{number}", model="m", state=state, lease_until=until,
+            lease_owner="worker:1" if until else "",
+        )  # fmt: skip
+    from llmgw.metrics import database_metrics
+
+    text = database_metrics().decode()
+    assert 'llmgw_batch_lines_held{model="m"} 2.0' in text  # the lapsed lease is no longer held
 
 
 def test_a_batchs_own_page_shows_its_counts_files_problems_and_metadata(tenants: tuple[Tenant, Tenant]) -> None:
