@@ -14,6 +14,7 @@ remapped for uncorrectable errors, whether a remapping is pending, and whether o
 from __future__ import annotations
 
 import functools
+import html
 import logging
 import math
 import os
@@ -240,6 +241,19 @@ class GpuSquare:
         state = [texts.untrusted % {"why": self.fault}] if self.fault else [texts.split] if self.split else []
         return "\n".join([" · ".join(parts), *state, *self.wear])
 
+    def label(self, texts: _Texts) -> str:
+        """For a slice, a split card or one that cannot be trusted, the square's role and label
+        attributes: its state in words, which its stripes, size or hatching show (empty otherwise)."""
+        if self.fault:
+            state = texts.untrusted % {"why": self.fault}
+        elif self.split:
+            state = texts.split
+        elif self.slice:
+            state = self.slice
+        else:
+            return ""
+        return f' role="img" aria-label="{html.escape(f"{self.short}: {state}")}"'
+
     @property
     def wear(self) -> list[str]:
         """The tooltip's lines on XIDs, ECC errors and remapped rows."""
@@ -274,16 +288,17 @@ class NodeGpus:
     def cells(self) -> SafeString:
         """The node's squares as HTML, written here rather than by a template loop: a page of the map
         is some eight hundred of them, and the template's lookups cost more than the figures."""
+        texts = _texts()
         out = []
         for card in self.squares:
             step = card.bucket
             held = " gpu-held" if card.held_by else ""
-            kind = " gpu-slice" if card.slice else " gpu-split border-amber-300" if card.split else ""
-            kind += " gpu-untrusted border-red-300" if card.fault else ""
+            kind = " gpu-slice" if card.slice else " gpu-split" if card.split else ""
+            kind += " gpu-untrusted" if card.fault else ""
             out.append(
                 f'<span class="gpu-cell {card.css_class}{held}{kind}" title="{escape(card.title)}" '
                 f'data-gpu="{card.index}" data-vendor="{escape(card.vendor)}" '
-                f'data-bucket="{"" if step is None else step}">{card.short}</span>'
+                f'data-bucket="{"" if step is None else step}"{card.label(texts)}>{card.short}</span>'
             )
         return mark_safe("".join(out))  # noqa: S308 - every value above is a number, a fixed class or escaped
 

@@ -345,6 +345,89 @@ def test_the_cluster_page_draws_its_gpu_map_empty_on_a_node_without_gpus(
     assert not csp_violations, csp_violations
 
 
+def map_states_html() -> str:
+    """One node's squares as the cluster page writes them: a split card, three of its slices (one
+    held), a plain card and one that cannot be trusted."""
+    from agent.probes.mig import slice_index
+    from apps.cluster.overview import GpuSquare, NodeGpus
+
+    def square(index: int, gpu_class: str = "H100-80GB", **state: Any) -> GpuSquare:
+        return GpuSquare(
+            node="gpu-01",
+            index=index,
+            gpu_class=gpu_class,
+            utilization=40,
+            memory_pct=None,
+            memory_used_mib=None,
+            memory_total_mib=None,
+            temperature=None,
+            held_by=state.pop("held_by", ""),
+            colour="util",
+            **state,
+        )
+
+    slices = [
+        square(
+            slice_index(0, n) or 0,
+            "H100-80GB-1g.10gb",
+            slice=f"GPU 0 MIG {n} (1g.10gb)",
+            held_by="small #4" if n == 1 else "",
+        )
+        for n in range(3)
+    ]
+    squares = [square(0, split=True), *slices, square(1), square(2, fault="nvidia-smi -L lists 3 MIG devices")]
+    cells = NodeGpus(name="gpu-01", short="gpu-01", squares=squares).cells
+    return f'<div class="flex flex-wrap gap-1" id="map-states">{cells}</div>'
+
+
+STATE_STYLES = """() => Object.fromEntries([...document.querySelectorAll('#map-states .gpu-cell')].map(cell => {
+  const style = getComputedStyle(cell);
+  return [cell.dataset.gpu, {
+    classes: cell.className,
+    label: cell.getAttribute('aria-label'),
+    height: cell.getBoundingClientRect().height,
+    border: style.borderTopStyle,
+    outline: style.outlineStyle,
+    background: style.backgroundImage,
+    margin: parseFloat(style.marginInlineStart),
+  }];
+}))"""
+
+
+def test_the_gpu_map_draws_split_cards_slices_and_untrusted_devices_apart(
+    page: Any, plane: ControlPlane, csp_violations: list[str]
+) -> None:
+    """The stylesheet gives each state its own look, and the words are in each square's label: the
+    live page's own stylesheet, on squares written by the code that writes the map (the plane's
+    node has no GPU to draw)."""
+    if not route_exists("cluster"):
+        pytest.skip("there is no cluster page")
+    page.goto(plane.url + "/cluster/")
+    page.locator("section[aria-labelledby=cluster-gpus]").evaluate(
+        "(section, markup) => section.insertAdjacentHTML('beforeend', markup)", map_states_html()
+    )
+    cells = page.evaluate(STATE_STYLES)
+    card, plain, untrusted = cells["0"], cells["1"], cells["2"]
+    slices = [cells[index] for index in sorted(cells) if int(index) >= 1000]
+    assert len(slices) == 3
+    # A plain card: solid border, no pattern, no label beyond its number.
+    assert (plain["border"], plain["background"], plain["label"]) == ("solid", "none", None)
+    # A split card: segmented by stripes, and says so.
+    assert "gpu-split" in card["classes"] and "repeating-linear-gradient" in card["background"]
+    assert card["label"].startswith("0: split into slices")
+    # Its slices: smaller than a card, drawn against it (no gap), each named.
+    for one in slices:
+        assert "gpu-slice" in one["classes"] and one["height"] < card["height"] and one["margin"] < 0
+    assert [one["label"] for one in slices] == [f"0.{n}: GPU 0 MIG {n} (1g.10gb)" for n in range(3)]
+    assert "gpu-held" in slices[1]["classes"]
+    # A device that cannot be trusted: dashed outline and border, hatched, and why in words.
+    assert "gpu-untrusted" in untrusted["classes"]
+    assert (untrusted["border"], untrusted["outline"]) == ("dashed", "dashed")
+    assert "repeating-linear-gradient" in untrusted["background"]
+    assert untrusted["label"] == "2: cannot be trusted now: nvidia-smi -L lists 3 MIG devices"
+    assert not csp_violations, csp_violations
+
+
 # Every page fits the screen -------------------------------------------------------------------
 
 
