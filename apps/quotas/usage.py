@@ -120,6 +120,13 @@ def _moment(value: Any) -> datetime:
     return datetime.now(UTC)
 
 
+def _epoch(value: Any) -> float:
+    """A record's moment as epoch seconds, for a broker message: the gateway's are already."""
+    if isinstance(value, float) and math.isfinite(value):
+        return value  # _moment reads it back the same
+    return _moment(value).timestamp()
+
+
 def _number(value: Any, kind: type[int] | type[float]) -> Any:
     """A non-negative finite number, or None for unknown (or nonsense)."""
     if value is None or isinstance(value, bool):
@@ -565,11 +572,18 @@ class UsageWriter:
             return await self._flush(final)
 
     async def _flush(self, final: bool) -> bool:
-        while self._failed or self._queue:
+        # What was queued when the flush began; records queued while it writes wait for the next
+        # one (but on stop). Chasing them wrote a batch of one or two records after another for as
+        # long as requests kept coming, each a broker message and its thread's hold on the GIL,
+        # which every request then waited on.
+        left = len(self._queue)
+        while self._failed or (self._queue and (left > 0 or final)):
             if self._failed:
                 batch = self._failed
             else:
-                batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
+                size = min(self.batch_size, len(self._queue) if final else min(left, len(self._queue)))
+                batch = [self._queue.popleft() for _ in range(size)]
+                left -= size
             self._failed, self._in_flight = [], len(batch)
             try:
                 written = await self._in_thread(self._write_in_thread, batch)
@@ -729,9 +743,11 @@ def write_via_worker(records: list[dict[str, Any]], *, touched: dict[int, dateti
     """
     from apps.quotas.tasks import write_usage
 
-    batch = [{**record, "created_at": _moment(record.get("created_at")).timestamp()} for record in records]
+    batch = [{**record, "created_at": _epoch(record.get("created_at"))} for record in records]
     try:
-        write_usage.apply_async(args=[batch], retry=False)
+        # argsrepr: what logs and monitors show of the task's arguments; Celery's own is a repr of
+        # the whole batch, built in the web process for every batch.
+        write_usage.apply_async(args=[batch], retry=False, argsrepr=f"[<{len(batch)} usage records>]")
     except Exception:
         log.warning("the broker did not take a usage batch; writing it in this process", exc_info=True)
         return write_records_sync(records, touched=touched)
