@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -189,6 +190,7 @@ class GatewayApp:
                 subscribe(settings.REDIS_URL, tables_channel(), lambda _message: self.routes.wake()),
                 name="gateway-tables",
             )
+        _freeze_startup_objects()
 
     async def _refresh_loop(self) -> None:
         await self.routes.refresh_loop()
@@ -523,6 +525,21 @@ class GatewayApp:
 
 
 BAND_NAMES = ("interactive", "batch")
+
+
+_frozen = False
+
+
+def _freeze_startup_objects() -> None:
+    """Leave what the process holds once started (Django, its apps, the tables) out of every
+    garbage collection to come. A full collection walked all of it, 50-150 ms with the event loop
+    stopped (about once a second at 1,000 requests a second), and the requests that waited on it
+    had that added; now it walks only what was made since (under 1 ms). Once per process."""
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.collect()
+        gc.freeze()
 
 
 def _usage_writer(settings: Any) -> Any:
