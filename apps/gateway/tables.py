@@ -399,6 +399,13 @@ def tables_channel() -> str:
 
 
 def current_version() -> int:
+    """The table version, read every second by every gateway process: one plain query (the ORM
+    spent ~0.2 ms of Python building it, holding the interpreter lock the requests wait on)."""
+    from django.db import connection
+
     from apps.gateway.models import TableVersion
 
-    return TableVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT version FROM {connection.ops.quote_name(TableVersion._meta.db_table)} WHERE id = 1")
+        row = cursor.fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else 0
