@@ -130,10 +130,17 @@ class Accountant:
         if call.batch is not None and tokens:
             tokens = math.ceil(tokens * _batch_price_factor())
         if self.limiter is not None and call.entry.limits and tokens:
-            task = asyncio.get_running_loop().create_task(
-                self.limiter.record_tokens(list(call.entry.limits), tokens, time.time())
+            # Started at once, in this turn of the loop: the limiters add the tokens without waiting
+            # (Redis's are written by its next flush), so the task is done here and never scheduled.
+            task = asyncio.Task(
+                self.limiter.record_tokens(list(call.entry.limits), tokens, time.time()),
+                loop=asyncio.get_running_loop(),
+                eager_start=True,
             )
-            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+            if not task.done():
+                task.add_done_callback(_retrieve)
+            elif not task.cancelled():
+                task.exception()  # a failure is the limiter's to log; retrieved so it is not reported again
         upstream = call.upstream
         self.usage.emit(
             {
@@ -162,6 +169,11 @@ class Accountant:
                 "batch": call.batch or "",
             }
         )
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _batch_price_factor() -> float:

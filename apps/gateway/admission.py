@@ -172,7 +172,10 @@ class Admission:
 
     def cost(self, call: Call) -> float:
         """Tokens it is expected to take: its prompt, and its max_tokens bounded by what its key's
-        requests to the model produce."""
+        requests to the model produce. Reckoned once per request: the slot's charge and the queue's
+        take the same figure."""
+        if call.cost is not None:
+            return call.cost
         assert call.entry is not None
         body = call.body
         asked = next((body[k] for k in ("max_completion_tokens", "max_tokens") if isinstance(body.get(k), int)), None)
@@ -180,7 +183,8 @@ class Admission:
         expected = EXPECTED_OUTPUT if usual is None else max(1.0, usual * 1.5)
         if asked is not None and asked > 0:
             expected = min(float(asked), expected)
-        return float(estimate_prompt_tokens(body)) + expected
+        call.cost = float(estimate_prompt_tokens(body)) + expected
+        return call.cost
 
     # A slot -----------------------------------------------------------------------------------
 

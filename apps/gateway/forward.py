@@ -8,7 +8,6 @@ stop (its replica's drain grace, or this process's) is told which stop and why.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -81,19 +80,39 @@ class Forwarder:
     # A request ------------------------------------------------------------------------------------
 
     async def forward(self, call: Call, route: ModelRoute, receive: Receive, send: Send) -> None:
-        """Call the upstream and relay its answer, watching the client all the while."""
-        watcher = asyncio.create_task(_watch_disconnect(receive))
-        work = asyncio.create_task(self._forward(call, route, send))
-        try:
-            done, _pending = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if work not in done:
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await work
-                call.status, call.error = CANCELLED, "the client went away; the upstream request was cancelled"
+        """Call the upstream and relay its answer, watching the client all the while: a client that
+        goes away cancels the work (this task), which ends the upstream request.
+
+        The work runs in the request's own task, with one task beside it that watches the client:
+        no second task to start and wait on, and the request leaves for the upstream in this turn of
+        the loop rather than the next."""
+        task = asyncio.current_task()
+        assert task is not None
+        state = {"working": True, "left": False}
+
+        def client_left(watcher: asyncio.Task[None]) -> None:
+            if watcher.cancelled():
                 return
-            work.result()
+            watcher.exception()  # a receive that failed: the client is as good as gone
+            if state["working"]:
+                state["left"] = True
+                task.cancel()
+
+        watcher = asyncio.create_task(_watch_disconnect(receive))
+        watcher.add_done_callback(client_left)
+        try:
+            await self._forward(call, route, send)
+        except (asyncio.CancelledError, Exception):
+            if not state["left"]:
+                raise
+            if task.uncancel() > 0:  # cancelled from outside as well: that one goes on
+                raise
+            call.status, call.error = CANCELLED, "the client went away; the upstream request was cancelled"
+        else:
+            if state["left"]:  # the client left as the work ended, which took the cancel in its stride
+                task.uncancel()
         finally:
+            state["working"] = False
             watcher.cancel()
 
     async def _forward(self, call: Call, route: ModelRoute, send: Send) -> None:

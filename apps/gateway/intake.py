@@ -170,6 +170,7 @@ class Call:
         "client_wants_usage",
         "completion_tokens",
         "counter",
+        "cost",
         "endpoint",
         "band",
         "band_note",
@@ -223,6 +224,7 @@ class Call:
         self.band_note: str | None = None  # why it is served in another band than it asked, said to the client
         self.queue_ms: float | None = None  # how long it waited for its slot (0 when one was free)
         self.waited: Any = None  # its place in a fair queue, kept to charge what it really cost
+        self.cost: float | None = None  # the tokens the fair queue expects it to take (Admission.cost)
         self.headroom: Any = None  # what its limits leave (apps.quotas.limiter.Headroom), for the headers
         self.kept: Kept | None = None  # a Responses answer to store, and where it goes (apps.gateway.response_store)
         self.batch: str | None = None  # the batch it is a line of (apps.gateway.grants), None for a client's own
@@ -430,6 +432,8 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+# json.loads(raw, parse_constant=_no_constant) builds a decoder for every call; this one is kept.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 _SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
@@ -467,7 +471,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, or a 400 saying what is wrong with it."""
     nested = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH  # a cheap test first; only then walk it
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except RecursionError:
         raise Refused(400, f"The body nests deeper than {MAX_DEPTH} levels.", code="too_deep") from None
     except ValueError as exc:

@@ -52,6 +52,9 @@ __all__ = [
 ]
 
 _USAGE_NULL = b',"usage":null}'
+#: json.dumps(value, ensure_ascii=False), without building an encoder for every call (any argument
+#: to json.dumps does): a stream's chunks go through it one by one.
+_dumps = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def has_token(chunk: Any) -> bool:
@@ -75,7 +78,7 @@ def _sse_data(event: bytes) -> bytes | None:
 
 
 def _data(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + _dumps(chunk).encode() + b"\n\n"
 
 
 def _events(events: list[tuple[str, Any]]) -> bytes:
@@ -167,7 +170,7 @@ class StreamRelay:
         guard = call.answer_guard
         if guard is not None:
             data = guard.chunk(data)
-            payload = json.dumps(data, ensure_ascii=False).encode()
+            payload = _dumps(data).encode()
             if guard.stopped is not None:
                 self.stopped = self.finished = True
         if self.translator is not None:
@@ -238,7 +241,7 @@ class StreamRelay:
         self.stopped = self.finished = True
         if self.translator is not None:
             return _events(self.translator.feed(data))
-        return self._passed_on(data, json.dumps(data, ensure_ascii=False).encode()) + self._stopped_tail()
+        return self._passed_on(data, _dumps(data).encode()) + self._stopped_tail()
 
     def _stopped_tail(self) -> bytes:
         """After an OpenAI stream a guardrail stopped: the usage chunk the client asked for (what was
@@ -366,7 +369,7 @@ def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
             call.prompt_tokens, call.completion_tokens = usage.input_tokens, usage.output_tokens
     if call.answer_guard is not None:
         data = call.answer_guard.whole(data)
-        raw = json.dumps(data, ensure_ascii=False).encode()
+        raw = _dumps(data).encode()
     if call.endpoint is MESSAGES:
         return json.dumps(
             chat_to_message(data, call.model, stop_sequences=call.original.get("stop_sequences"))
@@ -385,7 +388,7 @@ def whole_answer(call: Call, status: int, raw: bytes) -> bytes:
     if "__verbose" in data:
         del data["__verbose"]
         changed = True
-    return json.dumps(data, ensure_ascii=False).encode() if changed else raw
+    return _dumps(data).encode() if changed else raw
 
 
 # Relaying a stream ---------------------------------------------------------------------------------
