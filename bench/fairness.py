@@ -14,13 +14,14 @@ What runs, all on loopback (the machinery of bench/routing.py):
 
 Three scenarios, each run with the fair queue and with first-come, on the same engines:
 
-1. noisy neighbour: team A keeps 32 requests in flight (48 output tokens each); team B sends one
-   short request (4 tokens) every 2 s. Printed: B's wait for a slot (the answers'
+1. noisy neighbour: team A keeps 32 requests in flight (24 to 72 output tokens each, 48 on
+   average); team B sends one short request (4 tokens) every 2 s. Printed: B's wait for a slot (the answers'
    `x-llmgw-queue-ms`) p50 / p99, one A request's time on a slot (median), and first-come's B p99
    over the fair queue's. Targets: B's p99 at most one A request's service time, and at least
    10 times better than first-come.
 2. weights: team A weighted 3 and team B weighted 1, both keeping 16 requests in flight; the
-   tokens served to each (prompt and output, as the engines reported) over the run's middle.
+   tokens served to each (prompt and output, as the engines reported) over the run's middle. Each
+   scenario starts with keys the gateway has not seen (what they produced before is forgotten).
    Target: A's share within 75 % +- 5 points.
 3. bands: two interactive clients, one request at a time each, alone and then beside 16 batch
    requests kept in flight: interactive time to first token p50 / p99 in both, and their ratio.
@@ -39,6 +40,7 @@ import contextlib
 import itertools
 import json
 import math
+import random
 import socket
 import sys
 import tempfile
@@ -54,7 +56,13 @@ from bench.report import Report  # noqa: E402
 from bench.routing import MODEL_NAME, Children, Engines, NoLimits, llama_server, model_file, setup_django  # noqa: E402
 
 KEYS = {"a": "llmgw_bench_team_a", "b": "llmgw_bench_team_b"}
-LONG, SHORT = 48, 4
+#: A long request's output tokens, drawn per request (seeded): 48 on average. Requests of one length
+#: that start together end together, and then stay in step for the whole run: every slot of the model
+#: comes free at the same moment and a newcomer's wait is a whole request, however fair the order;
+#: real requests differ in length, and so do these.
+LONG = (24, 72)
+SHORT = 4
+LENGTHS = random.Random(36)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -126,6 +134,9 @@ class Gateway:
         self.app.tables = tables
         admission = self.app.admission
         admission.queue = FairQueue(admission.most, batch_every=admission.batch_every, first_come=first_come)
+        # What each key's requests produced in the scenario before (B's 4-token requests) is not
+        # what they produce in this one: each scenario starts with keys the gateway has not seen.
+        admission._outputs.clear()
 
     async def close(self) -> None:
         self.server.should_exit = True
@@ -199,14 +210,16 @@ PROMPTS = itertools.cycle(
 )
 
 
-async def ask(client: Any, url: str, team: str, max_tokens: int, run: Run, *, band: str | None = None) -> None:
+async def ask(
+    client: Any, url: str, team: str, max_tokens: int | tuple[int, int], run: Run, *, band: str | None = None
+) -> None:
     headers = {"Authorization": f"Bearer {KEYS[team]}", "Content-Type": "application/json"}
     if band is not None:
         headers["x-llmgw-priority"] = band
     body = {
         "model": MODEL_NAME,
         "messages": [{"role": "user", "content": next(PROMPTS)}],
-        "max_tokens": max_tokens,
+        "max_tokens": max_tokens if isinstance(max_tokens, int) else LENGTHS.randint(*max_tokens),
         "temperature": 0.7,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -239,7 +252,9 @@ async def ask(client: Any, url: str, team: str, max_tokens: int, run: Run, *, ba
         )
 
 
-async def keep(client: Any, url: str, team: str, max_tokens: int, run: Run, *, band: str | None = None) -> None:
+async def keep(
+    client: Any, url: str, team: str, max_tokens: int | tuple[int, int], run: Run, *, band: str | None = None
+) -> None:
     """One request after another, until the run stops."""
     while not run.stop.is_set():
         try:
