@@ -122,3 +122,17 @@ def test_refusals_are_not_kept_when_a_filter_reading_claims_comes_before_free_gp
     assert by_node(place(inventory, eight, registry=registry).rejections, "b") == [
         "node b has no H100-80GB GPUs (it has L40S-48GB)"
     ]
+
+
+def test_kept_refusals_are_dropped_when_they_outgrow_the_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.cluster.placement import pipeline
+
+    monkeypatch.setattr(pipeline, "_KEPT_PER_NODE", 1)
+    inventory = Inventory({1: gpu_node(1, "a")})
+    eight = req(gpu_profile(gpus=8))
+    for count in range(1, 6):  # a new count on every placement: more kept than the limit allows
+        inventory.add_claim(Claim(str(count), 0, 1, (count,)))
+        said = by_node(place(inventory, eight).rejections, "a")
+        assert said == [f"node a has {8 - count} free healthy H100-80GB GPUs, needs 8"]
+    kept = [value for key, value in inventory._memo.items() if key[0] == "short_refusals"]
+    assert len(kept) == 1 and len(kept[0]) <= 2

@@ -703,6 +703,8 @@ def _place_profile(
 
 # Filters whose answer follows from the node and the profile alone, never from claims.
 _NODE_ONLY = frozenset({ready_filter, not_cordoned_filter, node_selector_filter})
+# The refusals kept for one profile (_short_refusals), per node, before they are dropped.
+_KEPT_PER_NODE = 4
 
 
 def _short_refusals(ev: _Evaluator) -> dict[tuple[int, int], Rejection] | None:
@@ -743,6 +745,8 @@ def _refuse_unseen(ev: _Evaluator, seen: set[int], rejections: list[Rejection]) 
     inventory = ctx.inventory
     nodes = ev.nodes
     kept = _short_refusals(ev)
+    if kept is not None and len(kept) > _KEPT_PER_NODE * len(inventory.order):
+        kept.clear()  # a long-lived inventory (the simulator's) meets ever more counts: start again
     cls = ctx.gpu_class
     need = ctx.gpus
     for node_id in inventory.order:
