@@ -84,7 +84,9 @@ class Running:
 
 
 def pg_database_url() -> str | None:
-    """A fresh PostgreSQL database for one llmgw process when the suite runs on PostgreSQL."""
+    """A fresh PostgreSQL database for one llmgw process when the suite runs on PostgreSQL: a copy
+    of a migrated template (tests' processes then find nothing to migrate; every table, data
+    migration and sequence is as `migrate` leaves it, since `migrate` made the template)."""
     base = os.environ.get("LLMGW_DATABASE_URL", "")
     if not base.startswith("postgres"):
         return None
@@ -93,9 +95,55 @@ def pg_database_url() -> str | None:
     parts = urllib.parse.urlsplit(base)
     name = f"llmgw_e2e_{uuid.uuid4().hex[:10]}"
     admin = parts._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
+    template = _migrated_template(parts, admin)
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     return parts._replace(path=f"/{name}").geturl()
+
+
+#: The migrated template of this test process, once made.
+_TEMPLATE: dict[str, str] = {}
+
+
+def _migrations_digest() -> str:
+    """What the migrations are: their files' names and contents, so a changed one makes a new template."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(REPO.glob("apps/*/migrations/*.py")):
+        digest.update(path.relative_to(REPO).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _migrated_template(parts: urllib.parse.SplitResult, admin: str) -> str:
+    """A database migrated once per test process and used only as a template (never connected to
+    after `migrate`, which PostgreSQL requires of a template). Its own per process: two streams of
+    the suite never copy a template the other is still migrating."""
+    if "name" in _TEMPLATE:
+        return _TEMPLATE["name"]
+    import psycopg
+
+    name = f"llmgw_tpl_{_migrations_digest()}_{os.getpid()}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_"))}
+    env["LLMGW_DATABASE_URL"] = parts._replace(path=f"/{name}").geturl()
+    env["LLMGW_DATA_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}-data")
+    subprocess.run(
+        [sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=600,
+        stdout=subprocess.DEVNULL,
+    )
+    _TEMPLATE["name"] = name
+    import atexit
+
+    atexit.register(drop_pg_database, env["LLMGW_DATABASE_URL"])
+    return name
 
 
 def drop_pg_database(url: str) -> None:
