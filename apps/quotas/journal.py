@@ -43,6 +43,10 @@ JOURNAL_FAILURES = Counter(
 
 Settle = Callable[[list[dict[str, Any]]], int]
 
+# json.dumps(record, separators=(",", ":"), default=str), with one encoder kept: given any option,
+# json.dumps builds a new one for every call, and a record is appended on every request's path.
+_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
 
 def _lock(path: Path) -> int | None:
     """An open descriptor holding an exclusive lock on `path` (created), or None when another
@@ -96,7 +100,7 @@ class Journal:
     def append(self, record: dict[str, Any]) -> bool:
         """One write of one line; False (logged, counted) when it could not be done."""
         try:
-            line = json.dumps(record, separators=(",", ":"), default=str).encode() + b"\n"
+            line = _encode(record).encode() + b"\n"
             if self._fd is None or time.monotonic() - self._opened_at >= self.segment_s:
                 self._roll()
             assert self._fd is not None
