@@ -55,6 +55,6 @@ class BatchCollector:
             "llmgw_batch_lines_held", "Batch lines a process holds a live lease on, by model", labels=["model"]
         )
         live = BatchLine.objects.filter(state=LineState.RUNNING, lease_until__gt=timezone.now())
-        for row in live.values("model").annotate(n=Count("pk")).order_by("model"):
-            held.add_metric([row["model"]], row["n"])
+        for model, count in live.values_list("model").annotate(n=Count("pk")).order_by("model"):
+            held.add_metric([model], count)
         yield held

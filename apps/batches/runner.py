@@ -16,7 +16,9 @@ How a line runs, and why each is answered once:
    in a local buffer so a freed slot is taken again at once.
 2. A line is sent as its key, in the batch band, with the request id of its try
    (services.request_id): the usage record of a try run again after its process died is not
-   written twice (apps.quotas.usage drops a request id it has).
+   written twice (apps.quotas.usage drops a request id it has). A chat or text completion is sent
+   streamed and its answer joined back (apps.batches.streamjoin: an engine stops a streamed answer
+   its client left at once, an unstreamed one up to a second later).
 3. Giving way: while an interactive request waits for a model's slot (in this process's fair queue,
    or with Redis in any process's), no line of that model is started, and as many of this process's
    lines of it as there are interactive requests waiting are cut off, newest first (the least work
@@ -51,6 +53,7 @@ from typing import Any
 
 from apps.batches import metrics
 from apps.batches.services import LineWork, Outcome, advance, claim_lines, finish_lines, release_lines, renew_leases
+from apps.batches.streamjoin import STREAMED, join
 from apps.gateway.fairness import INTERACTIVE
 from apps.gateway.grants import GRANT, BatchGrant
 
@@ -359,12 +362,14 @@ class BatchRunner:
     async def _run(self, item: _Running) -> None:
         line = item.line
         capture = _Capture(self.max_response)
+        status: int | None = None
         try:
             await self.app(_scope(line), _receive(line, item.cut), capture.send)
+            status, raw = _answer(line, capture, cut=item.cut.is_set())
             outcome = judge(
                 line,
-                capture.status,
-                capture.body,
+                status,
+                raw,
                 capture.headers,
                 attempts=self.attempts,
                 too_large=capture.too_large,
@@ -376,7 +381,7 @@ class BatchRunner:
         finally:
             self.running.pop(line.id, None)
             metrics.in_flight(line.model, -1)
-        if item.cut.is_set() and capture.status is None:
+        if item.cut.is_set() and status is None:
             metrics.lines("yielded", 1)
         self.outcomes.append(outcome)
         self._start_lines()  # its slot is free: the next line of the model takes it at once
@@ -449,8 +454,35 @@ def _scope(line: LineWork) -> dict[str, Any]:
     }
 
 
+def _sent_body(line: LineWork) -> Any:
+    """The line's body as it is sent: chat and text completions streamed, with their usage (why:
+    apps.batches.streamjoin), the rest as written."""
+    body = line.body
+    if line.endpoint in STREAMED and isinstance(body, dict) and not body.get("stream"):
+        given = body.get("stream_options")
+        options: dict[str, Any] = given if isinstance(given, dict) else {}
+        return {**body, "stream": True, "stream_options": {**options, "include_usage": True}}
+    return body
+
+
+def _answer(line: LineWork, capture: _Capture, *, cut: bool) -> tuple[int | None, bytes]:
+    """The try's status and answer as an unstreamed request gets them: a streamed answer joined; one
+    cut off on the way is no answer (None: it gave way), one that broke off otherwise a 502."""
+    status, raw = capture.status, capture.body
+    streamed = capture.headers.get("content-type", "").startswith("text/event-stream")
+    if status is None or not 200 <= status < 300 or not streamed or capture.too_large:
+        return status, raw
+    joined, why = join(line.endpoint, raw)
+    if joined is not None:
+        return status, joined
+    if cut:
+        return None, b""
+    message = f"The engine's answer broke off: {why}."
+    return 502, json.dumps({"error": {"message": message, "type": "server_error"}}).encode()
+
+
 def _receive(line: LineWork, cut: asyncio.Event) -> Callable[[], Awaitable[dict[str, Any]]]:
-    body = json.dumps(line.body).encode()
+    body = json.dumps(_sent_body(line)).encode()
     sent = False
 
     async def receive() -> dict[str, Any]:

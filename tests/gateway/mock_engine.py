@@ -265,6 +265,9 @@ class MockEngine:
         message = self.answer(body) if self.answer is not None and not text_api else None
         if message is not None:
             pieces = [message["content"]] if message.get("content") else []
+        elif body.get("model") in self.replies:  # the model's reply, in two pieces
+            reply = self._reply(body)
+            pieces = [reply[: len(reply) // 2], reply[len(reply) // 2 :]]
         chunks = len(pieces)
         for i, piece in enumerate(pieces):
             delta: dict[str, Any] = {"content": piece}
