@@ -25,9 +25,9 @@ from typing import Any
 
 from django.core.cache import cache
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Prefetch
+from django.db.models import Count, Prefetch, QuerySet
+from django.urls import reverse
 from django.utils import formats, timezone, translation
-from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
@@ -85,16 +85,35 @@ def node_prefix(names: list[str]) -> str:
 
 def fleet_prefix() -> str:
     """node_prefix of every node's name, from the first and the last of them in code point order
-    (what every name shares, the first and the last share): one small query, whatever the fleet."""
-    from django.db import connection
-    from django.db.models import F, Max, Min
-    from django.db.models.functions import Collate
+    (what every name shares, the first and the last share): one small query, whatever the fleet.
 
-    name = Collate("name", "C") if connection.vendor == "postgresql" else F("name")
-    found = Node.objects.aggregate(first=Min(name), last=Max(name))
-    if found["first"] is None:
+    On PostgreSQL the two are read in byte order (`~<~`, UTF-8's code point order) from the index
+    Django keeps on the name for LIKE (varchar_pattern_ops): two index lookups. MIN and MAX under
+    COLLATE "C" would read every row of a table that heartbeats keep rewriting, and the database's
+    own collation may not keep the names that share a start together."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(Node._meta.db_table)
+        column = connection.ops.quote_name(Node._meta.get_field("name").column or "name")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT (SELECT {column} FROM {table} ORDER BY {column} USING ~<~ LIMIT 1), "
+                f"(SELECT {column} FROM {table} ORDER BY {column} USING ~>~ LIMIT 1)"
+            )
+            first, last = cursor.fetchone() or (None, None)
+    else:  # SQLite compares text by its bytes unless told otherwise: the name's index answers both
+        from django.db.models import Max, Min
+
+        found = Node.objects.aggregate(first=Min("name"), last=Max("name"))
+        first, last = found["first"], found["last"]
+    if first is None or last is None:
         return ""
-    return node_prefix([found["first"], found["last"]])
+    return node_prefix([first, last])
+
+
+def node_href(name: str) -> str:
+    return reverse("cluster:node", args=[name])
 
 
 def short_name(name: str, prefix: str) -> str:
@@ -127,9 +146,11 @@ def _number(value: float | None, digits: int = 0) -> str:
 
 
 class _Texts:
-    """The tooltips' translated phrases, looked up once per language rather than once per card."""
+    """The tooltips' translated phrases and the language's decimal separator, looked up once per
+    language rather than once per card."""
 
     def __init__(self) -> None:
+        self.decimal = _decimal_separator(translation.get_language())
         self.memory = _("%(used)s of %(total)s GiB")
         self.card = _("%(node)s GPU %(index)s, %(gpu_class)s")
         self.slice = _("%(node)s %(device)s, %(gpu_class)s")
@@ -147,6 +168,16 @@ class _Texts:
         self.yes = _("yes")
         self.no = _("no")
 
+    def number(self, value: float | None, digits: int = 0) -> str:
+        """_number in this language."""
+        if value is None:
+            return "-"
+        text = f"{round(value, digits):.{digits}f}"
+        return text.replace(".", self.decimal) if digits else text
+
+    def yes_no(self, value: bool | None) -> str:
+        return "-" if value is None else (self.yes if value else self.no)
+
 
 @functools.lru_cache(maxsize=8)
 def _texts_of(language: str | None) -> _Texts:
@@ -162,10 +193,6 @@ def _count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return int(value)
-
-
-def _yes_no(value: bool | None) -> str:
-    return "-" if value is None else (_texts().yes if value else _texts().no)
 
 
 @dataclass(frozen=True)
@@ -219,12 +246,16 @@ class GpuSquare:
 
     @property
     def title(self) -> str:
-        texts = _texts()
+        return self.tooltip(_texts())
+
+    def tooltip(self, texts: _Texts) -> str:
+        """The title in the language of `texts`: the map asks for some eight hundred at a time."""
+        number = texts.number
         memory = "-"
         if self.memory_used_mib is not None and self.memory_total_mib:
             memory = texts.memory % {
-                "used": _number(self.memory_used_mib / 1024, 1),
-                "total": _number(self.memory_total_mib / 1024, 1),
+                "used": number(self.memory_used_mib / 1024, 1),
+                "total": number(self.memory_total_mib / 1024, 1),
             }
         head = (
             texts.slice % {"node": self.node, "device": self.slice, "gpu_class": self.gpu_class}
@@ -233,13 +264,13 @@ class GpuSquare:
         )
         parts = [
             f"{head} ({'AMD' if self.vendor == 'amd' else 'NVIDIA'})",
-            texts.busy % {"value": _number(self.utilization)},
+            texts.busy % {"value": number(self.utilization)},
             texts.memory_line % {"memory": memory},
-            texts.celsius % {"value": _number(self.temperature)},
+            texts.celsius % {"value": number(self.temperature)},
             texts.held_by % {"replica": self.held_by} if self.held_by else texts.not_held,
         ]
         state = [texts.untrusted % {"why": self.fault}] if self.fault else [texts.split] if self.split else []
-        return "\n".join([" · ".join(parts), *state, *self.wear])
+        return "\n".join([" · ".join(parts), *state, *self._wear(texts)])
 
     def label(self, texts: _Texts) -> str:
         """For a slice, a split card or one that cannot be trusted, the square's role and label
@@ -257,21 +288,24 @@ class GpuSquare:
     @property
     def wear(self) -> list[str]:
         """The tooltip's lines on XIDs, ECC errors and remapped rows."""
-        texts = _texts()
+        return self._wear(_texts())
+
+    def _wear(self, texts: _Texts) -> list[str]:
+        number = texts.number
         if self.xids is None:
             xids = "-"
         elif self.xids:
-            xids = ", ".join(f"{code}×{_number(count)}" for code, count in self.xids)
+            xids = ", ".join(f"{code}×{number(count)}" for code, count in self.xids)
         else:
             xids = texts.none
         return [
             texts.xids % {"xids": xids},
-            texts.ecc % {"volatile": _number(self.ecc_volatile), "aggregate": _number(self.ecc_aggregate)},
+            texts.ecc % {"volatile": number(self.ecc_volatile), "aggregate": number(self.ecc_aggregate)},
             texts.remapped
             % {
-                "uncorrectable": _number(self.remapped_uncorrectable),
-                "pending": _yes_no(self.remapped_pending),
-                "failed": _yes_no(self.remapped_failure),
+                "uncorrectable": number(self.remapped_uncorrectable),
+                "pending": texts.yes_no(self.remapped_pending),
+                "failed": texts.yes_no(self.remapped_failure),
             },
         ]
 
@@ -283,6 +317,7 @@ class NodeGpus:
     name: str
     short: str
     squares: list[GpuSquare]
+    href: str = ""  # the node's page
 
     @property
     def cells(self) -> SafeString:
@@ -296,9 +331,10 @@ class NodeGpus:
             kind = " gpu-slice" if card.slice else " gpu-split" if card.split else ""
             kind += " gpu-untrusted" if card.fault else ""
             out.append(
-                f'<span class="gpu-cell {card.css_class}{held}{kind}" title="{escape(card.title)}" '
-                f'data-gpu="{card.index}" data-vendor="{escape(card.vendor)}" '
-                f'data-bucket="{"" if step is None else step}"{card.label(texts)}>{card.short}</span>'
+                f'<span class="gpu-cell {card.css_class}{held}{kind}" '
+                f'title="{html.escape(card.tooltip(texts))}" data-gpu="{card.index}" '
+                f'data-vendor="{html.escape(card.vendor)}" data-bucket="{"" if step is None else step}"'
+                f"{card.label(texts)}>{card.short}</span>"
             )
         return mark_safe("".join(out))  # noqa: S308 - every value above is a number, a fixed class or escaped
 
@@ -360,10 +396,15 @@ class Overview:
     # those whose rest is timed (None when none is).
     idle_more: tuple[int, float | None] | None = None
 
+    hrefs: dict[str, str] = field(default_factory=dict)  # each shown node's page, by name
+
     @property
-    def named_rows(self) -> list[tuple[selectors.NodeRow, str]]:
-        """Each node's row with its name less the prefix every node shares."""
-        return [(row, short_name(row.node.name, self.prefix)) for row in self.rows]
+    def named_rows(self) -> list[tuple[selectors.NodeRow, str, str]]:
+        """Each node's row with its name less the prefix every node shares, and its page."""
+        return [
+            (row, short_name(row.node.name, self.prefix), self.hrefs.get(row.node.name) or node_href(row.node.name))
+            for row in self.rows
+        ]
 
     @property
     def idle_shown(self) -> list[HeldIdle]:
@@ -601,13 +642,20 @@ def _rest_of(shards: list[tuple[int, list[int]]], states: dict[int, rollup.Resti
 @dataclass
 class IdleSummary:
     """The fleet's held idle replicas at a moment: the costliest IDLE_ROWS whole, the rest counted.
-    The rest's GPU-hours grow with time: at `now` they are (card_seconds + timed_cards x (now - at)) / 3600."""
+    The rest's GPU-hours grow with time: at `now` they are (card_seconds + timed_cards x (now - at)) / 3600.
+
+    With them, the fleet's registered cards by GPU class (the charts' titles and the count of every
+    card) and its number of nodes (the pager's total): counts over every card and every node row,
+    which a fleet of 10,000 nodes pays for every 15 s in the worker rather than on each look at the
+    page. None in a summary kept before they were."""
 
     at: float
     shown: list[_Resting]
     more: int = 0
     timed_cards: int = 0  # the cards of the rest whose rest is timed
     card_seconds: float | None = None  # their cards times how long they had rested at `at`; None: none timed
+    cards: dict[str, int] | None = None  # registered cards by GPU class at `at`
+    nodes: int | None = None  # nodes at `at`
 
     def more_hours(self, now: float) -> float | None:
         if self.card_seconds is None:
@@ -617,9 +665,10 @@ class IdleSummary:
 
 def summarise_idle(now: datetime | None = None, *, keep: bool = False) -> IdleSummary:
     """Work out the fleet's held idle replicas from the rollup (every ready replica's shards: one
-    query and one read of the rollup, growing with the fleet). With `keep`, store it for the page
-    (the worker does so every IDLE_SUMMARY_SECONDS), so that a look at the page reads IDLE_ROWS
-    replicas rather than the fleet."""
+    query and one read of the rollup, growing with the fleet), and count its cards by class and its
+    nodes (two queries more). With `keep`, store it for the page (the worker does so every
+    IDLE_SUMMARY_SECONDS), so that a look at the page reads IDLE_ROWS replicas and the nodes it
+    shows rather than the fleet."""
     now = now or timezone.now()
     moment = now.timestamp()
     resting = sorted(_resting(now), key=lambda r: (-(r.gpu_hours(moment) or 0.0), r.replica_id))
@@ -631,6 +680,8 @@ def summarise_idle(now: datetime | None = None, *, keep: bool = False) -> IdleSu
         more=len(rest),
         timed_cards=sum(r.cards for r in timed),
         card_seconds=sum(r.cards * max(0.0, moment - (r.since or moment)) for r in timed) if timed else None,
+        cards=_class_counts(),
+        nodes=Node.objects.count(),
     )
     if keep:
         cache.set(IDLE_SUMMARY_KEY, summary, timeout=IDLE_SUMMARY_STALE_SECONDS)
@@ -651,13 +702,12 @@ def _idle_summary(now: datetime) -> IdleSummary:
     return replace(kept, shown=[r for r in kept.shown if _rest_of(r.shards, states) is not None])
 
 
-def _idle(prefix: str, now: datetime) -> tuple[list[HeldIdle], tuple[int, float | None] | None]:
-    """Held idle replicas, the costliest first. Only the first IDLE_ROWS are read in full (their
-    models and owners, nodes' names and samples, and the history of those whose run began before
-    their nodes were first seen); the rest are counted, with the GPU-hours they hold idle. A listed
-    replica whose cards are busy again by their nodes' fresh samples is left out."""
+def _idle(prefix: str, now: datetime, summary: IdleSummary) -> tuple[list[HeldIdle], tuple[int, float | None] | None]:
+    """Held idle replicas of the summary, the costliest first. Only the first IDLE_ROWS are read in
+    full (their models and owners, nodes' names and samples, and the history of those whose run
+    began before their nodes were first seen); the rest are counted, with the GPU-hours they hold
+    idle. A listed replica whose cards are busy again by their nodes' fresh samples is left out."""
     moment = now.timestamp()
-    summary = _idle_summary(now)
     shown = [replace(r) for r in summary.shown]  # their starts may be read further from the history below
     replicas = Replica.objects.select_related(
         "model__organization", "model__team__organization", "model__project__team__organization"
@@ -753,6 +803,28 @@ def _legend(colour: str) -> list[tuple[str, str]]:
     return steps
 
 
+def _node_page(nodes: QuerySet[Node], number: Any, counted: int | None) -> Page[Node]:
+    """Page `number` of `nodes` (the first for anything that is not a page number), NODES_PER_PAGE
+    of them, with the worker's count of the fleet (`counted`, None when there is none) rather than
+    one of the nodes table, which heartbeats keep rewriting: counting it reads every version of
+    every row. The page is read one node further, so that whether another follows is known here
+    and the last page's total is exact whatever the count says; a page past the end (fewer nodes
+    than counted) and a missing count are counted at once."""
+    per_page = selectors.NODES_PER_PAGE
+    paginator = Paginator(nodes, per_page)
+    wanted = 1 if number is None else whole_number(number, 1, MAX_ID // per_page)
+    if counted is None or wanted is None:  # Paginator's answer to anything else: page 1, or the last
+        return paginator.get_page(number)
+    bottom = (wanted - 1) * per_page
+    found = list(nodes[bottom : bottom + per_page + 1])
+    if not found and bottom:
+        return paginator.get_page(number)
+    # A node past this page: at least one more page, however many the count (up to
+    # IDLE_SUMMARY_STALE_SECONDS old) says; none: this is the last page, and its total is exact.
+    paginator.count = max(counted, bottom + per_page + 1) if len(found) > per_page else bottom + len(found)
+    return Page(found[:per_page], wanted, paginator)
+
+
 def cluster_overview(
     colour: str = "util", now: datetime | None = None, *, charts: bool = True, page: Any = None
 ) -> Overview:
@@ -761,21 +833,26 @@ def cluster_overview(
     now = now or timezone.now()
     colour = colour if colour in COLOURS else "util"
     prefix = fleet_prefix()
+    summary = _idle_summary(now)
     nodes_by_name = Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
-    shown = Paginator(nodes_by_name.order_by("name"), selectors.NODES_PER_PAGE).get_page(page)
+    shown = _node_page(nodes_by_name.order_by("name"), page, summary.nodes)
     nodes = list(shown.object_list)
     rows = [selectors.node_row(node, now) for node in nodes]
     held = _page_holders(nodes)
-    idle, idle_more = _idle(prefix, now)
+    idle, idle_more = _idle(prefix, now, summary)
+    hrefs = {node.name: node_href(node.name) for node in nodes}
     gpu_nodes = []
     for node in nodes:
         squares = _squares(node, _live_gpus(node, now), held, colour)
         if squares:
-            gpu_nodes.append(NodeGpus(name=node.name, short=short_name(node.name, prefix), squares=squares))
-    counts = _class_counts()
+            gpu_nodes.append(
+                NodeGpus(name=node.name, short=short_name(node.name, prefix), squares=squares, href=hrefs[node.name])
+            )
+    # As the worker last counted them (within IDLE_SUMMARY_STALE_SECONDS), else counted now.
+    counts = summary.cards if summary.cards is not None else _class_counts()
     # The cards of the nodes on other pages: the fleet's, less this page's (their rows are at hand).
     here = sum(1 for node in nodes for gpu in node.gpus.all() if gpu.parent_index is None)
-    elsewhere = sum(counts.values()) - here if shown.has_other_pages() else 0
+    elsewhere = max(0, sum(counts.values()) - here) if shown.has_other_pages() else 0
     return Overview(
         rows=rows,
         prefix=prefix,
@@ -788,4 +865,5 @@ def cluster_overview(
         legend=_legend(colour),
         page=shown,
         gpus_elsewhere=elsewhere,
+        hrefs=hrefs,
     )

@@ -14,7 +14,7 @@ from apps.accounts.choices import StaffRole
 from apps.accounts.models import User
 from apps.cluster import overview
 from apps.cluster.choices import ReplicaState
-from apps.cluster.models import Node, Replica
+from apps.cluster.models import Node, Replica, Shard
 from tests.builders import H100, make_model, make_node, make_replica
 from tests.conftest import forget_fleet_figures, make_user
 from tests.llmgw.test_csp import check_body, check_strict
@@ -392,3 +392,71 @@ def test_held_idle_replicas_past_the_first_fifty_are_counted_not_listed(alice: U
     assert 'data-idle-rest="3"' in page and "And 3 more replicas holding idle cards" in page
     # With no history to say how long they rested, their GPU-hours are not known: not 0.
     assert "And 3 more replicas holding idle cards." in page and "0.00 GPU-hours" not in page
+
+
+def grow(count: int, *, start: int = 0) -> None:
+    """`count` more two-card nodes ("gpu-r4-000"...), each heartbeating, the second holding a replica."""
+    for i in range(start, start + count):
+        node = make_node(f"gpu-r4-{i:03d}", cards=[card(0, 1.0), card(1, 60.0)], heartbeat=True, agent_version="")
+        if i % 2:
+            hold(f"r4-{i:03d}", node, [0])
+
+
+def queries_of(client: Client, path: str, *, htmx: bool = False) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(path, headers={"HX-Request": "true"} if htmx else None).status_code == 200
+    return len(captured)
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["worker's summary", "no worker"])
+@pytest.mark.parametrize("per_page", [100, 4], ids=["one page", "paged"])
+def test_the_page_reads_as_many_queries_for_fifty_nodes_as_for_ten(
+    alice: User, kept: bool, per_page: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One page: the fleet on it whole (?page=2 is the last page, the first). Paged: a page of four,
+    # the first and the second, of three pages or of thirteen.
+    monkeypatch.setattr("apps.cluster.selectors.NODES_PER_PAGE", per_page)
+    client = signed_in(alice)
+    counts = []
+    for nodes in (10, 50):
+        grow(nodes - Node.objects.count(), start=Node.objects.count())
+        if kept:
+            overview.summarise_idle(keep=True)  # what the worker keeps every IDLE_SUMMARY_SECONDS
+        client.get("/cluster/")  # the session's first look writes what it writes
+        counts.append(
+            [
+                queries_of(client, "/cluster/"),
+                queries_of(client, "/cluster/", htmx=True),
+                queries_of(client, "/cluster/?page=2"),
+            ]
+        )
+    assert counts[0] == counts[1], counts
+
+
+def test_the_pager_counts_the_fleet_as_the_worker_did_and_the_last_page_as_it_is(
+    alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("apps.cluster.selectors.NODES_PER_PAGE", 4)
+    grow(10)
+    overview.summarise_idle(keep=True)
+    client = signed_in(alice)
+    assert "Nodes 1–4 of 10, in the table and on the map" in client.get("/cluster/").content.decode()
+    # Two nodes join after the worker counted: the first page keeps its count until the next pass,
+    # and the last page, read to its end, shows them and the total as it is.
+    grow(2, start=10)
+    assert "Nodes 1–4 of 10," in client.get("/cluster/").content.decode()
+    last = client.get("/cluster/?page=3").content.decode()
+    assert "Nodes 9–12 of 12," in last and 'rel="next"' not in last
+    assert {node for node, _index in squares(last)} == {f"gpu-r4-{i:03d}" for i in range(8, 12)}
+    # Nodes leave: a page past the end is the last one, as the nodes page does it.
+    Shard.objects.filter(node__name__gte="gpu-r4-006").delete()
+    Node.objects.filter(name__gte="gpu-r4-006").delete()
+    past = client.get("/cluster/?page=3").content.decode()
+    assert "Nodes 5–6 of 6," in past and 'rel="next"' not in past
+    assert {node for node, _index in squares(past)} == {"gpu-r4-004", "gpu-r4-005"}
+    # Anything but a page number is the first page; a page past any count, the last.
+    assert "Nodes 1–4 of " in client.get("/cluster/?page=x").content.decode()
+    assert "Nodes 5–6 of 6," in client.get("/cluster/?page=99").content.decode()
