@@ -30,6 +30,7 @@ from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import AgentRequest, EngineChoice, EngineRelease, Gpu, Node
 from apps.cluster.onboarding import agent_yaml, install_command
 from llmgw.api import ErrorSerializer
+from llmgw.api_serializers import StrictCharField, read_body
 from llmgw.http import client_address
 from llmgw.ids import parse_id
 
@@ -411,6 +412,10 @@ class EnrollThrottle(AnonRateThrottle):
     rate = "30/min"
 
 
+class EnrollRequestSerializer(serializers.Serializer[Any]):
+    token = StrictCharField(help_text=_("The one-time enrollment token (llmgwe_...) the node was given."))
+
+
 class AgentEnrollView(APIView):
     """An agent trades its one-time token for the node credential. No session or key."""
 
@@ -419,7 +424,7 @@ class AgentEnrollView(APIView):
     throttle_classes = [EnrollThrottle]
 
     @extend_schema(
-        request=inline_serializer("EnrollRequest", {"token": serializers.CharField()}),
+        request=EnrollRequestSerializer,
         responses={
             200: inline_serializer(
                 "EnrollAnswer",
@@ -433,13 +438,9 @@ class AgentEnrollView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        token = request.data.get("token") if isinstance(request.data, dict) else None
-        if not isinstance(token, str) or not token:
-            return Response(
-                {"detail": _('Send the enrollment token as {"token": "llmgwe_..."}.')},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
-        node, credential = enrolment.enroll_node(token, address=client_address(request))
+        refused = _('Send the enrollment token as {"token": "llmgwe_..."}.')
+        data = read_body(EnrollRequestSerializer, request, detail=str(refused))
+        node, credential = enrolment.enroll_node(data["token"], address=client_address(request))
         return Response({"node": node.name, "credential": credential, "enrolled_at": timezone.now()})
 
 

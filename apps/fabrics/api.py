@@ -12,12 +12,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.access import IsOperator, IsStaffReader
-from apps.cluster.models import Node
 from apps.fabrics import perf
 from apps.fabrics.maps import ask_for_map
 from apps.fabrics.models import FabricTest
+from apps.fabrics.serializers import FabricTestInput
 from apps.fabrics.services import fabrics_overview, topology_view
 from llmgw.api import ErrorSerializer
+from llmgw.api_serializers import read_body
 from llmgw.http import client_address
 from llmgw.ids import parse_id
 
@@ -99,7 +100,7 @@ class FabricTestsView(APIView):
         return Response({"results": [perf.as_dict(t) for t in tests]})
 
     @extend_schema(
-        request=OpenApiTypes.OBJECT,
+        request=FabricTestInput,
         responses={
             202: OpenApiTypes.OBJECT,
             400: _error(gettext_lazy("Two different nodes and a duration of 1 to 60 s are needed.")),
@@ -107,23 +108,11 @@ class FabricTestsView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        data = request.data if isinstance(request.data, dict) else {}
-        names = [str(data.get(k) or "") for k in ("a", "b")]
-        nodes = {n.name: n for n in Node.objects.filter(name__in=names)}
-        missing = [n for n in names if n not in nodes]
-        if missing or names[0] == names[1]:
-            detail = _("Name two different nodes (unknown: %(names)s).") % {"names": ", ".join(missing) or "-"}
-            return Response({"detail": detail}, status=400)
-        try:
-            duration = int(data.get("duration") or 5)
-        except (TypeError, ValueError):
-            duration = 0
-        if not 1 <= duration <= 60:
-            return Response({"detail": _("duration: 1 to 60 seconds per rail.")}, status=400)
+        data = read_body(FabricTestInput, request)
         test = perf.start_test(
-            nodes[names[0]],
-            nodes[names[1]],
-            duration_s=duration,
+            data["client"],
+            data["server"],
+            duration_s=data["duration"],
             actor=request.user,  # type: ignore[arg-type]
             address=client_address(request),
         )
