@@ -22,6 +22,7 @@ from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Replica, Shard
 from apps.cluster.placement import EXPLAIN_NODES
 from llmgw.api import ErrorSerializer
+from llmgw.api_serializers import ServiceCheckedInput, read_body
 from llmgw.http import client_address
 
 __all__ = ["ModelViewSet", "ReplicaViewSet", "explain_model", "explain_placed", "headroom"]
@@ -293,6 +294,24 @@ class ClassSerializer(serializers.Serializer[Any]):
     capacity_class = serializers.ChoiceField(choices=CapacityClass.choices, source="class")
 
 
+class ApplyRequestSerializer(ServiceCheckedInput):
+    """Model specs, as in models.yaml, to create or update all at once."""
+
+    models = serializers.ListField(
+        child=serializers.DictField(), help_text=_("The specs, one per model: each states its whole declaration.")
+    )
+    dry_run = serializers.BooleanField(
+        required=False, help_text=_("true: write nothing, and say field by field what an apply would change.")
+    )
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        """The specs as given (apply_models checks each, with the same words as for models.yaml; a bare
+        list of specs is taken too) and whether this is a dry run (only `true` is)."""
+        if isinstance(data, dict) and "dry_run" in data:
+            return {"specs": {k: v for k, v in data.items() if k != "dry_run"}, "dry_run": data["dry_run"] is True}
+        return {"specs": data, "dry_run": False}
+
+
 class ModelViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet[Model]
 ):
@@ -309,13 +328,7 @@ class ModelViewSet(
         return ModelDetailSerializer if self.action == "retrieve" else ModelSerializer
 
     @extend_schema(
-        request=inline_serializer(
-            "ApplyRequest",
-            {
-                "models": serializers.ListField(child=serializers.DictField()),
-                "dry_run": serializers.BooleanField(required=False),
-            },
-        ),
+        request=ApplyRequestSerializer,
         responses=inline_serializer(
             "ApplyAnswer",
             {"dry_run": serializers.BooleanField(), "results": serializers.ListField(child=serializers.DictField())},
@@ -327,12 +340,9 @@ class ModelViewSet(
         states the model's whole declaration (what it leaves out takes its default). With
         `"dry_run": true` (or `?dry_run=1`) nothing is written and `changes` lists, field by field,
         [before, after] of what an apply would change."""
-        data = request.data
-        dry_run = request.query_params.get("dry_run", "").lower() in ("1", "true", "yes")
-        if isinstance(data, dict) and "dry_run" in data:
-            dry_run = dry_run or data.get("dry_run") is True
-            data = {k: v for k, v in data.items() if k != "dry_run"}
-        results = services.apply_models(data, actor=request.user, dry_run=dry_run)  # type: ignore[arg-type]
+        body = read_body(ApplyRequestSerializer, request)
+        dry_run = body["dry_run"] or request.query_params.get("dry_run", "").lower() in ("1", "true", "yes")
+        results = services.apply_models(body["specs"], actor=request.user, dry_run=dry_run)  # type: ignore[arg-type]
         return Response(
             {
                 "dry_run": dry_run,

@@ -14,7 +14,9 @@ from rest_framework.views import APIView
 from apps.accounts.access import IsOperator, IsStaffReader
 from apps.facility import services
 from apps.facility.locations import parse_domain
+from apps.facility.serializers import BudgetInput
 from llmgw.api import ErrorSerializer
+from llmgw.api_serializers import read_body
 from llmgw.http import client_address
 
 
@@ -112,11 +114,12 @@ class BudgetsView(APIView):
         return Response({"results": [budget_dict(b) for b in Budget.objects.all()]})
 
     @extend_schema(
-        request=OpenApiTypes.OBJECT,
+        request=BudgetInput,
         responses={201: OpenApiTypes.OBJECT, 400: _error(gettext_lazy("The budget is not valid; the errors say why."))},
     )
     def post(self, request: Request) -> Response:
         from apps.facility.power import budget_dict, set_budget
 
-        row = set_budget(request.data, source="api", actor=request.user, address=client_address(request))
+        data = read_body(BudgetInput, request)
+        row = set_budget(data, source="api", actor=request.user, address=client_address(request))
         return Response(budget_dict(row), status=201)

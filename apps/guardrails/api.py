@@ -14,7 +14,9 @@ from rest_framework.views import APIView
 from apps.accounts.access import IsStaffReader
 from apps.guardrails import services
 from apps.guardrails.models import Policy
+from apps.guardrails.serializers import PolicyInput, PolicyReplaceInput
 from llmgw.api import ErrorSerializer
+from llmgw.api_serializers import read_body
 from llmgw.http import client_address
 
 
@@ -46,7 +48,7 @@ class PoliciesView(APIView):
         return Response({"results": _counted(list(Policy.objects.all()))})
 
     @extend_schema(
-        request=OpenApiTypes.OBJECT,
+        request=PolicyInput,
         responses={
             200: OpenApiTypes.OBJECT,
             201: OpenApiTypes.OBJECT,
@@ -54,7 +56,7 @@ class PoliciesView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        return _set(request, request.data)
+        return _set(request, read_body(PolicyInput, request))
 
 
 class PolicyView(APIView):
@@ -70,7 +72,7 @@ class PolicyView(APIView):
         return Response(_counted([policy])[0])
 
     @extend_schema(
-        request=OpenApiTypes.OBJECT,
+        request=PolicyReplaceInput,
         responses={
             200: OpenApiTypes.OBJECT,
             201: OpenApiTypes.OBJECT,
@@ -78,9 +80,9 @@ class PolicyView(APIView):
         },
     )
     def put(self, request: Request, name: str) -> Response:
-        if not isinstance(request.data, dict):
-            return Response({"detail": gettext("A policy is a JSON object: its fields and rules.")}, status=400)
-        return _set(request, {**request.data, "name": name})
+        refused = gettext("A policy is a JSON object: its fields and rules.")
+        data = read_body(PolicyReplaceInput, request, context={"not_an_object": refused})
+        return _set(request, {**data, "name": name})
 
     @extend_schema(responses={204: None, 404: _error(gettext_lazy("No policy of that name."))})
     def delete(self, request: Request, name: str) -> Response:
