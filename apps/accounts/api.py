@@ -147,8 +147,17 @@ def _within_reach(request: Request, kind: str, obj: Organization | Team | Projec
 # API keys ------------------------------------------------------------------------------
 
 
+@extend_schema_field({"type": "array", "items": {"type": "string"}})
+class ModelNamesField(serializers.JSONField):
+    """A list of model names, checked by the serializer's validate_allowed_models (the JSON as sent,
+    so that a number in it is refused rather than turned into a name)."""
+
+
 class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
     state = serializers.SerializerMethodField()
+    allowed_models = ModelNamesField(
+        required=False, help_text=_("The models the key may use, by name; empty for every model.")
+    )
     project = serializers.PrimaryKeyRelatedField(queryset=Project.objects.all(), required=False, allow_null=True)
 
     class Meta:

@@ -11,7 +11,7 @@ from django.http import Http404
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -39,8 +39,13 @@ class WhatIfSerializer(serializers.Serializer[Any]):
     min = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
 
 
+@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "object", "additionalProperties": {}}]})
+class ScenarioField(serializers.JSONField):
+    """YAML text or its mapping (the serializer's validate says which it is not)."""
+
+
 class SimRequestSerializer(serializers.Serializer[Any]):
-    scenario = serializers.JSONField(required=False, help_text=gettext_lazy("The scenario: YAML text, or its mapping."))
+    scenario = ScenarioField(required=False, help_text=gettext_lazy("The scenario: YAML text, or its mapping."))
     what_if = WhatIfSerializer(required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
