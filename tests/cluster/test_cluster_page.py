@@ -460,3 +460,14 @@ def test_the_pager_counts_the_fleet_as_the_worker_did_and_the_last_page_as_it_is
     # Anything but a page number is the first page; a page past any count, the last.
     assert "Nodes 1–4 of " in client.get("/cluster/?page=x").content.decode()
     assert "Nodes 5–6 of 6," in client.get("/cluster/?page=99").content.decode()
+
+
+def test_a_node_is_found_from_the_page_on_the_nodes_page(alice: User, fleet: dict[str, Any]) -> None:
+    page = signed_in(alice).get("/cluster/").content.decode()
+    form = re.search(r'<form method="get" action="([^"]+)"[^>]*data-form="node-find">(.*?)</form>', page, re.DOTALL)
+    assert form is not None and form.group(1) == "/nodes/" and 'name="find"' in form.group(2)
+    # Outside the part htmx refreshes, so a name being typed is not wiped out.
+    live = signed_in(alice).get("/cluster/", headers={"HX-Request": "true"}).content.decode()
+    assert 'data-form="node-find"' not in live
+    found = signed_in(alice).get("/nodes/?find=r1-02").content.decode()
+    assert 'data-node="gpu-r1-02"' in found and 'data-node="gpu-r1-01"' not in found
