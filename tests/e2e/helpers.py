@@ -83,10 +83,11 @@ class Running:
         raise AssertionError(f"no line matching {pattern!r}; output:\n" + "".join(self.lines[-80:]))
 
 
-def pg_database_url() -> str | None:
+def pg_database_url(*, empty: bool = False) -> str | None:
     """A fresh PostgreSQL database for one llmgw process when the suite runs on PostgreSQL: a copy
     of a migrated template (tests' processes then find nothing to migrate; every table, data
-    migration and sequence is as `migrate` leaves it, since `migrate` made the template)."""
+    migration and sequence is as `migrate` leaves it, since `migrate` made the template), or with
+    `empty` one with no table at all (for a test whose own role must own what migrate creates)."""
     base = os.environ.get("LLMGW_DATABASE_URL", "")
     if not base.startswith("postgres"):
         return None
@@ -95,7 +96,7 @@ def pg_database_url() -> str | None:
     parts = urllib.parse.urlsplit(base)
     name = f"llmgw_e2e_{uuid.uuid4().hex[:10]}"
     admin = parts._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
-    template = _migrated_template(parts, admin)
+    template = "template1" if empty else _migrated_template(parts, admin)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     return parts._replace(path=f"/{name}").geturl()

@@ -54,7 +54,7 @@ def held(database: str, role: str) -> int:
 
 
 def test_a_burst_of_requests_is_served_within_the_connection_budget(tmp_path: Path) -> None:
-    database = pg_database_url()
+    database = pg_database_url(empty=True)  # its tables are made by (and belong to) the role below
     assert database is not None
     role = f"llmgw_burst_{uuid.uuid4().hex[:8]}"
     name = urllib.parse.urlsplit(database).path.lstrip("/")

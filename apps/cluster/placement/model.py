@@ -53,6 +53,15 @@ class GpuSlot:
         return self.label or f"GPU {self.index}"
 
 
+def _devices_by_class(slots: dict[int, GpuSlot], classes: frozenset[str]) -> dict[str | None, tuple[GpuSlot, ...]]:
+    """A node's devices by class (None: all of them), lowest index first."""
+    every = tuple(slot for _, slot in sorted(slots.items()))
+    by_class: dict[str | None, tuple[GpuSlot, ...]] = {None: every}
+    for cls in classes:
+        by_class[cls] = tuple(slot for slot in every if slot.gpu_class == cls)
+    return by_class
+
+
 def _relations(gpus: list[GpuSlot]) -> dict[int, tuple[int, ...]]:
     """Index -> the indices a claim of it keeps from being handed out: a card's slices, a slice's
     card and the slices it shares memory with. Empty for a node of whole cards only."""
@@ -400,13 +409,9 @@ class Inventory:
         self._classes: dict[int, frozenset[str]] = {n.id: frozenset(g.gpu_class for g in n.gpus) for n in ordered}
         # node -> class -> its devices of the class (None: every class), lowest index first: what
         # free_gpus walks, so that a node of 8 cards and 56 slices is not sorted per question.
-        self._by_class: dict[int, dict[str | None, tuple[GpuSlot, ...]]] = {}
-        for n in ordered:
-            every = tuple(slot for _, slot in sorted(self._slots[n.id].items()))
-            by_class: dict[str | None, tuple[GpuSlot, ...]] = {None: every}
-            for cls in self._classes[n.id]:
-                by_class[cls] = tuple(slot for slot in every if slot.gpu_class == cls)
-            self._by_class[n.id] = by_class
+        self._by_class: dict[int, dict[str | None, tuple[GpuSlot, ...]]] = {
+            n.id: _devices_by_class(self._slots[n.id], self._classes[n.id]) for n in ordered
+        }
         # Per node with slices: what a claim of each device keeps from being handed out.
         self._related: dict[int, dict[int, tuple[int, ...]]] = {
             n.id: related for n in ordered if (related := _relations(n.gpus))
