@@ -284,7 +284,7 @@ class TargetSerializer(serializers.Serializer[Any]):
 
 class ResourcesSerializer(serializers.Serializer[Any]):
     memory = serializers.CharField(
-        required=False, max_length=32, help_text="e.g. 24GB, 512MiB, or a number of gigabytes"
+        required=False, max_length=32, help_text=_("e.g. 24GB, 512MiB, or a number of gigabytes")
     )
     cores = serializers.FloatField(min_value=0, max_value=services.MAX_CPU_CORES, required=False)
     profile = serializers.CharField(required=False, max_length=100)
