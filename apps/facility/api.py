@@ -28,7 +28,9 @@ class HoldInput(serializers.Serializer[Any]):
     domain = serializers.CharField(max_length=120, help_text=gettext_lazy("LEVEL=NAME, e.g. rack=r12"))
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     drain = serializers.BooleanField(
-        required=False, default=False, help_text=gettext_lazy("also move the replicas out, each replaced elsewhere first")
+        required=False,
+        default=False,
+        help_text=gettext_lazy("also move the replicas out, each replaced elsewhere first"),
     )
 
 
