@@ -1,7 +1,9 @@
 """The last stage of every request: its metrics, its token charge, and its usage record.
 
-`Accountant.finish(call)` runs once per request, after its answer (or its refusal) was sent,
-whatever ended it. It never blocks the event loop and never raises.
+`Accountant.finish(call)` runs once per request, whatever ended it: before the last byte of its
+answer (or its refusal) is sent, or once it broke off. The usage record and the token charge are
+made then; the metrics and the trace in the next turn of the loop, once the last byte is out. It
+never blocks the event loop and never raises.
 
 What is charged and recorded:
 - an answer the engine reported usage for: that usage;
@@ -116,12 +118,17 @@ class Accountant:
         elapsed = time.perf_counter() - call.started
         first = (call.first_token_at - call.started) if call.first_token_at is not None else None
         label = self._model_label(call)
-        metrics.observe(label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
+        # The metrics and the trace are made once the answer's last byte is out, in the next turn of
+        # the loop (nothing waits on them, and no request reads them before then); from the figures
+        # as they are now.
+        observed = (label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
+        actions = [(str(f.get("policy")), str(f.get("action"))) for f in call.guard]
         exporter = tracing.exporter()
-        if exporter is not None:
-            exporter.add(_spans(call, label, elapsed))
-        for finding in call.guard:
-            metrics.guardrail_action(str(finding.get("policy")), str(finding.get("action")))
+        traced = (exporter, call, label, elapsed, time.time()) if exporter is not None else None
+        try:
+            asyncio.get_running_loop().call_soon(_observe, observed, actions, traced)
+        except RuntimeError:  # no loop runs (a test's direct call): at once
+            _observe(observed, actions, traced)
         if call.entry is None or self.usage is None:
             return
         if call.status == 429:
@@ -171,6 +178,18 @@ class Accountant:
         )
 
 
+def _observe(observed: tuple[Any, ...], actions: list[tuple[str, str]], traced: tuple[Any, ...] | None) -> None:
+    try:
+        metrics.observe(*observed)
+        for policy, action in actions:
+            metrics.guardrail_action(policy, action)
+        if traced is not None:
+            exporter, call, label, elapsed, end = traced
+            exporter.add(_spans(call, label, elapsed, end))
+    except Exception:
+        log.exception("could not count a request in the metrics")
+
+
 def _retrieve(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()
@@ -183,9 +202,9 @@ def _batch_price_factor() -> float:
     return float(getattr(settings, "BATCH_PRICE_FACTOR", 1.0))
 
 
-def _spans(call: Call, label: str, elapsed: float) -> list[dict[str, Any]]:
-    """The request's spans (apps.gateway.tracing), its perf_counter times put on the wall clock."""
-    end = time.time()
+def _spans(call: Call, label: str, elapsed: float, end: float) -> list[dict[str, Any]]:
+    """The request's spans (apps.gateway.tracing), its perf_counter times put on the wall clock
+    (`end`: when it was accounted for)."""
     start = end - elapsed
 
     def wall(at: float | None) -> float | None:

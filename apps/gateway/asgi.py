@@ -17,8 +17,9 @@ stages, each in its own module, in this order:
    Responses answer is stored before its last byte (apps.gateway.response_store), and the stored
    ones are served by their own routes (apps.gateway.stored);
 5. errors in the client's protocol (apps.gateway.errors);
-6. accounting: metrics, the token charge and the usage record, before the answer's last byte
-   (apps.gateway.accounting), and the fair queue's charge corrected by what it really cost.
+6. accounting: the token charge and the usage record before the answer's last byte, its metrics
+   and trace right after it (apps.gateway.accounting), and the fair queue's charge corrected by
+   what it really cost.
 
 This module holds the application's life cycle and the order of the stages.
 
