@@ -224,7 +224,8 @@ class BatchRunner:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._shared_waiting: dict[str, int] = {}
-        self._idle_until = 0.0
+        self._idle_until = 0.0  # no line of any model to take: look again after this
+        self._others_idle_until = 0.0  # no line of a model without replicas: look for one after this
         self._stopping = False
 
     # Life cycle ---------------------------------------------------------------------------------------
@@ -333,11 +334,20 @@ class BatchRunner:
         unknown = max(
             0, NO_REPLICA_LINES - held_unknown - sum(1 for r in self.running.values() if r.line.model not in wanted)
         )
-        if not unknown and not any(wanted.values()):
+        if time.monotonic() < self._others_idle_until:
+            unknown = 0
+        known = any(wanted.values())
+        if not unknown and not known:
             return  # a round of lines is held for every model already
         taken = await _thread(claim_lines, self.holder, wanted, others=unknown)
         if not taken:
-            self._idle_until = time.monotonic() + self.advance_s  # nothing to run: look again in a while
+            # Nothing to run: look again in a while. When only a model without replicas was asked
+            # for, only that look waits: the models served still take lines as their slots free.
+            moment = time.monotonic() + self.advance_s
+            if known:
+                self._idle_until = moment
+            else:
+                self._others_idle_until = moment
             return
         for line in taken:
             self.buffer.setdefault(line.model, deque()).append(line)
