@@ -14,7 +14,9 @@ web process's queue nor be seen by it, so the web process, then the only gateway
 (llmgw/asgi.py). `llmgw up` on its embedded defaults runs that way.
 
 The thread is started when a pool process starts (Celery's worker_process_init) and stopped when it
-ends (worker_process_shutdown): the lines it holds are cut off and given back. A process killed with
+ends (worker_process_shutdown): the lines it holds are cut off and given back. Celery closes a
+prefork process's database pool after every task, under the thread's feet: a pass of the runner
+that fails is run again (apps.batches.runner), and so is the start, with a growing wait. A process killed with
 kill -9 stops nothing: the leases of its lines run out (LLMGW_BATCH_LEASE_SECONDS) and the runner of
 another process, or of the process the worker starts in its place, runs them again under the same
 request ids (apps.batches.runner explains why each line is answered once).
@@ -34,6 +36,8 @@ log = logging.getLogger("llmgw.batches")
 
 #: How long a stopping host waits for its runner to give its lines back.
 STOP_TIMEOUT_S = 15.0
+#: The longest wait between two tries to start the runner after a failure.
+START_RETRY_MAX_S = 30.0
 
 
 class RunnerHost:
@@ -58,7 +62,7 @@ class RunnerHost:
             asyncio.run(self._serve())
         except BaseException as exc:  # logged; the worker's tasks go on without lines run here
             self.failure = exc
-            log.exception("batch runner: stopped on an error; this worker process runs no batch lines")
+            log.exception("batch runner: stopped on an error; this worker process runs no more batch lines")
         finally:
             self.started.set()
             from django.db import connections
@@ -66,22 +70,49 @@ class RunnerHost:
             connections.close_all()
 
     async def _serve(self) -> None:
-        from apps.batches.runner import BatchRunner
-        from apps.gateway.asgi import GatewayApp
+        """Start the gateway and the runner, and again after a failure to start (the database away,
+        or a connection pool the worker's own per-task clean-up closed under the thread: Celery closes
+        a prefork process's database pool after every task), until the process stops."""
+        from django.db import connections
 
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self.app = GatewayApp()
-        await self.app.startup()
-        self.runner = BatchRunner(self.app, **self.runner_options)
+        wait = 1.0
+        while not self._stop.is_set():
+            try:
+                await self._run()
+                return
+            except Exception as exc:
+                self.failure = exc
+                log.warning("batch runner: could not start (%s); trying again in %g s", exc, wait, exc_info=True)
+            await asyncio.to_thread(connections.close_all)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), wait)
+            wait = min(wait * 2, START_RETRY_MAX_S)
+
+    async def _run(self) -> None:
+        from apps.batches.runner import BatchRunner
+        from apps.gateway.asgi import GatewayApp
+
+        app = GatewayApp()
+        try:
+            await app.startup()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await app.shutdown()
+            raise
+        self.app = app
+        self.runner = BatchRunner(app, **self.runner_options)
         self.runner.start()
+        self.failure = None
         self.started.set()
         log.info("batch runner: running batch lines in this worker process")
         try:
+            assert self._stop is not None
             await self._stop.wait()
         finally:
             await self.runner.stop()
-            await self.app.shutdown()
+            await app.shutdown()
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop the runner (its lines are given back) and the gateway; wait for the thread."""

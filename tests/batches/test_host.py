@@ -100,3 +100,34 @@ async def test_a_hosted_runner_answers_a_batch_the_web_side_does_not_run_and_giv
     assert hosted.thread is not None and not hosted.thread.is_alive()
     held = await db(lambda: BatchLine.objects.exclude(lease_owner="").count())
     assert held == 0
+
+
+async def test_a_hosted_runner_that_could_not_start_tries_again(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db.utils import OperationalError
+
+    from apps.gateway.asgi import GatewayApp
+
+    await world.runner.stop()
+    real_startup = GatewayApp.startup
+    tries: list[int] = []
+
+    async def startup(self: GatewayApp) -> None:
+        tries.append(1)
+        if len(tries) == 1:  # as when the worker closed the process's database pool under the thread
+            raise OperationalError("the pool 'pool-5' is closed")
+        await real_startup(self)
+
+    monkeypatch.setattr(GatewayApp, "startup", startup)
+    hosted = host.RunnerHost(tick_s=0.05, advance_s=0.2, retry_s=0.05)
+    hosted.start()
+    try:
+        assert await asyncio.to_thread(hosted.started.wait, 30)
+        assert len(tries) == 2 and hosted.failure is None and hosted.runner is not None
+        file = await world.upload([chat_line("only", "after a failed start")])
+        batch = await world.openai().batches.create(
+            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await world.ended(batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 1
+    finally:
+        await asyncio.to_thread(hosted.stop)
