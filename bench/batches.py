@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import Report  # noqa: E402
-from bench.routing import MODEL_NAME, Children, Engines, llama_server, model_file  # noqa: E402
+from bench.routing import MODEL_NAME, Children, Engines, llama_server, model_file, replica_upstreams  # noqa: E402
 
 SLOTS_PER_REPLICA = 2
 REPLICAS = 2
@@ -106,23 +106,10 @@ class World:
         from apps.batches.http import BatchesApp, handles
         from apps.batches.runner import BatchRunner
         from apps.gateway import asgi, routes
-        from apps.gateway.tables import ModelRoute, Upstream
+        from apps.gateway.tables import ModelRoute
         from apps.gateway.tables import load_tables as real_load_tables
 
-        upstreams = [
-            Upstream(
-                id=f"replica-{i + 1}",
-                url=engine.url,
-                secret=None,
-                capacity=SLOTS_PER_REPLICA,
-                hardware="cpu",
-                node=f"node-{i + 1}",
-                model=MODEL_NAME,
-                upstream_model=MODEL_NAME,
-                context_size=1024,
-            )
-            for i, engine in enumerate(self.engines)
-        ]
+        upstreams = replica_upstreams(self.engines, SLOTS_PER_REPLICA, 1024)
         route = ModelRoute(name=MODEL_NAME, upstreams=upstreams, fallbacks=[], min_replicas=2, hardware=["cpu"])
 
         def load_tables() -> Any:

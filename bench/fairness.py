@@ -53,7 +53,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import Report  # noqa: E402
-from bench.routing import MODEL_NAME, Children, Engines, NoLimits, llama_server, model_file, setup_django  # noqa: E402
+from bench.routing import (  # noqa: E402
+    MODEL_NAME,
+    Children,
+    Engines,
+    NoLimits,
+    llama_server,
+    model_file,
+    replica_upstreams,
+    setup_django,
+)
 
 KEYS = {"a": "llmgw_bench_team_a", "b": "llmgw_bench_team_b"}
 #: A long request's output tokens, drawn per request (seeded): 48 on average. Requests of one length
@@ -97,22 +106,9 @@ class Gateway:
     def configure(self, engines: list[Any], *, weights: dict[str, int], first_come: bool) -> None:
         """The replicas, each team's weight, and the queue's discipline (a fresh queue)."""
         from apps.gateway.fairness import FairQueue
-        from apps.gateway.tables import KeyEntry, ModelRoute, Tables, Upstream, key_hash
+        from apps.gateway.tables import KeyEntry, ModelRoute, Tables, key_hash
 
-        upstreams = [
-            Upstream(
-                id=f"replica-{i + 1}",
-                url=engine.url,
-                secret=None,
-                capacity=2,
-                hardware="cpu",
-                node=f"node-{i + 1}",
-                model=MODEL_NAME,
-                upstream_model=MODEL_NAME,
-                context_size=1024,
-            )
-            for i, engine in enumerate(engines)
-        ]
+        upstreams = replica_upstreams(engines, 2, 1024)
         route = ModelRoute(
             name=MODEL_NAME, upstreams=upstreams, fallbacks=[], min_replicas=2, hardware=["cpu"], max_replicas=2
         )

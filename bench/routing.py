@@ -484,6 +484,26 @@ def setup_django(data_dir: Path) -> None:
     django.setup()
 
 
+def replica_upstreams(engines: list[Any], capacity: int, context: int) -> list[Any]:
+    """The gateway's upstream for each engine: one replica of MODEL_NAME per engine, on a node of its own."""
+    from apps.gateway.tables import Upstream
+
+    return [
+        Upstream(
+            id=f"replica-{i + 1}",
+            url=engine.url,
+            secret=None,
+            capacity=capacity,
+            hardware="cpu",
+            node=f"node-{i + 1}",
+            model=MODEL_NAME,
+            upstream_model=MODEL_NAME,
+            context_size=context,
+        )
+        for i, engine in enumerate(engines)
+    ]
+
+
 @dataclass
 class Gateway:
     app: Any
@@ -494,22 +514,9 @@ class Gateway:
     usage: UsageLog = field(default_factory=UsageLog)
 
     def set_replicas(self, engines: list[Engine], capacity: int, context: int) -> None:
-        from apps.gateway.tables import ModelRoute, Tables, Upstream
+        from apps.gateway.tables import ModelRoute, Tables
 
-        upstreams = [
-            Upstream(
-                id=f"replica-{i + 1}",
-                url=engine.url,
-                secret=None,
-                capacity=capacity,
-                hardware="cpu",
-                node=f"node-{i + 1}",
-                model=MODEL_NAME,
-                upstream_model=MODEL_NAME,
-                context_size=context,
-            )
-            for i, engine in enumerate(engines)
-        ]
+        upstreams = replica_upstreams(engines, capacity, context)
         route = ModelRoute(
             name=MODEL_NAME,
             upstreams=upstreams,
