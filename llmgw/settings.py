@@ -241,7 +241,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     # One node per InfiniBand fabric maps it with ibnetdiscover.
     "map-fabrics": {"task": "apps.fabrics.tasks.map_fabrics", "schedule": FABRIC_MAP_INTERVAL},
     # GPU and core time held per owner (a released shard's last stretch is counted as it goes).
-    "accrue-held-time": {"task": "apps.quotas.tasks.accrue_held_time", "schedule": float(HELD_TIME_SECONDS)},
+    "accrue-held-time": {"task": "apps.cluster.tasks.accrue_held_time", "schedule": float(HELD_TIME_SECONDS)},
     # The cluster page's held idle cards, worked out once for every look at the page (its figure
     # is apps.cluster.overview.IDLE_SUMMARY_SECONDS).
     "summarise-idle-cards": {"task": "apps.cluster.tasks.summarise_idle_cards", "schedule": 15.0},

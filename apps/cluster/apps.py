@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
@@ -10,7 +12,19 @@ class ClusterConfig(AppConfig):
     verbose_name = _("Cluster")
 
     def ready(self) -> None:
+        from django.db.models.signals import pre_delete
+
         from apps.cluster.metrics import NodeCollector
+        from apps.cluster.models import Shard
         from llmgw.metrics import add_collector
 
         add_collector(NodeCollector)
+        # A shard's last stretch of held time is counted as it goes (its replica released, a
+        # failed replica's claims given back, its model deleted): see apps.cluster.held.
+        pre_delete.connect(_count_last_stretch, sender=Shard, dispatch_uid="quotas-held-time-shard-delete")
+
+
+def _count_last_stretch(sender: Any, instance: Any, **kwargs: Any) -> None:
+    from apps.cluster.held import accrue_shards
+
+    accrue_shards([instance.pk])

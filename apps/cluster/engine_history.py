@@ -26,7 +26,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from agent.messages import HeartbeatSample
-from apps.cluster.charts import line_chart
+from llmgw.console.charts import line_chart
 
 __all__ = ["BUCKET_SECONDS", "EngineChart", "model_charts", "model_points", "record"]
 

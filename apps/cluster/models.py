@@ -288,7 +288,7 @@ class Shard(models.Model):
     # MIG slice's UUID, an AMD device's ROCm index; [] for whole NVIDIA cards (told their indices).
     devices = models.JSONField(_("devices"), default=list, blank=True)
     vendor = models.CharField(_("vendor"), max_length=16, blank=True)
-    # Since when the shard's claim has not been counted as held time yet (apps.quotas.held): set
+    # Since when the shard's claim has not been counted as held time yet (apps.cluster.held): set
     # when the shard is placed, moved on each time its time is counted.
     held_since = models.DateTimeField(_("held time counted until"), default=timezone.now)
     memory_bytes = models.BigIntegerField(_("memory claimed"), default=0)

@@ -34,9 +34,9 @@ from django.utils.translation import gettext as _
 from agent.messages import GpuFigures
 from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.cluster import history, rollup, selectors
-from apps.cluster.charts import line_chart
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Gpu, Node, Replica, Shard
+from llmgw.console.charts import line_chart
 from llmgw.ids import MAX_ID, whole_number
 
 log = logging.getLogger(__name__)

@@ -24,10 +24,10 @@ from agent.messages import GpuFigures, HeartbeatSample
 from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.accounts.access import can_change_cluster, can_read_everything
 from apps.cluster import history, reports
-from apps.cluster.charts import line_chart
 from apps.cluster.choices import ShardState
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import Gpu, Node, Shard, device_label
+from llmgw.console.charts import line_chart
 
 __all__ = [
     "Chart",

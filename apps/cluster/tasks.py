@@ -40,6 +40,14 @@ def push_desired_state() -> None:
 
 
 @shared_task(ignore_result=True)
+def accrue_held_time() -> int:
+    """Count the GPU and core time every placed replica held since the last count (every minute)."""
+    from apps.cluster.held import accrue_held_time as accrue
+
+    return accrue()
+
+
+@shared_task(ignore_result=True)
 def fetch_engine_releases() -> None:
     from apps.cluster.engines import fetch_wanted_releases
 

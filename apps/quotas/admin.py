@@ -117,7 +117,7 @@ class UsageRollupAdmin(ReadOnlyAdmin):
 
 @admin.register(HeldTime)
 class HeldTimeAdmin(ReadOnlyAdmin):
-    # Counted by apps.quotas.held only (every minute, and as a shard goes).
+    # Counted by apps.cluster.held only (every minute, and as a shard goes).
     list_display = ["bucket_start", "model", "gpu_class", "gpu_seconds", "core_seconds", "organization_id", "team_id"]
     list_filter = ["gpu_class"]
     search_fields = ["model"]

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from typing import Any
-
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
@@ -10,18 +8,3 @@ class QuotasConfig(AppConfig):
     name = "apps.quotas"
     label = "quotas"
     verbose_name = _("Quotas and usage")
-
-    def ready(self) -> None:
-        from django.db.models.signals import pre_delete
-
-        from apps.cluster.models import Shard
-
-        # A shard's last stretch of held time is counted as it goes (its replica released, a
-        # failed replica's claims given back, its model deleted): see apps.quotas.held.
-        pre_delete.connect(_count_last_stretch, sender=Shard, dispatch_uid="quotas-held-time-shard-delete")
-
-
-def _count_last_stretch(sender: Any, instance: Any, **kwargs: Any) -> None:
-    from apps.quotas.held import accrue_shards
-
-    accrue_shards([instance.pk])

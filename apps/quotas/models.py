@@ -314,7 +314,7 @@ class HeldTime(models.Model):
     `gpu_seconds` is cards × seconds held (a replica on 8 cards for an hour adds 28,800);
     `core_seconds` the same for cores claimed by shards that hold no GPU. Held means claimed by
     placement: from the moment a replica's shard is placed until it is released, starting and
-    stopping included, whether or not requests came (apps.quotas.held writes these rows).
+    stopping included, whether or not requests came (apps.cluster.held writes these rows).
     """
 
     bucket_start = models.DateTimeField(_("hour"))

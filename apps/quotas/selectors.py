@@ -71,7 +71,7 @@ class UsageRow:
     queue_ms_p50: float | None = None
     queue_ms_p99: float | None = None
     # GPU-hours held by the group's replicas, by GPU class, and core-hours of those that hold no
-    # GPU (apps.quotas.held); None where held time is not counted (per key, per person) or not shown.
+    # GPU (apps.cluster.held); None where held time is not counted (per key, per person) or not shown.
     gpu_hours: dict[str, float] | None = None
     core_hours: float | None = None
     # The energy that held time drew (None unless every held second was measured), and the tokens

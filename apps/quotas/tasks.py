@@ -26,14 +26,6 @@ def write_usage(records: list[dict[str, Any]]) -> int:
 
 
 @shared_task(ignore_result=True)
-def accrue_held_time() -> int:
-    """Count the GPU and core time every placed replica held since the last count (every minute)."""
-    from apps.quotas.held import accrue_held_time as accrue
-
-    return accrue()
-
-
-@shared_task(ignore_result=True)
 def settle_usage_journals() -> int:
     """Write the journaled usage records of web processes on this host that died and were not
     started again (apps/quotas/journal.py); those of living processes are theirs to settle."""

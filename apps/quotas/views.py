@@ -19,9 +19,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, pgettext
 
 from apps.accounts.access import requires
-from apps.cluster.charts import bar_chart
 from apps.quotas import selectors
 from apps.quotas.choices import UsageGroup
+from llmgw.console.charts import bar_chart
 from llmgw.http import HtmxHttpRequest
 
 __all__ = ["PERIODS", "usage"]

@@ -57,7 +57,7 @@ class ScenarioForm(forms.Form):
 
 
 def _charts(report: dict[str, Any]) -> dict[str, Any]:
-    from apps.cluster.charts import line_chart
+    from llmgw.console.charts import line_chart
 
     steps = report["steps"]
     seconds = report["scenario"]["step_seconds"]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import re
 
-from apps.cluster.charts import line_chart
+from llmgw.console.charts import line_chart
 
 
 def coordinates(svg: str) -> list[tuple[float, float]]:
@@ -82,7 +82,7 @@ def test_two_points_of_one_time_one_unknown_are_drawn_not_compared() -> None:
 def test_a_chart_carries_a_drawing_for_phones_with_larger_type() -> None:
     """On a phone a 480-unit chart is drawn some 320 px wide: its 10-unit labels came out at 6 or 7 px.
     The narrow drawing (shown there by the stylesheet) has 17-unit labels: 11 px at that width."""
-    from apps.cluster.charts import NARROW, WIDE, bar_chart
+    from llmgw.console.charts import NARROW, WIDE, bar_chart
 
     for svg in (line_chart([(0, 10), (60, 20)], y_max=100, unit="%"), bar_chart([("acme", 3.0), ("b", None)])):
         assert svg.count("<svg") == 1

@@ -13,8 +13,8 @@ import time_machine
 from agent.devices import amd_devices
 from agent.probes import amd
 from apps.accounts.choices import StaffRole
+from apps.cluster.held import accrue_held_time
 from apps.cluster.models import Gpu
-from apps.quotas.held import accrue_held_time
 from apps.quotas.models import HeldTime
 from apps.quotas.selectors import usage_summary
 from apps.quotas.usage import write_records_sync

@@ -16,8 +16,8 @@ from apps.accounts import services as accounts
 from apps.accounts.choices import MembershipRole, StaffRole
 from apps.accounts.models import Membership
 from apps.cluster.choices import ReplicaState
+from apps.cluster.held import accrue_held_time
 from apps.cluster.models import Replica
-from apps.quotas.held import accrue_held_time
 from apps.quotas.models import HeldTime
 from apps.quotas.selectors import usage_summary
 from apps.quotas.usage import write_records_sync
@@ -133,10 +133,10 @@ def test_usage_shows_gpu_hours_per_owner_and_model_next_to_tokens(client: Client
 
 
 def test_the_beat_counts_held_time_every_minute() -> None:
-    from apps.quotas.tasks import accrue_held_time as task
+    from apps.cluster.tasks import accrue_held_time as task
 
     entry = settings.CELERY_BEAT_SCHEDULE["accrue-held-time"]
-    assert entry["task"] == "apps.quotas.tasks.accrue_held_time" and entry["schedule"] == 60.0
+    assert entry["task"] == "apps.cluster.tasks.accrue_held_time" and entry["schedule"] == 60.0
     _fleet()
     with time_machine.travel(T0 + timedelta(minutes=60), tick=False):
         assert task() == 2

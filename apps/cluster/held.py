@@ -30,6 +30,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.cluster.gpu_classes import class_share
+from apps.cluster.inventory import CLAIMING_STATES
+from apps.cluster.models import Gpu, Node, Shard
 from apps.quotas.models import HeldTime
 
 __all__ = ["accrue_held_time", "accrue_shards", "owner_ids"]
@@ -87,8 +89,6 @@ def _held(shards: Iterable[Any], until: datetime) -> dict[tuple[Any, ...], list[
     """What the shards held from their `held_since` to `until`, by HeldTime's key: [GPU seconds,
     core seconds, joules, measured seconds]. The power each draws now stands for the stretch (the
     beat counts every minute, so a stretch is a minute but for one after an outage)."""
-    from apps.cluster.models import Gpu, Node
-
     shards = list(shards)
     node_ids = {s.node_id for s in shards}
     classes: dict[tuple[int, int], str] = {}
@@ -154,9 +154,6 @@ def _add(sums: dict[tuple[Any, ...], list[float]]) -> None:
 
 
 def _claiming() -> Any:
-    from apps.cluster.inventory import CLAIMING_STATES
-    from apps.cluster.models import Shard
-
     return Shard.objects.filter(replica__state__in=CLAIMING_STATES).select_related(
         "replica__model__organization", "replica__model__team__organization", "replica__model__project__team"
     )
@@ -165,8 +162,6 @@ def _claiming() -> Any:
 @transaction.atomic
 def accrue_shards(pks: Iterable[int], until: datetime | None = None) -> None:
     """Count the given shards' held time up to `until` (now), locking their rows."""
-    from apps.cluster.models import Shard
-
     until = until or timezone.now()
     shards = list(
         Shard.objects.select_for_update(of=("self",))
