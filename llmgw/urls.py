@@ -21,6 +21,7 @@ from apps.guardrails import api as guardrails_api
 from apps.guardrails import views as guardrails_views
 from apps.mirror import api as mirror_api
 from apps.quotas import api as quotas_api
+from apps.quotas import people as quotas_people
 from apps.quotas import views as usage_views
 from apps.sim import api as sim_api
 from apps.sim import views as sim_views
@@ -141,8 +142,8 @@ urlpatterns = [
     path("people/organizations/add", people_views.people_organization_add, name="people-organization-add"),
     path("people/branches/rename", people_views.people_branch_rename, name="people-branch-rename"),
     path("people/branches/remove", people_views.people_branch_remove, name="people-branch-remove"),
-    path("people/limits/rate", people_views.people_rate_limit, name="people-rate-limit"),
-    path("people/limits/capacity", people_views.people_capacity_quota, name="people-capacity-quota"),
+    path("people/limits/rate", quotas_people.people_rate_limit, name="people-rate-limit"),
+    path("people/limits/capacity", quotas_people.people_capacity_quota, name="people-capacity-quota"),
     path("people/limits/share", people_views.people_share, name="people-share"),
     path("org/", people_views.org, name="org"),
     path("org/limits/", people_views.org_limits, name="org-limits"),

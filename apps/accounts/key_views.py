@@ -21,9 +21,9 @@ from django.views.decorators.http import require_GET
 
 from apps.accounts import editors, people_services, services
 from apps.accounts.access import public, requires
+from apps.accounts.extensions import EXTENSIONS
 from apps.accounts.models import ApiKey, User
 from apps.accounts.selectors import projects_for_user
-from apps.catalog.models import Model
 from llmgw.http import client_address
 from llmgw.ids import parse_id
 
@@ -46,7 +46,7 @@ def server_address(request: HttpRequest) -> str:
 
 
 def _models() -> Any:
-    return Model.objects.live().order_by("name")
+    return EXTENSIONS.models()
 
 
 # API keys ------------------------------------------------------------------------------
@@ -66,9 +66,9 @@ class ApiKeyForm(forms.Form):
         error_messages={"invalid_choice": gettext_lazy("You are not a member of this project.")},
     )
     expires = forms.ChoiceField(label=gettext_lazy("Expires"), choices=EXPIRY_CHOICES, required=False, initial="30")
-    allowed_models = forms.ModelMultipleChoiceField(
+    allowed_models: forms.ModelMultipleChoiceField[Any] = forms.ModelMultipleChoiceField(
         label=gettext_lazy("Allowed models"),
-        queryset=Model.objects.none(),
+        queryset=None,  # the live models (_models), set for each form
         to_field_name="name",
         required=False,
         help_text=gettext_lazy("Choose none to allow every model."),
@@ -157,9 +157,9 @@ def _lower_band(request: HttpRequest, user: User) -> HttpResponse:
 
 class ConnectForm(forms.Form):
     tool = forms.ChoiceField(choices=[(tool.slug, tool.label) for tool in editors.TOOLS.values()])
-    model = forms.ModelChoiceField(
+    model: forms.ModelChoiceField[Any] = forms.ModelChoiceField(
         label=gettext_lazy("Model"),
-        queryset=Model.objects.none(),
+        queryset=None,  # the live models (_models), set for each form
         to_field_name="name",
         error_messages={"invalid_choice": NO_SUCH_MODEL, "required": gettext_lazy("Choose a model.")},
     )
@@ -216,8 +216,6 @@ def _connection(tool: editors.Tool, server: str, model: str, new: services.NewKe
 def account(request: HttpRequest) -> HttpResponse:
     """The person's account: their keys at a glance, the guardrail policies their requests meet, and
     a key and settings for each editor."""
-    from apps.guardrails.selectors import policies_for
-
     user: User = request.user  # type: ignore[assignment]
     server = server_address(request)
     model_names = list(_models().values_list("name", flat=True))
@@ -253,7 +251,7 @@ def account(request: HttpRequest) -> HttpResponse:
             "server": server,
             "api_base": editors.api_base(server),
             "active_keys": active_keys,
-            "policies": policies_for(user),
+            **EXTENSIONS.account_page(user),  # the guardrail policies in force (the guardrails app)
         },
     )
 

@@ -1,5 +1,6 @@
 """Reads for the People page (/people/) and the managers' page (/org/): the organisation tree,
-one branch, its members, its limits and its usage, narrowed to what each person may see.
+one branch and its members, narrowed to what each person may see (the limits and usage tabs
+are the quotas app's: apps.quotas.people).
 
 A branch is named by a key, "org:1", "team:3" or "project:7". Staff who read everything see
 every branch; a manager sees the branches they manage and everything under them. A branch
@@ -9,40 +10,30 @@ that does not exist and one a person may not see are the same 404.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import F, Prefetch, Q
 from django.http import Http404
-from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from apps.accounts.choices import MembershipRole
 from apps.accounts.models import Membership, Organization, Project, Team, User
-from apps.quotas import histograms
-from apps.quotas.choices import UsageGroup
-from apps.quotas.models import CapacityQuota, RateLimit
-from apps.quotas.selectors import UsageRow, usage_summary
 from llmgw.ids import parse_id
 
 __all__ = [
     "EVERYTHING",
-    "PERIODS",
     "Branch",
     "MemberRow",
     "Scope",
     "TreeRow",
-    "UsageTable",
-    "branch_limits",
     "default_branch_key",
     "get_branch",
     "get_branch_for_user",
     "member_rows",
     "scope_for",
     "tree_rows",
-    "usage_tables",
 ]
 
 KINDS: dict[str, type[Organization] | type[Team] | type[Project]] = {
@@ -300,80 +291,3 @@ def member_rows(branch: Branch) -> list[MemberRow]:
         .order_by("user__email")
     )
     return [MemberRow(m, [_place(place) for place in m.user.memberships.all()]) for m in memberships]
-
-
-# Limits ------------------------------------------------------------------------------------
-
-
-def branch_limits(branch: Branch) -> tuple[RateLimit | None, CapacityQuota | None]:
-    return (RateLimit.objects.filter(**branch.owner).first(), CapacityQuota.objects.filter(**branch.owner).first())
-
-
-# Usage -------------------------------------------------------------------------------------
-
-PERIODS: dict[str, tuple[timedelta, Any]] = {
-    "hour": (timedelta(hours=1), gettext_lazy("Last hour")),
-    "day": (timedelta(days=1), gettext_lazy("Last day")),
-    "week": (timedelta(days=7), gettext_lazy("Last week")),
-    "month": (timedelta(days=30), gettext_lazy("Last month")),
-}
-
-
-@dataclass
-class UsageTable:
-    """Usage of a branch grouped one way: by its teams, its projects or its models."""
-
-    title: str
-    column: str
-    rows: list[UsageRow] = field(default_factory=list)
-
-
-def _total(label: str, rows: list[UsageRow]) -> UsageRow:
-    total = UsageRow(group="", label=label)
-    for row in rows:
-        total.requests += row.requests
-        total.errors += row.errors
-        total.client_errors = (
-            None
-            if total.client_errors is None or row.client_errors is None
-            else total.client_errors + row.client_errors
-        )  # unknown in one part: unknown in the sum
-        total.refusals += row.refusals
-        total.requests_without_tokens += row.requests_without_tokens
-        if row.prompt_tokens is not None:
-            total.prompt_tokens = (total.prompt_tokens or 0) + row.prompt_tokens
-        if row.completion_tokens is not None:
-            total.completion_tokens = (total.completion_tokens or 0) + row.completion_tokens
-        total.first_token_hist = histograms.merge(total.first_token_hist, row.first_token_hist)
-        total.latency_hist = histograms.merge(total.latency_hist, row.latency_hist)
-        total.queue_hist = histograms.merge(total.queue_hist, row.queue_hist)
-    total.percentiles()
-    return total
-
-
-def usage_tables(user: User, branch: Branch, period: str) -> tuple[UsageRow, list[UsageTable]]:
-    """The branch's total over the period, and its usage by child branch (an organisation's
-    teams, a team's projects; every child listed, used or not) and by model."""
-    until = timezone.now()
-    since = until - PERIODS[period][0]
-    within = branch.usage_within
-    by_model = usage_summary(user, group_by=UsageGroup.MODEL, since=since, until=until, within=within)
-    tables: list[UsageTable] = []
-    children: list[Team] | list[Project] = []
-    if branch.kind == "org":
-        group, title, column = UsageGroup.TEAM, _("By team"), _("Team")
-        children = list(Team.objects.filter(organization_id=branch.obj.pk).order_by("name"))
-    elif branch.kind == "team":
-        group, title, column = UsageGroup.PROJECT, _("By project"), _("Project")
-        children = list(Project.objects.filter(team_id=branch.obj.pk).order_by("name"))
-    if branch.kind in ("org", "team"):
-        found = {row.group: row for row in usage_summary(user, group_by=group, since=since, until=until, within=within)}
-        rows = []
-        for child in children:
-            row = found.pop(child.pk, None) or UsageRow(group=child.pk, label="")
-            row.label = child.name
-            rows.append(row)
-        rows.sort(key=lambda row: (-row.requests, row.label))
-        tables.append(UsageTable(title, column, rows + list(found.values())))
-    tables.append(UsageTable(_("By model"), _("Model"), by_model))
-    return _total(_("Total"), by_model), tables

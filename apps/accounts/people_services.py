@@ -34,8 +34,6 @@ __all__ = [
     "remove_branch",
     "remove_member",
     "rename_branch",
-    "set_capacity_quota",
-    "set_rate_limit",
     "manages_share",
     "set_share",
     "share_refusal",
@@ -201,76 +199,6 @@ def remove_branch(branch: Branch, *, actor: User | None, address: str | None = N
         services.remove_team(branch, actor=actor, address=address)
     else:
         services.remove_organization(branch, actor=actor, address=address)
-
-
-# Limits, as the People page edits them ----------------------------------------------------
-
-
-@transaction.atomic
-def set_rate_limit(
-    owner: dict[str, Branch], values: dict[str, Any], *, actor: User | None, address: str | None = None
-) -> None:
-    """Make a branch's rate limit say `values` (None: no limit), changing only what differs.
-
-    `owner` is {"organization": org}, {"team": team} or {"project": project}. A limit is created
-    when the branch has none, and deleted when every value is cleared. Audited by quotas.services.
-    """
-    from apps.quotas import services as quotas
-    from apps.quotas.models import RateLimit
-
-    _set(
-        RateLimit.objects.filter(**owner).first(),
-        owner,
-        values,
-        create=quotas.create_rate_limit,
-        update=quotas.update_rate_limit,
-        delete=quotas.delete_rate_limit,
-        actor=actor,
-        address=address,
-    )
-
-
-@transaction.atomic
-def set_capacity_quota(
-    owner: dict[str, Branch], values: dict[str, Any], *, actor: User | None, address: str | None = None
-) -> None:
-    """Make a branch's capacity quota say `values` (None: no limit), as set_rate_limit does."""
-    from apps.quotas import services as quotas
-    from apps.quotas.models import CapacityQuota
-
-    _set(
-        CapacityQuota.objects.filter(**owner).first(),
-        owner,
-        values,
-        create=quotas.create_capacity_quota,
-        update=quotas.update_capacity_quota,
-        delete=quotas.delete_capacity_quota,
-        actor=actor,
-        address=address,
-    )
-
-
-def _set(
-    current: Any,
-    owner: dict[str, Branch],
-    values: dict[str, Any],
-    *,
-    create: Any,
-    update: Any,
-    delete: Any,
-    actor: User | None,
-    address: str | None,
-) -> None:
-    wanted = {name: value for name, value in values.items() if value is not None}
-    if current is None:
-        if wanted:
-            create(actor=actor, address=address, **owner, **wanted)
-    elif not wanted:
-        delete(current, actor=actor, address=address)
-    else:
-        changes = {name: value for name, value in values.items() if getattr(current, name) != value}
-        if changes:
-            update(current, actor=actor, address=address, **changes)
 
 
 # Shares of a busy model: weights and bands ---------------------------------------------------

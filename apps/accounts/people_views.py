@@ -29,41 +29,37 @@ from django_htmx.http import HttpResponseClientRedirect
 from apps.accounts import people_services
 from apps.accounts.access import can_change_limits, is_administrator, requires
 from apps.accounts.choices import Band, MembershipRole
+from apps.accounts.extensions import EXTENSIONS
 from apps.accounts.models import ApiKey, Membership, Organization, Project, Team, User
 from apps.accounts.people_selectors import (
     EVERYTHING,
-    PERIODS,
     Branch,
     Scope,
-    branch_limits,
     default_branch_key,
     get_branch,
     get_branch_for_user,
     member_rows,
     scope_for,
     tree_rows,
-    usage_tables,
 )
-from apps.catalog.services import parse_memory
-from apps.quotas.models import CapacityQuota, RateLimit
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
 from llmgw.ids import parse_id
 
 __all__ = [
+    "answer",
+    "panel_url",
     "org",
     "org_limits",
     "org_usage",
     "people",
     "people_branch_remove",
     "people_branch_rename",
-    "people_capacity_quota",
     "people_limits",
     "people_member_add",
     "people_member_remove",
     "people_members",
     "people_organization_add",
     "people_project_add",
-    "people_rate_limit",
     "people_share",
     "people_team_add",
     "people_usage",
@@ -78,8 +74,6 @@ AREAS = {
     "people": {"members": "people-members", "limits": "people-limits", "usage": "people-usage"},
     "org": {"members": "org", "limits": "org-limits", "usage": "org-usage"},
 }
-DEFAULT_PERIOD = "day"
-GIB = 1024**3
 
 
 # Forms -------------------------------------------------------------------------------------
@@ -115,95 +109,6 @@ class AddMemberForm(forms.Form):
             raise ValidationError(_("No account has the address %(email)s.") % {"email": email}, code="unknown")
         self.person = person
         return person.email
-
-
-def _limit_field(label: Any) -> forms.IntegerField:
-    return forms.IntegerField(
-        label=label, required=False, min_value=1, widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"})
-    )
-
-
-class RateLimitForm(forms.Form):
-    """A branch's rate limit; an empty box is no limit."""
-
-    requests_per_minute = _limit_field(gettext_lazy("Requests per minute"))
-    tokens_per_minute = _limit_field(gettext_lazy("Tokens per minute"))
-    tokens_per_day = _limit_field(gettext_lazy("Tokens per day"))
-    monthly_token_budget = _limit_field(gettext_lazy("Monthly token budget"))
-
-    @classmethod
-    def for_limit(cls, limit: RateLimit | None) -> RateLimitForm:
-        fields = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "monthly_token_budget")
-        return cls(initial={name: getattr(limit, name) for name in fields} if limit else {})
-
-
-def _memory_text(value: int | None) -> str:
-    if value is None:
-        return ""
-    gib = value / GIB
-    return f"{gib:g}GB" if round(gib, 2) == gib else f"{round(gib, 2)}GB"
-
-
-class CapacityQuotaForm(forms.Form):
-    """A branch's capacity quota; an empty box is no limit. Memory as "64GB" (a bare number is GB)."""
-
-    gpus = forms.IntegerField(
-        label=gettext_lazy("GPUs"),
-        required=False,
-        min_value=0,
-        widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}),
-    )
-    cpu_cores = forms.FloatField(
-        label=gettext_lazy("CPU cores"),
-        required=False,
-        min_value=0,
-        widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-", "step": "any"}),
-    )
-    memory = forms.CharField(
-        label=gettext_lazy("Memory"),
-        required=False,
-        max_length=32,
-        widget=forms.TextInput(attrs={"class": "field", "placeholder": "-"}),
-    )
-    replicas = forms.IntegerField(
-        label=gettext_lazy("Replicas"),
-        required=False,
-        min_value=0,
-        widget=forms.NumberInput(attrs={"class": "field", "placeholder": "-"}),
-    )
-
-    @classmethod
-    def for_quota(cls, quota: CapacityQuota | None) -> CapacityQuotaForm:
-        if quota is None:
-            return cls()
-        return cls(
-            initial={
-                "gpus": quota.gpus,
-                "cpu_cores": quota.cpu_cores,
-                "memory": _memory_text(quota.memory_bytes),
-                "replicas": quota.replicas,
-            }
-        )
-
-    def clean_memory(self) -> int | None:
-        text = self.cleaned_data.get("memory", "").strip()
-        if not text:
-            return None
-        try:
-            return parse_memory(text)
-        except ValueError:
-            raise ValidationError(
-                _("Write memory as 64GB, 512MB or a number of GB; got “%(text)s”.") % {"text": text}, code="memory"
-            ) from None
-
-    def values(self) -> dict[str, Any]:
-        data = self.cleaned_data
-        return {
-            "gpus": data["gpus"],
-            "cpu_cores": data["cpu_cores"],
-            "memory_bytes": data["memory"],
-            "replicas": data["replicas"],
-        }
 
 
 class NameForm(forms.Form):
@@ -272,7 +177,7 @@ class KeyShare:
 # Rendering ---------------------------------------------------------------------------------
 
 
-def _url(area: str, tab: str, branch: Branch | str | None = None, **query: str) -> str:
+def panel_url(area: str, tab: str, branch: Branch | str | None = None, **query: str) -> str:
     key = branch.key if isinstance(branch, Branch) else branch
     params = {"branch": key, **query} if key else query
     return reverse(AREAS[area][tab]) + (f"?{urlencode(params)}" if params else "")
@@ -287,7 +192,9 @@ def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None,
         "tab": tab,
         "branch": branch,
         "tab_url": reverse(AREAS[area][tab]),
-        "tabs": [{"label": TAB_LABELS[name], "url": _url(area, name, branch), "current": name == tab} for name in TABS],
+        "tabs": [
+            {"label": TAB_LABELS[name], "url": panel_url(area, name, branch), "current": name == tab} for name in TABS
+        ],
         # On /org/ every branch shown is one the person manages.
         "can_change_members": admin or area == "org",
         "can_suspend": admin,
@@ -304,26 +211,11 @@ def _panel(request: HtmxHttpRequest, area: str, tab: str, branch: Branch | None,
         if context["can_change_members"]:
             context.setdefault("add_form", AddMemberForm())
     elif tab == "limits":
-        limit, quota = branch_limits(branch)
-        context.update(limit=limit, quota=quota)
-        if context["can_change_limits"]:
-            context.setdefault("rate_form", RateLimitForm.for_limit(limit))
-            context.setdefault("quota_form", CapacityQuotaForm.for_quota(quota))
+        # The rate limit and capacity quota (the quotas app), then its share of a busy model.
+        EXTENSIONS.fill_tab(tab, request, branch, context)
         _share_context(user, branch, context)
     else:
-        period = request.GET.get("period") or request.POST.get("period") or DEFAULT_PERIOD
-        if period not in PERIODS:
-            period = DEFAULT_PERIOD
-        total, tables = usage_tables(user, branch, period)
-        context.update(
-            period=period,
-            total=total,
-            tables=tables,
-            periods=[
-                {"label": label, "url": _url(area, "usage", branch, period=name), "current": name == period}
-                for name, (_length, label) in PERIODS.items()
-            ],
-        )
+        EXTENSIONS.fill_tab(tab, request, branch, context)  # the usage (the quotas app)
     return context
 
 
@@ -442,7 +334,7 @@ def _change_scope(user: Any) -> Scope:
     return EVERYTHING if is_administrator(user) else scope_for(user)
 
 
-def _answer(
+def answer(
     request: HtmxHttpRequest,
     area: str,
     tab: str,
@@ -461,7 +353,7 @@ def _answer(
         messages.success(request, done)
     if error:
         messages.error(request, error)
-    return HttpResponseRedirect(_url(area, tab, branch))
+    return HttpResponseRedirect(panel_url(area, tab, branch))
 
 
 def _membership_branch(membership: Membership) -> Branch:
@@ -486,8 +378,8 @@ def people_member_add(request: HtmxHttpRequest) -> HttpResponse:
             form.add_error("email", error)
         else:
             done = _("%(email)s added to %(branch)s.") % {"email": form.person.email, "branch": branch.path}
-            return _answer(request, _area_of(user), "members", branch, done=done)
-    return _answer(request, _area_of(user), "members", branch, invalid=True, forms={"add_form": form})
+            return answer(request, _area_of(user), "members", branch, done=done)
+    return answer(request, _area_of(user), "members", branch, invalid=True, forms={"add_form": form})
 
 
 @requires("manages_branch", methods=["POST"])
@@ -505,7 +397,7 @@ def people_member_remove(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         raise Http404(_("No such membership."))
     people_services.remove_member(membership, actor=user, address=client_address(request))
     done = _("%(email)s removed from %(branch)s.") % {"email": membership.user.email, "branch": branch.path}
-    return _answer(request, _area_of(user), "members", branch, done=done)
+    return answer(request, _area_of(user), "members", branch, done=done)
 
 
 def _suspension(request: HtmxHttpRequest, pk: int, *, suspend: bool) -> HttpResponse:
@@ -523,7 +415,7 @@ def _suspension(request: HtmxHttpRequest, pk: int, *, suspend: bool) -> HttpResp
     except ValidationError as refusal:
         error = " ".join(refusal.messages)
     if branch is not None:
-        return _answer(request, "people", "members", branch, done=done, error=error)
+        return answer(request, "people", "members", branch, done=done, error=error)
     if done:
         messages.success(request, done)
     if error:
@@ -605,9 +497,9 @@ def _new_branch(request: HtmxHttpRequest, parent_kind: str | None) -> HttpRespon
                 },
             )
         messages.error(request, message)
-        return HttpResponseRedirect(_url("people", "members", parent))
+        return HttpResponseRedirect(panel_url("people", "members", parent))
     messages.success(request, _("%(branch)s created.") % {"branch": created.path})
-    return _go(request, _url("people", "members", created))
+    return _go(request, panel_url("people", "members", created))
 
 
 @requires("administrator", methods=["POST"])
@@ -646,8 +538,8 @@ def people_branch_rename(request: HtmxHttpRequest) -> HttpResponse:
         else:
             if branch.path != before:
                 messages.success(request, _("%(old)s renamed to %(new)s.") % {"old": before, "new": branch.path})
-            return _go(request, _url("people", tab, branch))
-    return _answer(request, "people", tab, branch, invalid=True, forms={"rename_form": form})
+            return _go(request, panel_url("people", tab, branch))
+    return answer(request, "people", tab, branch, invalid=True, forms={"rename_form": form})
 
 
 @requires("administrator", methods=["POST"])
@@ -661,43 +553,9 @@ def people_branch_remove(request: HtmxHttpRequest) -> HttpResponse:
     try:
         people_services.remove_branch(branch.obj, actor=user, address=client_address(request))
     except ValidationError as refusal:
-        return _answer(request, "people", tab, branch, error=" ".join(refusal.messages))
+        return answer(request, "people", tab, branch, error=" ".join(refusal.messages))
     messages.success(request, _("%(branch)s removed.") % {"branch": path})
-    return _go(request, _url("people", tab, parent))
-
-
-def _limits_form(request: HtmxHttpRequest, form: RateLimitForm | CapacityQuotaForm, name: str) -> HttpResponse:
-    user: User = request.user  # type: ignore[assignment]
-    branch = get_branch_for_user(EVERYTHING, request.POST.get("branch"))
-    if form.is_valid():
-        try:
-            if isinstance(form, RateLimitForm):
-                people_services.set_rate_limit(
-                    branch.owner, dict(form.cleaned_data), actor=user, address=client_address(request)
-                )
-            else:
-                people_services.set_capacity_quota(
-                    branch.owner, form.values(), actor=user, address=client_address(request)
-                )
-        except ValidationError as refusal:
-            form.add_error(None, refusal.messages)
-        else:
-            return _answer(
-                request, "people", "limits", branch, done=_("Limits of %(branch)s saved.") % {"branch": branch.path}
-            )
-    return _answer(request, "people", "limits", branch, invalid=True, forms={name: form})
-
-
-@requires("change_limits", methods=["POST"])
-def people_rate_limit(request: HtmxHttpRequest) -> HttpResponse:
-    """Set a branch's requests and tokens per minute, tokens per day and monthly budget."""
-    return _limits_form(request, RateLimitForm(request.POST), "rate_form")
-
-
-@requires("change_limits", methods=["POST"])
-def people_capacity_quota(request: HtmxHttpRequest) -> HttpResponse:
-    """Set the GPUs, cores, memory and replicas a branch's models may hold."""
-    return _limits_form(request, CapacityQuotaForm(request.POST), "quota_form")
+    return _go(request, panel_url("people", tab, parent))
 
 
 # Shares of a busy model ----------------------------------------------------------------------
@@ -750,9 +608,9 @@ def people_share(request: HtmxHttpRequest) -> HttpResponse:
                 if isinstance(target, ApiKey)
                 else _("The share of %(branch)s saved.") % {"branch": branch.path}
             )
-            return _answer(request, _area_of(user), "limits", branch, done=done)
+            return answer(request, _area_of(user), "limits", branch, done=done)
     forms = {"failed_key_share": (target.pk, form)} if isinstance(target, ApiKey) else {"share_form": form}
-    return _answer(request, _area_of(user), "limits", branch, invalid=True, forms=forms)
+    return answer(request, _area_of(user), "limits", branch, invalid=True, forms=forms)
 
 
 def _add_share_errors(form: ShareForm, error: ValidationError) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import ProtectedError, Q, QuerySet, RestrictedError
+from django.db.models import ProtectedError, QuerySet, RestrictedError
 from django.utils import timezone
 from django.utils.text import get_text_list, slugify
 from django.utils.translation import gettext as _
@@ -19,6 +19,7 @@ from django.utils.translation import ngettext, pgettext
 
 from apps.accounts import audit
 from apps.accounts.choices import StaffRole
+from apps.accounts.extensions import EXTENSIONS
 from apps.accounts.models import ApiKey, Membership, Organization, Project, Team, User, hash_key
 
 __all__ = [
@@ -290,33 +291,30 @@ def rename_project(project: Project, *, name: str, actor: User | None, address: 
 def branch_dependents(branch: Branch) -> dict[str, int]:
     """What still hangs from a branch and stops its removal, with how many of each (none: absent).
 
-    Teams and projects below it, the people with a membership in it or below it, the models it
-    or anything below it owns, and the API keys of its projects (revoked ones too: a key keeps
-    its project for the record). Usage history is not counted: it keeps the branch's id.
+    Teams and projects below it, the people with a membership in it or below it, what other apps
+    keep of it or of anything below it (apps.accounts.extensions: the models it owns), and the API
+    keys of its projects (revoked ones too: a key keeps its project for the record). Usage history
+    is not counted: it keeps the branch's id.
     """
-    from apps.catalog.models import Model
-
     if isinstance(branch, Organization):
         counts = {
             "teams": Team.objects.filter(organization=branch).count(),
             "projects": Project.objects.filter(team__organization=branch).count(),
             "members": Membership.objects.filter(organization=branch).values("user_id").distinct().count(),
-            "models": Model.objects.filter(
-                Q(organization=branch) | Q(team__organization=branch) | Q(project__team__organization=branch)
-            ).count(),
+            **EXTENSIONS.dependents(branch),
             "api_keys": ApiKey.objects.filter(project__team__organization=branch).count(),
         }
     elif isinstance(branch, Team):
         counts = {
             "projects": Project.objects.filter(team=branch).count(),
             "members": Membership.objects.filter(team=branch).values("user_id").distinct().count(),
-            "models": Model.objects.filter(Q(team=branch) | Q(project__team=branch)).count(),
+            **EXTENSIONS.dependents(branch),
             "api_keys": ApiKey.objects.filter(project__team=branch).count(),
         }
     else:
         counts = {
             "members": Membership.objects.filter(project=branch).values("user_id").distinct().count(),
-            "models": Model.objects.filter(project=branch).count(),
+            **EXTENSIONS.dependents(branch),
             "api_keys": ApiKey.objects.filter(project=branch).count(),
         }
     return {what: count for what, count in counts.items() if count}
@@ -327,11 +325,13 @@ def _dependents_text(counts: dict[str, int]) -> str:
         "teams": lambda n: ngettext("%(count)d team", "%(count)d teams", n),
         "projects": lambda n: ngettext("%(count)d project", "%(count)d projects", n),
         "members": lambda n: ngettext("%(count)d member", "%(count)d members", n),
-        "models": lambda n: ngettext("%(count)d model", "%(count)d models", n),
         "api_keys": lambda n: ngettext("%(count)d API key", "%(count)d API keys", n),
     }
     return get_text_list(
-        [phrases[what](count) % {"count": count} for what, count in counts.items()],
+        [
+            (phrases[what](count) if what in phrases else EXTENSIONS.dependent_phrase(what, count)) % {"count": count}
+            for what, count in counts.items()
+        ],
         pgettext("before the last item of a list", "and"),
     )
 
@@ -354,22 +354,16 @@ def _remove(branch: Branch, *, actor: User | None, address: str | None) -> None:
 
     1. Lock the row and count what hangs from it; anything at all is a refusal, with nothing
        written.
-    2. Its rate limit and capacity quota describe only it: they go first, each audited.
+    2. What other apps keep of only it goes first, each audited (apps.accounts.extensions: its
+       rate limit and capacity quota).
     3. Audit the removal and delete the row. A model or key added since the count is caught by
        the PROTECT foreign keys and refused the same way (the whole change rolls back).
     """
-    from apps.quotas import services as quotas
-    from apps.quotas.models import CapacityQuota, RateLimit
-
     _lock(branch)
     refusal = removal_refusal(branch)
     if refusal:
         raise ValidationError(refusal, code="in_use")
-    owner = {_kind(branch): branch}
-    for limit in RateLimit.objects.filter(**owner):
-        quotas.delete_rate_limit(limit, actor=actor, address=address)
-    for quota in CapacityQuota.objects.filter(**owner):
-        quotas.delete_capacity_quota(quota, actor=actor, address=address)
+    EXTENSIONS.remove_with(branch, actor, address)
     audit.record(actor, f"{_kind(branch)}.remove", branch, name=branch.name, slug=branch.slug, address=address)
     try:
         branch.delete()

@@ -16,8 +16,6 @@ migration and its declaration.
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -26,6 +24,7 @@ from django.utils.translation import gettext, gettext_noop
 
 from apps.catalog.choices import Engine
 from apps.cluster.placement import REGISTRY, FieldError, ProfileField, Reason
+from llmgw.units import parse_memory
 
 __all__ = [
     "CORE",
@@ -47,50 +46,10 @@ __all__ = [
     "stored_values",
 ]
 
-# Memory is counted as operators and the kernel count RAM: a GB is 1024^3 bytes, as in "64 GB of RAM".
-UNITS = {
-    "b": 1,
-    "k": 1024,
-    "kb": 1024,
-    "ki": 1024,
-    "kib": 1024,
-    "m": 1024**2,
-    "mb": 1024**2,
-    "mi": 1024**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gb": 1024**3,
-    "gi": 1024**3,
-    "gib": 1024**3,
-    "t": 1024**4,
-    "tb": 1024**4,
-    "ti": 1024**4,
-    "tib": 1024**4,
-}
 # The console's forms allow as much; a spec or the API may not ask for more.
 MAX_CPU_CORES = 4096
 # What PostgreSQL's integer columns hold, so that SQLite refuses the same specs.
 INT_LOW, INT_HIGH = -(2**31), 2**31 - 1
-
-
-def parse_memory(value: Any) -> int:
-    """Bytes from 24, "24GB", "24 GiB", "1.5G" (a bare number is gigabytes; a GB is 1024^3 bytes)."""
-    if isinstance(value, bool):
-        raise ValueError
-    if isinstance(value, int):
-        return value * 1024**3
-    if isinstance(value, float):
-        number, unit = value, "gb"
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
-        unit = (match.group(2).lower() or "gb") if match else ""
-        if not match or unit not in UNITS:
-            raise ValueError
-        number = float(match.group(1))
-    size = number * UNITS[unit]
-    if not math.isfinite(size):  # "1e999", .inf in YAML: no size at all
-        raise ValueError
-    return int(size)
 
 
 def _memory(value: Any) -> int:

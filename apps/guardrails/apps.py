@@ -12,8 +12,13 @@ class GuardrailsConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete, post_save
 
+        from apps.accounts.extensions import EXTENSIONS
         from apps.gateway.signals import _changed
         from apps.guardrails.models import Policy, Rule
+        from apps.guardrails.selectors import policies_for
+
+        # A person's account page lists the policies their requests meet.
+        EXTENSIONS.add_account_panel("policies", policies_for)
 
         # A policy or rule changed: the gateway's tables (which carry the compiled rules) reload.
         for sender in (Policy, Rule):

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts import audit
-from apps.accounts.models import User
+from apps.accounts.models import Organization, Project, Team, User
 from apps.quotas.models import LIMIT_FIELDS, CapacityQuota, RateLimit
 
 __all__ = [
@@ -16,9 +16,14 @@ __all__ = [
     "create_rate_limit",
     "delete_capacity_quota",
     "delete_rate_limit",
+    "remove_branch_limits",
+    "set_capacity_quota",
+    "set_rate_limit",
     "update_capacity_quota",
     "update_rate_limit",
 ]
+
+Branch = Organization | Team | Project
 
 OWNER_FIELDS = ("organization", "team", "project", "api_key")
 
@@ -128,3 +133,78 @@ def delete_capacity_quota(quota: CapacityQuota, *, actor: User | None, address: 
         address=address,
     )
     quota.delete()
+
+
+# A branch's limits, as the People page edits them ----------------------------------------------------
+
+
+@transaction.atomic
+def set_rate_limit(
+    owner: dict[str, Branch], values: dict[str, Any], *, actor: User | None, address: str | None = None
+) -> None:
+    """Make a branch's rate limit say `values` (None: no limit), changing only what differs.
+
+    `owner` is {"organization": org}, {"team": team} or {"project": project}. A limit is created
+    when the branch has none, and deleted when every value is cleared; each change audited.
+    """
+    _set(
+        RateLimit.objects.filter(**owner).first(),
+        owner,
+        values,
+        create=create_rate_limit,
+        update=update_rate_limit,
+        delete=delete_rate_limit,
+        actor=actor,
+        address=address,
+    )
+
+
+@transaction.atomic
+def set_capacity_quota(
+    owner: dict[str, Branch], values: dict[str, Any], *, actor: User | None, address: str | None = None
+) -> None:
+    """Make a branch's capacity quota say `values` (None: no limit), as set_rate_limit does."""
+    _set(
+        CapacityQuota.objects.filter(**owner).first(),
+        owner,
+        values,
+        create=create_capacity_quota,
+        update=update_capacity_quota,
+        delete=delete_capacity_quota,
+        actor=actor,
+        address=address,
+    )
+
+
+def _set(
+    current: Any,
+    owner: dict[str, Branch],
+    values: dict[str, Any],
+    *,
+    create: Any,
+    update: Any,
+    delete: Any,
+    actor: User | None,
+    address: str | None,
+) -> None:
+    wanted = {name: value for name, value in values.items() if value is not None}
+    if current is None:
+        if wanted:
+            create(actor=actor, address=address, **owner, **wanted)
+    elif not wanted:
+        delete(current, actor=actor, address=address)
+    else:
+        changes = {name: value for name, value in values.items() if getattr(current, name) != value}
+        if changes:
+            update(current, actor=actor, address=address, **changes)
+
+
+def remove_branch_limits(branch: Branch, actor: User | None, address: str | None) -> None:
+    """A removed organisation, team or project's rate limit and capacity quota: they describe only
+    it, so they go before it, each audited (registered in QuotasConfig.ready())."""
+    kind = "organization" if isinstance(branch, Organization) else "team" if isinstance(branch, Team) else "project"
+    owner = {kind: branch}
+    for limit in RateLimit.objects.filter(**owner):
+        delete_rate_limit(limit, actor=actor, address=address)
+    for quota in CapacityQuota.objects.filter(**owner):
+        delete_capacity_quota(quota, actor=actor, address=address)
