@@ -125,7 +125,10 @@ class DatabaseConfig:
     port: str = ""
     options: tuple[tuple[str, str], ...] = ()
 
-    def django(self, *, pool_size: int = 10, pool_timeout: float = 30.0) -> dict[str, object]:
+    def django(self, *, pool_size: int | None = 10, pool_timeout: float = 30.0) -> dict[str, object]:
+        """Django's DATABASES entry; with PostgreSQL, a pool of `pool_size` connections per process,
+        or none (`pool_size` None): a connection per thread, opened when a query needs it and closed
+        when the thread's work ends (CONN_MAX_AGE 0, the same as a pooled one goes back)."""
         if self.engine == "sqlite":
             return {
                 "ENGINE": "django.db.backends.sqlite3",
@@ -150,8 +153,12 @@ class DatabaseConfig:
         # pool when a request, task or thread's work ends, so a process never holds more than
         # `pool_size` however many threads it runs; a request that finds none free waits up to
         # `pool_timeout` seconds. Kept-open connections per thread (CONN_MAX_AGE) grew with every
-        # sync thread of the ASGI server until PostgreSQL refused everyone.
-        pool = {"min_size": 0, "max_size": pool_size, "timeout": pool_timeout, "max_idle": 60.0}
+        # sync thread of the ASGI server until PostgreSQL refused everyone. The Celery worker and
+        # beat have none (llmgw.settings: PROCESS): Celery closes a prefork process's pool after
+        # every task, under the feet of the batch runner's thread in the same process.
+        options: dict[str, object] = dict(self.options)
+        if pool_size is not None:
+            options["pool"] = {"min_size": 0, "max_size": pool_size, "timeout": pool_timeout, "max_idle": 60.0}
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": self.name,
@@ -161,7 +168,7 @@ class DatabaseConfig:
             "PORT": self.port,
             "CONN_MAX_AGE": 0,
             "CONN_HEALTH_CHECKS": True,
-            "OPTIONS": {**dict(self.options), "pool": pool},
+            "OPTIONS": options,
         }
 
 

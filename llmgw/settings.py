@@ -132,12 +132,24 @@ TEMPLATES = [
 
 DATABASE_URL = env_str("LLMGW_DATABASE_URL") or f"sqlite:///{DATA_DIR / 'llmgw.sqlite3'}"
 DATABASE = parse_database_url("LLMGW_DATABASE_URL", DATABASE_URL)
-# PostgreSQL connections one process holds at most (web, worker child, beat), and how long a request
-# waits for one when all are busy. A deployment needs, at most: web processes x this + worker
-# processes x their concurrency x this + beats x this (docs/install.md).
+# Which process this is: `llmgw web`, `llmgw worker` and `llmgw beat` say so before the settings load
+# (llmgw.cli); anything else (manage, the tests, an ASGI server started by hand) counts as web.
+PROCESS = (env_str("LLMGW_PROCESS") or "web").lower()
+if PROCESS not in {"web", "worker", "beat"}:
+    raise ImproperlyConfigured(f"LLMGW_PROCESS={PROCESS!r}: expected web, worker or beat")
+# PostgreSQL connections a web process holds at most, and how long a request waits for one when all
+# are busy. The worker and beat keep no pool: Celery closes a prefork process's pool after every
+# task, under the feet of the batch runner's thread (apps.batches.host). Their threads open a
+# connection each while they query instead; a worker process's batch runner runs its queries on at
+# most this many threads. A deployment needs, at most: web processes x this + worker processes x
+# their concurrency x (this + 2) + 1 per worker + 1 per beat (docs/install.md).
 DATABASE_POOL_SIZE = env_int("LLMGW_DATABASE_POOL_SIZE", 10, minimum=1, maximum=1000)
 DATABASE_POOL_TIMEOUT = env_float("LLMGW_DATABASE_POOL_TIMEOUT", 30.0, minimum=1.0, maximum=600.0)
-DATABASES = {"default": DATABASE.django(pool_size=DATABASE_POOL_SIZE, pool_timeout=DATABASE_POOL_TIMEOUT)}
+DATABASES = {
+    "default": DATABASE.django(
+        pool_size=DATABASE_POOL_SIZE if PROCESS == "web" else None, pool_timeout=DATABASE_POOL_TIMEOUT
+    )
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Agents ------------------------------------------------------------------------------

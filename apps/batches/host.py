@@ -14,10 +14,12 @@ web process's queue nor be seen by it, so the web process, then the only gateway
 (llmgw/asgi.py). `llmgw up` on its embedded defaults runs that way.
 
 The thread is started when a pool process starts (Celery's worker_process_init) and stopped when it
-ends (worker_process_shutdown): the lines it holds are cut off and given back. Celery closes a
-prefork process's database pool after every task, under the thread's feet: a pass of the runner
-that fails is run again (apps.batches.runner), and so is the start, with a growing wait. A process killed with
-kill -9 stops nothing: the leases of its lines run out (LLMGW_BATCH_LEASE_SECONDS) and the runner of
+ends (worker_process_shutdown): the lines it holds are cut off and given back. The worker keeps no
+database pool (llmgw.settings: PROCESS; Celery would close it after every task, under the thread's
+feet): the runner's queries run on a few threads of its loop (at most LLMGW_DATABASE_POOL_SIZE),
+each with a connection of its own while it queries. A pass of the runner that fails (the database
+away) is run again (apps.batches.runner), and so is the start, with a growing wait. A process killed
+with kill -9 stops nothing: the leases of its lines run out (LLMGW_BATCH_LEASE_SECONDS) and the runner of
 another process, or of the process the worker starts in its place, runs them again under the same
 request ids (apps.batches.runner explains why each line is answered once).
 """
@@ -70,12 +72,19 @@ class RunnerHost:
             connections.close_all()
 
     async def _serve(self) -> None:
-        """Start the gateway and the runner, and again after a failure to start (the database away,
-        or a connection pool the worker's own per-task clean-up closed under the thread: Celery closes
-        a prefork process's database pool after every task), until the process stops."""
+        """Start the gateway and the runner, and again after a failure to start (the database
+        away), until the process stops."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from django.conf import settings
         from django.db import connections
 
         self.loop = asyncio.get_running_loop()
+        # The runner's and its gateway's queries run on the loop's default executor, each thread with
+        # a connection of its own while it queries (a worker keeps no pool): its size bounds them.
+        self.loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=settings.DATABASE_POOL_SIZE, thread_name_prefix="batch-runner")
+        )
         self._stop = asyncio.Event()
         wait = 1.0
         while not self._stop.is_set():

@@ -48,11 +48,18 @@ def cmd_manage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _process(kind: str) -> None:
+    """Say which process this is before Django's settings load: the worker and beat keep no
+    database pool (llmgw.settings: PROCESS), and whatever they start inherits it."""
+    os.environ["LLMGW_PROCESS"] = kind
+
+
 def cmd_web(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from llmgw.cli import serve
 
+    _process("web")
     # Before Django imports any metric: several web processes must share one folder of counters.
     serve.prepare_metrics_dir(Path(os.environ.get("LLMGW_DATA_DIR") or "var").expanduser().resolve())
 
@@ -62,12 +69,14 @@ def cmd_web(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from llmgw.cli import serve
 
+    _process("worker")
     return serve.run_worker(args)
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
     from llmgw.cli import serve
 
+    _process("beat")
     return serve.run_beat(args)
 
 
