@@ -157,8 +157,9 @@ def drop_pg_database(url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-#: PostgreSQL connections each llmgw process a test starts may hold (LLMGW_DATABASE_POOL_SIZE; 10
-#: in production). A test's processes serve one test's requests, so a few each are plenty, and
+#: PostgreSQL connections each web process a test starts may hold, and the threads a worker
+#: process's batch runner queries from (LLMGW_DATABASE_POOL_SIZE; 10 in production; the worker and
+#: beat keep no pool). A test's processes serve one test's requests, so a few each are plenty, and
 #: the suite stays well inside PostgreSQL's max_connections (README: the suite's connection budget).
 TEST_POOL_SIZE = 3
 
