@@ -15,8 +15,8 @@ from django.http import HttpRequest
 
 from apps.accounts.admin import actor_of
 from apps.catalog import profile_fields, services
+from apps.catalog.extensions import EXTENSIONS
 from apps.catalog.models import Model, Profile
-from apps.cluster.models import Replica, Shard
 from llmgw.http import client_address
 
 
@@ -127,7 +127,8 @@ class ModelAdmin(admin.ModelAdmin):
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, Any, Any]:
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
         # Its profiles and replicas go with it, removed by the reconciler: never deleted on their own.
-        owned = {str(m._meta.verbose_name) for m in (Profile, Replica, Shard)}
+        rows: list[Any] = [Profile, *EXTENSIONS.owned]  # and the cluster app's replicas and shards
+        owned = {str(m._meta.verbose_name) for m in rows}
         return deleted, counts, {name for name in perms_needed if str(name) not in owned}, protected
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:

@@ -2,8 +2,9 @@
 
 The fields of every profile are declared here; an app whose placement rule a profile sets
 (facility's keep_within and power_watts) declares its own beside the rule and registers it with
-placement (apps.cluster.placement.register_profile_field). `profile_fields()` is both, and what
-the rest of the catalogue derives from it:
+placement (apps.cluster.placement.register_profile_field), which the cluster app hands the
+catalogue (apps.catalog.extensions). `profile_fields()` is both, and what the rest of the
+catalogue derives from it:
 
 - `read_profile()` reads a model spec's profile (services.apply_models): its keys, each value's
   type and range, refusals that give the value and the bounds;
@@ -23,7 +24,9 @@ from django.utils.deconstruct import deconstructible
 from django.utils.translation import gettext, gettext_noop
 
 from apps.catalog.choices import Engine
-from apps.cluster.placement import REGISTRY, FieldError, ProfileField, Reason
+from apps.catalog.extensions import EXTENSIONS
+from llmgw.fields import FieldError, ProfileField
+from llmgw.reasons import Reason
 from llmgw.units import parse_memory
 
 __all__ = [
@@ -146,7 +149,7 @@ CORE: tuple[ProfileField, ...] = (
 
 def profile_fields() -> tuple[ProfileField, ...]:
     """Every field of a profile: those of every profile, then those apps registered."""
-    return CORE + REGISTRY.profile_fields()
+    return CORE + EXTENSIONS.fields()
 
 
 def declared(name: str) -> ProfileField:
@@ -222,7 +225,7 @@ class Declared:
 def spec_values(profile: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(ProfileSpec's own fields, its `extra`) of a stored profile (a row, or the simulator's copy)."""
     own = {f.name: _copy(f, getattr(profile, f.name)) for f in CORE if f.placement}
-    extra = {f.name: _copy(f, getattr(profile, f.name)) for f in REGISTRY.profile_fields()}
+    extra = {f.name: _copy(f, getattr(profile, f.name)) for f in EXTENSIONS.fields()}
     return own, extra
 
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F, Q
@@ -16,6 +15,7 @@ from django.utils.translation import gettext as _
 from apps.accounts import audit
 from apps.accounts.models import Organization, Project, Team, User
 from apps.catalog import profile_fields
+from apps.catalog.extensions import EXTENSIONS
 from apps.catalog.models import Model, Profile
 from apps.catalog.profile_fields import MAX_CPU_CORES, parse_memory
 from llmgw.errors import ServiceError
@@ -359,9 +359,7 @@ def _carry_out(plan: _Plan, *, actor: User | None, dry_run: bool) -> ApplyResult
     if removed:
         model.profiles.filter(name__in=removed).delete()
     audit.record(actor, f"model.{'create' if created else 'update'}", model, changes=_jsonable(all_changes))
-    from apps.cluster.reconciler import request_reconcile
-
-    request_reconcile()
+    EXTENSIONS.changed()
     return ApplyResult(model.name, "created" if created else "changed", _jsonable(all_changes))
 
 
@@ -393,9 +391,7 @@ def set_target(
         model.updated_at = timezone.now()
         model.save(update_fields=["min_replicas", "max_replicas", "updated_at"])
         audit.record(actor, "model.target", model, changes=audit.diff(before, after))
-        from apps.cluster.reconciler import request_reconcile
-
-        request_reconcile()
+        EXTENSIONS.changed()
     return model
 
 
@@ -487,9 +483,7 @@ def update_model(model: Model, *, actor: User | None, address: str | None = None
         model.updated_at = timezone.now()
         model.save(update_fields=[*difference, "updated_at"])
         audit.record(actor, "model.update", model, changes=_jsonable(difference), address=address)
-        from apps.cluster.reconciler import request_reconcile
-
-        request_reconcile()
+        EXTENSIONS.changed()
     return model
 
 
@@ -513,9 +507,7 @@ def update_profile(profile: Profile, *, actor: User | None, address: str | None 
         audit.record(
             actor, "profile.update", profile, changes=_jsonable(difference), model=profile.model.name, address=address
         )
-        from apps.cluster.reconciler import request_reconcile
-
-        request_reconcile()
+        EXTENSIONS.changed()
     return profile
 
 
@@ -525,36 +517,11 @@ def delete_model(model: Model, *, actor: User | None, address: str | None = None
     change), its pending replicas go, the others stop once the requests they hold are answered (at
     most LLMGW_DRAIN_GRACE_SECONDS), and the reconciler removes the row once they have. Its usage
     history stays (usage names models, it does not link them)."""
-    from apps.cluster.choices import ReplicaState, StopReason
-    from apps.cluster.models import Node, Replica
-    from apps.cluster.reconciler import request_reconcile
-
-    now = timezone.now()
-    model.deleted_at = now
+    model.deleted_at = timezone.now()
     model.save(update_fields=["deleted_at"])
-    replicas = Replica.objects.filter(model=model)
-    stopping = list(replicas.exclude(state__in=(ReplicaState.PENDING, ReplicaState.STOPPING)))
-    replicas.filter(state=ReplicaState.PENDING).delete()
-    nodes: set[int] = set()
-    for replica in stopping:
-        replica.state = ReplicaState.STOPPING
-        replica.stop_requested_at = now
-        replica.stop_reason = StopReason.DELETED
-        replica.drain_grace = settings.DRAIN_GRACE
-        replica.message = str(_("Stopping: the model was deleted."))
-        replica.save(update_fields=["state", "stop_requested_at", "stop_reason", "drain_grace", "message"])
-        nodes.update(replica.shards.values_list("node_id", flat=True))
-    if nodes:
-        Node.objects.filter(pk__in=nodes).update(desired_version=F("desired_version") + 1)
-
-        def tell_nodes() -> None:
-            from apps.cluster.reconciler import push_desired_state
-
-            push_desired_state(nodes)
-
-        transaction.on_commit(tell_nodes)
-    audit.record(actor, "model.delete", model, replicas=len(stopping), address=address)
-    request_reconcile()
+    stopping = EXTENSIONS.stop(model)  # the cluster app's (apps.cluster.actions.stop_model_replicas)
+    audit.record(actor, "model.delete", model, replicas=stopping, address=address)
+    EXTENSIONS.changed()
     return model
 
 
@@ -565,10 +532,8 @@ def record_demand(name: str) -> None:
     """A request is waiting for a model kept at zero replicas: keep one running for a while."""
     until = timezone.now() + ON_DEMAND_KEEP
     if Model.objects.filter(name=name, min_replicas=0).update(demand_until=until):
-        from apps.cluster.reconciler import request_reconcile
-
         with transaction.atomic():
-            request_reconcile()
+            EXTENSIONS.changed()
 
 
 def record_busy(name: str) -> bool:
@@ -583,10 +548,8 @@ def record_busy(name: str) -> bool:
         .update(busy_at=now)
     )
     if touched:
-        from apps.cluster.reconciler import request_reconcile
-
         with transaction.atomic():
-            request_reconcile()
+            EXTENSIONS.changed()
     return bool(touched)
 
 

@@ -14,11 +14,20 @@ class ClusterConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import pre_delete
 
+        from apps.catalog.extensions import EXTENSIONS as CATALOG
+        from apps.cluster import placement, reconciler
         from apps.cluster.metrics import NodeCollector
-        from apps.cluster.models import Shard
+        from apps.cluster.models import Replica, Shard
         from llmgw.metrics import add_collector
 
         add_collector(NodeCollector)
+        # What the catalogue asks of the cluster: a pass after a change, a deleted model's replicas
+        # stopped, the profile fields placement's plugins declare, the rows that go with a model.
+        CATALOG.reconcile = reconciler.request_reconcile
+        CATALOG.stop_replicas = reconciler.stop_model_replicas
+        CATALOG.plugin_fields = placement.REGISTRY.profile_fields
+        CATALOG.add_owned(Replica)
+        CATALOG.add_owned(Shard)
         # A shard's last stretch of held time is counted as it goes (its replica released, a
         # failed replica's claims given back, its model deleted): see apps.cluster.held.
         pre_delete.connect(_count_last_stretch, sender=Shard, dispatch_uid="quotas-held-time-shard-delete")

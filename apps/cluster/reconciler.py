@@ -20,12 +20,13 @@ from django.db import transaction
 from django.db.models import F, Prefetch
 from django.db.models.signals import post_save
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from prometheus_client import Counter
 
 from agent.messages import DesiredMessage, DesiredShardMessage, DrainingShardMessage
 from apps.catalog.models import Model
 from apps.cluster import placement
-from apps.cluster.choices import ReplicaState, ShardState
+from apps.cluster.choices import ReplicaState, ShardState, StopReason
 from apps.cluster.decisions import PREEMPT_HOLD, PassReport, ShardView, backoff, run_pass
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.inventory import build_inventory
@@ -40,6 +41,7 @@ __all__ = [
     "draining_shards",
     "reconcile",
     "request_reconcile",
+    "stop_model_replicas",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,29 @@ def request_reconcile() -> None:
             log.warning("could not queue a reconciler pass; beat will run one", exc_info=True)
 
     transaction.on_commit(kick)
+
+
+def stop_model_replicas(model: Model) -> int:
+    """A deleted model's replicas (registered with apps.catalog.extensions): its pending ones go,
+    the others stop once the requests they hold are answered (at most LLMGW_DRAIN_GRACE_SECONDS),
+    from the moment it was deleted; their nodes hear after commit. Returns how many stop."""
+    now = model.deleted_at or timezone.now()
+    replicas = Replica.objects.filter(model=model)
+    stopping = list(replicas.exclude(state__in=(ReplicaState.PENDING, ReplicaState.STOPPING)))
+    replicas.filter(state=ReplicaState.PENDING).delete()
+    nodes: set[int] = set()
+    for replica in stopping:
+        replica.state = ReplicaState.STOPPING
+        replica.stop_requested_at = now
+        replica.stop_reason = StopReason.DELETED
+        replica.drain_grace = settings.DRAIN_GRACE
+        replica.message = str(_("Stopping: the model was deleted."))
+        replica.save(update_fields=["state", "stop_requested_at", "stop_reason", "drain_grace", "message"])
+        nodes.update(replica.shards.values_list("node_id", flat=True))
+    if nodes:
+        Node.objects.filter(pk__in=nodes).update(desired_version=F("desired_version") + 1)
+        transaction.on_commit(lambda: push_desired_state(nodes))
+    return len(stopping)
 
 
 def _lock() -> bool:

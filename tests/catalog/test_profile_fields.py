@@ -18,6 +18,7 @@ from agent.protocol import DesiredShard
 from apps.catalog import profile_fields
 from apps.catalog import services as catalog
 from apps.catalog.api import ProfileSerializer
+from apps.catalog.extensions import EXTENSIONS as CATALOG
 from apps.catalog.models import Profile
 from apps.cluster.decisions import RUNNING_FIELDS, profile_spec, running_spec
 from apps.cluster.models import Replica
@@ -135,7 +136,7 @@ def test_every_declared_field_is_a_column_shown_by_the_api_and_the_admin_and_cop
 def test_a_field_an_app_registers_is_read_checked_and_carried_to_placement(monkeypatch: Any) -> None:
     registry = REGISTRY.copy()
     registry.register_profile_field(ProfileField("max_temperature", int, low=30, high=120))
-    monkeypatch.setattr(profile_fields, "REGISTRY", registry)
+    monkeypatch.setattr(CATALOG, "plugin_fields", registry.profile_fields)
     assert "max_temperature" in profile_fields.spec_keys()
     _values, problems = profile_fields.read_profile({"name": "x", "max_temperature": 200})
     assert problems == {"max_temperature": ["Expected a whole number from 30 to 120; got “200”."]}

@@ -7,11 +7,12 @@ the built-in filters, scorers and checks; other apps add theirs with the registe
 
 from __future__ import annotations
 
+from llmgw.fields import FieldError, ProfileField
+
 from . import filters as filters
 from . import scorers as scorers
 from .context import PlacementContext
 from .dryrun import DEFAULT_CAPACITY_RANK, headroom, plan_preemption, preemption_candidates
-from .fields import FieldError, ProfileField
 from .gpus import choose_gpus
 from .model import (
     CPU,

@@ -28,7 +28,7 @@ replaces the earlier entry, so a ready() that runs twice does no harm.
   rotating start). See pipeline.py for what it gives up.
 - A snapshot field is a named entry of `NodeSnapshot.extra` with its default, read with
   `snapshot_field(node, name)`; the Django side fills the registered fields.
-- A profile field (fields.ProfileField) is a setting a profile declares for a plugin's rule
+- A profile field (llmgw.fields.ProfileField) is a setting a profile declares for a plugin's rule
   (facility's keep_within): the catalog reads, checks and shows it with the fields of every
   profile, and `ProfileSpec.extra` carries its value to placement, read with
   `profile_field(profile, name)`. It holds a scalar, so that its value can key a cache.
@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .fields import SCALARS, ProfileField
+from llmgw.fields import SCALARS, ProfileField
 
 if TYPE_CHECKING:
     from .context import PlacementContext

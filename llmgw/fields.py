@@ -6,7 +6,8 @@ declarations the catalog reads a model spec, checks what the API and the admin s
 the fields it shows; the reconciler builds placement's `ProfileSpec` and the spec its engines run
 with; the simulator reads a scenario's profiles. The catalog declares the fields of every
 profile (apps.catalog.profile_fields); an app whose placement rule a profile sets declares its
-own with `register_profile_field` from its `placement.register()`, beside the rule that reads it.
+own with `register_profile_field` from its `placement.register()`, beside the rule that reads it
+(placement's registry, which the cluster app hands the catalogue: apps.catalog.extensions).
 
 A refusal is a `Reason` (the catalog's wording, with the value that came and the bounds it
 missed), translated where it is shown, as placement's own refusals are.
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .reasons import Reason, gettext_noop, number
+from llmgw.reasons import Reason, gettext_noop, number
 
 __all__ = ["FieldError", "ProfileField"]
 
