@@ -11,8 +11,8 @@ from apps.accounts import api as accounts_api
 from apps.accounts import audit_views, key_views, oidc, people_views
 from apps.accounts import views as accounts_views
 from apps.batches import api as batches_api
-from apps.catalog import api as catalog_api
 from apps.cluster import api as cluster_api
+from apps.cluster import model_api
 from apps.cluster import views as cluster_views
 from apps.fabrics import api as fabrics_api
 from apps.facility import api as facility_api
@@ -39,8 +39,8 @@ router.register("organizations", accounts_api.OrganizationViewSet, basename="org
 router.register("teams", accounts_api.TeamViewSet, basename="team")
 router.register("projects", accounts_api.ProjectViewSet, basename="project")
 router.register("nodes", cluster_api.NodeViewSet, basename="node")
-router.register("models", catalog_api.ModelViewSet, basename="model")
-router.register("replicas", catalog_api.ReplicaViewSet, basename="replica")
+router.register("models", model_api.ModelViewSet, basename="model")
+router.register("replicas", model_api.ReplicaViewSet, basename="replica")
 router.register("limits", quotas_api.RateLimitViewSet, basename="ratelimit")
 router.register("quotas", quotas_api.CapacityQuotaViewSet, basename="capacityquota")
 router.register("audit", accounts_api.AuditEventViewSet, basename="audit")
@@ -155,7 +155,7 @@ urlpatterns = [
     path("guardrails/", guardrails_views.guardrails, name="guardrails"),
     path("guardrails/set", guardrails_views.set_policy, name="guardrails-set"),
     path("guardrails/remove", guardrails_views.remove_policy, name="guardrails-remove"),
-    path("models/", include("apps.catalog.urls")),
+    path("models/", include("apps.cluster.model_urls")),
     path("api/v1/", include(api_urlpatterns)),
     # The admin signs in through /login/, under the same bounds as everyone else.
     path("django-admin/login/", accounts_views.admin_sign_in),

@@ -194,7 +194,7 @@ def drain_node(
 
 def drain_status(node: Node) -> dict[str, Any] | None:
     """A drain under way: the replicas left on the node, and why each that cannot move waits."""
-    from apps.catalog.selectors import translate_reason
+    from apps.cluster.model_selectors import translate_reason
 
     if node.drain_requested_at is None:
         return None

@@ -11,8 +11,9 @@ them they register here from their AppConfig.ready(), and the cluster app asks t
 - where a node is, as the facility app names the levels (`locations`), and the nodes that a domain
   held with drain empties (`drain_holds`);
 - what the nodes fetch from the mirror (`mirror_fetches`), sent in their desired state;
-- parts of the node page and of the cluster page, each under the name its template reads
-  (`add_node_panel`, `add_cluster_panel`);
+- parts of the node page, of the cluster page and of a model's page, each under the name its
+  template reads (`add_node_panel`, `add_cluster_panel`, `add_model_panel`: the mirror's LoRA
+  adapters);
 - what a node reports for another app, at registration under the report's name or later as a
   message of that type (`add_node_report`: the fabrics' ports);
 - what to do with an agent's answer to a request of a kind (`add_request_handler`: the fabrics app
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from apps.catalog.models import Model
     from apps.cluster.models import AgentRequest, Node
     from apps.cluster.placement import NodeSnapshot
 
@@ -47,6 +49,7 @@ __all__ = [
     "Extensions",
     "Locations",
     "MirrorFetches",
+    "ModelPanel",
     "NodePanel",
     "NodeReport",
     "NvlinkDomain",
@@ -74,6 +77,8 @@ MirrorFetches = Callable[[], list[dict[str, Any]]]
 NodePanel = Callable[["Node"], Any]
 # A part of the cluster page, the same way.
 ClusterPanel = Callable[[], Any]
+# A part of a model's page, the same way, given the model and whether the person may change it.
+ModelPanel = Callable[["Model", bool], Any]
 # Records what a node reports for an app (the node's id and the report's body).
 NodeReport = Callable[[int, dict[str, Any]], object]
 # What to do with an agent's answer of a kind (the row and its result): what the row keeps of it;
@@ -103,6 +108,7 @@ class Extensions:
     mirror_fetches: MirrorFetches | None = None
     node_panels: dict[str, NodePanel] = field(default_factory=dict)
     cluster_panels: dict[str, ClusterPanel] = field(default_factory=dict)
+    model_panels: dict[str, ModelPanel] = field(default_factory=dict)
     node_reports: dict[str, NodeReport] = field(default_factory=dict)
     request_handlers: dict[str, RequestHandler] = field(default_factory=dict)
 
@@ -121,6 +127,9 @@ class Extensions:
 
     def add_cluster_panel(self, name: str, panel: ClusterPanel) -> None:
         self.cluster_panels[name] = panel
+
+    def add_model_panel(self, name: str, panel: ModelPanel) -> None:
+        self.model_panels[name] = panel
 
     def add_node_report(self, kind: str, record: NodeReport) -> None:
         self.node_reports[kind] = record
@@ -176,6 +185,10 @@ class Extensions:
     def cluster_page(self) -> dict[str, Any]:
         """The other apps' parts of the cluster page, by the names its template reads."""
         return {name: panel() for name, panel in self.cluster_panels.items()}
+
+    def model_page(self, model: Model, can_change: bool) -> dict[str, Any]:
+        """The other apps' parts of a model's page, by the names its template reads."""
+        return {name: panel(model, can_change) for name, panel in self.model_panels.items()}
 
     def record_report(self, kind: str, node_id: int, body: dict[str, Any]) -> bool:
         """Hand what a node reported to the app that reads it; False when no app does."""

@@ -75,7 +75,7 @@ SEPARATORS = "-._:"
 def node_prefix(names: list[str]) -> str:
     """The start every node name shares, cut back to a separator ("gpu-r1-01", "gpu-r1-02" → "gpu-r1-").
 
-    As the models page does it (apps.catalog.views.node_prefix).
+    As the models page does it (apps.cluster.model_views.node_prefix).
     """
     if len(set(names)) < 2:
         return ""

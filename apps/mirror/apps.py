@@ -14,11 +14,13 @@ class MirrorConfig(AppConfig):
 
         from apps.catalog.models import Model
         from apps.cluster.extensions import EXTENSIONS
-        from apps.mirror import placement, services
+        from apps.mirror import lora, placement, services
 
         post_save.connect(_model_saved, sender=Model, dispatch_uid="mirror-model-saved")
         placement.register()
         EXTENSIONS.mirror_fetches = services.node_fetches
+        EXTENSIONS.add_model_panel("adapters", lora.adapters_panel)
+        EXTENSIONS.add_model_panel("held_adapters", lora.held_adapters_panel)
 
 
 def _model_saved(sender: object, instance: object, **kwargs: object) -> None:

@@ -22,7 +22,17 @@ from apps.mirror import services
 from apps.mirror.hub import MirrorError
 from apps.mirror.models import MirrorFile, MirrorVersion
 
-__all__ = ["Attached", "attach", "attached", "detach", "held_adapters", "lora_paths", "model_architecture"]
+__all__ = [
+    "Attached",
+    "adapters_panel",
+    "attach",
+    "attached",
+    "detach",
+    "held_adapters",
+    "held_adapters_panel",
+    "lora_paths",
+    "model_architecture",
+]
 
 LORA_FLAGS = ("--lora", "--lora-scaled")
 
@@ -101,6 +111,23 @@ def held_adapters() -> list[dict[str, Any]]:
         if summary is not None and summary.kind == "adapter":
             out.append({"version": version, "architecture": summary.architecture, "type": summary.adapter_type})
     return out
+
+
+def _llama(model: Any) -> bool:
+    return any(p.engine == "llama.cpp" for p in model.profiles.all())
+
+
+def adapters_panel(model: Any, can_change: bool) -> list[Attached] | None:
+    """The model page's adapters (apps.cluster.extensions): those its llama.cpp profiles load;
+    None for a model without one."""
+    return attached(model) if _llama(model) else None
+
+
+def held_adapters_panel(model: Any, can_change: bool) -> list[dict[str, Any]] | None:
+    """The held adapters the model page offers to attach, to those who may change the model."""
+    if not _llama(model):
+        return None
+    return held_adapters() if can_change else []
 
 
 def attached(model: Any) -> list[Attached]:

@@ -94,9 +94,9 @@ def dry_run(inventory: Inventory, name: str, source: str, profile: dict[str, Any
     declared yet (its nodes have not been told to fetch it: a node is refused only where its model
     directories cannot hold the source, or it already refused or failed to fetch it)."""
     from apps.catalog.models import Model, Profile
-    from apps.catalog.selectors import translate_reason
     from apps.cluster import placement
     from apps.cluster.decisions import replica_request
+    from apps.cluster.model_selectors import translate_reason
     from apps.cluster.placement.filters import weights_can_arrive
 
     registry = placement.REGISTRY.copy()

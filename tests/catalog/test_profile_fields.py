@@ -17,10 +17,10 @@ from agent.engines import vllm
 from agent.protocol import DesiredShard
 from apps.catalog import profile_fields
 from apps.catalog import services as catalog
-from apps.catalog.api import ProfileSerializer
 from apps.catalog.extensions import EXTENSIONS as CATALOG
 from apps.catalog.models import Profile
 from apps.cluster.decisions import RUNNING_FIELDS, profile_spec, running_spec
+from apps.cluster.model_api import ProfileSerializer
 from apps.cluster.models import Replica
 from apps.cluster.placement import REGISTRY, ProfileField
 from apps.cluster.reconciler import desired_shards, reconcile

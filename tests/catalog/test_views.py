@@ -486,7 +486,7 @@ def test_explain_of_a_running_model_says_where_it_runs_and_why_then_what_one_mor
 def test_explain_on_a_large_fleet_shows_the_first_nodes_and_counts_the_rest(
     client: Client, viola, placement, monkeypatch
 ) -> None:
-    from apps.catalog import api
+    from apps.cluster import model_api as api
     from apps.cluster.models import Node
 
     monkeypatch.setattr(api, "EXPLAIN_NODES", 1)

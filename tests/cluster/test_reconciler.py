@@ -380,7 +380,7 @@ def test_a_changed_profile_is_rolled_out_replacement_first_within_the_maximum() 
     assert replacement.replaces_id in old
     # The old replicas run on with their command line: nothing is restarted in place.
     assert sum("--max-num-seqs" in s["extra_args"] for s in desired_shards(node)) == 1
-    from apps.catalog.selectors import model_status, models_with_replicas
+    from apps.cluster.model_selectors import model_status, models_with_replicas
 
     assert model_status(models_with_replicas().get(pk=model.pk))["rolling"] == {"done": 0, "of": 2}
     for _step in range(6):  # each replacement gets ready; its old replica stops and is released

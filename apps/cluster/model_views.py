@@ -17,11 +17,14 @@ from django.utils.translation import gettext as _
 
 from apps.accounts.access import can_change_cluster, can_read_everything, requires
 from apps.accounts.models import User
-from apps.catalog import api, cards, selectors, services
+from apps.catalog import cards, services
 from apps.catalog.choices import CapacityClass, Engine
 from apps.catalog.forms import ClassForm, OwnerForm, ResourcesForm, TargetForm, memory_text
 from apps.catalog.models import Model, Profile
+from apps.cluster import model_api as api
+from apps.cluster import model_selectors as selectors
 from apps.cluster.choices import ReplicaState, ShardState
+from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.models import Node, Replica, Shard
 from apps.cluster.overview import fleet_prefix, short_name
 from llmgw.http import HtmxHttpRequest, client_address, is_fragment
@@ -289,11 +292,7 @@ def _card_context(
         # A form for a profile that does not exist has no place of its own on the card.
         orphan = failed is not None and all(failed.data.get("profile") != p.name for p in profiles)
         context["resources_error"] = failed.non_field_errors() if orphan and failed is not None else None
-    if any(p.engine == "llama.cpp" for p in profiles):
-        from apps.mirror import lora
-
-        context["adapters"] = lora.attached(model)
-        context["held_adapters"] = lora.held_adapters() if can_change else []
+    context.update(EXTENSIONS.model_page(model, can_change))  # the LoRA adapters (the mirror)
     return context
 
 

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 from django.urls import path
 
-from apps.catalog import views
+from apps.cluster import model_views as views
 
+# The models' pages are the cluster app's (they show replicas and placement); their URL names stay
+# "catalog:..." as links and templates know them.
 app_name = "catalog"
 
 urlpatterns = [

@@ -15,9 +15,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.access import IsOperator
-from apps.catalog import profile_fields, selectors, services
+from apps.catalog import profile_fields, services
 from apps.catalog.choices import CapacityClass
 from apps.catalog.models import Model, Profile
+from apps.cluster import model_selectors as selectors
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Replica, Shard
 from apps.cluster.placement import EXPLAIN_NODES
