@@ -9,7 +9,9 @@
    (apps.gateway.fairness), charged its expected tokens, until it is its turn and a slot is free,
    for at most LLMGW_GATEWAY_QUEUE_TIMEOUT seconds (LLMGW_GATEWAY_BATCH_QUEUE_TIMEOUT in the batch
    band). With Redis the queue is shared by every gateway process (apps.gateway.slots decides the
-   turn); without it, this process's queue is the only one.
+   turn); without it, this process's queue is the only one. A batch request takes a slot only
+   outside the interactive reserve (apps.gateway.slots): held back by it, it waits like any other,
+   and an interactive request takes a reserved slot past it.
 4. When the request ends, its key is charged what it really cost, and what its key's requests
    to the model produce is remembered for the next estimate.
 
@@ -32,10 +34,10 @@ from typing import Any
 
 from apps.gateway import metrics
 from apps.gateway.errors import Refused
-from apps.gateway.fairness import BANDS, INTERACTIVE, FairQueue, Full, Ticket, Waiting, Who, band_named
+from apps.gateway.fairness import BANDS, BATCH, INTERACTIVE, FairQueue, Full, Ticket, Waiting, Who, band_named
 from apps.gateway.intake import Call, ClientLeft
 from apps.gateway.routing import affinity_key
-from apps.gateway.slots import Gone, Lease, NotYourTurn, QueueFull, SharedSlots, SlotKeeper
+from apps.gateway.slots import Gone, Lease, NotYourTurn, QueueFull, Reserved, SharedSlots, SlotKeeper
 from apps.gateway.tables import ModelRoute, Tables
 from apps.gateway.tokens import estimate_prompt_tokens
 from apps.quotas.limiter import REQUESTS_PER_MINUTE, Headroom, Refusal, Window
@@ -114,9 +116,17 @@ class Admission:
         """A slot of `model` came free (here, or through Redis in another process): the request
         whose turn it is in this process looks again."""
         head = self.queue.head(model)
-        waiter = self._waiters.get(model, {}).get(head) if head is not None else None
+        waiters = self._waiters.get(model)
+        if head is None or waiters is None:
+            return
+        waiter = waiters.get(head)
         if waiter is not None:
             waiter.event.set()
+        if head.band == BATCH:  # the interactive reserve may hold it back: the interactive band's first looks too
+            first = self.queue.top(model, INTERACTIVE)
+            waiter = waiters.get(first) if first is not None else None
+            if waiter is not None:
+                waiter.event.set()
 
     def wake_all(self) -> None:
         """The tables changed (new replicas may serve): every waiter looks again."""
@@ -205,6 +215,7 @@ class Admission:
         waiter: Waiter | None = None
         watcher: asyncio.Task[None] | None = None
         free: dict[str, int] = {}  # the slots free that waiters ahead are about to take, by model
+        kept: dict[str, Reserved] = {}  # the interactive reserve that last held this batch request back, by model
         try:
             while True:
                 tables = self.tables()
@@ -214,7 +225,7 @@ class Admission:
                     self.demand(route.name)
                     deadline = max(deadline, time.monotonic() + self.cold_start_timeout)
                 routes = [r for r in (tables.models.get(n) for n in names) if r is not None]
-                lease = await self._take(call, routes, key, exclude, waiter, free)
+                lease = await self._take(call, routes, key, exclude, waiter, free, kept)
                 if lease is not None:
                     self._took(call, waiter, started, lease)
                     return lease
@@ -231,7 +242,7 @@ class Admission:
                     raise self._pushed_out(call, waiter)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise self._timed_out(call, waiter, current)
+                    raise self._timed_out(call, waiter, current, kept.get(current.name))
                 watcher = await self._wait(waiter, receive, watcher, min(remaining, RECHECK_S))
         finally:
             if watcher is not None:
@@ -252,10 +263,14 @@ class Admission:
         exclude: frozenset[str],
         waiter: Waiter | None,
         free: dict[str, int] | None = None,
+        kept: dict[str, Reserved] | None = None,
     ) -> Lease | None:
         """A slot of the first route that gives one: the waiter's own model in its turn, another
         only while nobody waits for it (a fallback is never taken past its own queue). `free`
-        gets, by model, how many slots were free but for waiters ahead to take."""
+        gets, by model, how many slots were free but for waiters ahead to take; `kept`, the
+        interactive reserve that held a batch request back. A batch head the reserve holds back
+        gives the turn to the interactive band, and an interactive request with none waiting ahead
+        of it in its band takes a free reserved slot at once."""
         shared = self._shared_ok()
         for candidate in routes:
             if not candidate.upstreams:
@@ -263,6 +278,15 @@ class Admission:
             mine = waiter is not None and candidate.name == waiter.model
             if not shared:
                 turn = self.queue.head(candidate.name)
+                held = (
+                    self.keeper.reserved(candidate.upstreams, exclude)
+                    if turn is not None and turn.band == BATCH
+                    else None
+                )
+                if held is not None:
+                    turn = self.queue.top(candidate.name, INTERACTIVE)
+                    if kept is not None and call.band == BATCH:
+                        kept[candidate.name] = held
                 if (mine and waiter is not None and turn is not waiter.ticket) or (not mine and turn is not None):
                     continue
             elif mine and waiter is not None and waiter.token is None:
@@ -278,7 +302,12 @@ class Admission:
                     batch_every=self.batch_every,
                     charge=charge,
                     who=self._who(call).token(),  # whose request holds the slot (a model's card shows it)
+                    band=call.band,
                 )
+            except Reserved as reserved:
+                if kept is not None:
+                    kept[candidate.name] = reserved
+                continue
             except NotYourTurn as other:
                 if free is not None:
                     free[candidate.name] = other.free
@@ -480,15 +509,19 @@ class Admission:
             headers={"retry-after": "5"},
         )
 
-    def _timed_out(self, call: Call, waiter: Waiter, current: ModelRoute) -> Refused:
+    def _timed_out(self, call: Call, waiter: Waiter, current: ModelRoute, kept: Reserved | None = None) -> Refused:
         place, of = self.queue.place(waiter.model, waiter.ticket)
         ready = len(current.upstreams)
         waited = self.timeouts[waiter.band]
-        reason = (
-            f"every one of the {ready} ready replicas of “{current.name}” stayed busy for {waited:g} s"
-            if ready
-            else f"“{current.name}” has no ready replica"
-        )
+        if kept is not None and ready:
+            reason = (
+                f"{kept.kept} of the {kept.slots} slots of “{current.name}” are kept for interactive requests "
+                f"(peak {kept.peak} in the last {kept.window:g} s), and the others stayed busy for {waited:g} s"
+            )
+        elif ready:
+            reason = f"every one of the {ready} ready replicas of “{current.name}” stayed busy for {waited:g} s"
+        else:
+            reason = f"“{current.name}” has no ready replica"
         where = f"; this request was {place} of {of} waiting in the {BANDS[waiter.band]} band" if place else ""
         return Refused(
             503,

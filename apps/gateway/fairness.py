@@ -252,6 +252,12 @@ class FairQueue:
             return second
         return first
 
+    def top(self, model: str, band: int) -> Ticket | None:
+        """The first in turn of one band (the interactive one's, when a batch head may not take a
+        slot: the interactive reserve holds it back)."""
+        state = self._models.get(model)
+        return None if state is None else self._top(state, band)
+
     @staticmethod
     def _top(state: _Model, band: int) -> Ticket | None:
         heap = state.heaps[band]

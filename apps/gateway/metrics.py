@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-__all__ = ["IN_FLIGHT", "QUEUE_DEPTH", "SHARED_SLOT_FAILURES", "observe", "queue_wait", "queued"]
+__all__ = ["IN_FLIGHT", "QUEUE_DEPTH", "SHARED_SLOT_FAILURES", "interactive_reserve", "observe", "queue_wait", "queued"]
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -42,6 +42,13 @@ GUARDRAIL_ACTIONS = Counter(
     "llmgw_guardrail_actions",
     "What guardrail rules did to requests and answers, by policy and action",
     ["policy", "action"],
+)
+
+INTERACTIVE_RESERVE = Gauge(
+    "llmgw_interactive_reserve",
+    "Slots of a model kept from the batch band for interactive requests, as reckoned for its last batch request",
+    ["model"],
+    multiprocess_mode="livemostrecent",
 )
 
 SHARED_SLOT_FAILURES = Counter(
@@ -86,6 +93,11 @@ def queued(model: str, band: str, delta: int) -> None:
     """A request joined (1) or left (-1) a model's queue."""
     _child(QUEUE_DEPTH, model).inc(delta)
     _child(QUEUED, model, band).inc(delta)
+
+
+def interactive_reserve(model: str, slots: int) -> None:
+    """The interactive reserve reckoned for a batch-band request (apps.gateway.slots)."""
+    _child(INTERACTIVE_RESERVE, model).set(slots)
 
 
 def queue_wait(model: str, band: str, seconds: float) -> None:

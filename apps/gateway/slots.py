@@ -29,6 +29,15 @@ model's fair queue (apps.gateway.fairness; the admission stage, apps.gateway.adm
 With Redis the queue is shared too: its tags, bands and the turn are kept and decided by the
 scripts below, by the same rules as the in-process FairQueue, so the order holds across every
 gateway process; a ticket whose process died expires with its lease and gives its place back.
+
+The interactive reserve: while interactive requests have been seen for a model, a batch-band request
+takes a slot only if interactive requests in flight + free slots after it >= the reserve, the most
+interactive requests in flight at once over the last RESERVE_WINDOW_S seconds (never more than the
+model's slots minus one; 0 once none came for that long, so idle slots all go to batch). A batch
+request cannot be cut off without failing it, so without the reserve an interactive request that
+found every slot taken by batch waited for a whole batch answer. `Interactive` keeps the count and
+its recent peak in one process; with Redis, the acquire script keeps them per model (the
+interactive leases in a set, each count's last moment in another) so every process agrees.
 """
 
 from __future__ import annotations
@@ -42,19 +51,24 @@ import math
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from apps.gateway import metrics
+from apps.gateway.fairness import BATCH, INTERACTIVE
 from apps.gateway.routing import LOAD_BOUND, pick, preference
 from apps.gateway.tables import Tables, Upstream
 
 __all__ = [
+    "RESERVE_WINDOW_S",
     "Gone",
     "InFlight",
+    "Interactive",
     "Lease",
     "NotYourTurn",
     "QueueFull",
+    "Reserved",
     "SharedSlots",
     "SlotKeeper",
     "queue_keys",
@@ -62,6 +76,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("llmgw.gateway")
+
+#: How far back the interactive reserve looks for the most interactive requests in flight at once.
+RESERVE_WINDOW_S = 30.0
 
 
 def shared_key(prefix: str, kind: str, name: str) -> str:
@@ -84,18 +101,77 @@ class InFlight:
         return f"InFlight({self.id!r}, held={self.held})"
 
 
+class Interactive:
+    """One model's interactive requests holding slots in this process, and the most held at once
+    over the last `window` seconds.
+
+    `past` holds (the last moment a count was held, the count) for counts given up, counts falling
+    from front to back: a count is noted only when it falls (a rise is covered by the higher count
+    held from that moment on), and a noted count hides those before it that were no higher. So the
+    peak is the front's count, or the one held now: one deque append per request, O(1) amortised.
+    """
+
+    __slots__ = ("held", "past", "window")
+
+    def __init__(self, window: float) -> None:
+        self.held = 0
+        self.past: deque[tuple[float, int]] = deque()
+        self.window = window
+
+    def gave_back(self, now: float) -> None:
+        past, held = self.past, self.held
+        while past and past[-1][1] <= held:
+            past.pop()
+        past.append((now, held))
+        self.held = held - 1
+
+    def peak(self, now: float) -> int:
+        past = self.past
+        edge = now - self.window
+        while past and past[0][0] < edge:
+            past.popleft()
+        return max(self.held, past[0][1]) if past else self.held
+
+
+class Reserved(Exception):
+    """A batch-band request may not take a free slot: `kept` of the model's `slots` are kept for
+    interactive requests, the most in flight at once (`peak`) over the last `window` seconds."""
+
+    def __init__(self, kept: int, peak: int, slots: int, window: float) -> None:
+        super().__init__(kept, peak, slots)
+        self.kept = kept
+        self.peak = peak
+        self.slots = slots
+        self.window = window
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kept} of {self.slots} slots kept for interactive requests "
+            f"(peak {self.peak} in the last {self.window:g} s)"
+        )
+
+
+def reserve(peak: int, slots: int) -> int:
+    """Slots kept from the batch band: the recent interactive peak, leaving batch at least one."""
+    return max(0, min(peak, slots - 1))
+
+
 class Lease:
     """One request's hold on one slot of one upstream; given back once, to the InFlight it came from.
-    `who` is whose request holds it (apps.gateway.fairness.Who.token), "" when it is nobody's."""
+    `who` is whose request holds it (apps.gateway.fairness.Who.token), "" when it is nobody's;
+    `band` the request's band (None for the gateway's own requests: a guard model's)."""
 
-    __slots__ = ("inflight", "released", "token", "upstream", "who")
+    __slots__ = ("band", "inflight", "released", "token", "upstream", "who")
 
-    def __init__(self, upstream: Upstream, inflight: InFlight, token: str | None, who: str = "") -> None:
+    def __init__(
+        self, upstream: Upstream, inflight: InFlight, token: str | None, who: str = "", band: int | None = None
+    ) -> None:
         self.upstream = upstream
         self.inflight = inflight
         self.token = token  # the shared lease's id, when Redis counts it
         self.released = False
         self.who = who
+        self.band = band
 
 
 class QueueFull(Exception):
@@ -131,57 +207,86 @@ def _text(value: Any) -> str:
 # The shared counts ---------------------------------------------------------------------------------
 
 # KEYS: the candidates' lease sets in preference order, then the queue these candidates serve (its
-# two bands' tag sets, its tickets' expiry set, its state hash). ARGV: lease ms, token, mode, bound,
-# the queue ticket ("" for none), BATCH_EVERY, the key id and cost / share to charge a request taken
-# with no ticket ("" and 0 for none), then each candidate's capacity. Returns {index, ""}:
-# the 1-based index of the chosen candidate, 0 when all are full, -1 with the ticket whose turn it
-# is when it is another's (a request with no ticket may not pass anyone waiting: -1 then only when
-# a slot is free, which one of those waiting is about to take, with how many are), -2 when the
-# ticket is no longer queued (pushed out). Taking a slot with a ticket leaves the queue in the
-# same step, moves the model's virtual time to its tag, and counts a grant the batch band waited for.
+# two bands' tag sets, its tickets' expiry set, its state hash), then its interactive leases and its
+# interactive counts' last moments (the reserve). ARGV: lease ms, token, mode, bound, the queue
+# ticket ("" for none), BATCH_EVERY, the key id and cost / share to charge a request taken with no
+# ticket ("" and 0 for none), the request's band (-1 for none), the caller's clock and the reserve's
+# window (ms), then each candidate's capacity. Returns {index, ""}: the 1-based index of the chosen
+# candidate, 0 when all are full (with the reserve, its peak and the slots when a batch request is
+# held back by the reserve), -1 with the ticket whose turn it is when it is another's (a request
+# with no ticket may not pass anyone waiting: -1 then only when a slot is free, which one of those
+# waiting is about to take, with how many are; an interactive one passes batch requests the reserve
+# holds back), -2 when the ticket is no longer queued (pushed out). Taking a slot with a ticket
+# leaves the queue in the same step, moves the model's virtual time to its tag, and counts a grant
+# the batch band waited for. A batch head the reserve holds back gives its turn to the interactive
+# band.
 ACQUIRE_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
 local mode = tonumber(ARGV[3])
-local n = #ARGV - 8
+local rband = tonumber(ARGV[9])
+local n = #ARGV - 11
 local z0, z1, wq, st = KEYS[n + 1], KEYS[n + 2], KEYS[n + 3], KEYS[n + 4]
+local live, pk = KEYS[n + 5], KEYS[n + 6]
 local dead = redis.call('ZRANGEBYSCORE', wq, '-inf', now)
 for _, d in ipairs(dead) do redis.call('ZREM', z0, d); redis.call('ZREM', z1, d) end
 if #dead > 0 then redis.call('ZREMRANGEBYSCORE', wq, '-inf', now) end
 local c0, c1 = redis.call('ZCARD', z0), redis.call('ZCARD', z1)
+local loads, caps = {}, {}
+local sum, usable, free, total = 0, 0, 0, 0
+for i = 1, n do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  loads[i] = redis.call('ZCARD', KEYS[i])
+  caps[i] = tonumber(ARGV[11 + i])
+  total = total + caps[i]
+  if loads[i] < caps[i] then sum = sum + loads[i]; usable = usable + 1; free = free + caps[i] - loads[i] end
+end
+local kept = nil
+local function held_back()
+  if kept == nil then
+    local clock, window = tonumber(ARGV[10]), tonumber(ARGV[11])
+    local before = redis.call('ZCARD', live)
+    redis.call('ZREMRANGEBYSCORE', live, '-inf', now)
+    local busy = redis.call('ZCARD', live)
+    if busy < before then
+      redis.call('ZADD', pk, clock, before)
+      redis.call('PEXPIRE', pk, window * 2)
+    end
+    redis.call('ZREMRANGEBYSCORE', pk, '-inf', clock - window)
+    local peak = busy
+    for _, v in ipairs(redis.call('ZRANGE', pk, 0, -1)) do peak = math.max(peak, tonumber(v)) end
+    local reserve = math.max(0, math.min(peak, total - 1))
+    kept = {free > 0 and free - 1 + busy < reserve, reserve, peak, total}
+  end
+  return kept[1]
+end
 local ticket = ARGV[5]
 local band = -1
 if ticket == '' then
   if c0 + c1 > 0 then
-    local free = 0
-    for i = 1, n do
-      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-      free = free + math.max(tonumber(ARGV[8 + i]) - redis.call('ZCARD', KEYS[i]), 0)
+    if rband == 1 and held_back() then return {0, '', kept[2], kept[3], kept[4]} end
+    if not (rband == 0 and c0 == 0 and held_back()) then
+      if free > 0 then return {-1, '', free} end
+      return {0, ''}
     end
-    if free > 0 then return {-1, '', free} end
-    return {0, ''}
   end
 else
   if redis.call('ZSCORE', z0, ticket) then band = 0
   elseif redis.call('ZSCORE', z1, ticket) then band = 1
   else return {-2, ''} end
   local skips = tonumber(redis.call('HGET', st, 's') or '0')
+  local batch_turn = c0 == 0 or (c1 > 0 and skips >= tonumber(ARGV[6]) - 1)
+  if batch_turn and c0 > 0 and held_back() then batch_turn = false end
   local head
-  if c0 == 0 or (c1 > 0 and skips >= tonumber(ARGV[6]) - 1) then head = redis.call('ZRANGE', z1, 0, 0)[1]
+  if batch_turn then head = redis.call('ZRANGE', z1, 0, 0)[1]
   else head = redis.call('ZRANGE', z0, 0, 0)[1] end
   for i = n + 1, n + 4 do redis.call('PEXPIRE', KEYS[i], lease * 4) end
+  if band == 1 and held_back() then return {0, '', kept[2], kept[3], kept[4]} end
   if head ~= ticket then return {-1, head} end
 end
-local loads, caps = {}, {}
-local sum, usable = 0, 0
-for i = 1, n do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  loads[i] = redis.call('ZCARD', KEYS[i])
-  caps[i] = tonumber(ARGV[8 + i])
-  if loads[i] < caps[i] then sum = sum + loads[i]; usable = usable + 1 end
-end
 if usable == 0 then return {0, ''} end
+if rband == 1 and held_back() then return {0, '', kept[2], kept[3], kept[4]} end
 local chosen = 0
 if mode == 2 then
   for i = 1, n do if loads[i] < caps[i] then chosen = i; break end end
@@ -197,6 +302,10 @@ if chosen == 0 then
 end
 redis.call('ZADD', KEYS[chosen], now + lease, ARGV[2])
 redis.call('PEXPIRE', KEYS[chosen], lease * 4)
+if rband == 0 then
+  redis.call('ZADD', live, now + lease, ARGV[2] .. '~i')
+  redis.call('PEXPIRE', live, lease * 4)
+end
 if band >= 0 then
   local z = z0
   if band == 1 then z = z1 end
@@ -216,6 +325,7 @@ elseif ARGV[7] ~= '' then
   redis.call('HSET', st, 'k' .. ARGV[7], string.format('%.17g', s + tonumber(ARGV[8])), 'v', string.format('%.17g', s))
   redis.call('PEXPIRE', st, lease * 4)
 end
+if kept ~= nil then return {chosen, '', kept[2], kept[3], kept[4]} end
 return {chosen, ''}
 """
 
@@ -277,6 +387,21 @@ redis.call('HSET', KEYS[1], 'k' .. ARGV[1], string.format('%.17g', moved))
 return 1
 """
 
+# KEYS: the lease's slot set, the model's interactive leases, its interactive counts' last moments.
+# ARGV: the lease, its interactive member, the caller's clock and the reserve's window (ms). An
+# interactive lease given back notes the count it leaves, at this moment, for the reserve's peak.
+RELEASE_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREM', KEYS[1], ARGV[1])
+local busy = redis.call('ZCOUNT', KEYS[2], now, '+inf')
+if redis.call('ZREM', KEYS[2], ARGV[2]) == 1 then
+  redis.call('ZADD', KEYS[3], ARGV[3], math.max(busy, 1))
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[4]) * 2)
+end
+return 1
+"""
+
 # KEYS: sets to renew leases in. ARGV: lease ms, then (key index, token) pairs.
 RENEW_SCRIPT = """
 local t = redis.call('TIME')
@@ -294,9 +419,9 @@ def _sha(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
 
 
-_ALL = (ACQUIRE_SCRIPT, ENTER_SCRIPT, LEAVE_SCRIPT, CORRECT_SCRIPT, RENEW_SCRIPT)
+_ALL = (ACQUIRE_SCRIPT, ENTER_SCRIPT, LEAVE_SCRIPT, CORRECT_SCRIPT, RENEW_SCRIPT, RELEASE_SCRIPT)
 _SCRIPTS = {_sha(s): s for s in _ALL}
-ACQUIRE_SHA, ENTER_SHA, LEAVE_SHA, CORRECT_SHA, RENEW_SHA = (_sha(s) for s in _ALL)
+ACQUIRE_SHA, ENTER_SHA, LEAVE_SHA, CORRECT_SHA, RENEW_SHA, RELEASE_SHA = (_sha(s) for s in _ALL)
 
 
 class SharedSlots:
@@ -403,17 +528,23 @@ class SharedSlots:
         batch_every: int = 10,
         charge: tuple[int, float] | None = None,
         who: str = "",
+        band: int | None = None,
+        clock: float = 0.0,
+        window: float = RESERVE_WINDOW_S,
     ) -> tuple[int | None, str]:
         """Take a slot on one of `order` by pick's rule: (its index or None, the lease's token). The
         candidates serve `queue`'s model: without a ticket a slot is taken only while nobody waits
         for it; with one, only when it is the ticket's turn (NotYourTurn otherwise, Gone when the
-        ticket was pushed out), and the ticket leaves the queue in the same step."""
+        ticket was pushed out), and the ticket leaves the queue in the same step. A batch-band
+        request the interactive reserve holds back gets Reserved; `clock` (the caller's, seconds)
+        and `window` date the reserve's peak."""
         # A lease's member names whose request holds it (a model's card reads them back).
         token = f"{self._token()}|{who}" if who else self._token()
         keys = [self._key("slots", u.id) for u in order]
+        window_ms = int(window * 1000)
         reply = await self._script(
             ACQUIRE_SHA,
-            [*keys, *self.queue_keys(queue)],
+            [*keys, *self.queue_keys(queue), self._key("interactive", queue), self._key("peak", queue)],
             [
                 self.lease_ms,
                 token,
@@ -423,6 +554,9 @@ class SharedSlots:
                 batch_every,
                 charge[0] if charge else "",
                 repr(charge[1]) if charge else 0,
+                -1 if band is None else band,
+                int(clock * 1000),
+                window_ms,
                 *(u.capacity for u in order),
             ],
         )
@@ -431,29 +565,47 @@ class SharedSlots:
             raise NotYourTurn(head or None, int(reply[2]) if len(reply) > 2 else 0)
         if chosen == -2:
             raise Gone()
+        if len(reply) > 4:  # the reserve, reckoned for a batch request
+            metrics.interactive_reserve(queue, int(reply[2]))
+            if not chosen:
+                raise Reserved(int(reply[2]), int(reply[3]), int(reply[4]), window)
         if not chosen:
             return None, token
         self._held[token] = keys[chosen - 1]
+        if band == INTERACTIVE:
+            self._held[token + "~i"] = self._key("interactive", queue)
         if ticket is not None:
             self._held.pop(ticket, None)  # out of the queue already
         return chosen - 1, token
 
-    def release(self, token: str, model: str) -> None:
+    def release(self, token: str, model: str, clock: float = 0.0, window: float = RESERVE_WINDOW_S) -> None:
         """Give a lease back in the background (a lease that cannot be given back expires)."""
         key = self._held.pop(token, None)
         if key is not None:
-            self._background(self._release(key, token, model))
+            live = self._held.pop(token + "~i", None)
+            self._background(self._release(key, live, token, model, clock, window))
 
-    async def release_now(self, token: str, model: str) -> None:
+    async def release_now(self, token: str, model: str, clock: float = 0.0, window: float = RESERVE_WINDOW_S) -> None:
         """Give a lease back before going on: a request that answers its client after this cannot
         be followed by one of the same client's that finds the slot still taken."""
         key = self._held.pop(token, None)
         if key is not None:
-            await self._release(key, token, model)
+            live = self._held.pop(token + "~i", None)
+            await self._release(key, live, token, model, clock, window)
 
-    async def _release(self, key: str, token: str, model: str) -> None:
+    async def _release(self, key: str, live: str | None, token: str, model: str, clock: float, window: float) -> None:
+        """ZREM the lease; an interactive one's through RELEASE_SCRIPT, which notes the count it leaves."""
         try:
-            await self.client.execute(("ZREM", key, token), ("PUBLISH", self.channel, model))
+            if live is None:
+                await self.client.execute(("ZREM", key, token), ("PUBLISH", self.channel, model))
+                return
+            keys = [key, live, self._key("peak", model)]
+            args = [token, token + "~i", int(clock * 1000), int(window * 1000)]
+            [reply, _] = await self.client.execute(
+                ("EVALSHA", RELEASE_SHA, len(keys), *keys, *args), ("PUBLISH", self.channel, model)
+            )
+            if isinstance(reply, Exception):
+                await self._script(RELEASE_SHA, keys, args)  # NOSCRIPT: sent whole once
         except Exception as exc:
             self.failed("release", exc)
 
@@ -549,11 +701,16 @@ class SlotKeeper:
     replica left the table is kept until its last lease is given back.
     """
 
-    def __init__(self, shared: SharedSlots | None = None) -> None:
+    def __init__(self, shared: SharedSlots | None = None, *, window: float = RESERVE_WINDOW_S) -> None:
         self.shared = shared
         self._by_id: dict[str, InFlight] = {}
         self._leases: set[Lease] = set()  # those held now
         self.on_release: Callable[[str], None] = lambda model: None
+        # The interactive reserve: its window and clock (wall time, so that processes agree through
+        # Redis; a test moves it), and this process's interactive requests by model.
+        self.window = window
+        self.clock: Callable[[], float] = time.time
+        self._interactive: dict[str, Interactive] = {}
 
     def bind(self, tables: Tables) -> None:
         live: set[str] = set()
@@ -590,6 +747,7 @@ class SlotKeeper:
         batch_every: int = 10,
         charge: tuple[int, float] | None = None,
         who: str = "",
+        band: int | None = None,
     ) -> Lease | None:
         """A slot on one of the upstreams (prefix affinity under the load bound, else the least
         loaded), or None when every usable one is full. Upstreams in `exclude` or marked failed
@@ -597,7 +755,8 @@ class SlotKeeper:
         serve: `ticket`, the request's place in it, takes the slot only in its turn (NotYourTurn,
         Gone), and a request with none only while nobody waits. Without Redis the caller's own
         queue says whose turn it is. `who` (fairness.Who.token) goes with the lease, so whose requests
-        hold a model's slots can be told (`holders`)."""
+        hold a model's slots can be told (`holders`). `band`: a batch request the interactive reserve
+        holds back gets Reserved (module docstring); an interactive one is counted for the reserve."""
         now = time.monotonic()
         skip = set(exclude)
         candidates = [u for u in upstreams if u.id not in skip and self.inflight(u).failed_until <= now]
@@ -608,22 +767,64 @@ class SlotKeeper:
         if shared is not None and shared.available() and not order[0].id.startswith("external:"):
             try:
                 index, token = await shared.acquire(
-                    order, mode, queue or order[0].model, ticket, batch_every=batch_every, charge=charge, who=who
+                    order,
+                    mode,
+                    queue or order[0].model,
+                    ticket,
+                    batch_every=batch_every,
+                    charge=charge,
+                    who=who,
+                    band=band,
+                    clock=self.clock(),
+                    window=self.window,
                 )
-            except (NotYourTurn, Gone):
+            except (NotYourTurn, Gone, Reserved):
                 raise
             except Exception as exc:
                 shared.failed("acquire", exc)
             else:
-                return None if index is None else self._take(order[index], token, who)
+                return None if index is None else self._take(order[index], token, who, band)
+        if band == BATCH:
+            kept = self._kept(candidates)
+            if kept is not None:
+                raise kept
         index = pick([self.inflight(u).held for u in order], [u.capacity for u in order], mode)
-        return None if index is None else self._take(order[index], None, who)
+        return None if index is None else self._take(order[index], None, who, band)
 
-    def _take(self, upstream: Upstream, token: str | None, who: str) -> Lease:
+    def reserved(self, upstreams: Sequence[Upstream], exclude: Iterable[str] = ()) -> Reserved | None:
+        """Whether the interactive reserve holds a batch request back from these upstreams (of one
+        model) in this process now: Reserved with the numbers, or None."""
+        now = time.monotonic()
+        skip = set(exclude)
+        return self._kept([u for u in upstreams if u.id not in skip and self.inflight(u).failed_until <= now])
+
+    def _kept(self, candidates: Sequence[Upstream]) -> Reserved | None:
+        if not candidates:
+            return None
+        state = self._interactive.get(candidates[0].model)
+        if state is None:
+            return None
+        slots = free = 0
+        for upstream in candidates:
+            slots += upstream.capacity
+            free += max(0, upstream.capacity - self.inflight(upstream).held)
+        peak = state.peak(self.clock())
+        kept = reserve(peak, slots)
+        metrics.interactive_reserve(candidates[0].model, kept)
+        if free > 0 and free - 1 + state.held < kept:
+            return Reserved(kept, peak, slots, self.window)
+        return None
+
+    def _take(self, upstream: Upstream, token: str | None, who: str, band: int | None) -> Lease:
         inflight = self.inflight(upstream)
         inflight.held += 1
         metrics.IN_FLIGHT.inc()
-        lease = Lease(upstream, inflight, token, who)
+        if band == INTERACTIVE:
+            state = self._interactive.get(upstream.model)
+            if state is None:
+                state = self._interactive[upstream.model] = Interactive(self.window)
+            state.held += 1
+        lease = Lease(upstream, inflight, token, who, band)
         self._leases.add(lease)
         return lease
 
@@ -636,12 +837,12 @@ class SlotKeeper:
         """Give the lease's slot back (a second call does nothing); the shared count follows in the
         background."""
         if self._give_back(lease) and lease.token is not None and self.shared is not None:
-            self.shared.release(lease.token, lease.upstream.model)
+            self.shared.release(lease.token, lease.upstream.model, self.clock(), self.window)
 
     async def give_back(self, lease: Lease) -> None:
         """Give the lease's slot back, the shared count too, before the caller answers its client."""
         if self._give_back(lease) and lease.token is not None and self.shared is not None:
-            await self.shared.release_now(lease.token, lease.upstream.model)
+            await self.shared.release_now(lease.token, lease.upstream.model, self.clock(), self.window)
 
     def _give_back(self, lease: Lease) -> bool:
         if lease.released:
@@ -650,6 +851,8 @@ class SlotKeeper:
         lease.inflight.held -= 1
         self._leases.discard(lease)
         metrics.IN_FLIGHT.dec()
+        if lease.band == INTERACTIVE:
+            self._interactive[lease.upstream.model].gave_back(self.clock())
         self.on_release(lease.upstream.model)
         return True
 
