@@ -14,6 +14,8 @@ import aiohttp
 
 from apps.batches.choices import LineState
 from apps.batches.models import Batch, BatchLine
+from apps.gateway.fairness import BATCH
+from apps.gateway.slots import RESERVE_WINDOW_S
 from apps.quotas.models import UsageRecord
 from tests.batches.harness import WAIT, World, chat_line, db
 
@@ -35,6 +37,9 @@ async def test_an_interactive_request_takes_a_slot_the_batch_holds_and_the_batch
     world.engine.replies.clear()  # each request answers as its "mock" field says: the batch's lines hang
     async with aiohttp.ClientSession() as session:
         alone = await first_token_s(world, session)
+        # That request was more than the interactive reserve's window ago: no slot is kept for
+        # interactive requests, and the batch's lines take both.
+        world.app.keeper.clock = lambda: time.time() + RESERVE_WINDOW_S + 1
         lines = [chat_line(f"hold-{i}", mock="hang") for i in range(4)]
         batch = await world.openai().batches.create(
             input_file_id=(await world.upload(lines)).id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -44,6 +49,7 @@ async def test_an_interactive_request_takes_a_slot_the_batch_holds_and_the_batch
                 await asyncio.sleep(0.01)
         world.engine.closed.clear()
         beside = await asyncio.wait_for(first_token_s(world, session), WAIT)
+        world.app.keeper.clock = lambda: time.time() + 2 * (RESERVE_WINDOW_S + 1)  # and so is this one
     print(f"\ninteractive time to first token: alone {alone * 1000:.1f} ms, beside the batch {beside * 1000:.1f} ms")
     assert world.engine.closed.is_set()  # a batch line's request to the engine was cut off for it
     assert world.runner.yielded >= 1
@@ -71,6 +77,24 @@ async def test_an_interactive_request_takes_a_slot_the_batch_holds_and_the_batch
     async with asyncio.timeout(WAIT):
         while not await db(lambda: UsageRecord.objects.filter(batch=batch.id, status=499).exists()):
             await asyncio.sleep(0.1)
+
+
+async def test_a_batch_leaves_a_slot_to_the_interactive_requests_seen_lately(world: World) -> None:
+    """An interactive request came a moment ago: the batch's lines take one slot of two, and the
+    next interactive request takes the other at once, with no line cut off for it."""
+    world.engine.replies.clear()
+    async with aiohttp.ClientSession() as session:
+        await first_token_s(world, session)
+        lines = [chat_line(f"hold-{i}", mock="hang") for i in range(4)]
+        await world.openai().batches.create(
+            input_file_id=(await world.upload(lines)).id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        async with asyncio.timeout(WAIT):
+            while world.app.admission.queue.waiting("m", BATCH) < 1:  # a line waits, held back by the reserve
+                await asyncio.sleep(0.01)
+        assert world.engine.active == 1
+        await asyncio.wait_for(first_token_s(world, session), WAIT)
+    assert world.runner.yielded == 0 and not world.engine.closed.is_set()
 
 
 async def test_no_line_starts_while_an_interactive_request_waits(world: World) -> None:
