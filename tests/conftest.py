@@ -62,6 +62,10 @@ def pytest_configure(config: Any) -> None:
 
     # Every process a test starts carries this session's mark, whatever it starts in turn.
     processes.mark_this_run()
+    if BACKEND == "postgres":
+        from tests import pgflush
+
+        pgflush.install()
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
