@@ -29,18 +29,25 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from apps.gateway import metrics, tracing
 from apps.gateway.intake import EMBEDDINGS, Call
 from apps.gateway.tokens import estimate_prompt_tokens
+from apps.quotas.records import UsageRecordDict
 
-__all__ = ["CANCELLED", "Accountant"]
+__all__ = ["CANCELLED", "Accountant", "UsageSink"]
 
 log = logging.getLogger("llmgw.gateway")
 
 CANCELLED = 499  # the status recorded for a request whose client went away (nginx's use of it)
 COUNT_TIMEOUT_S = 5.0  # how long a cancelled request's prompt count may take before it is estimated
+
+
+class UsageSink(Protocol):
+    """Where usage records go: apps.quotas.usage.UsageWriter (never blocks, never raises)."""
+
+    def emit(self, record: UsageRecordDict) -> None: ...
 
 
 class Accountant:
@@ -50,7 +57,7 @@ class Accountant:
     def __init__(
         self,
         *,
-        usage: Any,
+        usage: UsageSink | None,
         limiter: Any,
         known_model: Callable[[str], bool],
         count_prompt: Callable[[Call], Awaitable[int | None]],

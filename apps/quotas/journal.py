@@ -29,9 +29,10 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import Counter
+
+from apps.quotas.records import UsageRecordDict, from_json
 
 __all__ = ["JOURNAL_FAILURES", "Journal", "settle_orphans"]
 
@@ -41,7 +42,7 @@ JOURNAL_FAILURES = Counter(
     "llmgw_usage_journal_failures", "Usage records that could not be appended to the local journal"
 )
 
-Settle = Callable[[list[dict[str, Any]]], int]
+Settle = Callable[[list[UsageRecordDict]], int]
 
 # json.dumps(record, separators=(",", ":"), default=str), with one encoder kept: given any option,
 # json.dumps builds a new one for every call, and a record is appended on every request's path.
@@ -60,16 +61,16 @@ def _lock(path: Path) -> int | None:
     return fd
 
 
-def read_segment(path: Path) -> list[dict[str, Any]]:
+def read_segment(path: Path) -> list[UsageRecordDict]:
     """The records of a segment; a line that cannot be read (a machine that lost power mid-line)
     is skipped."""
-    records = []
+    records: list[UsageRecordDict] = []
     with path.open("rb") as handle:
         for line in handle:
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
                 if isinstance(record, dict):
-                    records.append(record)
+                    records.append(from_json(record))
     return records
 
 
@@ -97,7 +98,7 @@ class Journal:
         os.rename(hidden, self.folder / f"{self.prefix}.lock")
         self._lock_fd = fd
 
-    def append(self, record: dict[str, Any]) -> bool:
+    def append(self, record: UsageRecordDict) -> bool:
         """One write of one line; False (logged, counted) when it could not be done."""
         try:
             line = _encode(record).encode() + b"\n"

@@ -19,10 +19,12 @@ from django.db import InterfaceError, OperationalError
     max_retries=20,
 )
 def write_usage(records: list[dict[str, Any]]) -> int:
-    """Write a batch of usage records sent by a gateway (idempotent by request id)."""
+    """Write a batch of usage records sent by a gateway (idempotent by request id); each arrives as
+    a JSON object, read as apps.quotas.records.UsageRecordDict."""
+    from apps.quotas.records import from_json
     from apps.quotas.usage import write_records_sync
 
-    return write_records_sync(records)
+    return write_records_sync([from_json(record) for record in records])
 
 
 @shared_task(ignore_result=True)

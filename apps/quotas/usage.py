@@ -5,7 +5,8 @@ never blocks and never raises: the record goes into a bounded in-memory queue, a
 background task writes the queue in batches (every 0.5 s, or sooner once 500 records
 wait) in a worker thread of its own, so the event loop never waits on the database.
 
-A record is a dict with UsageRecord's fields and ids rather than objects:
+A record is a dict with UsageRecord's fields and ids rather than objects (declared once, key by
+key, as apps.quotas.records.UsageRecordDict):
 
     {"request_id": "req_…", "created_at": datetime | epoch seconds, "user_id": 3, "api_key_id": 12,
      "organization_id": 1, "team_id": 3, "project_id": 7, "model": "llama-3-8b",
@@ -59,12 +60,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal, Protocol, TypedDict
 
 from prometheus_client import Counter
 
 from apps.quotas import histograms
 from apps.quotas.journal import Journal, settle_orphans
+from apps.quotas.records import UsageRecordDict
 
 __all__ = ["USAGE_DROPPED", "UsageWriter", "rollup_key", "write_missing", "write_records_sync"]
 
@@ -75,32 +77,9 @@ USAGE_WRITTEN = Counter("llmgw_usage_written", "Usage records written to the dat
 
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
-RECORD_FIELDS = {
-    "request_id",
-    "created_at",
-    "user_id",
-    "api_key_id",
-    "organization_id",
-    "team_id",
-    "project_id",
-    "model",
-    "endpoint",
-    "replica",
-    "hardware",
-    "stream",
-    "prompt_tokens",
-    "completion_tokens",
-    "tokens_estimated",
-    "first_token_ms",
-    "total_ms",
-    "queue_ms",
-    "status",
-    "error",
-    "guardrail",
-    "batch",
-}
 GUARDRAIL_KEYS = ("policy", "rule", "kind", "action", "detector", "where", "error")
-REFERENCES = {  # record field -> (app label, model name)
+Reference = Literal["user_id", "api_key_id", "organization_id", "team_id", "project_id"]
+REFERENCES: dict[Reference, tuple[str, str]] = {  # record field -> (app label, model name)
     "user_id": ("accounts", "User"),
     "api_key_id": ("accounts", "ApiKey"),
     "organization_id": ("accounts", "Organization"),
@@ -144,45 +123,93 @@ def _text(value: Any) -> str:
     return str(value).replace("\x00", "\ufffd")
 
 
-def _clean(record: dict[str, Any]) -> dict[str, Any]:
+class StoredRecord(TypedDict):
+    """A record as it is written: UsageRecordDict's fields, every one present, cleaned (`_clean`) to
+    the types and lengths of UsageRecord's columns; the keyword arguments of a UsageRecord row."""
+
+    request_id: str
+    created_at: datetime
+    user_id: int | None
+    api_key_id: int | None
+    organization_id: int | None
+    team_id: int | None
+    project_id: int | None
+    model: str
+    endpoint: str
+    replica: str
+    hardware: str
+    stream: bool
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    tokens_estimated: bool
+    first_token_ms: float | None
+    total_ms: float | None
+    queue_ms: float | None
+    status: int
+    error: str
+    guardrail: list[dict[str, str]] | None
+    batch: str
+
+
+def _column(value: object, name: str) -> str:
+    """Text cut to the length of UsageRecord's column `name`; "" for None."""
+    from apps.quotas.models import UsageRecord
+
+    text = "" if value is None else _text(value)
+    return text[: UsageRecord._meta.get_field(name).max_length]  # type: ignore[union-attr]
+
+
+def _id(value: object) -> int | None:
+    return _number(value, int) or None
+
+
+def _tokens(value: object) -> int | None:
+    tokens = _number(value, int)
+    return min(tokens, 2**31 - 1) if tokens is not None else None
+
+
+def _clean(record: UsageRecordDict) -> StoredRecord:
     """The record's known fields, typed, with strings cut to their columns' lengths.
 
     Done before writing so one odd record cannot make its whole batch fail.
     """
-    from apps.quotas.models import UsageRecord
-
-    clean = {key: value for key, value in record.items() if key in RECORD_FIELDS}
-    clean["request_id"] = _text(clean.get("request_id") or "")[:40]
-    clean["created_at"] = _moment(clean.get("created_at"))
-    for name in ("model", "endpoint", "replica", "hardware", "error", "batch"):
-        value = clean.get(name)
-        clean[name] = "" if value is None else _text(value)
-        if name != "error":
-            clean[name] = clean[name][: UsageRecord._meta.get_field(name).max_length]  # type: ignore[union-attr]
-    for name in ("user_id", "api_key_id", "organization_id", "team_id", "project_id"):
-        clean[name] = _number(clean.get(name), int) or None
-    for name in ("prompt_tokens", "completion_tokens"):
-        tokens = _number(clean.get(name), int)
-        clean[name] = min(tokens, 2**31 - 1) if tokens is not None else None
-    for name in ("first_token_ms", "total_ms", "queue_ms"):
-        clean[name] = _number(clean.get(name), float)
-    clean["status"] = min(_number(clean.get("status"), int) or 0, 32767)
-    clean["stream"] = bool(clean.get("stream"))
-    clean["tokens_estimated"] = bool(clean.get("tokens_estimated"))
-    found = clean.get("guardrail")
+    found = record.get("guardrail")
     verdict = [
         {key: _text(item[key])[:100] for key in GUARDRAIL_KEYS if item.get(key) is not None}
         for item in (found if isinstance(found, list) else [])[:50]
         if isinstance(item, dict)
     ]
-    clean["guardrail"] = verdict or None
-    return clean
+    error = record.get("error")
+    return {
+        "request_id": _text(record.get("request_id") or "")[:40],
+        "created_at": _moment(record.get("created_at")),
+        "user_id": _id(record.get("user_id")),
+        "api_key_id": _id(record.get("api_key_id")),
+        "organization_id": _id(record.get("organization_id")),
+        "team_id": _id(record.get("team_id")),
+        "project_id": _id(record.get("project_id")),
+        "model": _column(record.get("model"), "model"),
+        "endpoint": _column(record.get("endpoint"), "endpoint"),
+        "replica": _column(record.get("replica"), "replica"),
+        "hardware": _column(record.get("hardware"), "hardware"),
+        "stream": bool(record.get("stream")),
+        "prompt_tokens": _tokens(record.get("prompt_tokens")),
+        "completion_tokens": _tokens(record.get("completion_tokens")),
+        "tokens_estimated": bool(record.get("tokens_estimated")),
+        "first_token_ms": _number(record.get("first_token_ms"), float),
+        "total_ms": _number(record.get("total_ms"), float),
+        "queue_ms": _number(record.get("queue_ms"), float),
+        "status": min(_number(record.get("status"), int) or 0, 32767),
+        "error": "" if error is None else _text(error),
+        "guardrail": verdict or None,
+        "batch": _column(record.get("batch"), "batch"),
+    }
 
 
-def _existing_ids(records: list[dict[str, Any]]) -> dict[str, set[int]]:
+def _existing_ids(records: list[StoredRecord]) -> dict[Reference, set[int]]:
     from django.apps import apps
 
-    found = {}
+    found: dict[Reference, set[int]] = {}
     for field, (app_label, model_name) in REFERENCES.items():
         wanted = {r[field] for r in records if r.get(field)}
         model = apps.get_model(app_label, model_name)
@@ -192,7 +219,7 @@ def _existing_ids(records: list[dict[str, Any]]) -> dict[str, set[int]]:
     return found
 
 
-def rollup_key(period: str, bucket_start: datetime, record: dict[str, Any]) -> tuple[Any, ...]:
+def rollup_key(period: str, bucket_start: datetime, record: StoredRecord) -> tuple[Any, ...]:
     """The unique key of the rollup row a record adds into (0 for "none")."""
     return (
         period,
@@ -250,7 +277,7 @@ def is_client_error(status: int) -> bool:
     return 400 <= status < 500 and status != 429
 
 
-def _add_record(sums: dict[str, Any], record: dict[str, Any]) -> None:
+def _add_record(sums: dict[str, Any], record: StoredRecord) -> None:
     status = record["status"]
     sums["requests"] += 1
     sums["refusals"] += status == 429
@@ -276,7 +303,7 @@ def _new_sums() -> dict[str, Any]:
     return sums
 
 
-def _write_rollups(records: list[dict[str, Any]]) -> None:
+def _write_rollups(records: list[StoredRecord]) -> None:
     from django.db.models import Q
 
     from apps.quotas.models import UsageRollup
@@ -315,7 +342,7 @@ def _write_rollups(records: list[dict[str, Any]]) -> None:
         UsageRollup.objects.bulk_create(created, batch_size=500)
 
 
-def _touch_keys(records: list[dict[str, Any]], touched: dict[int, datetime] | None) -> dict[int, datetime]:
+def _touch_keys(records: list[StoredRecord], touched: dict[int, datetime] | None) -> dict[int, datetime]:
     from django.db.models import Q
 
     from apps.accounts.models import ApiKey
@@ -336,7 +363,7 @@ def _touch_keys(records: list[dict[str, Any]], touched: dict[int, datetime] | No
     return written
 
 
-def write_records_sync(records: Iterable[dict[str, Any]], *, touched: dict[int, datetime] | None = None) -> int:
+def write_records_sync(records: Iterable[UsageRecordDict], *, touched: dict[int, datetime] | None = None) -> int:
     """Write usage records, their rollups and their keys' last use in one transaction.
 
     Returns how many records were new. `touched` (key id -> last_used_at written) lets a
@@ -346,7 +373,7 @@ def write_records_sync(records: Iterable[dict[str, Any]], *, touched: dict[int, 
     """
     from django.db import IntegrityError
 
-    batch: dict[str, dict[str, Any]] = {}
+    batch: dict[str, StoredRecord] = {}
     for record in records:
         clean = _clean(record)
         if clean["request_id"]:
@@ -366,7 +393,7 @@ def write_records_sync(records: Iterable[dict[str, Any]], *, touched: dict[int, 
 
 
 def _write_batch(
-    batch: dict[str, dict[str, Any]], touched: dict[int, datetime] | None = None
+    batch: dict[str, StoredRecord], touched: dict[int, datetime] | None = None
 ) -> tuple[int, dict[int, datetime]]:
     from django.db import transaction
 
@@ -374,7 +401,7 @@ def _write_batch(
 
     with transaction.atomic():
         stored = set(UsageRecord.objects.filter(request_id__in=list(batch)).values_list("request_id", flat=True))
-        fresh = [dict(record) for request_id, record in batch.items() if request_id not in stored]
+        fresh = [record.copy() for request_id, record in batch.items() if request_id not in stored]
         if not fresh:
             return 0, {}
         existing = _existing_ids(fresh)
@@ -388,6 +415,12 @@ def _write_batch(
 
 
 # The writer -------------------------------------------------------------------------------
+
+
+class BatchWriter(Protocol):
+    """Writes one batch of records (write_records_sync, write_via_worker); how many were new or handed over."""
+
+    def __call__(self, records: list[UsageRecordDict], *, touched: dict[int, datetime] | None = ...) -> int: ...
 
 
 class UsageWriter:
@@ -404,7 +437,7 @@ class UsageWriter:
         interval: float = 0.5,
         max_interval: float = 30.0,
         max_attempts: int = 10,
-        write: Callable[..., int] | None = None,
+        write: BatchWriter | None = None,
         confirm_after: float | None = None,
         confirm_every: float = 30.0,
         max_handed: int = 200_000,
@@ -417,8 +450,8 @@ class UsageWriter:
         self.max_interval = max_interval
         self.max_attempts = max_attempts
         self._write = write or write_records_sync
-        self._queue: deque[dict[str, Any]] = deque()
-        self._failed: list[dict[str, Any]] = []  # the batch that failed, tried first next time
+        self._queue: deque[UsageRecordDict] = deque()
+        self._failed: list[UsageRecordDict] = []  # the batch that failed, tried first next time
         self._attempts = 0
         self._touched: dict[int, datetime] = {}
         self._wake: asyncio.Event | None = None
@@ -434,7 +467,7 @@ class UsageWriter:
         self.confirm_after = confirm_after
         self.confirm_every = confirm_every
         self.max_handed = max_handed
-        self._handed: deque[tuple[float, list[dict[str, Any]]]] = deque()
+        self._handed: deque[tuple[float, list[UsageRecordDict]]] = deque()
         self._handed_count = 0
         self._confirmed_at = time.monotonic()
         # Every record is on local disk first (apps/quotas/journal.py); a closed segment is settled
@@ -445,7 +478,7 @@ class UsageWriter:
 
     # Request path -------------------------------------------------------------------------
 
-    def emit(self, record: dict[str, Any]) -> None:
+    def emit(self, record: UsageRecordDict) -> None:
         """Append one record to the journal and queue it. Never blocks, never raises; drops from the
         queue (counted; the journal still has it) when the queue is full."""
         try:
@@ -556,7 +589,7 @@ class UsageWriter:
             return await sync_to_async(func, thread_sensitive=False)(*args, **kwargs)
         return await sync_to_async(func, thread_sensitive=False, executor=self._executor)(*args, **kwargs)
 
-    def _write_in_thread(self, batch: list[dict[str, Any]]) -> int:
+    def _write_in_thread(self, batch: list[UsageRecordDict]) -> int:
         from django.db import close_old_connections
 
         # A connection the database dropped (restart, idle timeout) is replaced, not reused.
@@ -651,7 +684,7 @@ class UsageWriter:
             USAGE_WRITTEN.inc(written)
         return written
 
-    def _write_missing(self, records: list[dict[str, Any]]) -> int:
+    def _write_missing(self, records: list[UsageRecordDict]) -> int:
         return write_missing(records, touched=self._touched)
 
     async def confirm(self, *, force: bool = False) -> int:
@@ -662,7 +695,7 @@ class UsageWriter:
         if not force and moment - self._confirmed_at < self.confirm_every and self._handed_count <= self.max_handed:
             return 0
         self._confirmed_at = moment
-        due: list[dict[str, Any]] = []
+        due: list[UsageRecordDict] = []
         while self._handed and (
             force or moment - self._handed[0][0] >= (self.confirm_after or 0) or self._handed_count > self.max_handed
         ):
@@ -672,7 +705,7 @@ class UsageWriter:
         if not due:
             return 0
         try:
-            written = await self._in_thread(write_missing, due, touched=self._touched)
+            written: int = await self._in_thread(write_missing, due, touched=self._touched)
         except Exception as exc:
             log.warning(
                 "usage: could not check %d record(s) handed to the worker: %s; checking again later", len(due), exc
@@ -690,7 +723,7 @@ class UsageWriter:
             USAGE_WRITTEN.inc(written)
         return written
 
-    async def _write_one_by_one(self, batch: list[dict[str, Any]]) -> bool:
+    async def _write_one_by_one(self, batch: list[UsageRecordDict]) -> bool:
         """Write each record on its own; True when the database itself is away."""
         lost = 0
         outage = False
@@ -720,7 +753,7 @@ def _is_outage(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
-def write_missing(records: list[dict[str, Any]], *, touched: dict[int, datetime] | None = None) -> int:
+def write_missing(records: list[UsageRecordDict], *, touched: dict[int, datetime] | None = None) -> int:
     """Write those of the records that are not stored yet (the rest the worker wrote)."""
     from apps.quotas.models import UsageRecord
 
@@ -734,7 +767,7 @@ def write_missing(records: list[dict[str, Any]], *, touched: dict[int, datetime]
     return write_records_sync(missing, touched=touched) if missing else 0
 
 
-def write_via_worker(records: list[dict[str, Any]], *, touched: dict[int, datetime] | None = None) -> int:
+def write_via_worker(records: list[UsageRecordDict], *, touched: dict[int, datetime] | None = None) -> int:
     """Hand a batch to a Celery worker, so the web process spends no time in the ORM.
 
     The batch is one broker message; the worker writes it with write_records_sync (which skips

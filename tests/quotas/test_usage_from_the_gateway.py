@@ -4,11 +4,15 @@ through the usage API: client errors are counted, and names no model has are gro
 from __future__ import annotations
 
 import asyncio
+import types
+import typing
 from typing import Any
 
 import pytest
 
-from apps.quotas.usage import write_records_sync
+from apps.quotas.models import UsageRecord
+from apps.quotas.records import RECORD_KEYS, UsageRecordDict
+from apps.quotas.usage import StoredRecord, write_records_sync
 from tests.gateway.harness import HELLO, KEY, engine_fixture, entry, gateway_fixture
 from tests.quotas.conftest import make_key
 
@@ -106,3 +110,37 @@ def test_a_request_an_engine_took_keeps_its_models_name_when_the_model_goes_mean
     assert records[0]["model"] == "m"
     write_records_sync(records)
     assert usage_by_model(api, bob)["m"]["requests"] == 1
+
+
+def _is_a(value: object, declared: object) -> bool:
+    """Whether `value` fits a declared field type (unions of plain classes and of list[...])."""
+    options = typing.get_args(declared) if isinstance(declared, types.UnionType) else (declared,)
+    return any(isinstance(value, typing.get_origin(option) or option) for option in options)
+
+
+@pytest.mark.django_db
+def test_the_record_the_gateway_writes_has_every_declared_key_and_no_other(bob, tree) -> None:
+    """A misspelt key in the gateway would be written nowhere (and shown as "-"): the record a real
+    request makes carries exactly UsageRecordDict's keys, each of its declared type, and every one
+    is a column of the row it becomes."""
+    key = make_key(bob, tree.project)
+    statuses, records = through_the_gateway(key, [{"model": "m", "messages": HELLO}])
+    assert statuses == [200]
+    [record] = records
+    assert set(record) == set(RECORD_KEYS)
+    declared = typing.get_type_hints(UsageRecordDict)
+    wrong = {name: value for name, value in record.items() if not _is_a(value, declared[name])}
+    assert wrong == {}, f"values not of their declared types: {wrong}"
+    assert set(StoredRecord.__annotations__) == set(RECORD_KEYS)
+    columns = {f.attname for f in UsageRecord._meta.concrete_fields}
+    assert set(RECORD_KEYS) <= columns, f"declared but not stored: {set(RECORD_KEYS) - columns}"
+
+    assert write_records_sync(records) == 1
+    row = UsageRecord.objects.get(request_id=record["request_id"])
+    assert (row.model, row.api_key_id, row.project_id, row.status, row.stream) == (
+        "m",
+        key.pk,
+        tree.project.pk,
+        200,
+        record["stream"],
+    )
