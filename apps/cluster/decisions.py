@@ -20,9 +20,9 @@ Replica rows, and every change goes back through it. A pass:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.conf import settings
@@ -35,7 +35,11 @@ from apps.cluster.choices import NodeStatus, ReplicaState, ShardState, StopReaso
 
 __all__ = [
     "PREEMPT_HOLD",
+    "DrainRow",
+    "ModelRow",
     "PassReport",
+    "ProfileRow",
+    "ReplicaRow",
     "ShardView",
     "Store",
     "backoff",
@@ -56,7 +60,7 @@ PREEMPT_HOLD = timedelta(minutes=30)
 RUNNING_FIELDS = tuple(f.name for f in profile_fields.CORE if f.running and not f.engine_flags)
 
 
-def running_spec(model: Any, profile: Any) -> dict[str, Any]:
+def running_spec(model: ModelRow, profile: ProfileRow) -> dict[str, Any]:
     return {
         "source": model.source,
         "profile": profile.name,
@@ -64,7 +68,7 @@ def running_spec(model: Any, profile: Any) -> dict[str, Any]:
     }
 
 
-def release_after(replica: Any) -> timedelta:
+def release_after(replica: ReplicaRow) -> timedelta:
     """How long a stopping replica whose nodes are all out of touch keeps its claims: its engines may
     still run there, for the requests in flight (its drain grace), then SIGTERM to SIGKILL (the stop
     grace); three stop graces leave the agent time to be heard from again."""
@@ -99,55 +103,149 @@ class ShardView:
     node_revoked: bool
 
 
-class Store(Protocol):
-    """Where a pass reads and writes. Models carry Model's attributes (`wanted_replicas`,
-    `class_rank`, `owner_keys()`...), replicas Replica's, profiles Profile's; `update` sets the
-    attributes on the object and keeps them."""
+# What a pass reads of the objects a store hands out: the catalog's Model and Profile rows and the
+# cluster's Replica rows (DatabaseStore), or the simulator's copies (apps.sim.store). Read-only here:
+# every change goes through Store.update, which sets the attribute and keeps it.
 
-    def stopping(self) -> list[tuple[Any, list[ShardView]]]: ...
-    def failed_due(self, now: Any) -> list[Any]: ...
-    def release(self, replica: Any) -> None:
+
+class ModelRow(Protocol):
+    """A model as a pass reads it (apps.catalog.models.Model, apps.sim.store.SimModel)."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def min_replicas(self) -> int: ...
+    @property
+    def max_replicas(self) -> int: ...
+    @property
+    def load_replicas(self) -> int: ...  # replicas stepped up for load, 0 when none
+    @property
+    def busy_at(self) -> datetime | None: ...  # when the gateway last found every replica busy
+    @property
+    def scaled_at(self) -> datetime | None: ...  # when load_replicas last stepped
+    @property
+    def held_until(self) -> datetime | None: ...  # held back (preempted) until then
+    @property
+    def held_for_id(self) -> int | None: ...  # the model it was preempted for
+    @property
+    def deleted_at(self) -> datetime | None: ...
+    @property
+    def effective_class(self) -> str: ...  # its capacity class (apps.catalog.scaling.Scaling)
+    @property
+    def class_rank(self) -> int: ...  # higher classes are placed first
+
+    def wanted_replicas(self, now: datetime) -> int: ...
+    def owner_keys(self) -> tuple[str, ...]: ...
+
+
+class ProfileRow(Protocol):
+    """A profile as a pass reads it; its declared fields are read by name (apps.catalog.profile_fields)."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+
+
+class ReplicaRow(Protocol):
+    """A replica as a pass reads it (apps.cluster.models.Replica, apps.sim.store.SimReplica)."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def model_id(self) -> int: ...
+    @property
+    def state(self) -> str: ...  # a ReplicaState
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def replaces_id(self) -> int | None: ...  # the replica it replaces in a roll
+    @property
+    def next_attempt_at(self) -> datetime | None: ...  # a failed one is not retried before
+    @property
+    def ready_at(self) -> datetime | None: ...
+    @property
+    def stop_requested_at(self) -> datetime | None: ...
+    @property
+    def drain_grace(self) -> int | None: ...  # seconds its engines run on once stopping
+    @property
+    def profile_id(self) -> int | None: ...  # the profile it was placed with
+    @property
+    def spec(self) -> Any: ...  # what its engines run (running_spec), {} before it was kept
+    @property
+    def above_minimum(self) -> bool: ...
+    @property
+    def rejections(self) -> Any: ...  # the refusals it met (rejection_json each)
+    @property
+    def message(self) -> str: ...
+
+
+class DrainRow(Protocol):
+    """What drains a node: the node itself (apps.cluster.models.Node), or the simulator's drain."""
+
+    @property
+    def drain_force(self) -> bool: ...  # stop its replicas even when they cannot be replaced first
+
+
+class Store[M: ModelRow, R: ReplicaRow, P: ProfileRow](Protocol):
+    """Where a pass reads and writes: models M, replicas R and profiles P (each with at least the
+    attributes above); `update` sets the attributes on the object and keeps them.
+
+    DatabaseStore is a Store[Model, Replica, Profile], MemoryStore (apps.sim) a Store[SimModel,
+    SimReplica, SimProfile]: mypy checks each where it is handed to run_pass. (Not with an annotation
+    such as `store: Store[Model, Replica, Profile]`: its bounds are checked before django-stubs has
+    given the models their fields, and fail.)"""
+
+    def stopping(self) -> list[tuple[R, list[ShardView]]]: ...
+    def failed_due(self, now: datetime) -> list[R]: ...
+    def release(self, replica: R) -> None:
         """Forget a replica that stopped, with its shards and their claims."""
 
-    def clear_shards(self, replica: Any) -> set[int]:
+    def clear_shards(self, replica: R) -> set[int]:
         """Drop a replica's shards and their claims; the nodes they were on."""
 
     def inventory(self) -> placement.Inventory: ...
-    def models(self) -> list[Any]:
+    def models(self) -> list[M]:
         """The models placed on the cluster (not external ones)."""
 
-    def draining(self) -> dict[int, Any]:
+    def draining(self) -> Mapping[int, DrainRow]:
         """Node id -> what drains it (with `drain_force`), for every node being drained."""
 
-    def profiles(self, model: Any) -> list[Any]: ...
-    def replicas(self, model: Any) -> list[Any]:
+    def profiles(self, model: M) -> list[P]: ...
+    def replicas(self, model: M) -> list[R]:
         """The model's replicas, oldest first."""
 
-    def new_replica(self, model: Any, now: Any, replaces: Any = None) -> Any: ...
-    def update(self, obj: Any, **fields: Any) -> None: ...
+    def new_replica(self, model: M, now: datetime, replaces: R | None = None) -> R: ...
+    def update(self, obj: M | R, **fields: Any) -> None: ...
     def update_model(self, model_id: int, **fields: Any) -> None:
         """Change a model that may not be the one at hand (a preempted one)."""
 
-    def delete_replica(self, replica: Any) -> None: ...
-    def delete_model(self, model: Any) -> None: ...
-    def shard_nodes(self, replica: Any) -> list[int]: ...
+    def delete_replica(self, replica: R) -> None: ...
+    def delete_model(self, model: M) -> None: ...
+    def shard_nodes(self, replica: R) -> list[int]: ...
     def has_pending(self, model_id: int) -> bool: ...
-    def placed_count(self, model: Any) -> int:
+    def placed_count(self, model: M) -> int:
         """The model's replicas neither pending nor stopping."""
 
-    def replicas_by_id(self, ids: Iterable[int]) -> list[Any]: ...
-    def add_shards(self, replica: Any, plan: placement.Placement) -> set[int]:
+    def replicas_by_id(self, ids: Iterable[int]) -> list[R]: ...
+    def add_shards(self, replica: R, plan: placement.Placement) -> set[int]:
         """Record the plan's shards for the replica; the nodes they are on."""
 
-    def audit(self, action: str, obj: Any, changes: dict[str, Any], **fields: Any) -> None: ...
+    def audit(self, action: str, obj: R, changes: dict[str, Any], **fields: Any) -> None: ...
 
 
-def profile_spec(profile: Any) -> placement.ProfileSpec:
+def profile_spec(profile: ProfileRow) -> placement.ProfileSpec:
     own, extra = profile_fields.spec_values(profile)
     return placement.ProfileSpec(id=profile.pk, name=profile.name, **own, extra=extra)
 
 
-def replica_request(model: Any, profiles: Iterable[Any], replica: Any = None) -> placement.ReplicaRequest:
+def replica_request(
+    model: ModelRow, profiles: Iterable[ProfileRow], replica: ReplicaRow | None = None
+) -> placement.ReplicaRequest:
     specs = sorted((profile_spec(p) for p in profiles), key=lambda p: (-p.priority, p.name))
     return placement.ReplicaRequest(
         model=model.name,
@@ -159,7 +257,7 @@ def replica_request(model: Any, profiles: Iterable[Any], replica: Any = None) ->
     )
 
 
-def run_pass(store: Store, now: Any) -> PassReport:
+def run_pass[M: ModelRow, R: ReplicaRow, P: ProfileRow](store: Store[M, R, P], now: datetime) -> PassReport:
     report = PassReport()
 
     # 1. Release replicas that finished stopping.
@@ -184,13 +282,13 @@ def run_pass(store: Store, now: Any) -> PassReport:
     return report
 
 
-def _reconcile_model(
-    store: Store,
-    model: Any,
+def _reconcile_model[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P],
+    model: M,
     inventory: placement.Inventory,
-    now: Any,
+    now: datetime,
     report: PassReport,
-    draining: dict[int, Any],
+    draining: Mapping[int, DrainRow],
 ) -> None:
     if model.deleted_at is not None:
         # Deleted: stop what still runs; once nothing is left (released in step 1), the model goes.
@@ -247,15 +345,15 @@ def _reconcile_model(
     _roll(store, model, profiles, replicas, now, report, inventory, draining)
 
 
-def _roll(
-    store: Store,
-    model: Any,
-    profile_list: list[Any],
-    replicas: list[Any],
-    now: Any,
+def _roll[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P],
+    model: M,
+    profile_list: list[P],
+    replicas: list[R],
+    now: datetime,
     report: PassReport,
     inventory: placement.Inventory,
-    draining: dict[int, Any],
+    draining: Mapping[int, DrainRow],
 ) -> None:
     """Move replicas off draining nodes, and bring those whose running spec is out of date to the
     model's current one, one at a time (drains first).
@@ -284,19 +382,19 @@ def _roll(
 
 
 @dataclass
-class _Staleness:
+class _Staleness[R: ReplicaRow]:
     """Why a replica is due for a replacement in a roll: its running spec is not its profile's now,
     or it has a shard on a draining node."""
 
-    store: Store
+    store: Store[Any, R, Any]
     specs: dict[int, dict[str, Any]]  # the running spec of each of the model's profiles, by id
-    draining: dict[int, Any]  # the draining nodes, by id
+    draining: Mapping[int, DrainRow]  # the draining nodes, by id
 
-    def outdated(self, replica: Any) -> bool:
+    def outdated(self, replica: R) -> bool:
         spec = self.specs.get(replica.profile_id) if replica.profile_id else None
         return spec is None or replica.spec != spec
 
-    def drained(self, replica: Any) -> Any:
+    def drained(self, replica: R) -> DrainRow | None:
         """The draining node the replica has a shard on (the first), or None."""
         draining = self.draining
         if not draining:
@@ -304,7 +402,9 @@ class _Staleness:
         return next((draining[n] for n in self.store.shard_nodes(replica) if n in draining), None)
 
 
-def _keep_specs(store: Store, replicas: list[Any], profiles: dict[int, Any], specs: dict[int, dict[str, Any]]) -> None:
+def _keep_specs[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P], replicas: list[R], profiles: dict[int, P], specs: dict[int, dict[str, Any]]
+) -> None:
     """Replicas placed before specs were kept run what their profile says now: that is their spec."""
     for replica in replicas:
         if (
@@ -315,14 +415,14 @@ def _keep_specs(store: Store, replicas: list[Any], profiles: dict[int, Any], spe
             store.update(replica, spec=specs[replica.profile_id])
 
 
-def _follow_replacements(
-    store: Store, model: Any, replicas: list[Any], now: Any, report: PassReport, staleness: _Staleness
+def _follow_replacements[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P], model: M, replicas: list[R], now: datetime, report: PassReport, staleness: _Staleness[R]
 ) -> bool:
     """Steps 1 and 2 of the roll, for the replacements under way: a pending one no longer needed is
     dropped (and taken out of `replicas`), a ready one stops the replica it replaces, and one that
     failed, or that cannot be placed beside the replica it replaces, ends the roll for this pass.
     True when the roll goes no further this pass."""
-    by_id = {r.pk: r for r in replicas}
+    by_id: dict[int | None, R] = {r.pk: r for r in replicas}
     outdated, drained = staleness.outdated, staleness.drained
     replacements = [r for r in replicas if r.replaces_id is not None]
     for replacement in list(replacements):
@@ -362,15 +462,15 @@ def _follow_replacements(
     return False
 
 
-def _replace_next(
-    store: Store,
-    model: Any,
-    profile_list: list[Any],
-    replicas: list[Any],
-    now: Any,
+def _replace_next[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P],
+    model: M,
+    profile_list: list[P],
+    replicas: list[R],
+    now: datetime,
     report: PassReport,
     inventory: placement.Inventory,
-    staleness: _Staleness,
+    staleness: _Staleness[R],
 ) -> None:
     """Step 3 of the roll: the oldest replica due (those on a draining node first) gets a replacement,
     placed at once: beside it while the model is under its maximum (or the replica is drained), else
@@ -404,7 +504,9 @@ def _replace_next(
     _place(store, model, profile_list, replacement, inventory, now, report)
 
 
-def _mark_above_minimum(store: Store, model: Any, replicas: list[Any]) -> None:
+def _mark_above_minimum[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P], model: M, replicas: list[R]
+) -> None:
     """The oldest `min_replicas` placed replicas are the model's minimum; the others were added for
     load (or on demand) and may be preempted by a model of the same class below its minimum."""
     placed = sorted((r for r in replicas if r.state != ReplicaState.PENDING), key=lambda r: (r.created_at, r.pk))
@@ -414,14 +516,16 @@ def _mark_above_minimum(store: Store, model: Any, replicas: list[Any]) -> None:
             store.update(replica, above_minimum=above)
 
 
-def _still_held(store: Store, model: Any) -> bool:
+def _still_held[M: ModelRow, R: ReplicaRow, P: ProfileRow](store: Store[M, R, P], model: M) -> bool:
     """A preempted model waits while its preemptor still has a replica waiting for the room."""
     if model.held_for_id is None:
         return True  # held by hand or by an older version: until held_until
     return store.has_pending(model.held_for_id)
 
 
-def _scale_for_load(store: Store, model: Any, replicas: list[Any], now: Any, report: PassReport) -> None:
+def _scale_for_load[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P], model: M, replicas: list[R], now: datetime, report: PassReport
+) -> None:
     """Step the replicas wanted for the load: one more while every replica keeps being busy, one
     fewer after a quiet spell. Never past max_replicas, never below min_replicas.
 
@@ -453,13 +557,13 @@ def _scale_for_load(store: Store, model: Any, replicas: list[Any], now: Any, rep
         log.info("model %s scaled for load: %s → %s replicas", model.name, wanted, model.wanted_replicas(now))
 
 
-def _place(
-    store: Store,
-    model: Any,
-    profiles: list[Any],
-    replica: Any,
+def _place[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P],
+    model: M,
+    profiles: list[P],
+    replica: R,
     inventory: placement.Inventory,
-    now: Any,
+    now: datetime,
     report: PassReport,
 ) -> None:
     request = replica_request(model, profiles, replica)
@@ -506,7 +610,9 @@ def _place(
         store.update(model, held_until=None, held_for_id=None)
 
 
-def _stop_stale(store: Store, replica: Any, now: Any, report: PassReport, drained_by: Any) -> None:
+def _stop_stale[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P], replica: R, now: datetime, report: PassReport, drained_by: DrainRow | None
+) -> None:
     """Stop a replica a roll replaces: moved off a draining node (`drained_by`, whose own grace
     wins), else replaced by a change of its spec."""
     if drained_by is not None:
@@ -515,15 +621,15 @@ def _stop_stale(store: Store, replica: Any, now: Any, report: PassReport, draine
         _stop(store, replica, now, report, StopReason.ROLLED)
 
 
-def _stop(
-    store: Store,
-    replica: Any,
-    now: Any,
+def _stop[M: ModelRow, R: ReplicaRow, P: ProfileRow](
+    store: Store[M, R, P],
+    replica: R,
+    now: datetime,
     report: PassReport,
     reason: str,
     *,
     grace: int | None = None,
-    preempted_by: Any = None,
+    preempted_by: M | None = None,
 ) -> None:
     """Stop a replica: a pending one is forgotten; a placed one becomes STOPPING, which takes it out
     of every gateway's routes at once, and its engines run on for `grace` seconds (the server's
@@ -552,5 +658,5 @@ def rejection_json(rejection: placement.Rejection) -> dict[str, Any]:
     return data
 
 
-def class_label(model: Any) -> str:
+def class_label(model: ModelRow) -> str:
     return str(CapacityClass(model.effective_class).label)

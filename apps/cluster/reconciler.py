@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +25,7 @@ from django.utils.translation import gettext as _
 from prometheus_client import Counter
 
 from agent.messages import DesiredMessage, DesiredShardMessage, DrainingShardMessage
-from apps.catalog.models import Model
+from apps.catalog.models import Model, Profile
 from apps.cluster import placement
 from apps.cluster.choices import ReplicaState, ShardState, StopReason
 from apps.cluster.decisions import PREEMPT_HOLD, PassReport, ShardView, backoff, run_pass
@@ -200,13 +201,13 @@ class DatabaseStore:
         self._replicas = {r.pk: r for m in rows for r in m.replicas.all()}
         return rows
 
-    def draining(self) -> dict[int, Any]:
-        found: dict[int, Any] = {n.pk: n for n in Node.objects.filter(drain_requested_at__isnull=False)}
+    def draining(self) -> dict[int, Node]:
+        found: dict[int, Node] = {n.pk: n for n in Node.objects.filter(drain_requested_at__isnull=False)}
         for node in EXTENSIONS.held_draining():  # a rack (or PDU, row...) held with drain
             found.setdefault(node.pk, node)
         return found
 
-    def profiles(self, model: Model) -> list[Any]:
+    def profiles(self, model: Model) -> list[Profile]:
         return list(model.profiles.all())
 
     def replicas(self, model: Model) -> list[Replica]:
@@ -217,7 +218,7 @@ class DatabaseStore:
         self._replicas[replica.pk] = replica
         return replica
 
-    def update(self, obj: Any, **fields: Any) -> None:
+    def update(self, obj: Model | Replica, **fields: Any) -> None:
         for name, value in fields.items():
             setattr(obj, name, value)
         changed = type(obj).objects.filter(pk=obj.pk).update(**fields)
@@ -259,7 +260,7 @@ class DatabaseStore:
             Replica.objects.filter(model=model).exclude(state__in=(ReplicaState.PENDING, ReplicaState.STOPPING)).count()
         )
 
-    def replicas_by_id(self, ids: Any) -> list[Replica]:
+    def replicas_by_id(self, ids: Iterable[int]) -> list[Replica]:
         wanted = list(ids)
         missing = [pk for pk in wanted if pk not in self._replicas]
         if missing:
@@ -287,7 +288,7 @@ class DatabaseStore:
             replica._prefetched_objects_cache.pop("shards", None)  # read its new shards from now on
         return {shard.node_id for shard in plan.shards}
 
-    def audit(self, action: str, obj: Any, changes: dict[str, Any], **fields: Any) -> None:
+    def audit(self, action: str, obj: Replica, changes: dict[str, Any], **fields: Any) -> None:
         from apps.accounts import audit
 
         audit.record(None, action, obj, changes=changes, **fields)

@@ -272,7 +272,7 @@ class MemoryStore:
         self.touched.clear()  # from here on it gathers what the pass itself changes
         return self.evaluated
 
-    def draining(self) -> dict[int, Any]:
+    def draining(self) -> dict[int, SimDrain]:
         return dict(self.drains)
 
     def profiles(self, model: SimModel) -> list[SimProfile]:
@@ -291,7 +291,7 @@ class MemoryStore:
         self.replicas_of.setdefault(model.pk, []).append(replica)
         return replica
 
-    def update(self, obj: Any, **fields: Any) -> None:
+    def update(self, obj: SimModel | SimReplica, **fields: Any) -> None:
         for name, value in fields.items():
             setattr(obj, name, value)
         if isinstance(obj, SimReplica):
@@ -339,5 +339,5 @@ class MemoryStore:
         ]
         return {s.node_id for s in plan.shards}
 
-    def audit(self, action: str, obj: Any, changes: dict[str, Any], **fields: Any) -> None:
+    def audit(self, action: str, obj: SimReplica, changes: dict[str, Any], **fields: Any) -> None:
         self.log.append({"action": action, "object": str(obj), "changes": changes, **fields})
