@@ -1,13 +1,12 @@
-"""Deals the suite's slow test files (tests/e2e, tests/browser) into lanes of about equal time, for
-scripts/test to run side by side: the longest first, each to the lane with the least so far.
+"""Deals the suite's slow test files (tests/e2e, tests/browser) into streams of about equal time, for
+scripts/test to run side by side: the longest first, each to the stream with the least so far.
 
-    python -m tests.lanes N     # N lines, each the files of one lane, separated by spaces
+    python -m tests.lanes N     # N lines, each the files of one stream, separated by spaces
 
-Those tests spend most of their time waiting on the processes they start (a third of a core each
-on two cores), so several lanes of them overlap well; dealt in turn by name, two lanes had come out
-at 19 and 14 minutes. COSTS are each file's seconds in one lane of a whole run on two cores (two
-lanes of these and the other tests on PostgreSQL beside them): only their proportions matter. A
-file not listed counts as DEFAULT_S.
+Dealt in turn by name, two streams had come out at 19 and 14 minutes (the fault tests alone take
+seven). COSTS are each file's seconds in one stream of a whole run on two cores (two streams and
+the other tests on PostgreSQL side by side): only their proportions matter. A file not listed
+counts as DEFAULT_S.
 """
 
 from __future__ import annotations
