@@ -60,7 +60,10 @@ __all__ = [
 ]
 
 # Fills `extra` of placement's node snapshots (the fabrics, domain and location of each node),
-# given the snapshots and the Node rows they were built from.
+# given the snapshots and the Node rows they were built from. Each part writes through the
+# placement.SnapshotField its app declares with the part's TypedDict (apps.fabrics.placement FABRICS
+# and NVLINK, apps.facility.placement FACILITY), so that mypy holds it to the shape the app's
+# placement rules read.
 SnapshotPart = Callable[[dict[int, "NodeSnapshot"], dict[int, "Node"]], None]
 # What an app adds to a shard's environment on its node, given the group its replica was formed in.
 ShardEnv = Callable[[int, tuple[str, ...] | None], dict[str, str]]

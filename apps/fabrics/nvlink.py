@@ -23,6 +23,7 @@ from typing import Any
 from django.utils.translation import gettext as _
 
 from apps.cluster.placement import NodeSnapshot
+from apps.fabrics.placement import NVLINK
 
 __all__ = [
     "GROUP_PREFIX",
@@ -39,7 +40,6 @@ __all__ = [
 ]
 
 GROUP_PREFIX = "nvlink:"
-SNAPSHOT_FIELD = "nvlink"
 # What a shard of a replica formed inside one NVLink domain is told: use multi-node NVLink, and fail
 # rather than fall back silently (1, not NCCL's default 2 = auto); MNNVL needs cuMem allocations.
 MNNVL_ENV = {"NCCL_MNNVL_ENABLE": "1", "NCCL_CUMEM_ENABLE": "1"}
@@ -313,12 +313,15 @@ def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, An
         found = node_nvlink(node)
         if found is None or found.domain is None:
             continue
-        snapshot.extra[SNAPSHOT_FIELD] = {
-            "domain": found.domain,
-            "label": domain_label(found.domain),
-            "ready": found.ready,
-            "problems": list(found.problems),
-        }
+        NVLINK.put(
+            snapshot,
+            {
+                "domain": found.domain,
+                "label": domain_label(found.domain),
+                "ready": found.ready,
+                "problems": list(found.problems),
+            },
+        )
 
 
 def shard_env(group: tuple[str, ...] | None) -> dict[str, str] | None:

@@ -24,6 +24,7 @@ from apps.accounts.models import User
 from apps.cluster import agent_requests
 from apps.cluster.models import AgentRequest, Node
 from apps.fabrics.models import FabricTest, NodeFabrics
+from apps.fabrics.placement import FabricAttachment
 from apps.fabrics.services import _load, _natural, attachments_for
 from llmgw.errors import ServiceError
 
@@ -55,7 +56,7 @@ def grade(measured: float | None, link: float | None) -> str:
     return "poor"
 
 
-def _ports(node: Node) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+def _ports(node: Node) -> tuple[dict[str, dict[str, Any]], list[FabricAttachment]]:
     row = NodeFabrics.objects.filter(node=node).first()
     if row is None:
         return {}, []

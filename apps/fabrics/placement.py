@@ -1,7 +1,8 @@
 """Placement by physical fabric: the pre-filter and scorer the fabrics app registers (no Django).
 
-Each node's snapshot carries `extra["fabrics"]`: one attachment per fabric name it declares,
-as the control plane last worked it out from the node's ports (apps.fabrics.services):
+Each node's snapshot carries `extra["fabrics"]` (FABRICS, a list of FabricAttachment): one
+attachment per fabric name it declares, as the control plane last worked it out from the node's
+ports (apps.fabrics.services) or the simulator describes it:
 
     {"name": "ib-a", "kind": "ib", "identity": "ib:0x0002c90300a1b2c3" | None,
      "problem": "" | why the node cannot be placed on it,
@@ -16,8 +17,8 @@ attachment with a `problem` (its adapters for the name sit on two fabrics) is no
 Inside a fabric the nodes of one leaf are preferred when the whole replica fits in it, and a
 node whose cable trained below its kind's rate scores lower than one that did not.
 
-A multi-node NVLink domain (`extra["nvlink"]`, apps.fabrics.nvlink) is a fabric of its own, of a
-lower tier: a replica that fits whole among a domain's ready nodes (every card joined, IMEX up)
+A multi-node NVLink domain (`extra["nvlink"]`: NVLINK, an NvlinkPart, apps.fabrics.nvlink) is a
+fabric of its own, of a lower tier: a replica that fits whole among a domain's ready nodes (every card joined, IMEX up)
 is formed there before any InfiniBand fabric is tried, and its shards are told to use NVLink. A
 domain's node that is not ready can still take a shard over InfiniBand; explain says what kept
 it out of its domain.
@@ -26,7 +27,7 @@ it out of its domain.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from apps.cluster.placement import (
     REGISTRY,
@@ -36,17 +37,52 @@ from apps.cluster.placement import (
     PreFilterResult,
     Reason,
     Registry,
+    SnapshotField,
     gettext_noop,
     reasons,
 )
 
-__all__ = ["SNAPSHOT_FIELD", "FabricIndex", "attachments", "build_index", "register", "unverified"]
+__all__ = [
+    "FABRICS",
+    "NVLINK",
+    "FabricAttachment",
+    "FabricIndex",
+    "NvlinkPart",
+    "attachments",
+    "build_index",
+    "register",
+    "unverified",
+]
 
-SNAPSHOT_FIELD = "fabrics"
+
+class FabricAttachment(TypedDict):
+    """A node's attachment to one fabric name it declares."""
+
+    name: str  # the fabric's name, as the node declares it
+    kind: str  # "ib" or "roce"
+    identity: str | None  # the physical fabric ("ib:<subnet prefix>"), None while no subnet manager answered
+    problem: str  # why a shard may not use it (its adapters sit on two fabrics), "" when none
+    leaf: str | None  # the leaf switch (or rails' leaves, comma-separated) its ports are cabled to; None: unknown
+    hcas: list[str]  # its adapters on the fabric (mlx5_0, ...)
+    netdevs: list[str]  # their network interfaces (for RoCE and NCCL's socket), [] when none
+    short: bool  # a cable trained below the fabric's rate, or a degraded link on the map
+    leaf_name: NotRequired[str | None]  # the leaf's name on the map; only with a known leaf
+
+
+class NvlinkPart(TypedDict):
+    """A node's multi-node NVLink domain (apps.fabrics.nvlink)."""
+
+    domain: str  # the domain's id (cluster UUID and clique)
+    label: str  # how people name it
+    ready: bool  # every card joined and IMEX up: a replica may form inside it
+    problems: list[str]  # what keeps it out when not ready, in words
+
+
+FABRICS: SnapshotField[list[FabricAttachment]] = SnapshotField("fabrics", [])
+NVLINK: SnapshotField[NvlinkPart] = SnapshotField("nvlink")
 CABLE = "fabric.cable"
 CABLE_WEIGHT = 3.0  # above binpack's 1 and weights' 2: a short cable slows every collective of the replica
 UNVERIFIED = "unverified:"
-NVLINK_FIELD = "nvlink"  # apps.fabrics.nvlink.SNAPSHOT_FIELD
 NVLINK_PREFIX = "nvlink:"  # apps.fabrics.nvlink.GROUP_PREFIX
 
 
@@ -54,8 +90,8 @@ def unverified(name: str) -> str:
     return f"{UNVERIFIED}{name}"
 
 
-def attachments(node: NodeSnapshot) -> list[dict[str, Any]]:
-    value = node.extra.get(SNAPSHOT_FIELD)
+def attachments(node: NodeSnapshot) -> list[FabricAttachment]:
+    value = FABRICS.get(node)
     return [a for a in value if isinstance(a, dict)] if isinstance(value, list) else []
 
 
@@ -135,8 +171,8 @@ def _label(name: str, identity: object) -> str:
     return f"{name} ({identity})"
 
 
-def _nvlink(node: NodeSnapshot) -> dict[str, Any] | None:
-    value = node.extra.get(NVLINK_FIELD)
+def _nvlink(node: NodeSnapshot) -> NvlinkPart | None:
+    value = NVLINK.get(node)
     return value if isinstance(value, dict) and value.get("domain") else None
 
 
@@ -191,8 +227,8 @@ def cable(ctx: PlacementContext, node: NodeSnapshot) -> float:
 
 def register(registry: Registry = REGISTRY) -> None:
     """Replace the built-in grouping by declared fabric with the physical one (same name)."""
-    registry.register_snapshot_field(SNAPSHOT_FIELD, [])
-    registry.register_snapshot_field(NVLINK_FIELD, None)
+    FABRICS.register(registry)
+    NVLINK.register(registry)
     registry.register_prefilter(
         prefilter, name="fabric", order=80, index=build_index, applies=lambda ctx: ctx.multi_node, static=True
     )

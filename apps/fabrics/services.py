@@ -21,7 +21,7 @@ from django.utils.translation import gettext as _
 
 from apps.cluster.placement import Group, NodeSnapshot
 from apps.fabrics.models import MasterChange, NodeFabrics
-from apps.fabrics.placement import UNVERIFIED
+from apps.fabrics.placement import FABRICS, UNVERIFIED, FabricAttachment
 
 __all__ = [
     "attachments_for",
@@ -138,7 +138,7 @@ def attachments_for(
     sm_sets: dict[str, str],
     expected: dict[str, float],
     leaves: dict[str, dict[str, dict[str, Any]]] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[FabricAttachment]:
     """The node's declared fabrics as placement's snapshot holds them (see apps.fabrics.placement).
 
     With the fabrics' maps (`leaves`: fabric -> port GUID -> its leaf), a node's leaf is the set of
@@ -157,7 +157,16 @@ def attachments_for(
             if identity:
                 on.setdefault(identity, []).append(port)
         kind = "roce" if all(p.get("link_layer") == "Ethernet" for p in ports) else "ib"
-        attachment: dict[str, Any] = {"name": name, "kind": kind, "identity": None, "problem": "", "leaf": None}
+        attachment: FabricAttachment = {
+            "name": name,
+            "kind": kind,
+            "identity": None,
+            "problem": "",
+            "leaf": None,
+            "hcas": [],  # these three are worked out below
+            "netdevs": [],
+            "short": False,
+        }
         if len(on) > 1:
             attachment["problem"] = _("its adapters for %(name)s sit on %(count)s fabrics: %(where)s") % {
                 "name": name,
@@ -227,7 +236,7 @@ def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, An
     for row in rows:
         snapshot = snapshots.get(row.node_id)
         if snapshot is not None:
-            snapshot.extra["fabrics"] = attachments_for(row, sm_sets, expected, leaves)
+            FABRICS.put(snapshot, attachments_for(row, sm_sets, expected, leaves))
 
 
 def shard_env(node_id: int, group: Group | None) -> dict[str, str]:

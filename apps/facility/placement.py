@@ -1,6 +1,7 @@
 """Placement by facility: nothing new in a held domain (no Django).
 
-Each node's snapshot carries `extra["facility"]` (apps.facility.services.contribute_snapshots):
+Each node's snapshot carries `extra["facility"]` (FACILITY, a FacilityPart; filled by
+apps.facility.services.contribute_snapshots, and by the simulator):
 
     {"location": {"site": "dc1", "room": None, "row": "r", "rack": "r12", "pdu": "r12-a"},
      "held": [{"domain": "rack=r12", "reason": "PDU swap"}]}
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from apps.cluster.placement import (
     REGISTRY,
@@ -32,14 +33,42 @@ from apps.cluster.placement import (
     ProfileField,
     Reason,
     Registry,
+    SnapshotField,
     gettext_noop,
 )
 from apps.facility.draw import derived_watts, shard_watts
 from apps.facility.locations import LEVELS
 
-__all__ = ["KEEP_WITHIN", "POWER_WATTS", "SNAPSHOT_FIELD", "FacilityIndex", "build_index", "register", "renew_draws"]
+__all__ = [
+    "FACILITY",
+    "KEEP_WITHIN",
+    "POWER_WATTS",
+    "FacilityIndex",
+    "FacilityPart",
+    "HeldDomain",
+    "build_index",
+    "register",
+    "renew_draws",
+]
 
-SNAPSHOT_FIELD = "facility"
+
+class HeldDomain(TypedDict):
+    """A hold on one of a node's domains (apps.facility.models.Hold)."""
+
+    domain: str  # "rack=r12"
+    reason: str  # why it is held, in the operator's words
+
+
+class FacilityPart(TypedDict):
+    """Where a node is, what holds it, and where power caps are set what it and its domains may draw."""
+
+    location: dict[str, str | None]  # each level (site ... pdu) -> the node's value there; None: not said
+    held: list[HeldDomain]  # the holds on its domains, [] when none
+    caps: NotRequired[Mapping[str, float]]  # its capped domains ("rack=r12") -> cap (W); only where caps are set
+    draw_w: NotRequired[float | None]  # what it draws now (W), None when unknown; only with caps
+
+
+FACILITY: SnapshotField[FacilityPart] = SnapshotField("facility")
 SPREAD_WEIGHT = 1.5  # above binpack's 1: a model's second replica in another rack before a tighter fit
 SPREAD = "facility.spread"
 POWER = "facility.power"
@@ -70,7 +99,7 @@ POWER_WATTS = ProfileField(
 
 @dataclass(slots=True)
 class FacilityIndex:
-    held: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    held: dict[int, list[HeldDomain]] = field(default_factory=dict)
     # Power: domain -> cap (W); node id -> its capped domains; domain -> (known draw W, nodes unknown)
     caps: dict[str, int] = field(default_factory=dict)
     capped: dict[int, tuple[str, ...]] = field(default_factory=dict)
@@ -104,8 +133,8 @@ class FacilityIndex:
 def build_index(inventory: Inventory) -> FacilityIndex:
     index = FacilityIndex()
     for node_id, node in inventory.nodes.items():
-        value = node.extra.get(SNAPSHOT_FIELD)
-        facility = value if isinstance(value, dict) else {}
+        value = FACILITY.get(node)
+        facility: FacilityPart = value if isinstance(value, dict) else {"location": {}, "held": []}
         place: dict[str, Any] = facility["location"] if isinstance(facility.get("location"), dict) else {}
         if any(place.values()):
             index.places[node_id] = place
@@ -132,7 +161,7 @@ def renew_draws(inventory: Inventory, index: FacilityIndex) -> FacilityIndex:
     drawn: dict[str, tuple[float, int]] = {}
     for node_id, domains in index.capped.items():
         node = inventory.nodes.get(node_id)
-        facility = node.extra.get(SNAPSHOT_FIELD) if node is not None else None
+        facility = FACILITY.get(node) if node is not None else None
         draw = facility.get("draw_w") if isinstance(facility, dict) else None
         for domain in domains:
             known, unknown = drawn.get(domain, (0.0, 0))
@@ -281,7 +310,7 @@ def power_cap(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
 
 
 def register(registry: Registry = REGISTRY) -> None:
-    registry.register_snapshot_field(SNAPSHOT_FIELD, None)
+    FACILITY.register(registry)
     registry.register_profile_field(KEEP_WITHIN)
     registry.register_profile_field(POWER_WATTS)
     registry.register_prefilter(prefilter, name=INDEX, order=15, index=build_index, static=True)

@@ -14,6 +14,7 @@ from apps.cluster.placement import NodeSnapshot
 from apps.facility import power
 from apps.facility.locations import LEVELS, location
 from apps.facility.models import Hold
+from apps.facility.placement import FACILITY, FacilityPart, HeldDomain
 from llmgw.errors import ServiceError
 
 __all__ = [
@@ -43,7 +44,7 @@ def active_holds() -> list[Hold]:
     return list(Hold.objects.filter(released_at__isnull=True).select_related("created_by").order_by("level", "name"))
 
 
-def _held(place: dict[str, str | None], holds: Iterable[Hold]) -> list[dict[str, Any]]:
+def _held(place: dict[str, str | None], holds: Iterable[Hold]) -> list[HeldDomain]:
     return [{"domain": h.domain, "reason": h.reason} for h in holds if place.get(h.level) == h.name]
 
 
@@ -57,7 +58,7 @@ def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, An
         place = location(snapshot.labels)
         if not any(place.values()) and not holds:
             continue
-        facility: dict[str, Any] = {"location": place, "held": _held(place, holds)}
+        facility: FacilityPart = {"location": place, "held": _held(place, holds)}
         capped = {
             f"{level}={place[level]}": budgets[f"{level}={place[level]}"]
             for level in LEVELS
@@ -66,7 +67,7 @@ def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, An
         if capped:
             facility["caps"] = capped
             facility["draw_w"] = draws.get(node_id)
-        snapshot.extra["facility"] = facility
+        FACILITY.put(snapshot, facility)
 
 
 def hold(level: str, name: str, *, reason: str, actor: Any, drain: bool = False, address: str | None = None) -> Hold:

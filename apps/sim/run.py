@@ -22,10 +22,11 @@ from apps.catalog import profile_fields
 from apps.cluster import placement
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState
 from apps.cluster.decisions import backoff, replica_request, run_pass
+from apps.fabrics.placement import FABRICS, NVLINK, FabricAttachment, NvlinkPart
 from apps.facility.draw import derived_watts
 from apps.facility.locations import LEVELS, label_of, location
+from apps.facility.placement import FACILITY, FacilityPart, HeldDomain, renew_draws
 from apps.facility.placement import INDEX as FACILITY_INDEX
-from apps.facility.placement import renew_draws
 from apps.sim.limits import MAX_PROBLEMS, figure
 from apps.sim.scenario import Event, Scenario, ScenarioError
 from apps.sim.store import MemoryStore, SimDrain, SimModel, SimProfile, SimReplica, SimShard
@@ -44,7 +45,7 @@ def up_window() -> timedelta:
     return timedelta(seconds=settings.SCALE_UP_WINDOW)
 
 
-def _fabric_extra(name: str, kind: str, leaf: str | None, leaf_name: str | None, hcas: list[str]) -> dict[str, Any]:
+def _fabric_extra(name: str, kind: str, leaf: str | None, leaf_name: str | None, hcas: list[str]) -> FabricAttachment:
     """A node's attachment to a described fabric, in the shape the fabrics app gives placement."""
     return {
         "name": name,
@@ -78,7 +79,7 @@ def build_nodes(
                 labels[label_of("rack")] = rack
                 if group.pdus_per_rack:
                     labels[label_of("pdu")] = f"{rack}-{chr(ord('a') + n % group.pdus_per_rack)}"
-            extra: dict[str, Any] = {"status": NodeStatus.READY}
+            fabrics: list[FabricAttachment] | None = None
             if group.fabric:
                 per_leaf = group.per_leaf or group.count
                 block = n // per_leaf
@@ -88,19 +89,25 @@ def build_nodes(
                     leaf, leaf_name = ",".join(sorted(leaves)), ", ".join(leaves)
                 else:
                     leaf = leaf_name = f"{group.fabric}-leaf{block:03d}"
-                extra["fabrics"] = [_fabric_extra(group.fabric, group.fabric_kind, leaf, leaf_name, hcas)]
+                fabrics = [_fabric_extra(group.fabric, group.fabric_kind, leaf, leaf_name, hcas)]
+            nvlink: NvlinkPart | None = None
             if group.nvlink_domain:
                 domain = f"sim-{group.type}-nvl{n // group.nvlink_domain:03d}.0"
-                extra["nvlink"] = {"domain": domain, "label": domain, "ready": True, "problems": []}
-            nodes[node_id] = placement.NodeSnapshot(
+                nvlink = {"domain": domain, "label": domain, "ready": True, "problems": []}
+            snapshot = nodes[node_id] = placement.NodeSnapshot(
                 id=node_id,
                 name=group.name.format(type=group.type, n=n + 1),
                 labels=labels,
                 memory_total_bytes=kind.memory_bytes,
                 cpus=kind.cpus,
                 gpus=[placement.GpuSlot(index=i, gpu_class=cls, nvlink_group=g) for i, cls, g in kind.gpus],
-                extra=extra,
+                extra={"status": NodeStatus.READY},
             )
+            # The fabrics app's parts, in the shapes its placement rules read (apps.fabrics.placement).
+            if fabrics is not None:
+                FABRICS.put(snapshot, fabrics)
+            if nvlink is not None:
+                NVLINK.put(snapshot, nvlink)
             idle[node_id] = kind.idle_watts
             node_id += 1
         if group.per_rack:
@@ -271,7 +278,7 @@ class Simulation:
             replicas = list(live["replicas"])
             quotas = dict(live["quotas"])
             for pk, node in nodes.items():
-                facility = node.extra.get("facility") or {}
+                facility = FACILITY.get(node)
                 self.measured[pk] = facility.get("draw_w") if isinstance(facility, dict) else None
         first_node = max(nodes, default=0) + 1
         built, idle = build_nodes(scenario, first_node)
@@ -326,14 +333,14 @@ class Simulation:
         for node_id, node in self.store.nodes.items():
             place = places[node_id]
             if not any(place.values()) and not self.holds:
-                node.extra.pop("facility", None)
+                FACILITY.drop(node)
                 continue
-            held = [
+            held: list[HeldDomain] = [
                 {"domain": domain, "reason": hold["reason"]}
                 for domain, hold in self.holds.items()
                 if place.get(domain.partition("=")[0]) == domain.partition("=")[2]
             ]
-            facility: dict[str, Any] = {"location": place, "held": held}
+            facility: FacilityPart = {"location": place, "held": held}
             capped = {
                 f"{level}={place[level]}": self.caps[f"{level}={place[level]}"]
                 for level in LEVELS
@@ -343,7 +350,7 @@ class Simulation:
                 self.capped.add(node_id)
                 facility["caps"] = capped
                 facility["draw_w"] = self._draw(node_id, claimed)
-            node.extra["facility"] = facility
+            FACILITY.put(node, facility)
         drains = {}
         for node_id, place in places.items():
             for domain, hold in self.holds.items():
@@ -361,7 +368,7 @@ class Simulation:
         is woken: only a placement reads the draw, and a model with a replica to place never sleeps."""
         claimed = self._claimed_watts(self.capped)
         for node_id in self.capped:
-            facility = self.store.nodes[node_id].extra.get("facility")
+            facility = FACILITY.get(self.store.nodes[node_id])
             if isinstance(facility, dict):
                 facility["draw_w"] = self._draw(node_id, claimed)
         self.store.inv.renew_index(FACILITY_INDEX, renew_draws)
@@ -447,7 +454,7 @@ class Simulation:
         """While a fabric's subnet manager is away its nodes' ports answer no identity: placement
         groups them apart from nodes that can say theirs (apps.fabrics.placement)."""
         for node in self.store.nodes.values():
-            for attachment in node.extra.get("fabrics") or []:
+            for attachment in FABRICS.get(node) or []:
                 if attachment.get("name") == fabric:
                     attachment["identity"] = f"{attachment['kind']}:sim-{fabric}" if known else None
 
@@ -731,10 +738,8 @@ class Simulation:
                 if node is None:
                     continue
                 rack = location(node.labels).get("rack") or "-"
-                leaf = next(
-                    (str(a.get("leaf_name") or a.get("leaf") or "-") for a in node.extra.get("fabrics") or []), "-"
-                )
-                nvlink = node.extra.get("nvlink") or {}
+                leaf = next((str(a.get("leaf_name") or a.get("leaf") or "-") for a in FABRICS.get(node) or []), "-")
+                nvlink = NVLINK.get(node)
                 domain = str(nvlink.get("label") or "-") if isinstance(nvlink, dict) else "-"
                 for kind, key in (("rack", rack), ("leaf", leaf), ("nvlink", domain)):
                     keys[kind].add(key)
@@ -790,7 +795,7 @@ def check_names(
         for level, name in location(node.labels).items():
             if name:
                 known.setdefault(level, set()).add(str(name))
-        for attachment in node.extra.get("fabrics") or []:
+        for attachment in FABRICS.get(node) or []:
             if attachment.get("name"):
                 known["fabric"].add(str(attachment["name"]))
     problems: list[str] = []

@@ -40,6 +40,7 @@ from .reasons import Reason, gettext_noop
 from .registry import (
     REGISTRY,
     Registry,
+    SnapshotField,
     profile_field,
     register_check,
     register_filter,
@@ -86,6 +87,7 @@ __all__ = [
     "Rejection",
     "ReplicaRequest",
     "ShardPlan",
+    "SnapshotField",
     "Usage",
     "builtin_registry",
     "choose_gpus",

@@ -27,7 +27,11 @@ replaces the earlier entry, so a ready() that runs twice does no harm.
   Kubernetes scheduler's percentageOfNodesToScore, taken in the walk's order rather than from a
   rotating start). See pipeline.py for what it gives up.
 - A snapshot field is a named entry of `NodeSnapshot.extra` with its default, read with
-  `snapshot_field(node, name)`; the Django side fills the registered fields.
+  `snapshot_field(node, name)`; the Django side fills the registered fields. The app that owns one
+  declares it once as a `SnapshotField[T]` (T: a TypedDict or list of them, declared beside it), and
+  both what fills it (a snapshot part, apps.cluster.extensions, and the simulator) and its rules
+  go through that: `put` and `get` are checked by mypy against T, which `extra` itself cannot be
+  (placement does not know what the other apps keep there).
 - A profile field (llmgw.fields.ProfileField) is a setting a profile declares for a plugin's rule
   (facility's keep_within): the catalog reads, checks and shows it with the fields of every
   profile, and `ProfileSpec.extra` carries its value to placement, read with
@@ -55,6 +59,30 @@ CheckFn = Callable[["PlacementContext"], "Iterable[Reason]"]
 AppliesFn = Callable[["PlacementContext"], Any]
 PreFilterFn = Callable[["PlacementContext", Any], "PreFilterResult | None"]
 IndexFn = Callable[["Inventory"], Any]
+
+
+class SnapshotField[T]:
+    """A named entry of NodeSnapshot.extra and the type of what it holds (see the module docstring)."""
+
+    __slots__ = ("default", "name")
+
+    def __init__(self, name: str, default: T | None = None) -> None:
+        self.name = name
+        self.default = default  # what snapshot_field() answers for a node nothing filled
+
+    def get(self, node: NodeSnapshot) -> T | None:
+        """The node's value, None when nothing filled it."""
+        value: T | None = node.extra.get(self.name)
+        return value
+
+    def put(self, node: NodeSnapshot, value: T) -> None:
+        node.extra[self.name] = value
+
+    def drop(self, node: NodeSnapshot) -> None:
+        node.extra.pop(self.name, None)
+
+    def register(self, registry: Registry) -> None:
+        registry.register_snapshot_field(self.name, self.default)
 
 
 @dataclass(frozen=True, slots=True)
