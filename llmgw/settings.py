@@ -447,8 +447,10 @@ TIME_ZONE = env_str("LLMGW_TIME_ZONE") or "UTC"
 # Static files -------------------------------------------------------------------------
 
 STATIC_URL = "/static/"
-STATIC_ROOT = DATA_DIR / "static"
-STATIC_ROOT.mkdir(exist_ok=True)
+# Where collectstatic puts the files web serves: the data directory's by default; a folder several
+# data directories share (LLMGW_STATIC_ROOT) is collected once for all of them.
+STATIC_ROOT = Path(env_str("LLMGW_STATIC_ROOT") or DATA_DIR / "static").expanduser().resolve()
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},

@@ -171,6 +171,7 @@ def llmgw_env(data_dir: Path, port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_", "PROMETHEUS_"))}
     env.update({"LLMGW_DATA_DIR": str(data_dir), "LLMGW_LISTEN": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"})
     env["LLMGW_DATABASE_POOL_SIZE"] = str(TEST_POOL_SIZE)
+    env["LLMGW_STATIC_ROOT"] = str(_static_root())
     env[processes.OWNER_MARK] = processes.owner(data_dir)
     # Engine releases come from a server of the test's own, or from nowhere: never GitHub; and a
     # local agent without an engine never compiles one from a real package index.
@@ -181,6 +182,24 @@ def llmgw_env(data_dir: Path, port: int, **extra: str) -> dict[str, str]:
         env["LLMGW_REDIS_PREFIX"] = f"llmgw-e2e-{uuid.uuid4().hex[:8]}"
     env.update(extra)
     return env
+
+
+def _static_root() -> Path:
+    """One folder of collected static files for every llmgw this test process starts: the first
+    `llmgw up` collects them, the others find them current (llmgw.cli.up.collect_static), where
+    each data directory of its own cost 3-4 s of CPU to hash and compress them again."""
+    if "path" not in _STATIC:
+        import atexit
+        import shutil
+        import tempfile
+
+        path = Path(tempfile.mkdtemp(prefix="llmgw-static-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _STATIC["path"] = path
+    return _STATIC["path"]
+
+
+_STATIC: dict[str, Path] = {}
 
 
 @contextmanager
