@@ -62,8 +62,10 @@ def connect() -> None:
     from apps.accounts.models import ApiKey, Organization, Project, Team, User
     from apps.catalog.models import Model, Profile
     from apps.cluster.models import Node, Replica, Shard
+    from apps.guardrails.models import Policy, Rule
 
-    senders: list[Any] = [ApiKey, User, Model, Profile, Replica, Shard]
+    # A policy or rule changed: the tables carry the compiled rules.
+    senders: list[Any] = [ApiKey, User, Model, Profile, Replica, Shard, Policy, Rule]
     try:
         from apps.quotas.models import RateLimit
 

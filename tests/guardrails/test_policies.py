@@ -15,6 +15,7 @@ from apps.accounts import services
 from apps.accounts.choices import StaffRole
 from apps.gateway.tables import load_tables
 from apps.guardrails.models import Policy, Rule
+from apps.guardrails.services import set_policy
 from apps.quotas.usage import write_records_sync
 from tests.builders import make_model
 from tests.conftest import make_user
@@ -155,3 +156,22 @@ def test_ctl_request_tells_the_verdict(live_server, capsys, monkeypatch, tmp_pat
     assert main(["ctl", "--server", live_server.url, "--key", secret, "request", "req_refused"]) == 0
     out = capsys.readouterr().out
     assert "refuse pii/cards (card)" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_policy_or_rule_changed_or_removed_tells_the_gateway_to_reload_its_tables() -> None:
+    from apps.gateway.models import TableVersion
+
+    def version() -> int:
+        row = TableVersion.objects.filter(pk=1).first()
+        return row.version if row is not None else 0
+
+    before = version()
+    set_policy({"name": "reload", "rules": [{"name": "t", "kind": "terms", "terms": ["Falcon"], "action": "redact"}]})
+    after_save = version()
+    assert after_save > before
+    Rule.objects.filter(policy__name="reload").delete()
+    assert version() > after_save
+    removed = version()
+    Policy.objects.filter(name="reload").delete()
+    assert version() > removed
