@@ -90,7 +90,9 @@ async def test_a_batch_leaves_a_slot_to_the_interactive_requests_seen_lately(wor
             input_file_id=(await world.upload(lines)).id, endpoint="/v1/chat/completions", completion_window="24h"
         )
         async with asyncio.timeout(WAIT):
-            while world.app.admission.queue.waiting("m", BATCH) < 1:  # a line waits, held back by the reserve
+            # A line waits, held back by the reserve, and the line that took the other slot has
+            # reached the engine (its slot is taken before its request is sent).
+            while world.app.admission.queue.waiting("m", BATCH) < 1 or world.engine.active < 1:
                 await asyncio.sleep(0.01)
         assert world.engine.active == 1
         await asyncio.wait_for(first_token_s(world, session), WAIT)
