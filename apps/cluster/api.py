@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -176,7 +176,8 @@ class NodeDetailSerializer(NodeSerializer):
         fields = [*NodeSerializer.Meta.fields, "hardware", "gpus", "sample", "sampled_at", "drain"]
 
     def get_sample(self, node: Node) -> dict[str, Any] | None:
-        return node.fresh_sample()
+        # The schema says an object, the agent's sample as it is (open to the keys a newer agent adds).
+        return cast("dict[str, Any] | None", node.fresh_sample())
 
     @extend_schema_field(DrainStatusSerializer(allow_null=True))
     def get_drain(self, node: Node) -> dict[str, Any] | None:

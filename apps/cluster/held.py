@@ -29,6 +29,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agent.messages import HeartbeatSample
 from apps.cluster.gpu_classes import class_share
 from apps.cluster.inventory import CLAIMING_STATES
 from apps.cluster.models import Gpu, Node, Shard
@@ -60,7 +61,7 @@ def _stretches(start: datetime, end: datetime) -> Iterable[tuple[datetime, float
         moment = stop
 
 
-def _power(sample: dict[str, Any] | None, shard: Any, slices: dict[int, tuple[int, float]]) -> dict[Any, float]:
+def _power(sample: HeartbeatSample | None, shard: Any, slices: dict[int, tuple[int, float]]) -> dict[Any, float]:
     """What the node's latest fresh sample says each of the shard's cards draws now (watts, by GPU
     index; a slice its share of what its card draws, `slices` giving each slice's card and share),
     or for a shard without a GPU its share of the CPU package power by its cores (key None); a
@@ -69,9 +70,7 @@ def _power(sample: dict[str, Any] | None, shard: Any, slices: dict[int, tuple[in
         return {}
     if shard.gpu_indices:
         draws = {
-            g.get("index"): g["power_draw_w"]
-            for g in sample.get("gpus") or []
-            if isinstance(g, dict) and isinstance(g.get("power_draw_w"), int | float)
+            g["index"]: draw for g in sample.get("gpus") or [] if isinstance(draw := g.get("power_draw_w"), int | float)
         }
         found = {i: float(draws[i]) for i in shard.gpu_indices if i in draws}
         for index in shard.gpu_indices:

@@ -7,9 +7,10 @@ app's own part is built.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
+from agent.messages import HeartbeatSample
 from apps.catalog.models import Model
 from apps.cluster import decisions
 from apps.cluster.choices import NodeStatus, ReplicaState
@@ -17,7 +18,7 @@ from apps.cluster.decisions import RUNNING_FIELDS, profile_spec, running_spec
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.gpu_classes import class_share
 from apps.cluster.models import Node, Replica, Shard
-from apps.cluster.placement import CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ReplicaRequest
+from apps.cluster.placement import NODE_STATUS, CapacityQuota, Claim, GpuSlot, Inventory, NodeSnapshot, ReplicaRequest
 from apps.quotas.models import CapacityQuota as QuotaRow
 
 __all__ = [
@@ -82,7 +83,7 @@ def _snapshot(node: Node) -> NodeSnapshot:
     ]
     engines = node.hardware.get("engines")
     weights, weight_dirs, partial = held_weights(node)
-    return NodeSnapshot(
+    snapshot = NodeSnapshot(
         id=node.pk,
         name=node.name,
         ready=node.live_status == NodeStatus.READY,
@@ -103,16 +104,17 @@ def _snapshot(node: Node) -> NodeSnapshot:
         weights=weights,
         weight_dirs=weight_dirs,
         partial_dirs=partial,
-        fetches=fetch_states(node.sample),
-        extra={"status": node.live_status},
+        fetches=fetch_states(node.latest_sample),
     )
+    NODE_STATUS.put(snapshot, node.live_status)
+    return snapshot
 
 
 def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None, frozenset[str]]:
     """The model sources the node holds whole (paths on it), the directories it reports them for
     (None when it reports none), and those of them whose scan stopped at its bounds (a source in
     one may be there unlisted). Older agents named the entries relative to their directories."""
-    pools = (node.sample or {}).get("storage") or []
+    pools = (node.latest_sample or {}).get("storage") or []
     held: set[str] = set()
     dirs: set[str] = set()
     partial: set[str] = set()
@@ -135,7 +137,7 @@ def held_weights(node: Node) -> tuple[frozenset[str], frozenset[str] | None, fro
 FETCH_STATES = ("held", "fetching", "refused", "failed")
 
 
-def fetch_states(sample: Mapping[str, Any] | None) -> dict[str, tuple[str, str]]:
+def fetch_states(sample: HeartbeatSample | None) -> dict[str, tuple[str, str]]:
     """What a node said in a heartbeat's sample of the weights it was told to fetch (the mirror's
     versions): directory -> (state, reason). Entries it did not say clearly are left out."""
     out: dict[str, tuple[str, str]] = {}

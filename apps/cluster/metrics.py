@@ -18,7 +18,9 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 from prometheus_client import Counter, Histogram
 
+from agent.messages import GpuFigures, HeartbeatSample, ShardFigures, StoragePoolFigures
 from agent.probes.mig import SLICE_BASE, slice_parent
+from apps.cluster.samples import read_sample
 from llmgw.metrics import Exposition, escape_label, label_text, number_text, per_scrape
 
 __all__ = [
@@ -119,7 +121,7 @@ class NodeRow(NamedTuple):
     name: str
     up: bool
     cordoned: bool
-    sample: dict[str, Any] | None
+    sample: HeartbeatSample | None
     nvlink_domain: str | None
 
 
@@ -156,8 +158,9 @@ def _read_nodes() -> list[NodeRow]:
     return out
 
 
-def _decoded(text: str) -> dict[str, Any] | None:
-    """A stored sample's document, or None where it is not an object (or not JSON at all).
+def _decoded(text: str) -> HeartbeatSample | None:
+    """A stored sample's document, checked (apps.cluster.samples), or None where it is not an
+    object (or not JSON at all).
 
     orjson refuses what the json module reads (an integer past 64 bits, NaN written by an older
     agent to SQLite): such a document is read by the json module instead."""
@@ -168,7 +171,7 @@ def _decoded(text: str) -> dict[str, Any] | None:
             sample = json.loads(text)
         except ValueError:
             return None
-    return sample if isinstance(sample, dict) else None
+    return read_sample(sample)
 
 
 class NodeCollector:
@@ -258,7 +261,7 @@ class NodeLines:
                 else:
                     self.slice(n, gpu)
 
-    def storage(self, node: str, pool: dict[str, Any]) -> None:
+    def storage(self, node: str, pool: StoragePoolFigures) -> None:
         labels = label_text(
             {
                 "node": node,
@@ -272,7 +275,7 @@ class NodeLines:
         doc = "Size of a filesystem holding model directories"
         self.put("llmgw_node_storage_total_bytes", doc, labels, pool.get("total_bytes"))
 
-    def gpu(self, n: str, gpu: dict[str, Any]) -> None:
+    def gpu(self, n: str, gpu: GpuFigures) -> None:
         get = gpu.get
         index, uuid, gpu_class = get("index"), get("uuid") or "", get("gpu_class") or ""
         # Labels in label_text's order (class, counter, gpu, node, reason, uuid, xid).
@@ -287,7 +290,7 @@ class NodeLines:
                 # number_text() inline for a finite figure (x - x is 0 for no infinity, no NaN).
                 number = float(value * scale)
                 append(f"{start}{labels}{repr(number) if number - number == 0 else number_text(number)}\n")
-        for reason in get("throttle_reasons") or ():
+        for reason in gpu.get("throttle_reasons") or ():
             self.clock_events(
                 f'llmgw_gpu_clock_event{{{head},{tail},reason="{escape_label(str(reason))}",{who}}} 1.0\n'
             )
@@ -299,7 +302,7 @@ class NodeLines:
                     extra = f'{label}="{escape_label(str(name))}"'
                     append(f"{metric}{{{','.join(sorted((head, tail, who, extra)))}}} {number_text(count)}\n")
 
-    def slice(self, n: str, gpu: dict[str, Any]) -> None:
+    def slice(self, n: str, gpu: GpuFigures) -> None:
         """A slice: its own families, labelled with its card (`card`, the card's `gpu` index) and
         itself (`slice`, its device index), never as one more card."""
         get = gpu.get
@@ -430,7 +433,7 @@ def _claiming_shards(
 def _shards(
     out: Exposition,
     put: Put,
-    samples: dict[int, dict[str, Any] | None],
+    samples: dict[int, HeartbeatSample | None],
     engines: EngineFamilies | None = None,
     names: dict[int, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
@@ -473,9 +476,8 @@ def _shards(
         sample = samples.get(node_id)
         if sample is not None:
             shard_id = f"r{replica_id}s{rank}"
-            entry = next(
-                (e for e in sample.get("shards") or [] if isinstance(e, dict) and e.get("shard") == shard_id), {}
-            )
+            none: ShardFigures = {"shard": shard_id}
+            entry = next((e for e in sample.get("shards") or [] if e.get("shard") == shard_id), none)
             put("llmgw_shard_cpu_cores_used", "CPU cores the shard's engine uses", labels, entry.get("cpu_cores"))
             put(
                 "llmgw_shard_memory_used_bytes",

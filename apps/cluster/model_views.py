@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from agent.messages import ShardFigures
 from apps.accounts.access import can_change_cluster, can_read_everything, requires
 from apps.accounts.models import User
 from apps.catalog import cards, services
@@ -191,10 +192,10 @@ class ReplicaRow:
         return bool(self.cpu_used is not None and self.cpu_claimed and self.cpu_used > self.cpu_claimed)
 
 
-def _sample_shards(node: Node, now: datetime) -> dict[str, dict[str, Any]]:
+def _sample_shards(node: Node, now: datetime) -> dict[str, ShardFigures]:
     """What the node's latest fresh sample says each shard uses, by shard id ("r12s0"); empty when stale."""
-    entries = (node.fresh_sample(now) or {}).get("shards") or []
-    return {str(e.get("shard")): e for e in entries if isinstance(e, dict)}
+    sample = node.fresh_sample(now)
+    return {e["shard"]: e for e in sample.get("shards") or []} if sample is not None else {}
 
 
 def _measured(shards: list[Shard], now: datetime) -> tuple[float | None, int | None]:
@@ -204,9 +205,9 @@ def _measured(shards: list[Shard], now: datetime) -> tuple[float | None, int | N
     cores: list[float | None] = []
     memory: list[float | None] = []
     for shard in shards:
-        entry = _sample_shards(shard.node, now).get(shard.shard_id, {})
-        cores.append(_number(entry.get("cpu_cores")))
-        memory.append(_number(entry.get("memory_bytes")))
+        entry = _sample_shards(shard.node, now).get(shard.shard_id)
+        cores.append(_number(entry.get("cpu_cores")) if entry is not None else None)
+        memory.append(_number(entry.get("memory_bytes")) if entry is not None else None)
     return (
         None if None in cores else sum(c or 0 for c in cores),
         None if None in memory else int(sum(m or 0 for m in memory)),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import models
@@ -12,6 +12,10 @@ from django.utils.translation import gettext_lazy as _
 
 from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.cluster.choices import NodeStatus, ReplicaState, ShardState, StopReason
+from apps.cluster.samples import read_sample
+
+if TYPE_CHECKING:
+    from agent.messages import HeartbeatSample
 
 __all__ = [
     "AgentRequest",
@@ -108,24 +112,30 @@ class Node(models.Model):
         """The labels placement sees: the agent's (agent.yaml), with the ones kept here over them."""
         return {**((self.hardware or {}).get("labels") or {}), **(self.labels or {})}
 
+    @property
+    def latest_sample(self) -> HeartbeatSample | None:
+        """The latest sample, however old, checked against its type (apps.cluster.samples: a value
+        of the wrong type is left out); None when there is none."""
+        return read_sample(self.sample)
+
     def fresh_sample(
         self, now: datetime | None = None, max_age: timedelta = timedelta(minutes=1)
-    ) -> dict[str, Any] | None:
-        """The latest sample if it is recent enough to stand for now, else None."""
+    ) -> HeartbeatSample | None:
+        """The latest sample (checked, as latest_sample) if it is recent enough to stand for now, else None."""
         if self.sample is None or self.sampled_at is None:
             return None
         if (now or timezone.now()) - self.sampled_at > max_age:
             return None
-        return self.sample
+        return read_sample(self.sample)
 
     @property
     def cpus(self) -> int | None:
-        value = (self.sample or {}).get("cpus") or self.hardware.get("cpus")
+        value = (self.latest_sample or {}).get("cpus") or self.hardware.get("cpus")
         return int(value) if value else None
 
     @property
     def memory_total_bytes(self) -> int | None:
-        value = (self.sample or {}).get("memory_total_bytes") or self.hardware.get("memory_total_bytes")
+        value = (self.latest_sample or {}).get("memory_total_bytes") or self.hardware.get("memory_total_bytes")
         return int(value) if value else None
 
 

@@ -36,6 +36,7 @@ from agent.probes.mig import SLICE_BASE, SLICE_STRIDE
 from apps.cluster import history, rollup, selectors
 from apps.cluster.choices import ReplicaState
 from apps.cluster.models import Gpu, Node, Replica, Shard
+from apps.cluster.samples import read_sample
 from llmgw.console.charts import line_chart
 from llmgw.ids import MAX_ID, whole_number
 
@@ -737,7 +738,7 @@ def _idle(prefix: str, now: datetime, summary: IdleSummary) -> tuple[list[HeldId
         replica = replicas.get(held.replica_id)
         figures: list[float | None] = []
         for node_id, cards in held.shards:
-            sample = nodes.get(node_id, ("", None))[1] or {}
+            sample = read_sample(nodes.get(node_id, ("", None))[1]) or {}
             by_index: dict[Any, Any] = {g.get("index"): g for g in sample.get("gpus") or [] if isinstance(g, dict)}
             figures.extend(
                 selectors.GpuCard(index=i, label="", row=None, live=by_index.get(i) or GpuFigures(index=i)).utilization

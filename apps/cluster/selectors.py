@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
@@ -351,14 +351,8 @@ def _gpu_groups(gpus: list[Gpu]) -> list[tuple[int, str]]:
     return sorted(((n, name) for name, n in counts.items()), key=lambda item: (-item[0], item[1]))
 
 
-def _fresh_sample(node: Node, now: datetime) -> HeartbeatSample | None:
-    """Node.fresh_sample as what it is: the sample of a heartbeat, which agent.protocol checked
-    (SAMPLE) before it was stored."""
-    return cast("HeartbeatSample | None", node.fresh_sample(now))
-
-
 def node_row(node: Node, now: datetime) -> NodeRow:
-    sample = _fresh_sample(node, now)
+    sample = node.fresh_sample(now)
     live = sample or {}
     gpus = list(node.gpus.all())
     if gpus:
@@ -753,7 +747,7 @@ def _gpu_cards(node: Node, sample: HeartbeatSample | None) -> list[GpuCard]:
 
 
 def node_detail(node: Node, now: datetime | None = None) -> NodeDetail:
-    sample = _fresh_sample(node, now or timezone.now())
+    sample = node.fresh_sample(now or timezone.now())
     live = sample or {}
     load = live.get("load")
     memory_used = _integer(live.get("memory_used_bytes"))

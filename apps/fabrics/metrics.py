@@ -93,8 +93,9 @@ class FabricCollector:
                     phys = escape_label(str(port.get("phys_state_name") or port.get("phys_state") or "-"))
                     link_labels = f'{device},link_layer="{link}",{n},phys_state="{phys}",{number},state="{port_state}"'
                     active_lines.append(f"{active[0]}{{{link_labels}}} {'1.0' if port['up'] else '0.0'}\n")
-                if port.get("rate_gbps").__class__ in NUMBERS:
-                    rate_lines.append(f"{rate[0]}{{{where}}} {number_text(port['rate_gbps'])}\n")
+                gbps = port.get("rate_gbps")
+                if gbps is not None and gbps.__class__ in NUMBERS:
+                    rate_lines.append(f"{rate[0]}{{{where}}} {number_text(gbps)}\n")
                 errors = port.get("errors")
                 figures = [(name, port.get(name)) for name in ("xmit_bytes", "rcv_bytes")]
                 figures += errors.items() if isinstance(errors, dict) else ()
@@ -103,8 +104,9 @@ class FabricCollector:
                         counter_lines.append(
                             f'{counters[0]}_total{{counter="{escape_label(str(name))}",{where}}} {number_text(value)}\n'
                         )
-                if port.get("flaps").__class__ is int:
-                    flap_lines.append(f"{flaps[0]}_total{{{where}}} {number_text(port['flaps'])}\n")
+                flapped = port.get("flaps")
+                if flapped is not None and flapped.__class__ is int:
+                    flap_lines.append(f"{flaps[0]}_total{{{where}}} {number_text(flapped)}\n")
 
         _fabric_lines(out)
         return out.text()

@@ -16,14 +16,17 @@ UP and which hold an IMEX channel (without IMEX the cards cannot share memory ac
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils.translation import gettext as _
 
 from apps.cluster.placement import NodeSnapshot
 from apps.fabrics.placement import NVLINK
+
+if TYPE_CHECKING:
+    from apps.cluster.models import Node
 
 __all__ = [
     "GROUP_PREFIX",
@@ -229,14 +232,14 @@ def _imex_problem(imex: dict[str, Any] | None) -> str:
     return ""
 
 
-def _cards(report: dict[str, Any] | None) -> list[CardFabric]:
+def _cards(report: Mapping[str, Any] | None) -> list[CardFabric]:
     if not isinstance(report, dict):
         return []
     found = (card_fabric(g) for g in _list(report.get("gpus")) if isinstance(g, dict))
     return [c for c in found if c is not None]
 
 
-def may_name_domain(sample: dict[str, Any]) -> bool:
+def may_name_domain(sample: Mapping[str, Any]) -> bool:
     """False when no card of the sample can name a multi-node NVLink domain (none prints a non-zero
     ClusterUUID): a single HGX board's cards, or cards with no fabric. Cheaper than read_node()
     for a caller that only wants nodes in a domain."""
@@ -262,7 +265,7 @@ def registered_domain(gpus: Iterable[dict[str, Any]]) -> str | None:
     return max(sorted(named), key=lambda d: named[d]) if named else None
 
 
-def read_node(sample: dict[str, Any] | None, hardware: dict[str, Any] | None = None) -> NodeNVLink | None:
+def read_node(sample: Mapping[str, Any] | None, hardware: dict[str, Any] | None = None) -> NodeNVLink | None:
     """What a node's sample says of its NVLink domain; None when none of its cards has a fabric.
 
     Cards whose fabric is not registered (a fabric manager restarting) print no ClusterUUID; the
@@ -293,7 +296,7 @@ def read_node(sample: dict[str, Any] | None, hardware: dict[str, Any] | None = N
     return NodeNVLink(cards=cards, domain=domain, imex=imex, problems=problems)
 
 
-def node_nvlink(node: Any) -> NodeNVLink | None:
+def node_nvlink(node: Node) -> NodeNVLink | None:
     """A Node row's NVLink domain from its fresh sample (None: no fabric, or the sample is stale)."""
     return read_node(node.fresh_sample(), node.hardware)
 
@@ -304,7 +307,7 @@ def domain_label(domain: str) -> str:
     return f"{uuid.split('-')[0]}…/{clique}" if uuid else domain
 
 
-def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Any] | None = None) -> None:
+def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Node] | None = None) -> None:
     """Give each node of a placement snapshot its NVLink domain (`extra["nvlink"]`)."""
     for node_id, node in (nodes or {}).items():
         snapshot = snapshots.get(node_id)
@@ -365,7 +368,7 @@ def domains_overview() -> dict[str, Any]:
     for node in nodes:
         state = node_nvlink(node)
         if state is None:
-            if node.sample is not None and node.fresh_sample() is None and read_node(node.sample, node.hardware):
+            if node.sample is not None and node.fresh_sample() is None and read_node(node.latest_sample, node.hardware):
                 stale.append(node.name)
             continue
         found[node.pk] = state

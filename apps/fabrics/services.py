@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from agent.messages import HeartbeatSample
 from apps.cluster.placement import Group, NodeSnapshot
+from apps.cluster.samples import read_sample
 from apps.fabrics.models import MasterChange, NodeFabrics
 from apps.fabrics.placement import FABRICS, UNVERIFIED, FabricAttachment
+
+if TYPE_CHECKING:
+    from apps.cluster.models import Node
 
 __all__ = [
     "attachments_for",
@@ -58,7 +63,7 @@ def _natural(text: str) -> list[Any]:
     return [int(part) if part.isdecimal() else part for part in re.split(r"(\d+)", text)]
 
 
-def _key(port: dict[str, Any]) -> str:
+def _key(port: Mapping[str, Any]) -> str:
     return f"{port.get('device')}/{port.get('port')}"
 
 
@@ -84,7 +89,9 @@ def record_fabrics(node_id: int, body: dict[str, Any]) -> NodeFabrics:
     return row
 
 
-def subnet_manager_sets(samples: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+def subnet_manager_sets(
+    samples: Iterable[HeartbeatSample | None],
+) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """From the nodes' samples: every subnet manager GUID -> its fabric's name (the lowest GUID of the
     managers listed together), and GUID -> what is known of that manager (priority, state, lid)."""
     parent: dict[str, str] = {}
@@ -113,7 +120,7 @@ def subnet_manager_sets(samples: Iterable[dict[str, Any]]) -> tuple[dict[str, st
     return {guid: find(guid) for guid in list(parent)}, managers
 
 
-def port_identity(port: dict[str, Any], sm_sets: dict[str, str]) -> str | None:
+def port_identity(port: Mapping[str, Any], sm_sets: dict[str, str]) -> str | None:
     if port.get("link_layer") == "Ethernet":
         network = port.get("network")
         return f"roce:{network}" if network else None
@@ -200,7 +207,7 @@ def attachments_for(
 
 
 def _load(
-    node_ids: Iterable[int] | None = None, samples: Iterable[dict[str, Any]] | None = None
+    node_ids: Iterable[int] | None = None, samples: Iterable[HeartbeatSample | None] | None = None
 ) -> tuple[list[NodeFabrics], dict[str, str], dict[str, Any]]:
     """The nodes' ports, and the subnet managers their samples list (every node's: a fabric's
     managers are what any of its nodes saw). `samples`, when the caller holds them already."""
@@ -217,19 +224,19 @@ def _load(
     # subnet managers for a while rather than reading every node's sample each time.
     cached = cache.get(SM_CACHE_KEY)
     if cached is None:
-        found = (s or {} for s in Node.objects.exclude(fabric_ports=None).values_list("sample", flat=True))
+        found = (read_sample(s) for s in Node.objects.exclude(fabric_ports=None).values_list("sample", flat=True))
         cached = subnet_manager_sets(found)
         cache.set(SM_CACHE_KEY, cached, SM_CACHE_SECONDS)
     sm_sets, managers = cached
     return rows_list, sm_sets, managers
 
 
-def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Any] | None = None) -> None:
+def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Node] | None = None) -> None:
     """Give each node of a placement snapshot its fabrics (`extra["fabrics"]`); `nodes`: the Node rows
     the snapshot was built from, whose samples hold the subnet managers."""
     from apps.fabrics.maps import latest_maps, port_leaves
 
-    samples = [n.sample or {} for n in nodes.values()] if nodes is not None else None
+    samples = [n.latest_sample for n in nodes.values()] if nodes is not None else None
     rows, sm_sets, _managers = _load(samples=samples)
     expected = _expected_rates(rows, sm_sets)
     leaves = port_leaves(latest_maps()) if rows else {}
@@ -276,10 +283,11 @@ def shard_env(node_id: int, group: Group | None) -> dict[str, str]:
     return {}
 
 
-def node_ports(node: Any) -> list[dict[str, Any]]:
+def node_ports(node: Node) -> list[dict[str, Any]]:
     """A node's ports for its page: state, rate, the declared and the physical fabric each carries,
     its master subnet manager, and the error counters that are not zero. [] when it has none."""
-    ports = [p for p in (node.sample or {}).get("ib_ports") or [] if isinstance(p, dict)]
+    sample = node.latest_sample
+    ports = list(sample.get("ib_ports") or []) if sample is not None else []
     if not ports:
         return []
     _rows, sm_sets, _managers = _load()
@@ -505,9 +513,9 @@ def topology_view(fabric: str) -> dict[str, Any] | None:
         return {"fabric": fabric, "map": None, "live": {}, "requests": requests}
     live: dict[str, dict[str, Any]] = {}
     for row in NodeFabrics.objects.select_related("node"):
-        sample = row.node.sample or {}
-        for port in sample.get("ib_ports") or []:
-            guid = port.get("port_guid") if isinstance(port, dict) else None
+        sample = row.node.latest_sample
+        for port in sample.get("ib_ports") or [] if sample is not None else []:
+            guid = port.get("port_guid")
             if guid:
                 live[str(guid)] = {
                     "node": row.node.name,
@@ -518,7 +526,7 @@ def topology_view(fabric: str) -> dict[str, Any] | None:
                     "rate_gbps": port.get("rate_gbps"),
                     "xmit_bytes": port.get("xmit_bytes"),
                     "rcv_bytes": port.get("rcv_bytes"),
-                    "taken_at": sample.get("taken_at"),
+                    "taken_at": sample.get("taken_at") if sample is not None else None,
                 }
     return {
         "fabric": fabric,
@@ -543,10 +551,8 @@ def fabric_weights() -> dict[str, list[dict[str, Any]]]:
     held: dict[str, dict[str, set[str]]] = {}
     for row in rows:
         identities = {port_identity(p, sm_sets) for p in row.ports or [] if p.get("up")} - {None}
-        pools = (row.node.sample or {}).get("storage") or []
-        for pool in pools:
-            if not isinstance(pool, dict):
-                continue
+        sample = row.node.latest_sample
+        for pool in sample.get("storage") or [] if sample is not None else []:
             where = (
                 f"shared:{pool.get('fstype')}:{pool.get('mount_point')}" if pool.get("shared") else f"{row.node.name}"
             )

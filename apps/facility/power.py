@@ -16,7 +16,7 @@ API; each is `{domain: rack=r12, watts: 15000}` or, for a domain fed by several 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils.translation import gettext as _
@@ -26,6 +26,10 @@ from apps.facility.locations import parse_domain
 from apps.facility.models import Budget
 from llmgw.errors import ServiceError
 from llmgw.ids import whole_number
+
+if TYPE_CHECKING:
+    from agent.messages import HeartbeatSample
+    from apps.cluster.models import Node
 
 __all__ = [
     "BudgetError",
@@ -57,19 +61,19 @@ class BudgetError(ServiceError, ValueError):
         self.errors = errors
 
 
-def slices_of(sample: dict[str, Any] | None) -> dict[int, tuple[int, float]]:
+def slices_of(sample: HeartbeatSample | None) -> dict[int, tuple[int, float]]:
     """The slices a sample lists (MIG devices, AMD compute partitions): index -> (card, share)."""
     out: dict[int, tuple[int, float]] = {}
     for g in (sample or {}).get("gpus") or []:
         if not isinstance(g, dict) or not isinstance(g.get("index"), int):
             continue
-        share = g.get("share")
-        if isinstance(g.get("parent"), int) and isinstance(share, int | float) and 0 < share <= 1:
-            out[g["index"]] = (g["parent"], float(share))
+        parent, share = g.get("parent"), g.get("share")
+        if isinstance(parent, int) and isinstance(share, int | float) and 0 < share <= 1:
+            out[g["index"]] = (parent, float(share))
     return out
 
 
-def _measured(sample: dict[str, Any] | None, indices: Iterable[int] | None = None) -> float | None:
+def _measured(sample: HeartbeatSample | None, indices: Iterable[int] | None = None) -> float | None:
     """The cards' power draw in a sample (those of `indices`, a slice its share of its card's draw;
     else every card, plus RAPL); None when a card it needs did not report one."""
     if not isinstance(sample, dict):
@@ -80,7 +84,8 @@ def _measured(sample: dict[str, Any] | None, indices: Iterable[int] | None = Non
     total = 0.0
     for index in wanted:
         card, share = slices.get(index, (index, 1.0))
-        draw = (gpus.get(card) or {}).get("power_draw_w")
+        figures = gpus.get(card)
+        draw = figures.get("power_draw_w") if figures is not None else None
         if not isinstance(draw, int | float):
             return None
         total += float(draw) * share
@@ -119,7 +124,7 @@ def _point_measured(
     return total
 
 
-def _windowed(sample: dict[str, Any] | None, points: list[dict[str, Any]], indices: list[int] | None) -> float | None:
+def _windowed(sample: HeartbeatSample | None, points: list[dict[str, Any]], indices: list[int] | None) -> float | None:
     """The highest of the fresh sample's reading and the window's."""
     slices = slices_of(sample)
     return shard_watts(_measured(sample, indices), *(_point_measured(p, indices, slices) for p in points))
@@ -131,7 +136,7 @@ def base_watts(node: Any) -> int | None:
     return whole_number(str(labels.get(BASE_LABEL) or "").strip(), 1, MAX_WATTS)
 
 
-def node_draws(nodes: dict[int, Any]) -> dict[int, float | None]:
+def node_draws(nodes: dict[int, Node]) -> dict[int, float | None]:
     """Node id -> what it draws now (W), from what was measured of it over the window, its base and
     the shards it holds; None unknown."""
     from apps.cluster.history import recent_history

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -16,6 +16,9 @@ from apps.facility.locations import LEVELS, location
 from apps.facility.models import Hold
 from apps.facility.placement import FACILITY, FacilityPart, HeldDomain
 from llmgw.errors import ServiceError
+
+if TYPE_CHECKING:
+    from apps.cluster.models import Node
 
 __all__ = [
     "HoldError",
@@ -48,7 +51,7 @@ def _held(place: dict[str, str | None], holds: Iterable[Hold]) -> list[HeldDomai
     return [{"domain": h.domain, "reason": h.reason} for h in holds if place.get(h.level) == h.name]
 
 
-def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Any] | None = None) -> None:
+def contribute_snapshots(snapshots: dict[int, NodeSnapshot], nodes: dict[int, Node] | None = None) -> None:
     """Give each node of a placement snapshot its location, the holds on it, and where power caps
     are set its draw now and the caps of its domains (`extra["facility"]`)."""
     holds = active_holds()

@@ -101,8 +101,8 @@ def build_nodes(
                 memory_total_bytes=kind.memory_bytes,
                 cpus=kind.cpus,
                 gpus=[placement.GpuSlot(index=i, gpu_class=cls, nvlink_group=g) for i, cls, g in kind.gpus],
-                extra={"status": NodeStatus.READY},
             )
+            placement.NODE_STATUS.put(snapshot, NodeStatus.READY)
             # The fabrics app's parts, in the shapes its placement rules read (apps.fabrics.placement).
             if fabrics is not None:
                 FABRICS.put(snapshot, fabrics)
@@ -405,7 +405,7 @@ class Simulation:
             for node in chosen:
                 node.ready = event.kind == "restore"
                 node.status = "" if node.ready else "lost (simulated)"
-                node.extra["status"] = NodeStatus.READY if node.ready else NodeStatus.UNREACHABLE
+                placement.NODE_STATUS.put(node, NodeStatus.READY if node.ready else NodeStatus.UNREACHABLE)
             return f"{event.kind}: {len(chosen)} nodes"
         if event.kind in ("hold", "release"):
             level = next(k for k in ("rack", "pdu", "row", "room", "site") if k in args)

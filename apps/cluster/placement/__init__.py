@@ -13,6 +13,7 @@ from . import filters as filters
 from . import scorers as scorers
 from .context import PlacementContext
 from .dryrun import DEFAULT_CAPACITY_RANK, headroom, plan_preemption, preemption_candidates
+from .filters import NODE_STATUS
 from .gpus import choose_gpus
 from .model import (
     CPU,
@@ -65,6 +66,7 @@ __all__ = [
     "DEFAULT_CAPACITY_RANK",
     "EXPLAIN_NODES",
     "FieldError",
+    "NODE_STATUS",
     "REGISTRY",
     "CapacityQuota",
     "Claim",

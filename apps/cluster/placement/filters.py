@@ -12,13 +12,18 @@ from .context import PlacementContext
 from .gpus import usable
 from .model import CORE_EPSILON, Inventory, NodeSnapshot, PreFilterResult
 from .reasons import Reason
-from .registry import REGISTRY, Registry
+from .registry import REGISTRY, Registry, SnapshotField
+
+# The node's status as the cluster app reads it (an apps.cluster.choices.NodeStatus value: "ready",
+# "unreachable", ...), put by apps.cluster.inventory and the simulator: named when the node is refused
+# as not ready and its snapshot says no reason in words (`NodeSnapshot.status`).
+NODE_STATUS: SnapshotField[str] = SnapshotField("status")
 
 
 def ready(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
     if node.ready:
         return None
-    return reasons.not_ready(node.name, node.status or str(node.extra.get("status") or "unknown"))
+    return reasons.not_ready(node.name, node.status or str(NODE_STATUS.get(node) or "unknown"))
 
 
 def not_cordoned(ctx: PlacementContext, node: NodeSnapshot) -> Reason | None:
