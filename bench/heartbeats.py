@@ -13,7 +13,9 @@ transport itself costs on this machine.
 
 Prints heartbeats/s handled, the server's own p50/p99 time per heartbeat (from the
 llmgw_agent_message_seconds histogram), PostgreSQL row writes per heartbeat (from
-pg_stat_database), the web process's CPU per heartbeat, and the ratios to the baseline.
+pg_stat_user_tables, counted between two moments when the agents pause their beats until every
+write has landed and PostgreSQL has published its counts), the web process's CPU per heartbeat,
+and the ratios to the baseline. The time to join is counted from the first dial.
 Target: 10,000 agents at 10 s on at most two web processes (--web-processes 2) with p99 under
 50 ms, web CPU per heartbeat at most 3 times the bare transport's, and at most one write per
 heartbeat.
@@ -199,6 +201,9 @@ class NotRegistered(Exception):
 
 FLEET, INTERVAL_S, WEB_PROCESSES, P99_TARGET_MS = 10_000, 10.0, 2, 50.0  # the targets' fleet
 JOIN_RATE = 200.0  # agents dialling for the first time per second (--join-rate)
+# How long the heartbeats pause before the row writes are counted: the web's write-behind (1 s) and
+# PostgreSQL's delay in publishing an idle backend's counts (PGSTAT_IDLE_INTERVAL, 10 s), with a margin.
+SETTLE_S = 12.0
 WHY: collections.Counter[str] = collections.Counter()  # why dials failed or connections dropped
 
 
@@ -222,8 +227,10 @@ async def run_agents(
     redials = 0
     connected = 0
     registered = 0
-    deadline = None
-    joining_until = time.monotonic() + 300
+    deadline: float | None = None
+    quiet = False  # while True, the agents skip their beats (stay connected, keep their rhythm)
+    first_dial = time.monotonic()
+    joining_until = first_dial + 300
 
     async def one(i: int, credential: str) -> None:
         nonlocal sent, failures, connected, registered, redials
@@ -244,11 +251,15 @@ async def run_agents(
         connected += 1
         registered += 1
         try:
-            await asyncio.sleep(random.uniform(0, interval))
-            while deadline is None or time.monotonic() < deadline:
-                await ws.send(heartbeat)
-                sent += 1
-                await asyncio.sleep(interval)
+            due = time.monotonic() + random.uniform(0, interval)
+            while True:
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                if not quiet:  # while quiet the beat is skipped (the counts are read meanwhile), the rhythm kept
+                    await ws.send(heartbeat)
+                    sent += 1
+                due = time.monotonic() + interval
         except Exception as exc:
             WHY[f"dropped: {_why(exc)}"] += 1
             failures += 1
@@ -262,12 +273,22 @@ async def run_agents(
             await asyncio.sleep(50 / JOIN_RATE)  # a fleet installed over time, not in one burst
     # Measure heartbeats only: wait until every agent registered (a fleet joining at once is another
     # load), then one interval more so every agent is in its heartbeat rhythm.
-    waited = 0.0
-    while registered + failures < len(credentials) and waited < 330:
-        await asyncio.sleep(0.5)
-        waited += 0.5
-    joined = waited
+    give_up = first_dial + 330 + len(credentials) / JOIN_RATE
+    while registered + failures < len(credentials) and time.monotonic() < give_up:
+        await asyncio.sleep(0.1)
+    joined = time.monotonic() - first_dial
     await asyncio.sleep(interval + 2)
+    if window:
+        # The row writes are counted between two quiet moments, when every write of the heartbeats
+        # handled before has landed and PostgreSQL has published it: a heartbeat's row is written up
+        # to FLUSH_SECONDS after it is handled, and an idle backend's counts reach pg_stat up to 10 s
+        # after its last transaction, so two counters read at one instant under load disagree by
+        # the heartbeats of those seconds, either way.
+        quiet = True
+        await asyncio.sleep(SETTLE_S)
+        await asyncio.to_thread(window, "count-start")
+        quiet = False
+        await asyncio.sleep(interval)
     deadline = time.monotonic() + duration + interval
     if window:
         await asyncio.to_thread(window, "start")
@@ -279,6 +300,9 @@ async def run_agents(
     if window:
         await asyncio.to_thread(window, "end")
     await asyncio.gather(*tasks, return_exceptions=True)
+    if window:
+        await asyncio.sleep(SETTLE_S)  # every agent stopped beating at the deadline
+        await asyncio.to_thread(window, "count-end")
     return {
         "sent": measured,
         "per_second": measured / elapsed,
@@ -606,21 +630,24 @@ def run(args: argparse.Namespace, report: Report) -> None:
         result = asyncio.run(
             run_agents(f"ws://127.0.0.1:{port}/ws/agent/", credentials, args.interval, args.duration, window)
         )
-        per_table = {t: marks["end"][0].get(t, 0.0) - marks["start"][0].get(t, 0.0) for t in marks["end"][0]}
+        counted = marks["count-start"][0], marks["count-end"][0]
+        per_table = {t: counted[1].get(t, 0.0) - counted[0].get(t, 0.0) for t in counted[1]}
         writes = sum(per_table.values())
         web_cpu = marks["end"][1] - marks["start"][1]
-        p50, p99, handled = histogram_window(
+        p50, p99, _handled = histogram_window(
             marks["start"][2], marks["end"][2], "llmgw_agent_message_seconds", 'type="heartbeat"'
         )
-        total_sent = handled
+        total_sent = histogram_window(
+            marks["count-start"][2], marks["count-end"][2], "llmgw_agent_message_seconds", 'type="heartbeat"'
+        )[2]
         print(
             f"agents: {args.agents} ({result['connected']:.0f} connected, {result['failures']:.0f} failed), "
             f"interval {args.interval:.0f} s, measured {args.duration:.0f} s"
         )
         print(
-            f"joining: every agent registered within {result['joined']:.0f} s of the first dial, "
-            f"{result['redials']:.0f} dials tried again after a backoff (baseline transport: {base['joined']:.0f} s, "
-            f"{base['redials']:.0f})"
+            f"joining: every agent registered within {result['joined']:.0f} s of the first dial (the join rate "
+            f"alone: {args.agents / JOIN_RATE:.0f} s), {result['redials']:.0f} dials tried again after a backoff "
+            f"(baseline transport: {base['joined']:.0f} s, {base['redials']:.0f})"
         )
         print(
             f"heartbeats handled: {result['per_second']:.1f}/s; "
@@ -647,7 +674,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
         report.target("web CPU vs bare transport", measured=per_beat_cpu / max(base_cpu_beat, 1e-9), limit=3, unit="x")
         print(
             f"database row writes per heartbeat: {writes / max(total_sent, 1):.2f} "
-            f"({writes:.0f} row writes for {total_sent:.0f} heartbeats in the window: "
+            f"({writes:.0f} row writes for {total_sent:.0f} heartbeats, counted between two quiet moments: "
             + ", ".join(f"{t} {n:.0f}" for t, n in sorted(per_table.items(), key=lambda i: -i[1]) if n)
             + ")"
         )
