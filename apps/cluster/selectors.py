@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.db.models import Prefetch
+from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 from django.utils import timezone
 from django.utils.safestring import SafeString
@@ -56,7 +56,7 @@ __all__ = [
 HISTORY_GAP_SECONDS = 60  # heartbeats come every 10 s; a minute without one is a hole in the line
 
 
-def _nodes() -> Any:
+def _nodes() -> QuerySet[Node]:
     return Node.objects.prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
 
 

@@ -193,6 +193,10 @@ def budget_dict(row: Budget) -> dict[str, Any]:
     }
 
 
+def _whole_watts(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_WATTS
+
+
 def _parse(entries: Any, path: str) -> list[dict[str, Any]]:
     errors: dict[str, list[str]] = {}
     if not isinstance(entries, list):
@@ -219,13 +223,12 @@ def _parse(entries: Any, path: str) -> list[dict[str, Any]]:
         seen.add(f"{level}={name}")
         watts = entry.get("watts")
         feeds = entry.get("feeds") or []
-        good = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_WATTS  # noqa: E731
-        if watts is not None and not good(watts):
+        if watts is not None and not _whole_watts(watts):
             errors.setdefault(f"{where}.watts", []).append(
                 _("Expected whole watts from 1 to %(max)s; got “%(value)s”.") % {"max": MAX_WATTS, "value": watts}
             )
         clean_feeds = []
-        if not isinstance(feeds, list) or not all(isinstance(f, dict) and good(f.get("watts")) for f in feeds):
+        if not isinstance(feeds, list) or not all(isinstance(f, dict) and _whole_watts(f.get("watts")) for f in feeds):
             errors.setdefault(f"{where}.feeds", []).append(_("Expected a list of {name, watts} with whole watts."))
         else:
             clean_feeds = [
