@@ -62,6 +62,9 @@ def pytest_configure(config: Any) -> None:
 
     # Every process a test starts carries this session's mark, whatever it starts in turn.
     processes.mark_this_run()
+    from tests import cpu
+
+    cpu.install(config)
     if BACKEND == "postgres":
         from tests import pgflush
 
