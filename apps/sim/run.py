@@ -847,7 +847,7 @@ def check_names(
 
 def _offset(scenario: Scenario, now: Any) -> float:
     """Minutes since the scenario's start."""
-    return round((now - scenario.start).total_seconds() / 60, 3)
+    return round(float((now - scenario.start).total_seconds()) / 60, 3)
 
 
 def _copy_extra(extra: dict[str, Any]) -> dict[str, Any]:
