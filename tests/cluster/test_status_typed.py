@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,12 +20,13 @@ from django.test import Client
 from django.utils import timezone
 
 from agent.messages import HeartbeatSample
-from apps.cluster import inventory, model_views
+from apps.cluster import held, inventory, metrics, model_views
 from apps.cluster.models import Node, Shard
 from apps.cluster.placement import NODE_STATUS, NodeSnapshot
 from apps.cluster.samples import compile_check, read_sample
 from tests.agent.test_message_types import samples  # noqa: F401 (the captured hosts' heartbeats, a fixture)
 from tests.builders import make_model, make_node, make_replica, node_sample
+from tests.cluster.test_sample_reads import Read, Recording, _undeclared, _value
 
 NAN, INF = float("nan"), float("inf")
 
@@ -202,3 +204,47 @@ def test_the_snapshot_carries_the_nodes_status_through_its_typed_field() -> None
     assert NODE_STATUS.get(built["gpu1"]) == "ready"
     assert NODE_STATUS.get(built["gpu2"]) == "unreachable"
     assert NODE_STATUS.get(NodeSnapshot(id=1, name="x")) is None
+
+
+# What the read sites read -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_metrics_power_held_time_and_fabrics_read_declared_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As tests/cluster/test_sample_reads.py for the other readers of a stored sample: mypy does not
+    see a key they read through a name (the metrics' tables of figures) or .get()."""
+    from apps.fabrics import metrics as fabric_metrics
+    from apps.fabrics import services as fabrics
+    from apps.facility import power
+    from llmgw.metrics import Exposition
+
+    reads: set[Read] = set()
+    sample = _value(HeartbeatSample, reads)
+    card = Recording({**sample["gpus"][0], "index": 0, "parent": None}, "GpuFigures", reads)
+    sample["gpus"].append(card)  # _value's device is a slice (its parent is set): a card as well
+    row = metrics.NodeRow(1, "n1", True, False, sample, "domain")
+    metrics.NodeLines(Exposition(), lambda *args: None).node(row)
+    monkeypatch.setattr(fabric_metrics, "scrape_nodes", lambda: [row])
+    monkeypatch.setattr(fabric_metrics, "_fabric_lines", lambda out: None)
+    fabric_metrics.FabricCollector().text()
+    power.slices_of(sample)
+    power._measured(sample)
+    held._power(sample, SimpleNamespace(gpu_indices=[0, 1], cpu_cores=1.0), {})
+    held._power(sample, SimpleNamespace(gpu_indices=[], cpu_cores=1.0), {})
+    monkeypatch.setattr(Node, "latest_sample", property(lambda self: sample))
+    monkeypatch.setattr(Node, "fresh_sample", lambda self, now=None, max_age=None: sample)
+    node = make_node("n1")
+    inventory.held_weights(node)
+    fabrics.node_ports(node)
+    model_views._sample_shards(node, timezone.now())
+    expected = {
+        ("GpuFigures", "power_draw_w"),  # the metrics' table of a card's figures, power, held time
+        ("GpuFigures", "share"),  # a slice's
+        ("IbPortFigures", "rate_gbps"),
+        ("GpuFabric", "cluster_uuid"),
+        ("StoragePoolFigures", "weights"),
+        ("ShardFigures", "shard"),
+        ("HeartbeatSample", "cpu_package_power_w"),
+    }
+    assert expected <= reads
+    assert _undeclared(reads) == []
