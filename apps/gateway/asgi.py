@@ -50,7 +50,7 @@ from apps.gateway.cors import Cors
 from apps.gateway.errors import Refused, send_error
 from apps.gateway.forward import Forwarder
 from apps.gateway.grants import GRANT, BatchGrant
-from apps.gateway.guard import check_request, prompt_chars, run_checked
+from apps.gateway.guard import check_prompt, offload
 from apps.gateway.intake import (
     COUNT_TOKENS,
     ENDPOINTS,
@@ -237,6 +237,7 @@ class GatewayApp:
         for pool in (self.forwarder.upstream, self.forwarder.providers):
             if pool is not None:
                 await pool.close()
+        await asyncio.to_thread(offload.shutdown)  # the guard's worker processes, when long prompts started them
         self._started = None
 
     def begin_stop(self) -> None:
@@ -414,7 +415,7 @@ class GatewayApp:
         tables = self.routes.tables
         policies = tables.guards.for_call(call.entry, call.model) if tables.guards else None
         if policies is not None:
-            await run_checked(prompt_chars(call.body), check_request, call, policies)
+            await check_prompt(call, policies)
             if policies.guard_prompts:
                 await _unless_client_leaves(self.forwarder.judge.prompt(call, policies.guard_prompts), receive)
         check_size(call.body, most_messages=self.max_messages, most_parts=self.max_parts)

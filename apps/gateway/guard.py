@@ -25,20 +25,27 @@ the site's language (LLMGW_LANGUAGE), as the gateway's other refusals are: /v1 r
 Django's middleware, so no language is activated per request.
 
 Matching is linear in the text, but a long text still takes time: a prompt of OFF_LOOP_CHARS
-characters or more, an engine's whole answer of as many bytes, a streamed chunk of
-OFF_LOOP_CHUNK_BYTES, is matched in the guard's own threads (`run_checked`), never on the event
-loop, so other requests are not kept waiting. RE2 releases the GIL while it scans; the folding and
-the checks of candidates are Python and take their turns with the event loop.
+characters or more, an engine's whole answer or streamed chunk of as many bytes, is handled in the
+guard's own threads (`run_checked`), never on the event loop. RE2 releases the interpreter's lock
+while it scans, but the folding and the checks of candidates are Python: a thread doing them makes
+the event loop wait for the lock each time it gives it up, up to the switch interval (5 ms) each
+time. So the texts a guard's thread matches of ELSEWHERE_CHARS or more are matched in the guard's
+worker processes (apps.guardrails.offload), the thread waiting without the lock; and a prompt of
+HEAVY_CHARS characters or more goes there straight from the event loop, one prompt of an API key
+at a time (`KeyLanes`). The workers run at a lower CPU priority: when the cores are short, a flood
+of long texts waits on itself, never the event loop on it. The body such a prompt came in still
+costs the loop its reading, parsing and forwarding (a few milliseconds a megabyte).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -46,15 +53,19 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from apps.gateway.errors import Refused
-from apps.guardrails.engine import Finding, OutputGuard, PolicySet
+from apps.guardrails.engine import Finding, OutputGuard, PolicySet, Verdict
+from apps.guardrails.offload import HEAVY_CHARS, Offload, OffloadFailed
 
 __all__ = [
+    "HEAVY_CHARS",
     "OFF_LOOP_CHARS",
     "OFF_LOOP_CHUNK_BYTES",
     "AnswerGuard",
     "GuardJudge",
     "GuardUnavailable",
+    "KeyLanes",
     "answer_text",
+    "check_prompt",
     "check_request",
     "chunk_text",
     "describe",
@@ -87,13 +98,52 @@ def _guard_executor() -> ThreadPoolExecutor:
         return _executor
 
 
+class KeyLanes:
+    """One long prompt of an API key matched at a time: `async with lanes.lane(key_id)`. The others
+    of that key wait in the order they came (how many may wait is bounded by the bodies' memory
+    budget, apps.gateway.intake.BodyBudget); other keys' prompts do not wait on them."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Any, asyncio.Lock] = {}
+        self._users: dict[Any, int] = {}
+
+    def waiting(self, key: Any) -> int:
+        """The long prompts of a key in its lane: the one matched and those waiting."""
+        return self._users.get(key, 0)
+
+    @contextlib.asynccontextmanager
+    async def lane(self, key: Any) -> AsyncIterator[None]:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        self._users[key] = self._users.get(key, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._users[key] -= 1
+            if not self._users[key]:
+                del self._users[key], self._locks[key]
+
+
+lanes = KeyLanes()
+offload = Offload()
+
+
 async def run_checked[T](size: int, function: Callable[..., T], *args: Any, least: int = OFF_LOOP_CHARS) -> T:
     """`function(*args)`, which matches guardrail rules against `size` characters (or bytes) of
     text: in the guard's threads when that is `least` or more, else here."""
     if size < least:
         return function(*args)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_guard_executor(), functools.partial(function, *args))
+    return await loop.run_in_executor(_guard_executor(), functools.partial(_matched_elsewhere, function, *args))
+
+
+def _matched_elsewhere[T](function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` in a guard's thread, its long texts matched in a worker process: the thread
+    waits without the interpreter's lock, so the event loop never waits on the matching."""
+    with offload.elsewhere():
+        return function(*args)
 
 
 # What a rule found, in words, never what it matched: (in the prompt, in the answer), whole phrases
@@ -254,12 +304,38 @@ def _check_broken(call: Any, policies: PolicySet) -> None:
 def check_request(call: Any, policies: PolicySet) -> None:
     """Apply the policies to the request on its way in (see the module docstring). Every rule that
     matched is on `call.guard` as it is found, so a refusal's record names it too."""
-    noted = call.guard
-    _check_broken(call, policies)
+    check_before_texts(call, policies)
+    slots = _text_slots(call.body)
+    check_after_texts(call, policies, slots, *policies.check_texts([container[key] for container, key in slots]))
 
+
+async def check_prompt(call: Any, policies: PolicySet) -> None:
+    """`check_request`, with its texts matched where their length says: here, in the guard's threads
+    (OFF_LOOP_CHARS or more) or, from HEAVY_CHARS on, in the guard's worker processes, one prompt of
+    a key at a time (`lanes`): a key's flood of long prompts waits on itself, never on other keys'
+    prompts or on anyone's short request."""
+    size = prompt_chars(call.body)
+    if size < HEAVY_CHARS:
+        await run_checked(size, check_request, call, policies)
+        return
+    check_before_texts(call, policies)  # a broken rule or a model refused: the texts are not matched
+    slots = _text_slots(call.body)
+    texts = [container[key] for container, key in slots]
+    entry = getattr(call, "entry", None)
+    async with lanes.lane(getattr(entry, "key_id", None)):
+        try:
+            verdict, masked = await offload.check_texts(policies, texts)
+        except OffloadFailed:
+            verdict, masked = await run_checked(size, policies.check_texts, texts)
+    check_after_texts(call, policies, slots, verdict, masked)
+
+
+def check_before_texts(call: Any, policies: PolicySet) -> None:
+    """What is checked before the prompt's texts: a rule that cannot run, the model."""
+    _check_broken(call, policies)
     model = policies.check_model(call.model)
     if model is not None:
-        noted.append(model.to_dict())
+        call.guard.append(model.to_dict())
         if model.action == "refuse":
             raise _refusal(
                 model,
@@ -267,8 +343,13 @@ def check_request(call: Any, policies: PolicySet) -> None:
                 403,
                 "permission_error",
             )
-    slots = _text_slots(call.body)
-    verdict, masked = policies.check_texts([container[key] for container, key in slots])
+
+
+def check_after_texts(
+    call: Any, policies: PolicySet, slots: list[tuple[Any, Any]], verdict: Verdict, masked: list[str]
+) -> None:
+    """The texts' verdict applied (a refusal, the redactions), then the caps and the answer's guard."""
+    noted = call.guard
     noted.extend(f.to_dict() for f in verdict.findings)
     if verdict.refusal is not None:
         raise _refusal(verdict.refusal, describe(verdict.refusal))

@@ -33,6 +33,7 @@ closed.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,8 @@ from apps.guardrails.scanners import DetectorScanner, ExpressionScanner, Scanner
 __all__ = [
     "ACTIONS",
     "DETECTORS",
+    "ELSEWHERE",
+    "ELSEWHERE_CHARS",
     "HOLD",
     "KINDS",
     "MAX_PATTERN",
@@ -54,6 +57,7 @@ __all__ = [
     "PatternError",
     "PolicySet",
     "RuleSpec",
+    "Verdict",
     "check_pattern",
     "fold",
     "guard_verdict",
@@ -73,6 +77,10 @@ MASK = "[redacted]"
 WINDOW = 64  # characters of an answer held back so that a match split across chunks is caught whole
 STEP = 32  # an answer is scanned once this many characters beyond the window have come, not every chunk
 HOLD = 1024  # characters a redacted match still growing at the end of the answer is held back, at most
+# A thread that sets ELSEWHERE.matches (a function of the matcher's rules and a text: its matches, or
+# None to match it here) has the texts of ELSEWHERE_CHARS or more it matches matched there.
+ELSEWHERE = threading.local()
+ELSEWHERE_CHARS = 8_192
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +205,20 @@ class _Matcher:
 
     def matches(self, text: str) -> list[tuple[int, int, int]]:
         """(start, end, rule position) of each match in the text, in order, mapped back to the
-        original characters (see `_spans` for which matches)."""
+        original characters (see `_spans` for which matches). A text of ELSEWHERE_CHARS or more is
+        matched by `ELSEWHERE.matches` when the calling thread set one (a guard's thread, which
+        waits while a worker process matches: apps.guardrails.offload)."""
+        if not self.rules or not text:
+            return []
+        elsewhere = getattr(ELSEWHERE, "matches", None)
+        if elsewhere is not None and len(text) >= ELSEWHERE_CHARS:
+            found = elsewhere(tuple(self.rules), text)
+            if found is not None:
+                return found
+        return self.matches_here(text)
+
+    def matches_here(self, text: str) -> list[tuple[int, int, int]]:
+        """`matches`, in this thread."""
         if not self.rules or not text:
             return []
         folded = Folded(text)

@@ -89,9 +89,10 @@ def streamed_text(raw: str) -> str:
 
 
 async def test_long_adversarial_texts_wait_for_the_guards_threads_while_other_requests_are_answered(
-    gw: Gateway, engine: MockEngine, web: str
+    gw: Gateway, engine: MockEngine, web: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gw.app.tables.guards = Guards(everyone=RULES)
+    monkeypatch.setattr(guard, "HEAVY_CHARS", 10**9)  # the threads' turn (test_heavy_prompts: the processes')
     long_prompt = ADVERSARIAL * 2_000 + f"pay with {CARD}, re Project\nFalcon"
     assert len(long_prompt) >= guard.OFF_LOOP_CHARS
     taken = TakenThreads()

@@ -1,0 +1,164 @@
+"""Matching long texts in other processes than the web process's (no Django).
+
+A thread does not keep a long match from the event loop: the folding and the checks of candidates
+are Python, which holds the interpreter's lock, and a thread that holds it makes the event loop
+wait for it each time the loop gives it up (each socket read or write, each thread it starts):
+up to the switch interval (5 ms) every time. A megabyte of adversarial prompt is about 100 ms of
+such work, a 16 KiB chunk of adversarial answer about 1.3 ms, and four clients sending them kept
+the other clients' /healthz waiting 3-4 times as long as alone (bench/guardrails.py --noisy).
+
+So `Offload`, a pool of PROCESSES worker processes (spawned, never forked from the serving
+process), each at a lower CPU priority (NICE) so that when the cores are short the event loops of
+the web processes run first and the long texts wait, matches:
+
+- a prompt of HEAVY_CHARS characters or more, awaited by the event loop (`check_texts`);
+- the texts of ELSEWHERE_CHARS or more a guard's thread matches (a streamed chunk, a whole answer,
+  a shorter prompt): the thread waits for the worker without the lock (`elsewhere`,
+  `matches_blocking`). An event loop's thread never waits on a worker.
+
+A worker compiles each set of rules once (the rules are the key) and keeps the last few. One that
+dies breaks the pool: the text being matched is matched again by the caller itself (see
+apps.gateway.guard), and the next one starts a new pool. A text is never let through unchecked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from apps.guardrails.engine import ELSEWHERE, PolicySet, RuleSpec, Verdict, _Matcher
+
+__all__ = ["HEAVY_CHARS", "NICE", "PROCESSES", "Offload", "OffloadFailed", "check_texts", "matches"]
+
+log = logging.getLogger("llmgw.guardrails")
+
+# From this many characters of prompt on, it is matched in a worker process: about 6 ms of matching
+# on text made to be the worst, against about 1 ms to send it there and back.
+HEAVY_CHARS = 65_536
+# Worker processes: half the cores (at most 4), as many as the guard's threads.
+PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
+NICE = 10  # added to each worker's niceness: the event loops go first when the cores are short
+CACHED = 16  # compiled policy sets a worker keeps
+
+_compiled: OrderedDict[tuple[RuleSpec, ...], PolicySet] = OrderedDict()
+
+
+def _start_worker() -> None:
+    with contextlib.suppress(OSError):  # not allowed here: the worker runs at the web process's priority
+        os.nice(NICE)
+
+
+def check_texts(rules: tuple[RuleSpec, ...], texts: list[str]) -> tuple[Verdict, list[str] | None]:
+    """What PolicySet(rules).check_texts(texts) says, in a worker: the verdict, and the masked texts
+    (None when nothing was masked, so the texts do not travel back)."""
+    policies = _compiled.get(rules)
+    if policies is None:
+        policies = _compiled[rules] = PolicySet(rules)
+        while len(_compiled) > CACHED:
+            _compiled.popitem(last=False)
+    else:
+        _compiled.move_to_end(rules)
+    verdict, masked = policies.check_texts(texts)
+    return verdict, masked if verdict.redacted else None
+
+
+_matchers: OrderedDict[tuple[RuleSpec, ...], _Matcher] = OrderedDict()
+
+
+def matches(rules: tuple[RuleSpec, ...], text: str) -> list[tuple[int, int, int]]:
+    """The matches of one direction's rules in a text (`_Matcher.matches`), in a worker."""
+    matcher = _matchers.get(rules)
+    if matcher is None:
+        matcher = _matchers[rules] = _Matcher(rules)
+        while len(_matchers) > CACHED:
+            _matchers.popitem(last=False)
+    else:
+        _matchers.move_to_end(rules)
+    return matcher.matches_here(text)
+
+
+class OffloadFailed(Exception):
+    """The worker processes could not match the texts (one died, or none could be started)."""
+
+
+class Offload:
+    """The worker processes, started at the first long prompt."""
+
+    def __init__(self, processes: int = PROCESSES) -> None:
+        self.processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def pool(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    max_workers=self.processes,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start_worker,
+                )
+            return self._pool
+
+    def _broken(self, pool: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    async def check_texts(self, policies: PolicySet, texts: Sequence[str]) -> tuple[Verdict, list[str]]:
+        """`policies.check_texts(texts)`, matched in a worker process. Raises OffloadFailed when no
+        worker could (the caller then matches them itself)."""
+        try:
+            pool = self.pool()
+        except (OSError, RuntimeError) as exc:
+            raise OffloadFailed(f"no worker process could be started: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        try:
+            verdict, masked = await loop.run_in_executor(pool, check_texts, tuple(policies.rules), list(texts))
+        except (BrokenProcessPool, OSError, RuntimeError) as exc:
+            log.warning("a guardrail worker process failed (%s); its prompt is matched again here", exc)
+            self._broken(pool)
+            raise OffloadFailed(str(exc)) from exc
+        return verdict, masked if masked is not None else list(texts)
+
+    def matches_blocking(self, rules: tuple[RuleSpec, ...], text: str) -> list[tuple[int, int, int]] | None:
+        """`matches(rules, text)` in a worker, this thread waiting for it (never an event loop's: None
+        there, and None when no worker could, so that the caller matches the text itself)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            return None  # an event loop's thread never waits on a worker
+        try:
+            pool = self.pool()
+            return pool.submit(matches, rules, text).result()
+        except (BrokenProcessPool, OSError, RuntimeError) as exc:
+            log.warning("a guardrail worker process failed (%s); the text is matched in the guard's thread", exc)
+            if self._pool is not None and isinstance(exc, BrokenProcessPool):
+                self._broken(self._pool)
+            return None
+
+    @contextlib.contextmanager
+    def elsewhere(self) -> Iterator[None]:
+        """While it lasts, the long texts this thread matches are matched in a worker (see
+        apps.guardrails.engine.ELSEWHERE); for a guard's thread, never an event loop's."""
+        ELSEWHERE.matches = self.matches_blocking
+        try:
+            yield
+        finally:
+            ELSEWHERE.matches = None
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
