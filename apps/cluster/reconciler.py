@@ -328,19 +328,32 @@ def _rank_waits(shard: Shard, now: Any) -> bool:
     return first is not None and first not in _DONE
 
 
-def draining_shards(node: Node, now: Any = None) -> list[DrainingShardMessage]:
+def _live_shards(node: Node) -> list[Shard]:
+    """The node's shards of replicas starting, ready or stopping, with their replicas, models and
+    profiles, in replica and rank order: one read for both lists of its desired state. A node
+    without shards (one joining for the first time, most of a fleet being installed) costs only a
+    narrow look: the wide read's columns of three tables take longer to build than to run."""
+    live = Shard.objects.filter(
+        node=node, replica__state__in=(ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING)
+    )
+    if not Shard.objects.filter(node=node).exists():
+        return []
+    return list(live.select_related("replica__model", "replica__profile").order_by("replica_id", "rank"))
+
+
+def draining_shards(node: Node, now: Any = None, shards: list[Shard] | None = None) -> list[DrainingShardMessage]:
     """The shards on the node that answer requests (rank 0) of replicas being stopped, not stopped
     yet: each an agent.protocol.DrainingShard, telling the agent to keep its engine for the requests
-    in flight, `left` seconds at most, and not to stop it while idle for `settle` more seconds."""
+    in flight, `left` seconds at most, and not to stop it while idle for `settle` more seconds.
+    `shards`: the node's live shards (_live_shards) when the caller read them already."""
     from agent.protocol import DrainingShard
 
     now = now or timezone.now()
-    rows = (
-        Shard.objects.filter(node=node, rank=0, replica__state=ReplicaState.STOPPING)
-        .exclude(state__in=_DONE)
-        .select_related("replica")
-        .order_by("replica_id")
-    )
+    rows = [
+        shard
+        for shard in (_live_shards(node) if shards is None else shards)
+        if shard.rank == 0 and shard.replica.state == ReplicaState.STOPPING and shard.state not in _DONE
+    ]
     out = []
     for shard in rows:
         replica = shard.replica
@@ -357,18 +370,17 @@ def draining_shards(node: Node, now: Any = None) -> list[DrainingShardMessage]:
     return out
 
 
-def desired_shards(node: Node) -> list[DesiredShardMessage]:
+def desired_shards(node: Node, shards: list[Shard] | None = None) -> list[DesiredShardMessage]:
     """The whole list of shards a node should run, each an agent.protocol.DesiredShard as the
-    "desired" message carries it (the agent reads them back with the same class)."""
+    "desired" message carries it (the agent reads them back with the same class). `shards`: the
+    node's live shards (_live_shards) when the caller read them already."""
     from agent.protocol import DesiredShard
 
     now = timezone.now()
     running = (ReplicaState.STARTING, ReplicaState.READY)
     shards = [
         shard
-        for shard in Shard.objects.filter(node=node, replica__state__in=(*running, ReplicaState.STOPPING))
-        .select_related("replica__model", "replica__profile")
-        .order_by("replica_id", "rank")
+        for shard in (_live_shards(node) if shards is None else shards)
         if shard.replica.state in running or _rank_waits(shard, now)
     ]
     host = "127.0.0.1" if node.address in {"", "127.0.0.1", "::1", "localhost"} else "0.0.0.0"  # noqa: S104
@@ -418,20 +430,24 @@ def desired_shards(node: Node) -> list[DesiredShardMessage]:
     return out
 
 
-def desired_message(node: Node, generation: int, tables: Any = None) -> DesiredMessage:
+def desired_message(
+    node: Node, generation: int, tables: Any = None, fetches: tuple[list[dict[str, Any]] | None] | None = None
+) -> DesiredMessage:
     """The body of a node's "desired" message: its shards and the engines it should have
     (`tables`: the engine rules and releases, when the caller read them once for many nodes), and
-    what to fetch from the mirror where an app keeps one."""
+    what to fetch from the mirror where an app keeps one (`fetches`: (EXTENSIONS.node_fetches(),)
+    when the caller read it once for many nodes)."""
     from apps.cluster.engines import desired_engines
 
+    shards = _live_shards(node)
     message: DesiredMessage = {
-        "shards": desired_shards(node),
-        "draining": draining_shards(node),
+        "shards": desired_shards(node, shards),
+        "draining": draining_shards(node, shards=shards),
         "engines": desired_engines(node, tables),
     }
-    fetches = EXTENSIONS.node_fetches()
-    if fetches is not None:
-        message["mirror"] = fetches
+    mirror = EXTENSIONS.node_fetches() if fetches is None else fetches[0]
+    if mirror is not None:
+        message["mirror"] = mirror
     message["generation"] = generation
     return message
 
@@ -453,8 +469,9 @@ def push_desired_state(node_ids: set[int] | None = None) -> None:
     if node_ids is not None:
         nodes = nodes.filter(pk__in=node_ids)
     tables = EngineTables.read()  # once for the push, not once per node
+    fetches = (EXTENSIONS.node_fetches(),)
     for node in nodes:
-        text = protocol.encode("desired", desired_message(node, int(timezone.now().timestamp()), tables))
+        text = protocol.encode("desired", desired_message(node, int(timezone.now().timestamp()), tables, fetches))
         try:
             async_to_sync(layer.group_send)(node_group(node.pk), {"type": "agent.send", "text": text})
         except Exception:
