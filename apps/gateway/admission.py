@@ -38,7 +38,7 @@ from apps.gateway.fairness import BANDS, BATCH, INTERACTIVE, FairQueue, Full, Ti
 from apps.gateway.intake import Call, ClientLeft
 from apps.gateway.routing import affinity_key
 from apps.gateway.slots import Gone, Lease, NotYourTurn, QueueFull, Reserved, SharedSlots, SlotKeeper
-from apps.gateway.tables import ModelRoute, Tables
+from apps.gateway.tables import KeyEntry, ModelRoute, Tables
 from apps.gateway.tokens import estimate_prompt_tokens
 from apps.quotas.limiter import REQUESTS_PER_MINUTE, Headroom, Refusal, Window
 
@@ -54,6 +54,8 @@ OUTPUT_WEIGHT = 0.2
 SHARES_S = 0.2
 #: How often a waiting request looks again without being woken.
 RECHECK_S = 1.0
+#: How many keys' Who are kept (all of them but in a very large deployment; past it, made anew).
+MAX_WHOS = 100_000
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -66,15 +68,23 @@ class Waiter:
     ticket: Ticket
     key: int
     entered: float
-    event: asyncio.Event = field(default_factory=asyncio.Event)
     token: str | None = None
     share: float = 1.0
     tag: float = 0.0
     charged_shared: bool = False  # taken at once and charged in the shared queue (no ticket there)
+    # Made when first needed: most requests take a slot at once and are never woken.
+    _event: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     @property
     def band(self) -> int:
         return self.ticket.band
+
+    @property
+    def event(self) -> asyncio.Event:
+        event = self._event
+        if event is None:
+            event = self._event = asyncio.Event()
+        return event
 
 
 class Admission:
@@ -108,6 +118,8 @@ class Admission:
         self._by_token: dict[str, Waiter] = {}
         self._outputs: dict[tuple[int, str], float] = {}
         self._shares: dict[str, tuple[float, Waiting]] = {}
+        # Each key's Who and its token, made once per key entry (the tables make new entries).
+        self._whos: dict[int, tuple[KeyEntry, Who, str]] = {}
         keeper.on_release = self.released
 
     # Waking -----------------------------------------------------------------------------------
@@ -301,7 +313,7 @@ class Admission:
                     ticket=waiter.token if mine and waiter is not None else None,
                     batch_every=self.batch_every,
                     charge=charge,
-                    who=self._who(call).token(),  # whose request holds the slot (a model's card shows it)
+                    who=self._whom(call)[2],  # whose request holds the slot (a model's card shows it)
                     band=call.band,
                 )
             except Reserved as reserved:
@@ -345,9 +357,19 @@ class Admission:
     # The queue -----------------------------------------------------------------------------------
 
     def _who(self, call: Call) -> Who:
+        return self._whom(call)[1]
+
+    def _whom(self, call: Call) -> tuple[KeyEntry, Who, str]:
+        """The caller's entry, Who and Who's token, kept while the tables keep the entry."""
         entry = call.entry
         assert entry is not None
-        return Who(entry.org_id or 0, entry.team_id or 0, entry.project_id or 0, entry.key_id, entry.weights)
+        known = self._whos.get(entry.key_id)
+        if known is None or known[0] is not entry:
+            if len(self._whos) > MAX_WHOS:
+                self._whos.clear()
+            who = Who(entry.org_id or 0, entry.team_id or 0, entry.project_id or 0, entry.key_id, entry.weights)
+            known = self._whos[entry.key_id] = (entry, who, who.token())
+        return known
 
     async def _enter(self, call: Call, model: str, *, room: int = 0) -> Waiter:
         """A place in the model's queue. `room` more than its maximum where slots are free now: the
@@ -536,23 +558,30 @@ def limit_headers(protocol: str, left: Headroom) -> list[tuple[bytes, bytes]]:
     tokens} (resets as durations, "6m0s"), Anthropic's anthropic-ratelimit-{requests,tokens}-{limit,
     remaining,reset} (resets as RFC 3339 times). Only for the kinds a limit governs."""
     out: list[tuple[bytes, bytes]] = []
+    anthropic = protocol == "anthropic"
     for kind, window in (("requests", left.requests), ("tokens", left.tokens)):
         if window is None:
             continue
-        if protocol == "anthropic":
+        limit, remaining, reset = _LIMIT_NAMES[anthropic, kind]
+        if anthropic:
             at = datetime.fromtimestamp(time.time() + window.reset_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            out += [
-                (f"anthropic-ratelimit-{kind}-limit".encode(), str(window.allowed).encode()),
-                (f"anthropic-ratelimit-{kind}-remaining".encode(), str(window.remaining).encode()),
-                (f"anthropic-ratelimit-{kind}-reset".encode(), at.encode()),
-            ]
         else:
-            out += [
-                (f"x-ratelimit-limit-{kind}".encode(), str(window.allowed).encode()),
-                (f"x-ratelimit-remaining-{kind}".encode(), str(window.remaining).encode()),
-                (f"x-ratelimit-reset-{kind}".encode(), _duration(window.reset_s).encode()),
-            ]
+            at = _duration(window.reset_s)
+        out += [(limit, str(window.allowed).encode()), (remaining, str(window.remaining).encode())]
+        out.append((reset, at.encode()))
     return out
+
+
+#: The rate-limit headers' names (limit, remaining, reset) by (Anthropic's protocol or not, kind),
+#: made once rather than for every answer.
+_LIMIT_NAMES = {
+    (anthropic, kind): tuple(
+        (f"anthropic-ratelimit-{kind}-{part}" if anthropic else f"x-ratelimit-{part}-{kind}").encode()
+        for part in ("limit", "remaining", "reset")
+    )
+    for anthropic in (False, True)
+    for kind in ("requests", "tokens")
+}
 
 
 def _duration(seconds: float) -> str:

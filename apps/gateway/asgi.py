@@ -269,7 +269,9 @@ class GatewayApp:
             await self.cors.answer_preflight(scope, send)
             return
         send = self.cors.wrap(scope, send)
-        await self.ensure_started()
+        started = self._started
+        if started is None or not started.done():  # once started, no shield and future to wait on
+            await self.ensure_started()
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         if method == "GET" and (path == "/v1/models" or path.startswith("/v1/models/")):
             await self.models(scope, send, path[len("/v1/models/") :] if path != "/v1/models" else None)

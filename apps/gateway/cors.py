@@ -127,6 +127,8 @@ class Cors:
 
     def wrap(self, scope: dict[str, Any], send: Send) -> Send:
         """`send`, adding the CORS headers to the answer's start when the request's origin is allowed."""
+        if not self.any and not self.origins:  # no origin allowed (the default): no header to look for
+            return send
         origin = _header(scope.get("headers", []), b"origin")
         if not self.allows(origin):
             return send

@@ -4,6 +4,8 @@ charge, the table version poll, the fair queue's figure and the garbage collecto
 from __future__ import annotations
 
 import gc
+import os
+import re
 import time
 from typing import Any
 
@@ -11,10 +13,10 @@ import pytest
 
 from apps.gateway import admission as admission_module
 from apps.gateway.accounting import Accountant
-from apps.gateway.intake import CHAT, Call
+from apps.gateway.intake import CHAT, Call, new_request_id
 from apps.quotas.limiter import Headroom, Limit, MemoryLimiter
 from apps.quotas.usage import UsageWriter
-from tests.gateway.harness import Gateway, entry
+from tests.gateway.harness import KEY, Gateway, entry
 
 
 def usage_record(n: int) -> dict[str, Any]:
@@ -99,6 +101,47 @@ async def test_a_request_reckons_its_fair_queue_cost_once(gw: Gateway, monkeypat
     answer = await gw.chat(model="m", messages=[{"role": "user", "content": "hi"}])
     assert answer.status == 200
     assert len(counted) == 1
+
+
+def test_request_ids_are_random_and_a_forked_child_draws_its_own() -> None:
+    """Ids come from random bytes read a few kilobytes at a time; a child made by fork() reads its
+    own rather than handing out the ones its parent is about to."""
+    ids = [new_request_id() for _ in range(600)]  # past two reads of random bytes
+    assert all(re.fullmatch(r"req_[0-9a-f]{32}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
+    assert len(Call(CHAT).request_id) == 36
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child process
+        os.write(writing, "".join(new_request_id() for _ in range(4)).encode())
+        os._exit(0)
+    os.close(writing)
+    os.waitpid(child, 0)
+    theirs = os.read(reading, 1000).decode()
+    os.close(reading)
+    ours = "".join(new_request_id() for _ in range(4))
+    assert len(theirs) == len(ours) == 4 * 36
+    assert set(theirs.split("req_")[1:]).isdisjoint(ours.split("req_")[1:])
+
+
+async def test_a_keys_fairness_identity_is_made_once_per_entry(gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whose request it is (fairness.Who) is made once per key entry, not twice per request; an entry
+    the tables replace (its weights changed) gets its own."""
+    made: list[Any] = []
+    who = admission_module.Who
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(args)
+        return who(*args, **kwargs)
+
+    monkeypatch.setattr(admission_module, "Who", counting)
+    gw.app.admission._whos.clear()
+    for _ in range(3):
+        assert (await gw.chat(model="m", messages=[{"role": "user", "content": "hi"}])).status == 200
+    assert len(made) == 1
+    gw.set_key(KEY, entry(weights=(1, 1, 1, 5)))
+    assert (await gw.chat(model="m", messages=[{"role": "user", "content": "hi"}])).status == 200
+    assert len(made) == 2 and made[-1][-1] == (1, 1, 1, 5)
 
 
 async def test_what_the_process_held_once_started_is_left_out_of_garbage_collections(gw: Gateway) -> None:
