@@ -18,7 +18,8 @@ the web processes run first and the long texts wait, matches:
 
 A worker compiles each set of rules once (the rules are the key) and keeps the last few. One that
 dies breaks the pool: the text being matched is matched again by the caller itself (see
-apps.gateway.guard), and the next one starts a new pool. A text is never let through unchecked.
+apps.gateway.guard), and so is every text for RETRY_S, after which a new pool is started. A text
+is never let through unchecked.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from apps.guardrails.engine import ELSEWHERE, PolicySet, RuleSpec, Verdict, _Matcher
@@ -47,6 +50,10 @@ HEAVY_CHARS = 65_536
 PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
 NICE = 10  # added to each worker's niceness: the event loops go first when the cores are short
 CACHED = 16  # compiled policy sets a worker keeps
+# After a worker failed, the texts are matched by their callers for this long before a new pool is
+# started: workers that cannot start (a main module that starts the server again when imported)
+# are not started again for every long text.
+RETRY_S = 30.0
 
 _compiled: OrderedDict[tuple[RuleSpec, ...], PolicySet] = OrderedDict()
 
@@ -96,10 +103,15 @@ class Offload:
         self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._broke_at = -math.inf  # when the last pool broke (time.monotonic())
 
     def pool(self) -> ProcessPoolExecutor:
+        """The workers; RuntimeError while the last pool that broke is less than RETRY_S old."""
         with self._lock:
             if self._pool is None:
+                wait = self._broke_at + RETRY_S - time.monotonic()
+                if wait > 0:
+                    raise RuntimeError(f"a worker process failed; another is started in {wait:.0f} s")
                 self._pool = ProcessPoolExecutor(
                     max_workers=self.processes,
                     mp_context=multiprocessing.get_context("spawn"),
@@ -111,6 +123,7 @@ class Offload:
         with self._lock:
             if self._pool is pool:
                 self._pool = None
+                self._broke_at = time.monotonic()
         pool.shutdown(wait=False, cancel_futures=True)
 
     async def check_texts(self, policies: PolicySet, texts: Sequence[str]) -> tuple[Verdict, list[str]]:
@@ -123,7 +136,7 @@ class Offload:
         loop = asyncio.get_running_loop()
         try:
             verdict, masked = await loop.run_in_executor(pool, check_texts, tuple(policies.rules), list(texts))
-        except (BrokenProcessPool, OSError, RuntimeError) as exc:
+        except (BrokenProcessPool, CancelledError, OSError, RuntimeError) as exc:
             log.warning("a guardrail worker process failed (%s); its prompt is matched again here", exc)
             self._broken(pool)
             raise OffloadFailed(str(exc)) from exc
@@ -140,11 +153,15 @@ class Offload:
             return None  # an event loop's thread never waits on a worker
         try:
             pool = self.pool()
+        except (OSError, RuntimeError) as exc:
+            log.warning("no guardrail worker process could be started (%s); the text is matched here", exc)
+            return None
+        try:
             return pool.submit(matches, rules, text).result()
-        except (BrokenProcessPool, OSError, RuntimeError) as exc:
-            log.warning("a guardrail worker process failed (%s); the text is matched in the guard's thread", exc)
-            if self._pool is not None and isinstance(exc, BrokenProcessPool):
-                self._broken(self._pool)
+        except (BrokenProcessPool, CancelledError, OSError, RuntimeError) as exc:  # the pool broke, or was shut down
+            log.warning("a guardrail worker process failed (%r); the text is matched here", exc)
+            if isinstance(exc, BrokenProcessPool):
+                self._broken(pool)
             return None
 
     @contextlib.contextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +23,7 @@ import pytest
 
 from apps.gateway import guard
 from apps.gateway.tables import Guards
+from apps.guardrails import offload as offload_module
 from apps.guardrails.engine import ELSEWHERE_CHARS, MASK
 from apps.guardrails.offload import Offload, OffloadFailed
 from tests.gateway.harness import KEY, OTHER_KEY, WAIT, Gateway, entry
@@ -58,11 +60,11 @@ class HeldWorkers:
 
 
 @pytest.fixture
-def offload(monkeypatch: pytest.MonkeyPatch) -> Offload:
+def offload(monkeypatch: pytest.MonkeyPatch) -> Iterator[Offload]:
     """The guard's worker processes, this test's own (two of them)."""
     pool = Offload(processes=2)
     monkeypatch.setattr(guard, "offload", pool)
-    yield pool  # type: ignore[misc]
+    yield pool
     pool.shutdown()
 
 
@@ -134,19 +136,24 @@ async def test_a_long_prompt_is_still_checked_when_no_worker_process_can_match_i
     assert answer.status == 400 and "payment card" in answer.text
 
 
-async def test_a_worker_that_dies_is_replaced_and_the_prompt_matched_all_the_same(
-    gw: Gateway, engine: MockEngine, offload: Offload
+async def test_a_worker_that_dies_is_replaced_and_the_prompts_matched_all_the_same(
+    gw: Gateway, engine: MockEngine, offload: Offload, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gw.app.tables.guards = Guards(everyone=RULES)
     loop = asyncio.get_running_loop()
     pool = offload.pool()
     with pytest.raises(Exception):  # noqa: B017, PT011 - the pool breaks as the worker dies
         await loop.run_in_executor(pool, os._exit, 1)
-    answer = await gw.chat(messages=[{"role": "user", "content": LONG}])
-    assert answer.status == 200
-    assert engine.seen[-1].body["messages"][0]["content"].endswith("pay with [redacted], re [redacted]")
-    answer = await gw.chat(messages=[{"role": "user", "content": LONG}])  # a new pool
+    for _ in range(2):  # the broken pool, then none for RETRY_S: the prompt is matched in a thread
+        answer = await gw.chat(messages=[{"role": "user", "content": LONG}])
+        assert answer.status == 200
+        assert engine.seen[-1].body["messages"][0]["content"].endswith("pay with [redacted], re [redacted]")
+    with pytest.raises(RuntimeError, match="another is started in"):
+        offload.pool()
+    monkeypatch.setattr(offload_module, "RETRY_S", 0.0)
+    answer = await gw.chat(messages=[{"role": "user", "content": LONG + " again"}])  # a new pool
     assert answer.status == 200 and offload.pool() is not pool
+    assert engine.seen[-1].body["messages"][0]["content"].endswith("re [redacted] again")
 
 
 def guard_rule_refusing_cards() -> object:
