@@ -145,7 +145,10 @@ def test_explain_breaks_each_fitting_node_score_into_its_scorers_and_says_who_ho
     make_node("holder", memory_gb=64)
     make_node("fetcher", memory_gb=64)
     holder = Node.objects.get(name="holder")
-    holder.sample = {**holder.sample, "storage": [{"directories": ["/models"], "weights": ["/models/tiny.gguf"]}]}
+    holder.sample = {
+        **holder.sample,
+        "storage": [{"mount_point": "/", "directories": ["/models"], "weights": ["/models/tiny.gguf"]}],
+    }
     holder.save(update_fields=["sample"])
     make_model("tiny", memory_gb=1, cores=1, source="/models/tiny.gguf", replicas=0)
     answer = as_user(api, operator).get("/api/v1/models/tiny/explain").json()
