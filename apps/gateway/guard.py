@@ -101,7 +101,8 @@ def _guard_executor() -> ThreadPoolExecutor:
 class KeyLanes:
     """One long prompt of an API key matched at a time: `async with lanes.lane(key_id)`. The others
     of that key wait in the order they came (how many may wait is bounded by the bodies' memory
-    budget, apps.gateway.intake.BodyBudget); other keys' prompts do not wait on them."""
+    budget, apps.gateway.intake.BodyBudget); another key's long prompt waits for the workers behind
+    at most one prompt of each other key, never behind a key's whole flood."""
 
     def __init__(self) -> None:
         self._locks: dict[Any, asyncio.Lock] = {}
@@ -312,8 +313,8 @@ def check_request(call: Any, policies: PolicySet) -> None:
 async def check_prompt(call: Any, policies: PolicySet) -> None:
     """`check_request`, with its texts matched where their length says: here, in the guard's threads
     (OFF_LOOP_CHARS or more) or, from HEAVY_CHARS on, in the guard's worker processes, one prompt of
-    a key at a time (`lanes`): a key's flood of long prompts waits on itself, never on other keys'
-    prompts or on anyone's short request."""
+    a key at a time (`lanes`): a key's flood of long prompts waits on itself; no short request waits
+    on it, and another key's long prompt waits behind one of its prompts at most."""
     size = prompt_chars(call.body)
     if size < HEAVY_CHARS:
         await run_checked(size, check_request, call, policies)
