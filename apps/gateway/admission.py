@@ -219,7 +219,8 @@ class Admission:
         reason. None only when every upstream left is in `exclude`. A client that leaves while
         its request waits gives up its place at once (ClientLeft)."""
         assert call.entry is not None
-        key = affinity_key(call.body)
+        key: str | None = None  # the prompt's affinity, reckoned once a route has more than one upstream
+        keyed = False
         names = [route.name, *(f for f in route.fallbacks if f != route.name and call.entry.may_use(f))]
         started = time.monotonic()
         deadline = started + self.timeouts[call.band]
@@ -237,6 +238,8 @@ class Admission:
                     self.demand(route.name)
                     deadline = max(deadline, time.monotonic() + self.cold_start_timeout)
                 routes = [r for r in (tables.models.get(n) for n in names) if r is not None]
+                if not keyed and any(len(r.upstreams) > 1 for r in routes):
+                    key, keyed = affinity_key(call.body), True
                 lease = await self._take(call, routes, key, exclude, waiter, free, kept)
                 if lease is not None:
                     self._took(call, waiter, started, lease)

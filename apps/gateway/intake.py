@@ -425,14 +425,29 @@ def check_size(chat: dict[str, Any], *, most_messages: int, most_parts: int) -> 
 BYTES_PER_TOKEN_MOST = 8
 
 
+#: Fields whose text is no part of the prompt's length.
+_NOT_TEXT = frozenset(("image_url", "type", "role", "input_audio"))
+
+
+def _utf8_size(text: str) -> int:
+    # An ASCII string (most prompts) is as many bytes as characters: no copy to count them.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+
+
 def _text_bytes(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value.encode("utf-8", "replace"))
-    if isinstance(value, dict):
-        return sum(_text_bytes(v) for k, v in value.items() if k not in ("image_url", "type", "role", "input_audio"))
-    if isinstance(value, list):
-        return sum(_text_bytes(v) for v in value)
-    return 0
+    """The UTF-8 bytes of every string in a JSON value but those under _NOT_TEXT keys (a loop over
+    a stack, not a recursive sum of generators)."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += _utf8_size(item)
+        elif isinstance(item, dict):
+            stack.extend(field for key, field in item.items() if key not in _NOT_TEXT)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 def check_fits(chat: dict[str, Any], context: int | None, param: str | None = None) -> None:

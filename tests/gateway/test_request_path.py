@@ -7,6 +7,7 @@ import gc
 import os
 import re
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -111,7 +112,9 @@ def test_request_ids_are_random_and_a_forked_child_draws_its_own() -> None:
     assert len(set(ids)) == len(ids)
     assert len(Call(CHAT).request_id) == 36
     reading, writing = os.pipe()
-    child = os.fork()
+    with warnings.catch_warnings():  # the test process has threads; the child only writes and exits
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = os.fork()
     if child == 0:  # pragma: no cover - the child process
         os.write(writing, "".join(new_request_id() for _ in range(4)).encode())
         os._exit(0)
