@@ -28,6 +28,10 @@ SKIP_BACKEND_FREE = os.environ.get("LLMGW_TEST_SKIP_BACKEND_FREE") == "1"
 #: fabrics' own tests cover on both; the editor CLIs and the browser, which see only HTTP).
 SECOND_RUN_SKIPS = (
     "llmgw/test_api_schema.py",
+    # Static files collected under hashed names, and the pages that load them by those names: each
+    # collects ~900 files (3-4 s of CPU), and none of it touches the database.
+    "llmgw/test_collect_static.py",
+    "gateway/test_chat_math.py",
     "e2e/test_engine_install.py",
     "e2e/test_python_engine_install.py",
     "e2e/test_mirror.py",
