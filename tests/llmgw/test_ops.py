@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -99,3 +100,71 @@ def test_the_overview_tells_staff_which_scheduler_acts_or_that_none_does(client:
     assert "<code>sched-host:4242</code> (host:pid), acting since" in page
     client.force_login(make_user("member@example.com"))
     assert "data-scheduler" not in client.get("/").content.decode()
+
+
+async def asgi_get(path: str, *, method: str = "GET", headers: list[tuple[bytes, bytes]] | None = None) -> dict:
+    """One request through the web process's ASGI application, as uvicorn hands it over."""
+    from llmgw.asgi import application
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), *(headers or [])],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    sent: list[dict] = []
+    bodies = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict:
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()  # the client stays connected until the answer is sent
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await application(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return {"status": start["status"], "headers": dict(start["headers"]), "body": body}
+
+
+async def test_healthz_is_answered_by_the_event_loop_itself_with_the_views_answer() -> None:
+    """A liveness probe says the process's loop answers: it is answered there, not by a Django view
+    run in a thread started for it, with the view's body and headers."""
+    from django.core.signals import request_started
+
+    reached_django: list[object] = []
+
+    def started(**kwargs: object) -> None:
+        reached_django.append(kwargs)
+
+    request_started.connect(started)
+    try:
+        answer = await asgi_get("/healthz")
+        head = await asgi_get("/healthz", method="HEAD")
+    finally:
+        request_started.disconnect(started)
+    assert answer["status"] == 200 and answer["body"] == b'{"status": "ok"}'
+    assert answer["headers"][b"content-type"] == b"application/json"
+    assert b"no-store" in answer["headers"][b"cache-control"]
+    assert head["status"] == 200 and head["body"] == b""
+    assert reached_django == []
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_healthz_with_a_body_or_another_method_is_still_djangos() -> None:
+    """What the view refuses (another method) and what the body bound refuses (a body) stay theirs."""
+    post = await asgi_get("/healthz", method="POST")
+    assert post["status"] == 403 and b"CSRF" in post["body"]  # Django's CSRF check answers first
+    declared = await asgi_get("/healthz", headers=[(b"content-length", b"5000000000")])
+    assert declared["status"] == 413
