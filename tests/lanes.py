@@ -17,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_S = 20
 COSTS = {
-    "e2e/test_faults.py": 400,
+    "e2e/test_faults.py": 330,
     "e2e/test_editor_clients.py": 143,
     "e2e/test_storms.py": 84,
     "browser/test_console.py": 83,
