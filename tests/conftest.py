@@ -79,8 +79,15 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     """A test that starts a process stops it: what still runs with this session's mark now was left
     behind (an engine outliving its agent, a server no fixture stopped). It is killed here, so that
     it holds no port, memory or database connection after the suite, and named in the summary."""
+    from multiprocessing import resource_tracker
+
     from tests import processes
 
+    # A process pool (the guardrails' workers, in tests that run the gateway in this process)
+    # starts multiprocessing's resource tracker, which lives as long as this process: stopped here,
+    # it is not a leftover.
+    with contextlib.suppress(Exception):
+        resource_tracker._resource_tracker._stop()
     left = processes.leftovers()
     for process in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
