@@ -3,12 +3,10 @@ scripts/test to run side by side: the longest first, each to the stream with the
 
     python -m tests.lanes N     # N lines, each the files of one stream, separated by spaces
 
-Dealt in turn by name, two streams had come out at 19 and 14 minutes. COSTS are each file's
-seconds in one stream of a whole run on two cores (two streams and the other tests on PostgreSQL
-side by side), read from the streams' `--durations` on a quiet machine; a browser file of many
-short tests, which that list undercounts, keeps at least half its earlier figure. Only their
-proportions matter. A file not listed counts as DEFAULT_S. When the streams end minutes apart in
-a run, the table is out of date.
+Dealt in turn by name, two streams had come out at 19 and 14 minutes (the fault tests alone take
+seven). COSTS are each file's seconds in one stream of a whole run on two cores (two streams and
+the other tests on PostgreSQL side by side): only their proportions matter. A file not listed
+counts as DEFAULT_S.
 """
 
 from __future__ import annotations
@@ -19,49 +17,49 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_S = 20
 COSTS = {
-    "e2e/test_faults.py": 272,
-    "e2e/test_editor_clients.py": 59,
-    "e2e/test_rolling.py": 48,
-    "e2e/test_beat.py": 44,
-    "browser/test_console.py": 42,
-    "browser/test_facility_page.py": 42,
-    "e2e/test_scaling.py": 40,
-    "browser/test_mirror_road.py": 39,
-    "e2e/test_connections.py": 39,
-    "e2e/test_fabrics.py": 38,
-    "e2e/test_gpu_time.py": 38,
-    "browser/test_layout_language.py": 34,
-    "e2e/test_models.py": 29,
-    "e2e/test_storms.py": 29,
-    "e2e/test_batches_up.py": 25,
-    "e2e/test_fabric_map.py": 24,
-    "browser/test_fabric_drawing.py": 22,
-    "e2e/test_up_stop.py": 22,
-    "browser/test_chat_math.py": 21,
-    "browser/test_people_structure.py": 21,
-    "e2e/test_mirror.py": 21,
-    "e2e/test_up_terminal.py": 21,
-    "browser/test_gateway_cors.py": 18,
+    "e2e/test_faults.py": 330,
+    "e2e/test_editor_clients.py": 143,
+    "e2e/test_storms.py": 84,
+    "browser/test_console.py": 83,
+    "e2e/test_rolling.py": 79,
+    "browser/test_layout_language.py": 68,
+    "browser/test_mirror_road.py": 61,
+    "e2e/test_fabrics.py": 50,
+    "e2e/test_connections.py": 50,
+    "browser/test_facility_page.py": 50,
+    "e2e/test_gpu_time.py": 49,
+    "e2e/test_batches_up.py": 48,
+    "e2e/test_beat.py": 47,
+    "browser/test_fabric_drawing.py": 45,
+    "e2e/test_scaling.py": 42,
+    "browser/test_people_structure.py": 42,
+    "browser/test_chat_math.py": 38,
+    "browser/test_gateway_cors.py": 37,
+    "e2e/test_up_stop.py": 36,
+    "e2e/test_fabric_test.py": 35,
+    "e2e/test_mirror.py": 32,
+    "e2e/test_models.py": 31,
+    "e2e/test_fabric_map.py": 30,
+    "e2e/test_up_terminal.py": 28,
+    "e2e/test_facility_power.py": 28,
+    "e2e/test_engine_install.py": 27,
+    "e2e/test_context.py": 27,
+    "e2e/test_facility.py": 25,
+    "browser/test_nvlink_drawing.py": 25,
+    "e2e/test_nodes.py": 22,
+    "e2e/test_up.py": 21,
+    "browser/test_batches_page.py": 19,
+    "e2e/test_quiet_web.py": 18,
+    "e2e/test_desired_push.py": 17,
+    "e2e/test_slices_fleet.py": 16,
+    "e2e/test_worker_restart.py": 14,
+    "e2e/test_nvlink.py": 14,
+    "e2e/test_web_workers.py": 13,
     "e2e/test_revoke.py": 13,
-    "browser/test_nvlink_drawing.py": 12,
-    "e2e/test_desired_push.py": 12,
-    "e2e/test_fabric_test.py": 12,
-    "e2e/test_nvlink.py": 12,
-    "e2e/test_context.py": 11,
-    "e2e/test_facility.py": 11,
-    "e2e/test_nodes.py": 11,
-    "e2e/test_slices_fleet.py": 11,
-    "browser/test_batches_page.py": 10,
-    "e2e/test_engine_install.py": 10,
-    "e2e/test_onboarding.py": 10,
-    "e2e/test_quiet_web.py": 10,
-    "e2e/test_worker_restart.py": 10,
-    "e2e/test_facility_power.py": 9,
-    "e2e/test_up.py": 9,
-    "e2e/test_web_workers.py": 9,
-    "e2e/test_guardrails_web.py": 8,
-    "e2e/test_python_engine_install.py": 7,
-    "e2e/test_web_alone.py": 7,
+    "e2e/test_onboarding.py": 12,
+    "e2e/test_web_alone.py": 10,
+    "e2e/test_python_engine_install.py": 10,
+    "e2e/test_guardrails_web.py": 10,
 }
 
 
