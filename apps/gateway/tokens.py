@@ -20,6 +20,7 @@ import json
 import math
 from typing import Any
 
+from apps.gateway.intake import text_size
 from apps.gateway.tables import Upstream
 from apps.gateway.upstream import Pool
 
@@ -82,31 +83,7 @@ async def _tokenize_text(pool: Pool, upstream: Upstream, text: str, *, add_speci
 _NOT_TEXT = frozenset(("image_url", "type", "role"))
 
 
-def _text_length(value: Any) -> int:
-    """The characters of every string in a JSON value but those under _NOT_TEXT keys. A loop over a
-    stack: a recursive sum of generators took twice as long on a conversation of a few turns."""
-    if isinstance(value, str):
-        return len(value)
-    total = 0
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            for key, field in item.items():
-                if key in _NOT_TEXT:
-                    continue
-                if isinstance(field, str):
-                    total += len(field)
-                else:
-                    stack.append(field)
-        elif isinstance(item, list):
-            stack.extend(item)
-    return total
-
-
 def estimate_prompt_tokens(chat: dict[str, Any]) -> int:
     """A rough count when no tokenizer answers: four characters a token, at least one."""
-    text = _text_length(chat.get("messages")) + _text_length(chat.get("prompt")) + _text_length(chat.get("tools"))
+    text = sum(text_size(chat.get(part), skip=_NOT_TEXT) for part in ("messages", "prompt", "tools"))
     return max(1, math.ceil(text / 4))

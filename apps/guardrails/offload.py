@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -63,17 +63,24 @@ def _start_worker() -> None:
         os.nice(NICE)
 
 
+def _kept[T](
+    cache: OrderedDict[tuple[RuleSpec, ...], T], rules: tuple[RuleSpec, ...], make: Callable[[tuple[RuleSpec, ...]], T]
+) -> T:
+    """What `make(rules)` built for these rules, built once and kept among the CACHED last used."""
+    made = cache.get(rules)
+    if made is None:
+        made = cache[rules] = make(rules)
+        while len(cache) > CACHED:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(rules)
+    return made
+
+
 def check_texts(rules: tuple[RuleSpec, ...], texts: list[str]) -> tuple[Verdict, list[str] | None]:
     """What PolicySet(rules).check_texts(texts) says, in a worker: the verdict, and the masked texts
     (None when nothing was masked, so the texts do not travel back)."""
-    policies = _compiled.get(rules)
-    if policies is None:
-        policies = _compiled[rules] = PolicySet(rules)
-        while len(_compiled) > CACHED:
-            _compiled.popitem(last=False)
-    else:
-        _compiled.move_to_end(rules)
-    verdict, masked = policies.check_texts(texts)
+    verdict, masked = _kept(_compiled, rules, PolicySet).check_texts(texts)
     return verdict, masked if verdict.redacted else None
 
 
@@ -82,14 +89,7 @@ _matchers: OrderedDict[tuple[RuleSpec, ...], _Matcher] = OrderedDict()
 
 def matches(rules: tuple[RuleSpec, ...], text: str) -> list[tuple[int, int, int]]:
     """The matches of one direction's rules in a text (`_Matcher.matches`), in a worker."""
-    matcher = _matchers.get(rules)
-    if matcher is None:
-        matcher = _matchers[rules] = _Matcher(rules)
-        while len(_matchers) > CACHED:
-            _matchers.popitem(last=False)
-    else:
-        _matchers.move_to_end(rules)
-    return matcher.matches_here(text)
+    return _kept(_matchers, rules, _Matcher).matches_here(text)
 
 
 class OffloadFailed(Exception):
