@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -16,6 +16,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db.models import prefetch_related_objects
 
 from agent import protocol
 from apps.cluster import actions, agent_requests, enrolment, reports
@@ -23,7 +24,7 @@ from apps.cluster.engines import EngineTables
 from apps.cluster.extensions import EXTENSIONS
 from apps.cluster.heartbeats import writer as heartbeat_writer
 from apps.cluster.metrics import JOINS_DEFERRED, MESSAGE_SECONDS, PROTOCOL_ERRORS, PROTOCOL_MESSAGES
-from apps.cluster.models import Node
+from apps.cluster.models import AgentRequest, Node
 from apps.cluster.reconciler import desired_message
 
 __all__ = ["AgentConsumer"]
@@ -101,26 +102,104 @@ class _FleetReads:
         return tables, fetches
 
 
-def _connect(secret: str, channel_name: str) -> tuple[int, str] | None:
-    """The node (id, name) this credential names, now served by this connection; None for a bad
-    credential."""
-    return enrolment.connect_node(secret, channel_name)
+class _Together[T, R]:
+    """Calls of one database function that this process's connections make at about the same
+    moment, made as one: a fleet joining at once otherwise pays a trip to a database thread, a
+    statement and a transaction per agent for what one statement does for many.
+
+    The first call starts a trip at once, taking whatever else is queued by then (nothing waits
+    for a window to fill: a lone join is answered as soon as before); the calls that arrive while
+    a trip is under way go together in the next. `run` answers each item in its place, with its
+    result or the exception that failed it alone; each caller gets its own."""
+
+    def __init__(self, run: Callable[[list[T]], Sequence[R | Exception]], most: int) -> None:
+        self.run = run
+        self.most = most
+        self.queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[tuple[T, asyncio.Future[Any]]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.trips: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def __call__(self, item: T) -> R:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        queue = self.queues.setdefault(loop, [])
+        queue.append((item, future))
+        trip = self.trips.get(loop)
+        if trip is None or trip.done():
+            self.trips[loop] = loop.create_task(self.drain(queue))
+        answer = await future
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    async def drain(self, queue: list[tuple[T, asyncio.Future[Any]]]) -> None:
+        while queue:
+            taken = queue[: self.most]
+            del queue[: self.most]
+            try:
+                answers: list[Any] = await database_sync_to_async(self.run, thread_sensitive=False)(
+                    [item for item, _future in taken]
+                )
+            except Exception as exc:
+                answers = [exc] * len(taken)
+            for (_item, future), answer in zip(taken, answers, strict=True):
+                if not future.done():  # its agent went meanwhile
+                    future.set_result(answer)
 
 
-def _register(
-    node_id: int, body: dict[str, Any], address: str | None
-) -> tuple[str, int, protocol.DesiredMessage, list[dict[str, Any]]]:
+# The most agents whose credential check, or whose registration, go in one trip.
+JOINS_TOGETHER = 64
+
+Registered = tuple[str, int, protocol.DesiredMessage, list[dict[str, Any]]]
+
+
+def _register(node_id: int, body: dict[str, Any], address: str | None) -> Registered:
     """Record a registration; the node's name, its desired state (version and body) and its
-    pending requests, marked sent. What it reports for other apps (its fabrics) goes to the app
-    registered for it."""
-    node = enrolment.register_node(node_id, body, address=address)
-    since = time.monotonic()  # after the node's row (and its desired state version) was read
-    for kind in EXTENSIONS.node_reports:
-        if kind in body:
-            EXTENSIONS.record_report(kind, node_id, body[kind])
+    pending requests, marked sent."""
+    answer = _register_many([(node_id, body, address)])[0]
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
+
+
+def _register_many(joins: list[tuple[int, dict[str, Any], str | None]]) -> list[Registered | Exception]:
+    """_register for many agents at once (node id, registration body, address each): their rows
+    written together (enrolment.register_nodes), their cards and pending requests read once for
+    all. What an agent reports for other apps (its fabrics) goes to the app registered for it. A
+    registration that fails is that agent's exception, in its place; the others go on."""
+    nodes = enrolment.register_nodes(joins)
+    since = time.monotonic()  # after the nodes' rows (and their desired state versions) were read
+    registered = [node for node in nodes if isinstance(node, Node)]
+    prefetch_related_objects(registered, "gpus")  # the cards each node's engines are chosen for
+    pending = set(
+        AgentRequest.objects.filter(
+            node_id__in=[node.pk for node in registered], state=AgentRequest.State.PENDING
+        ).values_list("node_id", flat=True)
+    )
     tables, fetches = _FleetReads.since(since)
-    desired = desired_message(node, node.desired_version, tables, fetches)
-    return node.name, node.desired_version, desired, agent_requests.claim(node_id)
+    out: list[Registered | Exception] = []
+    for (node_id, body, _address), node in zip(joins, nodes, strict=True):
+        if isinstance(node, Exception):
+            out.append(node)
+            continue
+        try:
+            for kind in EXTENSIONS.node_reports:
+                if kind in body:
+                    EXTENSIONS.record_report(kind, node_id, body[kind])
+            desired = desired_message(node, node.desired_version, tables, fetches)
+            requests = agent_requests.claim(node_id) if node_id in pending else []
+        except Exception as exc:
+            out.append(exc)
+            continue
+        out.append((node.name, node.desired_version, desired, requests))
+    return out
+
+
+_CONNECTS = _Together(enrolment.connect_nodes, JOINS_TOGETHER)
+_REGISTRATIONS = _Together(_register_many, JOINS_TOGETHER)
 
 
 def _bearer(scope: dict[str, Any]) -> str:
@@ -231,7 +310,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def join(self) -> None:
         # The node's row names its newest connection: an older one, wherever it is, learns it was
         # replaced from the channel layer at once, or from its process's next sweep of the rows.
-        found = await database_sync_to_async(_connect, thread_sensitive=False)(_bearer(self.scope), self.channel_name)
+        found = await _CONNECTS((_bearer(self.scope), self.channel_name))
         if found is None:
             await self.close(code=protocol.CLOSE_BAD_CREDENTIAL, reason="unknown, revoked or missing node credential")
             return
@@ -396,11 +475,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def register(self, message: protocol.Message) -> None:
         assert self.node_id is not None
         client = self.scope.get("client") or (None, None)
-        # One trip to a database thread for all of it: with a fleet joining at once, each trip is a
-        # wait in the threads' queue.
-        name, version, desired, requests = await database_sync_to_async(_register, thread_sensitive=False)(
-            self.node_id, message.body, client[0]
-        )
+        # One trip to a database thread for all of it, shared with the agents registering meanwhile:
+        # with a fleet joining at once, each trip is a wait in the threads' queue.
+        name, version, desired, requests = await _REGISTRATIONS((self.node_id, message.body, client[0]))
         self.gpu_health = reports.sample_health(message.body.get("sample") or protocol.HeartbeatSample())
         await self.send(
             protocol.encode(

@@ -43,12 +43,14 @@ __all__ = [
     "NewEnrollment",
     "authenticate_node",
     "connect_node",
+    "connect_nodes",
     "create_enrollment",
     "desired_version",
     "enroll_node",
     "issue_credential",
     "node_or_staff",
     "register_node",
+    "register_nodes",
     "set_connection",
     "validate_node_name",
 ]
@@ -197,6 +199,81 @@ def authenticate_node(secret: str) -> Node | None:
 def register_node(node_id: int, body: dict[str, Any], *, address: str | None = None) -> Node:
     """Record what the agent says it is. A registration never clears an operator's cordon."""
     node = Node.objects.select_for_update().get(pk=node_id)
+    now = timezone.now()
+    fields, changes = _take_registration(node, body, address, now)
+    node.save(update_fields=fields)
+    gpus = body["hardware"].get("gpus", []) or []
+    _sync_gpus({node.pk: (gpus, (body.get("sample") or {}).get("gpus") or [])})
+    if changes:
+        audit.record(None, "node.register", node, changes=changes)
+    if body.get("sample"):
+        append_histories({node.pk: body["sample"]})
+    return node
+
+
+def register_nodes(joins: list[tuple[int, dict[str, Any], str | None]]) -> list[Node | Exception]:
+    """register_node for many agents at once (node id, registration body, address each), in one
+    transaction: one read and one write of their node rows, one of their GPU rows. A batch the
+    database refuses is registered again one agent at a time, so one agent's bad registration
+    fails only its own; the same node twice in a batch (two connections at once) is registered in
+    turn. Each answer is the node, or the exception its registration raised."""
+    first: dict[int, int] = {}
+    for i, (node_id, _body, _address) in enumerate(joins):
+        first.setdefault(node_id, i)
+    together = sorted(first.values(), key=lambda i: joins[i][0])  # rows locked in id order: no deadlock
+    out: list[Node | Exception | None] = [None] * len(joins)
+    if len(together) > 1:
+        try:
+            for i, node in zip(together, _register_together([joins[i] for i in together]), strict=True):
+                out[i] = node
+        except Exception:
+            out = [None] * len(joins)
+    for i, (node_id, body, address) in enumerate(joins):
+        if out[i] is None:
+            try:
+                out[i] = register_node(node_id, body, address=address)
+            except Exception as exc:
+                out[i] = exc
+    return [answer for answer in out if answer is not None]
+
+
+@transaction.atomic
+def _register_together(joins: list[tuple[int, dict[str, Any], str | None]]) -> list[Node]:
+    """register_node for agents of different nodes, in id order, in one transaction."""
+    rows = Node.objects.select_for_update().in_bulk([node_id for node_id, _b, _a in joins])
+    missing = [node_id for node_id, _b, _a in joins if node_id not in rows]
+    if missing:
+        raise Node.DoesNotExist(f"no node {missing[0]}")
+    now = timezone.now()
+    nodes, fields, changed, samples = [], set(), [], {}
+    for node_id, body, address in joins:
+        node = rows[node_id]
+        taken, changes = _take_registration(node, body, address, now)
+        nodes.append(node)
+        fields.update(taken)
+        if changes:
+            changed.append((node, changes))
+        if body.get("sample"):
+            samples[node_id] = body["sample"]
+    Node.objects.bulk_update(nodes, sorted(fields))
+    _sync_gpus(
+        {
+            node_id: (body["hardware"].get("gpus", []) or [], (body.get("sample") or {}).get("gpus") or [])
+            for node_id, body, _address in joins
+        }
+    )
+    for node, changes in changed:
+        audit.record(None, "node.register", node, changes=changes)
+    if samples:
+        append_histories(samples)
+    return nodes
+
+
+def _take_registration(
+    node: Node, body: dict[str, Any], address: str | None, now: Any
+) -> tuple[list[str], dict[str, Any] | None]:
+    """Set on the node's row what its agent registered; the fields set, and the changes worth an
+    audit event (its agent version, card count or memory), None when there are none."""
     hardware = dict(body["hardware"])
     gpus = hardware.pop("gpus", []) or []
     hardware["labels"] = body.get("labels") or {}
@@ -213,7 +290,6 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
     domain = EXTENSIONS.registered_domain(gpus) or node.hardware.get("nvlink_domain")
     if domain:
         hardware["nvlink_domain"] = domain
-    now = timezone.now()
     node.hardware = hardware
     node.agent_version = body["agent_version"]
     node.features = sorted(set(body.get("features") or []))
@@ -228,14 +304,8 @@ def register_node(node_id: int, body: dict[str, Any], *, address: str | None = N
         node.sample = sample
         node.sampled_at = now
         fields += ["sample", "sampled_at"]
-    node.save(update_fields=fields)
-    _sync_gpus(node, gpus, (sample or {}).get("gpus") or [])
     after = {"agent_version": node.agent_version, "gpus": len(gpus), "memory": hardware.get("memory_total_bytes")}
-    if before != after:
-        audit.record(None, "node.register", node, changes=audit.diff(before, after))
-    if sample:
-        append_histories({node.pk: sample})
-    return node
+    return fields, (audit.diff(before, after) if before != after else None)
 
 
 GPU_FIELDS = (
@@ -294,28 +364,36 @@ def _gpu_values(gpu: GpuFigures, live: GpuFigures | None) -> dict[str, Any]:
     }
 
 
-def _sync_gpus(node: Node, gpus: list[GpuFigures], sampled: list[GpuFigures]) -> None:
-    """Make the node's GPU rows match what its agent registered, writing only what changed
-    (an agent reconnecting with the same cards writes nothing here)."""
-    live = {g.get("index"): g for g in sampled}
-    existing = {g.index: g for g in Gpu.objects.filter(node=node)}
-    create, update = [], []
-    for gpu in gpus:
-        index = int(gpu["index"])
-        values = _gpu_values(gpu, live.get(index))
-        row = existing.pop(index, None)
-        if row is None:
-            create.append(Gpu(node=node, index=index, **values))
-        elif any(getattr(row, k) != v for k, v in values.items()):
-            for key, value in values.items():
-                setattr(row, key, value)
-            update.append(row)
+def _sync_gpus(registered: dict[int, tuple[list[GpuFigures], list[GpuFigures]]]) -> None:
+    """Make the GPU rows of each node match what its agent registered (node id: its devices and the
+    sample taken with them), writing only what changed (an agent reconnecting with the same cards
+    writes nothing here): one read for all the nodes, and at most one insert, update and delete."""
+    existing: dict[int, dict[int, Gpu]] = {node_id: {} for node_id in registered}
+    for stored in Gpu.objects.filter(node_id__in=list(registered)):
+        existing[stored.node_id][stored.index] = stored
+    create: list[Gpu] = []
+    update: list[Gpu] = []
+    gone: list[int] = []
+    for node_id, (gpus, sampled) in registered.items():
+        live = {g.get("index"): g for g in sampled}
+        rows = existing[node_id]
+        for gpu in gpus:
+            index = int(gpu["index"])
+            values = _gpu_values(gpu, live.get(index))
+            row = rows.pop(index) if index in rows else None
+            if row is None:
+                create.append(Gpu(node_id=node_id, index=index, **values))
+            elif any(getattr(row, k) != v for k, v in values.items()):
+                for key, value in values.items():
+                    setattr(row, key, value)
+                update.append(row)
+        gone += [g.pk for g in rows.values()]
     if create:
         Gpu.objects.bulk_create(create)
     if update:
         Gpu.objects.bulk_update(update, list(GPU_FIELDS))
-    if existing:
-        Gpu.objects.filter(pk__in=[g.pk for g in existing.values()]).delete()
+    if gone:
+        Gpu.objects.filter(pk__in=gone).delete()
 
 
 def set_connection(node_id: int, channel_name: str) -> None:
@@ -325,23 +403,52 @@ def set_connection(node_id: int, channel_name: str) -> None:
 
 def connect_node(secret: str, channel_name: str) -> tuple[int, str] | None:
     """The node (id, name) this credential names, now served by this connection; None for a bad
-    credential. One statement: the credential is checked and the connection named in one UPDATE,
-    which reads none of the row's large values (a fleet joining at once does this thousands of
-    times a minute)."""
-    if not secret.startswith(CREDENTIAL_PREFIX):
-        return None
-    digest = _hash(secret)
+    credential."""
+    return connect_nodes([(secret, channel_name)])[0]
+
+
+def connect_nodes(joins: list[tuple[str, str]]) -> list[tuple[int, str] | None]:
+    """connect_node for many connections at once (credential, channel name each), in one
+    statement: the credentials are checked and the connections named in one UPDATE, which reads
+    none of the rows' large values (a fleet joining at once does this thousands of times a minute).
+    A bad credential is None in its own place and changes nothing for the others. The same
+    credential twice (two connections of a node at once) is checked again in turn, so the later
+    connection is the one named."""
+    digests = [_hash(secret) if secret.startswith(CREDENTIAL_PREFIX) else None for secret, _channel in joins]
+    out: list[tuple[int, str] | None] = [None] * len(joins)
+    later: list[int] = []
+    batch: dict[str, int] = {}
+    for i, digest in enumerate(digests):
+        if digest is None:
+            continue
+        if digest in batch:
+            later.append(i)
+        else:
+            batch[digest] = i
+    if batch:
+        found = _connect_rows([(digest, joins[i][1][:200]) for digest, i in batch.items()])
+        for digest, i in batch.items():
+            out[i] = found.get(digest)
+    for i in later:
+        out[i] = _connect_rows([(str(digests[i]), joins[i][1][:200])]).get(str(digests[i]))
+    return out
+
+
+def _connect_rows(pairs: list[tuple[str, str]]) -> dict[str, tuple[int, str]]:
+    """Name the connection of each node whose credential hash is given (hash, channel name, each
+    hash once); the (id, name) of the nodes found, by hash."""
     table = connection.ops.quote_name(Node._meta.db_table)
+    values = ", ".join(["(%s, %s)"] * len(pairs))
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET connection = %s WHERE credential_hash = %s AND revoked_at IS NULL "  # noqa: S608
-            "RETURNING id, name, credential_hash",
-            [channel_name[:200], digest],
+            f"UPDATE {table} SET connection = joining.column2 FROM (VALUES {values}) AS joining "  # noqa: S608
+            f"WHERE {table}.credential_hash = joining.column1 AND {table}.revoked_at IS NULL "
+            f"RETURNING {table}.id, {table}.name, {table}.credential_hash",
+            [value for pair in pairs for value in pair],
         )
-        row = cursor.fetchone()
-    if row is None or not hmac.compare_digest(row[2] or "", digest):
-        return None
-    return int(row[0]), str(row[1])
+        rows = cursor.fetchall()
+    wanted = {digest for digest, _channel in pairs}
+    return {digest: (int(pk), str(name)) for pk, name, digest in rows if digest in wanted}
 
 
 def desired_version(node_id: int) -> int | None:
