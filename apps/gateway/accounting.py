@@ -1,9 +1,13 @@
 """The last stage of every request: its metrics, its token charge, and its usage record.
 
-`Accountant.finish(call)` runs once per request, whatever ended it: before the last byte of its
-answer (or its refusal) is sent, or once it broke off. The usage record and the token charge are
-made then; the metrics and the trace in the next turn of the loop, once the last byte is out. It
-never blocks the event loop and never raises.
+Each request is accounted for once, whatever ended it. One answered (or refused) in full:
+`Accountant.record(call)` right before the last byte of its answer is sent makes its usage record
+(in the process's journal then: a kill once the client has its answer loses nothing), and the
+`Settle` it returns is called once that byte is out, and also when sending it failed: the token
+charge, the metrics and the trace, none of which the answer waits for. The send returns at once
+but when the client reads slower than the answer comes; until then the request counts as one in
+flight, whose tokens are charged when it ends. One that broke off: `Accountant.finish(call)` does
+it all at once. Neither blocks the event loop or raises.
 
 What is charged and recorded:
 - an answer the engine reported usage for: that usage;
@@ -36,7 +40,7 @@ from apps.gateway.intake import EMBEDDINGS, Call
 from apps.gateway.tokens import estimate_prompt_tokens
 from apps.quotas.records import UsageRecordDict
 
-__all__ = ["CANCELLED", "Accountant", "UsageSink"]
+__all__ = ["CANCELLED", "Accountant", "Settle", "UsageSink"]
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -79,6 +83,18 @@ class Accountant:
                 return
         self._record(call)
 
+    def record(self, call: Call) -> Settle:
+        """The usage record of a call whose answer's last byte goes out next; the rest of its
+        accounting is the returned Settle's, called once that byte is out."""
+        if call.status == CANCELLED and call.upstream is not None:  # accounted for as one that broke off
+            self.finish(call)
+            return _SETTLED
+        try:
+            return self._write(call)
+        except Exception:
+            log.exception("could not account for request %s", call.request_id)
+            return _SETTLED
+
     async def drain(self) -> None:
         """Wait for records still being counted (at shutdown)."""
         if self._pending:
@@ -108,9 +124,11 @@ class Accountant:
 
     def _record(self, call: Call) -> None:
         try:
-            self._write(call)
+            settle = self._write(call)
         except Exception:
             log.exception("could not account for request %s", call.request_id)
+            return
+        settle()
 
     def _model_label(self, call: Call) -> str:
         """What the request is counted under: its model, or "-" for a name no model has (answered 404
@@ -121,40 +139,27 @@ class Accountant:
             return call.model
         return "-"
 
-    def _write(self, call: Call) -> None:
+    def _write(self, call: Call) -> Settle:
+        """The usage record, emitted now; the token charge, metrics and trace left to the Settle."""
         elapsed = time.perf_counter() - call.started
         first = (call.first_token_at - call.started) if call.first_token_at is not None else None
         label = self._model_label(call)
-        # The metrics and the trace are made once the answer's last byte is out, in the next turn of
-        # the loop (nothing waits on them, and no request reads them before then); from the figures
-        # as they are now.
-        observed = (label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens)
-        actions = [(str(f.get("policy")), str(f.get("action"))) for f in call.guard]
+        # The metrics and the trace from the figures as they are now, whenever they are counted.
+        settle = Settle(self.limiter, (label, call.status, elapsed, first, call.prompt_tokens, call.completion_tokens))
+        if call.guard:
+            settle.actions = [(str(f.get("policy")), str(f.get("action"))) for f in call.guard]
         exporter = tracing.exporter()
-        traced = (exporter, call, label, elapsed, time.time()) if exporter is not None else None
-        try:
-            asyncio.get_running_loop().call_soon(_observe, observed, actions, traced)
-        except RuntimeError:  # no loop runs (a test's direct call): at once
-            _observe(observed, actions, traced)
+        if exporter is not None:
+            settle.traced = (exporter, call, label, elapsed, time.time())
         if call.entry is None or self.usage is None:
-            return
+            return settle
         if call.status == 429:
             call.prompt_tokens = call.completion_tokens = 0  # refused by a limit: recorded, free of charge
         tokens = (call.prompt_tokens or 0) + (call.completion_tokens or 0)
         if call.batch is not None and tokens:
             tokens = math.ceil(tokens * _batch_price_factor())
         if self.limiter is not None and call.entry.limits and tokens:
-            # Started at once, in this turn of the loop: the limiters add the tokens without waiting
-            # (Redis's are written by its next flush), so the task is done here and never scheduled.
-            task = asyncio.Task(
-                self.limiter.record_tokens(list(call.entry.limits), tokens, time.time()),
-                loop=asyncio.get_running_loop(),
-                eager_start=True,
-            )
-            if not task.done():
-                task.add_done_callback(_retrieve)
-            elif not task.cancelled():
-                task.exception()  # a failure is the limiter's to log; retrieved so it is not reported again
+            settle.charge = (list(call.entry.limits), tokens)
         upstream = call.upstream
         self.usage.emit(
             {
@@ -183,6 +188,49 @@ class Accountant:
                 "batch": call.batch or "",
             }
         )
+        return settle
+
+
+class Settle:
+    """What is left of a request's accounting once its usage record is made: the token charge
+    against its limits, and its metrics and trace. Called once; never raises."""
+
+    __slots__ = ("actions", "charge", "limiter", "observed", "traced")
+
+    def __init__(self, limiter: Any, observed: tuple[Any, ...] | None) -> None:
+        self.limiter = limiter
+        self.observed = observed
+        self.actions: list[tuple[str, str]] = []
+        self.traced: tuple[Any, ...] | None = None
+        self.charge: tuple[list[Any], int] | None = None
+
+    def __call__(self) -> None:
+        charge, self.charge = self.charge, None
+        if charge is not None:
+            _charge(self.limiter, *charge)
+        observed, self.observed = self.observed, None
+        if observed is not None:
+            _observe(observed, self.actions, self.traced)
+
+
+_SETTLED = Settle(None, None)  # for a call accounted for otherwise: nothing left to do
+
+
+def _charge(limiter: Any, limits: list[Any], tokens: int) -> None:
+    """The tokens added to the limiters' counts. Started at once, in this turn of the loop: the
+    limiters add them without waiting (Redis's are written by its next flush), so the task is done
+    here and never scheduled."""
+    try:
+        task = asyncio.Task(
+            limiter.record_tokens(limits, tokens, time.time()), loop=asyncio.get_running_loop(), eager_start=True
+        )
+    except Exception:
+        log.exception("could not charge a request's tokens")
+        return
+    if not task.done():
+        task.add_done_callback(_retrieve)
+    elif not task.cancelled():
+        task.exception()  # a failure is the limiter's to log; retrieved so it is not reported again
 
 
 def _observe(observed: tuple[Any, ...], actions: list[tuple[str, str]], traced: tuple[Any, ...] | None) -> None:

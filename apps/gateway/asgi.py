@@ -17,9 +17,9 @@ stages, each in its own module, in this order:
    Responses answer is stored before its last byte (apps.gateway.response_store), and the stored
    ones are served by their own routes (apps.gateway.stored);
 5. errors in the client's protocol (apps.gateway.errors);
-6. accounting: the token charge and the usage record before the answer's last byte, its metrics
-   and trace right after it (apps.gateway.accounting), and the fair queue's charge corrected by
-   what it really cost.
+6. accounting: the usage record before the answer's last byte, its token charge, metrics and
+   trace right after it (apps.gateway.accounting), and the fair queue's charge corrected by what
+   it really cost.
 
 This module holds the application's life cycle and the order of the stages.
 
@@ -294,13 +294,19 @@ class GatewayApp:
         accounted = False
 
         async def answer(message: dict[str, Any]) -> None:
-            """The answer's last message goes out only once the request is accounted for: its usage
-            record is then in this process's journal, and a kill at any moment after loses nothing."""
+            """The answer's last message goes out only once the request's usage record is made: it is
+            then in this process's journal, and a kill at any moment after loses nothing. Its token
+            charge, metrics and trace are counted once that message is out, off the answer's path."""
             nonlocal accounted
-            if not accounted and message["type"] == "http.response.body" and not message.get("more_body"):
-                accounted = True
-                self.accountant.finish(call)
-            await send(message)
+            if accounted or message["type"] != "http.response.body" or message.get("more_body"):
+                await send(message)
+                return
+            accounted = True
+            settle = self.accountant.record(call)
+            try:
+                await send(message)
+            finally:
+                settle()
 
         try:
             await self.serve(call, scope, receive, answer)
@@ -460,6 +466,14 @@ class GatewayApp:
     # Answers ----------------------------------------------------------------------------------------
 
     def head(self, call: Call, content_type: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """The answer's headers; those made while the engine worked (Forwarder) when nothing they
+        say has changed since."""
+        made, call.head = call.head, None
+        if made is not None and made[0] is call.upstream and made[1] == len(call.guard) and made[2] == content_type:
+            return made[3]
+        return self._head(call, content_type)
+
+    def _head(self, call: Call, content_type: bytes | None) -> list[tuple[bytes, bytes]]:
         # The gateway's own name for the request id, and the names the SDKs read it from (the OpenAI
         # SDKs' `_request_id` from x-request-id, Anthropic's from request-id).
         request_id = call.request_id.encode()

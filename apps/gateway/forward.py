@@ -8,6 +8,7 @@ stop (its replica's drain grace, or this process's) is told which stop and why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -85,10 +86,12 @@ class Forwarder:
 
         The work runs in the request's own task, with one task beside it that watches the client:
         no second task to start and wait on, and the request leaves for the upstream in this turn of
-        the loop rather than the next."""
+        the loop rather than the next. The watcher is started in the next turn, once the request
+        has left (it would first listen then all the same)."""
         task = asyncio.current_task()
         assert task is not None
         state = {"working": True, "left": False}
+        watcher: asyncio.Task[None] | None = None
 
         def client_left(watcher: asyncio.Task[None]) -> None:
             if watcher.cancelled():
@@ -98,8 +101,13 @@ class Forwarder:
                 state["left"] = True
                 task.cancel()
 
-        watcher = asyncio.create_task(_watch_disconnect(receive))
-        watcher.add_done_callback(client_left)
+        def watch() -> None:
+            nonlocal watcher
+            if state["working"]:
+                watcher = asyncio.create_task(_watch_disconnect(receive))
+                watcher.add_done_callback(client_left)
+
+        watching = asyncio.get_running_loop().call_soon(watch)
         try:
             await self._forward(call, route, send)
         except (asyncio.CancelledError, Exception):
@@ -113,16 +121,20 @@ class Forwarder:
                 task.uncancel()
         finally:
             state["working"] = False
-            watcher.cancel()
+            watching.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     async def _forward(self, call: Call, route: ModelRoute, send: Send) -> None:
         prompt_count: asyncio.Task[int | None] | None = None
         tried: set[str] = set()
+        loop = asyncio.get_running_loop()
         while True:
             assert call.lease is not None
             upstream = call.lease.upstream
             if call.stream and call.endpoint is MESSAGES and prompt_count is None:
                 prompt_count = asyncio.create_task(count_prompt_tokens(self.pool_for(upstream), upstream, call.body))
+            loop.call_soon(self._head_ahead, call)  # once the request has left, while the engine works
             try:
                 response = await self.pool_for(upstream).post(
                     upstream.url + call.endpoint.upstream_path,
@@ -155,6 +167,16 @@ class Forwarder:
                 raise self.refusal(call, exc) from None
         await self._give_back(call)  # the engine is done with it: its slot is free before the client hears
         await self._whole(call, response.status, raw, send)
+
+    def _head_ahead(self, call: Call) -> None:
+        """The answer's headers, made while the engine works on it (the loop is idle then) instead of
+        once it has answered; they are used when nothing they say changed meanwhile (GatewayApp.head).
+        Not for an Anthropic answer under limits: its resets are times, read when it is sent."""
+        if call.lease is None or (call.headroom is not None and call.endpoint.protocol == "anthropic"):
+            return
+        content_type = b"text/event-stream" if call.stream else b"application/json"
+        with contextlib.suppress(Exception):  # made again, and any failure met, when the answer is sent
+            call.head = (call.upstream, len(call.guard), content_type, self.head(call, content_type))
 
     async def _elsewhere(
         self, call: Call, route: ModelRoute, upstream: Upstream, tried: set[str], exc: BaseException

@@ -208,6 +208,7 @@ class Call:
         "error",
         "first_token_at",
         "guard",
+        "head",
         "headroom",
         "kept",
         "lease",
@@ -258,6 +259,8 @@ class Call:
         self.headroom: Any = None  # what its limits leave (apps.quotas.limiter.Headroom), for the headers
         self.kept: Kept | None = None  # a Responses answer to store, and where it goes (apps.gateway.response_store)
         self.batch: str | None = None  # the batch it is a line of (apps.gateway.grants), None for a client's own
+        # Its answer's headers, made while the engine works: (for the upstream, guard findings, content type, headers).
+        self.head: tuple[Any, int, bytes | None, list[tuple[bytes, bytes]]] | None = None
 
     @property
     def upstream(self) -> Upstream | None:
