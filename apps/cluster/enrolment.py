@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Field
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -57,6 +59,8 @@ __all__ = [
 
 CREDENTIAL_PREFIX = "llmgwn_"
 TOKEN_PREFIX = "llmgwe_"
+log = logging.getLogger(__name__)
+
 RESERVED_NODE_NAMES = frozenset({"add"})  # /nodes/add/ is the console's form
 NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
 
@@ -226,7 +230,13 @@ def register_nodes(joins: list[tuple[int, dict[str, Any], str | None]]) -> list[
         try:
             for i, node in zip(together, _register_together([joins[i] for i in together]), strict=True):
                 out[i] = node
-        except Exception:
+        except Exception as exc:
+            log.warning(
+                "%s registrations refused together (%s: %s); registering them one by one",
+                len(together),
+                type(exc).__name__,
+                exc,
+            )
             out = [None] * len(joins)
     for i, (node_id, body, address) in enumerate(joins):
         if out[i] is None:
@@ -245,17 +255,19 @@ def _register_together(joins: list[tuple[int, dict[str, Any], str | None]]) -> l
     if missing:
         raise Node.DoesNotExist(f"no node {missing[0]}")
     now = timezone.now()
-    nodes, fields, changed, samples = [], set(), [], {}
+    nodes, changed, samples = [], [], {}
+    written: dict[tuple[str, ...], list[Node]] = {}
     for node_id, body, address in joins:
         node = rows[node_id]
         taken, changes = _take_registration(node, body, address, now)
         nodes.append(node)
-        fields.update(taken)
+        written.setdefault(tuple(taken), []).append(node)
         if changes:
             changed.append((node, changes))
         if body.get("sample"):
             samples[node_id] = body["sample"]
-    Node.objects.bulk_update(nodes, sorted(fields))
+    for fields, group in written.items():
+        _write_rows(group, fields)
     _sync_gpus(
         {
             node_id: (body["hardware"].get("gpus", []) or [], (body.get("sample") or {}).get("gpus") or [])
@@ -267,6 +279,27 @@ def _register_together(joins: list[tuple[int, dict[str, Any], str | None]]) -> l
     if samples:
         append_histories(samples)
     return nodes
+
+
+def _write_rows(nodes: list[Node], fields: tuple[str, ...]) -> None:
+    """Save these fields of the nodes' rows: one UPDATE by id, its parameters sent at once
+    (executemany). Django's bulk_update writes the same in one statement of CASE ... WHEN per field
+    and row, which took half a batched registration's CPU to build."""
+    columns = [field for name in fields if isinstance(field := Node._meta.get_field(name), Field)]
+    quote = connection.ops.quote_name
+    sql = (
+        f"UPDATE {quote(Node._meta.db_table)} SET "  # noqa: S608
+        + ", ".join(f"{quote(str(column.column))} = %s" for column in columns)
+        + f" WHERE {quote('id')} = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            sql,
+            [
+                [column.get_db_prep_save(getattr(node, column.attname), connection) for column in columns] + [node.pk]
+                for node in nodes
+            ],
+        )
 
 
 def _take_registration(

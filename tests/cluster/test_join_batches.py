@@ -24,7 +24,7 @@ from tests.wscomm import WebsocketCommunicator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-HARDWARE = {
+HARDWARE: dict[str, Any] = {
     "hostname": "gpu",
     "cpus": 64,
     "memory_total_bytes": 512 * 1024**3,
@@ -210,7 +210,7 @@ def test_registrations_together_write_their_rows_in_a_few_statements_whatever_th
     one statement each."""
 
     def cost(count: int, prefix: str) -> tuple[int, int]:
-        joins = [
+        joins: list[tuple[int, dict[str, Any], str | None]] = [
             (enrolled(f"{prefix}{i}")[0].pk, {"agent_version": "1", "hardware": HARDWARE, "features": []}, None)
             for i in range(count)
         ]
