@@ -229,6 +229,8 @@ async def run_agents(
     registered = 0
     deadline: float | None = None
     quiet = False  # while True, the agents skip their beats (stay connected, keep their rhythm)
+    if window:
+        await asyncio.to_thread(window, "dial")
     first_dial = time.monotonic()
     joining_until = first_dial + 300
 
@@ -277,6 +279,8 @@ async def run_agents(
     while registered + failures < len(credentials) and time.monotonic() < give_up:
         await asyncio.sleep(0.1)
     joined = time.monotonic() - first_dial
+    if window:
+        await asyncio.to_thread(window, "joined")
     await asyncio.sleep(interval + 2)
     if window:
         # The row writes are counted between two quiet moments, when every write of the heartbeats
@@ -648,6 +652,11 @@ def run(args: argparse.Namespace, report: Report) -> None:
             f"joining: every agent registered within {result['joined']:.0f} s of the first dial (the join rate "
             f"alone: {args.agents / JOIN_RATE:.0f} s), {result['redials']:.0f} dials tried again after a backoff "
             f"(baseline transport: {base['joined']:.0f} s, {base['redials']:.0f})"
+        )
+        join_cpu = marks["joined"][1] - marks["dial"][1]
+        print(
+            f"web CPU while joining: {join_cpu:.1f} s, {join_cpu / args.agents * 1000:.2f} ms per agent (the "
+            f"heartbeats of the agents already in included), {join_cpu / max(result['joined'], 1e-9):.2f} cores"
         )
         print(
             f"heartbeats handled: {result['per_second']:.1f}/s; "
