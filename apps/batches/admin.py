@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from apps.accounts.admin import ReadOnlyAdmin
-from apps.batches.models import Batch, BatchFile, BatchLine
+from apps.batches.models import Batch, BatchFile, BatchLine, LineTally
 
 
 @admin.register(BatchFile)
@@ -30,3 +30,9 @@ class BatchLineAdmin(ReadOnlyAdmin):
     list_display = ["batch", "number", "custom_id", "state", "status_code", "tries", "finished_at"]
     list_filter = ["state"]
     search_fields = ["batch__id", "custom_id"]
+
+
+@admin.register(LineTally)
+class LineTallyAdmin(ReadOnlyAdmin):
+    # Counted as lines' tries are written, by whichever process ran them; shown on /metrics.
+    list_display = ["status", "count"]

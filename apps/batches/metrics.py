@@ -1,9 +1,11 @@
 """The batches' Prometheus figures.
 
-- llmgw_batch_lines_total{status}: how lines' tries ended in this process: succeeded, failed (a
-  final answer that is not 2xx), retried (to be tried again), yielded (cut off for an interactive
-  request), and the lines answered without being run (expired, cancelled) by whichever process
-  ended their batch;
+- llmgw_batch_lines_total{status}: how lines' tries ended, in every process that runs them:
+  succeeded, failed (a final answer that is not 2xx), retried (to be tried again), yielded (cut off
+  for an interactive request, and retried), and the lines answered without being run (expired,
+  cancelled). Tallied in the database in the transaction that writes each line (LineTally) and read
+  at scrape time, so a web process's /metrics shows the lines the workers ran; a status no try has
+  ended with is absent, not 0;
 - llmgw_batch_lines_in_flight{model}: lines being run now (summed over web processes);
 - llmgw_batches{status}: batches by status, read from the database at scrape time (a status no
   batch has is absent, not 0);
@@ -17,20 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-__all__ = ["BatchCollector", "in_flight", "lines"]
+__all__ = ["BatchCollector", "in_flight"]
 
-LINES = Counter("llmgw_batch_lines", "Batch lines' tries, by how they ended", ["status"])
 IN_FLIGHT = Gauge(
     "llmgw_batch_lines_in_flight", "Batch lines being run now, by model", ["model"], multiprocess_mode="livesum"
 )
-
-
-def lines(status: str, count: int = 1) -> None:
-    if count:
-        LINES.labels(status).inc(count)
 
 
 def in_flight(model: str, delta: int) -> None:
@@ -38,15 +34,20 @@ def in_flight(model: str, delta: int) -> None:
 
 
 class BatchCollector:
-    """llmgw_batches{status} and llmgw_batch_lines_held{model}, from the database."""
+    """llmgw_batch_lines_total{status}, llmgw_batches{status} and llmgw_batch_lines_held{model}, from
+    the database."""
 
     def collect(self) -> Iterable[Any]:
         from django.db.models import Count
         from django.utils import timezone
 
         from apps.batches.choices import LineState
-        from apps.batches.models import Batch, BatchLine
+        from apps.batches.models import Batch, BatchLine, LineTally
 
+        tries = CounterMetricFamily("llmgw_batch_lines", "Batch lines' tries, by how they ended", labels=["status"])
+        for status, count in LineTally.objects.order_by("status").values_list("status", "count"):
+            tries.add_metric([status], count)
+        yield tries
         family = GaugeMetricFamily("llmgw_batches", "Batches, by status", labels=["status"])
         for row in Batch.objects.values("status").annotate(n=Count("pk")).order_by("status"):
             family.add_metric([row["status"]], row["n"])

@@ -196,3 +196,19 @@ class BatchLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.batch_id} line {self.number}"
+
+
+class LineTally(models.Model):
+    """How batch lines' tries have ended, counted in the same transaction that writes each line, so
+    that /metrics on any web process shows the tries of every process that runs lines (Celery
+    workers, other web processes, other hosts) and a restart loses none."""
+
+    status = models.CharField(_("how the try ended"), max_length=16, primary_key=True)
+    count = models.BigIntegerField(_("tries"), default=0)
+
+    class Meta:
+        verbose_name = _("batch line tally")
+        verbose_name_plural = _("batch line tallies")
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.count}"

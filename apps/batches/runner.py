@@ -296,12 +296,10 @@ class BatchRunner:
             return
         outcomes, self.outcomes = self.outcomes, []
         try:
-            written = await _thread(finish_lines, self.holder, outcomes)
+            await _thread(finish_lines, self.holder, outcomes)
         except Exception:
             self.outcomes = outcomes + self.outcomes  # the database is away: kept, written later
             raise
-        for status, count in written.items():
-            metrics.lines(status, count)
 
     # Capacity -------------------------------------------------------------------------------------------
 
@@ -392,7 +390,7 @@ class BatchRunner:
             self.running.pop(line.id, None)
             metrics.in_flight(line.model, -1)
         if item.cut.is_set() and status is None:
-            metrics.lines("yielded", 1)
+            outcome.yielded = True
         self.outcomes.append(outcome)
         self._start_lines()  # its slot is free: the next line of the model takes it at once
         self._wake.set()

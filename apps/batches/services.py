@@ -33,7 +33,7 @@ import logging
 import math
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -45,9 +45,9 @@ from django.utils import timezone
 
 from apps.accounts import audit
 from apps.accounts.models import ApiKey, User
-from apps.batches import metrics, storage
+from apps.batches import storage
 from apps.batches.choices import BatchStatus, FilePurpose, Kind, LineState
-from apps.batches.models import Batch, BatchFile, BatchLine
+from apps.batches.models import Batch, BatchFile, BatchLine, LineTally
 from apps.batches.shapes import anthropic_result, jsonl, openai_output_line
 from apps.batches.validation import Checked, Problem, Reading, check_anthropic_request, check_openai_line
 from apps.gateway.errors import error_body
@@ -550,6 +550,7 @@ class Outcome:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: dict[str, Any] | None = None
+    yielded: bool = False  # cut off for an interactive request (then `retry` too)
 
 
 def _open_lines(now: Any) -> Q:
@@ -665,6 +666,7 @@ def finish_lines(holder: str, outcomes: list[Outcome]) -> Counter[str]:
                 lease_until=later,
             ):
                 written["retried"] += 1
+                written["yielded"] += outcome.yielded
             continue
         ok = outcome.status_code is not None and 200 <= outcome.status_code < 300
         if not mine.update(
@@ -699,7 +701,16 @@ def finish_lines(holder: str, outcomes: list[Outcome]) -> Counter[str]:
             completion_tokens=F("completion_tokens") + s.completion,
             lines_without_tokens=F("lines_without_tokens") + s.unknown,
         )
+    tally(written)
     return written
+
+
+def tally(counts: Mapping[str, int]) -> None:
+    """Add to the tries' tally (llmgw_batch_lines_total), in the caller's transaction."""
+    for status, count in counts.items():
+        if count and not LineTally.objects.filter(status=status).update(count=F("count") + count):
+            LineTally.objects.bulk_create([LineTally(status=status)], ignore_conflicts=True)
+            LineTally.objects.filter(status=status).update(count=F("count") + count)
 
 
 # Ending batches -------------------------------------------------------------------------------------------
@@ -731,7 +742,7 @@ def _answer_unrun(batch_id: str, code: str, *, running_too: bool) -> int:
     if count:
         which = "expired" if code == "batch_expired" else "canceled"
         Batch.objects.filter(pk=batch_id).update(failed=F("failed") + count, **{which: F(which) + count})
-        metrics.lines("expired" if code == "batch_expired" else "cancelled", count)
+        tally({"expired" if code == "batch_expired" else "cancelled": count})
     return count
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import pytest
@@ -135,3 +136,47 @@ def test_an_answer_from_a_process_that_lost_its_lease_is_not_written() -> None:
     batch.refresh_from_db()
     assert (batch.succeeded, batch.failed, batch.prompt_tokens) == (1, 0, 1)
     assert BatchLine.objects.get(batch=batch).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tries_tally_on_metrics_counts_what_every_process_wrote_once() -> None:
+    """llmgw_batch_lines_total is read from the database: the tries a worker wrote show on any web
+    process's /metrics, a try whose writer lost its lease counts nowhere, and a status no try ended
+    with is absent rather than 0."""
+    from llmgw.metrics import database_metrics
+    from tests.batches.harness import make_tenant
+
+    def tally() -> dict[str, float]:
+        found = re.findall(r'^llmgw_batch_lines_total\{status="(\w+)"\} (\S+)$', database_metrics().decode(), re.M)
+        return {status: float(count) for status, count in found}
+
+    tenant = make_tenant("tess")
+    batch = Batch.objects.create(
+        id="batch_tally",
+        organization=tenant.org,
+        project=tenant.project,
+        user=tenant.user,
+        api_key=tenant.key,
+        endpoint="/v1/chat/completions",
+        status="in_progress",
+        total=3,
+        expires_at=timezone.now() + services.WINDOW,
+    )
+    for number in (1, 2, 3):
+        BatchLine.objects.create(batch=batch, number=number, custom_id=f"c{number}", model="m", body={"model": "m"})
+    assert tally() == {}
+    first, second, third = services.claim_lines("worker:1", {"m": 3})
+    services.finish_lines(
+        "worker:1",
+        [
+            services.Outcome(first, status_code=200, response={"choices": []}, prompt_tokens=1, completion_tokens=1),
+            services.Outcome(second, status_code=400, response={"error": {"message": "bad"}}),
+            services.Outcome(third, retry=True, yielded=True),
+        ],
+    )
+    assert tally() == {"succeeded": 1.0, "failed": 1.0, "retried": 1.0, "yielded": 1.0}
+    [again] = services.claim_lines("worker:2", {"m": 1})
+    ok = services.Outcome(again, status_code=200, response={"choices": []}, prompt_tokens=1, completion_tokens=1)
+    assert services.finish_lines("worker:1", [ok]) == {}  # not its lease any more: nothing written
+    services.finish_lines("worker:2", [ok])
+    assert tally() == {"succeeded": 2.0, "failed": 1.0, "retried": 1.0, "yielded": 1.0}

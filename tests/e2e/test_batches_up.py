@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -160,6 +162,13 @@ def test_a_batch_goes_on_through_kill_9_of_the_worker_and_of_web_and_a_restart_o
         assert sorted(entry["custom_id"] for entry in output) == sorted(line["custom_id"] for line in lines)
         assert all(entry["response"]["status_code"] == 200 for entry in output)
         answered = {entry["response"]["request_id"] for entry in output}
+        # The tries' tally on /metrics counts every line once, whichever process ran it (the worker's,
+        # or the web process killed half way) and through the restart.
+        scrape = urllib.request.urlopen(again.url + "/metrics", timeout=30).read().decode()
+        succeeded = re.search(r'^llmgw_batch_lines_total\{status="succeeded"\} (\S+)$', scrape, re.M)
+        assert succeeded is not None and float(succeeded.group(1)) == LINES, [
+            line for line in scrape.splitlines() if line.startswith("llmgw_batch_lines")
+        ]
         # A killed web process's journal of usage is written by the next one, within a while.
         deadline = time.monotonic() + 150
         while True:

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from apps.accounts import people_services, services
 from apps.accounts.models import AuditEvent, Membership, Organization, Project, Team, User
-from apps.batches.models import Batch, BatchFile, BatchLine
+from apps.batches.models import Batch, BatchFile, BatchLine, LineTally
 from apps.catalog.models import Model
 from apps.cluster import enrolment
 from apps.cluster.choices import ReplicaState
@@ -182,6 +182,7 @@ OBJECTS: dict[str, Callable[[World], models.Model]] = {
     "batches.BatchLine": lambda w: BatchLine.objects.get_or_create(
         batch=_batch(w), number=1, defaults={"custom_id": "a", "body": {"messages": []}}
     )[0],
+    "batches.LineTally": lambda w: LineTally.objects.get_or_create(status="succeeded", defaults={"count": 3})[0],
     "gateway.StoredResponse": lambda w: StoredResponse.objects.get_or_create(
         id="resp_admin",
         defaults={
@@ -238,6 +239,7 @@ READ_ONLY = {
     "batches.BatchFile": "uploaded through /v1/files or written when a batch ends, removed at expiry",
     "batches.Batch": "made through the batch APIs, run by the runners, cancelled from the Batches page or the API",
     "batches.BatchLine": "read from a batch's input file and answered by the runners",
+    "batches.LineTally": "counted as the runners write each line's try, shown on /metrics",
     "gateway.StoredResponse": "kept by the gateway for the Responses API until it expires",
     "cluster.AgentRequest": "made by beat and ctl fabric-test, answered by agents",
     "fabrics.NodeFabrics": "written from each agent's fabrics message",
