@@ -18,7 +18,7 @@ from apps.gateway.accounting import CANCELLED
 from apps.gateway.admission import Admission
 from apps.gateway.errors import Refused
 from apps.gateway.guard import GuardJudge, answer_text, run_checked
-from apps.gateway.intake import MESSAGES, Call
+from apps.gateway.intake import MESSAGES, Call, engine_json
 from apps.gateway.relay import StreamContext, relay_stream, whole_answer
 from apps.gateway.routes import Routes
 from apps.gateway.routing import affinity_key, preference
@@ -73,7 +73,7 @@ class Forwarder:
     async def post(self, upstream: Upstream, path: str, body: dict[str, Any], request_id: str) -> tuple[int, bytes]:
         """One whole answer of an upstream (a guard model's verdict): (status, body)."""
         response = await self.pool_for(upstream).post(
-            upstream.url + path, json.dumps(body).encode(), self._headers(upstream, request_id)
+            upstream.url + path, engine_json(body), self._headers(upstream, request_id)
         )
         async with response:
             return response.status, await response.read()
@@ -138,7 +138,7 @@ class Forwarder:
             try:
                 response = await self.pool_for(upstream).post(
                     upstream.url + call.endpoint.upstream_path,
-                    json.dumps(_engine_body(call, upstream)).encode(),
+                    engine_json(_engine_body(call, upstream)),
                     self._headers(upstream, call.request_id),
                 )
                 break

@@ -20,7 +20,7 @@ import json
 import math
 from typing import Any
 
-from apps.gateway.intake import text_size
+from apps.gateway.intake import engine_json, text_size
 from apps.gateway.tables import Upstream
 from apps.gateway.upstream import Pool
 
@@ -34,7 +34,7 @@ async def _post(pool: Pool, upstream: Upstream, path: str, body: dict[str, Any])
     secret = upstream.api_key()
     if secret:
         headers.append(("Authorization", f"Bearer {secret}"))
-    response = await pool.post(upstream.url + path, json.dumps(body).encode(), headers)
+    response = await pool.post(upstream.url + path, engine_json(body), headers)
     async with response:
         raw = await response.read()
         if response.status != 200:

@@ -49,6 +49,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    raw: bytes = b""  # the body's bytes as they came
 
 
 class MockEngine:
@@ -111,8 +112,9 @@ class MockEngine:
     # Answers ------------------------------------------------------------------------------------
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.seen.append(Seen(request.path, dict(request.headers), body))
+        raw = await request.read()
+        body = json.loads(raw)
+        self.seen.append(Seen(request.path, dict(request.headers), body, raw))
         self.arrived.set()
         self.active += 1
         self.max_active = max(self.max_active, self.active)
