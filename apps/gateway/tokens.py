@@ -11,7 +11,13 @@
 Used by /v1/messages/count_tokens, for the real input_tokens of an Anthropic stream's
 message_start, and to charge a stream the client cancelled before the engine reported usage.
 `estimate_prompt_tokens` is the fallback when nothing can count: a quarter of the text's
-characters, which is what such records say they are (tokens_estimated).
+characters, which is what such records say they are (tokens_estimated). The fair queue charges a
+request by it before any engine counts. An audio part (`input_audio`, base64) is counted by its
+length in time, not as text: AUDIO_BYTES_PER_TOKEN of decoded audio a token (25 tokens a second,
+as the audio encoders of Qwen2-Audio and Whisper-based models pool their frames, of audio
+compressed to 128 kbit/s; uncompressed 16 kHz audio is estimated at twice its tokens). Its
+base64 counted as text made a minute of speech 320,000 tokens, and its key last in the queue.
+Images are not counted.
 """
 
 from __future__ import annotations
@@ -80,10 +86,26 @@ async def _tokenize_text(pool: Pool, upstream: Upstream, text: str, *, add_speci
 
 
 #: Fields whose text is no part of the prompt's length.
-_NOT_TEXT = frozenset(("image_url", "type", "role"))
+_NOT_TEXT = frozenset(("image_url", "type", "role", "input_audio"))
+#: Bytes of decoded audio a token: 16,000 bytes a second (128 kbit/s) at 25 tokens a second.
+AUDIO_BYTES_PER_TOKEN = 640
 
 
 def estimate_prompt_tokens(chat: dict[str, Any]) -> int:
-    """A rough count when no tokenizer answers: four characters a token, at least one."""
+    """A rough count when no tokenizer answers: four characters a token, and the audio parts by
+    their length in time; at least one."""
     text = sum(text_size(chat.get(part), skip=_NOT_TEXT) for part in ("messages", "prompt", "tools"))
-    return max(1, math.ceil(text / 4))
+    return max(1, math.ceil(text / 4) + math.ceil(_audio_bytes(chat.get("messages")) / AUDIO_BYTES_PER_TOKEN))
+
+
+def _audio_bytes(messages: Any) -> int:
+    """Decoded bytes of the messages' `input_audio` parts (base64: three bytes per four characters)."""
+    total = 0
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            audio = part.get("input_audio") if isinstance(part, dict) else None
+            data = audio.get("data") if isinstance(audio, dict) else None
+            if isinstance(data, str):
+                total += len(data) * 3 // 4
+    return total
