@@ -146,7 +146,7 @@ def _evil(tmp_path: Path, tag: str, kind: str) -> Path:
     """A release archive with one member that would leave the install directory."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     archive = tmp_path / f"llama-{tag}-bin-ubuntu-x64.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:  # the real server: packed quickly
         assert SERVER is not None
         tar.add(SERVER, f"llama-{tag}/llama-server")
         info = tarfile.TarInfo()
@@ -200,11 +200,11 @@ MIB = 2**20
 
 def _zeros_release(folder: Path, tag: str, zeros: int) -> Path:
     """A release archive holding the real llama-server and a file of ``zeros`` zero bytes (a few
-    kilobytes packed), as a hostile release server made one with 10 GiB of them."""
+    hundred kilobytes packed), as a hostile release server made one with 10 GiB of them."""
     folder.mkdir(parents=True, exist_ok=True)
     archive = folder / f"llama-{tag}-bin-ubuntu-x64.tar.gz"
     assert SERVER is not None
-    with tarfile.open(archive, "w:gz") as tar:
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
         tar.add(SERVER, f"llama-{tag}/llama-server")
         info = tarfile.TarInfo(f"llama-{tag}/zeros.bin")
         info.size = zeros
@@ -330,7 +330,7 @@ def test_a_build_missing_a_library_is_refused_naming_it(tmp_path: Path, releases
     # repack without the library the launcher needs
     stripped = tmp_path / "stripped" / archive.name
     stripped.parent.mkdir()
-    with tarfile.open(archive) as src, tarfile.open(stripped, "w:gz") as dst:
+    with tarfile.open(archive) as src, tarfile.open(stripped, "w:gz", compresslevel=1) as dst:
         for member in src.getmembers():
             if LAUNCH_LIBRARY not in member.name and "libllmgw-launch.so" not in member.name:
                 dst.addfile(member, src.extractfile(member) if member.isfile() else None)
@@ -425,7 +425,7 @@ def test_a_missing_os_library_is_installed_from_the_nodes_package_tool(
     library.parent.mkdir()
     stripped = tmp_path / "stripped" / archive.name
     stripped.parent.mkdir()
-    with tarfile.open(archive) as src, tarfile.open(stripped, "w:gz") as dst:
+    with tarfile.open(archive) as src, tarfile.open(stripped, "w:gz", compresslevel=1) as dst:
         for member in src.getmembers():
             if "libllmgw-launch" in member.name:
                 if member.isfile():
