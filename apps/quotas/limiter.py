@@ -3,6 +3,9 @@
 The gateway holds each key's limits in memory (`Limit`, loaded from `RateLimit` rows by
 its background key-table refresh through `load_all_limits()` / `limits_for()`) and asks a
 limiter per request. At request time this module is pure asyncio: no ORM, no blocking I/O.
+Nor does it make, per request, what a limit asks (its checks and counter names): each `Limit`
+holds them, made on first use and named again when the minute changes. A Limit never changes;
+the refresh makes new ones when a limit does, and what was made from the old one goes with it.
 
 Windows are fixed and named by their start: the current minute (requests and tokens),
 the UTC day (tokens) and the UTC calendar month (the token budget). A refusal's
@@ -45,9 +48,11 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
 from django.utils.translation import gettext
 
@@ -88,6 +93,13 @@ class Limit:
     tokens_per_day: int | None = None
     monthly_token_budget: int | None = None
 
+    @cached_property
+    def _plan(self) -> _Plan:
+        # Made from the fields above, which never change: the gateway's table refresh makes new
+        # Limits when a limit changes, and with them new plans. Not a field: equality, hashing,
+        # repr and dataclasses.replace() ignore it.
+        return _Plan(self)
+
 
 @dataclass(frozen=True)
 class Window:
@@ -107,20 +119,25 @@ class Headroom:
     tokens: Window | None
 
 
-def headroom(checks: list[_Check], used: list[int], now: float) -> Headroom:
-    """The tightest window of each kind, once the request was counted."""
-    tightest: dict[bool, Window] = {}
+def headroom(checks: Sequence[_Check], used: list[int], now: float) -> Headroom:
+    """The tightest window of each kind, once the request was counted (the first of equals)."""
+    requests: _Check | None = None
+    tokens: _Check | None = None
+    requests_left = tokens_left = 0
     for check, count in zip(checks, used, strict=True):
-        is_requests = check.kind == REQUESTS_PER_MINUTE
-        window = Window(
-            check.allowed,
-            max(0, check.allowed - int(count) - (1 if check.counts_request else 0)),
-            check.window_end - now,
-        )
-        held = tightest.get(is_requests)
-        if held is None or window.remaining < held.remaining:
-            tightest[is_requests] = window
-    return Headroom(tightest.get(True), tightest.get(False))
+        left = check.allowed - count
+        if check.counts_request:  # a request window: the request itself is counted in it
+            left = left - 1 if left > 0 else 0
+            if requests is None or left < requests_left:
+                requests, requests_left = check, left
+        else:
+            left = left if left > 0 else 0
+            if tokens is None or left < tokens_left:
+                tokens, tokens_left = check, left
+    return Headroom(
+        Window(requests.allowed, requests_left, requests.window_end - now) if requests is not None else None,
+        Window(tokens.allowed, tokens_left, tokens.window_end - now) if tokens is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -190,9 +207,10 @@ def _retry_after(window_end: float, now: float) -> int:
     return max(1, math.ceil(window_end - now))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Check:
-    limit: Limit
+    scope: str
+    label: str
     kind: str
     key: str  # counter name, without the limiter's prefix
     allowed: int
@@ -200,79 +218,115 @@ class _Check:
     counts_request: bool
 
 
-def _ordered(limits: list[Limit]) -> list[Limit]:
-    return sorted(limits, key=lambda limit: SCOPE_ORDER.get(limit.scope.split(":", 1)[0], 9))
+class _Named(NamedTuple):
+    """One limit's checks and token counters, named for the windows of one minute."""
+
+    minute: int  # math.floor(now / 60): the minute they were named for
+    checks: tuple[_Check, ...]
+    tokens: tuple[tuple[str, float], ...]  # (counter, window end)
 
 
-def _checks(limits: list[Limit], now: float) -> list[_Check]:
-    """Every limit to check, narrowest scope first; in a scope the longest window first.
+_UNNAMED = _Named(-1, (), ())
+
+
+class _Plan:
+    """What a request asks of one Limit, made once per Limit (`Limit._plan`) and named again
+    once a minute (`_named()`).
+
+    Per request, a limiter reads the checks and counter names from here instead of making
+    them: a minute's windows lie inside one UTC day and one calendar month, so the minute
+    alone says when the names change. `named` is replaced whole, never changed in place, so
+    a task or thread reading it sees one minute's names or the next one's, never a mix.
+    Nothing here refers back to the Limit, so a Limit the tables dropped is freed at once.
+    """
+
+    __slots__ = ("named", "rank")
+
+    def __init__(self, limit: Limit) -> None:
+        self.rank = SCOPE_ORDER.get(limit.scope.split(":", 1)[0], 9)
+        self.named = _UNNAMED
+
+
+def _named(limit: Limit, minute: int, now: float) -> _Named:
+    """The limit's checks and token counters in the minute `minute` (math.floor(now / 60))."""
+    plan = limit._plan
+    named = plan.named
+    if named.minute != minute:
+        named = plan.named = _name(limit, minute, now)
+    return named
+
+
+def _rank(limit: Limit) -> int:
+    return limit._plan.rank
+
+
+def _name(limit: Limit, minute_index: int, now: float) -> _Named:
+    """Every limit to check, in a scope the longest window first; and every token window.
 
     Windows nest (a month holds the day, the day the minute), so when several limits of
-    one scope are used up the one named is the one whose retry time is real.
+    one scope are used up the one named is the one whose retry time is real. The token
+    counters are all three windows whatever the limits, so a limit added later in the day
+    or month starts from what was used.
     """
     minute, minute_end = _minute(now)
     day, day_end = _day(now)
     month, month_end = _month(now)
+    scope, label = limit.scope, limit.label
     checks = []
-    for limit in _ordered(limits):
-        if limit.monthly_token_budget is not None:
-            checks.append(
-                _Check(
-                    limit,
-                    MONTHLY_TOKEN_BUDGET,
-                    f"{limit.scope}:tok:{month}",
-                    limit.monthly_token_budget,
-                    month_end,
-                    False,
-                )
+    if limit.monthly_token_budget is not None:
+        checks.append(
+            _Check(
+                scope, label, MONTHLY_TOKEN_BUDGET, f"{scope}:tok:{month}", limit.monthly_token_budget, month_end, False
             )
-        if limit.tokens_per_day is not None:
-            checks.append(
-                _Check(limit, TOKENS_PER_DAY, f"{limit.scope}:tok:{day}", limit.tokens_per_day, day_end, False)
+        )
+    if limit.tokens_per_day is not None:
+        checks.append(_Check(scope, label, TOKENS_PER_DAY, f"{scope}:tok:{day}", limit.tokens_per_day, day_end, False))
+    if limit.tokens_per_minute is not None:
+        checks.append(
+            _Check(scope, label, TOKENS_PER_MINUTE, f"{scope}:tok:{minute}", limit.tokens_per_minute, minute_end, False)
+        )
+    if limit.requests_per_minute is not None:
+        checks.append(
+            _Check(
+                scope, label, REQUESTS_PER_MINUTE, f"{scope}:req:{minute}", limit.requests_per_minute, minute_end, True
             )
-        if limit.tokens_per_minute is not None:
-            checks.append(
-                _Check(
-                    limit, TOKENS_PER_MINUTE, f"{limit.scope}:tok:{minute}", limit.tokens_per_minute, minute_end, False
-                )
-            )
-        if limit.requests_per_minute is not None:
-            checks.append(
-                _Check(
-                    limit,
-                    REQUESTS_PER_MINUTE,
-                    f"{limit.scope}:req:{minute}",
-                    limit.requests_per_minute,
-                    minute_end,
-                    True,
-                )
-            )
+        )
+    tokens: tuple[tuple[str, float], ...] = ()
+    if (
+        limit.tokens_per_minute is not None
+        or limit.tokens_per_day is not None
+        or limit.monthly_token_budget is not None
+    ):
+        tokens = (
+            (f"{scope}:tok:{minute}", minute_end),
+            (f"{scope}:tok:{day}", day_end),
+            (f"{scope}:tok:{month}", month_end),
+        )
+    return _Named(minute_index, tuple(checks), tokens)
+
+
+def _checks(limits: Sequence[Limit], now: float) -> Sequence[_Check]:
+    """Every limit to check, narrowest scope first (a refusal names the narrowest scope over a limit)."""
+    minute = math.floor(now / 60)
+    if len(limits) == 1:
+        return _named(limits[0], minute, now).checks
+    checks: list[_Check] = []
+    for limit in sorted(limits, key=_rank):
+        checks += _named(limit, minute, now).checks
     return checks
 
 
-def _token_counters(limits: list[Limit], now: float) -> list[tuple[str, float]]:
+def _token_counters(limits: Sequence[Limit], now: float) -> list[tuple[str, float]]:
     """(counter, window end) for every token window of every scope with a token limit."""
-    minute, minute_end = _minute(now)
-    day, day_end = _day(now)
-    month, month_end = _month(now)
-    counters = []
-    for limit in limits:
-        if limit.tokens_per_minute is None and limit.tokens_per_day is None and limit.monthly_token_budget is None:
-            continue
-        # All three windows, so a limit added later in the day or month starts from what was used.
-        counters += [
-            (f"{limit.scope}:tok:{minute}", minute_end),
-            (f"{limit.scope}:tok:{day}", day_end),
-            (f"{limit.scope}:tok:{month}", month_end),
-        ]
-    return counters
+    minute = math.floor(now / 60)
+    return [counter for limit in limits for counter in _named(limit, minute, now).tokens]
 
 
 def _refusal(check: _Check, used: int, now: float) -> Refusal:
     return Refusal(
         limit=check.kind,
-        scope=check.limit.scope,
-        label=check.limit.label,
+        scope=check.scope,
+        label=check.label,
         used=int(used),
         allowed=check.allowed,
         retry_after_s=_retry_after(check.window_end, now),
@@ -297,33 +351,38 @@ class MemoryLimiter:
         checks = _checks(limits, now)
         if not checks:
             return None
+        counts, ends = self._counts, self._ends
         with self._lock:
-            self._sweep(now)
-            used = [self._counts.get(check.key, 0) for check in checks]
+            if now - self._swept_at >= 60:
+                self._sweep(now)
+            used = [counts.get(check.key, 0) for check in checks]
             for check, count in zip(checks, used, strict=True):
                 if count >= check.allowed:
                     return _refusal(check, count, now)
             for check in checks:
                 if check.counts_request:
-                    self._counts[check.key] = self._counts.get(check.key, 0) + 1
-                    self._ends[check.key] = check.window_end
+                    key = check.key
+                    counts[key] = counts.get(key, 0) + 1
+                    ends[key] = check.window_end
         return headroom(checks, used, now)
 
     async def record_tokens(self, limits: list[Limit], tokens: int, now: float) -> None:
         if tokens <= 0:
             return
+        tokens = int(tokens)
+        minute = math.floor(now / 60)
+        counts, ends = self._counts, self._ends
         with self._lock:
-            for key, end in _token_counters(limits, now):
-                self._counts[key] = self._counts.get(key, 0) + int(tokens)
-                self._ends[key] = end
+            for limit in limits:
+                for key, end in _named(limit, minute, now).tokens:
+                    counts[key] = counts.get(key, 0) + tokens
+                    ends[key] = end
 
     async def close(self) -> None:
         return None
 
     def _sweep(self, now: float) -> None:
-        # Forget windows that ended more than a minute ago, at most once a minute.
-        if now - self._swept_at < 60:
-            return
+        # Forget windows that ended more than a minute ago, at most once a minute (admit() asks).
         self._swept_at = now
         for key in [key for key, end in self._ends.items() if end < now - 60]:
             self._counts.pop(key, None)
