@@ -162,7 +162,7 @@ AGENT_HEARTBEAT_INTERVAL = env_int("LLMGW_AGENT_HEARTBEAT_SECONDS", 10, minimum=
 # How many agents one web process takes through their first moments at once (credential check,
 # registration, first shard list), and how many more may wait for that with their connection
 # open; past those, an agent is told to come back after its backoff (apps.cluster.consumers).
-AGENT_JOINING_AT_ONCE = env_int("LLMGW_AGENT_JOINING_AT_ONCE", 4, minimum=1, maximum=1_000)
+AGENT_JOINING_AT_ONCE = env_int("LLMGW_AGENT_JOINING_AT_ONCE", 64, minimum=1, maximum=1_000)
 AGENT_JOINS_WAITING = env_int("LLMGW_AGENT_JOINS_WAITING", 10_000, minimum=0, maximum=100_000)
 AGENT_MISSED_HEARTBEATS = env_int("LLMGW_AGENT_MISSED_HEARTBEATS", 3, minimum=1, maximum=100)
 AGENT_ENROLLMENT_TTL = env_int("LLMGW_AGENT_ENROLLMENT_SECONDS", 3600, minimum=60)
