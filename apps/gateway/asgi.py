@@ -50,7 +50,7 @@ from apps.gateway.cors import Cors
 from apps.gateway.errors import Refused, send_error
 from apps.gateway.forward import Forwarder
 from apps.gateway.grants import GRANT, BatchGrant
-from apps.gateway.guard import check_prompt, offload
+from apps.gateway.guard import READ_ELSEWHERE_BYTES, check_prompt, offload, read_large_body
 from apps.gateway.intake import (
     COUNT_TOKENS,
     ENDPOINTS,
@@ -380,7 +380,11 @@ class GatewayApp:
         """The body (inflated, when it came gzip'd): its model named, and what the engine is asked made of it."""
         raw = await read_body(receive, self.max_body, self.bodies, call)
         codings = content_encoding(scope.get("headers", []))
-        body = parse_body(decode_body(raw, codings, self.max_body, self.bodies, call))
+        decoded = decode_body(raw, codings, self.max_body, self.bodies, call)
+        if len(decoded) >= READ_ELSEWHERE_BYTES:
+            body = await read_large_body(decoded, getattr(call.entry, "key_id", None))
+        else:
+            body = parse_body(decoded)
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise Refused(400, "Name the model in the body's “model” field.", code="missing_model")
         if "\x00" in body["model"]:  # no model's name holds one, and no usage record could keep it

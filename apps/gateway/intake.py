@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +24,7 @@ import orjson
 
 from agent.bounded import TooLarge, inflate
 from apps.gateway.errors import Refused
+from apps.gateway.jsonbody import MAX_DEPTH, NotAccepted, read_json
 from apps.gateway.translate import TranslationError, messages_to_chat, responses_to_chat
 
 if TYPE_CHECKING:
@@ -57,12 +57,11 @@ __all__ = [
     "engine_json",
     "parse_body",
     "read_body",
+    "refused",
     "text_size",
 ]
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-
-MAX_DEPTH = 64  # no real request nests deeper; 2,000 levels made Python's reader recurse until it failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,63 +487,17 @@ class ClientLeft(Exception):
     """The client went away before its request was answered."""
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-# json.loads(raw, parse_constant=_no_constant) builds a decoder for every call; this one is kept.
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
-_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
-    return False
-
-
-def _lone_surrogate(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 saying what is wrong with it."""
-    nested = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH  # a cheap test first; only then walk it
+    """The body as a JSON object, or a 400 saying what is wrong with it (apps.gateway.jsonbody)."""
     try:
-        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
-    except RecursionError:
-        raise Refused(400, f"The body nests deeper than {MAX_DEPTH} levels.", code="too_deep") from None
-    except ValueError as exc:
-        raise Refused(400, f"The body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise Refused(400, "The body must be a JSON object.")
-    if nested and _depth_over(body, MAX_DEPTH):
-        raise Refused(400, f"The body nests deeper than {MAX_DEPTH} levels.", code="too_deep")
-    if _SURROGATE.search(raw) and _lone_surrogate(body):
-        raise Refused(
-            400, "The body holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text.", code="invalid_text"
-        )
-    return body
+        return read_json(raw)
+    except NotAccepted as exc:
+        raise refused(exc) from None
+
+
+def refused(exc: NotAccepted) -> Refused:
+    """The 400 for a body apps.gateway.jsonbody did not accept."""
+    return Refused(400, exc.message, code=exc.code) if exc.code else Refused(400, exc.message)
 
 
 def engine_json(body: Any) -> bytes:

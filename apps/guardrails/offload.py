@@ -129,18 +129,24 @@ class Offload:
     async def check_texts(self, policies: PolicySet, texts: Sequence[str]) -> tuple[Verdict, list[str]]:
         """`policies.check_texts(texts)`, matched in a worker process. Raises OffloadFailed when no
         worker could (the caller then matches them itself)."""
+        verdict, masked = await self.run(check_texts, tuple(policies.rules), list(texts))
+        return verdict, masked if masked is not None else list(texts)
+
+    async def run[T](self, function: Callable[..., T], *args: object) -> T:
+        """`function(*args)` in a worker process (a module-level function that needs no Django, and
+        arguments and a result that pickle), awaited. Raises OffloadFailed when no worker could:
+        the caller then does the work itself."""
         try:
             pool = self.pool()
         except (OSError, RuntimeError) as exc:
             raise OffloadFailed(f"no worker process could be started: {exc}") from exc
         loop = asyncio.get_running_loop()
         try:
-            verdict, masked = await loop.run_in_executor(pool, check_texts, tuple(policies.rules), list(texts))
+            return await loop.run_in_executor(pool, function, *args)
         except (BrokenProcessPool, CancelledError, OSError, RuntimeError) as exc:
-            log.warning("a guardrail worker process failed (%s); its prompt is matched again here", exc)
+            log.warning("a guardrail worker process failed (%s); its work is done again here", exc)
             self._broken(pool)
             raise OffloadFailed(str(exc)) from exc
-        return verdict, masked if masked is not None else list(texts)
 
     def matches_blocking(self, rules: tuple[RuleSpec, ...], text: str) -> list[tuple[int, int, int]] | None:
         """`matches(rules, text)` in a worker, this thread waiting for it (never an event loop's: None
