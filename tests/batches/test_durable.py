@@ -113,18 +113,7 @@ def test_an_answer_from_a_process_that_lost_its_lease_is_not_written() -> None:
     changes nothing (the line and the batch's counts are the new holder's)."""
     from tests.batches.harness import make_tenant
 
-    tenant = make_tenant("stella")
-    batch = Batch.objects.create(
-        id="batch_stall",
-        organization=tenant.org,
-        project=tenant.project,
-        user=tenant.user,
-        api_key=tenant.key,
-        endpoint="/v1/chat/completions",
-        status="in_progress",
-        total=1,
-        expires_at=timezone.now() + services.WINDOW,
-    )
+    batch = _running_batch(make_tenant("stella"), "batch_stall", total=1)
     BatchLine.objects.create(batch=batch, number=1, custom_id="a", model="m", body={"model": "m"})
     [slow] = services.claim_lines("slow", {"m": 1})
     BatchLine.objects.filter(pk=slow.id).update(lease_until=timezone.now())
@@ -150,18 +139,7 @@ def test_the_tries_tally_on_metrics_counts_what_every_process_wrote_once() -> No
         found = re.findall(r'^llmgw_batch_lines_total\{status="(\w+)"\} (\S+)$', database_metrics().decode(), re.M)
         return {status: float(count) for status, count in found}
 
-    tenant = make_tenant("tess")
-    batch = Batch.objects.create(
-        id="batch_tally",
-        organization=tenant.org,
-        project=tenant.project,
-        user=tenant.user,
-        api_key=tenant.key,
-        endpoint="/v1/chat/completions",
-        status="in_progress",
-        total=3,
-        expires_at=timezone.now() + services.WINDOW,
-    )
+    batch = _running_batch(make_tenant("tess"), "batch_tally", total=3)
     for number in (1, 2, 3):
         BatchLine.objects.create(batch=batch, number=number, custom_id=f"c{number}", model="m", body={"model": "m"})
     assert tally() == {}
@@ -180,3 +158,18 @@ def test_the_tries_tally_on_metrics_counts_what_every_process_wrote_once() -> No
     assert services.finish_lines("worker:1", [ok]) == {}  # not its lease any more: nothing written
     services.finish_lines("worker:2", [ok])
     assert tally() == {"succeeded": 2.0, "failed": 1.0, "retried": 1.0, "yielded": 1.0}
+
+
+def _running_batch(tenant: Any, batch_id: str, *, total: int) -> Batch:
+    """A chat completions batch in progress, owned by `tenant`, its window open."""
+    return Batch.objects.create(
+        id=batch_id,
+        organization=tenant.org,
+        project=tenant.project,
+        user=tenant.user,
+        api_key=tenant.key,
+        endpoint="/v1/chat/completions",
+        status="in_progress",
+        total=total,
+        expires_at=timezone.now() + services.WINDOW,
+    )

@@ -131,9 +131,19 @@ def _migrated_template(parts: urllib.parse.SplitResult, admin: str) -> str:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
+    url = parts._replace(path=f"/{name}").geturl()
+    _migrate(Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}-data", LLMGW_DATABASE_URL=url)
+    _TEMPLATE["name"] = name
+    import atexit
+
+    atexit.register(drop_pg_database, url)
+    return name
+
+
+def _migrate(data_dir: Path, **settings: str) -> None:
+    """`llmgw manage migrate` in a process of its own, with none of the test's LLMGW_* settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_"))}
-    env["LLMGW_DATABASE_URL"] = parts._replace(path=f"/{name}").geturl()
-    env["LLMGW_DATA_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}-data")
+    env.update(LLMGW_DATA_DIR=str(data_dir), **settings)
     subprocess.run(
         [sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"],
         cwd=REPO,
@@ -142,11 +152,6 @@ def _migrated_template(parts: urllib.parse.SplitResult, admin: str) -> str:
         timeout=600,
         stdout=subprocess.DEVNULL,
     )
-    _TEMPLATE["name"] = name
-    import atexit
-
-    atexit.register(drop_pg_database, env["LLMGW_DATABASE_URL"])
-    return name
 
 
 def _sqlite_template() -> Path:
@@ -164,16 +169,7 @@ def _sqlite_template() -> Path:
     import atexit
 
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DJANGO_"))}
-    env["LLMGW_DATA_DIR"] = str(folder / "data")
-    subprocess.run(
-        [sys.executable, "-m", "llmgw", "manage", "migrate", "-v0"],
-        cwd=REPO,
-        env=env,
-        check=True,
-        timeout=600,
-        stdout=subprocess.DEVNULL,
-    )
+    _migrate(folder / "data")
     # Through SQLite's backup, so that nothing still in a write-ahead log is left behind.
     template = folder / "llmgw.sqlite3"
     source, copy = sqlite3.connect(folder / "data" / "llmgw.sqlite3"), sqlite3.connect(template)

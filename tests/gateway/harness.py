@@ -287,3 +287,19 @@ async def until(condition: Any) -> None:
     async with asyncio.timeout(WAIT):
         while not condition():
             await asyncio.sleep(0.001)
+
+
+def receive_once(body: dict[str, Any]) -> Any:
+    """An ASGI `receive` that gives `body` whole, then waits as a client that stays would."""
+    raw = json.dumps(body).encode()
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError("unreachable")
+
+    return receive

@@ -10,7 +10,6 @@ to the answer too.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -20,7 +19,7 @@ from prometheus_client import REGISTRY
 from apps.gateway.tables import Guards
 from apps.guardrails.engine import RuleSpec
 from apps.quotas.limiter import Headroom, Window
-from tests.gateway.harness import HELLO, OTHER_KEY, Gateway, endpoint, entry, route, until
+from tests.gateway.harness import HELLO, OTHER_KEY, Gateway, endpoint, entry, receive_once, route, until
 from tests.gateway.mock_engine import MockEngine, closed_port
 
 CHAT = {"model": "m", "messages": HELLO}
@@ -52,21 +51,6 @@ def scope() -> dict[str, Any]:
         "query_string": b"",
         "client": ("127.0.0.1", 5000),
     }
-
-
-def receive_once(body: dict[str, Any]) -> Any:
-    raw = json.dumps(body).encode()
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await asyncio.Event().wait()  # the client stays
-        raise AssertionError("unreachable")
-
-    return receive
 
 
 @pytest.mark.parametrize("body", [CHAT, {**CHAT, "stream": True}], ids=["answer", "stream"])

@@ -5,20 +5,17 @@ last message is told by `more_body` being false, for answers, streams and refusa
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 import pytest
 
-from tests.gateway.harness import KEY, Gateway
+from tests.gateway.harness import KEY, Gateway, receive_once
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 async def call(gw: Gateway, body: dict[str, Any], key: str = KEY) -> list[tuple[bool, int]]:
     """Send one request straight to the ASGI app; for each body message, (last?, records emitted)."""
-    raw = json.dumps(body).encode()
     scope = {
         "type": "http",
         "method": "POST",
@@ -27,23 +24,13 @@ async def call(gw: Gateway, body: dict[str, Any], key: str = KEY) -> list[tuple[
         "query_string": b"",
         "client": ("127.0.0.1", 5000),
     }
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await asyncio.Event().wait()  # the client stays
-        raise AssertionError("unreachable")
-
     seen: list[tuple[bool, int]] = []
 
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.body":
             seen.append((not message.get("more_body"), len(gw.usage.records)))
 
-    await gw.app(scope, receive, send)
+    await gw.app(scope, receive_once(body), send)
     return seen
 
 
