@@ -75,6 +75,9 @@ def pytest_configure(config: Any) -> None:
     from tests import cpu
 
     cpu.install(config)
+    from tests import after_flush
+
+    after_flush.install()
     if BACKEND == "postgres":
         from tests import pgflush
 

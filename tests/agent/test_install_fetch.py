@@ -102,7 +102,7 @@ def server() -> Iterator[_Server]:
     threads = []
     for httpd in servers:
         httpd.seen, httpd.release, httpd.other_port = seen, threading.Event(), servers[1].server_address[1]
-        threads.append(threading.Thread(target=httpd.serve_forever, daemon=True))
+        threads.append(threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True))
         threads[-1].start()
     yield servers[0]
     for httpd, thread in zip(servers, threads, strict=True):

@@ -73,7 +73,7 @@ def index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         f'<html><body><a href="../../packages/{archive.name}#sha256={digest}">{archive.name}</a></body></html>'
     )
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(SimpleHTTPRequestHandler, directory=str(top)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/simple", archive
     httpd.shutdown()
 

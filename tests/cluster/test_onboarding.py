@@ -59,7 +59,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     (folder / "install").mkdir(parents=True)
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(folder))
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", folder / "install"
     httpd.shutdown()
 
