@@ -75,6 +75,28 @@ def make_tenant(name: str, *, allowed_models: list[str] | None = None) -> Tenant
     return Tenant(user, org, project, made.key, made.secret)
 
 
+def make_batch(tenant: Tenant, batch_id: str, *, status: str = "in_progress", **extra: Any) -> Any:
+    """A chat completions batch owned by `tenant`, its window open: 10 lines, 4 succeeded and 1
+    failed unless `extra` says otherwise."""
+    from django.utils import timezone
+
+    from apps.batches.models import Batch
+    from apps.batches.services import WINDOW
+
+    return Batch.objects.create(
+        id=batch_id,
+        organization=tenant.org,
+        project=tenant.project,
+        user=tenant.user,
+        api_key=tenant.key,
+        endpoint="/v1/chat/completions",
+        model="m",
+        status=status,
+        expires_at=timezone.now() + WINDOW,
+        **{"total": 10, "succeeded": 4, "failed": 1, **extra},
+    )
+
+
 @dataclass
 class World:
     url: str

@@ -15,7 +15,7 @@ from apps.accounts.choices import MembershipRole, StaffRole
 from apps.accounts.models import AuditEvent, Membership, User
 from apps.batches import storage
 from apps.batches.models import Batch, BatchFile, BatchLine
-from tests.batches.harness import Tenant, make_tenant
+from tests.batches.harness import Tenant, make_batch, make_tenant
 from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db
@@ -25,21 +25,6 @@ pytestmark = pytest.mark.django_db
 def tenants(settings: Any, tmp_path: Path) -> tuple[Tenant, Tenant]:
     settings.BATCH_STORAGE_DIR = tmp_path
     return make_tenant("ada"), make_tenant("bert")
-
-
-def make_batch(tenant: Tenant, batch_id: str, *, status: str = "in_progress", **extra: Any) -> Batch:
-    return Batch.objects.create(
-        id=batch_id,
-        organization=tenant.org,
-        project=tenant.project,
-        user=tenant.user,
-        api_key=tenant.key,
-        endpoint="/v1/chat/completions",
-        model="m",
-        status=status,
-        expires_at=timezone.now() + timedelta(hours=24),
-        **{"total": 10, "succeeded": 4, "failed": 1, **extra},
-    )
 
 
 def output_file(tenant: Tenant, file_id: str, content: bytes) -> BatchFile:

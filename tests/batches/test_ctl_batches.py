@@ -3,35 +3,18 @@ a batch's problems by line, and cancel one; what the server refuses is printed i
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.utils import timezone
 
 from apps.accounts.choices import StaffRole
 from apps.batches.models import Batch
 from llmgw.cli import main
-from tests.batches.harness import Tenant, make_tenant
+from tests.batches.harness import make_batch, make_tenant
 from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def make_batch(tenant: Tenant, batch_id: str, *, status: str = "in_progress", **extra: Any) -> Batch:
-    return Batch.objects.create(
-        id=batch_id,
-        organization=tenant.org,
-        project=tenant.project,
-        user=tenant.user,
-        api_key=tenant.key,
-        endpoint="/v1/chat/completions",
-        model="m",
-        status=status,
-        expires_at=timezone.now() + timedelta(hours=24),
-        **{"total": 10, "succeeded": 4, "failed": 1, **extra},
-    )
 
 
 def test_operators_list_show_and_cancel_batches_of_every_organisation(

@@ -17,9 +17,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.batches import services
-from apps.batches.models import Batch, BatchLine
+from apps.batches.models import BatchLine
 from apps.batches.runner import _Capture, _receive, _scope
-from tests.batches.harness import WAIT, World, chat_line, db
+from tests.batches.harness import WAIT, World, chat_line, db, make_batch
 from tests.gateway.harness import endpoint
 from tests.gateway.mock_engine import MockEngine
 
@@ -113,7 +113,7 @@ def test_an_answer_from_a_process_that_lost_its_lease_is_not_written() -> None:
     changes nothing (the line and the batch's counts are the new holder's)."""
     from tests.batches.harness import make_tenant
 
-    batch = _running_batch(make_tenant("stella"), "batch_stall", total=1)
+    batch = make_batch(make_tenant("stella"), "batch_stall", total=1, succeeded=0, failed=0)
     BatchLine.objects.create(batch=batch, number=1, custom_id="a", model="m", body={"model": "m"})
     [slow] = services.claim_lines("slow", {"m": 1})
     BatchLine.objects.filter(pk=slow.id).update(lease_until=timezone.now())
@@ -139,7 +139,7 @@ def test_the_tries_tally_on_metrics_counts_what_every_process_wrote_once() -> No
         found = re.findall(r'^llmgw_batch_lines_total\{status="(\w+)"\} (\S+)$', database_metrics().decode(), re.M)
         return {status: float(count) for status, count in found}
 
-    batch = _running_batch(make_tenant("tess"), "batch_tally", total=3)
+    batch = make_batch(make_tenant("tess"), "batch_tally", total=3, succeeded=0, failed=0)
     for number in (1, 2, 3):
         BatchLine.objects.create(batch=batch, number=number, custom_id=f"c{number}", model="m", body={"model": "m"})
     assert tally() == {}
@@ -158,18 +158,3 @@ def test_the_tries_tally_on_metrics_counts_what_every_process_wrote_once() -> No
     assert services.finish_lines("worker:1", [ok]) == {}  # not its lease any more: nothing written
     services.finish_lines("worker:2", [ok])
     assert tally() == {"succeeded": 2.0, "failed": 1.0, "retried": 1.0, "yielded": 1.0}
-
-
-def _running_batch(tenant: Any, batch_id: str, *, total: int) -> Batch:
-    """A chat completions batch in progress, owned by `tenant`, its window open."""
-    return Batch.objects.create(
-        id=batch_id,
-        organization=tenant.org,
-        project=tenant.project,
-        user=tenant.user,
-        api_key=tenant.key,
-        endpoint="/v1/chat/completions",
-        status="in_progress",
-        total=total,
-        expires_at=timezone.now() + services.WINDOW,
-    )
