@@ -5,13 +5,11 @@ cancel works from the page; nothing is refused under the Content Security Policy
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.test import Client
-from django.utils import timezone
 
 from tests.browser.test_console import CHROMIUM, CHROMIUM_ARGS, sync_api
 
@@ -33,22 +31,10 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 def test_the_progress_bar_moves_without_a_reload_and_cancel_works(live_server: Any, browser: Any) -> None:
     from apps.batches.models import Batch
-    from tests.batches.harness import make_tenant
+    from tests.batches.harness import make_batch, make_tenant
 
     tenant = make_tenant("ada")
-    Batch.objects.create(
-        id="batch_live",
-        organization=tenant.org,
-        project=tenant.project,
-        user=tenant.user,
-        api_key=tenant.key,
-        endpoint="/v1/chat/completions",
-        model="m",
-        status="in_progress",
-        total=10,
-        succeeded=1,
-        expires_at=timezone.now() + timedelta(hours=24),
-    )
+    make_batch(tenant, "batch_live", succeeded=1, failed=0)
     session = Client()
     session.force_login(tenant.user)
     cookie = session.cookies[settings.SESSION_COOKIE_NAME].value
